@@ -1,0 +1,53 @@
+# Quick start: `make demo` and `make test` set up everything a fresh Debian machine needs (as root),
+# quietly and only once, then run. Other targets: `make models` regenerates tests/data with pnnx.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMPS := .stamps
+APT_PACKAGES := build-essential cmake libvulkan-dev libvulkan1 glslang-tools spirv-tools mesa-vulkan-drivers \
+                vulkan-validationlayers vulkan-tools python3-venv
+SOURCES := $(shell find src include shaders cmake python -type f) CMakeLists.txt pyproject.toml
+
+.PHONY: demo test setup models clean
+demo: setup
+	@$(VENV)/bin/vknorm info
+	@$(VENV)/bin/vknorm demo
+	@if [ -f tests/data/transformer_block.ncnn.param ] && $(VENV)/bin/vknorm check --help >/dev/null 2>&1; then \
+	  $(VENV)/bin/vknorm check tests/data/transformer_block.ncnn.param tests/data/transformer_block.ncnn.bin --input in0=16x64; fi
+
+test: setup
+	@VKNORM_VALIDATION=1 $(PY) -m pytest -q tests
+
+setup: $(STAMPS)/apt $(STAMPS)/venv $(STAMPS)/install
+
+$(STAMPS)/apt:
+	@mkdir -p $(STAMPS)
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "apt-get install $$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
+	fi
+	@touch $@
+
+$(STAMPS)/venv: requirements-dev.txt $(STAMPS)/apt
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
+
+$(STAMPS)/install: $(STAMPS)/venv $(SOURCES)
+	@echo "building vknorm (C++ core, shaders, bindings)"
+	@$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e . || \
+	  { echo "build failed; rerun: $(PY) -m pip install -v --no-build-isolation -e ."; exit 1; }
+	@touch $@
+
+MODELS_VENV ?= /opt/vknorm-models-venv
+TORCH_WHEEL ?= /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
+models:
+	@test -x $(MODELS_VENV)/bin/python || python3 -m venv $(MODELS_VENV)
+	@$(MODELS_VENV)/bin/pip install -q $(TORCH_WHEEL)
+	@$(MODELS_VENV)/bin/pip install -q -r tools/requirements-models.txt
+	$(MODELS_VENV)/bin/python tools/make_models.py --out tests/data
+
+clean:
+	rm -rf build $(VENV) $(STAMPS)

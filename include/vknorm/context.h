@@ -1,0 +1,74 @@
+// The Vulkan device vknorm runs on: instance, device, one compute queue, pools, pipeline cache.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace vknorm {
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;
+  std::string type;  // "discrete" | "integrated" | "virtual" | "cpu" | "other"
+  uint32_t vendor_id = 0, device_id = 0;
+  std::string driver_name, driver_info;
+  uint32_t driver_version = 0;
+  std::string api_version;
+  uint32_t subgroup_size = 0;
+  std::vector<std::string> subgroup_ops;  // "basic", "vote", "arithmetic", "ballot", "shuffle", ...
+  bool subgroup_compute = false;          // subgroup operations available in compute shaders
+  bool storage_16bit = false;             // storageBuffer16BitAccess
+  bool float16_arithmetic = false;        // shaderFloat16
+  uint32_t max_shared_memory = 0;
+  uint32_t max_workgroup_invocations = 0;
+  uint32_t max_workgroup_size_x = 0;
+  uint32_t max_workgroup_count_x = 0;
+  uint64_t max_storage_buffer_range = 0;
+  uint64_t device_local_bytes = 0;
+  float timestamp_period_ns = 0.f;
+  bool timestamps = false;
+};
+
+// Thrown when no Vulkan loader or device exists; the message says what to install.
+struct VulkanUnavailable : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// Thrown when a device allocation fails or would pass VKNORM_MAX_DEVICE_BYTES.
+struct DeviceOutOfMemory : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::vector<DeviceInfo> enumerate_devices();
+// The device chosen by default: VKNORM_DEVICE (index or name substring) if set, else
+// discrete > integrated > virtual > cpu.
+int default_device_index();
+
+class Context {
+ public:
+  // index < 0: default_device_index().
+  static std::shared_ptr<Context> create(int index = -1);
+  // One process-wide context on the default device, created on first use.
+  static std::shared_ptr<Context> default_context();
+  ~Context();
+
+  const DeviceInfo& info() const;
+  uint64_t device_bytes_in_use() const;
+  uint64_t device_bytes_peak() const;
+  uint64_t live_buffers() const;
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  explicit Context(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Validation layer (VKNORM_VALIDATION=1 before the first Vulkan call): messages seen so far.
+bool validation_enabled();
+std::vector<std::string> validation_messages();
+void clear_validation_messages();
+
+}  // namespace vknorm

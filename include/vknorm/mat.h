@@ -1,0 +1,57 @@
+// Host tensors in ncnn's layout: dims 1-4 with w, h, d, c; channels cstep elements apart, each channel
+// starting on a 16-byte boundary; elempack 4 interleaves 4 consecutive channels (dims 3/4) or rows (dims 2).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace vknorm {
+
+class Mat {
+ public:
+  int dims = 0;
+  int w = 0, h = 0, d = 0, c = 0;  // as ncnn: packed counts (c, or h for dims 2, is divided by elempack)
+  size_t elemsize = 0;             // bytes of one packed element (4 or 2, times elempack)
+  int elempack = 1;
+  size_t cstep = 0;                // packed elements between channels
+
+  Mat() = default;
+  // Shape in ncnn order; h/d/c default to 1 for lower dims. scalar_bytes is 4 (float32) or 2 (float16).
+  static Mat create(int dims, int w, int h, int d, int c, size_t scalar_bytes = 4, int elempack = 1);
+
+  bool empty() const { return dims == 0 || total() == 0; }
+  bool is_fp16() const { return elemsize == 2u * elempack; }
+  size_t scalar_bytes() const { return elemsize / elempack; }
+  size_t total() const { return cstep * (dims >= 3 ? c : 1); }  // packed elements, cstep padding included
+  size_t bytes() const { return total() * elemsize; }
+  unsigned char* data() { return storage_ ? storage_->data() : nullptr; }
+  const unsigned char* data() const { return storage_ ? storage_->data() : nullptr; }
+  unsigned char* channel(int i) { return data() + i * cstep * elemsize; }
+  const unsigned char* channel(int i) const { return data() + i * cstep * elemsize; }
+  // The "outer" axis is what pack4 interleaves: channels (dims 3/4) or rows (dims 2).
+  int outer() const { return dims == 1 ? 1 : dims == 2 ? h : c; }
+  int unpacked_outer() const { return outer() * elempack; }
+  size_t outer_stride() const { return dims == 2 ? size_t(w) : cstep; }  // packed elements
+  size_t outer_elems() const { return dims == 2 ? size_t(w) : size_t(w) * h * d; }
+  unsigned char* outer_ptr(int i) { return data() + i * outer_stride() * elemsize; }
+  const unsigned char* outer_ptr(int i) const { return data() + i * outer_stride() * elemsize; }
+  Mat clone() const;
+
+ private:
+  std::shared_ptr<std::vector<unsigned char>> storage_;
+};
+
+// ncnn's cstep: w*h for dims 1/2, else w*h*d rounded up so each channel starts on 16 bytes.
+size_t ncnn_cstep(int dims, int w, int h, int d, size_t elemsize);
+
+// Repack to elempack 1 or 4 (4 only when the outer extent divides by 4), as ncnn's convert_packing.
+Mat convert_packing(const Mat& src, int elempack);
+// float32 <-> float16 storage (round to nearest even), layout unchanged.
+Mat cast_fp16(const Mat& src);
+Mat cast_fp32(const Mat& src);
+
+uint16_t float_to_half(float f);
+float half_to_float(uint16_t h);
+
+}  // namespace vknorm

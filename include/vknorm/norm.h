@@ -1,0 +1,122 @@
+// LayerNorm and RMSNorm with ncnn's layer interface: load_param -> load_model -> create_pipeline ->
+// forward_inplace. forward_inplace_cpu is the reference that follows ncnn's CPU layer exactly.
+#pragma once
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "vknorm/context.h"
+#include "vknorm/mat.h"
+#include "vknorm/option.h"
+
+namespace vknorm {
+
+// ncnn's ParamDict: id -> int or float.
+class ParamDict {
+ public:
+  void set(int id, int v) { ints_[id] = v; floats_.erase(id); }
+  void set(int id, float v) { floats_[id] = v; ints_.erase(id); }
+  int get(int id, int def) const;
+  float get(int id, float def) const;
+  bool has(int id) const { return ints_.count(id) || floats_.count(id); }
+
+ private:
+  std::map<int, int> ints_;
+  std::map<int, float> floats_;
+};
+
+// How one blob splits into groups (ncnn's rules), in packed elements.
+struct GroupLayout {
+  uint32_t group_size = 0;  // elements normalized together
+  uint32_t gpc = 0;         // groups per packed channel
+  uint32_t cstep = 0;       // packed elements between packed channels
+  uint32_t n_groups = 0;    // packed groups in the blob
+  int elempack = 1;         // groups sharing one packed element
+  uint64_t groups() const { return uint64_t(n_groups) * elempack; }
+};
+
+// Throws std::invalid_argument (naming affine_size and the trailing dims) when affine weights of
+// affine_size cannot index the groups.
+GroupLayout group_layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack,
+                         int affine_size, bool affine);
+
+enum class NormOp { LayerNorm, RMSNorm };
+
+struct DispatchInfo {  // what the last forward did
+  Path path = Path::Auto;
+  int dispatches = 0;
+  uint32_t workgroup_size = 0, team = 0, items = 0, chunks = 0;
+  bool subgroup = false;
+  double gpu_us = 0;  // from timestamp queries; 0 when the device has none
+};
+
+class VkMat;
+
+class Norm {
+ public:
+  explicit Norm(NormOp op);
+  virtual ~Norm();
+  Norm(const Norm&) = delete;
+  Norm& operator=(const Norm&) = delete;
+
+  NormOp op;
+  int affine_size = 0;
+  float eps = 0.001f;
+  int affine = 1;
+  std::vector<float> gamma_data, beta_data;
+
+  void load_param(const ParamDict& pd);  // 0 affine_size, 1 eps, 2 affine
+  void load_model(std::vector<float> gamma, std::vector<float> beta = {});
+  // Builds the pipelines this device needs (also done lazily on first forward).
+  void create_pipeline(std::shared_ptr<Context> ctx, const Option& opt = {});
+  void destroy_pipeline();
+
+  // ncnn's CPU algorithm on a float32 elempack-1 Mat (other storages are converted and back).
+  void forward_inplace_cpu(Mat& m) const;
+  // Vulkan. Host Mat: one upload, one submission, one download. VkMat: one submission, no host copy.
+  void forward_inplace(Mat& m, const Option& opt = {});
+  void forward_inplace(VkMat& m, const Option& opt = {});
+
+  DispatchInfo last_dispatch() const;
+  std::shared_ptr<Context> context() const;
+
+  struct Gpu;
+
+ private:
+  void check_ready(const GroupLayout& layout) const;
+  std::unique_ptr<Gpu> gpu_;
+  mutable std::mutex mutex_;
+  DispatchInfo last_;
+};
+
+struct LayerNorm : Norm {
+  LayerNorm() : Norm(NormOp::LayerNorm) {}
+};
+struct RMSNorm : Norm {
+  RMSNorm() : Norm(NormOp::RMSNorm) {}
+};
+
+// A blob in device memory with ncnn's layout (VkMat): consecutive layers need no host round trip.
+class VkMat {
+ public:
+  int dims = 0, w = 0, h = 0, d = 0, c = 0;
+  size_t elemsize = 0;
+  int elempack = 1;
+  size_t cstep = 0;
+
+  // Converts to the Option's storage and packing, then copies to the device.
+  static VkMat upload(const Mat& m, std::shared_ptr<Context> ctx, const Option& opt = {});
+  Mat download() const;  // as stored (packing and storage of the VkMat)
+  size_t bytes() const;
+  std::shared_ptr<Context> context() const { return ctx_; }
+
+  struct Buffer;
+  std::shared_ptr<Buffer> buffer;
+
+ private:
+  std::shared_ptr<Context> ctx_;
+  friend class Norm;
+};
+
+}  // namespace vknorm

@@ -1,0 +1,213 @@
+// nanobind module vknorm._core: the C++ core as Python sees it. Argument policy (dtypes, defaults,
+// device strings) lives in python/vknorm/layers.py; this file only converts and releases the GIL.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+#include <nanobind/stl/map.h>
+
+#include <cstring>
+
+#include "vknorm/vknorm.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using namespace vknorm;
+
+namespace {
+
+using Array = nb::ndarray<nb::numpy, nb::c_contig, nb::device::cpu>;
+
+// numpy (w), (h, w), (c, h, w), (c, d, h, w) -> elempack-1 Mat, as pyncnn's Mat(numpy) does.
+Mat mat_from_numpy(const Array& a) {
+  const size_t nd = a.ndim();
+  if (nd < 1 || nd > 4) throw std::invalid_argument("expected 1-4 dims, got " + std::to_string(nd));
+  const bool f16 = a.dtype() == nb::dtype<uint16_t>() || (a.dtype().code == uint8_t(nb::dlpack::dtype_code::Float) && a.dtype().bits == 16);
+  const bool f32 = a.dtype() == nb::dtype<float>();
+  if (!f16 && !f32) throw std::invalid_argument("expected float32 or float16 data");
+  int shape[4] = {1, 1, 1, 1};  // w, h, d, c
+  const int order[4][4] = {{0}, {1, 0}, {3, 1, 0}, {3, 2, 1, 0}};
+  for (size_t i = 0; i < nd; ++i) shape[order[nd - 1][i]] = int(a.shape(i));
+  Mat m = Mat::create(int(nd), shape[0], shape[1], shape[2], shape[3], f16 ? 2 : 4, 1);
+  const size_t plane = size_t(shape[0]) * shape[1] * shape[2] * m.scalar_bytes();
+  const size_t channels = nd >= 3 ? size_t(shape[3]) : 1;
+  const auto* src = static_cast<const unsigned char*>(a.data());
+  for (size_t q = 0; q < channels; ++q) std::memcpy(m.channel(int(q)), src + q * plane, plane);
+  return m;
+}
+
+nb::ndarray<nb::numpy> mat_to_numpy(const Mat& in) {
+  Mat m = convert_packing(in, 1);
+  std::vector<size_t> shape;
+  switch (m.dims) {
+    case 1: shape = {size_t(m.w)}; break;
+    case 2: shape = {size_t(m.h), size_t(m.w)}; break;
+    case 3: shape = {size_t(m.c), size_t(m.h), size_t(m.w)}; break;
+    default: shape = {size_t(m.c), size_t(m.d), size_t(m.h), size_t(m.w)};
+  }
+  const size_t sb = m.scalar_bytes();
+  const size_t plane = size_t(m.w) * m.h * m.d * sb;
+  const size_t channels = m.dims >= 3 ? size_t(m.c) : 1;
+  auto* out = new unsigned char[plane * channels];
+  for (size_t q = 0; q < channels; ++q) std::memcpy(out + q * plane, m.channel(int(q)), plane);
+  nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<unsigned char*>(p); });
+  nb::dlpack::dtype dt = sb == 2 ? nb::dtype<uint16_t>() : nb::dtype<float>();
+  if (sb == 2) dt.code = uint8_t(nb::dlpack::dtype_code::Float);
+  return nb::ndarray<nb::numpy>(out, shape.size(), shape.data(), owner, nullptr, dt);
+}
+
+nb::dict device_dict(const DeviceInfo& d) {
+  nb::dict r;
+  r["index"] = d.index;
+  r["name"] = d.name;
+  r["type"] = d.type;
+  r["vendor_id"] = d.vendor_id;
+  r["device_id"] = d.device_id;
+  r["driver_name"] = d.driver_name;
+  r["driver_info"] = d.driver_info;
+  r["driver_version"] = d.driver_version;
+  r["api_version"] = d.api_version;
+  r["subgroup_size"] = d.subgroup_size;
+  r["subgroup_ops"] = d.subgroup_ops;
+  r["subgroup_compute"] = d.subgroup_compute;
+  r["storage_16bit"] = d.storage_16bit;
+  r["float16_arithmetic"] = d.float16_arithmetic;
+  r["max_shared_memory"] = d.max_shared_memory;
+  r["max_workgroup_invocations"] = d.max_workgroup_invocations;
+  r["max_storage_buffer_range"] = d.max_storage_buffer_range;
+  r["device_local_bytes"] = d.device_local_bytes;
+  r["timestamp_period_ns"] = d.timestamp_period_ns;
+  r["timestamps"] = d.timestamps;
+  return r;
+}
+
+nb::dict dispatch_dict(const DispatchInfo& i) {
+  nb::dict r;
+  r["path"] = path_name(i.path);
+  r["dispatches"] = i.dispatches;
+  r["workgroup_size"] = i.workgroup_size;
+  r["team"] = i.team;
+  r["items"] = i.items;
+  r["chunks"] = i.chunks;
+  r["subgroup"] = i.subgroup;
+  r["gpu_us"] = i.gpu_us;
+  return r;
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  nb::exception<VulkanUnavailable>(m, "VulkanUnavailableError", PyExc_RuntimeError);
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const DeviceOutOfMemory& e) {
+      PyErr_SetString(PyExc_MemoryError, e.what());
+    }
+  });
+
+  m.def("devices", [] {
+    std::vector<nb::dict> out;
+    for (const auto& d : enumerate_devices()) out.push_back(device_dict(d));
+    return out;
+  });
+  m.def("default_device_index", &default_device_index);
+  m.def("validation_enabled", &validation_enabled);
+  m.def("validation_messages", &validation_messages);
+  m.def("clear_validation_messages", &clear_validation_messages);
+
+  nb::class_<Context>(m, "Context")
+      .def_static("create", &Context::create, "index"_a = -1)
+      .def_static("default", &Context::default_context)
+      .def_prop_ro("info", [](const Context& c) { return device_dict(c.info()); })
+      .def_prop_ro("device_bytes_in_use", &Context::device_bytes_in_use)
+      .def_prop_ro("device_bytes_peak", &Context::device_bytes_peak)
+      .def_prop_ro("live_buffers", &Context::live_buffers);
+
+  nb::enum_<Path>(m, "Path")
+      .value("auto", Path::Auto)
+      .value("subgroup", Path::Subgroup)
+      .value("workgroup", Path::Workgroup)
+      .value("split", Path::Split);
+  m.def("parse_path", &parse_path);
+
+  nb::class_<Option>(m, "Option")
+      .def(nb::init<>())
+      .def_rw("use_fp16_storage", &Option::use_fp16_storage)
+      .def_rw("use_packing_layout", &Option::use_packing_layout)
+      .def_rw("path", &Option::path)
+      .def_rw("use_subgroup_ops", &Option::use_subgroup_ops)
+      .def_rw("max_workgroup_size", &Option::max_workgroup_size);
+
+  nb::class_<Mat>(m, "Mat")
+      .def_static("from_numpy", &mat_from_numpy, "array"_a)
+      .def("numpy", &mat_to_numpy)
+      .def("convert_packing", [](const Mat& self, int elempack) { return convert_packing(self, elempack); }, "elempack"_a)
+      .def("cast_fp16", [](const Mat& self) { return cast_fp16(self); })
+      .def("cast_fp32", [](const Mat& self) { return cast_fp32(self); })
+      .def("raw", [](const Mat& self) {  // the bytes as stored, cstep padding included
+        return nb::bytes(reinterpret_cast<const char*>(self.data()), self.bytes());
+      })
+      .def_ro("dims", &Mat::dims)
+      .def_ro("w", &Mat::w)
+      .def_ro("h", &Mat::h)
+      .def_ro("d", &Mat::d)
+      .def_ro("c", &Mat::c)
+      .def_ro("elemsize", &Mat::elemsize)
+      .def_ro("elempack", &Mat::elempack)
+      .def_ro("cstep", &Mat::cstep);
+
+  nb::class_<VkMat>(m, "VkMat")
+      .def_static("upload", &VkMat::upload, "mat"_a, "context"_a, "option"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("download", &VkMat::download, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("context", &VkMat::context)
+      .def_prop_ro("bytes", &VkMat::bytes)
+      .def_ro("dims", &VkMat::dims)
+      .def_ro("w", &VkMat::w)
+      .def_ro("h", &VkMat::h)
+      .def_ro("d", &VkMat::d)
+      .def_ro("c", &VkMat::c)
+      .def_ro("elemsize", &VkMat::elemsize)
+      .def_ro("elempack", &VkMat::elempack)
+      .def_ro("cstep", &VkMat::cstep);
+
+  m.def("group_layout", [](const Mat& x, int affine_size, bool affine) {
+    GroupLayout g = group_layout(x.dims, x.w, x.h, x.d, x.c, x.cstep, x.elempack, affine_size, affine);
+    nb::dict r;
+    r["group_size"] = g.group_size;
+    r["groups"] = g.groups();
+    r["groups_per_channel"] = g.gpc;
+    return r;
+  });
+
+  nb::class_<Norm>(m, "Norm")
+      .def("__init__", [](Norm* self, const std::string& op) {
+        if (op != "LayerNorm" && op != "RMSNorm") throw std::invalid_argument("op must be LayerNorm or RMSNorm");
+        new (self) Norm(op == "LayerNorm" ? NormOp::LayerNorm : NormOp::RMSNorm);
+      })
+      .def_prop_ro("op", [](const Norm& n) { return n.op == NormOp::LayerNorm ? "LayerNorm" : "RMSNorm"; })
+      .def_ro("affine_size", &Norm::affine_size)
+      .def_ro("eps", &Norm::eps)
+      .def_ro("affine", &Norm::affine)
+      .def_ro("gamma_data", &Norm::gamma_data)
+      .def_ro("beta_data", &Norm::beta_data)
+      .def("load_param", [](Norm& n, const std::map<int, nb::object>& params) {
+        ParamDict pd;
+        for (const auto& [id, v] : params) {
+          if (nb::isinstance<nb::float_>(v)) pd.set(id, float(nb::cast<double>(v)));
+          else pd.set(id, nb::cast<int>(v));
+        }
+        n.load_param(pd);
+      })
+      .def("load_model", &Norm::load_model, "gamma"_a, "beta"_a = std::vector<float>{})
+      .def("create_pipeline", &Norm::create_pipeline, "context"_a, "option"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("destroy_pipeline", &Norm::destroy_pipeline)
+      .def("forward_inplace_cpu", &Norm::forward_inplace_cpu, nb::call_guard<nb::gil_scoped_release>())
+      .def("forward_inplace", nb::overload_cast<Mat&, const Option&>(&Norm::forward_inplace), "mat"_a, "option"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("forward_inplace", nb::overload_cast<VkMat&, const Option&>(&Norm::forward_inplace), "mat"_a, "option"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("context", &Norm::context)
+      .def_prop_ro("last_dispatch", [](const Norm& n) { return dispatch_dict(n.last_dispatch()); });
+}

@@ -1,0 +1,96 @@
+"""The vknorm command: info | check | bench | demo.
+
+Errors the user can fix (bad files, flags, no driver) print one line and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+class UsageError(Exception):
+    """A problem with the command line or its files: one line, exit 2."""
+
+
+def _info(args) -> int:
+    from . import _core
+
+    devs = _core.devices()
+    if not devs:
+        raise UsageError("no Vulkan device found: install mesa-vulkan-drivers (CPU) or a GPU driver")
+    default = _core.default_device_index()
+    if args.json:
+        print(json.dumps({"default": default, "devices": devs}, indent=2))
+        return 0
+    for d in devs:
+        mark = "*" if d["index"] == default else " "
+        print(f"{mark} [{d['index']}] {d['name']} ({d['type']})")
+        rows = [
+            ("driver", f"{d['driver_name'] or '-'} {d['driver_info']}".strip()),
+            ("Vulkan API", d["api_version"]),
+            ("subgroup size", d["subgroup_size"]),
+            ("subgroup ops", ", ".join(d["subgroup_ops"]) or "none"),
+            ("16-bit storage", "yes" if d["storage_16bit"] else "no"),
+            ("float16 arithmetic", "yes" if d["float16_arithmetic"] else "no"),
+            ("max shared memory", f"{d['max_shared_memory']} bytes"),
+            ("max workgroup invocations", d["max_workgroup_invocations"]),
+            ("timestamp period", f"{d['timestamp_period_ns']:g} ns" + ("" if d["timestamps"] else " (no timestamps)")),
+        ]
+        for k, v in rows:
+            print(f"      {k:<27}{v}")
+    print("  (* = default device; VKNORM_DEVICE=index|name picks another)")
+    return 0
+
+
+def _demo(args) -> int:
+    """One LayerNorm on the default device against the CPU reference."""
+    import numpy as np
+
+    from . import LayerNorm, device_info
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((197, 768)) * 3 + 5).astype(np.float32)
+    ln = LayerNorm(affine_size=768, eps=1e-5)
+    ln.load_model(1 + 0.1 * rng.standard_normal(768), 0.1 * rng.standard_normal(768))
+    y_gpu = ln(x, device="vulkan")
+    info = ln.last_dispatch
+    y_cpu = ln(x, device="cpu")
+    print(f"LayerNorm 197x768 on {device_info()['name']}: path {info['path']}, {info['dispatches']} dispatch(es), "
+          f"{info['gpu_us']:.1f} us GPU")
+    print(f"  max |vulkan - cpu reference| = {float(np.abs(y_gpu - y_cpu).max()):.3e}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vknorm", description="Fast, exact LayerNorm / RMSNorm on Vulkan")
+    sub = p.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="list Vulkan devices and their capabilities")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    info.set_defaults(func=_info)
+    demo = sub.add_parser("demo", help="one LayerNorm on the default device vs the CPU reference")
+    demo.set_defaults(func=_demo)
+    for name, module in (("check", "check"), ("bench", "bench")):
+        try:
+            mod = __import__(f"vknorm.{module}", fromlist=["add_parser"])
+        except ImportError:
+            continue
+        mod.add_parser(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from . import _core
+
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        print(f"vknorm {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except _core.VulkanUnavailableError as e:
+        print(f"vknorm {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,245 @@
+"""The Python face of the layers: ncnn's parameters and lifecycle, numpy in and out."""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Optional, Union
+
+import numpy as np
+
+from . import _core
+
+_PATHS = ("auto", "subgroup", "workgroup", "split")
+
+
+class Option:
+    """Per-call choices, as ncnn's Option.
+
+    use_fp16_storage: float16 blob on the device (float32 arithmetic). Default False.
+    use_packing_layout: ncnn's pack4 layout when channels (dims 3/4) or rows (dims 2) divide by 4.
+    path: "auto" (the dispatcher decides; VKNORM_PATH overrides), "subgroup", "workgroup" or "split".
+    use_subgroup_ops: allow subgroup reductions where the device has them.
+    max_workgroup_size: cap on invocations per workgroup (0: the device's choice).
+    """
+
+    def __init__(self, use_fp16_storage: bool = False, use_packing_layout: bool = True, path: str = "auto",
+                 use_subgroup_ops: bool = True, max_workgroup_size: int = 0):
+        if path not in _PATHS:
+            raise ValueError(f"path must be one of {', '.join(_PATHS)}, got {path!r}")
+        if max_workgroup_size < 0:
+            raise ValueError(f"max_workgroup_size must be >= 0, got {max_workgroup_size}")
+        self.use_fp16_storage = bool(use_fp16_storage)
+        self.use_packing_layout = bool(use_packing_layout)
+        self.path = path
+        self.use_subgroup_ops = bool(use_subgroup_ops)
+        self.max_workgroup_size = int(max_workgroup_size)
+
+    def _native(self) -> _core.Option:
+        o = _core.Option()
+        o.use_fp16_storage = self.use_fp16_storage
+        o.use_packing_layout = self.use_packing_layout
+        o.path = _core.parse_path(self.path)
+        o.use_subgroup_ops = self.use_subgroup_ops
+        o.max_workgroup_size = self.max_workgroup_size
+        return o
+
+    def __repr__(self) -> str:
+        return (f"Option(use_fp16_storage={self.use_fp16_storage}, use_packing_layout={self.use_packing_layout}, "
+                f"path={self.path!r}, use_subgroup_ops={self.use_subgroup_ops}, "
+                f"max_workgroup_size={self.max_workgroup_size})")
+
+
+def devices() -> list:
+    """Every Vulkan device: name, type, driver, limits (raises VulkanUnavailableError with no driver)."""
+    return _core.devices()
+
+
+def device_info() -> dict:
+    """The default device (VKNORM_DEVICE, else discrete > integrated > virtual > cpu)."""
+    return _core.Context.default().info
+
+
+def _vulkan_available() -> bool:
+    try:
+        return len(_core.devices()) > 0
+    except _core.VulkanUnavailableError:
+        return False
+
+
+def _check_array(x) -> np.ndarray:
+    """numpy in the shapes pyncnn uses: (w), (h, w), (c, h, w), (c, d, h, w); float16/32/64."""
+    if isinstance(x, (_core.Mat, _core.VkMat)):
+        raise TypeError("expected a numpy array here; use forward_inplace for Mat / VkMat")
+    a = np.asarray(x)
+    if a.dtype.kind not in "f":
+        raise TypeError(f"expected floating point data (float32 or float16), got dtype {a.dtype}")
+    if a.ndim < 1 or a.ndim > 4:
+        raise ValueError(f"expected 1-4 dims ((w), (h, w), (c, h, w) or (c, d, h, w)), got {a.ndim} dims {a.shape}")
+    if a.size == 0:
+        raise ValueError(f"empty array of shape {a.shape}")
+    return a
+
+
+def _context_for(device) -> Optional[_core.Context]:
+    """None for the CPU reference, else the Vulkan context the call should run on."""
+    if device is None:
+        return _core.Context.default() if _vulkan_available() else None
+    if isinstance(device, _core.Context):
+        return device
+    if isinstance(device, int):
+        return _core.Context.create(device)
+    if device == "cpu":
+        return None
+    if device == "vulkan":
+        return _core.Context.default()
+    if isinstance(device, str) and device.startswith("vulkan:"):
+        return _core.Context.create(int(device.split(":", 1)[1]))
+    raise ValueError(f"device must be 'cpu', 'vulkan', 'vulkan:N', an index or a Context, got {device!r}")
+
+
+def to_device(x, option: Optional[Option] = None, device=None) -> _core.VkMat:
+    """Upload a numpy array as a VkMat in the Option's storage and packing."""
+    a = _check_array(x)
+    ctx = _context_for("vulkan" if device is None else device)
+    if ctx is None:
+        raise ValueError("to_device needs a Vulkan device, not 'cpu'")
+    return _core.VkMat.upload(_core.Mat.from_numpy(_as_storage(a)), ctx, (option or Option())._native())
+
+
+def _as_storage(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a if a.dtype in (np.float16, np.float32) else a.astype(np.float32))
+
+
+class _Norm:
+    _op = ""
+
+    def __init__(self, affine_size: int = 0, eps: float = 0.001, affine: bool = True, *,
+                 option: Optional[Option] = None, device=None):
+        self._layer = _core.Norm(self._op)
+        self.option = option or Option()
+        self.device = device
+        self._layer.load_param({0: int(affine_size), 1: float(eps), 2: int(bool(affine))})
+
+    @classmethod
+    def from_param(cls, params: Mapping[int, Union[int, float]], **kwargs):
+        """ncnn ParamDict ids: 0 affine_size (0), 1 eps (0.001), 2 affine (1)."""
+        unknown = set(params) - {0, 1, 2}
+        if unknown:
+            raise ValueError(f"unknown param ids {sorted(unknown)}: {cls.__name__} takes 0 affine_size, 1 eps, 2 affine")
+        p = dict(params)
+        return cls(affine_size=int(p.get(0, 0)), eps=float(p.get(1, 0.001)), affine=bool(p.get(2, 1)), **kwargs)
+
+    # ncnn's parameters, read-only: load_param / the constructor set them.
+    affine_size = property(lambda self: self._layer.affine_size)
+    eps = property(lambda self: self._layer.eps)
+    affine = property(lambda self: bool(self._layer.affine))
+
+    def load_param(self, params: Mapping[int, Union[int, float]]) -> None:
+        eps = params.get(1, 0.001)
+        if not math.isfinite(float(eps)):
+            raise ValueError(f"eps must be finite and >= 0, got {eps}")
+        self._layer.load_param({int(k): (float(v) if k == 1 else int(v)) for k, v in params.items()})
+
+    def _weights(self, v, name: str) -> list:
+        a = np.asarray(v)
+        if a.dtype.kind not in "fiu":
+            raise TypeError(f"{name} must be numeric, got dtype {a.dtype}")
+        if a.ndim != 1:
+            raise ValueError(f"{name} must be 1-D of length affine_size={self.affine_size}, got shape {a.shape}")
+        return a.astype(np.float32).tolist()
+
+    @property
+    def gamma(self) -> np.ndarray:
+        return np.asarray(self._layer.gamma_data, dtype=np.float32)
+
+    @property
+    def last_dispatch(self) -> dict:
+        """What the last Vulkan forward ran: path, dispatches, workgroup size, gpu_us."""
+        return self._layer.last_dispatch
+
+    @property
+    def gpu_time_us(self) -> float:
+        return self._layer.last_dispatch["gpu_us"]
+
+    def create_pipeline(self, option: Optional[Option] = None, device=None) -> None:
+        ctx = _context_for("vulkan" if (device or self.device) is None else (device or self.device))
+        if ctx is None:
+            return
+        self._layer.create_pipeline(ctx, (option or self.option)._native())
+
+    def groups(self, shape) -> dict:
+        """How an input of this shape splits into groups (ncnn's rules): group_size, groups."""
+        m = _core.Mat.from_numpy(np.zeros(shape, np.float16))
+        return _core.group_layout(m, self.affine_size, self.affine)
+
+    def _run(self, mat: _core.Mat, device, option: Optional[Option]) -> _core.Mat:
+        ctx = _context_for(device if device is not None else self.device)
+        if ctx is None:
+            self._layer.forward_inplace_cpu(mat)
+            return mat
+        self._layer.create_pipeline(ctx, (option or self.option)._native())
+        self._layer.forward_inplace(mat, (option or self.option)._native())
+        return mat
+
+    def __call__(self, x, device=None, option: Optional[Option] = None) -> np.ndarray:
+        """Normalize a copy of x; returns float32 (float16 for float16 input)."""
+        a = _check_array(x)
+        mat = self._run(_core.Mat.from_numpy(_as_storage(a)), device, option)
+        return mat.numpy().reshape(a.shape)
+
+    def forward(self, x, device=None, option: Optional[Option] = None) -> np.ndarray:
+        return self(x, device=device, option=option)
+
+    def forward_inplace(self, x, device=None, option: Optional[Option] = None):
+        """In place on a writable numpy array, or on a VkMat (no host round trip)."""
+        if isinstance(x, _core.VkMat):
+            if device == "cpu":
+                raise ValueError("a VkMat lives on a Vulkan device; device='cpu' cannot run it")
+            self._layer.forward_inplace(x, (option or self.option)._native())
+            return x
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"forward_inplace needs a numpy array or a VkMat, got {type(x).__name__}")
+        a = _check_array(x)
+        if not a.flags.writeable:
+            raise ValueError("forward_inplace needs a writable array")
+        y = self(a, device=device, option=option)
+        np.copyto(a, y, casting="unsafe")
+        return a
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(affine_size={self.affine_size}, eps={self.eps:g}, affine={self.affine})"
+
+
+class LayerNorm(_Norm):
+    """ncnn's LayerNorm: y = (x - mean) / sqrt(var + eps) * gamma + beta over each group."""
+
+    _op = "LayerNorm"
+
+    def load_model(self, gamma=None, beta=None) -> None:
+        """gamma and beta, each of affine_size values (nothing when affine=False)."""
+        if not self.affine:
+            if gamma is not None or beta is not None:
+                raise ValueError("affine=False: this layer takes no weights")
+            return
+        if gamma is None or beta is None:
+            raise ValueError("LayerNorm with affine=True needs gamma and beta")
+        self._layer.load_model(self._weights(gamma, "gamma"), self._weights(beta, "beta"))
+
+    @property
+    def beta(self) -> np.ndarray:
+        return np.asarray(self._layer.beta_data, dtype=np.float32)
+
+
+class RMSNorm(_Norm):
+    """ncnn's RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma over each group."""
+
+    _op = "RMSNorm"
+
+    def load_model(self, gamma=None) -> None:
+        """gamma of affine_size values (nothing when affine=False)."""
+        if not self.affine:
+            if gamma is not None:
+                raise ValueError("affine=False: this layer takes no weights")
+            return
+        if gamma is None:
+            raise ValueError("RMSNorm with affine=True needs gamma")
+        self._layer.load_model(self._weights(gamma, "gamma"))

@@ -1,0 +1,110 @@
+// Shared by every vknorm shader: storage/arithmetic types, the group model, team reductions.
+//
+// Build-time macros (one SPIR-V variant each, see cmake/shaders.cmake):
+//   FP16     0: float32 storage, 1: float16 storage. Arithmetic is float32 either way.
+//   PACK     1: one group per element, 4: ncnn pack4, each vec4 holds one element of 4 groups
+//            (4 channels, or 4 rows of a 2-D blob) at the same position.
+//   SUBGROUP 1: team reductions use subgroup operations, 0: shared memory only.
+// Specialization constants (one pipeline per layer and choice):
+//   0 workgroup size, 1 op, 2 affine, 3 items per invocation (fused kernel).
+#if FP16
+#extension GL_EXT_shader_16bit_storage : require
+#endif
+#if SUBGROUP
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
+
+#if PACK == 4
+#define afp vec4
+#if FP16
+#define sfp f16vec4
+#else
+#define sfp vec4
+#endif
+#else
+#define afp float
+#if FP16
+#define sfp float16_t
+#else
+#define sfp float
+#endif
+#endif
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint OP = 0;  // 0 LayerNorm, 1 RMSNorm
+layout(constant_id = 2) const uint AFFINE = 1;
+#define OP_LAYERNORM 0u
+#define OP_RMSNORM 1u
+#define WG gl_WorkGroupSize.x
+
+// Every blob is channels -> groups per channel -> group elements. Positions are in packed elements.
+layout(push_constant) uniform Shape {
+  uint group_size;   // elements of one group
+  uint gpc;          // groups per (packed) channel
+  uint cstep;        // packed elements between channels
+  uint n_groups;     // packed groups: (channels / PACK) * gpc
+  uint chunk_size;   // split path: elements per chunk of a group
+  uint n_chunks;     // split path: chunks per group
+  uint team;         // invocations that cooperate on one item (a power of two <= WG)
+  float eps;
+} p;
+
+layout(binding = 0) buffer Blob { sfp x[]; };
+layout(binding = 1) readonly buffer Gamma { float gamma[]; };
+layout(binding = 2) readonly buffer Beta { float beta[]; };
+
+uint group_base(uint g) {
+  uint ch = g / p.gpc;
+  return ch * p.cstep + (g - ch * p.gpc) * p.group_size;
+}
+
+// Workgroup counts above 65535 are folded into y by the host.
+uint workgroup_linear() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
+
+// Items (groups or chunks) are handed to teams of p.team invocations; a workgroup holds WG / team teams.
+uint team_lane() { return gl_LocalInvocationID.x & (p.team - 1u); }
+uint team_item() { return workgroup_linear() * (WG / p.team) + gl_LocalInvocationID.x / p.team; }
+
+afp normalize_one(afp v_minus_mean, afp a, uint i) {
+  afp y = v_minus_mean * a;
+  if (AFFINE != 0u) {
+    y *= gamma[i];
+    if (OP == OP_LAYERNORM) y += beta[i];
+  }
+  return y;
+}
+
+shared afp team_scratch[gl_WorkGroupSize.x];
+
+// Sum over the invocations of a team; every member gets the result. Called in uniform control flow.
+afp team_sum(afp v) {
+#if SUBGROUP
+  if (p.team <= gl_SubgroupSize) {
+    for (uint m = 1u; m < p.team; m <<= 1) v += subgroupShuffleXor(v, m);
+    return v;
+  }
+  // A team spans whole subgroups: add inside each, then across the team's subgroups.
+  v = subgroupAdd(v);
+  if (subgroupElect()) team_scratch[gl_SubgroupID] = v;
+  barrier();
+  uint per_team = p.team / gl_SubgroupSize;
+  uint first = (gl_SubgroupID / per_team) * per_team;
+  afp s = afp(0);
+  for (uint k = 0u; k < per_team; ++k) s += team_scratch[first + k];
+  barrier();
+  return s;
+#else
+  uint lid = gl_LocalInvocationID.x;
+  team_scratch[lid] = v;
+  barrier();
+  for (uint s = p.team >> 1; s > 0u; s >>= 1) {
+    if (team_lane() < s) team_scratch[lid] += team_scratch[lid + s];
+    barrier();
+  }
+  v = team_scratch[lid - team_lane()];
+  barrier();
+  return v;
+#endif
+}

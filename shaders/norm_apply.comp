@@ -1,0 +1,19 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// Pass 3 of the split path: y = ((x - pivot) - shifted mean) * a, then gamma/beta by position in the
+// group. Grid-stride over every element of every group; cstep padding is never touched.
+#include "common.glsl"
+
+layout(binding = 4) readonly buffer Coefs { afp coef[]; };
+
+void main() {
+  uint total = p.n_groups * p.group_size;
+  uint stride = gl_NumWorkGroups.x * gl_NumWorkGroups.y * WG;
+  for (uint e = workgroup_linear() * WG + gl_LocalInvocationID.x; e < total; e += stride) {
+    uint g = e / p.group_size;
+    uint i = e - g * p.group_size;
+    uint at = group_base(g) + i;
+    afp v = (afp(x[at]) - coef[3u * g]) - coef[3u * g + 1u];
+    x[at] = sfp(normalize_one(v, coef[3u * g + 2u], i));
+  }
+}

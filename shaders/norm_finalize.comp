@@ -1,0 +1,57 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// Pass 2 of the split path: a team per group Chan-combines the chunks' (count, mean, M2) partials and
+// writes the group's coefficients (pivot, shifted mean, a = 1/sqrt(var + eps)).
+#include "common.glsl"
+
+layout(binding = 3) readonly buffer Partials { afp partial[]; };
+layout(binding = 4) writeonly buffer Coefs { afp coef[]; };  // [pivot, shifted mean, a] per group
+
+shared float sh_n[gl_WorkGroupSize.x];
+shared afp sh_m[gl_WorkGroupSize.x];
+shared afp sh_m2[gl_WorkGroupSize.x];
+
+// Chan et al.: merge (nb, mb, m2b) into (na, ma, m2a). For RMSNorm only the weighted mean is used.
+void combine(inout float na, inout afp ma, inout afp m2a, float nb, afp mb, afp m2b) {
+  float n = na + nb;
+  if (nb == 0.0) return;
+  afp delta = mb - ma;
+  ma += delta * (nb / n);
+  m2a += m2b + delta * delta * (na * nb / n);
+  na = n;
+}
+
+void main() {
+  uint n_items = p.n_groups * p.n_chunks;
+  uint g = team_item();
+  bool in_range = g < p.n_groups;
+  uint lane = team_lane();
+
+  float n = 0.0;
+  afp m = afp(0), m2 = afp(0);
+  if (in_range) {
+    for (uint c = lane; c < p.n_chunks; c += p.team) {
+      uint item = g * p.n_chunks + c;
+      float nc = float(min(p.chunk_size, p.group_size - c * p.chunk_size));
+      combine(n, m, m2, nc, partial[item], partial[n_items + item]);
+    }
+  }
+  uint lid = gl_LocalInvocationID.x;
+  sh_n[lid] = n;
+  sh_m[lid] = m;
+  sh_m2[lid] = m2;
+  barrier();
+  for (uint s = p.team >> 1; s > 0u; s >>= 1) {
+    if (lane < s) {
+      combine(sh_n[lid], sh_m[lid], sh_m2[lid], sh_n[lid + s], sh_m[lid + s], sh_m2[lid + s]);
+    }
+    barrier();
+  }
+  if (in_range && lane == 0u) {
+    afp var = OP == OP_RMSNORM ? sh_m[lid] : max(sh_m2[lid] / sh_n[lid], afp(0));
+    uint base = group_base(g);
+    coef[3u * g + 0u] = OP == OP_LAYERNORM ? afp(x[base]) : afp(0);
+    coef[3u * g + 1u] = OP == OP_LAYERNORM ? sh_m[lid] : afp(0);
+    coef[3u * g + 2u] = afp(1.0) / sqrt(var + p.eps);
+  }
+}

@@ -1,0 +1,53 @@
+#include <string>
+
+#include "vk.h"
+
+namespace vknorm {
+
+namespace {
+std::string mib(uint64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }
+}  // namespace
+
+std::shared_ptr<Buffer> Buffer::create(std::shared_ptr<Context> ctx, vk::DeviceSize size, Kind kind) {
+  auto& c = ctx->impl();
+  size = std::max<vk::DeviceSize>(size, 16);
+  if (c.max_device_bytes && c.bytes_in_use + size > c.max_device_bytes)
+    throw DeviceOutOfMemory("vknorm: cannot allocate " + std::to_string(size) + " bytes (" + mib(size) +
+                            ") on the device: " + std::to_string(c.bytes_in_use.load()) +
+                            " bytes in use, VKNORM_MAX_DEVICE_BYTES=" + std::to_string(c.max_device_bytes));
+  auto b = std::make_shared<Buffer>();
+  b->size = size;
+  using U = vk::BufferUsageFlagBits;
+  b->buffer = vk::raii::Buffer(c.device, vk::BufferCreateInfo{
+                                             .size = size,
+                                             .usage = U::eStorageBuffer | U::eTransferSrc | U::eTransferDst,
+                                             .sharingMode = vk::SharingMode::eExclusive});
+  const auto req = b->buffer.getMemoryRequirements();
+  const bool host = kind == Kind::Staging || c.direct_host_access;
+  const uint32_t type = host && kind == Kind::Staging ? c.staging_memory_type : c.device_memory_type;
+  if (!(req.memoryTypeBits & (1u << type))) throw std::runtime_error("vknorm: buffer cannot use the chosen memory type");
+  try {
+    b->memory = vk::raii::DeviceMemory(c.device, vk::MemoryAllocateInfo{.allocationSize = req.size, .memoryTypeIndex = type});
+  } catch (const vk::SystemError& e) {
+    throw DeviceOutOfMemory("vknorm: the device could not allocate " + std::to_string(size) + " bytes (" + mib(size) +
+                            "), " + std::to_string(c.bytes_in_use.load()) + " bytes in use: " + e.what());
+  }
+  b->buffer.bindMemory(*b->memory, 0);
+  if (host) b->mapped = b->memory.mapMemory(0, VK_WHOLE_SIZE);
+  b->ctx = std::move(ctx);
+  uint64_t now = (c.bytes_in_use += size);
+  uint64_t peak = c.bytes_peak;
+  while (now > peak && !c.bytes_peak.compare_exchange_weak(peak, now)) {}
+  ++c.live_buffers;
+  return b;
+}
+
+Buffer::~Buffer() {
+  if (!ctx) return;
+  auto& c = ctx->impl();
+  c.bytes_in_use -= size;
+  --c.live_buffers;
+  if (mapped) memory.unmapMemory();
+}
+
+}  // namespace vknorm

@@ -1,0 +1,313 @@
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "vk.h"
+
+namespace vknorm {
+namespace {
+
+const char* kInstallHint =
+    "no Vulkan device found: install a Vulkan driver (on Debian: apt-get install libvulkan1 "
+    "mesa-vulkan-drivers for the CPU driver lavapipe, or your GPU vendor's driver)";
+
+std::mutex g_validation_mutex;
+std::vector<std::string> g_validation_messages;
+
+VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                                     VkDebugUtilsMessageTypeFlagsEXT,
+                                                     const VkDebugUtilsMessengerCallbackDataEXT* data, void*) {
+  if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+    std::lock_guard<std::mutex> lock(g_validation_mutex);
+    g_validation_messages.emplace_back(data->pMessage ? data->pMessage : "(no message)");
+  }
+  return VK_FALSE;
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+bool has_layer(const vk::raii::Context& ctx, const char* name) {
+  for (const auto& l : ctx.enumerateInstanceLayerProperties())
+    if (std::strcmp(l.layerName, name) == 0) return true;
+  return false;
+}
+
+std::string version_string(uint32_t v) {
+  return std::to_string(VK_API_VERSION_MAJOR(v)) + "." + std::to_string(VK_API_VERSION_MINOR(v)) + "." +
+         std::to_string(VK_API_VERSION_PATCH(v));
+}
+
+const char* type_name(vk::PhysicalDeviceType t) {
+  switch (t) {
+    case vk::PhysicalDeviceType::eDiscreteGpu: return "discrete";
+    case vk::PhysicalDeviceType::eIntegratedGpu: return "integrated";
+    case vk::PhysicalDeviceType::eVirtualGpu: return "virtual";
+    case vk::PhysicalDeviceType::eCpu: return "cpu";
+    default: return "other";
+  }
+}
+
+int type_rank(const std::string& t) {  // lower is preferred
+  if (t == "discrete") return 0;
+  if (t == "integrated") return 1;
+  if (t == "virtual") return 2;
+  if (t == "cpu") return 3;
+  return 4;
+}
+
+uint32_t compute_queue_family(const vk::raii::PhysicalDevice& pd) {
+  auto families = pd.getQueueFamilyProperties();
+  // Prefer a compute-only family (async compute); any compute family will do.
+  for (uint32_t i = 0; i < families.size(); ++i)
+    if ((families[i].queueFlags & vk::QueueFlagBits::eCompute) && !(families[i].queueFlags & vk::QueueFlagBits::eGraphics))
+      return i;
+  for (uint32_t i = 0; i < families.size(); ++i)
+    if (families[i].queueFlags & vk::QueueFlagBits::eCompute) return i;
+  return UINT32_MAX;
+}
+
+DeviceInfo describe(const Instance& inst, const vk::raii::PhysicalDevice& pd, int index) {
+  DeviceInfo info;
+  info.index = index;
+  const auto props = pd.getProperties();
+  const uint32_t api = std::min(props.apiVersion, inst.api_version);
+  info.name = props.deviceName.data();
+  info.type = type_name(props.deviceType);
+  info.vendor_id = props.vendorID;
+  info.device_id = props.deviceID;
+  info.driver_version = props.driverVersion;
+  info.api_version = version_string(props.apiVersion);
+  info.max_shared_memory = props.limits.maxComputeSharedMemorySize;
+  info.max_workgroup_invocations = props.limits.maxComputeWorkGroupInvocations;
+  info.max_workgroup_size_x = props.limits.maxComputeWorkGroupSize[0];
+  info.max_workgroup_count_x = props.limits.maxComputeWorkGroupCount[0];
+  info.max_storage_buffer_range = props.limits.maxStorageBufferRange;
+  info.timestamp_period_ns = props.limits.timestampPeriod;
+  const uint32_t qf = compute_queue_family(pd);
+  info.timestamps = qf != UINT32_MAX && pd.getQueueFamilyProperties()[qf].timestampValidBits > 0;
+  for (const auto& heap : pd.getMemoryProperties().memoryHeaps)
+    if (heap.flags & vk::MemoryHeapFlagBits::eDeviceLocal) info.device_local_bytes += heap.size;
+
+  if (api >= VK_API_VERSION_1_1) {
+    auto chain = pd.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceSubgroupProperties>();
+    const auto& sg = chain.get<vk::PhysicalDeviceSubgroupProperties>();
+    info.subgroup_size = sg.subgroupSize;
+    info.subgroup_compute = bool(sg.supportedStages & vk::ShaderStageFlagBits::eCompute);
+    const std::pair<vk::SubgroupFeatureFlagBits, const char*> ops[] = {
+        {vk::SubgroupFeatureFlagBits::eBasic, "basic"},         {vk::SubgroupFeatureFlagBits::eVote, "vote"},
+        {vk::SubgroupFeatureFlagBits::eArithmetic, "arithmetic"}, {vk::SubgroupFeatureFlagBits::eBallot, "ballot"},
+        {vk::SubgroupFeatureFlagBits::eShuffle, "shuffle"},     {vk::SubgroupFeatureFlagBits::eShuffleRelative, "shuffle_relative"},
+        {vk::SubgroupFeatureFlagBits::eClustered, "clustered"}, {vk::SubgroupFeatureFlagBits::eQuad, "quad"}};
+    for (auto [bit, name] : ops)
+      if (sg.supportedOperations & bit) info.subgroup_ops.push_back(name);
+    auto feats = pd.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDevice16BitStorageFeatures>();
+    info.storage_16bit = feats.get<vk::PhysicalDevice16BitStorageFeatures>().storageBuffer16BitAccess;
+  }  // 16-bit storage shaders target Vulkan 1.1 (cmake/shaders.cmake): a 1.0 device stores float32
+  if (api >= VK_API_VERSION_1_2) {
+    auto chain = pd.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceDriverProperties>();
+    const auto& drv = chain.get<vk::PhysicalDeviceDriverProperties>();
+    info.driver_name = drv.driverName.data();
+    info.driver_info = drv.driverInfo.data();
+    auto feats = pd.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceShaderFloat16Int8Features>();
+    info.float16_arithmetic = feats.get<vk::PhysicalDeviceShaderFloat16Int8Features>().shaderFloat16;
+  }
+  return info;
+}
+
+uint32_t find_memory_type(const vk::PhysicalDeviceMemoryProperties& mp, uint32_t allowed,
+                          std::initializer_list<vk::MemoryPropertyFlags> preferences) {
+  for (auto want : preferences)
+    for (uint32_t i = 0; i < mp.memoryTypeCount; ++i)
+      if ((allowed & (1u << i)) && (mp.memoryTypes[i].propertyFlags & want) == want) return i;
+  throw std::runtime_error("no suitable Vulkan memory type");
+}
+
+}  // namespace
+
+std::shared_ptr<Instance> Instance::get() {
+  static std::mutex m;
+  static std::weak_ptr<Instance> current;
+  std::lock_guard<std::mutex> lock(m);
+  if (auto p = current.lock()) return p;
+  auto inst = std::make_shared<Instance>();  // vk::raii::Context dlopens libvulkan.so.1
+  try {
+    (void)inst->context.enumerateInstanceExtensionProperties();
+  } catch (const std::exception&) {
+    throw VulkanUnavailable(kInstallHint);
+  }
+  inst->api_version = std::min<uint32_t>(inst->context.enumerateInstanceVersion(), VK_API_VERSION_1_3);
+  vk::ApplicationInfo app{.pApplicationName = "vknorm", .applicationVersion = 1, .pEngineName = "vknorm",
+                          .engineVersion = 1, .apiVersion = inst->api_version};
+  std::vector<const char*> layers, extensions;
+  inst->validation = env_flag("VKNORM_VALIDATION");
+  if (inst->validation) {
+    if (!has_layer(inst->context, "VK_LAYER_KHRONOS_validation"))
+      throw VulkanUnavailable("VKNORM_VALIDATION is set but VK_LAYER_KHRONOS_validation is missing: "
+                              "apt-get install vulkan-validationlayers");
+    layers.push_back("VK_LAYER_KHRONOS_validation");
+    extensions.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
+  }
+  // Synchronization validation on top of the core checks.
+  const vk::ValidationFeatureEnableEXT enables[] = {vk::ValidationFeatureEnableEXT::eSynchronizationValidation};
+  vk::ValidationFeaturesEXT features{.enabledValidationFeatureCount = 1, .pEnabledValidationFeatures = enables};
+  vk::InstanceCreateInfo ci{.pNext = inst->validation ? &features : nullptr,
+                            .pApplicationInfo = &app,
+                            .enabledLayerCount = uint32_t(layers.size()),
+                            .ppEnabledLayerNames = layers.data(),
+                            .enabledExtensionCount = uint32_t(extensions.size()),
+                            .ppEnabledExtensionNames = extensions.data()};
+  try {
+    inst->instance = vk::raii::Instance(inst->context, ci);
+  } catch (const vk::SystemError& e) {
+    throw VulkanUnavailable(std::string(kInstallHint) + " (vkCreateInstance: " + e.what() + ")");
+  }
+  if (inst->validation) {
+    vk::DebugUtilsMessengerCreateInfoEXT mi{
+        .messageSeverity = vk::DebugUtilsMessageSeverityFlagBitsEXT::eWarning | vk::DebugUtilsMessageSeverityFlagBitsEXT::eError,
+        .messageType = vk::DebugUtilsMessageTypeFlagBitsEXT::eGeneral | vk::DebugUtilsMessageTypeFlagBitsEXT::eValidation |
+                       vk::DebugUtilsMessageTypeFlagBitsEXT::ePerformance,
+        .pfnUserCallback = on_validation_message};
+    inst->messenger.emplace(inst->instance, mi);
+  }
+  current = inst;
+  return inst;
+}
+
+std::vector<DeviceInfo> enumerate_devices() {
+  auto inst = Instance::get();
+  std::vector<DeviceInfo> out;
+  int i = 0;
+  for (const auto& pd : inst->instance.enumeratePhysicalDevices()) out.push_back(describe(*inst, pd, i++));
+  return out;
+}
+
+int default_device_index() {
+  auto devices = enumerate_devices();
+  if (devices.empty()) throw VulkanUnavailable(kInstallHint);
+  if (const char* want = std::getenv("VKNORM_DEVICE"); want && *want) {
+    char* end = nullptr;
+    long idx = std::strtol(want, &end, 10);
+    if (*end == '\0') {
+      if (idx < 0 || idx >= long(devices.size()))
+        throw std::invalid_argument("VKNORM_DEVICE=" + std::string(want) + ": there are " +
+                                    std::to_string(devices.size()) + " devices (vknorm info lists them)");
+      return int(idx);
+    }
+    std::string needle(want);
+    std::transform(needle.begin(), needle.end(), needle.begin(), ::tolower);
+    for (const auto& d : devices) {
+      std::string name = d.name;
+      std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+      if (name.find(needle) != std::string::npos) return d.index;
+    }
+    throw std::invalid_argument("VKNORM_DEVICE=" + std::string(want) + " matches no device (vknorm info lists them)");
+  }
+  auto best = std::min_element(devices.begin(), devices.end(), [](const DeviceInfo& a, const DeviceInfo& b) {
+    return type_rank(a.type) < type_rank(b.type);
+  });
+  return best->index;
+}
+
+Context::Context(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Context::~Context() = default;
+
+std::shared_ptr<Context> Context::create(int index) {
+  auto impl = std::make_unique<Impl>();
+  impl->instance = Instance::get();
+  auto physical = impl->instance->instance.enumeratePhysicalDevices();
+  if (physical.empty()) throw VulkanUnavailable(kInstallHint);
+  if (index < 0) index = default_device_index();
+  if (index >= int(physical.size()))
+    throw std::invalid_argument("device index " + std::to_string(index) + " out of range (" +
+                                std::to_string(physical.size()) + " devices)");
+  impl->physical = std::move(physical[index]);
+  impl->info = describe(*impl->instance, impl->physical, index);
+  const auto& pd = impl->physical;
+  const uint32_t api = std::min(pd.getProperties().apiVersion, impl->instance->api_version);
+
+  impl->queue_family = compute_queue_family(pd);
+  if (impl->queue_family == UINT32_MAX) throw VulkanUnavailable("device " + impl->info.name + " has no compute queue");
+  impl->timestamp_bits = pd.getQueueFamilyProperties()[impl->queue_family].timestampValidBits;
+
+  const float priority = 1.0f;
+  vk::DeviceQueueCreateInfo qci{.queueFamilyIndex = impl->queue_family, .queueCount = 1, .pQueuePriorities = &priority};
+  std::vector<const char*> extensions;
+  vk::PhysicalDevice16BitStorageFeatures storage16{};
+  const bool want16 = impl->info.storage_16bit && !env_flag("VKNORM_NO_FP16_STORAGE");
+  if (want16) storage16.storageBuffer16BitAccess = VK_TRUE;
+  vk::DeviceCreateInfo dci{.pNext = want16 ? &storage16 : nullptr,
+                           .queueCreateInfoCount = 1,
+                           .pQueueCreateInfos = &qci,
+                           .enabledExtensionCount = uint32_t(extensions.size()),
+                           .ppEnabledExtensionNames = extensions.data()};
+  impl->device = vk::raii::Device(pd, dci);
+  impl->queue = impl->device.getQueue(impl->queue_family, 0);
+  impl->fp16_storage = want16;
+  const auto& ops = impl->info.subgroup_ops;
+  auto has_op = [&](const char* n) { return std::find(ops.begin(), ops.end(), n) != ops.end(); };
+  impl->subgroup_reduce = api >= VK_API_VERSION_1_1 && impl->info.subgroup_compute && has_op("arithmetic") &&
+                          has_op("shuffle") && !env_flag("VKNORM_NO_SUBGROUP");
+
+  const auto mp = pd.getMemoryProperties();
+  using M = vk::MemoryPropertyFlagBits;
+  impl->device_memory_type = find_memory_type(mp, ~0u, {M::eDeviceLocal, {}});
+  impl->staging_memory_type = find_memory_type(mp, ~0u, {M::eHostVisible | M::eHostCoherent | M::eHostCached,
+                                                         M::eHostVisible | M::eHostCoherent});
+  if (impl->info.type == "cpu" || impl->info.type == "integrated") {
+    // Unified memory: the device buffer itself is mapped and no staging copy is recorded.
+    const auto unified = M::eDeviceLocal | M::eHostVisible | M::eHostCoherent;
+    for (uint32_t i = 0; i < mp.memoryTypeCount; ++i)
+      if ((mp.memoryTypes[i].propertyFlags & unified) == unified) {
+        impl->device_memory_type = i;
+        impl->direct_host_access = true;
+        break;
+      }
+  }
+  if (const char* cap = std::getenv("VKNORM_MAX_DEVICE_BYTES"); cap && *cap)
+    impl->max_device_bytes = std::strtoull(cap, nullptr, 10);
+
+  std::array<vk::DescriptorSetLayoutBinding, kBindings> bindings;
+  for (uint32_t b = 0; b < kBindings; ++b)
+    bindings[b] = vk::DescriptorSetLayoutBinding{.binding = b, .descriptorType = vk::DescriptorType::eStorageBuffer, .descriptorCount = 1,
+                   .stageFlags = vk::ShaderStageFlagBits::eCompute};
+  impl->set_layout = vk::raii::DescriptorSetLayout(
+      impl->device, vk::DescriptorSetLayoutCreateInfo{.bindingCount = kBindings, .pBindings = bindings.data()});
+  vk::PushConstantRange range{.stageFlags = vk::ShaderStageFlagBits::eCompute, .offset = 0, .size = sizeof(PushConstants)};
+  vk::DescriptorSetLayout set_layout = *impl->set_layout;
+  impl->pipeline_layout = vk::raii::PipelineLayout(
+      impl->device, vk::PipelineLayoutCreateInfo{.setLayoutCount = 1, .pSetLayouts = &set_layout,
+                                                 .pushConstantRangeCount = 1, .pPushConstantRanges = &range});
+  impl->pipeline_cache = vk::raii::PipelineCache(impl->device, vk::PipelineCacheCreateInfo{});
+  return std::shared_ptr<Context>(new Context(std::move(impl)));
+}
+
+std::shared_ptr<Context> Context::default_context() {
+  static std::mutex m;
+  static std::shared_ptr<Context> ctx;
+  std::lock_guard<std::mutex> lock(m);
+  if (!ctx) ctx = create(-1);
+  return ctx;
+}
+
+const DeviceInfo& Context::info() const { return impl_->info; }
+uint64_t Context::device_bytes_in_use() const { return impl_->bytes_in_use; }
+uint64_t Context::device_bytes_peak() const { return impl_->bytes_peak; }
+uint64_t Context::live_buffers() const { return impl_->live_buffers; }
+
+bool validation_enabled() { return env_flag("VKNORM_VALIDATION"); }
+
+std::vector<std::string> validation_messages() {
+  std::lock_guard<std::mutex> lock(g_validation_mutex);
+  return g_validation_messages;
+}
+
+void clear_validation_messages() {
+  std::lock_guard<std::mutex> lock(g_validation_mutex);
+  g_validation_messages.clear();
+}
+
+}  // namespace vknorm

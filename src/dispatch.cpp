@@ -1,0 +1,129 @@
+#include "dispatch.h"
+
+#include "vk.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace vknorm {
+namespace {
+
+// Registers per invocation: enough for a 4K group on a 256-wide workgroup, little enough to keep
+// occupancy; pack4 holds vec4s, so half as many.
+constexpr uint32_t kItemsTarget = 8;
+constexpr uint32_t kMaxItems = 16;
+constexpr uint32_t kMaxItemsPack4 = 8;
+// Split path: chunks of at least this many elements, and enough (group, chunk) items to fill a GPU.
+constexpr uint32_t kMinChunk = 1024;
+constexpr uint64_t kTargetItems = 1024;
+constexpr uint64_t kMaxApplyWorkgroups = 1u << 16;
+
+uint32_t pow2_ceil(uint64_t v) {
+  uint32_t p = 1;
+  while (p < v && p < (1u << 31)) p <<= 1;
+  return p;
+}
+uint64_t div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+// A team of `team` invocations holding ceil(size / team) elements each, rounded to a power of two.
+uint32_t items_for(uint32_t size, uint32_t team) { return pow2_ceil(div_up(size, team)); }
+
+}  // namespace
+
+Path parse_path(const std::string& name) {
+  if (name == "auto" || name.empty()) return Path::Auto;
+  if (name == "subgroup") return Path::Subgroup;
+  if (name == "workgroup") return Path::Workgroup;
+  if (name == "split") return Path::Split;
+  throw std::invalid_argument("unknown path '" + name + "': expected auto, subgroup, workgroup or split");
+}
+
+const char* path_name(Path p) {
+  switch (p) {
+    case Path::Subgroup: return "subgroup";
+    case Path::Workgroup: return "workgroup";
+    case Path::Split: return "split";
+    default: return "auto";
+  }
+}
+
+DeviceCaps device_caps(const Context& ctx, const Option& opt) {
+  auto& impl = const_cast<Context&>(ctx).impl();
+  const DeviceInfo& info = ctx.info();
+  DeviceCaps caps;
+  caps.cpu = info.type == "cpu";
+  // CPU drivers run a workgroup's invocations as loops on one core: small workgroups cost less there.
+  uint32_t wg = caps.cpu ? 64 : 256;
+  wg = std::min({wg, info.max_workgroup_invocations, info.max_workgroup_size_x});
+  if (opt.max_workgroup_size > 0) wg = std::min<uint32_t>(wg, uint32_t(opt.max_workgroup_size));
+  uint32_t p2 = 1;
+  while (p2 * 2 <= wg) p2 *= 2;  // team reductions halve: a power of two
+  caps.max_workgroup = p2;
+  caps.subgroup_size = info.subgroup_size;
+  caps.subgroup_reduce = impl.subgroup_reduce && opt.use_subgroup_ops && info.subgroup_size > 0 &&
+                         p2 % info.subgroup_size == 0;
+  return caps;
+}
+
+Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt) {
+  Path want = opt.path;
+  if (want == Path::Auto)
+    if (const char* env = std::getenv("VKNORM_PATH")) want = parse_path(env);
+
+  Plan plan;
+  plan.wg = dev.max_workgroup;
+  plan.subgroup = dev.subgroup_reduce;
+  const uint32_t size = g.group_size;
+  const uint32_t max_items = g.elempack == 4 ? kMaxItemsPack4 : kMaxItems;
+  const uint32_t subgroup = dev.subgroup_size ? std::min(dev.subgroup_size, plan.wg) : std::min(32u, plan.wg);
+
+  // | rule                                    | kernel                                          |
+  // |-----------------------------------------|-------------------------------------------------|
+  // | group fits team <= subgroup, <= max items| fused, a team inside one subgroup (tiny groups  |
+  // |                                         | share a subgroup)                               |
+  // | group fits a workgroup, <= max items    | fused, a team of several subgroups / workgroup  |
+  // | larger                                  | split: reduce chunks -> finalize -> normalize   |
+  // Auto sizes the team for ~kItemsTarget elements per invocation; a forced path that cannot hold
+  // the group moves to the next row down.
+  auto fused = [&](uint32_t team) {
+    plan.team = team;
+    plan.items = items_for(size, team);
+    plan.path = team <= subgroup ? Path::Subgroup : Path::Workgroup;
+    return plan.items <= max_items;
+  };
+  switch (want) {
+    case Path::Auto:
+      if (fused(std::min(plan.wg, pow2_ceil(div_up(size, kItemsTarget))))) return plan;
+      break;
+    case Path::Subgroup:
+      if (fused(std::min(subgroup, pow2_ceil(div_up(size, kItemsTarget))))) return plan;
+      [[fallthrough]];
+    case Path::Workgroup:
+      if (fused(plan.wg)) return plan;
+      break;
+    case Path::Split:
+      break;
+  }
+
+  plan.path = Path::Split;
+  plan.team = 1;
+  plan.items = 1;
+  const uint64_t chunks_wanted = div_up(kTargetItems, g.n_groups);
+  plan.chunk_size = uint32_t(std::max<uint64_t>(div_up(size, chunks_wanted), std::min(size, kMinChunk)));
+  plan.n_chunks = uint32_t(div_up(size, plan.chunk_size));
+  plan.reduce_team = std::min(plan.wg, pow2_ceil(div_up(plan.chunk_size, kItemsTarget)));
+  plan.finalize_team = std::min(plan.wg, pow2_ceil(plan.n_chunks));
+  return plan;
+}
+
+uint64_t Plan::fused_workgroups(const GroupLayout& g) const { return div_up(g.n_groups, wg / team); }
+uint64_t Plan::reduce_workgroups(const GroupLayout& g) const {
+  return div_up(uint64_t(g.n_groups) * n_chunks, wg / reduce_team);
+}
+uint64_t Plan::finalize_workgroups(const GroupLayout& g) const { return div_up(g.n_groups, wg / finalize_team); }
+uint64_t Plan::apply_workgroups(const GroupLayout& g) const {
+  return std::min(div_up(uint64_t(g.n_groups) * g.group_size, wg), kMaxApplyWorkgroups);
+}
+
+}  // namespace vknorm

@@ -1,0 +1,36 @@
+// The dispatch policy: which kernel runs a given group layout on a given device. All rules live in
+// plan_dispatch (dispatch.cpp); the rest of the code only executes a Plan.
+#pragma once
+#include <cstdint>
+
+#include "vknorm/context.h"
+#include "vknorm/norm.h"
+#include "vknorm/option.h"
+
+namespace vknorm {
+
+struct DeviceCaps {
+  uint32_t max_workgroup = 256;  // invocations, after device limits and Option caps
+  uint32_t subgroup_size = 0;    // 0: unknown
+  bool subgroup_reduce = false;  // subgroup arithmetic + shuffle usable in compute
+  bool cpu = false;              // a CPU implementation (lavapipe)
+};
+
+struct Plan {
+  Path path = Path::Split;
+  uint32_t wg = 64;        // workgroup size
+  bool subgroup = false;   // fused kernel with subgroup reductions
+  uint32_t team = 1;       // fused: invocations per group
+  uint32_t items = 1;      // fused: elements per invocation (registers)
+  uint32_t chunk_size = 0, n_chunks = 1;  // split: chunks per group
+  uint32_t reduce_team = 1, finalize_team = 1;
+  uint64_t fused_workgroups(const GroupLayout& g) const;
+  uint64_t reduce_workgroups(const GroupLayout& g) const;
+  uint64_t finalize_workgroups(const GroupLayout& g) const;
+  uint64_t apply_workgroups(const GroupLayout& g) const;
+};
+
+DeviceCaps device_caps(const Context& ctx, const Option& opt);
+Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt);
+
+}  // namespace vknorm

@@ -1,0 +1,125 @@
+#include "vknorm/mat.h"
+
+#include <cstring>
+#include <stdexcept>
+
+namespace vknorm {
+
+size_t ncnn_cstep(int dims, int w, int h, int d, size_t elemsize) {
+  size_t plane = size_t(w) * (dims >= 2 ? h : 1) * (dims == 4 ? d : 1);
+  if (dims <= 2) return plane;
+  return ((plane * elemsize + 15) / 16 * 16) / elemsize;
+}
+
+Mat Mat::create(int dims, int w, int h, int d, int c, size_t scalar_bytes, int elempack) {
+  if (dims < 1 || dims > 4) throw std::invalid_argument("Mat: dims must be 1-4, got " + std::to_string(dims));
+  if (scalar_bytes != 2 && scalar_bytes != 4) throw std::invalid_argument("Mat: scalar size must be 2 or 4 bytes");
+  if (elempack != 1 && elempack != 4) throw std::invalid_argument("Mat: elempack must be 1 or 4");
+  Mat m;
+  m.dims = dims;
+  m.w = w;
+  m.h = dims >= 2 ? h : 1;
+  m.d = dims == 4 ? d : 1;
+  m.c = dims >= 3 ? c : 1;
+  m.elempack = elempack;
+  m.elemsize = scalar_bytes * elempack;
+  m.cstep = ncnn_cstep(dims, m.w, m.h, m.d, m.elemsize);
+  m.storage_ = std::make_shared<std::vector<unsigned char>>(m.bytes());
+  return m;
+}
+
+Mat Mat::clone() const {
+  Mat m = *this;
+  if (storage_) m.storage_ = std::make_shared<std::vector<unsigned char>>(*storage_);
+  return m;
+}
+
+Mat convert_packing(const Mat& src, int elempack) {
+  if (src.elempack == elempack) return src;
+  if (elempack != 1 && elempack != 4) throw std::invalid_argument("convert_packing: elempack must be 1 or 4");
+  const int outer = src.unpacked_outer();
+  if (src.dims == 1 || outer % elempack != 0)
+    throw std::invalid_argument("convert_packing: cannot pack " + std::to_string(outer) + " channels/rows by " +
+                                std::to_string(elempack));
+  const size_t sb = src.scalar_bytes();
+  const int dst_outer = outer / elempack;
+  Mat dst = Mat::create(src.dims, src.w, src.dims == 2 ? dst_outer : src.h, src.d,
+                        src.dims >= 3 ? dst_outer : 1, sb, elempack);
+  const size_t plane = src.outer_elems();
+  for (int q = 0; q < outer; ++q) {
+    const unsigned char* s = src.outer_ptr(q / src.elempack);
+    unsigned char* t = dst.outer_ptr(q / elempack);
+    const int sl = q % src.elempack, tl = q % elempack;
+    for (size_t i = 0; i < plane; ++i)
+      std::memcpy(t + (i * elempack + tl) * sb, s + (i * src.elempack + sl) * sb, sb);
+  }
+  return dst;
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) return uint16_t(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0u));  // inf / nan
+  if (absx >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds past 65504: inf
+  if (absx < 0x38800000u) {  // half subnormal or zero: scale by 2^24 and round to nearest even
+    float a;
+    std::memcpy(&a, &absx, 4);
+    const float scaled = a * 16777216.0f;
+    uint32_t r = uint32_t(scaled);
+    const float frac = scaled - float(r);
+    if (frac > 0.5f || (frac == 0.5f && (r & 1u))) ++r;
+    return uint16_t(sign | r);
+  }
+  const uint32_t mant = absx & 0x7fffffu;
+  uint32_t h = ((absx >> 23) - 112u) << 10 | (mant >> 13);
+  const uint32_t rest = mant & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // carries into the exponent correctly
+  return uint16_t(sign | h);
+}
+
+float half_to_float(uint16_t hv) {
+  const uint32_t sign = uint32_t(hv & 0x8000u) << 16;
+  const uint32_t e = (hv >> 10) & 0x1fu, m = hv & 0x3ffu;
+  uint32_t x;
+  if (e == 0) {
+    float f = float(m) / 16777216.0f;  // m * 2^-24
+    std::memcpy(&x, &f, 4);
+    x |= sign;
+  } else if (e == 31) {
+    x = sign | 0x7f800000u | (m << 13);
+  } else {
+    x = sign | ((e + 112u) << 23) | (m << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+namespace {
+template <typename From, typename To, typename Conv>
+Mat cast(const Mat& src, size_t to_bytes, Conv conv) {
+  // Channel by channel: cstep depends on the element size, so the padding differs between storages.
+  Mat dst = Mat::create(src.dims, src.w, src.h, src.d, src.c, to_bytes, src.elempack);
+  const size_t plane = src.outer_elems() * src.elempack;
+  for (int q = 0; q < src.outer(); ++q) {
+    const From* s = reinterpret_cast<const From*>(src.outer_ptr(q));
+    To* t = reinterpret_cast<To*>(dst.outer_ptr(q));
+    for (size_t i = 0; i < plane; ++i) t[i] = conv(s[i]);
+  }
+  return dst;
+}
+}  // namespace
+
+Mat cast_fp16(const Mat& src) {
+  if (src.is_fp16()) return src;
+  return cast<float, uint16_t>(src, 2, float_to_half);
+}
+
+Mat cast_fp32(const Mat& src) {
+  if (!src.is_fp16()) return src;
+  return cast<uint16_t, float>(src, 4, half_to_float);
+}
+
+}  // namespace vknorm

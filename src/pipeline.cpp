@@ -1,0 +1,103 @@
+#include <stdexcept>
+
+#include "shaders.h"
+#include "vk.h"
+
+namespace vknorm {
+
+Pipeline::Pipeline(Context::Impl& ctx, const std::string& variant, uint32_t wg, uint32_t op, uint32_t affine,
+                   uint32_t items) {
+  const shaders::Spirv spv = shaders::find(variant.c_str());
+  if (!spv.words) throw std::logic_error("vknorm: no shader variant " + variant);
+  module = vk::raii::ShaderModule(ctx.device, vk::ShaderModuleCreateInfo{.codeSize = spv.count * 4, .pCode = spv.words});
+  const uint32_t values[] = {wg, op, affine, items};
+  const vk::SpecializationMapEntry entries[] = {{0, 0, 4}, {1, 4, 4}, {2, 8, 4}, {3, 12, 4}};
+  vk::SpecializationInfo spec{.mapEntryCount = 4, .pMapEntries = entries, .dataSize = sizeof(values), .pData = values};
+  vk::ComputePipelineCreateInfo ci{
+      .stage = {.stage = vk::ShaderStageFlagBits::eCompute, .module = *module, .pName = "main", .pSpecializationInfo = &spec},
+      .layout = *ctx.pipeline_layout};
+  pipeline = vk::raii::Pipeline(ctx.device, ctx.pipeline_cache, ci);
+}
+
+Submission::Submission(Context::Impl& ctx, uint32_t max_dispatches) : ctx_(ctx) {
+  // Pools per submission: nothing is shared between threads but the queue.
+  pool_ = vk::raii::CommandPool(ctx.device, vk::CommandPoolCreateInfo{.flags = vk::CommandPoolCreateFlagBits::eTransient,
+                                                                       .queueFamilyIndex = ctx.queue_family});
+  cmd_ = std::move(vk::raii::CommandBuffers(ctx.device, vk::CommandBufferAllocateInfo{
+                                                            .commandPool = *pool_,
+                                                            .level = vk::CommandBufferLevel::ePrimary,
+                                                            .commandBufferCount = 1})
+                       .front());
+  vk::DescriptorPoolSize size{.type = vk::DescriptorType::eStorageBuffer, .descriptorCount = kBindings * max_dispatches};
+  descriptors_ = vk::raii::DescriptorPool(
+      ctx.device, vk::DescriptorPoolCreateInfo{.maxSets = max_dispatches, .poolSizeCount = 1, .pPoolSizes = &size});
+  cmd_.begin(vk::CommandBufferBeginInfo{.flags = vk::CommandBufferUsageFlagBits::eOneTimeSubmit});
+  if (ctx.timestamp_bits) {
+    queries_.emplace(ctx.device, vk::QueryPoolCreateInfo{.queryType = vk::QueryType::eTimestamp, .queryCount = 2});
+    cmd_.resetQueryPool(**queries_, 0, 2);
+  }
+}
+
+void Submission::copy(const Buffer& src, const Buffer& dst, vk::DeviceSize bytes) {
+  cmd_.copyBuffer(*src.buffer, *dst.buffer, vk::BufferCopy{.srcOffset = 0, .dstOffset = 0, .size = bytes});
+}
+
+void Submission::barrier() {
+  using A = vk::AccessFlagBits;
+  using S = vk::PipelineStageFlagBits;
+  vk::MemoryBarrier b{.srcAccessMask = A::eShaderWrite | A::eTransferWrite,
+                      .dstAccessMask = A::eShaderRead | A::eShaderWrite | A::eTransferRead | A::eTransferWrite};
+  cmd_.pipelineBarrier(S::eComputeShader | S::eTransfer, S::eComputeShader | S::eTransfer, {}, b, {}, {});
+}
+
+void Submission::dispatch(const Pipeline& p, const std::array<const Buffer*, kBindings>& bindings,
+                          const PushConstants& pc, uint64_t workgroups) {
+  vk::DescriptorSetLayout layout = *ctx_.set_layout;
+  vk::DescriptorSet set = (*ctx_.device).allocateDescriptorSets(
+      vk::DescriptorSetAllocateInfo{.descriptorPool = *descriptors_, .descriptorSetCount = 1, .pSetLayouts = &layout},
+      *ctx_.device.getDispatcher())[0];
+  std::array<vk::DescriptorBufferInfo, kBindings> infos;
+  std::array<vk::WriteDescriptorSet, kBindings> writes;
+  for (uint32_t b = 0; b < kBindings; ++b) {
+    infos[b] = vk::DescriptorBufferInfo{.buffer = *bindings[b]->buffer, .offset = 0, .range = VK_WHOLE_SIZE};
+    writes[b] = vk::WriteDescriptorSet{.dstSet = set, .dstBinding = b, .descriptorCount = 1,
+                                       .descriptorType = vk::DescriptorType::eStorageBuffer, .pBufferInfo = &infos[b]};
+  }
+  ctx_.device.updateDescriptorSets(writes, {});
+  cmd_.bindPipeline(vk::PipelineBindPoint::eCompute, *p.pipeline);
+  cmd_.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *ctx_.pipeline_layout, 0, set, {});
+  cmd_.pushConstants<PushConstants>(*ctx_.pipeline_layout, vk::ShaderStageFlagBits::eCompute, 0, pc);
+  // Counts past the x limit fold into y; shaders rebuild the linear id (common.glsl).
+  const uint64_t max_x = std::max<uint32_t>(ctx_.info.max_workgroup_count_x, 1);
+  const uint32_t x = uint32_t(std::min<uint64_t>(workgroups, max_x));
+  const uint32_t y = uint32_t((workgroups + x - 1) / x);
+  cmd_.dispatch(x, y, 1);
+  ++dispatches_;
+}
+
+void Submission::timestamp(uint32_t slot) {
+  if (queries_) cmd_.writeTimestamp(vk::PipelineStageFlagBits::eComputeShader, **queries_, slot);
+}
+
+void Submission::submit_and_wait() {
+  cmd_.end();
+  vk::raii::Fence fence(ctx_.device, vk::FenceCreateInfo{});
+  vk::CommandBuffer raw = *cmd_;
+  {
+    std::lock_guard<std::mutex> lock(ctx_.queue_mutex);
+    ctx_.queue.submit(vk::SubmitInfo{.commandBufferCount = 1, .pCommandBuffers = &raw}, *fence);
+  }
+  while (ctx_.device.waitForFences(*fence, VK_TRUE, 1'000'000'000ull) == vk::Result::eTimeout) {}
+  submitted_ = true;
+}
+
+double Submission::gpu_us() const {
+  if (!queries_ || !submitted_) return 0;
+  auto [result, stamps] = queries_->getResults<uint64_t>(0, 2, 2 * sizeof(uint64_t), sizeof(uint64_t),
+                                                         vk::QueryResultFlagBits::e64 | vk::QueryResultFlagBits::eWait);
+  uint64_t mask = ctx_.timestamp_bits >= 64 ? ~0ull : ((1ull << ctx_.timestamp_bits) - 1);
+  uint64_t ticks = (stamps[1] - stamps[0]) & mask;
+  return double(ticks) * ctx_.info.timestamp_period_ns / 1000.0;
+}
+
+}  // namespace vknorm

@@ -1,0 +1,13 @@
+// Embedded SPIR-V, compiled from shaders/ at build time (cmake/shaders.cmake).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace vknorm::shaders {
+struct Spirv {
+  const uint32_t* words;
+  size_t count;
+};
+// Name: <shader>_fp<0|1>_p<1|4>_sg<0|1>; returns {nullptr, 0} when no such variant was built.
+Spirv find(const char* name);
+}  // namespace vknorm::shaders

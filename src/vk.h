@@ -1,0 +1,93 @@
+// Internal: Vulkan-Hpp RAII objects behind the public Context/VkMat, and the one recording helper.
+// Every handle has exactly one owner here; nothing is destroyed by hand.
+#pragma once
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <vulkan/vulkan_raii.hpp>
+
+#include "vknorm/context.h"
+#include "vknorm/norm.h"
+
+namespace vknorm {
+
+constexpr uint32_t kBindings = 5;  // blob, gamma, beta, partials, coefficients (shaders/common.glsl)
+
+struct PushConstants {  // mirrors `Shape` in shaders/common.glsl
+  uint32_t group_size, gpc, cstep, n_groups, chunk_size, n_chunks, team;
+  float eps;
+};
+
+// The loader and instance, shared by every context of the process.
+struct Instance {
+  vk::raii::Context context;
+  vk::raii::Instance instance = nullptr;
+  std::optional<vk::raii::DebugUtilsMessengerEXT> messenger;
+  uint32_t api_version = VK_API_VERSION_1_0;
+  bool validation = false;
+  static std::shared_ptr<Instance> get();
+};
+
+struct Context::Impl {
+  std::shared_ptr<Instance> instance;
+  DeviceInfo info;
+  vk::raii::PhysicalDevice physical = nullptr;
+  vk::raii::Device device = nullptr;
+  vk::raii::Queue queue = nullptr;
+  uint32_t queue_family = 0;
+  uint32_t timestamp_bits = 0;
+  bool fp16_storage = false;  // enabled on the device
+  bool subgroup_reduce = false;  // arithmetic + shuffle in compute
+  bool direct_host_access = false;  // device memory is host memory (CPU / integrated): no staging
+  uint32_t device_memory_type = 0, staging_memory_type = 0;
+  vk::raii::DescriptorSetLayout set_layout = nullptr;
+  vk::raii::PipelineLayout pipeline_layout = nullptr;
+  vk::raii::PipelineCache pipeline_cache = nullptr;
+  std::mutex queue_mutex;
+  std::atomic<uint64_t> bytes_in_use{0}, bytes_peak{0}, live_buffers{0};
+  uint64_t max_device_bytes = 0;  // VKNORM_MAX_DEVICE_BYTES, 0: none
+};
+
+struct VkMat::Buffer {
+  std::shared_ptr<Context> ctx;
+  vk::raii::Buffer buffer = nullptr;
+  vk::raii::DeviceMemory memory = nullptr;
+  vk::DeviceSize size = 0;
+  void* mapped = nullptr;  // host-visible buffers stay mapped
+  ~Buffer();
+  enum class Kind { Device, Staging };
+  static std::shared_ptr<Buffer> create(std::shared_ptr<Context> ctx, vk::DeviceSize size, Kind kind);
+};
+using Buffer = VkMat::Buffer;
+
+struct Pipeline {
+  vk::raii::ShaderModule module = nullptr;
+  vk::raii::Pipeline pipeline = nullptr;
+  // variant: <shader>_fp<0|1>_p<1|4>_sg<0|1>; spec: workgroup size, op, affine, items.
+  Pipeline(Context::Impl& ctx, const std::string& variant, uint32_t wg, uint32_t op, uint32_t affine, uint32_t items);
+};
+
+// Records transfers and dispatches into one command buffer, submits once and waits (Kompute's Sequence).
+class Submission {
+ public:
+  explicit Submission(Context::Impl& ctx, uint32_t max_dispatches = 4);
+  void copy(const Buffer& src, const Buffer& dst, vk::DeviceSize bytes);
+  void barrier();  // every earlier transfer/shader write is visible to every later access
+  void dispatch(const Pipeline& p, const std::array<const Buffer*, kBindings>& bindings, const PushConstants& pc,
+                uint64_t workgroups);
+  void timestamp(uint32_t slot);  // 0 before the dispatches, 1 after
+  void submit_and_wait();
+  double gpu_us() const;  // between the two timestamps; 0 when unsupported
+  int dispatches() const { return dispatches_; }
+
+ private:
+  Context::Impl& ctx_;
+  vk::raii::CommandPool pool_ = nullptr;
+  vk::raii::CommandBuffer cmd_ = nullptr;
+  vk::raii::DescriptorPool descriptors_ = nullptr;
+  std::optional<vk::raii::QueryPool> queries_;
+  int dispatches_ = 0;
+  bool submitted_ = false;
+};
+
+}  // namespace vknorm
