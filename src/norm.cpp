@@ -12,19 +12,11 @@ namespace vknorm {
 
 struct Norm::Gpu {
   std::shared_ptr<Context> ctx;
-  std::mutex mutex;  // pipelines and weights are created once, by whichever call needs them first
-  std::map<std::string, std::unique_ptr<Pipeline>> pipelines;
+  std::mutex mutex;  // weights are uploaded once, by whichever call needs them first
   std::shared_ptr<Buffer> gamma, beta, unused;
-
   const Pipeline& pipeline(const std::string& shader, bool fp16, int pack, bool subgroup, uint32_t wg, uint32_t op,
                            uint32_t affine, uint32_t items) {
-    const std::string variant = shader + "_fp" + (fp16 ? "1" : "0") + "_p" + std::to_string(pack) + "_sg" +
-                                (subgroup ? "1" : "0");
-    const std::string key = variant + "/" + std::to_string(wg) + "/" + std::to_string(items);
-    std::lock_guard<std::mutex> lock(mutex);
-    auto& slot = pipelines[key];
-    if (!slot) slot = std::make_unique<Pipeline>(ctx->impl(), variant, wg, op, affine, items);
-    return *slot;
+    return ctx->impl().pipeline(shader, fp16, pack, subgroup, wg, op, affine, items);
   }
 };
 

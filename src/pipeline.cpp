@@ -19,6 +19,18 @@ Pipeline::Pipeline(Context::Impl& ctx, const std::string& variant, uint32_t wg, 
   pipeline = vk::raii::Pipeline(ctx.device, ctx.pipeline_cache, ci);
 }
 
+const Pipeline& Context::Impl::pipeline(const std::string& shader, bool fp16, int pack, bool subgroup, uint32_t wg,
+                                        uint32_t op, uint32_t affine, uint32_t items) {
+  const std::string variant = shader + "_fp" + (fp16 ? "1" : "0") + "_p" + std::to_string(pack) + "_sg" +
+                              (subgroup ? "1" : "0");
+  const std::string key = variant + "/" + std::to_string(wg) + "/" + std::to_string(op) + "/" + std::to_string(affine) +
+                          "/" + std::to_string(items);
+  std::lock_guard<std::mutex> lock(pipeline_mutex);
+  auto& slot = pipelines[key];
+  if (!slot) slot = std::make_unique<Pipeline>(*this, variant, wg, op, affine, items);
+  return *slot;
+}
+
 Submission::Submission(Context::Impl& ctx, uint32_t max_dispatches) : ctx_(ctx) {
   // Pools per submission: nothing is shared between threads but the queue.
   pool_ = vk::raii::CommandPool(ctx.device, vk::CommandPoolCreateInfo{.flags = vk::CommandPoolCreateFlagBits::eTransient,

@@ -2,6 +2,9 @@
 // Every handle has exactly one owner here; nothing is destroyed by hand.
 #pragma once
 #include <atomic>
+#include <map>
+#include <memory>
+#include <string>
 #include <mutex>
 #include <optional>
 #include <vulkan/vulkan_raii.hpp>
@@ -44,6 +47,11 @@ struct Context::Impl {
   vk::raii::PipelineLayout pipeline_layout = nullptr;
   vk::raii::PipelineCache pipeline_cache = nullptr;
   std::mutex queue_mutex;
+  // Pipelines depend only on (variant, specialization), so layers on this device share them.
+  std::mutex pipeline_mutex;
+  std::map<std::string, std::unique_ptr<struct Pipeline>> pipelines;
+  const struct Pipeline& pipeline(const std::string& shader, bool fp16, int pack, bool subgroup, uint32_t wg,
+                                  uint32_t op, uint32_t affine, uint32_t items);
   std::atomic<uint64_t> bytes_in_use{0}, bytes_peak{0}, live_buffers{0};
   uint64_t max_device_bytes = 0;  // VKNORM_MAX_DEVICE_BYTES, 0: none
 };
