@@ -1,9 +1,9 @@
 # Compiles every shader variant to SPIR-V at build time, validates it with spirv-val for each
 # target environment, and embeds the words in generated/shaders.cpp (no shader compiler at run time).
 #
-# A variant is one source file plus macros: the storage type (FP16), the packing (PACK) and the
-# reduction flavour (SUBGROUP). Layer-wide switches (op, affine, workgroup size) are specialization
-# constants, so they need no variant here.
+# A variant is one source file plus macros: the storage type (FP16), the packing (PACK 1 or 4, or
+# v4: pack1 read as vec4s) and the reduction flavour (SUBGROUP). Layer-wide switches (op, affine,
+# workgroup size, items) are specialization constants, so they need no variant here.
 set(VKNORM_SHADER_DIR ${CMAKE_CURRENT_LIST_DIR}/../shaders)
 
 function(vknorm_compile_shaders target outdir)
@@ -11,12 +11,23 @@ function(vknorm_compile_shaders target outdir)
   file(GLOB includes ${VKNORM_SHADER_DIR}/*.glsl)
   set(names "")
   set(spvs "")
-  foreach(shader norm_reduce norm_finalize norm_apply norm_fused)
+  foreach(shader norm_reduce norm_finalize norm_apply norm_fused copy)
     foreach(fp16 0 1)
-      foreach(pack 1 4)
+      foreach(pack 1 4 v4)
         foreach(sg 0 1)
           if(NOT shader STREQUAL "norm_fused" AND sg EQUAL 1)
             continue()  # only the fused kernel has a subgroup flavour
+          endif()
+          if(pack STREQUAL "v4" AND NOT shader STREQUAL "norm_fused")
+            continue()  # vec4 loads of pack1 blobs: the fused kernel only
+          endif()
+          if(pack STREQUAL "v4")
+            set(pack_defs -DPACK=1 -DVEC4=1)
+          else()
+            set(pack_defs -DPACK=${pack} -DVEC4=0)
+          endif()
+          if(shader STREQUAL "copy" AND NOT (fp16 EQUAL 0 AND pack STREQUAL "1"))
+            continue()  # the benchmark roof: one variant
           endif()
           set(name "${shader}_fp${fp16}_p${pack}_sg${sg}")
           set(spv ${outdir}/spv/${name}.spv)
@@ -33,7 +44,7 @@ function(vknorm_compile_shaders target outdir)
             list(APPEND val_cmds COMMAND ${SPIRV_VAL} --target-env ${e} ${spv})
           endforeach()
           add_custom_command(OUTPUT ${spv}
-            COMMAND ${GLSLANG_VALIDATOR} -V --quiet --target-env ${env} -DFP16=${fp16} -DPACK=${pack} -DSUBGROUP=${sg}
+            COMMAND ${GLSLANG_VALIDATOR} -V --quiet --target-env ${env} -DFP16=${fp16} ${pack_defs} -DSUBGROUP=${sg}
                     -I${VKNORM_SHADER_DIR} -o ${spv} ${VKNORM_SHADER_DIR}/${shader}.comp
             ${val_cmds}
             DEPENDS ${VKNORM_SHADER_DIR}/${shader}.comp ${includes}

@@ -91,6 +91,7 @@ nb::dict dispatch_dict(const DispatchInfo& i) {
   r["items"] = i.items;
   r["chunks"] = i.chunks;
   r["subgroup"] = i.subgroup;
+  r["vec4"] = i.vec4;
   r["gpu_us"] = i.gpu_us;
   return r;
 }
@@ -172,6 +173,8 @@ NB_MODULE(_core, m) {
       .def_ro("elempack", &VkMat::elempack)
       .def_ro("cstep", &VkMat::cstep);
 
+  m.def("copy_repeated", &copy_repeated, "mat"_a, "warmup"_a, "reps"_a, "shader"_a,
+        nb::call_guard<nb::gil_scoped_release>());
   m.def("group_layout", [](const Mat& x, int affine_size, bool affine) {
     GroupLayout g = group_layout(x.dims, x.w, x.h, x.d, x.c, x.cstep, x.elempack, affine_size, affine);
     nb::dict r;
@@ -208,6 +211,16 @@ NB_MODULE(_core, m) {
            nb::call_guard<nb::gil_scoped_release>())
       .def("forward_inplace", nb::overload_cast<VkMat&, const Option&>(&Norm::forward_inplace), "mat"_a, "option"_a,
            nb::call_guard<nb::gil_scoped_release>())
+      .def("forward_repeated",
+           [](Norm& n, VkMat& m, const Option& opt, int warmup, int reps) {
+             DispatchInfo i;
+             {
+               nb::gil_scoped_release release;
+               i = n.forward_repeated(m, opt, warmup, reps);
+             }
+             return dispatch_dict(i);
+           },
+           "mat"_a, "option"_a, "warmup"_a, "reps"_a)
       .def_prop_ro("context", &Norm::context)
       .def_prop_ro("last_dispatch", [](const Norm& n) { return dispatch_dict(n.last_dispatch()); });
 }

@@ -4,6 +4,8 @@
 //   FP16     0: float32 storage, 1: float16 storage. Arithmetic is float32 either way.
 //   PACK     1: one group per element, 4: ncnn pack4, each vec4 holds one element of 4 groups
 //            (4 channels, or 4 rows of a 2-D blob) at the same position.
+//   VEC4     with PACK 1: a pack1 blob read as vec4s, 4 consecutive elements of one group per load
+//            (the host passes group_size and cstep in vec4s).
 //   SUBGROUP 1: team reductions use subgroup operations, 0: shared memory only.
 // Specialization constants (one pipeline per layer and choice):
 //   0 workgroup size, 1 op, 2 affine, 3 items per invocation (fused kernel).
@@ -16,7 +18,10 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 #endif
 
-#if PACK == 4
+#ifndef VEC4
+#define VEC4 0
+#endif
+#if PACK == 4 || VEC4
 #define afp vec4
 #if FP16
 #define sfp f16vec4
@@ -55,6 +60,17 @@ layout(binding = 0) buffer Blob { sfp x[]; };
 layout(binding = 1) readonly buffer Gamma { float gamma[]; };
 layout(binding = 2) readonly buffer Beta { float beta[]; };
 
+// Scalars per stored element of one group, and the reduction of a per-component sum to the group's.
+#if VEC4
+#define GROUP_ELEMS_PER 4u
+afp group_total(afp v) { return vec4(v.x + v.y + v.z + v.w); }
+afp pivot_of(afp first) { return vec4(first.x); }
+#else
+#define GROUP_ELEMS_PER 1u
+afp group_total(afp v) { return v; }
+afp pivot_of(afp first) { return first; }
+#endif
+
 uint group_base(uint g) {
   uint ch = g / p.gpc;
   return ch * p.cstep + (g - ch * p.gpc) * p.group_size;
@@ -70,8 +86,14 @@ uint team_item() { return workgroup_linear() * (WG / p.team) + gl_LocalInvocatio
 afp normalize_one(afp v_minus_mean, afp a, uint i) {
   afp y = v_minus_mean * a;
   if (AFFINE != 0u) {
+#if VEC4
+    uint j = 4u * i;
+    y *= vec4(gamma[j], gamma[j + 1u], gamma[j + 2u], gamma[j + 3u]);
+    if (OP == OP_LAYERNORM) y += vec4(beta[j], beta[j + 1u], beta[j + 2u], beta[j + 3u]);
+#else
     y *= gamma[i];
     if (OP == OP_LAYERNORM) y += beta[i];
+#endif
   }
   return y;
 }

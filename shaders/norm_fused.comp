@@ -14,7 +14,7 @@ void main() {
   uint lane = team_lane();
   uint base = in_range ? group_base(g) : 0u;
   // The pivot keeps |mean| >> std exact: x - pivot is exact and small, so its mean is too.
-  afp pivot = in_range && OP == OP_LAYERNORM ? afp(x[base]) : afp(0);
+  afp pivot = in_range && OP == OP_LAYERNORM ? pivot_of(afp(x[base])) : afp(0);
 
   afp v[ITEMS];
   afp s = afp(0);
@@ -23,19 +23,19 @@ void main() {
     v[k] = in_range && i < p.group_size ? afp(x[base + i]) - pivot : afp(0);
     s += OP == OP_LAYERNORM ? v[k] : v[k] * v[k];
   }
-  float n = float(p.group_size);
+  float n = float(p.group_size * GROUP_ELEMS_PER);
   afp mean = afp(0);
   afp var;
   if (OP == OP_LAYERNORM) {
-    mean = team_sum(s) / n;
+    mean = group_total(team_sum(s)) / n;
     afp q = afp(0);
     for (uint k = 0u; k < ITEMS; ++k) {
       afp d = lane + k * p.team < p.group_size ? v[k] - mean : afp(0);
       q += d * d;
     }
-    var = team_sum(q) / n;
+    var = group_total(team_sum(q)) / n;
   } else {
-    var = team_sum(s) / n;
+    var = group_total(team_sum(s)) / n;
   }
   afp a = afp(1.0) / sqrt(var + p.eps);
   if (!in_range) return;

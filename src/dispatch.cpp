@@ -10,10 +10,10 @@ namespace vknorm {
 namespace {
 
 // Registers per invocation: enough for a 4K group on a 256-wide workgroup, little enough to keep
-// occupancy; pack4 holds vec4s, so half as many.
+// occupancy.
 constexpr uint32_t kItemsTarget = 8;
-constexpr uint32_t kMaxItems = 16;
-constexpr uint32_t kMaxItemsPack4 = 8;
+constexpr uint32_t kMaxItems = 128;
+constexpr uint32_t kMaxItemsPack4 = 128;
 // Split path: chunks of at least this many elements, and enough (group, chunk) items to fill a GPU.
 constexpr uint32_t kMinChunk = 1024;
 constexpr uint64_t kTargetItems = 1024;
@@ -26,8 +26,8 @@ uint32_t pow2_ceil(uint64_t v) {
 }
 uint64_t div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
-// A team of `team` invocations holding ceil(size / team) elements each, rounded to a power of two.
-uint32_t items_for(uint32_t size, uint32_t team) { return pow2_ceil(div_up(size, team)); }
+// A team of `team` invocations holding ceil(size / team) elements each.
+uint32_t items_for(uint32_t size, uint32_t team) { return uint32_t(div_up(size, team)); }
 
 }  // namespace
 
@@ -74,7 +74,9 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   Plan plan;
   plan.wg = dev.max_workgroup;
   plan.subgroup = dev.subgroup_reduce;
-  const uint32_t size = g.group_size;
+  // pack1 groups whose starts are 16-byte aligned are read as vec4s by the fused kernel.
+  const bool vec4 = g.elempack == 1 && g.group_size % 4 == 0 && g.cstep % 4 == 0;
+  const uint32_t size = vec4 ? g.group_size / 4 : g.group_size;
   const uint32_t max_items = g.elempack == 4 ? kMaxItemsPack4 : kMaxItems;
   const uint32_t subgroup = dev.subgroup_size ? std::min(dev.subgroup_size, plan.wg) : std::min(32u, plan.wg);
 
@@ -87,6 +89,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // Auto sizes the team for ~kItemsTarget elements per invocation; a forced path that cannot hold
   // the group moves to the next row down.
   auto fused = [&](uint32_t team) {
+    plan.vec4 = vec4;
     plan.team = team;
     plan.items = items_for(size, team);
     plan.path = team <= subgroup ? Path::Subgroup : Path::Workgroup;
@@ -107,17 +110,19 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   }
 
   plan.path = Path::Split;
+  plan.vec4 = false;
   plan.team = 1;
   plan.items = 1;
+  const uint32_t size_all = g.group_size;
   const uint64_t chunks_wanted = div_up(kTargetItems, g.n_groups);
-  plan.chunk_size = uint32_t(std::max<uint64_t>(div_up(size, chunks_wanted), std::min(size, kMinChunk)));
-  plan.n_chunks = uint32_t(div_up(size, plan.chunk_size));
+  plan.chunk_size = uint32_t(std::max<uint64_t>(div_up(size_all, chunks_wanted), std::min(size_all, kMinChunk)));
+  plan.n_chunks = uint32_t(div_up(size_all, plan.chunk_size));
   plan.reduce_team = std::min(plan.wg, pow2_ceil(div_up(plan.chunk_size, kItemsTarget)));
   plan.finalize_team = std::min(plan.wg, pow2_ceil(plan.n_chunks));
   return plan;
 }
 
-uint64_t Plan::fused_workgroups(const GroupLayout& g) const { return div_up(g.n_groups, wg / team); }
+uint64_t Plan::fused_workgroups(const GroupLayout& g) const { return div_up(g.n_groups, wg / team); }  // vec4: same groups
 uint64_t Plan::reduce_workgroups(const GroupLayout& g) const {
   return div_up(uint64_t(g.n_groups) * n_chunks, wg / reduce_team);
 }

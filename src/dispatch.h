@@ -20,6 +20,7 @@ struct Plan {
   Path path = Path::Split;
   uint32_t wg = 64;        // workgroup size
   bool subgroup = false;   // fused kernel with subgroup reductions
+  bool vec4 = false;       // fused, pack1: read 4 consecutive elements per load (team/items count vec4s)
   uint32_t team = 1;       // fused: invocations per group
   uint32_t items = 1;      // fused: elements per invocation (registers)
   uint32_t chunk_size = 0, n_chunks = 1;  // split: chunks per group

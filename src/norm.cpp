@@ -14,7 +14,7 @@ struct Norm::Gpu {
   std::shared_ptr<Context> ctx;
   std::mutex mutex;  // weights are uploaded once, by whichever call needs them first
   std::shared_ptr<Buffer> gamma, beta, unused;
-  const Pipeline& pipeline(const std::string& shader, bool fp16, int pack, bool subgroup, uint32_t wg, uint32_t op,
+  const Pipeline& pipeline(const std::string& shader, bool fp16, const std::string& pack, bool subgroup, uint32_t wg, uint32_t op,
                            uint32_t affine, uint32_t items) {
     return ctx->impl().pipeline(shader, fp16, pack, subgroup, wg, op, affine, items);
   }
@@ -151,9 +151,15 @@ DispatchInfo Norm::last_dispatch() const {
 
 namespace {
 
+// Split-path scratch (partials, coefficients), allocated once per submission and reused by every
+// forward recorded into it.
+struct Workspace {
+  std::shared_ptr<Buffer> partials, coefs;
+};
+
 // Records one forward over `blob` (already on the device, in `g`'s layout) into `s`.
 DispatchInfo record(Norm& layer, Norm::Gpu& gpu, Submission& s, const Buffer& blob, const GroupLayout& g, bool fp16,
-                    const Option& opt, std::vector<std::shared_ptr<Buffer>>& keep) {
+                    const Option& opt, Workspace& ws) {
   const Plan plan = plan_dispatch(g, device_caps(*gpu.ctx, opt), opt);
   const uint32_t op = layer.op == NormOp::RMSNorm ? 1 : 0;
   const uint32_t affine = layer.affine ? 1 : 0;
@@ -167,24 +173,23 @@ DispatchInfo record(Norm& layer, Norm::Gpu& gpu, Submission& s, const Buffer& bl
   const Buffer* gamma = affine ? gpu.gamma.get() : gpu.unused.get();
   const Buffer* beta = affine ? gpu.beta.get() : gpu.unused.get();
   PushConstants pc{g.group_size, g.gpc, g.cstep, g.n_groups, plan.chunk_size, plan.n_chunks, plan.team, layer.eps};
-  const int pack = g.elempack;
+  const std::string pack = g.elempack == 4 ? "4" : "1";
 
   DispatchInfo info;
   info.path = plan.path;
   info.workgroup_size = plan.wg;
-  s.timestamp(0);
+  const int dispatches_before = s.dispatches();
   if (plan.path != Path::Split) {
-    const auto& p = gpu.pipeline("norm_fused", fp16, pack, plan.subgroup, plan.wg, op, affine, plan.items);
+    if (plan.vec4) pc.group_size /= 4, pc.cstep /= 4;  // the kernel counts vec4s
+    const auto& p = gpu.pipeline("norm_fused", fp16, plan.vec4 ? std::string("v4") : pack, plan.subgroup, plan.wg, op, affine, plan.items);
     s.dispatch(p, {&blob, gamma, beta, gpu.unused.get(), gpu.unused.get()}, pc, plan.fused_workgroups(g));
-    info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup;
+    info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup, info.vec4 = plan.vec4;
   } else {
     const uint64_t items = uint64_t(g.n_groups) * plan.n_chunks;
-    if (2 * items * pack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
-    auto partials = Buffer::create(gpu.ctx, 2 * items * pack * sizeof(float), Buffer::Kind::Device);
-    auto coefs = Buffer::create(gpu.ctx, 3ull * g.n_groups * pack * sizeof(float), Buffer::Kind::Device);
-    keep.push_back(partials);
-    keep.push_back(coefs);
-    const std::array<const Buffer*, kBindings> bind{&blob, gamma, beta, partials.get(), coefs.get()};
+    if (2 * items * g.elempack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
+    if (!ws.partials) ws.partials = Buffer::create(gpu.ctx, 2 * items * g.elempack * sizeof(float), Buffer::Kind::Device);
+    if (!ws.coefs) ws.coefs = Buffer::create(gpu.ctx, 3ull * g.n_groups * g.elempack * sizeof(float), Buffer::Kind::Device);
+    const std::array<const Buffer*, kBindings> bind{&blob, gamma, beta, ws.partials.get(), ws.coefs.get()};
     pc.team = plan.reduce_team;
     s.dispatch(gpu.pipeline("norm_reduce", fp16, pack, false, plan.wg, op, affine, 1), bind, pc, plan.reduce_workgroups(g));
     s.barrier();
@@ -196,8 +201,7 @@ DispatchInfo record(Norm& layer, Norm::Gpu& gpu, Submission& s, const Buffer& bl
     s.dispatch(gpu.pipeline("norm_apply", fp16, pack, false, plan.wg, op, affine, 1), bind, pc, plan.apply_workgroups(g));
     info.team = plan.reduce_team, info.chunks = plan.n_chunks;
   }
-  s.timestamp(1);
-  info.dispatches = s.dispatches();
+  info.dispatches = s.dispatches() - dispatches_before;
   return info;
 }
 
@@ -219,14 +223,16 @@ void Norm::forward_inplace(Mat& m, const Option& opt) {
   check_indexing(g, dev_mat.total(), gpu.ctx->info(), dev_mat.bytes());
 
   const size_t bytes = dev_mat.bytes();
-  std::vector<std::shared_ptr<Buffer>> keep;
+  Workspace ws;
   auto blob = Buffer::create(gpu.ctx, bytes, Buffer::Kind::Device);
   std::shared_ptr<Buffer> staging = impl.direct_host_access ? blob : Buffer::create(gpu.ctx, bytes, Buffer::Kind::Staging);
   std::memcpy(staging->mapped, dev_mat.data(), bytes);
 
   Submission s(impl, 3);
   if (!impl.direct_host_access) s.copy(*staging, *blob, bytes), s.barrier();
-  DispatchInfo info = record(*this, gpu, s, *blob, g, fmt.fp16, opt, keep);
+  s.timestamp(0);
+  DispatchInfo info = record(*this, gpu, s, *blob, g, fmt.fp16, opt, ws);
+  s.timestamp(1);
   s.barrier();
   if (!impl.direct_host_access) s.copy(*blob, *staging, bytes), s.barrier();
   s.submit_and_wait();
@@ -248,13 +254,60 @@ void Norm::forward_inplace(VkMat& v, const Option& opt) {
   const GroupLayout g = group_layout(v.dims, v.w, v.h, v.d, v.c, v.cstep, v.elempack, affine_size, affine != 0);
   check_ready(g);
   check_indexing(g, v.bytes() / v.elemsize, gpu.ctx->info(), v.bytes());
-  std::vector<std::shared_ptr<Buffer>> keep;
+  Workspace ws;
   Submission s(gpu.ctx->impl(), 3);
-  DispatchInfo info = record(*this, gpu, s, *v.buffer, g, v.elemsize == 2u * v.elempack, opt, keep);
+  s.timestamp(0);
+  DispatchInfo info = record(*this, gpu, s, *v.buffer, g, v.elemsize == 2u * v.elempack, opt, ws);
+  s.timestamp(1);
   s.submit_and_wait();
   info.gpu_us = s.gpu_us();
   std::lock_guard<std::mutex> lock(mutex_);
   last_ = info;
+}
+
+DispatchInfo Norm::forward_repeated(VkMat& v, const Option& opt, int warmup, int reps) {
+  if (reps < 1 || warmup < 0) throw std::invalid_argument("forward_repeated: reps >= 1 and warmup >= 0");
+  forward_inplace(v, opt);  // validates, creates pipelines and uploads weights outside the timed batch
+  Gpu& gpu = *gpu_;
+  const GroupLayout g = group_layout(v.dims, v.w, v.h, v.d, v.c, v.cstep, v.elempack, affine_size, affine != 0);
+  const bool fp16 = v.elemsize == 2u * v.elempack;
+  Workspace ws;
+  Submission s(gpu.ctx->impl(), 3);
+  DispatchInfo info;
+  // Back-to-back forwards, each ordered after the last by a barrier, as consecutive layers would be.
+  for (int i = 0; i < warmup; ++i) record(*this, gpu, s, *v.buffer, g, fp16, opt, ws), s.barrier();
+  s.timestamp(0);
+  for (int i = 0; i < reps; ++i) info = record(*this, gpu, s, *v.buffer, g, fp16, opt, ws), s.barrier();
+  s.timestamp(1);
+  s.submit_and_wait();
+  info.gpu_us = s.gpu_us() / reps;
+  return info;
+}
+
+double copy_repeated(const VkMat& src, int warmup, int reps, bool shader) {
+  if (!src.buffer) throw std::invalid_argument("empty VkMat");
+  auto ctx = src.context();
+  auto& impl = ctx->impl();
+  const vk::DeviceSize bytes = src.bytes();
+  auto dst = Buffer::create(ctx, bytes, Buffer::Kind::Device);
+  const uint32_t wg = impl.info.type == "cpu" ? 64 : 256;
+  const Pipeline& p = impl.pipeline("copy", false, "1", false, wg, 0, 0, 1);
+  PushConstants pc{};
+  pc.group_size = uint32_t(bytes / 16);  // vec4s; the tail (< 16 bytes) is not worth a second kernel
+  const uint64_t workgroups = std::min<uint64_t>((pc.group_size + wg - 1) / wg, 1u << 16);
+  Submission s(impl, 1);
+  const std::array<const Buffer*, kBindings> bind{src.buffer.get(), dst.get(), dst.get(), dst.get(), dst.get()};
+  auto one = [&] {
+    if (shader) s.dispatch(p, bind, pc, workgroups);
+    else s.copy(*src.buffer, *dst, bytes);
+    s.barrier();
+  };
+  for (int i = 0; i < warmup; ++i) one();
+  s.timestamp(0);
+  for (int i = 0; i < reps; ++i) one();
+  s.timestamp(1);
+  s.submit_and_wait();
+  return s.gpu_us() / reps;
 }
 
 size_t VkMat::bytes() const {

@@ -19,9 +19,9 @@ Pipeline::Pipeline(Context::Impl& ctx, const std::string& variant, uint32_t wg, 
   pipeline = vk::raii::Pipeline(ctx.device, ctx.pipeline_cache, ci);
 }
 
-const Pipeline& Context::Impl::pipeline(const std::string& shader, bool fp16, int pack, bool subgroup, uint32_t wg,
+const Pipeline& Context::Impl::pipeline(const std::string& shader, bool fp16, const std::string& pack, bool subgroup, uint32_t wg,
                                         uint32_t op, uint32_t affine, uint32_t items) {
-  const std::string variant = shader + "_fp" + (fp16 ? "1" : "0") + "_p" + std::to_string(pack) + "_sg" +
+  const std::string variant = shader + "_fp" + (fp16 ? "1" : "0") + "_p" + pack + "_sg" +
                               (subgroup ? "1" : "0");
   const std::string key = variant + "/" + std::to_string(wg) + "/" + std::to_string(op) + "/" + std::to_string(affine) +
                           "/" + std::to_string(items);
@@ -64,6 +64,24 @@ void Submission::barrier() {
 
 void Submission::dispatch(const Pipeline& p, const std::array<const Buffer*, kBindings>& bindings,
                           const PushConstants& pc, uint64_t workgroups) {
+  // Repeated dispatches over the same buffers (benchmarks, split passes) share one descriptor set.
+  if (bindings != last_bindings_ || !last_set_) {
+    last_set_ = write_set(bindings);
+    last_bindings_ = bindings;
+  }
+  vk::DescriptorSet set = last_set_;
+  cmd_.bindPipeline(vk::PipelineBindPoint::eCompute, *p.pipeline);
+  cmd_.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *ctx_.pipeline_layout, 0, set, {});
+  cmd_.pushConstants<PushConstants>(*ctx_.pipeline_layout, vk::ShaderStageFlagBits::eCompute, 0, pc);
+  // Counts past the x limit fold into y; shaders rebuild the linear id (common.glsl).
+  const uint64_t max_x = std::max<uint32_t>(ctx_.info.max_workgroup_count_x, 1);
+  const uint32_t x = uint32_t(std::min<uint64_t>(workgroups, max_x));
+  const uint32_t y = uint32_t((workgroups + x - 1) / x);
+  cmd_.dispatch(x, y, 1);
+  ++dispatches_;
+}
+
+vk::DescriptorSet Submission::write_set(const std::array<const Buffer*, kBindings>& bindings) {
   vk::DescriptorSetLayout layout = *ctx_.set_layout;
   vk::DescriptorSet set = (*ctx_.device).allocateDescriptorSets(
       vk::DescriptorSetAllocateInfo{.descriptorPool = *descriptors_, .descriptorSetCount = 1, .pSetLayouts = &layout},
@@ -76,15 +94,7 @@ void Submission::dispatch(const Pipeline& p, const std::array<const Buffer*, kBi
                                        .descriptorType = vk::DescriptorType::eStorageBuffer, .pBufferInfo = &infos[b]};
   }
   ctx_.device.updateDescriptorSets(writes, {});
-  cmd_.bindPipeline(vk::PipelineBindPoint::eCompute, *p.pipeline);
-  cmd_.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *ctx_.pipeline_layout, 0, set, {});
-  cmd_.pushConstants<PushConstants>(*ctx_.pipeline_layout, vk::ShaderStageFlagBits::eCompute, 0, pc);
-  // Counts past the x limit fold into y; shaders rebuild the linear id (common.glsl).
-  const uint64_t max_x = std::max<uint32_t>(ctx_.info.max_workgroup_count_x, 1);
-  const uint32_t x = uint32_t(std::min<uint64_t>(workgroups, max_x));
-  const uint32_t y = uint32_t((workgroups + x - 1) / x);
-  cmd_.dispatch(x, y, 1);
-  ++dispatches_;
+  return set;
 }
 
 void Submission::timestamp(uint32_t slot) {

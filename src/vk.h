@@ -50,7 +50,7 @@ struct Context::Impl {
   // Pipelines depend only on (variant, specialization), so layers on this device share them.
   std::mutex pipeline_mutex;
   std::map<std::string, std::unique_ptr<struct Pipeline>> pipelines;
-  const struct Pipeline& pipeline(const std::string& shader, bool fp16, int pack, bool subgroup, uint32_t wg,
+  const struct Pipeline& pipeline(const std::string& shader, bool fp16, const std::string& pack, bool subgroup, uint32_t wg,
                                   uint32_t op, uint32_t affine, uint32_t items);
   std::atomic<uint64_t> bytes_in_use{0}, bytes_peak{0}, live_buffers{0};
   uint64_t max_device_bytes = 0;  // VKNORM_MAX_DEVICE_BYTES, 0: none
@@ -89,7 +89,10 @@ class Submission {
   int dispatches() const { return dispatches_; }
 
  private:
+  vk::DescriptorSet write_set(const std::array<const Buffer*, kBindings>& bindings);
   Context::Impl& ctx_;
+  std::array<const Buffer*, kBindings> last_bindings_{};
+  vk::DescriptorSet last_set_{};
   vk::raii::CommandPool pool_ = nullptr;
   vk::raii::CommandBuffer cmd_ = nullptr;
   vk::raii::DescriptorPool descriptors_ = nullptr;

@@ -48,6 +48,7 @@ struct DispatchInfo {  // what the last forward did
   int dispatches = 0;
   uint32_t workgroup_size = 0, team = 0, items = 0, chunks = 0;
   bool subgroup = false;
+  bool vec4 = false;  // pack1 blob read as vec4s
   double gpu_us = 0;  // from timestamp queries; 0 when the device has none
 };
 
@@ -77,6 +78,10 @@ class Norm {
   // Vulkan. Host Mat: one upload, one submission, one download. VkMat: one submission, no host copy.
   void forward_inplace(Mat& m, const Option& opt = {});
   void forward_inplace(VkMat& m, const Option& opt = {});
+
+  // Benchmarking: `warmup` untimed then `reps` timed forwards in one submission, barriers between;
+  // gpu_us is per forward (Vulkan timestamps).
+  DispatchInfo forward_repeated(VkMat& m, const Option& opt, int warmup, int reps);
 
   DispatchInfo last_dispatch() const;
   std::shared_ptr<Context> context() const;
@@ -118,5 +123,9 @@ class VkMat {
   std::shared_ptr<Context> ctx_;
   friend class Norm;
 };
+
+// The roof for benchmarks: the same bytes through a vec4 copy shader (shader=true) or
+// vkCmdCopyBuffer, timed like Norm::forward_repeated. Returns microseconds per copy.
+double copy_repeated(const VkMat& src, int warmup, int reps, bool shader);
 
 }  // namespace vknorm

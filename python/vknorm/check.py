@@ -1,0 +1,505 @@
+"""`vknorm check`: run an ncnn model stock and with vknorm, compare every LayerNorm / RMSNorm output.
+
+    vknorm check MODEL.param MODEL.bin --input NAME=DIMS [--input NAME=DIMS ...] [--fp16] [--seed N]
+                 [--atol X] [--json]
+
+Both runs are ncnn's CPU path in float32 (pyncnn, lightmode off so any blob can be extracted) on the same
+seeded standard-normal inputs; the second has vknorm registered (vknorm.ncnn.register), so its
+LayerNorm / RMSNorm layers run on vknorm's Vulkan operator (with float16 storage under --fp16). The vknorm
+run is done twice: the first warms up the device (pipelines, driver caches), the second is compared and
+timed. Exit 0 when every LayerNorm / RMSNorm output is within the tolerance (fp32 1e-4, fp16 1e-2,
+--atol overrides), 1 when one is not, 2 for a problem with the files or flags (one line on stderr).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import re
+import struct
+import sys
+from typing import Dict, List, Optional, Tuple
+
+from .cli import UsageError
+
+NORM_TYPES = ("LayerNorm", "RMSNorm")
+ATOL_FP32 = 1e-4
+ATOL_FP16 = 1e-2
+MAGIC = 7767517
+MAX_INPUT_ELEMENTS = 1 << 28  # 1 GiB of float32 per input: anything larger is a typo
+
+_DIMS_HELP = "DIMS in ncnn order without batch: 197x192 (h x w), 96x28x28 (c x h x w), 4x3x5x8 (c x d x h x w), 64 (w)"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "check",
+        help="run an ncnn model stock and with vknorm; compare every LayerNorm/RMSNorm output",
+        description="Run an ncnn model (.param + .bin) twice in pyncnn on the same seeded random inputs, "
+                    "stock and with vknorm's Vulkan LayerNorm/RMSNorm, and compare every LayerNorm/RMSNorm "
+                    "output and every model output. Exit 0: all within tolerance; 1: one is not; "
+                    "2: bad files or flags.",
+        epilog=_DIMS_HELP + ".",
+    )
+    p.add_argument("param", metavar="MODEL.param", help="ncnn text .param")
+    p.add_argument("bin", metavar="MODEL.bin", help="ncnn .bin weights")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=DIMS",
+                   help="an input blob and its shape (repeat for each input); " + _DIMS_HELP)
+    p.add_argument("--fp16", action="store_true", help="vknorm layers use float16 storage (default tolerance 1e-2)")
+    p.add_argument("--seed", default="0", metavar="N", help="seed of the random inputs (default 0)")
+    p.add_argument("--atol", default=None, metavar="X",
+                   help=f"absolute tolerance (default {ATOL_FP32:g}, with --fp16 {ATOL_FP16:g})")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(func=run_check)
+    return p
+
+
+# ---------------------------------------------------------------------------------------------- flags
+
+def parse_dims(text: str) -> Tuple[int, ...]:
+    """'197x192' -> (197, 192); '96x28x28' -> (96, 28, 28); '64' -> (64,). ValueError when malformed."""
+    parts = text.strip().lower().split("x")
+    if not 1 <= len(parts) <= 4 or not all(re.fullmatch(r"[0-9]+", p) for p in parts):
+        raise ValueError("expected 1 to 4 positive integers joined by 'x'")
+    dims = tuple(int(p) for p in parts)
+    if any(d <= 0 for d in dims):
+        raise ValueError("every dimension must be at least 1")
+    if math.prod(dims) > MAX_INPUT_ELEMENTS:
+        raise ValueError(f"{math.prod(dims)} elements is more than the {MAX_INPUT_ELEMENTS} allowed")
+    return dims
+
+
+def parse_inputs(specs: List[str]) -> Dict[str, Tuple[int, ...]]:
+    out: Dict[str, Tuple[int, ...]] = {}
+    for spec in specs:
+        name, eq, dims = spec.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise UsageError(f"--input {spec!r}: expected NAME=DIMS, e.g. in0=16x64")
+        try:
+            out_dims = parse_dims(dims)
+        except ValueError as e:
+            raise UsageError(f"--input {spec!r}: malformed DIMS {dims!r}: {e} ({_DIMS_HELP})") from None
+        if name in out:
+            raise UsageError(f"--input {spec!r}: input {name!r} given twice")
+        out[name] = out_dims
+    return out
+
+
+def _parse_seed(text: str) -> int:
+    try:
+        seed = int(str(text).strip(), 10)
+    except ValueError:
+        raise UsageError(f"--seed {text!r}: expected a non-negative integer") from None
+    if seed < 0:
+        raise UsageError(f"--seed {text!r}: expected a non-negative integer")
+    return seed
+
+
+def _parse_atol(text: Optional[str], fp16: bool) -> float:
+    if text is None:
+        return ATOL_FP16 if fp16 else ATOL_FP32
+    try:
+        atol = float(str(text).strip())
+    except ValueError:
+        raise UsageError(f"--atol {text!r}: expected a number >= 0, e.g. 1e-4") from None
+    if not math.isfinite(atol) or atol < 0:
+        raise UsageError(f"--atol {text!r}: expected a finite number >= 0")
+    return atol
+
+
+# ---------------------------------------------------------------------------------------------- .param
+
+class Layer:
+    __slots__ = ("type", "name", "bottoms", "tops", "params", "line")
+
+    def __init__(self, type_, name, bottoms, tops, params, line):
+        self.type, self.name, self.bottoms, self.tops, self.params, self.line = type_, name, bottoms, tops, params, line
+
+
+class Model:
+    def __init__(self, path: str, text: str, layers: List[Layer]):
+        self.path = path
+        self.text = text
+        self.layers = layers
+        self.inputs = [t for layer in layers if layer.type == "Input" for t in layer.tops]
+        self.norms = [layer for layer in layers if layer.type in NORM_TYPES]
+
+
+_TOKEN = re.compile(r'"[^"]*"|\S+')
+_PARAM = re.compile(r'(-?[0-9]+)=(.+)', re.S)
+
+
+def _read_file(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file ({what})") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a directory, not the {what}") from None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+
+
+def parse_param(path: str) -> Model:
+    """Read and validate an ncnn text .param (UsageError naming the file and line when it is garbled)."""
+    raw = _read_file(path, "model .param")
+
+    def bad(msg: str, line: Optional[int] = None) -> UsageError:
+        where = f"{path}: line {line}: " if line else f"{path}: "
+        return UsageError(f"{where}{msg}")
+
+    if raw[:4] == struct.pack("<i", MAGIC):
+        raise bad("a binary .param.bin; vknorm check reads ncnn's text .param")
+    if not raw.strip():
+        raise bad("empty file, not an ncnn .param")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise bad("not an ncnn text .param (binary data)") from None
+    if "\0" in text:
+        raise bad("not an ncnn text .param (binary data)")
+    lines = [(i + 1, ln.strip()) for i, ln in enumerate(text.splitlines()) if ln.strip()]
+    if lines[0][1] != str(MAGIC):
+        raise bad(f"not an ncnn .param (the first line must be the magic number {MAGIC})", lines[0][0])
+    if len(lines) < 2:
+        raise bad("garbled .param: no 'layer_count blob_count' line after the magic number")
+    n, counts = lines[1]
+    m = re.fullmatch(r"([0-9]+)\s+([0-9]+)", counts)
+    if not m or int(m.group(1)) < 1:
+        raise bad(f"garbled .param: expected 'layer_count blob_count', got {counts[:40]!r}", n)
+    layer_count, blob_count = int(m.group(1)), int(m.group(2))
+    body = lines[2:]
+    if len(body) != layer_count:
+        raise bad(f"garbled or truncated .param: the header says {layer_count} layers, the file has "
+                  f"{len(body)} layer lines")
+    produced: Dict[str, str] = {}
+    layers: List[Layer] = []
+    names = set()
+    for n, ln in body:
+        tok = _TOKEN.findall(ln)
+        if len(tok) < 4 or not tok[2].isdigit() or not tok[3].isdigit():
+            raise bad(f"garbled layer line (expected 'type name bottom_count top_count ...'): {ln[:60]!r}", n)
+        type_, name = tok[0], tok[1]
+        nb, nt = int(tok[2]), int(tok[3])
+        if len(tok) < 4 + nb + nt:
+            raise bad(f"garbled layer {name!r}: {nb} bottom and {nt} top blob names expected", n)
+        bottoms, tops = tok[4:4 + nb], tok[4 + nb:4 + nb + nt]
+        params: Dict[int, str] = {}
+        for p in tok[4 + nb + nt:]:
+            pm = _PARAM.fullmatch(p)
+            if not pm:
+                raise bad(f"garbled layer {name!r}: {p[:30]!r} is not a blob name or an id=value param "
+                          f"(blob counts {nb} {nt} do not match the names?)", n)
+            params[int(pm.group(1))] = pm.group(2)
+        if name in names:
+            raise bad(f"layer name {name!r} used twice", n)
+        names.add(name)
+        for b in bottoms:
+            if b not in produced:
+                raise bad(f"layer {name!r} reads blob {b!r}, which no earlier layer produces", n)
+        for t in tops:
+            if t in produced:
+                raise bad(f"layer {name!r} produces blob {t!r}, already produced by {produced[t]!r}", n)
+            produced[t] = name
+        if type_ in NORM_TYPES:
+            if nb != 1 or nt != 1:
+                raise bad(f"{type_} {name!r} must have one bottom and one top blob", n)
+            for pid, kind in ((0, int), (1, float), (2, int)):
+                if pid in params:
+                    try:
+                        kind(params[pid])
+                    except ValueError:
+                        raise bad(f"{type_} {name!r}: param {pid}={params[pid]!r} is not "
+                                  f"{'an integer' if kind is int else 'a number'}", n) from None
+        layers.append(Layer(type_, name, bottoms, tops, params, n))
+    if len(produced) > blob_count:
+        raise bad(f"garbled .param: the header says {blob_count} blobs, the layers produce {len(produced)}", lines[1][0])
+    return Model(path, text, layers)
+
+
+# ---------------------------------------------------------------------------------------------- .bin
+
+_capsule_name = ctypes.pythonapi.PyCapsule_GetName
+_capsule_name.restype = ctypes.c_char_p
+_capsule_name.argtypes = [ctypes.py_object]
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _bin_reader(data):
+    """An ncnn.DataReader over the .bin bytes that counts what ncnn asks for (truncation = a short read)."""
+    import ncnn
+    import numpy as np
+
+    class BinReader(ncnn.DataReader):
+        def __init__(self):
+            super().__init__()
+            self.buf = np.frombuffer(data, dtype=np.uint8)
+            self.pos = 0
+            self.short = False
+            self.wanted = 0  # bytes ncnn asked for in total
+
+        def read(self, buf, size):
+            try:
+                size = int(size)
+                self.wanted += size
+                n = max(0, min(size, self.buf.size - self.pos))
+                if n < size:
+                    self.short = True
+                if n:
+                    dst = _capsule_pointer(buf, _capsule_name(buf))
+                    ctypes.memmove(dst, self.buf.ctypes.data + self.pos, n)
+                self.pos += n
+                return n
+            except BaseException:  # noqa: BLE001 - must not reach ncnn's C++
+                self.short = True
+                return 0
+
+        def scan(self, fmt, p):
+            return 0
+
+    return BinReader()
+
+
+# ---------------------------------------------------------------------------------------------- runs
+
+def _new_net(ncnn):
+    net = ncnn.Net()
+    o = net.opt
+    o.use_vulkan_compute = False  # the reference is ncnn's CPU path
+    o.lightmode = False  # keep every blob, so any blob can be extracted in any order
+    o.use_fp16_packed = False
+    o.use_fp16_storage = False
+    o.use_fp16_arithmetic = False
+    o.use_bf16_storage = False
+    return net
+
+
+def _load(net, model: Model, bin_path: str, data: bytes, label: str) -> List[str]:
+    """load_param + load_model; UsageError naming the file when ncnn refuses it. Returns warnings."""
+    from .ncnn import quiet_stderr
+
+    log: List[str] = []
+    with quiet_stderr(log):
+        ret = net.load_param_mem(model.text)
+    if ret != 0:
+        why = f": {log[-1]}" if log else ""
+        raise UsageError(f"{model.path}: ncnn could not load it (load_param returned {ret}){why}")
+    reader = _bin_reader(data)
+    log = []
+    with quiet_stderr(log):
+        ret = net.load_model(reader)
+    if reader.short:
+        failed = next((ln for ln in log if "layer load_model" in ln), None)
+        at = f"; {failed}" if failed else ""
+        raise UsageError(f"{bin_path}: truncated: {model.path} needs more than its {len(data)} bytes{at}")
+    if ret != 0:
+        why = f": {log[-1]}" if log else ""
+        raise UsageError(f"{bin_path}: ncnn could not load the weights for {model.path} "
+                         f"(load_model returned {ret}, {label} run){why}")
+    warnings = []
+    if reader.pos < len(data):
+        warnings.append(f"{bin_path}: {len(data) - reader.pos} bytes after the weights {model.path} reads "
+                        f"(a .bin for another .param?)")
+    return warnings
+
+
+def _extract(net, inputs: dict, blobs: List[str], label: str, reg=None) -> dict:
+    import ncnn
+    import numpy as np
+
+    from .ncnn import quiet_stderr
+
+    out = {}
+    log: List[str] = []
+    ex = net.create_extractor()
+    try:
+        mats = {}
+        with quiet_stderr(log):
+            for name, arr in inputs.items():
+                mats[name] = ncnn.Mat(arr).clone()
+                ret = ex.input(name, mats[name])
+                if ret != 0:
+                    raise UsageError(f"--input {name}: ncnn refused the input (returned {ret})")
+            for b in blobs:
+                if b in out:
+                    continue
+                ret, mat = ex.extract(b)
+                if ret != 0:
+                    errs = reg.errors() if reg is not None else []
+                    if errs:
+                        lname, e = errs[0]
+                        raise UsageError(f"vknorm layer {lname!r} failed ({label} run): "
+                                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                    why = f": {log[-1]}" if log else ""
+                    raise UsageError(f"ncnn could not run the model on the given --input shapes "
+                                     f"({label} run, extracting blob {b!r} returned {ret}){why}")
+                out[b] = np.array(mat, dtype=np.float32, copy=True)
+                del mat
+    finally:
+        del ex
+    return out
+
+
+def max_abs_err(a, b) -> float:
+    """max |a - b|; inf when shapes differ or one side alone is NaN/inf."""
+    import numpy as np
+
+    if a.shape != b.shape:
+        return math.inf
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    d = np.where(same, 0.0, np.abs(a - b))
+    d = np.where(np.isnan(d), np.inf, d)
+    return float(d.max()) if d.size else 0.0
+
+
+def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]], fp16: bool = False,
+                seed: int = 0, atol: Optional[float] = None) -> dict:
+    """The whole check; returns the JSON-able result (UsageError for file/flag problems)."""
+    import numpy as np
+
+    if atol is None:
+        atol = ATOL_FP16 if fp16 else ATOL_FP32
+    model = parse_param(param_path)
+    for name in input_specs:
+        if name not in model.inputs:
+            have = ", ".join(model.inputs) or "none"
+            raise UsageError(f"--input {name}={'x'.join(map(str, input_specs[name]))}: {param_path} has no input "
+                             f"named {name!r} (its inputs: {have})")
+    missing = [name for name in model.inputs if name not in input_specs]
+    if missing:
+        raise UsageError(f"--input: no shape for the model's input {missing[0]!r}; give --input "
+                         f"{missing[0]}=DIMS ({_DIMS_HELP})")
+    data = _read_file(bin_path, "model .bin")
+
+    try:
+        import ncnn
+    except ImportError as e:  # pragma: no cover - ncnn is a dependency of the check
+        raise UsageError(f"vknorm check needs pyncnn: pip install ncnn ({e})") from None
+    from . import _core
+    from . import ncnn as vkncnn
+    from .layers import Option, device_info
+
+    result = {"ok": True, "device": None, "layers": [], "outputs": {}, "model": param_path, "weights": bin_path,
+              "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
+              "atol": atol, "warnings": []}
+
+    stock = _new_net(ncnn)
+    try:
+        result["warnings"] += _load(stock, model, bin_path, data, "stock")
+        if not model.norms:
+            result["note"] = f"{param_path}: no LayerNorm or RMSNorm layers, nothing to check"
+            try:
+                result["device"] = device_info()["name"]
+            except _core.VulkanUnavailableError:
+                result["device"] = "none"
+            return result
+        outputs = list(stock.output_names())
+        rng = np.random.default_rng(seed)
+        inputs = {name: np.ascontiguousarray(rng.standard_normal(input_specs[name], dtype=np.float32))
+                  for name in model.inputs}
+        norm_blobs = [layer.tops[0] for layer in model.norms]
+        ref = _extract(stock, inputs, norm_blobs + outputs, "stock")
+    finally:
+        stock.clear()
+        del stock
+
+    result["device"] = device_info()["name"]
+    net = _new_net(ncnn)
+    try:
+        try:
+            reg = vkncnn.register(net, Option(use_fp16_storage=fp16))
+        except vkncnn.FactoryLimitError as e:
+            raise UsageError(str(e)) from None
+        _load(net, model, bin_path, data, "vknorm")
+        bad = [(layer.name, layer.error) for layer in reg.layers if layer.error is not None]
+        if bad:
+            raise UsageError(f"vknorm layer {bad[0][0]!r} could not load: {type(bad[0][1]).__name__}: {bad[0][1]}")
+        _extract(net, inputs, norm_blobs + outputs, "vknorm warm-up", reg)  # pipelines, driver caches
+        got = _extract(net, inputs, norm_blobs + outputs, "vknorm", reg)
+        for layer in model.norms:
+            vk = reg.by_name(layer.name)
+            rec = vk.record() if vk is not None else {"name": layer.name, "type": layer.type, "shape": None,
+                                                      "gpu_us": None}
+            blob = layer.tops[0]
+            err = max_abs_err(ref[blob], got[blob])
+            rec["shape"] = list(ref[blob].shape)
+            rec["max_abs_err"] = err if math.isfinite(err) else None
+            rec["ok"] = bool(math.isfinite(err) and err <= atol)
+            result["layers"].append({k: rec.get(k) for k in ("name", "type", "shape", "group_size", "groups",
+                                                               "max_abs_err", "gpu_us", "ok")})
+        for name in outputs:
+            err = max_abs_err(ref[name], got[name])
+            result["outputs"][name] = err if math.isfinite(err) else None
+    finally:
+        net.clear()
+        del net
+    result["ok"] = all(rec["ok"] for rec in result["layers"])
+    if _core.validation_enabled():
+        result["validation_messages"] = len(_core.validation_messages())
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+def _fmt_err(v) -> str:
+    return "inf/nan" if v is None else f"{v:.2e}"
+
+
+def _table(rows: List[List[str]], right: set) -> List[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def format_text(result: dict) -> str:
+    if "note" in result:
+        return result["note"]
+    mode = "fp16 storage" if result["fp16"] else "fp32"
+    ins = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in result["inputs"].items())
+    lines = [f"vknorm check {result['model']} ({ins}; {mode}, seed {result['seed']}, atol {result['atol']:g})", ""]
+    rows = [["layer", "type", "shape", "group_size", "groups", "max_abs_err", "gpu_us", ""]]
+    for r in result["layers"]:
+        rows.append([r["name"], r["type"], "x".join(map(str, r["shape"] or [])) or "-",
+                     str(r.get("group_size", "-")), str(r.get("groups", "-")), _fmt_err(r["max_abs_err"]),
+                     "-" if r["gpu_us"] is None else f"{r['gpu_us']:.1f}", "" if r["ok"] else "FAIL"])
+    lines += _table(rows, {3, 4, 5, 6})
+    lines.append("")
+    rows = [["output", "max_abs_err"]] + [[k, _fmt_err(v)] for k, v in result["outputs"].items()]
+    lines += _table(rows, {1})
+    lines += ["", f"device: {result['device']}"]
+    for w in result["warnings"]:
+        lines.append(f"warning: {w}")
+    n = len(result["layers"])
+    if result["ok"]:
+        lines.append(f"ok: all {n} LayerNorm/RMSNorm outputs within atol {result['atol']:g}")
+    else:
+        failed = [r["name"] for r in result["layers"] if not r["ok"]]
+        lines.append(f"FAIL: {len(failed)} of {n} LayerNorm/RMSNorm outputs above atol {result['atol']:g}: "
+                     + ", ".join(failed))
+    return "\n".join(lines)
+
+
+def run_check(args) -> int:
+    specs = parse_inputs(args.input)
+    seed = _parse_seed(args.seed)
+    atol = _parse_atol(args.atol, args.fp16)
+    result = check_model(args.param, args.bin, specs, fp16=args.fp16, seed=seed, atol=atol)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_text(result))
+    nval = result.get("validation_messages", 0)
+    if nval:
+        print(f"vknorm check: warning: {nval} Vulkan validation message(s)", file=sys.stderr)
+    sys.stdout.flush()
+    return 0 if result["ok"] else 1

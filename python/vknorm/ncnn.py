@@ -1,0 +1,254 @@
+"""Run ncnn models with vknorm's LayerNorm and RMSNorm: pyncnn's custom-layer override.
+
+    import ncnn, vknorm, vknorm.ncnn
+    net = ncnn.Net()
+    reg = vknorm.ncnn.register(net, option=vknorm.Option(use_fp16_storage=True))
+    net.load_param("model.ncnn.param")      # ncnn parses the params ...
+    net.load_model("model.ncnn.bin")        # ... and hands each layer its weights
+    # extract as usual: LayerNorm / RMSNorm run on vknorm's Vulkan operator, the rest stays ncnn's
+    for layer in reg.layers:                # per-layer record of the last forward
+        print(layer.name, layer.type, layer.last_shape, layer.last_gpu_us)
+
+How it plugs in: ``register`` calls ``net.register_custom_layer(type, creator, destroyer)`` for
+"LayerNorm" and "RMSNorm" before ``load_param``; that overrides ncnn's built-in types for this net
+only. ncnn then creates our layer for every such line of the .param, gives it its ParamDict
+(0 affine_size, 1 eps, 2 affine) and its weights (``mb.load(affine_size, 1)``: gamma, then beta for
+LayerNorm), and calls ``forward_inplace`` on an unpacked float32 blob, which we normalize on Vulkan.
+
+pyncnn's factory table: pyncnn turns each Python (creator, destroyer) pair into a C function ncnn can
+call. Older pyncnn kept a fixed table of 10 such slots per process and raised "python version only
+support 10 custom layers now" once they were used up; the pinned pyncnn (1.0.20261020) keeps the pair
+with the net and frees it with the net (checked: 300 nets in one process, 14 alive at once, each with
+its own creator; the creator's refcount drops back when the net dies). ``register`` therefore makes
+exactly two registrations per net, whose callables (bound methods of the returned ``Registration``)
+hold no reference to the net — no cycle, so nets are freed normally — and, should a pyncnn with the
+old fixed table run out, raises ``FactoryLimitError`` (a RuntimeError with an explanation), never a
+crash. Python exceptions must not cross into ncnn's C++ (it is built without them), so every callback
+catches everything, records it on the layer (``layer.error``) and returns an ncnn error code.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from typing import List, Optional
+
+import ncnn as _ncnn  # pyncnn (absolute import; this module is vknorm.ncnn)
+import numpy as np
+
+from . import _core
+from .layers import LayerNorm, Option, RMSNorm
+
+__all__ = ["register", "layers", "Registration", "VknormLayer", "FactoryLimitError", "TYPES"]
+
+TYPES = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm}
+
+
+class FactoryLimitError(RuntimeError):
+    """pyncnn has no custom-layer factory left in this process (older pyncnn: 10 per process)."""
+
+
+@contextlib.contextmanager
+def quiet_stderr(sink: Optional[list] = None):
+    """Silence C-level stderr (ncnn's NCNN_LOGE lines) for the block; captured lines go to ``sink``."""
+    try:
+        sys.stderr.flush()
+    except Exception:  # pragma: no cover - closed stderr
+        pass
+    try:
+        saved = os.dup(2)
+    except OSError:  # pragma: no cover - no fd 2
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            try:
+                sys.stderr.flush()
+            except Exception:  # pragma: no cover
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+            if sink is not None:
+                tmp.seek(0)
+                sink.extend(line for line in tmp.read().decode("utf-8", "replace").splitlines() if line.strip())
+
+
+class VknormLayer(_ncnn.Layer):
+    """An ncnn layer (LayerNorm or RMSNorm) whose forward runs vknorm's Vulkan operator.
+
+    After each forward: ``last_shape`` (numpy order), ``last_gpu_us`` (GPU time of the dispatch, from
+    Vulkan timestamps), ``last_dispatch`` (vknorm's dispatch record), ``calls``. ``norm`` is the
+    vknorm.LayerNorm / RMSNorm built from ncnn's params; ``error`` holds the exception of a failed callback.
+    """
+
+    def __init__(self, op: str, option: Option, device=None):
+        super().__init__()
+        self.one_blob_only = True
+        self.support_inplace = True
+        self.op = op
+        self.option = option
+        self.device = device
+        self.norm = None
+        self.error: Optional[BaseException] = None
+        self.last_shape: Optional[tuple] = None
+        self.last_gpu_us: Optional[float] = None
+        self.last_dispatch: Optional[dict] = None
+        self.calls = 0
+
+    def _fail(self, e: BaseException, code: int = -1) -> int:
+        self.error = e
+        return code
+
+    def load_param(self, pd) -> int:
+        try:
+            affine_size = int(pd.get(0, 0))
+            eps = float(pd.get(1, 0.001))
+            affine = int(pd.get(2, 1))
+            self.norm = TYPES[self.op](affine_size=affine_size, eps=eps, affine=bool(affine),
+                                       option=self.option, device=self.device)
+            return 0
+        except BaseException as e:  # noqa: BLE001 - must not reach ncnn's C++
+            return self._fail(e)
+
+    def load_model(self, mb) -> int:
+        try:
+            n = self.norm
+            if not n.affine:
+                return 0
+            weights = []
+            for what in (("gamma", "beta") if self.op == "LayerNorm" else ("gamma",)):
+                m = mb.load(n.affine_size, 1) if n.affine_size > 0 else _ncnn.Mat()
+                if m.empty():  # short read (truncated .bin) or affine_size 0: ncnn's own answer
+                    return self._fail(ValueError(f"could not read {what} ({n.affine_size} floats) from the .bin"),
+                                      -100)
+                weights.append(np.array(m, dtype=np.float32).reshape(-1).copy())
+            n.load_model(*weights)
+            return 0
+        except BaseException as e:  # noqa: BLE001
+            return self._fail(e)
+
+    def create_pipeline(self, opt) -> int:
+        try:
+            self.norm.create_pipeline(self.option, self.device)
+            return 0
+        except BaseException as e:  # noqa: BLE001
+            return self._fail(e)
+
+    def destroy_pipeline(self, opt) -> int:
+        return 0
+
+    def forward_inplace(self, bottom_top_blob, opt) -> int:
+        try:
+            a = np.asarray(bottom_top_blob)  # a writable view of the blob (unpacked, float32)
+            self.norm.forward_inplace(a, device="vulkan" if self.device is None else self.device,
+                                      option=self.option)
+            self.last_shape = tuple(int(s) for s in a.shape)
+            self.last_dispatch = dict(self.norm.last_dispatch)
+            self.last_gpu_us = float(self.last_dispatch.get("gpu_us", 0.0))
+            self.calls += 1
+            return 0
+        except BaseException as e:  # noqa: BLE001
+            return self._fail(e)
+
+    def record(self) -> dict:
+        """name, type, shape, gpu_us (last forward) and the group split of that shape."""
+        r = {"name": self.name, "type": self.type or self.op,
+             "shape": list(self.last_shape) if self.last_shape else None, "gpu_us": self.last_gpu_us}
+        if self.last_shape and self.norm is not None:
+            g = self.norm.groups(self.last_shape)
+            r.update(group_size=int(g["group_size"]), groups=int(g["groups"]))
+        return r
+
+    def __repr__(self) -> str:
+        return f"VknormLayer({self.type or self.op} {self.name!r}, {self.norm!r})"
+
+
+class Registration:
+    """What ``register`` set up on one net: its option and the vknorm layers ncnn created (in .param order).
+
+    Holds no reference to the net (pyncnn keeps our creator/destroyer with the net; a back reference
+    would make a cycle the garbage collector cannot see through C++).
+    """
+
+    def __init__(self, option: Option, device=None, types=tuple(TYPES)):
+        self.option = option
+        self.device = device
+        self.types = tuple(types)
+        self.layers: List[VknormLayer] = []
+
+    # pyncnn calls these from ncnn's load_param / clear; they must not raise.
+    def _create(self, op: str):
+        layer = VknormLayer(op, self.option, self.device)
+        self.layers.append(layer)  # keeps the Python object (and its C++ layer) alive until destroyed
+        return layer
+
+    def _create_layernorm(self):
+        return self._create("LayerNorm")
+
+    def _create_rmsnorm(self):
+        return self._create("RMSNorm")
+
+    def _destroy(self, layer) -> None:
+        for i, mine in enumerate(self.layers):
+            if mine is layer:
+                del self.layers[i]
+                break
+
+    def by_name(self, name: str) -> Optional[VknormLayer]:
+        return next((layer for layer in self.layers if layer.name == name), None)
+
+    def records(self) -> list:
+        return [layer.record() for layer in self.layers]
+
+    def errors(self) -> list:
+        return [(layer.name, layer.error) for layer in self.layers if layer.error is not None]
+
+    def __repr__(self) -> str:
+        return f"Registration({len(self.layers)} vknorm layers, {self.option!r})"
+
+
+def register(net, option: Optional[Option] = None, *, device=None, types=("LayerNorm", "RMSNorm"),
+             quiet: bool = True) -> Registration:
+    """Make ``net`` (a pyncnn ``ncnn.Net``) run its LayerNorm / RMSNorm layers on vknorm's Vulkan operator.
+
+    Call before ``net.load_param``. ``option``: the vknorm.Option for every such layer (e.g.
+    ``Option(use_fp16_storage=True)``). ``device``: None (the default Vulkan device), "vulkan:N", an index
+    or a Context. ``types``: which of "LayerNorm", "RMSNorm" to take over. ``quiet`` hides ncnn's
+    "overwrite built-in layer type" notice. Returns the Registration (its ``layers`` fill in at load_param).
+    Raises VulkanUnavailableError without a Vulkan device, FactoryLimitError when pyncnn has no custom-layer
+    factory left.
+    """
+    if not isinstance(net, _ncnn.Net):
+        raise TypeError(f"register needs an ncnn.Net (pyncnn), got {type(net).__name__}")
+    unknown = [t for t in types if t not in TYPES]
+    if unknown or not types:
+        raise ValueError(f"types must be among {', '.join(TYPES)}, got {list(types)!r}")
+    if option is not None and not isinstance(option, Option):
+        raise TypeError(f"option must be a vknorm.Option, got {type(option).__name__}")
+    if device is None:
+        _core.Context.default()  # raises VulkanUnavailableError here rather than inside ncnn's load_param
+    reg = Registration(option or Option(), device, types)
+    creators = {"LayerNorm": reg._create_layernorm, "RMSNorm": reg._create_rmsnorm}
+    lines: list = []
+    for t in types:
+        try:
+            with (quiet_stderr(lines) if quiet else contextlib.nullcontext()):
+                ret = net.register_custom_layer(t, creators[t], reg._destroy)
+        except RuntimeError as e:
+            if "custom layer" in str(e):
+                raise FactoryLimitError(
+                    f"pyncnn refused another custom layer ({e}); this pyncnn has a fixed per-process table "
+                    "of custom-layer factories: use pyncnn >= 1.0.20261020 or fewer nets per process") from e
+            raise
+        if ret != 0:
+            raise RuntimeError(f"ncnn register_custom_layer({t!r}) returned {ret}")
+    return reg
+
+
+def layers(net) -> List[VknormLayer]:
+    """The vknorm layers of a loaded net, in .param order (found through ``net.layers()``)."""
+    return [layer for layer in net.layers() if isinstance(layer, VknormLayer)]

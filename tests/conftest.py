@@ -1,0 +1,74 @@
+"""Shared pytest set-up for the vknorm suites.
+
+* VKNORM_VALIDATION defaults to 1 *before* vknorm is imported, so the Khronos validation layer (with
+  synchronization validation) wraps every Vulkan call this process makes.
+* Every test starts with an empty validation log and fails if any message (warning or error) was
+  reported while it ran (hook wrappers below; every validation message counts as a failure).
+* pytest.ini at the repository root gives every test a 300 s timeout (pytest-timeout); the marker
+  ``@pytest.mark.timeout(N)`` tightens it per test.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("VKNORM_VALIDATION", "1")
+
+import pytest  # noqa: E402
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if TESTS_DIR not in sys.path:
+    sys.path.insert(0, TESTS_DIR)
+
+import vknorm  # noqa: E402
+from vknorm import _core  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "timeout(seconds): per-test limit (pytest-timeout)")
+
+
+def _fail_on_messages(where: str) -> None:
+    messages = _core.validation_messages()
+    _core.clear_validation_messages()
+    if messages:
+        shown = "\n".join(f"  [{i}] {m}" for i, m in enumerate(messages[:10]))
+        more = f"\n  ... and {len(messages) - 10} more" if len(messages) > 10 else ""
+        raise AssertionError(f"{len(messages)} Vulkan validation message(s) {where}:\n{shown}{more}")
+
+
+# The validation check is done with hook wrappers rather than an autouse fixture: a fixture would run
+# after module/session fixtures were set up (losing their messages) and could only fail in teardown
+# (an "error", not a failure). These three wrappers cover set-up, the test body and teardown.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """Each test starts with an empty validation log (cleared before any of its fixtures run)."""
+    _core.clear_validation_messages()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Any validation message reported during set-up or the test body fails the test."""
+    result = yield
+    _fail_on_messages(f"during {item.nodeid}")
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Messages reported while tearing down fixtures fail too (reported as a teardown error)."""
+    result = yield
+    _fail_on_messages(f"while tearing down after {item.nodeid}")
+    return result
+
+
+@pytest.fixture(scope="session")
+def vulkan_device() -> dict:
+    """The default Vulkan device (lavapipe on CI): its info dict."""
+    return vknorm.device_info()
+
+
+@pytest.fixture
+def rng():
+    return __import__("numpy").random.default_rng(20261020)

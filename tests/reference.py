@@ -1,0 +1,190 @@
+"""Test helpers (no tests): ncnn's grouping, a float64 LayerNorm/RMSNorm, deliberately bad float32
+reductions, input generation and the error metrics the issues state.
+
+Grouping follows ncnn (see tests/ncnn_cases.py): every blob is rows of ``group_size`` contiguous
+elements in numpy (C) order, gamma/beta indexed by the position inside the group:
+
+* dims 1 (w,)          -> one group of w
+* dims 2 (h, w)        -> h groups of w
+* dims 3 (c, h, w)     -> affine_size == w: c*h groups of w; else c groups of h*w
+* dims 4 (c, d, h, w)  -> affine_size == w: rows; == w*h: c*d groups of h*w; else c groups of d*h*w
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import ncnn_cases
+
+PATHS = ("auto", "subgroup", "workgroup", "split")
+PATH_RANK = {"subgroup": 0, "workgroup": 1, "split": 2}
+
+# Tolerances stated in issue 3 (relative to max(1, max|y|)).
+FP32_TOL = 1e-5
+FP16_TOL = 4e-3
+LARGE_OFFSET_ABS_TOL = 1e-3
+
+
+def group_size(shape, affine_size: int) -> int:
+    """Elements per group for a numpy-order shape under ncnn's rules."""
+    shape = tuple(int(s) for s in shape)
+    dims = len(shape)
+    if dims == 1:
+        return shape[0]
+    if dims == 2:
+        return shape[1]
+    if dims == 3:
+        c, h, w = shape
+        return w if affine_size == w else h * w
+    if dims == 4:
+        c, d, h, w = shape
+        if affine_size == w:
+            return w
+        if affine_size == w * h:
+            return w * h
+        return w * h * d
+    raise ValueError(f"dims must be 1-4, got {shape}")
+
+
+def n_groups(shape, affine_size: int) -> int:
+    return int(np.prod(shape)) // group_size(shape, affine_size)
+
+
+def norm64(op: str, x, affine_size: int, eps: float, affine: bool, gamma=None, beta=None) -> np.ndarray:
+    """LayerNorm / RMSNorm in float64: two-pass mean and variance, y = (x - mean)/sqrt(var + eps)*gamma + beta.
+
+    ``x``, ``gamma``, ``beta`` are taken at the values they hold (float16/float32 are widened
+    exactly); ``eps`` is rounded to float32 first, as ncnn stores it.
+    """
+    x64 = np.asarray(x).astype(np.float64)
+    gs = group_size(x64.shape, affine_size)
+    rows = x64.reshape(-1, gs)
+    eps64 = float(np.float32(eps))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if op == "LayerNorm":
+            mean = rows.mean(axis=1, keepdims=True)
+            var = ((rows - mean) ** 2).mean(axis=1, keepdims=True)
+            y = (rows - mean) / np.sqrt(var + eps64)
+        elif op == "RMSNorm":
+            ms = (rows * rows).mean(axis=1, keepdims=True)
+            y = rows / np.sqrt(ms + eps64)
+        else:
+            raise ValueError(op)
+        if affine:
+            y = y * np.asarray(gamma, np.float32).astype(np.float64)[None, :]
+            if op == "LayerNorm":
+                y = y + np.asarray(beta, np.float32).astype(np.float64)[None, :]
+    return y.reshape(x64.shape)
+
+
+def max_abs_err(y, ref) -> float:
+    """max |y - ref| over all elements (NaN anywhere counts as infinite error)."""
+    d = np.abs(np.asarray(y, np.float64) - np.asarray(ref, np.float64))
+    if np.isnan(d).any():
+        return float("inf")
+    return float(d.max()) if d.size else 0.0
+
+
+def scale(ref) -> float:
+    """max(1, max|ref|), the scale the issue's tolerances are relative to."""
+    return max(1.0, float(np.abs(np.asarray(ref, np.float64)).max()))
+
+
+def check_close(y, ref, tol: float, what: str) -> None:
+    """Assert max|y - ref| <= tol * max(1, max|ref|) with a message naming the case."""
+    err = max_abs_err(y, ref)
+    bound = tol * scale(ref)
+    assert err <= bound, f"{what}: max abs error {err:.3e} > {bound:.3e} (tol {tol:g} x max(1, max|y|)={scale(ref):.3g})"
+
+
+# ---------------------------------------------------------------- inputs like ncnn's RandomMat
+
+def ncnn_random(rng, shape, lo=-1.2, hi=1.2) -> np.ndarray:
+    """Uniform in [lo, hi) with |v| < 1e-4 set to 0, as ncnn's RandomMat (own generator, same law)."""
+    a = rng.uniform(lo, hi, size=shape).astype(np.float32)
+    a[np.abs(a) < 1e-4] = 0
+    return a
+
+
+def case_name(op: str, case: dict) -> str:
+    return f"{op}{case['shape']} affine_size={case['affine_size']} eps={case['eps']} affine={case['affine']}"
+
+
+def all_cases():
+    """Every ncnn case: (op, case). LayerNorm also gets the dims-4 mirror of test_rmsnorm_4."""
+    out = [("LayerNorm", c) for c in ncnn_cases.LAYERNORM_CASES]
+    out += [("LayerNorm", c) for c in ncnn_cases.LAYERNORM_DIMS4_EXTRA_CASES]
+    out += [("RMSNorm", c) for c in ncnn_cases.RMSNORM_CASES]
+    return out
+
+
+def case_data(op: str, case: dict, seed: int):
+    """(x, gamma, beta) for a case; gamma/beta None when affine=0 (beta None for RMSNorm)."""
+    rng = np.random.default_rng(seed)
+    x = ncnn_random(rng, case["shape"])
+    gamma = beta = None
+    if case["affine"]:
+        gamma = ncnn_random(rng, (case["affine_size"],))
+        if op == "LayerNorm":
+            beta = ncnn_random(rng, (case["affine_size"],))
+    return x, gamma, beta
+
+
+def make_layer(op: str, affine_size: int, eps: float, affine: bool, gamma=None, beta=None, **kwargs):
+    import vknorm
+
+    cls = vknorm.LayerNorm if op == "LayerNorm" else vknorm.RMSNorm
+    layer = cls(affine_size=affine_size, eps=float(np.float32(eps)), affine=bool(affine), **kwargs)
+    if affine:
+        if op == "LayerNorm":
+            layer.load_model(gamma, beta)
+        else:
+            layer.load_model(gamma)
+    return layer
+
+
+# ---------------------------------------------------------------- reductions that must NOT be used
+
+def _tree_sum_f32(a: np.ndarray) -> np.ndarray:
+    """Pairwise (GPU-style tree) float32 sum over the last axis, every addition rounded to float32."""
+    a = np.asarray(a, np.float32)
+    n = a.shape[-1]
+    p = 1
+    while p < n:
+        p *= 2
+    buf = np.zeros(a.shape[:-1] + (p,), np.float32)
+    buf[..., :n] = a
+    while buf.shape[-1] > 1:
+        half = buf.shape[-1] // 2
+        buf = (buf[..., :half] + buf[..., half:]).astype(np.float32)
+    return buf[..., 0]
+
+
+def stats_raw_sums_f32(rows: np.ndarray):
+    """mean, var from a float32 sum and sum of squares (tree-reduced): var = E[x^2] - mean^2."""
+    rows = np.asarray(rows, np.float32)
+    n = np.float32(rows.shape[-1])
+    s1 = _tree_sum_f32(rows)
+    s2 = _tree_sum_f32(rows * rows)
+    mean = (s1 / n).astype(np.float32)
+    var = (s2 / n - mean * mean).astype(np.float32)
+    return mean, var
+
+
+def stats_running_mean_f32(rows: np.ndarray):
+    """mean, var from Welford's update with the running mean held in one float32 per group."""
+    rows = np.asarray(rows, np.float32)
+    mean = np.zeros(rows.shape[0], np.float32)
+    m2 = np.zeros(rows.shape[0], np.float32)
+    for k in range(rows.shape[1]):
+        xk = rows[:, k]
+        delta = (xk - mean).astype(np.float32)
+        mean = (mean + delta / np.float32(k + 1)).astype(np.float32)
+        m2 = (m2 + delta * (xk - mean)).astype(np.float32)
+    return mean, (m2 / np.float32(rows.shape[1])).astype(np.float32)
+
+
+def layernorm_from_stats(rows: np.ndarray, mean, var, eps: float) -> np.ndarray:
+    """y from given (float32) statistics, applied in float64 so only the statistics' error shows."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (rows.astype(np.float64) - np.asarray(mean, np.float64)[:, None]) / np.sqrt(
+            np.asarray(var, np.float64)[:, None] + float(np.float32(eps)))

@@ -1,0 +1,279 @@
+"""Issue 2, "Tensors": vknorm.Mat has ncnn's layout and converts to/from numpy as pyncnn's Mat does.
+
+ncnn's rule is taken from the pinned ncnn itself (pip ncnn 1.0.20261020): a Mat created with
+``Mat.create(shape, elemsize, elempack)`` has ``cstep = alignSize(w*h*d*elemsize, 16) / elemsize``
+for every dims (1-4), elemsize counting the packed lanes. numpy shapes are (w), (h, w), (c, h, w),
+(c, d, h, w).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ncnn
+import vknorm
+
+SHAPES = [
+    (1,), (7,), (8,), (13,),
+    (1, 1), (3, 5), (4, 4), (5, 3),
+    (1, 1, 1), (3, 5, 7), (8, 3, 3), (2, 4, 6), (5, 1, 3),
+    (1, 1, 1, 1), (2, 3, 5, 7), (8, 2, 3, 5), (3, 1, 1, 3),
+]
+
+
+def ncnn_created(shape_ncnn_order, elemsize: int, elempack: int):
+    m = ncnn.Mat()
+    m.create(tuple(shape_ncnn_order), elemsize=elemsize, elempack=elempack)
+    return m
+
+
+def align_rule(plane: int, elemsize: int) -> int:
+    return (plane * elemsize + 15) // 16 * 16 // elemsize
+
+
+def plane_of(shape) -> int:
+    """w*h*d: elements of one channel (the whole blob for dims 1 and 2)."""
+    if len(shape) <= 2:
+        return int(np.prod(shape))
+    return int(np.prod(shape[1:]))
+
+
+def channels_of(shape) -> int:
+    return shape[0] if len(shape) >= 3 else 1
+
+
+def unpack_raw(mat, dtype) -> np.ndarray:
+    """The raw bytes as (channels, cstep) scalars for elempack 1."""
+    buf = np.frombuffer(mat.raw(), dtype=dtype)
+    ch = mat.c if mat.dims >= 3 else 1
+    return buf.reshape(ch, -1)
+
+
+def sample(shape, dtype, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+# ------------------------------------------------------------------------------ numpy -> Mat
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_mat_from_numpy_has_ncnn_fields(shape, dtype):
+    x = sample(shape, dtype)
+    m = vknorm.Mat.from_numpy(x)
+    es = np.dtype(dtype).itemsize
+    dims = len(shape)
+    w = shape[-1]
+    h = shape[-2] if dims >= 2 else 1
+    d = shape[-3] if dims == 4 else 1
+    c = shape[0] if dims >= 3 else 1
+    assert (m.dims, m.w, m.h, m.d, m.c) == (dims, w, h, d, c)
+    assert (m.elemsize, m.elempack) == (es, 1)
+    assert m.cstep >= plane_of(shape)
+    assert len(m.raw()) == m.cstep * channels_of(shape) * es
+    if dims >= 3:  # dims 1/2: see test_cstep_of_dims1_and_dims2_is_rounded_like_ncnn
+        assert m.cstep == align_rule(plane_of(shape), es) == ncnn_created(tuple(reversed(shape)), es, 1).cstep
+
+
+CSTEP_12_CASES = [((7,), 4, 1), ((13,), 2, 1), ((3, 5), 4, 1), ((5, 3), 2, 1), ((4, 5), 4, 4), ((4, 5), 2, 4),
+                  ((8, 3), 2, 4), ((8,), 4, 1), ((4, 4), 4, 1)]
+
+
+@pytest.mark.parametrize("shape,scalar,pack", CSTEP_12_CASES,
+                         ids=[f"{'x'.join(map(str, s))}-{'fp32' if b == 4 else 'fp16'}-pack{p}" for s, b, p in CSTEP_12_CASES])
+def test_cstep_of_dims1_and_dims2_is_rounded_like_ncnn(shape, scalar, pack):
+    """The pinned ncnn rounds cstep to 16 bytes for every dims: Mat(7) has cstep 8, Mat(5, 3) has 16."""
+    x = sample(shape, np.float32 if scalar == 4 else np.float16, seed=7)
+    m = vknorm.Mat.from_numpy(x)
+    if pack == 4:
+        m = m.convert_packing(4)
+    ncnn_shape = (m.w,) if m.dims == 1 else (m.w, m.h)
+    ref = ncnn_created(ncnn_shape, m.elemsize, pack)
+    assert ref.cstep == align_rule(m.w * m.h, m.elemsize)
+    assert m.cstep == ref.cstep, (
+        f"dims {m.dims} w={m.w} h={m.h} elemsize={m.elemsize} elempack={pack}: cstep {m.cstep}, "
+        f"ncnn's Mat::create gives {ref.cstep}")
+    assert len(m.raw()) == ref.cstep * m.elemsize
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape", [s for s in SHAPES if len(s) >= 3], ids=lambda s: "x".join(map(str, s)))
+def test_mat_channels_start_cstep_apart_on_16_byte_boundaries(shape, dtype):
+    x = sample(shape, dtype, seed=1)
+    m = vknorm.Mat.from_numpy(x)
+    es = np.dtype(dtype).itemsize
+    assert (m.cstep * es) % 16 == 0
+    assert m.cstep >= plane_of(shape)
+    rows = unpack_raw(m, dtype)
+    np.testing.assert_array_equal(rows[:, : plane_of(shape)], x.reshape(shape[0], -1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_numpy_mat_numpy_round_trip_is_exact(shape, dtype):
+    x = sample(shape, dtype, seed=2)
+    x.reshape(-1)[0] = np.nan
+    if x.size > 1:
+        x.reshape(-1)[-1] = -np.inf
+    y = vknorm.Mat.from_numpy(x).numpy()
+    assert y.dtype == dtype and y.shape == x.shape
+    assert np.array_equal(x.view(np.uint32 if dtype == np.float32 else np.uint16),
+                          y.view(np.uint32 if dtype == np.float32 else np.uint16))
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (3, 5, 7), (2, 3, 5, 7)], ids=lambda s: "x".join(map(str, s)))
+def test_mat_fields_match_pyncnn_mat_from_the_same_numpy(shape):
+    """pyncnn's Mat(numpy) (cloned into its own storage) has the same dims/w/h/d/c/elemsize/cstep."""
+    x = sample(shape, np.float32, seed=3)
+    ours = vknorm.Mat.from_numpy(x)
+    theirs = ncnn.Mat(x).clone()
+    assert (ours.dims, ours.w, ours.h, ours.d, ours.c, ours.elemsize, ours.elempack) == (
+        theirs.dims, theirs.w, theirs.h, theirs.d, theirs.c, theirs.elemsize, theirs.elempack)
+    if len(shape) >= 3:  # dims 1/2: test_cstep_of_dims1_and_dims2_is_rounded_like_ncnn
+        assert ours.cstep == theirs.cstep, f"cstep {ours.cstep} != pyncnn's {theirs.cstep} for {shape}"
+    np.testing.assert_array_equal(ours.numpy(), np.array(theirs))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.int16, np.uint16, np.float64, np.bool_])
+def test_mat_from_numpy_refuses_anything_but_float32_and_float16(dtype):
+    """Integer data is never reinterpreted as float bits (uint16 included: it is not float16)."""
+    with pytest.raises((TypeError, ValueError)):
+        vknorm.Mat.from_numpy(np.arange(1, 7).astype(dtype).reshape(2, 3))
+
+
+def test_mat_from_numpy_refuses_more_than_4_dims():
+    with pytest.raises((TypeError, ValueError)):
+        vknorm.Mat.from_numpy(np.zeros((1, 2, 3, 4, 5), np.float32))
+
+
+# ------------------------------------------------------------------------------ pack4
+
+PACK_SHAPES = [(4, 5), (8, 3), (12, 1), (4, 3, 5), (8, 2, 3), (8, 1, 1), (4, 2, 3, 5), (8, 2, 1, 3)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape", PACK_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_pack4_interleaves_four_channels_or_rows_and_round_trips(shape, dtype):
+    x = sample(shape, dtype, seed=4)
+    es = np.dtype(dtype).itemsize
+    m = vknorm.Mat.from_numpy(x).convert_packing(4)
+    dims = len(shape)
+    outer = shape[0]
+    assert m.elempack == 4 and m.elemsize == 4 * es
+    if dims == 2:  # rows are packed: h is the packed count
+        assert (m.dims, m.w, m.h, m.c) == (2, shape[1], outer // 4, 1)
+        plane = shape[1]
+    else:
+        assert m.c == outer // 4 and m.w == shape[-1] and m.h == shape[-2]
+        plane = plane_of(shape)
+    if dims >= 3:  # dims 2: test_cstep_of_dims1_and_dims2_is_rounded_like_ncnn
+        ref = ncnn_created(tuple(reversed((outer // 4,) + tuple(shape[1:]))), 4 * es, 4)
+        assert m.cstep == ref.cstep == align_rule(plane, 4 * es), f"pack4 cstep {m.cstep}, ncnn {ref.cstep}"
+    assert len(m.raw()) == m.cstep * (m.c if dims >= 3 else 1) * m.elemsize
+    # Layout: packed outer q, element i, lane l holds x[4q + l, i].
+    raw = np.frombuffer(m.raw(), dtype=dtype)
+    if dims == 2:
+        packed = raw[: (outer // 4) * plane * 4].reshape(outer // 4, plane, 4)
+    else:
+        packed = raw.reshape(outer // 4, m.cstep, 4)[:, :plane, :]
+    expect = x.reshape(outer // 4, 4, plane).transpose(0, 2, 1)
+    np.testing.assert_array_equal(packed, expect)
+    back = m.convert_packing(1)
+    assert back.elempack == 1 and back.elemsize == es
+    np.testing.assert_array_equal(back.numpy(), x)
+    np.testing.assert_array_equal(m.numpy(), x)  # numpy() unpacks
+
+
+def test_pack4_refuses_what_ncnn_cannot_pack():
+    with pytest.raises(ValueError):
+        vknorm.Mat.from_numpy(sample((6, 5), np.float32)).convert_packing(4)  # 6 rows
+    with pytest.raises(ValueError):
+        vknorm.Mat.from_numpy(sample((3, 2, 5), np.float32)).convert_packing(4)  # 3 channels
+    with pytest.raises(ValueError):
+        vknorm.Mat.from_numpy(sample((8,), np.float32)).convert_packing(4)  # dims 1 stays unpacked
+
+
+# ------------------------------------------------------------------------------ fp16 casts
+
+def special_floats() -> np.ndarray:
+    """float32 values that exercise float16 rounding: ties, subnormals, overflow, inf, signed zero."""
+    v = [0.0, -0.0, 1.0, -1.0, 65504.0, 65519.99, 65520.0, -65520.0, 1e5, 6.1035156e-05, 6.0e-05, 5.9604645e-08,
+         2.9802322e-08, 2.98023259e-08, 1e-8, 1e-45, 1.0009766, 1.00048828125, 1.00146484375, 2049.0, 2051.0,
+         np.inf, -np.inf, 3.14159265, -2.718281828, 1e-3, 0.1, 1 / 3]
+    return np.array(v, np.float32)
+
+
+def test_cast_fp16_rounds_like_numpy_on_special_and_random_values():
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 2**32, size=200_000, dtype=np.uint64).astype(np.uint32)
+    rand = bits.view(np.float32)
+    rand = rand[~np.isnan(rand)]
+    x = np.concatenate([special_floats(), rand, rng.standard_normal(10_000).astype(np.float32) * 1e-5])
+    m = vknorm.Mat.from_numpy(x).cast_fp16()
+    assert m.elemsize == 2 and m.elempack == 1
+    got = m.numpy()
+    assert got.dtype == np.float16
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    bad = np.flatnonzero(got.view(np.uint16) != want.view(np.uint16))
+    assert bad.size == 0, f"{bad.size} mismatches, e.g. {x[bad[:5]]!r} -> {got[bad[:5]]!r}, numpy {want[bad[:5]]!r}"
+
+
+def test_cast_fp16_keeps_nan_and_fp32_widening_is_exact():
+    x = np.array([np.nan, -np.nan, 1.0], np.float32)
+    got = vknorm.Mat.from_numpy(x).cast_fp16().numpy()
+    assert np.isnan(got[:2]).all() and got[2] == 1.0
+    every_half = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    widened = vknorm.Mat.from_numpy(every_half).cast_fp32().numpy()
+    assert widened.dtype == np.float32
+    finite = ~np.isnan(every_half)
+    np.testing.assert_array_equal(widened[finite], every_half[finite].astype(np.float32))
+    assert np.isnan(widened[~finite]).all()
+
+
+CAST_CASES = [((3, 5, 7), 1), ((2, 3, 5, 7), 1), ((4, 5), 1), ((8, 2, 3), 4), ((4, 3, 5, 7), 4), ((4, 5), 4)]
+
+
+@pytest.mark.parametrize("shape,pack", CAST_CASES, ids=[f"{'x'.join(map(str, s))}-pack{p}" for s, p in CAST_CASES])
+def test_fp16_cast_round_trip_keeps_layout_and_recomputes_cstep(shape, pack):
+    x = sample(shape, np.float32, seed=6)
+    m32 = vknorm.Mat.from_numpy(x).convert_packing(pack)
+    m16 = m32.cast_fp16()
+    assert (m16.dims, m16.w, m16.h, m16.d, m16.c, m16.elempack) == (m32.dims, m32.w, m32.h, m32.d, m32.c, pack)
+    assert m16.elemsize == 2 * pack
+    if len(shape) >= 3:  # dims 2: test_cstep_of_dims1_and_dims2_is_rounded_like_ncnn
+        ref = ncnn_created(tuple(reversed((m16.c,) + tuple(shape[1:]))), m16.elemsize, pack)
+        assert m16.cstep == ref.cstep
+    np.testing.assert_array_equal(m16.numpy(), x.astype(np.float16))
+    back = m16.cast_fp32()
+    assert back.elemsize == 4 * pack and back.elempack == pack
+    np.testing.assert_array_equal(back.numpy(), x.astype(np.float16).astype(np.float32))
+
+
+# ------------------------------------------------------------------------------ property test
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    dims=st.integers(1, 4),
+    ext=st.lists(st.integers(1, 9), min_size=4, max_size=4),
+    fp16=st.booleans(),
+    pack=st.booleans(),
+)
+def test_any_shape_round_trips_through_packing_and_casts(dims, ext, fp16, pack):
+    shape = tuple(ext[:dims])
+    if pack and dims >= 2:
+        shape = (shape[0] * 4,) + shape[1:]
+    dtype = np.float16 if fp16 else np.float32
+    x = sample(shape, dtype, seed=sum(ext))
+    m = vknorm.Mat.from_numpy(x)
+    if pack and dims >= 2:
+        m = m.convert_packing(4)
+    es = np.dtype(dtype).itemsize * m.elempack
+    outer_packed = m.c if dims >= 3 else 1
+    if dims >= 3:  # dims 1/2: test_cstep_of_dims1_and_dims2_is_rounded_like_ncnn
+        assert m.cstep == align_rule(plane_of(shape), es)
+    assert len(m.raw()) == m.cstep * outer_packed * es
+    np.testing.assert_array_equal(m.numpy(), x)
+    other = m.cast_fp32() if fp16 else m.cast_fp16()
+    np.testing.assert_array_equal(other.numpy(), x.astype(np.float32) if fp16 else x.astype(np.float16))
