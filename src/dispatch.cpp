@@ -9,11 +9,8 @@
 namespace vknorm {
 namespace {
 
-// Registers per invocation: enough for a 4K group on a 256-wide workgroup, little enough to keep
-// occupancy.
+// Elements (scalars, or vec4s for pack4 / vec4 loads) each invocation aims to hold.
 constexpr uint32_t kItemsTarget = 8;
-constexpr uint32_t kMaxItems = 128;
-constexpr uint32_t kMaxItemsPack4 = 128;
 // Split path: chunks of at least this many elements, and enough (group, chunk) items to fill a GPU.
 constexpr uint32_t kMinChunk = 1024;
 constexpr uint64_t kTargetItems = 1024;
@@ -48,21 +45,28 @@ const char* path_name(Path p) {
   }
 }
 
+uint32_t pow2_floor(uint32_t v) {
+  uint32_t p = 1;
+  while (p * 2 <= v) p *= 2;
+  return p;
+}
+
 DeviceCaps device_caps(const Context& ctx, const Option& opt) {
   auto& impl = const_cast<Context&>(ctx).impl();
   const DeviceInfo& info = ctx.info();
   DeviceCaps caps;
   caps.cpu = info.type == "cpu";
-  // CPU drivers run a workgroup's invocations as loops on one core: small workgroups cost less there.
-  uint32_t wg = caps.cpu ? 64 : 256;
-  wg = std::min({wg, info.max_workgroup_invocations, info.max_workgroup_size_x});
-  if (opt.max_workgroup_size > 0) wg = std::min<uint32_t>(wg, uint32_t(opt.max_workgroup_size));
-  uint32_t p2 = 1;
-  while (p2 * 2 <= wg) p2 *= 2;  // team reductions halve: a power of two
-  caps.max_workgroup = p2;
+  // CPU drivers run a workgroup's invocations as loops on one core: small workgroups, and registers
+  // are memory there anyway. GPUs: 256 by default, up to 1024 for one large group per workgroup,
+  // and few enough registers per invocation to keep occupancy.
+  uint32_t limit = std::min(info.max_workgroup_invocations, info.max_workgroup_size_x);
+  if (opt.max_workgroup_size > 0) limit = std::min<uint32_t>(limit, uint32_t(opt.max_workgroup_size));
+  caps.max_workgroup = pow2_floor(std::min<uint32_t>(limit, caps.cpu ? 64 : 1024));  // reductions halve
+  caps.preferred_workgroup = std::min<uint32_t>(caps.max_workgroup, caps.cpu ? 64 : 256);
+  caps.max_items = caps.cpu ? 128 : 16;
   caps.subgroup_size = info.subgroup_size;
   caps.subgroup_reduce = impl.subgroup_reduce && opt.use_subgroup_ops && info.subgroup_size > 0 &&
-                         p2 % info.subgroup_size == 0;
+                         caps.preferred_workgroup % info.subgroup_size == 0;
   return caps;
 }
 
@@ -72,12 +76,11 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
     if (const char* env = std::getenv("VKNORM_PATH")) want = parse_path(env);
 
   Plan plan;
-  plan.wg = dev.max_workgroup;
+  plan.wg = dev.preferred_workgroup;
   plan.subgroup = dev.subgroup_reduce;
   // pack1 groups whose starts are 16-byte aligned are read as vec4s by the fused kernel.
   const bool vec4 = g.elempack == 1 && g.group_size % 4 == 0 && g.cstep % 4 == 0;
   const uint32_t size = vec4 ? g.group_size / 4 : g.group_size;
-  const uint32_t max_items = g.elempack == 4 ? kMaxItemsPack4 : kMaxItems;
   const uint32_t subgroup = dev.subgroup_size ? std::min(dev.subgroup_size, plan.wg) : std::min(32u, plan.wg);
 
   // | rule                                    | kernel                                          |
@@ -91,25 +94,29 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   auto fused = [&](uint32_t team) {
     plan.vec4 = vec4;
     plan.team = team;
+    plan.wg = std::max(dev.preferred_workgroup, team);
     plan.items = items_for(size, team);
     plan.path = team <= subgroup ? Path::Subgroup : Path::Workgroup;
-    return plan.items <= max_items;
+    return plan.items <= dev.max_items;
   };
+  const uint32_t team_for_target = pow2_ceil(div_up(size, kItemsTarget));
   switch (want) {
     case Path::Auto:
-      if (fused(std::min(plan.wg, pow2_ceil(div_up(size, kItemsTarget))))) return plan;
+      if (fused(std::min(dev.max_workgroup, team_for_target))) return plan;
       break;
     case Path::Subgroup:
-      if (fused(std::min(subgroup, pow2_ceil(div_up(size, kItemsTarget))))) return plan;
+      if (fused(std::min(subgroup, team_for_target))) return plan;
       [[fallthrough]];
     case Path::Workgroup:
-      if (fused(plan.wg)) return plan;
+      if (fused(std::max(std::min(dev.max_workgroup, team_for_target), std::min(2 * subgroup, dev.max_workgroup))))
+        return plan;
       break;
     case Path::Split:
       break;
   }
 
   plan.path = Path::Split;
+  plan.wg = dev.preferred_workgroup;
   plan.vec4 = false;
   plan.team = 1;
   plan.items = 1;

@@ -1,0 +1,331 @@
+"""`vknorm bench`: GPU time of LayerNorm / RMSNorm against the copy roof, ncnn's Vulkan layer and torch.
+
+Method (docs/benchmarks/README.md): each measurement is a batch of >= 100 back-to-back forwards in one
+submission, timed with Vulkan timestamp queries, right after >= 150 ms of the same work on the GPU (NVIDIA
+drops its clock within ~0.5 s of idling). The copy roof is measured the same way, interleaved with the
+kernel, batch by batch; every figure is the median of the batches. Effective bandwidth = 2 * bytes(x) / time.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+DEFAULT_COLS = [32, 64, 128, 256, 512, 768, 1024, 2048, 4096, 8192, 16384, 32768]
+LATENCY_SHAPES = [(1, 768), (77, 512), (197, 768), (1, 4096)]
+IMPLS = ("ncnn", "copy", "torch")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="time LayerNorm/RMSNorm on the GPU (Vulkan timestamps)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--op", choices=["layernorm", "rmsnorm", "both"], default="layernorm")
+    p.add_argument("--rows", type=int, action="append", help="rows of one shape (pair each --rows with a --cols)")
+    p.add_argument("--cols", type=int, action="append", help="columns (group size) of one shape")
+    p.add_argument("--dtype", choices=["fp32", "fp16", "both"], default="both")
+    p.add_argument("--compare", default="ncnn,copy,torch",
+                   help="comma list of ncnn, copy, torch ('' for vknorm alone); unavailable ones are skipped")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.add_argument("--plot", metavar="FILE", help="draw GB/s against cols per implementation (PNG/SVG)")
+    p.add_argument("--elements", type=int, default=1 << 25, help="rows*cols of the default sweep (2^25)")
+    p.add_argument("--no-latency", action="store_true", help="skip the latency shapes of the default sweep")
+    p.add_argument("--reps", type=int, default=100, help="timed forwards per batch (>= 100)")
+    p.add_argument("--batches", type=int, default=5, help="batches per measurement; the median is reported")
+    p.add_argument("--warmup-ms", type=float, default=150.0, help="GPU work right before each timed batch")
+    p.add_argument("--path", default="auto", help="force a vknorm path: auto|subgroup|workgroup|split")
+    p.add_argument("--no-packing", action="store_true", help="elempack 1 blobs (default: ncnn's pack4)")
+    p.set_defaults(func=run)
+
+
+def _shapes(args):
+    from .cli import UsageError
+
+    if args.rows or args.cols:
+        rows, cols = args.rows or [], args.cols or []
+        if len(rows) != len(cols):
+            raise UsageError("--rows and --cols: give one --rows for each --cols")
+        for r, c in zip(rows, cols):
+            if r < 1 or c < 1:
+                raise UsageError(f"--rows/--cols: shape {r}x{c} must be positive")
+        return [(r, c, "sweep") for r, c in zip(rows, cols)]
+    shapes = [(max(1, args.elements // c), c, "sweep") for c in DEFAULT_COLS]
+    if not args.no_latency:
+        shapes += [(r, c, "latency") for r, c in LATENCY_SHAPES]
+    return shapes
+
+
+class _Progress:
+    def __init__(self, total: int):
+        try:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True)
+        except ImportError:
+            self._bar, self._n, self._total = None, 0, total
+
+    def step(self, label: str) -> None:
+        if self._bar is not None:
+            self._bar.set_description(label)
+            self._bar.update(1)
+        else:
+            self._n += 1
+            print(f"\r[{self._n}/{self._total}] {label:<40}", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        else:
+            print(file=sys.stderr)
+
+
+def _warmup_count(seconds_per_run: float, warmup_ms: float) -> int:
+    return int(min(20000, math.ceil(warmup_ms / 1000.0 / max(seconds_per_run, 1e-7))))
+
+
+def _bench_vknorm_and_copy(layer, vkmat, option, args, with_copy: bool):
+    """Median per-forward GPU time of vknorm and of the copy roofs, interleaved batch by batch."""
+    from . import _core
+
+    opt = option._native()
+    probe = layer._layer.forward_repeated(vkmat, opt, 0, 10)
+    warm = _warmup_count(probe["gpu_us"] * 1e-6, args.warmup_ms)
+    copy_probe = _core.copy_repeated(vkmat, 0, 10, True) if with_copy else 0.0
+    copy_warm = _warmup_count(copy_probe * 1e-6, args.warmup_ms)
+    times, copies, buffer_copies, info = [], [], [], probe
+    for _ in range(args.batches):
+        info = layer._layer.forward_repeated(vkmat, opt, warm, args.reps)
+        times.append(info["gpu_us"])
+        if with_copy:
+            copies.append(_core.copy_repeated(vkmat, copy_warm, args.reps, True))
+            buffer_copies.append(_core.copy_repeated(vkmat, copy_warm, args.reps, False))
+    med = statistics.median
+    return med(times), info, (med(copies) if copies else None), (med(buffer_copies) if buffer_copies else None)
+
+
+def _ncnn_param(op: str, rows: int, cols: int, layers: int) -> str:
+    kind = "LayerNorm" if op == "layernorm" else "RMSNorm"
+    lines = ["7767517", f"{layers + 1} {layers + 1}", f"Input in0 0 1 b0 0={cols} 1={rows}"]
+    for i in range(layers):
+        lines.append(f"{kind} n{i} 1 1 b{i} b{i + 1} 0={cols} 1=1e-05 2=1")
+    return "\n".join(lines) + "\n"
+
+
+def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray):
+    """ncnn's Vulkan layer: (chain of K layers - chain of k) / (K - k), wall clock, min of 3 runs."""
+    import ncnn
+
+    if ncnn.get_gpu_count() == 0:
+        return None
+    per_layer = 2 if op == "layernorm" else 1
+    tmp = tempfile.mkdtemp(prefix="vknorm-bench-")
+
+    def run_chain(layers: int, repeat: int = 3) -> float:
+        param = os.path.join(tmp, f"chain{layers}.param")
+        with open(param, "w") as f:
+            f.write(_ncnn_param(op, rows, cols, layers))
+        weights = os.path.join(tmp, f"chain{layers}.bin")
+        w = np.concatenate([np.ones(cols, np.float32), np.zeros(cols, np.float32)][:per_layer])
+        np.tile(w, layers).astype(np.float32).tofile(weights)
+        net = ncnn.Net()
+        net.opt.use_vulkan_compute = True
+        net.opt.use_fp16_storage = fp16
+        net.opt.use_fp16_packed = fp16
+        net.opt.use_fp16_arithmetic = False
+        net.opt.use_bf16_storage = False
+        net.load_param(param)
+        net.load_model(weights)
+        best = float("inf")
+        for attempt in range(repeat + 1):  # the first run builds pipelines
+            inp = ncnn.Mat(x).clone()
+            ex = net.create_extractor()
+            t0 = time.perf_counter()
+            ex.input("b0", inp)
+            ret, out = ex.extract(f"b{layers}")
+            if ret != 0:
+                raise RuntimeError(f"ncnn extract failed ({ret})")
+            np.asarray(out)
+            if attempt:
+                best = min(best, time.perf_counter() - t0)
+            del ex, out
+        net.clear()
+        return best
+
+    t1 = run_chain(1)
+    t9 = run_chain(9)
+    est = max((t9 - t1) / 8, 1e-6)
+    k = int(min(1025, max(17, 0.5 / est)))
+    tk = run_chain(k)
+    return max(tk - t1, 0.0) / (k - 1) * 1e6
+
+
+def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int):
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    import torch.nn.functional as F
+
+    dt = torch.float16 if fp16 else torch.float32
+    x = torch.randn(rows, cols, device="cuda", dtype=dt)
+    w = torch.ones(cols, device="cuda", dtype=dt)
+    b = torch.zeros(cols, device="cuda", dtype=dt)
+    fn = (lambda: F.layer_norm(x, (cols,), w, b, 1e-5)) if op == "layernorm" else (lambda: F.rms_norm(x, (cols,), w, 1e-5))
+    for _ in range(5):
+        fn()
+    # keep the clock up, then time a batch with CUDA events
+    samples = []
+    for _ in range(5):
+        t_end = time.perf_counter() + 0.15
+        while time.perf_counter() < t_end:
+            fn()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        stop.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(stop) * 1000.0 / reps)
+    return statistics.median(samples)
+
+
+def run(args) -> int:
+    from . import LayerNorm, Option, RMSNorm, _core, device_info, to_device
+    from .cli import UsageError
+
+    if args.reps < 100:
+        raise UsageError("--reps: at least 100 back-to-back forwards per batch")
+    if args.batches < 1:
+        raise UsageError("--batches must be >= 1")
+    compare = {c.strip() for c in args.compare.split(",") if c.strip()}
+    unknown = compare - set(IMPLS)
+    if unknown:
+        raise UsageError(f"--compare: unknown {', '.join(sorted(unknown))} (choose from {', '.join(IMPLS)})")
+    try:
+        _core.parse_path(args.path)
+    except ValueError as e:
+        raise UsageError(f"--path: {e}")
+    ops = ["layernorm", "rmsnorm"] if args.op == "both" else [args.op]
+    dtypes = ["fp32", "fp16"] if args.dtype == "both" else [args.dtype]
+    shapes = _shapes(args)
+    info = device_info()
+    if "ncnn" in compare:
+        try:
+            import ncnn  # noqa: F401
+        except ImportError:
+            print("vknorm bench: ncnn (pip ncnn) not installed: skipping the ncnn comparison", file=sys.stderr)
+            compare.discard("ncnn")
+
+    results = []
+    progress = _Progress(len(ops) * len(dtypes) * len(shapes))
+    rng = np.random.default_rng(0)
+    for op in ops:
+        for dtype in dtypes:
+            fp16 = dtype == "fp16"
+            for rows, cols, kind in shapes:
+                progress.step(f"{op} {dtype} {rows}x{cols}")
+                x = rng.standard_normal((rows, cols), dtype=np.float32)
+                option = Option(use_fp16_storage=fp16, use_packing_layout=not args.no_packing, path=args.path)
+                layer = (LayerNorm if op == "layernorm" else RMSNorm)(affine_size=cols, eps=1e-5)
+                if op == "layernorm":
+                    layer.load_model(np.ones(cols, np.float32), np.zeros(cols, np.float32))
+                else:
+                    layer.load_model(np.ones(cols, np.float32))
+                vkmat = to_device(x, option)
+                nbytes = rows * cols * (2 if fp16 else 4)
+                us, disp, copy_us, copybuf_us = _bench_vknorm_and_copy(layer, vkmat, option, args, "copy" in compare)
+                base = {"op": op, "dtype": dtype, "rows": rows, "cols": cols, "kind": kind}
+
+                def add(impl, t, dispatches, **extra):
+                    if t is None or t <= 0:
+                        return
+                    results.append({**base, "impl": impl, "gpu_us": round(t, 3), "gbps": round(2 * nbytes / (t * 1e3), 1),
+                                    "dispatches": dispatches, **extra})
+
+                add("vknorm", us, disp["dispatches"], path=disp["path"], team=disp["team"], items=disp["items"])
+                if copy_us is not None:
+                    add("copy", copy_us, 1)
+                    add("copy_buffer", copybuf_us, 1)
+                del vkmat
+                if "ncnn" in compare and kind == "sweep":
+                    add("ncnn", _bench_ncnn(op, rows, cols, fp16, x), None, method="chain difference, wall clock")
+                if "torch" in compare:
+                    add("torch", _bench_torch(op, rows, cols, fp16, args.reps), 1, method="CUDA events")
+    progress.close()
+    report = {
+        "device": info["name"],
+        "driver": f"{info['driver_name']} {info['driver_info']}".strip(),
+        "date": datetime.date.today().isoformat(),
+        "method": "Vulkan timestamps, batches of >= 100 back-to-back forwards after >= 150 ms warm-up, median",
+        "results": results,
+    }
+    print_table(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    if args.plot:
+        plot(report, args.plot)
+    return 0
+
+
+def print_table(report: dict) -> None:
+    rows = {}
+    for r in report["results"]:
+        rows.setdefault((r["op"], r["dtype"], r["rows"], r["cols"]), {})[r["impl"]] = r
+    print(f"device: {report['device']} ({report['driver']})")
+    head = f"{'op':<9} {'dtype':<5} {'rows x cols':>14} {'vknorm us':>10} {'GB/s':>7} {'% copy':>7} {'x ncnn':>7} {'x torch':>8}  path"
+    print(head)
+    print("-" * len(head))
+    for (op, dtype, rows, cols), impls in rows.items():
+        v = impls.get("vknorm")
+        if v is None:
+            continue
+        pct = f"{100 * v['gbps'] / impls['copy']['gbps']:.0f}" if "copy" in impls else "-"
+        xn = f"{impls['ncnn']['gpu_us'] / v['gpu_us']:.2f}" if "ncnn" in impls else "-"
+        xt = f"{impls['torch']['gpu_us'] / v['gpu_us']:.2f}" if "torch" in impls else "-"
+        print(f"{op:<9} {dtype:<5} {f'{rows}x{cols}':>14} {v['gpu_us']:>10.1f} {v['gbps']:>7.0f} {pct:>7} {xn:>7} {xt:>8}  "
+              f"{v['path']} ({v['dispatches']} dispatch)")
+
+
+def plot(report: dict, path: str) -> None:
+    """GB/s against cols per implementation, one panel per (op, dtype), the copy roof dashed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("vknorm bench: matplotlib is not installed: no plot", file=sys.stderr)
+        return
+    sweep = [r for r in report["results"] if r.get("kind", "sweep") == "sweep"]
+    panels = sorted({(r["op"], r["dtype"]) for r in sweep})
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    styles = {"vknorm": ("C0", "-", "o"), "ncnn": ("C1", "-", "s"), "torch": ("C2", "-", "^"),
+              "copy": ("k", "--", None), "copy_buffer": ("0.6", ":", None)}
+    for ax, (op, dtype) in zip(axes[0], panels):
+        for impl, (color, ls, marker) in styles.items():
+            pts = sorted((r["cols"], r["gbps"]) for r in sweep if r["op"] == op and r["dtype"] == dtype and r["impl"] == impl)
+            if pts:
+                label = {"copy": "copy shader (roof)", "copy_buffer": "vkCmdCopyBuffer"}.get(impl, impl)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, linestyle=ls, marker=marker, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("cols (group size)")
+        ax.set_ylabel("effective GB/s (2 x bytes / time)")
+        ax.set_title(f"{op} {dtype}")
+        ax.grid(True, alpha=0.3)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{report['device']} — {report.get('date', '')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,183 @@
+"""Issue 2, "Tests / bad input": a clear Python exception, never a crash, on the CPU reference and on
+Vulkan alike. (No Vulkan driver: tests/test_foundation_runtime.py, in a subprocess.)"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import vknorm
+
+DEVICES = ["cpu", "vulkan"]
+
+
+def ln_with_weights(affine_size: int) -> vknorm.LayerNorm:
+    ln = vknorm.LayerNorm(affine_size=affine_size, eps=1e-5)
+    ln.load_model(np.ones(affine_size, np.float32), np.zeros(affine_size, np.float32))
+    return ln
+
+
+def rms_with_weights(affine_size: int) -> vknorm.RMSNorm:
+    rms = vknorm.RMSNorm(affine_size=affine_size, eps=1e-5)
+    rms.load_model(np.ones(affine_size, np.float32))
+    return rms
+
+
+# ------------------------------------------------------------------------------ affine_size vs the input
+
+MISMATCHES = [
+    ("LayerNorm", 5, (4, 6), {"w": 6}),
+    ("LayerNorm", 5, (6,), {"w": 6}),
+    ("RMSNorm", 7, (2, 4, 6), {"h": 4, "w": 6}),
+    ("LayerNorm", 7, (2, 4, 6), {"h": 4, "w": 6}),
+    ("RMSNorm", 7, (2, 3, 4, 6), {"d": 3, "h": 4, "w": 6}),
+    ("LayerNorm", 25, (2, 3, 4, 6), {"d": 3, "h": 4, "w": 6}),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op,affine_size,shape,trailing", MISMATCHES, ids=[f"{m[0]}-{m[1]}-{m[2]}" for m in MISMATCHES])
+def test_affine_size_not_matching_trailing_dims_names_both(op, affine_size, shape, trailing, device):
+    layer = ln_with_weights(affine_size) if op == "LayerNorm" else rms_with_weights(affine_size)
+    with pytest.raises(ValueError) as e:
+        layer(np.ones(shape, np.float32), device=device)
+    msg = str(e.value)
+    assert "affine_size" in msg and str(affine_size) in msg, msg
+    for k, v in trailing.items():
+        assert f"{k}={v}" in msg, f"message does not name the input's {k}={v}: {msg!r}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_affine_size_mismatch_is_refused_on_forward_inplace_and_vkmat_too(device):
+    ln = ln_with_weights(5)
+    x = np.ones((3, 6), np.float32)
+    with pytest.raises(ValueError, match="affine_size"):
+        ln.forward_inplace(x, device=device)
+    np.testing.assert_array_equal(x, 1.0)  # untouched
+    if device == "vulkan":
+        with pytest.raises(ValueError, match="affine_size"):
+            ln.forward_inplace(vknorm.to_device(x))
+
+
+# ------------------------------------------------------------------------------ weights
+
+def test_gamma_or_beta_of_wrong_length_is_refused_naming_the_lengths():
+    ln = vknorm.LayerNorm(affine_size=5)
+    with pytest.raises(ValueError, match=r"gamma.*4.*5|gamma.*5.*4"):
+        ln.load_model(np.ones(4), np.zeros(5))
+    with pytest.raises(ValueError, match=r"beta.*6.*5|beta.*5.*6"):
+        ln.load_model(np.ones(5), np.zeros(6))
+    with pytest.raises(ValueError, match="gamma"):
+        ln.load_model(np.ones((1, 5)), np.zeros(5))
+    with pytest.raises(ValueError):
+        ln.load_model(np.ones(5))  # LayerNorm needs beta too
+    rms = vknorm.RMSNorm(affine_size=5)
+    with pytest.raises(ValueError, match=r"gamma.*6.*5|gamma.*5.*6"):
+        rms.load_model(np.ones(6))
+    with pytest.raises((TypeError, ValueError)):
+        ln.load_model(np.array(["a"] * 5), np.zeros(5))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_before_load_model_is_refused(device):
+    with pytest.raises(ValueError, match="load_model"):
+        vknorm.LayerNorm(affine_size=4)(np.ones((2, 4), np.float32), device=device)
+
+
+# ------------------------------------------------------------------------------ eps and params
+
+@pytest.mark.parametrize("eps", [-1e-3, -math.inf, math.inf, math.nan], ids=["negative", "-inf", "inf", "nan"])
+@pytest.mark.parametrize("cls", [vknorm.LayerNorm, vknorm.RMSNorm], ids=["LayerNorm", "RMSNorm"])
+def test_eps_negative_or_not_finite_is_refused(cls, eps):
+    with pytest.raises(ValueError, match="eps"):
+        cls(affine_size=4, eps=eps)
+    with pytest.raises(ValueError, match="eps"):
+        cls.from_param({0: 4, 1: eps})
+    layer = cls(affine_size=4, eps=1e-5)
+    with pytest.raises(ValueError, match="eps"):
+        layer.load_param({0: 4, 1: eps})
+    assert layer.eps == np.float32(1e-5)  # a refused load_param changes nothing
+
+
+def test_eps_zero_is_accepted():
+    assert vknorm.LayerNorm(affine_size=4, eps=0.0).eps == 0.0
+
+
+def test_negative_affine_size_and_unknown_device_and_path_are_refused():
+    with pytest.raises(ValueError, match="affine_size"):
+        vknorm.LayerNorm(affine_size=-1)
+    with pytest.raises(ValueError, match="device"):
+        ln_with_weights(4)(np.ones((1, 4), np.float32), device="gpu")
+    with pytest.raises(ValueError, match="path"):
+        vknorm.Option(path="fastest")
+
+
+# ------------------------------------------------------------------------------ arrays
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(0,), (0, 4), (4, 0), (0, 2, 4), (2, 0, 3, 4)], ids=str)
+def test_empty_arrays_are_refused(shape, device):
+    layer = vknorm.RMSNorm(affine_size=4, affine=False)
+    with pytest.raises(ValueError, match="empty"):
+        layer(np.ones(shape, np.float32), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(), (1, 1, 1, 1, 4), (2, 1, 2, 1, 2, 4)], ids=str)
+def test_zero_or_more_than_4_dims_are_refused(shape, device):
+    layer = vknorm.LayerNorm(affine_size=4, affine=False)
+    with pytest.raises(ValueError, match="dims"):
+        layer(np.ones(shape, np.float32), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint8, np.uint16, np.bool_, np.complex64, np.str_])
+def test_non_float_dtypes_are_refused(dtype, device):
+    layer = vknorm.LayerNorm(affine_size=4, affine=False)
+    x = np.ones((2, 4)).astype(dtype)
+    with pytest.raises(TypeError, match="dtype"):
+        layer(x, device=device)
+    with pytest.raises(TypeError, match="dtype"):
+        layer.forward_inplace(x, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float16_input_is_accepted_and_returns_float16(device):
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float16)
+    ln = ln_with_weights(8)
+    y = ln(x, device=device)
+    assert y.dtype == np.float16 and y.shape == x.shape
+    y32 = ln(x.astype(np.float32), device="cpu")
+    np.testing.assert_allclose(y.astype(np.float32), y32, atol=4e-3 * max(1, float(np.abs(y32).max())))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float64_lists_and_strided_views_are_converted(device):
+    ln = ln_with_weights(4)
+    x = np.random.default_rng(1).standard_normal((3, 8))
+    want = ln(np.ascontiguousarray(x[:, ::2], np.float32), device=device)
+    np.testing.assert_array_equal(ln(x[:, ::2], device=device), want)
+    assert ln(x[:, ::2], device=device).dtype == np.float32
+    np.testing.assert_array_equal(ln(x[:, ::2].tolist(), device=device), want)
+
+
+def test_forward_inplace_refuses_read_only_arrays_and_non_arrays():
+    ln = ln_with_weights(4)
+    ro = np.ones((2, 4), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        ln.forward_inplace(ro, device="cpu")
+    with pytest.raises(TypeError):
+        ln.forward_inplace([[1.0, 2.0, 3.0, 4.0]], device="cpu")
+
+
+def test_a_vkmat_cannot_run_on_the_cpu_and_mats_are_not_numpy():
+    ln = ln_with_weights(4)
+    vk = vknorm.to_device(np.ones((2, 4), np.float32))
+    with pytest.raises(ValueError, match="cpu"):
+        ln.forward_inplace(vk, device="cpu")
+    with pytest.raises(TypeError):
+        ln(vk)
+    with pytest.raises(TypeError):
+        vknorm.to_device(np.ones((2, 4), np.int32))

@@ -1,0 +1,239 @@
+"""Issue 2, "Runtime": device enumeration and selection, `vknorm info`, VKNORM_DEVICE, no driver.
+
+The default Vulkan context is process-wide, so everything that depends on environment variables read
+at start-up (VKNORM_DEVICE, VK_ICD_FILENAMES / VK_DRIVER_FILES) runs in a subprocess.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import vknorm
+from vknorm import _core
+
+REPO = Path(__file__).resolve().parent.parent
+NO_DRIVER_ENV = {"VK_ICD_FILENAMES": "/nonexistent.json", "VK_DRIVER_FILES": "/nonexistent.json"}
+INFO_FIELDS = {
+    "name": str, "type": str, "driver_name": str, "driver_info": str, "api_version": str, "subgroup_size": int,
+    "subgroup_ops": list, "storage_16bit": bool, "float16_arithmetic": bool, "max_shared_memory": int,
+    "max_workgroup_invocations": int, "timestamp_period_ns": float,
+}
+
+
+def vknorm_cli() -> list:
+    """The installed console script (next to this interpreter), else `python -m vknorm`."""
+    script = Path(sys.executable).with_name("vknorm")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("vknorm")
+    return [found] if found else [sys.executable, "-m", "vknorm"]
+
+
+def run(cmd, env_extra=None, timeout=120) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.setdefault("VKNORM_VALIDATION", "1")
+    env.update(env_extra or {})
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def run_python(code: str, env_extra=None) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-c", textwrap.dedent(code)], env_extra)
+
+
+def json_tail(proc: subprocess.CompletedProcess) -> dict:
+    """The last stdout line of a helper script, as JSON (drivers may print their own lines first)."""
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    return json.loads(lines[-1])
+
+
+# ------------------------------------------------------------------------------ enumeration
+
+def test_device_enumeration_finds_lavapipe():
+    devs = vknorm.devices()
+    assert devs, "no Vulkan device enumerated"
+    lava = [d for d in devs if "llvmpipe" in d["name"].lower()]
+    assert lava, f"lavapipe (llvmpipe) not among {[d['name'] for d in devs]}"
+    assert lava[0]["type"] == "cpu"
+    assert [d["index"] for d in devs] == list(range(len(devs)))
+
+
+def test_device_info_reports_what_vknorm_info_promises():
+    for d in vknorm.devices():
+        for key, typ in INFO_FIELDS.items():
+            assert key in d, f"device dict lacks {key}"
+            assert isinstance(d[key], typ), f"{key}={d[key]!r} is not {typ.__name__}"
+        assert d["subgroup_size"] >= 1 and d["max_workgroup_invocations"] >= 128
+        assert d["max_shared_memory"] >= 16384
+
+
+def test_default_device_prefers_discrete_then_integrated_then_virtual_then_cpu():
+    rank = {"discrete": 0, "integrated": 1, "virtual": 2, "cpu": 3}
+    devs = vknorm.devices()
+    best = min(rank.get(d["type"], 4) for d in devs)
+    if "VKNORM_DEVICE" in os.environ:
+        pytest.skip("VKNORM_DEVICE overrides the default device")
+    default = vknorm.device_info()
+    assert default["index"] == _core.default_device_index()
+    assert rank.get(default["type"], 4) == best
+    if best == 3:  # no GPU on this machine: the embedded default is lavapipe
+        assert "llvmpipe" in default["name"].lower()
+
+
+def test_validation_layer_is_enabled_for_the_suite():
+    assert _core.validation_enabled(), "tests must run with VKNORM_VALIDATION=1 (conftest sets it)"
+
+
+# ------------------------------------------------------------------------------ vknorm info
+
+def test_vknorm_info_json_parses_and_lists_lavapipe():
+    proc = run(vknorm_cli() + ["info", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert isinstance(data["devices"], list) and data["devices"]
+    assert 0 <= data["default"] < len(data["devices"])
+    assert any("llvmpipe" in d["name"].lower() for d in data["devices"])
+    for d in data["devices"]:
+        for key, typ in INFO_FIELDS.items():
+            assert isinstance(d[key], typ if typ is not float else (int, float)), f"{key} in {d}"
+    assert [d["name"] for d in data["devices"]] == [d["name"] for d in vknorm.devices()]
+
+
+def test_vknorm_info_prints_one_block_per_device_with_every_capability():
+    proc = run(vknorm_cli() + ["info"])
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for d in vknorm.devices():
+        assert d["name"] in out
+    for label in ("driver", "Vulkan API", "subgroup size", "subgroup ops", "16-bit storage", "float16 arithmetic",
+                  "max shared memory", "max workgroup invocations", "timestamp period"):
+        assert label in out, f"`vknorm info` lacks {label!r}:\n{out}"
+
+
+def test_python_m_vknorm_runs_the_same_cli():
+    proc = run([sys.executable, "-m", "vknorm", "info", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["devices"]
+
+
+def test_vknorm_demo_prints_a_layernorm_against_the_cpu_reference():
+    proc = run(vknorm_cli() + ["demo"])
+    assert proc.returncode == 0, proc.stderr
+    assert "LayerNorm" in proc.stdout
+    line = [ln for ln in proc.stdout.splitlines() if "cpu reference" in ln]
+    assert line, proc.stdout
+    assert float(line[-1].rsplit("=", 1)[1]) < 1e-4
+
+
+# ------------------------------------------------------------------------------ VKNORM_DEVICE
+
+PICK_SCRIPT = """
+    import json, numpy as np, vknorm
+    from vknorm import _core
+    info = vknorm.device_info()
+    ln = vknorm.LayerNorm(8, 1e-5, affine=False)
+    y = ln(np.arange(16, dtype=np.float32).reshape(2, 8), device="vulkan")
+    print(json.dumps({"index": info["index"], "name": info["name"], "ok": bool(np.isfinite(y).all()),
+                      "validation": _core.validation_messages()}))
+"""
+
+
+@pytest.mark.parametrize("value", ["0", "llvmpipe", "LLVMpipe", "llvm"])
+def test_vknorm_device_picks_by_index_or_name_substring(value):
+    devs = vknorm.devices()
+    if value == "0":
+        want = devs[0]["index"]
+    else:
+        want = next(d["index"] for d in devs if value.lower() in d["name"].lower())
+    res = json_tail(run_python(PICK_SCRIPT, {"VKNORM_DEVICE": value}))
+    assert res["index"] == want and res["ok"]
+    assert res["validation"] == []
+
+
+BAD_DEVICE_SCRIPT = """
+    import json, numpy as np, vknorm
+    out = {}
+    for what, call in (("device_info", lambda: vknorm.device_info()),
+                       ("forward", lambda: vknorm.LayerNorm(4, affine=False)(np.ones((1, 4), np.float32), device="vulkan"))):
+        try:
+            call()
+            out[what] = None
+        except Exception as e:
+            out[what] = [type(e).__name__, str(e)]
+    print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("value", ["99", "no-such-gpu"])
+def test_bad_vknorm_device_gives_a_clear_python_error(value):
+    res = json_tail(run_python(BAD_DEVICE_SCRIPT, {"VKNORM_DEVICE": value}))
+    for what in ("device_info", "forward"):
+        assert res[what] is not None, f"{what} with VKNORM_DEVICE={value} did not raise"
+        kind, msg = res[what]
+        assert kind in ("ValueError", "VulkanUnavailableError", "RuntimeError", "LookupError", "IndexError"), res
+        assert "VKNORM_DEVICE" in msg and value in msg, f"unclear message: {msg!r}"
+
+
+@pytest.mark.parametrize("value", ["99", "no-such-gpu"])
+def test_vknorm_info_with_bad_vknorm_device_exits_2_with_one_line(value):
+    """cli.py: errors the user can fix print one line and exit 2 (no traceback)."""
+    proc = run(vknorm_cli() + ["info"], {"VKNORM_DEVICE": value})
+    err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2, f"exit {proc.returncode}, stderr:\n{proc.stderr}"
+    assert len(err) == 1 and "VKNORM_DEVICE" in err[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------ no Vulkan driver
+
+NO_DRIVER_SCRIPT = """
+    import json, numpy as np, vknorm
+    out = {"is_runtime_error": issubclass(vknorm.VulkanUnavailableError, RuntimeError)}
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    ln = vknorm.LayerNorm(4, 1e-5, affine=False)
+    for what, call in (("devices", vknorm.devices),
+                       ("device_info", vknorm.device_info),
+                       ("forward_vulkan", lambda: ln(x, device="vulkan")),
+                       ("to_device", lambda: vknorm.to_device(x))):
+        try:
+            r = call()
+            out[what] = ["returned", repr(r)]
+        except vknorm.VulkanUnavailableError as e:
+            out[what] = ["VulkanUnavailableError", str(e)]
+        except Exception as e:
+            out[what] = [type(e).__name__, str(e)]
+    # With no device, the default device is the CPU reference.
+    y = ln(x)
+    out["default_forward_is_cpu"] = bool(np.array_equal(y, ln(x, device="cpu")))
+    print(json.dumps(out))
+"""
+
+
+def test_no_vulkan_driver_raises_vulkan_unavailable_naming_what_to_install():
+    res = json_tail(run_python(NO_DRIVER_SCRIPT, NO_DRIVER_ENV))
+    assert res["is_runtime_error"]
+    for what in ("forward_vulkan", "to_device", "device_info"):
+        kind, msg = res[what]
+        assert kind == "VulkanUnavailableError", f"{what}: {res[what]}"
+        assert "mesa-vulkan-drivers" in msg, f"{what}: message does not say what to install: {msg!r}"
+    # devices() may raise the same error or report an empty list, nothing else.
+    kind, msg = res["devices"]
+    assert (kind == "VulkanUnavailableError" and "mesa-vulkan-drivers" in msg) or (kind == "returned" and msg == "[]")
+    assert res["default_forward_is_cpu"]
+
+
+@pytest.mark.parametrize("args", [["info"], ["info", "--json"]], ids=["table", "json"])
+def test_vknorm_info_without_driver_exits_2_with_one_line(args):
+    proc = run(vknorm_cli() + args, NO_DRIVER_ENV)
+    err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stderr}"
+    assert len(err) == 1, f"expected one line on stderr, got:\n{proc.stderr}"
+    assert "mesa-vulkan-drivers" in err[0]
+    assert proc.stdout.strip() == ""

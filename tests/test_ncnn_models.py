@@ -1,0 +1,407 @@
+"""Real ncnn models (tests/data, made by tools/make_models.py with pnnx) through vknorm.ncnn.register and
+`vknorm check`: every committed model passes in fp32 and fp16, whole-model outputs match stock ncnn (CPU)
+within 1e-3, every error path exits 2 with one line, 20 registered nets in one process work.
+
+The CLI runs as `sys.executable -m vknorm check ...` subprocesses (VKNORM_VALIDATION=1; several at once);
+the register() tests run in this process, where conftest.py fails a test on any Vulkan validation message.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import vknorm
+from vknorm import _core
+
+ncnn = pytest.importorskip("ncnn")
+vkncnn = pytest.importorskip("vknorm.ncnn")
+from vknorm import check as vkcheck  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data"
+ROOT = DATA.parent.parent
+
+# model -> its input's DIMS (ncnn order, batch dropped)
+MODELS = {
+    "transformer_block": "16x64",
+    "convnext_block": "32x14x14",
+    "llama_block": "16x64",
+    "layernorm_2d": "8x6x10",
+    "norm_variants": "8x6x10",
+    "layernorm_1d": "64",
+    "layernorm_4d": "4x3x5x8",
+}
+
+
+def _vulkan() -> bool:
+    try:
+        return len(_core.devices()) > 0
+    except _core.VulkanUnavailableError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _vulkan(), reason="no Vulkan device")
+
+
+def model_files(name: str):
+    return str(DATA / f"{name}.ncnn.param"), str(DATA / f"{name}.ncnn.bin")
+
+
+def norm_layers(name: str):
+    """(type, name, top blob) of every LayerNorm / RMSNorm line of a committed .param."""
+    out = []
+    for line in (DATA / f"{name}.ncnn.param").read_text().splitlines()[2:]:
+        tok = line.split()
+        if tok and tok[0] in ("LayerNorm", "RMSNorm"):
+            out.append((tok[0], tok[1], tok[5]))
+    return out
+
+
+def cli(*args, env_extra=None, timeout=120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, VKNORM_VALIDATION="1", PYTHONUNBUFFERED="1")
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "vknorm", "check", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def cli_many(jobs: dict) -> dict:
+    """Run several CLI invocations at once (lavapipe set-up dominates; two cores)."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {key: pool.submit(cli, *args) for key, args in jobs.items()}
+        return {key: f.result() for key, f in futures.items()}
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0], f"stderr is not one line: {r.stderr!r}"
+    assert lines[0].startswith("vknorm check: error: "), lines[0]
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    assert r.stdout == "", r.stdout
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------ the CLI, every model
+
+@pytest.fixture(scope="module")
+def cli_runs():
+    jobs = {}
+    for name, dims in MODELS.items():
+        p, b = model_files(name)
+        jobs[(name, False)] = (p, b, "--input", f"in0={dims}", "--json")
+        jobs[(name, True)] = (p, b, "--input", f"in0={dims}", "--json", "--fp16")
+    jobs["text"] = (*model_files("transformer_block"), "--input", "in0=16x64")
+    jobs["fail"] = (*model_files("transformer_block"), "--input", "in0=16x64", "--fp16", "--atol", "1e-6")
+    return cli_many(jobs)
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_check_passes_on_committed_model(cli_runs, name, fp16):
+    r = cli_runs[(name, fp16)]
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert r.stderr == "", r.stderr  # no ncnn log lines, no validation messages
+    res = json.loads(r.stdout)
+    assert res["ok"] is True
+    assert res["fp16"] is fp16
+    atol = 1e-2 if fp16 else 1e-4
+    assert res["atol"] == atol
+    expected = norm_layers(name)
+    assert [(x["type"], x["name"]) for x in res["layers"]] == [(t, n) for t, n, _ in expected]
+    for x in res["layers"]:
+        assert x["max_abs_err"] is not None and 0 <= x["max_abs_err"] <= atol, x
+        assert x["gpu_us"] > 0, x
+        assert x["group_size"] * x["groups"] == int(np.prod(x["shape"])), x
+    assert set(res["outputs"]) == {"out0"}
+    if not fp16:
+        assert res["outputs"]["out0"] <= 1e-3
+    assert res.get("validation_messages", 0) == 0
+
+
+def test_check_json_schema(cli_runs):
+    res = json.loads(cli_runs[("transformer_block", False)].stdout)
+    assert {"ok", "device", "layers", "outputs"} <= set(res)
+    assert isinstance(res["ok"], bool)
+    assert res["device"] == vknorm.device_info()["name"]
+    assert isinstance(res["layers"], list) and len(res["layers"]) == 3
+    for x in res["layers"]:
+        assert {"name", "type", "shape", "max_abs_err", "gpu_us"} <= set(x)
+        assert isinstance(x["name"], str) and x["type"] in ("LayerNorm", "RMSNorm")
+        assert x["shape"] == [16, 64]
+        assert isinstance(x["max_abs_err"], float) and isinstance(x["gpu_us"], float)
+    assert isinstance(res["outputs"], dict)
+    assert all(isinstance(k, str) and isinstance(v, float) for k, v in res["outputs"].items())
+
+
+def test_check_table(cli_runs):
+    r = cli_runs["text"]
+    assert r.returncode == 0 and r.stderr == "", (r.stdout, r.stderr)
+    lines = r.stdout.splitlines()
+    header = next(ln for ln in lines if ln.startswith("layer"))
+    assert header.split() == ["layer", "type", "shape", "group_size", "groups", "max_abs_err", "gpu_us"]
+    for name in ("ln_3", "ln_4", "ln_5"):
+        row = next(ln for ln in lines if ln.startswith(name + " ")).split()
+        assert row[:5] == [name, "LayerNorm", "16x64", "64", "16"], row
+        assert float(row[5]) <= 1e-4 and float(row[6]) > 0
+    out = next(ln for ln in lines if ln.startswith("out0")).split()
+    assert float(out[1]) <= 1e-3
+    assert f"device: {vknorm.device_info()['name']}" in lines
+    assert lines[-1].startswith("ok:")
+
+
+def test_check_exit_1_above_tolerance(cli_runs):
+    r = cli_runs["fail"]  # fp16 storage cannot be within 1e-6
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "FAIL" in r.stdout and "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------------------------ error paths
+
+@pytest.fixture(scope="module")
+def error_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ncnn_errors")
+    p, b = model_files("transformer_block")
+    param_text = Path(p).read_text()
+    (tmp / "junk.param").write_bytes(bytes(range(256)) * 4)
+    (tmp / "magic.param").write_text(param_text.replace("7767517", "7767518", 1))
+    (tmp / "cut.param").write_text("\n".join(param_text.splitlines()[:7]) + "\n")
+    (tmp / "badline.param").write_text(param_text.replace("LayerNorm                ln_4                     1 1",
+                                                          "LayerNorm                ln_4                     x 1"))
+    (tmp / "unknown.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nNoSuchLayer nope 1 1 in0 out0\n")
+    (tmp / "empty.param").write_text("")
+    (tmp / "trunc.bin").write_bytes(Path(b).read_bytes()[:-10])  # inside ln_5's beta
+    (tmp / "half.bin").write_bytes(Path(b).read_bytes()[:50000])
+    args = ("--input", "in0=16x64")
+    jobs = {
+        "missing_param": (tmp / "nope.param", b, *args),
+        "dir_param": (tmp, b, *args),
+        "empty_param": (tmp / "empty.param", b, *args),
+        "junk_param": (tmp / "junk.param", b, *args),
+        "magic_param": (tmp / "magic.param", b, *args),
+        "cut_param": (tmp / "cut.param", b, *args),
+        "badline_param": (tmp / "badline.param", b, *args),
+        "unknown_layer": (tmp / "unknown.param", b, *args),
+        "missing_bin": (p, tmp / "nope.bin", *args),
+        "trunc_bin": (p, tmp / "trunc.bin", *args),
+        "half_bin": (p, tmp / "half.bin", *args),
+        "unknown_input": (p, b, "--input", "img=16x64"),
+        "no_input": (p, b),
+        "no_equals": (p, b, "--input", "in0"),
+        "dims_xx": (p, b, "--input", "in0=16xx64"),
+        "dims_zero": (p, b, "--input", "in0=0x64"),
+        "dims_five": (p, b, "--input", "in0=1x2x3x4x5"),
+        "dims_word": (p, b, "--input", "in0=abc"),
+        "dims_neg": (p, b, "--input", "in0=16x-64"),
+        "atol": (p, b, *args, "--atol", "tiny"),
+        "seed": (p, b, *args, "--seed", "x"),
+        "bad_shape": (p, b, "--input", "in0=16x65"),  # ncnn's MultiHeadAttention dies of SIGFPE here
+    }
+    return tmp, cli_many(jobs)
+
+
+@pytest.mark.parametrize("case, needles", [
+    ("missing_param", ["nope.param", "no such file"]),
+    ("dir_param", ["is a directory"]),
+    ("empty_param", ["empty.param", "empty"]),
+    ("junk_param", ["junk.param", "not an ncnn"]),
+    ("magic_param", ["magic.param", "7767517"]),
+    ("cut_param", ["cut.param", "12 layers"]),
+    ("badline_param", ["badline.param", "line"]),
+    ("unknown_layer", ["unknown.param", "NoSuchLayer"]),
+    ("missing_bin", ["nope.bin", "no such file"]),
+    ("trunc_bin", ["trunc.bin", "truncated"]),
+    ("half_bin", ["half.bin", "truncated"]),
+    ("unknown_input", ["--input", "'img'", "in0"]),
+    ("no_input", ["--input", "in0"]),
+    ("no_equals", ["--input", "NAME=DIMS"]),
+    ("dims_xx", ["--input", "malformed DIMS '16xx64'"]),
+    ("dims_zero", ["--input", "malformed DIMS '0x64'"]),
+    ("dims_five", ["--input", "malformed DIMS"]),
+    ("dims_word", ["--input", "malformed DIMS 'abc'"]),
+    ("dims_neg", ["--input", "malformed DIMS"]),
+    ("atol", ["--atol", "tiny"]),
+    ("seed", ["--seed"]),
+])
+def test_check_error_path(error_runs, case, needles):
+    assert_one_line_error(error_runs[1][case], *needles)
+
+
+def test_check_survives_a_crashing_shape(error_runs):
+    r = error_runs[1]["bad_shape"]
+    assert r.returncode in (0, 1, 2), (r.returncode, r.stderr)  # never a signal
+    assert "Traceback" not in r.stderr
+    if r.returncode == 2:
+        assert_one_line_error(r, "--input in0=16x65")
+
+
+def test_model_without_norm_layers(tmp_path):
+    (tmp_path / "relu.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nReLU relu 1 1 in0 out0\n")
+    (tmp_path / "relu.bin").write_bytes(b"")
+    r = cli(tmp_path / "relu.param", tmp_path / "relu.bin", "--input", "in0=4x8")
+    assert r.returncode == 0 and r.stderr == "", (r.stdout, r.stderr)
+    assert "no LayerNorm or RMSNorm layers" in r.stdout
+    res = vkcheck.check_model(str(tmp_path / "relu.param"), str(tmp_path / "relu.bin"), {"in0": (4, 8)})
+    assert res["ok"] is True and res["layers"] == [] and "note" in res
+
+
+def test_parse_dims():
+    assert vkcheck.parse_dims("197x192") == (197, 192)
+    assert vkcheck.parse_dims("96x28x28") == (96, 28, 28)
+    assert vkcheck.parse_dims("64") == (64,)
+    assert vkcheck.parse_dims("4X3x5x8") == (4, 3, 5, 8)
+    for bad in ("", "x", "16x", "x16", "16xx64", "0", "1.5", "-3", "1x2x3x4x5", "16 64", "1e3"):
+        with pytest.raises(ValueError):
+            vkcheck.parse_dims(bad)
+
+
+# ------------------------------------------------------------------------------------ register(), in process
+
+def _new_net():
+    net = ncnn.Net()
+    net.opt.use_vulkan_compute = False
+    net.opt.lightmode = False
+    net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
+    net.opt.use_bf16_storage = False
+    return net
+
+
+def _run(name: str, x: np.ndarray, blobs, option=None, register=True):
+    p, b = model_files(name)
+    net = _new_net()
+    reg = vkncnn.register(net, option) if register else None
+    assert net.load_param(p) == 0
+    assert net.load_model(b) == 0
+    ex = net.create_extractor()
+    mat = ncnn.Mat(x).clone()
+    assert ex.input("in0", mat) == 0
+    out = {}
+    for blob in blobs:  # the model output first, then earlier blobs: needs lightmode off
+        ret, m = ex.extract(blob)
+        assert ret == 0, (name, blob, ret)
+        out[blob] = np.array(m, dtype=np.float32)
+    records = reg.records() if reg else None
+    layers = vkncnn.layers(net) if reg else None
+    if reg:
+        assert [ly is r for ly, r in zip(layers, reg.layers)] == [True] * len(reg.layers)
+        assert reg.errors() == []
+    del ex, mat
+    net.clear()
+    if reg:
+        assert reg.layers == []  # ncnn's clear() went through our destroyer
+    return out, records
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_register_matches_stock_ncnn(name):
+    dims = tuple(int(d) for d in MODELS[name].split("x"))
+    x = np.random.default_rng(1).standard_normal(dims, dtype=np.float32)
+    norms = norm_layers(name)
+    blobs = ["out0"] + [top for _, _, top in norms]
+    stock, _ = _run(name, x, blobs, register=False)
+    mine, records = _run(name, x, blobs, vknorm.Option())
+    assert np.abs(mine["out0"] - stock["out0"]).max() <= 1e-3
+    for _, _, top in norms:
+        assert np.abs(mine[top] - stock[top]).max() <= 1e-4, top
+    assert [(r["type"], r["name"]) for r in records] == [(t, n) for t, n, _ in norms]
+    for r in records:
+        assert r["gpu_us"] > 0 and r["shape"] is not None
+    assert _core.validation_messages() == []
+
+
+def test_register_fp16_option_reaches_the_layers():
+    x = np.random.default_rng(2).standard_normal((16, 64), dtype=np.float32)
+    stock, _ = _run("llama_block", x, ["out0", "4"], register=False)
+    fp16, _ = _run("llama_block", x, ["out0", "4"], vknorm.Option(use_fp16_storage=True))
+    err = np.abs(fp16["4"] - stock["4"]).max()
+    assert 1e-5 < err <= 1e-2  # float16 rounding is visible, and small
+    assert _core.validation_messages() == []
+
+
+def test_check_model_in_process():
+    p, b = model_files("layernorm_4d")
+    for fp16 in (False, True):
+        res = vkcheck.check_model(p, b, {"in0": (4, 3, 5, 8)}, fp16=fp16, seed=3)
+        assert res["ok"] is True, res
+        assert [x["group_size"] for x in res["layers"]] == [8, 40, 120]
+    assert _core.validation_messages() == []
+
+
+def test_register_rejects_wrong_arguments():
+    with pytest.raises(TypeError):
+        vkncnn.register(object())
+    with pytest.raises(ValueError):
+        vkncnn.register(ncnn.Net(), types=("GroupNorm",))
+
+
+def test_factory_limit_is_an_exception_not_a_crash():
+    class OldPyncnnNet(ncnn.Net):  # an older pyncnn: 10 factories per process, then this
+        def register_custom_layer(self, *a):
+            raise RuntimeError("python version only support 10 custom layers now")
+
+    with pytest.raises(vkncnn.FactoryLimitError, match="custom"):
+        vkncnn.register(OldPyncnnNet())
+
+
+TWENTY_NETS = textwrap.dedent("""
+    import numpy as np, ncnn, vknorm, vknorm.ncnn as vkncnn
+    from vknorm import _core
+    MODELS = {MODELS!r}
+    DATA = {DATA!r}
+    def new_net():
+        net = ncnn.Net()
+        net.opt.use_vulkan_compute = False
+        net.opt.lightmode = False
+        net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
+        return net
+    def load(net, name):
+        assert net.load_param(f"{{DATA}}/{{name}}.ncnn.param") == 0
+        assert net.load_model(f"{{DATA}}/{{name}}.ncnn.bin") == 0
+    def run(net, x):
+        ex = net.create_extractor()
+        m = ncnn.Mat(x).clone()
+        assert ex.input("in0", m) == 0
+        ret, out = ex.extract("out0")
+        assert ret == 0
+        return np.array(out)
+    names = list(MODELS)
+    nets, regs, xs = [], [], []
+    for i in range(20):  # 20 nets alive at once, 40 registrations
+        name = names[i % len(names)]
+        net = new_net()
+        regs.append(vkncnn.register(net, vknorm.Option(use_fp16_storage=(i % 2 == 1))))
+        load(net, name)
+        nets.append((name, net))
+    for i, (name, net) in enumerate(nets):
+        x = np.random.default_rng(i).standard_normal(
+            tuple(int(d) for d in MODELS[name].split("x")), dtype=np.float32)
+        stock = new_net(); load(stock, name)
+        ref = run(stock, x); stock.clear(); del stock
+        got = run(net, x)
+        assert np.abs(got - ref).max() <= (5e-2 if i % 2 else 1e-3), (i, name)
+        assert all(layer.calls == 1 for layer in regs[i].layers)
+    for name, net in nets:
+        net.clear()
+    del nets
+    for i in range(20):  # and 20 more, one after another
+        net = new_net(); vkncnn.register(net); load(net, "layernorm_2d"); del net
+    assert _core.validation_messages() == [], _core.validation_messages()[:3]
+    print("OK 40 nets")
+""")
+
+
+def test_register_on_20_nets_in_one_process():
+    code = TWENTY_NETS.format(MODELS=MODELS, DATA=str(DATA))
+    env = dict(os.environ, VKNORM_VALIDATION="1")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-3000:])
+    assert "OK 40 nets" in r.stdout
+    assert "overwrite built-in layer" not in r.stderr  # register() keeps ncnn's notice quiet
