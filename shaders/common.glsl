@@ -83,18 +83,21 @@ uint workgroup_linear() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_Work
 uint team_lane() { return gl_LocalInvocationID.x & (p.team - 1u); }
 uint team_item() { return workgroup_linear() * (WG / p.team) + gl_LocalInvocationID.x / p.team; }
 
-afp normalize_one(afp v_minus_mean, afp a, uint i) {
-  afp y = v_minus_mean * a;
-  if (AFFINE != 0u) {
+// Affine weights by position in the group; one value serves the 4 groups of a pack4 element.
 #if VEC4
-    uint j = 4u * i;
-    y *= vec4(gamma[j], gamma[j + 1u], gamma[j + 2u], gamma[j + 3u]);
-    if (OP == OP_LAYERNORM) y += vec4(beta[j], beta[j + 1u], beta[j + 2u], beta[j + 3u]);
+#define wfp vec4
+wfp gamma_at(uint i) { uint j = 4u * i; return vec4(gamma[j], gamma[j + 1u], gamma[j + 2u], gamma[j + 3u]); }
+wfp beta_at(uint i) { uint j = 4u * i; return vec4(beta[j], beta[j + 1u], beta[j + 2u], beta[j + 3u]); }
 #else
-    y *= gamma[i];
-    if (OP == OP_LAYERNORM) y += beta[i];
+#define wfp float
+wfp gamma_at(uint i) { return gamma[i]; }
+wfp beta_at(uint i) { return beta[i]; }
 #endif
-  }
+
+// y = (x - mean) * a, then * gamma (+ beta for LayerNorm) when affine.
+afp normalize_one(afp centred, afp a, wfp g, wfp b) {
+  afp y = centred * a;
+  if (AFFINE != 0u) y = OP == OP_LAYERNORM ? y * g + b : y * g;
   return y;
 }
 

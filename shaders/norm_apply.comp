@@ -14,6 +14,6 @@ void main() {
     uint i = e - g * p.group_size;
     uint at = group_base(g) + i;
     afp v = (afp(x[at]) - coef[3u * g]) - coef[3u * g + 1u];
-    x[at] = sfp(normalize_one(v, coef[3u * g + 2u], i));
+    x[at] = sfp(normalize_one(v, coef[3u * g + 2u], AFFINE != 0u ? gamma_at(i) : wfp(1), AFFINE != 0u && OP == OP_LAYERNORM ? beta_at(i) : wfp(0)));
   }
 }

@@ -9,8 +9,6 @@
 namespace vknorm {
 namespace {
 
-// Elements (scalars, or vec4s for pack4 / vec4 loads) each invocation aims to hold.
-constexpr uint32_t kItemsTarget = 8;
 // Split path: chunks of at least this many elements, and enough (group, chunk) items to fill a GPU.
 constexpr uint32_t kMinChunk = 1024;
 constexpr uint64_t kTargetItems = 1024;
@@ -64,6 +62,12 @@ DeviceCaps device_caps(const Context& ctx, const Option& opt) {
   caps.max_workgroup = pow2_floor(std::min<uint32_t>(limit, caps.cpu ? 64 : 1024));  // reductions halve
   caps.preferred_workgroup = std::min<uint32_t>(caps.max_workgroup, caps.cpu ? 64 : 256);
   caps.max_items = caps.cpu ? 128 : 16;
+  caps.items_target = 8;
+  // Tuning knobs for measuring other choices on a device (vknorm bench); not needed in normal use.
+  if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET")) caps.items_target = std::max(1, std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_MAX_ITEMS")) caps.max_items = std::max(1, std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_WORKGROUP"))
+    caps.preferred_workgroup = std::min(caps.max_workgroup, pow2_floor(std::max(1, std::atoi(v))));
   caps.subgroup_size = info.subgroup_size;
   caps.subgroup_reduce = impl.subgroup_reduce && opt.use_subgroup_ops && info.subgroup_size > 0 &&
                          caps.preferred_workgroup % info.subgroup_size == 0;
@@ -99,7 +103,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
     plan.path = team <= subgroup ? Path::Subgroup : Path::Workgroup;
     return plan.items <= dev.max_items;
   };
-  const uint32_t team_for_target = pow2_ceil(div_up(size, kItemsTarget));
+  const uint32_t team_for_target = pow2_ceil(div_up(size, dev.items_target));
   switch (want) {
     case Path::Auto:
       if (fused(std::min(dev.max_workgroup, team_for_target))) return plan;
@@ -124,7 +128,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   const uint64_t chunks_wanted = div_up(kTargetItems, g.n_groups);
   plan.chunk_size = uint32_t(std::max<uint64_t>(div_up(size_all, chunks_wanted), std::min(size_all, kMinChunk)));
   plan.n_chunks = uint32_t(div_up(size_all, plan.chunk_size));
-  plan.reduce_team = std::min(plan.wg, pow2_ceil(div_up(plan.chunk_size, kItemsTarget)));
+  plan.reduce_team = std::min(plan.wg, pow2_ceil(div_up(plan.chunk_size, dev.items_target)));
   plan.finalize_team = std::min(plan.wg, pow2_ceil(plan.n_chunks));
   return plan;
 }

@@ -13,6 +13,7 @@ struct DeviceCaps {
   uint32_t max_workgroup = 256;        // invocations, after device limits and Option caps
   uint32_t preferred_workgroup = 256;  // for many small teams and the split passes
   uint32_t max_items = 16;             // elements one invocation holds in the fused kernel
+  uint32_t items_target = 8;           // elements per invocation the team size aims for
   uint32_t subgroup_size = 0;    // 0: unknown
   bool subgroup_reduce = false;  // subgroup arithmetic + shuffle usable in compute
   bool cpu = false;              // a CPU implementation (lavapipe)

@@ -188,3 +188,36 @@ def layernorm_from_stats(rows: np.ndarray, mean, var, eps: float) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         return (rows.astype(np.float64) - np.asarray(mean, np.float64)[:, None]) / np.sqrt(
             np.asarray(var, np.float64)[:, None] + float(np.float32(eps)))
+
+
+# ---------------------------------------------------------------- which kernel ran
+
+def check_dispatch(info: dict, forced: str, group_size: int, device: dict):
+    """None if ``layer.last_dispatch`` is consistent with the forced path, else a description.
+
+    Rules (issue 3 / Option.path): fused kernels (subgroup, workgroup) are one dispatch, split is
+    reduce -> finalize -> normalize; a forced path that cannot hold a group falls to the next larger
+    one (subgroup -> workgroup -> split), never to a smaller one; a forced path that surely holds the
+    group is taken: split always, workgroup for groups of <= 64 elements (one per invocation of the
+    smallest workgroup vknorm uses), subgroup for groups of <= subgroup_size elements.
+    """
+    path = info.get("path")
+    if path not in PATH_RANK:
+        return f"last_dispatch path {path!r} is not subgroup/workgroup/split"
+    n = info.get("dispatches")
+    if path == "split" and not (isinstance(n, int) and n >= 2):
+        return f"split path recorded {n} dispatches (reduce, finalize, normalize expected)"
+    if path != "split" and n != 1:
+        return f"fused {path} path recorded {n} dispatches, expected 1"
+    if forced == "auto":
+        return None
+    if PATH_RANK[path] < PATH_RANK[forced]:
+        return f"forced {forced} ran {path}: a forced path only falls to a larger one"
+    surely_holds = {
+        "split": True,
+        "workgroup": group_size <= 64,
+        "subgroup": group_size <= int(device.get("subgroup_size") or 0),
+    }[forced]
+    if surely_holds and path != forced:
+        return f"forced {forced} ran {path} although a group of {group_size} fits {forced}"
+    return None

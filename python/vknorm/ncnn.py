@@ -241,8 +241,9 @@ def register(net, option: Optional[Option] = None, *, device=None, types=("Layer
         except RuntimeError as e:
             if "custom layer" in str(e):
                 raise FactoryLimitError(
-                    f"pyncnn refused another custom layer ({e}); this pyncnn has a fixed per-process table "
-                    "of custom-layer factories: use pyncnn >= 1.0.20261020 or fewer nets per process") from e
+                    f"pyncnn refused another custom layer ({e}): this pyncnn keeps a fixed per-process table "
+                    "of custom-layer factories (ncnn 1.0.20261020 has no such limit); upgrade pyncnn or "
+                    "register on fewer nets per process") from e
             raise
         if ret != 0:
             raise RuntimeError(f"ncnn register_custom_layer({t!r}) returned {ret}")

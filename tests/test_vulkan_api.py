@@ -1,0 +1,242 @@
+"""Issue 3, "API": device="vulkan" by default, ncnn-style Option per layer or per call, forced paths
+reported by last_dispatch, VKNORM_PATH, device tensors (VkMat) chaining layers without a host round
+trip, weights reloaded, no device-memory growth, timestamps.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import vknorm
+from reference import (FP16_TOL, FP32_TOL, PATH_RANK, PATHS, check_dispatch, make_layer, max_abs_err, norm64,
+                       scale)
+
+
+def ln_layer(size, rng, affine=True, eps=1e-5):
+    gamma = rng.uniform(0.5, 1.5, size).astype(np.float32)
+    beta = rng.uniform(-1, 1, size).astype(np.float32)
+    return make_layer("LayerNorm", size, eps, affine, gamma, beta), gamma, beta
+
+
+def rms_layer(size, rng, eps=1e-5):
+    gamma = rng.uniform(0.5, 1.5, size).astype(np.float32)
+    return make_layer("RMSNorm", size, eps, True, gamma), gamma
+
+
+# ------------------------------------------------------------------------------ device and options
+
+def test_vulkan_is_the_default_device_when_one_exists():
+    rng = np.random.default_rng(0)
+    layer, gamma, beta = ln_layer(16, rng)
+    assert layer.last_dispatch["dispatches"] == 0  # nothing ran yet
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    y = layer(x)
+    assert layer.last_dispatch["dispatches"] >= 1, "the default call did not run on Vulkan"
+    assert max_abs_err(y, norm64("LayerNorm", x, 16, 1e-5, True, gamma, beta)) <= FP32_TOL * 5
+
+
+def test_device_can_be_named_by_string_index_or_context():
+    rng = np.random.default_rng(1)
+    layer, _, _ = ln_layer(8, rng)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    want = layer(x, device="vulkan")
+    index = vknorm.device_info()["index"]
+    for device in (f"vulkan:{index}", index, vknorm.Context.default()):
+        np.testing.assert_array_equal(layer(x, device=device), want)
+
+
+def test_option_given_to_the_layer_is_used_and_a_per_call_option_overrides_it():
+    rng = np.random.default_rng(2)
+    gamma = rng.uniform(0.5, 1.5, 6).astype(np.float32)
+    beta = rng.uniform(-1, 1, 6).astype(np.float32)
+    layer = vknorm.LayerNorm(affine_size=6, eps=1e-5, option=vknorm.Option(path="split", use_fp16_storage=True))
+    layer.load_model(gamma, beta)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    y = layer(x, device="vulkan")
+    assert layer.last_dispatch["path"] == "split"
+    np.testing.assert_array_equal(y, y.astype(np.float16).astype(np.float32))  # fp16 storage from the layer's Option
+    y2 = layer(x, device="vulkan", option=vknorm.Option(path="subgroup"))
+    assert layer.last_dispatch["path"] == "subgroup"
+    ref = norm64("LayerNorm", x, 6, 1e-5, True, gamma, beta)
+    assert max_abs_err(y2, ref) <= FP32_TOL * scale(ref)
+    assert max_abs_err(y, norm64("LayerNorm", x.astype(np.float16), 6, 1e-5, True, gamma, beta)) <= FP16_TOL * scale(ref)
+
+
+@pytest.mark.parametrize("size", [1, 3, 8, 37, 64, 200, 1000, 5000])
+def test_last_dispatch_shows_the_forced_path_or_the_next_larger_one(size, vulkan_device):
+    rng = np.random.default_rng(size)
+    layer, gamma, beta = ln_layer(size, rng)
+    x = rng.standard_normal((8, size)).astype(np.float32)
+    ref = norm64("LayerNorm", x, size, 1e-5, True, gamma, beta)
+    failures = []
+    taken = {}
+    for packing in (False, True):
+        for path in PATHS:
+            y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))
+            info = layer.last_dispatch
+            taken[(path, packing)] = info["path"]
+            problem = check_dispatch(info, path, size, vulkan_device)
+            if problem:
+                failures.append(f"packing={packing} path={path}: {problem} ({info})")
+            if not max_abs_err(y, ref) <= FP32_TOL * scale(ref):
+                failures.append(f"packing={packing} path={path}: wrong result")
+            assert info["workgroup_size"] >= 1 and info["workgroup_size"] <= vulkan_device["max_workgroup_invocations"]
+        # Forcing a smaller kernel never lands on a larger one than forcing a larger kernel does.
+        ranks = [PATH_RANK[taken[(p, packing)]] for p in ("subgroup", "workgroup", "split")]
+        if ranks != sorted(ranks):
+            failures.append(f"packing={packing}: forced subgroup/workgroup/split ran {taken}")
+    assert not failures, "\n".join(failures)
+
+
+def test_vknorm_path_env_forces_the_auto_path(monkeypatch):
+    rng = np.random.default_rng(3)
+    layer, gamma, beta = ln_layer(12, rng)
+    x = rng.standard_normal((4, 12)).astype(np.float32)
+    ref = norm64("LayerNorm", x, 12, 1e-5, True, gamma, beta)
+    for forced in ("split", "workgroup", "subgroup"):
+        monkeypatch.setenv("VKNORM_PATH", forced)
+        y = layer(x, device="vulkan", option=vknorm.Option(path="auto"))
+        assert layer.last_dispatch["path"] == forced
+        assert max_abs_err(y, ref) <= FP32_TOL * scale(ref)
+    monkeypatch.setenv("VKNORM_PATH", "split")
+    layer(x, device="vulkan", option=vknorm.Option(path="subgroup"))
+    assert layer.last_dispatch["path"] == "subgroup", "an explicit Option.path wins over VKNORM_PATH"
+
+
+def test_bad_vknorm_path_env_is_a_clear_error(monkeypatch):
+    rng = np.random.default_rng(4)
+    layer, _, _ = ln_layer(4, rng)
+    monkeypatch.setenv("VKNORM_PATH", "warp-speed")
+    with pytest.raises(ValueError, match="warp-speed"):
+        layer(np.ones((2, 4), np.float32), device="vulkan")
+
+
+@pytest.mark.parametrize("size", [3, 37, 768, 5000])
+def test_shared_memory_reductions_and_small_workgroup_caps_stay_exact(size):
+    rng = np.random.default_rng(5)
+    layer, gamma, beta = ln_layer(size, rng)
+    rms, rgamma = rms_layer(size, rng)
+    x = (rng.standard_normal((8, size)) + 2).astype(np.float32)
+    refs = [(layer, norm64("LayerNorm", x, size, 1e-5, True, gamma, beta)),
+            (rms, norm64("RMSNorm", x, size, 1e-5, True, rgamma))]
+    failures = []
+    for cap in (0, 1, 4, 16, 32):
+        for subgroup_ops in (True, False):
+            for path in PATHS:
+                opt = vknorm.Option(path=path, use_subgroup_ops=subgroup_ops, max_workgroup_size=cap)
+                for lyr, ref in refs:
+                    y = lyr(x, device="vulkan", option=opt)
+                    info = lyr.last_dispatch
+                    what = f"{lyr!r} cap={cap} subgroup_ops={subgroup_ops} path={path} ran {info['path']}"
+                    if not max_abs_err(y, ref) <= FP32_TOL * scale(ref):
+                        failures.append(f"{what}: {max_abs_err(y, ref):.3e}")
+                    if not subgroup_ops and info["subgroup"]:
+                        failures.append(f"{what}: used subgroup reductions although use_subgroup_ops=False")
+                    if cap and info["workgroup_size"] > cap:
+                        failures.append(f"{what}: workgroup of {info['workgroup_size']} > cap {cap}")
+    assert not failures, "\n".join(failures[:30])
+
+
+# ------------------------------------------------------------------------------ device tensors
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape,packs", [((8, 6, 5), True), ((6, 6, 5), False), ((8, 768), True), ((3, 10), False),
+                                         ((4, 2, 3, 5), True), ((33,), False)], ids=str)
+def test_to_device_uses_the_options_storage_and_packing(shape, packs, fp16):
+    x = np.random.default_rng(6).standard_normal(shape).astype(np.float32)
+    for packing in (False, True):
+        vk = vknorm.to_device(x, vknorm.Option(use_fp16_storage=fp16, use_packing_layout=packing))
+        pack = 4 if (packing and packs) else 1
+        assert vk.elempack == pack and vk.elemsize == (2 if fp16 else 4) * pack
+        assert vk.dims == len(shape)
+        if len(shape) >= 3:
+            plane = int(np.prod(shape[1:]))
+            assert vk.c == shape[0] // pack
+            assert vk.cstep == (plane * vk.elemsize + 15) // 16 * 16 // vk.elemsize
+        m = vk.download()
+        assert (m.elempack, m.elemsize) == (vk.elempack, vk.elemsize)
+        want = x.astype(np.float16) if fp16 else x
+        np.testing.assert_array_equal(m.numpy(), want)
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("packing", [False, True], ids=["pack1", "pack4"])
+@pytest.mark.parametrize("shape,affine_size", [((8, 768), 768), ((8, 6, 5), 5), ((4, 6, 5), 30), ((4, 2, 3, 5), 15),
+                                               ((12, 5000), 5000), ((9,), 9)], ids=str)
+def test_vkmat_chain_of_two_layers_equals_two_host_forwards(shape, affine_size, packing, fp16):
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    ln, _, _ = ln_layer(affine_size, rng)
+    rms, _ = rms_layer(affine_size, rng)
+    opt = vknorm.Option(use_fp16_storage=fp16, use_packing_layout=packing)
+    xin = x.astype(np.float16) if fp16 else x
+    host = rms(ln(xin, device="vulkan", option=opt), device="vulkan", option=opt)
+
+    vk = vknorm.to_device(xin, opt)
+    assert ln.forward_inplace(vk, option=opt) is vk
+    assert ln.last_dispatch["dispatches"] >= 1
+    assert rms.forward_inplace(vk, option=opt) is vk
+    chained = vk.download().numpy()
+    assert chained.dtype == host.dtype and chained.shape == host.shape
+    np.testing.assert_array_equal(chained, host)
+
+
+def test_vkmat_forward_uses_the_layers_default_option_storage_from_the_vkmat():
+    """A VkMat carries its storage: an fp16 VkMat stays fp16 through a layer."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((8, 40)).astype(np.float32)
+    ln, gamma, beta = ln_layer(40, rng)
+    vk = vknorm.to_device(x, vknorm.Option(use_fp16_storage=True))
+    ln.forward_inplace(vk)
+    out = vk.download()
+    assert out.elemsize == 2 * out.elempack
+    ref = norm64("LayerNorm", x.astype(np.float16), 40, 1e-5, True, gamma, beta)
+    assert max_abs_err(out.numpy(), ref) <= FP16_TOL * scale(ref)
+
+
+# ------------------------------------------------------------------------------ lifecycle
+
+def test_load_model_and_load_param_take_effect_on_the_next_vulkan_forward():
+    rng = np.random.default_rng(9)
+    layer, gamma, beta = ln_layer(24, rng)
+    x = rng.standard_normal((8, 24)).astype(np.float32)
+    layer(x, device="vulkan")
+    gamma2, beta2 = gamma * -2, beta + 3
+    layer.load_model(gamma2, beta2)
+    ref = norm64("LayerNorm", x, 24, 1e-5, True, gamma2, beta2)
+    assert max_abs_err(layer(x, device="vulkan"), ref) <= FP32_TOL * scale(ref)
+    vk = vknorm.to_device(x)
+    layer.forward_inplace(vk)
+    assert max_abs_err(vk.download().numpy(), ref) <= FP32_TOL * scale(ref)
+    layer.load_param({0: 24, 1: 0.5, 2: 1})
+    layer.load_model(gamma2, beta2)
+    ref = norm64("LayerNorm", x, 24, 0.5, True, gamma2, beta2)
+    assert max_abs_err(layer(x, device="vulkan"), ref) <= FP32_TOL * scale(ref)
+
+
+def test_repeated_forwards_do_not_grow_device_memory():
+    rng = np.random.default_rng(10)
+    ctx = vknorm.Context.default()
+    layer, _, _ = ln_layer(4097, rng)
+    x = rng.standard_normal((8, 4097)).astype(np.float32)
+    for path in PATHS:  # warm every path once (weights, pipelines)
+        layer(x, device="vulkan", option=vknorm.Option(path=path))
+    buffers, in_use = ctx.live_buffers, ctx.device_bytes_in_use
+    for _ in range(3):
+        for path in PATHS:
+            layer(x, device="vulkan", option=vknorm.Option(path=path))
+            vk = vknorm.to_device(x)
+            layer.forward_inplace(vk, option=vknorm.Option(path=path))
+            del vk
+    assert (ctx.live_buffers, ctx.device_bytes_in_use) == (buffers, in_use)
+
+
+def test_gpu_time_comes_from_timestamp_queries(vulkan_device):
+    rng = np.random.default_rng(11)
+    layer, _, _ = ln_layer(768, rng)
+    layer(rng.standard_normal((64, 768)).astype(np.float32), device="vulkan")
+    if vulkan_device["timestamps"]:
+        assert layer.last_dispatch["gpu_us"] > 0
+        assert layer.gpu_time_us == layer.last_dispatch["gpu_us"]
+    else:
+        assert layer.last_dispatch["gpu_us"] == 0

@@ -1,0 +1,92 @@
+"""Issue 3, "Tests": every case of ncnn's tests/test_layernorm.cpp and test_rmsnorm.cpp (plus the dims-4
+LayerNorm mirror) x {fp32, fp16 storage} x {packing off, on} x every path {auto, subgroup, workgroup,
+split}, on lavapipe, against the CPU reference and float64 numpy.
+
+Tolerances (issue 3): fp32 storage: max abs error <= 1e-5 * max(1, max|y|); fp16 storage: <= 4e-3 *
+max(1, max|y|) against float64 computed from the fp16-rounded input (the input is fed as float16).
+One test function per (storage, path) loops over all cases and packings and names every failing one.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import vknorm
+from reference import (FP16_TOL, FP32_TOL, PATHS, all_cases, case_data, case_name, check_dispatch, group_size,
+                       make_layer, max_abs_err, norm64, scale)
+
+CASES = all_cases()
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    """Per case: layer (reused by every test), inputs and the references, computed once."""
+    out = []
+    for seed, (op, case) in enumerate(CASES):
+        x, gamma, beta = case_data(op, case, seed)
+        layer = make_layer(op, case["affine_size"], case["eps"], case["affine"], gamma, beta)
+        x16 = x.astype(np.float16)
+        args = (case["affine_size"], case["eps"], case["affine"], gamma, beta)
+        out.append({
+            "op": op, "case": case, "layer": layer, "x": x, "x16": x16,
+            "ref32": norm64(op, x, *args), "ref16": norm64(op, x16, *args),
+            "cpu32": layer(x, device="cpu"), "cpu16": layer(x16, device="cpu"),
+            "group_size": group_size(x.shape, case["affine_size"]),
+        })
+    return out
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("storage", ["fp32", "fp16"])
+def test_every_ncnn_case_matches_cpu_reference_and_float64(prepared, storage, path, vulkan_device):
+    fp16 = storage == "fp16"
+    tol = FP16_TOL if fp16 else FP32_TOL
+    failures = []
+    for p in prepared:
+        for packing in (False, True):
+            opt = vknorm.Option(use_fp16_storage=fp16, use_packing_layout=packing, path=path)
+            x = p["x16"] if fp16 else p["x"]
+            y = p["layer"](x, device="vulkan", option=opt)
+            what = f"{case_name(p['op'], p['case'])} {storage} packing={packing} path={path}"
+            if y.dtype != x.dtype or y.shape == () or y.shape != x.shape:
+                failures.append(f"{what}: returned {y.dtype}{y.shape} for {x.dtype}{x.shape}")
+                continue
+            for label, ref in (("float64", p["ref16" if fp16 else "ref32"]), ("CPU reference", p["cpu16" if fp16 else "cpu32"])):
+                err, bound = max_abs_err(y, ref), tol * scale(ref)
+                if not err <= bound:
+                    failures.append(f"{what}: vs {label} max abs error {err:.3e} > {bound:.3e}")
+            problem = check_dispatch(p["layer"].last_dispatch, path, p["group_size"], vulkan_device)
+            if problem:
+                failures.append(f"{what}: {problem}")
+    assert not failures, f"{len(failures)} failure(s):\n" + "\n".join(failures[:40])
+
+
+def test_fp16_storage_with_float32_input_rounds_the_input_and_returns_float32(prepared):
+    """fp16 storage fed float32: the device holds the fp16-rounded input, the result comes back as float32."""
+    failures = []
+    for p in prepared[::7]:
+        for packing in (False, True):
+            opt = vknorm.Option(use_fp16_storage=True, use_packing_layout=packing)
+            y = p["layer"](p["x"], device="vulkan", option=opt)
+            assert y.dtype == np.float32
+            err, bound = max_abs_err(y, p["ref16"]), FP16_TOL * scale(p["ref16"])
+            if not err <= bound:
+                failures.append(f"{case_name(p['op'], p['case'])} packing={packing}: {err:.3e} > {bound:.3e}")
+            # the values are fp16 values (the device stored them as float16)
+            np.testing.assert_array_equal(y, y.astype(np.float16).astype(np.float32))
+    assert not failures, "\n".join(failures)
+
+
+def test_layers_reuse_their_pipelines_across_shapes_options_and_calls(prepared):
+    """One layer, many calls: results stay identical call after call (pipelines created once, reused)."""
+    p = next(q for q in prepared if q["op"] == "LayerNorm" and q["case"]["affine"] and q["x"].ndim == 3)
+    first = {}
+    for _ in range(3):
+        for fp16 in (False, True):
+            for packing in (False, True):
+                opt = vknorm.Option(use_fp16_storage=fp16, use_packing_layout=packing)
+                y = p["layer"](p["x16"] if fp16 else p["x"], device="vulkan", option=opt)
+                key = (fp16, packing)
+                if key in first:
+                    np.testing.assert_array_equal(y, first[key])
+                first[key] = y
