@@ -121,6 +121,7 @@ NB_MODULE(_core, m) {
   nb::class_<Context>(m, "Context")
       .def_static("create", &Context::create, "index"_a = -1)
       .def_static("default", &Context::default_context)
+      .def_static("release_default", &Context::release_default)
       .def_prop_ro("info", [](const Context& c) { return device_dict(c.info()); })
       .def_prop_ro("device_bytes_in_use", &Context::device_bytes_in_use)
       .def_prop_ro("device_bytes_peak", &Context::device_bytes_peak)

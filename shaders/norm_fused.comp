@@ -16,16 +16,12 @@ void main() {
   // The pivot keeps |mean| >> std exact: x - pivot is exact and small, so its mean is too.
   afp pivot = in_range && OP == OP_LAYERNORM ? pivot_of(afp(x[base])) : afp(0);
 
+  // Weights are read only when writing: holding them in registers too costs occupancy (measured).
   afp v[ITEMS];
-  // Weights are loaded with x, so their latency hides behind the reductions (matters for small tensors).
-  wfp gk[ITEMS], bk[ITEMS];
   afp s = afp(0);
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = lane + k * p.team;
-    bool inside = in_range && i < p.group_size;
-    v[k] = inside ? afp(x[base + i]) - pivot : afp(0);
-    gk[k] = AFFINE != 0u && inside ? gamma_at(i) : wfp(1);
-    bk[k] = AFFINE != 0u && OP == OP_LAYERNORM && inside ? beta_at(i) : wfp(0);
+    v[k] = in_range && i < p.group_size ? afp(x[base + i]) - pivot : afp(0);
     s += OP == OP_LAYERNORM ? v[k] : v[k] * v[k];
   }
   float n = float(p.group_size * GROUP_ELEMS_PER);
@@ -46,6 +42,9 @@ void main() {
   if (!in_range) return;
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = lane + k * p.team;
-    if (i < p.group_size) x[base + i] = sfp(normalize_one(v[k] - mean, a, gk[k], bk[k]));
+    if (i < p.group_size) {
+      x[base + i] = sfp(normalize_one(v[k] - mean, a, AFFINE != 0u ? gamma_at(i) : wfp(1),
+                                      AFFINE != 0u && OP == OP_LAYERNORM ? beta_at(i) : wfp(0)));
+    }
   }
 }

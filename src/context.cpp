@@ -1,3 +1,5 @@
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -133,6 +135,10 @@ std::shared_ptr<Instance> Instance::get() {
   static std::weak_ptr<Instance> current;
   std::lock_guard<std::mutex> lock(m);
   if (auto p = current.lock()) return p;
+  // Pin the loader for the life of the process: unloading it at exit, while a GPU driver's threads
+  // still run, crashed the process on NVIDIA's driver.
+  static void* pinned = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_NODELETE);
+  (void)pinned;
   auto inst = std::make_shared<Instance>();  // vk::raii::Context dlopens libvulkan.so.1
   try {
     (void)inst->context.enumerateInstanceExtensionProperties();
@@ -285,12 +291,20 @@ std::shared_ptr<Context> Context::create(int index) {
   return std::shared_ptr<Context>(new Context(std::move(impl)));
 }
 
+namespace {
+std::mutex g_default_mutex;
+std::shared_ptr<Context> g_default;
+}  // namespace
+
 std::shared_ptr<Context> Context::default_context() {
-  static std::mutex m;
-  static std::shared_ptr<Context> ctx;
-  std::lock_guard<std::mutex> lock(m);
-  if (!ctx) ctx = create(-1);
-  return ctx;
+  std::lock_guard<std::mutex> lock(g_default_mutex);
+  if (!g_default) g_default = create(-1);
+  return g_default;
+}
+
+void Context::release_default() {
+  std::lock_guard<std::mutex> lock(g_default_mutex);
+  g_default.reset();
 }
 
 const DeviceInfo& Context::info() const { return impl_->info; }

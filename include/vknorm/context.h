@@ -51,6 +51,9 @@ class Context {
   static std::shared_ptr<Context> create(int index = -1);
   // One process-wide context on the default device, created on first use.
   static std::shared_ptr<Context> default_context();
+  // Drops the process-wide reference (the device goes once no layer or VkMat holds it); Python
+  // calls this at exit so the device is destroyed before the driver's own teardown.
+  static void release_default();
   ~Context();
 
   const DeviceInfo& info() const;

@@ -20,3 +20,8 @@ __all__ = [
     "to_device",
 ]
 __version__ = "0.1.0"
+
+import atexit as _atexit
+
+# Destroy the default device while the interpreter and the driver are both still whole.
+_atexit.register(Context.release_default)
