@@ -23,7 +23,7 @@ using Array = nb::ndarray<nb::numpy, nb::c_contig, nb::device::cpu>;
 Mat mat_from_numpy(const Array& a) {
   const size_t nd = a.ndim();
   if (nd < 1 || nd > 4) throw std::invalid_argument("expected 1-4 dims, got " + std::to_string(nd));
-  const bool f16 = a.dtype() == nb::dtype<uint16_t>() || (a.dtype().code == uint8_t(nb::dlpack::dtype_code::Float) && a.dtype().bits == 16);
+  const bool f16 = a.dtype().code == uint8_t(nb::dlpack::dtype_code::Float) && a.dtype().bits == 16;
   const bool f32 = a.dtype() == nb::dtype<float>();
   if (!f16 && !f32) throw std::invalid_argument("expected float32 or float16 data");
   int shape[4] = {1, 1, 1, 1};  // w, h, d, c

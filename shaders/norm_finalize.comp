@@ -11,13 +11,18 @@ shared float sh_n[gl_WorkGroupSize.x];
 shared afp sh_m[gl_WorkGroupSize.x];
 shared afp sh_m2[gl_WorkGroupSize.x];
 
-// Chan et al.: merge (nb, mb, m2b) into (na, ma, m2a). For RMSNorm only the weighted mean is used.
+// Chan et al.: merge (nb, mb, m2b) into (na, ma, m2a). RMSNorm merges means of squares only, as a
+// weighted sum, so an Inf stays Inf instead of becoming Inf - Inf.
 void combine(inout float na, inout afp ma, inout afp m2a, float nb, afp mb, afp m2b) {
   float n = na + nb;
   if (nb == 0.0) return;
-  afp delta = mb - ma;
-  ma += delta * (nb / n);
-  m2a += m2b + delta * delta * (na * nb / n);
+  if (OP == OP_RMSNORM) {
+    ma = (ma * na + mb * nb) / n;
+  } else {
+    afp delta = mb - ma;
+    ma += delta * (nb / n);
+    m2a += m2b + delta * delta * (na * nb / n);
+  }
   na = n;
 }
 
@@ -48,7 +53,8 @@ void main() {
     barrier();
   }
   if (in_range && lane == 0u) {
-    afp var = OP == OP_RMSNORM ? sh_m[lid] : max(sh_m2[lid] / sh_n[lid], afp(0));
+    afp var = OP == OP_RMSNORM ? sh_m[lid] : sh_m2[lid] / sh_n[lid];
+    var = zero_if_negative(var);  // rounding below 0 -> 0; NaN stays NaN (max() may drop it)
     uint base = group_base(g);
     coef[3u * g + 0u] = OP == OP_LAYERNORM ? afp(x[base]) : afp(0);
     coef[3u * g + 1u] = OP == OP_LAYERNORM ? sh_m[lid] : afp(0);

@@ -15,22 +15,34 @@ void main() {
   uint begin = (item - g * p.n_chunks) * p.chunk_size;
   uint end = min(begin + p.chunk_size, p.group_size);
 
-  afp s1 = afp(0), s2 = afp(0);
+  // LayerNorm: two passes over the chunk, as ncnn's two passes over a group: the chunk mean about the
+  // group's pivot, then the squares about that mean (the re-read comes from cache). One-pass shifted
+  // sums would cancel when the pivot is far from the chunk's mean (an outlier first element).
+  uint base = in_range ? group_base(g) : 0u;
+  float n = float(end - begin);
+  afp s = afp(0);
   if (in_range) {
-    uint base = group_base(g);
     afp pivot = OP == OP_LAYERNORM ? afp(x[base]) : afp(0);
     for (uint i = begin + team_lane(); i < end; i += p.team) {
       afp d = afp(x[base + i]) - pivot;
-      s1 += d;
-      s2 += d * d;
+      s += OP == OP_LAYERNORM ? d : d * d;
     }
   }
-  s1 = team_sum(s1);
-  s2 = team_sum(s2);
+  afp mean = team_sum(s) / n;  // LayerNorm: shifted mean; RMSNorm: mean of squares
+  afp m2 = afp(0);
+  if (OP == OP_LAYERNORM) {
+    afp pivot = in_range ? afp(x[base]) : afp(0);
+    afp q = afp(0);
+    if (in_range) {
+      for (uint i = begin + team_lane(); i < end; i += p.team) {
+        afp d = (afp(x[base + i]) - pivot) - mean;  // never pivot + mean: that rounds at |x|
+        q += d * d;
+      }
+    }
+    m2 = team_sum(q);
+  }
   if (in_range && team_lane() == 0u) {
-    float n = float(end - begin);
-    bool rms = OP == OP_RMSNORM;
-    partial[item] = rms ? s2 / n : s1 / n;
-    partial[n_items + item] = rms ? afp(0) : s2 - s1 * (s1 / n);
+    partial[item] = mean;
+    partial[n_items + item] = m2;
   }
 }

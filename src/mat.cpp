@@ -6,8 +6,7 @@
 namespace vknorm {
 
 size_t ncnn_cstep(int dims, int w, int h, int d, size_t elemsize) {
-  size_t plane = size_t(w) * (dims >= 2 ? h : 1) * (dims == 4 ? d : 1);
-  if (dims <= 2) return plane;
+  const size_t plane = size_t(w) * (dims >= 2 ? h : 1) * (dims == 4 ? d : 1);
   return ((plane * elemsize + 15) / 16 * 16) / elemsize;
 }
 

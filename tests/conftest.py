@@ -24,10 +24,6 @@ import vknorm  # noqa: E402
 from vknorm import _core  # noqa: E402
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "timeout(seconds): per-test limit (pytest-timeout)")
-
-
 def _fail_on_messages(where: str) -> None:
     messages = _core.validation_messages()
     _core.clear_validation_messages()
@@ -67,8 +63,3 @@ def pytest_runtest_teardown(item, nextitem):
 def vulkan_device() -> dict:
     """The default Vulkan device (lavapipe on CI): its info dict."""
     return vknorm.device_info()
-
-
-@pytest.fixture
-def rng():
-    return __import__("numpy").random.default_rng(20261020)

@@ -42,7 +42,8 @@ class Mat {
   std::shared_ptr<std::vector<unsigned char>> storage_;
 };
 
-// ncnn's cstep: w*h for dims 1/2, else w*h*d rounded up so each channel starts on 16 bytes.
+// ncnn's cstep: w*h*d rounded up to 16 bytes (every dims; dims 1/2 have one channel, so only the
+// allocation's tail is padded there).
 size_t ncnn_cstep(int dims, int w, int h, int d, size_t elemsize);
 
 // Repack to elempack 1 or 4 (4 only when the outer extent divides by 4), as ncnn's convert_packing.

@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"vknorm {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except _core.VulkanUnavailableError as e:
+    except (_core.VulkanUnavailableError, ValueError) as e:  # no driver, VKNORM_DEVICE/VKNORM_PATH wrong
         print(f"vknorm {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
