@@ -8,7 +8,7 @@
 //            (the host passes group_size and cstep in vec4s).
 //   SUBGROUP 1: team reductions use subgroup operations, 0: shared memory only.
 // Specialization constants (one pipeline per layer and choice):
-//   0 workgroup size, 1 op, 2 affine, 3 items per invocation (fused kernel).
+//   0 workgroup size, 1 op, 2 affine, 3 items per invocation and 4 weight prefetch (fused kernel).
 #if FP16
 #extension GL_EXT_shader_16bit_storage : require
 #endif
@@ -40,6 +40,7 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint OP = 0;  // 0 LayerNorm, 1 RMSNorm
 layout(constant_id = 2) const uint AFFINE = 1;
+// constant_id 3 (ITEMS) and 4 (PREFETCH_WEIGHTS) belong to norm_fused.comp.
 #define OP_LAYERNORM 0u
 #define OP_RMSNORM 1u
 #define WG gl_WorkGroupSize.x

@@ -7,6 +7,9 @@
 #include "common.glsl"
 
 layout(constant_id = 3) const uint ITEMS = 4;  // elements each invocation holds; group_size <= team * ITEMS
+// 1: load gamma/beta together with x, so their latency hides behind the reductions. Only for
+// latency-bound tensors: the extra registers cost occupancy on large ones (measured).
+layout(constant_id = 4) const uint PREFETCH_WEIGHTS = 0;
 
 void main() {
   uint g = team_item();
@@ -16,12 +19,17 @@ void main() {
   // The pivot keeps |mean| >> std exact: x - pivot is exact and small, so its mean is too.
   afp pivot = in_range && OP == OP_LAYERNORM ? pivot_of(afp(x[base])) : afp(0);
 
-  // Weights are read only when writing: holding them in registers too costs occupancy (measured).
   afp v[ITEMS];
+  wfp gk[ITEMS], bk[ITEMS];
   afp s = afp(0);
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = lane + k * p.team;
-    v[k] = in_range && i < p.group_size ? afp(x[base + i]) - pivot : afp(0);
+    bool inside = in_range && i < p.group_size;
+    v[k] = inside ? afp(x[base + i]) - pivot : afp(0);
+    if (PREFETCH_WEIGHTS != 0u) {
+      gk[k] = AFFINE != 0u && inside ? gamma_at(i) : wfp(1);
+      bk[k] = AFFINE != 0u && OP == OP_LAYERNORM && inside ? beta_at(i) : wfp(0);
+    }
     s += OP == OP_LAYERNORM ? v[k] : v[k] * v[k];
   }
   float n = float(p.group_size * GROUP_ELEMS_PER);
@@ -43,8 +51,9 @@ void main() {
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = lane + k * p.team;
     if (i < p.group_size) {
-      x[base + i] = sfp(normalize_one(v[k] - mean, a, AFFINE != 0u ? gamma_at(i) : wfp(1),
-                                      AFFINE != 0u && OP == OP_LAYERNORM ? beta_at(i) : wfp(0)));
+      wfp gw = PREFETCH_WEIGHTS != 0u ? gk[k] : (AFFINE != 0u ? gamma_at(i) : wfp(1));
+      wfp bw = PREFETCH_WEIGHTS != 0u ? bk[k] : (AFFINE != 0u && OP == OP_LAYERNORM ? beta_at(i) : wfp(0));
+      x[base + i] = sfp(normalize_one(v[k] - mean, a, gw, bw));
     }
   }
 }

@@ -63,8 +63,13 @@ DeviceCaps device_caps(const Context& ctx, const Option& opt) {
   caps.preferred_workgroup = std::min<uint32_t>(caps.max_workgroup, caps.cpu ? 64 : 256);
   caps.max_items = caps.cpu ? 128 : 16;
   caps.items_target = 8;
+  caps.items_target_fp16 = 8;
+  // GPUs only: a tensor that cannot fill the device finishes sooner with more, shorter invocations.
+  caps.latency_threads = caps.cpu ? 0 : 16384;
   // Tuning knobs for measuring other choices on a device (vknorm bench); not needed in normal use.
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET")) caps.items_target = std::max(1, std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_FP16")) caps.items_target_fp16 = std::max(1, std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_LATENCY_THREADS")) caps.latency_threads = std::strtoull(v, nullptr, 10);
   if (const char* v = std::getenv("VKNORM_TUNE_MAX_ITEMS")) caps.max_items = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_WORKGROUP"))
     caps.preferred_workgroup = std::min(caps.max_workgroup, pow2_floor(std::max(1, std::atoi(v))));
@@ -74,7 +79,7 @@ DeviceCaps device_caps(const Context& ctx, const Option& opt) {
   return caps;
 }
 
-Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt) {
+Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16) {
   Path want = opt.path;
   if (want == Path::Auto)
     if (const char* env = std::getenv("VKNORM_PATH")) want = parse_path(env);
@@ -87,14 +92,15 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   const uint32_t size = vec4 ? g.group_size / 4 : g.group_size;
   const uint32_t subgroup = dev.subgroup_size ? std::min(dev.subgroup_size, plan.wg) : std::min(32u, plan.wg);
 
-  // | rule                                    | kernel                                          |
-  // |-----------------------------------------|-------------------------------------------------|
-  // | group fits team <= subgroup, <= max items| fused, a team inside one subgroup (tiny groups  |
-  // |                                         | share a subgroup)                               |
-  // | group fits a workgroup, <= max items    | fused, a team of several subgroups / workgroup  |
-  // | larger                                  | split: reduce chunks -> finalize -> normalize   |
-  // Auto sizes the team for ~kItemsTarget elements per invocation; a forced path that cannot hold
-  // the group moves to the next row down.
+  // | rule                                      | kernel                                         |
+  // |-------------------------------------------|------------------------------------------------|
+  // | team of <= subgroup holds the group       | fused "subgroup": a team inside one subgroup   |
+  // |   (<= max_items each)                     |   (tiny groups share a subgroup)               |
+  // | team of <= max workgroup holds the group  | fused "workgroup": subgroups of one workgroup  |
+  // | larger                                    | split: reduce chunks -> finalize -> normalize  |
+  // Auto sizes the team for items_target elements per invocation (2 when the whole tensor needs
+  // fewer than latency_threads invocations: latency-bound, so wide teams and weights loaded early);
+  // a forced path that cannot hold the group moves to the next row down.
   auto fused = [&](uint32_t team) {
     plan.vec4 = vec4;
     plan.team = team;
@@ -103,7 +109,11 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
     plan.path = team <= subgroup ? Path::Subgroup : Path::Workgroup;
     return plan.items <= dev.max_items;
   };
-  const uint32_t team_for_target = pow2_ceil(div_up(size, dev.items_target));
+  uint32_t target = fp16 ? dev.items_target_fp16 : dev.items_target;
+  const bool latency_bound = uint64_t(g.n_groups) * div_up(size, target) < dev.latency_threads;
+  if (latency_bound) target = 2;
+  plan.prefetch = latency_bound;
+  const uint32_t team_for_target = pow2_ceil(div_up(size, target));
   switch (want) {
     case Path::Auto:
       if (fused(std::min(dev.max_workgroup, team_for_target))) return plan;
@@ -122,6 +132,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   plan.path = Path::Split;
   plan.wg = dev.preferred_workgroup;
   plan.vec4 = false;
+  plan.prefetch = false;
   plan.team = 1;
   plan.items = 1;
   const uint32_t size_all = g.group_size;

@@ -14,10 +14,6 @@ struct Norm::Gpu {
   std::shared_ptr<Context> ctx;
   std::mutex mutex;  // weights are uploaded once, by whichever call needs them first
   std::shared_ptr<Buffer> gamma, beta, unused;
-  const Pipeline& pipeline(const std::string& shader, bool fp16, const std::string& pack, bool subgroup, uint32_t wg, uint32_t op,
-                           uint32_t affine, uint32_t items) {
-    return ctx->impl().pipeline(shader, fp16, pack, subgroup, wg, op, affine, items);
-  }
 };
 
 namespace {
@@ -160,7 +156,8 @@ struct Workspace {
 // Records one forward over `blob` (already on the device, in `g`'s layout) into `s`.
 DispatchInfo record(Norm& layer, Norm::Gpu& gpu, Submission& s, const Buffer& blob, const GroupLayout& g, bool fp16,
                     const Option& opt, Workspace& ws) {
-  const Plan plan = plan_dispatch(g, device_caps(*gpu.ctx, opt), opt);
+  const Plan plan = plan_dispatch(g, device_caps(*gpu.ctx, opt), opt, fp16);
+  Context::Impl& impl = gpu.ctx->impl();
   const uint32_t op = layer.op == NormOp::RMSNorm ? 1 : 0;
   const uint32_t affine = layer.affine ? 1 : 0;
   {
@@ -181,7 +178,8 @@ DispatchInfo record(Norm& layer, Norm::Gpu& gpu, Submission& s, const Buffer& bl
   const int dispatches_before = s.dispatches();
   if (plan.path != Path::Split) {
     if (plan.vec4) pc.group_size /= 4, pc.cstep /= 4;  // the kernel counts vec4s
-    const auto& p = gpu.pipeline("norm_fused", fp16, plan.vec4 ? std::string("v4") : pack, plan.subgroup, plan.wg, op, affine, plan.items);
+    const Specialization spec{plan.wg, op, affine, plan.items, plan.prefetch ? 1u : 0u};
+    const auto& p = impl.pipeline(variant_name("norm_fused", fp16, plan.vec4 ? "v4" : pack, plan.subgroup), spec);
     s.dispatch(p, {&blob, gamma, beta, gpu.unused.get(), gpu.unused.get()}, pc, plan.fused_workgroups(g));
     info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup, info.vec4 = plan.vec4;
   } else {
@@ -191,14 +189,15 @@ DispatchInfo record(Norm& layer, Norm::Gpu& gpu, Submission& s, const Buffer& bl
     if (!ws.coefs) ws.coefs = Buffer::create(gpu.ctx, 3ull * g.n_groups * g.elempack * sizeof(float), Buffer::Kind::Device);
     const std::array<const Buffer*, kBindings> bind{&blob, gamma, beta, ws.partials.get(), ws.coefs.get()};
     pc.team = plan.reduce_team;
-    s.dispatch(gpu.pipeline("norm_reduce", fp16, pack, false, plan.wg, op, affine, 1), bind, pc, plan.reduce_workgroups(g));
+    const Specialization spec{plan.wg, op, affine, 1, 0};
+    s.dispatch(impl.pipeline(variant_name("norm_reduce", fp16, pack, false), spec), bind, pc, plan.reduce_workgroups(g));
     s.barrier();
     pc.team = plan.finalize_team;
-    s.dispatch(gpu.pipeline("norm_finalize", fp16, pack, false, plan.wg, op, affine, 1), bind, pc,
+    s.dispatch(impl.pipeline(variant_name("norm_finalize", fp16, pack, false), spec), bind, pc,
                plan.finalize_workgroups(g));
     s.barrier();
     pc.team = 1;
-    s.dispatch(gpu.pipeline("norm_apply", fp16, pack, false, plan.wg, op, affine, 1), bind, pc, plan.apply_workgroups(g));
+    s.dispatch(impl.pipeline(variant_name("norm_apply", fp16, pack, false), spec), bind, pc, plan.apply_workgroups(g));
     info.team = plan.reduce_team, info.chunks = plan.n_chunks;
   }
   info.dispatches = s.dispatches() - dispatches_before;
@@ -291,7 +290,7 @@ double copy_repeated(const VkMat& src, int warmup, int reps, bool shader) {
   const vk::DeviceSize bytes = src.bytes();
   auto dst = Buffer::create(ctx, bytes, Buffer::Kind::Device);
   const uint32_t wg = impl.info.type == "cpu" ? 64 : 256;
-  const Pipeline& p = impl.pipeline("copy", false, "1", false, wg, 0, 0, 1);
+  const Pipeline& p = impl.pipeline(variant_name("copy", false, "1", false), Specialization{wg, 0, 0, 1, 0});
   PushConstants pc{};
   pc.group_size = uint32_t(bytes / 16);  // vec4s; the tail (< 16 bytes) is not worth a second kernel
   const uint64_t workgroups = std::min<uint64_t>((pc.group_size + wg - 1) / wg, 1u << 16);

@@ -5,29 +5,32 @@
 
 namespace vknorm {
 
-Pipeline::Pipeline(Context::Impl& ctx, const std::string& variant, uint32_t wg, uint32_t op, uint32_t affine,
-                   uint32_t items) {
+std::string Specialization::key() const {
+  return std::to_string(workgroup) + "/" + std::to_string(op) + "/" + std::to_string(affine) + "/" +
+         std::to_string(items) + "/" + std::to_string(prefetch);
+}
+
+std::string variant_name(const std::string& shader, bool fp16, const std::string& layout, bool subgroup) {
+  return shader + "_fp" + (fp16 ? "1" : "0") + "_p" + layout + "_sg" + (subgroup ? "1" : "0");
+}
+
+Pipeline::Pipeline(Context::Impl& ctx, const std::string& variant, const Specialization& spec) {
   const shaders::Spirv spv = shaders::find(variant.c_str());
   if (!spv.words) throw std::logic_error("vknorm: no shader variant " + variant);
   module = vk::raii::ShaderModule(ctx.device, vk::ShaderModuleCreateInfo{.codeSize = spv.count * 4, .pCode = spv.words});
-  const uint32_t values[] = {wg, op, affine, items};
-  const vk::SpecializationMapEntry entries[] = {{0, 0, 4}, {1, 4, 4}, {2, 8, 4}, {3, 12, 4}};
-  vk::SpecializationInfo spec{.mapEntryCount = 4, .pMapEntries = entries, .dataSize = sizeof(values), .pData = values};
+  const uint32_t values[] = {spec.workgroup, spec.op, spec.affine, spec.items, spec.prefetch};
+  const vk::SpecializationMapEntry entries[] = {{0, 0, 4}, {1, 4, 4}, {2, 8, 4}, {3, 12, 4}, {4, 16, 4}};
+  vk::SpecializationInfo info{.mapEntryCount = 5, .pMapEntries = entries, .dataSize = sizeof(values), .pData = values};
   vk::ComputePipelineCreateInfo ci{
-      .stage = {.stage = vk::ShaderStageFlagBits::eCompute, .module = *module, .pName = "main", .pSpecializationInfo = &spec},
+      .stage = {.stage = vk::ShaderStageFlagBits::eCompute, .module = *module, .pName = "main", .pSpecializationInfo = &info},
       .layout = *ctx.pipeline_layout};
   pipeline = vk::raii::Pipeline(ctx.device, ctx.pipeline_cache, ci);
 }
 
-const Pipeline& Context::Impl::pipeline(const std::string& shader, bool fp16, const std::string& pack, bool subgroup, uint32_t wg,
-                                        uint32_t op, uint32_t affine, uint32_t items) {
-  const std::string variant = shader + "_fp" + (fp16 ? "1" : "0") + "_p" + pack + "_sg" +
-                              (subgroup ? "1" : "0");
-  const std::string key = variant + "/" + std::to_string(wg) + "/" + std::to_string(op) + "/" + std::to_string(affine) +
-                          "/" + std::to_string(items);
+const Pipeline& Context::Impl::pipeline(const std::string& variant, const Specialization& spec) {
   std::lock_guard<std::mutex> lock(pipeline_mutex);
-  auto& slot = pipelines[key];
-  if (!slot) slot = std::make_unique<Pipeline>(*this, variant, wg, op, affine, items);
+  auto& slot = pipelines[variant + "/" + spec.key()];
+  if (!slot) slot = std::make_unique<Pipeline>(*this, variant, spec);
   return *slot;
 }
 

@@ -50,8 +50,8 @@ struct Context::Impl {
   // Pipelines depend only on (variant, specialization), so layers on this device share them.
   std::mutex pipeline_mutex;
   std::map<std::string, std::unique_ptr<struct Pipeline>> pipelines;
-  const struct Pipeline& pipeline(const std::string& shader, bool fp16, const std::string& pack, bool subgroup, uint32_t wg,
-                                  uint32_t op, uint32_t affine, uint32_t items);
+  // variant: <shader>_fp<0|1>_p<1|4|v4>_sg<0|1> (cmake/shaders.cmake)
+  const struct Pipeline& pipeline(const std::string& variant, const struct Specialization& spec);
   std::atomic<uint64_t> bytes_in_use{0}, bytes_peak{0}, live_buffers{0};
   uint64_t max_device_bytes = 0;  // VKNORM_MAX_DEVICE_BYTES, 0: none
 };
@@ -68,11 +68,18 @@ struct VkMat::Buffer {
 };
 using Buffer = VkMat::Buffer;
 
+// Specialization constants, in constant_id order (shaders/common.glsl).
+struct Specialization {
+  uint32_t workgroup = 64, op = 0, affine = 0, items = 1, prefetch = 0;
+  std::string key() const;
+};
+
+std::string variant_name(const std::string& shader, bool fp16, const std::string& layout, bool subgroup);
+
 struct Pipeline {
   vk::raii::ShaderModule module = nullptr;
   vk::raii::Pipeline pipeline = nullptr;
-  // variant: <shader>_fp<0|1>_p<1|4>_sg<0|1>; spec: workgroup size, op, affine, items.
-  Pipeline(Context::Impl& ctx, const std::string& variant, uint32_t wg, uint32_t op, uint32_t affine, uint32_t items);
+  Pipeline(Context::Impl& ctx, const std::string& variant, const Specialization& spec);
 };
 
 // Records transfers and dispatches into one command buffer, submits once and waits (Kompute's Sequence).
