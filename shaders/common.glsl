@@ -57,7 +57,21 @@ layout(push_constant) uniform Shape {
   float eps;
 } p;
 
+// The blob, through load_x / store_x only (the Load/Store pair every kernel shares). float16 vec4s
+// travel as uvec2 with explicit pack/unpack: one 8-byte access per element (a 16-bit typed vector
+// may be split into four 2-byte accesses), and no 16-bit storage feature is needed for them.
+#if FP16 && (PACK == 4 || VEC4)
+layout(binding = 0) buffer Blob { uvec2 x[]; };
+afp load_x(uint i) {
+  uvec2 u = x[i];
+  return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y));
+}
+void store_x(uint i, afp v) { x[i] = uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw)); }
+#else
 layout(binding = 0) buffer Blob { sfp x[]; };
+afp load_x(uint i) { return afp(x[i]); }
+void store_x(uint i, afp v) { x[i] = sfp(v); }
+#endif
 layout(binding = 1) readonly buffer Gamma { float gamma[]; };
 layout(binding = 2) readonly buffer Beta { float beta[]; };
 

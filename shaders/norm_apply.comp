@@ -13,7 +13,8 @@ void main() {
     uint g = e / p.group_size;
     uint i = e - g * p.group_size;
     uint at = group_base(g) + i;
-    afp v = (afp(x[at]) - coef[3u * g]) - coef[3u * g + 1u];
-    x[at] = sfp(normalize_one(v, coef[3u * g + 2u], AFFINE != 0u ? gamma_at(i) : wfp(1), AFFINE != 0u && OP == OP_LAYERNORM ? beta_at(i) : wfp(0)));
+    afp v = (load_x(at) - coef[3u * g]) - coef[3u * g + 1u];
+    store_x(at, normalize_one(v, coef[3u * g + 2u], AFFINE != 0u ? gamma_at(i) : wfp(1),
+                                AFFINE != 0u && OP == OP_LAYERNORM ? beta_at(i) : wfp(0)));
   }
 }

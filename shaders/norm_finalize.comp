@@ -56,7 +56,7 @@ void main() {
     afp var = OP == OP_RMSNORM ? sh_m[lid] : sh_m2[lid] / sh_n[lid];
     var = zero_if_negative(var);  // rounding below 0 -> 0; NaN stays NaN (max() may drop it)
     uint base = group_base(g);
-    coef[3u * g + 0u] = OP == OP_LAYERNORM ? afp(x[base]) : afp(0);
+    coef[3u * g + 0u] = OP == OP_LAYERNORM ? load_x(base) : afp(0);
     coef[3u * g + 1u] = OP == OP_LAYERNORM ? sh_m[lid] : afp(0);
     coef[3u * g + 2u] = afp(1.0) / sqrt(var + p.eps);
   }

@@ -17,7 +17,7 @@ void main() {
   uint lane = team_lane();
   uint base = in_range ? group_base(g) : 0u;
   // The pivot keeps |mean| >> std exact: x - pivot is exact and small, so its mean is too.
-  afp pivot = in_range && OP == OP_LAYERNORM ? pivot_of(afp(x[base])) : afp(0);
+  afp pivot = in_range && OP == OP_LAYERNORM ? pivot_of(load_x(base)) : afp(0);
 
   afp v[ITEMS];
   wfp gk[ITEMS], bk[ITEMS];
@@ -25,7 +25,7 @@ void main() {
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = lane + k * p.team;
     bool inside = in_range && i < p.group_size;
-    v[k] = inside ? afp(x[base + i]) - pivot : afp(0);
+    v[k] = inside ? load_x(base + i) - pivot : afp(0);
     if (PREFETCH_WEIGHTS != 0u) {
       gk[k] = AFFINE != 0u && inside ? gamma_at(i) : wfp(1);
       bk[k] = AFFINE != 0u && OP == OP_LAYERNORM && inside ? beta_at(i) : wfp(0);
@@ -53,7 +53,7 @@ void main() {
     if (i < p.group_size) {
       wfp gw = PREFETCH_WEIGHTS != 0u ? gk[k] : (AFFINE != 0u ? gamma_at(i) : wfp(1));
       wfp bw = PREFETCH_WEIGHTS != 0u ? bk[k] : (AFFINE != 0u && OP == OP_LAYERNORM ? beta_at(i) : wfp(0));
-      x[base + i] = sfp(normalize_one(v[k] - mean, a, gw, bw));
+      store_x(base + i, normalize_one(v[k] - mean, a, gw, bw));
     }
   }
 }

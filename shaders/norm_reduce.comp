@@ -22,20 +22,20 @@ void main() {
   float n = float(end - begin);
   afp s = afp(0);
   if (in_range) {
-    afp pivot = OP == OP_LAYERNORM ? afp(x[base]) : afp(0);
+    afp pivot = OP == OP_LAYERNORM ? load_x(base) : afp(0);
     for (uint i = begin + team_lane(); i < end; i += p.team) {
-      afp d = afp(x[base + i]) - pivot;
+      afp d = load_x(base + i) - pivot;
       s += OP == OP_LAYERNORM ? d : d * d;
     }
   }
   afp mean = team_sum(s) / n;  // LayerNorm: shifted mean; RMSNorm: mean of squares
   afp m2 = afp(0);
   if (OP == OP_LAYERNORM) {
-    afp pivot = in_range ? afp(x[base]) : afp(0);
+    afp pivot = in_range ? load_x(base) : afp(0);
     afp q = afp(0);
     if (in_range) {
       for (uint i = begin + team_lane(); i < end; i += p.team) {
-        afp d = (afp(x[base + i]) - pivot) - mean;  // never pivot + mean: that rounds at |x|
+        afp d = (load_x(base + i) - pivot) - mean;  // never pivot + mean: that rounds at |x|
         q += d * d;
       }
     }
