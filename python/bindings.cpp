@@ -93,6 +93,7 @@ nb::dict dispatch_dict(const DispatchInfo& i) {
   r["subgroup"] = i.subgroup;
   r["vec4"] = i.vec4;
   r["gpu_us"] = i.gpu_us;
+  r["pieces"] = i.pieces;
   return r;
 }
 
@@ -176,6 +177,27 @@ NB_MODULE(_core, m) {
 
   m.def("copy_repeated", &copy_repeated, "mat"_a, "warmup"_a, "reps"_a, "shader"_a,
         nb::call_guard<nb::gil_scoped_release>());
+  // How a blob of this shape (ncnn order, packed counts) splits into pieces of at most max_bytes; no
+  // memory is touched, so the 32-bit limits can be tested on shapes far larger than any device.
+  m.def("plan_pieces", [](int dims, int w, int h, int d, int c, int elempack, int scalar_bytes, int affine_size,
+                          bool affine, uint64_t max_bytes) {
+    if (scalar_bytes != 2 && scalar_bytes != 4) throw std::invalid_argument("scalar_bytes must be 2 or 4");
+    const size_t elemsize = size_t(scalar_bytes) * elempack;
+    const size_t cstep = ncnn_cstep(dims, w, h, d, elemsize);
+    const GroupLayout g = group_layout(dims, w, h, d, c, cstep, elempack, affine_size, affine);
+    std::vector<nb::dict> out;
+    for (const Piece& p : plan_pieces(g, elemsize, uint64_t(cstep) * (dims >= 3 ? c : 1) * elemsize, max_bytes)) {
+      nb::dict r;
+      r["offset"] = p.offset;
+      r["bytes"] = p.bytes;
+      r["group_size"] = p.layout.group_size;
+      r["gpc"] = p.layout.gpc;
+      r["cstep"] = p.layout.cstep;
+      r["n_groups"] = p.layout.n_groups;
+      out.push_back(r);
+    }
+    return out;
+  }, "dims"_a, "w"_a, "h"_a, "d"_a, "c"_a, "elempack"_a, "scalar_bytes"_a, "affine_size"_a, "affine"_a, "max_bytes"_a);
   m.def("group_layout", [](const Mat& x, int affine_size, bool affine) {
     GroupLayout g = group_layout(x.dims, x.w, x.h, x.d, x.c, x.cstep, x.elempack, affine_size, affine);
     nb::dict r;

@@ -1,3 +1,5 @@
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "vk.h"
@@ -15,6 +17,14 @@ std::shared_ptr<Buffer> Buffer::create(std::shared_ptr<Context> ctx, vk::DeviceS
     throw DeviceOutOfMemory("vknorm: cannot allocate " + std::to_string(size) + " bytes (" + mib(size) +
                             ") on the device: " + std::to_string(c.bytes_in_use.load()) +
                             " bytes in use, VKNORM_MAX_DEVICE_BYTES=" + std::to_string(c.max_device_bytes));
+  // One allocation larger than its heap is invalid usage (VUID-vkAllocateMemory-pAllocateInfo-01713):
+  // refuse it as out of memory instead of asking the driver.
+  const uint32_t type_index = kind == Kind::Staging ? c.staging_memory_type : c.device_memory_type;
+  const auto props = c.physical.getMemoryProperties();
+  const uint64_t heap = props.memoryHeaps[props.memoryTypes[type_index].heapIndex].size;
+  if (size > heap)
+    throw DeviceOutOfMemory("vknorm: cannot allocate " + std::to_string(size) + " bytes (" + mib(size) +
+                            ") on the device: its memory heap holds " + std::to_string(heap) + " bytes (" + mib(heap) + ")");
   auto b = std::make_shared<Buffer>();
   b->size = size;
   using U = vk::BufferUsageFlagBits;
@@ -48,6 +58,14 @@ Buffer::~Buffer() {
   c.bytes_in_use -= size;
   --c.live_buffers;
   if (mapped) memory.unmapMemory();
+  // VKNORM_DEBUG_LEAK_BUFFER=1 (tests only): the first buffer destroyed in the process is leaked on
+  // purpose, its VkBuffer and VkDeviceMemory never freed, to prove that the validation layer's leak
+  // report at vkDestroyDevice reaches vknorm (tests/test_reliability.py).
+  static std::atomic<bool> leaked{false};
+  if (const char* v = std::getenv("VKNORM_DEBUG_LEAK_BUFFER"); v && *v && std::strcmp(v, "0") != 0 && !leaked.exchange(true)) {
+    (void)buffer.release();
+    (void)memory.release();
+  }
 }
 
 }  // namespace vknorm

@@ -23,6 +23,10 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverity
   if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
     std::lock_guard<std::mutex> lock(g_validation_mutex);
     g_validation_messages.emplace_back(data->pMessage ? data->pMessage : "(no message)");
+    // VKNORM_VALIDATION_PRINT=1: also to stderr as it happens, so that messages from the device's and
+    // the instance's destruction (leaked objects), possibly at process exit, are seen too.
+    if (const char* p = std::getenv("VKNORM_VALIDATION_PRINT"); p && *p && std::strcmp(p, "0") != 0)
+      std::fprintf(stderr, "vknorm: validation: %s\n", g_validation_messages.back().c_str()), std::fflush(stderr);
   }
   return VK_FALSE;
 }
@@ -30,6 +34,31 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverity
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
   return v && *v && std::strcmp(v, "0") != 0;
+}
+
+// A positive integer from the environment, or 0 when unset; anything else is a clear error.
+uint64_t env_uint(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (*end != '\0' || n == 0 || v[0] == '-')
+    throw std::invalid_argument(std::string(name) + "=" + v + ": expected a positive integer");
+  return n;
+}
+
+// VKNORM_VULKAN_API=1.0|1.1|1.2|1.3: the highest Vulkan version the instance (and so every device)
+// is created with. 1.0 leaves out everything vknorm uses from 1.1 (subgroup and float16-storage
+// variants), as on an old driver. Unset: the loader's version, at most 1.3.
+uint32_t env_api_cap() {
+  const char* v = std::getenv("VKNORM_VULKAN_API");
+  if (!v || !*v) return VK_API_VERSION_1_3;
+  const std::string s(v);
+  if (s == "1.0") return VK_API_VERSION_1_0;
+  if (s == "1.1") return VK_API_VERSION_1_1;
+  if (s == "1.2") return VK_API_VERSION_1_2;
+  if (s == "1.3") return VK_API_VERSION_1_3;
+  throw std::invalid_argument("VKNORM_VULKAN_API=" + s + ": expected 1.0, 1.1, 1.2 or 1.3");
 }
 
 bool has_layer(const vk::raii::Context& ctx, const char* name) {
@@ -82,8 +111,20 @@ DeviceInfo describe(const Instance& inst, const vk::raii::PhysicalDevice& pd, in
   info.vendor_id = props.vendorID;
   info.device_id = props.deviceID;
   info.driver_version = props.driverVersion;
-  info.api_version = version_string(props.apiVersion);
+  // The version vknorm uses: the device's, unless the instance is capped below its minor version
+  // (VKNORM_VULKAN_API, or an older loader).
+  info.api_version = VK_API_VERSION_MINOR(api) < VK_API_VERSION_MINOR(props.apiVersion) ||
+                             VK_API_VERSION_MAJOR(api) < VK_API_VERSION_MAJOR(props.apiVersion)
+                         ? version_string(api)
+                         : version_string(props.apiVersion);
   info.max_shared_memory = props.limits.maxComputeSharedMemorySize;
+  // VKNORM_MAX_SHARED_MEMORY=bytes: report (and so plan for) at most this much shared memory per
+  // workgroup, as on a device with a smaller limit (Vulkan guarantees 16384). At least 256.
+  if (const uint64_t cap = env_uint("VKNORM_MAX_SHARED_MEMORY")) {
+    if (cap < 256)
+      throw std::invalid_argument("VKNORM_MAX_SHARED_MEMORY=" + std::to_string(cap) + ": at least 256 bytes");
+    info.max_shared_memory = uint32_t(std::min<uint64_t>(info.max_shared_memory, cap));
+  }
   info.max_workgroup_invocations = props.limits.maxComputeWorkGroupInvocations;
   info.max_workgroup_size_x = props.limits.maxComputeWorkGroupSize[0];
   info.max_workgroup_count_x = props.limits.maxComputeWorkGroupCount[0];
@@ -137,15 +178,23 @@ std::shared_ptr<Instance> Instance::get() {
   if (auto p = current.lock()) return p;
   // Pin the loader for the life of the process: unloading it at exit, while a GPU driver's threads
   // still run, crashed the process on NVIDIA's driver.
-  static void* pinned = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_NODELETE);
+  // Android ships libvulkan.so only (no .1); the desktop loader package has both.
+  static void* pinned = [] {
+    void* h = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_NODELETE);
+    return h ? h : dlopen("libvulkan.so", RTLD_NOW | RTLD_NODELETE);
+  }();
   (void)pinned;
-  auto inst = std::make_shared<Instance>();  // vk::raii::Context dlopens libvulkan.so.1
+  auto inst = std::make_shared<Instance>();  // vk::raii::Context dlopens libvulkan.so, else libvulkan.so.1
   try {
     (void)inst->context.enumerateInstanceExtensionProperties();
   } catch (const std::exception&) {
     throw VulkanUnavailable(kInstallHint);
   }
-  inst->api_version = std::min<uint32_t>(inst->context.enumerateInstanceVersion(), VK_API_VERSION_1_3);
+  // A Vulkan 1.0 loader (Android before API 28) has no vkEnumerateInstanceVersion.
+  const uint32_t loader_version = inst->context.getDispatcher()->vkEnumerateInstanceVersion
+                                      ? inst->context.enumerateInstanceVersion()
+                                      : VK_API_VERSION_1_0;
+  inst->api_version = std::min<uint32_t>(loader_version, env_api_cap());
   vk::ApplicationInfo app{.pApplicationName = "vknorm", .applicationVersion = 1, .pEngineName = "vknorm",
                           .engineVersion = 1, .apiVersion = inst->api_version};
   std::vector<const char*> layers, extensions;
@@ -157,9 +206,16 @@ std::shared_ptr<Instance> Instance::get() {
     layers.push_back("VK_LAYER_KHRONOS_validation");
     extensions.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
   }
+  // The messenger; also chained into vkCreateInstance so that vkCreateInstance / vkDestroyInstance
+  // (objects still alive when the instance goes) report to it.
+  const vk::DebugUtilsMessengerCreateInfoEXT mi{
+      .messageSeverity = vk::DebugUtilsMessageSeverityFlagBitsEXT::eWarning | vk::DebugUtilsMessageSeverityFlagBitsEXT::eError,
+      .messageType = vk::DebugUtilsMessageTypeFlagBitsEXT::eGeneral | vk::DebugUtilsMessageTypeFlagBitsEXT::eValidation |
+                     vk::DebugUtilsMessageTypeFlagBitsEXT::ePerformance,
+      .pfnUserCallback = on_validation_message};
   // Synchronization validation on top of the core checks.
   const vk::ValidationFeatureEnableEXT enables[] = {vk::ValidationFeatureEnableEXT::eSynchronizationValidation};
-  vk::ValidationFeaturesEXT features{.enabledValidationFeatureCount = 1, .pEnabledValidationFeatures = enables};
+  vk::ValidationFeaturesEXT features{.pNext = &mi, .enabledValidationFeatureCount = 1, .pEnabledValidationFeatures = enables};
   vk::InstanceCreateInfo ci{.pNext = inst->validation ? &features : nullptr,
                             .pApplicationInfo = &app,
                             .enabledLayerCount = uint32_t(layers.size()),
@@ -171,14 +227,7 @@ std::shared_ptr<Instance> Instance::get() {
   } catch (const vk::SystemError& e) {
     throw VulkanUnavailable(std::string(kInstallHint) + " (vkCreateInstance: " + e.what() + ")");
   }
-  if (inst->validation) {
-    vk::DebugUtilsMessengerCreateInfoEXT mi{
-        .messageSeverity = vk::DebugUtilsMessageSeverityFlagBitsEXT::eWarning | vk::DebugUtilsMessageSeverityFlagBitsEXT::eError,
-        .messageType = vk::DebugUtilsMessageTypeFlagBitsEXT::eGeneral | vk::DebugUtilsMessageTypeFlagBitsEXT::eValidation |
-                       vk::DebugUtilsMessageTypeFlagBitsEXT::ePerformance,
-        .pfnUserCallback = on_validation_message};
-    inst->messenger.emplace(inst->instance, mi);
-  }
+  if (inst->validation) inst->messenger.emplace(inst->instance, mi);
   current = inst;
   return inst;
 }
@@ -242,10 +291,38 @@ std::shared_ptr<Context> Context::create(int index) {
   const float priority = 1.0f;
   vk::DeviceQueueCreateInfo qci{.queueFamilyIndex = impl->queue_family, .queueCount = 1, .pQueuePriorities = &priority};
   std::vector<const char*> extensions;
+  void* features = nullptr;  // the pNext chain of enabled feature structs
   vk::PhysicalDevice16BitStorageFeatures storage16{};
   const bool want16 = impl->info.storage_16bit && !env_flag("VKNORM_NO_FP16_STORAGE");
-  if (want16) storage16.storageBuffer16BitAccess = VK_TRUE;
-  vk::DeviceCreateInfo dci{.pNext = want16 ? &storage16 : nullptr,
+  if (want16) storage16.storageBuffer16BitAccess = VK_TRUE, storage16.pNext = features, features = &storage16;
+  // VKNORM_SUBGROUP_SIZE=N: subgroup pipelines require subgroups of N invocations, where the device
+  // lets a compute shader choose (subgroupSizeControl, Vulkan 1.3 or VK_EXT_subgroup_size_control).
+  vk::PhysicalDeviceSubgroupSizeControlFeatures size_control{};
+  if (const uint64_t want = env_uint("VKNORM_SUBGROUP_SIZE")) {
+    const std::string what = "VKNORM_SUBGROUP_SIZE=" + std::to_string(want) + " on " + impl->info.name + ": ";
+    bool ext = false;
+    for (const auto& e : pd.enumerateDeviceExtensionProperties())
+      ext = ext || std::strcmp(e.extensionName, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME) == 0;
+    if (api < VK_API_VERSION_1_1 || (api < VK_API_VERSION_1_3 && !ext))
+      throw std::invalid_argument(what + "the device cannot choose its subgroup size (needs Vulkan 1.3 or "
+                                  "VK_EXT_subgroup_size_control)");
+    const auto props = pd.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceSubgroupSizeControlProperties>()
+                           .get<vk::PhysicalDeviceSubgroupSizeControlProperties>();
+    const bool feature = pd.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceSubgroupSizeControlFeatures>()
+                             .get<vk::PhysicalDeviceSubgroupSizeControlFeatures>()
+                             .subgroupSizeControl;
+    if (!feature || !(props.requiredSubgroupSizeStages & vk::ShaderStageFlagBits::eCompute))
+      throw std::invalid_argument(what + "the device cannot require a subgroup size in compute shaders");
+    if (want < props.minSubgroupSize || want > props.maxSubgroupSize || (want & (want - 1)))
+      throw std::invalid_argument(what + "the device runs compute subgroups of " + std::to_string(props.minSubgroupSize) +
+                                  " to " + std::to_string(props.maxSubgroupSize) +
+                                  " invocations (a power of two; VkPhysicalDeviceSubgroupSizeControlProperties)");
+    if (api < VK_API_VERSION_1_3) extensions.push_back(VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
+    size_control.subgroupSizeControl = VK_TRUE, size_control.pNext = features, features = &size_control;
+    impl->required_subgroup_size = uint32_t(want);
+    impl->info.subgroup_size = uint32_t(want);  // what the dispatcher plans for
+  }
+  vk::DeviceCreateInfo dci{.pNext = features,
                            .queueCreateInfoCount = 1,
                            .pQueueCreateInfos = &qci,
                            .enabledExtensionCount = uint32_t(extensions.size()),

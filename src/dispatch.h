@@ -16,6 +16,7 @@ struct DeviceCaps {
   uint32_t items_target = 8;           // elements per invocation the team size aims for (fp32)
   uint32_t items_target_fp16 = 8;      // the same for float16 storage (half the bytes per element)
   uint64_t latency_threads = 0;        // fewer invocations than this: latency-bound, spread groups wide
+  uint32_t min_team = 1;               // smallest team for groups at least this large (CPU: a subgroup)
   uint32_t subgroup_size = 0;    // 0: unknown
   bool subgroup_reduce = false;  // subgroup arithmetic + shuffle usable in compute
   bool cpu = false;              // a CPU implementation (lavapipe)

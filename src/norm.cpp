@@ -1,6 +1,7 @@
 // The layer: parameters and weights as ncnn's, pipelines per device, and the recording of a forward.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <stdexcept>
@@ -10,8 +11,16 @@
 
 namespace vknorm {
 
+// What a forward runs on: the device and a snapshot of the layer's parameters and weights, taken
+// under Norm::mutex_. load_param / load_model / create_pipeline replace the layer's snapshot with a new
+// one; forwards already running keep theirs (shared_ptr), so nothing they read changes under them.
 struct Norm::Gpu {
   std::shared_ptr<Context> ctx;
+  NormOp op = NormOp::LayerNorm;
+  int affine_size = 0;
+  float eps = 0.001f;
+  int affine = 1;
+  std::vector<float> gamma_data, beta_data;
   std::mutex mutex;  // weights are uploaded once, by whichever call needs them first
   std::shared_ptr<Buffer> gamma, beta, unused;
 };
@@ -70,20 +79,189 @@ Mat from_format(const Mat& dev, const Mat& like) {
   return convert_packing(typed, like.elempack);
 }
 
-void check_indexing(const GroupLayout& g, size_t packed_elements, const DeviceInfo& info, size_t bytes) {
-  // Shaders index in 32-bit packed elements; refuse what would wrap instead of computing garbage.
-  if (packed_elements > 0xffffffffull || uint64_t(g.n_groups) * g.group_size > 0xffffffffull)
-    throw std::invalid_argument("tensor of " + std::to_string(packed_elements) +
-                                " elements exceeds 32-bit shader indexing");
-  if (bytes > info.max_storage_buffer_range)
-    throw std::invalid_argument("tensor of " + std::to_string(bytes) + " bytes exceeds the device's maxStorageBufferRange (" +
-                                std::to_string(info.max_storage_buffer_range) + " bytes)");
+std::string describe_blob(int dims, int w, int h, int d, int c, size_t elemsize, int elempack) {
+  std::string s = "dims=" + std::to_string(dims) + " w=" + std::to_string(w);
+  if (dims >= 2) s += " h=" + std::to_string(h);
+  if (dims == 4) s += " d=" + std::to_string(d);
+  if (dims >= 3) s += " c=" + std::to_string(c);
+  return s + " elempack=" + std::to_string(elempack) + " (" + std::to_string(elemsize / elempack) + "-byte scalars)";
+}
+
+// VKNORM_MAX_BUFFER_BYTES=N: plan as if the device bound storage buffers of at most N bytes (tests
+// exercise the pieces path with small tensors). Read on every forward.
+uint64_t env_max_buffer_bytes() {
+  const char* v = std::getenv("VKNORM_MAX_BUFFER_BYTES");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (*end != '\0' || n == 0 || v[0] == '-')
+    throw std::invalid_argument(std::string("VKNORM_MAX_BUFFER_BYTES=") + v + ": expected a positive integer");
+  return n;
+}
+
+// How one forward executes: the pieces, the buffer each is processed in, the split path's scratch.
+struct Run {
+  std::vector<Piece> pieces;
+  uint64_t piece_buffer = 0;         // bytes of the buffer pieces are copied into; 0: the blob in place
+  uint64_t partials = 0, coefs = 0;  // split-path workspace, the largest any piece needs
+};
+
+struct WorkspaceNeed {
+  uint64_t partials = 0, coefs = 0;
+};
+
+WorkspaceNeed workspace_need(const GroupLayout& g, const DeviceCaps& caps, const Option& opt, bool fp16) {
+  const Plan plan = plan_dispatch(g, caps, opt, fp16);
+  if (plan.path != Path::Split) return {};
+  const uint64_t items = uint64_t(g.n_groups) * plan.n_chunks;
+  return {2 * items * g.elempack * sizeof(float), 3ull * g.n_groups * g.elempack * sizeof(float)};
+}
+
+// Chooses pieces so that every buffer fits the device's storage-buffer range and all of them the
+// free device memory. Throws before anything is allocated when even one group per piece does not fit.
+Run plan_run(const Norm::Gpu& gpu, const GroupLayout& g, size_t elemsize, uint64_t blob_bytes, bool fp16,
+             const Option& opt, bool resident, const std::string& what) {
+  Context::Impl& impl = gpu.ctx->impl();
+  const DeviceInfo& info = impl.info;
+  uint64_t max_buffer = info.max_storage_buffer_range ? info.max_storage_buffer_range : ~0ull;
+  std::string buffer_why = "the device's maxStorageBufferRange";
+  if (const uint64_t knob = env_max_buffer_bytes(); knob && knob < max_buffer)
+    max_buffer = knob, buffer_why = "VKNORM_MAX_BUFFER_BYTES";
+  const uint64_t group_bytes = uint64_t(g.group_size) * elemsize;
+  if (group_bytes > max_buffer || g.group_size > kMaxPieceElements)
+    throw std::invalid_argument(
+        "vknorm: a group of " + what + " is " + std::to_string(group_bytes) + " bytes (" + std::to_string(g.group_size) +
+        " packed elements of " + std::to_string(elemsize) + " bytes), more than one storage buffer can hold on " +
+        info.name + " (" + std::to_string(std::min<uint64_t>(max_buffer, kMaxPieceElements * elemsize)) + " bytes: " +
+        (group_bytes > max_buffer ? buffer_why : std::string("2^31 elements, 32-bit indexing")) +
+        "); a group is normalized whole, so this tensor cannot be processed in pieces");
+
+  // Free memory as vknorm counts it: VKNORM_MAX_DEVICE_BYTES, else the device-local heap, less what
+  // vknorm holds now (weights included: they are uploaded before planning).
+  const uint64_t cap = impl.max_device_bytes ? impl.max_device_bytes : info.device_local_bytes ? info.device_local_bytes : ~0ull;
+  const uint64_t in_use = impl.bytes_in_use;
+  const uint64_t free = cap > in_use ? cap - in_use : 0;
+  const bool staging = !resident && !impl.direct_host_access;
+  const DeviceCaps caps = device_caps(*gpu.ctx, opt);
+
+  auto out_of_memory = [&](uint64_t need) {
+    return DeviceOutOfMemory(
+        "vknorm: " + what + " (" + std::to_string(blob_bytes) + " bytes) needs at least " + std::to_string(need) +
+        " bytes of device memory even one group (" + std::to_string(group_bytes) + " bytes) at a time; " +
+        std::to_string(free) + " bytes are free (" + std::to_string(in_use) + " in use of " + std::to_string(cap) +
+        (impl.max_device_bytes ? ", VKNORM_MAX_DEVICE_BYTES" : ", the device-local heap") + ")");
+  };
+  uint64_t max_piece = max_buffer;
+  const bool in_place = resident && blob_bytes <= max_buffer && blob_bytes / elemsize <= kMaxPieceElements;
+  if (!in_place) {  // the blob, or each piece of it, takes a buffer (and a staging one) of its own
+    const uint64_t per_byte = staging ? 2 : 1;
+    if (free / per_byte < group_bytes) throw out_of_memory(group_bytes * per_byte);
+    max_piece = std::min(max_piece, std::max(free / per_byte, group_bytes));
+  }
+  for (;;) {
+    // A million submissions is no way to run one layer: refuse rather than plan them.
+    if (blob_bytes / max_piece > (1u << 20))
+      throw DeviceOutOfMemory("vknorm: " + what + " (" + std::to_string(blob_bytes) + " bytes) would take more than " +
+                              std::to_string(1u << 20) + " pieces of at most " + std::to_string(max_piece) +
+                              " bytes (" + std::to_string(free) + " bytes of device memory free)");
+    Run run;
+    run.pieces = plan_pieces(g, elemsize, blob_bytes, max_piece);
+    uint64_t largest = 0;
+    uint64_t last_groups = 0;
+    for (const Piece& p : run.pieces) {
+      largest = std::max(largest, p.bytes);
+      if (p.layout.n_groups == last_groups) continue;  // same workspace as the piece before
+      last_groups = p.layout.n_groups;
+      const WorkspaceNeed w = workspace_need(p.layout, caps, opt, fp16);
+      run.partials = std::max(run.partials, w.partials), run.coefs = std::max(run.coefs, w.coefs);
+    }
+    const bool whole = run.pieces.size() == 1;
+    run.piece_buffer = in_place && whole ? 0 : largest;
+    const uint64_t need = run.piece_buffer * (staging ? 2 : 1) + run.partials + run.coefs;
+    const bool buffers_fit = run.partials <= max_buffer && run.coefs <= max_buffer &&
+                             run.partials / sizeof(float) <= 0xffffffffull;
+    if (buffers_fit && need <= free) return run;
+    if (largest <= group_bytes) {  // one group per piece and still too much
+      if (!buffers_fit)
+        throw std::invalid_argument("vknorm: the split path's scratch for " + what + " (" + std::to_string(run.partials) +
+                                    " + " + std::to_string(run.coefs) + " bytes) exceeds one storage buffer (" +
+                                    std::to_string(max_buffer) + " bytes: " + buffer_why + ")");
+      throw out_of_memory(need);
+    }
+    max_piece = std::max(group_bytes, largest / 2);
+  }
 }
 
 }  // namespace
 
+std::vector<Piece> plan_pieces(const GroupLayout& g, size_t elemsize, uint64_t blob_bytes, uint64_t max_bytes) {
+  if (!elemsize || !g.group_size || !g.gpc || !g.n_groups || g.n_groups % g.gpc ||
+      (g.n_groups > g.gpc && g.cstep < uint64_t(g.gpc) * g.group_size))
+    throw std::invalid_argument("plan_pieces: not a group layout");
+  const uint64_t max_elems = std::min<uint64_t>(max_bytes / elemsize, kMaxPieceElements);
+  if (blob_bytes <= max_bytes && (blob_bytes + elemsize - 1) / elemsize <= kMaxPieceElements)
+    return {Piece{0, blob_bytes, g}};
+  if (g.group_size > max_elems)
+    throw std::invalid_argument("plan_pieces: a group of " + std::to_string(g.group_size) + " packed elements (" +
+                                std::to_string(uint64_t(g.group_size) * elemsize) + " bytes) exceeds a piece of " +
+                                std::to_string(max_elems) + " elements (" + std::to_string(max_bytes) + " bytes)");
+  const uint64_t channels = g.n_groups / g.gpc;
+  const uint64_t in_channel = uint64_t(g.gpc) * g.group_size;  // elements of one channel's groups
+  std::vector<Piece> out;
+  if (in_channel <= max_elems) {
+    // Runs of whole channels: k of them span (k - 1) * cstep + in_channel elements.
+    const uint64_t k = std::min<uint64_t>(channels, 1 + (max_elems - in_channel) / std::max<uint64_t>(g.cstep, 1));
+    out.reserve(size_t((channels + k - 1) / k));
+    for (uint64_t c0 = 0; c0 < channels; c0 += k) {
+      const uint64_t kk = std::min(k, channels - c0);
+      Piece p{c0 * g.cstep * elemsize, ((kk - 1) * g.cstep + in_channel) * elemsize, g};
+      p.layout.n_groups = uint32_t(kk * g.gpc);
+      out.push_back(p);
+    }
+  } else {
+    // A channel exceeds a piece: runs of its groups, each run a one-channel blob.
+    const uint64_t k = max_elems / g.group_size;
+    out.reserve(size_t(channels * ((g.gpc + k - 1) / k)));
+    for (uint64_t ch = 0; ch < channels; ++ch)
+      for (uint64_t g0 = 0; g0 < g.gpc; g0 += k) {
+        const uint64_t kk = std::min<uint64_t>(k, g.gpc - g0);
+        Piece p{(ch * g.cstep + g0 * g.group_size) * elemsize, kk * g.group_size * elemsize, g};
+        p.layout.gpc = uint32_t(kk);
+        p.layout.cstep = uint32_t(kk * g.group_size);
+        p.layout.n_groups = uint32_t(kk);
+        out.push_back(p);
+      }
+  }
+  return out;
+}
+
 Norm::Norm(NormOp op_) : op(op_) {}
 Norm::~Norm() = default;
+
+namespace {
+// A snapshot of `n` on `ctx`; the caller holds n's mutex.
+std::shared_ptr<Norm::Gpu> make_gpu(const Norm& n, std::shared_ptr<Context> ctx) {
+  auto gpu = std::make_shared<Norm::Gpu>();
+  gpu->ctx = std::move(ctx);
+  gpu->op = n.op, gpu->affine_size = n.affine_size, gpu->eps = n.eps, gpu->affine = n.affine;
+  gpu->gamma_data = n.gamma_data, gpu->beta_data = n.beta_data;
+  return gpu;
+}
+
+void check_weights(const Norm::Gpu& s) {
+  if (s.affine && (s.gamma_data.size() != size_t(s.affine_size) ||
+                   (s.op == NormOp::LayerNorm && s.beta_data.size() != size_t(s.affine_size))))
+    throw std::invalid_argument("affine=1 but no weights loaded: call load_model first");
+}
+
+void ensure_weights(Norm::Gpu& gpu) {
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  if (!gpu.unused) gpu.unused = Buffer::create(gpu.ctx, 16, Buffer::Kind::Device);
+  if (gpu.affine && !gpu.gamma) gpu.gamma = upload_floats(gpu.ctx, gpu.gamma_data);
+  if (gpu.affine && !gpu.beta)
+    gpu.beta = gpu.op == NormOp::LayerNorm ? upload_floats(gpu.ctx, gpu.beta_data) : gpu.unused;
+}
+}  // namespace
 
 void Norm::load_param(const ParamDict& pd) {
   const int new_affine_size = pd.get(0, 0);
@@ -95,10 +273,11 @@ void Norm::load_param(const ParamDict& pd) {
   if (new_affine != 0 && new_affine != 1) throw std::invalid_argument("affine must be 0 or 1, got " + std::to_string(new_affine));
   std::lock_guard<std::mutex> lock(mutex_);
   affine_size = new_affine_size, eps = new_eps, affine = new_affine;
-  gpu_.reset();
+  gpu_.reset();  // forwards still running keep their snapshot
 }
 
 void Norm::load_model(std::vector<float> gamma, std::vector<float> beta) {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (!affine) {
     if (!gamma.empty() || !beta.empty()) throw std::invalid_argument("affine=0: this layer takes no weights");
     return;
@@ -111,10 +290,9 @@ void Norm::load_model(std::vector<float> gamma, std::vector<float> beta) {
   check(gamma, "gamma");
   if (op == NormOp::LayerNorm) check(beta, "beta");
   else if (!beta.empty()) throw std::invalid_argument("RMSNorm takes gamma only");
-  std::lock_guard<std::mutex> lock(mutex_);
   gamma_data = std::move(gamma);
   beta_data = std::move(beta);
-  if (gpu_) gpu_->gamma.reset(), gpu_->beta.reset();
+  if (gpu_) gpu_ = make_gpu(*this, gpu_->ctx);  // same device, new weights; running forwards keep the old
 }
 
 void Norm::check_ready(const GroupLayout&) const {
@@ -125,14 +303,21 @@ void Norm::check_ready(const GroupLayout&) const {
 
 void Norm::create_pipeline(std::shared_ptr<Context> ctx, const Option&) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!ctx) ctx = Context::default_context();
   if (gpu_ && gpu_->ctx == ctx) return;
-  gpu_ = std::make_unique<Gpu>();
-  gpu_->ctx = std::move(ctx);
+  gpu_ = make_gpu(*this, std::move(ctx));
 }
 
 void Norm::destroy_pipeline() {
   std::lock_guard<std::mutex> lock(mutex_);
   gpu_.reset();
+}
+
+std::shared_ptr<Norm::Gpu> Norm::gpu_for(const std::shared_ptr<Context>& ctx) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!gpu_) gpu_ = make_gpu(*this, ctx ? ctx : Context::default_context());
+  else if (ctx && gpu_->ctx != ctx) throw std::invalid_argument("VkMat lives on another device than this layer");
+  return gpu_;
 }
 
 std::shared_ptr<Context> Norm::context() const {
@@ -147,29 +332,28 @@ DispatchInfo Norm::last_dispatch() const {
 
 namespace {
 
-// Split-path scratch (partials, coefficients), allocated once per submission and reused by every
-// forward recorded into it.
+// Split-path scratch (partials, coefficients), allocated once per forward (at the largest size its
+// pieces need) and reused by every dispatch recorded over it.
 struct Workspace {
   std::shared_ptr<Buffer> partials, coefs;
+  void reserve(const std::shared_ptr<Context>& ctx, uint64_t partials_bytes, uint64_t coefs_bytes) {
+    if (partials_bytes && (!partials || partials->size < partials_bytes))
+      partials = Buffer::create(ctx, partials_bytes, Buffer::Kind::Device);
+    if (coefs_bytes && (!coefs || coefs->size < coefs_bytes)) coefs = Buffer::create(ctx, coefs_bytes, Buffer::Kind::Device);
+  }
 };
 
 // Records one forward over `blob` (already on the device, in `g`'s layout) into `s`.
-DispatchInfo record(Norm& layer, Norm::Gpu& gpu, Submission& s, const Buffer& blob, const GroupLayout& g, bool fp16,
+DispatchInfo record(Norm::Gpu& gpu, Submission& s, const Buffer& blob, const GroupLayout& g, bool fp16,
                     const Option& opt, Workspace& ws) {
   const Plan plan = plan_dispatch(g, device_caps(*gpu.ctx, opt), opt, fp16);
   Context::Impl& impl = gpu.ctx->impl();
-  const uint32_t op = layer.op == NormOp::RMSNorm ? 1 : 0;
-  const uint32_t affine = layer.affine ? 1 : 0;
-  {
-    std::lock_guard<std::mutex> lock(gpu.mutex);
-    if (!gpu.unused) gpu.unused = Buffer::create(gpu.ctx, 16, Buffer::Kind::Device);
-    if (affine && !gpu.gamma) gpu.gamma = upload_floats(gpu.ctx, layer.gamma_data);
-    if (affine && !gpu.beta)
-      gpu.beta = layer.op == NormOp::LayerNorm ? upload_floats(gpu.ctx, layer.beta_data) : gpu.unused;
-  }
+  const uint32_t op = gpu.op == NormOp::RMSNorm ? 1 : 0;
+  const uint32_t affine = gpu.affine ? 1 : 0;
+  ensure_weights(gpu);
   const Buffer* gamma = affine ? gpu.gamma.get() : gpu.unused.get();
   const Buffer* beta = affine ? gpu.beta.get() : gpu.unused.get();
-  PushConstants pc{g.group_size, g.gpc, g.cstep, g.n_groups, plan.chunk_size, plan.n_chunks, plan.team, layer.eps};
+  PushConstants pc{g.group_size, g.gpc, g.cstep, g.n_groups, plan.chunk_size, plan.n_chunks, plan.team, gpu.eps};
   const std::string pack = g.elempack == 4 ? "4" : "1";
 
   DispatchInfo info;
@@ -185,8 +369,7 @@ DispatchInfo record(Norm& layer, Norm::Gpu& gpu, Submission& s, const Buffer& bl
   } else {
     const uint64_t items = uint64_t(g.n_groups) * plan.n_chunks;
     if (2 * items * g.elempack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
-    if (!ws.partials) ws.partials = Buffer::create(gpu.ctx, 2 * items * g.elempack * sizeof(float), Buffer::Kind::Device);
-    if (!ws.coefs) ws.coefs = Buffer::create(gpu.ctx, 3ull * g.n_groups * g.elempack * sizeof(float), Buffer::Kind::Device);
+    ws.reserve(gpu.ctx, 2 * items * g.elempack * sizeof(float), 3ull * g.n_groups * g.elempack * sizeof(float));
     const std::array<const Buffer*, kBindings> bind{&blob, gamma, beta, ws.partials.get(), ws.coefs.get()};
     pc.team = plan.reduce_team;
     const Specialization spec{plan.wg, op, affine, 1, 0};
@@ -204,39 +387,57 @@ DispatchInfo record(Norm& layer, Norm::Gpu& gpu, Submission& s, const Buffer& bl
   return info;
 }
 
+// Adds one piece's record to the forward's.
+void accumulate(DispatchInfo& total, const DispatchInfo& piece, bool first) {
+  const int dispatches = first ? piece.dispatches : total.dispatches + piece.dispatches;
+  const double us = first ? piece.gpu_us : total.gpu_us + piece.gpu_us;
+  const int pieces = first ? 1 : total.pieces + 1;
+  total = piece;
+  total.dispatches = dispatches, total.gpu_us = us, total.pieces = pieces;
+}
+
 }  // namespace
 
 void Norm::forward_inplace(Mat& m, const Option& opt) {
   if (m.empty()) throw std::invalid_argument("empty input");
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!gpu_) gpu_ = std::make_unique<Gpu>(), gpu_->ctx = Context::default_context();
-  }
-  Gpu& gpu = *gpu_;
-  auto& impl = gpu.ctx->impl();
-  const DeviceFormat fmt = device_format(*gpu.ctx, m, opt);
+  const std::shared_ptr<Gpu> gpu = gpu_for(nullptr);
+  auto& impl = gpu->ctx->impl();
+  const DeviceFormat fmt = device_format(*gpu->ctx, m, opt);
+  // The blob's layout on the device, worked out before anything is converted or allocated.
+  const int outer = m.unpacked_outer() / fmt.elempack;
+  const int h = m.dims == 2 ? outer : m.h, c = m.dims >= 3 ? outer : 1;
+  const size_t elemsize = size_t(fmt.fp16 ? 2 : 4) * fmt.elempack;
+  const size_t cstep = ncnn_cstep(m.dims, m.w, h, m.d, elemsize);
+  const uint64_t bytes = uint64_t(cstep) * c * elemsize;
+  const GroupLayout g = group_layout(m.dims, m.w, h, m.d, c, cstep, fmt.elempack, gpu->affine_size, gpu->affine != 0);
+  check_weights(*gpu);
+  ensure_weights(*gpu);
+  const Run run = plan_run(*gpu, g, elemsize, bytes, fmt.fp16, opt, false,
+                           "the tensor " + describe_blob(m.dims, m.w, h, m.d, c, elemsize, fmt.elempack));
+
   Mat dev_mat = to_format(m, fmt);
-  const GroupLayout g = group_layout(dev_mat.dims, dev_mat.w, dev_mat.h, dev_mat.d, dev_mat.c, dev_mat.cstep,
-                                     dev_mat.elempack, affine_size, affine != 0);
-  check_ready(g);
-  check_indexing(g, dev_mat.total(), gpu.ctx->info(), dev_mat.bytes());
-
-  const size_t bytes = dev_mat.bytes();
+  if (dev_mat.cstep != cstep || dev_mat.bytes() != bytes) throw std::logic_error("vknorm: device layout mismatch");
   Workspace ws;
-  auto blob = Buffer::create(gpu.ctx, bytes, Buffer::Kind::Device);
-  std::shared_ptr<Buffer> staging = impl.direct_host_access ? blob : Buffer::create(gpu.ctx, bytes, Buffer::Kind::Staging);
-  std::memcpy(staging->mapped, dev_mat.data(), bytes);
-
-  Submission s(impl, 3);
-  if (!impl.direct_host_access) s.copy(*staging, *blob, bytes), s.barrier();
-  s.timestamp(0);
-  DispatchInfo info = record(*this, gpu, s, *blob, g, fmt.fp16, opt, ws);
-  s.timestamp(1);
-  s.barrier();
-  if (!impl.direct_host_access) s.copy(*blob, *staging, bytes), s.barrier();
-  s.submit_and_wait();
-  info.gpu_us = s.gpu_us();
-  std::memcpy(dev_mat.data(), staging->mapped, bytes);
+  ws.reserve(gpu->ctx, run.partials, run.coefs);
+  auto blob = Buffer::create(gpu->ctx, run.piece_buffer, Buffer::Kind::Device);
+  std::shared_ptr<Buffer> staging =
+      impl.direct_host_access ? blob : Buffer::create(gpu->ctx, run.piece_buffer, Buffer::Kind::Staging);
+  DispatchInfo info;
+  for (size_t i = 0; i < run.pieces.size(); ++i) {
+    const Piece& p = run.pieces[i];
+    std::memcpy(staging->mapped, dev_mat.data() + p.offset, p.bytes);
+    Submission s(impl, 3);
+    if (!impl.direct_host_access) s.copy(*staging, *blob, p.bytes), s.barrier();
+    s.timestamp(0);
+    DispatchInfo piece = record(*gpu, s, *blob, p.layout, fmt.fp16, opt, ws);
+    s.timestamp(1);
+    s.barrier();
+    if (!impl.direct_host_access) s.copy(*blob, *staging, p.bytes), s.barrier();
+    s.submit_and_wait();
+    piece.gpu_us = s.gpu_us();
+    std::memcpy(dev_mat.data() + p.offset, staging->mapped, p.bytes);
+    accumulate(info, piece, i == 0);
+  }
   m = from_format(dev_mat, m);
   std::lock_guard<std::mutex> lock(mutex_);
   last_ = info;
@@ -244,22 +445,32 @@ void Norm::forward_inplace(Mat& m, const Option& opt) {
 
 void Norm::forward_inplace(VkMat& v, const Option& opt) {
   if (!v.buffer || v.dims == 0) throw std::invalid_argument("empty VkMat");
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!gpu_) gpu_ = std::make_unique<Gpu>(), gpu_->ctx = v.context();
-    if (gpu_->ctx != v.context()) throw std::invalid_argument("VkMat lives on another device than this layer");
-  }
-  Gpu& gpu = *gpu_;
-  const GroupLayout g = group_layout(v.dims, v.w, v.h, v.d, v.c, v.cstep, v.elempack, affine_size, affine != 0);
-  check_ready(g);
-  check_indexing(g, v.bytes() / v.elemsize, gpu.ctx->info(), v.bytes());
+  const std::shared_ptr<Gpu> gpu = gpu_for(v.context());
+  auto& impl = gpu->ctx->impl();
+  const GroupLayout g = group_layout(v.dims, v.w, v.h, v.d, v.c, v.cstep, v.elempack, gpu->affine_size, gpu->affine != 0);
+  check_weights(*gpu);
+  ensure_weights(*gpu);
+  const bool fp16 = v.elemsize == 2u * v.elempack;
+  const Run run = plan_run(*gpu, g, v.elemsize, v.bytes(), fp16, opt, true,
+                           "the VkMat " + describe_blob(v.dims, v.w, v.h, v.d, v.c, v.elemsize, v.elempack));
   Workspace ws;
-  Submission s(gpu.ctx->impl(), 3);
-  s.timestamp(0);
-  DispatchInfo info = record(*this, gpu, s, *v.buffer, g, v.elemsize == 2u * v.elempack, opt, ws);
-  s.timestamp(1);
-  s.submit_and_wait();
-  info.gpu_us = s.gpu_us();
+  ws.reserve(gpu->ctx, run.partials, run.coefs);
+  // Too large for one storage buffer: each piece is copied into a buffer of its own and back.
+  std::shared_ptr<Buffer> piece_buffer =
+      run.piece_buffer ? Buffer::create(gpu->ctx, run.piece_buffer, Buffer::Kind::Device) : nullptr;
+  DispatchInfo info;
+  for (size_t i = 0; i < run.pieces.size(); ++i) {
+    const Piece& p = run.pieces[i];
+    Submission s(impl, 3);
+    if (piece_buffer) s.copy(*v.buffer, *piece_buffer, p.bytes, p.offset, 0), s.barrier();
+    s.timestamp(0);
+    DispatchInfo piece = record(*gpu, s, piece_buffer ? *piece_buffer : *v.buffer, p.layout, fp16, opt, ws);
+    s.timestamp(1);
+    if (piece_buffer) s.barrier(), s.copy(*piece_buffer, *v.buffer, p.bytes, 0, p.offset), s.barrier();
+    s.submit_and_wait();
+    piece.gpu_us = s.gpu_us();
+    accumulate(info, piece, i == 0);
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   last_ = info;
 }
@@ -267,16 +478,21 @@ void Norm::forward_inplace(VkMat& v, const Option& opt) {
 DispatchInfo Norm::forward_repeated(VkMat& v, const Option& opt, int warmup, int reps) {
   if (reps < 1 || warmup < 0) throw std::invalid_argument("forward_repeated: reps >= 1 and warmup >= 0");
   forward_inplace(v, opt);  // validates, creates pipelines and uploads weights outside the timed batch
-  Gpu& gpu = *gpu_;
-  const GroupLayout g = group_layout(v.dims, v.w, v.h, v.d, v.c, v.cstep, v.elempack, affine_size, affine != 0);
+  const std::shared_ptr<Gpu> gpu = gpu_for(v.context());
+  const GroupLayout g = group_layout(v.dims, v.w, v.h, v.d, v.c, v.cstep, v.elempack, gpu->affine_size, gpu->affine != 0);
+  check_weights(*gpu);
   const bool fp16 = v.elemsize == 2u * v.elempack;
+  const Run run = plan_run(*gpu, g, v.elemsize, v.bytes(), fp16, opt, true, "the VkMat");
+  if (run.pieces.size() != 1 || run.piece_buffer)
+    throw std::invalid_argument("forward_repeated: this VkMat is processed in " + std::to_string(run.pieces.size()) +
+                                " pieces (larger than one storage buffer); benchmark a smaller one");
   Workspace ws;
-  Submission s(gpu.ctx->impl(), 3);
+  Submission s(gpu->ctx->impl(), 3);
   DispatchInfo info;
   // Back-to-back forwards, each ordered after the last by a barrier, as consecutive layers would be.
-  for (int i = 0; i < warmup; ++i) record(*this, gpu, s, *v.buffer, g, fp16, opt, ws), s.barrier();
+  for (int i = 0; i < warmup; ++i) record(*gpu, s, *v.buffer, g, fp16, opt, ws), s.barrier();
   s.timestamp(0);
-  for (int i = 0; i < reps; ++i) info = record(*this, gpu, s, *v.buffer, g, fp16, opt, ws), s.barrier();
+  for (int i = 0; i < reps; ++i) info = record(*gpu, s, *v.buffer, g, fp16, opt, ws), s.barrier();
   s.timestamp(1);
   s.submit_and_wait();
   info.gpu_us = s.gpu_us() / reps;
@@ -288,6 +504,9 @@ double copy_repeated(const VkMat& src, int warmup, int reps, bool shader) {
   auto ctx = src.context();
   auto& impl = ctx->impl();
   const vk::DeviceSize bytes = src.bytes();
+  if (shader && bytes > impl.info.max_storage_buffer_range)
+    throw std::invalid_argument("copy_repeated: " + std::to_string(bytes) + " bytes exceed one storage buffer (" +
+                                std::to_string(impl.info.max_storage_buffer_range) + " bytes)");
   auto dst = Buffer::create(ctx, bytes, Buffer::Kind::Device);
   const uint32_t wg = impl.info.type == "cpu" ? 64 : 256;
   const Pipeline& p = impl.pipeline(variant_name("copy", false, "1", false), Specialization{wg, 0, 0, 1, 0});

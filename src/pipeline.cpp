@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <stdexcept>
 
 #include "shaders.h"
@@ -21,8 +22,12 @@ Pipeline::Pipeline(Context::Impl& ctx, const std::string& variant, const Special
   const uint32_t values[] = {spec.workgroup, spec.op, spec.affine, spec.items, spec.prefetch};
   const vk::SpecializationMapEntry entries[] = {{0, 0, 4}, {1, 4, 4}, {2, 8, 4}, {3, 12, 4}, {4, 16, 4}};
   vk::SpecializationInfo info{.mapEntryCount = 5, .pMapEntries = entries, .dataSize = sizeof(values), .pData = values};
+  // VKNORM_SUBGROUP_SIZE (context.cpp): the subgroup variants run with the subgroup size chosen there.
+  vk::PipelineShaderStageRequiredSubgroupSizeCreateInfo size{.requiredSubgroupSize = ctx.required_subgroup_size};
+  const bool sized = ctx.required_subgroup_size && variant.size() > 4 && variant.compare(variant.size() - 4, 4, "_sg1") == 0;
   vk::ComputePipelineCreateInfo ci{
-      .stage = {.stage = vk::ShaderStageFlagBits::eCompute, .module = *module, .pName = "main", .pSpecializationInfo = &info},
+      .stage = {.pNext = sized ? &size : nullptr, .stage = vk::ShaderStageFlagBits::eCompute, .module = *module,
+                .pName = "main", .pSpecializationInfo = &info},
       .layout = *ctx.pipeline_layout};
   pipeline = vk::raii::Pipeline(ctx.device, ctx.pipeline_cache, ci);
 }
@@ -34,27 +39,63 @@ const Pipeline& Context::Impl::pipeline(const std::string& variant, const Specia
   return *slot;
 }
 
-Submission::Submission(Context::Impl& ctx, uint32_t max_dispatches) : ctx_(ctx) {
-  // Pools per submission: nothing is shared between threads but the queue.
-  pool_ = vk::raii::CommandPool(ctx.device, vk::CommandPoolCreateInfo{.flags = vk::CommandPoolCreateFlagBits::eTransient,
-                                                                       .queueFamilyIndex = ctx.queue_family});
-  cmd_ = std::move(vk::raii::CommandBuffers(ctx.device, vk::CommandBufferAllocateInfo{
-                                                            .commandPool = *pool_,
-                                                            .level = vk::CommandBufferLevel::ePrimary,
-                                                            .commandBufferCount = 1})
-                       .front());
-  vk::DescriptorPoolSize size{.type = vk::DescriptorType::eStorageBuffer, .descriptorCount = kBindings * max_dispatches};
-  descriptors_ = vk::raii::DescriptorPool(
-      ctx.device, vk::DescriptorPoolCreateInfo{.maxSets = max_dispatches, .poolSizeCount = 1, .pPoolSizes = &size});
+namespace {
+
+std::unique_ptr<SubmissionKit> take_kit(Context::Impl& ctx, uint32_t max_sets) {
+  {
+    std::lock_guard<std::mutex> lock(ctx.kit_mutex);
+    for (auto it = ctx.kits.begin(); it != ctx.kits.end(); ++it)
+      if ((*it)->max_sets >= max_sets) {
+        auto kit = std::move(*it);
+        ctx.kits.erase(it);
+        return kit;
+      }
+  }
+  auto kit = std::make_unique<SubmissionKit>();
+  kit->max_sets = std::max<uint32_t>(max_sets, 4);
+  kit->pool = vk::raii::CommandPool(ctx.device, vk::CommandPoolCreateInfo{.flags = vk::CommandPoolCreateFlagBits::eTransient,
+                                                                         .queueFamilyIndex = ctx.queue_family});
+  kit->cmd = std::move(vk::raii::CommandBuffers(ctx.device, vk::CommandBufferAllocateInfo{
+                                                                .commandPool = *kit->pool,
+                                                                .level = vk::CommandBufferLevel::ePrimary,
+                                                                .commandBufferCount = 1})
+                           .front());
+  vk::DescriptorPoolSize size{.type = vk::DescriptorType::eStorageBuffer, .descriptorCount = kBindings * kit->max_sets};
+  kit->descriptors = vk::raii::DescriptorPool(
+      ctx.device, vk::DescriptorPoolCreateInfo{.maxSets = kit->max_sets, .poolSizeCount = 1, .pPoolSizes = &size});
+  kit->fence = vk::raii::Fence(ctx.device, vk::FenceCreateInfo{});
+  if (ctx.timestamp_bits)
+    kit->queries.emplace(ctx.device, vk::QueryPoolCreateInfo{.queryType = vk::QueryType::eTimestamp, .queryCount = 2});
+  return kit;
+}
+
+constexpr size_t kMaxIdleKits = 16;  // more idle kits than this (after a burst of threads) are freed
+
+}  // namespace
+
+Submission::Submission(Context::Impl& ctx, uint32_t max_dispatches)
+    : ctx_(ctx), kit_(take_kit(ctx, max_dispatches)), cmd_(kit_->cmd) {
+  // A kit per submission: nothing is shared between threads but the queue.
   cmd_.begin(vk::CommandBufferBeginInfo{.flags = vk::CommandBufferUsageFlagBits::eOneTimeSubmit});
-  if (ctx.timestamp_bits) {
-    queries_.emplace(ctx.device, vk::QueryPoolCreateInfo{.queryType = vk::QueryType::eTimestamp, .queryCount = 2});
-    cmd_.resetQueryPool(**queries_, 0, 2);
+  if (kit_->queries) cmd_.resetQueryPool(**kit_->queries, 0, 2);
+}
+
+Submission::~Submission() {
+  if (pending_) return;  // the wait failed (device lost): destroy the kit rather than reuse it
+  try {
+    // Back to the initial state: command buffer, descriptor sets, fence.
+    kit_->pool.reset();
+    kit_->descriptors.reset();
+    if (submitted_) ctx_.device.resetFences(*kit_->fence);
+    std::lock_guard<std::mutex> lock(ctx_.kit_mutex);
+    if (ctx_.kits.size() < kMaxIdleKits) ctx_.kits.push_back(std::move(kit_));
+  } catch (...) {  // a kit that cannot be reset is dropped
   }
 }
 
-void Submission::copy(const Buffer& src, const Buffer& dst, vk::DeviceSize bytes) {
-  cmd_.copyBuffer(*src.buffer, *dst.buffer, vk::BufferCopy{.srcOffset = 0, .dstOffset = 0, .size = bytes});
+void Submission::copy(const Buffer& src, const Buffer& dst, vk::DeviceSize bytes, vk::DeviceSize src_offset,
+                      vk::DeviceSize dst_offset) {
+  cmd_.copyBuffer(*src.buffer, *dst.buffer, vk::BufferCopy{.srcOffset = src_offset, .dstOffset = dst_offset, .size = bytes});
 }
 
 void Submission::barrier() {
@@ -87,7 +128,7 @@ void Submission::dispatch(const Pipeline& p, const std::array<const Buffer*, kBi
 vk::DescriptorSet Submission::write_set(const std::array<const Buffer*, kBindings>& bindings) {
   vk::DescriptorSetLayout layout = *ctx_.set_layout;
   vk::DescriptorSet set = (*ctx_.device).allocateDescriptorSets(
-      vk::DescriptorSetAllocateInfo{.descriptorPool = *descriptors_, .descriptorSetCount = 1, .pSetLayouts = &layout},
+      vk::DescriptorSetAllocateInfo{.descriptorPool = *kit_->descriptors, .descriptorSetCount = 1, .pSetLayouts = &layout},
       *ctx_.device.getDispatcher())[0];
   std::array<vk::DescriptorBufferInfo, kBindings> infos;
   std::array<vk::WriteDescriptorSet, kBindings> writes;
@@ -101,24 +142,25 @@ vk::DescriptorSet Submission::write_set(const std::array<const Buffer*, kBinding
 }
 
 void Submission::timestamp(uint32_t slot) {
-  if (queries_) cmd_.writeTimestamp(vk::PipelineStageFlagBits::eComputeShader, **queries_, slot);
+  if (kit_->queries) cmd_.writeTimestamp(vk::PipelineStageFlagBits::eComputeShader, **kit_->queries, slot);
 }
 
 void Submission::submit_and_wait() {
   cmd_.end();
-  vk::raii::Fence fence(ctx_.device, vk::FenceCreateInfo{});
   vk::CommandBuffer raw = *cmd_;
   {
     std::lock_guard<std::mutex> lock(ctx_.queue_mutex);
-    ctx_.queue.submit(vk::SubmitInfo{.commandBufferCount = 1, .pCommandBuffers = &raw}, *fence);
+    ctx_.queue.submit(vk::SubmitInfo{.commandBufferCount = 1, .pCommandBuffers = &raw}, *kit_->fence);
   }
-  while (ctx_.device.waitForFences(*fence, VK_TRUE, 1'000'000'000ull) == vk::Result::eTimeout) {}
+  pending_ = true;
+  while (ctx_.device.waitForFences(*kit_->fence, VK_TRUE, 1'000'000'000ull) == vk::Result::eTimeout) {}
+  pending_ = false;
   submitted_ = true;
 }
 
 double Submission::gpu_us() const {
-  if (!queries_ || !submitted_) return 0;
-  auto [result, stamps] = queries_->getResults<uint64_t>(0, 2, 2 * sizeof(uint64_t), sizeof(uint64_t),
+  if (!kit_->queries || !submitted_) return 0;
+  auto [result, stamps] = kit_->queries->getResults<uint64_t>(0, 2, 2 * sizeof(uint64_t), sizeof(uint64_t),
                                                          vk::QueryResultFlagBits::e64 | vk::QueryResultFlagBits::eWait);
   uint64_t mask = ctx_.timestamp_bits >= 64 ? ~0ull : ((1ull << ctx_.timestamp_bits) - 1);
   uint64_t ticks = (stamps[1] - stamps[0]) & mask;

@@ -7,6 +7,7 @@
 #include <string>
 #include <mutex>
 #include <optional>
+#include <vector>
 #include <vulkan/vulkan_raii.hpp>
 
 #include "vknorm/context.h"
@@ -41,6 +42,7 @@ struct Context::Impl {
   uint32_t timestamp_bits = 0;
   bool fp16_storage = false;  // enabled on the device
   bool subgroup_reduce = false;  // arithmetic + shuffle in compute
+  uint32_t required_subgroup_size = 0;  // VKNORM_SUBGROUP_SIZE, 0: the device's default
   bool direct_host_access = false;  // device memory is host memory (CPU / integrated): no staging
   uint32_t device_memory_type = 0, staging_memory_type = 0;
   vk::raii::DescriptorSetLayout set_layout = nullptr;
@@ -54,6 +56,21 @@ struct Context::Impl {
   const struct Pipeline& pipeline(const std::string& variant, const struct Specialization& spec);
   std::atomic<uint64_t> bytes_in_use{0}, bytes_peak{0}, live_buffers{0};
   uint64_t max_device_bytes = 0;  // VKNORM_MAX_DEVICE_BYTES, 0: none
+  // Command pools, fences and descriptor/query pools of finished submissions, reused by later ones
+  // (pipeline.cpp). Declared last: destroyed before the device.
+  std::mutex kit_mutex;
+  std::vector<std::unique_ptr<struct SubmissionKit>> kits;
+};
+
+// What one Submission records into: created on demand, handed back to the context when the
+// submission is done (reset there) and reused; one thread at a time uses a kit.
+struct SubmissionKit {
+  uint32_t max_sets = 0;
+  vk::raii::CommandPool pool = nullptr;
+  vk::raii::CommandBuffer cmd = nullptr;
+  vk::raii::DescriptorPool descriptors = nullptr;
+  vk::raii::Fence fence = nullptr;
+  std::optional<vk::raii::QueryPool> queries;
 };
 
 struct VkMat::Buffer {
@@ -86,7 +103,8 @@ struct Pipeline {
 class Submission {
  public:
   explicit Submission(Context::Impl& ctx, uint32_t max_dispatches = 4);
-  void copy(const Buffer& src, const Buffer& dst, vk::DeviceSize bytes);
+  void copy(const Buffer& src, const Buffer& dst, vk::DeviceSize bytes, vk::DeviceSize src_offset = 0,
+            vk::DeviceSize dst_offset = 0);
   void barrier();  // every earlier transfer/shader write is visible to every later access
   void dispatch(const Pipeline& p, const std::array<const Buffer*, kBindings>& bindings, const PushConstants& pc,
                 uint64_t workgroups);
@@ -100,12 +118,16 @@ class Submission {
   Context::Impl& ctx_;
   std::array<const Buffer*, kBindings> last_bindings_{};
   vk::DescriptorSet last_set_{};
-  vk::raii::CommandPool pool_ = nullptr;
-  vk::raii::CommandBuffer cmd_ = nullptr;
-  vk::raii::DescriptorPool descriptors_ = nullptr;
-  std::optional<vk::raii::QueryPool> queries_;
+  std::unique_ptr<SubmissionKit> kit_;
+  vk::raii::CommandBuffer& cmd_;
   int dispatches_ = 0;
   bool submitted_ = false;
+  bool pending_ = false;  // submitted and not yet waited for: the kit cannot be reused
+
+ public:
+  ~Submission();
+  Submission(const Submission&) = delete;
+  Submission& operator=(const Submission&) = delete;
 };
 
 }  // namespace vknorm

@@ -50,7 +50,22 @@ struct DispatchInfo {  // what the last forward did
   bool subgroup = false;
   bool vec4 = false;  // pack1 blob read as vec4s
   double gpu_us = 0;  // from timestamp queries; 0 when the device has none
+  int pieces = 1;     // submissions the blob was split into (plan_pieces); 1: processed whole
 };
+
+// A blob larger than one storage buffer (maxStorageBufferRange, or VKNORM_MAX_BUFFER_BYTES when
+// lower) or than the free device memory is processed in pieces of whole groups (whole channels
+// when they fit, else runs of groups of one channel), each a blob of its own in a buffer of at most
+// max_bytes and at most kMaxPieceElements packed elements, so no 32-bit shader index can wrap.
+constexpr uint64_t kMaxPieceElements = 1ull << 31;
+struct Piece {
+  uint64_t offset = 0;  // bytes into the blob
+  uint64_t bytes = 0;   // bytes the piece spans
+  GroupLayout layout;   // its groups, as a blob of its own
+};
+// One piece (the whole blob) when blob_bytes <= max_bytes. Throws std::invalid_argument when a single
+// group exceeds max_bytes or kMaxPieceElements (a group is normalized whole, never split).
+std::vector<Piece> plan_pieces(const GroupLayout& g, size_t elemsize, uint64_t blob_bytes, uint64_t max_bytes);
 
 class VkMat;
 
@@ -76,6 +91,15 @@ class Norm {
   // ncnn's CPU algorithm on a float32 elempack-1 Mat (other storages are converted and back).
   void forward_inplace_cpu(Mat& m) const;
   // Vulkan. Host Mat: one upload, one submission, one download. VkMat: one submission, no host copy.
+  // A blob too large for one buffer or for the free device memory runs in pieces (plan_pieces); one
+  // that cannot be split is refused before anything is allocated (std::invalid_argument past the
+  // device's buffer range, DeviceOutOfMemory past its memory).
+  //
+  // Threads: forward_inplace, forward_repeated, last_dispatch and context may be called from any
+  // number of threads at once, also while another thread runs load_param / load_model /
+  // create_pipeline / destroy_pipeline: each forward runs on the parameters, weights and device the
+  // layer had when it started (a snapshot). The public fields above are written by load_param /
+  // load_model; read them, and run forward_inplace_cpu, only while no load runs at the same time.
   void forward_inplace(Mat& m, const Option& opt = {});
   void forward_inplace(VkMat& m, const Option& opt = {});
 
@@ -90,7 +114,9 @@ class Norm {
 
  private:
   void check_ready(const GroupLayout& layout) const;
-  std::unique_ptr<Gpu> gpu_;
+  // The snapshot a forward runs on (mutex_ held inside); ctx null: the layer's device, else the default.
+  std::shared_ptr<Gpu> gpu_for(const std::shared_ptr<Context>& ctx);
+  std::shared_ptr<Gpu> gpu_;
   mutable std::mutex mutex_;
   DispatchInfo last_;
 };

@@ -307,13 +307,15 @@ def plot(report: dict, path: str) -> None:
         print("vknorm bench: matplotlib is not installed: no plot", file=sys.stderr)
         return
     sweep = [r for r in report["results"] if r.get("kind", "sweep") == "sweep"]
-    panels = sorted({(r["op"], r["dtype"]) for r in sweep})
-    if not panels:
+    ops = sorted({r["op"] for r in sweep})
+    dtypes = sorted({r["dtype"] for r in sweep}, reverse=True)  # fp32 first
+    if not ops:
         return
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    fig, axes = plt.subplots(len(ops), len(dtypes), figsize=(6 * len(dtypes), 4.2 * len(ops)), squeeze=False)
+    panels = [(op, dt) for op in ops for dt in dtypes]
     styles = {"vknorm": ("C0", "-", "o"), "ncnn": ("C1", "-", "s"), "torch": ("C2", "-", "^"),
               "copy": ("k", "--", None), "copy_buffer": ("0.6", ":", None)}
-    for ax, (op, dtype) in zip(axes[0], panels):
+    for ax, (op, dtype) in zip(axes.flat, panels):
         for impl, (color, ls, marker) in styles.items():
             pts = sorted((r["cols"], r["gbps"]) for r in sweep if r["op"] == op and r["dtype"] == dtype and r["impl"] == impl)
             if pts:

@@ -58,11 +58,18 @@ def device_info() -> dict:
     return _core.Context.default().info
 
 
+_vulkan_seen = False  # a device once found stays: enumerating on every call cost ~0.3 ms per forward
+
+
 def _vulkan_available() -> bool:
+    global _vulkan_seen
+    if _vulkan_seen:
+        return True
     try:
-        return len(_core.devices()) > 0
+        _vulkan_seen = len(_core.devices()) > 0
     except _core.VulkanUnavailableError:
         return False
+    return _vulkan_seen
 
 
 def _check_array(x) -> np.ndarray:
@@ -106,7 +113,19 @@ def to_device(x, option: Optional[Option] = None, device=None) -> _core.VkMat:
 
 
 def _as_storage(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a if a.dtype in (np.float16, np.float32) else a.astype(np.float32))
+    out = np.ascontiguousarray(a if a.dtype in (np.float16, np.float32) else a.astype(np.float32))
+    return out if out.flags.writeable else out.copy()  # the binding takes writable arrays only
+
+
+def _param_int(pid, v) -> int:
+    """An int param as ncnn's ParamDict holds it (32-bit); ValueError otherwise, not a C++ bad_cast."""
+    try:
+        i = int(v)
+    except OverflowError:  # int(inf)
+        raise ValueError(f"param {pid}={v!r} is not an integer") from None
+    if not -(1 << 31) <= i < (1 << 31):
+        raise ValueError(f"param {pid}={v!r} does not fit ncnn's 32-bit int")
+    return i
 
 
 class _Norm:
@@ -117,7 +136,7 @@ class _Norm:
         self._layer = _core.Norm(self._op)
         self.option = option or Option()
         self.device = device
-        self._layer.load_param({0: int(affine_size), 1: float(eps), 2: int(bool(affine))})
+        self._layer.load_param({0: _param_int(0, affine_size), 1: float(eps), 2: int(bool(affine))})
 
     @classmethod
     def from_param(cls, params: Mapping[int, Union[int, float]], **kwargs):
@@ -137,7 +156,7 @@ class _Norm:
         eps = params.get(1, 0.001)
         if not math.isfinite(float(eps)):
             raise ValueError(f"eps must be finite and >= 0, got {eps}")
-        self._layer.load_param({int(k): (float(v) if k == 1 else int(v)) for k, v in params.items()})
+        self._layer.load_param({_param_int("id", k): (float(v) if k == 1 else _param_int(k, v)) for k, v in params.items()})
 
     def _weights(self, v, name: str) -> list:
         a = np.asarray(v)

@@ -1,0 +1,249 @@
+// vknorm C++ example: one LayerNorm (ncnn's layer interface) on a host Mat and on a device VkMat,
+// each compared with the CPU reference (forward_inplace_cpu, ncnn's own algorithm).
+//
+// Usage:
+//   layernorm_example [options] [MODEL.param MODEL.bin]
+//
+//   MODEL.param  an ncnn .param file (or just one layer line); the first LayerNorm line is used:
+//                  LayerNorm ln0 1 1 in0 out0 0=64 1=1.000000e-05 2=1
+//                (0=affine_size, 1=eps, 2=affine, as ncnn). A missing key takes ncnn's default.
+//   MODEL.bin    raw little-endian float32: gamma[affine_size] then beta[affine_size] (what ncnn's
+//                LayerNorm::load_model reads; with affine=0 nothing is read). Extra bytes are ignored.
+//   Without files: affine_size 64, eps 1e-5, affine 1 and pseudo-random weights.
+//
+//   --h N, --c N      input shape (c, h, affine_size) in numpy order, a dims-3 Mat; defaults 16 and 4
+//   --fp16            float16 storage on the device (tolerance 4e-3 instead of 1e-5)
+//   --no-packing      keep elempack 1 on the device (default: pack4 where the channels divide by 4)
+//   --path P          auto | subgroup | workgroup | split (default auto)
+//   --device N        Vulkan device index (default: VKNORM_DEVICE, else the best device)
+//   --tol X           error bound relative to max(1, max|y|) (default 1e-5, or 4e-3 with --fp16)
+//
+// Prints the device, the shape and the max abs error of each run; exits 1 when an error exceeds the
+// tolerance (or, with VKNORM_VALIDATION=1, when the validation layer reported anything), 2 on bad
+// arguments or files, 3 when Vulkan is unavailable.
+#include <vknorm/vknorm.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Args {
+  std::string param_path, bin_path;
+  int h = 16, c = 4, device = -1;
+  bool fp16 = false, packing = true;
+  std::string path = "auto";
+  double tol = -1;
+};
+
+[[noreturn]] void usage_error(const std::string& why) {
+  std::cerr << "layernorm_example: " << why << "\n"
+            << "usage: layernorm_example [--h N] [--c N] [--fp16] [--no-packing] [--path P] [--device N] [--tol X]"
+               " [MODEL.param MODEL.bin]\n";
+  std::exit(2);
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  std::vector<std::string> files;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(s + " needs a value");
+      return argv[++i];
+    };
+    try {
+      if (s == "--h") a.h = std::stoi(value());
+      else if (s == "--c") a.c = std::stoi(value());
+      else if (s == "--device") a.device = std::stoi(value());
+      else if (s == "--tol") a.tol = std::stod(value());
+      else if (s == "--path") a.path = value();
+      else if (s == "--fp16") a.fp16 = true;
+      else if (s == "--no-packing") a.packing = false;
+      else if (s == "-h" || s == "--help") usage_error("help");
+      else if (!s.empty() && s[0] == '-') usage_error("unknown option " + s);
+      else files.push_back(s);
+    } catch (const std::logic_error&) {  // stoi/stod
+      usage_error("bad value for " + s);
+    }
+  }
+  if (files.size() == 2) a.param_path = files[0], a.bin_path = files[1];
+  else if (!files.empty()) usage_error("give both MODEL.param and MODEL.bin, or neither");
+  if (a.h < 1 || a.c < 1) usage_error("--h and --c must be >= 1");
+  if (a.tol < 0) a.tol = a.fp16 ? 4e-3 : 1e-5;
+  return a;
+}
+
+// The first "LayerNorm" line of an ncnn .param file -> ParamDict (ids 0, 1, 2; others are ignored).
+vknorm::ParamDict read_param(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error(path + ": cannot open");
+  std::string line;
+  while (std::getline(f, line)) {
+    std::istringstream in(line);
+    std::string type, name;
+    int n_in = 0, n_out = 0;
+    if (!(in >> type) || type != "LayerNorm") continue;
+    if (!(in >> name >> n_in >> n_out) || n_in < 0 || n_out < 0)
+      throw std::runtime_error(path + ": malformed layer line: " + line);
+    std::string blob;
+    for (int i = 0; i < n_in + n_out; ++i)
+      if (!(in >> blob)) throw std::runtime_error(path + ": layer line lists fewer blobs than it declares: " + line);
+    vknorm::ParamDict pd;
+    std::string kv;
+    while (in >> kv) {
+      const auto eq = kv.find('=');
+      if (eq == std::string::npos) throw std::runtime_error(path + ": expected id=value, got '" + kv + "'");
+      const int id = std::stoi(kv.substr(0, eq));
+      const std::string v = kv.substr(eq + 1);
+      // ncnn's rule: a value with '.' or 'e' is a float, otherwise an int.
+      if (v.find_first_of(".eE") != std::string::npos) pd.set(id, std::stof(v));
+      else pd.set(id, std::stoi(v));
+    }
+    return pd;
+  }
+  throw std::runtime_error(path + ": no LayerNorm layer line");
+}
+
+std::vector<float> read_floats(std::ifstream& f, size_t n, const std::string& path, const char* what) {
+  std::vector<float> v(n);
+  if (n && !f.read(reinterpret_cast<char*>(v.data()), std::streamsize(n * sizeof(float))))
+    throw std::runtime_error(path + ": too short for " + what + " (" + std::to_string(n) + " float32)");
+  return v;
+}
+
+// Deterministic uniform values in [-1.2, 1.2), as ncnn's RandomMat range.
+struct Lcg {
+  uint32_t s;
+  float next() {
+    s = s * 1664525u + 1013904223u;
+    return float(s >> 8) / float(1u << 24) * 2.4f - 1.2f;
+  }
+};
+
+// Every unpacked float of a dims-3 fp32 elempack-1 Mat, in (c, h, w) order.
+std::vector<float> values(const vknorm::Mat& m) {
+  std::vector<float> out;
+  for (int q = 0; q < m.c; ++q) {
+    const float* p = reinterpret_cast<const float*>(m.channel(q));
+    out.insert(out.end(), p, p + size_t(m.w) * m.h);
+  }
+  return out;
+}
+
+double max_abs_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double e = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(double(a[i]) - double(b[i]));
+    if (!(d <= e)) e = d;  // NaN propagates
+  }
+  return e;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse_args(argc, argv);
+
+  vknorm::LayerNorm ln;
+  try {
+    vknorm::ParamDict pd;
+    std::vector<float> gamma, beta;
+    if (!args.param_path.empty()) {
+      pd = read_param(args.param_path);
+      ln.load_param(pd);
+      if (ln.affine) {
+        std::ifstream bin(args.bin_path, std::ios::binary);
+        if (!bin) throw std::runtime_error(args.bin_path + ": cannot open");
+        gamma = read_floats(bin, size_t(ln.affine_size), args.bin_path, "gamma");
+        beta = read_floats(bin, size_t(ln.affine_size), args.bin_path, "beta");
+      }
+    } else {
+      pd.set(0, 64);
+      pd.set(1, 1e-5f);
+      pd.set(2, 1);
+      ln.load_param(pd);
+      Lcg rng{1234};
+      for (int i = 0; i < ln.affine_size; ++i) gamma.push_back(rng.next()), beta.push_back(rng.next());
+    }
+    if (ln.affine_size < 1) throw std::runtime_error("affine_size (0=) must be >= 1: it is the row width here");
+    ln.load_model(gamma, beta);  // affine=0: both empty
+  } catch (const std::exception& e) {
+    std::cerr << "layernorm_example: " << e.what() << "\n";
+    return 2;
+  }
+
+  // Input: c channels of h rows of affine_size, normalized row by row (ncnn: affine_size == w).
+  const int w = ln.affine_size;
+  vknorm::Mat x = vknorm::Mat::create(3, w, args.h, 1, args.c);
+  Lcg rng{7767517};
+  for (int q = 0; q < x.c; ++q) {
+    float* p = reinterpret_cast<float*>(x.channel(q));
+    for (int i = 0; i < w * args.h; ++i) p[i] = rng.next() + 0.5f * float(q);
+  }
+  // fp16 storage: the device holds float16, so the reference starts from the same rounded input.
+  vknorm::Mat x_ref = args.fp16 ? vknorm::cast_fp32(vknorm::cast_fp16(x)) : x.clone();
+  ln.forward_inplace_cpu(x_ref);
+  const std::vector<float> ref = values(x_ref);
+  double ymax = 1;
+  for (float v : ref) ymax = std::max(ymax, double(std::fabs(v)));
+  const double bound = args.tol * ymax;
+
+  try {
+    auto ctx = vknorm::Context::create(args.device);
+    vknorm::Option opt;
+    opt.use_fp16_storage = args.fp16;
+    opt.use_packing_layout = args.packing;
+    opt.path = vknorm::parse_path(args.path);
+    ln.create_pipeline(ctx, opt);
+    const auto& dev = ctx->info();
+    std::printf("device: %s (%s, Vulkan %s, subgroup size %u)\n", dev.name.c_str(), dev.type.c_str(),
+                dev.api_version.c_str(), dev.subgroup_size);
+    std::printf("layer: LayerNorm affine_size=%d eps=%g affine=%d; input c=%d h=%d w=%d; %s storage, packing %s\n",
+                ln.affine_size, double(ln.eps), ln.affine, args.c, args.h, w, args.fp16 ? "fp16" : "fp32",
+                args.packing ? "on" : "off");
+
+    // 1. Host Mat: upload, normalize, download in one submission.
+    vknorm::Mat y_host = x.clone();
+    ln.forward_inplace(y_host, opt);
+    const vknorm::DispatchInfo host_run = ln.last_dispatch();
+    const double err_host = max_abs_err(values(y_host), ref);
+
+    // 2. Device VkMat: the blob stays on the device (as between consecutive layers); download once.
+    vknorm::VkMat v = vknorm::VkMat::upload(x, ctx, opt);
+    ln.forward_inplace(v, opt);
+    const vknorm::DispatchInfo dev_run = ln.last_dispatch();
+    const vknorm::Mat y_dev = vknorm::cast_fp32(vknorm::convert_packing(v.download(), 1));
+    const double err_dev = max_abs_err(values(y_dev), ref);
+
+    std::printf("host Mat:   path %-9s %d dispatch(es), max abs error vs CPU reference %.3e\n",
+                vknorm::path_name(host_run.path), host_run.dispatches, err_host);
+    std::printf("device Mat: path %-9s %d dispatch(es), max abs error vs CPU reference %.3e\n",
+                vknorm::path_name(dev_run.path), dev_run.dispatches, err_dev);
+    bool ok = err_host <= bound && err_dev <= bound;
+    if (vknorm::validation_enabled()) {  // VKNORM_VALIDATION=1: the Khronos layer watched every call
+      const auto messages = vknorm::validation_messages();
+      std::printf("validation messages: %zu\n", messages.size());
+      for (const auto& m : messages) std::printf("  %s\n", m.c_str());
+      ok = ok && messages.empty();
+    }
+    std::printf("%s (tolerance %.3e)\n", ok ? "OK" : "FAIL", bound);
+    return ok ? 0 : 1;
+  } catch (const vknorm::VulkanUnavailable& e) {
+    std::cerr << "layernorm_example: " << e.what() << "\n";
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "layernorm_example: " << e.what() << "\n";
+    return 2;
+  }
+}

@@ -1,0 +1,165 @@
+"""Issue 7, "C++ API": the plain C++ library is configured with VKNORM_PYTHON=OFF, built, installed to
+build/cxx-install, and examples/ (a standalone CMake project) is built against the installed package through
+find_package(vknorm), then run: a LayerNorm from an ncnn-style .param line and a raw float32 .bin, on a host
+Mat and on a device VkMat, each compared with the CPU reference.
+
+Build directories persist under build/ (cxx-build, cxx-example), so after the first run (~1 min on 2 cores)
+only what changed is rebuilt. Ninja when it works, else Unix Makefiles.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.path.join(ROOT, "build", "cxx-build")
+PREFIX = os.path.join(ROOT, "build", "cxx-install")
+EXAMPLE_BUILD = os.path.join(ROOT, "build", "cxx-example")
+EXE = os.path.join(EXAMPLE_BUILD, "layernorm_example")
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def run(cmd, what, **kw):
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert proc.returncode == 0, (f"{what} failed (rc {proc.returncode}): {' '.join(cmd)}\n"
+                                  f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def generator_args(build_dir):
+    """-G Ninja for a new build directory when ninja runs here; an existing one keeps its generator."""
+    if os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
+        return []
+    ninja = shutil.which("ninja")
+    if ninja and subprocess.run([ninja, "--version"], capture_output=True).returncode == 0:
+        return ["-G", "Ninja"]
+    return ["-G", "Unix Makefiles"]
+
+
+def cmake_env():
+    env = dict(os.environ)
+    env.pop("CMAKE_PREFIX_PATH", None)  # the installed package must be found through our prefix only
+    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+    return env
+
+
+@pytest.fixture(scope="module")
+def installed():
+    """Configure + build + install the C++ library (VKNORM_PYTHON=OFF) into build/cxx-install."""
+    env = cmake_env()
+    run(["cmake", "-S", ROOT, "-B", BUILD, *generator_args(BUILD), "-DVKNORM_PYTHON=OFF",
+         "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_INSTALL_PREFIX={PREFIX}"], "configure vknorm", env=env)
+    build = run(["cmake", "--build", BUILD], "build vknorm", env=env)
+    shutil.rmtree(PREFIX, ignore_errors=True)  # a clean prefix: only what install puts there
+    run(["cmake", "--install", BUILD], "install vknorm", env=env)
+    return build.stdout
+
+
+@pytest.fixture(scope="module")
+def example(installed):
+    """examples/ configured from scratch against the installed package, built."""
+    env = cmake_env()
+    shutil.rmtree(EXAMPLE_BUILD, ignore_errors=True)
+    run(["cmake", "-S", os.path.join(ROOT, "examples"), "-B", EXAMPLE_BUILD, *generator_args(EXAMPLE_BUILD),
+         f"-DCMAKE_PREFIX_PATH={PREFIX}"], "configure the example", env=env)
+    run(["cmake", "--build", EXAMPLE_BUILD], "build the example", env=env)
+    assert os.access(EXE, os.X_OK)
+    return EXE
+
+
+def test_install_tree_is_a_cmake_package_without_vulkan(installed):
+    lib = [f for f in os.listdir(os.path.join(PREFIX, "lib")) if f.startswith("libvknorm")]
+    assert lib == ["libvknorm.a"], lib
+    cfg = os.path.join(PREFIX, "lib", "cmake", "vknorm")
+    assert {"vknormConfig.cmake", "vknormConfigVersion.cmake", "vknormTargets.cmake"} <= set(os.listdir(cfg))
+    headers = sorted(os.listdir(os.path.join(PREFIX, "include", "vknorm")))
+    assert headers == ["context.h", "mat.h", "norm.h", "option.h", "vknorm.h"], headers
+    for h in headers:  # consumers need no Vulkan headers
+        with open(os.path.join(PREFIX, "include", "vknorm", h)) as f:
+            text = f.read()
+        assert not re.search(r"#\s*include\s*[<\"]vulkan", text), f"{h} includes a Vulkan header"
+    with open(os.path.join(cfg, "vknormTargets.cmake")) as f:
+        targets = f.read()
+    assert "vknorm::vknorm" in targets
+    assert "vulkan" not in targets.lower(), "the exported target mentions Vulkan"
+    m = re.search(r'INTERFACE_LINK_LIBRARIES "([^"]*)"', targets)
+    assert m and set(m.group(1).split(";")) == {"dl", "Threads::Threads"}, m and m.group(1)
+
+
+def test_example_finds_the_installed_package(example):
+    with open(os.path.join(EXAMPLE_BUILD, "CMakeCache.txt")) as f:
+        cache = f.read()
+    m = re.search(r"^vknorm_DIR:PATH=(.*)$", cache, re.M)
+    assert m and os.path.realpath(m.group(1)) == os.path.realpath(os.path.join(PREFIX, "lib", "cmake", "vknorm")), \
+        m and m.group(1)
+    # the loader is opened at run time: the program does not link libvulkan
+    if shutil.which("readelf"):
+        needed = subprocess.run(["readelf", "-d", example], capture_output=True, text=True).stdout
+        assert "libvulkan" not in needed, needed
+
+
+def parse_errors(out):
+    errs = [float(x) for x in re.findall(r"max abs error vs CPU reference ([0-9.eE+-]+|nan|inf)", out)]
+    assert len(errs) == 2, out
+    return errs
+
+
+def test_example_runs_layernorm_from_param_and_bin(example, tmp_path):
+    """An ncnn .param (LayerNorm line among others) and a raw float32 .bin: gamma then beta."""
+    affine_size = 48
+    rng = np.random.default_rng(7)
+    gamma = rng.uniform(-1.2, 1.2, affine_size).astype(np.float32)
+    beta = rng.uniform(-1.2, 1.2, affine_size).astype(np.float32)
+    param = tmp_path / "model.param"
+    param.write_text("7767517\n2 2\nInput in0 0 1 in0\n"
+                     f"LayerNorm ln0 1 1 in0 out0 0={affine_size} 1=1.000000e-06 2=1\n")
+    binf = tmp_path / "model.bin"
+    binf.write_bytes(gamma.tobytes() + beta.tobytes())
+    env = dict(os.environ, VKNORM_VALIDATION="1")
+    for extra in ([], ["--no-packing", "--path", "split"], ["--fp16", "--h", "3", "--c", "8"]):
+        proc = run([example, *extra, str(param), str(binf)], f"example {extra}", env=env, timeout=120)
+        out = proc.stdout
+        assert f"affine_size={affine_size} eps=1e-06 affine=1" in out, out
+        assert "validation messages: 0" in out and out.rstrip().splitlines()[-1].startswith("OK"), out
+        tol = 4e-3 if "--fp16" in extra else 1e-5
+        assert all(e <= tol * 10 for e in parse_errors(out)), out  # |y| stays below ~10 here
+
+
+def test_example_on_a_forced_small_device(example):
+    """The C++ program on lavapipe forced to Vulkan 1.0, 16 KB shared memory, no subgroups: fp16 requested
+    falls back to float32 storage with the warning, and the results still pass."""
+    env = dict(os.environ, VKNORM_VALIDATION="1", VKNORM_VULKAN_API="1.0", VKNORM_MAX_SHARED_MEMORY="16384",
+               VKNORM_NO_SUBGROUP="1")
+    proc = run([example, "--fp16", "--h", "5", "--c", "8"], "example on a Vulkan 1.0 profile", env=env, timeout=120)
+    assert "Vulkan 1.0.0, subgroup size 0" in proc.stdout, proc.stdout
+    assert "float16 storage is not supported on this device; using float32 storage" in proc.stderr, proc.stderr
+    assert "validation messages: 0" in proc.stdout and proc.stdout.rstrip().splitlines()[-1].startswith("OK")
+
+
+def test_example_defaults_and_exit_codes(example, tmp_path):
+    proc = run([example], "example without files", timeout=120)
+    assert "affine_size=64" in proc.stdout and proc.stdout.rstrip().splitlines()[-1].startswith("OK"), proc.stdout
+    # a tolerance no float32 run meets: exit 1 and FAIL
+    strict = subprocess.run([example, "--tol", "1e-30"], capture_output=True, text=True, timeout=120)
+    assert strict.returncode == 1 and "FAIL" in strict.stdout, strict.stdout + strict.stderr
+    # bad input: exit 2 with a message
+    bad = subprocess.run([example, str(tmp_path / "missing.param"), str(tmp_path / "missing.bin")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "cannot open" in bad.stderr, bad.stderr
+    short = tmp_path / "short.bin"
+    short.write_bytes(b"\0" * 8)
+    param = tmp_path / "ln.param"
+    param.write_text("LayerNorm ln 1 1 a b 0=16\n")
+    bad = subprocess.run([example, str(param), str(short)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "too short for gamma" in bad.stderr, bad.stderr
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
