@@ -58,6 +58,6 @@ void main() {
     uint base = group_base(g);
     coef[3u * g + 0u] = OP == OP_LAYERNORM ? load_x(base) : afp(0);
     coef[3u * g + 1u] = OP == OP_LAYERNORM ? sh_m[lid] : afp(0);
-    coef[3u * g + 2u] = afp(1.0) / sqrt(var + p.eps);
+    coef[3u * g + 2u] = inversesqrt(var + p.eps);  // see norm_fused.comp
   }
 }

@@ -46,7 +46,9 @@ void main() {
   } else {
     var = group_total(team_sum(s)) / n;
   }
-  afp a = afp(1.0) / sqrt(var + p.eps);
+  // inversesqrt, not 1 / sqrt: drivers may build sqrt(v) as v * inversesqrt(v), NaN for v = Inf, and
+  // RMSNorm of a group holding Inf must give a = 0 as the CPU reference does.
+  afp a = inversesqrt(var + p.eps);
   if (!in_range) return;
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = lane + k * p.team;
