@@ -86,12 +86,6 @@ afp group_total(afp v) { return v; }
 afp pivot_of(afp first) { return first; }
 #endif
 
-#if PACK == 4 || VEC4
-afp zero_if_negative(afp v) { return mix(v, afp(0), lessThan(v, afp(0))); }
-#else
-afp zero_if_negative(afp v) { return v < 0.0 ? 0.0 : v; }
-#endif
-
 uint group_base(uint g) {
   uint ch = g / p.gpc;
   return ch * p.cstep + (g - ch * p.gpc) * p.group_size;

@@ -53,8 +53,9 @@ void main() {
     barrier();
   }
   if (in_range && lane == 0u) {
+    // M2 is a sum of squares and Chan's terms are >= 0, so no clamp: a clamp compiles to max() on some
+    // drivers, and max() drops the NaN that a NaN in the group must leave.
     afp var = OP == OP_RMSNORM ? sh_m[lid] : sh_m2[lid] / sh_n[lid];
-    var = zero_if_negative(var);  // rounding below 0 -> 0; NaN stays NaN (max() may drop it)
     uint base = group_base(g);
     coef[3u * g + 0u] = OP == OP_LAYERNORM ? load_x(base) : afp(0);
     coef[3u * g + 1u] = OP == OP_LAYERNORM ? sh_m[lid] : afp(0);
