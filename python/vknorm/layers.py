@@ -145,7 +145,8 @@ class _Norm:
         if unknown:
             raise ValueError(f"unknown param ids {sorted(unknown)}: {cls.__name__} takes 0 affine_size, 1 eps, 2 affine")
         p = dict(params)
-        return cls(affine_size=int(p.get(0, 0)), eps=float(p.get(1, 0.001)), affine=bool(p.get(2, 1)), **kwargs)
+        return cls(affine_size=_param_int(0, p.get(0, 0)), eps=float(p.get(1, 0.001)), affine=bool(p.get(2, 1)),
+                   **kwargs)
 
     # ncnn's parameters, read-only: load_param / the constructor set them.
     affine_size = property(lambda self: self._layer.affine_size)

@@ -1,0 +1,347 @@
+"""Issue 6, "Reliability": clean under validation, no leaks, lifetime, threads, very large tensors, faults.
+
+The scenarios live in tools/reliability_lib.py (tools/reliability_report.py runs the same ones for the
+figures in docs/reliability.md); the tests here decide. Everything runs under VKNORM_VALIDATION=1
+(conftest fails a test on any validation message). Knobs used: VKNORM_MAX_BUFFER_BYTES (plan as if
+storage buffers were that small: small tensors take the pieces path), VKNORM_MAX_DEVICE_BYTES (a device
+memory cap, read when a context is created), VKNORM_VALIDATION_PRINT (validation messages also to
+stderr, as they happen) and VKNORM_DEBUG_LEAK_BUFFER (leak one buffer on purpose: the negative control).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import vknorm
+from vknorm import _core
+from reference import FP16_TOL, FP32_TOL, check_close, norm64
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+import reliability_lib as R  # noqa: E402
+
+MIB = 1 << 20
+
+
+def run_python(code: str, env_extra: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, VKNORM_VALIDATION="1", VKNORM_VALIDATION_PRINT="1", PYTHONUNBUFFERED="1")
+    for k in ("VKNORM_MAX_BUFFER_BYTES", "VKNORM_MAX_DEVICE_BYTES", "VKNORM_DEBUG_LEAK_BUFFER", "VKNORM_PATH"):
+        env.pop(k, None)
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def last_json(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+
+
+def layer_on(ctx, op="LayerNorm", affine_size=64, seed=0, **kw):
+    rng = np.random.default_rng(seed)
+    cls = vknorm.LayerNorm if op == "LayerNorm" else vknorm.RMSNorm
+    layer = cls(affine_size=affine_size, eps=1e-5, device=ctx, **kw)
+    if layer.affine:
+        gamma = rng.uniform(0.5, 1.5, affine_size).astype(np.float32)
+        beta = rng.uniform(-0.5, 0.5, affine_size).astype(np.float32)
+        layer.load_model(gamma, beta) if op == "LayerNorm" else layer.load_model(gamma)
+    return layer
+
+
+def ref_of(layer, x):
+    return norm64(type(layer).__name__, x, layer.affine_size, layer.eps, layer.affine,
+                  layer.gamma if layer.affine else None,
+                  layer.beta if layer.affine and isinstance(layer, vknorm.LayerNorm) else None)
+
+
+# ============================================================================ validation: every object freed
+
+def test_every_vulkan_object_is_released_validation_reports_no_leak():
+    """Contexts, layers (all paths, both storages, pieces, threads, a refused call, a MemoryError) and
+    VkMats, then everything dropped: the validation layer reports nothing, including at vkDestroyDevice
+    and vkDestroyInstance (leaked objects are reported there, as errors, to vknorm's messenger)."""
+    proc = run_python("import sys; sys.path.insert(0, 'tools'); import json, reliability_lib as R; "
+                      "print(json.dumps(R.lifecycle()))", {})
+    res = last_json(proc)
+    assert res["messages"] == [], res["messages"]
+    assert "vknorm: validation:" not in proc.stderr, proc.stderr
+    assert res["own"] == [0, 0, 0, 0], res["own"]
+    assert res["validation"] and res["refused"] == 2, res
+
+
+def test_leak_report_at_device_destruction_reaches_stderr():
+    """The negative control: one buffer leaked on purpose (VKNORM_DEBUG_LEAK_BUFFER=1) on the default
+    context, which is destroyed only at interpreter exit (vknorm's atexit hook): the validation layer's
+    report of the leaked VkBuffer and VkDeviceMemory still comes out (VKNORM_VALIDATION_PRINT=1)."""
+    proc = run_python("""
+        import numpy as np, vknorm
+        ln = vknorm.LayerNorm(affine_size=8)
+        ln.load_model(np.ones(8), np.zeros(8))
+        ln(np.ones((2, 8), np.float32))
+        del ln
+        print("done")
+    """, {"VKNORM_DEBUG_LEAK_BUFFER": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "done"
+    leaks = [ln for ln in proc.stderr.splitlines() if ln.startswith("vknorm: validation:")]
+    assert any("VUID-vkDestroyDevice-device-00378" in ln and "VkBuffer" in ln for ln in leaks), proc.stderr
+    assert any("VkDeviceMemory" in ln for ln in leaks), proc.stderr
+
+
+# ============================================================================ lifetime
+
+@pytest.mark.timeout(240)
+def test_10000_forwards_device_memory_returns_to_baseline_and_rss_stays_flat():
+    r = R.lifetime(10_000)
+    assert (r["baseline_bytes"], r["baseline_buffers"]) == (0, 0)
+    # After warm-up, every forward left exactly the weights behind: no per-call buffer survives it.
+    assert r["drift_forwards"] == 0, r
+    assert (r["after_loop_bytes"], r["after_loop_buffers"]) == (r["steady_bytes"], r["steady_buffers"]), r
+    assert (r["after_drop_bytes"], r["after_drop_buffers"]) == (0, 0), r
+    assert r["rss_growth"] <= 0.05, f"RSS grew {100 * r['rss_growth']:.1f}% after warm-up: {r}"
+    assert r["checked"] >= 100 and r["worst_rel_err"] <= FP16_TOL, r
+
+
+# ============================================================================ concurrency
+
+def test_8_threads_on_one_layer_match_serial_results_bit_for_bit():
+    """8 threads at once on one layer and one context (numpy and VkMat, both storages, varying shapes):
+    every result equals the same forward run alone; validation (core, threading, synchronization) is
+    silent, so queue submission and descriptor/command-pool use are safe under threads."""
+    r = R.threads_vs_serial(n_threads=8, per_thread=50)
+    assert r["errors"] == [] and r["hung_threads"] == 0, r
+    assert r["forwards"] == 400 and r["mismatches"] == 0, r
+
+
+def test_load_model_load_param_destroy_pipeline_while_other_threads_forward():
+    """Each forward runs on the weights it started with: every result is exactly that of one weight set."""
+    r = R.loads_while_forwarding(forwarders=4, per_thread=40)
+    assert r["errors"] == [] and r["hung_threads"] == 0, r
+    assert r["other"] == 0, r
+    assert r["weights1"] + r["weights2"] == r["forwards"] and r["loads"] > 0, r
+
+
+def test_gil_is_released_during_gpu_work():
+    r = R.gil_released()
+    assert r["forward_seconds"] > 0.02, r
+    assert r["stamps_in_middle"] > 0, f"a Python thread made no progress during the forward: {r}"
+
+
+# ============================================================================ large tensors: the plan
+
+def covered_groups(pieces, elemsize):
+    """(byte offset of every group) the pieces cover, each piece read as a blob of its own."""
+    out = []
+    for p in pieces:
+        for q in range(p["n_groups"]):
+            ch, i = divmod(q, p["gpc"])
+            out.append(p["offset"] + (ch * p["cstep"] + i * p["group_size"]) * elemsize)
+    return out
+
+
+PLAN_SHAPES = [  # dims, w, h, d, c (packed counts), elempack, scalar bytes, affine_size
+    (1, 1000, 1, 1, 1, 1, 4, 1000), (2, 24, 37, 1, 1, 1, 4, 24), (2, 24, 9, 1, 1, 4, 2, 24),
+    (3, 10, 6, 1, 5, 1, 4, 10), (3, 10, 6, 1, 5, 1, 4, 60), (3, 7, 3, 1, 6, 4, 2, 7),
+    (4, 5, 4, 3, 2, 1, 4, 5), (4, 5, 4, 3, 2, 1, 4, 20), (4, 5, 4, 3, 2, 4, 4, 60), (4, 6, 2, 7, 3, 4, 2, 6),
+]
+
+
+@pytest.mark.parametrize("shape", PLAN_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_plan_pieces_covers_every_group_exactly_once(shape):
+    dims, w, h, d, c, pack, sb, affine_size = shape
+    elemsize = sb * pack
+    whole = _core.plan_pieces(dims, w, h, d, c, pack, sb, affine_size, True, 1 << 40)
+    assert len(whole) == 1 and whole[0]["offset"] == 0
+    want = sorted(covered_groups(whole, elemsize))
+    group_bytes = whole[0]["group_size"] * elemsize
+    for max_bytes in sorted({group_bytes, group_bytes + elemsize, 2 * group_bytes + 3, 5 * group_bytes - 1,
+                             17 * group_bytes, whole[0]["bytes"] - 1}):
+        if max_bytes < group_bytes:
+            continue
+        pieces = _core.plan_pieces(dims, w, h, d, c, pack, sb, affine_size, True, max_bytes)
+        assert sorted(covered_groups(pieces, elemsize)) == want, (max_bytes, pieces)
+        for p in pieces:
+            assert p["bytes"] <= max_bytes
+            # The piece's own layout spans exactly its bytes: no shader index reaches past it.
+            span = ((p["n_groups"] // p["gpc"] - 1) * p["cstep"] + p["gpc"] * p["group_size"]) * elemsize
+            assert span == p["bytes"], p
+    with pytest.raises(ValueError, match="exceeds a piece"):
+        _core.plan_pieces(dims, w, h, d, c, pack, sb, affine_size, True, group_bytes - 1)
+
+
+def test_plan_pieces_keeps_every_piece_under_32_bit_indexing():
+    """Shapes far past any device (planning touches no memory): pieces never exceed 2^31 packed
+    elements whatever the buffer limit, so no 32-bit index in a shader can wrap; what cannot be split
+    that small, or indexed at all, is refused with a message."""
+    lim = 1 << 31
+    # 2^34 float16 elements in rows of 4096 (32 GiB), a buffer limit of 1 TiB: pieces of <= 2^31 elements.
+    pieces = _core.plan_pieces(2, 4096, 1 << 22, 1, 1, 1, 2, 4096, True, 1 << 40)
+    assert len(pieces) >= 8
+    assert all(p["n_groups"] * p["group_size"] <= lim for p in pieces)
+    assert sum(p["n_groups"] for p in pieces) == 1 << 22
+    assert all(b["offset"] == a["offset"] + a["bytes"] for a, b in zip(pieces, pieces[1:]))
+    # pack4 float32 (16-byte elements), dims 4, groups of w*h: a channel of 2^30 elements split inside.
+    pieces = _core.plan_pieces(4, 1 << 15, 1 << 10, 1 << 5, 2, 4, 4, 1 << 25, True, 1 << 40)
+    assert all(p["n_groups"] * p["group_size"] <= lim for p in pieces)
+    assert sum(p["n_groups"] for p in pieces) == 2 * (1 << 5)
+    # One group of 2^31 + 1 elements: cannot be split, refused.
+    with pytest.raises(ValueError, match="exceeds a piece"):
+        _core.plan_pieces(3, (1 << 16) + 1, 1 << 15, 1, 1, 1, 2, 0, False, 1 << 40)
+    # Groups or channel strides past 2^32 cannot even be described in 32 bits: refused.
+    with pytest.raises(ValueError, match="32-bit"):
+        _core.plan_pieces(3, 1 << 17, 1 << 16, 1, 1, 1, 4, 0, False, 1 << 40)
+    with pytest.raises(ValueError, match="32-bit"):
+        _core.plan_pieces(4, 1, 1 << 16, 1 << 16, 2, 1, 4, 1, True, 1 << 40)
+
+
+# ============================================================================ large tensors: running in pieces
+
+PIECE_CASES = [  # op, shape, affine_size (0: affine off), option, VKNORM_MAX_BUFFER_BYTES
+    ("LayerNorm", (40, 64), 64, {}, 4096),
+    ("LayerNorm", (41, 64), 64, {"use_fp16_storage": True}, 1000),
+    ("RMSNorm", (6, 5, 48), 48, {}, 700),
+    ("LayerNorm", (6, 5, 48), 240, {}, 2000),
+    ("LayerNorm", (8, 5, 48), 48, {"use_packing_layout": False}, 777),
+    ("RMSNorm", (4, 3, 5, 8), 8, {"use_fp16_storage": True}, 100),
+    ("LayerNorm", (4, 3, 5, 8), 40, {}, 700),
+    ("LayerNorm", (4, 3, 5, 8), 120, {}, 1920),
+    ("LayerNorm", (2, 9000), 0, {"path": "split"}, 40000),
+    ("RMSNorm", (3, 4, 2500), 2500, {"path": "split"}, 20000),
+    ("LayerNorm", (2, 12, 2500), 0, {}, 150000),     # one channel, one group per piece
+    ("LayerNorm", (2, 12, 2500), 2500, {}, 50000),   # a channel (12 rows) > a piece: its rows split
+    ("LayerNorm", (1, 24, 700), 700, {"path": "split", "use_fp16_storage": True}, 3000),
+    ("LayerNorm", (300,), 300, {}, 1200),            # one group, exactly one piece
+]
+
+
+@pytest.mark.parametrize("vkmat", [False, True], ids=["numpy", "vkmat"])
+@pytest.mark.parametrize("case", PIECE_CASES, ids=lambda c: f"{c[0]}{'x'.join(map(str, c[1]))}_a{c[2]}_{c[4]}B")
+def test_tensor_over_the_buffer_limit_runs_in_pieces_and_matches(monkeypatch, case, vkmat):
+    op, shape, affine_size, opt_kw, limit = case
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    layer = layer_on(None, op, affine_size, affine=affine_size > 0)
+    opt = vknorm.Option(**opt_kw)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    whole = layer(x, option=opt)
+    assert layer.last_dispatch["pieces"] == 1
+    monkeypatch.setenv("VKNORM_MAX_BUFFER_BYTES", str(limit))
+    if vkmat:
+        v = vknorm.to_device(x, option=opt)
+        layer.forward_inplace(v, option=opt)
+        got = v.download().numpy().reshape(shape)
+    else:
+        got = layer(x, option=opt)
+    info = layer.last_dispatch
+    total = x.size * (2 if opt.use_fp16_storage else 4)
+    assert info["pieces"] >= (2 if total > limit else 1), info
+    tol = FP16_TOL if opt.use_fp16_storage else FP32_TOL
+    ref = ref_of(layer, x.astype(np.float16) if opt.use_fp16_storage else x)
+    check_close(got, ref, tol, f"{case} in {info['pieces']} pieces")
+    if info["path"] != "split":  # the fused kernels do not depend on how many groups a dispatch has
+        np.testing.assert_array_equal(got, whole)
+
+
+def test_group_larger_than_a_buffer_is_refused_before_anything_is_allocated(monkeypatch):
+    ctx = _core.Context.create(0)
+    layer = vknorm.LayerNorm(affine_size=0, affine=False, device=ctx)
+    layer(np.ones((2, 8), np.float32))
+    before = (ctx.device_bytes_in_use, ctx.live_buffers, ctx.device_bytes_peak)
+    monkeypatch.setenv("VKNORM_MAX_BUFFER_BYTES", "4096")
+    x = np.random.default_rng(1).standard_normal((3, 2048)).astype(np.float32)  # groups of 8192 bytes
+    with pytest.raises(ValueError) as e:
+        layer(x)
+    msg = str(e.value)
+    assert "8192 bytes" in msg and "4096" in msg and "VKNORM_MAX_BUFFER_BYTES" in msg and "pieces" in msg, msg
+    assert (ctx.device_bytes_in_use, ctx.live_buffers, ctx.device_bytes_peak) == before
+    v = vknorm.to_device(x, device=ctx)
+    with pytest.raises(ValueError, match="8192 bytes"):
+        layer.forward_inplace(v)
+    del v
+    assert (ctx.device_bytes_in_use, ctx.live_buffers) == before[:2]
+    monkeypatch.setenv("VKNORM_MAX_BUFFER_BYTES", "-5")
+    with pytest.raises(ValueError, match="VKNORM_MAX_BUFFER_BYTES=-5: expected a positive integer"):
+        layer(x)
+    monkeypatch.delenv("VKNORM_MAX_BUFFER_BYTES")
+    check_close(layer(x), ref_of(layer, x), FP32_TOL, "after the refusals")
+
+
+@pytest.mark.timeout(240)
+def test_largest_tensor_1_gib_runs_in_pieces_past_max_storage_buffer_range():
+    """1 GiB of float32 (268M elements, rows of 1024; lavapipe binds 128 MiB per storage buffer):
+    numpy in and out, processed in pieces; rows on both sides of every piece boundary and a sample of
+    the rest match the float64 reference."""
+    r = R.largest(gib=1.0)
+    assert r["pieces"] == r["planned_pieces"] >= 8, r
+    assert r["all_finite"] and r["sampled_rows"] > 1000, r
+    assert r["sampled_rel_err"] <= FP32_TOL, r
+
+
+@pytest.mark.timeout(240)
+def test_resident_vkmat_larger_than_max_storage_buffer_range_runs_in_pieces():
+    r = R.largest(gib=0.375, vkmat=True)
+    assert r["pieces"] == r["planned_pieces"] >= 3, r
+    assert r["all_finite"] and r["sampled_rel_err"] <= FP32_TOL, r
+
+
+# ============================================================================ faults: device memory
+
+@pytest.fixture
+def capped(monkeypatch):
+    """A context of its own with a 256 KiB device-memory cap (VKNORM_MAX_DEVICE_BYTES)."""
+    monkeypatch.setenv("VKNORM_MAX_DEVICE_BYTES", str(256 << 10))
+    ctx = _core.Context.create(0)
+    monkeypatch.delenv("VKNORM_MAX_DEVICE_BYTES")
+    return ctx
+
+
+def test_memory_error_names_the_sizes_and_the_same_layer_works_on_a_smaller_call(capped):
+    layer = vknorm.LayerNorm(affine_size=0, affine=False, device=capped)
+    ok = np.random.default_rng(2).standard_normal((2, 40, 40)).astype(np.float32)
+    check_close(layer(ok), ref_of(layer, ok), FP32_TOL, "before")
+    before = (capped.device_bytes_in_use, capped.live_buffers, capped.device_bytes_peak)
+    big = np.ones((1, 400, 400), np.float32)  # one group of 640000 bytes: cannot be split
+    with pytest.raises(MemoryError) as e:
+        layer(big)
+    msg = str(e.value)
+    assert "640000 bytes" in msg and str(256 << 10) in msg and "VKNORM_MAX_DEVICE_BYTES" in msg, msg
+    assert (capped.device_bytes_in_use, capped.live_buffers, capped.device_bytes_peak) == before
+    check_close(layer(ok), ref_of(layer, ok), FP32_TOL, "the next, smaller call")
+    assert (capped.device_bytes_in_use, capped.live_buffers) == before[:2]
+
+
+def test_device_allocation_over_the_cap_raises_memory_error_then_recovers(capped):
+    """The allocator itself refusing (VkMat upload past the cap): MemoryError naming the request, the
+    bytes in use and the cap; nothing is left allocated; a smaller upload and forward work."""
+    layer = layer_on(capped, "RMSNorm", 64)
+    base = (capped.device_bytes_in_use, capped.live_buffers)
+    with pytest.raises(MemoryError) as e:
+        vknorm.to_device(np.ones((2000, 64), np.float32), device=capped)  # 512000 bytes
+    msg = str(e.value)
+    assert "cannot allocate 512000 bytes" in msg and "in use" in msg and f"VKNORM_MAX_DEVICE_BYTES={256 << 10}" in msg
+    assert (capped.device_bytes_in_use, capped.live_buffers) == base
+    x = np.random.default_rng(3).standard_normal((100, 64)).astype(np.float32)
+    v = vknorm.to_device(x, device=capped)
+    layer.forward_inplace(v)
+    check_close(v.download().numpy(), ref_of(layer, x), FP32_TOL, "after the refused upload")
+
+
+def test_tensor_larger_than_free_memory_runs_in_pieces_within_the_cap(capped):
+    layer = layer_on(capped, "LayerNorm", 128)
+    x = np.random.default_rng(4).standard_normal((3000, 128)).astype(np.float32)  # 1.5 MB > 256 KiB
+    y = layer(x)
+    assert layer.last_dispatch["pieces"] >= 6
+    assert capped.device_bytes_peak <= 256 << 10
+    check_close(y, ref_of(layer, x), FP32_TOL, "in pieces under the memory cap")
+    v = vknorm.to_device(x[:400], device=capped)  # 200 KiB of the cap now held by a VkMat: smaller pieces
+    y = layer(x)
+    assert layer.last_dispatch["pieces"] >= 25 and capped.device_bytes_peak <= 256 << 10
+    check_close(y, ref_of(layer, x), FP32_TOL, "in pieces next to a resident VkMat")
+    del v
