@@ -28,9 +28,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 import reliability_lib as R  # noqa: E402
 
-MIB = 1 << 20
-
-
 def run_python(code: str, env_extra: dict, timeout: float = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ, VKNORM_VALIDATION="1", VKNORM_VALIDATION_PRINT="1", PYTHONUNBUFFERED="1")
     for k in ("VKNORM_MAX_BUFFER_BYTES", "VKNORM_MAX_DEVICE_BYTES", "VKNORM_DEBUG_LEAK_BUFFER", "VKNORM_PATH"):
@@ -279,7 +276,7 @@ def test_largest_tensor_1_gib_runs_in_pieces_past_max_storage_buffer_range():
     numpy in and out, processed in pieces; rows on both sides of every piece boundary and a sample of
     the rest match the float64 reference."""
     r = R.largest(gib=1.0)
-    assert r["pieces"] == r["planned_pieces"] >= 8, r
+    assert r["pieces"] == r["planned_pieces"] >= -(-(1 << 30) // r["max_storage_buffer_range"]), r  # 8 on lavapipe
     assert r["all_finite"] and r["sampled_rows"] > 1000, r
     assert r["sampled_rel_err"] <= FP32_TOL, r
 
@@ -287,7 +284,7 @@ def test_largest_tensor_1_gib_runs_in_pieces_past_max_storage_buffer_range():
 @pytest.mark.timeout(240)
 def test_resident_vkmat_larger_than_max_storage_buffer_range_runs_in_pieces():
     r = R.largest(gib=0.375, vkmat=True)
-    assert r["pieces"] == r["planned_pieces"] >= 3, r
+    assert r["pieces"] == r["planned_pieces"] >= -(-(3 << 27) // r["max_storage_buffer_range"]), r  # 3 on lavapipe
     assert r["all_finite"] and r["sampled_rel_err"] <= FP32_TOL, r
 
 
@@ -340,8 +337,10 @@ def test_tensor_larger_than_free_memory_runs_in_pieces_within_the_cap(capped):
     assert layer.last_dispatch["pieces"] >= 6
     assert capped.device_bytes_peak <= 256 << 10
     check_close(y, ref_of(layer, x), FP32_TOL, "in pieces under the memory cap")
-    v = vknorm.to_device(x[:400], device=capped)  # 200 KiB of the cap now held by a VkMat: smaller pieces
+    # 100 KiB of the cap now held by a VkMat (its upload took 200 KiB for a moment where it goes through a
+    # staging buffer): smaller pieces.
+    v = vknorm.to_device(x[:200], device=capped)
     y = layer(x)
-    assert layer.last_dispatch["pieces"] >= 25 and capped.device_bytes_peak <= 256 << 10
+    assert layer.last_dispatch["pieces"] >= 10 and capped.device_bytes_peak <= 256 << 10
     check_close(y, ref_of(layer, x), FP32_TOL, "in pieces next to a resident VkMat")
     del v

@@ -18,7 +18,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import List, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"

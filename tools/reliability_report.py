@@ -67,14 +67,15 @@ def pytest_stats(path: str, scale: int) -> dict:
         if m and "Retried draw" not in m.group(2):
             current["events"][m.group(2)] = float(m.group(1))
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-500:]
-    falsifying = re.findall(r"^E\s+Falsifying (?:explicit )?example:.*?(?=^E\s+Explanation:|^\S|\Z)", proc.stdout, re.M | re.S)
+    falsifying = re.findall(r"^E\s+Falsifying (?:explicit )?example:.*?(?=^E\s+Explanation:|^\S|\Z)", proc.stdout,
+                            re.M | re.S)
     return {"tests": tests, "summary": summary, "seconds": seconds, "exit": proc.returncode,
             "falsifying": [f[:3000] for f in falsifying]}
 
 
 def device() -> dict:
-    code = ("import json, vknorm; d = vknorm.device_info(); "
-            "print(json.dumps({k: d[k] for k in ('name', 'driver_info', 'max_storage_buffer_range', 'device_local_bytes')}))")
+    keys = ("name", "driver_info", "max_storage_buffer_range", "device_local_bytes")
+    code = f"import json, vknorm; d = vknorm.device_info(); print(json.dumps({{k: d[k] for k in {keys!r}}}))"
     return json.loads(subprocess.run([PY, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                                      env=dict(os.environ, VKNORM_VALIDATION="0")).stdout)
 
@@ -110,8 +111,8 @@ def markdown(r: dict) -> str:
         f"{th['mismatches']} results differing from the serial run, {len(th['errors'])} errors, "
         f"{th['hung_threads']} hung; {th['seconds']:.2f} s |",
         f"| loads while forwarding | {ld['forwards']} forwards, {ld['loads']} load_model / load_param / "
-        f"destroy_pipeline | {ld['weights1']} + {ld['weights2']} results exactly one weight set's, {ld['other']} other, "
-        f"{len(ld['errors'])} errors |",
+        f"destroy_pipeline | {ld['weights1']} + {ld['weights2']} results exactly one weight set's, "
+        f"{ld['other']} other, {len(ld['errors'])} errors |",
         f"| GIL | a {gil['forward_seconds']:.2f} s forward | a Python thread advanced {gil['stamps_in_middle']} times "
         f"in its middle half |",
     ]
@@ -119,9 +120,9 @@ def markdown(r: dict) -> str:
         if key in r:
             g = r[key]
             lines.append(
-                f"| {'VkMat' if g['vkmat'] else 'numpy'} tensor of {g['gib']:.3g} GiB | {g['rows']} x {g['width']} float32, "
-                f"{g['pieces']} pieces | {g['forward_seconds']:.1f} s; {g['sampled_rows']} rows (every piece edge) "
-                f"relative error {g['sampled_rel_err']:.1e}; all finite: {g['all_finite']} |")
+                f"| {'VkMat' if g['vkmat'] else 'numpy'} tensor of {g['gib']:.3g} GiB | {g['rows']} x {g['width']} "
+                f"float32, {g['pieces']} pieces | {g['forward_seconds']:.1f} s; {g['sampled_rows']} rows "
+                f"(every piece edge) relative error {g['sampled_rel_err']:.1e}; all finite: {g['all_finite']} |")
     if "huge" in r:
         h = r["huge"]
         lines.append(f"| VkMat past the heap | 2.5 GiB float16 upload | refused: {h['refused']}, "
