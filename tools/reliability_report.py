@@ -127,6 +127,17 @@ def markdown(r: dict) -> str:
         h = r["huge"]
         lines.append(f"| VkMat past the heap | 2.5 GiB float16 upload | refused: {h['refused']}, "
                      f"{h.get('live_buffers', '-')} buffers allocated; \"{h.get('message', '')}\" |")
+    bf = r["bitflips"]
+    lines.append(
+        f"| .param bit flips, exhaustive | {bf['flips']} single-bit flips of the {len(r['models'])} committed .param; "
+        f"{bf['accepted_by_reader']} accepted by the reader, 1 in {bf['stride']} run: {bf['run']} | "
+        f"ok {bf.get('ok', 0)}, clear error {bf.get('error', 0)}, exit 1 {bf.get('mismatch', 0)} "
+        f"({bf.get('mismatch_layers', 0)} layers: vknorm equal to ncnn's algorithm on its own input "
+        f"{bf.get('mismatch_self_consistent', 0)}, values past float32's range {bf.get('mismatch_overflow', 0)}, "
+        f"stock ncnn not deterministic {bf.get('mismatch_ncnn_nondeterministic', 0)}, unexplained "
+        f"{bf.get('mismatch_unexplained', 0)}); crash {bf.get('crash', 0)}, hang {bf.get('hang', 0)}, "
+        f"garbled output {bf.get('garbled', 0)}, validation messages {bf.get('validation', 0)}; slowest case "
+        f"{bf['max_case_ms'] / 1e3:.1f} s; {bf['seconds'] / 60:.0f} min |")
     tr = r["tests_reliability"]
     lines.append(f"| tests/test_reliability.py | pieces, limits, faults, the above | {tr['summary']} "
                  f"({tr['seconds']:.0f} s) |")
@@ -154,10 +165,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fuzz-scale", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="skip the multi-GiB runs")
+    ap.add_argument("--bitflip-stride", type=int, default=5, help="run one in N accepted .param bit flips")
     ap.add_argument("--write", action="store_true", help="update docs/reliability.md and docs/reliability.json")
     args = ap.parse_args(argv)
     r = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "python": platform.python_version(),
          "fuzz_scale": args.fuzz_scale, "device": device()}
+    sys.path.insert(0, str(REPO / "tools"))
+    import reliability_lib
+
+    r["models"] = sorted(reliability_lib.MODELS)
     r["lifecycle"] = scenario("lifecycle")
     n = 3000
     r["overhead_plain"] = {**scenario("overhead", {"n": n}, validation=False), "_n": n}
@@ -170,6 +186,7 @@ def main(argv=None) -> int:
         r["largest"] = scenario("largest", {"gib": 1.0})
         r["largest_vkmat"] = scenario("largest", {"gib": 1.0, "vkmat": True})
         r["huge"] = scenario("huge_vkmat_refused", {"gib": 2.5})
+    r["bitflips"] = scenario("param_bitflips", {"stride": args.bitflip_stride}, timeout=7200)
     r["tests_reliability"] = pytest_stats("tests/test_reliability.py", 1)
     r["fuzz"] = pytest_stats("tests/test_reliability_fuzz.py", args.fuzz_scale)
     text = markdown(r)
