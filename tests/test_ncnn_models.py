@@ -29,15 +29,7 @@ DATA = Path(__file__).resolve().parent / "data"
 ROOT = DATA.parent.parent
 
 # model -> its input's DIMS (ncnn order, batch dropped)
-MODELS = {
-    "transformer_block": "16x64",
-    "convnext_block": "32x14x14",
-    "llama_block": "16x64",
-    "layernorm_2d": "8x6x10",
-    "norm_variants": "8x6x10",
-    "layernorm_1d": "64",
-    "layernorm_4d": "4x3x5x8",
-}
+MODELS = {k: v for k, v in json.loads((Path(__file__).parent / "data" / "models.json").read_text()).items() if not k.startswith("_")}
 
 
 def _vulkan() -> bool:

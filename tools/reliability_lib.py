@@ -23,15 +23,7 @@ from typing import List, Optional
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
 # Each committed model and an --input shape it takes (tests/test_ncnn_models.py).
-MODELS = {
-    "transformer_block": "16x64",
-    "convnext_block": "32x14x14",
-    "llama_block": "16x64",
-    "layernorm_2d": "8x6x10",
-    "norm_variants": "8x6x10",
-    "layernorm_1d": "64",
-    "layernorm_4d": "4x3x5x8",
-}
+MODELS = {k: v for k, v in json.loads((Path(__file__).resolve().parent.parent / "tests" / "data" / "models.json").read_text()).items() if not k.startswith("_")}
 
 
 def rss_bytes() -> int:
@@ -561,37 +553,117 @@ def classify(result: dict) -> str:
 
 
 def explain_mismatch(param: str, bin_: str, dims: str, seed: int = 0) -> List[dict]:
-    """For a `vknorm check` exit 1: stock ncnn (in this process) on the same seeded input, and for each
-    LayerNorm/RMSNorm layer the largest magnitude going in and coming out. A mismatch is explained when
-    the failing layer sees or produces values past float32's comfortable range (|v| >= 1e18, inf or NaN):
-    there the two implementations' different summation orders (and vknorm's shifted statistics, which do
-    not overflow where ncnn's sums do) legitimately differ by more than an absolute tolerance."""
+    """For a `vknorm check` exit 1: why each LayerNorm/RMSNorm output differed. Runs the model in this
+    process (pyncnn) twice stock and once with vknorm on the same seeded input, and per layer records:
+    the largest magnitude going in and coming out of the stock layer (`overflow`: |v| >= 1e18, inf or
+    NaN, where float32 summation order and vknorm's pivoted statistics legitimately differ from ncnn's
+    sums), whether two stock runs fed the layer different inputs (`ncnn_nondeterministic`: garbled shapes
+    make ncnn read memory it never wrote), and whether vknorm's output equals the reference algorithm on
+    the very input vknorm's layer received (`self_consistent`). A mismatch is explained when the layer
+    is self-consistent or in overflow range."""
     import ncnn
     import numpy as np
 
     from vknorm import check
+    from vknorm import ncnn as vkncnn
 
     model = check.parse_param(param)
     data = Path(bin_).read_bytes()
     shape = check.parse_dims(dims)
     x = np.ascontiguousarray(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32))
-    net = check._new_net(ncnn)
-    try:
-        check._load(net, model, bin_, data, "stock")
-        blobs = [b for layer in model.norms for b in (layer.bottoms[0], layer.tops[0])]
-        got = check._extract(net, {model.inputs[0]: x}, blobs, "stock")
-    finally:
-        net.clear()
+    blobs = [b for layer in model.norms for b in (layer.bottoms[0], layer.tops[0])]
+
+    def run(with_vknorm: bool):
+        net = check._new_net(ncnn)
+        try:
+            reg = vkncnn.register(net) if with_vknorm else None
+            check._load(net, model, bin_, data, "explain")
+            got = check._extract(net, {model.inputs[0]: x}, blobs, "explain")
+            own = {}
+            if reg is not None:
+                for layer in model.norms:
+                    mine = reg.by_name(layer.name)
+                    if mine is not None and mine.norm is not None:
+                        own[layer.name] = mine.norm(got[layer.bottoms[0]], device="cpu")  # ncnn's algorithm
+            return got, own
+        finally:
+            with vkncnn.quiet_stderr():
+                net.clear()
+
+    stock, _ = run(False)
+    again, _ = run(False)
+    vk, own = run(True)
     out = []
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN blobs
         for layer in model.norms:
-            xi, yo = got[layer.bottoms[0]], got[layer.tops[0]]
+            xi, yo = stock[layer.bottoms[0]], stock[layer.tops[0]]
             big = lambda a: bool((~np.isfinite(a)).any() or (np.abs(a) >= 1e18).any())  # noqa: E731
-            out.append({"layer": layer.name, "max_in": float(np.nanmax(np.abs(xi))) if xi.size else 0.0,
-                        "max_out": float(np.nanmax(np.abs(yo))) if yo.size else 0.0,
-                        "explained": big(xi) or big(yo)})
+            ref, got = own.get(layer.name), vk[layer.tops[0]]
+            consistent = ref is not None and check.max_abs_err(ref, got) <= check.ATOL_FP32 * max(
+                1.0, float(np.nanmax(np.abs(np.where(np.isfinite(ref), ref, 0)))) if ref.size else 1.0)
+            rec = {"layer": layer.name, "max_in": float(np.nanmax(np.abs(xi))) if xi.size else 0.0,
+                   "max_out": float(np.nanmax(np.abs(yo))) if yo.size else 0.0, "overflow": big(xi) or big(yo),
+                   "ncnn_nondeterministic": check.max_abs_err(xi, again[layer.bottoms[0]]) > 0,
+                   "self_consistent": bool(consistent)}
+            rec["explained"] = rec["overflow"] or rec["self_consistent"]
+            out.append(rec)
     return out
+
+
+def param_bitflips(stride: int = 5, timeout: float = 60.0) -> dict:
+    """Every single-bit flip of every committed .param: those `vknorm check`'s reader accepts, one in
+    `stride` of them (in order) through the whole CLI; outcomes counted, every exit 1 explained."""
+    import collections
+
+    from vknorm import check
+    from vknorm.cli import UsageError
+
+    counts = collections.Counter()
+    failures: List[str] = []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        accepted = []
+        for name in sorted(MODELS):
+            text = model_files(name)[0].read_bytes()
+            for pos in range(len(text)):
+                for bit in range(8):
+                    counts["flips"] += 1
+                    path = os.path.join(d, f"{name}_{pos}_{bit}.param")
+                    Path(path).write_bytes(garble_param(text, "flip_byte", pos, bit, b""))
+                    try:
+                        check.parse_param(path)
+                    except UsageError:
+                        counts["refused_by_reader"] += 1
+                        os.unlink(path)
+                        continue
+                    accepted.append((name, path))
+        counts["accepted_by_reader"] = len(accepted)
+        worker = CheckWorker()
+        try:
+            for name, path in accepted[::stride]:
+                res = worker.run(["check", path, str(model_files(name)[1]), "--input", f"in0={MODELS[name]}",
+                                  "--json"], timeout)
+                outcome = classify(res)
+                counts["run"] += 1
+                counts[outcome] += 1
+                if outcome == "mismatch":
+                    failing = {r["name"] for r in json.loads(res["stdout"])["layers"] if not r["ok"]}
+                    why = {e["layer"]: e for e in explain_mismatch(path, str(model_files(name)[1]), MODELS[name])}
+                    for n in failing:
+                        counts["mismatch_layers"] += 1
+                        counts["mismatch_self_consistent"] += why[n]["self_consistent"]
+                        counts["mismatch_overflow"] += why[n]["overflow"]
+                        counts["mismatch_ncnn_nondeterministic"] += why[n]["ncnn_nondeterministic"]
+                        if not why[n]["explained"]:
+                            counts["mismatch_unexplained"] += 1
+                            failures.append(f"{os.path.basename(path)}: {why[n]}")
+                elif outcome not in ("ok", "error"):
+                    failures.append(f"{os.path.basename(path)}: {outcome}: {res['stderr'][-300:]}")
+                counts["max_case_ms"] = max(counts["max_case_ms"], int(1e3 * res["seconds"]))
+        finally:
+            worker.close()
+    return {**counts, "stride": stride, "failures": failures[:20], "seconds": time.perf_counter() - t0}
 
 
 class CheckWorker:
