@@ -7,6 +7,8 @@ STAMPS := .stamps
 APT_PACKAGES := build-essential cmake libvulkan-dev libvulkan1 glslang-tools spirv-tools mesa-vulkan-drivers \
                 vulkan-validationlayers vulkan-tools python3-venv
 SOURCES := $(shell find src include shaders cmake python -type f) CMakeLists.txt pyproject.toml
+# ncnn compiled from its pinned source (tools/build_ncnn.sh), cached outside the clone: built once per machine.
+NCNN_PREFIX := $(HOME)/.cache/vknorm/ncnn-1.0.20261020
 
 .PHONY: demo test setup models clean
 # The main job: the device table, then a real ncnn model (a pnnx-made transformer block) run stock
@@ -19,7 +21,7 @@ demo: setup
 test: setup
 	@VKNORM_VALIDATION=1 $(PY) -m pytest -q tests
 
-setup: $(STAMPS)/apt $(STAMPS)/venv $(STAMPS)/install
+setup: $(STAMPS)/apt $(STAMPS)/venv $(STAMPS)/ncnn $(STAMPS)/install
 
 $(STAMPS)/apt:
 	@mkdir -p $(STAMPS)
@@ -36,9 +38,14 @@ $(STAMPS)/venv: requirements-dev.txt $(STAMPS)/apt
 	@$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	@touch $@
 
-$(STAMPS)/install: $(STAMPS)/venv $(SOURCES)
-	@echo "building vknorm (C++ core, shaders, bindings)"
-	@$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e . || \
+$(STAMPS)/ncnn: tools/build_ncnn.sh $(STAMPS)/apt
+	@tools/build_ncnn.sh "$(NCNN_PREFIX)" >/dev/null
+	@touch $@
+
+$(STAMPS)/install: $(STAMPS)/venv $(STAMPS)/ncnn $(SOURCES)
+	@echo "building vknorm (C++ core, shaders, bindings, ncnn layers)"
+	@$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e . \
+	  -C cmake.define.VKNORM_NCNN=ON -C cmake.define.ncnn_DIR=$(NCNN_PREFIX)/lib/cmake/ncnn || \
 	  { echo "build failed; rerun: $(PY) -m pip install -v --no-build-isolation -e ."; exit 1; }
 	@touch $@
 

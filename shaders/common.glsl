@@ -46,7 +46,8 @@ layout(constant_id = 2) const uint AFFINE = 1;
 #define WG gl_WorkGroupSize.x
 
 // Every blob is channels -> groups per channel -> group elements. Positions are in packed elements.
-layout(push_constant) uniform Shape {
+// The block is named `parameter`: ncnn's Pipeline finds push constants by that name.
+layout(push_constant) uniform parameter {
   uint group_size;   // elements of one group
   uint gpc;          // groups per (packed) channel
   uint cstep;        // packed elements between channels
@@ -74,6 +75,10 @@ void store_x(uint i, afp v) { x[i] = sfp(v); }
 #endif
 layout(binding = 1) readonly buffer Gamma { float gamma[]; };
 layout(binding = 2) readonly buffer Beta { float beta[]; };
+// Split-path scratch. Every kernel declares all five bindings: engines that reflect the SPIR-V (ncnn)
+// build their descriptor layouts from it and need bindings 0..4 without gaps.
+layout(binding = 3) buffer Partials { afp partial[]; };  // [mean of n_items][M2 of n_items]
+layout(binding = 4) buffer Coefs { afp coef[]; };        // [pivot, shifted mean, a] per group
 
 // Scalars per stored element of one group, and the reduction of a per-component sum to the group's.
 #if VEC4

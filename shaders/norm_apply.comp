@@ -4,7 +4,6 @@
 // group. Grid-stride over every element of every group; cstep padding is never touched.
 #include "common.glsl"
 
-layout(binding = 4) readonly buffer Coefs { afp coef[]; };
 
 void main() {
   uint total = p.n_groups * p.group_size;

@@ -4,8 +4,6 @@
 // writes the group's coefficients (pivot, shifted mean, a = 1/sqrt(var + eps)).
 #include "common.glsl"
 
-layout(binding = 3) readonly buffer Partials { afp partial[]; };
-layout(binding = 4) writeonly buffer Coefs { afp coef[]; };  // [pivot, shifted mean, a] per group
 
 shared float sh_n[gl_WorkGroupSize.x];
 shared afp sh_m[gl_WorkGroupSize.x];

@@ -5,7 +5,6 @@
 // RMSNorm: the pivot is 0 and the partial is the chunk's mean of squares.
 #include "common.glsl"
 
-layout(binding = 3) writeonly buffer Partials { afp partial[]; };  // [mean of n_items][M2 of n_items]
 
 void main() {
   uint n_items = p.n_groups * p.n_chunks;

@@ -50,8 +50,10 @@ uint32_t pow2_floor(uint32_t v) {
 }
 
 DeviceCaps device_caps(const Context& ctx, const Option& opt) {
-  auto& impl = const_cast<Context&>(ctx).impl();
-  const DeviceInfo& info = ctx.info();
+  return device_caps(ctx.info(), const_cast<Context&>(ctx).impl().subgroup_reduce, opt);
+}
+
+DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Option& opt) {
   DeviceCaps caps;
   caps.cpu = info.type == "cpu";
   // CPU drivers run a workgroup's invocations as loops on one core: small workgroups, and registers
@@ -83,7 +85,7 @@ DeviceCaps device_caps(const Context& ctx, const Option& opt) {
   caps.max_workgroup = std::min(caps.max_workgroup, pow2_floor(shared / 16));
   caps.preferred_workgroup = std::min(caps.preferred_workgroup, pow2_floor(shared / 52));
   caps.subgroup_size = info.subgroup_size;
-  caps.subgroup_reduce = impl.subgroup_reduce && opt.use_subgroup_ops && info.subgroup_size > 0 &&
+  caps.subgroup_reduce = subgroup_reduce && opt.use_subgroup_ops && info.subgroup_size > 0 &&
                          caps.preferred_workgroup % info.subgroup_size == 0;
   return caps;
 }
@@ -152,6 +154,46 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   plan.reduce_team = std::min(plan.wg, pow2_ceil(div_up(plan.chunk_size, dev.items_target)));
   plan.finalize_team = std::min(plan.wg, pow2_ceil(plan.n_chunks));
   return plan;
+}
+
+std::string variant_name(const std::string& shader, bool fp16, const std::string& layout, bool subgroup) {
+  return shader + "_fp" + (fp16 ? "1" : "0") + "_p" + layout + "_sg" + (subgroup ? "1" : "0");
+}
+
+ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g, bool fp16, const DeviceCaps& dev,
+                         const Option& opt) {
+  ForwardPlan f;
+  f.kernel = plan_dispatch(g, dev, opt, fp16);
+  f.layout = g;
+  f.fp16 = fp16;
+  const Plan& plan = f.kernel;
+  const uint32_t op_id = op == NormOp::RMSNorm ? 1 : 0;
+  const uint32_t affine_id = affine ? 1 : 0;
+  const std::string pack = g.elempack == 4 ? "4" : "1";
+  PushConstants pc{g.group_size, g.gpc, g.cstep, g.n_groups, plan.chunk_size, plan.n_chunks, plan.team, eps};
+  auto pass = [&](const std::string& shader, const std::string& layout, bool subgroup, std::vector<uint32_t> spec,
+                  uint64_t workgroups, bool after_previous) {
+    f.passes.push_back(Pass{variant_name(shader, fp16, layout, subgroup), std::move(spec), pc, plan.wg, workgroups,
+                            after_previous});
+  };
+  if (plan.path != Path::Split) {
+    if (plan.vec4) pc.group_size /= 4, pc.cstep /= 4;  // the kernel counts vec4s
+    pass("norm_fused", plan.vec4 ? "v4" : pack, plan.subgroup,
+         {plan.wg, op_id, affine_id, plan.items, plan.prefetch ? 1u : 0u}, plan.fused_workgroups(g), false);
+    return f;
+  }
+  const uint64_t items = uint64_t(g.n_groups) * plan.n_chunks;
+  if (2 * items * g.elempack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
+  f.partials_bytes = 2 * items * g.elempack * sizeof(float);
+  f.coefs_bytes = 3ull * g.n_groups * g.elempack * sizeof(float);
+  const std::vector<uint32_t> spec{plan.wg, op_id, affine_id};
+  pc.team = plan.reduce_team;
+  pass("norm_reduce", pack, false, spec, plan.reduce_workgroups(g), false);
+  pc.team = plan.finalize_team;
+  pass("norm_finalize", pack, false, spec, plan.finalize_workgroups(g), true);
+  pc.team = 1;
+  pass("norm_apply", pack, false, spec, plan.apply_workgroups(g), true);
+  return f;
 }
 
 uint64_t Plan::fused_workgroups(const GroupLayout& g) const { return div_up(g.n_groups, wg / team); }  // vec4: same groups

@@ -2,6 +2,8 @@
 // plan_dispatch (dispatch.cpp); the rest of the code only executes a Plan.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "vknorm/context.h"
 #include "vknorm/norm.h"
@@ -38,7 +40,44 @@ struct Plan {
   uint64_t apply_workgroups(const GroupLayout& g) const;
 };
 
+// What a device offers the planner. subgroup_reduce: subgroup arithmetic + shuffle usable in compute
+// shaders on the device as it was created (vknorm's own context, ncnn's, or a caller's).
+DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Option& opt);
 DeviceCaps device_caps(const Context& ctx, const Option& opt);
 Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16 = false);
+
+// ---- The plan as data: one forward, independent of the engine that records it ----------------------
+// Every pass binds the same five storage buffers (binding = slot): the blob, gamma, beta and the split
+// path's two scratch buffers. A slot a pass does not use may hold any valid buffer.
+enum Slot : uint32_t { kSlotBlob = 0, kSlotGamma, kSlotBeta, kSlotPartials, kSlotCoefs, kSlotCount };
+
+struct PushConstants {  // mirrors `parameter` in shaders/common.glsl (8 words)
+  uint32_t group_size, gpc, cstep, n_groups, chunk_size, n_chunks, team;
+  float eps;
+};
+static_assert(sizeof(PushConstants) == 32, "8 words of push constants");
+
+struct Pass {
+  std::string variant;                  // embedded SPIR-V: <shader>_fp<0|1>_p<1|4|v4>_sg<0|1>
+  std::vector<uint32_t> specialization;  // constant ids 0..n-1: workgroup, op, affine[, items, prefetch]
+  PushConstants push{};
+  uint32_t workgroup_size = 0;  // local_size_x (specialization[0])
+  uint64_t workgroups = 0;      // 1-D; executors fold counts past maxComputeWorkGroupCount[0] into y
+  bool after_previous = false;  // reads what the previous pass wrote: a barrier goes between them
+};
+
+struct ForwardPlan {
+  Plan kernel;          // the dispatcher's decision
+  GroupLayout layout;   // the blob's groups
+  bool fp16 = false;    // float16 storage
+  uint64_t partials_bytes = 0, coefs_bytes = 0;  // split-path scratch (slots 3 and 4); 0: none
+  std::vector<Pass> passes;
+};
+
+std::string variant_name(const std::string& shader, bool fp16, const std::string& layout, bool subgroup);
+
+// The complete forward of one layer over one blob: what every executor records.
+ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g, bool fp16, const DeviceCaps& dev,
+                         const Option& opt);
 
 }  // namespace vknorm

@@ -110,11 +110,10 @@ struct WorkspaceNeed {
   uint64_t partials = 0, coefs = 0;
 };
 
-WorkspaceNeed workspace_need(const GroupLayout& g, const DeviceCaps& caps, const Option& opt, bool fp16) {
-  const Plan plan = plan_dispatch(g, caps, opt, fp16);
-  if (plan.path != Path::Split) return {};
-  const uint64_t items = uint64_t(g.n_groups) * plan.n_chunks;
-  return {2 * items * g.elempack * sizeof(float), 3ull * g.n_groups * g.elempack * sizeof(float)};
+WorkspaceNeed workspace_need(const Norm::Gpu& gpu, const GroupLayout& g, const DeviceCaps& caps, const Option& opt,
+                             bool fp16) {
+  const ForwardPlan fp = plan_forward(gpu.op, gpu.affine != 0, gpu.eps, g, fp16, caps, opt);
+  return {fp.partials_bytes, fp.coefs_bytes};
 }
 
 // Chooses pieces so that every buffer fits the device's storage-buffer range and all of them the
@@ -172,7 +171,7 @@ Run plan_run(const Norm::Gpu& gpu, const GroupLayout& g, size_t elemsize, uint64
       largest = std::max(largest, p.bytes);
       if (p.layout.n_groups == last_groups) continue;  // same workspace as the piece before
       last_groups = p.layout.n_groups;
-      const WorkspaceNeed w = workspace_need(p.layout, caps, opt, fp16);
+      const WorkspaceNeed w = workspace_need(gpu, p.layout, caps, opt, fp16);
       run.partials = std::max(run.partials, w.partials), run.coefs = std::max(run.coefs, w.coefs);
     }
     const bool whole = run.pieces.size() == 1;
@@ -343,46 +342,30 @@ struct Workspace {
   }
 };
 
-// Records one forward over `blob` (already on the device, in `g`'s layout) into `s`.
+// The executor for vknorm's own context: records the plan's passes over `blob` (already on the device,
+// in `g`'s layout) into `s`, with a barrier wherever a pass reads what the one before wrote.
 DispatchInfo record(Norm::Gpu& gpu, Submission& s, const Buffer& blob, const GroupLayout& g, bool fp16,
                     const Option& opt, Workspace& ws) {
-  const Plan plan = plan_dispatch(g, device_caps(*gpu.ctx, opt), opt, fp16);
+  const ForwardPlan fp = plan_forward(gpu.op, gpu.affine != 0, gpu.eps, g, fp16, device_caps(*gpu.ctx, opt), opt);
   Context::Impl& impl = gpu.ctx->impl();
-  const uint32_t op = gpu.op == NormOp::RMSNorm ? 1 : 0;
-  const uint32_t affine = gpu.affine ? 1 : 0;
   ensure_weights(gpu);
-  const Buffer* gamma = affine ? gpu.gamma.get() : gpu.unused.get();
-  const Buffer* beta = affine ? gpu.beta.get() : gpu.unused.get();
-  PushConstants pc{g.group_size, g.gpc, g.cstep, g.n_groups, plan.chunk_size, plan.n_chunks, plan.team, gpu.eps};
-  const std::string pack = g.elempack == 4 ? "4" : "1";
-
+  ws.reserve(gpu.ctx, fp.partials_bytes, fp.coefs_bytes);
+  const Buffer* unused = gpu.unused.get();
+  const std::array<const Buffer*, kBindings> bind{&blob, gpu.affine ? gpu.gamma.get() : unused,
+                                                  gpu.affine ? gpu.beta.get() : unused,
+                                                  fp.partials_bytes ? ws.partials.get() : unused,
+                                                  fp.coefs_bytes ? ws.coefs.get() : unused};
+  const int dispatches_before = s.dispatches();
+  for (const Pass& pass : fp.passes) {
+    if (pass.after_previous) s.barrier();
+    s.dispatch(impl.pipeline(pass.variant, Specialization::of(pass)), bind, pass.push, pass.workgroups);
+  }
+  const Plan& plan = fp.kernel;
   DispatchInfo info;
   info.path = plan.path;
   info.workgroup_size = plan.wg;
-  const int dispatches_before = s.dispatches();
-  if (plan.path != Path::Split) {
-    if (plan.vec4) pc.group_size /= 4, pc.cstep /= 4;  // the kernel counts vec4s
-    const Specialization spec{plan.wg, op, affine, plan.items, plan.prefetch ? 1u : 0u};
-    const auto& p = impl.pipeline(variant_name("norm_fused", fp16, plan.vec4 ? "v4" : pack, plan.subgroup), spec);
-    s.dispatch(p, {&blob, gamma, beta, gpu.unused.get(), gpu.unused.get()}, pc, plan.fused_workgroups(g));
-    info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup, info.vec4 = plan.vec4;
-  } else {
-    const uint64_t items = uint64_t(g.n_groups) * plan.n_chunks;
-    if (2 * items * g.elempack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
-    ws.reserve(gpu.ctx, 2 * items * g.elempack * sizeof(float), 3ull * g.n_groups * g.elempack * sizeof(float));
-    const std::array<const Buffer*, kBindings> bind{&blob, gamma, beta, ws.partials.get(), ws.coefs.get()};
-    pc.team = plan.reduce_team;
-    const Specialization spec{plan.wg, op, affine, 1, 0};
-    s.dispatch(impl.pipeline(variant_name("norm_reduce", fp16, pack, false), spec), bind, pc, plan.reduce_workgroups(g));
-    s.barrier();
-    pc.team = plan.finalize_team;
-    s.dispatch(impl.pipeline(variant_name("norm_finalize", fp16, pack, false), spec), bind, pc,
-               plan.finalize_workgroups(g));
-    s.barrier();
-    pc.team = 1;
-    s.dispatch(impl.pipeline(variant_name("norm_apply", fp16, pack, false), spec), bind, pc, plan.apply_workgroups(g));
-    info.team = plan.reduce_team, info.chunks = plan.n_chunks;
-  }
+  if (plan.path != Path::Split) info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup, info.vec4 = plan.vec4;
+  else info.team = plan.reduce_team, info.chunks = plan.n_chunks;
   info.dispatches = s.dispatches() - dispatches_before;
   return info;
 }

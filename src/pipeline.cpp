@@ -11,9 +11,13 @@ std::string Specialization::key() const {
          std::to_string(items) + "/" + std::to_string(prefetch);
 }
 
-std::string variant_name(const std::string& shader, bool fp16, const std::string& layout, bool subgroup) {
-  return shader + "_fp" + (fp16 ? "1" : "0") + "_p" + layout + "_sg" + (subgroup ? "1" : "0");
+Specialization Specialization::of(const Pass& pass) {
+  Specialization s;
+  uint32_t* fields[] = {&s.workgroup, &s.op, &s.affine, &s.items, &s.prefetch};
+  for (size_t i = 0; i < pass.specialization.size() && i < 5; ++i) *fields[i] = pass.specialization[i];
+  return s;
 }
+
 
 Pipeline::Pipeline(Context::Impl& ctx, const std::string& variant, const Specialization& spec) {
   const shaders::Spirv spv = shaders::find(variant.c_str());

@@ -90,6 +90,15 @@ void rmsnorm_group(float* x, size_t n, float eps, const float* gamma) {
 
 }  // namespace
 
+void reference_forward(NormOp op, float* base, const GroupLayout& g, float eps, const float* gamma, const float* beta) {
+  for (uint32_t q = 0; q < g.n_groups; ++q) {
+    const uint32_t ch = q / g.gpc;
+    float* x = base + size_t(ch) * g.cstep + size_t(q - ch * g.gpc) * g.group_size;
+    if (op == NormOp::LayerNorm) layernorm_group(x, g.group_size, eps, gamma, beta);
+    else rmsnorm_group(x, g.group_size, eps, gamma);
+  }
+}
+
 void Norm::forward_inplace_cpu(Mat& m) const {
   if (m.empty()) throw std::invalid_argument("empty input");
   if (m.elempack != 1 || m.is_fp16()) {
@@ -103,13 +112,7 @@ void Norm::forward_inplace_cpu(Mat& m) const {
   check_ready(g);
   const float* gamma = affine ? gamma_data.data() : nullptr;
   const float* beta = affine && op == NormOp::LayerNorm ? beta_data.data() : nullptr;
-  float* base = reinterpret_cast<float*>(m.data());
-  for (uint32_t q = 0; q < g.n_groups; ++q) {
-    const uint32_t ch = q / g.gpc;
-    float* x = base + size_t(ch) * g.cstep + size_t(q - ch * g.gpc) * g.group_size;
-    if (op == NormOp::LayerNorm) layernorm_group(x, g.group_size, eps, gamma, beta);
-    else rmsnorm_group(x, g.group_size, eps, gamma);
-  }
+  reference_forward(op, reinterpret_cast<float*>(m.data()), g, eps, gamma, beta);
 }
 
 }  // namespace vknorm

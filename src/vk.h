@@ -10,17 +10,13 @@
 #include <vector>
 #include <vulkan/vulkan_raii.hpp>
 
+#include "dispatch.h"
 #include "vknorm/context.h"
 #include "vknorm/norm.h"
 
 namespace vknorm {
 
-constexpr uint32_t kBindings = 5;  // blob, gamma, beta, partials, coefficients (shaders/common.glsl)
-
-struct PushConstants {  // mirrors `Shape` in shaders/common.glsl
-  uint32_t group_size, gpc, cstep, n_groups, chunk_size, n_chunks, team;
-  float eps;
-};
+constexpr uint32_t kBindings = kSlotCount;  // blob, gamma, beta, partials, coefficients (dispatch.h)
 
 // The loader and instance, shared by every context of the process.
 struct Instance {
@@ -89,9 +85,9 @@ using Buffer = VkMat::Buffer;
 struct Specialization {
   uint32_t workgroup = 64, op = 0, affine = 0, items = 1, prefetch = 0;
   std::string key() const;
+  static Specialization of(const Pass& pass);
 };
 
-std::string variant_name(const std::string& shader, bool fp16, const std::string& layout, bool subgroup);
 
 struct Pipeline {
   vk::raii::ShaderModule module = nullptr;

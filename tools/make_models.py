@@ -192,6 +192,32 @@ class LayerNorm4d(nn.Module):
         return self.ln_dhw(self.ln_hw(self.ln_w(self.conv(x))))
 
 
+class LNResidualStack(nn.Module):
+    """12 pre-norm residual steps x = x + 0.25 * GELU(LayerNorm_i(x)) on a
+    dims-2 blob (seq 197, d 768, ViT-B/16 sized): LayerNorm-dominated, no
+    Linear layers, so the .bin holds only the 12 LayerNorms' gamma/beta
+    (~74 KB).
+
+    The branch is scaled by 0.25 to keep the residual stream's magnitude
+    moderate: unscaled, x grows to |x| ~ 80 at the last LayerNorm's input
+    (~90 at the output), and float16 storage of each LayerNorm's input
+    (rounding error ~|x| * 2^-11) then exceeds the tests' fixed tolerances.
+    Scaled, max |x| at the last LayerNorm's input is ~20, so float16 storage
+    of each LayerNorm's input stays well inside them.  The multiply costs one extra
+    ncnn BinaryOp (mul by a scalar) per step."""
+
+    BRANCH_SCALE = 0.25
+
+    def __init__(self, d=768, depth=12):
+        super().__init__()
+        self.norms = nn.ModuleList(nn.LayerNorm(d, eps=1e-5) for _ in range(depth))
+
+    def forward(self, x):
+        for norm in self.norms:
+            x = x + self.BRANCH_SCALE * F.gelu(norm(x))
+        return x
+
+
 # Deliberately NOT built: nn.LayerNorm([c, h, w]) over a whole dims-3 blob.
 # pnnx emits "LayerNorm 0=w*h*c" (e.g. 0=480 for 8x6x10), but ncnn's CPU
 # LayerNorm treats any dims-3 affine_size != w as one group of w*h per channel
@@ -218,6 +244,8 @@ MODELS = {
     "layernorm_4d": (LayerNorm4d, (1, 4, 3, 5, 8), 7,
                      [("LayerNorm", 8, 1), ("LayerNorm", 40, 1),
                       ("LayerNorm", 120, 1)]),
+    "ln_residual_stack": (LNResidualStack, (1, 197, 768), 8,
+                          [("LayerNorm", 768, 1)] * 12),
 }
 
 

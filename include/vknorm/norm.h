@@ -43,6 +43,9 @@ GroupLayout group_layout(int dims, int w, int h, int d, int c, size_t cstep, int
 
 enum class NormOp { LayerNorm, RMSNorm };
 
+// ncnn's CPU algorithm over every group of a float32, elempack-1 blob at `base` (gamma/beta null: no affine).
+void reference_forward(NormOp op, float* base, const GroupLayout& g, float eps, const float* gamma, const float* beta);
+
 struct DispatchInfo {  // what the last forward did
   Path path = Path::Auto;
   int dispatches = 0;

@@ -1,0 +1,42 @@
+// vknorm's LayerNorm and RMSNorm as ncnn layers. In a Vulkan net they run inside ncnn's graph: pipelines
+// on the net's VulkanDevice, recorded into ncnn's VkCompute on the VkMat ncnn hands over (elempack 1 or
+// 4, float32 or float16 storage as the net chose), with no host copy and no submission of their own.
+// In a CPU net they run ncnn's CPU algorithm (vknorm's reference).
+//
+//   ncnn::Net net;
+//   net.opt.use_vulkan_compute = true;
+//   vknorm::ncnn::register_layers(net);   // before load_param
+//   net.load_param("model.param");
+//   net.load_model("model.bin");
+//
+// Needs the library target vknorm::vknorm_ncnn (built when CMake finds ncnn, see docs/android.md).
+#pragma once
+#include <cstdint>
+
+namespace ncnn {
+class Net;
+class Layer;
+}  // namespace ncnn
+
+namespace vknorm {
+namespace ncnn {
+
+// Makes the net's LayerNorm and RMSNorm layers vknorm's (ncnn's register_custom_layer, which replaces
+// the built-in types). Call before load_param. Returns 0, or the error of the registration that failed.
+int register_layers(::ncnn::Net& net);
+
+// How vknorm layers ran. In a Vulkan net every forward is recorded on the GPU: cpu_forwards stays 0 (no
+// host round trip). pipelines counts ncnn::Pipeline objects created (a new one only for a new variant).
+struct Counters {
+  uint64_t vulkan_forwards = 0;
+  uint64_t cpu_forwards = 0;
+  uint64_t pipelines = 0;
+};
+Counters counters(const ::ncnn::Net& net);  // this net's vknorm layers, since load_param
+Counters counters();                        // every vknorm layer of the process, since it started
+
+// True for a layer created by register_layers.
+bool is_vknorm_layer(const ::ncnn::Layer* layer);
+
+}  // namespace ncnn
+}  // namespace vknorm

@@ -1,0 +1,198 @@
+// nanobind module vknorm._graph: ncnn (compiled from its pinned source) with vknorm's layers inside its
+// Vulkan graph, shaped like pyncnn where the two overlap (Net, opt, load_param, load_model,
+// create_extractor, input, extract, Mat). python/vknorm/graph.py is the public face.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+
+#include <ncnn/gpu.h>
+#include <ncnn/net.h>
+
+#include "vknorm/ncnn.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using Array = nb::ndarray<nb::numpy, float, nb::c_contig, nb::device::cpu>;
+
+// numpy (w), (h, w), (c, h, w), (c, d, h, w) float32 -> an ncnn::Mat that owns a copy (pyncnn's order).
+::ncnn::Mat mat_from_numpy(const Array& a) {
+  const size_t nd = a.ndim();
+  if (nd < 1 || nd > 4) throw std::invalid_argument("Mat: expected a 1-4 dim float32 array, got " + std::to_string(nd) + " dims");
+  for (size_t i = 0; i < nd; ++i)
+    if (a.shape(i) == 0 || a.shape(i) > 0x7fffffff) throw std::invalid_argument("Mat: every dimension must be 1..2^31-1");
+  int s[4] = {1, 1, 1, 1};  // w, h, d, c
+  const int order[4][4] = {{0}, {1, 0}, {3, 1, 0}, {3, 2, 1, 0}};
+  for (size_t i = 0; i < nd; ++i) s[order[nd - 1][i]] = int(a.shape(i));
+  ::ncnn::Mat m;
+  if (nd == 1) m.create(s[0]);
+  else if (nd == 2) m.create(s[0], s[1]);
+  else if (nd == 3) m.create(s[0], s[1], s[3]);
+  else m.create(s[0], s[1], s[2], s[3]);
+  if (m.empty()) throw std::bad_alloc();
+  const size_t plane = size_t(s[0]) * s[1] * s[2];
+  for (int q = 0; q < (nd >= 3 ? s[3] : 1); ++q)
+    std::memcpy(m.channel(q).data, a.data() + q * plane, plane * sizeof(float));
+  return m;
+}
+
+nb::ndarray<nb::numpy, float> mat_to_numpy(const ::ncnn::Mat& m) {
+  if (m.empty()) throw std::invalid_argument("Mat is empty");
+  if (m.elempack != 1 || m.elemsize != 4) throw std::invalid_argument("Mat: only elempack-1 float32 Mats convert to numpy");
+  std::vector<size_t> shape;
+  switch (m.dims) {
+    case 1: shape = {size_t(m.w)}; break;
+    case 2: shape = {size_t(m.h), size_t(m.w)}; break;
+    case 3: shape = {size_t(m.c), size_t(m.h), size_t(m.w)}; break;
+    default: shape = {size_t(m.c), size_t(m.d), size_t(m.h), size_t(m.w)};
+  }
+  const size_t plane = size_t(m.w) * m.h * m.d;
+  const int channels = m.dims >= 3 ? m.c : 1;
+  auto* out = new float[plane * channels];
+  for (int q = 0; q < channels; ++q) std::memcpy(out + q * plane, m.channel(q).data, plane * sizeof(float));
+  nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+  return nb::ndarray<nb::numpy, float>(out, shape.size(), shape.data(), owner);
+}
+
+// A Net that owns its ncnn::Net; vknorm=true registers vknorm's layers before anything is loaded.
+struct Net {
+  explicit Net(bool vknorm) : vknorm(vknorm) {
+    if (vknorm && vknorm::ncnn::register_layers(net) != 0) throw std::runtime_error("registering vknorm's layers failed");
+  }
+  ::ncnn::Net net;
+  bool vknorm;
+};
+
+struct Extractor {
+  std::shared_ptr<Net> owner;  // the net outlives its extractors
+  std::unique_ptr<::ncnn::Extractor> ex;
+};
+
+}  // namespace
+
+NB_MODULE(_graph, m) {
+  m.doc() = "ncnn's Vulkan graph with vknorm's LayerNorm/RMSNorm inside (ncnn compiled from source)";
+
+  nb::class_<::ncnn::Option>(m, "Option")
+      .def(nb::init<>())
+      .def_rw("lightmode", &::ncnn::Option::lightmode)
+      .def_rw("num_threads", &::ncnn::Option::num_threads)
+      .def_rw("use_vulkan_compute", &::ncnn::Option::use_vulkan_compute)
+      .def_rw("use_fp16_packed", &::ncnn::Option::use_fp16_packed)
+      .def_rw("use_fp16_storage", &::ncnn::Option::use_fp16_storage)
+      .def_rw("use_fp16_arithmetic", &::ncnn::Option::use_fp16_arithmetic)
+      .def_rw("use_bf16_storage", &::ncnn::Option::use_bf16_storage)
+      .def_rw("use_bf16_packed", &::ncnn::Option::use_bf16_packed)
+      .def_rw("use_packing_layout", &::ncnn::Option::use_packing_layout)
+      .def_rw("use_subgroup_ops", &::ncnn::Option::use_subgroup_ops)
+      .def_rw("use_shader_local_memory", &::ncnn::Option::use_shader_local_memory)
+      .def_rw("use_cooperative_matrix", &::ncnn::Option::use_cooperative_matrix);
+
+  nb::class_<::ncnn::Mat>(m, "Mat")
+      .def(nb::init<>())
+      .def("__init__", [](::ncnn::Mat* self, const Array& a) { new (self) ::ncnn::Mat(mat_from_numpy(a)); }, "array"_a)
+      .def_ro("dims", &::ncnn::Mat::dims)
+      .def_ro("w", &::ncnn::Mat::w)
+      .def_ro("h", &::ncnn::Mat::h)
+      .def_ro("d", &::ncnn::Mat::d)
+      .def_ro("c", &::ncnn::Mat::c)
+      .def_ro("elempack", &::ncnn::Mat::elempack)
+      .def("empty", &::ncnn::Mat::empty)
+      .def("numpy", &mat_to_numpy)
+      .def("__array__", [](const ::ncnn::Mat& mat, nb::handle, nb::handle) { return mat_to_numpy(mat); },
+           "dtype"_a = nb::none(), "copy"_a = nb::none());
+
+  nb::class_<Extractor>(m, "Extractor")
+      .def("input",
+           [](Extractor& e, const std::string& name, const ::ncnn::Mat& in) { return e.ex->input(name.c_str(), in); },
+           "name"_a, "mat"_a)
+      .def("extract",
+           [](Extractor& e, const std::string& name) {
+             ::ncnn::Mat out;
+             int r;
+             {
+               nb::gil_scoped_release release;
+               r = e.ex->extract(name.c_str(), out);
+             }
+             return std::make_tuple(r, out);
+           },
+           "name"_a)
+      .def("clear", [](Extractor& e) { e.ex->clear(); });
+
+  nb::class_<Net>(m, "Net")
+      .def("__init__", [](Net* self, bool vknorm) { new (self) Net(vknorm); }, "vknorm"_a = true)
+      .def_ro("vknorm", &Net::vknorm)
+      .def_prop_rw(
+          "opt", [](Net& n) -> ::ncnn::Option& { return n.net.opt; },
+          [](Net& n, const ::ncnn::Option& o) { n.net.opt = o; }, nb::rv_policy::reference_internal)
+      .def("set_vulkan_device", [](Net& n, int index) { n.net.set_vulkan_device(index); }, "index"_a)
+      .def("load_param",
+           [](Net& n, const std::string& path) {
+             nb::gil_scoped_release release;
+             return n.net.load_param(path.c_str());
+           },
+           "path"_a)
+      .def("load_model",
+           [](Net& n, const std::string& path) {
+             nb::gil_scoped_release release;
+             return n.net.load_model(path.c_str());
+           },
+           "path"_a)
+      .def("input_names",
+           [](Net& n) {
+             std::vector<std::string> r;
+             for (const char* s : n.net.input_names()) r.push_back(s);
+             return r;
+           })
+      .def("output_names",
+           [](Net& n) {
+             std::vector<std::string> r;
+             for (const char* s : n.net.output_names()) r.push_back(s);
+             return r;
+           })
+      // (name, type, vknorm's layer?, runs on Vulkan?) per layer, in param order.
+      .def("layers",
+           [](Net& n) {
+             std::vector<std::tuple<std::string, std::string, bool, bool>> r;
+             for (const ::ncnn::Layer* l : n.net.layers())
+               r.emplace_back(l->name, l->type, vknorm::ncnn::is_vknorm_layer(l), l->support_vulkan && n.net.opt.use_vulkan_compute);
+             return r;
+           })
+      .def("vknorm_counters",
+           [](Net& n) {
+             const auto c = vknorm::ncnn::counters(n.net);
+             nb::dict d;
+             d["vulkan_forwards"] = c.vulkan_forwards;
+             d["cpu_forwards"] = c.cpu_forwards;
+             d["pipelines"] = c.pipelines;
+             return d;
+           })
+      .def("create_extractor",
+           [](std::shared_ptr<Net> n) {
+             return Extractor{n, std::make_unique<::ncnn::Extractor>(n->net.create_extractor())};
+           })
+      .def("clear", [](Net& n) { n.net.clear(); });
+
+  m.def("gpu_count", [] { return ::ncnn::get_gpu_count(); });
+  m.def("gpu_name", [](int i) {
+    const int n = ::ncnn::get_gpu_count();
+    if (i < 0 || i >= n) throw std::invalid_argument("gpu index out of range");
+    return std::string(::ncnn::get_gpu_info(i).device_name());
+  });
+  m.def("default_gpu_index", [] { return ::ncnn::get_default_gpu_index(); });
+  m.def("process_counters", [] {
+    const auto c = vknorm::ncnn::counters();
+    return std::make_tuple(c.vulkan_forwards, c.cpu_forwards, c.pipelines);
+  });
+  // Destroys ncnn's Vulkan instance: call once no Net is left (vknorm.graph does it at exit).
+  m.def("destroy_gpu_instance", [] { ::ncnn::destroy_gpu_instance(); });
+}

@@ -1,0 +1,275 @@
+// The ncnn executor: vknorm's LayerNorm and RMSNorm as ncnn layers. The Vulkan forward records the
+// dispatcher's plan (plan_forward) into ncnn's VkCompute with ncnn::Pipeline objects made from vknorm's
+// embedded SPIR-V; ncnn orders the passes with its own barriers. The CPU forward is the reference.
+#include "vknorm/ncnn.h"
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include <ncnn/command.h>
+#include <ncnn/gpu.h>
+#include <ncnn/layer.h>
+#include <ncnn/net.h>
+#include <ncnn/pipeline.h>
+
+#include "dispatch.h"
+#include "shaders.h"
+
+namespace vknorm {
+namespace ncnn {
+namespace {
+
+std::atomic<uint64_t> g_vulkan_forwards{0}, g_cpu_forwards{0}, g_pipelines{0};
+
+// What the planner needs to know of ncnn's device, from ncnn's own description of it.
+DeviceInfo describe(const ::ncnn::VulkanDevice& dev) {
+  const ::ncnn::GpuInfo& gi = dev.info;
+  DeviceInfo info;
+  const char* types[] = {"discrete", "integrated", "virtual", "cpu"};
+  info.type = gi.type() >= 0 && gi.type() <= 3 ? types[gi.type()] : "other";
+  info.name = gi.device_name();
+  info.subgroup_size = gi.subgroup_size();
+  info.max_shared_memory = gi.max_shared_memory_size();
+  info.max_workgroup_invocations = gi.max_workgroup_invocations();
+  info.max_workgroup_size_x = gi.max_workgroup_size_x();
+  info.max_workgroup_count_x = gi.max_workgroup_count_x();
+  return info;
+}
+
+bool subgroup_reduce(const ::ncnn::VulkanDevice& dev) {
+  const uint32_t need = VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT | VK_SUBGROUP_FEATURE_SHUFFLE_BIT;
+  const uint32_t size = dev.info.subgroup_size();
+  return (dev.info.support_subgroup_ops() & need) == need && size >= 4 && size <= 128;
+}
+
+class NormLayer : public ::ncnn::Layer {
+ public:
+  explicit NormLayer(NormOp op) : op_(op) {
+    one_blob_only = true;
+    support_inplace = true;
+    support_vulkan = true;
+    support_vulkan_packing = true;  // elempack 1 and 4 are read as they are: no repacking dispatch
+  }
+
+  Counters counters() const { return {vulkan_forwards_, cpu_forwards_, pipelines_made_}; }
+
+  int load_param(const ::ncnn::ParamDict& pd) override {
+    affine_size_ = pd.get(0, 0);
+    eps_ = pd.get(1, 0.001f);
+    affine_ = pd.get(2, 1);
+    if (affine_size_ < 0 || !(eps_ >= 0) || (affine_ != 0 && affine_ != 1)) {
+      NCNN_LOGE("vknorm %s: invalid params affine_size=%d eps=%g affine=%d", type_name(), affine_size_, eps_, affine_);
+      return -1;
+    }
+    return 0;
+  }
+
+  int load_model(const ::ncnn::ModelBin& mb) override {
+    if (!affine_) return 0;
+    gamma_ = mb.load(affine_size_, 1);
+    if (gamma_.empty()) return -100;
+    if (op_ == NormOp::LayerNorm) {
+      beta_ = mb.load(affine_size_, 1);
+      if (beta_.empty()) return -100;
+    }
+    return 0;
+  }
+
+  int create_pipeline(const ::ncnn::Option& opt) override {
+    if (!vkdev || !opt.use_vulkan_compute) return 0;  // a CPU net
+    if (opt.use_bf16_storage || opt.use_bf16_packed) {
+      NCNN_LOGE("vknorm %s: bfloat16 storage is not supported; turn off opt.use_bf16_storage/use_bf16_packed", type_name());
+      return -1;
+    }
+    info_ = describe(*vkdev);
+    subgroup_reduce_ = subgroup_reduce(*vkdev);
+    // The plan for the shape in the param file's hints, with the storage and packing this net gives
+    // blobs; other shapes get their pipelines when first met.
+    if (!bottom_shapes.empty() && bottom_shapes[0].dims > 0) {
+      const ::ncnn::Mat& s = bottom_shapes[0];
+      const int outer = s.dims == 1 ? s.w : s.dims == 2 ? s.h : s.c;
+      const int pack = opt.use_packing_layout && outer % 4 == 0 ? 4 : 1;
+      const bool fp16 = opt.use_fp16_storage || (opt.use_fp16_packed && pack == 4);
+      Blob b{s.dims, s.w, s.h, s.d, s.c, 0, pack, fp16};
+      b.cstep = s.dims <= 2 ? size_t(s.w) * s.h : ::ncnn::alignSize(size_t(s.w) * s.h * s.d * (fp16 ? 2 : 4) * pack, 16) /
+                                                     ((fp16 ? 2 : 4) * pack);
+      try {
+        for (const Pass& pass : plan(b, opt).passes)
+          if (!pipeline_for(pass)) return -1;
+      } catch (const std::exception& e) {
+        NCNN_LOGE("vknorm %s: %s", type_name(), e.what());
+        return -1;
+      }
+    }
+    return 0;
+  }
+
+  int destroy_pipeline(const ::ncnn::Option&) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pipelines_.clear();
+    return 0;
+  }
+
+  int upload_model(::ncnn::VkTransfer& cmd, const ::ncnn::Option& opt) override {
+    if (!affine_) return 0;
+    // The kernels read float32 weights whatever the blob's storage.
+    ::ncnn::Option fp32 = opt;
+    fp32.use_fp16_storage = fp32.use_fp16_packed = fp32.use_bf16_storage = fp32.use_bf16_packed = false;
+    cmd.record_upload(gamma_, gamma_gpu_, fp32);
+    if (op_ == NormOp::LayerNorm) cmd.record_upload(beta_, beta_gpu_, fp32);
+    return 0;
+  }
+
+  // CPU: ncnn hands elempack-1 float32 blobs to a layer without support_packing / fp16 / bf16.
+  int forward_inplace(::ncnn::Mat& m, const ::ncnn::Option&) const override {
+    if (m.elempack != 1 || m.elembits() != 32) {
+      NCNN_LOGE("vknorm %s: CPU forward needs an elempack-1 float32 blob", type_name());
+      return -1;
+    }
+    try {
+      const GroupLayout g = group_layout(m.dims, m.w, m.h, m.d, m.c, m.dims <= 2 ? size_t(m.w) * m.h : m.cstep, 1,
+                                         affine_size_, affine_ != 0);
+      reference_forward(op_, static_cast<float*>(m.data), g, eps_, affine_ ? static_cast<const float*>(gamma_.data) : nullptr,
+                        affine_ && op_ == NormOp::LayerNorm ? static_cast<const float*>(beta_.data) : nullptr);
+    } catch (const std::exception& e) {
+      NCNN_LOGE("vknorm %s: %s", type_name(), e.what());
+      return -1;
+    }
+    ++cpu_forwards_;
+    ++g_cpu_forwards;
+    return 0;
+  }
+
+  int forward_inplace(::ncnn::VkMat& blob, ::ncnn::VkCompute& cmd, const ::ncnn::Option& opt) const override {
+    // ncnn packs a dims-1 blob by 4 when w divides: still one contiguous group, so read it unpacked.
+    Blob b{blob.dims, blob.w, blob.h, blob.d, blob.c, blob.cstep, blob.elempack, blob.elemsize == 2u * blob.elempack};
+    if (b.dims == 1 && b.elempack != 1) b.w *= b.elempack, b.cstep *= b.elempack, b.elempack = 1;
+    if ((b.elempack != 1 && b.elempack != 4) || (blob.elemsize != 4u * blob.elempack && !b.fp16)) {
+      NCNN_LOGE("vknorm %s: unsupported blob elempack=%d elemsize=%zu", type_name(), blob.elempack, blob.elemsize);
+      return -1;
+    }
+    ForwardPlan fp;
+    try {
+      fp = plan(b, opt);
+    } catch (const std::exception& e) {
+      NCNN_LOGE("vknorm %s: %s", type_name(), e.what());
+      return -1;
+    }
+    // Split-path scratch comes from ncnn's workspace allocator, as its own layers' does.
+    ::ncnn::VkMat partials, coefs;
+    if (fp.partials_bytes) partials.create(int(fp.partials_bytes / 4), 4u, opt.workspace_vkallocator);
+    if (fp.coefs_bytes) coefs.create(int(fp.coefs_bytes / 4), 4u, opt.workspace_vkallocator);
+    if ((fp.partials_bytes && partials.empty()) || (fp.coefs_bytes && coefs.empty())) return -100;
+    // Empty slots get ncnn's dummy buffer.
+    const std::vector<::ncnn::VkMat> bindings{blob, gamma_gpu_, beta_gpu_, partials, coefs};
+    for (const Pass& pass : fp.passes) {
+      const ::ncnn::Pipeline* pipeline = pipeline_for(pass);
+      if (!pipeline) return -1;
+      std::vector<::ncnn::vk_constant_type> constants(sizeof(PushConstants) / 4);
+      std::memcpy(constants.data(), &pass.push, sizeof(PushConstants));
+      // ncnn divides the dispatcher by the pipeline's local size: hand it invocations, not workgroups.
+      const uint64_t max_x = std::max<uint32_t>(info_.max_workgroup_count_x, 1);
+      const uint64_t x = std::min<uint64_t>(pass.workgroups, max_x);
+      ::ncnn::VkMat dispatcher;
+      dispatcher.w = int(x * pass.workgroup_size);
+      dispatcher.h = int((pass.workgroups + x - 1) / x);
+      dispatcher.c = 1;
+      cmd.record_pipeline(pipeline, bindings, constants, dispatcher);
+    }
+    ++vulkan_forwards_;
+    ++g_vulkan_forwards;
+    return 0;
+  }
+
+ private:
+  struct Blob {
+    int dims, w, h, d, c;
+    size_t cstep;
+    int elempack;
+    bool fp16;
+  };
+
+  const char* type_name() const { return op_ == NormOp::LayerNorm ? "LayerNorm" : "RMSNorm"; }
+
+  ForwardPlan plan(const Blob& b, const ::ncnn::Option& opt) const {
+    const GroupLayout g = group_layout(b.dims, b.w, b.h, b.d, b.c, b.cstep, b.elempack, affine_size_, affine_ != 0);
+    Option vo;
+    vo.use_fp16_storage = b.fp16;
+    vo.use_packing_layout = b.elempack == 4;
+    vo.use_subgroup_ops = opt.use_subgroup_ops;
+    return plan_forward(op_, affine_ != 0, eps_, g, b.fp16, device_caps(info_, subgroup_reduce_, vo), vo);
+  }
+
+  // One ncnn::Pipeline per (variant, specialization), made on first use and kept until destroy_pipeline.
+  const ::ncnn::Pipeline* pipeline_for(const Pass& pass) const {
+    std::string key = pass.variant;
+    for (uint32_t v : pass.specialization) key += "/" + std::to_string(v);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& slot = pipelines_[key];
+    if (slot) return slot.get();
+    const shaders::Spirv spv = shaders::find(pass.variant.c_str());
+    if (!spv.words) {
+      NCNN_LOGE("vknorm %s: no shader variant %s", type_name(), pass.variant.c_str());
+      pipelines_.erase(key);
+      return nullptr;
+    }
+    auto p = std::make_unique<::ncnn::Pipeline>(vkdev);
+    p->set_local_size_xyz(int(pass.workgroup_size), 1, 1);
+    std::vector<::ncnn::vk_specialization_type> spec(pass.specialization.size());
+    for (size_t i = 0; i < spec.size(); ++i) spec[i].u32 = pass.specialization[i];
+    if (p->create(spv.words, spv.count * 4, spec) != 0) {
+      NCNN_LOGE("vknorm %s: creating pipeline %s failed", type_name(), key.c_str());
+      pipelines_.erase(key);
+      return nullptr;
+    }
+    ++pipelines_made_;
+    ++g_pipelines;
+    slot = std::move(p);
+    return slot.get();
+  }
+
+  NormOp op_;
+  int affine_size_ = 0;
+  float eps_ = 0.001f;
+  int affine_ = 1;
+  ::ncnn::Mat gamma_, beta_;
+  ::ncnn::VkMat gamma_gpu_, beta_gpu_;
+  DeviceInfo info_;
+  bool subgroup_reduce_ = false;
+  mutable std::mutex mutex_;
+  mutable std::map<std::string, std::unique_ptr<::ncnn::Pipeline>> pipelines_;
+  mutable std::atomic<uint64_t> vulkan_forwards_{0}, cpu_forwards_{0}, pipelines_made_{0};
+};
+
+::ncnn::Layer* create_layernorm(void*) { return new NormLayer(NormOp::LayerNorm); }
+::ncnn::Layer* create_rmsnorm(void*) { return new NormLayer(NormOp::RMSNorm); }
+void destroy_layer(::ncnn::Layer* layer, void*) { delete layer; }
+
+}  // namespace
+
+int register_layers(::ncnn::Net& net) {
+  if (int r = net.register_custom_layer("LayerNorm", create_layernorm, destroy_layer)) return r;
+  return net.register_custom_layer("RMSNorm", create_rmsnorm, destroy_layer);
+}
+
+bool is_vknorm_layer(const ::ncnn::Layer* layer) { return dynamic_cast<const NormLayer*>(layer) != nullptr; }
+
+Counters counters(const ::ncnn::Net& net) {
+  Counters total;
+  for (const ::ncnn::Layer* layer : net.layers())
+    if (auto* n = dynamic_cast<const NormLayer*>(layer)) {
+      const Counters c = n->counters();
+      total.vulkan_forwards += c.vulkan_forwards, total.cpu_forwards += c.cpu_forwards, total.pipelines += c.pipelines;
+    }
+  return total;
+}
+
+Counters counters() { return {g_vulkan_forwards, g_cpu_forwards, g_pipelines}; }
+
+}  // namespace ncnn
+}  // namespace vknorm
