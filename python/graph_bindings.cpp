@@ -167,6 +167,35 @@ NB_MODULE(_graph, m) {
                r.emplace_back(l->name, l->type, vknorm::ncnn::is_vknorm_layer(l), l->support_vulkan && n.net.opt.use_vulkan_compute);
              return r;
            })
+      // vknorm's layers: name, type, params, weights (numpy copies) and counters.
+      .def("vknorm_layers",
+           [](Net& n) {
+             nb::list out;
+             for (const ::ncnn::Layer* l : n.net.layers()) {
+               vknorm::ncnn::LayerInfo i;
+               if (!vknorm::ncnn::describe_layer(l, i)) continue;
+               nb::dict d;
+               d["name"] = l->name;
+               d["type"] = l->type;
+               d["affine_size"] = i.affine_size;
+               d["eps"] = i.eps;
+               d["affine"] = i.affine;
+               auto vec = [&](const float* p) -> nb::object {
+                 if (!p) return nb::none();
+                 ::ncnn::Mat m(i.affine_size);
+                 std::memcpy(m.data, p, sizeof(float) * i.affine_size);
+                 return nb::cast(mat_to_numpy(m));
+               };
+               d["gamma"] = vec(i.gamma);
+               d["beta"] = vec(i.beta);
+               d["vulkan_forwards"] = i.counters.vulkan_forwards;
+               d["cpu_forwards"] = i.counters.cpu_forwards;
+               d["pipelines"] = i.counters.pipelines;
+               d["variants"] = i.pipelines;
+               out.append(d);
+             }
+             return out;
+           })
       .def("vknorm_counters",
            [](Net& n) {
              const auto c = vknorm::ncnn::counters(n.net);

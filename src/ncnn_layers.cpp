@@ -27,7 +27,7 @@ namespace {
 std::atomic<uint64_t> g_vulkan_forwards{0}, g_cpu_forwards{0}, g_pipelines{0};
 
 // What the planner needs to know of ncnn's device, from ncnn's own description of it.
-DeviceInfo describe(const ::ncnn::VulkanDevice& dev) {
+DeviceInfo device_info(const ::ncnn::VulkanDevice& dev) {
   const ::ncnn::GpuInfo& gi = dev.info;
   DeviceInfo info;
   const char* types[] = {"discrete", "integrated", "virtual", "cpu"};
@@ -57,6 +57,17 @@ class NormLayer : public ::ncnn::Layer {
   }
 
   Counters counters() const { return {vulkan_forwards_, cpu_forwards_, pipelines_made_}; }
+  LayerInfo describe() const {
+    LayerInfo i;
+    i.rmsnorm = op_ == NormOp::RMSNorm;
+    i.affine_size = affine_size_, i.eps = eps_, i.affine = affine_;
+    i.gamma = affine_ && !gamma_.empty() ? static_cast<const float*>(gamma_.data) : nullptr;
+    i.beta = affine_ && !beta_.empty() ? static_cast<const float*>(beta_.data) : nullptr;
+    i.counters = counters();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& kv : pipelines_) i.pipelines.push_back(kv.first);
+    return i;
+  }
 
   int load_param(const ::ncnn::ParamDict& pd) override {
     affine_size_ = pd.get(0, 0);
@@ -86,7 +97,7 @@ class NormLayer : public ::ncnn::Layer {
       NCNN_LOGE("vknorm %s: bfloat16 storage is not supported; turn off opt.use_bf16_storage/use_bf16_packed", type_name());
       return -1;
     }
-    info_ = describe(*vkdev);
+    info_ = device_info(*vkdev);
     subgroup_reduce_ = subgroup_reduce(*vkdev);
     // The plan for the shape in the param file's hints, with the storage and packing this net gives
     // blobs; other shapes get their pipelines when first met.
@@ -258,6 +269,13 @@ int register_layers(::ncnn::Net& net) {
 }
 
 bool is_vknorm_layer(const ::ncnn::Layer* layer) { return dynamic_cast<const NormLayer*>(layer) != nullptr; }
+
+bool describe_layer(const ::ncnn::Layer* layer, LayerInfo& out) {
+  const auto* n = dynamic_cast<const NormLayer*>(layer);
+  if (!n) return false;
+  out = n->describe();
+  return true;
+}
 
 Counters counters(const ::ncnn::Net& net) {
   Counters total;

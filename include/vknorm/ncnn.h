@@ -12,6 +12,8 @@
 // Needs the library target vknorm::vknorm_ncnn (built when CMake finds ncnn, see docs/android.md).
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace ncnn {
 class Net;
@@ -37,6 +39,20 @@ Counters counters();                        // every vknorm layer of the process
 
 // True for a layer created by register_layers.
 bool is_vknorm_layer(const ::ncnn::Layer* layer);
+
+// A vknorm layer's parameters and weights as loaded (gamma/beta: affine_size floats, or null), and its
+// counters. Returns false for any other layer.
+struct LayerInfo {
+  bool rmsnorm = false;
+  int affine_size = 0;
+  float eps = 0.f;
+  int affine = 0;
+  const float* gamma = nullptr;
+  const float* beta = nullptr;
+  Counters counters;
+  std::vector<std::string> pipelines;  // "<variant>/<specialization...>" of each pipeline made
+};
+bool describe_layer(const ::ncnn::Layer* layer, LayerInfo& out);
 
 }  // namespace ncnn
 }  // namespace vknorm

@@ -1,0 +1,73 @@
+"""ncnn models with vknorm's LayerNorm and RMSNorm inside ncnn's Vulkan graph: no host round trip.
+
+Shaped like pyncnn where the two overlap, so code written for pyncnn moves over by changing an import::
+
+    from vknorm import graph as ncnn          # instead of: import ncnn
+    import numpy as np
+
+    net = ncnn.Net()                           # vknorm's layers registered; ncnn.Net(vknorm=False): stock ncnn
+    net.opt.use_vulkan_compute = True          # set options before load_param, as with pyncnn
+    net.load_param("model.ncnn.param")
+    net.load_model("model.ncnn.bin")
+    ex = net.create_extractor()
+    ex.input("in0", ncnn.Mat(np.random.rand(197, 768).astype(np.float32)))
+    ret, out = ex.extract("out0")
+    y = np.array(out)
+    print(net.vknorm_counters())              # {'vulkan_forwards': 12, 'cpu_forwards': 0, 'pipelines': ...}
+
+This is ncnn compiled from its pinned source (1.0.20261020, tools/build_ncnn.sh) into vknorm itself, so
+a stock run and a vknorm run in one process share one ncnn. It lives beside pyncnn: the two copies of ncnn
+keep their symbols to themselves, so both can be imported in one process.
+
+In a Vulkan net (``opt.use_vulkan_compute = True``) vknorm's layers record their kernels into ncnn's
+command buffer on ncnn's blobs, in whatever packing (1 or 4) and storage (``opt.use_fp16_storage`` /
+``use_fp16_packed``: float16; float32 otherwise) the graph chose. In a CPU net they run ncnn's CPU
+algorithm. ``vknorm.ncnn.register`` (pyncnn custom layers) remains for pyncnn users, but it is the slow
+path: a pyncnn layer always runs on the host, so a Vulkan net downloads and re-uploads around it.
+
+Mat: ``Mat(array)`` copies a float32 numpy array of shape (w), (h, w), (c, h, w) or (c, d, h, w);
+``np.array(mat)`` / ``mat.numpy()`` copy back.
+"""
+from __future__ import annotations
+
+try:
+    from . import _graph
+except ImportError as e:  # built without ncnn (CMake did not find it)
+    raise ImportError(
+        "vknorm was built without its ncnn layers: build ncnn with tools/build_ncnn.sh and reinstall with "
+        "-C cmake.define.ncnn_DIR=<prefix>/lib/cmake/ncnn (make setup does both)"
+    ) from e
+
+Net = _graph.Net
+Mat = _graph.Mat
+Option = _graph.Option
+Extractor = _graph.Extractor
+
+__all__ = ["Net", "Mat", "Option", "Extractor", "gpu_count", "gpu_name", "configure"]
+
+
+def gpu_count() -> int:
+    """Vulkan devices ncnn sees."""
+    return _graph.gpu_count()
+
+
+def gpu_name(index: int | None = None) -> str:
+    """Name of ncnn's Vulkan device ``index`` (its default device when None)."""
+    return _graph.gpu_name(_graph.default_gpu_index() if index is None else index)
+
+
+def configure(net: Net, *, vulkan: bool = True, fp16: bool = False, packing: bool = True,
+              lightmode: bool = True) -> Net:
+    """Set the options vknorm's tools use on a new net (before ``load_param``): Vulkan compute on or off,
+    float16 storage (``fp16``) or float32 everywhere, packing layout on or off. float16 arithmetic stays
+    off so float16 runs differ from float32 ones by storage alone."""
+    opt = net.opt
+    opt.use_vulkan_compute = vulkan
+    opt.use_fp16_storage = fp16
+    opt.use_fp16_packed = fp16
+    opt.use_fp16_arithmetic = False
+    opt.use_bf16_storage = False
+    opt.use_bf16_packed = False
+    opt.use_packing_layout = packing
+    opt.lightmode = lightmode
+    return net

@@ -1,0 +1,204 @@
+"""Test support: run ncnn models in ncnn's Vulkan graph (stock, and with vknorm's layers inside) and
+measure every LayerNorm/RMSNorm blob and model output. Runs as a child process (``python
+tests/graph_runs.py OUT.json``) so that ncnn's own Vulkan instance can be created under the Khronos
+validation layer (see ``validated_env``); the parent test reads the JSON and the validation log.
+
+For each committed model x storage (fp32, fp16) x packing (on, off) it runs
+  * stock ncnn CPU fp32 (the reference),
+  * stock ncnn Vulkan,
+  * ncnn Vulkan with vknorm's layers (vknorm.graph),
+and records, per norm layer: max |err| of each Vulkan run against the CPU run on the same blob, and
+vknorm's error against float64 computed from the very input the layer saw in that run (for float16
+storage that input is already float16-rounded, so this isolates the kernel from the storage), with the
+excess over float16 output rounding; per model output: both Vulkan runs' error against the CPU run;
+and vknorm's forward counters.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(TESTS_DIR, "data")
+FP16_ULP = 2.0 ** -10  # float16 spacing relative to the value; rounding is half of it
+
+
+def validated_env(log_path: str, settings_dir: str) -> dict:
+    """Environment that loads the Khronos validation layer (with synchronization validation) into every
+    Vulkan instance of the process, ncnn's included, and logs every warning or error to ``log_path``."""
+    with open(os.path.join(settings_dir, "vk_layer_settings.txt"), "w") as f:
+        f.write("khronos_validation.debug_action = VK_DBG_LAYER_ACTION_LOG_MSG\n"
+                f"khronos_validation.log_filename = {log_path}\n"
+                "khronos_validation.report_flags = error,warn\n"
+                "khronos_validation.enables = VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT\n")
+    env = dict(os.environ)
+    env["VK_INSTANCE_LAYERS"] = "VK_LAYER_KHRONOS_validation"
+    env["VK_LAYER_SETTINGS_PATH"] = settings_dir
+    return env
+
+
+def models() -> dict:
+    with open(os.path.join(DATA, "models.json")) as f:
+        table = json.load(f)
+    return {k: tuple(int(v) for v in dims.split("x")) for k, dims in table.items() if not k.startswith("_")}
+
+
+def norm_layers(param_path: str):
+    """(name, type, bottom blob, top blob) of every LayerNorm/RMSNorm line of a .param."""
+    out = []
+    with open(param_path) as f:
+        lines = f.read().split("\n")[2:]
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 4 or parts[0] not in ("LayerNorm", "RMSNorm"):
+            continue
+        nb, nt = int(parts[2]), int(parts[3])
+        out.append((parts[1], parts[0], parts[4], parts[4 + nb]))
+    return out
+
+
+def output_blobs(param_path: str):
+    """Blobs that no layer consumes: the model's outputs."""
+    produced, consumed = [], set()
+    with open(param_path) as f:
+        lines = f.read().split("\n")[2:]
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        nb, nt = int(parts[2]), int(parts[3])
+        consumed.update(parts[4:4 + nb])
+        produced += parts[4 + nb:4 + nb + nt]
+    return [b for b in produced if b not in consumed]
+
+
+def group_size(shape, affine_size: int) -> int:
+    """ncnn's groups for a numpy shape (w), (h, w), (c, h, w), (c, d, h, w)."""
+    if len(shape) <= 2:
+        return shape[-1]
+    w, h = shape[-1], shape[-2]
+    if affine_size == w:
+        return w
+    if len(shape) == 4 and affine_size == w * h:
+        return w * h
+    return int(np.prod(shape[1:]))
+
+
+def reference64(x, op: str, eps: float, affine_size: int, gamma=None, beta=None):
+    """float64 LayerNorm/RMSNorm of x, grouped as ncnn groups it; gamma/beta run along each group."""
+    x = np.asarray(x, np.float64)
+    g = x.reshape(-1, group_size(x.shape, affine_size))
+    if op == "LayerNorm":
+        y = (g - g.mean(1, keepdims=True)) / np.sqrt(g.var(1, keepdims=True) + eps)
+    else:
+        y = g / np.sqrt((g * g).mean(1, keepdims=True) + eps)
+    if gamma is not None:
+        y = y * np.asarray(gamma, np.float64)
+        if op == "LayerNorm" and beta is not None:
+            y = y + np.asarray(beta, np.float64)
+    return y.reshape(x.shape)
+
+
+def run_net(graph, param, binp, inputs, blobs, vknorm, vulkan, fp16=False, packing=True):
+    net = graph.configure(graph.Net(vknorm=vknorm), vulkan=vulkan, fp16=fp16, packing=packing, lightmode=False)
+    assert net.load_param(param) == 0 and net.load_model(binp) == 0, param
+    ex = net.create_extractor()
+    for name, x in inputs.items():
+        assert ex.input(name, graph.Mat(x)) == 0
+    out = {}
+    for b in blobs:
+        r, m = ex.extract(b)
+        assert r == 0, (param, b, r)
+        out[b] = np.array(m)
+    info = {"counters": net.vknorm_counters(), "layers": net.vknorm_layers() if vknorm else []}
+    del ex, net
+    return out, info
+
+
+def max_err(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def measure_model(graph, name: str, dims) -> list:
+    param, binp = os.path.join(DATA, name + ".ncnn.param"), os.path.join(DATA, name + ".ncnn.bin")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(dims).astype(np.float32)  # models.json: numpy order, batch dropped
+    inputs = {"in0": x}
+    norms = norm_layers(param)
+    outputs = output_blobs(param)
+    blobs = list(dict.fromkeys([b for n in norms for b in (n[2], n[3])] + outputs))
+    cpu, _ = run_net(graph, param, binp, inputs, blobs, vknorm=False, vulkan=False)
+    results = []
+    for fp16 in (False, True):
+        for packing in (True, False):
+            stock, _ = run_net(graph, param, binp, inputs, blobs, False, True, fp16, packing)
+            vk, info = run_net(graph, param, binp, inputs, blobs, True, True, fp16, packing)
+            by_name = {l["name"]: l for l in info["layers"]}
+            layers = []
+            for lname, ltype, bottom, top in norms:
+                l = by_name[lname]
+                # The input the layer saw: float16 storage rounds it on upload when a CPU layer made it.
+                xin = vk[bottom].astype(np.float16).astype(np.float32) if fp16 else vk[bottom]
+                ref = reference64(xin, ltype, l["eps"], l["affine_size"], l["gamma"] if l["affine"] else None,
+                                  l["beta"] if l["affine"] else None)
+                err64 = np.abs(np.asarray(vk[top], np.float64) - ref)
+                # float16 storage rounds the output: half a float16 spacing of |y| is not the kernel's.
+                storage = 0.5 * FP16_ULP * np.abs(ref) if fp16 else 0.0
+                layers.append({"name": lname, "type": ltype, "shape": list(xin.shape),
+                               "vknorm_vs_cpu": max_err(vk[top], cpu[top]),
+                               "stock_vs_cpu": max_err(stock[top], cpu[top]),
+                               "vknorm_vs_f64": float(err64.max()),
+                               "vknorm_excess_f64": float(np.max(err64 - storage)),
+                               "ref_max": float(np.abs(ref).max()),
+                               "vulkan_forwards": l["vulkan_forwards"], "cpu_forwards": l["cpu_forwards"],
+                               "variants": l["variants"]})
+            results.append({"model": name, "fp16": fp16, "packing": packing, "layers": layers,
+                            "outputs": [{"name": o, "vknorm_vs_cpu": max_err(vk[o], cpu[o]),
+                                         "stock_vs_cpu": max_err(stock[o], cpu[o]),
+                                         "vknorm_vs_stock": max_err(vk[o], stock[o])} for o in outputs],
+                            "counters": info["counters"]})
+    return results
+
+
+def large_offset_case(graph, tmp: str) -> list:
+    """A LayerNorm fed 1e4 + N(0, 1e-2) rows (|mean| >> std) through ncnn's graph, fp32, packing on/off:
+    vknorm's error against float64 and stock ncnn Vulkan's, on the same blob."""
+    w, h = 768, 8
+    param = os.path.join(tmp, "offset.param")
+    with open(param, "w") as f:
+        f.write(f"7767517\n2 2\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 out0 0={w} 1=1.000000e-05 2=1\n")
+    rng = np.random.default_rng(1)
+    gamma = (1 + 0.1 * rng.standard_normal(w)).astype(np.float32)
+    beta = (0.1 * rng.standard_normal(w)).astype(np.float32)
+    binp = os.path.join(tmp, "offset.bin")
+    with open(binp, "wb") as f:
+        f.write(gamma.tobytes() + beta.tobytes())
+    x = (1e4 + 1e-2 * rng.standard_normal((h, w))).astype(np.float32)
+    ref = reference64(x, "LayerNorm", 1e-5, w, gamma, beta)
+    out = []
+    for packing in (True, False):
+        vk, info = run_net(graph, param, binp, {"in0": x}, ["out0"], True, True, False, packing)
+        stock, _ = run_net(graph, param, binp, {"in0": x}, ["out0"], False, True, False, packing)
+        out.append({"packing": packing, "vknorm_vs_f64": max_err(vk["out0"], ref),
+                    "stock_vs_f64": max_err(stock["out0"], ref), "counters": info["counters"]})
+    return out
+
+
+def main(path: str) -> None:
+    from vknorm import graph
+
+    result = {"device": graph.gpu_name(), "models": [], "large_offset": None}
+    for name, dims in models().items():
+        result["models"] += measure_model(graph, name, dims)
+    with tempfile.TemporaryDirectory() as tmp:
+        result["large_offset"] = large_offset_case(graph, tmp)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

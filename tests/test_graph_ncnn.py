@@ -1,0 +1,183 @@
+"""vknorm inside ncnn's Vulkan graph: vknorm's LayerNorm/RMSNorm layers recorded into ncnn's command buffer
+on ncnn's blobs (C++ ncnn::Net, ncnn compiled from its pinned source, through vknorm.graph).
+
+Every committed model (tests/data/models.json, the LayerNorm-dominated ln_residual_stack included) runs in
+one child process under the Khronos validation layer (tests/graph_runs.py): stock ncnn CPU fp32 (the
+reference), stock ncnn Vulkan, and ncnn Vulkan with vknorm's layers, float32 and float16 storage, packing
+option on and off. (ncnn's Vulkan graph packs a blob by 4 whenever its outer extent divides by 4, whatever
+``use_packing_layout`` says; blobs whose outer extent does not divide reach the layer with elempack 1, so
+both layouts are exercised by the models' shapes — asserted below.)
+
+Tolerances:
+* float32: each vknorm layer against float64 computed from the very input it saw: 2e-6 * (1 + max|y|)
+  (float32 accumulation over groups of up to 768 elements: a few units of 2^-24 relative, times headroom);
+  against stock CPU fp32 on the same blob: no worse than stock ncnn Vulkan's own error there + 1e-5 (the
+  layer's input already carries the other Vulkan layers' differences).
+* float16 storage: the output is rounded to float16 (half a spacing: 2^-11 * |y|), which is not the
+  kernel's error; what remains after that must be within 1e-4 * (1 + max|y|) of float64 on the float16
+  input. A fixed absolute tolerance against the float32 CPU run would be wrong here (a LayerNorm fed
+  100 + 3y loses 0.03 to storage alone).
+* model outputs: vknorm's Vulkan run against stock CPU fp32 no worse than stock ncnn Vulkan's error
+  * 1.5 + (1e-5 fp32 | 2e-3 fp16): the two Vulkan runs differ only in the norm layers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import graph_runs
+
+pytestmark = pytest.mark.timeout(900)
+
+graph = pytest.importorskip("vknorm.graph", reason="vknorm built without ncnn (make setup builds it)")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """graph_runs.py in a child process with the validation layer loaded into ncnn's Vulkan instance."""
+    tmp = tmp_path_factory.mktemp("graph")
+    log = tmp / "validation.log"
+    out = tmp / "runs.json"
+    env = graph_runs.validated_env(str(log), str(tmp))
+    proc = subprocess.run([sys.executable, graph_runs.__file__, str(out)], env=env, capture_output=True, text=True,
+                          timeout=800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(out) as f:
+        result = json.load(f)
+    result["validation_log"] = log.read_text() if log.exists() else ""
+    return result
+
+
+def configs(runs):
+    return [(m["model"], m["fp16"], m["packing"], m) for m in runs["models"]]
+
+
+def test_every_committed_model_ran_in_every_configuration(runs):
+    names = set(graph_runs.models())
+    assert {"ln_residual_stack"} <= names
+    seen = {(m, fp16, pack) for m, fp16, pack, _ in configs(runs)}
+    assert seen == {(n, f, p) for n in names for f in (False, True) for p in (False, True)}
+
+
+def test_validation_layer_reports_nothing_for_stock_or_vknorm_nets(runs):
+    assert runs["validation_log"].strip() == "", runs["validation_log"][:4000]
+
+
+def test_validation_capture_catches_errors_in_an_instance_the_test_did_not_create(tmp_path):
+    """Negative control for the mechanism above: the same environment, a Vulkan instance made by a library
+    (vknorm's own context, its own messenger off), one buffer leaked on purpose: the log must report it."""
+    log = tmp_path / "validation.log"
+    env = graph_runs.validated_env(str(log), str(tmp_path))
+    env.update(VKNORM_VALIDATION="0", VKNORM_DEBUG_LEAK_BUFFER="1")
+    code = ("import numpy as np, vknorm\n"
+            "ln = vknorm.LayerNorm(affine_size=8, affine=0)\n"
+            "ln(np.ones((2, 8), np.float32))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = log.read_text()
+    assert "VkBuffer" in text or "VkDeviceMemory" in text, text[:2000]
+
+
+def test_no_host_round_trip_every_norm_forward_ran_on_vulkan(runs):
+    for model, fp16, pack, m in configs(runs):
+        c = m["counters"]
+        assert c["cpu_forwards"] == 0, (model, fp16, pack, c)
+        assert c["vulkan_forwards"] == len(m["layers"]) > 0, (model, fp16, pack, c)
+        for layer in m["layers"]:
+            assert layer["vulkan_forwards"] == 1 and layer["cpu_forwards"] == 0, (model, layer["name"])
+
+
+def test_pack1_and_pack4_blobs_and_both_storages_reach_the_layer(runs):
+    variants = {v.split("/")[0] for *_, m in configs(runs) for layer in m["layers"] for v in layer["variants"]}
+    for storage in ("fp0", "fp1"):
+        assert any(f"_{storage}_p4_" in v for v in variants), variants
+        assert any(f"_{storage}_p1_" in v or f"_{storage}_pv4_" in v for v in variants), variants
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_every_norm_layer_matches_float64_of_its_own_input(runs, fp16):
+    for model, f, pack, m in configs(runs):
+        if f != fp16:
+            continue
+        for layer in m["layers"]:
+            y = layer["ref_max"]
+            if fp16:
+                assert layer["vknorm_excess_f64"] <= 1e-4 * (1 + y), (model, pack, layer)
+            else:
+                assert layer["vknorm_vs_f64"] <= 2e-6 * (1 + y), (model, pack, layer)
+
+
+def test_every_norm_layer_is_as_close_to_stock_cpu_as_stock_ncnn_vulkan(runs):
+    for model, fp16, pack, m in configs(runs):
+        for layer in m["layers"]:
+            if fp16:
+                # both runs round the same blobs to float16; vknorm's kernel may not add to that
+                assert layer["vknorm_vs_cpu"] <= 1.5 * layer["stock_vs_cpu"] + 2e-3, (model, pack, layer)
+            else:
+                assert layer["vknorm_vs_cpu"] <= layer["stock_vs_cpu"] + 1e-5, (model, pack, layer)
+
+
+def test_every_model_output_is_as_close_to_stock_cpu_as_stock_ncnn_vulkan(runs):
+    for model, fp16, pack, m in configs(runs):
+        for o in m["outputs"]:
+            slack = 2e-3 if fp16 else 1e-5
+            assert o["vknorm_vs_cpu"] <= 1.5 * o["stock_vs_cpu"] + slack, (model, fp16, pack, o)
+
+
+def test_large_offset_groups_stay_exact_through_ncnn(runs):
+    """1e4 + N(0, 1e-2) rows: vknorm within 1e-3 of float64 (as on its own path); stock ncnn's Vulkan layer,
+    measured beside it, is far off (its sums lose the small deviations)."""
+    cases = runs["large_offset"]
+    assert len(cases) == 2
+    for case in cases:
+        assert case["counters"]["cpu_forwards"] == 0 and case["counters"]["vulkan_forwards"] == 1
+        assert case["vknorm_vs_f64"] <= 1e-3, case
+    assert max(c["stock_vs_f64"] for c in cases) > 1e-2, cases  # the case is hard: stock ncnn loses it
+
+
+@pytest.mark.parametrize("order", ["pyncnn_first", "graph_first", "pyncnn_first_rtld_global"])
+def test_pyncnn_and_vknorm_graph_in_one_process_keep_their_own_ncnn(order):
+    """Two copies of ncnn in one process (pyncnn's and vknorm's): each net gives its own copy's answer —
+    even when pyncnn is loaded RTLD_GLOBAL, vknorm's module exports no ncnn symbol to interpose."""
+    param, binp = (os.path.join(graph_runs.DATA, "transformer_block.ncnn." + e) for e in ("param", "bin"))
+    code = f"""
+import os, sys, numpy as np
+if {order!r} == "pyncnn_first_rtld_global":
+    sys.setdlopenflags(os.RTLD_NOW | os.RTLD_GLOBAL)
+if {order!r}.startswith("pyncnn_first"):
+    import ncnn
+    from vknorm import graph
+else:
+    from vknorm import graph
+    import ncnn
+x = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
+outs = []
+for mod, kw in ((ncnn, {{}}), (graph, {{"vknorm": False}}), (graph, {{"vknorm": True}})):
+    net = mod.Net(**kw)
+    net.opt.use_vulkan_compute = False
+    assert net.load_param({param!r}) == 0 and net.load_model({binp!r}) == 0
+    ex = net.create_extractor()
+    ex.input("in0", mod.Mat(x).clone() if mod is ncnn else mod.Mat(x))
+    r, out = ex.extract("out0")
+    assert r == 0
+    outs.append(np.array(out))
+print(max(float(np.abs(o - outs[0]).max()) for o in outs))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert float(proc.stdout.strip().splitlines()[-1]) <= 1e-5
+
+
+def test_vknorm_graph_module_exports_no_ncnn_symbols():
+    import vknorm._graph as mod
+
+    nm = subprocess.run(["nm", "-D", "--defined-only", mod.__file__], capture_output=True, text=True)
+    assert nm.returncode == 0, nm.stderr
+    exported = [ln.split()[-1] for ln in nm.stdout.splitlines() if ln.strip()]
+    assert any(s.startswith("PyInit__graph") for s in exported)
+    leaked = [s for s in exported if "ncnn" in s or "glslang" in s or "vknorm" in s]
+    assert leaked == [], leaked[:20]
