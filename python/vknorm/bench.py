@@ -42,6 +42,12 @@ def add_parser(sub) -> None:
     p.add_argument("--warmup-ms", type=float, default=150.0, help="GPU work right before each timed batch")
     p.add_argument("--path", default="auto", help="force a vknorm path: auto|subgroup|workgroup|split")
     p.add_argument("--no-packing", action="store_true", help="elempack 1 blobs (default: ncnn's pack4)")
+    m = p.add_argument_group("whole models (--model): wall time per inference, stock ncnn beside vknorm")
+    m.add_argument("--model", nargs=2, metavar=("MODEL.param", "MODEL.bin"),
+                   help="time a whole ncnn model: ncnn-cpu, ncnn-vulkan, vknorm-in-graph, vknorm-host")
+    m.add_argument("--input", action="append", default=[], metavar="NAME=DIMS", help="a model input, e.g. in0=197x768")
+    m.add_argument("--fp16", action="store_true", help="float16 storage in the Vulkan nets")
+    m.add_argument("--iters", type=int, default=30, help="timed inferences per implementation (median)")
     p.set_defaults(func=run)
 
 
@@ -198,9 +204,58 @@ def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int):
     return statistics.median(samples)
 
 
+def run_model(args) -> int:
+    import json
+    import os
+
+    from .check import parse_inputs
+    from .cli import UsageError
+    from .model_bench import format_table, run_model_bench
+
+    param, binp = args.model
+    for path in (param, binp):
+        if not os.path.isfile(path):
+            raise UsageError(f"--model: no such file {path!r}")
+    if not args.input:
+        raise UsageError("--model needs at least one --input NAME=DIMS")
+    if args.iters < 1:
+        raise UsageError("--iters must be >= 1")
+    dims = parse_inputs(args.input)
+    try:
+        from . import graph  # noqa: F401
+    except ImportError as e:
+        raise UsageError(str(e)) from None
+    bar = None
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=args.iters, desc="inferences", unit="round", file=sys.stderr, leave=False,
+                   disable=not sys.stderr.isatty())
+    except ImportError:
+        pass
+    try:
+        report = run_model_bench(param, binp, dims, fp16=args.fp16, iters=args.iters,
+                                 progress=(lambda i, n: bar.update(1)) if bar else None)
+    except RuntimeError as e:
+        raise UsageError(str(e)) from None
+    finally:
+        if bar:
+            bar.close()
+    print(format_table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
 def run(args) -> int:
     from . import LayerNorm, Option, RMSNorm, _core, device_info, to_device
     from .cli import UsageError
+
+    if args.model:
+        return run_model(args)
+    if args.input or args.fp16:
+        raise UsageError("--input and --fp16 go with --model (use --dtype for the kernel sweep)")
 
     if args.reps < 100:
         raise UsageError("--reps: at least 100 back-to-back forwards per batch")

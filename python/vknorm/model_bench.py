@@ -1,0 +1,132 @@
+"""`vknorm bench --model`: whole-model wall time per inference, stock ncnn beside vknorm in one run.
+
+    vknorm bench --model MODEL.param MODEL.bin --input NAME=DIMS [...] [--fp16] [--iters N] [--json FILE]
+
+Implementations (one process, one device):
+  ncnn-cpu         stock ncnn, CPU (ncnn compiled from its pinned source, as below)
+  ncnn-vulkan      stock ncnn, Vulkan
+  vknorm-in-graph  ncnn Vulkan with vknorm's layers inside ncnn's graph (vknorm.graph)
+  vknorm-host      pyncnn Vulkan with vknorm.ncnn.register: Python layers on the host (the slow path)
+Each inference is what a user runs: a new extractor, the inputs from numpy (uploaded by ncnn), every
+output extracted back to numpy. The rounds are interleaved (one inference of each implementation per
+round) after a warm-up of at least --warmup-ms per implementation, so every implementation sees the same
+clocks; the median of --iters rounds is reported. --fp16: float16 storage in the Vulkan nets.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+IMPLS = ("ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-host")
+
+
+def _model_outputs(param_path: str) -> List[str]:
+    produced, consumed = [], set()
+    with open(param_path) as f:
+        lines = f.read().split("\n")[2:]
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        nb, nt = int(parts[2]), int(parts[3])
+        consumed.update(parts[4:4 + nb])
+        produced += parts[4 + nb:4 + nb + nt]
+    return [b for b in produced if b not in consumed]
+
+
+class _Runner:
+    """One loaded net and how to run one inference on it."""
+
+    def __init__(self, impl: str, param: str, binp: str, inputs: Dict[str, np.ndarray], outputs: List[str], fp16: bool):
+        self.impl, self.inputs, self.outputs = impl, inputs, outputs
+        if impl == "vknorm-host":
+            import ncnn
+
+            import vknorm.ncnn as vkn
+            from vknorm import Option
+
+            self.mod = ncnn
+            self.net = ncnn.Net()
+            self.net.opt.use_vulkan_compute = True
+            self.net.opt.use_fp16_storage = self.net.opt.use_fp16_packed = fp16
+            self.net.opt.use_fp16_arithmetic = False
+            self.registration = vkn.register(self.net, Option(use_fp16_storage=fp16))
+        else:
+            from vknorm import graph
+
+            self.mod = graph
+            self.net = graph.configure(graph.Net(vknorm=impl == "vknorm-in-graph"), vulkan=impl != "ncnn-cpu", fp16=fp16)
+        if self.net.load_param(param) != 0 or self.net.load_model(binp) != 0:
+            raise RuntimeError(f"{impl}: ncnn could not load {param} / {binp}")
+
+    def __call__(self) -> Dict[str, np.ndarray]:
+        ex = self.net.create_extractor()
+        for name, x in self.inputs.items():
+            m = self.mod.Mat(x)
+            if self.impl == "vknorm-host":
+                m = m.clone()  # pyncnn's Mat wraps numpy memory; ncnn must own what it consumes
+            if ex.input(name, m) != 0:
+                raise RuntimeError(f"{self.impl}: ncnn rejected input {name!r}")
+        out = {}
+        for name in self.outputs:
+            r, m = ex.extract(name)
+            if r != 0:
+                raise RuntimeError(f"{self.impl}: extracting {name!r} failed ({r}): check --input shapes")
+            out[name] = np.array(m)
+        return out
+
+
+def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]], fp16: bool = False,
+                    iters: int = 30, warmup_ms: float = 300.0, impls=IMPLS, seed: int = 0, progress=None) -> dict:
+    from vknorm import graph
+
+    rng = np.random.default_rng(seed)
+    inputs = {k: rng.standard_normal(d).astype(np.float32) for k, d in input_dims.items()}
+    outputs = _model_outputs(param)
+    runners = []
+    for impl in impls:
+        try:
+            runners.append(_Runner(impl, param, binp, inputs, outputs, fp16))
+        except ImportError as e:
+            print(f"vknorm bench: {impl} skipped: {e}", file=sys.stderr)
+    for r in runners:  # warm-up: pipelines, allocators, clocks
+        end = time.perf_counter() + warmup_ms / 1e3
+        r()
+        while time.perf_counter() < end:
+            r()
+    samples = {r.impl: [] for r in runners}
+    for i in range(iters):
+        for r in runners:
+            t0 = time.perf_counter()
+            r()
+            samples[r.impl].append((time.perf_counter() - t0) * 1e3)
+        if progress:
+            progress(i + 1, iters)
+    device = graph.gpu_name()
+    driver = ""
+    try:
+        from . import _core
+
+        driver = next((d["driver_info"] for d in _core.devices() if d["name"] == device), "")
+    except Exception:  # noqa: BLE001 - the driver string is informative only
+        pass
+    return {"device": device, "driver": driver, "model": param, "fp16": fp16, "iters": iters,
+            "results": [{"impl": k, "ms": round(statistics.median(v), 4),
+                         "min_ms": round(min(v), 4)} for k, v in samples.items()]}
+
+
+def format_table(report: dict) -> str:
+    by = {r["impl"]: r["ms"] for r in report["results"]}
+    base = by.get("ncnn-vulkan")
+    lines = [f"{report['model']} ({'fp16' if report['fp16'] else 'fp32'} storage, median of {report['iters']}) "
+             f"on {report['device']}", "", f"{'impl':<16} {'ms/inference':>13} {'vs ncnn-vulkan':>15}"]
+    for r in report["results"]:
+        ratio = f"{base / r['ms']:.2f}x" if base else "-"
+        lines.append(f"{r['impl']:<16} {r['ms']:>13.3f} {ratio:>15}")
+    lines.append("")
+    lines.append("(vs ncnn-vulkan: > 1 is faster than stock ncnn's Vulkan run)")
+    return "\n".join(lines)
