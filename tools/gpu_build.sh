@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
-# On the lent GPU host (no network): build vknorm from this tree into /tmp/vknorm-site with the host's
-# own cmake/ninja/nanobind/scikit-build-core, using the Vulkan headers and glslang that
-# ../shared/gpu/bundle.sh put in .gpu/. Usage: source .gpu/setup.sh; bash tools/gpu_build.sh
+# On the lent GPU host (no network): build ncnn from its pinned sdist (carried as .gpu/ncnn-*.tar.gz) and
+# vknorm against it into /tmp/vknorm-site, with the host's own cmake/ninja/nanobind/scikit-build-core and
+# the Vulkan headers and glslang that ../shared/gpu/bundle.sh put in .gpu/.
+# Usage: source .gpu/setup.sh; bash tools/gpu_build.sh; export PYTHONPATH=/tmp/vknorm-site:$PYTHONPATH
 set -euo pipefail
+export VKNORM_CACHE=/tmp/vkcache
+mkdir -p $VKNORM_CACHE/src
+cp .gpu/ncnn-*.tar.gz $VKNORM_CACHE/src/ 2>/dev/null || echo "no .gpu/ncnn-*.tar.gz: building vknorm without ncnn" >&2
+ncnn_args=()
+if ls $VKNORM_CACHE/src/ncnn-*.tar.gz >/dev/null 2>&1; then
+  prefix=$(JOBS=$(nproc) bash tools/build_ncnn.sh)
+  ncnn_args=(--config-settings=cmake.define.VKNORM_NCNN=ON --config-settings=cmake.define.ncnn_DIR=$prefix/lib/cmake/ncnn)
+fi
 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/vknorm-site \
-  --config-settings=build-dir=/tmp/vknorm-build . 2>&1 | tail -20
-echo "built: $(ls /tmp/vknorm-site/vknorm/_core*.so)"
+  --config-settings=build-dir=/tmp/vknorm-build "${ncnn_args[@]}" . 2>&1 | tail -20
+echo "built: $(ls /tmp/vknorm-site/vknorm/_*.so)"
