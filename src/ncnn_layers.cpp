@@ -10,6 +10,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include <ncnn/command.h>
 #include <ncnn/gpu.h>
@@ -103,25 +104,21 @@ class NormLayer : public ::ncnn::Layer {
     // blobs; other shapes get their pipelines when first met.
     if (!bottom_shapes.empty() && bottom_shapes[0].dims > 0) {
       const ::ncnn::Mat& s = bottom_shapes[0];
+      // ncnn's graph packs by 4 whenever the outer extent divides; a dims-1 blob is read unpacked.
       const int outer = s.dims == 1 ? s.w : s.dims == 2 ? s.h : s.c;
-      const int pack = opt.use_packing_layout && outer % 4 == 0 ? 4 : 1;
-      const bool fp16 = opt.use_fp16_storage || (opt.use_fp16_packed && pack == 4);
-      Blob b{s.dims, s.w, s.h, s.d, s.c, 0, pack, fp16};
+      const bool fp16 = opt.use_fp16_storage || (opt.use_fp16_packed && outer % 4 == 0);
+      const int pack = s.dims >= 2 && outer % 4 == 0 ? 4 : 1;
+      Blob b{s.dims, s.w, s.dims == 2 ? s.h / pack : s.h, s.d, s.dims >= 3 ? s.c / pack : s.c, 0, pack, fp16};
       b.cstep = s.dims <= 2 ? size_t(s.w) * s.h : ::ncnn::alignSize(size_t(s.w) * s.h * s.d * (fp16 ? 2 : 4) * pack, 16) /
                                                      ((fp16 ? 2 : 4) * pack);
-      try {
-        for (const Pass& pass : plan(b, opt).passes)
-          if (!pipeline_for(pass)) return -1;
-      } catch (const std::exception& e) {
-        NCNN_LOGE("vknorm %s: %s", type_name(), e.what());
-        return -1;
-      }
+      if (!prepared(b, opt)) return -1;
     }
     return 0;
   }
 
   int destroy_pipeline(const ::ncnn::Option&) override {
     std::lock_guard<std::mutex> lock(mutex_);
+    prepared_.clear();
     pipelines_.clear();
     return 0;
   }
@@ -164,13 +161,9 @@ class NormLayer : public ::ncnn::Layer {
       NCNN_LOGE("vknorm %s: unsupported blob elempack=%d elemsize=%zu", type_name(), blob.elempack, blob.elemsize);
       return -1;
     }
-    ForwardPlan fp;
-    try {
-      fp = plan(b, opt);
-    } catch (const std::exception& e) {
-      NCNN_LOGE("vknorm %s: %s", type_name(), e.what());
-      return -1;
-    }
+    const Prepared* prep = prepared(b, opt);
+    if (!prep) return -1;
+    const ForwardPlan& fp = prep->plan;
     // Split-path scratch comes from ncnn's workspace allocator, as its own layers' does.
     ::ncnn::VkMat partials, coefs;
     if (fp.partials_bytes) partials.create(int(fp.partials_bytes / 4), 4u, opt.workspace_vkallocator);
@@ -178,20 +171,8 @@ class NormLayer : public ::ncnn::Layer {
     if ((fp.partials_bytes && partials.empty()) || (fp.coefs_bytes && coefs.empty())) return -100;
     // Empty slots get ncnn's dummy buffer.
     const std::vector<::ncnn::VkMat> bindings{blob, gamma_gpu_, beta_gpu_, partials, coefs};
-    for (const Pass& pass : fp.passes) {
-      const ::ncnn::Pipeline* pipeline = pipeline_for(pass);
-      if (!pipeline) return -1;
-      std::vector<::ncnn::vk_constant_type> constants(sizeof(PushConstants) / 4);
-      std::memcpy(constants.data(), &pass.push, sizeof(PushConstants));
-      // ncnn divides the dispatcher by the pipeline's local size: hand it invocations, not workgroups.
-      const uint64_t max_x = std::max<uint32_t>(info_.max_workgroup_count_x, 1);
-      const uint64_t x = std::min<uint64_t>(pass.workgroups, max_x);
-      ::ncnn::VkMat dispatcher;
-      dispatcher.w = int(x * pass.workgroup_size);
-      dispatcher.h = int((pass.workgroups + x - 1) / x);
-      dispatcher.c = 1;
-      cmd.record_pipeline(pipeline, bindings, constants, dispatcher);
-    }
+    for (size_t i = 0; i < fp.passes.size(); ++i)
+      cmd.record_pipeline(prep->pipelines[i], bindings, prep->constants[i], prep->dispatchers[i]);
     ++vulkan_forwards_;
     ++g_vulkan_forwards;
     return 0;
@@ -203,7 +184,49 @@ class NormLayer : public ::ncnn::Layer {
     size_t cstep;
     int elempack;
     bool fp16;
+    auto key(bool subgroup_ops) const { return std::make_tuple(dims, w, h, d, c, cstep, elempack, fp16, subgroup_ops); }
   };
+  // Everything a forward records for one blob format, worked out once per format: a graph meets the
+  // same shapes on every inference, so planning and pipeline lookups leave the per-inference path.
+  struct Prepared {
+    ForwardPlan plan;
+    std::vector<const ::ncnn::Pipeline*> pipelines;
+    std::vector<std::vector<::ncnn::vk_constant_type>> constants;
+    std::vector<::ncnn::VkMat> dispatchers;
+  };
+
+  const Prepared* prepared(const Blob& b, const ::ncnn::Option& opt) const {
+    const auto key = b.key(opt.use_subgroup_ops);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (auto it = prepared_.find(key); it != prepared_.end()) return &it->second;
+    }
+    Prepared p;
+    try {
+      p.plan = plan(b, opt);
+    } catch (const std::exception& e) {
+      NCNN_LOGE("vknorm %s: %s", type_name(), e.what());
+      return nullptr;
+    }
+    for (const Pass& pass : p.plan.passes) {
+      const ::ncnn::Pipeline* pipeline = pipeline_for(pass);
+      if (!pipeline) return nullptr;
+      p.pipelines.push_back(pipeline);
+      std::vector<::ncnn::vk_constant_type> constants(sizeof(PushConstants) / 4);
+      std::memcpy(constants.data(), &pass.push, sizeof(PushConstants));
+      p.constants.push_back(std::move(constants));
+      // ncnn divides the dispatcher by the pipeline's local size: hand it invocations, not workgroups.
+      const uint64_t max_x = std::max<uint32_t>(info_.max_workgroup_count_x, 1);
+      const uint64_t x = std::min<uint64_t>(pass.workgroups, max_x);
+      ::ncnn::VkMat dispatcher;
+      dispatcher.w = int(x * pass.workgroup_size);
+      dispatcher.h = int((pass.workgroups + x - 1) / x);
+      dispatcher.c = 1;
+      p.dispatchers.push_back(dispatcher);
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    return &prepared_.emplace(key, std::move(p)).first->second;
+  }
 
   const char* type_name() const { return op_ == NormOp::LayerNorm ? "LayerNorm" : "RMSNorm"; }
 
@@ -254,6 +277,7 @@ class NormLayer : public ::ncnn::Layer {
   bool subgroup_reduce_ = false;
   mutable std::mutex mutex_;
   mutable std::map<std::string, std::unique_ptr<::ncnn::Pipeline>> pipelines_;
+  mutable std::map<std::tuple<int, int, int, int, int, size_t, int, bool, bool>, Prepared> prepared_;
   mutable std::atomic<uint64_t> vulkan_forwards_{0}, cpu_forwards_{0}, pipelines_made_{0};
 };
 

@@ -1,0 +1,552 @@
+// vknorm inside an engine of its own (include/vknorm/recorder.h): a tiny "engine" owns its Vulkan instance,
+// device, queue, command pool and one VkBuffer holding two blobs at different offsets. Into ONE command
+// buffer of its own it records: its upload (a staging copy of the whole buffer) -> its barrier ->
+// vknorm LayerNorm on blob A and vknorm RMSNorm on blob B -> its barrier -> its copy back. It submits
+// once, then checks every output against float64 and against vknorm's CPU reference (ncnn's algorithm),
+// and that no byte outside the blobs' groups changed.
+//
+//   blob A  LayerNorm, affine_size 768, dims 3 c=8 h=5 w=768, float32 pack4; x = 1e4 + N(0, 1e-2)
+//           (|mean| >> std: the fused kernel's pivot keeps it exact)
+//   blob B  RMSNorm, affine_size 3003 (whole channels), dims 3 c=3 h=3 w=1001 float32 pack1 (cstep 3004:
+//           a padding element per channel), on the split path (reduce -> finalize -> apply), forced by
+//           Option::path = Path::Split
+//
+// Tolerance, from float32: |y - y_float64| <= 84 float32 ulps (84 * 2^-23 = 1.0e-5) x max(1, max|y|), per
+// blob: a few ulps per rounding step of the reductions over up to 3003 elements and of the affine step.
+//
+// Usage: engine_example [--misalign] [--skip-rmsnorm] [--corrupt] [--no-barrier] [--system-loader]
+//   --misalign       put blob B at an offset that is not a multiple of minStorageBufferOffsetAlignment:
+//                    vknorm refuses it (std::invalid_argument, exit 2)
+//   --skip-rmsnorm   do not record vknorm's RMSNorm (negative control: B stays un-normalized, exit 1)
+//   --corrupt        change one output element of A after the copy back (negative control, exit 1)
+//   --no-barrier     leave out the engine's barrier between its upload and vknorm (negative control:
+//                    with VKNORM_VALIDATION=1, synchronization validation reports the hazard, exit 1)
+//   --system-loader  give vknorm no vkGetInstanceProcAddr: it opens the system loader itself
+//
+// VKNORM_VALIDATION=1: the Khronos validation layer with synchronization validation, when installed,
+// and a debug messenger; any message fails the run (exit 1) and is printed.
+// Exit: 0 OK, 1 an error past the tolerance / a changed byte / a validation message, 2 vknorm refused
+// an input or bad arguments, 3 no Vulkan device.
+#include <vulkan/vulkan.h>
+
+#include <vknorm/norm.h>
+#include <vknorm/recorder.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+// ------------------------------------------------------------------------------------- validation
+std::mutex g_messages_mutex;
+std::vector<std::string> g_messages;
+
+VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity, VkDebugUtilsMessageTypeFlagsEXT,
+                                          const VkDebugUtilsMessengerCallbackDataEXT* data, void*) {
+  if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+    std::lock_guard<std::mutex> lock(g_messages_mutex);
+    g_messages.emplace_back(data && data->pMessage ? data->pMessage : "(no message)");
+  }
+  return VK_FALSE;
+}
+
+struct VulkanError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void check(VkResult r, const char* what) {
+  if (r != VK_SUCCESS) throw VulkanError(std::string(what) + " failed: VkResult " + std::to_string(int(r)));
+}
+
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// ------------------------------------------------------------------------------------- the engine
+// Everything the engine owns, destroyed in reverse order (after the device is idle).
+struct Engine {
+  VkInstance instance = VK_NULL_HANDLE;
+  VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
+  VkPhysicalDevice physical = VK_NULL_HANDLE;
+  VkDevice device = VK_NULL_HANDLE;
+  VkQueue queue = VK_NULL_HANDLE;
+  uint32_t queue_family = 0;
+  uint32_t api_version = VK_API_VERSION_1_0;
+  bool validation = false, fp16_storage = false;
+  VkPhysicalDeviceProperties props{};
+  VkPhysicalDeviceMemoryProperties memory{};
+  VkCommandPool pool = VK_NULL_HANDLE;
+  VkFence fence = VK_NULL_HANDLE;
+  struct Buffer {
+    VkBuffer buffer = VK_NULL_HANDLE;
+    VkDeviceMemory memory = VK_NULL_HANDLE;
+    void* mapped = nullptr;
+  };
+  std::vector<Buffer> buffers;
+
+  Engine() {
+    uint32_t loader = VK_API_VERSION_1_0;
+    auto enumerate_version =
+        reinterpret_cast<PFN_vkEnumerateInstanceVersion>(vkGetInstanceProcAddr(nullptr, "vkEnumerateInstanceVersion"));
+    if (enumerate_version) enumerate_version(&loader);
+    api_version = std::min<uint32_t>(loader, VK_API_VERSION_1_3);
+
+    std::vector<const char*> layers, extensions;
+    const char* env = std::getenv("VKNORM_VALIDATION");
+    if (env && std::strcmp(env, "1") == 0) {
+      uint32_t n = 0;
+      vkEnumerateInstanceLayerProperties(&n, nullptr);
+      std::vector<VkLayerProperties> all(n);
+      vkEnumerateInstanceLayerProperties(&n, all.data());
+      for (const auto& l : all) validation = validation || std::strcmp(l.layerName, "VK_LAYER_KHRONOS_validation") == 0;
+      if (validation) {
+        layers.push_back("VK_LAYER_KHRONOS_validation");
+        extensions.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
+      } else {
+        std::printf("validation: VKNORM_VALIDATION=1 but VK_LAYER_KHRONOS_validation is not installed; running without\n");
+      }
+    }
+    VkDebugUtilsMessengerCreateInfoEXT mi{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
+    mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+    mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                     VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+    mi.pfnUserCallback = on_message;
+    // Core validation plus synchronization validation; the messenger is also chained into
+    // vkCreateInstance so that instance creation and destruction report to it.
+    const VkValidationFeatureEnableEXT enables[] = {VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT};
+    VkValidationFeaturesEXT features{VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT};
+    features.pNext = &mi;
+    features.enabledValidationFeatureCount = 1;
+    features.pEnabledValidationFeatures = enables;
+    VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+    app.pApplicationName = "engine_example";
+    app.pEngineName = "tiny engine";
+    app.apiVersion = api_version;
+    VkInstanceCreateInfo ici{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+    ici.pNext = validation ? &features : nullptr;
+    ici.pApplicationInfo = &app;
+    ici.enabledLayerCount = uint32_t(layers.size());
+    ici.ppEnabledLayerNames = layers.data();
+    ici.enabledExtensionCount = uint32_t(extensions.size());
+    ici.ppEnabledExtensionNames = extensions.data();
+    check(vkCreateInstance(&ici, nullptr, &instance), "vkCreateInstance");
+    if (validation) {
+      auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
+          vkGetInstanceProcAddr(instance, "vkCreateDebugUtilsMessengerEXT"));
+      check(create ? create(instance, &mi, nullptr, &messenger) : VK_ERROR_EXTENSION_NOT_PRESENT,
+            "vkCreateDebugUtilsMessengerEXT");
+    }
+
+    // The first device with a compute queue, discrete > integrated > virtual > cpu.
+    uint32_t n = 0;
+    vkEnumeratePhysicalDevices(instance, &n, nullptr);
+    std::vector<VkPhysicalDevice> devices(n);
+    vkEnumeratePhysicalDevices(instance, &n, devices.data());
+    auto rank = [](VkPhysicalDeviceType t) {
+      switch (t) {
+        case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 0;
+        case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 1;
+        case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
+        case VK_PHYSICAL_DEVICE_TYPE_CPU: return 3;
+        default: return 4;
+      }
+    };
+    int best = 99;
+    for (VkPhysicalDevice pd : devices) {
+      VkPhysicalDeviceProperties p;
+      vkGetPhysicalDeviceProperties(pd, &p);
+      uint32_t nq = 0;
+      vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, nullptr);
+      std::vector<VkQueueFamilyProperties> families(nq);
+      vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, families.data());
+      for (uint32_t q = 0; q < nq; ++q)
+        if ((families[q].queueFlags & VK_QUEUE_COMPUTE_BIT) && rank(p.deviceType) < best) {
+          best = rank(p.deviceType), physical = pd, queue_family = q, props = p;
+          break;
+        }
+    }
+    if (!physical) throw VulkanError("no Vulkan device with a compute queue");
+    vkGetPhysicalDeviceMemoryProperties(physical, &memory);
+    // The API version the engine uses: its instance's, capped by the device's.
+    api_version = std::min(api_version, props.apiVersion);
+
+    // 16-bit storage when the device has it (vknorm's elempack-1 float16 kernels need it).
+    VkPhysicalDevice16BitStorageFeatures storage16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
+    if (api_version >= VK_API_VERSION_1_1) {
+      VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+      f2.pNext = &storage16;
+      vkGetPhysicalDeviceFeatures2(physical, &f2);
+      fp16_storage = storage16.storageBuffer16BitAccess;
+      storage16 = VkPhysicalDevice16BitStorageFeatures{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
+      storage16.storageBuffer16BitAccess = fp16_storage;
+    }
+    const float priority = 1.f;
+    VkDeviceQueueCreateInfo qci{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+    qci.queueFamilyIndex = queue_family;
+    qci.queueCount = 1;
+    qci.pQueuePriorities = &priority;
+    VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+    dci.pNext = fp16_storage ? &storage16 : nullptr;
+    dci.queueCreateInfoCount = 1;
+    dci.pQueueCreateInfos = &qci;
+    check(vkCreateDevice(physical, &dci, nullptr, &device), "vkCreateDevice");
+    vkGetDeviceQueue(device, queue_family, 0, &queue);
+    VkCommandPoolCreateInfo pci{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    pci.queueFamilyIndex = queue_family;
+    check(vkCreateCommandPool(device, &pci, nullptr, &pool), "vkCreateCommandPool");
+    VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    check(vkCreateFence(device, &fci, nullptr, &fence), "vkCreateFence");
+  }
+
+  ~Engine() {
+    if (device) {
+      vkDeviceWaitIdle(device);
+      for (auto& b : buffers) vkDestroyBuffer(device, b.buffer, nullptr), vkFreeMemory(device, b.memory, nullptr);
+      if (fence) vkDestroyFence(device, fence, nullptr);
+      if (pool) vkDestroyCommandPool(device, pool, nullptr);
+      vkDestroyDevice(device, nullptr);
+    }
+    if (messenger) {
+      auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
+          vkGetInstanceProcAddr(instance, "vkDestroyDebugUtilsMessengerEXT"));
+      if (destroy) destroy(instance, messenger, nullptr);
+    }
+    if (instance) vkDestroyInstance(instance, nullptr);
+  }
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  Buffer& buffer(VkDeviceSize size, VkBufferUsageFlags usage, VkMemoryPropertyFlags want) {
+    Buffer b;
+    VkBufferCreateInfo bci{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+    bci.size = size;
+    bci.usage = usage;
+    check(vkCreateBuffer(device, &bci, nullptr, &b.buffer), "vkCreateBuffer");
+    buffers.push_back(b);
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(device, b.buffer, &req);
+    uint32_t type = UINT32_MAX;
+    for (uint32_t i = 0; i < memory.memoryTypeCount && type == UINT32_MAX; ++i)
+      if ((req.memoryTypeBits & (1u << i)) && (memory.memoryTypes[i].propertyFlags & want) == want) type = i;
+    if (type == UINT32_MAX) throw VulkanError("no memory type for a buffer");
+    VkMemoryAllocateInfo mai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+    mai.allocationSize = req.size;
+    mai.memoryTypeIndex = type;
+    check(vkAllocateMemory(device, &mai, nullptr, &buffers.back().memory), "vkAllocateMemory");
+    check(vkBindBufferMemory(device, b.buffer, buffers.back().memory, 0), "vkBindBufferMemory");
+    if (want & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
+      check(vkMapMemory(device, buffers.back().memory, 0, VK_WHOLE_SIZE, 0, &buffers.back().mapped), "vkMapMemory");
+    return buffers.back();
+  }
+};
+
+// A buffer barrier of the engine's own: everything before in `src` stage/access, before everything after.
+void barrier(VkCommandBuffer cmd, VkBuffer buffer, VkPipelineStageFlags src_stage, VkAccessFlags src_access,
+             VkPipelineStageFlags dst_stage, VkAccessFlags dst_access) {
+  VkBufferMemoryBarrier b{VK_STRUCTURE_TYPE_BUFFER_MEMORY_BARRIER};
+  b.srcAccessMask = src_access;
+  b.dstAccessMask = dst_access;
+  b.srcQueueFamilyIndex = b.dstQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED;
+  b.buffer = buffer;
+  b.offset = 0;
+  b.size = VK_WHOLE_SIZE;
+  vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 0, nullptr, 1, &b, 0, nullptr);
+}
+
+// ------------------------------------------------------------------------------------- the blobs
+// A blob in ncnn's layout, as the engine keeps it: dims 3, (c, h, w) with c packed by elempack.
+struct Blob {
+  const char* name;
+  vknorm::NormOp op;
+  int c, h, w, elempack, affine_size;
+  size_t cstep;        // packed elements between packed channels (ncnn: w*h*elemsize rounded up to 16 bytes)
+  uint64_t offset = 0; // in the engine's buffer
+  std::vector<float> x, gamma, beta;  // x unpacked: c channels of cstep1 floats (padding included)
+  size_t cstep1;       // cstep of the same blob at elempack 1
+  int packed_c() const { return c / elempack; }
+  uint64_t span() const { return vknorm::blob_span_bytes(3, w, h, 1, packed_c(), cstep, elempack, false); }
+  int group_size() const { return affine_size; }  // affine_size == w: rows; == w*h: whole channels (dims 3)
+};
+
+size_t ncnn_cstep(int w, int h, size_t elemsize) { return align_up(uint64_t(w) * h * elemsize, 16) / elemsize; }
+
+// The blob's packed float32 image at `dst` (ncnn's pack4 interleaves 4 channels per element).
+void pack(const Blob& b, float* dst) {
+  const int plane = b.w * b.h;
+  for (int q = 0; q < b.packed_c(); ++q)
+    for (int i = 0; i < plane; ++i)
+      for (int k = 0; k < b.elempack; ++k)
+        dst[(size_t(q) * b.cstep + i) * b.elempack + k] = b.x[size_t(q * b.elempack + k) * b.cstep1 + i];
+}
+
+std::vector<float> unpack(const Blob& b, const float* src) {
+  std::vector<float> out(b.x.size(), 0.f);
+  const int plane = b.w * b.h;
+  for (int q = 0; q < b.packed_c(); ++q)
+    for (int i = 0; i < plane; ++i)
+      for (int k = 0; k < b.elempack; ++k)
+        out[size_t(q * b.elempack + k) * b.cstep1 + i] = src[(size_t(q) * b.cstep + i) * b.elempack + k];
+  return out;
+}
+
+// y in float64 from the float32 inputs: two-pass mean and variance (LayerNorm) or mean square (RMSNorm).
+std::vector<double> reference64(const Blob& b, float eps) {
+  std::vector<double> y(b.x.size(), 0.0);
+  const int gs = b.group_size(), per_channel = b.w * b.h / gs;
+  for (int q = 0; q < b.c; ++q)
+    for (int gi = 0; gi < per_channel; ++gi) {
+      const size_t base = size_t(q) * b.cstep1 + size_t(gi) * gs;
+      double mean = 0, ss = 0;
+      for (int i = 0; i < gs; ++i) mean += b.x[base + i];
+      mean /= gs;
+      for (int i = 0; i < gs; ++i) {
+        const double t = b.op == vknorm::NormOp::LayerNorm ? b.x[base + i] - mean : double(b.x[base + i]);
+        ss += t * t;
+      }
+      const double a = 1.0 / std::sqrt(ss / gs + double(eps));
+      for (int i = 0; i < gs; ++i)
+        y[base + i] = b.op == vknorm::NormOp::LayerNorm ? (b.x[base + i] - mean) * a * b.gamma[i] + b.beta[i]
+                                                        : b.x[base + i] * a * b.gamma[i];
+    }
+  return y;
+}
+
+// vknorm's CPU reference: ncnn's float32 algorithm (vknorm::reference_forward) on the unpacked blob.
+std::vector<float> reference_cpu(const Blob& b, float eps) {
+  std::vector<float> y = b.x;
+  const vknorm::GroupLayout g = vknorm::group_layout(3, b.w, b.h, 1, b.c, b.cstep1, 1, b.affine_size, true);
+  vknorm::reference_forward(b.op, y.data(), g, eps, b.gamma.data(), b.op == vknorm::NormOp::LayerNorm ? b.beta.data() : nullptr);
+  return y;
+}
+
+template <class Ref>
+double max_abs_err(const Blob& b, const std::vector<float>& y, const Ref& ref) {
+  double e = 0;
+  for (int q = 0; q < b.c; ++q)
+    for (int i = 0; i < b.w * b.h; ++i) {
+      const size_t k = size_t(q) * b.cstep1 + i;
+      const double d = std::fabs(double(y[k]) - double(ref[k]));
+      if (!(d <= e)) e = d;  // NaN propagates
+    }
+  return e;
+}
+
+template <class Ref>
+double scale_of(const Blob& b, const Ref& ref) {
+  double s = 1;
+  for (int q = 0; q < b.c; ++q)
+    for (int i = 0; i < b.w * b.h; ++i) s = std::max(s, std::fabs(double(ref[size_t(q) * b.cstep1 + i])));
+  return s;
+}
+
+constexpr double kUlps = 84;  // the tolerance: kUlps * FLT_EPSILON (2^-23) * max(1, max|y|)
+
+struct Args {
+  bool misalign = false, skip_rmsnorm = false, corrupt = false, no_barrier = false, system_loader = false;
+};
+
+int run(const Args& args) {
+  Engine e;
+  std::printf("device: %s, Vulkan %u.%u, minStorageBufferOffsetAlignment %llu, 16-bit storage %s\n",
+              e.props.deviceName, VK_API_VERSION_MAJOR(e.api_version), VK_API_VERSION_MINOR(e.api_version),
+              (unsigned long long)e.props.limits.minStorageBufferOffsetAlignment, e.fp16_storage ? "enabled" : "off");
+  std::printf("validation: %s\n", e.validation ? "on (VK_LAYER_KHRONOS_validation, synchronization validation)" : "off");
+
+  // ---- the blobs and their weights
+  std::mt19937 rng(20240917);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  Blob a{"A", vknorm::NormOp::LayerNorm, 8, 5, 768, 4, 768, 0};
+  Blob b{"B", vknorm::NormOp::RMSNorm, 3, 3, 1001, 1, 3003, 0};
+  const float eps_a = 1e-5f, eps_b = 1e-6f;
+  for (Blob* blob : {&a, &b}) {
+    blob->cstep = ncnn_cstep(blob->w, blob->h, 4u * blob->elempack);
+    blob->cstep1 = ncnn_cstep(blob->w, blob->h, 4u);
+    blob->x.assign(size_t(blob->c) * blob->cstep1, 0.f);
+    for (int q = 0; q < blob->c; ++q)
+      for (int i = 0; i < blob->w * blob->h; ++i)
+        blob->x[size_t(q) * blob->cstep1 + i] =
+            blob == &a ? 1e4f + 1e-2f * normal(rng) : 0.3f + 2.f * normal(rng);
+    for (int i = 0; i < blob->affine_size; ++i) blob->gamma.push_back(1.f + 0.5f * normal(rng));
+    if (blob->op == vknorm::NormOp::LayerNorm)
+      for (int i = 0; i < blob->affine_size; ++i) blob->beta.push_back(0.5f * normal(rng));
+  }
+
+  // ---- one buffer: a header, blob A, a gap, blob B, a tail; offsets aligned for storage buffers
+  const uint64_t align = std::max<uint64_t>(e.props.limits.minStorageBufferOffsetAlignment, 1);
+  a.offset = align_up(64, align);
+  b.offset = align_up(a.offset + a.span() + 100, align);
+  if (args.misalign) {
+    if (align < 2) {
+      std::printf("minStorageBufferOffsetAlignment is 1: every offset is aligned, nothing to misalign\n");
+      return 4;
+    }
+    b.offset += align / 2;
+  }
+  const uint64_t total = align_up(b.offset + b.span() + 64, 4);
+  std::printf("buffer: one VkBuffer of %llu bytes; blob A at offset %llu (%llu bytes), blob B at offset %llu (%llu bytes)\n",
+              (unsigned long long)total, (unsigned long long)a.offset, (unsigned long long)a.span(),
+              (unsigned long long)b.offset, (unsigned long long)b.span());
+
+  const uint8_t kSentinel = 0xA5;  // every byte outside the blobs' groups must come back unchanged
+  auto& storage = e.buffer(total, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                           VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+  const VkBuffer storage_buffer = storage.buffer;
+  auto& upload = e.buffer(total, VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
+                          VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+  void* upload_mapped = upload.mapped;
+  const VkBuffer upload_buffer = upload.buffer;
+  auto& readback = e.buffer(total, VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                            VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+  const VkBuffer readback_buffer = readback.buffer;
+  const unsigned char* out = static_cast<const unsigned char*>(readback.mapped);
+  std::vector<unsigned char> image(total, kSentinel);
+  std::vector<bool> owned(total, false);  // bytes of the blobs' groups (not the cstep padding)
+  for (const Blob* blob : {&a, &b}) {
+    std::vector<float> packed(blob->span() / sizeof(float));
+    pack(*blob, packed.data());
+    for (int q = 0; q < blob->packed_c(); ++q) {
+      const uint64_t begin = blob->offset + uint64_t(q) * blob->cstep * 4 * blob->elempack;
+      const uint64_t bytes = uint64_t(blob->w) * blob->h * 4 * blob->elempack;
+      std::memcpy(&image[begin], reinterpret_cast<const unsigned char*>(packed.data()) + (begin - blob->offset), bytes);
+      std::fill(owned.begin() + begin, owned.begin() + begin + bytes, true);
+    }
+  }
+  std::memcpy(upload_mapped, image.data(), total);
+
+  // ---- vknorm's layers on the engine's device
+  vknorm::VulkanHandles handles;
+  handles.instance = e.instance;
+  handles.physical_device = e.physical;
+  handles.device = e.device;
+  handles.get_instance_proc_addr = args.system_loader ? nullptr : reinterpret_cast<vknorm::VoidFunction>(vkGetInstanceProcAddr);
+  handles.api_version = e.api_version;
+  handles.fp16_storage_enabled = e.fp16_storage;
+  double err_a = 0, err_b = 0, err_b_cpu = 0, err_a_cpu_vs64 = 0, scale_a = 1, scale_b = 1;
+  size_t changed = 0;
+  {
+    vknorm::Recorder ln(handles, vknorm::NormOp::LayerNorm, a.affine_size, eps_a);
+    ln.load_model(a.gamma, a.beta);
+    vknorm::Recorder rms(handles, vknorm::NormOp::RMSNorm, b.affine_size, eps_b);
+    rms.load_model(b.gamma);
+
+    // ---- ONE command buffer: upload -> barrier -> LayerNorm(A), RMSNorm(B) -> barrier -> copy back
+    VkCommandBuffer cmd = VK_NULL_HANDLE;
+    VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    cai.commandPool = e.pool;
+    cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    cai.commandBufferCount = 1;
+    check(vkAllocateCommandBuffers(e.device, &cai, &cmd), "vkAllocateCommandBuffers");
+    VkCommandBufferBeginInfo begin{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    check(vkBeginCommandBuffer(cmd, &begin), "vkBeginCommandBuffer");
+    const VkBufferCopy whole{0, 0, total};
+    vkCmdCopyBuffer(cmd, upload_buffer, storage_buffer, 1, &whole);
+    if (!args.no_barrier)  // the engine's writes before vknorm's dispatches (compute shader, read/write)
+      barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+              VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+    const vknorm::DispatchInfo da = ln.record(cmd, {storage_buffer, a.offset, a.span()}, 3, a.w, a.h, 1, a.packed_c(),
+                                              a.cstep, a.elempack, false);
+    vknorm::Option split;
+    split.path = vknorm::Path::Split;
+    vknorm::DispatchInfo db;
+    if (!args.skip_rmsnorm)
+      db = rms.record(cmd, {storage_buffer, b.offset, b.span()}, 3, b.w, b.h, 1, b.packed_c(), b.cstep, b.elempack, false, split);
+    // vknorm's writes before the engine's copy back
+    barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+            VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
+    vkCmdCopyBuffer(cmd, storage_buffer, readback_buffer, 1, &whole);
+    barrier(cmd, readback_buffer, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+            VK_ACCESS_HOST_READ_BIT);
+    check(vkEndCommandBuffer(cmd), "vkEndCommandBuffer");
+    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &cmd;
+    check(vkQueueSubmit(e.queue, 1, &si, e.fence), "vkQueueSubmit");
+    check(vkWaitForFences(e.device, 1, &e.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+    ln.release_descriptors();  // the command buffer completed
+    rms.release_descriptors();
+    vkFreeCommandBuffers(e.device, e.pool, 1, &cmd);
+
+    std::printf("A LayerNorm dims=3 c=%d h=%d w=%d float32 pack%d, x = 1e4 + N(0, 1e-2): path %s, %d dispatch(es)\n", a.c,
+                a.h, a.w, a.elempack, vknorm::path_name(da.path), da.dispatches);
+    if (args.skip_rmsnorm) std::printf("B RMSNorm: not recorded (--skip-rmsnorm)\n");
+    else
+      std::printf("B RMSNorm dims=3 c=%d h=%d w=%d float32 pack%d (cstep %zu), Option::path split: path %s, %d dispatch(es)\n",
+                  b.c, b.h, b.w, b.elempack, b.cstep, vknorm::path_name(db.path), db.dispatches);
+
+    // ---- check
+    std::vector<float> ya = unpack(a, reinterpret_cast<const float*>(out + a.offset));
+    const std::vector<float> yb = unpack(b, reinterpret_cast<const float*>(out + b.offset));
+    if (args.corrupt) ya[size_t(a.w) * 2 + 17] += 0.5f;
+    const std::vector<double> ra = reference64(a, eps_a), rb = reference64(b, eps_b);
+    scale_a = scale_of(a, ra), scale_b = scale_of(b, rb);
+    err_a = max_abs_err(a, ya, ra);
+    err_b = max_abs_err(b, yb, rb);
+    err_b_cpu = max_abs_err(b, yb, reference_cpu(b, eps_b));
+    err_a_cpu_vs64 = max_abs_err(a, reference_cpu(a, eps_a), ra);
+    for (uint64_t i = 0; i < total; ++i) changed += !owned[i] && out[i] != kSentinel;
+  }
+  const double ulp = kUlps * FLT_EPSILON;
+  const double bound_a = ulp * scale_a, bound_b = ulp * scale_b;
+  std::printf("A max abs error %.3e vs float64, bound %.3e = %g float32 ulps (2^-23) x max(1, max|y|) %.4g\n", err_a, bound_a,
+              kUlps, scale_a);
+  std::printf("A (information) vknorm::reference_forward, ncnn's float32 algorithm, vs float64: %.3e\n", err_a_cpu_vs64);
+  std::printf("B max abs error %.3e vs float64, bound %.3e = %g float32 ulps (2^-23) x max(1, max|y|) %.4g\n", err_b, bound_b,
+              kUlps, scale_b);
+  std::printf("B max abs error %.3e vs CPU reference, bound %.3e = %g float32 ulps (2^-23) x max(1, max|y|) %.4g\n", err_b_cpu,
+              bound_b, kUlps, scale_b);
+  std::printf("bytes outside the blobs' groups changed: %zu\n", changed);
+  bool ok = err_a <= bound_a && err_b <= bound_b && err_b_cpu <= bound_b && changed == 0;
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    if (s == "--misalign") args.misalign = true;
+    else if (s == "--skip-rmsnorm") args.skip_rmsnorm = true;
+    else if (s == "--corrupt") args.corrupt = true;
+    else if (s == "--no-barrier") args.no_barrier = true;
+    else if (s == "--system-loader") args.system_loader = true;
+    else {
+      std::fprintf(stderr, "engine_example: unknown argument %s\nusage: engine_example [--misalign] [--skip-rmsnorm] "
+                           "[--corrupt] [--no-barrier] [--system-loader]\n", s.c_str());
+      return 2;
+    }
+  }
+  int rc;
+  try {
+    rc = run(args);  // the engine and vknorm's objects are gone when it returns: teardown is validated too
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "engine_example: vknorm refused an input: %s\n", e.what());
+    rc = 2;
+  } catch (const vknorm::VulkanUnavailable& e) {
+    std::fprintf(stderr, "engine_example: %s\n", e.what());
+    rc = 3;
+  } catch (const VulkanError& e) {
+    std::fprintf(stderr, "engine_example: %s\n", e.what());
+    rc = 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "engine_example: %s\n", e.what());
+    rc = 1;
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_messages_mutex);
+    std::printf("validation messages: %zu\n", g_messages.size());
+    for (const auto& m : g_messages) std::printf("  %s\n", m.c_str());
+    if (!g_messages.empty() && rc == 0) rc = 1;
+  }
+  std::printf("%s\n", rc == 0 ? "OK" : "FAIL");
+  return rc;
+}

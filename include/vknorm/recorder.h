@@ -1,0 +1,172 @@
+// vknorm on a caller's own Vulkan objects: for engines that are not ncnn (MNN-style, or an application's
+// own). vknorm creates no instance, device, queue or command pool: it makes its objects on the caller's
+// VkDevice and records into the caller's VkCommandBuffer, on a blob in the caller's VkBuffer at an offset.
+// The caller submits, waits and synchronizes, as for any compute dispatch of its own.
+//
+//   vknorm::VulkanHandles vk{instance, physical_device, device,
+//                            reinterpret_cast<vknorm::VoidFunction>(vkGetInstanceProcAddr),  // or nullptr
+//                            VK_API_VERSION_1_1,  // VkApplicationInfo::apiVersion of the instance
+//                            true};               // storageBuffer16BitAccess enabled on the device
+//   vknorm::Recorder ln(vk, vknorm::NormOp::LayerNorm, /*affine_size=*/768, /*eps=*/1e-5f);
+//   ln.load_model(gamma, beta);
+//   // ... the engine's own writes of the blob, then its own barrier (see "Barriers") ...
+//   ln.record(cmd, {buffer, offset, bytes}, /*dims=*/3, w, h, /*d=*/1, c, cstep, /*elempack=*/4, /*fp16=*/false);
+//   // ... the engine's own barrier, then its own reads of the blob; vkEndCommandBuffer, vkQueueSubmit ...
+//   // once every command buffer recorded so far has completed (fence / vkQueueWaitIdle):
+//   ln.release_descriptors();
+//
+// The blob is in ncnn's layout (the fields of ncnn's VkMat, or vknorm::VkMat): dims 1-4, w/h/d/c as
+// ncnn counts them (c, or h for dims 2, already divided by elempack), cstep in packed elements between
+// channels, elempack 1 or 4, float32 or float16 storage. Groups follow ncnn's rules (vknorm/norm.h,
+// group_layout). It is normalized in place.
+//
+// Requirements on the caller's objects
+// - The device has a queue family with compute; `cmd` is a primary or secondary command buffer in the
+//   recording state, outside a render pass, for a queue family with compute.
+// - The blob's VkBuffer was created with VK_BUFFER_USAGE_STORAGE_BUFFER_BIT. BufferRef::offset is a
+//   multiple of VkPhysicalDeviceLimits::minStorageBufferOffsetAlignment; range covers the blob
+//   (kWholeSize: to the end of the buffer) and is at most maxStorageBufferRange.
+// - float16 blobs need a Vulkan 1.1 device. Elempack-1 float16 blobs need storageBuffer16BitAccess
+//   enabled on the device (VulkanHandles::fp16_storage_enabled); pack4 float16 blobs, and elempack-1
+//   ones read as vec4s, do not. Refused inputs throw std::invalid_argument before anything is recorded.
+//
+// Barriers
+// vknorm records no barrier before its first dispatch and none after its last. Order your own writes of
+// the blob before record() and your own reads (or the next layer) after it with your own barriers, as for
+// any compute dispatch: vknorm's dispatches run in VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT and access the
+// blob with VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT. E.g. after a transfer write:
+// TRANSFER/TRANSFER_WRITE -> COMPUTE_SHADER/SHADER_READ|SHADER_WRITE; before a transfer read:
+// COMPUTE_SHADER/SHADER_WRITE -> TRANSFER/TRANSFER_READ.
+// Inside one forward, vknorm orders its own passes (the split path's reduce -> finalize -> apply) with
+// vkCmdPipelineBarrier(COMPUTE_SHADER -> COMPUTE_SHADER) and one VkMemoryBarrier SHADER_WRITE ->
+// SHADER_READ|SHADER_WRITE, only between passes where the later reads what the earlier wrote. These
+// barriers also order the forward's scratch against every later forward of this Recorder, so forwards
+// of one Recorder may share its scratch in any number of command buffers on one queue.
+// The first record() after load_model() also records the weights' upload before its dispatches: a
+// vkCmdCopyBuffer from a staging buffer and a TRANSFER/TRANSFER_WRITE -> COMPUTE_SHADER/SHADER_READ
+// barrier. Submit that command buffer first (or before any other that uses this Recorder).
+//
+// Lifetime
+// - vknorm never destroys the caller's instance, device, buffers or command buffers; they must outlive
+//   the Recorder (the device and instance), or the command buffers that use them (the blob's buffer).
+// - A Recorder owns: shader modules, a descriptor set layout (5 storage buffers, compute), a pipeline
+//   layout (a 32-byte compute push-constant range), pipelines, descriptor pools, a device-local buffer
+//   of gamma/beta and one of split-path scratch. Destroy it only after every command buffer it recorded
+//   into has completed (the destructor calls no vkDeviceWaitIdle).
+// - Descriptor sets are cached per distinct (blob buffer, offset, range) and reused by later record()s;
+//   command buffers recorded with them may be submitted again. release_descriptors() frees every set,
+//   and also what load_model() or a larger scratch replaced (the old weights, the staging buffer, the
+//   old scratch): call it only when every command buffer that used them has completed, and record
+//   those command buffers again before submitting them again.
+//
+// Threads: a Recorder is used by one thread at a time (like the command buffer it records into);
+// different Recorders on one device may record on different threads.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "vknorm/context.h"
+#include "vknorm/norm.h"
+#include "vknorm/option.h"
+
+// Vulkan's handle types, declared exactly as <vulkan/vulkan_core.h> declares them (a typedef may be
+// repeated), so that this header needs no Vulkan header and either may be included first.
+#ifndef VKNORM_VK_HANDLES_DECLARED
+#define VKNORM_VK_HANDLES_DECLARED
+typedef struct VkInstance_T* VkInstance;
+typedef struct VkPhysicalDevice_T* VkPhysicalDevice;
+typedef struct VkDevice_T* VkDevice;
+typedef struct VkCommandBuffer_T* VkCommandBuffer;
+#if defined(VK_USE_64_BIT_PTR_DEFINES)
+#define VKNORM_VK_64_BIT_HANDLES VK_USE_64_BIT_PTR_DEFINES
+#elif defined(__LP64__) || defined(_WIN64) || (defined(__x86_64__) && !defined(__ILP32__)) || defined(_M_X64) || \
+    defined(__ia64) || defined(_M_IA64) || defined(__aarch64__) || defined(__powerpc64__) ||              \
+    (defined(__riscv) && __riscv_xlen == 64)
+#define VKNORM_VK_64_BIT_HANDLES 1
+#else
+#define VKNORM_VK_64_BIT_HANDLES 0
+#endif
+#if VKNORM_VK_64_BIT_HANDLES
+typedef struct VkBuffer_T* VkBuffer;
+#else
+typedef uint64_t VkBuffer;
+#endif
+#endif
+
+namespace vknorm {
+
+// Any function pointer; VulkanHandles::get_instance_proc_addr holds a PFN_vkGetInstanceProcAddr.
+using VoidFunction = void (*)();
+
+// The caller's objects; vknorm never destroys them.
+struct VulkanHandles {
+  VkInstance instance = nullptr;
+  VkPhysicalDevice physical_device = nullptr;
+  VkDevice device = nullptr;  // created from physical_device
+  // reinterpret_cast<VoidFunction>(vkGetInstanceProcAddr) of the loader the caller uses; nullptr:
+  // vknorm opens the system loader (libvulkan) itself and takes its vkGetInstanceProcAddr.
+  VoidFunction get_instance_proc_addr = nullptr;
+  // VkApplicationInfo::apiVersion of the caller's instance (0: 1.0). vknorm uses Vulkan 1.1 features
+  // (subgroup kernels, float16 storage) only when this and the device's version are both >= 1.1.
+  uint32_t api_version = 0;
+  bool fp16_storage_enabled = false;  // VkPhysicalDevice16BitStorageFeatures::storageBuffer16BitAccess enabled
+};
+
+constexpr uint64_t kWholeSize = ~0ull;  // VK_WHOLE_SIZE
+
+// A blob in the caller's buffer: `range` bytes from `offset` (a multiple of minStorageBufferOffsetAlignment).
+struct BufferRef {
+  VkBuffer buffer{};
+  uint64_t offset = 0;
+  uint64_t range = kWholeSize;
+};
+
+// Bytes a blob in ncnn's layout spans from its first element to the end of its last group (the range
+// record() needs at least): dims 1/2: w (* h) elements; dims 3/4: (c - 1) * cstep + w*h*d elements.
+uint64_t blob_span_bytes(int dims, int w, int h, int d, int c, size_t cstep, int elempack, bool fp16);
+
+// One LayerNorm or RMSNorm layer (ncnn's parameters: affine_size, eps, affine) on the caller's device.
+class Recorder {
+ public:
+  // Throws std::invalid_argument for bad parameters or handles, VulkanUnavailable when no loader can
+  // be opened (get_instance_proc_addr null and no libvulkan).
+  Recorder(const VulkanHandles& handles, NormOp op, int affine_size, float eps = 0.001f, int affine = 1);
+  ~Recorder();
+  Recorder(Recorder&&) noexcept;
+  Recorder& operator=(Recorder&&) noexcept;
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  // gamma and (LayerNorm) beta of affine_size float32 each; nothing with affine=0. The next record()
+  // records their upload. Throws std::invalid_argument on wrong sizes.
+  void load_model(const std::vector<float>& gamma, const std::vector<float>& beta = {});
+
+  // Records one forward of the blob at `blob` into `cmd` (see the top of this file). Returns what the
+  // dispatcher chose (gpu_us stays 0: timing is the caller's). Throws std::invalid_argument for a bad
+  // shape or affine_size, a misaligned offset, a range too small for the blob or larger than
+  // maxStorageBufferRange, or a float16 blob the device cannot store; nothing is recorded then.
+  DispatchInfo record(VkCommandBuffer cmd, const BufferRef& blob, int dims, int w, int h, int d, int c, size_t cstep,
+                      int elempack, bool fp16, const Option& opt = {});
+
+  // Frees every cached descriptor set and what load_model() or a larger scratch retired. Only when no
+  // command buffer recorded with them is pending (see Lifetime above).
+  void release_descriptors();
+
+  NormOp op() const;
+  int affine_size() const;
+  float eps() const;
+  int affine() const;
+  // The caller's device as vknorm plans for it (name, type, subgroup size, limits).
+  const DeviceInfo& device_info() const;
+  uint64_t storage_offset_alignment() const;  // minStorageBufferOffsetAlignment
+  size_t cached_descriptor_sets() const;      // live sets, until release_descriptors()
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace vknorm

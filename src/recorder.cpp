@@ -1,0 +1,555 @@
+// The third executor: the dispatcher's plan (plan_forward) recorded into a caller's VkCommandBuffer, on
+// the caller's VkDevice and VkBuffer (include/vknorm/recorder.h). vknorm's own executor is norm.cpp's
+// record(), ncnn's is ncnn_layers.cpp.
+//
+// This file's Vulkan-Hpp lives in a namespace of its own, built without Vulkan-Hpp's dynamic loader tool,
+// so that vk::raii::Context can start from the caller's vkGetInstanceProcAddr. A separate namespace keeps
+// it apart from the vk:: classes the rest of the library compiles with the tool on (src/vk.h): the two
+// definitions of vk::raii::Context differ, and sharing a name would break the one-definition rule.
+#define VULKAN_HPP_NAMESPACE vknorm_vkhpp
+#define VULKAN_HPP_ENABLE_DYNAMIC_LOADER_TOOL 0
+#include <vulkan/vulkan_raii.hpp>
+
+#include "vknorm/recorder.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "dispatch.h"
+#include "shaders.h"
+
+namespace vk = ::vknorm_vkhpp;
+
+namespace vknorm {
+namespace {
+
+// The loader's vkGetInstanceProcAddr, opened once and kept for the life of the process (as context.cpp
+// pins it: unloading it while a driver's threads run crashed NVIDIA's driver at exit).
+PFN_vkGetInstanceProcAddr system_loader() {
+  static const PFN_vkGetInstanceProcAddr gipa = []() -> PFN_vkGetInstanceProcAddr {
+    for (const char* name : {"libvulkan.so.1", "libvulkan.so", "libvulkan.1.dylib", "libMoltenVK.dylib"})
+      if (void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE))
+        if (void* f = dlsym(h, "vkGetInstanceProcAddr")) return reinterpret_cast<PFN_vkGetInstanceProcAddr>(f);
+    return nullptr;
+  }();
+  if (!gipa)
+    throw VulkanUnavailable(
+        "vknorm::Recorder: VulkanHandles::get_instance_proc_addr is null and no Vulkan loader (libvulkan) could be "
+        "opened; pass the vkGetInstanceProcAddr your engine uses");
+  return gipa;
+}
+
+uint32_t version_of(uint32_t major, uint32_t minor) { return VK_MAKE_API_VERSION(0, major, minor, 0); }
+uint32_t major_minor(uint32_t v) { return version_of(VK_API_VERSION_MAJOR(v), VK_API_VERSION_MINOR(v)); }
+
+std::string version_string(uint32_t v) {
+  return std::to_string(VK_API_VERSION_MAJOR(v)) + "." + std::to_string(VK_API_VERSION_MINOR(v)) + "." +
+         std::to_string(VK_API_VERSION_PATCH(v));
+}
+
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+const char* type_name(vk::PhysicalDeviceType t) {
+  switch (t) {
+    case vk::PhysicalDeviceType::eDiscreteGpu: return "discrete";
+    case vk::PhysicalDeviceType::eIntegratedGpu: return "integrated";
+    case vk::PhysicalDeviceType::eVirtualGpu: return "virtual";
+    case vk::PhysicalDeviceType::eCpu: return "cpu";
+    default: return "other";
+  }
+}
+
+// What a SPIR-V module asks of the device beyond Vulkan 1.0 (cmake/shaders.cmake: float16-storage and
+// subgroup variants are SPIR-V 1.3; pack1 float16 ones declare StorageBuffer16BitAccess).
+struct SpirvNeeds {
+  bool vulkan_1_1 = false;
+  bool storage_16bit = false;
+};
+
+SpirvNeeds spirv_needs(const shaders::Spirv& spv) {
+  SpirvNeeds n;
+  if (!spv.words || spv.count < 5) return n;
+  n.vulkan_1_1 = spv.words[1] > 0x00010000u;  // the version word: 1.0 is 0x00010000
+  constexpr uint32_t kOpCapability = 17, kStorageBuffer16BitAccess = 4433, kUniformAndStorageBuffer16BitAccess = 4434;
+  for (size_t i = 5; i < spv.count;) {
+    const uint32_t words = spv.words[i] >> 16, opcode = spv.words[i] & 0xffffu;
+    if (words == 0) break;
+    if (opcode == kOpCapability && words >= 2 && i + 1 < spv.count) {
+      const uint32_t cap = spv.words[i + 1];
+      n.storage_16bit = n.storage_16bit || cap == kStorageBuffer16BitAccess || cap == kUniformAndStorageBuffer16BitAccess;
+    }
+    i += words;
+  }
+  return n;
+}
+
+std::string describe_blob(int dims, int w, int h, int d, int c, size_t cstep, int elempack, bool fp16) {
+  std::string s = "dims=" + std::to_string(dims) + " w=" + std::to_string(w);
+  if (dims >= 2) s += " h=" + std::to_string(h);
+  if (dims == 4) s += " d=" + std::to_string(d);
+  if (dims >= 3) s += " c=" + std::to_string(c) + " cstep=" + std::to_string(cstep);
+  return s + " elempack=" + std::to_string(elempack) + (fp16 ? " float16" : " float32");
+}
+
+// The caller's instance, physical device and device, wrapped so that vk::raii calls reach them through
+// their own dispatch tables. Never destroyed here: the destructor releases the handles.
+struct Borrowed {
+  vk::raii::Context loader;
+  vk::raii::Instance instance = nullptr;
+  vk::raii::PhysicalDevice physical = nullptr;
+  vk::raii::Device device = nullptr;
+
+  explicit Borrowed(const VulkanHandles& h)
+      : loader(h.get_instance_proc_addr ? reinterpret_cast<PFN_vkGetInstanceProcAddr>(h.get_instance_proc_addr)
+                                        : system_loader()) {
+    instance = vk::raii::Instance(loader, h.instance);
+    physical = vk::raii::PhysicalDevice(instance, h.physical_device);
+    device = vk::raii::Device(physical, h.device);
+  }
+  ~Borrowed() {
+    (void)device.release();
+    (void)physical.release();
+    (void)instance.release();
+  }
+  Borrowed(const Borrowed&) = delete;
+  Borrowed& operator=(const Borrowed&) = delete;
+};
+
+// A buffer vknorm owns, with its memory.
+struct OwnedBuffer {
+  vk::raii::Buffer buffer = nullptr;
+  vk::raii::DeviceMemory memory = nullptr;
+  uint64_t size = 0;
+  void* mapped = nullptr;  // host-visible buffers stay mapped
+};
+
+struct PipelineEntry {
+  vk::raii::ShaderModule module = nullptr;
+  vk::raii::Pipeline pipeline = nullptr;
+};
+
+// A cached descriptor set: the blob's binding and the scratch buffer it was written with.
+using SetKey = std::tuple<uint64_t /*blob buffer*/, uint64_t /*offset*/, uint64_t /*range*/, uint64_t /*scratch*/>;
+
+constexpr uint32_t kSetsPerPool = 32;
+
+uint64_t handle_bits(VkBuffer b) {
+#if VKNORM_VK_64_BIT_HANDLES
+  return reinterpret_cast<uint64_t>(b);
+#else
+  return b;
+#endif
+}
+
+}  // namespace
+
+uint64_t blob_span_bytes(int dims, int w, int h, int d, int c, size_t cstep, int elempack, bool fp16) {
+  const uint64_t elemsize = uint64_t(fp16 ? 2 : 4) * uint64_t(elempack);
+  uint64_t elems = 0;
+  switch (dims) {
+    case 1: elems = uint64_t(w); break;
+    case 2: elems = uint64_t(w) * uint64_t(h); break;
+    case 3: elems = uint64_t(c - 1) * cstep + uint64_t(w) * uint64_t(h); break;
+    case 4: elems = uint64_t(c - 1) * cstep + uint64_t(w) * uint64_t(h) * uint64_t(d); break;
+    default: throw std::invalid_argument("dims must be 1-4, got " + std::to_string(dims));
+  }
+  return elems * elemsize;
+}
+
+struct Recorder::Impl {
+  Borrowed caller;  // first: released last, after every object below that was made on it
+  NormOp op = NormOp::LayerNorm;
+  int affine_size = 0;
+  float eps = 0.001f;
+  int affine = 1;
+  std::vector<float> gamma, beta;
+
+  DeviceInfo info;
+  uint32_t api = 0;  // min(the caller's api_version, the device's), major.minor
+  bool subgroup_reduce = false;
+  bool fp16_storage = false;
+  uint64_t alignment = 1;  // minStorageBufferOffsetAlignment
+  uint32_t max_count_y = 65535;
+  vk::PhysicalDeviceMemoryProperties memory_properties;
+
+  vk::raii::DescriptorSetLayout set_layout = nullptr;
+  vk::raii::PipelineLayout pipeline_layout = nullptr;
+  std::map<std::string, PipelineEntry> pipelines;
+  std::map<std::string, SpirvNeeds> needs;
+
+  // gamma | beta | 16 bytes for unused slots, each at an aligned offset.
+  OwnedBuffer weights, staging;
+  uint64_t gamma_offset = 0, beta_offset = 0, unused_offset = 0;
+  bool upload_pending = false;  // the next record() copies staging -> weights
+  OwnedBuffer scratch;          // split path: partials at 0, coefficients at an aligned offset
+  std::vector<OwnedBuffer> retired;  // replaced while command buffers may still use them
+
+  std::vector<vk::raii::DescriptorPool> pools;
+  uint32_t sets_in_last_pool = kSetsPerPool;
+  size_t live_sets = 0;
+  std::map<SetKey, VkDescriptorSet> sets;
+  std::mutex mutex;
+
+  Impl(const VulkanHandles& h, NormOp op_, int affine_size_, float eps_, int affine_)
+      : caller(h), op(op_), affine_size(affine_size_), eps(eps_), affine(affine_) {
+    describe(h);
+    std::array<vk::DescriptorSetLayoutBinding, kSlotCount> bindings;
+    for (uint32_t b = 0; b < kSlotCount; ++b)
+      bindings[b] = vk::DescriptorSetLayoutBinding{.binding = b, .descriptorType = vk::DescriptorType::eStorageBuffer,
+                                                   .descriptorCount = 1, .stageFlags = vk::ShaderStageFlagBits::eCompute};
+    set_layout = vk::raii::DescriptorSetLayout(
+        caller.device, vk::DescriptorSetLayoutCreateInfo{.bindingCount = kSlotCount, .pBindings = bindings.data()});
+    const vk::PushConstantRange range{.stageFlags = vk::ShaderStageFlagBits::eCompute, .offset = 0,
+                                      .size = sizeof(PushConstants)};
+    const vk::DescriptorSetLayout layout = *set_layout;
+    pipeline_layout = vk::raii::PipelineLayout(
+        caller.device, vk::PipelineLayoutCreateInfo{.setLayoutCount = 1, .pSetLayouts = &layout,
+                                                .pushConstantRangeCount = 1, .pPushConstantRanges = &range});
+  }
+
+  // The caller's device as the dispatcher sees it (context.cpp's describe, from the caller's handles).
+  void describe(const VulkanHandles& h) {
+    const vk::PhysicalDeviceProperties props = caller.physical.getProperties();
+    const uint32_t requested = h.api_version ? major_minor(h.api_version) : version_of(1, 0);
+    api = std::min(requested, major_minor(props.apiVersion));
+    info.name = props.deviceName.data();
+    info.type = type_name(props.deviceType);
+    info.vendor_id = props.vendorID;
+    info.device_id = props.deviceID;
+    info.driver_version = props.driverVersion;
+    info.api_version = version_string(api == major_minor(props.apiVersion) ? props.apiVersion : api);
+    info.max_shared_memory = props.limits.maxComputeSharedMemorySize;
+    info.max_workgroup_invocations = props.limits.maxComputeWorkGroupInvocations;
+    info.max_workgroup_size_x = props.limits.maxComputeWorkGroupSize[0];
+    info.max_workgroup_count_x = props.limits.maxComputeWorkGroupCount[0];
+    info.max_storage_buffer_range = props.limits.maxStorageBufferRange;
+    info.timestamp_period_ns = props.limits.timestampPeriod;
+    max_count_y = props.limits.maxComputeWorkGroupCount[1];
+    alignment = std::max<uint64_t>(props.limits.minStorageBufferOffsetAlignment, 1);
+    memory_properties = caller.physical.getMemoryProperties();
+    for (uint32_t i = 0; i < memory_properties.memoryHeapCount; ++i)
+      if (memory_properties.memoryHeaps[i].flags & vk::MemoryHeapFlagBits::eDeviceLocal)
+        info.device_local_bytes += memory_properties.memoryHeaps[i].size;
+    if (api >= version_of(1, 1) && caller.instance.getDispatcher()->vkGetPhysicalDeviceProperties2) {
+      const auto chain = caller.physical.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceSubgroupProperties>();
+      const auto& sg = chain.get<vk::PhysicalDeviceSubgroupProperties>();
+      info.subgroup_size = sg.subgroupSize;
+      info.subgroup_compute = bool(sg.supportedStages & vk::ShaderStageFlagBits::eCompute);
+      const std::pair<vk::SubgroupFeatureFlagBits, const char*> ops[] = {
+          {vk::SubgroupFeatureFlagBits::eBasic, "basic"},           {vk::SubgroupFeatureFlagBits::eVote, "vote"},
+          {vk::SubgroupFeatureFlagBits::eArithmetic, "arithmetic"}, {vk::SubgroupFeatureFlagBits::eBallot, "ballot"},
+          {vk::SubgroupFeatureFlagBits::eShuffle, "shuffle"},
+          {vk::SubgroupFeatureFlagBits::eShuffleRelative, "shuffle_relative"},
+          {vk::SubgroupFeatureFlagBits::eClustered, "clustered"},   {vk::SubgroupFeatureFlagBits::eQuad, "quad"}};
+      for (auto [bit, name] : ops)
+        if (sg.supportedOperations & bit) info.subgroup_ops.push_back(name);
+      const auto need = vk::SubgroupFeatureFlagBits::eBasic | vk::SubgroupFeatureFlagBits::eArithmetic |
+                        vk::SubgroupFeatureFlagBits::eShuffle;
+      subgroup_reduce = info.subgroup_compute && (sg.supportedOperations & need) == need;
+    }
+    // 16-bit storage only as the caller enabled it, and only where the SPIR-V 1.3 variants can run.
+    fp16_storage = h.fp16_storage_enabled && api >= version_of(1, 1);
+    info.storage_16bit = fp16_storage;
+  }
+
+  uint32_t memory_type(uint32_t allowed, vk::MemoryPropertyFlags want, vk::MemoryPropertyFlags fallback) const {
+    for (auto flags : {want, fallback})
+      for (uint32_t i = 0; i < memory_properties.memoryTypeCount; ++i)
+        if ((allowed & (1u << i)) && (memory_properties.memoryTypes[i].propertyFlags & flags) == flags) return i;
+    throw std::runtime_error("vknorm::Recorder: no suitable memory type on " + info.name);
+  }
+
+  OwnedBuffer make_buffer(uint64_t size, vk::BufferUsageFlags usage, bool host) {
+    OwnedBuffer b;
+    b.size = size;
+    b.buffer = vk::raii::Buffer(caller.device, vk::BufferCreateInfo{.size = size, .usage = usage,
+                                                                .sharingMode = vk::SharingMode::eExclusive});
+    const vk::MemoryRequirements req = b.buffer.getMemoryRequirements();
+    using M = vk::MemoryPropertyFlagBits;
+    const uint32_t type = host ? memory_type(req.memoryTypeBits, M::eHostVisible | M::eHostCoherent, M::eHostVisible | M::eHostCoherent)
+                               : memory_type(req.memoryTypeBits, M::eDeviceLocal, {});
+    try {
+      b.memory = vk::raii::DeviceMemory(caller.device, vk::MemoryAllocateInfo{.allocationSize = req.size, .memoryTypeIndex = type});
+    } catch (const vk::OutOfDeviceMemoryError&) {
+      throw DeviceOutOfMemory("vknorm::Recorder: " + std::to_string(size) + " bytes of device memory could not be allocated on " +
+                              info.name);
+    } catch (const vk::OutOfHostMemoryError&) {
+      throw DeviceOutOfMemory("vknorm::Recorder: out of host memory allocating " + std::to_string(size) + " bytes");
+    }
+    b.buffer.bindMemory(*b.memory, 0);
+    if (host) b.mapped = b.memory.mapMemory(0, VK_WHOLE_SIZE);
+    return b;
+  }
+
+  const SpirvNeeds& needs_of(const std::string& variant) {
+    auto it = needs.find(variant);
+    if (it != needs.end()) return it->second;
+    const shaders::Spirv spv = shaders::find(variant.c_str());
+    if (!spv.words) throw std::logic_error("vknorm: no shader variant " + variant);
+    return needs.emplace(variant, spirv_needs(spv)).first->second;
+  }
+
+  const vk::raii::Pipeline& pipeline(const Pass& pass) {
+    std::string key = pass.variant;
+    for (uint32_t v : pass.specialization) key += "/" + std::to_string(v);
+    auto it = pipelines.find(key);
+    if (it != pipelines.end()) return it->second.pipeline;
+    const shaders::Spirv spv = shaders::find(pass.variant.c_str());
+    if (!spv.words) throw std::logic_error("vknorm: no shader variant " + pass.variant);
+    PipelineEntry e;
+    e.module = vk::raii::ShaderModule(caller.device, vk::ShaderModuleCreateInfo{.codeSize = spv.count * 4, .pCode = spv.words});
+    // Constant ids 0..4 (workgroup, op, affine, items, prefetch); a shader ignores ids it lacks.
+    std::array<uint32_t, 5> values{pass.workgroup_size, 0, 0, 1, 0};
+    for (size_t i = 0; i < pass.specialization.size() && i < values.size(); ++i) values[i] = pass.specialization[i];
+    const vk::SpecializationMapEntry entries[] = {{0, 0, 4}, {1, 4, 4}, {2, 8, 4}, {3, 12, 4}, {4, 16, 4}};
+    const vk::SpecializationInfo spec{.mapEntryCount = 5, .pMapEntries = entries, .dataSize = sizeof(values),
+                                      .pData = values.data()};
+    e.pipeline = vk::raii::Pipeline(
+        caller.device, nullptr,
+        vk::ComputePipelineCreateInfo{.stage = {.stage = vk::ShaderStageFlagBits::eCompute, .module = *e.module,
+                                                .pName = "main", .pSpecializationInfo = &spec},
+                                      .layout = *pipeline_layout});
+    return pipelines.emplace(key, std::move(e)).first->second.pipeline;
+  }
+
+  // The weights buffer (and its staging copy, uploaded by the next record()), made on first use.
+  void ensure_weights() {
+    if (*weights.buffer) return;
+    const uint64_t gbytes = affine ? gamma.size() * sizeof(float) : 0;
+    const uint64_t bbytes = affine && op == NormOp::LayerNorm ? beta.size() * sizeof(float) : 0;
+    gamma_offset = 0;
+    beta_offset = align_up(gbytes, alignment);
+    unused_offset = align_up(beta_offset + bbytes, alignment);
+    const uint64_t total = unused_offset + 16;
+    using U = vk::BufferUsageFlagBits;
+    OwnedBuffer w = make_buffer(total, U::eStorageBuffer | U::eTransferDst, false);
+    if (gbytes) {
+      OwnedBuffer s = make_buffer(beta_offset + bbytes, U::eTransferSrc, true);
+      std::memcpy(static_cast<char*>(s.mapped) + gamma_offset, gamma.data(), gbytes);
+      if (bbytes) std::memcpy(static_cast<char*>(s.mapped) + beta_offset, beta.data(), bbytes);
+      staging = std::move(s);
+      upload_pending = true;
+    }
+    weights = std::move(w);
+  }
+
+  void retire(OwnedBuffer& b) {
+    if (*b.buffer) retired.push_back(std::move(b));
+    b = OwnedBuffer{};
+  }
+
+  VkDescriptorSet descriptor_set(const BufferRef& blob, uint64_t range, uint64_t partials, uint64_t coefs) {
+    const bool split = partials || coefs;
+    const uint64_t scratch_bits = split ? handle_bits(static_cast<VkBuffer>(*scratch.buffer)) : 0;
+    const SetKey key{handle_bits(blob.buffer), blob.offset, range, scratch_bits};
+    if (auto it = sets.find(key); it != sets.end()) return it->second;
+    if (sets_in_last_pool == kSetsPerPool) {
+      const vk::DescriptorPoolSize size{.type = vk::DescriptorType::eStorageBuffer, .descriptorCount = kSlotCount * kSetsPerPool};
+      pools.emplace_back(caller.device, vk::DescriptorPoolCreateInfo{.maxSets = kSetsPerPool, .poolSizeCount = 1, .pPoolSizes = &size});
+      sets_in_last_pool = 0;
+    }
+    const vk::DescriptorSetLayout layout = *set_layout;
+    const vk::DescriptorSet set = (*caller.device).allocateDescriptorSets(
+        vk::DescriptorSetAllocateInfo{.descriptorPool = *pools.back(), .descriptorSetCount = 1, .pSetLayouts = &layout},
+        *caller.device.getDispatcher())[0];
+    ++sets_in_last_pool;
+    ++live_sets;
+    const vk::Buffer w = *weights.buffer;
+    const bool has_beta = affine && op == NormOp::LayerNorm;
+    const uint64_t partials_offset = 0, coefs_offset = align_up(partials, alignment);
+    const std::array<vk::DescriptorBufferInfo, kSlotCount> infos{
+        vk::DescriptorBufferInfo{.buffer = vk::Buffer(blob.buffer), .offset = blob.offset, .range = range},
+        affine ? vk::DescriptorBufferInfo{w, gamma_offset, gamma.size() * sizeof(float)}
+               : vk::DescriptorBufferInfo{w, unused_offset, 16},
+        has_beta ? vk::DescriptorBufferInfo{w, beta_offset, beta.size() * sizeof(float)}
+                 : vk::DescriptorBufferInfo{w, unused_offset, 16},
+        partials ? vk::DescriptorBufferInfo{*scratch.buffer, partials_offset, partials}
+                 : vk::DescriptorBufferInfo{w, unused_offset, 16},
+        coefs ? vk::DescriptorBufferInfo{*scratch.buffer, coefs_offset, coefs} : vk::DescriptorBufferInfo{w, unused_offset, 16}};
+    std::array<vk::WriteDescriptorSet, kSlotCount> writes;
+    for (uint32_t b = 0; b < kSlotCount; ++b)
+      writes[b] = vk::WriteDescriptorSet{.dstSet = set, .dstBinding = b, .descriptorCount = 1,
+                                         .descriptorType = vk::DescriptorType::eStorageBuffer, .pBufferInfo = &infos[b]};
+    caller.device.updateDescriptorSets(writes, {});
+    sets.emplace(key, static_cast<VkDescriptorSet>(set));
+    return set;
+  }
+};
+
+Recorder::Recorder(const VulkanHandles& handles, NormOp op, int affine_size, float eps, int affine) {
+  if (!handles.instance || !handles.physical_device || !handles.device)
+    throw std::invalid_argument("vknorm::Recorder: VulkanHandles needs the caller's instance, physical_device and device");
+  if (affine_size < 0) throw std::invalid_argument("affine_size must be >= 0, got " + std::to_string(affine_size));
+  if (!std::isfinite(eps) || eps < 0) throw std::invalid_argument("eps must be finite and >= 0, got " + std::to_string(eps));
+  if (affine != 0 && affine != 1) throw std::invalid_argument("affine must be 0 or 1, got " + std::to_string(affine));
+  impl_ = std::make_unique<Impl>(handles, op, affine_size, eps, affine);
+}
+
+Recorder::~Recorder() = default;
+Recorder::Recorder(Recorder&&) noexcept = default;
+Recorder& Recorder::operator=(Recorder&&) noexcept = default;
+
+void Recorder::load_model(const std::vector<float>& gamma, const std::vector<float>& beta) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mutex);
+  if (!m.affine) {
+    if (!gamma.empty() || !beta.empty()) throw std::invalid_argument("affine=0: this layer takes no weights");
+    return;
+  }
+  auto check = [&](const std::vector<float>& v, const char* name) {
+    if (v.size() != size_t(m.affine_size))
+      throw std::invalid_argument(std::string(name) + " has " + std::to_string(v.size()) +
+                                  " values, expected affine_size=" + std::to_string(m.affine_size));
+  };
+  check(gamma, "gamma");
+  if (m.op == NormOp::LayerNorm) check(beta, "beta");
+  else if (!beta.empty()) throw std::invalid_argument("RMSNorm takes gamma only");
+  m.gamma = gamma;
+  m.beta = m.op == NormOp::LayerNorm ? beta : std::vector<float>{};
+  // Command buffers recorded before may still read the old weights: they go with the next release.
+  m.retire(m.weights);
+  m.retire(m.staging);
+  m.upload_pending = false;
+  m.sets.clear();  // every cached set names the old weights; the sets themselves live until release
+}
+
+DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int dims, int w, int h, int d, int c,
+                              size_t cstep, int elempack, bool fp16, const Option& opt) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mutex);
+  const std::string what = describe_blob(dims, w, h, d, c, cstep, elempack, fp16);
+  auto refuse = [&](const std::string& why) { return std::invalid_argument("vknorm::Recorder::record (" + what + "): " + why); };
+
+  // ---- everything is checked before anything is created or recorded
+  if (!cmd) throw refuse("no command buffer");
+  if (!blob_in.buffer) throw refuse("no buffer");
+  if (dims < 1 || dims > 4) throw refuse("dims must be 1-4");
+  if (w < 1 || (dims >= 2 && h < 1) || (dims == 4 && d < 1) || (dims >= 3 && c < 1)) throw refuse("every extent must be >= 1");
+  if (dims < 2) h = 1;
+  if (dims < 4) d = 1;
+  if (dims < 3) c = 1;
+  if (elempack != 1 && elempack != 4) throw refuse("elempack must be 1 or 4");
+  if (dims >= 3 && cstep < size_t(w) * size_t(h) * size_t(d))
+    throw refuse("cstep " + std::to_string(cstep) + " is less than a channel's w*h*d elements");
+  if (m.affine && (m.gamma.size() != size_t(m.affine_size) ||
+                   (m.op == NormOp::LayerNorm && m.beta.size() != size_t(m.affine_size))))
+    throw refuse("affine=1 but no weights loaded: call load_model first");
+  if (blob_in.offset % m.alignment)
+    throw refuse("offset " + std::to_string(blob_in.offset) + " is not a multiple of the device's minStorageBufferOffsetAlignment (" +
+                 std::to_string(m.alignment) + ")");
+  if (fp16 && m.api < version_of(1, 1))
+    throw refuse("float16 storage needs a Vulkan 1.1 device (the kernels are SPIR-V 1.3); VulkanHandles::api_version and the "
+                 "device give " + m.info.api_version);
+  const uint64_t span = blob_span_bytes(dims, w, h, d, c, cstep, elempack, fp16);
+  if (blob_in.range != kWholeSize && blob_in.range < span)
+    throw refuse("range " + std::to_string(blob_in.range) + " bytes is smaller than the blob's " + std::to_string(span) + " bytes");
+  if (span > m.info.max_storage_buffer_range)
+    throw refuse("the blob's " + std::to_string(span) + " bytes exceed one storage buffer binding (maxStorageBufferRange " +
+                 std::to_string(m.info.max_storage_buffer_range) + "); record it in pieces of whole groups");
+  const uint64_t elemsize = uint64_t(fp16 ? 2 : 4) * uint64_t(elempack);
+  if (span / elemsize > kMaxPieceElements) throw refuse("more than 2^31 packed elements: too large for 32-bit indexing");
+
+  // ncnn packs a dims-1 blob by 4 when w divides: still one contiguous group, so read it unpacked.
+  int pw = w, ppack = elempack;
+  size_t pcstep = cstep;
+  if (dims == 1 && elempack == 4) pw *= 4, pcstep *= 4, ppack = 1;
+  GroupLayout g;
+  try {
+    g = group_layout(dims, pw, h, d, c, dims >= 3 ? pcstep : size_t(pw) * h, ppack, m.affine_size, m.affine != 0);
+  } catch (const std::invalid_argument& e) {
+    throw refuse(e.what());
+  }
+  const DeviceCaps caps = device_caps(m.info, m.subgroup_reduce, opt);
+  const ForwardPlan fp = plan_forward(m.op, m.affine != 0, m.eps, g, fp16, caps, opt);
+  for (const Pass& pass : fp.passes) {
+    const SpirvNeeds& needs = m.needs_of(pass.variant);
+    if (needs.vulkan_1_1 && m.api < version_of(1, 1))
+      throw refuse("kernel " + pass.variant + " needs a Vulkan 1.1 device; this one is used as " + m.info.api_version);
+    if (needs.storage_16bit && !m.fp16_storage)
+      throw refuse("this float16 blob is read as single float16 values (kernel " + pass.variant +
+                   "), which needs storageBuffer16BitAccess enabled on the device (VulkanHandles::fp16_storage_enabled); "
+                   "pack4 float16 blobs, and elempack-1 ones whose groups are read as vec4s, do not");
+    const uint64_t max_x = std::max<uint32_t>(m.info.max_workgroup_count_x, 1);
+    if ((pass.workgroups + max_x - 1) / max_x > m.max_count_y) throw refuse("too many workgroups for one dispatch");
+  }
+  const uint64_t coefs_offset = align_up(fp.partials_bytes, m.alignment);
+  const uint64_t scratch_bytes = fp.coefs_bytes ? coefs_offset + fp.coefs_bytes : fp.partials_bytes;
+  if (fp.partials_bytes > m.info.max_storage_buffer_range || fp.coefs_bytes > m.info.max_storage_buffer_range)
+    throw refuse("the split path's scratch exceeds one storage buffer binding");
+
+  // ---- vknorm's objects: weights, scratch, pipelines, the descriptor set
+  m.ensure_weights();
+  if (scratch_bytes > m.scratch.size) {
+    m.retire(m.scratch);
+    m.scratch = m.make_buffer(scratch_bytes, vk::BufferUsageFlagBits::eStorageBuffer, false);
+  }
+  std::vector<vk::Pipeline> pipelines;
+  for (const Pass& pass : fp.passes) pipelines.push_back(*m.pipeline(pass));
+  const uint64_t range = blob_in.range == kWholeSize ? span : blob_in.range;
+  const vk::DescriptorSet set = m.descriptor_set(blob_in, range, fp.partials_bytes, fp.coefs_bytes);
+
+  // ---- recording
+  const auto& dispatcher = *m.caller.device.getDispatcher();
+  const vk::CommandBuffer cb(cmd);
+  using S = vk::PipelineStageFlagBits;
+  using A = vk::AccessFlagBits;
+  if (m.upload_pending) {
+    const uint64_t bytes = m.staging.size;
+    cb.copyBuffer(*m.staging.buffer, *m.weights.buffer, vk::BufferCopy{.srcOffset = 0, .dstOffset = 0, .size = bytes}, dispatcher);
+    const vk::MemoryBarrier upload{.srcAccessMask = A::eTransferWrite, .dstAccessMask = A::eShaderRead};
+    cb.pipelineBarrier(S::eTransfer, S::eComputeShader, {}, upload, {}, {}, dispatcher);
+    m.upload_pending = false;
+  }
+  cb.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *m.pipeline_layout, 0, set, {}, dispatcher);
+  const vk::MemoryBarrier between{.srcAccessMask = A::eShaderWrite, .dstAccessMask = A::eShaderRead | A::eShaderWrite};
+  for (size_t i = 0; i < fp.passes.size(); ++i) {
+    const Pass& pass = fp.passes[i];
+    if (pass.after_previous) cb.pipelineBarrier(S::eComputeShader, S::eComputeShader, {}, between, {}, {}, dispatcher);
+    cb.bindPipeline(vk::PipelineBindPoint::eCompute, pipelines[i], dispatcher);
+    cb.pushConstants(*m.pipeline_layout, vk::ShaderStageFlagBits::eCompute, 0, sizeof(PushConstants), &pass.push, dispatcher);
+    // Counts past the x limit fold into y; the shaders rebuild the linear id (common.glsl).
+    const uint64_t max_x = std::max<uint32_t>(m.info.max_workgroup_count_x, 1);
+    const uint32_t x = uint32_t(std::min<uint64_t>(pass.workgroups, max_x));
+    const uint32_t y = uint32_t((pass.workgroups + x - 1) / x);
+    cb.dispatch(x, y, 1, dispatcher);
+  }
+
+  const Plan& plan = fp.kernel;
+  DispatchInfo info;
+  info.path = plan.path;
+  info.workgroup_size = plan.wg;
+  if (plan.path != Path::Split) info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup, info.vec4 = plan.vec4;
+  else info.team = plan.reduce_team, info.chunks = plan.n_chunks;
+  info.dispatches = int(fp.passes.size());
+  return info;
+}
+
+void Recorder::release_descriptors() {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mutex);
+  m.sets.clear();
+  m.pools.clear();
+  m.sets_in_last_pool = kSetsPerPool;
+  m.live_sets = 0;
+  m.retired.clear();
+  if (!m.upload_pending) m.retire(m.staging), m.retired.clear();  // the upload was recorded and has completed
+}
+
+NormOp Recorder::op() const { return impl_->op; }
+int Recorder::affine_size() const { return impl_->affine_size; }
+float Recorder::eps() const { return impl_->eps; }
+int Recorder::affine() const { return impl_->affine; }
+const DeviceInfo& Recorder::device_info() const { return impl_->info; }
+uint64_t Recorder::storage_offset_alignment() const { return impl_->alignment; }
+size_t Recorder::cached_descriptor_sets() const { return impl_->live_sets; }
+
+}  // namespace vknorm
