@@ -22,6 +22,11 @@
 //   --no-barrier     leave out the engine's barrier between its upload and vknorm (negative control:
 //                    with VKNORM_VALIDATION=1, synchronization validation reports the hazard, exit 1)
 //   --system-loader  give vknorm no vkGetInstanceProcAddr: it opens the system loader itself
+//   --refusals       first try record() calls vknorm must refuse (bad shapes, affine_size, offset, range,
+//                    missing weights, float16 pack1 without 16-bit storage) on the same command buffer;
+//                    each must throw std::invalid_argument and record nothing (exit 1 otherwise)
+//   --repeat N       record both forwards N times in the command buffer, the engine's barrier between
+//                    rounds (vknorm's scratch and descriptor sets are shared by the rounds)
 //
 // VKNORM_VALIDATION=1: the Khronos validation layer with synchronization validation, when installed,
 // and a debug messenger; any message fails the run (exit 1) and is printed.
@@ -39,6 +44,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <stdexcept>
@@ -209,7 +215,10 @@ struct Engine {
   ~Engine() {
     if (device) {
       vkDeviceWaitIdle(device);
-      for (auto& b : buffers) vkDestroyBuffer(device, b.buffer, nullptr), vkFreeMemory(device, b.memory, nullptr);
+      for (auto& b : buffers) {
+        if (b.buffer) vkDestroyBuffer(device, b.buffer, nullptr);
+        if (b.memory) vkFreeMemory(device, b.memory, nullptr);
+      }
       if (fence) vkDestroyFence(device, fence, nullptr);
       if (pool) vkDestroyCommandPool(device, pool, nullptr);
       vkDestroyDevice(device, nullptr);
@@ -224,13 +233,13 @@ struct Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  Buffer& buffer(VkDeviceSize size, VkBufferUsageFlags usage, VkMemoryPropertyFlags want) {
-    Buffer b;
+  Buffer buffer(VkDeviceSize size, VkBufferUsageFlags usage, VkMemoryPropertyFlags want) {
+    buffers.emplace_back();
+    Buffer& b = buffers.back();  // owned (and destroyed) by the engine from here on
     VkBufferCreateInfo bci{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
     bci.size = size;
     bci.usage = usage;
     check(vkCreateBuffer(device, &bci, nullptr, &b.buffer), "vkCreateBuffer");
-    buffers.push_back(b);
     VkMemoryRequirements req;
     vkGetBufferMemoryRequirements(device, b.buffer, &req);
     uint32_t type = UINT32_MAX;
@@ -240,11 +249,10 @@ struct Engine {
     VkMemoryAllocateInfo mai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
     mai.allocationSize = req.size;
     mai.memoryTypeIndex = type;
-    check(vkAllocateMemory(device, &mai, nullptr, &buffers.back().memory), "vkAllocateMemory");
-    check(vkBindBufferMemory(device, b.buffer, buffers.back().memory, 0), "vkBindBufferMemory");
-    if (want & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
-      check(vkMapMemory(device, buffers.back().memory, 0, VK_WHOLE_SIZE, 0, &buffers.back().mapped), "vkMapMemory");
-    return buffers.back();
+    check(vkAllocateMemory(device, &mai, nullptr, &b.memory), "vkAllocateMemory");
+    check(vkBindBufferMemory(device, b.buffer, b.memory, 0), "vkBindBufferMemory");
+    if (want & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) check(vkMapMemory(device, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped), "vkMapMemory");
+    return b;
   }
 };
 
@@ -297,33 +305,36 @@ std::vector<float> unpack(const Blob& b, const float* src) {
   return out;
 }
 
-// y in float64 from the float32 inputs: two-pass mean and variance (LayerNorm) or mean square (RMSNorm).
-std::vector<double> reference64(const Blob& b, float eps) {
-  std::vector<double> y(b.x.size(), 0.0);
+// y in float64 from the float32 inputs: two-pass mean and variance (LayerNorm) or mean square (RMSNorm),
+// applied `times` times (--repeat: each forward normalizes the previous one's output).
+std::vector<double> reference64(const Blob& b, float eps, int times) {
+  std::vector<double> x(b.x.begin(), b.x.end());
   const int gs = b.group_size(), per_channel = b.w * b.h / gs;
-  for (int q = 0; q < b.c; ++q)
-    for (int gi = 0; gi < per_channel; ++gi) {
-      const size_t base = size_t(q) * b.cstep1 + size_t(gi) * gs;
-      double mean = 0, ss = 0;
-      for (int i = 0; i < gs; ++i) mean += b.x[base + i];
-      mean /= gs;
-      for (int i = 0; i < gs; ++i) {
-        const double t = b.op == vknorm::NormOp::LayerNorm ? b.x[base + i] - mean : double(b.x[base + i]);
-        ss += t * t;
+  for (int t = 0; t < times; ++t)
+    for (int q = 0; q < b.c; ++q)
+      for (int gi = 0; gi < per_channel; ++gi) {
+        double* v = x.data() + size_t(q) * b.cstep1 + size_t(gi) * gs;
+        double mean = 0, ss = 0;
+        for (int i = 0; i < gs; ++i) mean += v[i];
+        mean /= gs;
+        for (int i = 0; i < gs; ++i) {
+          const double d = b.op == vknorm::NormOp::LayerNorm ? v[i] - mean : v[i];
+          ss += d * d;
+        }
+        const double a = 1.0 / std::sqrt(ss / gs + double(eps));
+        for (int i = 0; i < gs; ++i)
+          v[i] = b.op == vknorm::NormOp::LayerNorm ? (v[i] - mean) * a * b.gamma[i] + b.beta[i] : v[i] * a * b.gamma[i];
       }
-      const double a = 1.0 / std::sqrt(ss / gs + double(eps));
-      for (int i = 0; i < gs; ++i)
-        y[base + i] = b.op == vknorm::NormOp::LayerNorm ? (b.x[base + i] - mean) * a * b.gamma[i] + b.beta[i]
-                                                        : b.x[base + i] * a * b.gamma[i];
-    }
-  return y;
+  return x;
 }
 
 // vknorm's CPU reference: ncnn's float32 algorithm (vknorm::reference_forward) on the unpacked blob.
-std::vector<float> reference_cpu(const Blob& b, float eps) {
+std::vector<float> reference_cpu(const Blob& b, float eps, int times) {
   std::vector<float> y = b.x;
   const vknorm::GroupLayout g = vknorm::group_layout(3, b.w, b.h, 1, b.c, b.cstep1, 1, b.affine_size, true);
-  vknorm::reference_forward(b.op, y.data(), g, eps, b.gamma.data(), b.op == vknorm::NormOp::LayerNorm ? b.beta.data() : nullptr);
+  for (int t = 0; t < times; ++t)
+    vknorm::reference_forward(b.op, y.data(), g, eps, b.gamma.data(),
+                              b.op == vknorm::NormOp::LayerNorm ? b.beta.data() : nullptr);
   return y;
 }
 
@@ -351,7 +362,58 @@ constexpr double kUlps = 84;  // the tolerance: kUlps * FLT_EPSILON (2^-23) * ma
 
 struct Args {
   bool misalign = false, skip_rmsnorm = false, corrupt = false, no_barrier = false, system_loader = false;
+  bool refusals = false;
+  int repeat = 1;
 };
+
+// --refusals: record() calls vknorm must refuse with std::invalid_argument, recording nothing. Each is
+// tried on the command buffer the run then uses, so validation and the results show nothing was left.
+int try_refusals(VkCommandBuffer cmd, const vknorm::VulkanHandles& handles, VkBuffer buffer, uint64_t align,
+                 vknorm::Recorder& ln, const Blob& a) {
+  struct Case {
+    const char* what;
+    std::function<void()> call;
+  };
+  const vknorm::BufferRef at{buffer, a.offset, a.span()};
+  vknorm::VulkanHandles no16 = handles;
+  no16.fp16_storage_enabled = false;
+  const std::vector<Case> cases{
+      {"affine_size 768 against rows of 700", [&] { ln.record(cmd, at, 3, 700, 5, 1, 2, 3504, 4, false); }},
+      {"dims 5", [&] { ln.record(cmd, at, 5, a.w, a.h, 1, 2, a.cstep, 4, false); }},
+      {"elempack 8", [&] { ln.record(cmd, at, 3, a.w, a.h, 1, 1, a.cstep, 8, false); }},
+      {"a zero extent", [&] { ln.record(cmd, at, 3, a.w, 0, 1, 2, a.cstep, 4, false); }},
+      {"cstep below w*h", [&] { ln.record(cmd, at, 3, a.w, a.h, 1, 2, 100, 4, false); }},
+      {"an offset off minStorageBufferOffsetAlignment",
+       [&] { ln.record(cmd, {buffer, a.offset + (align > 1 ? align / 2 : 1), a.span()}, 3, a.w, a.h, 1, 2, a.cstep, 4, false); }},
+      {"a range smaller than the blob", [&] { ln.record(cmd, {buffer, a.offset, a.span() - 16}, 3, a.w, a.h, 1, 2, a.cstep, 4, false); }},
+      {"no weights loaded (affine=1)",
+       [&] {
+         vknorm::Recorder fresh(handles, vknorm::NormOp::LayerNorm, a.affine_size, 1e-5f);
+         fresh.record(cmd, at, 3, a.w, a.h, 1, 2, a.cstep, 4, false);
+       }},
+      {"float16 elempack-1 groups of odd size without storageBuffer16BitAccess",
+       [&] {
+         vknorm::Recorder fp16(no16, vknorm::NormOp::RMSNorm, 1001, 1e-5f, 0);
+         fp16.record(cmd, {buffer, a.offset, a.span()}, 2, 1001, 8, 1, 1, 0, 1, true);
+       }},
+      {"gamma of the wrong size", [&] { ln.load_model(std::vector<float>(10, 1.f), a.beta); }},
+      {"no device", [&] { vknorm::Recorder none(vknorm::VulkanHandles{}, vknorm::NormOp::LayerNorm, 768); }},
+  };
+  int unexpected = 0;
+  for (const Case& c : cases) {
+    try {
+      c.call();
+      std::printf("refusal %s: NOT refused\n", c.what);
+      ++unexpected;
+    } catch (const std::invalid_argument& e) {
+      std::printf("refusal %s: %s\n", c.what, e.what());
+    } catch (const std::exception& e) {
+      std::printf("refusal %s: wrong exception: %s\n", c.what, e.what());
+      ++unexpected;
+    }
+  }
+  return unexpected;
+}
 
 int run(const Args& args) {
   Engine e;
@@ -396,16 +458,15 @@ int run(const Args& args) {
               (unsigned long long)b.offset, (unsigned long long)b.span());
 
   const uint8_t kSentinel = 0xA5;  // every byte outside the blobs' groups must come back unchanged
-  auto& storage = e.buffer(total, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
-                           VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
-  const VkBuffer storage_buffer = storage.buffer;
-  auto& upload = e.buffer(total, VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
-                          VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+  const Engine::Buffer storage = e.buffer(
+      total, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+      VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+  const Engine::Buffer upload =
+      e.buffer(total, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+  const Engine::Buffer readback =
+      e.buffer(total, VK_BUFFER_USAGE_TRANSFER_DST_BIT, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+  const VkBuffer storage_buffer = storage.buffer, upload_buffer = upload.buffer, readback_buffer = readback.buffer;
   void* upload_mapped = upload.mapped;
-  const VkBuffer upload_buffer = upload.buffer;
-  auto& readback = e.buffer(total, VK_BUFFER_USAGE_TRANSFER_DST_BIT,
-                            VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
-  const VkBuffer readback_buffer = readback.buffer;
   const unsigned char* out = static_cast<const unsigned char*>(readback.mapped);
   std::vector<unsigned char> image(total, kSentinel);
   std::vector<bool> owned(total, false);  // bytes of the blobs' groups (not the cstep padding)
@@ -430,6 +491,7 @@ int run(const Args& args) {
   handles.api_version = e.api_version;
   handles.fp16_storage_enabled = e.fp16_storage;
   double err_a = 0, err_b = 0, err_b_cpu = 0, err_a_cpu_vs64 = 0, scale_a = 1, scale_b = 1;
+  int refusal_failures = 0;
   size_t changed = 0;
   {
     vknorm::Recorder ln(handles, vknorm::NormOp::LayerNorm, a.affine_size, eps_a);
@@ -452,13 +514,21 @@ int run(const Args& args) {
     if (!args.no_barrier)  // the engine's writes before vknorm's dispatches (compute shader, read/write)
       barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
               VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
-    const vknorm::DispatchInfo da = ln.record(cmd, {storage_buffer, a.offset, a.span()}, 3, a.w, a.h, 1, a.packed_c(),
-                                              a.cstep, a.elempack, false);
+    int unexpected = args.refusals ? try_refusals(cmd, handles, storage_buffer, align, ln, a) : 0;
     vknorm::Option split;
     split.path = vknorm::Path::Split;
-    vknorm::DispatchInfo db;
-    if (!args.skip_rmsnorm)
-      db = rms.record(cmd, {storage_buffer, b.offset, b.span()}, 3, b.w, b.h, 1, b.packed_c(), b.cstep, b.elempack, false, split);
+    vknorm::DispatchInfo da, db;
+    for (int r = 0; r < args.repeat; ++r) {
+      if (r > 0)  // the next forwards read what these wrote: the engine's barrier, as between any two layers
+        barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+      da = ln.record(cmd, {storage_buffer, a.offset, a.span()}, 3, a.w, a.h, 1, a.packed_c(), a.cstep, a.elempack, false);
+      if (!args.skip_rmsnorm)
+        db = rms.record(cmd, {storage_buffer, b.offset, b.span()}, 3, b.w, b.h, 1, b.packed_c(), b.cstep, b.elempack, false,
+                        split);
+    }
+    std::printf("descriptor sets cached: LayerNorm %zu, RMSNorm %zu\n", ln.cached_descriptor_sets(),
+                rms.cached_descriptor_sets());
     // vknorm's writes before the engine's copy back
     barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
             VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
@@ -475,23 +545,25 @@ int run(const Args& args) {
     rms.release_descriptors();
     vkFreeCommandBuffers(e.device, e.pool, 1, &cmd);
 
-    std::printf("A LayerNorm dims=3 c=%d h=%d w=%d float32 pack%d, x = 1e4 + N(0, 1e-2): path %s, %d dispatch(es)\n", a.c,
-                a.h, a.w, a.elempack, vknorm::path_name(da.path), da.dispatches);
+    std::printf("A LayerNorm dims=3 c=%d h=%d w=%d float32 pack%d, x = 1e4 + N(0, 1e-2): path %s, %d dispatch(es) x %d\n",
+                a.c, a.h, a.w, a.elempack, vknorm::path_name(da.path), da.dispatches, args.repeat);
     if (args.skip_rmsnorm) std::printf("B RMSNorm: not recorded (--skip-rmsnorm)\n");
     else
-      std::printf("B RMSNorm dims=3 c=%d h=%d w=%d float32 pack%d (cstep %zu), Option::path split: path %s, %d dispatch(es)\n",
-                  b.c, b.h, b.w, b.elempack, b.cstep, vknorm::path_name(db.path), db.dispatches);
+      std::printf("B RMSNorm dims=3 c=%d h=%d w=%d float32 pack%d (cstep %zu), Option::path split: path %s, %d dispatch(es) x %d\n",
+                  b.c, b.h, b.w, b.elempack, b.cstep, vknorm::path_name(db.path), db.dispatches, args.repeat);
 
     // ---- check
     std::vector<float> ya = unpack(a, reinterpret_cast<const float*>(out + a.offset));
     const std::vector<float> yb = unpack(b, reinterpret_cast<const float*>(out + b.offset));
     if (args.corrupt) ya[size_t(a.w) * 2 + 17] += 0.5f;
-    const std::vector<double> ra = reference64(a, eps_a), rb = reference64(b, eps_b);
+    const std::vector<double> ra = reference64(a, eps_a, args.repeat), rb = reference64(b, eps_b, args.repeat);
     scale_a = scale_of(a, ra), scale_b = scale_of(b, rb);
     err_a = max_abs_err(a, ya, ra);
     err_b = max_abs_err(b, yb, rb);
-    err_b_cpu = max_abs_err(b, yb, reference_cpu(b, eps_b));
-    err_a_cpu_vs64 = max_abs_err(a, reference_cpu(a, eps_a), ra);
+    err_b_cpu = max_abs_err(b, yb, reference_cpu(b, eps_b, args.repeat));
+    err_a_cpu_vs64 = max_abs_err(a, reference_cpu(a, eps_a, args.repeat), ra);
+    if (unexpected) std::printf("refusals: %d call(s) were not refused as expected\n", unexpected);
+    refusal_failures = unexpected;
     for (uint64_t i = 0; i < total; ++i) changed += !owned[i] && out[i] != kSentinel;
   }
   const double ulp = kUlps * FLT_EPSILON;
@@ -504,13 +576,14 @@ int run(const Args& args) {
   std::printf("B max abs error %.3e vs CPU reference, bound %.3e = %g float32 ulps (2^-23) x max(1, max|y|) %.4g\n", err_b_cpu,
               bound_b, kUlps, scale_b);
   std::printf("bytes outside the blobs' groups changed: %zu\n", changed);
-  bool ok = err_a <= bound_a && err_b <= bound_b && err_b_cpu <= bound_b && changed == 0;
+  const bool ok = err_a <= bound_a && err_b <= bound_b && err_b_cpu <= bound_b && changed == 0 && refusal_failures == 0;
   return ok ? 0 : 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines in order with stderr's when both go to one pipe
   Args args;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
@@ -519,9 +592,11 @@ int main(int argc, char** argv) {
     else if (s == "--corrupt") args.corrupt = true;
     else if (s == "--no-barrier") args.no_barrier = true;
     else if (s == "--system-loader") args.system_loader = true;
+    else if (s == "--refusals") args.refusals = true;
+    else if (s == "--repeat" && i + 1 < argc && std::atoi(argv[i + 1]) >= 1) args.repeat = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "engine_example: unknown argument %s\nusage: engine_example [--misalign] [--skip-rmsnorm] "
-                           "[--corrupt] [--no-barrier] [--system-loader]\n", s.c_str());
+                           "[--corrupt] [--no-barrier] [--system-loader] [--refusals] [--repeat N]\n", s.c_str());
       return 2;
     }
   }

@@ -399,7 +399,7 @@ Recorder::Recorder(Recorder&&) noexcept = default;
 Recorder& Recorder::operator=(Recorder&&) noexcept = default;
 
 void Recorder::load_model(const std::vector<float>& gamma, const std::vector<float>& beta) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   std::lock_guard<std::mutex> lock(m.mutex);
   if (!m.affine) {
     if (!gamma.empty() || !beta.empty()) throw std::invalid_argument("affine=0: this layer takes no weights");
@@ -422,9 +422,14 @@ void Recorder::load_model(const std::vector<float>& gamma, const std::vector<flo
   m.sets.clear();  // every cached set names the old weights; the sets themselves live until release
 }
 
+Recorder::Impl& Recorder::impl() const {
+  if (!impl_) throw std::logic_error("vknorm::Recorder: used after it was moved from");
+  return *impl_;
+}
+
 DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int dims, int w, int h, int d, int c,
                               size_t cstep, int elempack, bool fp16, const Option& opt) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   std::lock_guard<std::mutex> lock(m.mutex);
   const std::string what = describe_blob(dims, w, h, d, c, cstep, elempack, fp16);
   auto refuse = [&](const std::string& why) { return std::invalid_argument("vknorm::Recorder::record (" + what + "): " + why); };
@@ -494,8 +499,8 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   }
   std::vector<vk::Pipeline> pipelines;
   for (const Pass& pass : fp.passes) pipelines.push_back(*m.pipeline(pass));
-  const uint64_t range = blob_in.range == kWholeSize ? span : blob_in.range;
-  const vk::DescriptorSet set = m.descriptor_set(blob_in, range, fp.partials_bytes, fp.coefs_bytes);
+  // The binding covers exactly the blob's span: what the kernels touch, within maxStorageBufferRange.
+  const vk::DescriptorSet set = m.descriptor_set(blob_in, span, fp.partials_bytes, fp.coefs_bytes);
 
   // ---- recording
   const auto& dispatcher = *m.caller.device.getDispatcher();
@@ -534,7 +539,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
 }
 
 void Recorder::release_descriptors() {
-  Impl& m = *impl_;
+  Impl& m = impl();
   std::lock_guard<std::mutex> lock(m.mutex);
   m.sets.clear();
   m.pools.clear();
@@ -544,12 +549,12 @@ void Recorder::release_descriptors() {
   if (!m.upload_pending) m.retire(m.staging), m.retired.clear();  // the upload was recorded and has completed
 }
 
-NormOp Recorder::op() const { return impl_->op; }
-int Recorder::affine_size() const { return impl_->affine_size; }
-float Recorder::eps() const { return impl_->eps; }
-int Recorder::affine() const { return impl_->affine; }
-const DeviceInfo& Recorder::device_info() const { return impl_->info; }
-uint64_t Recorder::storage_offset_alignment() const { return impl_->alignment; }
-size_t Recorder::cached_descriptor_sets() const { return impl_->live_sets; }
+NormOp Recorder::op() const { return impl().op; }
+int Recorder::affine_size() const { return impl().affine_size; }
+float Recorder::eps() const { return impl().eps; }
+int Recorder::affine() const { return impl().affine; }
+const DeviceInfo& Recorder::device_info() const { return impl().info; }
+uint64_t Recorder::storage_offset_alignment() const { return impl().alignment; }
+size_t Recorder::cached_descriptor_sets() const { return impl().live_sets; }
 
 }  // namespace vknorm

@@ -24,8 +24,9 @@
 // - The device has a queue family with compute; `cmd` is a primary or secondary command buffer in the
 //   recording state, outside a render pass, for a queue family with compute.
 // - The blob's VkBuffer was created with VK_BUFFER_USAGE_STORAGE_BUFFER_BIT. BufferRef::offset is a
-//   multiple of VkPhysicalDeviceLimits::minStorageBufferOffsetAlignment; range covers the blob
-//   (kWholeSize: to the end of the buffer) and is at most maxStorageBufferRange.
+//   multiple of VkPhysicalDeviceLimits::minStorageBufferOffsetAlignment; range, the bytes the caller
+//   owns from there, must cover the blob (blob_span_bytes; kWholeSize: not checked). The blob itself
+//   is at most maxStorageBufferRange bytes (larger ones: record pieces of whole groups, or use Norm).
 // - float16 blobs need a Vulkan 1.1 device. Elempack-1 float16 blobs need storageBuffer16BitAccess
 //   enabled on the device (VulkanHandles::fp16_storage_enabled); pack4 float16 blobs, and elempack-1
 //   ones read as vec4s, do not. Refused inputs throw std::invalid_argument before anything is recorded.
@@ -53,11 +54,14 @@
 //   layout (a 32-byte compute push-constant range), pipelines, descriptor pools, a device-local buffer
 //   of gamma/beta and one of split-path scratch. Destroy it only after every command buffer it recorded
 //   into has completed (the destructor calls no vkDeviceWaitIdle).
-// - Descriptor sets are cached per distinct (blob buffer, offset, range) and reused by later record()s;
-//   command buffers recorded with them may be submitted again. release_descriptors() frees every set,
-//   and also what load_model() or a larger scratch replaced (the old weights, the staging buffer, the
-//   old scratch): call it only when every command buffer that used them has completed, and record
-//   those command buffers again before submitting them again.
+// - Descriptor sets are cached per distinct blob binding (buffer, offset, the blob's size) and reused by
+//   later record()s; command buffers recorded with them may be submitted again. release_descriptors()
+//   frees every set, and also what load_model() or a larger scratch replaced (the old weights, the staging
+//   buffer, the old scratch): call it only when every command buffer that used them has completed, and
+//   record those command buffers again before submitting them again. Call it too before recording on a
+//   buffer created after one vknorm recorded on was destroyed (Vulkan may reuse the handle value).
+// - record() leaves vknorm's compute pipeline, descriptor set 0 and push constants bound in `cmd`: bind
+//   yours again before your next dispatch, as after any other library's recording.
 //
 // Threads: a Recorder is used by one thread at a time (like the command buffer it records into);
 // different Recorders on one device may record on different threads.
@@ -166,6 +170,7 @@ class Recorder {
   struct Impl;
 
  private:
+  Impl& impl() const;  // throws std::logic_error on a moved-from Recorder
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,0 +1,214 @@
+"""The third executor, "a caller's own Vulkan objects" (include/vknorm/recorder.h): vknorm::Recorder makes its
+objects on an engine's VkDevice and records into the engine's VkCommandBuffer on the engine's VkBuffer + offset.
+
+examples/engine_example.cpp is that engine: its own instance, device, queue, command pool and one VkBuffer with
+two blobs at aligned offsets; ONE command buffer: its upload -> its barrier -> vknorm LayerNorm on blob A (fp32
+pack4, c=8 h=5 w=768, x = 1e4 + N(0, 1e-2)) and RMSNorm on blob B (pack1, whole-channel groups of 3003, forced
+split path) -> its barrier -> its copy back; one submission. It is built (like tests/test_deploy_cpp.py) against
+the installed package through find_package(vknorm) and run with VKNORM_VALIDATION=1 (Khronos validation with
+synchronization validation, its own debug messenger) on the default device, lavapipe here.
+
+Tolerance (the example states it): |y - y_float64| <= 84 float32 ulps (84 * 2^-23 = 1.0e-5) x max(1, max|y|),
+per blob; B also against vknorm's CPU reference (ncnn's float32 algorithm). A is not compared with that
+reference: at |mean| >> std ncnn's float32 sum is itself off by ~0.26 (printed for information).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from test_deploy_cpp import PREFIX, ROOT, cmake_env, generator_args, installed, run  # noqa: F401  (installed: fixture)
+
+ENGINE_BUILD = os.path.join(ROOT, "build", "cxx-engine-example")
+ENGINE_EXE = os.path.join(ENGINE_BUILD, "engine_example")
+FLT_EPSILON = 2.0 ** -23
+ULPS = 84
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def engine_example(installed):  # noqa: F811
+    """examples/ configured from scratch against the installed package, engine_example built."""
+    env = cmake_env()
+    shutil.rmtree(ENGINE_BUILD, ignore_errors=True)
+    run(["cmake", "-S", os.path.join(ROOT, "examples"), "-B", ENGINE_BUILD, *generator_args(ENGINE_BUILD),
+         f"-DCMAKE_PREFIX_PATH={PREFIX}"], "configure the examples", env=env)
+    run(["cmake", "--build", ENGINE_BUILD, "--target", "engine_example"], "build engine_example", env=env)
+    assert os.access(ENGINE_EXE, os.X_OK)
+    return ENGINE_EXE
+
+
+def launch(exe, *args, validation=True):
+    env = dict(os.environ)
+    env.pop("VKNORM_VALIDATION", None)
+    if validation:
+        env["VKNORM_VALIDATION"] = "1"
+    proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode >= 0, f"killed by signal {-proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+ERROR_LINE = re.compile(r"^(A|B) max abs error (\S+) vs (float64|CPU reference), bound (\S+) = 84 float32 ulps "
+                        r"\(2\^-23\) x max\(1, max\|y\|\) (\S+)$", re.M)
+
+
+def errors(out):
+    """{(blob, reference): (error, bound, scale)} from the example's report; the bound re-derived here."""
+    found = {}
+    for blob, err, ref, bound, scale in ERROR_LINE.findall(out):
+        err, bound, scale = float(err), float(bound), float(scale)
+        assert scale >= 1
+        assert bound == pytest.approx(ULPS * FLT_EPSILON * scale, rel=1e-3), (bound, scale)
+        found[(blob, ref)] = (err, bound, scale)
+    return found
+
+
+def validation_messages(out):
+    m = re.search(r"^validation messages: (\d+)$", out, re.M)
+    assert m, out
+    return int(m.group(1))
+
+
+def assert_clean_run(proc):
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "validation: on (VK_LAYER_KHRONOS_validation, synchronization validation)" in out, \
+        "the Khronos validation layer is not installed (make setup installs vulkan-validationlayers)\n" + out
+    assert validation_messages(out) == 0, out
+    errs = errors(out)
+    assert set(errs) == {("A", "float64"), ("B", "float64"), ("B", "CPU reference")}, out
+    for (blob, ref), (err, bound, _) in errs.items():
+        assert err <= bound, f"{blob} vs {ref}: {err:.3e} > {bound:.3e}\n{out}"
+    assert "bytes outside the blobs' groups changed: 0" in out, out
+    assert out.rstrip().splitlines()[-1] == "OK", out
+    return errs
+
+
+# ------------------------------------------------------------------------------ the engine's own objects
+
+def test_layernorm_and_rmsnorm_recorded_into_the_engines_command_buffer_match_float64(engine_example):
+    proc = launch(engine_example)
+    errs = assert_clean_run(proc)
+    out = proc.stdout
+    # A: one fused dispatch; B: the split path's reduce -> finalize -> apply (vknorm's barriers between them)
+    assert re.search(r"^A LayerNorm .*: path (subgroup|workgroup), 1 dispatch\(es\) x 1$", out, re.M), out
+    assert re.search(r"^B RMSNorm .*: path split, 3 dispatch\(es\) x 1$", out, re.M), out
+    # blob B sits at an aligned, non-zero offset after A, in the same buffer
+    m = re.search(r"blob A at offset (\d+) \((\d+) bytes\), blob B at offset (\d+)", out)
+    align = int(re.search(r"minStorageBufferOffsetAlignment (\d+)", out).group(1))
+    off_a, bytes_a, off_b = map(int, m.groups())
+    assert off_a > 0 and off_b >= off_a + bytes_a and off_a % align == 0 and off_b % align == 0, out
+    # float32-exact at |mean| >> std, where ncnn's own float32 algorithm is far off
+    assert errs[("A", "float64")][0] < 1e-5, out
+    cpu = float(re.search(r"ncnn's float32 algorithm, vs float64: (\S+)", out).group(1))
+    assert cpu > 100 * errs[("A", "float64")][1], out
+    print(out)
+
+
+def test_repeated_forwards_share_scratch_and_descriptor_sets_without_hazards(engine_example):
+    """Three rounds of both forwards in one command buffer, only the engine's buffer barrier between rounds:
+    vknorm's own barriers order its shared split-path scratch (synchronization validation stays silent), and
+    one cached descriptor set per layer serves every round."""
+    proc = launch(engine_example, "--repeat", "3")
+    assert_clean_run(proc)
+    assert "descriptor sets cached: LayerNorm 1, RMSNorm 1" in proc.stdout, proc.stdout
+    assert re.search(r"^B RMSNorm .*: path split, 3 dispatch\(es\) x 3$", proc.stdout, re.M), proc.stdout
+
+
+def test_vknorm_opens_the_system_loader_when_given_no_proc_addr(engine_example):
+    assert_clean_run(launch(engine_example, "--system-loader"))
+
+
+# ------------------------------------------------------------------------------ refused inputs
+
+def test_misaligned_offset_is_refused_with_a_clear_error(engine_example):
+    proc = launch(engine_example, "--misalign")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert re.search(r"vknorm refused an input: vknorm::Recorder::record \(dims=3 w=1001 h=3 c=3 cstep=3004 "
+                     r"elempack=1 float32\): offset \d+ is not a multiple of the device's "
+                     r"minStorageBufferOffsetAlignment \(\d+\)", proc.stderr), proc.stderr
+    assert validation_messages(proc.stdout) == 0, proc.stdout  # torn down cleanly, nothing half-recorded
+
+
+def test_bad_inputs_are_refused_before_anything_is_recorded(engine_example):
+    """Each bad call throws std::invalid_argument with a message naming the problem; the same command buffer
+    then carries the normal run, which validates cleanly and matches the references."""
+    proc = launch(engine_example, "--refusals")
+    assert_clean_run(proc)
+    expected = {
+        "affine_size 768 against rows of 700": "affine_size 768 does not match the input's trailing dims (h=5, w=700)",
+        "dims 5": "dims must be 1-4",
+        "elempack 8": "elempack must be 1 or 4",
+        "a zero extent": "every extent must be >= 1",
+        "cstep below w*h": "cstep 100 is less than a channel's w*h*d elements",
+        "an offset off minStorageBufferOffsetAlignment": "is not a multiple of the device's minStorageBufferOffsetAlignment",
+        "a range smaller than the blob": "range 122864 bytes is smaller than the blob's 122880 bytes",
+        "no weights loaded (affine=1)": "affine=1 but no weights loaded: call load_model first",
+        "float16 elempack-1 groups of odd size without storageBuffer16BitAccess":
+            "needs storageBuffer16BitAccess enabled on the device (VulkanHandles::fp16_storage_enabled)",
+        "gamma of the wrong size": "gamma has 10 values, expected affine_size=768",
+        "no device": "VulkanHandles needs the caller's instance, physical_device and device",
+    }
+    lines = dict(re.findall(r"^refusal (.+?): (.*)$", proc.stdout, re.M))
+    assert set(lines) == set(expected), proc.stdout
+    for case, phrase in expected.items():
+        assert phrase in lines[case], f"{case}: {lines[case]}"
+
+
+# ------------------------------------------------------------------------------ negative controls
+
+def test_check_fails_when_vknorm_does_not_run(engine_example):
+    proc = launch(engine_example, "--skip-rmsnorm")
+    assert proc.returncode == 1 and proc.stdout.rstrip().endswith("FAIL"), proc.stdout
+    err, bound, _ = errors(proc.stdout)[("B", "float64")]
+    assert err > 1000 * bound, proc.stdout
+
+
+def test_check_fails_on_one_corrupted_output_element(engine_example):
+    proc = launch(engine_example, "--corrupt")
+    assert proc.returncode == 1 and proc.stdout.rstrip().endswith("FAIL"), proc.stdout
+    errs = errors(proc.stdout)
+    assert errs[("A", "float64")][0] == pytest.approx(0.5, abs=1e-3), proc.stdout
+    assert errs[("B", "float64")][0] <= errs[("B", "float64")][1], proc.stdout
+
+
+def test_synchronization_validation_reports_a_missing_engine_barrier(engine_example):
+    """Without the engine's transfer -> compute barrier before vknorm's dispatches, synchronization validation
+    reports the hazard (so a clean run means something), and the example fails."""
+    proc = launch(engine_example, "--no-barrier")
+    assert proc.returncode == 1 and proc.stdout.rstrip().endswith("FAIL"), proc.stdout
+    assert validation_messages(proc.stdout) >= 1, proc.stdout
+    assert "SYNC-HAZARD" in proc.stdout, proc.stdout
+
+
+# ------------------------------------------------------------------------------ the public header
+
+@pytest.mark.parametrize("order", ["recorder only", "vulkan first", "recorder first"])
+def test_recorder_header_needs_no_vulkan_and_agrees_with_it(installed, tmp_path, order):  # noqa: F811
+    """include/vknorm/recorder.h declares Vulkan's handle types itself, identically: it compiles alone and
+    with <vulkan/vulkan.h> included before or after it."""
+    header = os.path.join(PREFIX, "include", "vknorm", "recorder.h")
+    with open(header) as f:
+        assert not re.search(r"#\s*include\s*[<\"]vulkan", f.read())
+    includes = {"recorder only": ["<vknorm/recorder.h>"],
+                "vulkan first": ["<vulkan/vulkan.h>", "<vknorm/recorder.h>"],
+                "recorder first": ["<vknorm/recorder.h>", "<vulkan/vulkan.h>"]}[order]
+    src = tmp_path / "tu.cpp"
+    src.write_text("".join(f"#include {i}\n" for i in includes) +
+                   "void f(VkCommandBuffer cmd, VkBuffer b, vknorm::Recorder& r) {\n"
+                   "  r.record(cmd, {b, 0, vknorm::kWholeSize}, 1, 16, 1, 1, 1, 16, 1, false);\n}\n")
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        pytest.skip("no C++ compiler")
+    run([cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Werror", f"-I{os.path.join(PREFIX, 'include')}", str(src)],
+        f"compile with {order}")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
