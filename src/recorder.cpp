@@ -153,6 +153,8 @@ uint64_t handle_bits(VkBuffer b) {
 }  // namespace
 
 uint64_t blob_span_bytes(int dims, int w, int h, int d, int c, size_t cstep, int elempack, bool fp16) {
+  if (w < 1 || (dims >= 2 && h < 1) || (dims == 4 && d < 1) || (dims >= 3 && c < 1) || (elempack != 1 && elempack != 4))
+    throw std::invalid_argument("blob_span_bytes: extents must be >= 1 and elempack 1 or 4");
   const uint64_t elemsize = uint64_t(fp16 ? 2 : 4) * uint64_t(elempack);
   uint64_t elems = 0;
   switch (dims) {

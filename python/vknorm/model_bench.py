@@ -87,12 +87,18 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
     rng = np.random.default_rng(seed)
     inputs = {k: rng.standard_normal(d).astype(np.float32) for k, d in input_dims.items()}
     outputs = _model_outputs(param)
+    from ._stdio import quiet_stderr
+
     runners = []
     for impl in impls:
+        logs: list = []
         try:
-            runners.append(_Runner(impl, param, binp, inputs, outputs, fp16))
+            with quiet_stderr(logs):  # ncnn's device banner and "overwrite built-in layer" notes
+                runners.append(_Runner(impl, param, binp, inputs, outputs, fp16))
         except ImportError as e:
             print(f"vknorm bench: {impl} skipped: {e}", file=sys.stderr)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}{': ' + logs[-1] if logs else ''}") from None
     for r in runners:  # warm-up: pipelines, allocators, clocks
         end = time.perf_counter() + warmup_ms / 1e3
         r()

@@ -1,0 +1,53 @@
+"""`vknorm bench --model`: whole-model wall time per inference for stock ncnn (CPU, Vulkan) beside vknorm inside
+ncnn's Vulkan graph and vknorm's host path, in one run; its JSON is a contract other tools read. Timings
+are never asserted (lavapipe's vary with load); the shape of the report and the error paths are."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("vknorm.graph", reason="vknorm built without ncnn (make setup builds it)")
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+PARAM, BIN = (os.path.join(DATA, "transformer_block.ncnn." + e) for e in ("param", "bin"))
+
+
+def vknorm(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "vknorm", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_bench_model_reports_all_four_implementations_as_json(tmp_path, fp16):
+    out = tmp_path / "bench.json"
+    args = ["bench", "--model", PARAM, BIN, "--input", "in0=16x64", "--iters", "3", "--json", str(out)]
+    proc = vknorm(*args, *(["--fp16"] if fp16 else []))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert {"device", "driver", "model", "results"} <= set(report)
+    assert isinstance(report["device"], str) and report["device"]
+    assert isinstance(report["driver"], str) and report["model"] == PARAM
+    impls = [r["impl"] for r in report["results"]]
+    assert impls == ["ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-host"]
+    for r in report["results"]:
+        assert isinstance(r["ms"], float) and r["ms"] > 0, r
+    for impl in impls:  # the table names every implementation with its ratio to stock ncnn Vulkan
+        assert impl in proc.stdout
+    assert "vs ncnn-vulkan" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "missing.param", BIN, "--input", "in0=16x64"], "no such file"),
+    (["--model", PARAM, BIN], "--input"),
+    (["--model", PARAM, BIN, "--input", "in0=16xx64"], "malformed"),
+    (["--model", PARAM, BIN, "--input", "in0=16x64", "--iters", "0"], "--iters"),
+    (["--model", PARAM, BIN, "--input", "nosuch=16x64", "--iters", "1"], "input"),
+])
+def test_bench_model_bad_input_is_one_line_and_exit_2(args, message):
+    proc = vknorm("bench", *args)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("vknorm bench")]
+    assert len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
