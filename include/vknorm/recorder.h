@@ -129,6 +129,7 @@ struct BufferRef {
 
 // Bytes a blob in ncnn's layout spans from its first element to the end of its last group (the range
 // record() needs at least): dims 1/2: w (* h) elements; dims 3/4: (c - 1) * cstep + w*h*d elements.
+// Throws std::invalid_argument for dims outside 1-4, an extent below 1 or elempack other than 1 or 4.
 uint64_t blob_span_bytes(int dims, int w, int h, int d, int c, size_t cstep, int elempack, bool fp16);
 
 // One LayerNorm or RMSNorm layer (ncnn's parameters: affine_size, eps, affine) on the caller's device.
