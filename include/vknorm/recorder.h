@@ -148,7 +148,9 @@ class Recorder {
   // records their upload. Throws std::invalid_argument on wrong sizes.
   void load_model(const std::vector<float>& gamma, const std::vector<float>& beta = {});
 
-  // Records one forward of the blob at `blob` into `cmd` (see the top of this file). Returns what the
+  // Records one forward of the blob at `blob` into `cmd` (see the top of this file). `opt` gives the
+  // kernel choices (path, use_subgroup_ops, max_workgroup_size); storage and packing are the blob's own
+  // (fp16, elempack), so use_fp16_storage and use_packing_layout are not read. Returns what the
   // dispatcher chose (gpu_us stays 0: timing is the caller's). Throws std::invalid_argument for a bad
   // shape or affine_size, a misaligned offset, a range too small for the blob or larger than
   // maxStorageBufferRange, or a float16 blob the device cannot store; nothing is recorded then.
