@@ -9,10 +9,24 @@ LayerNorm / RMSNorm layers run on vknorm's Vulkan operator (with float16 storage
 run is done twice: the first warms up the device (pipelines, driver caches), the second is compared and
 timed. Exit 0 when every LayerNorm / RMSNorm output is within the tolerance (fp32 1e-4, fp16 1e-2,
 --atol overrides), 1 when one is not, 2 for a problem with the files or flags (one line on stderr).
+
+    vknorm check MODEL.param MODEL.bin --input NAME=DIMS [...] --vulkan [--fp16] [--seed N] [--atol X] [--json]
+
+--vulkan checks vknorm inside ncnn's Vulkan graph instead (vknorm.graph: one ncnn, compiled from source,
+for all three runs): stock ncnn CPU fp32 (the reference), stock ncnn Vulkan, and ncnn Vulkan with vknorm's
+layers recorded into ncnn's command buffer (--fp16: float16 storage in both Vulkan runs). Per norm layer:
+vknorm's and stock ncnn Vulkan's max |error| against the CPU run on the same blob, and vknorm's kernel
+time for that blob measured on vknorm's own Vulkan context (ncnn's graph has no per-layer timestamps);
+per model output: both Vulkan runs' error; the whole-model wall time of both Vulkan runs. Pass rule: each
+vknorm layer against float64 computed from the input it saw in the vknorm run (the CPU run's input already
+carries the stock Vulkan layers' differences upstream): fp32, within --atol (1e-4); fp16, the input rounded
+to float16 first and half a float16 spacing of |y| allowed for the output rounding, within --atol (1e-3);
+and no vknorm layer ran on the host (host_round_trips 0).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import math
@@ -20,6 +34,7 @@ import os
 import re
 import struct
 import sys
+import tempfile
 from typing import Dict, List, Optional, Tuple
 
 from .cli import UsageError
@@ -27,10 +42,29 @@ from .cli import UsageError
 NORM_TYPES = ("LayerNorm", "RMSNorm")
 ATOL_FP32 = 1e-4
 ATOL_FP16 = 1e-2
+ATOL_VULKAN_FP16 = 1e-3  # --vulkan --fp16: against float64 of the float16 input, after output rounding
+FP16_ULP = 2.0 ** -10  # float16 spacing relative to the value; rounding to float16 is half of it
 MAGIC = 7767517
 MAX_INPUT_ELEMENTS = 1 << 28  # 1 GiB of float32 per input: anything larger is a typo
 
 _DIMS_HELP = "DIMS in ncnn order without batch: 197x192 (h x w), 96x28x28 (c x h x w), 4x3x5x8 (c x d x h x w), 64 (w)"
+
+
+VULKAN_HELP = (
+    "check vknorm inside ncnn's Vulkan graph (vknorm.graph; needs vknorm built with ncnn): the model runs "
+    "three times on the same inputs in one ncnn: stock ncnn CPU fp32 (the reference), stock ncnn Vulkan, "
+    "and ncnn Vulkan with vknorm's layers inside (--fp16: float16 storage in both Vulkan runs). Per "
+    "LayerNorm/RMSNorm layer: vknorm's and stock ncnn Vulkan's max abs error against the CPU run on the same "
+    "blob, and gpu_us: vknorm's kernel time for that blob (its shape, storage, params and weights) on "
+    "vknorm's own Vulkan context, since ncnn's graph has no per-layer timestamps; per model output: both "
+    "Vulkan runs' error; the whole-model wall ms per inference of both Vulkan runs (median after a warm-up, "
+    "lightmode on); the device. Pass rule (exit 1 otherwise), judging each vknorm layer against float64 "
+    "computed from the very input that layer saw in the vknorm run (the CPU run's input already differs by "
+    "the stock Vulkan layers upstream, which are not vknorm's): fp32: max abs error <= --atol (default "
+    "1e-4); fp16: the input rounded to float16 first, and the max abs error less float16 output rounding "
+    "(half a float16 spacing of |y|) <= --atol (default 1e-3); and no vknorm layer ran on the host "
+    "(host_round_trips 0). The rule applied is printed."
+)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -40,17 +74,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Run an ncnn model (.param + .bin) twice in pyncnn on the same seeded random inputs, "
                     "stock and with vknorm's Vulkan LayerNorm/RMSNorm, and compare every LayerNorm/RMSNorm "
                     "output and every model output. Exit 0: all within tolerance; 1: one is not; "
-                    "2: bad files or flags.",
+                    "2: bad files or flags. --vulkan: vknorm inside ncnn's Vulkan graph instead, three runs "
+                    "in one ncnn (see --vulkan).",
         epilog=_DIMS_HELP + ".",
     )
     p.add_argument("param", metavar="MODEL.param", help="ncnn text .param")
     p.add_argument("bin", metavar="MODEL.bin", help="ncnn .bin weights")
     p.add_argument("--input", action="append", default=[], metavar="NAME=DIMS",
                    help="an input blob and its shape (repeat for each input); " + _DIMS_HELP)
-    p.add_argument("--fp16", action="store_true", help="vknorm layers use float16 storage (default tolerance 1e-2)")
+    p.add_argument("--fp16", action="store_true",
+                   help="vknorm layers use float16 storage (default tolerance 1e-2); with --vulkan: float16 "
+                        "storage in both Vulkan runs (default tolerance 1e-3, see --vulkan)")
     p.add_argument("--seed", default="0", metavar="N", help="seed of the random inputs (default 0)")
     p.add_argument("--atol", default=None, metavar="X",
-                   help="absolute tolerance (default 1e-4, with --fp16 1e-2)")
+                   help="absolute tolerance (default 1e-4, with --fp16 1e-2; with --vulkan --fp16 1e-3)")
+    p.add_argument("--vulkan", action="store_true", help=VULKAN_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=run_check)
     return p
@@ -98,9 +136,9 @@ def _parse_seed(text: str) -> int:
     return seed
 
 
-def _parse_atol(text: Optional[str], fp16: bool) -> float:
+def _parse_atol(text: Optional[str], fp16: bool, vulkan: bool = False) -> float:
     if text is None:
-        return ATOL_FP16 if fp16 else ATOL_FP32
+        return (ATOL_VULKAN_FP16 if vulkan else ATOL_FP16) if fp16 else ATOL_FP32
     try:
         atol = float(str(text).strip())
     except ValueError:
@@ -360,13 +398,8 @@ def max_abs_err(a, b) -> float:
     return float(d.max()) if d.size else 0.0
 
 
-def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]], fp16: bool = False,
-                seed: int = 0, atol: Optional[float] = None) -> dict:
-    """The whole check; returns the JSON-able result (UsageError for file/flag problems)."""
-    import numpy as np
-
-    if atol is None:
-        atol = ATOL_FP16 if fp16 else ATOL_FP32
+def _prepare(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]]) -> Tuple[Model, bytes]:
+    """Parse the .param, match the --input names to its inputs, read the .bin (UsageError otherwise)."""
     model = parse_param(param_path)
     for name in input_specs:
         if name not in model.inputs:
@@ -378,6 +411,17 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
         raise UsageError(f"--input: no shape for the model's input {missing[0]!r}; give --input "
                          f"{missing[0]}=DIMS ({_DIMS_HELP})")
     data = _read_file(bin_path, "model .bin")
+    return model, data
+
+
+def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]], fp16: bool = False,
+                seed: int = 0, atol: Optional[float] = None) -> dict:
+    """The whole check; returns the JSON-able result (UsageError for file/flag problems)."""
+    import numpy as np
+
+    if atol is None:
+        atol = ATOL_FP16 if fp16 else ATOL_FP32
+    model, data = _prepare(param_path, bin_path, input_specs)
 
     try:
         import ncnn
@@ -456,6 +500,353 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
     return result
 
 
+# ---------------------------------------------------------------------------------------------- --vulkan
+
+@contextlib.contextmanager
+def _quiet_stderr(sink: Optional[list] = None):
+    """Silence C-level stderr (ncnn's device banner and log lines) for the block; its lines go to ``sink``.
+    (vknorm.ncnn has the same helper, but importing it loads pyncnn: --vulkan uses vknorm.graph's ncnn only.)"""
+    try:
+        sys.stderr.flush()
+    except Exception:  # pragma: no cover - closed stderr
+        pass
+    try:
+        saved = os.dup(2)
+    except OSError:  # pragma: no cover - no fd 2
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            try:
+                sys.stderr.flush()
+            except Exception:  # pragma: no cover
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+            if sink is not None:
+                tmp.seek(0)
+                sink.extend(line for line in tmp.read().decode("utf-8", "replace").splitlines() if line.strip())
+
+
+def _import_graph():
+    """vknorm.graph (ncnn compiled into vknorm); UsageError when vknorm was built without it."""
+    try:
+        from . import graph
+    except ImportError as e:
+        msg = (str(e).splitlines() or [""])[0]
+        if "built without" not in msg:
+            msg = f"vknorm was built without its ncnn layers (vknorm.graph: {msg or type(e).__name__})"
+        raise UsageError(f"--vulkan needs vknorm.graph: {msg}") from None
+    return graph
+
+
+def _rule(fp16: bool, atol: float) -> str:
+    if fp16:
+        return (f"fp16: each vknorm layer's max |y - float64 of the float16-rounded input it saw| less float16 "
+                f"output rounding (half a float16 spacing of |y|) <= atol {atol:g}; no host round trips")
+    return (f"fp32: each vknorm layer's max |y - float64 of the input it saw| <= atol {atol:g}; "
+            f"no host round trips")
+
+
+def _graph_load(graph, model: Model, bin_path: str, nbytes: int, *, vknorm: bool, vulkan: bool, fp16: bool,
+                label: str):
+    """A vknorm.graph net (lightmode off: every blob stays extractable) with the model loaded."""
+    with _quiet_stderr():  # registering vknorm's layers: ncnn says "overwrite built-in layer type ..."
+        net = graph.configure(graph.Net(vknorm=vknorm), vulkan=vulkan, fp16=fp16, lightmode=False)
+    log: List[str] = []
+    with _quiet_stderr(log):
+        ret = net.load_param(model.path)
+    if ret != 0:
+        why = f": {log[-1]}" if log else ""
+        raise UsageError(f"{model.path}: ncnn could not load it (load_param returned {ret}, {label} run){why}")
+    log = []
+    with _quiet_stderr(log):
+        ret = net.load_model(bin_path)
+    if ret != 0:
+        failed = next((ln for ln in log if "layer load_model" in ln), None)
+        at = f"; {failed}" if failed else ""
+        if any("ModelBin read" in ln for ln in log):
+            raise UsageError(f"{bin_path}: truncated: {model.path} needs more than its {nbytes} bytes{at}")
+        why = f": {log[-1]}" if log else ""
+        raise UsageError(f"{bin_path}: ncnn could not load the weights for {model.path} "
+                         f"(load_model returned {ret}, {label} run){why}")
+    return net
+
+
+def _graph_extract(graph, net, inputs: dict, blobs: List[str], label: str) -> dict:
+    import numpy as np
+
+    out = {}
+    log: List[str] = []
+    ex = net.create_extractor()
+    try:
+        with _quiet_stderr(log):
+            for name, arr in inputs.items():
+                ret = ex.input(name, graph.Mat(arr))
+                if ret != 0:
+                    raise UsageError(f"--input {name}: ncnn refused the input (returned {ret}, {label} run)")
+            for b in blobs:
+                if b in out:
+                    continue
+                ret, mat = ex.extract(b)
+                if ret != 0:
+                    why = f": {log[-1]}" if log else ""
+                    raise UsageError(f"ncnn could not run the model on the given --input shapes "
+                                     f"({label} run, extracting blob {b!r} returned {ret}){why}")
+                out[b] = np.array(mat).astype(np.float32, copy=True)
+                del mat
+    finally:
+        del ex
+    return out
+
+
+def _time_inferences(graph, nets: Dict[str, object], inputs: dict, outputs: List[str], min_rounds: int = 3,
+                     max_rounds: int = 15, budget_s: float = 1.0) -> Tuple[Dict[str, float], int]:
+    """Wall ms per inference of each net (lightmode on): a new extractor, the inputs from numpy, every
+    output back to numpy; one warm-up each, then interleaved rounds (at least min_rounds, more while
+    under budget_s, at most max_rounds); the median."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    def once(label, net):
+        ex = net.create_extractor()
+        try:
+            for name, x in inputs.items():
+                if ex.input(name, graph.Mat(x)) != 0:
+                    raise UsageError(f"--input {name}: ncnn refused the input ({label} timing run)")
+            for name in outputs:
+                ret, m = ex.extract(name)
+                if ret != 0:
+                    raise UsageError(f"ncnn could not run the model ({label} timing run, extracting {name!r} "
+                                     f"returned {ret})")
+                np.array(m)
+        finally:
+            del ex
+
+    for net in nets.values():
+        net.opt.lightmode = True  # each extractor copies the net's options when it is created
+    with _quiet_stderr():
+        for label, net in nets.items():
+            once(label, net)
+        samples: Dict[str, List[float]] = {k: [] for k in nets}
+        start = time.perf_counter()
+        rounds = 0
+        while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() - start < budget_s):
+            for label, net in nets.items():
+                t0 = time.perf_counter()
+                once(label, net)
+                samples[label].append((time.perf_counter() - t0) * 1e3)
+            rounds += 1
+    return {k: round(statistics.median(v), 4) for k, v in samples.items()}, rounds
+
+
+def _timing_context(device_name: str):
+    """vknorm's own Vulkan context on the device ncnn runs on (by name); (context, warning or None)."""
+    from . import _core
+
+    devs = _core.devices()
+    idx = next((d["index"] for d in devs if d["name"] == device_name), None)
+    if idx is None:
+        ctx = _core.Context.default()
+        return ctx, (f"vknorm's kernel times (gpu_us) are on {ctx.info['name']}: no vknorm device is named "
+                     f"{device_name!r}, ncnn's device")
+    if idx == _core.default_device_index():
+        return _core.Context.default(), None
+    return _core.Context.create(idx), None
+
+
+def _kernel_gpu_us(info: dict, x, fp16: bool, ctx, repeats: int = 3) -> Tuple[Optional[float], dict]:
+    """vknorm's kernel time for the blob x with the layer's params and weights, on vknorm's own context:
+    to_device + forward_inplace, median of ``repeats`` after one warm-up; and the group split of x."""
+    import statistics
+
+    import numpy as np
+
+    from .layers import LayerNorm, Option, RMSNorm, to_device
+
+    opt = Option(use_fp16_storage=fp16)
+    cls = LayerNorm if info["type"] == "LayerNorm" else RMSNorm
+    norm = cls(affine_size=int(info["affine_size"]), eps=float(info["eps"]), affine=bool(info["affine"]),
+               option=opt, device=ctx)
+    if norm.affine:
+        if cls is LayerNorm:
+            norm.load_model(info["gamma"], info["beta"])
+        else:
+            norm.load_model(info["gamma"])
+    groups = norm.groups(x.shape)
+    norm.create_pipeline(opt, ctx)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    times = []
+    for i in range(repeats + 1):
+        vk = to_device(x, opt, device=ctx)
+        norm.forward_inplace(vk, option=opt)
+        if i:
+            times.append(float(norm.last_dispatch["gpu_us"]))
+        del vk
+    return (statistics.median(times) if times else None), groups
+
+
+def _ncnn_group_size(shape, affine_size: int) -> int:
+    """ncnn's LayerNorm/RMSNorm group for a numpy shape (w), (h, w), (c, h, w), (c, d, h, w)."""
+    if len(shape) <= 2:
+        return shape[-1]
+    w, h = shape[-1], shape[-2]
+    if affine_size == w:
+        return w
+    if len(shape) == 4 and affine_size == w * h:
+        return w * h
+    return math.prod(shape[1:])
+
+
+def _reference64(x, op: str, eps: float, affine_size: int, gamma=None, beta=None):
+    """float64 LayerNorm/RMSNorm of x, grouped as ncnn groups it (independent of vknorm's own grouping)."""
+    import numpy as np
+
+    x = np.asarray(x, np.float64)
+    g = x.reshape(-1, _ncnn_group_size(x.shape, affine_size))
+    with np.errstate(all="ignore"):
+        if op == "LayerNorm":
+            y = (g - g.mean(1, keepdims=True)) / np.sqrt(g.var(1, keepdims=True) + eps)
+        else:
+            y = g / np.sqrt((g * g).mean(1, keepdims=True) + eps)
+        if gamma is not None:
+            y = y * np.asarray(gamma, np.float64)
+            if op == "LayerNorm" and beta is not None:
+                y = y + np.asarray(beta, np.float64)
+    return y.reshape(x.shape)
+
+
+def _excess(y, ref, rounding: float) -> float:
+    """max(|y - ref| - rounding * |ref|, 0): the error that output storage (float16: rounding = half a
+    float16 spacing, 2^-11; float32: 0) does not explain; inf when shapes differ or one side alone is NaN/inf."""
+    import numpy as np
+
+    if y.shape != ref.shape:
+        return math.inf
+    y = y.astype(np.float64)
+    with np.errstate(all="ignore"):
+        same = (y == ref) | (np.isnan(y) & np.isnan(ref))
+        d = np.where(same, 0.0, np.abs(y - ref) - rounding * np.abs(ref))
+    d = np.where(np.isnan(d), np.inf, d)
+    return max(0.0, float(d.max())) if d.size else 0.0
+
+
+def _finite_or_none(v: float) -> Optional[float]:
+    return v if math.isfinite(v) else None
+
+
+def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]],
+                       fp16: bool = False, seed: int = 0, atol: Optional[float] = None) -> dict:
+    """`vknorm check --vulkan`: stock ncnn CPU fp32, stock ncnn Vulkan and ncnn Vulkan with vknorm inside,
+    all three in vknorm.graph's ncnn; returns the JSON-able result (UsageError for file/flag problems)."""
+    import numpy as np
+
+    if atol is None:
+        atol = ATOL_VULKAN_FP16 if fp16 else ATOL_FP32
+    model, data = _prepare(param_path, bin_path, input_specs)
+    graph = _import_graph()
+    from . import _core
+
+    result = {"ok": True, "device": None, "layers": [], "outputs": {}, "model": param_path, "weights": bin_path,
+              "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
+              "atol": atol, "warnings": [], "engine": "vulkan", "rule": _rule(fp16, atol), "host_round_trips": 0,
+              "ncnn_outputs": {}, "model_ms": {}, "timing_rounds": 0}
+    with _quiet_stderr():  # ncnn prints its device banner when it creates its Vulkan instance
+        device = graph.gpu_name() if graph.gpu_count() > 0 else None
+    if not device:
+        raise UsageError("--vulkan: ncnn finds no Vulkan device (install mesa-vulkan-drivers for lavapipe, "
+                         "or a GPU driver)")
+    result["device"] = device
+
+    nets = []
+    try:
+        cpu = _graph_load(graph, model, bin_path, len(data), vknorm=False, vulkan=False, fp16=False,
+                          label="ncnn CPU")
+        nets.append(cpu)
+        if not model.norms:
+            result["note"] = f"{param_path}: no LayerNorm or RMSNorm layers, nothing to check"
+            return result
+        outputs = list(cpu.output_names())
+        rng = np.random.default_rng(seed)  # the same inputs as the check without --vulkan
+        inputs = {name: np.ascontiguousarray(rng.standard_normal(input_specs[name], dtype=np.float32))
+                  for name in model.inputs}
+        blobs = list(dict.fromkeys([layer.bottoms[0] for layer in model.norms]
+                                   + [layer.tops[0] for layer in model.norms] + outputs))
+        ref = _graph_extract(graph, cpu, inputs, blobs, "ncnn CPU")
+        stock = _graph_load(graph, model, bin_path, len(data), vknorm=False, vulkan=True, fp16=fp16,
+                            label="ncnn Vulkan")
+        nets.append(stock)
+        got_stock = _graph_extract(graph, stock, inputs, blobs, "ncnn Vulkan")
+        vk = _graph_load(graph, model, bin_path, len(data), vknorm=True, vulkan=True, fp16=fp16,
+                         label="vknorm Vulkan")
+        nets.append(vk)
+        got = _graph_extract(graph, vk, inputs, blobs, "vknorm Vulkan")
+        infos = {i["name"]: i for i in vk.vknorm_layers()}
+
+        try:
+            ctx, warning = _timing_context(device)
+        except ValueError as e:  # e.g. VKNORM_DEVICE names no device
+            raise UsageError(str(e)) from None
+        if warning:
+            result["warnings"].append(warning)
+        for layer in model.norms:
+            bottom, top = layer.bottoms[0], layer.tops[0]
+            err = max_abs_err(ref[top], got[top])
+            rec = {"name": layer.name, "type": layer.type, "shape": list(got[top].shape), "group_size": None,
+                   "groups": None, "max_abs_err": _finite_or_none(err),
+                   "ncnn_abs_err": _finite_or_none(max_abs_err(ref[top], got_stock[top])), "f64_abs_err": None,
+                   "judged_err": None,
+                   "gpu_us": None, "ok": False, "vulkan_forwards": 0, "cpu_forwards": 0}
+            info = infos.get(layer.name)
+            if info is None:
+                result["warnings"].append(f"layer {layer.name!r}: ncnn did not create vknorm's {layer.type} for it")
+            else:
+                # The input this layer saw in the vknorm run (float16 storage rounds what it uploads). Judging
+                # against float64 of it isolates the kernel: the CPU run's input already differs by every
+                # stock Vulkan layer upstream (ncnn_abs_err shows that share).
+                xin = got[bottom].astype(np.float16).astype(np.float32) if fp16 else got[bottom]
+                ref64 = _reference64(xin, layer.type, float(info["eps"]), int(info["affine_size"]),
+                                     info["gamma"] if info["affine"] else None,
+                                     info["beta"] if info["affine"] else None)
+                judged = _excess(got[top], ref64, 0.5 * FP16_ULP if fp16 else 0.0)
+                rec["f64_abs_err"] = _finite_or_none(_excess(got[top], ref64, 0.0))
+                rec["judged_err"] = _finite_or_none(judged)
+                gpu_us, g = _kernel_gpu_us(info, got[bottom], fp16, ctx)
+                rec["gpu_us"] = gpu_us
+                rec["group_size"], rec["groups"] = int(g["group_size"]), int(g["groups"])
+                rec["ok"] = bool(math.isfinite(judged) and judged <= atol)
+            result["layers"].append(rec)
+        for o in outputs:
+            result["outputs"][o] = _finite_or_none(max_abs_err(ref[o], got[o]))
+            result["ncnn_outputs"][o] = _finite_or_none(max_abs_err(ref[o], got_stock[o]))
+
+        result["model_ms"], result["timing_rounds"] = _time_inferences(
+            graph, {"ncnn_vulkan": stock, "vknorm": vk}, inputs, outputs)
+
+        infos = {i["name"]: i for i in vk.vknorm_layers()}  # the counters after every vknorm run
+        for rec in result["layers"]:
+            info = infos.get(rec["name"])
+            if info is not None:
+                rec["vulkan_forwards"], rec["cpu_forwards"] = int(info["vulkan_forwards"]), int(info["cpu_forwards"])
+                if rec["cpu_forwards"] or not rec["vulkan_forwards"]:
+                    rec["ok"] = False
+        result["host_round_trips"] = int(sum(i["cpu_forwards"] for i in infos.values()))
+    finally:
+        with _quiet_stderr():
+            for net in nets:
+                net.clear()
+        del nets[:]
+    result["ok"] = all(rec["ok"] for rec in result["layers"]) and result["host_round_trips"] == 0
+    if _core.validation_enabled():
+        result["validation_messages"] = len(_core.validation_messages())
+    return result
+
+
 # ---------------------------------------------------------------------------------------------- output
 
 def _fmt_err(v) -> str:
@@ -499,7 +890,71 @@ def format_text(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _check_in_child(param_path, bin_path, specs, fp16, seed, atol) -> dict:
+def format_text_vulkan(result: dict) -> str:
+    if "note" in result:
+        return result["note"]
+    fp16 = result["fp16"]
+    mode = "fp16 storage" if fp16 else "fp32"
+    ins = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in result["inputs"].items())
+    lines = [f"vknorm check --vulkan {result['model']} ({ins}; {mode}, seed {result['seed']}, atol {result['atol']:g})",
+             "runs: ncnn CPU fp32 (the reference), ncnn Vulkan, ncnn Vulkan with vknorm inside"
+             + (" (float16 storage in both Vulkan runs)" if fp16 else "")
+             + "; *_err: max |run - CPU| on the same blob", ""]
+    head = ["layer", "type", "shape", "group_size", "groups", "vknorm_err", "ncnn_vk_err", "f64_err"]
+    if fp16:
+        head.append("f64_excess")
+    rows = [head + ["gpu_us", ""]]
+    for r in result["layers"]:
+        row = [r["name"], r["type"], "x".join(map(str, r["shape"] or [])) or "-",
+               "-" if r.get("group_size") is None else str(r["group_size"]),
+               "-" if r.get("groups") is None else str(r["groups"]),
+               _fmt_err(r["max_abs_err"]), _fmt_err(r["ncnn_abs_err"])]
+        for k in ("f64_abs_err", "judged_err") if fp16 else ("judged_err",):
+            row.append("-" if r.get("group_size") is None else _fmt_err(r[k]))  # "-": not vknorm's layer
+        row += ["-" if r["gpu_us"] is None else f"{r['gpu_us']:.1f}", "" if r["ok"] else "FAIL"]
+        rows.append(row)
+    lines += _table(rows, set(range(3, len(head) + 1)))
+    lines.append("")
+    rows = [["output", "vknorm_err", "ncnn_vk_err"]]
+    rows += [[k, _fmt_err(v), _fmt_err(result["ncnn_outputs"].get(k))] for k, v in result["outputs"].items()]
+    lines += _table(rows, {1, 2})
+    lines.append("")
+    ms = result["model_ms"]
+    if ms:
+        speed = (f" (speed-up {ms['ncnn_vulkan'] / ms['vknorm']:.2f}x)"
+                 if ms.get("vknorm") and ms.get("ncnn_vulkan") else "")
+        lines.append(f"model wall ms/inference (median of {result['timing_rounds']} after a warm-up, lightmode on): "
+                     f"ncnn Vulkan {ms['ncnn_vulkan']:.3f}, vknorm {ms['vknorm']:.3f}{speed}")
+    lines.append("gpu_us: vknorm's kernel time for that blob on vknorm's own Vulkan context "
+                 "(ncnn's graph has no per-layer timestamps)")
+    if fp16:
+        lines.append("f64_err: vknorm's max |error| against float64 of the float16-rounded input it saw; f64_excess: "
+                     "the same less float16 output rounding (what the rule judges)")
+    else:
+        lines.append("f64_err: vknorm's max |error| against float64 of the input it saw (what the rule judges; "
+                     "the *_err columns also carry the stock Vulkan layers' differences upstream)")
+    lines.append(f"device: {result['device']}")
+    lines.append(f"host round trips: {result['host_round_trips']}")
+    lines.append(f"rule: {result['rule']}")
+    for w in result["warnings"]:
+        lines.append(f"warning: {w}")
+    n = len(result["layers"])
+    rule = "fp16" if fp16 else "fp32"
+    if result["ok"]:
+        lines.append(f"ok: all {n} LayerNorm/RMSNorm layers within atol {result['atol']:g} ({rule} rule), "
+                     f"no host round trips")
+    else:
+        failed = [r["name"] for r in result["layers"] if not r["ok"]]
+        why = f"{len(failed)} of {n} LayerNorm/RMSNorm layers above atol {result['atol']:g} ({rule} rule)"
+        if failed:
+            why += ": " + ", ".join(failed)
+        if result["host_round_trips"]:
+            why += f"; {result['host_round_trips']} host round trip(s)"
+        lines.append("FAIL: " + why)
+    return "\n".join(lines)
+
+
+def _check_in_child(param_path, bin_path, specs, fp16, seed, atol, vulkan=False) -> dict:
     """check_model in a forked child, so that ncnn crashing (a SIGFPE or SIGSEGV on input shapes the model
     cannot take) becomes one line and exit 2 instead of a dead process. The parent has touched neither
     Vulkan nor ncnn yet, so the child starts clean; it reports through a pipe and leaves with os._exit."""
@@ -518,7 +973,8 @@ def _check_in_child(param_path, bin_path, specs, fp16, seed, atol) -> dict:
         try:
             os.close(rfd)
             try:
-                payload = {"result": check_model(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol)}
+                fn = check_model_vulkan if vulkan else check_model
+                payload = {"result": fn(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol)}
             except UsageError as e:
                 payload = {"usage_error": str(e)}
             except Exception as e:
@@ -579,17 +1035,20 @@ def _fork_is_safe() -> bool:
 
 
 def run_check(args) -> int:
+    vulkan = bool(getattr(args, "vulkan", False))
     specs = parse_inputs(args.input)
     seed = _parse_seed(args.seed)
-    atol = _parse_atol(args.atol, args.fp16)
+    atol = _parse_atol(args.atol, args.fp16, vulkan)
     if _fork_is_safe():
-        result = _check_in_child(args.param, args.bin, specs, args.fp16, seed, atol)
+        result = _check_in_child(args.param, args.bin, specs, args.fp16, seed, atol, vulkan)
+    elif vulkan:
+        result = check_model_vulkan(args.param, args.bin, specs, fp16=args.fp16, seed=seed, atol=atol)
     else:
         result = check_model(args.param, args.bin, specs, fp16=args.fp16, seed=seed, atol=atol)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(format_text(result))
+        print(format_text_vulkan(result) if vulkan else format_text(result))
     nval = result.get("validation_messages", 0)
     if nval:
         print(f"vknorm check: warning: {nval} Vulkan validation message(s)", file=sys.stderr)
