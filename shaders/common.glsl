@@ -7,8 +7,9 @@
 //   VEC4     with PACK 1: a pack1 blob read as vec4s, 4 consecutive elements of one group per load
 //            (the host passes group_size and cstep in vec4s).
 //   SUBGROUP 1: team reductions use subgroup operations, 0: shared memory only.
-// Specialization constants (one pipeline per layer and choice):
-//   0 workgroup size, 1 op, 2 affine, 3 items per invocation and 4 weight prefetch (fused kernel).
+// Specialization constants (one pipeline per layer and choice), ids 0..6 in every kernel:
+//   0 workgroup size, 1 op, 2 affine, 3 items per invocation and 4 weight prefetch (fused kernel),
+//   5 team size and 6 group size when the plan fixes them (0: taken from the push constants).
 #if FP16
 #extension GL_EXT_shader_16bit_storage : require
 #endif
@@ -40,10 +41,19 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint OP = 0;  // 0 LayerNorm, 1 RMSNorm
 layout(constant_id = 2) const uint AFFINE = 1;
-// constant_id 3 (ITEMS) and 4 (PREFETCH_WEIGHTS) belong to norm_fused.comp.
+layout(constant_id = 3) const uint ITEMS = 4;  // fused: elements each invocation holds; group_size <= team * ITEMS
+// 1: load gamma/beta together with x, so their latency hides behind the reductions. Only for
+// latency-bound tensors: the extra registers cost occupancy on large ones (measured).
+layout(constant_id = 4) const uint PREFETCH_WEIGHTS = 0;
+// Team and group size as compile-time constants: loops over a team's items unroll and their bounds
+// fold. 0 leaves them to the push constants (one pipeline for every shape).
+layout(constant_id = 5) const uint TEAM_SPEC = 0;
+layout(constant_id = 6) const uint GROUP_SIZE_SPEC = 0;
 #define OP_LAYERNORM 0u
 #define OP_RMSNORM 1u
 #define WG gl_WorkGroupSize.x
+#define TEAM (TEAM_SPEC != 0u ? TEAM_SPEC : p.team)
+#define GROUP_SIZE (GROUP_SIZE_SPEC != 0u ? GROUP_SIZE_SPEC : p.group_size)
 
 // Every blob is channels -> groups per channel -> group elements. Positions are in packed elements.
 // The block is named `parameter`: ncnn's Pipeline finds push constants by that name.
@@ -93,15 +103,15 @@ afp pivot_of(afp first) { return first; }
 
 uint group_base(uint g) {
   uint ch = g / p.gpc;
-  return ch * p.cstep + (g - ch * p.gpc) * p.group_size;
+  return ch * p.cstep + (g - ch * p.gpc) * GROUP_SIZE;
 }
 
 // Workgroup counts above 65535 are folded into y by the host.
 uint workgroup_linear() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
 
-// Items (groups or chunks) are handed to teams of p.team invocations; a workgroup holds WG / team teams.
-uint team_lane() { return gl_LocalInvocationID.x & (p.team - 1u); }
-uint team_item() { return workgroup_linear() * (WG / p.team) + gl_LocalInvocationID.x / p.team; }
+// Items (groups or chunks) are handed to teams of TEAM invocations; a workgroup holds WG / team teams.
+uint team_lane() { return gl_LocalInvocationID.x & (TEAM - 1u); }
+uint team_item() { return workgroup_linear() * (WG / TEAM) + gl_LocalInvocationID.x / TEAM; }
 
 // Affine weights by position in the group; one value serves the 4 groups of a pack4 element.
 #if VEC4
@@ -126,15 +136,15 @@ shared afp team_scratch[gl_WorkGroupSize.x];
 // Sum over the invocations of a team; every member gets the result. Called in uniform control flow.
 afp team_sum(afp v) {
 #if SUBGROUP
-  if (p.team <= gl_SubgroupSize) {
-    for (uint m = 1u; m < p.team; m <<= 1) v += subgroupShuffleXor(v, m);
+  if (TEAM <= gl_SubgroupSize) {
+    for (uint m = 1u; m < TEAM; m <<= 1) v += subgroupShuffleXor(v, m);
     return v;
   }
   // A team spans whole subgroups: add inside each, then across the team's subgroups.
   v = subgroupAdd(v);
   if (subgroupElect()) team_scratch[gl_SubgroupID] = v;
   barrier();
-  uint per_team = p.team / gl_SubgroupSize;
+  uint per_team = TEAM / gl_SubgroupSize;
   uint first = (gl_SubgroupID / per_team) * per_team;
   afp s = afp(0);
   for (uint k = 0u; k < per_team; ++k) s += team_scratch[first + k];
@@ -144,7 +154,7 @@ afp team_sum(afp v) {
   uint lid = gl_LocalInvocationID.x;
   team_scratch[lid] = v;
   barrier();
-  for (uint s = p.team >> 1; s > 0u; s >>= 1) {
+  for (uint s = TEAM >> 1; s > 0u; s >>= 1) {
     if (team_lane() < s) team_scratch[lid] += team_scratch[lid + s];
     barrier();
   }

@@ -6,11 +6,11 @@
 
 
 void main() {
-  uint total = p.n_groups * p.group_size;
+  uint total = p.n_groups * GROUP_SIZE;
   uint stride = gl_NumWorkGroups.x * gl_NumWorkGroups.y * WG;
   for (uint e = workgroup_linear() * WG + gl_LocalInvocationID.x; e < total; e += stride) {
-    uint g = e / p.group_size;
-    uint i = e - g * p.group_size;
+    uint g = e / GROUP_SIZE;
+    uint i = e - g * GROUP_SIZE;
     uint at = group_base(g) + i;
     afp v = (load_x(at) - coef[3u * g]) - coef[3u * g + 1u];
     store_x(at, normalize_one(v, coef[3u * g + 2u], AFFINE != 0u ? gamma_at(i) : wfp(1),

@@ -33,9 +33,9 @@ void main() {
   float n = 0.0;
   afp m = afp(0), m2 = afp(0);
   if (in_range) {
-    for (uint c = lane; c < p.n_chunks; c += p.team) {
+    for (uint c = lane; c < p.n_chunks; c += TEAM) {
       uint item = g * p.n_chunks + c;
-      float nc = float(min(p.chunk_size, p.group_size - c * p.chunk_size));
+      float nc = float(min(p.chunk_size, GROUP_SIZE - c * p.chunk_size));
       combine(n, m, m2, nc, partial[item], partial[n_items + item]);
     }
   }
@@ -44,7 +44,7 @@ void main() {
   sh_m[lid] = m;
   sh_m2[lid] = m2;
   barrier();
-  for (uint s = p.team >> 1; s > 0u; s >>= 1) {
+  for (uint s = TEAM >> 1; s > 0u; s >>= 1) {
     if (lane < s) {
       combine(sh_n[lid], sh_m[lid], sh_m2[lid], sh_n[lid + s], sh_m[lid + s], sh_m2[lid + s]);
     }

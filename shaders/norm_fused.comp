@@ -6,10 +6,6 @@
 // writes y once.
 #include "common.glsl"
 
-layout(constant_id = 3) const uint ITEMS = 4;  // elements each invocation holds; group_size <= team * ITEMS
-// 1: load gamma/beta together with x, so their latency hides behind the reductions. Only for
-// latency-bound tensors: the extra registers cost occupancy on large ones (measured).
-layout(constant_id = 4) const uint PREFETCH_WEIGHTS = 0;
 
 void main() {
   uint g = team_item();
@@ -23,8 +19,8 @@ void main() {
   wfp gk[ITEMS], bk[ITEMS];
   afp s = afp(0);
   for (uint k = 0u; k < ITEMS; ++k) {
-    uint i = lane + k * p.team;
-    bool inside = in_range && i < p.group_size;
+    uint i = lane + k * TEAM;
+    bool inside = in_range && i < GROUP_SIZE;
     v[k] = inside ? load_x(base + i) - pivot : afp(0);
     if (PREFETCH_WEIGHTS != 0u) {
       gk[k] = AFFINE != 0u && inside ? gamma_at(i) : wfp(1);
@@ -32,14 +28,14 @@ void main() {
     }
     s += OP == OP_LAYERNORM ? v[k] : v[k] * v[k];
   }
-  float n = float(p.group_size * GROUP_ELEMS_PER);
+  float n = float(GROUP_SIZE * GROUP_ELEMS_PER);
   afp mean = afp(0);
   afp var;
   if (OP == OP_LAYERNORM) {
     mean = group_total(team_sum(s)) / n;
     afp q = afp(0);
     for (uint k = 0u; k < ITEMS; ++k) {
-      afp d = lane + k * p.team < p.group_size ? v[k] - mean : afp(0);
+      afp d = lane + k * TEAM < GROUP_SIZE ? v[k] - mean : afp(0);
       q += d * d;
     }
     var = group_total(team_sum(q)) / n;
@@ -51,8 +47,8 @@ void main() {
   afp a = inversesqrt(var + p.eps);
   if (!in_range) return;
   for (uint k = 0u; k < ITEMS; ++k) {
-    uint i = lane + k * p.team;
-    if (i < p.group_size) {
+    uint i = lane + k * TEAM;
+    if (i < GROUP_SIZE) {
       wfp gw = PREFETCH_WEIGHTS != 0u ? gk[k] : (AFFINE != 0u ? gamma_at(i) : wfp(1));
       wfp bw = PREFETCH_WEIGHTS != 0u ? bk[k] : (AFFINE != 0u && OP == OP_LAYERNORM ? beta_at(i) : wfp(0));
       store_x(base + i, normalize_one(v[k] - mean, a, gw, bw));

@@ -12,7 +12,7 @@ void main() {
   bool in_range = item < n_items;
   uint g = in_range ? item / p.n_chunks : 0u;
   uint begin = (item - g * p.n_chunks) * p.chunk_size;
-  uint end = min(begin + p.chunk_size, p.group_size);
+  uint end = min(begin + p.chunk_size, GROUP_SIZE);
 
   // LayerNorm: two passes over the chunk, as ncnn's two passes over a group: the chunk mean about the
   // group's pivot, then the squares about that mean (the re-read comes from cache). One-pass shifted
@@ -22,7 +22,7 @@ void main() {
   afp s = afp(0);
   if (in_range) {
     afp pivot = OP == OP_LAYERNORM ? load_x(base) : afp(0);
-    for (uint i = begin + team_lane(); i < end; i += p.team) {
+    for (uint i = begin + team_lane(); i < end; i += TEAM) {
       afp d = load_x(base + i) - pivot;
       s += OP == OP_LAYERNORM ? d : d * d;
     }
@@ -33,7 +33,7 @@ void main() {
     afp pivot = in_range ? load_x(base) : afp(0);
     afp q = afp(0);
     if (in_range) {
-      for (uint i = begin + team_lane(); i < end; i += p.team) {
+      for (uint i = begin + team_lane(); i < end; i += TEAM) {
         afp d = (load_x(base + i) - pivot) - mean;  // never pivot + mean: that rounds at |x|
         q += d * d;
       }

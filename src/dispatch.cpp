@@ -76,6 +76,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_FP16")) caps.items_target_fp16 = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_LATENCY_THREADS")) caps.latency_threads = std::strtoull(v, nullptr, 10);
   if (const char* v = std::getenv("VKNORM_TUNE_MAX_ITEMS")) caps.max_items = std::max(1, std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_SPECIALIZE")) caps.specialize_shape = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_WORKGROUP"))
     caps.preferred_workgroup = std::min(caps.max_workgroup, pow2_floor(std::max(1, std::atoi(v))));
   // Shared memory (maxComputeSharedMemorySize, VKNORM_MAX_SHARED_MEMORY caps it): per invocation the
@@ -178,15 +179,18 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
   };
   if (plan.path != Path::Split) {
     if (plan.vec4) pc.group_size /= 4, pc.cstep /= 4;  // the kernel counts vec4s
+    const bool fixed = dev.specialize_shape;
     pass("norm_fused", plan.vec4 ? "v4" : pack, plan.subgroup,
-         {plan.wg, op_id, affine_id, plan.items, plan.prefetch ? 1u : 0u}, plan.fused_workgroups(g), false);
+         {plan.wg, op_id, affine_id, plan.items, plan.prefetch ? 1u : 0u, fixed ? plan.team : 0u,
+          fixed ? pc.group_size : 0u},
+         plan.fused_workgroups(g), false);
     return f;
   }
   const uint64_t items = uint64_t(g.n_groups) * plan.n_chunks;
   if (2 * items * g.elempack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
   f.partials_bytes = 2 * items * g.elempack * sizeof(float);
   f.coefs_bytes = 3ull * g.n_groups * g.elempack * sizeof(float);
-  const std::vector<uint32_t> spec{plan.wg, op_id, affine_id};
+  const std::vector<uint32_t> spec{plan.wg, op_id, affine_id, 1, 0, 0, 0};
   pc.team = plan.reduce_team;
   pass("norm_reduce", pack, false, spec, plan.reduce_workgroups(g), false);
   pc.team = plan.finalize_team;

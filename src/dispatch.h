@@ -22,6 +22,7 @@ struct DeviceCaps {
   uint32_t subgroup_size = 0;    // 0: unknown
   bool subgroup_reduce = false;  // subgroup arithmetic + shuffle usable in compute
   bool cpu = false;              // a CPU implementation (lavapipe)
+  bool specialize_shape = true;  // fused kernel: team and group size as specialization constants
 };
 
 struct Plan {
@@ -59,7 +60,7 @@ static_assert(sizeof(PushConstants) == 32, "8 words of push constants");
 
 struct Pass {
   std::string variant;                  // embedded SPIR-V: <shader>_fp<0|1>_p<1|4|v4>_sg<0|1>
-  std::vector<uint32_t> specialization;  // constant ids 0..n-1: workgroup, op, affine[, items, prefetch]
+  std::vector<uint32_t> specialization;  // constant ids 0..6: workgroup, op, affine, items, prefetch, team, size
   PushConstants push{};
   uint32_t workgroup_size = 0;  // local_size_x (specialization[0])
   uint64_t workgroups = 0;      // 1-D; executors fold counts past maxComputeWorkGroupCount[0] into y

@@ -7,25 +7,19 @@
 namespace vknorm {
 
 std::string Specialization::key() const {
-  return std::to_string(workgroup) + "/" + std::to_string(op) + "/" + std::to_string(affine) + "/" +
-         std::to_string(items) + "/" + std::to_string(prefetch);
+  std::string k;
+  for (uint32_t v : values) k += std::to_string(v) + "/";
+  return k;
 }
-
-Specialization Specialization::of(const Pass& pass) {
-  Specialization s;
-  uint32_t* fields[] = {&s.workgroup, &s.op, &s.affine, &s.items, &s.prefetch};
-  for (size_t i = 0; i < pass.specialization.size() && i < 5; ++i) *fields[i] = pass.specialization[i];
-  return s;
-}
-
 
 Pipeline::Pipeline(Context::Impl& ctx, const std::string& variant, const Specialization& spec) {
   const shaders::Spirv spv = shaders::find(variant.c_str());
   if (!spv.words) throw std::logic_error("vknorm: no shader variant " + variant);
   module = vk::raii::ShaderModule(ctx.device, vk::ShaderModuleCreateInfo{.codeSize = spv.count * 4, .pCode = spv.words});
-  const uint32_t values[] = {spec.workgroup, spec.op, spec.affine, spec.items, spec.prefetch};
-  const vk::SpecializationMapEntry entries[] = {{0, 0, 4}, {1, 4, 4}, {2, 8, 4}, {3, 12, 4}, {4, 16, 4}};
-  vk::SpecializationInfo info{.mapEntryCount = 5, .pMapEntries = entries, .dataSize = sizeof(values), .pData = values};
+  std::vector<vk::SpecializationMapEntry> entries;
+  for (uint32_t i = 0; i < spec.values.size(); ++i) entries.push_back({i, 4 * i, 4});
+  vk::SpecializationInfo info{.mapEntryCount = uint32_t(entries.size()), .pMapEntries = entries.data(),
+                              .dataSize = spec.values.size() * 4, .pData = spec.values.data()};
   // VKNORM_SUBGROUP_SIZE (context.cpp): the subgroup variants run with the subgroup size chosen there.
   vk::PipelineShaderStageRequiredSubgroupSizeCreateInfo size{.requiredSubgroupSize = ctx.required_subgroup_size};
   const bool sized = ctx.required_subgroup_size && variant.size() > 4 && variant.compare(variant.size() - 4, 4, "_sg1") == 0;

@@ -309,12 +309,12 @@ struct Recorder::Impl {
     if (!spv.words) throw std::logic_error("vknorm: no shader variant " + pass.variant);
     PipelineEntry e;
     e.module = vk::raii::ShaderModule(caller.device, vk::ShaderModuleCreateInfo{.codeSize = spv.count * 4, .pCode = spv.words});
-    // Constant ids 0..4 (workgroup, op, affine, items, prefetch); a shader ignores ids it lacks.
-    std::array<uint32_t, 5> values{pass.workgroup_size, 0, 0, 1, 0};
-    for (size_t i = 0; i < pass.specialization.size() && i < values.size(); ++i) values[i] = pass.specialization[i];
-    const vk::SpecializationMapEntry entries[] = {{0, 0, 4}, {1, 4, 4}, {2, 8, 4}, {3, 12, 4}, {4, 16, 4}};
-    const vk::SpecializationInfo spec{.mapEntryCount = 5, .pMapEntries = entries, .dataSize = sizeof(values),
-                                      .pData = values.data()};
+    // Constant ids 0..n-1, as the plan gives them (dispatch.h, Pass::specialization).
+    const std::vector<uint32_t>& values = pass.specialization;
+    std::vector<vk::SpecializationMapEntry> entries;
+    for (uint32_t i = 0; i < values.size(); ++i) entries.push_back({i, 4 * i, 4});
+    const vk::SpecializationInfo spec{.mapEntryCount = uint32_t(entries.size()), .pMapEntries = entries.data(),
+                                      .dataSize = values.size() * 4, .pData = values.data()};
     e.pipeline = vk::raii::Pipeline(
         caller.device, nullptr,
         vk::ComputePipelineCreateInfo{.stage = {.stage = vk::ShaderStageFlagBits::eCompute, .module = *e.module,

@@ -81,13 +81,12 @@ struct VkMat::Buffer {
 };
 using Buffer = VkMat::Buffer;
 
-// Specialization constants, in constant_id order (shaders/common.glsl).
+// Specialization constants, values for constant ids 0..n-1 (shaders/common.glsl).
 struct Specialization {
-  uint32_t workgroup = 64, op = 0, affine = 0, items = 1, prefetch = 0;
+  std::vector<uint32_t> values;
   std::string key() const;
-  static Specialization of(const Pass& pass);
+  static Specialization of(const Pass& pass) { return {pass.specialization}; }
 };
-
 
 struct Pipeline {
   vk::raii::ShaderModule module = nullptr;

@@ -1,0 +1,344 @@
+"""`vknorm check --vulkan`: vknorm inside ncnn's Vulkan graph (vknorm.graph), three runs in one ncnn (stock CPU
+fp32, stock Vulkan, Vulkan with vknorm's layers), checked on every committed model in fp32 and fp16; the pass
+rule can fail (negative control) and does not fail an honest kernel on float16 storage (a LayerNorm fed
+100 + 3x, whose error against the CPU run is above 1e-2); every error path exits 2 with one line; without
+--vulkan the output keeps today's keys.
+
+The CLI runs as `sys.executable -m vknorm check ...` subprocesses (VKNORM_VALIDATION=1; a few at once:
+lavapipe on two cores, ln_residual_stack at 197x768 takes several seconds per run).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vknorm import _core
+from vknorm import check as vkcheck
+
+DATA = Path(__file__).resolve().parent / "data"
+ROOT = DATA.parent.parent
+
+# model -> its input's DIMS (ncnn order, batch dropped)
+MODELS = {k: v for k, v in json.loads((DATA / "models.json").read_text()).items() if not k.startswith("_")}
+
+# Today's JSON keys (without --vulkan), top level and per layer; --vulkan keeps them all.
+TODAY_KEYS = {"ok", "device", "layers", "outputs", "model", "weights", "inputs", "fp16", "seed", "atol", "warnings"}
+TODAY_LAYER_KEYS = {"name", "type", "shape", "group_size", "groups", "max_abs_err", "gpu_us", "ok"}
+
+
+def _vulkan() -> bool:
+    try:
+        return len(_core.devices()) > 0
+    except _core.VulkanUnavailableError:
+        return False
+
+
+def _has_graph() -> bool:
+    try:
+        import vknorm.graph  # noqa: F401  (importing it starts nothing: no Vulkan, no ncnn instance)
+    except ImportError:
+        return False
+    return True
+
+
+pytestmark = [pytest.mark.skipif(not _vulkan(), reason="no Vulkan device"), pytest.mark.timeout(600)]
+needs_graph = pytest.mark.skipif(not _has_graph(), reason="vknorm built without ncnn (make setup builds it)")
+
+
+def model_files(name: str):
+    return str(DATA / f"{name}.ncnn.param"), str(DATA / f"{name}.ncnn.bin")
+
+
+def norm_layers(name: str):
+    """(type, name) of every LayerNorm / RMSNorm line of a committed .param, in order."""
+    out = []
+    for line in (DATA / f"{name}.ncnn.param").read_text().splitlines()[2:]:
+        tok = line.split()
+        if tok and tok[0] in ("LayerNorm", "RMSNorm"):
+            out.append((tok[0], tok[1]))
+    return out
+
+
+def cli(*args, env_extra=None, python_code=None, timeout=300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, VKNORM_VALIDATION="1", PYTHONUNBUFFERED="1")
+    env.update(env_extra or {})
+    cmd = [sys.executable, "-m", "vknorm", "check", *map(str, args)]
+    if python_code is not None:
+        cmd = [sys.executable, "-c", python_code, *map(str, args)]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def cli_many(jobs: dict) -> dict:
+    """Several CLI runs at once (three: two cores, and each run waits on lavapipe and Python in turn)."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {key: pool.submit(cli, *args) for key, args in jobs.items()}
+        return {key: f.result() for key, f in futures.items()}
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0], f"stderr is not one line: {r.stderr!r}"
+    assert lines[0].startswith("vknorm check: error: "), lines[0]
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    assert r.stdout == "", r.stdout
+    return lines[0]
+
+
+def write_offset_model(tmp: Path):
+    """in0 -> 3 * in0 + 100 (ncnn BinaryOp, scalar) -> LayerNorm(64): with float16 storage the LayerNorm's
+    input is rounded to a spacing of 1/16 at 100, which costs ~1e-2 against the float32 CPU run however exact
+    the kernel is."""
+    w = 64
+    param, binp = tmp / "offset.param", tmp / "offset.bin"
+    param.write_text("7767517\n4 4\nInput in0 0 1 in0\n"
+                     "BinaryOp mul3 1 1 in0 a 0=2 1=1 2=3.000000e+00\n"
+                     "BinaryOp add100 1 1 a b 0=0 1=1 2=1.000000e+02\n"
+                     f"LayerNorm ln 1 1 b out0 0={w} 1=1.000000e-05 2=1\n")
+    rng = np.random.default_rng(1)
+    gamma = (1 + 0.1 * rng.standard_normal(w)).astype(np.float32)
+    beta = (0.1 * rng.standard_normal(w)).astype(np.float32)
+    binp.write_bytes(gamma.tobytes() + beta.tobytes())
+    return param, binp
+
+
+# ------------------------------------------------------------------------------------ every committed model
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    if not _has_graph():
+        pytest.skip("vknorm built without ncnn")
+    tmp = tmp_path_factory.mktemp("check_vulkan")
+    op, ob = write_offset_model(tmp)
+    jobs = {}
+    for name, dims in MODELS.items():
+        p, b = model_files(name)
+        jobs[(name, False)] = (p, b, "--input", f"in0={dims}", "--vulkan", "--json")
+        jobs[(name, True)] = (p, b, "--input", f"in0={dims}", "--vulkan", "--json", "--fp16")
+    tb = model_files("transformer_block")
+    jobs["text"] = (*tb, "--input", "in0=16x64", "--vulkan")
+    jobs["text_fp16"] = (*tb, "--input", "in0=16x64", "--vulkan", "--fp16")
+    jobs["atol0"] = (*tb, "--input", "in0=16x64", "--vulkan", "--atol", "0")
+    jobs["atol0_json"] = (*model_files("layernorm_4d"), "--input", "in0=4x3x5x8", "--vulkan", "--atol", "0", "--json")
+    jobs["offset_fp16"] = (op, ob, "--input", "in0=16x64", "--vulkan", "--fp16", "--json")
+    return cli_many(jobs)
+
+
+@needs_graph
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_check_vulkan_passes_on_committed_model(runs, name, fp16):
+    r = runs[(name, fp16)]
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert r.stderr == "", r.stderr  # no ncnn banner or log lines, no validation messages
+    res = json.loads(r.stdout)
+    assert TODAY_KEYS | {"engine", "host_round_trips"} <= set(res), set(res)
+    assert res["engine"] == "vulkan"
+    assert res["ok"] is True and res["fp16"] is fp16 and res["seed"] == 0
+    assert res["host_round_trips"] == 0
+    assert res["atol"] == (1e-3 if fp16 else 1e-4)
+    assert res["rule"].startswith("fp16:" if fp16 else "fp32:")
+    assert isinstance(res["device"], str) and res["device"]
+    assert [(x["type"], x["name"]) for x in res["layers"]] == norm_layers(name)
+    for x in res["layers"]:
+        assert TODAY_LAYER_KEYS | {"ncnn_abs_err"} <= set(x), set(x)
+        assert x["ok"] is True, x
+        assert isinstance(x["max_abs_err"], float) and isinstance(x["ncnn_abs_err"], float), x
+        assert 0 <= x["judged_err"] <= res["atol"], x
+        assert x["gpu_us"] > 0, x
+        assert x["group_size"] * x["groups"] == int(np.prod(x["shape"])), x
+        assert x["vulkan_forwards"] > 0 and x["cpu_forwards"] == 0, x
+    assert set(res["outputs"]) == set(res["ncnn_outputs"]) == {"out0"}
+    assert all(isinstance(v, float) for v in (*res["outputs"].values(), *res["ncnn_outputs"].values()))
+    assert set(res["model_ms"]) == {"ncnn_vulkan", "vknorm"} and all(v > 0 for v in res["model_ms"].values())
+    assert res["timing_rounds"] >= 3
+    assert res.get("validation_messages", 0) == 0
+
+
+@needs_graph
+def test_check_vulkan_fp16_rule_does_not_fail_an_honest_kernel(runs):
+    """Against the float32 CPU run, float16 storage of 100 + 3x alone costs more than 1e-2 (stock ncnn's own
+    Vulkan LayerNorm too); against float64 of the float16 input the layer saw, vknorm's kernel is exact to
+    within the float16 rounding of its output."""
+    r = runs["offset_fp16"]
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    res = json.loads(r.stdout)
+    (x,) = res["layers"]
+    assert x["max_abs_err"] > 1e-2 and x["ncnn_abs_err"] > 1e-2, x
+    assert x["judged_err"] <= 1e-3 and x["ok"] is True, x
+    assert res["host_round_trips"] == 0
+
+
+@needs_graph
+def test_check_vulkan_fp16_judges_the_kernel_not_the_storage(runs):
+    """ln_residual_stack: twelve LayerNorms in a residual chain; by the last ones float16 storage upstream has
+    moved the blobs further from the CPU run than the tolerance, yet every layer passes."""
+    res = json.loads(runs[("ln_residual_stack", True)].stdout)
+    assert max(x["max_abs_err"] for x in res["layers"]) > res["atol"]
+    assert all(x["ok"] for x in res["layers"]) and res["ok"] is True
+
+
+@needs_graph
+@pytest.mark.parametrize("key, fp16", [("text", False), ("text_fp16", True)])
+def test_check_vulkan_table(runs, key, fp16):
+    r = runs[key]
+    assert r.returncode == 0 and r.stderr == "", (r.stdout, r.stderr)
+    lines = r.stdout.splitlines()
+    header = next(ln for ln in lines if ln.startswith("layer"))
+    want = ["layer", "type", "shape", "group_size", "groups", "vknorm_err", "ncnn_vk_err", "f64_err"]
+    assert header.split() == want + (["f64_excess"] if fp16 else []) + ["gpu_us"]
+    for name in ("ln_3", "ln_4", "ln_5"):
+        row = next(ln for ln in lines if ln.startswith(name + " ")).split()
+        assert row[:5] == [name, "LayerNorm", "16x64", "64", "16"], row
+        assert len(row) == len(header.split()), row  # no FAIL
+        assert float(row[-1]) > 0  # gpu_us
+    out = next(ln for ln in lines if ln.startswith("out0")).split()
+    assert len(out) == 3 and all(float(v) >= 0 for v in out[1:])
+    assert any(ln.startswith("model wall ms/inference") and "ncnn Vulkan" in ln and "vknorm" in ln for ln in lines)
+    assert any(ln.startswith("device: ") for ln in lines)
+    assert "host round trips: 0" in lines
+    rule = next(ln for ln in lines if ln.startswith("rule: "))
+    assert rule.startswith("rule: fp16:" if fp16 else "rule: fp32:"), rule
+    assert lines[-1].startswith("ok:") and ("fp16 rule" if fp16 else "fp32 rule") in lines[-1]
+
+
+@needs_graph
+def test_check_vulkan_tolerance_can_fail(runs):
+    """Negative control: with --atol 0 a kernel whose float32 error is nonzero fails, exit 1."""
+    r = runs["atol0"]
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert "FAIL" in r.stdout and r.stdout.splitlines()[-1].startswith("FAIL:")
+    res = json.loads(runs["atol0_json"].stdout)
+    assert runs["atol0_json"].returncode == 1
+    assert res["ok"] is False and res["atol"] == 0
+    assert any(x["judged_err"] > 0 and x["ok"] is False for x in res["layers"]), res["layers"]
+    assert res["host_round_trips"] == 0  # failing on error alone
+
+
+# ------------------------------------------------------------------------------------ error paths
+
+@pytest.fixture(scope="module")
+def error_runs(tmp_path_factory):
+    if not _has_graph():
+        pytest.skip("vknorm built without ncnn")
+    tmp = tmp_path_factory.mktemp("check_vulkan_errors")
+    p, b = model_files("transformer_block")
+    (tmp / "trunc.bin").write_bytes(Path(b).read_bytes()[:-10])
+    (tmp / "unknown.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nNoSuchLayer nope 1 1 in0 out0\n")
+    args = ("--input", "in0=16x64", "--vulkan")
+    jobs = {
+        "missing_param": (tmp / "nope.param", b, *args),
+        "missing_bin": (p, tmp / "nope.bin", *args),
+        "trunc_bin": (p, tmp / "trunc.bin", *args),
+        "unknown_layer": (tmp / "unknown.param", b, *args),
+        "no_equals": (p, b, "--input", "in0", "--vulkan"),
+        "dims_xx": (p, b, "--input", "in0=16xx64", "--vulkan"),
+        "dims_zero": (p, b, "--input", "in0=0x64", "--vulkan"),
+        "unknown_input": (p, b, "--input", "img=16x64", "--vulkan"),
+        "no_input": (p, b, "--vulkan"),
+        "atol": (p, b, *args, "--atol", "tiny"),
+        "bad_shape": (p, b, "--input", "in0=16x65", "--vulkan"),  # ncnn's MultiHeadAttention: SIGFPE
+        "bad_shape_3d": (p, b, "--input", "in0=2x16x64", "--vulkan"),
+    }
+    return cli_many(jobs)
+
+
+@needs_graph
+@pytest.mark.parametrize("case, needles", [
+    ("missing_param", ["nope.param", "no such file"]),
+    ("missing_bin", ["nope.bin", "no such file"]),
+    ("trunc_bin", ["trunc.bin", "truncated"]),
+    ("unknown_layer", ["unknown.param", "NoSuchLayer"]),
+    ("no_equals", ["--input", "NAME=DIMS"]),
+    ("dims_xx", ["--input", "malformed DIMS '16xx64'"]),
+    ("dims_zero", ["--input", "malformed DIMS '0x64'"]),
+    ("unknown_input", ["--input", "'img'", "in0"]),
+    ("no_input", ["--input", "in0"]),
+    ("atol", ["--atol", "tiny"]),
+    ("bad_shape", ["--input in0=16x65"]),
+    ("bad_shape_3d", ["--input in0=2x16x64"]),
+])
+def test_check_vulkan_error_path(error_runs, case, needles):
+    assert_one_line_error(error_runs[case], *needles)
+
+
+NO_GRAPH = ("import sys\n"
+            "sys.modules['vknorm._graph'] = None  # as if vknorm were built without ncnn\n"
+            "from vknorm.cli import main\n"
+            "raise SystemExit(main(['check'] + sys.argv[1:]))\n")
+
+
+def test_check_vulkan_without_ncnn_build_is_one_line_exit_2():
+    p, b = model_files("transformer_block")
+    r = cli(p, b, "--input", "in0=16x64", "--vulkan", python_code=NO_GRAPH)
+    assert_one_line_error(r, "--vulkan", "built without")
+
+
+# ------------------------------------------------------------------------------------ in process; without --vulkan
+
+@needs_graph
+def test_check_vulkan_in_process_is_the_same_check():
+    """VKNORM_CHECK_INPROCESS=1 (no forked child): same result, clean exit, nothing on stderr."""
+    p, b = model_files("layernorm_1d")
+    r = cli(p, b, "--input", "in0=64", "--vulkan", "--json", env_extra={"VKNORM_CHECK_INPROCESS": "1"})
+    assert r.returncode == 0 and r.stderr == "", (r.returncode, r.stderr)
+    res = json.loads(r.stdout)
+    assert res["ok"] is True and res["engine"] == "vulkan" and res["host_round_trips"] == 0
+
+
+@needs_graph
+def test_check_vulkan_model_without_norm_layers(tmp_path):
+    (tmp_path / "relu.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nReLU relu 1 1 in0 out0\n")
+    (tmp_path / "relu.bin").write_bytes(b"")
+    r = cli(tmp_path / "relu.param", tmp_path / "relu.bin", "--input", "in0=4x8", "--vulkan", "--json")
+    assert r.returncode == 0 and r.stderr == "", (r.stdout, r.stderr)
+    res = json.loads(r.stdout)
+    assert res["ok"] is True and res["layers"] == [] and "note" in res and res["host_round_trips"] == 0
+
+
+def test_check_without_vulkan_keeps_todays_output():
+    pytest.importorskip("ncnn")  # today's check runs pyncnn
+    r = cli(*model_files("layernorm_4d"), "--input", "in0=4x3x5x8", "--json")
+    assert r.returncode == 0 and r.stderr == "", (r.stdout, r.stderr)
+    res = json.loads(r.stdout)
+    assert set(res) - {"validation_messages"} == TODAY_KEYS  # no "engine" and nothing else new
+    assert res["atol"] == 1e-4
+    for x in res["layers"]:
+        assert set(x) == TODAY_LAYER_KEYS
+
+
+def test_excess_over_float16_rounding():
+    """The fp16 rule's arithmetic: float16 rounding of the output is not the kernel's error; more is."""
+    ref = np.linspace(-4, 4, 1001)
+    y16 = ref.astype(np.float16).astype(np.float32)
+    assert vkcheck._excess(y16, ref, 0.5 * vkcheck.FP16_ULP) == 0.0
+    assert vkcheck._excess(y16, ref, 0.0) > 0
+    bad = y16.copy()
+    bad[10] += 0.01
+    assert 0.005 < vkcheck._excess(bad, ref, 0.5 * vkcheck.FP16_ULP) <= 0.01 + 1e-9
+    nan = y16.copy()
+    nan[3] = np.nan
+    assert vkcheck._excess(nan, ref, 0.0) == math.inf
+    assert vkcheck._excess(y16[:5], ref, 0.0) == math.inf
+
+
+def test_reference64_groups_as_ncnn():
+    x = np.random.default_rng(3).standard_normal((4, 3, 5, 8))
+    for affine_size, group in ((8, 8), (40, 40), (120, 120)):
+        y = vkcheck._reference64(x, "LayerNorm", 1e-5, affine_size)
+        g = y.reshape(-1, group)
+        np.testing.assert_allclose(g.mean(1), 0, atol=1e-12)
+        np.testing.assert_allclose(g.var(1), 1, rtol=1e-3)
+    y = vkcheck._reference64(x[0], "RMSNorm", 0.0, 5 * 8)  # (3, 5, 8), affine 40 != w: one group per channel
+    np.testing.assert_allclose((y.reshape(3, -1) ** 2).mean(1), 1, rtol=1e-12)
