@@ -6,7 +6,8 @@
 set -euo pipefail
 export VKNORM_CACHE=/tmp/vkcache
 mkdir -p $VKNORM_CACHE/src
-cp .gpu/ncnn-*.tar.gz $VKNORM_CACHE/src/ 2>/dev/null || echo "no .gpu/ncnn-*.tar.gz: building vknorm without ncnn" >&2
+# NO_NCNN=1: the kernels alone (no ncnn build), for kernel sweeps.
+[ -n "${NO_NCNN:-}" ] || cp .gpu/ncnn-*.tar.gz $VKNORM_CACHE/src/ 2>/dev/null || echo "no .gpu/ncnn-*.tar.gz: building vknorm without ncnn" >&2
 ncnn_args=()
 if ls $VKNORM_CACHE/src/ncnn-*.tar.gz >/dev/null 2>&1; then
   prefix=$(JOBS=$(nproc) bash tools/build_ncnn.sh)
