@@ -11,12 +11,17 @@ SOURCES := $(shell find src include shaders cmake python -type f) CMakeLists.txt
 NCNN_PREFIX := $(HOME)/.cache/vknorm/ncnn-1.0.20261020
 
 .PHONY: demo test setup models clean
-# The main job: the device table, then a real ncnn model (a pnnx-made transformer block) run stock
-# and with vknorm's Vulkan LayerNorm, layer by layer.
+# The main job: the device table; a real ncnn model (a pnnx-made transformer block) checked inside ncnn's
+# Vulkan graph, layer by layer (stock CPU fp32 vs stock Vulkan vs vknorm inside); then the end-to-end
+# gain on the LayerNorm-dominated model (ms per inference, stock ncnn beside vknorm in one run).
 demo: setup
 	@$(VENV)/bin/vknorm info
 	@echo
-	@$(VENV)/bin/vknorm check tests/data/transformer_block.ncnn.param tests/data/transformer_block.ncnn.bin --input in0=16x64
+	@$(VENV)/bin/vknorm check tests/data/transformer_block.ncnn.param tests/data/transformer_block.ncnn.bin \
+	  --input in0=16x64 --vulkan
+	@echo
+	@$(VENV)/bin/vknorm bench --model tests/data/ln_residual_stack.ncnn.param tests/data/ln_residual_stack.ncnn.bin \
+	  --input in0=197x768 --iters 20
 
 test: setup
 	@VKNORM_VALIDATION=1 $(PY) -m pytest -q tests
