@@ -1,0 +1,345 @@
+"""vknorm's ncnn layers from C++: the library is configured WITH ncnn (-DVKNORM_NCNN=ON, -Dncnn_DIR=<the ncnn
+that `make setup` builds from source>), built and installed to build/cxx-ncnn-install; examples/ (a standalone
+CMake project) is built against that install and that ncnn through find_package(vknorm) + find_package(ncnn),
+and examples/ncnn_example.cpp runs committed models in an ncnn::Net with vknorm::ncnn::register_layers(net).
+
+What is asserted, for transformer_block (16x64, 3 LayerNorms) and ln_residual_stack (197x768, 12 LayerNorms):
+* the install is a CMake package that exports vknorm::vknorm_ncnn and installs vknorm/ncnn.h; the example's
+  build found both packages where this test put them;
+* the program's input pattern (documented in ncnn_example.cpp) is reproduced by numpy bit for bit;
+* (a) C++ vknorm output == vknorm.graph's (Python; the same C++ layers in the same ncnn, same device, same
+  options) on the same input, float32 and float16 storage: bit for bit is expected (one code path, one
+  device); the test allows 1e-6 (fp32) / 1e-3 (fp16) absolute and says in its output whether the two were
+  identical (a difference means the Python extension was built from other sources than build/cxx-ncnn-build:
+  rerun `make setup`);
+* (b) every vknorm layer ran on Vulkan exactly once: cpu_forwards 0, vulkan_forwards == the .param's
+  LayerNorm/RMSNorm count (per layer and in total); stock runs report no vknorm layer;
+* (c) C++ vknorm Vulkan vs C++ stock Vulkan, measured against C++ stock CPU fp32 with the model-output
+  tolerance of tests/test_graph_ncnn.py: err(vknorm) <= 1.5 * err(stock Vulkan) + (1e-5 fp32 | 2e-3 fp16);
+* (d) C++ --cpu with vknorm (vknorm's CPU forward = ncnn's generic float32 algorithm) vs stock ncnn CPU
+  within 1e-5, every vknorm forward on the CPU;
+* every Vulkan run of the program under the Khronos validation layer loaded into ncnn's own instance
+  (graph_runs.validated_env, synchronization validation on): the layer wrote its log file (so it was
+  loaded) and the log is empty;
+* ncnn errors and bad arguments give non-zero exit codes (1 and 2).
+
+Skipped (whole module) only when the ncnn prefix does not exist (NCNN_PREFIX in the environment, else the
+Makefile's NCNN_PREFIX). Build directories persist under build/ (cxx-ncnn-build, cxx-ncnn-install,
+cxx-ncnn-example): the first library build takes ~1 min on 2 cores, later runs only rebuild what changed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import graph_runs
+from test_deploy_cpp import ROOT, cmake_env, generator_args, run
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def ncnn_prefix() -> str:
+    """NCNN_PREFIX from the environment, else the Makefile's (the ncnn `make setup` builds)."""
+    if os.environ.get("NCNN_PREFIX"):
+        return os.environ["NCNN_PREFIX"]
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        m = re.search(r"^NCNN_PREFIX\s*:?=\s*(\S+)", f.read(), re.M)
+    value = m.group(1) if m else "$(HOME)/.cache/vknorm/ncnn-1.0.20261020"
+    return value.replace("$(HOME)", os.path.expanduser("~"))
+
+
+NCNN_PREFIX = ncnn_prefix()
+NCNN_DIR = os.path.join(NCNN_PREFIX, "lib", "cmake", "ncnn")
+if not os.path.isfile(os.path.join(NCNN_DIR, "ncnnConfig.cmake")):
+    pytest.skip(f"no ncnn at {NCNN_PREFIX} (make setup builds it with tools/build_ncnn.sh)", allow_module_level=True)
+
+BUILD = os.path.join(ROOT, "build", "cxx-ncnn-build")
+PREFIX = os.path.join(ROOT, "build", "cxx-ncnn-install")
+EXAMPLE_BUILD = os.path.join(ROOT, "build", "cxx-ncnn-example")
+EXE = os.path.join(EXAMPLE_BUILD, "ncnn_example")
+
+MODELS = {"transformer_block": (16, 64), "ln_residual_stack": (197, 768)}
+# (name, flags): the program's runs per model
+RUNS = {
+    "vknorm_fp32": [],
+    "vknorm_fp16": ["--fp16"],
+    "stock_fp32": ["--stock"],
+    "stock_fp16": ["--stock", "--fp16"],
+    "vknorm_cpu": ["--cpu"],
+    "stock_cpu": ["--stock", "--cpu"],
+}
+PY_TOL = {False: 1e-6, True: 1e-3}       # (a) C++ vs vknorm.graph, by fp16
+OUTPUT_SLACK = {False: 1e-5, True: 2e-3}  # (c) test_graph_ncnn.py's model-output slack, by fp16
+CPU_TOL = 1e-5                            # (d)
+
+
+def model_files(name):
+    return tuple(os.path.join(graph_runs.DATA, f"{name}.ncnn.{e}") for e in ("param", "bin"))
+
+
+def pattern(dims) -> np.ndarray:
+    """ncnn_example's input: k = i * 7919 mod 4099 (integers), x = float32((k - 2049) / 1000.0) in float64."""
+    n = int(np.prod(dims))
+    k = np.arange(n, dtype=np.int64) * 7919 % 4099
+    return ((k - 2049) / 1000.0).astype(np.float32).reshape(dims)
+
+
+def max_err(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+@pytest.fixture(scope="module")
+def installed():
+    """Configure + build + install the C++ library with its ncnn layers into build/cxx-ncnn-install."""
+    env = cmake_env()
+    run(["cmake", "-S", ROOT, "-B", BUILD, *generator_args(BUILD), "-DVKNORM_PYTHON=OFF", "-DCMAKE_BUILD_TYPE=Release",
+         f"-DCMAKE_INSTALL_PREFIX={PREFIX}", "-DVKNORM_NCNN=ON", f"-Dncnn_DIR={NCNN_DIR}"], "configure vknorm", env=env)
+    run(["cmake", "--build", BUILD], "build vknorm", env=env)
+    shutil.rmtree(PREFIX, ignore_errors=True)  # a clean prefix: only what install puts there
+    run(["cmake", "--install", BUILD], "install vknorm", env=env)
+    return PREFIX
+
+
+@pytest.fixture(scope="module")
+def example(installed):
+    """examples/ configured from scratch against the install and the same ncnn; ncnn_example built."""
+    env = cmake_env()
+    shutil.rmtree(EXAMPLE_BUILD, ignore_errors=True)
+    run(["cmake", "-S", os.path.join(ROOT, "examples"), "-B", EXAMPLE_BUILD, *generator_args(EXAMPLE_BUILD),
+         f"-DCMAKE_PREFIX_PATH={installed}", f"-Dncnn_DIR={NCNN_DIR}"], "configure the examples", env=env)
+    run(["cmake", "--build", EXAMPLE_BUILD, "--target", "ncnn_example"], "build ncnn_example", env=env)
+    assert os.access(EXE, os.X_OK)
+    return EXE
+
+
+def launch(exe, args, env=None, timeout=180):
+    proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode >= 0, f"killed by signal {-proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def parse(out: str) -> dict:
+    m = re.search(r"^vknorm counters: vulkan_forwards (\d+), cpu_forwards (\d+), pipelines (\d+)$", out, re.M)
+    assert m, out
+    layers = {name: {"type": t, "vulkan_forwards": int(v), "cpu_forwards": int(c), "variants": p.split()}
+              for name, t, v, c, p in re.findall(r"^vknorm layer (\S+) (\S+): vulkan_forwards (\d+), "
+                                                 r"cpu_forwards (\d+), pipelines(.*)$", out, re.M)}
+    n = re.search(r"^model: .*, (\d+) vknorm layers", out, re.M)
+    storage = re.search(r"^options: vulkan (on|off), storage (fp16|fp32)", out, re.M)
+    assert n and storage, out
+    return {"vulkan_forwards": int(m.group(1)), "cpu_forwards": int(m.group(2)), "pipelines": int(m.group(3)),
+            "layers": layers, "vknorm_layers": int(n.group(1)), "vulkan": storage.group(1) == "on",
+            "storage": storage.group(2)}
+
+
+@pytest.fixture(scope="module")
+def cxx_runs(example, tmp_path_factory):
+    """Every (model, run) of the program, each Vulkan run under the validation layer with its own log."""
+    tmp = tmp_path_factory.mktemp("ncnn_cpp")
+    results = {}
+    for model, dims in MODELS.items():
+        param, binp = model_files(model)
+        for run_name, flags in RUNS.items():
+            d = tmp / f"{model}-{run_name}"
+            d.mkdir()
+            log = d / "validation.log"
+            env = graph_runs.validated_env(str(log), str(d))
+            env.pop("VKNORM_VALIDATION", None)  # vknorm's own context is not used here; ncnn's instance is
+            out, inp = d / "out.bin", d / "in.bin"
+            proc = launch(example, [param, binp, "x".join(map(str, dims)), *flags, "--out", str(out),
+                                    "--dump-input", str(inp)], env=env)
+            assert proc.returncode == 0 and proc.stdout.rstrip().endswith("OK"), \
+                f"{model} {run_name}: rc {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+            results[(model, run_name)] = {
+                "stdout": proc.stdout, **parse(proc.stdout),
+                "out": np.fromfile(out, np.float32), "input": np.fromfile(inp, np.float32),
+                "log_exists": log.exists(), "log": log.read_text() if log.exists() else ""}
+    return results
+
+
+PY_CHILD = r"""
+import json, sys
+import numpy as np
+from vknorm import graph
+jobs = json.load(open(sys.argv[1]))
+for j in jobs:
+    net = graph.configure(graph.Net(vknorm=True), vulkan=True, fp16=j["fp16"])
+    assert net.load_param(j["param"]) == 0 and net.load_model(j["bin"]) == 0, j
+    ex = net.create_extractor()
+    assert ex.input("in0", graph.Mat(np.load(j["input"]))) == 0
+    r, m = ex.extract("out0")
+    assert r == 0, r
+    np.save(j["out"], np.array(m))
+    j["counters"] = net.vknorm_counters()
+    j["variants"] = {l["name"]: l["variants"] for l in net.vknorm_layers()}
+    j["device"] = graph.gpu_name()
+    del ex, net
+json.dump(jobs, open(sys.argv[2], "w"))
+"""
+
+
+@pytest.fixture(scope="module")
+def py_runs(tmp_path_factory):
+    """vknorm.graph (Python) on the same models, inputs and options, in a child process (its own ncnn instance)."""
+    tmp = tmp_path_factory.mktemp("ncnn_py")
+    jobs = []
+    for model, dims in MODELS.items():
+        param, binp = model_files(model)
+        inp = tmp / f"{model}-in.npy"
+        np.save(inp, pattern(dims))
+        for fp16 in (False, True):
+            jobs.append({"model": model, "fp16": fp16, "param": param, "bin": binp, "input": str(inp),
+                         "out": str(tmp / f"{model}-{int(fp16)}-out.npy")})
+    (tmp / "jobs.json").write_text(json.dumps(jobs))
+    proc = subprocess.run([sys.executable, "-c", PY_CHILD, str(tmp / "jobs.json"), str(tmp / "done.json")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, "vknorm.graph run failed (is vknorm built with ncnn? make setup)\n" + proc.stderr[-4000:]
+    done = json.loads((tmp / "done.json").read_text())
+    return {(j["model"], j["fp16"]): {**j, "out": np.load(j["out"])} for j in done}
+
+
+# ------------------------------------------------------------------------------ the package and the build
+
+def test_install_exports_the_ncnn_layers(installed):
+    lib = sorted(f for f in os.listdir(os.path.join(installed, "lib")) if f.startswith("libvknorm"))
+    assert lib == ["libvknorm.a", "libvknorm_ncnn.a"], lib
+    assert os.path.isfile(os.path.join(installed, "include", "vknorm", "ncnn.h"))
+    cfg = os.path.join(installed, "lib", "cmake", "vknorm")
+    with open(os.path.join(cfg, "vknormTargets.cmake")) as f:
+        targets = f.read()
+    assert "vknorm::vknorm_ncnn" in targets, targets[:2000]
+    with open(os.path.join(cfg, "vknormConfig.cmake")) as f:
+        config = f.read()
+    assert re.search(r"if\((TRUE|ON|1)\)\s*find_dependency\(ncnn\)", config), config
+
+
+def test_example_found_this_install_and_this_ncnn(example):
+    with open(os.path.join(EXAMPLE_BUILD, "CMakeCache.txt")) as f:
+        cache = f.read()
+    for var, want in (("vknorm_DIR", os.path.join(PREFIX, "lib", "cmake", "vknorm")), ("ncnn_DIR", NCNN_DIR)):
+        m = re.search(rf"^{var}:[A-Z]+=(.*)$", cache, re.M)
+        assert m and os.path.realpath(m.group(1)) == os.path.realpath(want), (var, m and m.group(1))
+    # ...and links those archives: vknorm's two from the install, ncnn's from the ncnn prefix
+    link = ""
+    for f in ("build.ninja", os.path.join("CMakeFiles", "ncnn_example.dir", "link.txt")):
+        if os.path.exists(os.path.join(EXAMPLE_BUILD, f)):
+            with open(os.path.join(EXAMPLE_BUILD, f)) as fh:
+                link += fh.read()
+    for lib in (os.path.join(PREFIX, "lib", "libvknorm_ncnn.a"), os.path.join(PREFIX, "lib", "libvknorm.a"),
+                os.path.join(NCNN_PREFIX, "lib", "libncnn.a")):
+        assert lib in link, f"{lib} is not on ncnn_example's link line"
+    if shutil.which("readelf"):  # ncnn (simplevk) and vknorm both open the Vulkan loader at run time
+        needed = subprocess.run(["readelf", "-d", example], capture_output=True, text=True).stdout
+        assert "libvulkan" not in needed, needed
+
+
+def test_input_pattern_is_reproduced_by_numpy_bit_for_bit(cxx_runs):
+    for (model, run_name), r in cxx_runs.items():
+        want = pattern(MODELS[model]).ravel()
+        assert r["input"].shape == want.shape and r["input"].tobytes() == want.tobytes(), (model, run_name)
+
+
+# ------------------------------------------------------------------------------ the runs
+
+def test_validation_layer_loaded_into_ncnns_instance_and_silent(cxx_runs):
+    for (model, run_name), r in cxx_runs.items():
+        if not r["vulkan"]:
+            continue
+        assert r["log_exists"], (f"{model} {run_name}: the validation layer wrote no log: not loaded "
+                                 "(make setup installs vulkan-validationlayers)")
+        assert r["log"].strip() == "", f"{model} {run_name}:\n{r['log'][:4000]}"
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_cxx_output_equals_vknorm_graph_output(cxx_runs, py_runs, model, fp16):
+    """(a) The same layers, ncnn, device and options from C++ and from Python: bit for bit expected."""
+    c = cxx_runs[(model, "vknorm_fp16" if fp16 else "vknorm_fp32")]
+    p = py_runs[(model, fp16)]
+    y_c, y_p = c["out"], p["out"].ravel()
+    assert p["out"].shape == MODELS[model] and y_c.shape == y_p.shape, (p["out"].shape, y_c.shape)
+    assert c["storage"] == ("fp16" if fp16 else "fp32"), c["stdout"]
+    identical = y_c.tobytes() == y_p.tobytes()
+    err = max_err(y_c, y_p)
+    print(f"{model} {'fp16' if fp16 else 'fp32'}: C++ vs vknorm.graph "
+          f"{'bit-identical' if identical else f'max |diff| {err:.3e} (NOT bit-identical)'}")
+    cxx_variants = {name: l["variants"] for name, l in c["layers"].items()}
+    hint = ("" if cxx_variants == p["variants"] else
+            f"\nthe two builds plan differently (stale Python extension? make setup):\nC++ {cxx_variants}\nPy  {p['variants']}")
+    assert err <= PY_TOL[fp16], f"{model} fp16={fp16}: {err:.3e}{hint}"
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_every_norm_layer_ran_once_on_vulkan(cxx_runs, py_runs, model):
+    """(b) No host round trip: per layer and in total, vulkan_forwards == the .param's norm layers, cpu 0."""
+    norms = graph_runs.norm_layers(model_files(model)[0])
+    assert norms
+    for run_name in ("vknorm_fp32", "vknorm_fp16"):
+        r = cxx_runs[(model, run_name)]
+        assert r["vknorm_layers"] == len(norms), r["stdout"]
+        assert r["cpu_forwards"] == 0 and r["vulkan_forwards"] == len(norms), r["stdout"]
+        assert set(r["layers"]) == {n[0] for n in norms}, r["stdout"]
+        for name, layer in r["layers"].items():
+            assert layer["vulkan_forwards"] == 1 and layer["cpu_forwards"] == 0 and layer["variants"], (name, layer)
+    for fp16 in (False, True):  # vknorm.graph counts the same
+        c = py_runs[(model, fp16)]["counters"]
+        assert c["cpu_forwards"] == 0 and c["vulkan_forwards"] == len(norms), c
+    for run_name in ("stock_fp32", "stock_fp16", "stock_cpu"):
+        r = cxx_runs[(model, run_name)]
+        assert r["vknorm_layers"] == 0 and r["vulkan_forwards"] == r["cpu_forwards"] == 0, r["stdout"]
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_vknorm_is_as_close_to_stock_cpu_as_stock_vulkan(cxx_runs, model, fp16):
+    """(c) test_graph_ncnn.py's model-output tolerance, all three runs from the C++ program."""
+    sfx = "fp16" if fp16 else "fp32"
+    cpu = cxx_runs[(model, "stock_cpu")]["out"]
+    vk, stock = cxx_runs[(model, f"vknorm_{sfx}")], cxx_runs[(model, f"stock_{sfx}")]
+    assert stock["storage"] == sfx and stock["vulkan"], stock["stdout"]
+    e_vk, e_stock = max_err(vk["out"], cpu), max_err(stock["out"], cpu)
+    print(f"{model} {sfx}: vs stock CPU fp32: vknorm {e_vk:.3e}, stock Vulkan {e_stock:.3e}; "
+          f"vknorm vs stock Vulkan {max_err(vk['out'], stock['out']):.3e}")
+    assert e_vk <= 1.5 * e_stock + OUTPUT_SLACK[fp16], (model, sfx, e_vk, e_stock)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_cpu_forward_matches_stock_cpu(cxx_runs, model):
+    """(d) --cpu: vknorm's layers run its CPU reference (ncnn's generic algorithm), stock ncnn its x86 layers."""
+    v, s = cxx_runs[(model, "vknorm_cpu")], cxx_runs[(model, "stock_cpu")]
+    n = len(graph_runs.norm_layers(model_files(model)[0]))
+    assert not v["vulkan"] and v["cpu_forwards"] == n and v["vulkan_forwards"] == 0, v["stdout"]
+    err = max_err(v["out"], s["out"])
+    print(f"{model}: --cpu vknorm vs stock {err:.3e}")
+    assert err <= CPU_TOL, (model, err)
+
+
+def test_errors_give_nonzero_exit_codes(example, tmp_path):
+    param, binp = model_files("transformer_block")
+    bad_args = [[], [param, binp], [param, binp, "16x0"], [param, binp, "1x2x3x4x5"], [param, binp, "16x64", "--nope"],
+                [str(tmp_path / "missing.param"), binp, "16x64"]]
+    for args in bad_args:
+        proc = launch(example, args, timeout=60)
+        assert proc.returncode == 2, (args, proc.returncode, proc.stderr)
+    # ncnn errors: a .param ncnn rejects; a model without the blob out0 (extract fails)
+    garbage = tmp_path / "garbage.param"
+    garbage.write_text("not an ncnn param\n")
+    no_out0 = tmp_path / "no_out0.param"
+    no_out0.write_text("7767517\n2 2\nInput in0 0 1 in0\nReLU relu 1 1 in0 y\n")
+    empty_bin = tmp_path / "empty.bin"
+    empty_bin.write_bytes(b"")
+    for p, what in ((garbage, "load_param"), (no_out0, "extract out0")):
+        proc = launch(example, [str(p), str(empty_bin), "16x64", "--cpu"], timeout=60)
+        assert proc.returncode == 1 and what in proc.stderr, (what, proc.returncode, proc.stderr)
+        assert "OK" not in proc.stdout.split(), proc.stdout
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
