@@ -56,7 +56,7 @@ def norm_layers(param_path: str):
         parts = line.split()
         if len(parts) < 4 or parts[0] not in ("LayerNorm", "RMSNorm"):
             continue
-        nb, nt = int(parts[2]), int(parts[3])
+        nb = int(parts[2])
         out.append((parts[1], parts[0], parts[4], parts[4 + nb]))
     return out
 

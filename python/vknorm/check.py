@@ -26,7 +26,6 @@ and no vknorm layer ran on the host (host_round_trips 0).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import json
 import math
@@ -34,9 +33,9 @@ import os
 import re
 import struct
 import sys
-import tempfile
 from typing import Dict, List, Optional, Tuple
 
+from ._stdio import quiet_stderr
 from .cli import UsageError
 
 NORM_TYPES = ("LayerNorm", "RMSNorm")
@@ -502,35 +501,6 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
 
 # ---------------------------------------------------------------------------------------------- --vulkan
 
-@contextlib.contextmanager
-def _quiet_stderr(sink: Optional[list] = None):
-    """Silence C-level stderr (ncnn's device banner and log lines) for the block; its lines go to ``sink``.
-    (vknorm.ncnn has the same helper, but importing it loads pyncnn: --vulkan uses vknorm.graph's ncnn only.)"""
-    try:
-        sys.stderr.flush()
-    except Exception:  # pragma: no cover - closed stderr
-        pass
-    try:
-        saved = os.dup(2)
-    except OSError:  # pragma: no cover - no fd 2
-        yield
-        return
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield
-        finally:
-            try:
-                sys.stderr.flush()
-            except Exception:  # pragma: no cover
-                pass
-            os.dup2(saved, 2)
-            os.close(saved)
-            if sink is not None:
-                tmp.seek(0)
-                sink.extend(line for line in tmp.read().decode("utf-8", "replace").splitlines() if line.strip())
-
-
 def _import_graph():
     """vknorm.graph (ncnn compiled into vknorm); UsageError when vknorm was built without it."""
     try:
@@ -554,16 +524,16 @@ def _rule(fp16: bool, atol: float) -> str:
 def _graph_load(graph, model: Model, bin_path: str, nbytes: int, *, vknorm: bool, vulkan: bool, fp16: bool,
                 label: str):
     """A vknorm.graph net (lightmode off: every blob stays extractable) with the model loaded."""
-    with _quiet_stderr():  # registering vknorm's layers: ncnn says "overwrite built-in layer type ..."
+    with quiet_stderr():  # registering vknorm's layers: ncnn says "overwrite built-in layer type ..."
         net = graph.configure(graph.Net(vknorm=vknorm), vulkan=vulkan, fp16=fp16, lightmode=False)
     log: List[str] = []
-    with _quiet_stderr(log):
+    with quiet_stderr(log):
         ret = net.load_param(model.path)
     if ret != 0:
         why = f": {log[-1]}" if log else ""
         raise UsageError(f"{model.path}: ncnn could not load it (load_param returned {ret}, {label} run){why}")
     log = []
-    with _quiet_stderr(log):
+    with quiet_stderr(log):
         ret = net.load_model(bin_path)
     if ret != 0:
         failed = next((ln for ln in log if "layer load_model" in ln), None)
@@ -583,7 +553,7 @@ def _graph_extract(graph, net, inputs: dict, blobs: List[str], label: str) -> di
     log: List[str] = []
     ex = net.create_extractor()
     try:
-        with _quiet_stderr(log):
+        with quiet_stderr(log):
             for name, arr in inputs.items():
                 ret = ex.input(name, graph.Mat(arr))
                 if ret != 0:
@@ -630,7 +600,7 @@ def _time_inferences(graph, nets: Dict[str, object], inputs: dict, outputs: List
 
     for net in nets.values():
         net.opt.lightmode = True  # each extractor copies the net's options when it is created
-    with _quiet_stderr():
+    with quiet_stderr():
         for label, net in nets.items():
             once(label, net)
         samples: Dict[str, List[float]] = {k: [] for k in nets}
@@ -756,7 +726,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
               "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
               "atol": atol, "warnings": [], "engine": "vulkan", "rule": _rule(fp16, atol), "host_round_trips": 0,
               "ncnn_outputs": {}, "model_ms": {}, "timing_rounds": 0}
-    with _quiet_stderr():  # ncnn prints its device banner when it creates its Vulkan instance
+    with quiet_stderr():  # ncnn prints its device banner when it creates its Vulkan instance
         device = graph.gpu_name() if graph.gpu_count() > 0 else None
     if not device:
         raise UsageError("--vulkan: ncnn finds no Vulkan device (install mesa-vulkan-drivers for lavapipe, "
@@ -837,7 +807,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                     rec["ok"] = False
         result["host_round_trips"] = int(sum(i["cpu_forwards"] for i in infos.values()))
     finally:
-        with _quiet_stderr():
+        with quiet_stderr():
             for net in nets:
                 net.clear()
         del nets[:]

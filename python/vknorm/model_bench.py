@@ -17,32 +17,18 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 
 IMPLS = ("ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-host")
 
 
-def _model_outputs(param_path: str) -> List[str]:
-    produced, consumed = [], set()
-    with open(param_path) as f:
-        lines = f.read().split("\n")[2:]
-    for line in lines:
-        parts = line.split()
-        if len(parts) < 4:
-            continue
-        nb, nt = int(parts[2]), int(parts[3])
-        consumed.update(parts[4:4 + nb])
-        produced += parts[4 + nb:4 + nb + nt]
-    return [b for b in produced if b not in consumed]
-
-
 class _Runner:
     """One loaded net and how to run one inference on it."""
 
-    def __init__(self, impl: str, param: str, binp: str, inputs: Dict[str, np.ndarray], outputs: List[str], fp16: bool):
-        self.impl, self.inputs, self.outputs = impl, inputs, outputs
+    def __init__(self, impl: str, param: str, binp: str, inputs: Dict[str, np.ndarray], fp16: bool):
+        self.impl, self.inputs = impl, inputs
         if impl == "vknorm-host":
             import ncnn
 
@@ -62,6 +48,7 @@ class _Runner:
             self.net = graph.configure(graph.Net(vknorm=impl == "vknorm-in-graph"), vulkan=impl != "ncnn-cpu", fp16=fp16)
         if self.net.load_param(param) != 0 or self.net.load_model(binp) != 0:
             raise RuntimeError(f"{impl}: ncnn could not load {param} / {binp}")
+        self.outputs = list(self.net.output_names())  # every blob no layer consumes
 
     def __call__(self) -> Dict[str, np.ndarray]:
         ex = self.net.create_extractor()
@@ -86,7 +73,6 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
 
     rng = np.random.default_rng(seed)
     inputs = {k: rng.standard_normal(d).astype(np.float32) for k, d in input_dims.items()}
-    outputs = _model_outputs(param)
     from ._stdio import quiet_stderr
 
     runners = []
@@ -94,7 +80,7 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
         logs: list = []
         try:
             with quiet_stderr(logs):  # ncnn's device banner and "overwrite built-in layer" notes
-                runners.append(_Runner(impl, param, binp, inputs, outputs, fp16))
+                runners.append(_Runner(impl, param, binp, inputs, fp16))
         except ImportError as e:
             print(f"vknorm bench: {impl} skipped: {e}", file=sys.stderr)
         except RuntimeError as e:

@@ -29,9 +29,6 @@ catches everything, records it on the layer (``layer.error``) and returns an ncn
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
-import tempfile
 from typing import List, Optional
 
 import ncnn as _ncnn  # pyncnn (absolute import; this module is vknorm.ncnn)
