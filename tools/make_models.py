@@ -193,28 +193,33 @@ class LayerNorm4d(nn.Module):
 
 
 class LNResidualStack(nn.Module):
-    """12 pre-norm residual steps x = x + 0.25 * GELU(LayerNorm_i(x)) on a
-    dims-2 blob (seq 197, d 768, ViT-B/16 sized): LayerNorm-dominated, no
-    Linear layers, so the .bin holds only the 12 LayerNorms' gamma/beta
-    (~74 KB).
+    """12 pre-norm residual steps x = x + GELU(LayerNorm_i(x)) on a dims-2 blob
+    (seq 197, d 768, ViT-B/16 sized): LayerNorm-dominated (per step ncnn runs
+    Split, LayerNorm, GELU and one BinaryOp add), no Linear layers, so the .bin
+    holds only the 12 LayerNorms' gamma/beta (~74 KB).
 
-    The branch is scaled by 0.25 to keep the residual stream's magnitude
-    moderate: unscaled, x grows to |x| ~ 80 at the last LayerNorm's input
-    (~90 at the output), and float16 storage of each LayerNorm's input
-    (rounding error ~|x| * 2^-11) then exceeds the tests' fixed tolerances.
-    Scaled, max |x| at the last LayerNorm's input is ~20, so float16 storage
-    of each LayerNorm's input stays well inside them.  The multiply costs one extra
-    ncnn BinaryOp (mul by a scalar) per step."""
+    Each LayerNorm's affine weights are scaled by AFFINE_SCALE after the usual
+    init (gamma ~ 0.25 * (1 + 0.1 N), beta ~ 0.25 * 0.1 N), as a pre-norm branch
+    with a small output gain: it keeps the residual stream's magnitude moderate.
+    With unit gain x grows to |x| ~ 80 at the last LayerNorm's input, and float16
+    storage of each LayerNorm's input (rounding error ~|x| * 2^-11) then exceeds
+    the tests' fixed tolerances."""
 
-    BRANCH_SCALE = 0.25
+    AFFINE_SCALE = 0.25
 
     def __init__(self, d=768, depth=12):
         super().__init__()
         self.norms = nn.ModuleList(nn.LayerNorm(d, eps=1e-5) for _ in range(depth))
 
+    def after_init(self):
+        with torch.no_grad():
+            for norm in self.norms:
+                norm.weight.mul_(self.AFFINE_SCALE)
+                norm.bias.mul_(self.AFFINE_SCALE)
+
     def forward(self, x):
         for norm in self.norms:
-            x = x + self.BRANCH_SCALE * F.gelu(norm(x))
+            x = x + F.gelu(norm(x))
         return x
 
 
@@ -254,6 +259,8 @@ def build(name):
     torch.manual_seed(seed)
     model = factory().eval()
     init_all_norms(model, seed)
+    if hasattr(model, "after_init"):
+        model.after_init()
     x = torch.randn(shape)
     return model, x
 
