@@ -83,8 +83,15 @@ layout(binding = 0) buffer Blob { sfp x[]; };
 afp load_x(uint i) { return afp(x[i]); }
 void store_x(uint i, afp v) { x[i] = sfp(v); }
 #endif
+#if VEC4
+// A vec4 of a pack1 group is 4 consecutive elements: its weights are 4 consecutive floats, one load
+// each for gamma and beta (group_size is a multiple of 4 whenever the dispatcher picks vec4 reads).
+layout(binding = 1) readonly buffer Gamma { vec4 gamma[]; };
+layout(binding = 2) readonly buffer Beta { vec4 beta[]; };
+#else
 layout(binding = 1) readonly buffer Gamma { float gamma[]; };
 layout(binding = 2) readonly buffer Beta { float beta[]; };
+#endif
 // Split-path scratch. Every kernel declares all five bindings: engines that reflect the SPIR-V (ncnn)
 // build their descriptor layouts from it and need bindings 0..4 without gaps.
 layout(binding = 3) buffer Partials { afp partial[]; };  // [mean of n_items][M2 of n_items]
@@ -116,8 +123,8 @@ uint team_item() { return workgroup_linear() * (WG / TEAM) + gl_LocalInvocationI
 // Affine weights by position in the group; one value serves the 4 groups of a pack4 element.
 #if VEC4
 #define wfp vec4
-wfp gamma_at(uint i) { uint j = 4u * i; return vec4(gamma[j], gamma[j + 1u], gamma[j + 2u], gamma[j + 3u]); }
-wfp beta_at(uint i) { uint j = 4u * i; return vec4(beta[j], beta[j + 1u], beta[j + 2u], beta[j + 3u]); }
+wfp gamma_at(uint i) { return gamma[i]; }
+wfp beta_at(uint i) { return beta[i]; }
 #else
 #define wfp float
 wfp gamma_at(uint i) { return gamma[i]; }
