@@ -207,6 +207,22 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
   return f;
 }
 
+Grid fold_workgroups(uint64_t workgroups, uint32_t max_count_x) {
+  const uint64_t x = std::min<uint64_t>(workgroups, std::max<uint32_t>(max_count_x, 1));
+  return {uint32_t(x), uint32_t(x ? (workgroups + x - 1) / x : 1)};
+}
+
+DispatchInfo dispatch_info(const ForwardPlan& fp) {
+  const Plan& plan = fp.kernel;
+  DispatchInfo info;
+  info.path = plan.path;
+  info.workgroup_size = plan.wg;
+  info.dispatches = int(fp.passes.size());
+  if (plan.path != Path::Split) info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup, info.vec4 = plan.vec4;
+  else info.team = plan.reduce_team, info.chunks = plan.n_chunks;
+  return info;
+}
+
 uint64_t Plan::fused_workgroups(const GroupLayout& g) const { return div_up(g.n_groups, wg / team); }  // vec4: same groups
 uint64_t Plan::reduce_workgroups(const GroupLayout& g) const {
   return div_up(uint64_t(g.n_groups) * n_chunks, wg / reduce_team);

@@ -79,6 +79,16 @@ struct ForwardPlan {
 
 std::string variant_name(const std::string& shader, bool fp16, const std::string& layout, bool subgroup);
 
+// A 1-D workgroup count as a grid: x up to maxComputeWorkGroupCount[0], the rest folded into y (the
+// shaders rebuild the linear id, common.glsl). Every executor dispatches through this.
+struct Grid {
+  uint32_t x = 1, y = 1;
+};
+Grid fold_workgroups(uint64_t workgroups, uint32_t max_count_x);
+
+// What a plan runs, as DispatchInfo reports it (gpu_us and pieces left to the executor).
+DispatchInfo dispatch_info(const ForwardPlan& plan);
+
 // The complete forward of one layer over one blob: what every executor records.
 ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g, bool fp16, const DeviceCaps& dev,
                          const Option& opt);

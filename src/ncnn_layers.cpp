@@ -109,8 +109,7 @@ class NormLayer : public ::ncnn::Layer {
       const bool fp16 = opt.use_fp16_storage || (opt.use_fp16_packed && outer % 4 == 0);
       const int pack = s.dims >= 2 && outer % 4 == 0 ? 4 : 1;
       Blob b{s.dims, s.w, s.dims == 2 ? s.h / pack : s.h, s.d, s.dims >= 3 ? s.c / pack : s.c, 0, pack, fp16};
-      b.cstep = s.dims <= 2 ? size_t(s.w) * s.h : ::ncnn::alignSize(size_t(s.w) * s.h * s.d * (fp16 ? 2 : 4) * pack, 16) /
-                                                     ((fp16 ? 2 : 4) * pack);
+      b.cstep = ncnn_cstep(b.dims, b.w, b.h, b.d, size_t(fp16 ? 2 : 4) * pack);
       if (!prepared(b, opt)) return -1;
     }
     return 0;
@@ -216,11 +215,10 @@ class NormLayer : public ::ncnn::Layer {
       std::memcpy(constants.data(), &pass.push, sizeof(PushConstants));
       p.constants.push_back(std::move(constants));
       // ncnn divides the dispatcher by the pipeline's local size: hand it invocations, not workgroups.
-      const uint64_t max_x = std::max<uint32_t>(info_.max_workgroup_count_x, 1);
-      const uint64_t x = std::min<uint64_t>(pass.workgroups, max_x);
+      const Grid grid = fold_workgroups(pass.workgroups, info_.max_workgroup_count_x);
       ::ncnn::VkMat dispatcher;
-      dispatcher.w = int(x * pass.workgroup_size);
-      dispatcher.h = int((pass.workgroups + x - 1) / x);
+      dispatcher.w = int(grid.x * pass.workgroup_size);
+      dispatcher.h = int(grid.y);
       dispatcher.c = 1;
       p.dispatchers.push_back(dispatcher);
     }

@@ -355,19 +355,11 @@ DispatchInfo record(Norm::Gpu& gpu, Submission& s, const Buffer& blob, const Gro
                                                   gpu.affine ? gpu.beta.get() : unused,
                                                   fp.partials_bytes ? ws.partials.get() : unused,
                                                   fp.coefs_bytes ? ws.coefs.get() : unused};
-  const int dispatches_before = s.dispatches();
   for (const Pass& pass : fp.passes) {
     if (pass.after_previous) s.barrier();
     s.dispatch(impl.pipeline(pass.variant, Specialization::of(pass)), bind, pass.push, pass.workgroups);
   }
-  const Plan& plan = fp.kernel;
-  DispatchInfo info;
-  info.path = plan.path;
-  info.workgroup_size = plan.wg;
-  if (plan.path != Path::Split) info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup, info.vec4 = plan.vec4;
-  else info.team = plan.reduce_team, info.chunks = plan.n_chunks;
-  info.dispatches = s.dispatches() - dispatches_before;
-  return info;
+  return dispatch_info(fp);
 }
 
 // Adds one piece's record to the forward's.

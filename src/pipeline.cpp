@@ -116,10 +116,8 @@ void Submission::dispatch(const Pipeline& p, const std::array<const Buffer*, kBi
   cmd_.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *ctx_.pipeline_layout, 0, set, {});
   cmd_.pushConstants<PushConstants>(*ctx_.pipeline_layout, vk::ShaderStageFlagBits::eCompute, 0, pc);
   // Counts past the x limit fold into y; shaders rebuild the linear id (common.glsl).
-  const uint64_t max_x = std::max<uint32_t>(ctx_.info.max_workgroup_count_x, 1);
-  const uint32_t x = uint32_t(std::min<uint64_t>(workgroups, max_x));
-  const uint32_t y = uint32_t((workgroups + x - 1) / x);
-  cmd_.dispatch(x, y, 1);
+  const Grid grid = fold_workgroups(workgroups, ctx_.info.max_workgroup_count_x);
+  cmd_.dispatch(grid.x, grid.y, 1);
   ++dispatches_;
 }
 

@@ -524,20 +524,10 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
     cb.bindPipeline(vk::PipelineBindPoint::eCompute, pipelines[i], dispatcher);
     cb.pushConstants(*m.pipeline_layout, vk::ShaderStageFlagBits::eCompute, 0, sizeof(PushConstants), &pass.push, dispatcher);
     // Counts past the x limit fold into y; the shaders rebuild the linear id (common.glsl).
-    const uint64_t max_x = std::max<uint32_t>(m.info.max_workgroup_count_x, 1);
-    const uint32_t x = uint32_t(std::min<uint64_t>(pass.workgroups, max_x));
-    const uint32_t y = uint32_t((pass.workgroups + x - 1) / x);
-    cb.dispatch(x, y, 1, dispatcher);
+    const Grid grid = fold_workgroups(pass.workgroups, m.info.max_workgroup_count_x);
+    cb.dispatch(grid.x, grid.y, 1, dispatcher);
   }
-
-  const Plan& plan = fp.kernel;
-  DispatchInfo info;
-  info.path = plan.path;
-  info.workgroup_size = plan.wg;
-  if (plan.path != Path::Split) info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup, info.vec4 = plan.vec4;
-  else info.team = plan.reduce_team, info.chunks = plan.n_chunks;
-  info.dispatches = int(fp.passes.size());
-  return info;
+  return dispatch_info(fp);
 }
 
 void Recorder::release_descriptors() {

@@ -67,6 +67,9 @@ def norm_layers(name: str):
     return out
 
 
+from test_ncnn_models import assert_one_line_error  # noqa: E402  (the CLI error contract, one place)
+
+
 def cli(*args, env_extra=None, python_code=None, timeout=300) -> subprocess.CompletedProcess:
     env = dict(os.environ, VKNORM_VALIDATION="1", PYTHONUNBUFFERED="1")
     env.update(env_extra or {})
@@ -81,18 +84,6 @@ def cli_many(jobs: dict) -> dict:
     with ThreadPoolExecutor(max_workers=3) as pool:
         futures = {key: pool.submit(cli, *args) for key, args in jobs.items()}
         return {key: f.result() for key, f in futures.items()}
-
-
-def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
-    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    assert "Traceback" not in r.stderr, r.stderr
-    lines = r.stderr.strip("\n").split("\n")
-    assert len(lines) == 1 and lines[0], f"stderr is not one line: {r.stderr!r}"
-    assert lines[0].startswith("vknorm check: error: "), lines[0]
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    assert r.stdout == "", r.stdout
-    return lines[0]
 
 
 def write_offset_model(tmp: Path):
