@@ -92,6 +92,7 @@ nb::dict dispatch_dict(const DispatchInfo& i) {
   r["chunks"] = i.chunks;
   r["subgroup"] = i.subgroup;
   r["vec4"] = i.vec4;
+  r["one_reduction"] = i.one_reduction;
   r["gpu_us"] = i.gpu_us;
   r["pieces"] = i.pieces;
   return r;

@@ -9,7 +9,8 @@
 //   SUBGROUP 1: team reductions use subgroup operations, 0: shared memory only.
 // Specialization constants (one pipeline per layer and choice), ids 0..6 in every kernel:
 //   0 workgroup size, 1 op, 2 affine, 3 items per invocation and 4 weight prefetch (fused kernel),
-//   5 team size and 6 group size when the plan fixes them (0: taken from the push constants).
+//   5 team size and 6 group size when the plan fixes them (0: taken from the push constants),
+//   7 LayerNorm statistics from one reduction (fused kernel, see norm_fused.comp).
 #if FP16
 #extension GL_EXT_shader_16bit_storage : require
 #endif
@@ -49,6 +50,9 @@ layout(constant_id = 4) const uint PREFETCH_WEIGHTS = 0;
 // fold. 0 leaves them to the push constants (one pipeline for every shape).
 layout(constant_id = 5) const uint TEAM_SPEC = 0;
 layout(constant_id = 6) const uint GROUP_SIZE_SPEC = 0;
+// 1: LayerNorm reduces the pivot-shifted sum and sum of squares together, and takes the second pass
+// over its registers only when the two would cancel. 0: always two passes (two reductions).
+layout(constant_id = 7) const uint ONE_REDUCTION = 0;
 #define OP_LAYERNORM 0u
 #define OP_RMSNORM 1u
 #define WG gl_WorkGroupSize.x
@@ -97,15 +101,28 @@ layout(binding = 2) readonly buffer Beta { float beta[]; };
 layout(binding = 3) buffer Partials { afp partial[]; };  // [mean of n_items][M2 of n_items]
 layout(binding = 4) buffer Coefs { afp coef[]; };        // [pivot, shifted mean, a] per group
 
-// Scalars per stored element of one group, and the reduction of a per-component sum to the group's.
+// Statistics are reduced per group: a float, or a vec4 for the 4 groups of a pack4 element. A VEC4
+// lane first adds its vec4 across (one group), so a team reduction moves one float, not four.
+#if PACK == 4
+#define stat vec4
+stat to_stat(afp v) { return v; }
+afp from_stat(stat s) { return s; }
+bool any_above(stat a, stat b) { return any(greaterThan(a, b)); }
+#elif VEC4
+#define stat float
+stat to_stat(afp v) { return (v.x + v.y) + (v.z + v.w); }
+afp from_stat(stat s) { return vec4(s); }
+bool any_above(stat a, stat b) { return a > b; }
+#else
+#define stat float
+stat to_stat(afp v) { return v; }
+afp from_stat(stat s) { return s; }
+bool any_above(stat a, stat b) { return a > b; }
+#endif
 #if VEC4
 #define GROUP_ELEMS_PER 4u
-afp group_total(afp v) { return vec4(v.x + v.y + v.z + v.w); }
-afp pivot_of(afp first) { return vec4(first.x); }
 #else
 #define GROUP_ELEMS_PER 1u
-afp group_total(afp v) { return v; }
-afp pivot_of(afp first) { return first; }
 #endif
 
 uint group_base(uint g) {
@@ -138,10 +155,11 @@ afp normalize_one(afp centred, afp a, wfp g, wfp b) {
   return y;
 }
 
-shared afp team_scratch[gl_WorkGroupSize.x];
+shared stat team_scratch[gl_WorkGroupSize.x];
 
-// Sum over the invocations of a team; every member gets the result. Called in uniform control flow.
-afp team_sum(afp v) {
+// Sum over the invocations of a team; every member gets the result. Called in uniform control flow
+// (a team that spans subgroups: uniform across the workgroup, for its barriers).
+stat team_sum(stat v) {
 #if SUBGROUP
   if (TEAM <= gl_SubgroupSize) {
     for (uint m = 1u; m < TEAM; m <<= 1) v += subgroupShuffleXor(v, m);
@@ -153,7 +171,7 @@ afp team_sum(afp v) {
   barrier();
   uint per_team = TEAM / gl_SubgroupSize;
   uint first = (gl_SubgroupID / per_team) * per_team;
-  afp s = afp(0);
+  stat s = stat(0);
   for (uint k = 0u; k < per_team; ++k) s += team_scratch[first + k];
   barrier();
   return s;
@@ -168,5 +186,48 @@ afp team_sum(afp v) {
   v = team_scratch[lid - team_lane()];
   barrier();
   return v;
+#endif
+}
+
+// Two sums at once: one chain of shuffles (or one pair of barriers) instead of two.
+void team_sum2(inout stat a, inout stat b) {
+#if SUBGROUP
+  if (TEAM <= gl_SubgroupSize) {
+    for (uint m = 1u; m < TEAM; m <<= 1) {
+      a += subgroupShuffleXor(a, m);
+      b += subgroupShuffleXor(b, m);
+    }
+    return;
+  }
+  a = subgroupAdd(a);
+  b = subgroupAdd(b);
+  // Subgroups hold >= 2 invocations (device_caps), so 2 entries per subgroup fit in WG.
+  if (subgroupElect()) {
+    team_scratch[2u * gl_SubgroupID] = a;
+    team_scratch[2u * gl_SubgroupID + 1u] = b;
+  }
+  barrier();
+  uint per_team = TEAM / gl_SubgroupSize;
+  uint first = (gl_SubgroupID / per_team) * per_team;
+  a = stat(0);
+  b = stat(0);
+  for (uint k = 0u; k < per_team; ++k) {
+    a += team_scratch[2u * (first + k)];
+    b += team_scratch[2u * (first + k) + 1u];
+  }
+  barrier();
+#else
+  a = team_sum(a);
+  b = team_sum(b);
+#endif
+}
+
+// Whether a team may take a branch of its own around team_sum: its reductions then involve no one
+// outside the team (shuffles inside one subgroup, or barriers of a workgroup that is the team).
+bool team_may_branch() {
+#if SUBGROUP
+  return TEAM <= gl_SubgroupSize || TEAM == WG;
+#else
+  return TEAM == WG;
 #endif
 }

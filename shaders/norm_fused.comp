@@ -1,23 +1,47 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // Single dispatch for groups that fit in registers: a team per group (several groups per subgroup
-// when groups are tiny, a whole workgroup when large) reads x once into registers, takes the mean
-// about a pivot and then the variance about that mean (ncnn's two passes, from registers), and
-// writes y once.
+// when groups are tiny, a whole workgroup when large) reads x once into registers, reduces its
+// statistics there and writes y once.
+//
+// LayerNorm statistics are taken about a pivot (the mean of the group's first 4 elements), so
+// |mean| >> std stays exact: x - pivot is exact and small. With ONE_REDUCTION the team reduces the
+// shifted sum and sum of squares together; var = E[d^2] - E[d]^2 then loses bits only when the shifted
+// mean is large against the std (a pivot far from the mean), and exactly then the team takes ncnn's
+// second pass, sum((d - mean)^2), from its registers.
 #include "common.glsl"
 
+// Cancellation bound for the one-reduction variance: var = E[d^2] - m^2 keeps its relative error
+// within ~(1 + 3 * 4) roundings when m^2 <= 4 var. Beyond it (rare: the pivot averages 4 elements,
+// so m^2 / var ~ z^2 / 4) the second pass runs.
+const float kMaxShiftRatio = 4.0;
+
+// The pivot: the mean of the group's first 4 elements (the first one for smaller groups), in pairs
+// scaled first so a constant group gives its own value exactly and none overflows. `precise`: a
+// compiler may otherwise factor 0.25 * a + 0.25 * b into 0.25 * (a + b), which overflows near FLT_MAX.
+afp group_pivot(uint base) {
+#if VEC4
+  vec4 f = load_x(base);
+  precise float pv = (0.25 * f.x + 0.25 * f.y) + (0.25 * f.z + 0.25 * f.w);
+  return vec4(pv);
+#else
+  if (GROUP_SIZE < 4u) return load_x(base);
+  precise afp pv = (0.25 * load_x(base) + 0.25 * load_x(base + 1u)) + (0.25 * load_x(base + 2u) + 0.25 * load_x(base + 3u));
+  return pv;
+#endif
+}
 
 void main() {
   uint g = team_item();
   bool in_range = g < p.n_groups;
   uint lane = team_lane();
   uint base = in_range ? group_base(g) : 0u;
-  // The pivot keeps |mean| >> std exact: x - pivot is exact and small, so its mean is too.
-  afp pivot = in_range && OP == OP_LAYERNORM ? pivot_of(load_x(base)) : afp(0);
+  afp pivot = in_range && OP == OP_LAYERNORM ? group_pivot(base) : afp(0);
+  const bool one_reduction = OP == OP_LAYERNORM && ONE_REDUCTION != 0u;
 
   afp v[ITEMS];
   wfp gk[ITEMS], bk[ITEMS];
-  afp s = afp(0);
+  afp s = afp(0), q = afp(0);
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = lane + k * TEAM;
     bool inside = in_range && i < GROUP_SIZE;
@@ -26,32 +50,51 @@ void main() {
       gk[k] = AFFINE != 0u && inside ? gamma_at(i) : wfp(1);
       bk[k] = AFFINE != 0u && OP == OP_LAYERNORM && inside ? beta_at(i) : wfp(0);
     }
-    s += OP == OP_LAYERNORM ? v[k] : v[k] * v[k];
+    if (OP == OP_LAYERNORM) {
+      s += v[k];
+      if (one_reduction) q += v[k] * v[k];
+    } else {
+      s += v[k] * v[k];
+    }
   }
   float n = float(GROUP_SIZE * GROUP_ELEMS_PER);
-  afp mean = afp(0);
-  afp var;
+  stat mean = stat(0);
+  stat var;
   if (OP == OP_LAYERNORM) {
-    mean = group_total(team_sum(s)) / n;
-    afp q = afp(0);
-    for (uint k = 0u; k < ITEMS; ++k) {
-      afp d = lane + k * TEAM < GROUP_SIZE ? v[k] - mean : afp(0);
-      q += d * d;
+    bool second_pass = true;
+    if (one_reduction) {
+      stat sum = to_stat(s), sum_sq = to_stat(q);
+      team_sum2(sum, sum_sq);
+      mean = sum / n;
+      var = sum_sq / n - mean * mean;
+      // Negative or NaN var: the comparison is true or false, and a NaN stays NaN either way.
+      second_pass = !team_may_branch() || any_above(mean * mean, kMaxShiftRatio * var);
+    } else {
+      mean = team_sum(to_stat(s)) / n;
     }
-    var = group_total(team_sum(q)) / n;
+    if (second_pass) {
+      afp m = from_stat(mean);
+      afp q2 = afp(0);
+      for (uint k = 0u; k < ITEMS; ++k) {
+        afp d = lane + k * TEAM < GROUP_SIZE ? v[k] - m : afp(0);
+        q2 += d * d;
+      }
+      var = team_sum(to_stat(q2)) / n;
+    }
   } else {
-    var = group_total(team_sum(s)) / n;
+    var = team_sum(to_stat(s)) / n;
   }
   // inversesqrt, not 1 / sqrt: drivers may build sqrt(v) as v * inversesqrt(v), NaN for v = Inf, and
   // RMSNorm of a group holding Inf must give a = 0 as the CPU reference does.
-  afp a = inversesqrt(var + p.eps);
+  afp a = from_stat(inversesqrt(var + p.eps));
+  afp m = from_stat(mean);
   if (!in_range) return;
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = lane + k * TEAM;
     if (i < GROUP_SIZE) {
       wfp gw = PREFETCH_WEIGHTS != 0u ? gk[k] : (AFFINE != 0u ? gamma_at(i) : wfp(1));
       wfp bw = PREFETCH_WEIGHTS != 0u ? bk[k] : (AFFINE != 0u && OP == OP_LAYERNORM ? beta_at(i) : wfp(0));
-      store_x(base + i, normalize_one(v[k] - mean, a, gw, bw));
+      store_x(base + i, normalize_one(v[k] - m, a, gw, bw));
     }
   }
 }

@@ -322,6 +322,21 @@ std::shared_ptr<Context> Context::create(int index) {
     impl->required_subgroup_size = uint32_t(want);
     impl->info.subgroup_size = uint32_t(want);  // what the dispatcher plans for
   }
+  // VKNORM_PIPELINE_STATS=1: the driver's statistics of every pipeline vknorm builds (registers,
+  // spills, ...) on stderr, where the device offers VK_KHR_pipeline_executable_properties. A profiling
+  // aid for kernel work; nothing else changes.
+  vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR executable_props{};
+  if (env_flag("VKNORM_PIPELINE_STATS")) {
+    for (const auto& e : pd.enumerateDeviceExtensionProperties())
+      if (std::strcmp(e.extensionName, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME) == 0) {
+        extensions.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+        executable_props.pipelineExecutableInfo = VK_TRUE, executable_props.pNext = features, features = &executable_props;
+        impl->pipeline_stats = true;
+      }
+    if (!impl->pipeline_stats)
+      std::fprintf(stderr, "vknorm: VKNORM_PIPELINE_STATS: %s has no VK_KHR_pipeline_executable_properties\n",
+                   impl->info.name.c_str());
+  }
   vk::DeviceCreateInfo dci{.pNext = features,
                            .queueCreateInfoCount = 1,
                            .pQueueCreateInfos = &qci,

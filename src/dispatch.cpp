@@ -79,6 +79,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_SMALL_GROUP")) caps.small_group = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_SMALL")) caps.items_target_small = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_SPECIALIZE")) caps.specialize_shape = std::atoi(v) != 0;
+  if (const char* v = std::getenv("VKNORM_TUNE_ONE_REDUCTION")) caps.one_reduction = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_WORKGROUP"))
     caps.preferred_workgroup = std::min(caps.max_workgroup, pow2_floor(std::max(1, std::atoi(v))));
   // Shared memory (maxComputeSharedMemorySize, VKNORM_MAX_SHARED_MEMORY caps it): per invocation the
@@ -88,12 +89,13 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   caps.max_workgroup = std::min(caps.max_workgroup, pow2_floor(shared / 16));
   caps.preferred_workgroup = std::min(caps.preferred_workgroup, pow2_floor(shared / 52));
   caps.subgroup_size = info.subgroup_size;
-  caps.subgroup_reduce = subgroup_reduce && opt.use_subgroup_ops && info.subgroup_size > 0 &&
+  // Subgroups of >= 2 invocations: team_sum2 keeps two values per subgroup in a workgroup-sized array.
+  caps.subgroup_reduce = subgroup_reduce && opt.use_subgroup_ops && info.subgroup_size >= 2 &&
                          caps.preferred_workgroup % info.subgroup_size == 0;
   return caps;
 }
 
-Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16) {
+Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16, NormOp op) {
   Path want = opt.path;
   if (want == Path::Auto)
     if (const char* env = std::getenv("VKNORM_PATH")) want = parse_path(env);
@@ -116,12 +118,18 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // most small_group packed elements or vec4s; 2 when the whole tensor needs
   // fewer than latency_threads invocations: latency-bound, so wide teams and weights loaded early);
   // a forced path that cannot hold the group moves to the next row down.
+  // LayerNorm reduces its sum and sum of squares together where a team may branch on its own (the
+  // rare second pass): a team inside a subgroup with subgroup reductions, or a team that is the whole
+  // workgroup, which workgroup teams then are.
   auto fused = [&](uint32_t team) {
     plan.vec4 = vec4;
     plan.team = team;
     plan.wg = std::max(dev.preferred_workgroup, team);
     plan.items = items_for(size, team);
     plan.path = team <= subgroup ? Path::Subgroup : Path::Workgroup;
+    plan.one_reduction = op == NormOp::LayerNorm && dev.one_reduction &&
+                         (plan.path == Path::Workgroup || (plan.subgroup && team <= dev.subgroup_size));
+    if (plan.one_reduction && plan.path == Path::Workgroup) plan.wg = team;
     return plan.items <= dev.max_items;
   };
   uint32_t target = fp16 ? dev.items_target_fp16 : dev.items_target;
@@ -153,6 +161,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   plan.wg = dev.preferred_workgroup;
   plan.vec4 = false;
   plan.prefetch = false;
+  plan.one_reduction = false;
   plan.team = 1;
   plan.items = 1;
   const uint32_t size_all = g.group_size;
@@ -171,7 +180,7 @@ std::string variant_name(const std::string& shader, bool fp16, const std::string
 ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g, bool fp16, const DeviceCaps& dev,
                          const Option& opt) {
   ForwardPlan f;
-  f.kernel = plan_dispatch(g, dev, opt, fp16);
+  f.kernel = plan_dispatch(g, dev, opt, fp16, op);
   f.layout = g;
   f.fp16 = fp16;
   const Plan& plan = f.kernel;
@@ -189,7 +198,7 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
     const bool fixed = dev.specialize_shape;
     pass("norm_fused", plan.vec4 ? "v4" : pack, plan.subgroup,
          {plan.wg, op_id, affine_id, plan.items, plan.prefetch ? 1u : 0u, fixed ? plan.team : 0u,
-          fixed ? pc.group_size : 0u},
+          fixed ? pc.group_size : 0u, plan.one_reduction ? 1u : 0u},
          plan.fused_workgroups(g), false);
     return f;
   }
@@ -197,7 +206,7 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
   if (2 * items * g.elempack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
   f.partials_bytes = 2 * items * g.elempack * sizeof(float);
   f.coefs_bytes = 3ull * g.n_groups * g.elempack * sizeof(float);
-  const std::vector<uint32_t> spec{plan.wg, op_id, affine_id, 1, 0, 0, 0};
+  const std::vector<uint32_t> spec{plan.wg, op_id, affine_id, 1, 0, 0, 0, 0};
   pc.team = plan.reduce_team;
   pass("norm_reduce", pack, false, spec, plan.reduce_workgroups(g), false);
   pc.team = plan.finalize_team;
@@ -218,7 +227,8 @@ DispatchInfo dispatch_info(const ForwardPlan& fp) {
   info.path = plan.path;
   info.workgroup_size = plan.wg;
   info.dispatches = int(fp.passes.size());
-  if (plan.path != Path::Split) info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup, info.vec4 = plan.vec4;
+  if (plan.path != Path::Split) info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup, info.vec4 = plan.vec4,
+                                 info.one_reduction = plan.one_reduction;
   else info.team = plan.reduce_team, info.chunks = plan.n_chunks;
   return info;
 }

@@ -25,6 +25,7 @@ struct DeviceCaps {
   bool subgroup_reduce = false;  // subgroup arithmetic + shuffle usable in compute
   bool cpu = false;              // a CPU implementation (lavapipe)
   bool specialize_shape = true;  // fused kernel: team and group size as specialization constants
+  bool one_reduction = true;     // fused LayerNorm: sum and sum of squares in one reduction
 };
 
 struct Plan {
@@ -33,6 +34,7 @@ struct Plan {
   bool subgroup = false;   // fused kernel with subgroup reductions
   bool vec4 = false;       // fused, pack1: read 4 consecutive elements per load (team/items count vec4s)
   bool prefetch = false;   // fused: load gamma/beta with x (latency-bound tensors; costs registers)
+  bool one_reduction = false;  // fused LayerNorm: statistics from one team reduction (common.glsl id 7)
   uint32_t team = 1;       // fused: invocations per group
   uint32_t items = 1;      // fused: elements per invocation (registers)
   uint32_t chunk_size = 0, n_chunks = 1;  // split: chunks per group
@@ -47,7 +49,8 @@ struct Plan {
 // shaders on the device as it was created (vknorm's own context, ncnn's, or a caller's).
 DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Option& opt);
 DeviceCaps device_caps(const Context& ctx, const Option& opt);
-Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16 = false);
+Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16 = false,
+                   NormOp op = NormOp::LayerNorm);
 
 // ---- The plan as data: one forward, independent of the engine that records it ----------------------
 // Every pass binds the same five storage buffers (binding = slot): the blob, gamma, beta and the split
@@ -62,7 +65,8 @@ static_assert(sizeof(PushConstants) == 32, "8 words of push constants");
 
 struct Pass {
   std::string variant;                  // embedded SPIR-V: <shader>_fp<0|1>_p<1|4|v4>_sg<0|1>
-  std::vector<uint32_t> specialization;  // constant ids 0..6: workgroup, op, affine, items, prefetch, team, size
+  std::vector<uint32_t> specialization;  // constant ids 0..7: workgroup, op, affine, items, prefetch, team, size,
+                                         // one reduction
   PushConstants push{};
   uint32_t workgroup_size = 0;  // local_size_x (specialization[0])
   uint64_t workgroups = 0;      // 1-D; executors fold counts past maxComputeWorkGroupCount[0] into y

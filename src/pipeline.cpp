@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstdio>
 #include <stdexcept>
 
 #include "shaders.h"
@@ -24,10 +25,29 @@ Pipeline::Pipeline(Context::Impl& ctx, const std::string& variant, const Special
   vk::PipelineShaderStageRequiredSubgroupSizeCreateInfo size{.requiredSubgroupSize = ctx.required_subgroup_size};
   const bool sized = ctx.required_subgroup_size && variant.size() > 4 && variant.compare(variant.size() - 4, 4, "_sg1") == 0;
   vk::ComputePipelineCreateInfo ci{
+      .flags = ctx.pipeline_stats ? vk::PipelineCreateFlagBits::eCaptureStatisticsKHR : vk::PipelineCreateFlags{},
       .stage = {.pNext = sized ? &size : nullptr, .stage = vk::ShaderStageFlagBits::eCompute, .module = *module,
                 .pName = "main", .pSpecializationInfo = &info},
       .layout = *ctx.pipeline_layout};
   pipeline = vk::raii::Pipeline(ctx.device, ctx.pipeline_cache, ci);
+  if (ctx.pipeline_stats) print_statistics(ctx, variant + "/" + spec.key());
+}
+
+void Pipeline::print_statistics(Context::Impl& ctx, const std::string& name) const {
+  const auto executables = ctx.device.getPipelineExecutablePropertiesKHR(vk::PipelineInfoKHR{.pipeline = *pipeline});
+  for (uint32_t i = 0; i < executables.size(); ++i) {
+    std::string line = "vknorm pipeline " + name + " [" + std::string(executables[i].name.data()) + "]";
+    for (const auto& st : ctx.device.getPipelineExecutableStatisticsKHR({.pipeline = *pipeline, .executableIndex = i})) {
+      line += std::string(" ") + st.name.data() + "=";
+      switch (st.format) {
+        case vk::PipelineExecutableStatisticFormatKHR::eBool32: line += st.value.b32 ? "true" : "false"; break;
+        case vk::PipelineExecutableStatisticFormatKHR::eInt64: line += std::to_string(st.value.i64); break;
+        case vk::PipelineExecutableStatisticFormatKHR::eUint64: line += std::to_string(st.value.u64); break;
+        case vk::PipelineExecutableStatisticFormatKHR::eFloat64: line += std::to_string(st.value.f64); break;
+      }
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
 }
 
 const Pipeline& Context::Impl::pipeline(const std::string& variant, const Specialization& spec) {

@@ -38,6 +38,7 @@ struct Context::Impl {
   uint32_t timestamp_bits = 0;
   bool fp16_storage = false;  // enabled on the device
   bool subgroup_reduce = false;  // arithmetic + shuffle in compute
+  bool pipeline_stats = false;  // VKNORM_PIPELINE_STATS: print each pipeline's driver statistics
   uint32_t required_subgroup_size = 0;  // VKNORM_SUBGROUP_SIZE, 0: the device's default
   bool direct_host_access = false;  // device memory is host memory (CPU / integrated): no staging
   uint32_t device_memory_type = 0, staging_memory_type = 0;
@@ -92,6 +93,7 @@ struct Pipeline {
   vk::raii::ShaderModule module = nullptr;
   vk::raii::Pipeline pipeline = nullptr;
   Pipeline(Context::Impl& ctx, const std::string& variant, const Specialization& spec);
+  void print_statistics(Context::Impl& ctx, const std::string& name) const;
 };
 
 // Records transfers and dispatches into one command buffer, submits once and waits (Kompute's Sequence).

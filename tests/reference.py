@@ -170,6 +170,19 @@ def stats_raw_sums_f32(rows: np.ndarray):
     return mean, var
 
 
+def stats_shifted_one_reduction_f32(rows: np.ndarray):
+    """mean, var from float32 sums of d = x - pivot and d^2 reduced together (pivot: the mean of the
+    first 4 elements): var = E[d^2] - E[d]^2, with no second pass."""
+    rows = np.asarray(rows, np.float32)
+    n = np.float32(rows.shape[-1])
+    q = np.float32(0.25)
+    pivot = (q * rows[:, 0] + q * rows[:, 1]) + (q * rows[:, 2] + q * rows[:, 3])
+    d = (rows - pivot[:, None]).astype(np.float32)
+    m = (_tree_sum_f32(d) / n).astype(np.float32)
+    var = (_tree_sum_f32(d * d) / n - m * m).astype(np.float32)
+    return (pivot + m).astype(np.float32), var
+
+
 def stats_running_mean_f32(rows: np.ndarray):
     """mean, var from Welford's update with the running mean held in one float32 per group."""
     rows = np.asarray(rows, np.float32)

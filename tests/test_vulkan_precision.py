@@ -15,7 +15,8 @@ import pytest
 
 import vknorm
 from reference import (FP32_TOL, LARGE_OFFSET_ABS_TOL, PATHS, check_dispatch, layernorm_from_stats, make_layer,
-                       max_abs_err, norm64, scale, stats_raw_sums_f32, stats_running_mean_f32)
+                       max_abs_err, norm64, scale, stats_raw_sums_f32, stats_running_mean_f32,
+                       stats_shifted_one_reduction_f32)
 
 OFFSETS = [(1e4, 1e-2), (-3e3, 1.0)]
 OFFSET_SIZES = [768, 65537]
@@ -101,6 +102,44 @@ def test_a_massive_activation_as_the_pivot_stays_exact_on_every_path(size, vulka
                 failures.append(f"path={path} packing={packing} ran {layer.last_dispatch['path']}: "
                                 f"max abs error {err:.3e} > {bound:.3e}")
     assert not failures, "\n".join(failures)
+
+
+def massive_pivot_input(size: int) -> np.ndarray:
+    """The first four elements of every group (what the fused kernel averages into its pivot) are massive
+    activations among N(0, 1): the pivot sits ~1000 std from the group's mean."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((N_GROUPS, size)).astype(np.float32)
+    x[:, :4] = 1000.0
+    return x
+
+
+@pytest.mark.parametrize("size", [768, 4097])
+def test_a_pivot_of_massive_activations_takes_the_second_pass_on_every_path(size, vulkan_device):
+    """The fused kernel reduces the pivot-shifted sum and sum of squares together; where they would cancel
+    (here E[d]^2 / var ~ size / 4) it must take the second pass and stay at the fp32 tolerance."""
+    x = massive_pivot_input(size)
+    layer = make_layer("LayerNorm", size, 1e-5, False)
+    ref = norm64("LayerNorm", x, size, 1e-5, False)
+    bound = FP32_TOL * scale(ref)
+    failures = []
+    for path in PATHS:
+        for packing in (False, True):
+            y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))
+            err = max_abs_err(y, ref)
+            if not err <= bound:
+                failures.append(f"path={path} packing={packing} ran {layer.last_dispatch['path']}: "
+                                f"max abs error {err:.3e} > {bound:.3e}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("size", [768, 4097])
+def test_one_reduction_without_the_second_pass_fails_the_massive_pivot_check(size):
+    """Why the one-reduction kernel keeps its second pass: E[d^2] - E[d]^2 alone misses the same bound."""
+    x = massive_pivot_input(size)
+    ref = norm64("LayerNorm", x, size, 1e-5, False)
+    mean, var = stats_shifted_one_reduction_f32(x)
+    err = max_abs_err(layernorm_from_stats(x, mean, var, 1e-5), ref)
+    assert err > FP32_TOL * scale(ref), f"one reduction unexpectedly within tolerance ({err:.3e})"
 
 
 # ------------------------------------------------------------------------------ constant groups, eps = 0

@@ -52,6 +52,7 @@ struct DispatchInfo {  // what the last forward did
   uint32_t workgroup_size = 0, team = 0, items = 0, chunks = 0;
   bool subgroup = false;
   bool vec4 = false;  // pack1 blob read as vec4s
+  bool one_reduction = false;  // LayerNorm statistics from one team reduction (fused kernel)
   double gpu_us = 0;  // from timestamp queries; 0 when the device has none
   int pieces = 1;     // submissions the blob was split into (plan_pieces); 1: processed whole
 };

@@ -42,6 +42,7 @@ def add_parser(sub) -> None:
     p.add_argument("--warmup-ms", type=float, default=150.0, help="GPU work right before each timed batch")
     p.add_argument("--path", default="auto", help="force a vknorm path: auto|subgroup|workgroup|split")
     p.add_argument("--no-packing", action="store_true", help="elempack 1 blobs (default: ncnn's pack4)")
+    p.add_argument("--no-affine", action="store_true", help="layers without gamma/beta (ncnn param 2 affine=0)")
     m = p.add_argument_group("whole models (--model): wall time per inference, stock ncnn beside vknorm")
     m.add_argument("--model", nargs=2, metavar=("MODEL.param", "MODEL.bin"),
                    help="time a whole ncnn model: ncnn-cpu, ncnn-vulkan, vknorm-in-graph, vknorm-host")
@@ -116,30 +117,30 @@ def _bench_vknorm_and_copy(layer, vkmat, option, args, with_copy: bool):
     return med(times), info, (med(copies) if copies else None), (med(buffer_copies) if buffer_copies else None)
 
 
-def _ncnn_param(op: str, rows: int, cols: int, layers: int) -> str:
+def _ncnn_param(op: str, rows: int, cols: int, layers: int, affine: bool = True) -> str:
     kind = "LayerNorm" if op == "layernorm" else "RMSNorm"
     lines = ["7767517", f"{layers + 1} {layers + 1}", f"Input in0 0 1 b0 0={cols} 1={rows}"]
     for i in range(layers):
-        lines.append(f"{kind} n{i} 1 1 b{i} b{i + 1} 0={cols} 1=1e-05 2=1")
+        lines.append(f"{kind} n{i} 1 1 b{i} b{i + 1} 0={cols} 1=1e-05 2={int(affine)}")
     return "\n".join(lines) + "\n"
 
 
-def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray):
+def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine: bool = True):
     """ncnn's Vulkan layer: (chain of K layers - chain of k) / (K - k), wall clock, min of 3 runs."""
     import ncnn
 
     if ncnn.get_gpu_count() == 0:
         return None
-    per_layer = 2 if op == "layernorm" else 1
+    per_layer = (2 if op == "layernorm" else 1) if affine else 0
     tmp = tempfile.mkdtemp(prefix="vknorm-bench-")
 
     def run_chain(layers: int, repeat: int = 3) -> float:
         param = os.path.join(tmp, f"chain{layers}.param")
         with open(param, "w") as f:
-            f.write(_ncnn_param(op, rows, cols, layers))
+            f.write(_ncnn_param(op, rows, cols, layers, affine))
         weights = os.path.join(tmp, f"chain{layers}.bin")
-        w = np.concatenate([np.ones(cols, np.float32), np.zeros(cols, np.float32)][:per_layer])
-        np.tile(w, layers).astype(np.float32).tofile(weights)
+        w = [np.ones(cols, np.float32), np.zeros(cols, np.float32)][:per_layer]
+        np.tile(np.concatenate(w) if w else np.zeros(0, np.float32), layers).astype(np.float32).tofile(weights)
         net = ncnn.Net()
         net.opt.use_vulkan_compute = True
         net.opt.use_fp16_storage = fp16
@@ -172,7 +173,7 @@ def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray):
     return max(tk - t1, 0.0) / (k - 1) * 1e6
 
 
-def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int):
+def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: bool = True):
     try:
         import torch
     except ImportError:
@@ -183,8 +184,8 @@ def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int):
 
     dt = torch.float16 if fp16 else torch.float32
     x = torch.randn(rows, cols, device="cuda", dtype=dt)
-    w = torch.ones(cols, device="cuda", dtype=dt)
-    b = torch.zeros(cols, device="cuda", dtype=dt)
+    w = torch.ones(cols, device="cuda", dtype=dt) if affine else None
+    b = torch.zeros(cols, device="cuda", dtype=dt) if affine else None
     fn = (lambda: F.layer_norm(x, (cols,), w, b, 1e-5)) if op == "layernorm" else (lambda: F.rms_norm(x, (cols,), w, 1e-5))
     for _ in range(5):
         fn()
@@ -290,15 +291,18 @@ def run(args) -> int:
                 progress.step(f"{op} {dtype} {rows}x{cols}")
                 x = rng.standard_normal((rows, cols), dtype=np.float32)
                 option = Option(use_fp16_storage=fp16, use_packing_layout=not args.no_packing, path=args.path)
-                layer = (LayerNorm if op == "layernorm" else RMSNorm)(affine_size=cols, eps=1e-5)
-                if op == "layernorm":
+                layer = (LayerNorm if op == "layernorm" else RMSNorm)(affine_size=cols, eps=1e-5,
+                                                                        affine=not args.no_affine)
+                if args.no_affine:
+                    pass  # nothing to load
+                elif op == "layernorm":
                     layer.load_model(np.ones(cols, np.float32), np.zeros(cols, np.float32))
                 else:
                     layer.load_model(np.ones(cols, np.float32))
                 vkmat = to_device(x, option)
                 nbytes = rows * cols * (2 if fp16 else 4)
                 us, disp, copy_us, copybuf_us = _bench_vknorm_and_copy(layer, vkmat, option, args, "copy" in compare)
-                base = {"op": op, "dtype": dtype, "rows": rows, "cols": cols, "kind": kind}
+                base = {"op": op, "dtype": dtype, "rows": rows, "cols": cols, "kind": kind, "affine": not args.no_affine}
 
                 def add(impl, t, dispatches, **extra):
                     if t is None or t <= 0:
@@ -312,9 +316,9 @@ def run(args) -> int:
                     add("copy_buffer", copybuf_us, 1)
                 del vkmat
                 if "ncnn" in compare and kind == "sweep":
-                    add("ncnn", _bench_ncnn(op, rows, cols, fp16, x), None, method="chain difference, wall clock")
+                    add("ncnn", _bench_ncnn(op, rows, cols, fp16, x, not args.no_affine), None, method="chain difference, wall clock")
                 if "torch" in compare:
-                    add("torch", _bench_torch(op, rows, cols, fp16, args.reps), 1, method="CUDA events")
+                    add("torch", _bench_torch(op, rows, cols, fp16, args.reps, not args.no_affine), 1, method="CUDA events")
     progress.close()
     report = {
         "device": info["name"],
