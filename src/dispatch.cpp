@@ -118,24 +118,25 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // most small_group packed elements or vec4s; 2 when the whole tensor needs
   // fewer than latency_threads invocations: latency-bound, so wide teams and weights loaded early);
   // a forced path that cannot hold the group moves to the next row down.
-  // LayerNorm reduces its sum and sum of squares together where a team may branch on its own (the
-  // rare second pass): a team inside a subgroup with subgroup reductions, or a team that is the whole
-  // workgroup, which workgroup teams then are.
+  // LayerNorm in workgroup teams reduces its sum and sum of squares together, one team per workgroup
+  // so the team may branch on its own into the rare second pass (H200: 1024-16384 cols +1 to +11 points
+  // of the copy roof, latency shapes -8 %). Teams inside a subgroup keep two reductions: one chain of
+  // shuffles each, and one reduction lost there (32-256 cols: 6-10 points).
   auto fused = [&](uint32_t team) {
     plan.vec4 = vec4;
     plan.team = team;
     plan.wg = std::max(dev.preferred_workgroup, team);
     plan.items = items_for(size, team);
     plan.path = team <= subgroup ? Path::Subgroup : Path::Workgroup;
-    plan.one_reduction = op == NormOp::LayerNorm && dev.one_reduction &&
-                         (plan.path == Path::Workgroup || (plan.subgroup && team <= dev.subgroup_size));
-    if (plan.one_reduction && plan.path == Path::Workgroup) plan.wg = team;
+    plan.one_reduction = op == NormOp::LayerNorm && dev.one_reduction && plan.path == Path::Workgroup;
+    if (plan.one_reduction) plan.wg = team;
     return plan.items <= dev.max_items;
   };
   uint32_t target = fp16 ? dev.items_target_fp16 : dev.items_target;
-  // Small groups on a GPU: wider teams with fewer elements each (H200, 2^25 elements: LayerNorm fp32 at
-  // 32-64 cols 76-81 % -> 91-92 % of the copy roof, RMSNorm fp16 at 64 cols 64 % -> 82 %; from 256 cols
-  // up the wider team loses).
+  // Small groups on a GPU: wider teams with fewer elements each, up to teams of 64 (H200, 2^25
+  // elements: LayerNorm fp32 at 32-64 cols 76-81 % -> 91-92 % of the copy roof, 256-768 cols 77-81 % ->
+  // 90-93 %, RMSNorm fp16 at 64 cols 64 % -> 82 %, 128 cols 67 -> 84 %; for larger groups the wider
+  // team loses: LayerNorm fp32 at 1024-4096 cols 80-69 % -> 74-46 %).
   if (!dev.cpu && size <= dev.small_group) target = std::min(target, dev.items_target_small);
   const bool latency_bound = uint64_t(g.n_groups) * div_up(size, target) < dev.latency_threads;
   if (latency_bound) target = 2;

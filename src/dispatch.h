@@ -17,7 +17,7 @@ struct DeviceCaps {
   uint32_t max_items = 16;             // elements one invocation holds in the fused kernel
   uint32_t items_target = 8;           // elements per invocation the team size aims for (fp32)
   uint32_t items_target_fp16 = 8;      // the same for float16 storage (half the bytes per element)
-  uint32_t small_group = 64;           // GPUs: groups of at most this many packed elements (or vec4s) ...
+  uint32_t small_group = 256;          // GPUs: groups of at most this many packed elements (or vec4s) ...
   uint32_t items_target_small = 4;     // ... aim for this many elements per invocation
   uint64_t latency_threads = 0;        // fewer invocations than this: latency-bound, spread groups wide
   uint32_t min_team = 1;               // smallest team for groups at least this large (CPU: a subgroup)
