@@ -157,41 +157,6 @@ afp normalize_one(afp centred, afp a, wfp g, wfp b) {
 
 shared stat team_scratch[gl_WorkGroupSize.x];
 
-#if SUBGROUP && PACK == 4
-// Sums over a whole subgroup of >= 8 invocations by halving exchanges: partners swap halves of what
-// they hold, so each shuffle moves what is still needed (a vec4: 2 + 1 shuffles then scalar steps,
-// instead of 4 per step). The total of component k ends in the invocations whose low bits give k.
-float subgroup_scatter_sum4(vec4 v, out uint k) {
-  uint l = gl_SubgroupInvocationID;
-  bool hi = (l & 1u) != 0u;
-  vec2 keep = hi ? v.zw : v.xy;
-  keep += subgroupShuffleXor(hi ? v.xy : v.zw, 1u);
-  hi = (l & 2u) != 0u;
-  float t = hi ? keep.y : keep.x;
-  t += subgroupShuffleXor(hi ? keep.x : keep.y, 2u);
-  for (uint m = 4u; m < gl_SubgroupSize; m <<= 1) t += subgroupShuffleXor(t, m);
-  k = (l & 1u) * 2u + ((l >> 1) & 1u);
-  return t;
-}
-// The same for two vec4s (component k of a for k < 4, of b for k >= 4).
-float subgroup_scatter_sum8(vec4 a, vec4 b, out uint k) {
-  uint l = gl_SubgroupInvocationID;
-  bool hi = (l & 1u) != 0u;
-  vec4 keep = hi ? b : a;
-  keep += subgroupShuffleXor(hi ? a : b, 1u);
-  // then subgroup_scatter_sum4's steps, one bit up
-  hi = (l & 2u) != 0u;
-  vec2 keep2 = hi ? keep.zw : keep.xy;
-  keep2 += subgroupShuffleXor(hi ? keep.xy : keep.zw, 2u);
-  hi = (l & 4u) != 0u;
-  float t = hi ? keep2.y : keep2.x;
-  t += subgroupShuffleXor(hi ? keep2.x : keep2.y, 4u);
-  for (uint m = 8u; m < gl_SubgroupSize; m <<= 1) t += subgroupShuffleXor(t, m);
-  k = (l & 1u) * 4u + ((l >> 1) & 1u) * 2u + ((l >> 2) & 1u);
-  return t;
-}
-#endif
-
 // Sum over the invocations of a team; every member gets the result. Called in uniform control flow
 // (a team that spans subgroups: uniform across the workgroup, for its barriers).
 stat team_sum(stat v) {
@@ -201,17 +166,8 @@ stat team_sum(stat v) {
     return v;
   }
   // A team spans whole subgroups: add inside each, then across the team's subgroups.
-#if PACK == 4
-  if (gl_SubgroupSize >= 4u) {
-    uint k;
-    float t = subgroup_scatter_sum4(v, k);
-    if (gl_SubgroupInvocationID < 4u) team_scratch[gl_SubgroupID][k] = t;
-  } else
-#endif
-  {
-    v = subgroupAdd(v);
-    if (subgroupElect()) team_scratch[gl_SubgroupID] = v;
-  }
+  v = subgroupAdd(v);
+  if (subgroupElect()) team_scratch[gl_SubgroupID] = v;
   barrier();
   uint per_team = TEAM / gl_SubgroupSize;
   uint first = (gl_SubgroupID / per_team) * per_team;
@@ -244,20 +200,11 @@ void team_sum2(inout stat a, inout stat b) {
     return;
   }
   // Subgroups hold >= 2 invocations (device_caps), so 2 entries per subgroup fit in WG.
-#if PACK == 4
-  if (gl_SubgroupSize >= 8u) {
-    uint k;
-    float t = subgroup_scatter_sum8(a, b, k);
-    if (gl_SubgroupInvocationID < 8u) team_scratch[2u * gl_SubgroupID + (k >> 2)][k & 3u] = t;
-  } else
-#endif
-  {
-    a = subgroupAdd(a);
-    b = subgroupAdd(b);
-    if (subgroupElect()) {
-      team_scratch[2u * gl_SubgroupID] = a;
-      team_scratch[2u * gl_SubgroupID + 1u] = b;
-    }
+  a = subgroupAdd(a);
+  b = subgroupAdd(b);
+  if (subgroupElect()) {
+    team_scratch[2u * gl_SubgroupID] = a;
+    team_scratch[2u * gl_SubgroupID + 1u] = b;
   }
   barrier();
   uint per_team = TEAM / gl_SubgroupSize;
