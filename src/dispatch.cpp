@@ -83,7 +83,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_WORKGROUP"))
     caps.preferred_workgroup = std::min(caps.max_workgroup, pow2_floor(std::max(1, std::atoi(v))));
   // Shared memory (maxComputeSharedMemorySize, VKNORM_MAX_SHARED_MEMORY caps it): per invocation the
-  // fused kernel and norm_reduce hold one afp (vec4 at most: 16 B, common.glsl team_scratch);
+  // fused kernel and norm_reduce hold one stat (vec4 at most: 16 B, common.glsl team_scratch);
   // norm_finalize 3 afp + 1 float (52 B), at the split path's workgroup, preferred_workgroup.
   const uint32_t shared = std::max<uint32_t>(info.max_shared_memory, 52);
   caps.max_workgroup = std::min(caps.max_workgroup, pow2_floor(shared / 16));

@@ -65,7 +65,7 @@ FP16_WARNING = "vknorm: float16 storage is not supported on this device; using f
 # ---------------------------------------------------------------- shared memory the shaders declare
 
 SHARED_DECL = re.compile(r"^\s*shared\s+(\w+)\s+(\w+)\s*\[([^\]]*)\]\s*;", re.M)
-TYPE_BYTES = {"float": 4, "uint": 4, "int": 4, "vec4": 16, "afp": 16}  # afp: vec4 at most (common.glsl)
+TYPE_BYTES = {"float": 4, "uint": 4, "int": 4, "vec4": 16, "afp": 16, "stat": 16}  # afp, stat: vec4 at most (common.glsl)
 
 
 def shared_bytes_per_invocation() -> dict:
