@@ -129,6 +129,8 @@ def test_a_pivot_of_massive_activations_takes_the_second_pass_on_every_path(size
             if not err <= bound:
                 failures.append(f"path={path} packing={packing} ran {layer.last_dispatch['path']}: "
                                 f"max abs error {err:.3e} > {bound:.3e}")
+            if path == "workgroup" and not layer.last_dispatch["one_reduction"]:
+                failures.append(f"packing={packing}: the workgroup team did not use the one-reduction kernel")
     assert not failures, "\n".join(failures)
 
 

@@ -348,7 +348,8 @@ def print_table(report: dict) -> None:
         v = impls.get("vknorm")
         if v is None:
             continue
-        pct = f"{100 * v['gbps'] / impls['copy']['gbps']:.0f}" if "copy" in impls else "-"
+        # from the times: GB/s is rounded, to 0 for tiny shapes
+        pct = f"{100 * impls['copy']['gpu_us'] / v['gpu_us']:.0f}" if "copy" in impls else "-"
         xn = f"{impls['ncnn']['gpu_us'] / v['gpu_us']:.2f}" if "ncnn" in impls else "-"
         xt = f"{impls['torch']['gpu_us'] / v['gpu_us']:.2f}" if "torch" in impls else "-"
         print(f"{op:<9} {dtype:<5} {f'{rows}x{cols}':>14} {v['gpu_us']:>10.1f} {v['gbps']:>7.0f} {pct:>7} {xn:>7} {xt:>8}  "

@@ -1,0 +1,52 @@
+"""`vknorm bench` kernel sweeps: vknorm timed with Vulkan timestamps beside the copy roof, per op, storage
+and shape, as a table and as JSON (a contract other tools read). Timings are never asserted (lavapipe's
+vary with load); what was run and how it is reported are."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+SHAPES = ["--rows", "8", "--cols", "64", "--rows", "3", "--cols", "768"]
+QUICK = ["--reps", "100", "--batches", "1", "--warmup-ms", "1"]
+
+
+def vknorm(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "vknorm", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_affine"])
+def test_bench_sweep_reports_vknorm_and_the_copy_roof_per_shape_as_json(tmp_path, affine):
+    out = tmp_path / "bench.json"
+    proc = vknorm("bench", "--op", "both", *SHAPES, "--compare", "copy", *QUICK, "--json", str(out),
+                  *([] if affine else ["--no-affine"]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert {"device", "driver", "date", "method", "results"} <= set(report)
+    seen = {}
+    for r in report["results"]:
+        assert r["affine"] is affine, r
+        assert r["gpu_us"] > 0 and r["gbps"] >= 0, r  # tiny shapes round to 0.0 GB/s
+        seen.setdefault((r["op"], r["dtype"], r["rows"], r["cols"]), set()).add(r["impl"])
+        if r["impl"] == "vknorm":
+            assert r["path"] in ("subgroup", "workgroup", "split") and r["dispatches"] >= 1, r
+    expected = {(op, dt, rows, cols) for op in ("layernorm", "rmsnorm") for dt in ("fp32", "fp16")
+                for rows, cols in ((8, 64), (3, 768))}
+    assert set(seen) == expected
+    assert all({"vknorm", "copy"} <= impls for impls in seen.values()), seen
+    assert "layernorm" in proc.stdout and "rmsnorm" in proc.stdout  # the table
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rows", "8"], "--rows"),
+    (["--rows", "0", "--cols", "8"], "positive"),
+    (["--rows", "8", "--cols", "8", "--reps", "5"], "--reps"),
+    (["--rows", "8", "--cols", "8", "--compare", "nosuch"], "--compare"),
+])
+def test_bench_bad_input_is_one_line_and_exit_2(args, message):
+    proc = vknorm("bench", *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
