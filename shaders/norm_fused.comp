@@ -73,10 +73,9 @@ void main() {
       mean = team_sum(to_stat(s)) / n;
     }
     if (second_pass) {
-      afp m = from_stat(mean);
       afp q2 = afp(0);
       for (uint k = 0u; k < ITEMS; ++k) {
-        afp d = lane + k * TEAM < GROUP_SIZE ? v[k] - m : afp(0);
+        afp d = lane + k * TEAM < GROUP_SIZE ? v[k] - from_stat(mean) : afp(0);
         q2 += d * d;
       }
       var = team_sum(to_stat(q2)) / n;

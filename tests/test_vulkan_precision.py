@@ -80,6 +80,23 @@ def test_raw_sums_and_float32_running_mean_fail_the_large_offset_check(dist, siz
     assert run_err > LARGE_OFFSET_ABS_TOL, f"float32 running mean unexpectedly within tolerance ({run_err:.3e})"
 
 
+def failures_on_every_path(layer, x, ref, bound, check_dispatch_info=None) -> list:
+    """Each forced path, packing off and on: a line per run whose max abs error exceeds bound, and per
+    run that check_dispatch_info(path, packing, last_dispatch) describes as wrong."""
+    failures = []
+    for path in PATHS:
+        for packing in (False, True):
+            y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))
+            err = max_abs_err(y, ref)
+            if not err <= bound:
+                failures.append(f"path={path} packing={packing} ran {layer.last_dispatch['path']}: "
+                                f"max abs error {err:.3e} > {bound:.3e}")
+            problem = check_dispatch_info and check_dispatch_info(path, packing, layer.last_dispatch)
+            if problem:
+                failures.append(problem)
+    return failures
+
+
 @pytest.mark.parametrize("size", [768, 4097])
 def test_a_massive_activation_as_the_pivot_stays_exact_on_every_path(size, vulkan_device):
     """The first element of each group (the natural pivot) is a massive activation (1000 among N(0, 1),
@@ -93,14 +110,7 @@ def test_a_massive_activation_as_the_pivot_stays_exact_on_every_path(size, vulka
     ref = norm64("LayerNorm", x, size, 1e-5, False)
     bound = FP32_TOL * scale(ref)
     assert max_abs_err(layer(x, device="cpu"), ref) <= bound
-    failures = []
-    for path in PATHS:
-        for packing in (False, True):
-            y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))
-            err = max_abs_err(y, ref)
-            if not err <= bound:
-                failures.append(f"path={path} packing={packing} ran {layer.last_dispatch['path']}: "
-                                f"max abs error {err:.3e} > {bound:.3e}")
+    failures = failures_on_every_path(layer, x, ref, bound)
     assert not failures, "\n".join(failures)
 
 
@@ -121,16 +131,12 @@ def test_a_pivot_of_massive_activations_takes_the_second_pass_on_every_path(size
     layer = make_layer("LayerNorm", size, 1e-5, False)
     ref = norm64("LayerNorm", x, size, 1e-5, False)
     bound = FP32_TOL * scale(ref)
-    failures = []
-    for path in PATHS:
-        for packing in (False, True):
-            y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))
-            err = max_abs_err(y, ref)
-            if not err <= bound:
-                failures.append(f"path={path} packing={packing} ran {layer.last_dispatch['path']}: "
-                                f"max abs error {err:.3e} > {bound:.3e}")
-            if path == "workgroup" and not layer.last_dispatch["one_reduction"]:
-                failures.append(f"packing={packing}: the workgroup team did not use the one-reduction kernel")
+
+    def one_reduction_ran(path, packing, info):
+        if path == "workgroup" and not info["one_reduction"]:
+            return f"packing={packing}: the workgroup team did not use the one-reduction kernel"
+
+    failures = failures_on_every_path(layer, x, ref, bound, one_reduction_ran)
     assert not failures, "\n".join(failures)
 
 
