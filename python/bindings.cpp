@@ -210,11 +210,23 @@ NB_MODULE(_core, m) {
 
   nb::class_<Norm>(m, "Norm")
       .def("__init__", [](Norm* self, const std::string& op) {
-        if (op != "LayerNorm" && op != "RMSNorm") throw std::invalid_argument("op must be LayerNorm or RMSNorm");
-        new (self) Norm(op == "LayerNorm" ? NormOp::LayerNorm : NormOp::RMSNorm);
+        for (NormOp o : {NormOp::LayerNorm, NormOp::RMSNorm, NormOp::GroupNorm, NormOp::InstanceNorm})
+          if (op == op_name(o)) return void(new (self) Norm(o));
+        throw std::invalid_argument("op must be LayerNorm, RMSNorm, GroupNorm or InstanceNorm, got " + op);
       })
-      .def_prop_ro("op", [](const Norm& n) { return n.op == NormOp::LayerNorm ? "LayerNorm" : "RMSNorm"; })
+      .def_prop_ro("op", [](const Norm& n) { return op_name(n.op); })
       .def_ro("affine_size", &Norm::affine_size)
+      .def_ro("group", &Norm::group)
+      .def_ro("channels", &Norm::channels)
+      // How an elempack-1 input splits into groups under this layer's params.
+      .def("group_layout", [](const Norm& n, const Mat& x) {
+        const GroupLayout g = n.layout(x.dims, x.w, x.h, x.d, x.c, x.cstep, 1);
+        nb::dict r;
+        r["group_size"] = g.group_size;  // elempack 1: elements of one group
+        r["groups"] = g.groups();
+        r["planes"] = g.planes;
+        return r;
+      })
       .def_ro("eps", &Norm::eps)
       .def_ro("affine", &Norm::affine)
       .def_ro("gamma_data", &Norm::gamma_data)

@@ -178,12 +178,14 @@ NB_MODULE(_graph, m) {
                d["name"] = l->name;
                d["type"] = l->type;
                d["affine_size"] = i.affine_size;
+               if (i.type == "GroupNorm") d["group"] = i.group;
+               if (i.type == "GroupNorm" || i.type == "InstanceNorm") d["channels"] = i.channels;
                d["eps"] = i.eps;
                d["affine"] = i.affine;
                auto vec = [&](const float* p) -> nb::object {
                  if (!p) return nb::none();
-                 ::ncnn::Mat m(i.affine_size);
-                 std::memcpy(m.data, p, sizeof(float) * i.affine_size);
+                 ::ncnn::Mat m(i.weight_count);
+                 std::memcpy(m.data, p, sizeof(float) * i.weight_count);
                  return nb::cast(mat_to_numpy(m));
                };
                d["gamma"] = vec(i.gamma);

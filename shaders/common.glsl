@@ -1,5 +1,12 @@
 // Shared by every vknorm shader: storage/arithmetic types, the group model, team reductions.
 //
+// The group model: a blob is packed channels, cstep apart; a team works on one item of group_size
+// packed elements. An item is a group (LayerNorm/RMSNorm: part of one channel, gpc items per channel;
+// InstanceNorm: one channel plane) or spans PLANES consecutive channel planes (GroupNorm). In pack4 a
+// packed element holds 4 channels: lane j of the item's plane q belongs to the item's group
+// (4q + j) / CPG, so an item holds 4 / gcd(CPG, 4) groups when CPG is not a multiple of 4 (statistics
+// are then kept per group "slot" of a vec4) and one group otherwise.
+//
 // Build-time macros (one SPIR-V variant each, see cmake/shaders.cmake):
 //   FP16     0: float32 storage, 1: float16 storage. Arithmetic is float32 either way.
 //   PACK     1: one group per element, 4: ncnn pack4, each vec4 holds one element of 4 groups
@@ -10,7 +17,8 @@
 // Specialization constants (one pipeline per layer and choice), ids 0..6 in every kernel:
 //   0 workgroup size, 1 op, 2 affine, 3 items per invocation and 4 weight prefetch (fused kernel),
 //   5 team size and 6 group size when the plan fixes them (0: taken from the push constants),
-//   7 LayerNorm statistics from one reduction (fused kernel, see norm_fused.comp).
+//   7 LayerNorm statistics from one reduction (fused kernel, see norm_fused.comp),
+//   8 planes per item, 9 where the affine weights come from, 10 channels per group (pack4 lanes).
 #if FP16
 #extension GL_EXT_shader_16bit_storage : require
 #endif
@@ -53,11 +61,20 @@ layout(constant_id = 6) const uint GROUP_SIZE_SPEC = 0;
 // 1: LayerNorm reduces the pivot-shifted sum and sum of squares together, and takes the second pass
 // over its registers only when the two would cancel. 0: always two passes (two reductions).
 layout(constant_id = 7) const uint ONE_REDUCTION = 0;
+// Channel planes one item spans (cstep apart, GROUP_SIZE / PLANES elements each).
+layout(constant_id = 8) const uint PLANES = 1;
+// Affine weights: 0 by position in the group (LayerNorm/RMSNorm); 1 per channel, one channel per
+// element (pack1); 2 per channel, the 4 lanes of a packed element are 4 channels (pack4); 3 one pair
+// for the whole blob (InstanceNorm of a dims 1-2 blob).
+layout(constant_id = 9) const uint WEIGHTS = 0;
+// pack4: channels per group (1: each lane is a group of its own, as LayerNorm's pack4 groups).
+layout(constant_id = 10) const uint CPG = 1;
 #define OP_LAYERNORM 0u
 #define OP_RMSNORM 1u
 #define WG gl_WorkGroupSize.x
 #define TEAM (TEAM_SPEC != 0u ? TEAM_SPEC : p.team)
 #define GROUP_SIZE (GROUP_SIZE_SPEC != 0u ? GROUP_SIZE_SPEC : p.group_size)
+#define PLANE_SIZE (GROUP_SIZE / PLANES)
 
 // Every blob is channels -> groups per channel -> group elements. Positions are in packed elements.
 // The block is named `parameter`: ncnn's Pipeline finds push constants by that name.
@@ -119,16 +136,66 @@ stat to_stat(afp v) { return v; }
 afp from_stat(stat s) { return s; }
 bool any_above(stat a, stat b) { return a > b; }
 #endif
+// Elements of one group: a VEC4 element is 4 of the group's; a pack4 item of PLANES planes holds
+// CPG channel planes per group.
 #if VEC4
-#define GROUP_ELEMS_PER 4u
+#define GROUP_ELEMS (GROUP_SIZE * 4u)
+#elif PACK == 4
+#define GROUP_ELEMS (CPG * PLANE_SIZE)
 #else
-#define GROUP_ELEMS_PER 1u
+#define GROUP_ELEMS GROUP_SIZE
 #endif
 
 uint group_base(uint g) {
   uint ch = g / p.gpc;
-  return ch * p.cstep + (g - ch * p.gpc) * GROUP_SIZE;
+  return ch * PLANES * p.cstep + (g - ch * p.gpc) * GROUP_SIZE;
 }
+
+// Offset of the item's element i from its base: planes are cstep apart.
+uint elem_offset(uint i) { return PLANES == 1u ? i : i + (i / PLANE_SIZE) * (p.cstep - PLANE_SIZE); }
+// The item's plane that holds element i.
+uint plane_of(uint i) { return PLANES == 1u ? 0u : i / PLANE_SIZE; }
+// The packed channel that holds element i of item g.
+uint channel_of(uint g, uint i) { return (g / p.gpc) * PLANES + plane_of(i); }
+
+// Group slots (pack4): statistics of the groups an item holds, one per vec4 component. to_slots adds
+// the lanes of element i into their groups' slots; from_slots hands each lane its group's value. With
+// CPG 1 the lanes are the slots. Written per lane, so a NaN stays in its own group.
+#if PACK == 4
+uvec4 lane_slots(uint i) { return (uvec4(4u * plane_of(i)) + uvec4(0u, 1u, 2u, 3u)) / CPG; }
+vec4 to_slots(vec4 v, uint i) {
+  if (CPG == 1u) return v;
+  uvec4 s = lane_slots(i);
+  vec4 r = vec4(0.0);
+  for (uint j = 0u; j < 4u; ++j) r[s[j]] += v[j];
+  return r;
+}
+vec4 from_slots(vec4 st, uint i) {
+  if (CPG == 1u) return st;
+  uvec4 s = lane_slots(i);
+  return vec4(st[s.x], st[s.y], st[s.z], st[s.w]);
+}
+// Elements of each slot's group in the item's plane q: lanes per slot.
+vec4 lanes_per_slot(uint q) {
+  if (CPG == 1u) return vec4(1.0);
+  return to_slots(vec4(1.0), q * PLANE_SIZE);
+}
+// Each group's first element (the split path's pivot).
+vec4 first_elements(uint base) {
+  if (CPG == 1u) return load_x(base);
+  vec4 r = vec4(0.0);
+  for (uint k = 0u; k < 4u; ++k) {
+    uint c = k * CPG;  // the slot's first channel, relative to the item
+    if (c < 4u * PLANES) r[k] = load_x(base + (c >> 2) * p.cstep)[c & 3u];
+  }
+  return r;
+}
+#else
+afp to_slots(afp v, uint i) { return v; }
+afp from_slots(afp st, uint i) { return st; }
+float lanes_per_slot(uint q) { return 1.0; }
+afp first_elements(uint base) { return load_x(base); }
+#endif
 
 // Workgroup counts above 65535 are folded into y by the host.
 uint workgroup_linear() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
@@ -137,15 +204,53 @@ uint workgroup_linear() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_Work
 uint team_lane() { return gl_LocalInvocationID.x & (TEAM - 1u); }
 uint team_item() { return workgroup_linear() * (WG / TEAM) + gl_LocalInvocationID.x / TEAM; }
 
-// Affine weights by position in the group; one value serves the 4 groups of a pack4 element.
+// Chunks never straddle planes: a group spanning planes has n_chunks / PLANES chunks in each.
+void chunk_range(uint c, out uint begin, out uint end, out uint plane) {
+  uint per_plane = p.n_chunks / PLANES;
+  plane = c / per_plane;
+  begin = plane * PLANE_SIZE + (c - plane * per_plane) * p.chunk_size;
+  end = min(begin + p.chunk_size, (plane + 1u) * PLANE_SIZE);
+}
+
+// Counts as divisors: a slot with no element divides 0 by 1, not 0 by 0.
+#if PACK == 4
+vec4 at_least_one(vec4 n) { return mix(vec4(1.0), n, greaterThan(n, vec4(0.0))); }
+#else
+float at_least_one(float n) { return n > 0.0 ? n : 1.0; }
+#endif
+
+// Affine weights of element i of item g: by position in the group (one value serves the 4 groups of
+// a pack4 element), or per channel (WEIGHTS).
 #if VEC4
 #define wfp vec4
-wfp gamma_at(uint i) { return gamma[i]; }
-wfp beta_at(uint i) { return beta[i]; }
+wfp gamma_for(uint g, uint i) {
+  if (WEIGHTS == 0u) return gamma[i];
+  if (WEIGHTS == 3u) return vec4(gamma[0].x);
+  uint c = channel_of(g, i);
+  return WEIGHTS == 2u ? gamma[c] : vec4(gamma[c >> 2][c & 3u]);
+}
+wfp beta_for(uint g, uint i) {
+  if (WEIGHTS == 0u) return beta[i];
+  if (WEIGHTS == 3u) return vec4(beta[0].x);
+  uint c = channel_of(g, i);
+  return WEIGHTS == 2u ? beta[c] : vec4(beta[c >> 2][c & 3u]);
+}
+#elif PACK == 4
+#define wfp vec4
+wfp gamma_for(uint g, uint i) {
+  if (WEIGHTS == 0u || WEIGHTS == 3u) return vec4(gamma[WEIGHTS == 0u ? i : 0u]);
+  uint c = 4u * channel_of(g, i);
+  return vec4(gamma[c], gamma[c + 1u], gamma[c + 2u], gamma[c + 3u]);
+}
+wfp beta_for(uint g, uint i) {
+  if (WEIGHTS == 0u || WEIGHTS == 3u) return vec4(beta[WEIGHTS == 0u ? i : 0u]);
+  uint c = 4u * channel_of(g, i);
+  return vec4(beta[c], beta[c + 1u], beta[c + 2u], beta[c + 3u]);
+}
 #else
 #define wfp float
-wfp gamma_at(uint i) { return gamma[i]; }
-wfp beta_at(uint i) { return beta[i]; }
+wfp gamma_for(uint g, uint i) { return gamma[WEIGHTS == 0u ? i : WEIGHTS == 3u ? 0u : channel_of(g, i)]; }
+wfp beta_for(uint g, uint i) { return beta[WEIGHTS == 0u ? i : WEIGHTS == 3u ? 0u : channel_of(g, i)]; }
 #endif
 
 // y = (x - mean) * a, then * gamma (+ beta for LayerNorm) when affine.

@@ -19,14 +19,19 @@ const float kMaxShiftRatio = 4.0;
 // The pivot: the mean of the group's first 4 elements (the first one for smaller groups), in pairs
 // scaled first so a constant group gives its own value exactly and none overflows. `precise`: a
 // compiler may otherwise factor 0.25 * a + 0.25 * b into 0.25 * (a + b), which overflows near FLT_MAX.
+// A pack4 item holding several groups takes each group's first element (one per slot).
 afp group_pivot(uint base) {
 #if VEC4
   vec4 f = load_x(base);
   precise float pv = (0.25 * f.x + 0.25 * f.y) + (0.25 * f.z + 0.25 * f.w);
   return vec4(pv);
 #else
+#if PACK == 4
+  if (CPG != 1u) return first_elements(base);
+#endif
   if (GROUP_SIZE < 4u) return load_x(base);
-  precise afp pv = (0.25 * load_x(base) + 0.25 * load_x(base + 1u)) + (0.25 * load_x(base + 2u) + 0.25 * load_x(base + 3u));
+  precise afp pv = (0.25 * load_x(base) + 0.25 * load_x(base + elem_offset(1u))) +
+                   (0.25 * load_x(base + elem_offset(2u)) + 0.25 * load_x(base + elem_offset(3u)));
   return pv;
 #endif
 }
@@ -39,25 +44,26 @@ void main() {
   afp pivot = in_range && OP == OP_LAYERNORM ? group_pivot(base) : afp(0);
   const bool one_reduction = OP == OP_LAYERNORM && ONE_REDUCTION != 0u;
 
+  // Sums are kept per group slot (to_slots: the identity unless a pack4 item holds several groups).
   afp v[ITEMS];
   wfp gk[ITEMS], bk[ITEMS];
   afp s = afp(0), q = afp(0);
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = lane + k * TEAM;
     bool inside = in_range && i < GROUP_SIZE;
-    v[k] = inside ? load_x(base + i) - pivot : afp(0);
+    v[k] = inside ? load_x(base + elem_offset(i)) - from_slots(pivot, i) : afp(0);
     if (PREFETCH_WEIGHTS != 0u) {
-      gk[k] = AFFINE != 0u && inside ? gamma_at(i) : wfp(1);
-      bk[k] = AFFINE != 0u && OP == OP_LAYERNORM && inside ? beta_at(i) : wfp(0);
+      gk[k] = AFFINE != 0u && inside ? gamma_for(g, i) : wfp(1);
+      bk[k] = AFFINE != 0u && OP == OP_LAYERNORM && inside ? beta_for(g, i) : wfp(0);
     }
     if (OP == OP_LAYERNORM) {
-      s += v[k];
-      if (one_reduction) q += v[k] * v[k];
+      s += to_slots(v[k], i);
+      if (one_reduction) q += to_slots(v[k] * v[k], i);
     } else {
-      s += v[k] * v[k];
+      s += to_slots(v[k] * v[k], i);
     }
   }
-  float n = float(GROUP_SIZE * GROUP_ELEMS_PER);
+  float n = float(GROUP_ELEMS);
   stat mean = stat(0);
   stat var;
   if (OP == OP_LAYERNORM) {
@@ -75,8 +81,9 @@ void main() {
     if (second_pass) {
       afp q2 = afp(0);
       for (uint k = 0u; k < ITEMS; ++k) {
-        afp d = lane + k * TEAM < GROUP_SIZE ? v[k] - from_stat(mean) : afp(0);
-        q2 += d * d;
+        uint i = lane + k * TEAM;
+        afp d = i < GROUP_SIZE ? v[k] - from_slots(from_stat(mean), i) : afp(0);
+        q2 += to_slots(d * d, i);
       }
       var = team_sum(to_stat(q2)) / n;
     }
@@ -91,9 +98,9 @@ void main() {
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = lane + k * TEAM;
     if (i < GROUP_SIZE) {
-      wfp gw = PREFETCH_WEIGHTS != 0u ? gk[k] : (AFFINE != 0u ? gamma_at(i) : wfp(1));
-      wfp bw = PREFETCH_WEIGHTS != 0u ? bk[k] : (AFFINE != 0u && OP == OP_LAYERNORM ? beta_at(i) : wfp(0));
-      store_x(base + i, normalize_one(v[k] - m, a, gw, bw));
+      wfp gw = PREFETCH_WEIGHTS != 0u ? gk[k] : (AFFINE != 0u ? gamma_for(g, i) : wfp(1));
+      wfp bw = PREFETCH_WEIGHTS != 0u ? bk[k] : (AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, i) : wfp(0));
+      store_x(base + elem_offset(i), normalize_one(v[k] - from_slots(m, i), from_slots(a, i), gw, bw));
     }
   }
 }

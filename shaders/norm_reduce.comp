@@ -11,31 +11,31 @@ void main() {
   uint item = team_item();
   bool in_range = item < n_items;
   uint g = in_range ? item / p.n_chunks : 0u;
-  uint begin = (item - g * p.n_chunks) * p.chunk_size;
-  uint end = min(begin + p.chunk_size, GROUP_SIZE);
+  uint begin, end, plane;
+  chunk_range(item - g * p.n_chunks, begin, end, plane);
 
   // LayerNorm: two passes over the chunk, as ncnn's two passes over a group: the chunk mean about the
   // group's pivot, then the squares about that mean (the re-read comes from cache). One-pass shifted
   // sums would cancel when the pivot is far from the chunk's mean (an outlier first element).
+  // Sums are per group slot (common.glsl); a slot with no lane in this chunk's plane counts 0.
   uint base = in_range ? group_base(g) : 0u;
-  float n = float(end - begin);
+  afp n = afp(float(end - begin)) * lanes_per_slot(plane);
   afp s = afp(0);
+  afp pivot = in_range && OP == OP_LAYERNORM ? first_elements(base) : afp(0);
   if (in_range) {
-    afp pivot = OP == OP_LAYERNORM ? load_x(base) : afp(0);
     for (uint i = begin + team_lane(); i < end; i += TEAM) {
-      afp d = load_x(base + i) - pivot;
-      s += OP == OP_LAYERNORM ? d : d * d;
+      afp d = load_x(base + elem_offset(i)) - from_slots(pivot, i);
+      s += to_slots(OP == OP_LAYERNORM ? d : d * d, i);
     }
   }
-  afp mean = team_sum(s) / n;  // LayerNorm: shifted mean; RMSNorm: mean of squares
+  afp mean = team_sum(s) / at_least_one(n);  // LayerNorm: shifted mean; RMSNorm: mean of squares
   afp m2 = afp(0);
   if (OP == OP_LAYERNORM) {
-    afp pivot = in_range ? load_x(base) : afp(0);
     afp q = afp(0);
     if (in_range) {
       for (uint i = begin + team_lane(); i < end; i += TEAM) {
-        afp d = (load_x(base + i) - pivot) - mean;  // never pivot + mean: that rounds at |x|
-        q += d * d;
+        afp d = (load_x(base + elem_offset(i)) - from_slots(pivot, i)) - from_slots(mean, i);  // never pivot + mean: that rounds at |x|
+        q += to_slots(d * d, i);
       }
     }
     m2 = team_sum(q);

@@ -26,6 +26,15 @@ uint32_t items_for(uint32_t size, uint32_t team) { return uint32_t(div_up(size, 
 
 }  // namespace
 
+bool reads_vec4(const GroupLayout& g) {
+  // pack4 elements that lie in one group (GroupNorm with channels per group divisible by 4) are read
+  // as that group's vec4s; pack1 groups whose planes start 16-byte aligned, 4 consecutive elements at a time.
+  if (g.elempack == 4) return g.channels_per_group % 4 == 0;
+  return g.plane_size() % 4 == 0 && g.cstep % 4 == 0;
+}
+
+bool mixed_lanes(const GroupLayout& g, bool vec4) { return g.elempack == 4 && !vec4 && g.channels_per_group > 1; }
+
 Path parse_path(const std::string& name) {
   if (name == "auto" || name.empty()) return Path::Auto;
   if (name == "subgroup") return Path::Subgroup;
@@ -103,9 +112,8 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   Plan plan;
   plan.wg = dev.preferred_workgroup;
   plan.subgroup = dev.subgroup_reduce;
-  // pack1 groups whose starts are 16-byte aligned are read as vec4s by the fused kernel.
-  const bool vec4 = g.elempack == 1 && g.group_size % 4 == 0 && g.cstep % 4 == 0;
-  const uint32_t size = vec4 ? g.group_size / 4 : g.group_size;
+  const bool vec4 = reads_vec4(g);
+  const uint32_t size = vec4 && g.elempack == 1 ? g.group_size / 4 : g.group_size;
   const uint32_t subgroup = dev.subgroup_size ? std::min(dev.subgroup_size, plan.wg) : std::min(32u, plan.wg);
 
   // | rule                                      | kernel                                         |
@@ -128,7 +136,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
     plan.wg = std::max(dev.preferred_workgroup, team);
     plan.items = items_for(size, team);
     plan.path = team <= subgroup ? Path::Subgroup : Path::Workgroup;
-    plan.one_reduction = op == NormOp::LayerNorm && dev.one_reduction && plan.path == Path::Workgroup;
+    plan.one_reduction = centres(op) && dev.one_reduction && plan.path == Path::Workgroup && !mixed_lanes(g, vec4);
     if (plan.one_reduction) plan.wg = team;
     return plan.items <= dev.max_items;
   };
@@ -169,6 +177,12 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   const uint64_t chunks_wanted = div_up(kTargetItems, g.n_groups);
   plan.chunk_size = uint32_t(std::max<uint64_t>(div_up(size_all, chunks_wanted), std::min(size_all, kMinChunk)));
   plan.n_chunks = uint32_t(div_up(size_all, plan.chunk_size));
+  if (g.planes > 1) {  // chunks never straddle planes (common.glsl chunk_range): the same number in each
+    const uint32_t plane = g.plane_size();
+    const uint32_t per_plane = uint32_t(div_up(plane, std::min(plan.chunk_size, plane)));
+    plan.chunk_size = uint32_t(div_up(plane, per_plane));
+    plan.n_chunks = per_plane * g.planes;
+  }
   plan.reduce_team = std::min(plan.wg, pow2_ceil(div_up(plan.chunk_size, dev.items_target)));
   plan.finalize_team = std::min(plan.wg, pow2_ceil(plan.n_chunks));
   return plan;
@@ -189,17 +203,25 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
   const uint32_t affine_id = affine ? 1 : 0;
   const std::string pack = g.elempack == 4 ? "4" : "1";
   PushConstants pc{g.group_size, g.gpc, g.cstep, g.n_groups, plan.chunk_size, plan.n_chunks, plan.team, eps};
+  // The group model's constants (common.glsl ids 8-10): planes per item, where weights come from
+  // (per channel: one per element in pack1, four lanes in pack4), channels per group for pack4 lanes.
+  const uint32_t weights = g.weights == GroupLayout::ByChannel && g.elempack == 4 ? 2u : uint32_t(g.weights);
+  const uint32_t cpg = g.elempack == 4 ? g.channels_per_group : 1u;
+  auto model = [&](std::vector<uint32_t> spec) {
+    spec.insert(spec.end(), {g.planes, weights, cpg});
+    return spec;
+  };
   auto pass = [&](const std::string& shader, const std::string& layout, bool subgroup, std::vector<uint32_t> spec,
                   uint64_t workgroups, bool after_previous) {
     f.passes.push_back(Pass{variant_name(shader, fp16, layout, subgroup), std::move(spec), pc, plan.wg, workgroups,
                             after_previous});
   };
   if (plan.path != Path::Split) {
-    if (plan.vec4) pc.group_size /= 4, pc.cstep /= 4;  // the kernel counts vec4s
+    if (plan.vec4 && g.elempack == 1) pc.group_size /= 4, pc.cstep /= 4;  // the kernel counts vec4s
     const bool fixed = dev.specialize_shape;
     pass("norm_fused", plan.vec4 ? "v4" : pack, plan.subgroup,
-         {plan.wg, op_id, affine_id, plan.items, plan.prefetch ? 1u : 0u, fixed ? plan.team : 0u,
-          fixed ? pc.group_size : 0u, plan.one_reduction ? 1u : 0u},
+         model({plan.wg, op_id, affine_id, plan.items, plan.prefetch ? 1u : 0u, fixed ? plan.team : 0u,
+                fixed ? pc.group_size : 0u, plan.one_reduction ? 1u : 0u}),
          plan.fused_workgroups(g), false);
     return f;
   }
@@ -207,7 +229,7 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
   if (2 * items * g.elempack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
   f.partials_bytes = 2 * items * g.elempack * sizeof(float);
   f.coefs_bytes = 3ull * g.n_groups * g.elempack * sizeof(float);
-  const std::vector<uint32_t> spec{plan.wg, op_id, affine_id, 1, 0, 0, 0, 0};
+  const std::vector<uint32_t> spec = model({plan.wg, op_id, affine_id, 1, 0, 0, 0, 0});
   pc.team = plan.reduce_team;
   pass("norm_reduce", pack, false, spec, plan.reduce_workgroups(g), false);
   pc.team = plan.finalize_team;

@@ -65,8 +65,8 @@ static_assert(sizeof(PushConstants) == 32, "8 words of push constants");
 
 struct Pass {
   std::string variant;                  // embedded SPIR-V: <shader>_fp<0|1>_p<1|4|v4>_sg<0|1>
-  std::vector<uint32_t> specialization;  // constant ids 0..7: workgroup, op, affine, items, prefetch, team, size,
-                                         // one reduction
+  std::vector<uint32_t> specialization;  // constant ids 0..10: workgroup, op, affine, items, prefetch, team, size,
+                                         // one reduction, planes, weights, channels per group
   PushConstants push{};
   uint32_t workgroup_size = 0;  // local_size_x (specialization[0])
   uint64_t workgroups = 0;      // 1-D; executors fold counts past maxComputeWorkGroupCount[0] into y
@@ -82,6 +82,11 @@ struct ForwardPlan {
 };
 
 std::string variant_name(const std::string& shader, bool fp16, const std::string& layout, bool subgroup);
+
+// The fused kernel reads the blob as vec4s of one group ("v4" variants).
+bool reads_vec4(const GroupLayout& g);
+// pack4 elements whose lanes belong to different groups of an item (kept in group slots).
+bool mixed_lanes(const GroupLayout& g, bool vec4);
 
 // A 1-D workgroup count as a grid: x up to maxComputeWorkGroupCount[0], the rest folded into y (the
 // shaders rebuild the linear id, common.glsl). Every executor dispatches through this.

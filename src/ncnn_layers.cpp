@@ -1,4 +1,4 @@
-// The ncnn executor: vknorm's LayerNorm and RMSNorm as ncnn layers. The Vulkan forward records the
+// The ncnn executor: vknorm's LayerNorm, RMSNorm, GroupNorm and InstanceNorm as ncnn layers. The Vulkan forward records the
 // dispatcher's plan (plan_forward) into ncnn's VkCompute with ncnn::Pipeline objects made from vknorm's
 // embedded SPIR-V; ncnn orders the passes with its own barriers. The CPU forward is the reference.
 #include "vknorm/ncnn.h"
@@ -60,8 +60,10 @@ class NormLayer : public ::ncnn::Layer {
   Counters counters() const { return {vulkan_forwards_, cpu_forwards_, pipelines_made_}; }
   LayerInfo describe() const {
     LayerInfo i;
+    i.type = type_name();
     i.rmsnorm = op_ == NormOp::RMSNorm;
-    i.affine_size = affine_size_, i.eps = eps_, i.affine = affine_;
+    i.affine_size = affine_size_, i.group = group_, i.channels = channels_, i.eps = eps_, i.affine = affine_;
+    i.weight_count = weight_count();
     i.gamma = affine_ && !gamma_.empty() ? static_cast<const float*>(gamma_.data) : nullptr;
     i.beta = affine_ && !beta_.empty() ? static_cast<const float*>(beta_.data) : nullptr;
     i.counters = counters();
@@ -70,12 +72,25 @@ class NormLayer : public ::ncnn::Layer {
     return i;
   }
 
+  // ncnn's param ids and validation: LayerNorm/RMSNorm 0 affine_size 1 eps 2 affine; GroupNorm
+  // 0 group 1 channels 2 eps 3 affine; InstanceNorm 0 channels 1 eps 2 affine.
   int load_param(const ::ncnn::ParamDict& pd) override {
-    affine_size_ = pd.get(0, 0);
-    eps_ = pd.get(1, 0.001f);
-    affine_ = pd.get(2, 1);
+    const int eps_id = op_ == NormOp::GroupNorm ? 2 : 1;
+    if (by_channel()) {
+      group_ = op_ == NormOp::GroupNorm ? pd.get(0, 1) : 1;
+      channels_ = pd.get(op_ == NormOp::GroupNorm ? 1 : 0, 0);
+    } else {
+      affine_size_ = pd.get(0, 0);
+    }
+    eps_ = pd.get(eps_id, 0.001f);
+    affine_ = pd.get(eps_id + 1, 1);
     if (affine_size_ < 0 || !(eps_ >= 0) || (affine_ != 0 && affine_ != 1)) {
-      NCNN_LOGE("vknorm %s: invalid params affine_size=%d eps=%g affine=%d", type_name(), affine_size_, eps_, affine_);
+      NCNN_LOGE("vknorm %s %s: invalid params affine_size=%d eps=%g affine=%d", type_name(), name.c_str(), affine_size_, eps_, affine_);
+      return -1;
+    }
+    if (by_channel() && (group_ <= 0 || channels_ < 0 || channels_ % group_ || (affine_ && channels_ == 0))) {
+      NCNN_LOGE("vknorm %s %s: invalid params group=%d channels=%d affine=%d (group > 0, channels divisible by group, "
+                "affine needs channels > 0)", type_name(), name.c_str(), group_, channels_, affine_);
       return -1;
     }
     return 0;
@@ -83,11 +98,17 @@ class NormLayer : public ::ncnn::Layer {
 
   int load_model(const ::ncnn::ModelBin& mb) override {
     if (!affine_) return 0;
-    gamma_ = mb.load(affine_size_, 1);
-    if (gamma_.empty()) return -100;
-    if (op_ == NormOp::LayerNorm) {
-      beta_ = mb.load(affine_size_, 1);
-      if (beta_.empty()) return -100;
+    gamma_ = mb.load(weight_count(), 1);
+    if (gamma_.empty()) {
+      NCNN_LOGE("vknorm %s %s: the model file ends before its %d gamma values", type_name(), name.c_str(), weight_count());
+      return -100;
+    }
+    if (centres(op_)) {
+      beta_ = mb.load(weight_count(), 1);
+      if (beta_.empty()) {
+        NCNN_LOGE("vknorm %s %s: the model file ends before its %d beta values", type_name(), name.c_str(), weight_count());
+        return -100;
+      }
     }
     return 0;
   }
@@ -127,8 +148,15 @@ class NormLayer : public ::ncnn::Layer {
     // The kernels read float32 weights whatever the blob's storage.
     ::ncnn::Option fp32 = opt;
     fp32.use_fp16_storage = fp32.use_fp16_packed = fp32.use_bf16_storage = fp32.use_bf16_packed = false;
-    cmd.record_upload(gamma_, gamma_gpu_, fp32);
-    if (op_ == NormOp::LayerNorm) cmd.record_upload(beta_, beta_gpu_, fp32);
+    // Whole vec4s: kernels reading per-channel weights as vec4s may touch the last one whole.
+    auto padded = [&](const ::ncnn::Mat& m) {
+      ::ncnn::Mat out((m.w + 3) / 4 * 4);
+      out.fill(0.f);
+      std::memcpy(out.data, m.data, sizeof(float) * size_t(m.w));
+      return out;
+    };
+    cmd.record_upload(padded(gamma_), gamma_gpu_, fp32);
+    if (centres(op_)) cmd.record_upload(padded(beta_), beta_gpu_, fp32);
     return 0;
   }
 
@@ -139,12 +167,11 @@ class NormLayer : public ::ncnn::Layer {
       return -1;
     }
     try {
-      const GroupLayout g = group_layout(m.dims, m.w, m.h, m.d, m.c, m.dims <= 2 ? size_t(m.w) * m.h : m.cstep, 1,
-                                         affine_size_, affine_ != 0);
+      const GroupLayout g = layout(m.dims, m.w, m.h, m.d, m.c, m.dims <= 2 ? size_t(m.w) * m.h : m.cstep, 1);
       reference_forward(op_, static_cast<float*>(m.data), g, eps_, affine_ ? static_cast<const float*>(gamma_.data) : nullptr,
-                        affine_ && op_ == NormOp::LayerNorm ? static_cast<const float*>(beta_.data) : nullptr);
+                        affine_ && centres(op_) ? static_cast<const float*>(beta_.data) : nullptr);
     } catch (const std::exception& e) {
-      NCNN_LOGE("vknorm %s: %s", type_name(), e.what());
+      NCNN_LOGE("vknorm %s %s: %s", type_name(), name.c_str(), e.what());
       return -1;
     }
     ++cpu_forwards_;
@@ -204,7 +231,7 @@ class NormLayer : public ::ncnn::Layer {
     try {
       p.plan = plan(b, opt);
     } catch (const std::exception& e) {
-      NCNN_LOGE("vknorm %s: %s", type_name(), e.what());
+      NCNN_LOGE("vknorm %s %s: %s", type_name(), name.c_str(), e.what());
       return nullptr;
     }
     for (const Pass& pass : p.plan.passes) {
@@ -226,10 +253,15 @@ class NormLayer : public ::ncnn::Layer {
     return &prepared_.emplace(key, std::move(p)).first->second;
   }
 
-  const char* type_name() const { return op_ == NormOp::LayerNorm ? "LayerNorm" : "RMSNorm"; }
+  const char* type_name() const { return op_name(op_); }
+  bool by_channel() const { return op_ == NormOp::GroupNorm || op_ == NormOp::InstanceNorm; }
+  int weight_count() const { return by_channel() ? channels_ : affine_size_; }
+  GroupLayout layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack) const {
+    return norm_layout(op_, affine_size_, group_, channels_, affine_ != 0, dims, w, h, d, c, cstep, elempack);
+  }
 
   ForwardPlan plan(const Blob& b, const ::ncnn::Option& opt) const {
-    const GroupLayout g = group_layout(b.dims, b.w, b.h, b.d, b.c, b.cstep, b.elempack, affine_size_, affine_ != 0);
+    const GroupLayout g = layout(b.dims, b.w, b.h, b.d, b.c, b.cstep, b.elempack);
     Option vo;
     vo.use_fp16_storage = b.fp16;
     vo.use_packing_layout = b.elempack == 4;
@@ -267,6 +299,7 @@ class NormLayer : public ::ncnn::Layer {
 
   NormOp op_;
   int affine_size_ = 0;
+  int group_ = 1, channels_ = 0;
   float eps_ = 0.001f;
   int affine_ = 1;
   ::ncnn::Mat gamma_, beta_;
@@ -281,13 +314,17 @@ class NormLayer : public ::ncnn::Layer {
 
 ::ncnn::Layer* create_layernorm(void*) { return new NormLayer(NormOp::LayerNorm); }
 ::ncnn::Layer* create_rmsnorm(void*) { return new NormLayer(NormOp::RMSNorm); }
+::ncnn::Layer* create_groupnorm(void*) { return new NormLayer(NormOp::GroupNorm); }
+::ncnn::Layer* create_instancenorm(void*) { return new NormLayer(NormOp::InstanceNorm); }
 void destroy_layer(::ncnn::Layer* layer, void*) { delete layer; }
 
 }  // namespace
 
 int register_layers(::ncnn::Net& net) {
   if (int r = net.register_custom_layer("LayerNorm", create_layernorm, destroy_layer)) return r;
-  return net.register_custom_layer("RMSNorm", create_rmsnorm, destroy_layer);
+  if (int r = net.register_custom_layer("RMSNorm", create_rmsnorm, destroy_layer)) return r;
+  if (int r = net.register_custom_layer("GroupNorm", create_groupnorm, destroy_layer)) return r;
+  return net.register_custom_layer("InstanceNorm", create_instancenorm, destroy_layer);
 }
 
 bool is_vknorm_layer(const ::ncnn::Layer* layer) { return dynamic_cast<const NormLayer*>(layer) != nullptr; }

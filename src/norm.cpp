@@ -17,19 +17,24 @@ namespace vknorm {
 struct Norm::Gpu {
   std::shared_ptr<Context> ctx;
   NormOp op = NormOp::LayerNorm;
-  int affine_size = 0;
+  int affine_size = 0, group = 1, channels = 0;
   float eps = 0.001f;
   int affine = 1;
   std::vector<float> gamma_data, beta_data;
   std::mutex mutex;  // weights are uploaded once, by whichever call needs them first
   std::shared_ptr<Buffer> gamma, beta, unused;
+  size_t weight_count() const { return size_t(op == NormOp::GroupNorm || op == NormOp::InstanceNorm ? channels : affine_size); }
+  GroupLayout layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack) const {
+    return norm_layout(op, affine_size, group, channels, affine != 0, dims, w, h, d, c, cstep, elempack);
+  }
 };
 
 namespace {
 
 std::shared_ptr<Buffer> upload_floats(const std::shared_ptr<Context>& ctx, const std::vector<float>& v) {
   auto& impl = ctx->impl();
-  const size_t bytes = std::max<size_t>(v.size() * sizeof(float), 16);
+  // Whole vec4s: kernels reading weights as vec4s may touch the last one whole.
+  const size_t bytes = std::max<size_t>((v.size() * sizeof(float) + 15) / 16 * 16, 16);
   auto dev = Buffer::create(ctx, bytes, Buffer::Kind::Device);
   if (impl.direct_host_access) {
     std::memcpy(dev->mapped, v.data(), v.size() * sizeof(float));
@@ -195,7 +200,8 @@ Run plan_run(const Norm::Gpu& gpu, const GroupLayout& g, size_t elemsize, uint64
 
 std::vector<Piece> plan_pieces(const GroupLayout& g, size_t elemsize, uint64_t blob_bytes, uint64_t max_bytes) {
   if (!elemsize || !g.group_size || !g.gpc || !g.n_groups || g.n_groups % g.gpc ||
-      (g.n_groups > g.gpc && g.cstep < uint64_t(g.gpc) * g.group_size))
+      g.planes == 0 || g.group_size % g.planes || (g.planes > 1 && g.cstep < g.plane_size()) ||
+      (g.planes == 1 && g.n_groups > g.gpc && g.cstep < uint64_t(g.gpc) * g.group_size))
     throw std::invalid_argument("plan_pieces: not a group layout");
   const uint64_t max_elems = std::min<uint64_t>(max_bytes / elemsize, kMaxPieceElements);
   if (blob_bytes <= max_bytes && (blob_bytes + elemsize - 1) / elemsize <= kMaxPieceElements)
@@ -204,16 +210,23 @@ std::vector<Piece> plan_pieces(const GroupLayout& g, size_t elemsize, uint64_t b
     throw std::invalid_argument("plan_pieces: a group of " + std::to_string(g.group_size) + " packed elements (" +
                                 std::to_string(uint64_t(g.group_size) * elemsize) + " bytes) exceeds a piece of " +
                                 std::to_string(max_elems) + " elements (" + std::to_string(max_bytes) + " bytes)");
+  // An item of several planes is handled as a channel of its own: planes * cstep apart.
   const uint64_t channels = g.n_groups / g.gpc;
-  const uint64_t in_channel = uint64_t(g.gpc) * g.group_size;  // elements of one channel's groups
+  const uint64_t step = uint64_t(g.planes) * g.cstep;
+  const uint64_t in_channel = g.planes > 1 ? (g.planes - 1) * uint64_t(g.cstep) + g.plane_size()
+                                           : uint64_t(g.gpc) * g.group_size;  // elements of one channel's items
   std::vector<Piece> out;
+  if (g.planes > 1 && in_channel > max_elems)
+    throw std::invalid_argument("plan_pieces: a group spanning " + std::to_string(g.planes) + " channel planes (" +
+                                std::to_string(in_channel * elemsize) + " bytes) exceeds a piece of " +
+                                std::to_string(max_bytes) + " bytes");
   if (in_channel <= max_elems) {
-    // Runs of whole channels: k of them span (k - 1) * cstep + in_channel elements.
-    const uint64_t k = std::min<uint64_t>(channels, 1 + (max_elems - in_channel) / std::max<uint64_t>(g.cstep, 1));
+    // Runs of whole channels: k of them span (k - 1) * step + in_channel elements.
+    const uint64_t k = std::min<uint64_t>(channels, 1 + (max_elems - in_channel) / std::max<uint64_t>(step, 1));
     out.reserve(size_t((channels + k - 1) / k));
     for (uint64_t c0 = 0; c0 < channels; c0 += k) {
       const uint64_t kk = std::min(k, channels - c0);
-      Piece p{c0 * g.cstep * elemsize, ((kk - 1) * g.cstep + in_channel) * elemsize, g};
+      Piece p{c0 * step * elemsize, ((kk - 1) * step + in_channel) * elemsize, g, c0 * g.planes * g.elempack};
       p.layout.n_groups = uint32_t(kk * g.gpc);
       out.push_back(p);
     }
@@ -242,15 +255,15 @@ namespace {
 std::shared_ptr<Norm::Gpu> make_gpu(const Norm& n, std::shared_ptr<Context> ctx) {
   auto gpu = std::make_shared<Norm::Gpu>();
   gpu->ctx = std::move(ctx);
-  gpu->op = n.op, gpu->affine_size = n.affine_size, gpu->eps = n.eps, gpu->affine = n.affine;
+  gpu->op = n.op, gpu->affine_size = n.affine_size, gpu->group = n.group, gpu->channels = n.channels;
+  gpu->eps = n.eps, gpu->affine = n.affine;
   gpu->gamma_data = n.gamma_data, gpu->beta_data = n.beta_data;
   return gpu;
 }
 
 void check_weights(const Norm::Gpu& s) {
-  if (s.affine && (s.gamma_data.size() != size_t(s.affine_size) ||
-                   (s.op == NormOp::LayerNorm && s.beta_data.size() != size_t(s.affine_size))))
-    throw std::invalid_argument("affine=1 but no weights loaded: call load_model first");
+  if (s.affine && (s.gamma_data.size() != s.weight_count() || (centres(s.op) && s.beta_data.size() != s.weight_count())))
+    throw std::invalid_argument(std::string(op_name(s.op)) + ": affine=1 but no weights loaded: call load_model first");
 }
 
 void ensure_weights(Norm::Gpu& gpu) {
@@ -258,36 +271,52 @@ void ensure_weights(Norm::Gpu& gpu) {
   if (!gpu.unused) gpu.unused = Buffer::create(gpu.ctx, 16, Buffer::Kind::Device);
   if (gpu.affine && !gpu.gamma) gpu.gamma = upload_floats(gpu.ctx, gpu.gamma_data);
   if (gpu.affine && !gpu.beta)
-    gpu.beta = gpu.op == NormOp::LayerNorm ? upload_floats(gpu.ctx, gpu.beta_data) : gpu.unused;
+    gpu.beta = centres(gpu.op) ? upload_floats(gpu.ctx, gpu.beta_data) : gpu.unused;
 }
 }  // namespace
 
 void Norm::load_param(const ParamDict& pd) {
-  const int new_affine_size = pd.get(0, 0);
-  const float new_eps = pd.get(1, 0.001f);
-  const int new_affine = pd.get(2, 1);
+  const std::string layer = op_name(op);
+  const bool by_channel = op == NormOp::GroupNorm || op == NormOp::InstanceNorm;
+  // ncnn's param ids: LayerNorm/RMSNorm 0 affine_size 1 eps 2 affine; GroupNorm 0 group 1 channels
+  // 2 eps 3 affine; InstanceNorm 0 channels 1 eps 2 affine.
+  const int eps_id = op == NormOp::GroupNorm ? 2 : 1;
+  const int new_affine_size = by_channel ? 0 : pd.get(0, 0);
+  const int new_group = op == NormOp::GroupNorm ? pd.get(0, 1) : 1;
+  const int new_channels = op == NormOp::GroupNorm ? pd.get(1, 0) : op == NormOp::InstanceNorm ? pd.get(0, 0) : 0;
+  const float new_eps = pd.get(eps_id, 0.001f);
+  const int new_affine = pd.get(eps_id + 1, 1);
   if (new_affine_size < 0) throw std::invalid_argument("affine_size must be >= 0, got " + std::to_string(new_affine_size));
   if (!std::isfinite(new_eps) || new_eps < 0)
-    throw std::invalid_argument("eps must be finite and >= 0, got " + std::to_string(new_eps));
-  if (new_affine != 0 && new_affine != 1) throw std::invalid_argument("affine must be 0 or 1, got " + std::to_string(new_affine));
+    throw std::invalid_argument(layer + ": eps must be finite and >= 0, got " + std::to_string(new_eps));
+  if (new_affine != 0 && new_affine != 1) throw std::invalid_argument(layer + ": affine must be 0 or 1, got " + std::to_string(new_affine));
+  if (op == NormOp::GroupNorm && new_group <= 0) throw std::invalid_argument("GroupNorm: group must be > 0, got " + std::to_string(new_group));
+  if (new_channels < 0) throw std::invalid_argument(layer + ": channels must be >= 0, got " + std::to_string(new_channels));
+  if (op == NormOp::GroupNorm && new_channels % new_group)
+    throw std::invalid_argument("GroupNorm: channels=" + std::to_string(new_channels) + " do not divide into group=" +
+                                std::to_string(new_group) + " groups");
+  if (by_channel && new_affine && new_channels == 0)
+    throw std::invalid_argument(layer + ": affine=1 needs channels > 0 (one gamma and beta per channel)");
   std::lock_guard<std::mutex> lock(mutex_);
-  affine_size = new_affine_size, eps = new_eps, affine = new_affine;
+  affine_size = new_affine_size, group = new_group, channels = new_channels, eps = new_eps, affine = new_affine;
   gpu_.reset();  // forwards still running keep their snapshot
 }
 
 void Norm::load_model(std::vector<float> gamma, std::vector<float> beta) {
   std::lock_guard<std::mutex> lock(mutex_);
+  const std::string layer = op_name(op);
   if (!affine) {
-    if (!gamma.empty() || !beta.empty()) throw std::invalid_argument("affine=0: this layer takes no weights");
+    if (!gamma.empty() || !beta.empty()) throw std::invalid_argument(layer + ": affine=0: this layer takes no weights");
     return;
   }
+  const bool by_channel = op == NormOp::GroupNorm || op == NormOp::InstanceNorm;
   auto check = [&](const std::vector<float>& v, const char* name) {
-    if (v.size() != size_t(affine_size))
-      throw std::invalid_argument(std::string(name) + " has " + std::to_string(v.size()) + " values, expected affine_size=" +
-                                  std::to_string(affine_size));
+    if (v.size() != weight_count())
+      throw std::invalid_argument(layer + ": " + name + " has " + std::to_string(v.size()) + " values, expected " +
+                                  (by_channel ? "channels=" : "affine_size=") + std::to_string(weight_count()));
   };
   check(gamma, "gamma");
-  if (op == NormOp::LayerNorm) check(beta, "beta");
+  if (centres(op)) check(beta, "beta");
   else if (!beta.empty()) throw std::invalid_argument("RMSNorm takes gamma only");
   gamma_data = std::move(gamma);
   beta_data = std::move(beta);
@@ -295,9 +324,8 @@ void Norm::load_model(std::vector<float> gamma, std::vector<float> beta) {
 }
 
 void Norm::check_ready(const GroupLayout&) const {
-  if (affine && (gamma_data.size() != size_t(affine_size) ||
-                 (op == NormOp::LayerNorm && beta_data.size() != size_t(affine_size))))
-    throw std::invalid_argument("affine=1 but no weights loaded: call load_model first");
+  if (affine && (gamma_data.size() != weight_count() || (centres(op) && beta_data.size() != weight_count())))
+    throw std::invalid_argument(std::string(op_name(op)) + ": affine=1 but no weights loaded: call load_model first");
 }
 
 void Norm::create_pipeline(std::shared_ptr<Context> ctx, const Option&) {
@@ -335,6 +363,7 @@ namespace {
 // pieces need) and reused by every dispatch recorded over it.
 struct Workspace {
   std::shared_ptr<Buffer> partials, coefs;
+  std::shared_ptr<Buffer> gamma, beta;  // a piece's per-channel weights (record)
   void reserve(const std::shared_ptr<Context>& ctx, uint64_t partials_bytes, uint64_t coefs_bytes) {
     if (partials_bytes && (!partials || partials->size < partials_bytes))
       partials = Buffer::create(ctx, partials_bytes, Buffer::Kind::Device);
@@ -345,14 +374,22 @@ struct Workspace {
 // The executor for vknorm's own context: records the plan's passes over `blob` (already on the device,
 // in `g`'s layout) into `s`, with a barrier wherever a pass reads what the one before wrote.
 DispatchInfo record(Norm::Gpu& gpu, Submission& s, const Buffer& blob, const GroupLayout& g, bool fp16,
-                    const Option& opt, Workspace& ws) {
+                    const Option& opt, Workspace& ws, uint64_t first_channel = 0) {
   const ForwardPlan fp = plan_forward(gpu.op, gpu.affine != 0, gpu.eps, g, fp16, device_caps(*gpu.ctx, opt), opt);
   Context::Impl& impl = gpu.ctx->impl();
   ensure_weights(gpu);
   ws.reserve(gpu.ctx, fp.partials_bytes, fp.coefs_bytes);
   const Buffer* unused = gpu.unused.get();
-  const std::array<const Buffer*, kBindings> bind{&blob, gpu.affine ? gpu.gamma.get() : unused,
-                                                  gpu.affine ? gpu.beta.get() : unused,
+  // A piece that starts past channel 0 reads per-channel weights from its own first channel on.
+  const Buffer* gamma = gpu.affine ? gpu.gamma.get() : unused;
+  const Buffer* beta = gpu.affine ? gpu.beta.get() : unused;
+  if (gpu.affine && first_channel && g.weights == GroupLayout::ByChannel) {
+    auto tail = [&](const std::vector<float>& v) { return std::vector<float>(v.begin() + long(first_channel), v.end()); };
+    ws.gamma = upload_floats(gpu.ctx, tail(gpu.gamma_data));
+    ws.beta = centres(gpu.op) ? upload_floats(gpu.ctx, tail(gpu.beta_data)) : gpu.unused;
+    gamma = ws.gamma.get(), beta = ws.beta.get();
+  }
+  const std::array<const Buffer*, kBindings> bind{&blob, gamma, beta,
                                                   fp.partials_bytes ? ws.partials.get() : unused,
                                                   fp.coefs_bytes ? ws.coefs.get() : unused};
   for (const Pass& pass : fp.passes) {
@@ -384,7 +421,7 @@ void Norm::forward_inplace(Mat& m, const Option& opt) {
   const size_t elemsize = size_t(fmt.fp16 ? 2 : 4) * fmt.elempack;
   const size_t cstep = ncnn_cstep(m.dims, m.w, h, m.d, elemsize);
   const uint64_t bytes = uint64_t(cstep) * c * elemsize;
-  const GroupLayout g = group_layout(m.dims, m.w, h, m.d, c, cstep, fmt.elempack, gpu->affine_size, gpu->affine != 0);
+  const GroupLayout g = gpu->layout(m.dims, m.w, h, m.d, c, cstep, fmt.elempack);
   check_weights(*gpu);
   ensure_weights(*gpu);
   const Run run = plan_run(*gpu, g, elemsize, bytes, fmt.fp16, opt, false,
@@ -404,7 +441,7 @@ void Norm::forward_inplace(Mat& m, const Option& opt) {
     Submission s(impl, 3);
     if (!impl.direct_host_access) s.copy(*staging, *blob, p.bytes), s.barrier();
     s.timestamp(0);
-    DispatchInfo piece = record(*gpu, s, *blob, p.layout, fmt.fp16, opt, ws);
+    DispatchInfo piece = record(*gpu, s, *blob, p.layout, fmt.fp16, opt, ws, p.first_channel);
     s.timestamp(1);
     s.barrier();
     if (!impl.direct_host_access) s.copy(*blob, *staging, p.bytes), s.barrier();
@@ -422,7 +459,7 @@ void Norm::forward_inplace(VkMat& v, const Option& opt) {
   if (!v.buffer || v.dims == 0) throw std::invalid_argument("empty VkMat");
   const std::shared_ptr<Gpu> gpu = gpu_for(v.context());
   auto& impl = gpu->ctx->impl();
-  const GroupLayout g = group_layout(v.dims, v.w, v.h, v.d, v.c, v.cstep, v.elempack, gpu->affine_size, gpu->affine != 0);
+  const GroupLayout g = gpu->layout(v.dims, v.w, v.h, v.d, v.c, v.cstep, v.elempack);
   check_weights(*gpu);
   ensure_weights(*gpu);
   const bool fp16 = v.elemsize == 2u * v.elempack;
@@ -439,7 +476,7 @@ void Norm::forward_inplace(VkMat& v, const Option& opt) {
     Submission s(impl, 3);
     if (piece_buffer) s.copy(*v.buffer, *piece_buffer, p.bytes, p.offset, 0), s.barrier();
     s.timestamp(0);
-    DispatchInfo piece = record(*gpu, s, piece_buffer ? *piece_buffer : *v.buffer, p.layout, fp16, opt, ws);
+    DispatchInfo piece = record(*gpu, s, piece_buffer ? *piece_buffer : *v.buffer, p.layout, fp16, opt, ws, p.first_channel);
     s.timestamp(1);
     if (piece_buffer) s.barrier(), s.copy(*piece_buffer, *v.buffer, p.bytes, 0, p.offset), s.barrier();
     s.submit_and_wait();
@@ -454,7 +491,7 @@ DispatchInfo Norm::forward_repeated(VkMat& v, const Option& opt, int warmup, int
   if (reps < 1 || warmup < 0) throw std::invalid_argument("forward_repeated: reps >= 1 and warmup >= 0");
   forward_inplace(v, opt);  // validates, creates pipelines and uploads weights outside the timed batch
   const std::shared_ptr<Gpu> gpu = gpu_for(v.context());
-  const GroupLayout g = group_layout(v.dims, v.w, v.h, v.d, v.c, v.cstep, v.elempack, gpu->affine_size, gpu->affine != 0);
+  const GroupLayout g = gpu->layout(v.dims, v.w, v.h, v.d, v.c, v.cstep, v.elempack);
   check_weights(*gpu);
   const bool fp16 = v.elemsize == 2u * v.elempack;
   const Run run = plan_run(*gpu, g, v.elemsize, v.bytes(), fp16, opt, true, "the VkMat");

@@ -390,6 +390,9 @@ struct Recorder::Impl {
 Recorder::Recorder(const VulkanHandles& handles, NormOp op, int affine_size, float eps, int affine) {
   if (!handles.instance || !handles.physical_device || !handles.device)
     throw std::invalid_argument("vknorm::Recorder: VulkanHandles needs the caller's instance, physical_device and device");
+  if (op != NormOp::LayerNorm && op != NormOp::RMSNorm)
+    throw std::invalid_argument(std::string("vknorm::Recorder records LayerNorm and RMSNorm; ") + op_name(op) +
+                                " runs through vknorm::Norm or vknorm's ncnn layers");
   if (affine_size < 0) throw std::invalid_argument("affine_size must be >= 0, got " + std::to_string(affine_size));
   if (!std::isfinite(eps) || eps < 0) throw std::invalid_argument("eps must be finite and >= 0, got " + std::to_string(eps));
   if (affine != 0 && affine != 1) throw std::invalid_argument("affine must be 0 or 1, got " + std::to_string(affine));

@@ -62,6 +62,84 @@ GroupLayout group_layout(int dims, int w, int h, int d, int c, size_t cstep, int
   return g;
 }
 
+const char* op_name(NormOp op) {
+  switch (op) {
+    case NormOp::LayerNorm: return "LayerNorm";
+    case NormOp::RMSNorm: return "RMSNorm";
+    case NormOp::GroupNorm: return "GroupNorm";
+    default: return "InstanceNorm";
+  }
+}
+
+namespace {
+uint32_t gcd(uint32_t a, uint32_t b) { return b ? gcd(b, a % b) : a; }
+}  // namespace
+
+GroupLayout channel_group_layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack, int channels,
+                                 int group, bool instance, const std::string& layer) {
+  if (dims < 1 || dims > 4) throw std::invalid_argument(layer + ": dims must be 1-4, got " + std::to_string(dims));
+  if (elempack != 1 && elempack != 4) throw std::invalid_argument(layer + ": elempack must be 1 or 4");
+  // Channels (unpacked) and the elements of one channel plane, in packed elements.
+  uint64_t in_channels = 1, plane = 0, step = 0;
+  const char* what = "channels";
+  if (instance && dims <= 2) {
+    // ncnn's InstanceNorm: the whole blob is one channel and one group (pack4 rows: every lane in it).
+    if (dims == 1 && elempack != 1) throw std::invalid_argument(layer + ": a dims-1 blob must be unpacked");
+    if (channels > 1) throw std::invalid_argument(layer + ": a dims-" + std::to_string(dims) + " input is one channel, the layer " + std::to_string(channels));
+    GroupLayout g;
+    g.elempack = elempack;
+    g.weights = GroupLayout::Single;
+    g.channels_per_group = uint32_t(elempack);
+    g.gpc = g.n_groups = 1;
+    const uint64_t size = dims == 1 ? uint64_t(w) : uint64_t(w) * h;
+    if (size > 0xffffffffull) throw std::invalid_argument(layer + ": tensor too large for 32-bit group indexing");
+    g.group_size = g.cstep = uint32_t(size);
+    return g;
+  } else if (dims == 1) {  // every element is a channel
+    if (elempack != 1) throw std::invalid_argument(layer + ": a dims-1 blob must be unpacked");
+    in_channels = uint64_t(w), plane = 1, step = 1, what = "channels (w)";
+  } else if (dims == 2) {  // rows are channels
+    in_channels = uint64_t(h) * elempack, plane = uint64_t(w), step = uint64_t(w), what = "channels (rows)";
+  } else {
+    in_channels = uint64_t(c) * elempack, plane = uint64_t(w) * h * d, step = cstep;
+  }
+  if (channels > 0 && in_channels != uint64_t(channels))
+    throw std::invalid_argument(layer + ": the input has " + std::to_string(in_channels) + " " + what + ", the layer " +
+                                std::to_string(channels));
+  if (!instance && channels <= 0)
+    throw std::invalid_argument(layer + ": channels=0 cannot split an input of " + std::to_string(in_channels) + " " +
+                                what + " into groups");
+  const uint64_t groups = instance ? in_channels : uint64_t(group);
+  if (groups == 0 || in_channels % groups)
+    throw std::invalid_argument(layer + ": " + std::to_string(in_channels) + " channels do not split into " +
+                                std::to_string(groups) + " groups");
+  const uint32_t cpg = uint32_t(in_channels / groups);
+  GroupLayout g;
+  g.elempack = elempack;
+  g.weights = GroupLayout::ByChannel;
+  g.channels_per_group = cpg;
+  g.gpc = 1;
+  // pack1: an item is a group of cpg planes. pack4: a run of lcm(cpg, 4) channels (whole groups and
+  // whole packed planes); cpg / 4 planes when cpg divides by 4.
+  const uint64_t planes = elempack == 1 ? cpg : uint64_t(cpg) / gcd(cpg, 4);  // lcm(cpg, 4) / 4
+  const uint64_t items = in_channels / elempack / planes;
+  if (plane * planes > 0xffffffffull || step > 0xffffffffull || items > 0xffffffffull)
+    throw std::invalid_argument(layer + ": tensor too large for 32-bit group indexing");
+  g.planes = uint32_t(planes);
+  g.group_size = uint32_t(plane * planes);
+  g.cstep = uint32_t(step);
+  g.n_groups = uint32_t(items);
+  return g;
+}
+
+GroupLayout norm_layout(NormOp op, int affine_size, int group, int channels, bool affine, int dims, int w, int h, int d,
+                        int c, size_t cstep, int elempack) {
+  if (op == NormOp::GroupNorm || op == NormOp::InstanceNorm)
+    return channel_group_layout(dims, w, h, d, c, cstep, elempack, channels, group, op == NormOp::InstanceNorm,
+                                op_name(op));
+  return group_layout(dims, w, h, d, c, cstep, elempack, affine_size, affine);
+}
+
 namespace {
 
 // ncnn's order: two float32 passes, then y = (x * a + b) * gamma + beta.
@@ -88,15 +166,57 @@ void rmsnorm_group(float* x, size_t n, float eps, const float* gamma) {
   for (size_t i = 0; i < n; ++i) x[i] = gamma ? x[i] * a * gamma[i] : x[i] * a;
 }
 
+// ncnn's GroupNorm (InstanceNorm: one plane per group) over `planes` channel planes of `size`
+// elements, cstep apart: two float32 passes in channel order, then per channel
+// GroupNorm y = (x * a + b) * gamma + beta, InstanceNorm y = x * a' + b' with a' = gamma / sqrt(var + eps).
+void channel_group(NormOp op, float* x, size_t planes, size_t size, size_t cstep, float eps, const float* gamma,
+                   const float* beta) {
+  float sum = 0.f;
+  for (size_t q = 0; q < planes; ++q)
+    for (size_t i = 0; i < size; ++i) sum += x[q * cstep + i];
+  const float mean = sum / (planes * size);
+  float sqsum = 0.f;
+  for (size_t q = 0; q < planes; ++q)
+    for (size_t i = 0; i < size; ++i) {
+      const float t = x[q * cstep + i] - mean;
+      sqsum += t * t;
+    }
+  const float var = sqsum / (planes * size);
+  for (size_t q = 0; q < planes; ++q) {
+    float* p = x + q * cstep;
+    float a, b;
+    if (op == NormOp::InstanceNorm) {
+      a = gamma ? gamma[q] / std::sqrt(var + eps) : 1.f / std::sqrt(var + eps);
+      b = gamma ? -mean * a + beta[q] : -mean * a;
+      for (size_t i = 0; i < size; ++i) p[i] = p[i] * a + b;
+    } else {
+      a = 1.f / std::sqrt(var + eps);
+      b = -mean * a;
+      for (size_t i = 0; i < size; ++i) p[i] = gamma ? (p[i] * a + b) * gamma[q] + beta[q] : p[i] * a + b;
+    }
+  }
+}
+
 }  // namespace
 
 void reference_forward(NormOp op, float* base, const GroupLayout& g, float eps, const float* gamma, const float* beta) {
+  if (g.elempack != 1) throw std::invalid_argument("reference_forward: needs an elempack-1 layout");
   for (uint32_t q = 0; q < g.n_groups; ++q) {
     const uint32_t ch = q / g.gpc;
+    if (g.weights != GroupLayout::ByPosition) {  // a group of planes channels, from channel q * planes
+      const size_t first = size_t(q) * g.planes;
+      channel_group(op, base + first * g.cstep, g.planes, g.plane_size(), g.cstep, eps, gamma ? gamma + first : nullptr,
+                    beta ? beta + first : nullptr);
+      continue;
+    }
     float* x = base + size_t(ch) * g.cstep + size_t(q - ch * g.gpc) * g.group_size;
     if (op == NormOp::LayerNorm) layernorm_group(x, g.group_size, eps, gamma, beta);
     else rmsnorm_group(x, g.group_size, eps, gamma);
   }
+}
+
+GroupLayout Norm::layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack) const {
+  return norm_layout(op, affine_size, group, channels, affine != 0, dims, w, h, d, c, cstep, elempack);
 }
 
 void Norm::forward_inplace_cpu(Mat& m) const {
@@ -108,10 +228,10 @@ void Norm::forward_inplace_cpu(Mat& m) const {
     m = m.is_fp16() ? cast_fp16(back) : back;
     return;
   }
-  const GroupLayout g = group_layout(m.dims, m.w, m.h, m.d, m.c, m.cstep, 1, affine_size, affine != 0);
+  const GroupLayout g = layout(m.dims, m.w, m.h, m.d, m.c, m.cstep, 1);
   check_ready(g);
   const float* gamma = affine ? gamma_data.data() : nullptr;
-  const float* beta = affine && op == NormOp::LayerNorm ? beta_data.data() : nullptr;
+  const float* beta = affine && centres(op) ? beta_data.data() : nullptr;
   reference_forward(op, reinterpret_cast<float*>(m.data()), g, eps, gamma, beta);
 }
 

@@ -1,5 +1,5 @@
 """Test support: run ncnn models in ncnn's Vulkan graph (stock, and with vknorm's layers inside) and
-measure every LayerNorm/RMSNorm blob and model output. Runs as a child process (``python
+measure every norm blob (LayerNorm, RMSNorm, GroupNorm, InstanceNorm) and model output. Runs as a child process (``python
 tests/graph_runs.py OUT.json``) so that ncnn's own Vulkan instance can be created under the Khronos
 validation layer (see ``validated_env``); the parent test reads the JSON and the validation log.
 
@@ -23,6 +23,11 @@ import tempfile
 import numpy as np
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if TESTS_DIR not in sys.path:
+    sys.path.insert(0, TESTS_DIR)
+from reference import channel_norm64  # noqa: E402
+
+NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm")
 DATA = os.path.join(TESTS_DIR, "data")
 FP16_ULP = 2.0 ** -10  # float16 spacing relative to the value; rounding is half of it
 
@@ -48,13 +53,13 @@ def models() -> dict:
 
 
 def norm_layers(param_path: str):
-    """(name, type, bottom blob, top blob) of every LayerNorm/RMSNorm line of a .param."""
+    """(name, type, bottom blob, top blob) of every norm line of a .param."""
     out = []
     with open(param_path) as f:
         lines = f.read().split("\n")[2:]
     for line in lines:
         parts = line.split()
-        if len(parts) < 4 or parts[0] not in ("LayerNorm", "RMSNorm"):
+        if len(parts) < 4 or parts[0] not in NORM_TYPES:
             continue
         nb = int(parts[2])
         out.append((parts[1], parts[0], parts[4], parts[4 + nb]))
@@ -86,6 +91,15 @@ def group_size(shape, affine_size: int) -> int:
     if len(shape) == 4 and affine_size == w * h:
         return w * h
     return int(np.prod(shape[1:]))
+
+
+def layer_reference64(x, layer: dict):
+    """float64 of a vknorm layer (vknorm_layers() record) applied to x."""
+    gamma = layer["gamma"] if layer["affine"] else None
+    beta = layer["beta"] if layer["affine"] else None
+    if layer["type"] in ("GroupNorm", "InstanceNorm"):
+        return channel_norm64(layer["type"], x, layer["eps"], layer.get("group", 1), gamma, beta)
+    return reference64(x, layer["type"], layer["eps"], layer["affine_size"], gamma, beta)
 
 
 def reference64(x, op: str, eps: float, affine_size: int, gamma=None, beta=None):
@@ -143,8 +157,7 @@ def measure_model(graph, name: str, dims) -> list:
                 l = by_name[lname]
                 # The input the layer saw: float16 storage rounds it on upload when a CPU layer made it.
                 xin = vk[bottom].astype(np.float16).astype(np.float32) if fp16 else vk[bottom]
-                ref = reference64(xin, ltype, l["eps"], l["affine_size"], l["gamma"] if l["affine"] else None,
-                                  l["beta"] if l["affine"] else None)
+                ref = layer_reference64(xin, l)
                 err64 = np.abs(np.asarray(vk[top], np.float64) - ref)
                 # float16 storage rounds the output: half a float16 spacing of |y| is not the kernel's.
                 storage = 0.5 * FP16_ULP * np.abs(ref) if fp16 else 0.0
@@ -165,26 +178,36 @@ def measure_model(graph, name: str, dims) -> list:
 
 
 def large_offset_case(graph, tmp: str) -> list:
-    """A LayerNorm fed 1e4 + N(0, 1e-2) rows (|mean| >> std) through ncnn's graph, fp32, packing on/off:
-    vknorm's error against float64 and stock ncnn Vulkan's, on the same blob."""
-    w, h = 768, 8
-    param = os.path.join(tmp, "offset.param")
-    with open(param, "w") as f:
-        f.write(f"7767517\n2 2\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 out0 0={w} 1=1.000000e-05 2=1\n")
+    """Norms fed 1e4 + N(0, 1e-2) (|mean| >> std) through ncnn's graph, fp32, packing on/off: vknorm's error
+    against float64 and stock ncnn Vulkan's, on the same blob. A LayerNorm over rows of 768, and a
+    GroupNorm of 320 channels in 32 groups (groups straddle pack4 elements)."""
     rng = np.random.default_rng(1)
+    cases = []
+    w, h = 768, 8
     gamma = (1 + 0.1 * rng.standard_normal(w)).astype(np.float32)
     beta = (0.1 * rng.standard_normal(w)).astype(np.float32)
-    binp = os.path.join(tmp, "offset.bin")
-    with open(binp, "wb") as f:
-        f.write(gamma.tobytes() + beta.tobytes())
     x = (1e4 + 1e-2 * rng.standard_normal((h, w))).astype(np.float32)
-    ref = reference64(x, "LayerNorm", 1e-5, w, gamma, beta)
+    cases.append(("LayerNorm", f"LayerNorm ln 1 1 in0 out0 0={w} 1=1.000000e-05 2=1", gamma, beta, x,
+                  reference64(x, "LayerNorm", 1e-5, w, gamma, beta)))
+    c = 320
+    gamma = (1 + 0.1 * rng.standard_normal(c)).astype(np.float32)
+    beta = (0.1 * rng.standard_normal(c)).astype(np.float32)
+    x = (1e4 + 1e-2 * rng.standard_normal((c, 4, 4))).astype(np.float32)
+    cases.append(("GroupNorm", f"GroupNorm gn 1 1 in0 out0 0=32 1={c} 2=1.000000e-05 3=1", gamma, beta, x,
+                  channel_norm64("GroupNorm", x, 1e-5, 32, gamma, beta)))
     out = []
-    for packing in (True, False):
-        vk, info = run_net(graph, param, binp, {"in0": x}, ["out0"], True, True, False, packing)
-        stock, _ = run_net(graph, param, binp, {"in0": x}, ["out0"], False, True, False, packing)
-        out.append({"packing": packing, "vknorm_vs_f64": max_err(vk["out0"], ref),
-                    "stock_vs_f64": max_err(stock["out0"], ref), "counters": info["counters"]})
+    for ltype, line, gamma, beta, x, ref in cases:
+        param = os.path.join(tmp, f"offset_{ltype}.param")
+        with open(param, "w") as f:
+            f.write(f"7767517\n2 2\nInput in0 0 1 in0\n{line}\n")
+        binp = os.path.join(tmp, f"offset_{ltype}.bin")
+        with open(binp, "wb") as f:
+            f.write(gamma.tobytes() + beta.tobytes())
+        for packing in (True, False):
+            vk, info = run_net(graph, param, binp, {"in0": x}, ["out0"], True, True, False, packing)
+            stock, _ = run_net(graph, param, binp, {"in0": x}, ["out0"], False, True, False, packing)
+            out.append({"type": ltype, "packing": packing, "vknorm_vs_f64": max_err(vk["out0"], ref),
+                        "stock_vs_f64": max_err(stock["out0"], ref), "counters": info["counters"]})
     return out
 
 

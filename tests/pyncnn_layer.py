@@ -138,18 +138,31 @@ def run_ncnn_layer(
     packing: opt.use_packing_layout.
     """
     name = _op_name(op)
+    weights = _weights_bytes(name, affine_size, affine, gamma, beta)
+    return run_ncnn_param(param_text(name, affine_size, eps, affine), weights, x, vulkan, fp16, packing, num_threads)
+
+
+def channel_norm_param(op: str, channels: int, eps: float, affine: int, group: int = 1) -> str:
+    """ncnn .param text for Input('in') -> GroupNorm / InstanceNorm('out'), with ncnn's param ids."""
+    params = (f"0={group} 1={channels} 2={format_eps(eps)} 3={affine}" if op == "GroupNorm"
+              else f"0={channels} 1={format_eps(eps)} 2={affine}")
+    return f"7767517\n2 2\nInput in 0 1 in\n{op} norm 1 1 in out {params}\n"
+
+
+def run_ncnn_param(param: str, weights: bytes, x: np.ndarray, vulkan: bool = False, fp16: bool = False,
+                   packing: bool = True, num_threads: int = 1) -> np.ndarray:
+    """Run a one-layer ncnn model (``param`` text: Input 'in' -> layer -> 'out'; ``weights``: its .bin
+    bytes) on ``x`` and return float32 output of x's shape."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if not 1 <= x.ndim <= 4:
         raise ValueError(f"x must have 1-4 dims, got shape {x.shape}")
     if vulkan and not vulkan_available():
         raise RuntimeError("ncnn sees no Vulkan device")
 
-    weights = _weights_bytes(name, affine_size, affine, gamma, beta)
-
     net = ncnn.Net()
     try:
         _set_options(net.opt, vulkan, fp16, packing, num_threads)
-        ret = net.load_param_mem(param_text(name, affine_size, eps, affine))
+        ret = net.load_param_mem(param)
         if ret != 0:
             raise RuntimeError(f"ncnn load_param failed ({ret})")
         if weights:

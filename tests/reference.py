@@ -234,3 +234,41 @@ def check_dispatch(info: dict, forced: str, group_size: int, device: dict):
     if surely_holds and path != forced:
         return f"forced {forced} ran {path} although a group of {group_size} fits {forced}"
     return None
+
+
+# ---------------------------------------------------------------- GroupNorm / InstanceNorm
+
+def channel_count(op: str, shape) -> int:
+    """ncnn's channels of a numpy-order shape: w (dims 1), rows (dims 2), c (dims 3/4); InstanceNorm
+    treats a dims 1-2 blob as one channel."""
+    if op == "InstanceNorm" and len(shape) <= 2:
+        return 1
+    return int(shape[0])
+
+
+def channel_norm64(op: str, x, eps: float, group: int = 1, gamma=None, beta=None) -> np.ndarray:
+    """float64 GroupNorm (``group`` groups of consecutive channels) or InstanceNorm (one group per
+    channel) of x in numpy order, then gamma[c] / beta[c] per channel."""
+    x = np.asarray(x, np.float64)
+    c = channel_count(op, x.shape)
+    groups = c if op == "InstanceNorm" else int(group)
+    per_channel = x.reshape(c, -1)
+    g = per_channel.reshape(groups, -1)
+    with np.errstate(all="ignore"):
+        y = ((g - g.mean(1, keepdims=True)) / np.sqrt(g.var(1, keepdims=True) + float(np.float32(eps))))
+        y = y.reshape(c, -1)
+        if gamma is not None:
+            y = y * np.asarray(gamma, np.float64)[:, None] + np.asarray(beta, np.float64)[:, None]
+    return y.reshape(x.shape)
+
+
+def make_channel_norm(op: str, channels: int, eps: float, affine: bool, gamma=None, beta=None, group: int = 1,
+                      **kwargs):
+    """A vknorm GroupNorm / InstanceNorm with its weights loaded."""
+    import vknorm
+
+    layer = (vknorm.GroupNorm(group, channels, eps, affine, **kwargs) if op == "GroupNorm"
+             else vknorm.InstanceNorm(channels, eps, affine, **kwargs))
+    if affine:
+        layer.load_model(gamma, beta)
+    return layer

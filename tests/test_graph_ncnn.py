@@ -1,4 +1,4 @@
-"""vknorm inside ncnn's Vulkan graph: vknorm's LayerNorm/RMSNorm layers recorded into ncnn's command buffer
+"""vknorm inside ncnn's Vulkan graph: vknorm's LayerNorm/RMSNorm/GroupNorm/InstanceNorm layers recorded into ncnn's command buffer
 on ncnn's blobs (C++ ncnn::Net, ncnn compiled from its pinned source, through vknorm.graph).
 
 Every committed model (tests/data/models.json, the LayerNorm-dominated ln_residual_stack included) runs in
@@ -129,14 +129,30 @@ def test_every_model_output_is_as_close_to_stock_cpu_as_stock_ncnn_vulkan(runs):
 
 
 def test_large_offset_groups_stay_exact_through_ncnn(runs):
-    """1e4 + N(0, 1e-2) rows: vknorm within 1e-3 of float64 (as on its own path); stock ncnn's Vulkan layer,
-    measured beside it, is far off (its sums lose the small deviations)."""
+    """1e4 + N(0, 1e-2) groups (LayerNorm rows, GroupNorm groups straddling pack4): vknorm within 1e-3 of
+    float64 (as on its own path); stock ncnn's Vulkan layer, measured beside it, is far off (its sums lose
+    the small deviations)."""
     cases = runs["large_offset"]
-    assert len(cases) == 2
+    assert {c["type"] for c in cases} == {"LayerNorm", "GroupNorm"} and len(cases) == 4
     for case in cases:
         assert case["counters"]["cpu_forwards"] == 0 and case["counters"]["vulkan_forwards"] == 1
         assert case["vknorm_vs_f64"] <= 1e-3, case
-    assert max(c["stock_vs_f64"] for c in cases) > 1e-2, cases  # the case is hard: stock ncnn loses it
+    for t in ("LayerNorm", "GroupNorm"):  # the case is hard: stock ncnn loses it
+        assert max(c["stock_vs_f64"] for c in cases if c["type"] == t) > 1e-2, cases
+
+
+def test_groupnorm_and_instancenorm_models_ran_inside_the_graph(runs):
+    """The SD-style residual blocks (GroupNorm + Swish; 2 and 10 channels per group) and the style blocks
+    (InstanceNorm, with and without affine) ran their norms in ncnn's graph, pack4 kernels included."""
+    types = {}
+    for model, fp16, pack, m in configs(runs):
+        for layer in m["layers"]:
+            types.setdefault(layer["type"], set()).update(v.split("/")[0] for v in layer["variants"])
+    for t in ("GroupNorm", "InstanceNorm"):
+        assert t in types, sorted(types)
+        assert any("_p4_" in v or "_pv4_" in v for v in types[t]), types[t]
+    models = {m for m, *_ in configs(runs)}
+    assert {"sd_resblock", "sd_resblock_c320", "instnorm_block", "instnorm_noaffine"} <= models
 
 
 @pytest.mark.parametrize("order", ["pyncnn_first", "graph_first", "pyncnn_first_rtld_global"])

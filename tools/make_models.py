@@ -24,6 +24,11 @@ pnnx pitfalls met while writing this:
   * LayerNorm over a whole dims-3 blob (see the note above MODELS) is wrong
     in ncnn.
 
+GroupNorm / InstanceNorm models (sd_resblock*, instnorm_*) get their affine
+weights from init_group_norms (weight U[0.5, 1.5], bias 0.1 N) instead of
+init_affine; pnnx emits nn.GroupNorm as ncnn GroupNorm, nn.InstanceNorm2d as
+ncnn InstanceNorm and nn.SiLU as ncnn Swish.
+
 Run it from the dedicated venv (see tools/requirements-models.txt), e.g.
     /opt/vknorm-models-venv/bin/python tools/make_models.py --out tests/data
 """
@@ -43,7 +48,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NORM_TYPES = ("LayerNorm", "RMSNorm")
+NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm")
 
 
 # --------------------------------------------------------------------------
@@ -68,6 +73,23 @@ def init_all_norms(model, seed):
         if isinstance(m, (nn.LayerNorm, nn.RMSNorm)):
             init_affine(m, seed * 100 + i)
             i += 1
+    init_group_norms(model, seed)
+
+
+def init_group_norms(model, seed):
+    """Give every affine GroupNorm / InstanceNorm explicit, non-trivial weights:
+    weight ~ U[0.5, 1.5], bias ~ 0.1 N (own generator, so the other norms'
+    init and the conv weights drawn from the global seed are unaffected)."""
+    g = torch.Generator().manual_seed(seed * 1000 + 7)
+    with torch.no_grad():
+        for m in model.modules():
+            if not isinstance(m, (nn.GroupNorm, nn.InstanceNorm1d,
+                                  nn.InstanceNorm2d, nn.InstanceNorm3d)):
+                continue
+            if getattr(m, "weight", None) is not None:
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+            if getattr(m, "bias", None) is not None:
+                m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
 
 
 # --------------------------------------------------------------------------
@@ -223,6 +245,63 @@ class LNResidualStack(nn.Module):
         return x
 
 
+class SDResBlock(nn.Module):
+    """Stable-Diffusion-style residual block (no time embedding):
+    h = conv(SiLU(GroupNorm(32, c)(x))); h = conv(SiLU(GroupNorm(32, c)(h)));
+    out = x + h.  c=64 gives 2 channels per group; c=320 gives 10 channels
+    per group, so groups straddle ncnn's pack-4 channel packing."""
+
+    def __init__(self, c=64, groups=32, k=3, eps=1e-5):
+        super().__init__()
+        self.norm1 = nn.GroupNorm(groups, c, eps=eps)
+        self.conv1 = nn.Conv2d(c, c, k, padding=k // 2)
+        self.norm2 = nn.GroupNorm(groups, c, eps=eps)
+        self.conv2 = nn.Conv2d(c, c, k, padding=k // 2)
+
+    def forward(self, x):
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv2(F.silu(self.norm2(h)))
+        return x + h
+
+
+class SDResBlockC320(SDResBlock):
+    """SDResBlock at 320 channels (SD's first UNet stage), GroupNorm(32, 320).
+    1x1 convs instead of 3x3: two 3x3 320->320 convs are ~7.4 MB of fp32
+    weights, over the ~3 MB budget for a committed test model; two 1x1 convs
+    are ~0.8 MB.  The norms, the part under test, are unchanged."""
+
+    def __init__(self):
+        super().__init__(c=320, groups=32, k=1)
+
+
+class InstNormBlock(nn.Module):
+    """Style-transfer / GAN-generator residual block:
+    conv3x3 -> InstanceNorm2d(affine) -> ReLU -> conv3x3 -> InstanceNorm2d(affine) -> + x."""
+
+    def __init__(self, c=16, eps=1e-5):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1)
+        self.in1 = nn.InstanceNorm2d(c, eps=eps, affine=True)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1)
+        self.in2 = nn.InstanceNorm2d(c, eps=eps, affine=True)
+
+    def forward(self, x):
+        h = F.relu(self.in1(self.conv1(x)))
+        return x + self.in2(self.conv2(h))
+
+
+class InstNormNoAffine(nn.Module):
+    """conv3x3 -> InstanceNorm2d(affine=False) -> ReLU on an odd 7x7 map."""
+
+    def __init__(self, c=8, eps=1e-5):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.norm = nn.InstanceNorm2d(c, eps=eps, affine=False)
+
+    def forward(self, x):
+        return F.relu(self.norm(self.conv(x)))
+
+
 # Deliberately NOT built: nn.LayerNorm([c, h, w]) over a whole dims-3 blob.
 # pnnx emits "LayerNorm 0=w*h*c" (e.g. 0=480 for 8x6x10), but ncnn's CPU
 # LayerNorm treats any dims-3 affine_size != w as one group of w*h per channel
@@ -231,7 +310,7 @@ class LNResidualStack(nn.Module):
 
 
 # name -> (factory, torch input shape incl. batch 1, seed,
-#          expected [(type, affine_size, affine)] in graph order)
+#          expected norm layers in graph order: see norm_key())
 MODELS = {
     "transformer_block": (TransformerBlock, (1, 16, 64), 1,
                           [("LayerNorm", 64, 1)] * 3),
@@ -251,7 +330,27 @@ MODELS = {
                       ("LayerNorm", 120, 1)]),
     "ln_residual_stack": (LNResidualStack, (1, 197, 768), 8,
                           [("LayerNorm", 768, 1)] * 12),
+    "sd_resblock": (SDResBlock, (1, 64, 16, 16), 9,
+                    [("GroupNorm", 32, 64, 1)] * 2),
+    "sd_resblock_c320": (SDResBlockC320, (1, 320, 8, 8), 10,
+                         [("GroupNorm", 32, 320, 1)] * 2),
+    "instnorm_block": (InstNormBlock, (1, 16, 24, 24), 11,
+                       [("InstanceNorm", 16, 1)] * 2),
+    "instnorm_noaffine": (InstNormNoAffine, (1, 8, 7, 7), 12,
+                          [("InstanceNorm", 8, 0)]),
 }
+
+
+def norm_key(layer):
+    """A norm layer's identifying params as in MODELS' expected lists:
+    LayerNorm/RMSNorm (type, 0=affine_size, 2=affine);
+    GroupNorm (type, 0=group, 1=channels, 3=affine);
+    InstanceNorm (type, 0=channels, 2=affine).  ncnn defaults: affine=1."""
+    p = layer["params"]
+    if layer["type"] == "GroupNorm":
+        return (layer["type"], int(p.get("0", 1)), int(p.get("1", 0)),
+                int(p.get("3", 1)))
+    return (layer["type"], int(p.get("0", 0)), int(p.get("2", 1)))
 
 
 def build(name):
@@ -402,8 +501,7 @@ def verify(name, out_dir, model, x, tol, vulkan=False):
                   for b in tops}
 
     expected = MODELS[name][3]
-    found = [(l["type"], int(l["params"].get("0", 0)),
-              int(l["params"].get("2", 1))) for l in norms]
+    found = [norm_key(l) for l in norms]
     problems = []
     if found != expected:
         problems.append("norm layers %s != expected %s" % (found, expected))

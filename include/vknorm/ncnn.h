@@ -1,4 +1,4 @@
-// vknorm's LayerNorm and RMSNorm as ncnn layers. In a Vulkan net they run inside ncnn's graph: pipelines
+// vknorm's LayerNorm, RMSNorm, GroupNorm and InstanceNorm as ncnn layers. In a Vulkan net they run inside ncnn's graph: pipelines
 // on the net's VulkanDevice, recorded into ncnn's VkCompute on the VkMat ncnn hands over (elempack 1 or
 // 4, float32 or float16 storage as the net chose), with no host copy and no submission of their own.
 // In a CPU net they run ncnn's CPU algorithm (vknorm's reference).
@@ -23,7 +23,7 @@ class Layer;
 namespace vknorm {
 namespace ncnn {
 
-// Makes the net's LayerNorm and RMSNorm layers vknorm's (ncnn's register_custom_layer, which replaces
+// Makes the net's LayerNorm, RMSNorm, GroupNorm and InstanceNorm layers vknorm's (ncnn's register_custom_layer, which replaces
 // the built-in types). Call before load_param. Returns 0, or the error of the registration that failed.
 int register_layers(::ncnn::Net& net);
 
@@ -40,13 +40,17 @@ Counters counters();                        // every vknorm layer of the process
 // True for a layer created by register_layers.
 bool is_vknorm_layer(const ::ncnn::Layer* layer);
 
-// A vknorm layer's parameters and weights as loaded (gamma/beta: affine_size floats, or null), and its
+// A vknorm layer's parameters and weights as loaded (gamma/beta: weight_count floats, or null), and its
 // counters. Returns false for any other layer.
 struct LayerInfo {
+  std::string type;       // "LayerNorm", "RMSNorm", "GroupNorm" or "InstanceNorm"
   bool rmsnorm = false;
-  int affine_size = 0;
+  int affine_size = 0;    // LayerNorm, RMSNorm
+  int group = 1;          // GroupNorm
+  int channels = 0;       // GroupNorm, InstanceNorm
   float eps = 0.f;
   int affine = 0;
+  int weight_count = 0;   // floats in gamma (and beta): affine_size, or channels
   const float* gamma = nullptr;
   const float* beta = nullptr;
   Counters counters;

@@ -1,9 +1,10 @@
-// LayerNorm and RMSNorm with ncnn's layer interface: load_param -> load_model -> create_pipeline ->
+// LayerNorm, RMSNorm, GroupNorm and InstanceNorm with ncnn's layer interface: load_param -> load_model -> create_pipeline ->
 // forward_inplace. forward_inplace_cpu is the reference that follows ncnn's CPU layer exactly.
 #pragma once
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "vknorm/context.h"
@@ -26,14 +27,24 @@ class ParamDict {
   std::map<int, float> floats_;
 };
 
-// How one blob splits into groups (ncnn's rules), in packed elements.
+// How one blob splits into groups (ncnn's rules), in packed elements. A kernel's team works on one
+// item: a group (LayerNorm, RMSNorm: part of one channel; InstanceNorm: a channel plane), or for
+// GroupNorm `planes` consecutive channel planes. In pack4 a packed element holds 4 channels (or rows);
+// lane j of the item's plane q belongs to its group (4q + j) / channels_per_group, so one item holds
+// 4 / gcd(channels_per_group, 4) groups, or one when channels_per_group divides by 4.
 struct GroupLayout {
-  uint32_t group_size = 0;  // elements normalized together
-  uint32_t gpc = 0;         // groups per packed channel
+  uint32_t group_size = 0;  // packed elements of one item
+  uint32_t gpc = 0;         // items per packed channel (1 when an item spans planes)
   uint32_t cstep = 0;       // packed elements between packed channels
-  uint32_t n_groups = 0;    // packed groups in the blob
-  int elempack = 1;         // groups sharing one packed element
-  uint64_t groups() const { return uint64_t(n_groups) * elempack; }
+  uint32_t n_groups = 0;    // items in the blob
+  int elempack = 1;         // 4: ncnn's pack4
+  uint32_t planes = 1;              // channel planes an item spans, cstep apart, group_size / planes elements each
+  uint32_t channels_per_group = 1;  // unpacked channels of one group (GroupNorm); 1 otherwise
+  enum Weights : uint32_t { ByPosition = 0, ByChannel = 1, Single = 3 };
+  Weights weights = ByPosition;     // gamma/beta by position in the group (LayerNorm, RMSNorm), per channel
+                                    // (GroupNorm, InstanceNorm), or one pair for the blob (InstanceNorm, dims 1-2)
+  uint32_t plane_size() const { return group_size / planes; }
+  uint64_t groups() const { return uint64_t(n_groups) * elempack * planes / channels_per_group; }
 };
 
 // Throws std::invalid_argument (naming affine_size and the trailing dims) when affine weights of
@@ -41,9 +52,25 @@ struct GroupLayout {
 GroupLayout group_layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack,
                          int affine_size, bool affine);
 
-enum class NormOp { LayerNorm, RMSNorm };
+// GroupNorm (group groups of channels / group channels each) and InstanceNorm (group == channels, one
+// group per channel plane): the channels are w for dims 1, rows for dims 2, c for dims 3 and 4
+// (InstanceNorm: dims 1 and 2 are one channel, as ncnn's CPU layer). Throws std::invalid_argument
+// naming `layer` and the numbers when the input's channel count is not `channels`.
+GroupLayout channel_group_layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack, int channels,
+                                 int group, bool instance, const std::string& layer);
 
-// ncnn's CPU algorithm over every group of a float32, elempack-1 blob at `base` (gamma/beta null: no affine).
+enum class NormOp { LayerNorm, RMSNorm, GroupNorm, InstanceNorm };
+const char* op_name(NormOp op);
+
+// The groups of a blob under a layer's params: group_layout for LayerNorm/RMSNorm (affine_size),
+// channel_group_layout for GroupNorm (group, channels) and InstanceNorm (channels).
+GroupLayout norm_layout(NormOp op, int affine_size, int group, int channels, bool affine, int dims, int w, int h, int d,
+                        int c, size_t cstep, int elempack);
+// Mean and variance (LayerNorm, GroupNorm, InstanceNorm) rather than the mean of squares (RMSNorm).
+inline bool centres(NormOp op) { return op != NormOp::RMSNorm; }
+
+// ncnn's CPU algorithm over every group of a float32, elempack-1 blob at `base` (gamma/beta null: no
+// affine; indexed by position in the group, or by channel (g.weights)).
 void reference_forward(NormOp op, float* base, const GroupLayout& g, float eps, const float* gamma, const float* beta);
 
 struct DispatchInfo {  // what the last forward did
@@ -63,9 +90,10 @@ struct DispatchInfo {  // what the last forward did
 // max_bytes and at most kMaxPieceElements packed elements, so no 32-bit shader index can wrap.
 constexpr uint64_t kMaxPieceElements = 1ull << 31;
 struct Piece {
-  uint64_t offset = 0;  // bytes into the blob
-  uint64_t bytes = 0;   // bytes the piece spans
-  GroupLayout layout;   // its groups, as a blob of its own
+  uint64_t offset = 0;         // bytes into the blob
+  uint64_t bytes = 0;          // bytes the piece spans
+  GroupLayout layout;          // its groups, as a blob of its own
+  uint64_t first_channel = 0;  // its first (unpacked) channel: where per-channel weights start
 };
 // One piece (the whole blob) when blob_bytes <= max_bytes. Throws std::invalid_argument when a single
 // group exceeds max_bytes or kMaxPieceElements (a group is normalized whole, never split).
@@ -81,13 +109,22 @@ class Norm {
   Norm& operator=(const Norm&) = delete;
 
   NormOp op;
-  int affine_size = 0;
+  int affine_size = 0;  // LayerNorm, RMSNorm
+  int group = 1;        // GroupNorm
+  int channels = 0;     // GroupNorm, InstanceNorm
   float eps = 0.001f;
   int affine = 1;
   std::vector<float> gamma_data, beta_data;
 
-  void load_param(const ParamDict& pd);  // 0 affine_size, 1 eps, 2 affine
+  // ncnn's params: LayerNorm/RMSNorm 0 affine_size, 1 eps, 2 affine; GroupNorm 0 group, 1 channels,
+  // 2 eps, 3 affine; InstanceNorm 0 channels, 1 eps, 2 affine. Throws std::invalid_argument on values
+  // ncnn's validation refuses.
+  void load_param(const ParamDict& pd);
+  // affine: gamma (and beta, all but RMSNorm) of affine_size values, or channels for GroupNorm/InstanceNorm.
   void load_model(std::vector<float> gamma, std::vector<float> beta = {});
+  size_t weight_count() const { return size_t(op == NormOp::GroupNorm || op == NormOp::InstanceNorm ? channels : affine_size); }
+  // The groups of a blob of this shape (packed as given) under this layer's params.
+  GroupLayout layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack) const;
   // Builds the pipelines this device needs (also done lazily on first forward).
   void create_pipeline(std::shared_ptr<Context> ctx, const Option& opt = {});
   void destroy_pipeline();
@@ -130,6 +167,12 @@ struct LayerNorm : Norm {
 };
 struct RMSNorm : Norm {
   RMSNorm() : Norm(NormOp::RMSNorm) {}
+};
+struct GroupNorm : Norm {
+  GroupNorm() : Norm(NormOp::GroupNorm) {}
+};
+struct InstanceNorm : Norm {
+  InstanceNorm() : Norm(NormOp::InstanceNorm) {}
 };
 
 // A blob in device memory with ncnn's layout (VkMat): consecutive layers need no host round trip.

@@ -137,6 +137,7 @@ class Recorder {
  public:
   // Throws std::invalid_argument for bad parameters or handles, VulkanUnavailable when no loader can
   // be opened (get_instance_proc_addr null and no libvulkan).
+  // LayerNorm or RMSNorm (GroupNorm/InstanceNorm: std::invalid_argument).
   Recorder(const VulkanHandles& handles, NormOp op, int affine_size, float eps = 0.001f, int affine = 1);
   ~Recorder();
   Recorder(Recorder&&) noexcept;

@@ -1,15 +1,19 @@
-"""vknorm: fast, exact LayerNorm and RMSNorm on Vulkan for ncnn-style inference engines.
+"""vknorm: fast, exact LayerNorm, RMSNorm, GroupNorm and InstanceNorm on Vulkan for ncnn-style
+inference engines.
 
     ln = vknorm.LayerNorm(affine_size=768, eps=1e-5)
     ln.load_model(gamma, beta)
     y = ln(x)                      # on the default Vulkan device; device="cpu" for the reference
+    gn = vknorm.GroupNorm(group=32, channels=320, eps=1e-5)   # ncnn's params and weight order
 """
 from ._core import Context, Mat, VkMat, VulkanUnavailableError
-from .layers import LayerNorm, Option, RMSNorm, device_info, devices, to_device
+from .layers import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, device_info, devices, to_device
 
 __all__ = [
     "LayerNorm",
     "RMSNorm",
+    "GroupNorm",
+    "InstanceNorm",
     "Option",
     "Mat",
     "VkMat",

@@ -130,23 +130,37 @@ def _param_int(pid, v) -> int:
 
 class _Norm:
     _op = ""
+    # ncnn ParamDict ids: (id, name, default) in id order; eps and affine as ncnn numbers them per layer.
+    _params = ((0, "affine_size", 0), (1, "eps", 0.001), (2, "affine", 1))
 
     def __init__(self, affine_size: int = 0, eps: float = 0.001, affine: bool = True, *,
                  option: Optional[Option] = None, device=None):
+        self._setup({"affine_size": affine_size, "eps": eps, "affine": affine}, option, device)
+
+    def _setup(self, values: dict, option: Optional[Option], device) -> None:
         self._layer = _core.Norm(self._op)
         self.option = option or Option()
         self.device = device
-        self._layer.load_param({0: _param_int(0, affine_size), 1: float(eps), 2: int(bool(affine))})
+        params = {}
+        for pid, name, _ in self._params:
+            v = values[name]
+            params[pid] = float(v) if name == "eps" else int(bool(v)) if name == "affine" else _param_int(pid, v)
+        self.load_param(params)
 
     @classmethod
     def from_param(cls, params: Mapping[int, Union[int, float]], **kwargs):
-        """ncnn ParamDict ids: 0 affine_size (0), 1 eps (0.001), 2 affine (1)."""
-        unknown = set(params) - {0, 1, 2}
+        """ncnn ParamDict ids, as in the layer's .param line (see the class docstring)."""
+        known = {pid for pid, _, _ in cls._params}
+        unknown = set(params) - known
         if unknown:
-            raise ValueError(f"unknown param ids {sorted(unknown)}: {cls.__name__} takes 0 affine_size, 1 eps, 2 affine")
-        p = dict(params)
-        return cls(affine_size=_param_int(0, p.get(0, 0)), eps=float(p.get(1, 0.001)), affine=bool(p.get(2, 1)),
-                   **kwargs)
+            names = ", ".join(f"{pid} {name}" for pid, name, _ in cls._params)
+            raise ValueError(f"unknown param ids {sorted(unknown)}: {cls.__name__} takes {names}")
+        values = {name: params.get(pid, default) for pid, name, default in cls._params}
+        for pid, name, _ in cls._params:
+            if name not in ("eps", "affine"):
+                values[name] = _param_int(pid, values[name])
+        values["affine"] = bool(values["affine"])
+        return cls(**values, **kwargs)
 
     # ncnn's parameters, read-only: load_param / the constructor set them.
     affine_size = property(lambda self: self._layer.affine_size)
@@ -154,17 +168,22 @@ class _Norm:
     affine = property(lambda self: bool(self._layer.affine))
 
     def load_param(self, params: Mapping[int, Union[int, float]]) -> None:
-        eps = params.get(1, 0.001)
+        eps_id = next(pid for pid, name, _ in self._params if name == "eps")
+        eps = params.get(eps_id, 0.001)
         if not math.isfinite(float(eps)):
             raise ValueError(f"eps must be finite and >= 0, got {eps}")
-        self._layer.load_param({_param_int("id", k): (float(v) if k == 1 else _param_int(k, v)) for k, v in params.items()})
+        self._layer.load_param({_param_int("id", k): (float(v) if k == eps_id else _param_int(k, v))
+                                for k, v in params.items()})
+
+    _weight_count_name = "affine_size"
 
     def _weights(self, v, name: str) -> list:
         a = np.asarray(v)
         if a.dtype.kind not in "fiu":
             raise TypeError(f"{name} must be numeric, got dtype {a.dtype}")
         if a.ndim != 1:
-            raise ValueError(f"{name} must be 1-D of length affine_size={self.affine_size}, got shape {a.shape}")
+            n = getattr(self, self._weight_count_name)
+            raise ValueError(f"{name} must be 1-D of length {self._weight_count_name}={n}, got shape {a.shape}")
         return a.astype(np.float32).tolist()
 
     @property
@@ -187,9 +206,10 @@ class _Norm:
         self._layer.create_pipeline(ctx, (option or self.option)._native())
 
     def groups(self, shape) -> dict:
-        """How an input of this shape splits into groups (ncnn's rules): group_size, groups."""
+        """How an input of this shape splits into groups (ncnn's rules): group_size (elements of one
+        group), groups, and planes (channel planes one group spans)."""
         m = _core.Mat.from_numpy(np.zeros(shape, np.float16))
-        return _core.group_layout(m, self.affine_size, self.affine)
+        return self._layer.group_layout(m)
 
     def _run(self, mat: _core.Mat, device, option: Optional[Option]) -> _core.Mat:
         ctx = _context_for(device if device is not None else self.device)
@@ -226,7 +246,9 @@ class _Norm:
         return a
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(affine_size={self.affine_size}, eps={self.eps:g}, affine={self.affine})"
+        args = ", ".join(f"{name}={getattr(self, name):g}" if name == "eps" else f"{name}={getattr(self, name)}"
+                         for _, name, _ in self._params)
+        return f"{type(self).__name__}({args})"
 
 
 class LayerNorm(_Norm):
@@ -263,3 +285,57 @@ class RMSNorm(_Norm):
         if gamma is None:
             raise ValueError("RMSNorm with affine=True needs gamma")
         self._layer.load_model(self._weights(gamma, "gamma"))
+
+
+class _ChannelNorm(_Norm):
+    """Shared by GroupNorm and InstanceNorm: gamma and beta per channel."""
+
+    _weight_count_name = "channels"
+    channels = property(lambda self: self._layer.channels)
+
+    def load_model(self, gamma=None, beta=None) -> None:
+        """gamma and beta, each of `channels` values (nothing when affine=False)."""
+        if not self.affine:
+            if gamma is not None or beta is not None:
+                raise ValueError("affine=False: this layer takes no weights")
+            return
+        if gamma is None or beta is None:
+            raise ValueError(f"{type(self).__name__} with affine=True needs gamma and beta")
+        self._layer.load_model(self._weights(gamma, "gamma"), self._weights(beta, "beta"))
+
+    @property
+    def beta(self) -> np.ndarray:
+        return np.asarray(self._layer.beta_data, dtype=np.float32)
+
+
+class GroupNorm(_ChannelNorm):
+    """ncnn's GroupNorm: channels split into `group` groups of channels / group channels; each group is
+    normalized over all its elements, then y * gamma[c] + beta[c] per channel.
+
+    ncnn params: 0 group (1), 1 channels (0), 2 eps (0.001), 3 affine (1). Channels are w for a (w)
+    input, rows for (h, w), c for (c, h, w) and (c, d, h, w).
+    """
+
+    _op = "GroupNorm"
+    _params = ((0, "group", 1), (1, "channels", 0), (2, "eps", 0.001), (3, "affine", 1))
+    group = property(lambda self: self._layer.group)
+
+    def __init__(self, group: int = 1, channels: int = 0, eps: float = 0.001, affine: bool = True, *,
+                 option: Optional[Option] = None, device=None):
+        self._setup({"group": group, "channels": channels, "eps": eps, "affine": affine}, option, device)
+
+
+class InstanceNorm(_ChannelNorm):
+    """ncnn's InstanceNorm: each channel plane normalized on its own, y = x * a + b with
+    a = gamma[c] / sqrt(var + eps), b = beta[c] - mean * a.
+
+    ncnn params: 0 channels (0), 1 eps (0.001), 2 affine (1). A (w) or (h, w) input is one channel, as
+    in ncnn's CPU layer.
+    """
+
+    _op = "InstanceNorm"
+    _params = ((0, "channels", 0), (1, "eps", 0.001), (2, "affine", 1))
+
+    def __init__(self, channels: int = 0, eps: float = 0.001, affine: bool = True, *,
+                 option: Optional[Option] = None, device=None):
+        self._setup({"channels": channels, "eps": eps, "affine": affine}, option, device)

@@ -1,26 +1,29 @@
-"""Run ncnn models with vknorm's LayerNorm and RMSNorm: pyncnn's custom-layer override.
+"""Run ncnn models with vknorm's LayerNorm, RMSNorm, GroupNorm and InstanceNorm: pyncnn's custom-layer
+override.
 
     import ncnn, vknorm, vknorm.ncnn
     net = ncnn.Net()
     reg = vknorm.ncnn.register(net, option=vknorm.Option(use_fp16_storage=True))
     net.load_param("model.ncnn.param")      # ncnn parses the params ...
     net.load_model("model.ncnn.bin")        # ... and hands each layer its weights
-    # extract as usual: LayerNorm / RMSNorm run on vknorm's Vulkan operator, the rest stays ncnn's
+    # extract as usual: the norms run on vknorm's Vulkan operator, the rest stays ncnn's
     for layer in reg.layers:                # per-layer record of the last forward
         print(layer.name, layer.type, layer.last_shape, layer.last_gpu_us)
 
 How it plugs in: ``register`` calls ``net.register_custom_layer(type, creator, destroyer)`` for
-"LayerNorm" and "RMSNorm" before ``load_param``; that overrides ncnn's built-in types for this net
-only. ncnn then creates our layer for every such line of the .param, gives it its ParamDict
-(0 affine_size, 1 eps, 2 affine) and its weights (``mb.load(affine_size, 1)``: gamma, then beta for
-LayerNorm), and calls ``forward_inplace`` on an unpacked float32 blob, which we normalize on Vulkan.
+"LayerNorm", "RMSNorm", "GroupNorm" and "InstanceNorm" before ``load_param``; that overrides ncnn's
+built-in types for this net only. ncnn then creates our layer for every such line of the .param, gives
+it its ParamDict (LayerNorm/RMSNorm 0 affine_size, 1 eps, 2 affine; GroupNorm 0 group, 1 channels,
+2 eps, 3 affine; InstanceNorm 0 channels, 1 eps, 2 affine) and its weights (gamma, then beta for all but
+RMSNorm: affine_size or channels floats each), and calls ``forward_inplace`` on an unpacked float32
+blob, which we normalize on Vulkan.
 
 pyncnn's factory table: pyncnn turns each Python (creator, destroyer) pair into a C function ncnn can
 call. Older pyncnn kept a fixed table of 10 such slots per process and raised "python version only
 support 10 custom layers now" once they were used up; the pinned pyncnn (1.0.20261020) keeps the pair
 with the net and frees it with the net (checked: 300 nets in one process, 14 alive at once, each with
 its own creator; the creator's refcount drops back when the net dies). ``register`` therefore makes
-exactly two registrations per net, whose callables (bound methods of the returned ``Registration``)
+one registration per type per net, whose callables (bound methods of the returned ``Registration``)
 hold no reference to the net — no cycle, so nets are freed normally — and, should a pyncnn with the
 old fixed table run out, raises ``FactoryLimitError`` (a RuntimeError with an explanation), never a
 crash. Python exceptions must not cross into ncnn's C++ (it is built without them), so every callback
@@ -35,11 +38,11 @@ import ncnn as _ncnn  # pyncnn (absolute import; this module is vknorm.ncnn)
 import numpy as np
 
 from . import _core
-from .layers import LayerNorm, Option, RMSNorm
+from .layers import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm
 
 __all__ = ["register", "layers", "Registration", "VknormLayer", "FactoryLimitError", "TYPES"]
 
-TYPES = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm}
+TYPES = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm, "GroupNorm": GroupNorm, "InstanceNorm": InstanceNorm}
 
 
 class FactoryLimitError(RuntimeError):
@@ -50,11 +53,12 @@ from ._stdio import quiet_stderr  # noqa: E402  (re-exported: check.py uses it f
 
 
 class VknormLayer(_ncnn.Layer):
-    """An ncnn layer (LayerNorm or RMSNorm) whose forward runs vknorm's Vulkan operator.
+    """An ncnn layer (LayerNorm, RMSNorm, GroupNorm or InstanceNorm) whose forward runs vknorm's Vulkan
+    operator.
 
     After each forward: ``last_shape`` (numpy order), ``last_gpu_us`` (GPU time of the dispatch, from
     Vulkan timestamps), ``last_dispatch`` (vknorm's dispatch record), ``calls``. ``norm`` is the
-    vknorm.LayerNorm / RMSNorm built from ncnn's params; ``error`` holds the exception of a failed callback.
+    vknorm layer built from ncnn's params; ``error`` holds the exception of a failed callback.
     """
 
     def __init__(self, op: str, option: Option, device=None):
@@ -77,11 +81,10 @@ class VknormLayer(_ncnn.Layer):
 
     def load_param(self, pd) -> int:
         try:
-            affine_size = int(pd.get(0, 0))
-            eps = float(pd.get(1, 0.001))
-            affine = int(pd.get(2, 1))
-            self.norm = TYPES[self.op](affine_size=affine_size, eps=eps, affine=bool(affine),
-                                       option=self.option, device=self.device)
+            cls = TYPES[self.op]
+            params = {pid: (float(pd.get(pid, float(default))) if name == "eps" else int(pd.get(pid, int(default))))
+                      for pid, name, default in cls._params}
+            self.norm = cls.from_param(params, option=self.option, device=self.device)
             return 0
         except BaseException as e:  # noqa: BLE001 - must not reach ncnn's C++
             return self._fail(e)
@@ -92,11 +95,11 @@ class VknormLayer(_ncnn.Layer):
             if not n.affine:
                 return 0
             weights = []
-            for what in (("gamma", "beta") if self.op == "LayerNorm" else ("gamma",)):
-                m = mb.load(n.affine_size, 1) if n.affine_size > 0 else _ncnn.Mat()
-                if m.empty():  # short read (truncated .bin) or affine_size 0: ncnn's own answer
-                    return self._fail(ValueError(f"could not read {what} ({n.affine_size} floats) from the .bin"),
-                                      -100)
+            count = n.affine_size if self.op in ("LayerNorm", "RMSNorm") else n.channels
+            for what in (("gamma",) if self.op == "RMSNorm" else ("gamma", "beta")):
+                m = mb.load(count, 1) if count > 0 else _ncnn.Mat()
+                if m.empty():  # short read (truncated .bin) or a count of 0: ncnn's own answer
+                    return self._fail(ValueError(f"could not read {what} ({count} floats) from the .bin"), -100)
                 weights.append(np.array(m, dtype=np.float32).reshape(-1).copy())
             n.load_model(*weights)
             return 0
@@ -164,6 +167,12 @@ class Registration:
     def _create_rmsnorm(self):
         return self._create("RMSNorm")
 
+    def _create_groupnorm(self):
+        return self._create("GroupNorm")
+
+    def _create_instancenorm(self):
+        return self._create("InstanceNorm")
+
     def _destroy(self, layer) -> None:
         for i, mine in enumerate(self.layers):
             if mine is layer:
@@ -183,13 +192,14 @@ class Registration:
         return f"Registration({len(self.layers)} vknorm layers, {self.option!r})"
 
 
-def register(net, option: Optional[Option] = None, *, device=None, types=("LayerNorm", "RMSNorm"),
+def register(net, option: Optional[Option] = None, *, device=None, types=tuple(TYPES),
              quiet: bool = True) -> Registration:
-    """Make ``net`` (a pyncnn ``ncnn.Net``) run its LayerNorm / RMSNorm layers on vknorm's Vulkan operator.
+    """Make ``net`` (a pyncnn ``ncnn.Net``) run its LayerNorm / RMSNorm / GroupNorm / InstanceNorm layers
+    on vknorm's Vulkan operator.
 
     Call before ``net.load_param``. ``option``: the vknorm.Option for every such layer (e.g.
     ``Option(use_fp16_storage=True)``). ``device``: None (the default Vulkan device), "vulkan:N", an index
-    or a Context. ``types``: which of "LayerNorm", "RMSNorm" to take over. ``quiet`` hides ncnn's
+    or a Context. ``types``: which of "LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm" to take over. ``quiet`` hides ncnn's
     "overwrite built-in layer type" notice. Returns the Registration (its ``layers`` fill in at load_param).
     Raises VulkanUnavailableError without a Vulkan device, FactoryLimitError when pyncnn has no custom-layer
     factory left.
@@ -204,7 +214,8 @@ def register(net, option: Optional[Option] = None, *, device=None, types=("Layer
     if device is None:
         _core.Context.default()  # raises VulkanUnavailableError here rather than inside ncnn's load_param
     reg = Registration(option or Option(), device, types)
-    creators = {"LayerNorm": reg._create_layernorm, "RMSNorm": reg._create_rmsnorm}
+    creators = {"LayerNorm": reg._create_layernorm, "RMSNorm": reg._create_rmsnorm,
+                "GroupNorm": reg._create_groupnorm, "InstanceNorm": reg._create_instancenorm}
     lines: list = []
     for t in types:
         try:

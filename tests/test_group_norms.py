@@ -1,0 +1,268 @@
+"""GroupNorm and InstanceNorm on the one group model: ncnn's params and weights, the CPU reference
+against ncnn's CPU layers, every Vulkan path against float64 and ncnn's Vulkan layers, the layouts that
+break naive kernels, numerics and bad input.
+
+Tolerances: fp32 storage max abs error <= 1e-5 * max(1, max|y|) against float64; fp16 storage <= 4e-3 *
+max(1, max|y|) against float64 of the float16-rounded input (reference.py). The CPU reference follows
+ncnn's float32 order, so it is held to ncnn's CPU layer within 16 float32 roundings of max|y| (pyncnn's
+x86 layers sum in SIMD lanes).
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import vknorm
+from pyncnn_layer import channel_norm_param, run_ncnn_param, vulkan_available
+from reference import (FP16_TOL, FP32_TOL, LARGE_OFFSET_ABS_TOL, PATHS, channel_count, channel_norm64,
+                       make_channel_norm, max_abs_err, scale)
+
+# (op, numpy shape, group): the layouts of the group model that break naive kernels.
+CASES = [
+    ("GroupNorm", (320, 6, 6), 32),     # 10 channels per group: groups start and end inside pack4 elements
+    ("GroupNorm", (12, 7, 7), 6),       # 2 per group; a 7x7 plane: cstep (52) > w*h in float32
+    ("GroupNorm", (20, 3, 3), 4),       # 5 per group (odd), 4 groups per pack4 item
+    ("GroupNorm", (24, 6, 6), 3),       # 8 per group: whole pack4 elements in one group (read as vec4s)
+    ("GroupNorm", (16, 5, 5), 16),      # one channel per group
+    ("GroupNorm", (12, 2, 3, 5), 4),    # dims 4
+    ("GroupNorm", (12, 10), 3),         # dims 2: rows are channels
+    ("GroupNorm", (24,), 6),            # dims 1: every element a channel
+    ("InstanceNorm", (8, 7, 7), 0),     # 7x7 maps
+    ("InstanceNorm", (12, 4, 4), 0),
+    ("InstanceNorm", (6, 2, 3, 5), 0),  # dims 4
+    ("InstanceNorm", (8, 12), 0),       # dims 2: one channel (ncnn's CPU layer), pack4 rows
+    ("InstanceNorm", (30,), 0),         # dims 1: one channel
+]
+
+
+def case_id(case) -> str:
+    op, shape, group = case
+    return f"{op}-{'x'.join(map(str, shape))}" + (f"-g{group}" if op == "GroupNorm" else "")
+
+
+def weights(rng, channels):
+    return rng.uniform(0.5, 1.5, channels).astype(np.float32), rng.uniform(-1, 1, channels).astype(np.float32)
+
+
+def make_case(case, seed=0, affine=True, eps=1e-5):
+    op, shape, group = case
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(np.float32)
+    channels = channel_count(op, shape)
+    gamma, beta = weights(rng, channels) if affine else (None, None)
+    layer = make_channel_norm(op, channels, eps, affine, gamma, beta, group=max(group, 1))
+    return layer, x, gamma, beta
+
+
+def ncnn_bin(gamma, beta) -> bytes:
+    return b"" if gamma is None else gamma.tobytes() + beta.tobytes()
+
+
+def ncnn_param(layer) -> str:
+    return channel_norm_param(type(layer).__name__, layer.channels, layer.eps, int(layer.affine),
+                              group=getattr(layer, "group", 1))
+
+
+def every_path(layer, x, gamma, beta, storages=("fp32", "fp16"), paths=PATHS, packings=(True, False)):
+    """Failures of every (storage, path, packing) against float64 (and, fp32, the CPU reference)."""
+    op = type(layer).__name__
+    failures = []
+    group = getattr(layer, "group", 1)
+    for storage in storages:
+        xin = x.astype(np.float16) if storage == "fp16" else x
+        ref = channel_norm64(op, xin, layer.eps, group, gamma, beta)
+        cpu = layer(xin, device="cpu")
+        cpu_err = max_abs_err(cpu, ref)
+        tol = FP16_TOL if storage == "fp16" else FP32_TOL
+        for path, packing in itertools.product(paths, packings):
+            opt = vknorm.Option(path=path, use_packing_layout=packing, use_fp16_storage=storage == "fp16")
+            y = layer(xin, device="vulkan", option=opt)
+            ran = layer.last_dispatch
+            what = f"{op}{x.shape} {storage} path={path} packing={packing} ran {ran['path']}"
+            err, bound = max_abs_err(y, ref), tol * scale(ref)
+            if y.shape != x.shape or not err <= bound:
+                failures.append(f"{what}: vs float64 {err:.3e} > {bound:.3e}")
+            err, bound = max_abs_err(y, cpu), tol * scale(cpu) + cpu_err
+            if not err <= bound:
+                failures.append(f"{what}: vs CPU reference {err:.3e} > {bound:.3e}")
+            if path == "split" and ran["path"] != "split":
+                failures.append(f"{what}: the forced split path did not run")
+    return failures
+
+
+# ------------------------------------------------------------------------------ params and weights
+
+def test_groupnorm_takes_ncnns_param_ids_and_defaults():
+    gn = vknorm.GroupNorm.from_param({0: 32, 1: 320, 2: 1e-6, 3: 0})
+    assert (gn.group, gn.channels, gn.affine) == (32, 320, False) and gn.eps == np.float32(1e-6)
+    default = vknorm.GroupNorm.from_param({1: 8, 3: 0})
+    assert (default.group, default.eps, default.affine) == (1, np.float32(0.001), False)
+    inorm = vknorm.InstanceNorm.from_param({0: 16, 1: 1e-5, 2: 1})
+    assert (inorm.channels, inorm.affine) == (16, True)
+    with pytest.raises(ValueError, match="unknown param ids"):
+        vknorm.InstanceNorm.from_param({3: 1})
+    assert repr(gn) == "GroupNorm(group=32, channels=320, eps=1e-06, affine=False)"
+
+
+def test_gamma_and_beta_are_per_channel():
+    gn = vknorm.GroupNorm(group=2, channels=4, eps=1e-5)
+    gn.load_model([1, 2, 3, 4], [0.5, 0.5, -1, -1])
+    np.testing.assert_array_equal(gn.gamma, [1, 2, 3, 4])
+    x = np.random.default_rng(0).standard_normal((4, 3, 3)).astype(np.float32)
+    y = gn(x, device="cpu")
+    ref = channel_norm64("GroupNorm", x, 1e-5, 2, np.array([1, 2, 3, 4.]), np.array([0.5, 0.5, -1, -1]))
+    assert max_abs_err(y, ref) <= FP32_TOL * scale(ref)
+    assert gn.groups(x.shape) == {"group_size": 18, "groups": 2, "planes": 2}
+
+
+# ------------------------------------------------------------------------------ CPU reference
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_cpu_reference_matches_ncnns_cpu_layer_and_float64(case, affine):
+    layer, x, gamma, beta = make_case(case, affine=affine)
+    y = layer(x, device="cpu")
+    ncnn_y = run_ncnn_param(ncnn_param(layer), ncnn_bin(gamma, beta), x)
+    ref = channel_norm64(case[0], x, layer.eps, max(case[2], 1), gamma, beta)
+    assert max_abs_err(y, ref) <= FP32_TOL * scale(ref)
+    # ncnn's generic float32 order; pyncnn's x86 build sums in SIMD lanes, another float32 order, which
+    # moves the statistics by a few roundings (measured: <= 2.5e-7 relative): 16 roundings of max|y|.
+    assert max_abs_err(y, ncnn_y) <= 16 * np.finfo(np.float32).eps * scale(ref), max_abs_err(y, ncnn_y)
+
+
+# ------------------------------------------------------------------------------ Vulkan, every path
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_every_path_packing_and_storage_matches_float64_and_the_cpu_reference(case):
+    layer, x, gamma, beta = make_case(case)
+    failures = every_path(layer, x, gamma, beta)
+    plain, x2, _, _ = make_case(case, seed=1, affine=False)
+    failures += every_path(plain, x2, None, None, storages=("fp32",), paths=("auto", "split"))
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.skipif(not vulkan_available(), reason="pyncnn sees no Vulkan device")
+@pytest.mark.parametrize("case", [c for c in CASES if len(c[1]) >= 3], ids=case_id)
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_vulkan_is_as_close_to_float64_as_ncnns_own_vulkan_layer(case, fp16):
+    layer, x, gamma, beta = make_case(case)
+    xin = x.astype(np.float16) if fp16 else x
+    ref = channel_norm64(case[0], xin, layer.eps, max(case[2], 1), gamma, beta)
+    ours = layer(xin, device="vulkan", option=vknorm.Option(use_fp16_storage=fp16))
+    theirs = run_ncnn_param(ncnn_param(layer), ncnn_bin(gamma, beta), xin.astype(np.float32), vulkan=True, fp16=fp16)
+    tol = (FP16_TOL if fp16 else FP32_TOL) * scale(ref)
+    assert max_abs_err(ours, ref) <= max(tol, max_abs_err(theirs, ref)), (max_abs_err(ours, ref), max_abs_err(theirs, ref))
+
+
+def test_straddling_groups_run_pack4_and_whole_group_elements_read_vec4s():
+    """320 channels / 32 groups packs 10 channels per group across pack4 elements: the pack4 kernel with
+    group slots runs; 24 / 3 groups (8 per group) reads each pack4 element as one group's vec4."""
+    straddle, x, _, _ = make_case(CASES[0])
+    straddle(x, device="vulkan")
+    assert straddle.last_dispatch["vec4"] is False and straddle.last_dispatch["dispatches"] == 1
+    whole, x, _, _ = make_case(CASES[3])
+    whole(x, device="vulkan")
+    assert whole.last_dispatch["vec4"] is True
+
+
+# ------------------------------------------------------------------------------ large and small groups
+
+LARGE = [
+    ("GroupNorm", (320, 64, 64), 32),   # Stable Diffusion: 10 channels and 40960 elements per group
+    ("GroupNorm", (640, 16, 16), 2),    # 81920 elements per group
+    ("InstanceNorm", (3, 224, 224), 0), # one 224x224 channel per group
+]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("case", LARGE, ids=case_id)
+def test_large_groups_on_the_auto_and_split_paths(case):
+    layer, x, gamma, beta = make_case(case)
+    failures = every_path(layer, x, gamma, beta, storages=("fp32",), paths=("auto", "split"))
+    # float16 storage: float32 accumulation over 40960-81920 elements (a float16 sum would be off by far more).
+    failures += every_path(layer, x, gamma, beta, storages=("fp16",), paths=("auto",), packings=(True,))
+    assert not failures, "\n".join(failures)
+
+
+# ------------------------------------------------------------------------------ numerics
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[3], CASES[8]], ids=case_id)
+def test_exact_when_the_mean_is_far_larger_than_the_std(case):
+    """1e4 + N(0, 1e-2) per group: float32 sums of x lose the std entirely; shifting by a pivot keeps it."""
+    layer, x, gamma, beta = make_case(case)
+    x = (1e4 + 1e-2 * np.random.default_rng(7).standard_normal(x.shape)).astype(np.float32)
+    ref = channel_norm64(case[0], x, layer.eps, max(case[2], 1), gamma, beta)
+    for path, packing in itertools.product(PATHS, (True, False)):
+        y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))
+        assert max_abs_err(y, ref) <= LARGE_OFFSET_ABS_TOL, (path, packing, max_abs_err(y, ref))
+    ncnn_err = max_abs_err(run_ncnn_param(ncnn_param(layer), ncnn_bin(gamma, beta), x), ref)
+    assert ncnn_err > 10 * LARGE_OFFSET_ABS_TOL  # ncnn's CPU float32 order cannot do this: the case is hard
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[8]], ids=case_id)
+def test_constant_groups_give_beta(case):
+    layer, x, gamma, beta = make_case(case)
+    x = np.full(x.shape, 3.25, np.float32)
+    c = channel_count(case[0], x.shape)
+    want = np.broadcast_to(beta.reshape((c,) + (1,) * (x.ndim - 1)), x.shape)
+    for path, packing in itertools.product(PATHS, (True, False)):
+        y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))
+        np.testing.assert_allclose(y, want, atol=1e-6, err_msg=f"{path} {packing}")
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[8]], ids=case_id)
+@pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
+def test_nan_and_inf_spoil_their_own_group_as_ncnns_cpu_layer_does(case, bad):
+    layer, x, gamma, beta = make_case(case)
+    x.reshape(-1)[x.size // 2 + 1] = bad
+    ncnn_y = run_ncnn_param(ncnn_param(layer), ncnn_bin(gamma, beta), x)
+    cpu = layer(x, device="cpu")
+    np.testing.assert_array_equal(np.isnan(cpu), np.isnan(ncnn_y))
+    ok = np.isfinite(ncnn_y)
+    assert 0 < ok.sum() < ok.size  # one group spoiled, the others not
+    for path, packing in itertools.product(PATHS, (True, False)):
+        y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))
+        np.testing.assert_array_equal(np.isfinite(y), ok, err_msg=f"{path} {packing}")
+        assert max_abs_err(y[ok], cpu[ok]) <= 2 * FP32_TOL * scale(cpu[ok])
+
+
+# ------------------------------------------------------------------------------ bad input
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: vknorm.GroupNorm(group=3, channels=10), "do not divide into group=3"),
+    (lambda: vknorm.GroupNorm(group=0, channels=8), "group must be > 0"),
+    (lambda: vknorm.GroupNorm(group=-2, channels=8), "group must be > 0"),
+    (lambda: vknorm.GroupNorm(group=1, channels=0, affine=True), "affine=1 needs channels > 0"),
+    (lambda: vknorm.InstanceNorm(channels=0, affine=True), "affine=1 needs channels > 0"),
+    (lambda: vknorm.InstanceNorm(channels=-1, affine=False), "channels must be >= 0"),
+], ids=["not-divisible", "group-0", "group-negative", "gn-affine-no-channels", "in-affine-no-channels",
+        "in-negative"])
+def test_bad_params_raise_naming_the_layer_and_numbers(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_an_input_with_other_channels_than_the_layer_raises_on_every_device():
+    gn = make_channel_norm("GroupNorm", 8, 1e-5, False, group=4)
+    x = np.zeros((12, 4, 4), np.float32)
+    for device in ("cpu", "vulkan"):
+        with pytest.raises(ValueError, match="GroupNorm: the input has 12 channels, the layer 8"):
+            gn(x, device=device)
+    inorm = make_channel_norm("InstanceNorm", 6, 1e-5, True, np.ones(6), np.zeros(6))
+    with pytest.raises(ValueError, match="InstanceNorm: the input has 4 channels, the layer 6"):
+        inorm(np.zeros((4, 3, 3), np.float32), device="vulkan")
+    gn0 = vknorm.GroupNorm(group=2, channels=0, affine=False)
+    with pytest.raises(ValueError, match="channels=0 cannot split"):
+        gn0(np.zeros((4, 3, 3), np.float32), device="vulkan")
+
+
+def test_weights_of_the_wrong_length_or_missing_raise():
+    gn = vknorm.GroupNorm(group=2, channels=4)
+    with pytest.raises(ValueError, match="gamma has 3 values, expected channels=4"):
+        gn.load_model(np.ones(3), np.zeros(4))
+    with pytest.raises(ValueError, match="needs gamma and beta"):
+        gn.load_model(np.ones(4))
+    with pytest.raises(ValueError, match="no weights loaded"):
+        gn(np.zeros((4, 2, 2), np.float32), device="vulkan")
