@@ -1,17 +1,21 @@
-// vknorm C++ example: one LayerNorm (ncnn's layer interface) on a host Mat and on a device VkMat,
-// each compared with the CPU reference (forward_inplace_cpu, ncnn's own algorithm).
+// vknorm C++ example: one norm layer (ncnn's layer interface: LayerNorm, RMSNorm, GroupNorm or
+// InstanceNorm) on a host Mat and on a device VkMat, each compared with the CPU reference
+// (forward_inplace_cpu, ncnn's own algorithm).
 //
 // Usage:
 //   layernorm_example [options] [MODEL.param MODEL.bin]
 //
-//   MODEL.param  an ncnn .param file (or just one layer line); the first LayerNorm line is used:
+//   MODEL.param  an ncnn .param file (or just one layer line); the first norm line is used:
 //                  LayerNorm ln0 1 1 in0 out0 0=64 1=1.000000e-05 2=1
-//                (0=affine_size, 1=eps, 2=affine, as ncnn). A missing key takes ncnn's default.
-//   MODEL.bin    raw little-endian float32: gamma[affine_size] then beta[affine_size] (what ncnn's
-//                LayerNorm::load_model reads; with affine=0 nothing is read). Extra bytes are ignored.
-//   Without files: affine_size 64, eps 1e-5, affine 1 and pseudo-random weights.
+//                  GroupNorm gn0 1 1 in0 out0 0=32 1=320 2=1.000000e-05 3=1
+//                (ncnn's param ids per type). A missing key takes ncnn's default.
+//   MODEL.bin    raw little-endian float32: gamma then beta (all but RMSNorm), affine_size or channels
+//                values each (what ncnn's load_model reads; with affine=0 nothing is read).
+//   Without files: LayerNorm, affine_size 64, eps 1e-5, affine 1 and pseudo-random weights.
 //
-//   --h N, --c N      input shape (c, h, affine_size) in numpy order, a dims-3 Mat; defaults 16 and 4
+//   --h N, --c N      input shape (c, h, w) in numpy order, a dims-3 Mat; defaults 16 and 4; w is
+//                     affine_size (LayerNorm/RMSNorm), else --w N (default 16); GroupNorm and
+//                     InstanceNorm take c from their channels
 //   --fp16            float16 storage on the device (tolerance 4e-3 instead of 1e-5)
 //   --no-packing      keep elempack 1 on the device (default: pack4 where the channels divide by 4)
 //   --path P          auto | subgroup | workgroup | split (default auto)
@@ -31,6 +35,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -40,7 +45,7 @@ namespace {
 
 struct Args {
   std::string param_path, bin_path;
-  int h = 16, c = 4, device = -1;
+  int h = 16, c = 4, w = 16, device = -1;
   bool fp16 = false, packing = true;
   std::string path = "auto";
   double tol = -1;
@@ -48,7 +53,7 @@ struct Args {
 
 [[noreturn]] void usage_error(const std::string& why) {
   std::cerr << "layernorm_example: " << why << "\n"
-            << "usage: layernorm_example [--h N] [--c N] [--fp16] [--no-packing] [--path P] [--device N] [--tol X]"
+            << "usage: layernorm_example [--h N] [--c N] [--w N] [--fp16] [--no-packing] [--path P] [--device N] [--tol X]"
                " [MODEL.param MODEL.bin]\n";
   std::exit(2);
 }
@@ -65,6 +70,7 @@ Args parse_args(int argc, char** argv) {
     try {
       if (s == "--h") a.h = std::stoi(value());
       else if (s == "--c") a.c = std::stoi(value());
+      else if (s == "--w") a.w = std::stoi(value());
       else if (s == "--device") a.device = std::stoi(value());
       else if (s == "--tol") a.tol = std::stod(value());
       else if (s == "--path") a.path = value();
@@ -79,27 +85,36 @@ Args parse_args(int argc, char** argv) {
   }
   if (files.size() == 2) a.param_path = files[0], a.bin_path = files[1];
   else if (!files.empty()) usage_error("give both MODEL.param and MODEL.bin, or neither");
-  if (a.h < 1 || a.c < 1) usage_error("--h and --c must be >= 1");
+  if (a.h < 1 || a.c < 1 || a.w < 1) usage_error("--h, --c and --w must be >= 1");
   if (a.tol < 0) a.tol = a.fp16 ? 4e-3 : 1e-5;
   return a;
 }
 
-// The first "LayerNorm" line of an ncnn .param file -> ParamDict (ids 0, 1, 2; others are ignored).
-vknorm::ParamDict read_param(const std::string& path) {
+// The first norm line of an ncnn .param file -> its type and ParamDict (other lines are ignored).
+struct NormLine {
+  vknorm::NormOp op;
+  vknorm::ParamDict pd;
+};
+NormLine read_param(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw std::runtime_error(path + ": cannot open");
+  const std::pair<const char*, vknorm::NormOp> types[] = {
+      {"LayerNorm", vknorm::NormOp::LayerNorm}, {"RMSNorm", vknorm::NormOp::RMSNorm},
+      {"GroupNorm", vknorm::NormOp::GroupNorm}, {"InstanceNorm", vknorm::NormOp::InstanceNorm}};
   std::string line;
   while (std::getline(f, line)) {
     std::istringstream in(line);
     std::string type, name;
     int n_in = 0, n_out = 0;
-    if (!(in >> type) || type != "LayerNorm") continue;
+    if (!(in >> type)) continue;
+    const auto* t = std::find_if(std::begin(types), std::end(types), [&](const auto& p) { return type == p.first; });
+    if (t == std::end(types)) continue;
     if (!(in >> name >> n_in >> n_out) || n_in < 0 || n_out < 0)
       throw std::runtime_error(path + ": malformed layer line: " + line);
     std::string blob;
     for (int i = 0; i < n_in + n_out; ++i)
       if (!(in >> blob)) throw std::runtime_error(path + ": layer line lists fewer blobs than it declares: " + line);
-    vknorm::ParamDict pd;
+    NormLine out{t->second, {}};
     std::string kv;
     while (in >> kv) {
       const auto eq = kv.find('=');
@@ -107,12 +122,12 @@ vknorm::ParamDict read_param(const std::string& path) {
       const int id = std::stoi(kv.substr(0, eq));
       const std::string v = kv.substr(eq + 1);
       // ncnn's rule: a value with '.' or 'e' is a float, otherwise an int.
-      if (v.find_first_of(".eE") != std::string::npos) pd.set(id, std::stof(v));
-      else pd.set(id, std::stoi(v));
+      if (v.find_first_of(".eE") != std::string::npos) out.pd.set(id, std::stof(v));
+      else out.pd.set(id, std::stoi(v));
     }
-    return pd;
+    return out;
   }
-  throw std::runtime_error(path + ": no LayerNorm layer line");
+  throw std::runtime_error(path + ": no LayerNorm, RMSNorm, GroupNorm or InstanceNorm layer line");
 }
 
 std::vector<float> read_floats(std::ifstream& f, size_t n, const std::string& path, const char* what) {
@@ -155,41 +170,51 @@ double max_abs_err(const std::vector<float>& a, const std::vector<float>& b) {
 int main(int argc, char** argv) {
   const Args args = parse_args(argc, argv);
 
-  vknorm::LayerNorm ln;
+  std::unique_ptr<vknorm::Norm> layer;
   try {
-    vknorm::ParamDict pd;
     std::vector<float> gamma, beta;
     if (!args.param_path.empty()) {
-      pd = read_param(args.param_path);
-      ln.load_param(pd);
-      if (ln.affine) {
+      NormLine nl = read_param(args.param_path);
+      layer = std::make_unique<vknorm::Norm>(nl.op);
+      layer->load_param(nl.pd);
+      if (layer->affine) {
         std::ifstream bin(args.bin_path, std::ios::binary);
         if (!bin) throw std::runtime_error(args.bin_path + ": cannot open");
-        gamma = read_floats(bin, size_t(ln.affine_size), args.bin_path, "gamma");
-        beta = read_floats(bin, size_t(ln.affine_size), args.bin_path, "beta");
+        gamma = read_floats(bin, layer->weight_count(), args.bin_path, "gamma");
+        if (layer->op != vknorm::NormOp::RMSNorm) beta = read_floats(bin, layer->weight_count(), args.bin_path, "beta");
       }
     } else {
+      layer = std::make_unique<vknorm::LayerNorm>();
+      vknorm::ParamDict pd;
       pd.set(0, 64);
       pd.set(1, 1e-5f);
       pd.set(2, 1);
-      ln.load_param(pd);
+      layer->load_param(pd);
       Lcg rng{1234};
-      for (int i = 0; i < ln.affine_size; ++i) gamma.push_back(rng.next()), beta.push_back(rng.next());
+      for (int i = 0; i < layer->affine_size; ++i) gamma.push_back(rng.next()), beta.push_back(rng.next());
     }
-    if (ln.affine_size < 1) throw std::runtime_error("affine_size (0=) must be >= 1: it is the row width here");
-    ln.load_model(gamma, beta);  // affine=0: both empty
+    const bool by_row = layer->op == vknorm::NormOp::LayerNorm || layer->op == vknorm::NormOp::RMSNorm;
+    if (by_row && layer->affine_size < 1) throw std::runtime_error("affine_size (0=) must be >= 1: it is the row width here");
+    layer->load_model(gamma, beta);  // affine=0: both empty
   } catch (const std::exception& e) {
     std::cerr << "layernorm_example: " << e.what() << "\n";
     return 2;
   }
+  vknorm::Norm& ln = *layer;
+  const bool by_row = ln.op == vknorm::NormOp::LayerNorm || ln.op == vknorm::NormOp::RMSNorm;
 
-  // Input: c channels of h rows of affine_size, normalized row by row (ncnn: affine_size == w).
-  const int w = ln.affine_size;
-  vknorm::Mat x = vknorm::Mat::create(3, w, args.h, 1, args.c);
+  // Input: c channels of h rows of w. LayerNorm/RMSNorm: w = affine_size, normalized row by row (ncnn:
+  // affine_size == w); GroupNorm/InstanceNorm: the layer's channels.
+  const int w = by_row ? ln.affine_size : args.w;
+  const int c = !by_row && ln.channels > 0 ? ln.channels : args.c;
+  vknorm::Mat x = vknorm::Mat::create(3, w, args.h, 1, c);
   Lcg rng{7767517};
   for (int q = 0; q < x.c; ++q) {
     float* p = reinterpret_cast<float*>(x.channel(q));
-    for (int i = 0; i < w * args.h; ++i) p[i] = rng.next() + 0.5f * float(q);
+    // Channel offsets; kept small for GroupNorm/InstanceNorm, whose groups span channels: ncnn's
+    // float32 sums (the CPU reference) lose digits on large means, the Vulkan kernels do not.
+    const float offset = 0.5f * float(by_row ? q : q % 4);
+    for (int i = 0; i < w * args.h; ++i) p[i] = rng.next() + offset;
   }
   // fp16 storage: the device holds float16, so the reference starts from the same rounded input.
   vknorm::Mat x_ref = args.fp16 ? vknorm::cast_fp32(vknorm::cast_fp16(x)) : x.clone();
@@ -209,8 +234,10 @@ int main(int argc, char** argv) {
     const auto& dev = ctx->info();
     std::printf("device: %s (%s, Vulkan %s, subgroup size %u)\n", dev.name.c_str(), dev.type.c_str(),
                 dev.api_version.c_str(), dev.subgroup_size);
-    std::printf("layer: LayerNorm affine_size=%d eps=%g affine=%d; input c=%d h=%d w=%d; %s storage, packing %s\n",
-                ln.affine_size, double(ln.eps), ln.affine, args.c, args.h, w, args.fp16 ? "fp16" : "fp32",
+    std::string params = by_row ? "affine_size=" + std::to_string(ln.affine_size) : "channels=" + std::to_string(ln.channels);
+    if (ln.op == vknorm::NormOp::GroupNorm) params = "group=" + std::to_string(ln.group) + " " + params;
+    std::printf("layer: %s %s eps=%g affine=%d; input c=%d h=%d w=%d; %s storage, packing %s\n", vknorm::op_name(ln.op),
+                params.c_str(), double(ln.eps), ln.affine, c, args.h, w, args.fp16 ? "fp16" : "fp32",
                 args.packing ? "on" : "off");
 
     // 1. Host Mat: upload, normalize, download in one submission.

@@ -93,10 +93,10 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
     caps.preferred_workgroup = std::min(caps.max_workgroup, pow2_floor(std::max(1, std::atoi(v))));
   // Shared memory (maxComputeSharedMemorySize, VKNORM_MAX_SHARED_MEMORY caps it): per invocation the
   // fused kernel and norm_reduce hold one stat (vec4 at most: 16 B, common.glsl team_scratch);
-  // norm_finalize 3 afp + 1 float (52 B), at the split path's workgroup, preferred_workgroup.
-  const uint32_t shared = std::max<uint32_t>(info.max_shared_memory, 52);
+  // norm_finalize 4 afp (64 B: counts are per group slot), at the split path's workgroup, preferred_workgroup.
+  const uint32_t shared = std::max<uint32_t>(info.max_shared_memory, 64);
   caps.max_workgroup = std::min(caps.max_workgroup, pow2_floor(shared / 16));
-  caps.preferred_workgroup = std::min(caps.preferred_workgroup, pow2_floor(shared / 52));
+  caps.preferred_workgroup = std::min(caps.preferred_workgroup, pow2_floor(shared / 64));
   caps.subgroup_size = info.subgroup_size;
   // Subgroups of >= 2 invocations: team_sum2 keeps two values per subgroup in a workgroup-sized array.
   caps.subgroup_reduce = subgroup_reduce && opt.use_subgroup_ops && info.subgroup_size >= 2 &&

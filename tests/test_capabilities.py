@@ -281,10 +281,10 @@ if "pytest" in sys.modules:
             assert max(s["wgs"]) <= 32 and min(s["wgs"]) <= 8, s["wgs"]
 
     def test_shared_memory_budget_matches_the_shaders():
-        """The dispatcher budgets 16 B per invocation (fused, reduce, apply) and 52 B (finalize): the shaders'
+        """The dispatcher budgets 16 B per invocation (fused, reduce, apply) and 64 B (finalize): the shaders'
         shared declarations must stay within that (dispatch.cpp device_caps)."""
         per = shared_bytes_per_invocation()
-        assert per["norm_finalize"] <= 52, per
+        assert per["norm_finalize"] <= 64, per
         for shader in ("norm_fused", "norm_reduce", "norm_apply"):
             assert per[shader] <= 16, per
 

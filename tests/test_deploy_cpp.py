@@ -132,6 +132,30 @@ def test_example_runs_layernorm_from_param_and_bin(example, tmp_path):
         assert all(e <= tol * 10 for e in parse_errors(out)), out  # |y| stays below ~10 here
 
 
+@pytest.mark.parametrize("op,line,channels", [
+    ("GroupNorm", "GroupNorm gn0 1 1 in0 out0 0=32 1=320 2=1.000000e-05 3=1", 320),  # 10 channels per group
+    ("InstanceNorm", "InstanceNorm in0n 1 1 in0 out0 0=12 1=1.000000e-05 2=1", 12),
+])
+def test_example_runs_groupnorm_and_instancenorm_from_param_and_bin(example, tmp_path, op, line, channels):
+    """The C++ layers vknorm::Norm(GroupNorm / InstanceNorm): ncnn's params and per-channel weights."""
+    rng = np.random.default_rng(8)
+    weights = rng.uniform(0.5, 1.5, 2 * channels).astype(np.float32)
+    param = tmp_path / "model.param"
+    param.write_text(f"7767517\n2 2\nInput in0 0 1 in0\n{line}\n")
+    binf = tmp_path / "model.bin"
+    binf.write_bytes(weights.tobytes())
+    env = dict(os.environ, VKNORM_VALIDATION="1")
+    for extra in ([], ["--no-packing", "--path", "split"], ["--fp16", "--h", "5", "--w", "7"]):
+        proc = run([example, *extra, str(param), str(binf)], f"example {op} {extra}", env=env, timeout=120)
+        out = proc.stdout
+        assert f"layer: {op} " in out and f"channels={channels} eps=1e-05 affine=1" in out, out
+        assert "validation messages: 0" in out and out.rstrip().splitlines()[-1].startswith("OK"), out
+    short = tmp_path / "short.bin"
+    short.write_bytes(weights[:channels + 3].tobytes())  # gamma, and a few floats of beta
+    proc = subprocess.run([example, str(param), str(short)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "too short for beta" in proc.stderr, proc.stderr
+
+
 def test_example_on_a_forced_small_device(example):
     """The C++ program on lavapipe forced to Vulkan 1.0, 16 KB shared memory, no subgroups: fp16 requested
     falls back to float32 storage with the warning, and the results still pass."""

@@ -1,4 +1,9 @@
-"""`vknorm bench`: GPU time of LayerNorm / RMSNorm against the copy roof, ncnn's Vulkan layer and torch.
+"""`vknorm bench`: GPU time of LayerNorm / RMSNorm / GroupNorm / InstanceNorm against the copy roof, ncnn's
+Vulkan layer and torch.
+
+LayerNorm/RMSNorm shapes are --rows x --cols (the group size); GroupNorm/InstanceNorm shapes are --channels
+x --size HxW (with --groups for GroupNorm), by default the Stable-Diffusion UNet/VAE sizes (GroupNorm(32))
+and style-transfer sizes (InstanceNorm).
 
 Method (docs/benchmarks/README.md): each measurement is a batch of >= 100 back-to-back forwards in one
 submission, timed with Vulkan timestamp queries, right after >= 150 ms of the same work on the GPU (NVIDIA
@@ -21,15 +26,26 @@ import numpy as np
 
 DEFAULT_COLS = [32, 64, 128, 256, 512, 768, 1024, 2048, 4096, 8192, 16384, 32768]
 LATENCY_SHAPES = [(1, 768), (77, 512), (197, 768), (1, 4096)]
+# (channels, h, w, groups): SD UNet/VAE GroupNorm(32) sizes, and GroupNorm(2, 640)'s 81920-element groups.
+GROUPNORM_SHAPES = [(320, 64, 64, 32), (640, 32, 32, 32), (1280, 16, 16, 32), (1280, 8, 8, 32), (640, 16, 16, 2)]
+# style-transfer / GAN generator InstanceNorm sizes (one group per channel plane).
+INSTANCENORM_SHAPES = [(32, 224, 224, 0), (64, 128, 128, 0), (128, 64, 64, 0), (256, 32, 32, 0), (512, 7, 7, 0)]
+CHANNEL_OPS = ("groupnorm", "instancenorm")
 IMPLS = ("ncnn", "copy", "torch")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="time LayerNorm/RMSNorm on the GPU (Vulkan timestamps)",
+    p = sub.add_parser("bench", help="time the norms on the GPU (Vulkan timestamps)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--op", choices=["layernorm", "rmsnorm", "both"], default="layernorm")
+    p.add_argument("--op", choices=["layernorm", "rmsnorm", "both", "groupnorm", "instancenorm"], default="layernorm",
+                   help="both: layernorm and rmsnorm")
     p.add_argument("--rows", type=int, action="append", help="rows of one shape (pair each --rows with a --cols)")
     p.add_argument("--cols", type=int, action="append", help="columns (group size) of one shape")
+    p.add_argument("--channels", type=int, action="append",
+                   help="groupnorm/instancenorm: channels of one shape (pair each with a --size)")
+    p.add_argument("--size", action="append", metavar="HxW", help="groupnorm/instancenorm: the plane of one shape")
+    p.add_argument("--groups", type=int, action="append",
+                   help="groupnorm: groups of each shape (one for all, or one per --channels; default 32)")
     p.add_argument("--dtype", choices=["fp32", "fp16", "both"], default="both")
     p.add_argument("--compare", default="ncnn,copy,torch",
                    help="comma list of ncnn, copy, torch ('' for vknorm alone); unavailable ones are skipped")
@@ -52,9 +68,46 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _channel_shapes(args):
+    """(channels, h, w, groups) of each groupnorm/instancenorm shape (UsageError when malformed)."""
+    from .cli import UsageError
+
+    if args.rows or args.cols:
+        raise UsageError(f"--rows/--cols are LayerNorm/RMSNorm shapes; --op {args.op} takes --channels and --size HxW")
+    if not args.channels and not args.size:
+        if args.groups and args.op == "groupnorm":
+            if len(args.groups) != 1 or args.groups[0] < 1:
+                raise UsageError("--groups without --channels: one positive value for the default shapes")
+            return [(c, h, w, args.groups[0]) for c, h, w, _ in GROUPNORM_SHAPES if c % args.groups[0] == 0]
+        return GROUPNORM_SHAPES if args.op == "groupnorm" else INSTANCENORM_SHAPES
+    channels, sizes = args.channels or [], args.size or []
+    if len(channels) != len(sizes):
+        raise UsageError("--channels and --size: give one --size HxW for each --channels")
+    if args.op == "instancenorm" and args.groups:
+        raise UsageError("--groups: instancenorm has one group per channel")
+    groups = args.groups or [32]
+    if len(groups) not in (1, len(channels)):
+        raise UsageError("--groups: one value for every shape, or one per --channels")
+    out = []
+    for i, (c, size) in enumerate(zip(channels, sizes)):
+        try:
+            h, w = (int(v) for v in size.lower().split("x"))
+        except ValueError:
+            raise UsageError(f"--size {size!r}: expected HxW, e.g. 64x64") from None
+        g = groups[i if len(groups) > 1 else 0] if args.op == "groupnorm" else 0
+        if c < 1 or h < 1 or w < 1:
+            raise UsageError(f"--channels/--size: shape {c}x{h}x{w} must be positive")
+        if args.op == "groupnorm" and (g < 1 or c % g):
+            raise UsageError(f"--groups {g}: {c} channels do not split into {g} groups")
+        out.append((c, h, w, g))
+    return out
+
+
 def _shapes(args):
     from .cli import UsageError
 
+    if args.channels or args.size or args.groups:
+        raise UsageError("--channels/--size/--groups go with --op groupnorm or instancenorm")
     if args.rows or args.cols:
         rows, cols = args.rows or [], args.cols or []
         if len(rows) != len(cols):
@@ -125,21 +178,32 @@ def _ncnn_param(op: str, rows: int, cols: int, layers: int, affine: bool = True)
     return "\n".join(lines) + "\n"
 
 
-def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine: bool = True):
-    """ncnn's Vulkan layer: (chain of K layers - chain of k) / (K - k), wall clock, min of 3 runs."""
+def _ncnn_channel_param(op: str, c: int, h: int, w: int, groups: int, layers: int, affine: bool = True) -> str:
+    lines = ["7767517", f"{layers + 1} {layers + 1}", f"Input in0 0 1 b0 0={w} 1={h} 2={c}"]
+    for i in range(layers):
+        params = (f"0={groups} 1={c} 2=1e-05 3={int(affine)}" if op == "groupnorm" else f"0={c} 1=1e-05 2={int(affine)}")
+        lines.append(f"{'GroupNorm' if op == 'groupnorm' else 'InstanceNorm'} n{i} 1 1 b{i} b{i + 1} {params}")
+    return "\n".join(lines) + "\n"
+
+
+def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine: bool = True, shape=None):
+    """ncnn's Vulkan layer: (chain of K layers - chain of k) / (K - k), wall clock, min of 3 runs.
+    shape: (channels, h, w, groups) for groupnorm/instancenorm."""
     import ncnn
 
     if ncnn.get_gpu_count() == 0:
         return None
-    per_layer = (2 if op == "layernorm" else 1) if affine else 0
+    weights_of = cols if shape is None else shape[0]
+    per_layer = (1 if op == "rmsnorm" else 2) if affine else 0
     tmp = tempfile.mkdtemp(prefix="vknorm-bench-")
 
     def run_chain(layers: int, repeat: int = 3) -> float:
         param = os.path.join(tmp, f"chain{layers}.param")
         with open(param, "w") as f:
-            f.write(_ncnn_param(op, rows, cols, layers, affine))
+            f.write(_ncnn_param(op, rows, cols, layers, affine) if shape is None
+                    else _ncnn_channel_param(op, *shape, layers, affine))
         weights = os.path.join(tmp, f"chain{layers}.bin")
-        w = [np.ones(cols, np.float32), np.zeros(cols, np.float32)][:per_layer]
+        w = [np.ones(weights_of, np.float32), np.zeros(weights_of, np.float32)][:per_layer]
         np.tile(np.concatenate(w) if w else np.zeros(0, np.float32), layers).astype(np.float32).tofile(weights)
         net = ncnn.Net()
         net.opt.use_vulkan_compute = True
@@ -173,7 +237,7 @@ def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine
     return max(tk - t1, 0.0) / (k - 1) * 1e6
 
 
-def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: bool = True):
+def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: bool = True, shape=None):
     try:
         import torch
     except ImportError:
@@ -183,10 +247,19 @@ def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: b
     import torch.nn.functional as F
 
     dt = torch.float16 if fp16 else torch.float32
-    x = torch.randn(rows, cols, device="cuda", dtype=dt)
-    w = torch.ones(cols, device="cuda", dtype=dt) if affine else None
-    b = torch.zeros(cols, device="cuda", dtype=dt) if affine else None
-    fn = (lambda: F.layer_norm(x, (cols,), w, b, 1e-5)) if op == "layernorm" else (lambda: F.rms_norm(x, (cols,), w, 1e-5))
+    if shape is not None:  # (channels, h, w, groups), batch 1 as ncnn runs it
+        c, h, w_, g = shape
+        x = torch.randn(1, c, h, w_, device="cuda", dtype=dt)
+        w = torch.ones(c, device="cuda", dtype=dt) if affine else None
+        b = torch.zeros(c, device="cuda", dtype=dt) if affine else None
+        fn = ((lambda: F.group_norm(x, g, w, b, 1e-5)) if op == "groupnorm"
+              else (lambda: F.instance_norm(x, weight=w, bias=b, eps=1e-5)))
+    else:
+        x = torch.randn(rows, cols, device="cuda", dtype=dt)
+        w = torch.ones(cols, device="cuda", dtype=dt) if affine else None
+        b = torch.zeros(cols, device="cuda", dtype=dt) if affine else None
+        fn = ((lambda: F.layer_norm(x, (cols,), w, b, 1e-5)) if op == "layernorm"
+              else (lambda: F.rms_norm(x, (cols,), w, 1e-5)))
     for _ in range(5):
         fn()
     # keep the clock up, then time a batch with CUDA events
@@ -250,7 +323,7 @@ def run_model(args) -> int:
 
 
 def run(args) -> int:
-    from . import LayerNorm, Option, RMSNorm, _core, device_info, to_device
+    from . import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, _core, device_info, to_device
     from .cli import UsageError
 
     if args.model:
@@ -272,7 +345,12 @@ def run(args) -> int:
         raise UsageError(f"--path: {e}")
     ops = ["layernorm", "rmsnorm"] if args.op == "both" else [args.op]
     dtypes = ["fp32", "fp16"] if args.dtype == "both" else [args.dtype]
-    shapes = _shapes(args)
+    channel_op = args.op in CHANNEL_OPS
+    # (rows, cols, kind, channel shape or None): a channel shape is benchmarked as a (c, h, w) blob.
+    if channel_op:
+        shapes = [(c, h * w, "sweep", (c, h, w, g)) for c, h, w, g in _channel_shapes(args)]
+    else:
+        shapes = [(r, c, kind, None) for r, c, kind in _shapes(args)]
     info = device_info()
     if "ncnn" in compare:
         try:
@@ -287,22 +365,33 @@ def run(args) -> int:
     for op in ops:
         for dtype in dtypes:
             fp16 = dtype == "fp16"
-            for rows, cols, kind in shapes:
-                progress.step(f"{op} {dtype} {rows}x{cols}")
-                x = rng.standard_normal((rows, cols), dtype=np.float32)
+            for rows, cols, kind, cshape in shapes:
+                label = f"{rows}x{cols}" if cshape is None else _shape_label(op, cshape)
+                progress.step(f"{op} {dtype} {label}")
+                affine = not args.no_affine
                 option = Option(use_fp16_storage=fp16, use_packing_layout=not args.no_packing, path=args.path)
-                layer = (LayerNorm if op == "layernorm" else RMSNorm)(affine_size=cols, eps=1e-5,
-                                                                        affine=not args.no_affine)
-                if args.no_affine:
-                    pass  # nothing to load
-                elif op == "layernorm":
-                    layer.load_model(np.ones(cols, np.float32), np.zeros(cols, np.float32))
+                if cshape is None:
+                    x = rng.standard_normal((rows, cols), dtype=np.float32)
+                    layer = (LayerNorm if op == "layernorm" else RMSNorm)(affine_size=cols, eps=1e-5, affine=affine)
+                    n_weights = cols
                 else:
-                    layer.load_model(np.ones(cols, np.float32))
+                    c, h, w, g = cshape
+                    x = rng.standard_normal((c, h, w), dtype=np.float32)
+                    layer = GroupNorm(g, c, 1e-5, affine) if op == "groupnorm" else InstanceNorm(c, 1e-5, affine)
+                    n_weights = c
+                if not affine:
+                    pass  # nothing to load
+                elif op == "rmsnorm":
+                    layer.load_model(np.ones(n_weights, np.float32))
+                else:
+                    layer.load_model(np.ones(n_weights, np.float32), np.zeros(n_weights, np.float32))
                 vkmat = to_device(x, option)
-                nbytes = rows * cols * (2 if fp16 else 4)
+                nbytes = x.size * (2 if fp16 else 4)
                 us, disp, copy_us, copybuf_us = _bench_vknorm_and_copy(layer, vkmat, option, args, "copy" in compare)
-                base = {"op": op, "dtype": dtype, "rows": rows, "cols": cols, "kind": kind, "affine": not args.no_affine}
+                base = {"op": op, "dtype": dtype, "rows": rows, "cols": cols, "kind": kind, "affine": affine,
+                        "shape": label}
+                if cshape is not None:
+                    base.update(channels=cshape[0], h=cshape[1], w=cshape[2], groups=cshape[3] or cshape[0])
 
                 def add(impl, t, dispatches, **extra):
                     if t is None or t <= 0:
@@ -316,9 +405,10 @@ def run(args) -> int:
                     add("copy_buffer", copybuf_us, 1)
                 del vkmat
                 if "ncnn" in compare and kind == "sweep":
-                    add("ncnn", _bench_ncnn(op, rows, cols, fp16, x, not args.no_affine), None, method="chain difference, wall clock")
+                    add("ncnn", _bench_ncnn(op, rows, cols, fp16, x, affine, cshape), None,
+                        method="chain difference, wall clock")
                 if "torch" in compare:
-                    add("torch", _bench_torch(op, rows, cols, fp16, args.reps, not args.no_affine), 1, method="CUDA events")
+                    add("torch", _bench_torch(op, rows, cols, fp16, args.reps, affine, cshape), 1, method="CUDA events")
     progress.close()
     report = {
         "device": info["name"],
@@ -336,15 +426,20 @@ def run(args) -> int:
     return 0
 
 
+def _shape_label(op: str, shape) -> str:
+    c, h, w, g = shape
+    return f"{c}x{h}x{w}" + (f"/{g}" if op == "groupnorm" else "")
+
+
 def print_table(report: dict) -> None:
     rows = {}
     for r in report["results"]:
-        rows.setdefault((r["op"], r["dtype"], r["rows"], r["cols"]), {})[r["impl"]] = r
+        rows.setdefault((r["op"], r["dtype"], r.get("shape") or f"{r['rows']}x{r['cols']}"), {})[r["impl"]] = r
     print(f"device: {report['device']} ({report['driver']})")
-    head = f"{'op':<9} {'dtype':<5} {'rows x cols':>14} {'vknorm us':>10} {'GB/s':>7} {'% copy':>7} {'x ncnn':>7} {'x torch':>8}  path"
+    head = f"{'op':<12} {'dtype':<5} {'shape':>16} {'vknorm us':>10} {'GB/s':>7} {'% copy':>7} {'x ncnn':>7} {'x torch':>8}  path"
     print(head)
     print("-" * len(head))
-    for (op, dtype, rows, cols), impls in rows.items():
+    for (op, dtype, shape), impls in rows.items():
         v = impls.get("vknorm")
         if v is None:
             continue
@@ -352,7 +447,7 @@ def print_table(report: dict) -> None:
         pct = f"{100 * impls['copy']['gpu_us'] / v['gpu_us']:.0f}" if "copy" in impls else "-"
         xn = f"{impls['ncnn']['gpu_us'] / v['gpu_us']:.2f}" if "ncnn" in impls else "-"
         xt = f"{impls['torch']['gpu_us'] / v['gpu_us']:.2f}" if "torch" in impls else "-"
-        print(f"{op:<9} {dtype:<5} {f'{rows}x{cols}':>14} {v['gpu_us']:>10.1f} {v['gbps']:>7.0f} {pct:>7} {xn:>7} {xt:>8}  "
+        print(f"{op:<12} {dtype:<5} {shape:>16} {v['gpu_us']:>10.1f} {v['gbps']:>7.0f} {pct:>7} {xn:>7} {xt:>8}  "
               f"{v['path']} ({v['dispatches']} dispatch)")
 
 
@@ -376,13 +471,21 @@ def plot(report: dict, path: str) -> None:
     styles = {"vknorm": ("C0", "-", "o"), "ncnn": ("C1", "-", "s"), "torch": ("C2", "-", "^"),
               "copy": ("k", "--", None), "copy_buffer": ("0.6", ":", None)}
     for ax, (op, dtype) in zip(axes.flat, panels):
+        by_shape = op in CHANNEL_OPS  # one point per (channels, plane, groups) shape, in run order
+        shapes = list(dict.fromkeys(r["shape"] for r in sweep if r["op"] == op and r["dtype"] == dtype)) if by_shape else []
         for impl, (color, ls, marker) in styles.items():
-            pts = sorted((r["cols"], r["gbps"]) for r in sweep if r["op"] == op and r["dtype"] == dtype and r["impl"] == impl)
+            mine = [r for r in sweep if r["op"] == op and r["dtype"] == dtype and r["impl"] == impl]
+            pts = sorted((shapes.index(r["shape"]), r["gbps"]) for r in mine) if by_shape else sorted(
+                (r["cols"], r["gbps"]) for r in mine)
             if pts:
                 label = {"copy": "copy shader (roof)", "copy_buffer": "vkCmdCopyBuffer"}.get(impl, impl)
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, linestyle=ls, marker=marker, label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("cols (group size)")
+        if by_shape:
+            ax.set_xticks(range(len(shapes)), shapes, rotation=20, fontsize=8)
+            ax.set_xlabel("channels x h x w (/groups)")
+        else:
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("cols (group size)")
         ax.set_ylabel("effective GB/s (2 x bytes / time)")
         ax.set_title(f"{op} {dtype}")
         ax.grid(True, alpha=0.3)
