@@ -39,7 +39,32 @@ def test_bench_sweep_reports_vknorm_and_the_copy_roof_per_shape_as_json(tmp_path
     assert "layernorm" in proc.stdout and "rmsnorm" in proc.stdout  # the table
 
 
+@pytest.mark.parametrize("op", ["groupnorm", "instancenorm"])
+def test_bench_groupnorm_and_instancenorm_shapes_report_channels_planes_and_groups(tmp_path, op):
+    out = tmp_path / "bench.json"
+    shapes = ["--channels", "64", "--size", "8x8", "--channels", "320", "--size", "4x6"]
+    groups = ["--groups", "32"] if op == "groupnorm" else []
+    proc = vknorm("bench", "--op", op, *shapes, *groups, "--compare", "copy", *QUICK, "--json", str(out),
+                  "--plot", str(tmp_path / "bench.png"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    seen = {}
+    for r in report["results"]:
+        assert r["op"] == op and r["gpu_us"] > 0, r
+        seen.setdefault((r["dtype"], r["channels"], r["h"], r["w"], r["groups"]), set()).add(r["impl"])
+    g = 32 if op == "groupnorm" else None
+    expected = {(dt, c, h, w, g or c) for dt in ("fp32", "fp16") for c, h, w in ((64, 8, 8), (320, 4, 6))}
+    assert set(seen) == expected and all({"vknorm", "copy"} <= v for v in seen.values()), seen
+    label = "320x4x6/32" if op == "groupnorm" else "320x4x6"
+    assert label in proc.stdout and (tmp_path / "bench.png").stat().st_size > 0
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--op", "groupnorm", "--channels", "10", "--size", "4x4", "--groups", "3"], "do not split into 3 groups"),
+    (["--op", "groupnorm", "--rows", "3", "--cols", "4"], "--channels and --size"),
+    (["--op", "instancenorm", "--channels", "8", "--size", "4"], "expected HxW"),
+    (["--op", "instancenorm", "--channels", "8", "--size", "4x4", "--groups", "2"], "one group per channel"),
+    (["--op", "layernorm", "--channels", "8", "--size", "4x4"], "--op groupnorm or instancenorm"),
     (["--rows", "8"], "--rows"),
     (["--rows", "0", "--cols", "8"], "positive"),
     (["--rows", "8", "--cols", "8", "--reps", "5"], "--reps"),
