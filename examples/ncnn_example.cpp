@@ -1,6 +1,7 @@
-// vknorm C++ example: an ncnn model run by ncnn (ncnn::Net, ncnn::Extractor) with vknorm's LayerNorm and
-// RMSNorm registered as the net's layers (include/vknorm/ncnn.h). In a Vulkan net vknorm's kernels are
-// recorded into ncnn's own command buffer on ncnn's blobs; nothing else about the program changes.
+// vknorm C++ example: an ncnn model run by ncnn (ncnn::Net, ncnn::Extractor) with vknorm's LayerNorm,
+// RMSNorm, GroupNorm and InstanceNorm registered as the net's layers (include/vknorm/ncnn.h). In a Vulkan
+// net vknorm's kernels are recorded into ncnn's own command buffer on ncnn's blobs; nothing else about
+// the program changes.
 //
 // Usage:
 //   ncnn_example MODEL.param MODEL.bin DIMS [--stock] [--fp16] [--cpu] [--out FILE] [--dump-input FILE]

@@ -171,7 +171,7 @@ class NormLayer : public ::ncnn::Layer {
       reference_forward(op_, static_cast<float*>(m.data), g, eps_, affine_ ? static_cast<const float*>(gamma_.data) : nullptr,
                         affine_ && centres(op_) ? static_cast<const float*>(beta_.data) : nullptr);
     } catch (const std::exception& e) {
-      NCNN_LOGE("vknorm %s %s: %s", type_name(), name.c_str(), e.what());
+      log_error(e);
       return -1;
     }
     ++cpu_forwards_;
@@ -231,7 +231,7 @@ class NormLayer : public ::ncnn::Layer {
     try {
       p.plan = plan(b, opt);
     } catch (const std::exception& e) {
-      NCNN_LOGE("vknorm %s %s: %s", type_name(), name.c_str(), e.what());
+      log_error(e);
       return nullptr;
     }
     for (const Pass& pass : p.plan.passes) {
@@ -254,6 +254,13 @@ class NormLayer : public ::ncnn::Layer {
   }
 
   const char* type_name() const { return op_name(op_); }
+  // "vknorm <type> <name>: <what>", without the type a message may already start with.
+  void log_error(const std::exception& e) const {
+    std::string what = e.what();
+    const std::string prefix = std::string(type_name()) + ": ";
+    if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
+    NCNN_LOGE("vknorm %s %s: %s", type_name(), name.c_str(), what.c_str());
+  }
   bool by_channel() const { return op_ == NormOp::GroupNorm || op_ == NormOp::InstanceNorm; }
   int weight_count() const { return by_channel() ? channels_ : affine_size_; }
   GroupLayout layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack) const {

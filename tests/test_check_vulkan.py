@@ -2,7 +2,7 @@
 fp32, stock Vulkan, Vulkan with vknorm's layers), checked on every committed model in fp32 and fp16; the pass
 rule can fail (negative control) and does not fail an honest kernel on float16 storage (a LayerNorm fed
 100 + 3x, whose error against the CPU run is above 1e-2); every error path exits 2 with one line; without
---vulkan the output keeps today's keys.
+--vulkan the output keeps today's keys, plus those of the pass rule both engines share.
 
 The CLI runs as `sys.executable -m vknorm check ...` subprocesses (VKNORM_VALIDATION=1; a few at once:
 lavapipe on two cores, ln_residual_stack at 197x768 takes several seconds per run).
@@ -62,7 +62,7 @@ def norm_layers(name: str):
     out = []
     for line in (DATA / f"{name}.ncnn.param").read_text().splitlines()[2:]:
         tok = line.split()
-        if tok and tok[0] in ("LayerNorm", "RMSNorm"):
+        if tok and tok[0] in ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm"):
             out.append((tok[0], tok[1]))
     return out
 
@@ -299,14 +299,18 @@ def test_check_vulkan_model_without_norm_layers(tmp_path):
 
 
 def test_check_without_vulkan_keeps_todays_output():
+    """Today's keys, plus the pass rule's (the one --vulkan applies too: "rule"; per layer f64_abs_err and
+    judged_err); none of --vulkan's own."""
     pytest.importorskip("ncnn")  # today's check runs pyncnn
     r = cli(*model_files("layernorm_4d"), "--input", "in0=4x3x5x8", "--json")
     assert r.returncode == 0 and r.stderr == "", (r.stdout, r.stderr)
     res = json.loads(r.stdout)
-    assert set(res) - {"validation_messages"} == TODAY_KEYS  # no "engine" and nothing else new
+    assert set(res) - {"validation_messages"} == TODAY_KEYS | {"rule"}  # no "engine" and nothing else new
     assert res["atol"] == 1e-4
+    assert res["rule"] == vkcheck._rule(False, 1e-4, vulkan=False)
     for x in res["layers"]:
-        assert set(x) == TODAY_LAYER_KEYS
+        assert set(x) == TODAY_LAYER_KEYS | {"f64_abs_err", "judged_err"}
+        assert 0 <= x["judged_err"] <= res["atol"] and x["ok"] is True, x
 
 
 def test_excess_over_float16_rounding():

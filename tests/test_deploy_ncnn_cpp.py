@@ -3,7 +3,8 @@ that `make setup` builds from source>), built and installed to build/cxx-ncnn-in
 CMake project) is built against that install and that ncnn through find_package(vknorm) + find_package(ncnn),
 and examples/ncnn_example.cpp runs committed models in an ncnn::Net with vknorm::ncnn::register_layers(net).
 
-What is asserted, for transformer_block (16x64, 3 LayerNorms) and ln_residual_stack (197x768, 12 LayerNorms):
+What is asserted, for transformer_block (16x64, 3 LayerNorms), ln_residual_stack (197x768, 12 LayerNorms)
+and sd_resblock_c320 (320x8x8, 2 GroupNorms of 10 channels per group):
 * the install is a CMake package that exports vknorm::vknorm_ncnn and installs vknorm/ncnn.h; the example's
   build found both packages where this test put them;
 * the program's input pattern (documented in ncnn_example.cpp) is reproduced by numpy bit for bit;
@@ -65,7 +66,7 @@ PREFIX = os.path.join(ROOT, "build", "cxx-ncnn-install")
 EXAMPLE_BUILD = os.path.join(ROOT, "build", "cxx-ncnn-example")
 EXE = os.path.join(EXAMPLE_BUILD, "ncnn_example")
 
-MODELS = {"transformer_block": (16, 64), "ln_residual_stack": (197, 768)}
+MODELS = {"transformer_block": (16, 64), "ln_residual_stack": (197, 768), "sd_resblock_c320": (320, 8, 8)}
 # (name, flags): the program's runs per model
 RUNS = {
     "vknorm_fp32": [],

@@ -266,3 +266,53 @@ def test_weights_of_the_wrong_length_or_missing_raise():
         gn.load_model(np.ones(4))
     with pytest.raises(ValueError, match="no weights loaded"):
         gn(np.zeros((4, 2, 2), np.float32), device="vulkan")
+
+
+# ------------------------------------------------------------------------------ bad input inside an ncnn Net
+
+def graph_net(tmp_path, line: str, weights: bytes, fp16: bool = False):
+    """A vknorm.graph Vulkan net of Input -> one layer; (net, load_param return, load_model return, log)."""
+    graph = pytest.importorskip("vknorm.graph", reason="vknorm built without ncnn")
+    from vknorm._stdio import quiet_stderr
+
+    param, binp = tmp_path / "m.param", tmp_path / "m.bin"
+    param.write_text(f"7767517\n2 2\nInput in0 0 1 in0\n{line}\n")
+    binp.write_bytes(weights)
+    log: list = []
+    with quiet_stderr(log):
+        net = graph.configure(graph.Net(vknorm=True), vulkan=True, fp16=fp16)
+        rp = net.load_param(str(param))
+        rm = net.load_model(str(binp)) if rp == 0 else None
+    return graph, net, rp, rm, log
+
+
+@pytest.mark.parametrize("line,words", [
+    ("GroupNorm gn 1 1 in0 out0 0=3 1=10 2=1e-05 3=0", "group=3 channels=10"),
+    ("GroupNorm gn 1 1 in0 out0 0=0 1=8 2=1e-05 3=0", "group=0 channels=8"),
+    ("GroupNorm gn 1 1 in0 out0 0=2 1=0 2=1e-05 3=1", "group=2 channels=0 affine=1"),
+    ("InstanceNorm inorm 1 1 in0 out0 0=0 1=1e-05 2=1", "channels=0 affine=1"),
+])
+def test_in_graph_bad_params_fail_load_param_naming_the_layer(tmp_path, line, words):
+    _, net, rp, _, log = graph_net(tmp_path, line, b"")
+    assert rp != 0
+    assert any("vknorm" in ln and words in ln for ln in log), log
+
+
+def test_in_graph_short_bin_and_wrong_channels_fail_with_ncnns_return_codes(tmp_path):
+    gamma = np.ones(8, np.float32).tobytes()
+    _, _, rp, rm, log = graph_net(tmp_path, "GroupNorm gn 1 1 in0 out0 0=4 1=8 2=1e-05 3=1", gamma)  # beta missing
+    assert rp == 0 and rm != 0 and any("gn" in ln and "8 beta values" in ln for ln in log), log
+    from vknorm._stdio import quiet_stderr
+
+    graph, net, rp, rm, _ = graph_net(tmp_path, "GroupNorm gn 1 1 in0 out0 0=4 1=8 2=1e-05 3=1", gamma * 2)
+    assert rp == 0 and rm == 0
+    log = []
+    with quiet_stderr(log):
+        ex = net.create_extractor()
+        ex.input("in0", graph.Mat(np.ones((12, 4, 4), np.float32)))
+        ret, _ = ex.extract("out0")
+    assert ret != 0 and any("GroupNorm gn: the input has 12 channels, the layer 8" in ln for ln in log), log
+    ex = net.create_extractor()  # the net still works on a right-sized input
+    ex.input("in0", graph.Mat(np.random.default_rng(0).standard_normal((8, 4, 4)).astype(np.float32)))
+    ret, out = ex.extract("out0")
+    assert ret == 0 and np.isfinite(np.array(out)).all()

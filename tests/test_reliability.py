@@ -1,6 +1,6 @@
 """Issue 6, "Reliability": clean under validation, no leaks, lifetime, threads, very large tensors, faults.
 
-The scenarios live in tools/reliability_lib.py (tools/reliability_report.py runs the same ones for the
+The scenarios live in tests/reliability_lib.py (tools/reliability_report.py runs the same ones for the
 figures in docs/reliability.md); the tests here decide. Everything runs under VKNORM_VALIDATION=1
 (conftest fails a test on any validation message). Knobs used: VKNORM_MAX_BUFFER_BYTES (plan as if
 storage buffers were that small: small tensors take the pieces path), VKNORM_MAX_DEVICE_BYTES (a device
@@ -23,10 +23,10 @@ import pytest
 import vknorm
 from vknorm import _core
 from reference import FP16_TOL, FP32_TOL, check_close, norm64
+import reliability_lib as R
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
-import reliability_lib as R  # noqa: E402
+
 
 def run_python(code: str, env_extra: dict, timeout: float = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ, VKNORM_VALIDATION="1", VKNORM_VALIDATION_PRINT="1", PYTHONUNBUFFERED="1")
@@ -65,7 +65,7 @@ def test_every_vulkan_object_is_released_validation_reports_no_leak():
     """Contexts, layers (all paths, both storages, pieces, threads, a refused call, a MemoryError) and
     VkMats, then everything dropped: the validation layer reports nothing, including at vkDestroyDevice
     and vkDestroyInstance (leaked objects are reported there, as errors, to vknorm's messenger)."""
-    proc = run_python("import sys; sys.path.insert(0, 'tools'); import json, reliability_lib as R; "
+    proc = run_python("import sys; sys.path.insert(0, 'tests'); import json, reliability_lib as R; "
                       "print(json.dumps(R.lifecycle()))", {})
     res = last_json(proc)
     assert res["messages"] == [], res["messages"]

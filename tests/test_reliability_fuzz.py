@@ -14,29 +14,24 @@ multiplies every budget for a longer local run) over:
   equals ncnn's algorithm on the input it received, which garbled upstream layers can make differ from
   the stock run's, or the values go past float32's range); never a crash, a hang (each case has a time
   bound), a traceback or a validation message. These run in a
-  worker process (tools/reliability_lib.py check-worker) that forks the CLI per case, so a crash
+  worker process (tests/reliability_lib.py check-worker) that forks the CLI per case, so a crash
   cannot take pytest down and no case pays a Python start-up.
 """
 from __future__ import annotations
 
 import math
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
+import reliability_lib as R
 import vknorm
 from reference import FP16_TOL, FP32_TOL, group_size, norm64, scale
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
-import reliability_lib as R  # noqa: E402
-from vknorm import check as vkcheck  # noqa: E402
-from vknorm.cli import UsageError  # noqa: E402
+from vknorm import check as vkcheck
+from vknorm.cli import UsageError
 
 SCALE = max(1, int(os.environ.get("VKNORM_FUZZ_SCALE", "1")))
 

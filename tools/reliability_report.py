@@ -3,7 +3,7 @@
 
     .venv/bin/python tools/reliability_report.py [--fuzz-scale N] [--quick] [--write]
 
-Runs every issue-6 scenario of tools/reliability_lib.py in a process of its own, under
+Runs every issue-6 scenario of tests/reliability_lib.py in a process of its own, under
 VKNORM_VALIDATION=1 (the per-forward overhead also without), then the reliability test files with
 hypothesis statistics (VKNORM_FUZZ_SCALE=N times the CI budget), and prints the figures as markdown.
 --write replaces the text between the `figures:begin` / `figures:end` markers of docs/reliability.md
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-LIB = REPO / "tools" / "reliability_lib.py"
+LIB = REPO / "tests" / "reliability_lib.py"
 DOC = REPO / "docs" / "reliability.md"
 RAW = REPO / "docs" / "reliability.json"
 PY = sys.executable
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     r = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "python": platform.python_version(),
          "fuzz_scale": args.fuzz_scale, "device": device()}
-    sys.path.insert(0, str(REPO / "tools"))
+    sys.path.insert(0, str(REPO / "tests"))  # the scenarios are test support; the tests import them too
     import reliability_lib
 
     r["models"] = sorted(reliability_lib.MODELS)

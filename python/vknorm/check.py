@@ -1,14 +1,22 @@
-"""`vknorm check`: run an ncnn model stock and with vknorm, compare every LayerNorm / RMSNorm output.
+"""`vknorm check`: run an ncnn model stock and with vknorm, compare every norm layer's output (LayerNorm,
+RMSNorm, GroupNorm, InstanceNorm).
 
     vknorm check MODEL.param MODEL.bin --input NAME=DIMS [--input NAME=DIMS ...] [--fp16] [--seed N]
                  [--atol X] [--json]
 
 Both runs are ncnn's CPU path in float32 (pyncnn, lightmode off so any blob can be extracted) on the same
 seeded standard-normal inputs; the second has vknorm registered (vknorm.ncnn.register), so its
-LayerNorm / RMSNorm layers run on vknorm's Vulkan operator (with float16 storage under --fp16). The vknorm
+norm layers run on vknorm's Vulkan operator (with float16 storage under --fp16). The vknorm
 run is done twice: the first warms up the device (pipelines, driver caches), the second is compared and
-timed. Exit 0 when every LayerNorm / RMSNorm output is within the tolerance (fp32 1e-4, fp16 1e-2,
---atol overrides), 1 when one is not, 2 for a problem with the files or flags (one line on stderr).
+timed. Per norm layer: max |error| against the stock run on the same blob (max_abs_err), and the error the
+pass rule judges (below). Exit 0 when every norm layer passes, 1 when one does not, 2 for a
+problem with the files or flags (one line on stderr).
+
+Pass rule, the same for both engines (judge_layer): each vknorm layer against float64 computed from the
+input it saw in the vknorm run, with its own params and weights (the stock run's input can already differ
+by what ran upstream, which is not that layer's doing): fp32, max abs error within --atol (1e-4); fp16, the
+input rounded to float16 first and half a float16 spacing of |y| allowed for the output rounding, the rest
+within --atol (1e-3). --vulkan also fails a vknorm layer that ran on the host.
 
     vknorm check MODEL.param MODEL.bin --input NAME=DIMS [...] --vulkan [--fp16] [--seed N] [--atol X] [--json]
 
@@ -17,11 +25,9 @@ for all three runs): stock ncnn CPU fp32 (the reference), stock ncnn Vulkan, and
 layers recorded into ncnn's command buffer (--fp16: float16 storage in both Vulkan runs). Per norm layer:
 vknorm's and stock ncnn Vulkan's max |error| against the CPU run on the same blob, and vknorm's kernel
 time for that blob measured on vknorm's own Vulkan context (ncnn's graph has no per-layer timestamps);
-per model output: both Vulkan runs' error; the whole-model wall time of both Vulkan runs. Pass rule: each
-vknorm layer against float64 computed from the input it saw in the vknorm run (the CPU run's input already
-carries the stock Vulkan layers' differences upstream): fp32, within --atol (1e-4); fp16, the input rounded
-to float16 first and half a float16 spacing of |y| allowed for the output rounding, within --atol (1e-3);
-and no vknorm layer ran on the host (host_round_trips 0).
+per model output: both Vulkan runs' error; the whole-model wall time of both Vulkan runs. Pass rule: the
+one above (the CPU run's input already carries the stock Vulkan layers' differences upstream), and no
+vknorm layer ran on the host (host_round_trips 0).
 """
 from __future__ import annotations
 
@@ -38,10 +44,15 @@ from typing import Dict, List, Optional, Tuple
 from ._stdio import quiet_stderr
 from .cli import UsageError
 
-NORM_TYPES = ("LayerNorm", "RMSNorm")
+NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm")
+# Each type's ncnn params as (id, kind): LayerNorm/RMSNorm 0 affine_size 1 eps 2 affine; GroupNorm 0 group
+# 1 channels 2 eps 3 affine; InstanceNorm 0 channels 1 eps 2 affine.
+PARAM_KINDS = {"LayerNorm": ((0, int), (1, float), (2, int)), "RMSNorm": ((0, int), (1, float), (2, int)),
+               "GroupNorm": ((0, int), (1, int), (2, float), (3, int)),
+               "InstanceNorm": ((0, int), (1, float), (2, int))}
 ATOL_FP32 = 1e-4
-ATOL_FP16 = 1e-2
-ATOL_VULKAN_FP16 = 1e-3  # --vulkan --fp16: against float64 of the float16 input, after output rounding
+ATOL_FP16 = 1e-3  # both engines: against float64 of the float16 input, after output rounding (judge_layer)
+ATOL_VULKAN_FP16 = ATOL_FP16  # the former name of the --vulkan default; one rule now
 FP16_ULP = 2.0 ** -10  # float16 spacing relative to the value; rounding to float16 is half of it
 MAGIC = 7767517
 MAX_INPUT_ELEMENTS = 1 << 28  # 1 GiB of float32 per input: anything larger is a typo
@@ -49,19 +60,24 @@ MAX_INPUT_ELEMENTS = 1 << 28  # 1 GiB of float32 per input: anything larger is a
 _DIMS_HELP = "DIMS in ncnn order without batch: 197x192 (h x w), 96x28x28 (c x h x w), 4x3x5x8 (c x d x h x w), 64 (w)"
 
 
+RULE_HELP = (
+    "Pass rule (exit 1 otherwise), both engines: each vknorm layer is judged against float64 computed from "
+    "the very input that layer saw in the vknorm run, with its params and weights (the stock run's input can "
+    "already differ by what ran upstream, which is not that layer's doing): fp32: max abs error <= --atol "
+    "(default 1e-4); fp16: the input rounded to float16 first, and the max abs error less float16 output "
+    "rounding (half a float16 spacing of |y|) <= --atol (default 1e-3)."
+)
+
 VULKAN_HELP = (
     "check vknorm inside ncnn's Vulkan graph (vknorm.graph; needs vknorm built with ncnn): the model runs "
     "three times on the same inputs in one ncnn: stock ncnn CPU fp32 (the reference), stock ncnn Vulkan, "
     "and ncnn Vulkan with vknorm's layers inside (--fp16: float16 storage in both Vulkan runs). Per "
-    "LayerNorm/RMSNorm layer: vknorm's and stock ncnn Vulkan's max abs error against the CPU run on the same "
+    "norm layer (LayerNorm, RMSNorm, GroupNorm, InstanceNorm): vknorm's and stock ncnn Vulkan's max abs error against the CPU run on the same "
     "blob, and gpu_us: vknorm's kernel time for that blob (its shape, storage, params and weights) on "
     "vknorm's own Vulkan context, since ncnn's graph has no per-layer timestamps; per model output: both "
     "Vulkan runs' error; the whole-model wall ms per inference of both Vulkan runs (median after a warm-up, "
-    "lightmode on); the device. Pass rule (exit 1 otherwise), judging each vknorm layer against float64 "
-    "computed from the very input that layer saw in the vknorm run (the CPU run's input already differs by "
-    "the stock Vulkan layers upstream, which are not vknorm's): fp32: max abs error <= --atol (default "
-    "1e-4); fp16: the input rounded to float16 first, and the max abs error less float16 output rounding "
-    "(half a float16 spacing of |y|) <= --atol (default 1e-3); and no vknorm layer ran on the host "
+    "lightmode on); the device. Pass rule: the one above, the same for both engines (here the CPU run's "
+    "input already differs by the stock Vulkan layers upstream), and no vknorm layer ran on the host "
     "(host_round_trips 0). The rule applied is printed."
 )
 
@@ -69,12 +85,12 @@ VULKAN_HELP = (
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "check",
-        help="run an ncnn model stock and with vknorm; compare every LayerNorm/RMSNorm output",
+        help="run an ncnn model stock and with vknorm; compare every norm layer's output",
         description="Run an ncnn model (.param + .bin) twice in pyncnn on the same seeded random inputs, "
-                    "stock and with vknorm's Vulkan LayerNorm/RMSNorm, and compare every LayerNorm/RMSNorm "
-                    "output and every model output. Exit 0: all within tolerance; 1: one is not; "
+                    "stock and with vknorm's Vulkan LayerNorm/RMSNorm/GroupNorm/InstanceNorm, and compare every norm "
+                    "output and every model output. Exit 0: every vknorm layer passes; 1: one does not; "
                     "2: bad files or flags. --vulkan: vknorm inside ncnn's Vulkan graph instead, three runs "
-                    "in one ncnn (see --vulkan).",
+                    "in one ncnn (see --vulkan). " + RULE_HELP,
         epilog=_DIMS_HELP + ".",
     )
     p.add_argument("param", metavar="MODEL.param", help="ncnn text .param")
@@ -82,11 +98,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--input", action="append", default=[], metavar="NAME=DIMS",
                    help="an input blob and its shape (repeat for each input); " + _DIMS_HELP)
     p.add_argument("--fp16", action="store_true",
-                   help="vknorm layers use float16 storage (default tolerance 1e-2); with --vulkan: float16 "
-                        "storage in both Vulkan runs (default tolerance 1e-3, see --vulkan)")
+                   help="vknorm layers use float16 storage (default tolerance 1e-3, after the float16 "
+                        "rounding of input and output: see the pass rule above); with --vulkan: float16 "
+                        "storage in both Vulkan runs")
     p.add_argument("--seed", default="0", metavar="N", help="seed of the random inputs (default 0)")
     p.add_argument("--atol", default=None, metavar="X",
-                   help="absolute tolerance (default 1e-4, with --fp16 1e-2; with --vulkan --fp16 1e-3)")
+                   help="absolute tolerance of the pass rule (default 1e-4, with --fp16 1e-3)")
     p.add_argument("--vulkan", action="store_true", help=VULKAN_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=run_check)
@@ -135,9 +152,9 @@ def _parse_seed(text: str) -> int:
     return seed
 
 
-def _parse_atol(text: Optional[str], fp16: bool, vulkan: bool = False) -> float:
+def _parse_atol(text: Optional[str], fp16: bool) -> float:
     if text is None:
-        return (ATOL_VULKAN_FP16 if vulkan else ATOL_FP16) if fp16 else ATOL_FP32
+        return ATOL_FP16 if fp16 else ATOL_FP32
     try:
         atol = float(str(text).strip())
     except ValueError:
@@ -245,7 +262,7 @@ def parse_param(path: str) -> Model:
         if type_ in NORM_TYPES:
             if nb != 1 or nt != 1:
                 raise bad(f"{type_} {name!r} must have one bottom and one top blob", n)
-            for pid, kind in ((0, int), (1, float), (2, int)):
+            for pid, kind in PARAM_KINDS[type_]:
                 if pid in params:
                     try:
                         kind(params[pid])
@@ -432,13 +449,13 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
 
     result = {"ok": True, "device": None, "layers": [], "outputs": {}, "model": param_path, "weights": bin_path,
               "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
-              "atol": atol, "warnings": []}
+              "atol": atol, "warnings": [], "rule": _rule(fp16, atol, vulkan=False)}
 
     stock = _new_net(ncnn)
     try:
         result["warnings"] += _load(stock, model, bin_path, data, "stock")
         if not model.norms:
-            result["note"] = f"{param_path}: no LayerNorm or RMSNorm layers, nothing to check"
+            result["note"] = f"{param_path}: no LayerNorm, RMSNorm, GroupNorm or InstanceNorm layers, nothing to check"
             try:
                 result["device"] = device_info()["name"]
             except (_core.VulkanUnavailableError, ValueError):
@@ -473,8 +490,10 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
                 e = bad[0][1]
                 raise UsageError(f"vknorm layer {bad[0][0]!r} could not load: {type(e).__name__}: "
                                  f"{(str(e).splitlines() or [''])[0]}") from None
-        _extract(net, inputs, norm_blobs + outputs, "vknorm warm-up", reg)  # pipelines, driver caches
-        got = _extract(net, inputs, norm_blobs + outputs, "vknorm", reg)
+        # The bottoms too: the input each vknorm layer saw, which the pass rule judges it on (judge_layer).
+        vk_blobs = [layer.bottoms[0] for layer in model.norms] + norm_blobs + outputs
+        _extract(net, inputs, vk_blobs, "vknorm warm-up", reg)  # pipelines, driver caches
+        got = _extract(net, inputs, vk_blobs, "vknorm", reg)
         for layer in model.norms:
             vk = reg.by_name(layer.name)
             rec = vk.record() if vk is not None else {"name": layer.name, "type": layer.type, "shape": None,
@@ -483,9 +502,20 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
             err = max_abs_err(ref[blob], got[blob])
             rec["shape"] = list(ref[blob].shape)
             rec["max_abs_err"] = err if math.isfinite(err) else None
-            rec["ok"] = bool(math.isfinite(err) and err <= atol)
+            rec["ok"] = False
+            norm = vk.norm if vk is not None else None
+            if norm is None:
+                result["warnings"].append(f"layer {layer.name!r}: ncnn did not create vknorm's {layer.type} for it")
+            else:
+                has_beta = layer.type != "RMSNorm"
+                f64, judged, rec["ok"] = judge_layer(got[blob], got[layer.bottoms[0]], layer.type, float(norm.eps),
+                                                     int(norm.affine_size), norm.gamma if norm.affine else None,
+                                                     norm.beta if norm.affine and has_beta else None, fp16, atol,
+                                                     group=int(getattr(norm, "group", 1)))
+                rec["f64_abs_err"], rec["judged_err"] = _finite_or_none(f64), _finite_or_none(judged)
             result["layers"].append({k: rec.get(k) for k in ("name", "type", "shape", "group_size", "groups",
-                                                               "max_abs_err", "gpu_us", "ok")})
+                                                               "max_abs_err", "f64_abs_err", "judged_err",
+                                                               "gpu_us", "ok")})
         for name in outputs:
             err = max_abs_err(ref[name], got[name])
             result["outputs"][name] = err if math.isfinite(err) else None
@@ -513,12 +543,13 @@ def _import_graph():
     return graph
 
 
-def _rule(fp16: bool, atol: float) -> str:
+def _rule(fp16: bool, atol: float, vulkan: bool = True) -> str:
+    """judge_layer's rule in words (and, for --vulkan, no host round trips)."""
+    tail = "; no host round trips" if vulkan else ""
     if fp16:
         return (f"fp16: each vknorm layer's max |y - float64 of the float16-rounded input it saw| less float16 "
-                f"output rounding (half a float16 spacing of |y|) <= atol {atol:g}; no host round trips")
-    return (f"fp32: each vknorm layer's max |y - float64 of the input it saw| <= atol {atol:g}; "
-            f"no host round trips")
+                f"output rounding (half a float16 spacing of |y|) <= atol {atol:g}{tail}")
+    return f"fp32: each vknorm layer's max |y - float64 of the input it saw| <= atol {atol:g}{tail}"
 
 
 def _graph_load(graph, model: Model, bin_path: str, nbytes: int, *, vknorm: bool, vulkan: bool, fp16: bool,
@@ -637,17 +668,21 @@ def _kernel_gpu_us(info: dict, x, fp16: bool, ctx, repeats: int = 3) -> Tuple[Op
 
     import numpy as np
 
-    from .layers import LayerNorm, Option, RMSNorm, to_device
+    from .layers import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, to_device
 
     opt = Option(use_fp16_storage=fp16)
-    cls = LayerNorm if info["type"] == "LayerNorm" else RMSNorm
-    norm = cls(affine_size=int(info["affine_size"]), eps=float(info["eps"]), affine=bool(info["affine"]),
-               option=opt, device=ctx)
+    common = dict(eps=float(info["eps"]), affine=bool(info["affine"]), option=opt, device=ctx)
+    if info["type"] == "GroupNorm":
+        norm = GroupNorm(group=int(info["group"]), channels=int(info["channels"]), **common)
+    elif info["type"] == "InstanceNorm":
+        norm = InstanceNorm(channels=int(info["channels"]), **common)
+    else:
+        norm = (LayerNorm if info["type"] == "LayerNorm" else RMSNorm)(affine_size=int(info["affine_size"]), **common)
     if norm.affine:
-        if cls is LayerNorm:
-            norm.load_model(info["gamma"], info["beta"])
-        else:
+        if info["type"] == "RMSNorm":
             norm.load_model(info["gamma"])
+        else:
+            norm.load_model(info["gamma"], info["beta"])
     groups = norm.groups(x.shape)
     norm.create_pipeline(opt, ctx)
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -673,11 +708,20 @@ def _ncnn_group_size(shape, affine_size: int) -> int:
     return math.prod(shape[1:])
 
 
-def _reference64(x, op: str, eps: float, affine_size: int, gamma=None, beta=None):
-    """float64 LayerNorm/RMSNorm of x, grouped as ncnn groups it (independent of vknorm's own grouping)."""
+def _reference64(x, op: str, eps: float, affine_size: int, gamma=None, beta=None, group: int = 1):
+    """float64 of one norm layer on x, grouped as ncnn groups it (independent of vknorm's own grouping)."""
     import numpy as np
 
     x = np.asarray(x, np.float64)
+    if op in ("GroupNorm", "InstanceNorm"):
+        # channels: w (dims 1), rows (dims 2), c (dims 3/4); InstanceNorm: a dims 1-2 blob is one channel
+        c = 1 if op == "InstanceNorm" and x.ndim <= 2 else x.shape[0]
+        g = x.reshape(c if op == "InstanceNorm" else group, -1)
+        with np.errstate(all="ignore"):
+            y = ((g - g.mean(1, keepdims=True)) / np.sqrt(g.var(1, keepdims=True) + eps)).reshape(c, -1)
+            if gamma is not None:
+                y = y * np.asarray(gamma, np.float64)[:c, None] + np.asarray(beta, np.float64)[:c, None]
+        return y.reshape(x.shape)
     g = x.reshape(-1, _ncnn_group_size(x.shape, affine_size))
     with np.errstate(all="ignore"):
         if op == "LayerNorm":
@@ -706,6 +750,24 @@ def _excess(y, ref, rounding: float) -> float:
     return max(0.0, float(d.max())) if d.size else 0.0
 
 
+def judge_layer(y, x_seen, op: str, eps: float, affine_size: int, gamma, beta, fp16: bool,
+                atol: float, group: int = 1) -> Tuple[float, float, bool]:
+    """The pass rule of `vknorm check`, both engines, for one vknorm layer: its output y against float64
+    computed from x_seen, the very input that layer received in the vknorm run, with the layer's own eps,
+    affine_size (GroupNorm: group) and weights (judging against the stock run instead would charge the layer with whatever
+    ran upstream). fp32: max |y - ref| <= atol. fp16 storage: x_seen rounded to float16 first (what the
+    layer uploads), and half a float16 spacing of |ref| allowed for the output rounding; the excess <= atol.
+    Returns (f64_abs_err, judged_err, ok); an error is inf when shapes differ or one side alone is NaN/inf."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):  # beyond float16's range: inf, as the layer's own upload makes it
+        xin = np.asarray(x_seen).astype(np.float16).astype(np.float32) if fp16 else x_seen
+    ref64 = _reference64(xin, op, eps, affine_size, gamma, beta, group)
+    f64 = _excess(y, ref64, 0.0)
+    judged = _excess(y, ref64, 0.5 * FP16_ULP) if fp16 else f64
+    return f64, judged, bool(math.isfinite(judged) and judged <= atol)
+
+
 def _finite_or_none(v: float) -> Optional[float]:
     return v if math.isfinite(v) else None
 
@@ -717,7 +779,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
     import numpy as np
 
     if atol is None:
-        atol = ATOL_VULKAN_FP16 if fp16 else ATOL_FP32
+        atol = ATOL_FP16 if fp16 else ATOL_FP32
     model, data = _prepare(param_path, bin_path, input_specs)
     graph = _import_graph()
     from . import _core
@@ -739,7 +801,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                           label="ncnn CPU")
         nets.append(cpu)
         if not model.norms:
-            result["note"] = f"{param_path}: no LayerNorm or RMSNorm layers, nothing to check"
+            result["note"] = f"{param_path}: no LayerNorm, RMSNorm, GroupNorm or InstanceNorm layers, nothing to check"
             return result
         outputs = list(cpu.output_names())
         rng = np.random.default_rng(seed)  # the same inputs as the check without --vulkan
@@ -779,17 +841,16 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                 # The input this layer saw in the vknorm run (float16 storage rounds what it uploads). Judging
                 # against float64 of it isolates the kernel: the CPU run's input already differs by every
                 # stock Vulkan layer upstream (ncnn_abs_err shows that share).
-                xin = got[bottom].astype(np.float16).astype(np.float32) if fp16 else got[bottom]
-                ref64 = _reference64(xin, layer.type, float(info["eps"]), int(info["affine_size"]),
-                                     info["gamma"] if info["affine"] else None,
-                                     info["beta"] if info["affine"] else None)
-                judged = _excess(got[top], ref64, 0.5 * FP16_ULP if fp16 else 0.0)
-                rec["f64_abs_err"] = _finite_or_none(_excess(got[top], ref64, 0.0))
+                f64, judged, rec["ok"] = judge_layer(got[top], got[bottom], layer.type, float(info["eps"]),
+                                                     int(info["affine_size"]),
+                                                     info["gamma"] if info["affine"] else None,
+                                                     info["beta"] if info["affine"] else None, fp16, atol,
+                                                     group=int(info.get("group", 1)))
+                rec["f64_abs_err"] = _finite_or_none(f64)
                 rec["judged_err"] = _finite_or_none(judged)
                 gpu_us, g = _kernel_gpu_us(info, got[bottom], fp16, ctx)
                 rec["gpu_us"] = gpu_us
                 rec["group_size"], rec["groups"] = int(g["group_size"]), int(g["groups"])
-                rec["ok"] = bool(math.isfinite(judged) and judged <= atol)
             result["layers"].append(rec)
         for o in outputs:
             result["outputs"][o] = _finite_or_none(max_abs_err(ref[o], got[o]))
@@ -838,25 +899,39 @@ def format_text(result: dict) -> str:
     mode = "fp16 storage" if result["fp16"] else "fp32"
     ins = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in result["inputs"].items())
     lines = [f"vknorm check {result['model']} ({ins}; {mode}, seed {result['seed']}, atol {result['atol']:g})", ""]
-    rows = [["layer", "type", "shape", "group_size", "groups", "max_abs_err", "gpu_us", ""]]
+    fp16 = result["fp16"]
+    judged = ("f64_abs_err", "judged_err") if fp16 else ("judged_err",)
+    head = ["layer", "type", "shape", "group_size", "groups", "max_abs_err", "f64_err"]
+    if fp16:
+        head.append("f64_excess")
+    rows = [head + ["gpu_us", ""]]
     for r in result["layers"]:
         rows.append([r["name"], r["type"], "x".join(map(str, r["shape"] or [])) or "-",
-                     str(r.get("group_size", "-")), str(r.get("groups", "-")), _fmt_err(r["max_abs_err"]),
-                     "-" if r["gpu_us"] is None else f"{r['gpu_us']:.1f}", "" if r["ok"] else "FAIL"])
-    lines += _table(rows, {3, 4, 5, 6})
+                     str(r.get("group_size", "-")), str(r.get("groups", "-")), _fmt_err(r["max_abs_err"])]
+                    + ["-" if r.get("group_size") is None else _fmt_err(r.get(k)) for k in judged]  # "-": not vknorm's
+                    + ["-" if r["gpu_us"] is None else f"{r['gpu_us']:.1f}", "" if r["ok"] else "FAIL"])
+    lines += _table(rows, set(range(3, len(head) + 1)))
     lines.append("")
     rows = [["output", "max_abs_err"]] + [[k, _fmt_err(v)] for k, v in result["outputs"].items()]
     lines += _table(rows, {1})
-    lines += ["", f"device: {result['device']}"]
+    lines.append("")
+    lines.append("max_abs_err: max |vknorm run - stock run| on the same blob; "
+                 + ("f64_err: max |error| against float64 of the float16-rounded input the layer saw; f64_excess: "
+                    "the same less float16 output rounding (what the rule judges)" if fp16 else
+                    "f64_err: max |error| against float64 of the input the layer saw (what the rule judges)"))
+    lines += [f"device: {result['device']}"]
+    if "rule" in result:
+        lines.append(f"rule: {result['rule']}")
     for w in result["warnings"]:
         lines.append(f"warning: {w}")
     n = len(result["layers"])
+    rule = "fp16" if result["fp16"] else "fp32"
     if result["ok"]:
-        lines.append(f"ok: all {n} LayerNorm/RMSNorm outputs within atol {result['atol']:g}")
+        lines.append(f"ok: all {n} norm outputs within atol {result['atol']:g} ({rule} rule)")
     else:
         failed = [r["name"] for r in result["layers"] if not r["ok"]]
-        lines.append(f"FAIL: {len(failed)} of {n} LayerNorm/RMSNorm outputs above atol {result['atol']:g}: "
-                     + ", ".join(failed))
+        lines.append(f"FAIL: {len(failed)} of {n} norm outputs above atol {result['atol']:g} "
+                     f"({rule} rule): " + ", ".join(failed))
     return "\n".join(lines)
 
 
@@ -911,11 +986,11 @@ def format_text_vulkan(result: dict) -> str:
     n = len(result["layers"])
     rule = "fp16" if fp16 else "fp32"
     if result["ok"]:
-        lines.append(f"ok: all {n} LayerNorm/RMSNorm layers within atol {result['atol']:g} ({rule} rule), "
+        lines.append(f"ok: all {n} norm layers within atol {result['atol']:g} ({rule} rule), "
                      f"no host round trips")
     else:
         failed = [r["name"] for r in result["layers"] if not r["ok"]]
-        why = f"{len(failed)} of {n} LayerNorm/RMSNorm layers above atol {result['atol']:g} ({rule} rule)"
+        why = f"{len(failed)} of {n} norm layers above atol {result['atol']:g} ({rule} rule)"
         if failed:
             why += ": " + ", ".join(failed)
         if result["host_round_trips"]:
@@ -1008,7 +1083,7 @@ def run_check(args) -> int:
     vulkan = bool(getattr(args, "vulkan", False))
     specs = parse_inputs(args.input)
     seed = _parse_seed(args.seed)
-    atol = _parse_atol(args.atol, args.fp16, vulkan)
+    atol = _parse_atol(args.atol, args.fp16)
     if _fork_is_safe():
         result = _check_in_child(args.param, args.bin, specs, args.fp16, seed, atol, vulkan)
     elif vulkan:

@@ -2,7 +2,7 @@
 tools/reliability_report.py (which produced the figures in docs/reliability.md).
 
 Nothing here asserts: every scenario returns the figures it measured and the tests decide.
-`python tools/reliability_lib.py check-worker` is the process the `vknorm check` fuzz talks to (below).
+`python tests/reliability_lib.py check-worker` is the process the `vknorm check` fuzz talks to (below).
 """
 from __future__ import annotations
 
