@@ -12,7 +12,6 @@ namespace {
 // Split path: chunks of at least this many elements, and enough (group, chunk) items to fill a GPU.
 constexpr uint32_t kMinChunk = 1024;
 constexpr uint64_t kTargetItems = 1024;
-constexpr uint64_t kMaxApplyWorkgroups = 1u << 16;
 
 uint32_t pow2_ceil(uint64_t v) {
   uint32_t p = 1;
@@ -229,13 +228,14 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
   if (2 * items * g.elempack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
   f.partials_bytes = 2 * items * g.elempack * sizeof(float);
   f.coefs_bytes = 3ull * g.n_groups * g.elempack * sizeof(float);
-  const std::vector<uint32_t> spec = model({plan.wg, op_id, affine_id, 1, 0, 0, 0, 0});
+  // The group size as a constant here too: element -> plane and item -> element divisions fold.
+  const std::vector<uint32_t> spec = model({plan.wg, op_id, affine_id, 1, 0, 0, dev.specialize_shape ? g.group_size : 0u, 0});
   pc.team = plan.reduce_team;
   pass("norm_reduce", pack, false, spec, plan.reduce_workgroups(g), false);
   pc.team = plan.finalize_team;
   pass("norm_finalize", pack, false, spec, plan.finalize_workgroups(g), true);
-  pc.team = 1;
-  pass("norm_apply", pack, false, spec, plan.apply_workgroups(g), true);
+  pc.team = plan.reduce_team;  // a team per chunk, as the reduce pass
+  pass("norm_apply", pack, false, spec, plan.reduce_workgroups(g), true);
   return f;
 }
 
@@ -261,8 +261,6 @@ uint64_t Plan::reduce_workgroups(const GroupLayout& g) const {
   return div_up(uint64_t(g.n_groups) * n_chunks, wg / reduce_team);
 }
 uint64_t Plan::finalize_workgroups(const GroupLayout& g) const { return div_up(g.n_groups, wg / finalize_team); }
-uint64_t Plan::apply_workgroups(const GroupLayout& g) const {
-  return std::min(div_up(uint64_t(g.n_groups) * g.group_size, wg), kMaxApplyWorkgroups);
-}
+
 
 }  // namespace vknorm
