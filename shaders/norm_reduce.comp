@@ -17,28 +17,31 @@ void main() {
   // LayerNorm: two passes over the chunk, as ncnn's two passes over a group: the chunk mean about the
   // group's pivot, then the squares about that mean (the re-read comes from cache). One-pass shifted
   // sums would cancel when the pivot is far from the chunk's mean (an outlier first element).
-  // Sums are per group slot (common.glsl); a slot with no lane in this chunk's plane counts 0.
+  // A chunk lies in one plane, so its lanes' groups are fixed: sums are kept per lane and added into
+  // group slots (common.glsl) once; a slot with no lane in this plane counts 0.
   uint base = in_range ? group_base(g) : 0u;
+  uint at = base + plane * (p.cstep - PLANE_SIZE);  // + i: element i of this chunk's plane
   afp n = afp(float(end - begin)) * lanes_per_slot(plane);
+  afp pivot = in_range && OP == OP_LAYERNORM ? from_slots(first_elements(base), begin) : afp(0);
   afp s = afp(0);
-  afp pivot = in_range && OP == OP_LAYERNORM ? first_elements(base) : afp(0);
   if (in_range) {
     for (uint i = begin + team_lane(); i < end; i += TEAM) {
-      afp d = load_x(base + elem_offset(i)) - from_slots(pivot, i);
-      s += to_slots(OP == OP_LAYERNORM ? d : d * d, i);
+      afp d = load_x(at + i) - pivot;
+      s += OP == OP_LAYERNORM ? d : d * d;
     }
   }
-  afp mean = team_sum(s) / at_least_one(n);  // LayerNorm: shifted mean; RMSNorm: mean of squares
+  afp mean = team_sum(to_slots(s, begin)) / at_least_one(n);  // LayerNorm: shifted mean; RMSNorm: mean of squares
   afp m2 = afp(0);
   if (OP == OP_LAYERNORM) {
+    afp lane_mean = from_slots(mean, begin);
     afp q = afp(0);
     if (in_range) {
       for (uint i = begin + team_lane(); i < end; i += TEAM) {
-        afp d = (load_x(base + elem_offset(i)) - from_slots(pivot, i)) - from_slots(mean, i);  // never pivot + mean: that rounds at |x|
-        q += to_slots(d * d, i);
+        afp d = (load_x(at + i) - pivot) - lane_mean;  // never pivot + mean: that rounds at |x|
+        q += d * d;
       }
     }
-    m2 = team_sum(q);
+    m2 = team_sum(to_slots(q, begin));
   }
   if (in_range && team_lane() == 0u) {
     partial[item] = mean;
