@@ -1,12 +1,28 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // Pass 3 of the split path: y = ((x - pivot) - shifted mean) * a, then gamma/beta (by position in the
-// group, or per channel). A team per chunk, as in norm_reduce: a chunk lies in one plane, so its lanes'
-// coefficients (and per-channel weights) are fetched once; cstep padding is never touched.
+// group, or per channel); cstep padding is never touched.
+// Weights by position (LayerNorm, RMSNorm): a grid-stride loop over every element of every group.
+// Weights per channel (GroupNorm, InstanceNorm): a team per chunk, as in norm_reduce; a chunk lies in one
+// plane, so its lanes' coefficients and weights are fetched once (H200, GroupNorm 320x64x64/32: 21.5 ->
+// 16.8 us), while LayerNorm's grid-stride loop stays ahead on its own layouts (32768 cols: 140 vs 149 us).
 #include "common.glsl"
 
 
-void main() {
+void by_element() {
+  uint total = p.n_groups * GROUP_SIZE;
+  uint stride = gl_NumWorkGroups.x * gl_NumWorkGroups.y * WG;
+  for (uint e = workgroup_linear() * WG + gl_LocalInvocationID.x; e < total; e += stride) {
+    uint g = e / GROUP_SIZE;
+    uint i = e - g * GROUP_SIZE;
+    uint at = group_base(g) + elem_offset(i);
+    afp v = (load_x(at) - from_slots(coef[3u * g], i)) - from_slots(coef[3u * g + 1u], i);
+    store_x(at, normalize_one(v, from_slots(coef[3u * g + 2u], i), AFFINE != 0u ? gamma_for(g, i) : wfp(1),
+                                AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, i) : wfp(0)));
+  }
+}
+
+void by_chunk() {
   uint n_items = p.n_groups * p.n_chunks;
   uint item = team_item();
   if (item >= n_items) return;
@@ -17,16 +33,13 @@ void main() {
   afp pivot = from_slots(coef[3u * g], begin);
   afp mean = from_slots(coef[3u * g + 1u], begin);
   afp a = from_slots(coef[3u * g + 2u], begin);
-  wfp gw = wfp(1), bw = wfp(0);
-  if (AFFINE != 0u && WEIGHTS != 0u) {  // per channel: one pair for the whole chunk
-    gw = gamma_for(g, begin);
-    if (OP == OP_LAYERNORM) bw = beta_for(g, begin);
-  }
-  for (uint i = begin + team_lane(); i < end; i += TEAM) {
-    if (AFFINE != 0u && WEIGHTS == 0u) {
-      gw = gamma_for(g, i);
-      if (OP == OP_LAYERNORM) bw = beta_for(g, i);
-    }
+  wfp gw = AFFINE != 0u ? gamma_for(g, begin) : wfp(1);
+  wfp bw = AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, begin) : wfp(0);
+  for (uint i = begin + team_lane(); i < end; i += TEAM)
     store_x(at + i, normalize_one((load_x(at + i) - pivot) - mean, a, gw, bw));
-  }
+}
+
+void main() {
+  if (WEIGHTS == 0u) by_element();
+  else by_chunk();
 }

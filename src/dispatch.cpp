@@ -12,6 +12,7 @@ namespace {
 // Split path: chunks of at least this many elements, and enough (group, chunk) items to fill a GPU.
 constexpr uint32_t kMinChunk = 1024;
 constexpr uint64_t kTargetItems = 1024;
+constexpr uint64_t kMaxApplyWorkgroups = 1u << 16;
 
 uint32_t pow2_ceil(uint64_t v) {
   uint32_t p = 1;
@@ -234,8 +235,11 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
   pass("norm_reduce", pack, false, spec, plan.reduce_workgroups(g), false);
   pc.team = plan.finalize_team;
   pass("norm_finalize", pack, false, spec, plan.finalize_workgroups(g), true);
-  pc.team = plan.reduce_team;  // a team per chunk, as the reduce pass
-  pass("norm_apply", pack, false, spec, plan.reduce_workgroups(g), true);
+  // Per-channel weights: a team per chunk, as the reduce pass; by position: every element, grid-stride
+  // (norm_apply.comp says why).
+  const bool by_chunk = g.weights != GroupLayout::ByPosition;
+  pc.team = by_chunk ? plan.reduce_team : 1;
+  pass("norm_apply", pack, false, spec, by_chunk ? plan.reduce_workgroups(g) : plan.apply_workgroups(g), true);
   return f;
 }
 
@@ -261,6 +265,9 @@ uint64_t Plan::reduce_workgroups(const GroupLayout& g) const {
   return div_up(uint64_t(g.n_groups) * n_chunks, wg / reduce_team);
 }
 uint64_t Plan::finalize_workgroups(const GroupLayout& g) const { return div_up(g.n_groups, wg / finalize_team); }
+uint64_t Plan::apply_workgroups(const GroupLayout& g) const {
+  return std::min(div_up(uint64_t(g.n_groups) * g.group_size, wg), kMaxApplyWorkgroups);
+}
 
 
 }  // namespace vknorm

@@ -42,6 +42,7 @@ struct Plan {
   uint64_t fused_workgroups(const GroupLayout& g) const;
   uint64_t reduce_workgroups(const GroupLayout& g) const;
   uint64_t finalize_workgroups(const GroupLayout& g) const;
+  uint64_t apply_workgroups(const GroupLayout& g) const;
 };
 
 // What a device offers the planner. subgroup_reduce: subgroup arithmetic + shuffle usable in compute
