@@ -80,7 +80,7 @@ struct Extractor {
 }  // namespace
 
 NB_MODULE(_graph, m) {
-  m.doc() = "ncnn's Vulkan graph with vknorm's LayerNorm/RMSNorm inside (ncnn compiled from source)";
+  m.doc() = "ncnn's Vulkan graph with vknorm's norm layers inside (ncnn compiled from source)";
 
   nb::class_<::ncnn::Option>(m, "Option")
       .def(nb::init<>())

@@ -1,4 +1,5 @@
-"""ncnn models with vknorm's LayerNorm and RMSNorm inside ncnn's Vulkan graph: no host round trip.
+"""ncnn models with vknorm's LayerNorm, RMSNorm, GroupNorm and InstanceNorm inside ncnn's Vulkan graph: no
+host round trip.
 
 Shaped like pyncnn where the two overlap, so code written for pyncnn moves over by changing an import::
 
