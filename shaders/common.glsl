@@ -115,7 +115,7 @@ layout(binding = 2) readonly buffer Beta { float beta[]; };
 #endif
 // Split-path scratch. Every kernel declares all five bindings: engines that reflect the SPIR-V (ncnn)
 // build their descriptor layouts from it and need bindings 0..4 without gaps.
-layout(binding = 3) buffer Partials { afp partial[]; };  // [mean of n_items][M2 of n_items]
+layout(binding = 3) buffer Partials { afp partial[]; };  // [mean of n_items][M2 of n_items][pivot of n_groups]
 layout(binding = 4) buffer Coefs { afp coef[]; };        // [pivot, shifted mean, a] per group
 
 // Statistics are reduced per group: a float, or a vec4 for the 4 groups of a pack4 element. A VEC4

@@ -3,10 +3,12 @@
 // Pass 3 of the split path: y = ((x - pivot) - shifted mean) * a, then gamma/beta (by position in the
 // group, or per channel); cstep padding is never touched.
 // Weights by position (LayerNorm, RMSNorm): a grid-stride loop over every element of every group.
-// Weights per channel (GroupNorm, InstanceNorm): a team per chunk, as in norm_reduce; a chunk lies in one
-// plane, so its lanes' coefficients and weights are fetched once (H200, GroupNorm 320x64x64/32: 21.5 ->
-// 16.8 us), while LayerNorm's grid-stride loop stays ahead on its own layouts (32768 cols: 140 vs 149 us).
+// Weights per channel (GroupNorm, InstanceNorm): a team per chunk, as in norm_reduce, that first merges
+// its item's chunk partials itself (no finalize pass); a chunk lies in one plane, so its lanes'
+// coefficients and weights are worked out once (H200, GroupNorm 320x64x64/32: 21.5 -> 16.8 us chunk by
+// chunk), while LayerNorm's grid-stride loop stays ahead on its own layouts (32768 cols: 140 vs 149 us).
 #include "common.glsl"
+#include "split_coefs.glsl"
 
 
 void by_element() {
@@ -25,14 +27,17 @@ void by_element() {
 void by_chunk() {
   uint n_items = p.n_groups * p.n_chunks;
   uint item = team_item();
-  if (item >= n_items) return;
-  uint g = item / p.n_chunks;
+  bool in_range = item < n_items;
+  uint g = in_range ? item / p.n_chunks : 0u;
   uint begin, end, plane;
   chunk_range(item - g * p.n_chunks, begin, end, plane);
+  afp pivot, mean, a;
+  item_coefs(g, in_range, true, pivot, mean, a);  // the whole team, in uniform control flow
+  if (!in_range) return;
   uint at = group_base(g) + plane * (p.cstep - PLANE_SIZE);  // + i: element i of this chunk's plane
-  afp pivot = from_slots(coef[3u * g], begin);
-  afp mean = from_slots(coef[3u * g + 1u], begin);
-  afp a = from_slots(coef[3u * g + 2u], begin);
+  pivot = from_slots(pivot, begin);
+  mean = from_slots(mean, begin);
+  a = from_slots(a, begin);
   wfp gw = AFFINE != 0u ? gamma_for(g, begin) : wfp(1);
   wfp bw = AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, begin) : wfp(0);
   for (uint i = begin + team_lane(); i < end; i += TEAM)

@@ -22,7 +22,8 @@ void main() {
   uint base = in_range ? group_base(g) : 0u;
   uint at = base + plane * (p.cstep - PLANE_SIZE);  // + i: element i of this chunk's plane
   afp n = afp(float(end - begin)) * lanes_per_slot(plane);
-  afp pivot = in_range && OP == OP_LAYERNORM ? from_slots(first_elements(base), begin) : afp(0);
+  afp group_pivot = in_range && OP == OP_LAYERNORM ? first_elements(base) : afp(0);
+  afp pivot = from_slots(group_pivot, begin);
   afp s = afp(0);
   if (in_range) {
     for (uint i = begin + team_lane(); i < end; i += TEAM) {
@@ -46,5 +47,8 @@ void main() {
   if (in_range && team_lane() == 0u) {
     partial[item] = mean;
     partial[n_items + item] = m2;
+    // The group's pivot, for an apply pass that merges partials itself: by then other teams may have
+    // normalized the group's first elements in place.
+    if (item == g * p.n_chunks) partial[2u * n_items + g] = group_pivot;
   }
 }

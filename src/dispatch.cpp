@@ -93,7 +93,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
     caps.preferred_workgroup = std::min(caps.max_workgroup, pow2_floor(std::max(1, std::atoi(v))));
   // Shared memory (maxComputeSharedMemorySize, VKNORM_MAX_SHARED_MEMORY caps it): per invocation the
   // fused kernel and norm_reduce hold one stat (vec4 at most: 16 B, common.glsl team_scratch);
-  // norm_finalize 4 afp (64 B: counts are per group slot), at the split path's workgroup, preferred_workgroup.
+  // norm_finalize and norm_apply 3 afp (48 B, 64 B budgeted), at the split path's workgroup, preferred_workgroup.
   const uint32_t shared = std::max<uint32_t>(info.max_shared_memory, 64);
   caps.max_workgroup = std::min(caps.max_workgroup, pow2_floor(shared / 16));
   caps.preferred_workgroup = std::min(caps.preferred_workgroup, pow2_floor(shared / 64));
@@ -226,18 +226,20 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
     return f;
   }
   const uint64_t items = uint64_t(g.n_groups) * plan.n_chunks;
-  if (2 * items * g.elempack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
-  f.partials_bytes = 2 * items * g.elempack * sizeof(float);
-  f.coefs_bytes = 3ull * g.n_groups * g.elempack * sizeof(float);
+  if ((2 * items + g.n_groups) * g.elempack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
+  // Per-channel weights: apply works chunk by chunk, each chunk's team merging its item's partials
+  // itself (no finalize pass); by position: finalize, then every element, grid-stride (norm_apply.comp).
+  const bool by_chunk = g.weights != GroupLayout::ByPosition;
+  f.partials_bytes = (2 * items + g.n_groups) * g.elempack * sizeof(float);  // means, M2s, pivots
+  f.coefs_bytes = by_chunk ? 0 : 3ull * g.n_groups * g.elempack * sizeof(float);
   // The group size as a constant here too: element -> plane and item -> element divisions fold.
   const std::vector<uint32_t> spec = model({plan.wg, op_id, affine_id, 1, 0, 0, dev.specialize_shape ? g.group_size : 0u, 0});
   pc.team = plan.reduce_team;
   pass("norm_reduce", pack, false, spec, plan.reduce_workgroups(g), false);
-  pc.team = plan.finalize_team;
-  pass("norm_finalize", pack, false, spec, plan.finalize_workgroups(g), true);
-  // Per-channel weights: a team per chunk, as the reduce pass; by position: every element, grid-stride
-  // (norm_apply.comp says why).
-  const bool by_chunk = g.weights != GroupLayout::ByPosition;
+  if (!by_chunk) {
+    pc.team = plan.finalize_team;
+    pass("norm_finalize", pack, false, spec, plan.finalize_workgroups(g), true);
+  }
   pc.team = by_chunk ? plan.reduce_team : 1;
   pass("norm_apply", pack, false, spec, by_chunk ? plan.reduce_workgroups(g) : plan.apply_workgroups(g), true);
   return f;
