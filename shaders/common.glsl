@@ -18,7 +18,8 @@
 //   0 workgroup size, 1 op, 2 affine, 3 items per invocation and 4 weight prefetch (fused kernel),
 //   5 team size and 6 group size when the plan fixes them (0: taken from the push constants),
 //   7 LayerNorm statistics from one reduction (fused kernel, see norm_fused.comp),
-//   8 planes per item, 9 where the affine weights come from, 10 channels per group (pack4 lanes).
+//   8 planes per item, 9 where the affine weights come from, 10 channels per group (pack4 lanes),
+//   11 the split apply pass merges partials itself (norm_apply.comp).
 #if FP16
 #extension GL_EXT_shader_16bit_storage : require
 #endif
@@ -69,6 +70,9 @@ layout(constant_id = 8) const uint PLANES = 1;
 layout(constant_id = 9) const uint WEIGHTS = 0;
 // pack4: channels per group (1: each lane is a group of its own, as LayerNorm's pack4 groups).
 layout(constant_id = 10) const uint CPG = 1;
+// Split path, apply pass with per-channel weights: 1 merges the item's chunk partials itself (no
+// finalize pass before it), 0 reads the coefficients norm_finalize wrote.
+layout(constant_id = 11) const uint APPLY_MERGES = 0;
 #define OP_LAYERNORM 0u
 #define OP_RMSNORM 1u
 #define WG gl_WorkGroupSize.x

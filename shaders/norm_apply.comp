@@ -3,8 +3,9 @@
 // Pass 3 of the split path: y = ((x - pivot) - shifted mean) * a, then gamma/beta (by position in the
 // group, or per channel); cstep padding is never touched.
 // Weights by position (LayerNorm, RMSNorm): a grid-stride loop over every element of every group.
-// Weights per channel (GroupNorm, InstanceNorm): a team per chunk, as in norm_reduce, that first merges
-// its item's chunk partials itself (no finalize pass); a chunk lies in one plane, so its lanes'
+// Weights per channel (GroupNorm, InstanceNorm): a team per chunk, as in norm_reduce, that on GPUs first
+// merges its item's chunk partials itself (APPLY_MERGES: no finalize pass; on lavapipe the barriers
+// that costs make it slower than a finalize pass); a chunk lies in one plane, so its lanes'
 // coefficients and weights are worked out once (H200, GroupNorm 320x64x64/32: 21.5 -> 16.8 us chunk by
 // chunk), while LayerNorm's grid-stride loop stays ahead on its own layouts (32768 cols: 140 vs 149 us).
 #include "common.glsl"
@@ -32,7 +33,11 @@ void by_chunk() {
   uint begin, end, plane;
   chunk_range(item - g * p.n_chunks, begin, end, plane);
   afp pivot, mean, a;
-  item_coefs(g, in_range, true, pivot, mean, a);  // the whole team, in uniform control flow
+  if (APPLY_MERGES != 0u) {
+    item_coefs(g, in_range, true, pivot, mean, a);  // the whole team, in uniform control flow
+  } else if (in_range) {
+    pivot = coef[3u * g], mean = coef[3u * g + 1u], a = coef[3u * g + 2u];
+  }
   if (!in_range) return;
   uint at = group_base(g) + plane * (p.cstep - PLANE_SIZE);  // + i: element i of this chunk's plane
   pivot = from_slots(pivot, begin);

@@ -26,6 +26,7 @@ struct DeviceCaps {
   bool cpu = false;              // a CPU implementation (lavapipe)
   bool specialize_shape = true;  // fused kernel: team and group size as specialization constants
   bool one_reduction = true;     // fused LayerNorm: sum and sum of squares in one reduction
+  bool apply_merges = true;      // split path, per-channel weights: apply merges partials (no finalize)
 };
 
 struct Plan {
@@ -65,8 +66,8 @@ static_assert(sizeof(PushConstants) == 32, "8 words of push constants");
 
 struct Pass {
   std::string variant;                  // embedded SPIR-V: <shader>_fp<0|1>_p<1|4|v4>_sg<0|1>
-  std::vector<uint32_t> specialization;  // constant ids 0..10: workgroup, op, affine, items, prefetch, team, size,
-                                         // one reduction, planes, weights, channels per group
+  std::vector<uint32_t> specialization;  // constant ids 0..11: workgroup, op, affine, items, prefetch, team, size,
+                                         // one reduction, planes, weights, channels per group, apply merges
   PushConstants push{};
   uint32_t workgroup_size = 0;  // local_size_x (specialization[0])
   uint64_t workgroups = 0;      // 1-D; executors fold counts past maxComputeWorkGroupCount[0] into y

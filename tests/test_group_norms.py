@@ -167,6 +167,26 @@ def test_straddling_groups_run_pack4_and_whole_group_elements_read_vec4s():
     assert whole.last_dispatch["vec4"] is True
 
 
+@pytest.mark.parametrize("merges", ["0", "1"], ids=["finalize-pass", "apply-merges"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[3], CASES[8]], ids=case_id)
+def test_split_path_in_three_passes_and_in_two(case, merges, monkeypatch):
+    """Per-channel weights on the split path: GPUs merge the chunk partials in the apply pass (two passes),
+    lavapipe runs a finalize pass (three); both are exercised here on whatever device runs the suite,
+    including a large offset, which reads each group's pivot (kept by the reduce pass: by the time an apply
+    team runs, others may have normalized the group's first elements in place)."""
+    monkeypatch.setenv("VKNORM_TUNE_APPLY_MERGES", merges)
+    layer, x, gamma, beta = make_case(case)
+    failures = every_path(layer, x, gamma, beta, paths=("split",))
+    assert layer.last_dispatch["dispatches"] == (2 if merges == "1" else 3)
+    x = (1e4 + 1e-2 * np.random.default_rng(3).standard_normal(x.shape)).astype(np.float32)
+    ref = channel_norm64(case[0], x, layer.eps, max(case[2], 1), gamma, beta)
+    for packing in (True, False):
+        y = layer(x, device="vulkan", option=vknorm.Option(path="split", use_packing_layout=packing))
+        if not max_abs_err(y, ref) <= LARGE_OFFSET_ABS_TOL:
+            failures.append(f"large offset, packing={packing}: {max_abs_err(y, ref):.3e}")
+    assert not failures, "\n".join(failures)
+
+
 # ------------------------------------------------------------------------------ large and small groups
 
 LARGE = [
