@@ -224,38 +224,26 @@ float at_least_one(float n) { return n > 0.0 ? n : 1.0; }
 #endif
 
 // Affine weights of element i of item g: by position in the group (one value serves the 4 groups of
-// a pack4 element), or per channel (WEIGHTS).
+// a pack4 element), or per channel (WEIGHTS). One body per layout, for gamma_for and beta_for alike.
 #if VEC4
 #define wfp vec4
-wfp gamma_for(uint g, uint i) {
-  if (WEIGHTS == 0u) return gamma[i];
-  if (WEIGHTS == 3u) return vec4(gamma[0].x);
-  uint c = channel_of(g, i);
-  return WEIGHTS == 2u ? gamma[c] : vec4(gamma[c >> 2][c & 3u]);
-}
-wfp beta_for(uint g, uint i) {
-  if (WEIGHTS == 0u) return beta[i];
-  if (WEIGHTS == 3u) return vec4(beta[0].x);
-  uint c = channel_of(g, i);
-  return WEIGHTS == 2u ? beta[c] : vec4(beta[c >> 2][c & 3u]);
-}
+#define WEIGHT_AT(w)                                                   \
+  if (WEIGHTS == 0u) return w[i];                                      \
+  if (WEIGHTS == 3u) return vec4(w[0].x);                              \
+  uint c = channel_of(g, i);                                           \
+  return WEIGHTS == 2u ? w[c] : vec4(w[c >> 2][c & 3u]);
 #elif PACK == 4
 #define wfp vec4
-wfp gamma_for(uint g, uint i) {
-  if (WEIGHTS == 0u || WEIGHTS == 3u) return vec4(gamma[WEIGHTS == 0u ? i : 0u]);
-  uint c = 4u * channel_of(g, i);
-  return vec4(gamma[c], gamma[c + 1u], gamma[c + 2u], gamma[c + 3u]);
-}
-wfp beta_for(uint g, uint i) {
-  if (WEIGHTS == 0u || WEIGHTS == 3u) return vec4(beta[WEIGHTS == 0u ? i : 0u]);
-  uint c = 4u * channel_of(g, i);
-  return vec4(beta[c], beta[c + 1u], beta[c + 2u], beta[c + 3u]);
-}
+#define WEIGHT_AT(w)                                                   \
+  if (WEIGHTS == 0u || WEIGHTS == 3u) return vec4(w[WEIGHTS == 0u ? i : 0u]); \
+  uint c = 4u * channel_of(g, i);                                      \
+  return vec4(w[c], w[c + 1u], w[c + 2u], w[c + 3u]);
 #else
 #define wfp float
-wfp gamma_for(uint g, uint i) { return gamma[WEIGHTS == 0u ? i : WEIGHTS == 3u ? 0u : channel_of(g, i)]; }
-wfp beta_for(uint g, uint i) { return beta[WEIGHTS == 0u ? i : WEIGHTS == 3u ? 0u : channel_of(g, i)]; }
+#define WEIGHT_AT(w) return w[WEIGHTS == 0u ? i : WEIGHTS == 3u ? 0u : channel_of(g, i)];
 #endif
+wfp gamma_for(uint g, uint i) { WEIGHT_AT(gamma) }
+wfp beta_for(uint g, uint i) { WEIGHT_AT(beta) }
 
 // y = (x - mean) * a, then * gamma (+ beta for LayerNorm) when affine.
 afp normalize_one(afp centred, afp a, wfp g, wfp b) {

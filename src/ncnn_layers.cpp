@@ -50,7 +50,8 @@ bool subgroup_reduce(const ::ncnn::VulkanDevice& dev) {
 
 class NormLayer : public ::ncnn::Layer {
  public:
-  explicit NormLayer(NormOp op) : op_(op) {
+  explicit NormLayer(NormOp op) {
+    p_.op = op;
     one_blob_only = true;
     support_inplace = true;
     support_vulkan = true;
@@ -61,49 +62,36 @@ class NormLayer : public ::ncnn::Layer {
   LayerInfo describe() const {
     LayerInfo i;
     i.type = type_name();
-    i.rmsnorm = op_ == NormOp::RMSNorm;
-    i.affine_size = affine_size_, i.group = group_, i.channels = channels_, i.eps = eps_, i.affine = affine_;
-    i.weight_count = weight_count();
-    i.gamma = affine_ && !gamma_.empty() ? static_cast<const float*>(gamma_.data) : nullptr;
-    i.beta = affine_ && !beta_.empty() ? static_cast<const float*>(beta_.data) : nullptr;
+    i.rmsnorm = p_.op == NormOp::RMSNorm;
+    i.affine_size = p_.affine_size, i.group = p_.group, i.channels = p_.channels, i.eps = p_.eps, i.affine = p_.affine;
+    i.weight_count = int(p_.weight_count());
+    i.gamma = p_.affine && !gamma_.empty() ? static_cast<const float*>(gamma_.data) : nullptr;
+    i.beta = p_.affine && !beta_.empty() ? static_cast<const float*>(beta_.data) : nullptr;
     i.counters = counters();
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& kv : pipelines_) i.pipelines.push_back(kv.first);
     return i;
   }
 
-  // ncnn's param ids and validation: LayerNorm/RMSNorm 0 affine_size 1 eps 2 affine; GroupNorm
-  // 0 group 1 channels 2 eps 3 affine; InstanceNorm 0 channels 1 eps 2 affine.
+  // ncnn's param ids and validation (NormParams, shared with vknorm's own layer).
   int load_param(const ::ncnn::ParamDict& pd) override {
-    const int eps_id = op_ == NormOp::GroupNorm ? 2 : 1;
-    if (by_channel()) {
-      group_ = op_ == NormOp::GroupNorm ? pd.get(0, 1) : 1;
-      channels_ = pd.get(op_ == NormOp::GroupNorm ? 1 : 0, 0);
-    } else {
-      affine_size_ = pd.get(0, 0);
-    }
-    eps_ = pd.get(eps_id, 0.001f);
-    affine_ = pd.get(eps_id + 1, 1);
-    if (affine_size_ < 0 || !(eps_ >= 0) || (affine_ != 0 && affine_ != 1)) {
-      NCNN_LOGE("vknorm %s %s: invalid params affine_size=%d eps=%g affine=%d", type_name(), name.c_str(), affine_size_, eps_, affine_);
-      return -1;
-    }
-    if (by_channel() && (group_ <= 0 || channels_ < 0 || channels_ % group_ || (affine_ && channels_ == 0))) {
-      NCNN_LOGE("vknorm %s %s: invalid params group=%d channels=%d affine=%d (group > 0, channels divisible by group, "
-                "affine needs channels > 0)", type_name(), name.c_str(), group_, channels_, affine_);
+    try {
+      p_ = NormParams::read(p_.op, pd);
+    } catch (const std::exception& e) {
+      log_error(e);
       return -1;
     }
     return 0;
   }
 
   int load_model(const ::ncnn::ModelBin& mb) override {
-    if (!affine_) return 0;
+    if (!p_.affine) return 0;
     gamma_ = mb.load(weight_count(), 1);
     if (gamma_.empty()) {
       NCNN_LOGE("vknorm %s %s: the model file ends before its %d gamma values", type_name(), name.c_str(), weight_count());
       return -100;
     }
-    if (centres(op_)) {
+    if (centres(p_.op)) {
       beta_ = mb.load(weight_count(), 1);
       if (beta_.empty()) {
         NCNN_LOGE("vknorm %s %s: the model file ends before its %d beta values", type_name(), name.c_str(), weight_count());
@@ -144,7 +132,7 @@ class NormLayer : public ::ncnn::Layer {
   }
 
   int upload_model(::ncnn::VkTransfer& cmd, const ::ncnn::Option& opt) override {
-    if (!affine_) return 0;
+    if (!p_.affine) return 0;
     // The kernels read float32 weights whatever the blob's storage.
     ::ncnn::Option fp32 = opt;
     fp32.use_fp16_storage = fp32.use_fp16_packed = fp32.use_bf16_storage = fp32.use_bf16_packed = false;
@@ -156,7 +144,7 @@ class NormLayer : public ::ncnn::Layer {
       return out;
     };
     cmd.record_upload(padded(gamma_), gamma_gpu_, fp32);
-    if (centres(op_)) cmd.record_upload(padded(beta_), beta_gpu_, fp32);
+    if (centres(p_.op)) cmd.record_upload(padded(beta_), beta_gpu_, fp32);
     return 0;
   }
 
@@ -167,9 +155,9 @@ class NormLayer : public ::ncnn::Layer {
       return -1;
     }
     try {
-      const GroupLayout g = layout(m.dims, m.w, m.h, m.d, m.c, m.dims <= 2 ? size_t(m.w) * m.h : m.cstep, 1);
-      reference_forward(op_, static_cast<float*>(m.data), g, eps_, affine_ ? static_cast<const float*>(gamma_.data) : nullptr,
-                        affine_ && centres(op_) ? static_cast<const float*>(beta_.data) : nullptr);
+      const GroupLayout g = p_.layout(m.dims, m.w, m.h, m.d, m.c, m.dims <= 2 ? size_t(m.w) * m.h : m.cstep, 1);
+      reference_forward(p_.op, static_cast<float*>(m.data), g, p_.eps, p_.affine ? static_cast<const float*>(gamma_.data) : nullptr,
+                        p_.affine && centres(p_.op) ? static_cast<const float*>(beta_.data) : nullptr);
     } catch (const std::exception& e) {
       log_error(e);
       return -1;
@@ -253,7 +241,7 @@ class NormLayer : public ::ncnn::Layer {
     return &prepared_.emplace(key, std::move(p)).first->second;
   }
 
-  const char* type_name() const { return op_name(op_); }
+  const char* type_name() const { return op_name(p_.op); }
   // "vknorm <type> <name>: <what>", without the type a message may already start with.
   void log_error(const std::exception& e) const {
     std::string what = e.what();
@@ -261,19 +249,15 @@ class NormLayer : public ::ncnn::Layer {
     if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
     NCNN_LOGE("vknorm %s %s: %s", type_name(), name.c_str(), what.c_str());
   }
-  bool by_channel() const { return op_ == NormOp::GroupNorm || op_ == NormOp::InstanceNorm; }
-  int weight_count() const { return by_channel() ? channels_ : affine_size_; }
-  GroupLayout layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack) const {
-    return norm_layout(op_, affine_size_, group_, channels_, affine_ != 0, dims, w, h, d, c, cstep, elempack);
-  }
+  int weight_count() const { return int(p_.weight_count()); }
 
   ForwardPlan plan(const Blob& b, const ::ncnn::Option& opt) const {
-    const GroupLayout g = layout(b.dims, b.w, b.h, b.d, b.c, b.cstep, b.elempack);
+    const GroupLayout g = p_.layout(b.dims, b.w, b.h, b.d, b.c, b.cstep, b.elempack);
     Option vo;
     vo.use_fp16_storage = b.fp16;
     vo.use_packing_layout = b.elempack == 4;
     vo.use_subgroup_ops = opt.use_subgroup_ops;
-    return plan_forward(op_, affine_ != 0, eps_, g, b.fp16, device_caps(info_, subgroup_reduce_, vo), vo);
+    return plan_forward(p_.op, p_.affine != 0, p_.eps, g, b.fp16, device_caps(info_, subgroup_reduce_, vo), vo);
   }
 
   // One ncnn::Pipeline per (variant, specialization), made on first use and kept until destroy_pipeline.
@@ -304,11 +288,7 @@ class NormLayer : public ::ncnn::Layer {
     return slot.get();
   }
 
-  NormOp op_;
-  int affine_size_ = 0;
-  int group_ = 1, channels_ = 0;
-  float eps_ = 0.001f;
-  int affine_ = 1;
+  NormParams p_;
   ::ncnn::Mat gamma_, beta_;
   ::ncnn::VkMat gamma_gpu_, beta_gpu_;
   DeviceInfo info_;

@@ -14,19 +14,11 @@ namespace vknorm {
 // What a forward runs on: the device and a snapshot of the layer's parameters and weights, taken
 // under Norm::mutex_. load_param / load_model / create_pipeline replace the layer's snapshot with a new
 // one; forwards already running keep theirs (shared_ptr), so nothing they read changes under them.
-struct Norm::Gpu {
+struct Norm::Gpu : NormParams {
   std::shared_ptr<Context> ctx;
-  NormOp op = NormOp::LayerNorm;
-  int affine_size = 0, group = 1, channels = 0;
-  float eps = 0.001f;
-  int affine = 1;
   std::vector<float> gamma_data, beta_data;
   std::mutex mutex;  // weights are uploaded once, by whichever call needs them first
   std::shared_ptr<Buffer> gamma, beta, unused;
-  size_t weight_count() const { return size_t(op == NormOp::GroupNorm || op == NormOp::InstanceNorm ? channels : affine_size); }
-  GroupLayout layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack) const {
-    return norm_layout(op, affine_size, group, channels, affine != 0, dims, w, h, d, c, cstep, elempack);
-  }
 };
 
 namespace {
@@ -247,7 +239,7 @@ std::vector<Piece> plan_pieces(const GroupLayout& g, size_t elemsize, uint64_t b
   return out;
 }
 
-Norm::Norm(NormOp op_) : op(op_) {}
+Norm::Norm(NormOp op_) { op = op_; }
 Norm::~Norm() = default;
 
 namespace {
@@ -255,15 +247,9 @@ namespace {
 std::shared_ptr<Norm::Gpu> make_gpu(const Norm& n, std::shared_ptr<Context> ctx) {
   auto gpu = std::make_shared<Norm::Gpu>();
   gpu->ctx = std::move(ctx);
-  gpu->op = n.op, gpu->affine_size = n.affine_size, gpu->group = n.group, gpu->channels = n.channels;
-  gpu->eps = n.eps, gpu->affine = n.affine;
+  static_cast<NormParams&>(*gpu) = n;
   gpu->gamma_data = n.gamma_data, gpu->beta_data = n.beta_data;
   return gpu;
-}
-
-void check_weights(const Norm::Gpu& s) {
-  if (s.affine && (s.gamma_data.size() != s.weight_count() || (centres(s.op) && s.beta_data.size() != s.weight_count())))
-    throw std::invalid_argument(std::string(op_name(s.op)) + ": affine=1 but no weights loaded: call load_model first");
 }
 
 void ensure_weights(Norm::Gpu& gpu) {
@@ -276,29 +262,9 @@ void ensure_weights(Norm::Gpu& gpu) {
 }  // namespace
 
 void Norm::load_param(const ParamDict& pd) {
-  const std::string layer = op_name(op);
-  const bool by_channel = op == NormOp::GroupNorm || op == NormOp::InstanceNorm;
-  // ncnn's param ids: LayerNorm/RMSNorm 0 affine_size 1 eps 2 affine; GroupNorm 0 group 1 channels
-  // 2 eps 3 affine; InstanceNorm 0 channels 1 eps 2 affine.
-  const int eps_id = op == NormOp::GroupNorm ? 2 : 1;
-  const int new_affine_size = by_channel ? 0 : pd.get(0, 0);
-  const int new_group = op == NormOp::GroupNorm ? pd.get(0, 1) : 1;
-  const int new_channels = op == NormOp::GroupNorm ? pd.get(1, 0) : op == NormOp::InstanceNorm ? pd.get(0, 0) : 0;
-  const float new_eps = pd.get(eps_id, 0.001f);
-  const int new_affine = pd.get(eps_id + 1, 1);
-  if (new_affine_size < 0) throw std::invalid_argument("affine_size must be >= 0, got " + std::to_string(new_affine_size));
-  if (!std::isfinite(new_eps) || new_eps < 0)
-    throw std::invalid_argument(layer + ": eps must be finite and >= 0, got " + std::to_string(new_eps));
-  if (new_affine != 0 && new_affine != 1) throw std::invalid_argument(layer + ": affine must be 0 or 1, got " + std::to_string(new_affine));
-  if (op == NormOp::GroupNorm && new_group <= 0) throw std::invalid_argument("GroupNorm: group must be > 0, got " + std::to_string(new_group));
-  if (new_channels < 0) throw std::invalid_argument(layer + ": channels must be >= 0, got " + std::to_string(new_channels));
-  if (op == NormOp::GroupNorm && new_channels % new_group)
-    throw std::invalid_argument("GroupNorm: channels=" + std::to_string(new_channels) + " do not divide into group=" +
-                                std::to_string(new_group) + " groups");
-  if (by_channel && new_affine && new_channels == 0)
-    throw std::invalid_argument(layer + ": affine=1 needs channels > 0 (one gamma and beta per channel)");
+  const NormParams params = NormParams::read(op, pd);
   std::lock_guard<std::mutex> lock(mutex_);
-  affine_size = new_affine_size, group = new_group, channels = new_channels, eps = new_eps, affine = new_affine;
+  static_cast<NormParams&>(*this) = params;
   gpu_.reset();  // forwards still running keep their snapshot
 }
 
@@ -309,11 +275,10 @@ void Norm::load_model(std::vector<float> gamma, std::vector<float> beta) {
     if (!gamma.empty() || !beta.empty()) throw std::invalid_argument(layer + ": affine=0: this layer takes no weights");
     return;
   }
-  const bool by_channel = op == NormOp::GroupNorm || op == NormOp::InstanceNorm;
   auto check = [&](const std::vector<float>& v, const char* name) {
     if (v.size() != weight_count())
       throw std::invalid_argument(layer + ": " + name + " has " + std::to_string(v.size()) + " values, expected " +
-                                  (by_channel ? "channels=" : "affine_size=") + std::to_string(weight_count()));
+                                  (per_channel() ? "channels=" : "affine_size=") + std::to_string(weight_count()));
   };
   check(gamma, "gamma");
   if (centres(op)) check(beta, "beta");
@@ -323,10 +288,7 @@ void Norm::load_model(std::vector<float> gamma, std::vector<float> beta) {
   if (gpu_) gpu_ = make_gpu(*this, gpu_->ctx);  // same device, new weights; running forwards keep the old
 }
 
-void Norm::check_ready(const GroupLayout&) const {
-  if (affine && (gamma_data.size() != weight_count() || (centres(op) && beta_data.size() != weight_count())))
-    throw std::invalid_argument(std::string(op_name(op)) + ": affine=1 but no weights loaded: call load_model first");
-}
+void Norm::check_ready(const GroupLayout&) const { check_weights(gamma_data.size(), beta_data.size()); }
 
 void Norm::create_pipeline(std::shared_ptr<Context> ctx, const Option&) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -422,7 +384,7 @@ void Norm::forward_inplace(Mat& m, const Option& opt) {
   const size_t cstep = ncnn_cstep(m.dims, m.w, h, m.d, elemsize);
   const uint64_t bytes = uint64_t(cstep) * c * elemsize;
   const GroupLayout g = gpu->layout(m.dims, m.w, h, m.d, c, cstep, fmt.elempack);
-  check_weights(*gpu);
+  gpu->check_weights(gpu->gamma_data.size(), gpu->beta_data.size());
   ensure_weights(*gpu);
   const Run run = plan_run(*gpu, g, elemsize, bytes, fmt.fp16, opt, false,
                            "the tensor " + describe_blob(m.dims, m.w, h, m.d, c, elemsize, fmt.elempack));
@@ -460,7 +422,7 @@ void Norm::forward_inplace(VkMat& v, const Option& opt) {
   const std::shared_ptr<Gpu> gpu = gpu_for(v.context());
   auto& impl = gpu->ctx->impl();
   const GroupLayout g = gpu->layout(v.dims, v.w, v.h, v.d, v.c, v.cstep, v.elempack);
-  check_weights(*gpu);
+  gpu->check_weights(gpu->gamma_data.size(), gpu->beta_data.size());
   ensure_weights(*gpu);
   const bool fp16 = v.elemsize == 2u * v.elempack;
   const Run run = plan_run(*gpu, g, v.elemsize, v.bytes(), fp16, opt, true,
@@ -492,7 +454,7 @@ DispatchInfo Norm::forward_repeated(VkMat& v, const Option& opt, int warmup, int
   forward_inplace(v, opt);  // validates, creates pipelines and uploads weights outside the timed batch
   const std::shared_ptr<Gpu> gpu = gpu_for(v.context());
   const GroupLayout g = gpu->layout(v.dims, v.w, v.h, v.d, v.c, v.cstep, v.elempack);
-  check_weights(*gpu);
+  gpu->check_weights(gpu->gamma_data.size(), gpu->beta_data.size());
   const bool fp16 = v.elemsize == 2u * v.elempack;
   const Run run = plan_run(*gpu, g, v.elemsize, v.bytes(), fp16, opt, true, "the VkMat");
   if (run.pieces.size() != 1 || run.piece_buffer)

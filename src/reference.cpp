@@ -1,5 +1,6 @@
 // The group model and ncnn's CPU algorithm, the reference every Vulkan path is checked against.
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -140,6 +141,33 @@ GroupLayout norm_layout(NormOp op, int affine_size, int group, int channels, boo
   return group_layout(dims, w, h, d, c, cstep, elempack, affine_size, affine);
 }
 
+std::string NormParams::describe() const {
+  char eps_text[32];
+  std::snprintf(eps_text, sizeof(eps_text), "%g", double(eps));
+  const std::string tail = " affine=" + std::to_string(affine) + " eps=" + eps_text;
+  if (op == NormOp::GroupNorm) return "group=" + std::to_string(group) + " channels=" + std::to_string(channels) + tail;
+  if (op == NormOp::InstanceNorm) return "channels=" + std::to_string(channels) + tail;
+  return "affine_size=" + std::to_string(affine_size) + tail;
+}
+
+void NormParams::check() const {
+  const std::string layer = op_name(op);
+  auto bad = [&](const std::string& why) { return std::invalid_argument(layer + ": " + why + " (" + describe() + ")"); };
+  if (affine_size < 0) throw bad("affine_size must be >= 0, got " + std::to_string(affine_size));
+  if (!std::isfinite(eps) || eps < 0) throw bad("eps must be finite and >= 0");
+  if (affine != 0 && affine != 1) throw bad("affine must be 0 or 1, got " + std::to_string(affine));
+  if (group <= 0) throw bad("group must be > 0, got " + std::to_string(group));
+  if (channels < 0) throw bad("channels must be >= 0, got " + std::to_string(channels));
+  if (channels % group)
+    throw bad("channels=" + std::to_string(channels) + " do not divide into group=" + std::to_string(group) + " groups");
+  if (per_channel() && affine && channels == 0) throw bad("affine=1 needs channels > 0 (one gamma and beta per channel)");
+}
+
+void NormParams::check_weights(size_t gamma_count, size_t beta_count) const {
+  if (affine && (gamma_count != weight_count() || (centres(op) && beta_count != weight_count())))
+    throw std::invalid_argument(std::string(op_name(op)) + ": affine=1 but no weights loaded: call load_model first");
+}
+
 namespace {
 
 // ncnn's order: two float32 passes, then y = (x * a + b) * gamma + beta.
@@ -213,10 +241,6 @@ void reference_forward(NormOp op, float* base, const GroupLayout& g, float eps, 
     if (op == NormOp::LayerNorm) layernorm_group(x, g.group_size, eps, gamma, beta);
     else rmsnorm_group(x, g.group_size, eps, gamma);
   }
-}
-
-GroupLayout Norm::layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack) const {
-  return norm_layout(op, affine_size, group, channels, affine != 0, dims, w, h, d, c, cstep, elempack);
 }
 
 void Norm::forward_inplace_cpu(Mat& m) const {

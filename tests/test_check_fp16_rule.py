@@ -18,30 +18,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vknorm import _core
 from vknorm import check as vkcheck
+from availability import needs_graph, needs_vulkan
 
 ROOT = Path(__file__).resolve().parent.parent
 W = 14  # the group: LayerNorm over w of an h x w input
 DIMS = "16x14"
 
 
-def _vulkan() -> bool:
-    try:
-        return len(_core.devices()) > 0
-    except _core.VulkanUnavailableError:
-        return False
 
 
-def _has_graph() -> bool:
-    try:
-        import vknorm.graph  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
-pytestmark = [pytest.mark.skipif(not _vulkan(), reason="no Vulkan device"), pytest.mark.timeout(300)]
+pytestmark = [needs_vulkan, pytest.mark.timeout(300)]
 
 
 def write_model(tmp: Path):
@@ -84,7 +73,7 @@ def test_fp16_check_passes_a_layernorm_after_100_plus_3y(tmp_path):
     assert lines[-1].startswith("ok:") and "fp16 rule" in lines[-1]
 
 
-@pytest.mark.skipif(not _has_graph(), reason="vknorm built without ncnn")
+@needs_graph
 def test_both_engines_state_and_apply_the_same_rule(tmp_path):
     pytest.importorskip("ncnn")
     p, b = write_model(tmp_path)

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vknorm import _core
 from vknorm import check as vkcheck
+from availability import has_graph, needs_graph, needs_vulkan
 
 DATA = Path(__file__).resolve().parent / "data"
 ROOT = DATA.parent.parent
@@ -34,23 +34,11 @@ TODAY_KEYS = {"ok", "device", "layers", "outputs", "model", "weights", "inputs",
 TODAY_LAYER_KEYS = {"name", "type", "shape", "group_size", "groups", "max_abs_err", "gpu_us", "ok"}
 
 
-def _vulkan() -> bool:
-    try:
-        return len(_core.devices()) > 0
-    except _core.VulkanUnavailableError:
-        return False
 
 
-def _has_graph() -> bool:
-    try:
-        import vknorm.graph  # noqa: F401  (importing it starts nothing: no Vulkan, no ncnn instance)
-    except ImportError:
-        return False
-    return True
 
 
-pytestmark = [pytest.mark.skipif(not _vulkan(), reason="no Vulkan device"), pytest.mark.timeout(600)]
-needs_graph = pytest.mark.skipif(not _has_graph(), reason="vknorm built without ncnn (make setup builds it)")
+pytestmark = [needs_vulkan, pytest.mark.timeout(600)]
 
 
 def model_files(name: str):
@@ -107,7 +95,7 @@ def write_offset_model(tmp: Path):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    if not _has_graph():
+    if not has_graph():
         pytest.skip("vknorm built without ncnn")
     tmp = tmp_path_factory.mktemp("check_vulkan")
     op, ob = write_offset_model(tmp)
@@ -221,7 +209,7 @@ def test_check_vulkan_tolerance_can_fail(runs):
 
 @pytest.fixture(scope="module")
 def error_runs(tmp_path_factory):
-    if not _has_graph():
+    if not has_graph():
         pytest.skip("vknorm built without ncnn")
     tmp = tmp_path_factory.mktemp("check_vulkan_errors")
     p, b = model_files("transformer_block")

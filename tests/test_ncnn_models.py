@@ -24,6 +24,7 @@ from vknorm import _core
 ncnn = pytest.importorskip("ncnn")
 vkncnn = pytest.importorskip("vknorm.ncnn")
 from vknorm import check as vkcheck  # noqa: E402
+from availability import needs_vulkan  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 ROOT = DATA.parent.parent
@@ -32,14 +33,9 @@ ROOT = DATA.parent.parent
 MODELS = {k: v for k, v in json.loads((Path(__file__).parent / "data" / "models.json").read_text()).items() if not k.startswith("_")}
 
 
-def _vulkan() -> bool:
-    try:
-        return len(_core.devices()) > 0
-    except _core.VulkanUnavailableError:
-        return False
 
 
-pytestmark = pytest.mark.skipif(not _vulkan(), reason="no Vulkan device")
+pytestmark = needs_vulkan
 
 
 def model_files(name: str):

@@ -69,6 +69,46 @@ GroupLayout norm_layout(NormOp op, int affine_size, int group, int channels, boo
 // Mean and variance (LayerNorm, GroupNorm, InstanceNorm) rather than the mean of squares (RMSNorm).
 inline bool centres(NormOp op) { return op != NormOp::RMSNorm; }
 
+// A layer's ncnn params, read and checked in one place for vknorm's layer and its ncnn layer. Ids:
+// LayerNorm/RMSNorm 0 affine_size, 1 eps, 2 affine; GroupNorm 0 group, 1 channels, 2 eps, 3 affine;
+// InstanceNorm 0 channels, 1 eps, 2 affine.
+struct NormParams {
+  NormOp op = NormOp::LayerNorm;
+  int affine_size = 0;  // LayerNorm, RMSNorm
+  int group = 1;        // GroupNorm
+  int channels = 0;     // GroupNorm, InstanceNorm
+  float eps = 0.001f;
+  int affine = 1;
+
+  // Reads ncnn's ids from any ParamDict (get(id, int default), get(id, float default)), then check().
+  template <class Dict>
+  static NormParams read(NormOp op, const Dict& pd) {
+    NormParams p;
+    p.op = op;
+    const int eps_id = op == NormOp::GroupNorm ? 2 : 1;
+    if (op == NormOp::GroupNorm) p.group = pd.get(0, 1), p.channels = pd.get(1, 0);
+    else if (op == NormOp::InstanceNorm) p.channels = pd.get(0, 0);
+    else p.affine_size = pd.get(0, 0);
+    p.eps = pd.get(eps_id, 0.001f);
+    p.affine = pd.get(eps_id + 1, 1);
+    p.check();
+    return p;
+  }
+  // Throws std::invalid_argument, naming the layer and its params, on what ncnn's validation refuses
+  // (and eps that is not finite and >= 0).
+  void check() const;
+  bool per_channel() const { return op == NormOp::GroupNorm || op == NormOp::InstanceNorm; }
+  // Floats in gamma (and beta): affine_size, or channels.
+  size_t weight_count() const { return size_t(per_channel() ? channels : affine_size); }
+  // Throws std::invalid_argument unless gamma (and beta, all but RMSNorm) hold weight_count() floats.
+  void check_weights(size_t gamma_count, size_t beta_count) const;
+  // The groups of a blob of this shape (packed as given).
+  GroupLayout layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack) const {
+    return norm_layout(op, affine_size, group, channels, affine != 0, dims, w, h, d, c, cstep, elempack);
+  }
+  std::string describe() const;  // "group=32 channels=320 affine=1 eps=1e-05"
+};
+
 // ncnn's CPU algorithm over every group of a float32, elempack-1 blob at `base` (gamma/beta null: no
 // affine; indexed by position in the group, or by channel (g.weights)).
 void reference_forward(NormOp op, float* base, const GroupLayout& g, float eps, const float* gamma, const float* beta);
@@ -101,30 +141,20 @@ std::vector<Piece> plan_pieces(const GroupLayout& g, size_t elemsize, uint64_t b
 
 class VkMat;
 
-class Norm {
+class Norm : public NormParams {
  public:
   explicit Norm(NormOp op);
   virtual ~Norm();
   Norm(const Norm&) = delete;
   Norm& operator=(const Norm&) = delete;
 
-  NormOp op;
-  int affine_size = 0;  // LayerNorm, RMSNorm
-  int group = 1;        // GroupNorm
-  int channels = 0;     // GroupNorm, InstanceNorm
-  float eps = 0.001f;
-  int affine = 1;
+  // The params (op, affine_size, group, channels, eps, affine) are NormParams'.
   std::vector<float> gamma_data, beta_data;
 
-  // ncnn's params: LayerNorm/RMSNorm 0 affine_size, 1 eps, 2 affine; GroupNorm 0 group, 1 channels,
-  // 2 eps, 3 affine; InstanceNorm 0 channels, 1 eps, 2 affine. Throws std::invalid_argument on values
-  // ncnn's validation refuses.
+  // ncnn's params by id (NormParams::read). Throws std::invalid_argument on values ncnn's validation refuses.
   void load_param(const ParamDict& pd);
   // affine: gamma (and beta, all but RMSNorm) of affine_size values, or channels for GroupNorm/InstanceNorm.
   void load_model(std::vector<float> gamma, std::vector<float> beta = {});
-  size_t weight_count() const { return size_t(op == NormOp::GroupNorm || op == NormOp::InstanceNorm ? channels : affine_size); }
-  // The groups of a blob of this shape (packed as given) under this layer's params.
-  GroupLayout layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack) const;
   // Builds the pipelines this device needs (also done lazily on first forward).
   void create_pipeline(std::shared_ptr<Context> ctx, const Option& opt = {});
   void destroy_pipeline();

@@ -45,11 +45,15 @@ from ._stdio import quiet_stderr
 from .cli import UsageError
 
 NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm")
-# Each type's ncnn params as (id, kind): LayerNorm/RMSNorm 0 affine_size 1 eps 2 affine; GroupNorm 0 group
-# 1 channels 2 eps 3 affine; InstanceNorm 0 channels 1 eps 2 affine.
-PARAM_KINDS = {"LayerNorm": ((0, int), (1, float), (2, int)), "RMSNorm": ((0, int), (1, float), (2, int)),
-               "GroupNorm": ((0, int), (1, int), (2, float), (3, int)),
-               "InstanceNorm": ((0, int), (1, float), (2, int))}
+
+
+def _param_kinds(type_: str):
+    """(id, int or float) of each ncnn param of a norm type, from the layer classes' own id tables."""
+    from . import layers
+
+    return tuple((pid, float if name == "eps" else int) for pid, name, _ in getattr(layers, type_)._params)
+
+
 ATOL_FP32 = 1e-4
 ATOL_FP16 = 1e-3  # both engines: against float64 of the float16 input, after output rounding (judge_layer)
 ATOL_VULKAN_FP16 = ATOL_FP16  # the former name of the --vulkan default; one rule now
@@ -262,7 +266,7 @@ def parse_param(path: str) -> Model:
         if type_ in NORM_TYPES:
             if nb != 1 or nt != 1:
                 raise bad(f"{type_} {name!r} must have one bottom and one top blob", n)
-            for pid, kind in PARAM_KINDS[type_]:
+            for pid, kind in _param_kinds(type_):
                 if pid in params:
                     try:
                         kind(params[pid])

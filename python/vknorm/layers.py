@@ -251,24 +251,29 @@ class _Norm:
         return f"{type(self).__name__}({args})"
 
 
-class LayerNorm(_Norm):
-    """ncnn's LayerNorm: y = (x - mean) / sqrt(var + eps) * gamma + beta over each group."""
-
-    _op = "LayerNorm"
+class _GammaBetaNorm(_Norm):
+    """Norms that take gamma and beta (all but RMSNorm), each of affine_size or channels values."""
 
     def load_model(self, gamma=None, beta=None) -> None:
-        """gamma and beta, each of affine_size values (nothing when affine=False)."""
+        """gamma and beta (nothing when affine=False)."""
         if not self.affine:
             if gamma is not None or beta is not None:
                 raise ValueError("affine=False: this layer takes no weights")
             return
         if gamma is None or beta is None:
-            raise ValueError("LayerNorm with affine=True needs gamma and beta")
+            raise ValueError(f"{type(self).__name__} with affine=True needs gamma and beta")
         self._layer.load_model(self._weights(gamma, "gamma"), self._weights(beta, "beta"))
 
     @property
     def beta(self) -> np.ndarray:
         return np.asarray(self._layer.beta_data, dtype=np.float32)
+
+
+class LayerNorm(_GammaBetaNorm):
+    """ncnn's LayerNorm: y = (x - mean) / sqrt(var + eps) * gamma + beta over each group; gamma and beta
+    of affine_size values."""
+
+    _op = "LayerNorm"
 
 
 class RMSNorm(_Norm):
@@ -287,25 +292,11 @@ class RMSNorm(_Norm):
         self._layer.load_model(self._weights(gamma, "gamma"))
 
 
-class _ChannelNorm(_Norm):
+class _ChannelNorm(_GammaBetaNorm):
     """Shared by GroupNorm and InstanceNorm: gamma and beta per channel."""
 
     _weight_count_name = "channels"
     channels = property(lambda self: self._layer.channels)
-
-    def load_model(self, gamma=None, beta=None) -> None:
-        """gamma and beta, each of `channels` values (nothing when affine=False)."""
-        if not self.affine:
-            if gamma is not None or beta is not None:
-                raise ValueError("affine=False: this layer takes no weights")
-            return
-        if gamma is None or beta is None:
-            raise ValueError(f"{type(self).__name__} with affine=True needs gamma and beta")
-        self._layer.load_model(self._weights(gamma, "gamma"), self._weights(beta, "beta"))
-
-    @property
-    def beta(self) -> np.ndarray:
-        return np.asarray(self._layer.beta_data, dtype=np.float32)
 
 
 class GroupNorm(_ChannelNorm):
