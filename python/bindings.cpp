@@ -1,6 +1,7 @@
 // nanobind module vknorm._core: the C++ core as Python sees it. Argument policy (dtypes, defaults,
 // device strings) lives in python/vknorm/layers.py; this file only converts and releases the GIL.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -257,6 +258,29 @@ NB_MODULE(_core, m) {
              return dispatch_dict(i);
            },
            "mat"_a, "option"_a, "warmup"_a, "reps"_a)
+      .def("set_activation", [](Norm& n, int type, float alpha) { n.set_activation(activation_from_int(type), alpha); },
+           "activation_type"_a, "alpha"_a = 0.f)
+      .def_prop_ro("activation_type", [](const Norm& n) { return int(n.activation); })
+      .def_ro("activation_alpha", &Norm::activation_alpha)
+      .def("forward_add",
+           [](Norm& n, const VkMat& x, const VkMat& r, bool write_sum, const Option& opt) {
+             nb::gil_scoped_release release;
+             VkMat sum;
+             VkMat out = n.forward_add(x, r, write_sum ? &sum : nullptr, opt);
+             return std::make_tuple(out, sum);
+           },
+           "x"_a, "residual"_a, "write_sum"_a, "option"_a)
+      .def("forward_add_repeated",
+           [](Norm& n, const VkMat& x, const VkMat& r, bool write_sum, const Option& opt, int warmup, int reps) {
+             DispatchInfo i;
+             {
+               nb::gil_scoped_release release;
+               i = n.forward_add_repeated(x, r, write_sum, opt, warmup, reps);
+             }
+             return dispatch_dict(i);
+           },
+           "x"_a, "residual"_a, "write_sum"_a, "option"_a, "warmup"_a, "reps"_a)
       .def_prop_ro("context", &Norm::context)
       .def_prop_ro("last_dispatch", [](const Norm& n) { return dispatch_dict(n.last_dispatch()); });
+  m.def("activation_name", [](int type) { return std::string(activation_name(activation_from_int(type))); });
 }

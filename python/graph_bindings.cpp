@@ -9,6 +9,8 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <stdexcept>
 
@@ -63,14 +65,47 @@ nb::ndarray<nb::numpy, float> mat_to_numpy(const ::ncnn::Mat& m) {
   return nb::ndarray<nb::numpy, float>(out, shape.size(), shape.data(), owner);
 }
 
-// A Net that owns its ncnn::Net; vknorm=true registers vknorm's layers before anything is loaded.
+// A Net that owns its ncnn::Net; vknorm=true registers vknorm's layers before anything is loaded, and
+// fuse=true (with vknorm) loads every .param through vknorm's graph rewrite (vknorm::ncnn::fuse_param).
 struct Net {
-  explicit Net(bool vknorm) : vknorm(vknorm) {
+  Net(bool vknorm, bool fuse) : vknorm(vknorm), fuse(vknorm && fuse) {
     if (vknorm && vknorm::ncnn::register_layers(net) != 0) throw std::runtime_error("registering vknorm's layers failed");
   }
+  int load_param(const std::string& path) {
+    fused.clear();
+    if (fuse) return vknorm::ncnn::load_param_fused(net, path.c_str(), &fused);
+    if (!vknorm) {  // a fused model in a stock net: say what it needs (ncnn would say "not exists or registered")
+      std::ifstream f(path);
+      int line_no = 0;
+      for (std::string line; std::getline(f, line);) {
+        ++line_no;
+        std::istringstream in(line);
+        std::string type, name;
+        if (in >> type >> name && type.rfind("vknorm.", 0) == 0) {
+          NCNN_LOGE("%s line %d: layer %s is %s, a fused vknorm layer: load this model with vknorm's layers "
+                    "registered (vknorm.graph.Net(), vknorm::ncnn::register_layers)", path.c_str(), line_no,
+                    name.c_str(), type.c_str());
+          return -1;
+        }
+      }
+    }
+    return net.load_param(path.c_str());
+  }
   ::ncnn::Net net;
-  bool vknorm;
+  bool vknorm, fuse;
+  std::vector<vknorm::ncnn::FusedPattern> fused;  // what the last load_param fused
 };
+
+nb::list fused_list(const std::vector<vknorm::ncnn::FusedPattern>& fused) {
+  nb::list out;
+  for (const auto& f : fused) {
+    nb::dict d;
+    d["pattern"] = f.pattern;
+    d["layers"] = f.layers;
+    out.append(d);
+  }
+  return out;
+}
 
 struct Extractor {
   std::shared_ptr<Net> owner;  // the net outlives its extractors
@@ -129,8 +164,11 @@ NB_MODULE(_graph, m) {
       .def("clear", [](Extractor& e) { e.ex->clear(); });
 
   nb::class_<Net>(m, "Net")
-      .def("__init__", [](Net* self, bool vknorm) { new (self) Net(vknorm); }, "vknorm"_a = true)
+      .def("__init__", [](Net* self, bool vknorm, bool fuse) { new (self) Net(vknorm, fuse); }, "vknorm"_a = true,
+           "fuse"_a = true)
       .def_ro("vknorm", &Net::vknorm)
+      .def_ro("fuse", &Net::fuse)
+      .def("fused", [](const Net& n) { return fused_list(n.fused); })
       .def_prop_rw(
           "opt", [](Net& n) -> ::ncnn::Option& { return n.net.opt; },
           [](Net& n, const ::ncnn::Option& o) { n.net.opt = o; }, nb::rv_policy::reference_internal)
@@ -138,7 +176,7 @@ NB_MODULE(_graph, m) {
       .def("load_param",
            [](Net& n, const std::string& path) {
              nb::gil_scoped_release release;
-             return n.net.load_param(path.c_str());
+             return n.load_param(path);
            },
            "path"_a)
       .def("load_model",
@@ -176,7 +214,11 @@ NB_MODULE(_graph, m) {
                if (!vknorm::ncnn::describe_layer(l, i)) continue;
                nb::dict d;
                d["name"] = l->name;
-               d["type"] = l->type;
+               d["type"] = i.type;  // the norm; layer_type: the ncnn type it was loaded as
+               d["layer_type"] = l->type;
+               d["residual"] = i.residual;
+               d["activation_type"] = i.activation_type;
+               d["activation_alpha"] = i.activation_alpha;
                d["affine_size"] = i.affine_size;
                if (i.type == "GroupNorm") d["group"] = i.group;
                if (i.type == "GroupNorm" || i.type == "InstanceNorm") d["channels"] = i.channels;
@@ -205,6 +247,7 @@ NB_MODULE(_graph, m) {
              d["vulkan_forwards"] = c.vulkan_forwards;
              d["cpu_forwards"] = c.cpu_forwards;
              d["pipelines"] = c.pipelines;
+             d["unfused_adds"] = c.unfused_adds;
              return d;
            })
       .def("create_extractor",
@@ -213,6 +256,11 @@ NB_MODULE(_graph, m) {
            })
       .def("clear", [](Net& n) { n.net.clear(); });
 
+  // The graph rewrite on .param text: (fused text, [{"pattern", "layers"}]); ValueError on a malformed file.
+  m.def("fuse_param", [](const std::string& text) {
+    const auto r = vknorm::ncnn::fuse_param(text);
+    return std::make_tuple(r.param, fused_list(r.fused));
+  });
   m.def("gpu_count", [] { return ::ncnn::get_gpu_count(); });
   m.def("gpu_name", [](int i) {
     const int n = ::ncnn::get_gpu_count();

@@ -19,7 +19,8 @@
 //   5 team size and 6 group size when the plan fixes them (0: taken from the push constants),
 //   7 LayerNorm statistics from one reduction (fused kernel, see norm_fused.comp),
 //   8 planes per item, 9 where the affine weights come from, 10 channels per group (pack4 lanes),
-//   11 the split apply pass merges partials itself (norm_apply.comp).
+//   11 the split apply pass merges partials itself (norm_apply.comp),
+//   12 a residual add before the norm, 13 an activation after it, 14 its parameter (fusion, below).
 #if FP16
 #extension GL_EXT_shader_16bit_storage : require
 #endif
@@ -73,6 +74,14 @@ layout(constant_id = 10) const uint CPG = 1;
 // Split path, apply pass with per-channel weights: 1 merges the item's chunk partials itself (no
 // finalize pass before it), 0 reads the coefficients norm_finalize wrote.
 layout(constant_id = 11) const uint APPLY_MERGES = 0;
+// Fusion with the layers beside a norm (ncnn graphs: BinaryOp add -> norm -> activation). 1: the norm
+// reads x + residual (binding 5) as the add layer would store it and writes y to binding 6, leaving
+// both inputs alone; 2: also writes that sum to binding 7 for the add's other consumers.
+layout(constant_id = 12) const uint RESIDUAL = 0;
+// Applied to y as it is stored (ncnn's CPU formulas): 0 none, 1 ReLU, 2 leaky ReLU (slope ACT_ALPHA),
+// 4 Sigmoid, 7 Swish, 8 GELU, 9 GELU's tanh form (ncnn's fast_gelu).
+layout(constant_id = 13) const uint ACT = 0;
+layout(constant_id = 14) const float ACT_ALPHA = 0.0;
 #define OP_LAYERNORM 0u
 #define OP_RMSNORM 1u
 #define WG gl_WorkGroupSize.x
@@ -97,17 +106,59 @@ layout(push_constant) uniform parameter {
 // travel as uvec2 with explicit pack/unpack: one 8-byte access per element (a 16-bit typed vector
 // may be split into four 2-byte accesses), and no 16-bit storage feature is needed for them.
 #if FP16 && (PACK == 4 || VEC4)
-layout(binding = 0) buffer Blob { uvec2 x[]; };
-afp load_x(uint i) {
-  uvec2 u = x[i];
-  return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y));
-}
-void store_x(uint i, afp v) { x[i] = uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw)); }
+#define bfp uvec2
+afp unpack_b(uvec2 u) { return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y)); }
+uvec2 pack_b(afp v) { return uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw)); }
 #else
-layout(binding = 0) buffer Blob { sfp x[]; };
-afp load_x(uint i) { return afp(x[i]); }
-void store_x(uint i, afp v) { x[i] = sfp(v); }
+#define bfp sfp
+// Macros: a float16_t may not be a function parameter without 16-bit arithmetic.
+#define unpack_b(v) afp(v)
+#define pack_b(v) sfp(v)
 #endif
+layout(binding = 0) buffer Blob { bfp x[]; };
+layout(binding = 5) readonly buffer Residual { bfp residual[]; };
+layout(binding = 6) writeonly buffer Out { bfp y_out[]; };
+layout(binding = 7) buffer Sum { bfp sum_out[]; };
+
+// The activation, per scalar. GELU: 0.5 x erfc(-x / sqrt 2) with erfc from a Chebyshev fit of
+// fractional error < 1.2e-7 (GLSL has no erf), written so that +Inf gives +Inf as ncnn's does.
+// Its tanh form as x / (1 + exp(-2u)): the same function, and no Inf / Inf where tanh saturates.
+float erfc_nonneg(float z) {
+  float t = 1.0 / (1.0 + 0.5 * z);
+  float r = -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 +
+            t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))));
+  return t * exp(r);
+}
+float activate1(float v) {
+  if (ACT == 1u) return v < 0.0 ? 0.0 : v;
+  if (ACT == 2u) return v < 0.0 ? v * ACT_ALPHA : v;
+  if (ACT == 4u) return 1.0 / (1.0 + exp(-v));
+  if (ACT == 7u) return v / (1.0 + exp(-v));
+  if (ACT == 8u) {
+    float e = erfc_nonneg(abs(v) * 0.70710678);
+    return v >= 0.0 ? v * (1.0 - 0.5 * e) : 0.5 * v * e;
+  }
+  if (ACT == 9u) return v / (1.0 + exp(-1.59576904 * (v + 0.044715 * v * v * v)));
+  return v;
+}
+float activate(float v) { return activate1(v); }
+vec4 activate(vec4 v) { return vec4(activate1(v.x), activate1(v.y), activate1(v.z), activate1(v.w)); }
+
+// The norm's input: x, or x + residual rounded to the storage type, as the add layer stores it.
+afp load_x(uint i) {
+  if (RESIDUAL == 0u) return unpack_b(x[i]);
+  return unpack_b(pack_b(unpack_b(x[i]) + unpack_b(residual[i])));
+}
+// The add's output for its other consumers (RESIDUAL 2): v as load_x returned it.
+void store_sum(uint i, afp v) {
+  if (RESIDUAL == 2u) sum_out[i] = pack_b(v);
+}
+// The norm's output, activated: in place, or to binding 6 when the inputs must stay as they are.
+void store_x(uint i, afp v) {
+  if (ACT != 0u) v = activate(v);
+  if (RESIDUAL == 0u) x[i] = pack_b(v);
+  else y_out[i] = pack_b(v);
+}
 #if VEC4
 // A vec4 of a pack1 group is 4 consecutive elements: its weights are 4 consecutive floats, one load
 // each for gamma and beta (group_size is a multiple of 4 whenever the dispatcher picks vec4 reads).
@@ -117,8 +168,8 @@ layout(binding = 2) readonly buffer Beta { vec4 beta[]; };
 layout(binding = 1) readonly buffer Gamma { float gamma[]; };
 layout(binding = 2) readonly buffer Beta { float beta[]; };
 #endif
-// Split-path scratch. Every kernel declares all five bindings: engines that reflect the SPIR-V (ncnn)
-// build their descriptor layouts from it and need bindings 0..4 without gaps.
+// Split-path scratch. Every kernel declares all eight bindings: engines that reflect the SPIR-V (ncnn)
+// build their descriptor layouts from it and need bindings 0..7 without gaps.
 layout(binding = 3) buffer Partials { afp partial[]; };  // [mean of n_items][M2 of n_items][pivot of n_groups]
 layout(binding = 4) buffer Coefs { afp coef[]; };        // [pivot, shifted mean, a] per group
 

@@ -11,6 +11,9 @@
 #include "common.glsl"
 #include "split_coefs.glsl"
 
+// The norm's input again: when norm_reduce wrote the residual sum, one stream instead of two.
+afp load_input(uint i) { return RESIDUAL == 2u ? unpack_b(sum_out[i]) : load_x(i); }
+
 
 void by_element() {
   uint total = p.n_groups * GROUP_SIZE;
@@ -19,7 +22,7 @@ void by_element() {
     uint g = e / GROUP_SIZE;
     uint i = e - g * GROUP_SIZE;
     uint at = group_base(g) + elem_offset(i);
-    afp v = (load_x(at) - from_slots(coef[3u * g], i)) - from_slots(coef[3u * g + 1u], i);
+    afp v = (load_input(at) - from_slots(coef[3u * g], i)) - from_slots(coef[3u * g + 1u], i);
     store_x(at, normalize_one(v, from_slots(coef[3u * g + 2u], i), AFFINE != 0u ? gamma_for(g, i) : wfp(1),
                                 AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, i) : wfp(0)));
   }
@@ -46,7 +49,7 @@ void by_chunk() {
   wfp gw = AFFINE != 0u ? gamma_for(g, begin) : wfp(1);
   wfp bw = AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, begin) : wfp(0);
   for (uint i = begin + team_lane(); i < end; i += TEAM)
-    store_x(at + i, normalize_one((load_x(at + i) - pivot) - mean, a, gw, bw));
+    store_x(at + i, normalize_one((load_input(at + i) - pivot) - mean, a, gw, bw));
 }
 
 void main() {

@@ -51,7 +51,9 @@ void main() {
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = lane + k * TEAM;
     bool inside = in_range && i < GROUP_SIZE;
-    v[k] = inside ? load_x(base + elem_offset(i)) - from_slots(pivot, i) : afp(0);
+    afp xk = inside ? load_x(base + elem_offset(i)) : afp(0);
+    if (inside) store_sum(base + elem_offset(i), xk);
+    v[k] = inside ? xk - from_slots(pivot, i) : afp(0);
     if (PREFETCH_WEIGHTS != 0u) {
       gk[k] = AFFINE != 0u && inside ? gamma_for(g, i) : wfp(1);
       bk[k] = AFFINE != 0u && OP == OP_LAYERNORM && inside ? beta_for(g, i) : wfp(0);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 
 namespace vknorm {
@@ -197,7 +198,7 @@ std::string variant_name(const std::string& shader, bool fp16, const std::string
 }
 
 ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g, bool fp16, const DeviceCaps& dev,
-                         const Option& opt) {
+                         const Option& opt, const Fusion& fusion) {
   ForwardPlan f;
   f.kernel = plan_dispatch(g, dev, opt, fp16, op);
   f.layout = g;
@@ -213,8 +214,11 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
   const uint32_t cpg = g.elempack == 4 ? g.channels_per_group : 1u;
   const bool by_chunk = g.weights != GroupLayout::ByPosition;  // split apply: chunk by chunk (norm_apply.comp)
   const bool merges = by_chunk && dev.apply_merges;
+  uint32_t alpha_bits;
+  std::memcpy(&alpha_bits, &fusion.alpha, 4);
   auto model = [&](std::vector<uint32_t> spec) {
-    spec.insert(spec.end(), {g.planes, weights, cpg, merges ? 1u : 0u});
+    spec.insert(spec.end(), {g.planes, weights, cpg, merges ? 1u : 0u, uint32_t(fusion.residual),
+                             uint32_t(fusion.activation), alpha_bits});
     return spec;
   };
   auto pass = [&](const std::string& shader, const std::string& layout, bool subgroup, std::vector<uint32_t> spec,

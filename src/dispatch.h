@@ -54,9 +54,12 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
                    NormOp op = NormOp::LayerNorm);
 
 // ---- The plan as data: one forward, independent of the engine that records it ----------------------
-// Every pass binds the same five storage buffers (binding = slot): the blob, gamma, beta and the split
-// path's two scratch buffers. A slot a pass does not use may hold any valid buffer.
-enum Slot : uint32_t { kSlotBlob = 0, kSlotGamma, kSlotBeta, kSlotPartials, kSlotCoefs, kSlotCount };
+// Every pass binds the same eight storage buffers (binding = slot): the blob, gamma, beta, the split
+// path's two scratch buffers, and for a fused residual add the second input, the output and the sum.
+// A slot a pass does not use may hold any valid buffer.
+enum Slot : uint32_t {
+  kSlotBlob = 0, kSlotGamma, kSlotBeta, kSlotPartials, kSlotCoefs, kSlotResidual, kSlotOut, kSlotSum, kSlotCount
+};
 
 struct PushConstants {  // mirrors `parameter` in shaders/common.glsl (8 words)
   uint32_t group_size, gpc, cstep, n_groups, chunk_size, n_chunks, team;
@@ -66,8 +69,9 @@ static_assert(sizeof(PushConstants) == 32, "8 words of push constants");
 
 struct Pass {
   std::string variant;                  // embedded SPIR-V: <shader>_fp<0|1>_p<1|4|v4>_sg<0|1>
-  std::vector<uint32_t> specialization;  // constant ids 0..11: workgroup, op, affine, items, prefetch, team, size,
-                                         // one reduction, planes, weights, channels per group, apply merges
+  std::vector<uint32_t> specialization;  // constant ids 0..14: workgroup, op, affine, items, prefetch, team, size,
+                                         // one reduction, planes, weights, channels per group, apply merges,
+                                         // residual, activation, its parameter (float bits)
   PushConstants push{};
   uint32_t workgroup_size = 0;  // local_size_x (specialization[0])
   uint64_t workgroups = 0;      // 1-D; executors fold counts past maxComputeWorkGroupCount[0] into y
@@ -101,6 +105,6 @@ DispatchInfo dispatch_info(const ForwardPlan& plan);
 
 // The complete forward of one layer over one blob: what every executor records.
 ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g, bool fp16, const DeviceCaps& dev,
-                         const Option& opt);
+                         const Option& opt, const Fusion& fusion = {});
 
 }  // namespace vknorm

@@ -50,18 +50,24 @@ bool subgroup_reduce(const ::ncnn::VulkanDevice& dev) {
 
 class NormLayer : public ::ncnn::Layer {
  public:
-  explicit NormLayer(NormOp op) {
+  // fused: vknorm's own type ("vknorm.LayerNorm", ...), which also takes the fusion params (ncnn.h).
+  NormLayer(NormOp op, bool fused) : fused_type_(fused) {
     p_.op = op;
     one_blob_only = true;
     support_inplace = true;
     support_vulkan = true;
     support_vulkan_packing = true;  // elempack 1 and 4 are read as they are: no repacking dispatch
   }
+  ~NormLayer() override { drop_fallback(); }
 
-  Counters counters() const { return {vulkan_forwards_, cpu_forwards_, pipelines_made_}; }
+  Counters counters() const { return {vulkan_forwards_, cpu_forwards_, pipelines_made_, unfused_adds_}; }
   LayerInfo describe() const {
     LayerInfo i;
-    i.type = type_name();
+    i.type = op_name(p_.op);
+    i.layer_type = type_name();
+    i.residual = fusion_.residual;
+    i.activation_type = int(fusion_.activation);
+    i.activation_alpha = fusion_.alpha;
     i.rmsnorm = p_.op == NormOp::RMSNorm;
     i.affine_size = p_.affine_size, i.group = p_.group, i.channels = p_.channels, i.eps = p_.eps, i.affine = p_.affine;
     i.weight_count = int(p_.weight_count());
@@ -77,10 +83,25 @@ class NormLayer : public ::ncnn::Layer {
   int load_param(const ::ncnn::ParamDict& pd) override {
     try {
       p_ = NormParams::read(p_.op, pd);
+      fusion_ = Fusion{};
+      if (fused_type_) {
+        fusion_.activation = activation_from_int(pd.get(kParamActivation, 0));
+        const ::ncnn::Mat params = pd.get(kParamActivationParams, ::ncnn::Mat());
+        if (fusion_.activation == Activation::LeakyReLU) {
+          if (params.w < 1) throw std::invalid_argument("activation_type=2 (leaky ReLU) needs its slope in 10=");
+          fusion_.alpha = static_cast<const float*>(params.data)[0];
+        }
+        fusion_.residual = pd.get(kParamResidual, 0);
+        if (fusion_.residual < Fusion::None || fusion_.residual > Fusion::AddWriteSum)
+          throw std::invalid_argument("residual=" + std::to_string(fusion_.residual) +
+                                      ": expected 0 none, 1 add the second input, 2 add and output the sum");
+      }
     } catch (const std::exception& e) {
       log_error(e);
       return -1;
     }
+    // A fused add reads two blobs and writes new ones (its inputs may be shared through a Split).
+    one_blob_only = support_inplace = fusion_.residual == Fusion::None;
     return 0;
   }
 
@@ -102,6 +123,9 @@ class NormLayer : public ::ncnn::Layer {
   }
 
   int create_pipeline(const ::ncnn::Option& opt) override {
+    // Inputs of different shapes at run time (a broadcasting add) are left unfused: ncnn's own
+    // BinaryOp adds them, then this layer normalizes the sum.
+    if (fusion_.residual != Fusion::None && make_fallback(opt) != 0) return -1;
     if (!vkdev || !opt.use_vulkan_compute) return 0;  // a CPU net
     if (opt.use_bf16_storage || opt.use_bf16_packed) {
       NCNN_LOGE("vknorm %s: bfloat16 storage is not supported; turn off opt.use_bf16_storage/use_bf16_packed", type_name());
@@ -124,7 +148,10 @@ class NormLayer : public ::ncnn::Layer {
     return 0;
   }
 
-  int destroy_pipeline(const ::ncnn::Option&) override {
+  int destroy_pipeline(const ::ncnn::Option& opt) override {
+    if (add_cpu_) add_cpu_->destroy_pipeline(opt);
+    if (add_vk_) add_vk_->destroy_pipeline(opt);
+    drop_fallback();
     std::lock_guard<std::mutex> lock(mutex_);
     prepared_.clear();
     pipelines_.clear();
@@ -158,6 +185,9 @@ class NormLayer : public ::ncnn::Layer {
       const GroupLayout g = p_.layout(m.dims, m.w, m.h, m.d, m.c, m.dims <= 2 ? size_t(m.w) * m.h : m.cstep, 1);
       reference_forward(p_.op, static_cast<float*>(m.data), g, p_.eps, p_.affine ? static_cast<const float*>(gamma_.data) : nullptr,
                         p_.affine && centres(p_.op) ? static_cast<const float*>(beta_.data) : nullptr);
+      if (fusion_.activation != Activation::None)
+        for (int q = 0; q < (m.dims >= 3 ? m.c : 1); ++q)
+          activation_forward(fusion_.activation, fusion_.alpha, static_cast<float*>(m.channel(q).data), size_t(m.w) * m.h * m.d);
     } catch (const std::exception& e) {
       log_error(e);
       return -1;
@@ -167,7 +197,76 @@ class NormLayer : public ::ncnn::Layer {
     return 0;
   }
 
+  // CPU, fused add: ncnn's BinaryOp add (its own layer, also when the shapes differ), then the norm on a copy.
+  int forward(const std::vector<::ncnn::Mat>& bottoms, std::vector<::ncnn::Mat>& tops, const ::ncnn::Option& opt) const override {
+    if (int r = check_blob_counts(bottoms.size(), tops.size())) return r;
+    std::vector<::ncnn::Mat> sum(1);
+    if (int r = add_cpu_->forward(bottoms, sum, opt)) return r;
+    tops[0] = sum[0].clone(opt.blob_allocator);
+    if (tops[0].empty()) return -100;
+    if (fusion_.residual == Fusion::AddWriteSum) tops[1] = sum[0];
+    return forward_inplace(tops[0], opt);
+  }
+
   int forward_inplace(::ncnn::VkMat& blob, ::ncnn::VkCompute& cmd, const ::ncnn::Option& opt) const override {
+    return record(blob, nullptr, cmd, opt);
+  }
+
+  // Vulkan, fused add: one kernel reads both inputs and writes the output (and the sum). Inputs that
+  // differ in shape, packing or storage go through ncnn's BinaryOp first, then this layer in place.
+  int forward(const std::vector<::ncnn::VkMat>& bottoms, std::vector<::ncnn::VkMat>& tops, ::ncnn::VkCompute& cmd,
+              const ::ncnn::Option& opt) const override {
+    if (int r = check_blob_counts(bottoms.size(), tops.size())) return r;
+    const ::ncnn::VkMat& a = bottoms[0];
+    const ::ncnn::VkMat& b = bottoms[1];
+    const bool write_sum = fusion_.residual == Fusion::AddWriteSum;
+    if (a.dims == b.dims && a.w == b.w && a.h == b.h && a.d == b.d && a.c == b.c && a.elempack == b.elempack &&
+        a.elemsize == b.elemsize && a.cstep == b.cstep) {
+      tops[0].create_like(a, opt.blob_vkallocator);
+      if (write_sum) tops[1].create_like(a, opt.blob_vkallocator);
+      if (tops[0].empty() || (write_sum && tops[1].empty())) return -100;
+      const AddMats add{b, tops[0], write_sum ? tops[1] : ::ncnn::VkMat()};
+      return record(a, &add, cmd, opt);
+    }
+    ++unfused_adds_;
+    std::vector<::ncnn::VkMat> sum(1);
+    if (int r = add_vk_->forward(bottoms, sum, cmd, opt)) return r;
+    if (write_sum) {
+      tops[1] = sum[0];
+      cmd.record_clone(sum[0], tops[0], opt);
+      if (tops[0].empty()) return -100;
+    } else {
+      tops[0] = sum[0];
+    }
+    return record(tops[0], nullptr, cmd, opt);
+  }
+
+ private:
+  struct Blob {
+    int dims, w, h, d, c;
+    size_t cstep;
+    int elempack;
+    bool fp16;
+    int residual = Fusion::None;  // the fused add this forward runs (none on the unfused fallback)
+    auto key(bool subgroup_ops) const {
+      return std::make_tuple(dims, w, h, d, c, cstep, elempack, fp16, subgroup_ops, residual);
+    }
+  };
+  // A fused add's other blobs: the second input, the output, the sum (empty: not written).
+  struct AddMats {
+    ::ncnn::VkMat residual, out, sum;
+  };
+
+  int check_blob_counts(size_t bottoms, size_t tops) const {
+    const size_t want_tops = fusion_.residual == Fusion::AddWriteSum ? 2 : 1;
+    if (fusion_.residual != Fusion::None && bottoms == 2 && tops == want_tops) return 0;
+    NCNN_LOGE("vknorm %s %s: residual=%d takes 2 inputs and gives %zu outputs; the param line has %zu and %zu",
+              type_name(), name.c_str(), fusion_.residual, want_tops, bottoms, tops);
+    return -1;
+  }
+
+  // Records this layer's plan over `blob` (in place), or with `add` over blob + add->residual.
+  int record(const ::ncnn::VkMat& blob, const AddMats* add, ::ncnn::VkCompute& cmd, const ::ncnn::Option& opt) const {
     // ncnn packs a dims-1 blob by 4 when w divides: still one contiguous group, so read it unpacked.
     Blob b{blob.dims, blob.w, blob.h, blob.d, blob.c, blob.cstep, blob.elempack, blob.elemsize == 2u * blob.elempack};
     if (b.dims == 1 && b.elempack != 1) b.w *= b.elempack, b.cstep *= b.elempack, b.elempack = 1;
@@ -175,6 +274,7 @@ class NormLayer : public ::ncnn::Layer {
       NCNN_LOGE("vknorm %s: unsupported blob elempack=%d elemsize=%zu", type_name(), blob.elempack, blob.elemsize);
       return -1;
     }
+    b.residual = add ? fusion_.residual : Fusion::None;
     const Prepared* prep = prepared(b, opt);
     if (!prep) return -1;
     const ForwardPlan& fp = prep->plan;
@@ -184,7 +284,9 @@ class NormLayer : public ::ncnn::Layer {
     if (fp.coefs_bytes) coefs.create(int(fp.coefs_bytes / 4), 4u, opt.workspace_vkallocator);
     if ((fp.partials_bytes && partials.empty()) || (fp.coefs_bytes && coefs.empty())) return -100;
     // Empty slots get ncnn's dummy buffer.
-    const std::vector<::ncnn::VkMat> bindings{blob, gamma_gpu_, beta_gpu_, partials, coefs};
+    const std::vector<::ncnn::VkMat> bindings{blob,     gamma_gpu_, beta_gpu_, partials, coefs,
+                                              add ? add->residual : ::ncnn::VkMat(), add ? add->out : ::ncnn::VkMat(),
+                                              add ? add->sum : ::ncnn::VkMat()};
     for (size_t i = 0; i < fp.passes.size(); ++i)
       cmd.record_pipeline(prep->pipelines[i], bindings, prep->constants[i], prep->dispatchers[i]);
     ++vulkan_forwards_;
@@ -192,14 +294,29 @@ class NormLayer : public ::ncnn::Layer {
     return 0;
   }
 
- private:
-  struct Blob {
-    int dims, w, h, d, c;
-    size_t cstep;
-    int elempack;
-    bool fp16;
-    auto key(bool subgroup_ops) const { return std::make_tuple(dims, w, h, d, c, cstep, elempack, fp16, subgroup_ops); }
-  };
+  // ncnn's own BinaryOp add (CPU, and Vulkan in a Vulkan net) for inputs the fused kernel does not take.
+  int make_fallback(const ::ncnn::Option& opt) {
+    drop_fallback();
+    ::ncnn::ParamDict pd;
+    pd.set(0, 0);  // op_type add
+    add_cpu_ = ::ncnn::create_layer_cpu("BinaryOp");
+    if (vkdev && opt.use_vulkan_compute) add_vk_ = ::ncnn::create_layer_vulkan("BinaryOp");
+    for (::ncnn::Layer* l : {add_cpu_, add_vk_}) {
+      if (!l) continue;
+      l->vkdev = vkdev;
+      if (l->load_param(pd) != 0 || l->create_pipeline(opt) != 0) {
+        NCNN_LOGE("vknorm %s %s: creating ncnn's BinaryOp for unfused inputs failed", type_name(), name.c_str());
+        return -1;
+      }
+    }
+    if (!add_cpu_ || (vkdev && opt.use_vulkan_compute && !add_vk_)) return -1;
+    return 0;
+  }
+  void drop_fallback() {
+    delete add_cpu_;
+    delete add_vk_;
+    add_cpu_ = add_vk_ = nullptr;
+  }
   // Everything a forward records for one blob format, worked out once per format: a graph meets the
   // same shapes on every inference, so planning and pipeline lookups leave the per-inference path.
   struct Prepared {
@@ -241,7 +358,7 @@ class NormLayer : public ::ncnn::Layer {
     return &prepared_.emplace(key, std::move(p)).first->second;
   }
 
-  const char* type_name() const { return op_name(p_.op); }
+  const char* type_name() const { return fused_type_ ? fused_name(p_.op) : op_name(p_.op); }
   // "vknorm <type> <name>: <what>", without the type a message may already start with.
   void log_error(const std::exception& e) const {
     std::string what = e.what();
@@ -257,7 +374,9 @@ class NormLayer : public ::ncnn::Layer {
     vo.use_fp16_storage = b.fp16;
     vo.use_packing_layout = b.elempack == 4;
     vo.use_subgroup_ops = opt.use_subgroup_ops;
-    return plan_forward(p_.op, p_.affine != 0, p_.eps, g, b.fp16, device_caps(info_, subgroup_reduce_, vo), vo);
+    Fusion f = fusion_;
+    f.residual = b.residual;
+    return plan_forward(p_.op, p_.affine != 0, p_.eps, g, b.fp16, device_caps(info_, subgroup_reduce_, vo), vo, f);
   }
 
   // One ncnn::Pipeline per (variant, specialization), made on first use and kept until destroy_pipeline.
@@ -289,29 +408,50 @@ class NormLayer : public ::ncnn::Layer {
   }
 
   NormParams p_;
+  bool fused_type_ = false;
+  Fusion fusion_;
+  ::ncnn::Layer* add_cpu_ = nullptr;  // the unfused fallback's BinaryOp (create_pipeline)
+  ::ncnn::Layer* add_vk_ = nullptr;
+  mutable std::atomic<uint64_t> unfused_adds_{0};
   ::ncnn::Mat gamma_, beta_;
   ::ncnn::VkMat gamma_gpu_, beta_gpu_;
   DeviceInfo info_;
   bool subgroup_reduce_ = false;
   mutable std::mutex mutex_;
   mutable std::map<std::string, std::unique_ptr<::ncnn::Pipeline>> pipelines_;
-  mutable std::map<std::tuple<int, int, int, int, int, size_t, int, bool, bool>, Prepared> prepared_;
+  mutable std::map<std::tuple<int, int, int, int, int, size_t, int, bool, bool, int>, Prepared> prepared_;
   mutable std::atomic<uint64_t> vulkan_forwards_{0}, cpu_forwards_{0}, pipelines_made_{0};
 };
 
-::ncnn::Layer* create_layernorm(void*) { return new NormLayer(NormOp::LayerNorm); }
-::ncnn::Layer* create_rmsnorm(void*) { return new NormLayer(NormOp::RMSNorm); }
-::ncnn::Layer* create_groupnorm(void*) { return new NormLayer(NormOp::GroupNorm); }
-::ncnn::Layer* create_instancenorm(void*) { return new NormLayer(NormOp::InstanceNorm); }
+template <NormOp op, bool fused>
+::ncnn::Layer* create_layer(void*) { return new NormLayer(op, fused); }
 void destroy_layer(::ncnn::Layer* layer, void*) { delete layer; }
 
 }  // namespace
 
+const char* fused_name(NormOp op) {
+  switch (op) {
+    case NormOp::LayerNorm: return "vknorm.LayerNorm";
+    case NormOp::RMSNorm: return "vknorm.RMSNorm";
+    case NormOp::GroupNorm: return "vknorm.GroupNorm";
+    default: return "vknorm.InstanceNorm";
+  }
+}
+
 int register_layers(::ncnn::Net& net) {
-  if (int r = net.register_custom_layer("LayerNorm", create_layernorm, destroy_layer)) return r;
-  if (int r = net.register_custom_layer("RMSNorm", create_rmsnorm, destroy_layer)) return r;
-  if (int r = net.register_custom_layer("GroupNorm", create_groupnorm, destroy_layer)) return r;
-  return net.register_custom_layer("InstanceNorm", create_instancenorm, destroy_layer);
+  const std::pair<const char*, ::ncnn::layer_creator_func> types[] = {
+      {"LayerNorm", create_layer<NormOp::LayerNorm, false>},
+      {"RMSNorm", create_layer<NormOp::RMSNorm, false>},
+      {"GroupNorm", create_layer<NormOp::GroupNorm, false>},
+      {"InstanceNorm", create_layer<NormOp::InstanceNorm, false>},
+      {fused_name(NormOp::LayerNorm), create_layer<NormOp::LayerNorm, true>},
+      {fused_name(NormOp::RMSNorm), create_layer<NormOp::RMSNorm, true>},
+      {fused_name(NormOp::GroupNorm), create_layer<NormOp::GroupNorm, true>},
+      {fused_name(NormOp::InstanceNorm), create_layer<NormOp::InstanceNorm, true>},
+  };
+  for (const auto& [type, creator] : types)
+    if (int r = net.register_custom_layer(type, creator, destroy_layer)) return r;
+  return 0;
 }
 
 bool is_vknorm_layer(const ::ncnn::Layer* layer) { return dynamic_cast<const NormLayer*>(layer) != nullptr; }
@@ -329,11 +469,12 @@ Counters counters(const ::ncnn::Net& net) {
     if (auto* n = dynamic_cast<const NormLayer*>(layer)) {
       const Counters c = n->counters();
       total.vulkan_forwards += c.vulkan_forwards, total.cpu_forwards += c.cpu_forwards, total.pipelines += c.pipelines;
+      total.unfused_adds += c.unfused_adds;
     }
   return total;
 }
 
-Counters counters() { return {g_vulkan_forwards, g_cpu_forwards, g_pipelines}; }
+Counters counters() { return {g_vulkan_forwards, g_cpu_forwards, g_pipelines, 0}; }
 
 }  // namespace ncnn
 }  // namespace vknorm

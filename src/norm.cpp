@@ -16,6 +16,8 @@ namespace vknorm {
 // one; forwards already running keep theirs (shared_ptr), so nothing they read changes under them.
 struct Norm::Gpu : NormParams {
   std::shared_ptr<Context> ctx;
+  Activation activation = Activation::None;
+  float activation_alpha = 0.f;
   std::vector<float> gamma_data, beta_data;
   std::mutex mutex;  // weights are uploaded once, by whichever call needs them first
   std::shared_ptr<Buffer> gamma, beta, unused;
@@ -248,6 +250,7 @@ std::shared_ptr<Norm::Gpu> make_gpu(const Norm& n, std::shared_ptr<Context> ctx)
   auto gpu = std::make_shared<Norm::Gpu>();
   gpu->ctx = std::move(ctx);
   static_cast<NormParams&>(*gpu) = n;
+  gpu->activation = n.activation, gpu->activation_alpha = n.activation_alpha;
   gpu->gamma_data = n.gamma_data, gpu->beta_data = n.beta_data;
   return gpu;
 }
@@ -333,11 +336,26 @@ struct Workspace {
   }
 };
 
+// A fused residual add's buffers: the second input, the output, and the sum (null: not written).
+struct AddBuffers {
+  const Buffer* residual = nullptr;
+  const Buffer* out = nullptr;
+  const Buffer* sum = nullptr;
+};
+
+Fusion fusion_of(const Norm::Gpu& gpu, const AddBuffers* add) {
+  Fusion f;
+  f.activation = gpu.activation, f.alpha = gpu.activation_alpha;
+  if (add) f.residual = add->sum ? Fusion::AddWriteSum : Fusion::Add;
+  return f;
+}
+
 // The executor for vknorm's own context: records the plan's passes over `blob` (already on the device,
 // in `g`'s layout) into `s`, with a barrier wherever a pass reads what the one before wrote.
 DispatchInfo record(Norm::Gpu& gpu, Submission& s, const Buffer& blob, const GroupLayout& g, bool fp16,
-                    const Option& opt, Workspace& ws, uint64_t first_channel = 0) {
-  const ForwardPlan fp = plan_forward(gpu.op, gpu.affine != 0, gpu.eps, g, fp16, device_caps(*gpu.ctx, opt), opt);
+                    const Option& opt, Workspace& ws, uint64_t first_channel = 0, const AddBuffers* add = nullptr) {
+  const ForwardPlan fp =
+      plan_forward(gpu.op, gpu.affine != 0, gpu.eps, g, fp16, device_caps(*gpu.ctx, opt), opt, fusion_of(gpu, add));
   Context::Impl& impl = gpu.ctx->impl();
   ensure_weights(gpu);
   ws.reserve(gpu.ctx, fp.partials_bytes, fp.coefs_bytes);
@@ -353,7 +371,10 @@ DispatchInfo record(Norm::Gpu& gpu, Submission& s, const Buffer& blob, const Gro
   }
   const std::array<const Buffer*, kBindings> bind{&blob, gamma, beta,
                                                   fp.partials_bytes ? ws.partials.get() : unused,
-                                                  fp.coefs_bytes ? ws.coefs.get() : unused};
+                                                  fp.coefs_bytes ? ws.coefs.get() : unused,
+                                                  add ? add->residual : unused,
+                                                  add ? add->out : unused,
+                                                  add && add->sum ? add->sum : unused};
   for (const Pass& pass : fp.passes) {
     if (pass.after_previous) s.barrier();
     s.dispatch(impl.pipeline(pass.variant, Specialization::of(pass)), bind, pass.push, pass.workgroups);
@@ -473,6 +494,78 @@ DispatchInfo Norm::forward_repeated(VkMat& v, const Option& opt, int warmup, int
   return info;
 }
 
+void Norm::set_activation(Activation a, float alpha) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  activation = a, activation_alpha = alpha;
+  if (gpu_) gpu_ = make_gpu(*this, gpu_->ctx);  // running forwards keep their snapshot
+}
+
+namespace {
+// The checks every fused add makes before recording: one layout for both inputs, one buffer each.
+GroupLayout add_layout(const Norm::Gpu& gpu, const VkMat& x, const VkMat& r) {
+  if (!x.buffer || !r.buffer || x.dims == 0) throw std::invalid_argument("forward_add: empty VkMat");
+  if (x.context() != r.context()) throw std::invalid_argument("forward_add: x and residual live on different devices");
+  if (x.dims != r.dims || x.w != r.w || x.h != r.h || x.d != r.d || x.c != r.c || x.elemsize != r.elemsize ||
+      x.elempack != r.elempack || x.cstep != r.cstep)
+    throw std::invalid_argument("forward_add: x and residual differ in shape, packing or storage (a broadcasting add is "
+                                "not fused)");
+  const uint64_t range = gpu.ctx->impl().info.max_storage_buffer_range;
+  if (range && x.bytes() > range)
+    throw std::invalid_argument("forward_add: " + std::to_string(x.bytes()) + " bytes exceed one storage buffer (" +
+                                std::to_string(range) + " bytes); the fused add takes no pieces");
+  gpu.check_weights(gpu.gamma_data.size(), gpu.beta_data.size());
+  return gpu.layout(x.dims, x.w, x.h, x.d, x.c, x.cstep, x.elempack);
+}
+}  // namespace
+
+VkMat Norm::forward_add(const VkMat& x, const VkMat& residual, VkMat* sum, const Option& opt) {
+  const std::shared_ptr<Gpu> gpu = gpu_for(x.context());
+  const GroupLayout g = add_layout(*gpu, x, residual);
+  ensure_weights(*gpu);
+  const bool fp16 = x.elemsize == 2u * x.elempack;
+  VkMat out = VkMat::create_like(x);
+  if (sum) *sum = VkMat::create_like(x);
+  Workspace ws;
+  Submission s(gpu->ctx->impl(), 3);
+  const AddBuffers add{residual.buffer.get(), out.buffer.get(), sum ? sum->buffer.get() : nullptr};
+  s.timestamp(0);
+  DispatchInfo info = record(*gpu, s, *x.buffer, g, fp16, opt, ws, 0, &add);
+  s.timestamp(1);
+  s.submit_and_wait();
+  info.gpu_us = s.gpu_us();
+  std::lock_guard<std::mutex> lock(mutex_);
+  last_ = info;
+  return out;
+}
+
+DispatchInfo Norm::forward_add_repeated(const VkMat& x, const VkMat& residual, bool write_sum, const Option& opt,
+                                        int warmup, int reps) {
+  if (reps < 1 || warmup < 0) throw std::invalid_argument("forward_add_repeated: reps >= 1 and warmup >= 0");
+  VkMat sum;
+  VkMat out = forward_add(x, residual, write_sum ? &sum : nullptr, opt);  // validates, pipelines, weights
+  const std::shared_ptr<Gpu> gpu = gpu_for(x.context());
+  const GroupLayout g = add_layout(*gpu, x, residual);
+  const bool fp16 = x.elemsize == 2u * x.elempack;
+  const AddBuffers add{residual.buffer.get(), out.buffer.get(), write_sum ? sum.buffer.get() : nullptr};
+  Workspace ws;
+  Submission s(gpu->ctx->impl(), 3);
+  DispatchInfo info;
+  for (int i = 0; i < warmup; ++i) record(*gpu, s, *x.buffer, g, fp16, opt, ws, 0, &add), s.barrier();
+  s.timestamp(0);
+  for (int i = 0; i < reps; ++i) info = record(*gpu, s, *x.buffer, g, fp16, opt, ws, 0, &add), s.barrier();
+  s.timestamp(1);
+  s.submit_and_wait();
+  info.gpu_us = s.gpu_us() / reps;
+  return info;
+}
+
+VkMat VkMat::create_like(const VkMat& m) {
+  if (!m.buffer) throw std::invalid_argument("create_like: empty VkMat");
+  VkMat v = m;
+  v.buffer = Buffer::create(m.ctx_, m.bytes(), Buffer::Kind::Device);
+  return v;
+}
+
 double copy_repeated(const VkMat& src, int warmup, int reps, bool shader) {
   if (!src.buffer) throw std::invalid_argument("empty VkMat");
   auto ctx = src.context();
@@ -488,7 +581,8 @@ double copy_repeated(const VkMat& src, int warmup, int reps, bool shader) {
   pc.group_size = uint32_t(bytes / 16);  // vec4s; the tail (< 16 bytes) is not worth a second kernel
   const uint64_t workgroups = std::min<uint64_t>((pc.group_size + wg - 1) / wg, 1u << 16);
   Submission s(impl, 1);
-  const std::array<const Buffer*, kBindings> bind{src.buffer.get(), dst.get(), dst.get(), dst.get(), dst.get()};
+  const std::array<const Buffer*, kBindings> bind{src.buffer.get(), dst.get(), dst.get(), dst.get(),
+                                                  dst.get(), dst.get(), dst.get(), dst.get()};
   auto one = [&] {
     if (shader) s.dispatch(p, bind, pc, workgroups);
     else s.copy(*src.buffer, *dst, bytes);

@@ -376,7 +376,10 @@ struct Recorder::Impl {
                  : vk::DescriptorBufferInfo{w, unused_offset, 16},
         partials ? vk::DescriptorBufferInfo{*scratch.buffer, partials_offset, partials}
                  : vk::DescriptorBufferInfo{w, unused_offset, 16},
-        coefs ? vk::DescriptorBufferInfo{*scratch.buffer, coefs_offset, coefs} : vk::DescriptorBufferInfo{w, unused_offset, 16}};
+        coefs ? vk::DescriptorBufferInfo{*scratch.buffer, coefs_offset, coefs} : vk::DescriptorBufferInfo{w, unused_offset, 16},
+        // No fused residual add here: its three slots hold the unused range.
+        vk::DescriptorBufferInfo{w, unused_offset, 16}, vk::DescriptorBufferInfo{w, unused_offset, 16},
+        vk::DescriptorBufferInfo{w, unused_offset, 16}};
     std::array<vk::WriteDescriptorSet, kSlotCount> writes;
     for (uint32_t b = 0; b < kSlotCount; ++b)
       writes[b] = vk::WriteDescriptorSet{.dstSet = set, .dstBinding = b, .descriptorCount = 1,

@@ -72,6 +72,49 @@ const char* op_name(NormOp op) {
   }
 }
 
+const char* activation_name(Activation a) {
+  switch (a) {
+    case Activation::None: return "none";
+    case Activation::ReLU: return "relu";
+    case Activation::LeakyReLU: return "leakyrelu";
+    case Activation::Sigmoid: return "sigmoid";
+    case Activation::Swish: return "swish";
+    case Activation::GELU: return "gelu";
+    case Activation::FastGELU: return "gelu_fast";
+  }
+  return "?";
+}
+
+Activation activation_from_int(int v) {
+  for (Activation a : {Activation::None, Activation::ReLU, Activation::LeakyReLU, Activation::Sigmoid, Activation::Swish,
+                       Activation::GELU, Activation::FastGELU})
+    if (int(a) == v) return a;
+  throw std::invalid_argument("activation_type=" + std::to_string(v) +
+                              ": expected 0 none, 1 ReLU, 2 leaky ReLU, 4 Sigmoid, 7 Swish, 8 GELU or 9 fast GELU");
+}
+
+std::string Fusion::describe() const {
+  std::string s = residual == Add ? "add" : residual == AddWriteSum ? "add+sum" : "";
+  if (activation != Activation::None) s += std::string(s.empty() ? "" : ", then ") + activation_name(activation);
+  return s.empty() ? "none" : s;
+}
+
+void activation_forward(Activation a, float alpha, float* p, size_t n) {
+  // ncnn's CPU layers: ReLU (slope), Sigmoid, Swish, GELU (erfc form, and fast_gelu's tanh form).
+  for (size_t i = 0; i < n; ++i) {
+    const float x = p[i];
+    switch (a) {
+      case Activation::None: break;
+      case Activation::ReLU: p[i] = x < 0.f ? 0.f : x; break;
+      case Activation::LeakyReLU: p[i] = x < 0.f ? x * alpha : x; break;
+      case Activation::Sigmoid: p[i] = 1.f / (1.f + std::exp(-x)); break;
+      case Activation::Swish: p[i] = x / (1.f + std::exp(-x)); break;
+      case Activation::GELU: p[i] = 0.5f * x * std::erfc(-0.70710678f * x); break;
+      case Activation::FastGELU: p[i] = 0.5f * x * (1.0f + std::tanh(0.79788452f * (x + 0.044715f * x * x * x))); break;
+    }
+  }
+}
+
 namespace {
 uint32_t gcd(uint32_t a, uint32_t b) { return b ? gcd(b, a % b) : a; }
 }  // namespace

@@ -16,7 +16,7 @@
 
 namespace vknorm {
 
-constexpr uint32_t kBindings = kSlotCount;  // blob, gamma, beta, partials, coefficients (dispatch.h)
+constexpr uint32_t kBindings = kSlotCount;  // blob, gamma, beta, partials, coefficients, residual, out, sum (dispatch.h)
 
 // The loader and instance, shared by every context of the process.
 struct Instance {

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "vknorm/norm.h"
+
 namespace ncnn {
 class Net;
 class Layer;
@@ -24,8 +26,40 @@ namespace vknorm {
 namespace ncnn {
 
 // Makes the net's LayerNorm, RMSNorm, GroupNorm and InstanceNorm layers vknorm's (ncnn's register_custom_layer, which replaces
-// the built-in types). Call before load_param. Returns 0, or the error of the registration that failed.
+// the built-in types), and registers vknorm's fused types below. Call before load_param. Returns 0, or the
+// error of the registration that failed.
 int register_layers(::ncnn::Net& net);
+
+// ---- Fusion: a norm with the add before it and the activation after it, in one kernel -------------
+// Fused layers have types of their own, "vknorm.LayerNorm", "vknorm.RMSNorm", "vknorm.GroupNorm" and
+// "vknorm.InstanceNorm", so a fused model never loads as a stock one: they take the norm's params and
+// weights, plus
+//   9=activation_type   0 none, 1 ReLU, 2 leaky ReLU, 4 Sigmoid, 7 Swish, 8 GELU, 9 fast GELU (Activation)
+//   10=activation_params  ncnn's array (-23310=1,slope): leaky ReLU's slope
+//   20=residual         0 none; 1 bottom 1 is added to bottom 0 first (one top); 2 the same, and top 1 is the sum
+const char* fused_name(NormOp op);
+constexpr int kParamActivation = 9, kParamActivationParams = 10, kParamResidual = 20;
+
+// What fuse_param replaced: "pattern" names the ncnn types (e.g. "BinaryOp+LayerNorm+GELU"), "layers" the
+// ncnn layer names, in graph order; the fused layer keeps the norm's name.
+struct FusedPattern {
+  std::string pattern;
+  std::vector<std::string> layers;
+};
+struct FuseResult {
+  std::string param;                  // the rewritten .param text (the .bin is unchanged: same weights, same order)
+  std::vector<FusedPattern> fused;
+};
+// Rewrites an ncnn text .param so every norm vknorm runs takes in
+//  - prologue: a two-input BinaryOp add (op_type 0, no scalar) whose output feeds the norm directly, or
+//    through a Split whose other outputs are read after the norm (the fused layer then writes the sum);
+//  - epilogue: a ReLU, Sigmoid, Swish or GELU that is the norm output's only consumer.
+// Anything else is left as it is. Throws std::invalid_argument naming the line on a malformed .param or
+// on a blob read before any layer produces it.
+FuseResult fuse_param(const std::string& param_text);
+// Reads `param_path`, fuses it and loads it into `net` (register_layers first). Returns ncnn's
+// load_param code, -1 when the file cannot be read or parsed (logged); `fused` receives what was fused.
+int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<FusedPattern>* fused = nullptr);
 
 // How vknorm layers ran. In a Vulkan net every forward is recorded on the GPU: cpu_forwards stays 0 (no
 // host round trip). pipelines counts ncnn::Pipeline objects created (a new one only for a new variant).
@@ -33,6 +67,7 @@ struct Counters {
   uint64_t vulkan_forwards = 0;
   uint64_t cpu_forwards = 0;
   uint64_t pipelines = 0;
+  uint64_t unfused_adds = 0;  // fused adds whose inputs differed in shape at run time: ncnn's BinaryOp ran first
 };
 Counters counters(const ::ncnn::Net& net);  // this net's vknorm layers, since load_param
 Counters counters();                        // every vknorm layer of the process, since it started
@@ -44,6 +79,10 @@ bool is_vknorm_layer(const ::ncnn::Layer* layer);
 // counters. Returns false for any other layer.
 struct LayerInfo {
   std::string type;       // "LayerNorm", "RMSNorm", "GroupNorm" or "InstanceNorm"
+  std::string layer_type; // the ncnn type it was loaded as: type, or fused_name(op)
+  int residual = 0;       // fusion (20=, 9=, 10=)
+  int activation_type = 0;
+  float activation_alpha = 0.f;
   bool rmsnorm = false;
   int affine_size = 0;    // LayerNorm, RMSNorm
   int group = 1;          // GroupNorm

@@ -62,6 +62,29 @@ GroupLayout channel_group_layout(int dims, int w, int h, int d, int c, size_t cs
 enum class NormOp { LayerNorm, RMSNorm, GroupNorm, InstanceNorm };
 const char* op_name(NormOp op);
 
+// An activation applied to the norm's output as it is stored, with ncnn's CPU formulas. The values are
+// ncnn's fused activation_type where ncnn has one (ReLU 1, leaky ReLU 2, Sigmoid 4), then vknorm's:
+// Swish x * sigmoid(x), GELU 0.5 x erfc(-x / sqrt 2), and GELU's tanh form (ncnn's GELU fast_gelu=1).
+enum class Activation : int { None = 0, ReLU = 1, LeakyReLU = 2, Sigmoid = 4, Swish = 7, GELU = 8, FastGELU = 9 };
+const char* activation_name(Activation a);  // "none", "relu", "leakyrelu", "sigmoid", "swish", "gelu", "gelu_fast"
+// Throws std::invalid_argument for a value that is not one of the above.
+Activation activation_from_int(int v);
+
+// What one kernel does beside the norm: the residual add that feeds it (BinaryOp add of two blobs of
+// one shape), and the activation after it.
+struct Fusion {
+  enum Residual : int {
+    None = 0,         // in place: y = act(norm(x)) over x
+    Add = 1,          // y = act(norm(x + r)) into a blob of its own; x and r stay as they are
+    AddWriteSum = 2,  // the same, and x + r is written too (the add's output has other consumers)
+  };
+  int residual = None;
+  Activation activation = Activation::None;
+  float alpha = 0.f;  // LeakyReLU's slope
+  bool any() const { return residual != None || activation != Activation::None; }
+  std::string describe() const;  // "add+sum, then gelu"
+};
+
 // The groups of a blob under a layer's params: group_layout for LayerNorm/RMSNorm (affine_size),
 // channel_group_layout for GroupNorm (group, channels) and InstanceNorm (channels).
 GroupLayout norm_layout(NormOp op, int affine_size, int group, int channels, bool affine, int dims, int w, int h, int d,
@@ -112,6 +135,8 @@ struct NormParams {
 // ncnn's CPU algorithm over every group of a float32, elempack-1 blob at `base` (gamma/beta null: no
 // affine; indexed by position in the group, or by channel (g.weights)).
 void reference_forward(NormOp op, float* base, const GroupLayout& g, float eps, const float* gamma, const float* beta);
+// ncnn's CPU activation layers over n floats, in place.
+void activation_forward(Activation a, float alpha, float* data, size_t n);
 
 struct DispatchInfo {  // what the last forward did
   Path path = Path::Auto;
@@ -178,6 +203,18 @@ class Norm : public NormParams {
   // gpu_us is per forward (Vulkan timestamps).
   DispatchInfo forward_repeated(VkMat& m, const Option& opt, int warmup, int reps);
 
+  // Fusion. The activation is applied to the output of every forward (ncnn's CPU formulas; alpha is
+  // LeakyReLU's slope). forward_add is a BinaryOp add and this layer in one kernel: it returns
+  // act(norm(x + residual)) in a new VkMat and leaves x and residual as they are; `sum`, when given,
+  // also receives x + residual as the add would store it. x and residual must match in shape, packing
+  // and storage and fit one storage buffer (std::invalid_argument otherwise).
+  Activation activation = Activation::None;
+  float activation_alpha = 0.f;
+  void set_activation(Activation a, float alpha = 0.f);
+  VkMat forward_add(const VkMat& x, const VkMat& residual, VkMat* sum = nullptr, const Option& opt = {});
+  DispatchInfo forward_add_repeated(const VkMat& x, const VkMat& residual, bool write_sum, const Option& opt,
+                                    int warmup, int reps);
+
   DispatchInfo last_dispatch() const;
   std::shared_ptr<Context> context() const;
 
@@ -216,6 +253,7 @@ class VkMat {
   // Converts to the Option's storage and packing, then copies to the device.
   static VkMat upload(const Mat& m, std::shared_ptr<Context> ctx, const Option& opt = {});
   Mat download() const;  // as stored (packing and storage of the VkMat)
+  static VkMat create_like(const VkMat& m);  // same shape, packing, storage and device; contents undefined
   size_t bytes() const;
   std::shared_ptr<Context> context() const { return ctx_; }
 
