@@ -300,6 +300,10 @@ void Norm::forward_inplace_cpu(Mat& m) const {
   const float* gamma = affine ? gamma_data.data() : nullptr;
   const float* beta = affine && centres(op) ? beta_data.data() : nullptr;
   reference_forward(op, reinterpret_cast<float*>(m.data()), g, eps, gamma, beta);
+  if (activation != Activation::None)
+    for (int q = 0; q < (m.dims >= 3 ? m.c : 1); ++q)
+      activation_forward(activation, activation_alpha, reinterpret_cast<float*>(m.data()) + q * m.cstep,
+                         size_t(m.w) * m.h * m.d);
 }
 
 }  // namespace vknorm

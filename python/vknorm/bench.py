@@ -59,6 +59,11 @@ def add_parser(sub) -> None:
     p.add_argument("--path", default="auto", help="force a vknorm path: auto|subgroup|workgroup|split")
     p.add_argument("--no-packing", action="store_true", help="elempack 1 blobs (default: ncnn's pack4)")
     p.add_argument("--no-affine", action="store_true", help="layers without gamma/beta (ncnn param 2 affine=0)")
+    p.add_argument("--residual", choices=["add", "add+sum"],
+                   help="the fused residual add: y = norm(x + r) (3 tensor streams), add+sum also writes x + r "
+                        "(4 streams); GB/s and %% copy count every stream; torch runs x + r then the norm")
+    p.add_argument("--activation", choices=["relu", "leakyrelu", "sigmoid", "swish", "gelu", "gelu_fast"],
+                   help="fuse this activation into the norm's store (leakyrelu: slope 0.1)")
     m = p.add_argument_group("whole models (--model): wall time per inference, stock ncnn beside vknorm")
     m.add_argument("--model", nargs=2, metavar=("MODEL.param", "MODEL.bin"),
                    help="time a whole ncnn model: ncnn-cpu, ncnn-vulkan, vknorm-in-graph, vknorm-host")
@@ -150,18 +155,25 @@ def _warmup_count(seconds_per_run: float, warmup_ms: float) -> int:
     return int(min(20000, math.ceil(warmup_ms / 1000.0 / max(seconds_per_run, 1e-7))))
 
 
-def _bench_vknorm_and_copy(layer, vkmat, option, args, with_copy: bool):
-    """Median per-forward GPU time of vknorm and of the copy roofs, interleaved batch by batch."""
+def _bench_vknorm_and_copy(layer, vkmat, option, args, with_copy: bool, residual=None):
+    """Median per-forward GPU time of vknorm and of the copy roofs, interleaved batch by batch.
+    residual: a VkMat for the fused add (args.residual says whether the sum is written)."""
     from . import _core
 
     opt = option._native()
-    probe = layer._layer.forward_repeated(vkmat, opt, 0, 10)
+    if residual is None:
+        def repeated(warmup, reps):
+            return layer._layer.forward_repeated(vkmat, opt, warmup, reps)
+    else:
+        def repeated(warmup, reps):
+            return layer._layer.forward_add_repeated(vkmat, residual, args.residual == "add+sum", opt, warmup, reps)
+    probe = repeated(0, 10)
     warm = _warmup_count(probe["gpu_us"] * 1e-6, args.warmup_ms)
     copy_probe = _core.copy_repeated(vkmat, 0, 10, True) if with_copy else 0.0
     copy_warm = _warmup_count(copy_probe * 1e-6, args.warmup_ms)
     times, copies, buffer_copies, info = [], [], [], probe
     for _ in range(args.batches):
-        info = layer._layer.forward_repeated(vkmat, opt, warm, args.reps)
+        info = repeated(warm, args.reps)
         times.append(info["gpu_us"])
         if with_copy:
             copies.append(_core.copy_repeated(vkmat, copy_warm, args.reps, True))
@@ -237,7 +249,8 @@ def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine
     return max(tk - t1, 0.0) / (k - 1) * 1e6
 
 
-def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: bool = True, shape=None):
+def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: bool = True, shape=None,
+                 residual: bool = False):
     try:
         import torch
     except ImportError:
@@ -252,14 +265,16 @@ def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: b
         x = torch.randn(1, c, h, w_, device="cuda", dtype=dt)
         w = torch.ones(c, device="cuda", dtype=dt) if affine else None
         b = torch.zeros(c, device="cuda", dtype=dt) if affine else None
-        fn = ((lambda: F.group_norm(x, g, w, b, 1e-5)) if op == "groupnorm"
-              else (lambda: F.instance_norm(x, weight=w, bias=b, eps=1e-5)))
+        norm = ((lambda t: F.group_norm(t, g, w, b, 1e-5)) if op == "groupnorm"
+                else (lambda t: F.instance_norm(t, weight=w, bias=b, eps=1e-5)))
     else:
         x = torch.randn(rows, cols, device="cuda", dtype=dt)
         w = torch.ones(cols, device="cuda", dtype=dt) if affine else None
         b = torch.zeros(cols, device="cuda", dtype=dt) if affine else None
-        fn = ((lambda: F.layer_norm(x, (cols,), w, b, 1e-5)) if op == "layernorm"
-              else (lambda: F.rms_norm(x, (cols,), w, 1e-5)))
+        norm = ((lambda t: F.layer_norm(t, (cols,), w, b, 1e-5)) if op == "layernorm"
+                else (lambda t: F.rms_norm(t, (cols,), w, 1e-5)))
+    r = torch.randn_like(x) if residual else None
+    fn = (lambda: norm(x + r)) if residual else (lambda: norm(x))  # the add as an unfused graph runs it
     for _ in range(5):
         fn()
     # keep the clock up, then time a batch with CUDA events
@@ -385,30 +400,41 @@ def run(args) -> int:
                     layer.load_model(np.ones(n_weights, np.float32))
                 else:
                     layer.load_model(np.ones(n_weights, np.float32), np.zeros(n_weights, np.float32))
+                if args.activation:
+                    layer.set_activation(args.activation, 0.1 if args.activation == "leakyrelu" else 0.0)
                 vkmat = to_device(x, option)
+                residual = to_device(rng.standard_normal(x.shape, dtype=np.float32), option) if args.residual else None
                 nbytes = x.size * (2 if fp16 else 4)
-                us, disp, copy_us, copybuf_us = _bench_vknorm_and_copy(layer, vkmat, option, args, "copy" in compare)
+                # Tensor streams the kernel moves: x in and y out, + the residual in, + the sum out.
+                streams = 2 + (1 if args.residual else 0) + (1 if args.residual == "add+sum" else 0)
+                us, disp, copy_us, copybuf_us = _bench_vknorm_and_copy(layer, vkmat, option, args, "copy" in compare,
+                                                                       residual)
                 base = {"op": op, "dtype": dtype, "rows": rows, "cols": cols, "kind": kind, "affine": affine,
                         "shape": label}
+                if args.residual or args.activation:
+                    base.update(residual=args.residual or "none", activation=args.activation or "none")
                 if cshape is not None:
                     base.update(channels=cshape[0], h=cshape[1], w=cshape[2], groups=cshape[3] or cshape[0])
 
-                def add(impl, t, dispatches, **extra):
+                def add(impl, t, dispatches, n_streams=2, **extra):
                     if t is None or t <= 0:
                         return
-                    results.append({**base, "impl": impl, "gpu_us": round(t, 3), "gbps": round(2 * nbytes / (t * 1e3), 1),
+                    results.append({**base, "impl": impl, "gpu_us": round(t, 3),
+                                    "gbps": round(n_streams * nbytes / (t * 1e3), 1), "streams": n_streams,
                                     "dispatches": dispatches, **extra})
 
-                add("vknorm", us, disp["dispatches"], path=disp["path"], team=disp["team"], items=disp["items"])
+                add("vknorm", us, disp["dispatches"], streams, path=disp["path"], team=disp["team"], items=disp["items"])
                 if copy_us is not None:
                     add("copy", copy_us, 1)
                     add("copy_buffer", copybuf_us, 1)
-                del vkmat
-                if "ncnn" in compare and kind == "sweep":
+                del vkmat, residual
+                # ncnn's layer alone is not the fused kernel's counterpart: no ncnn figure with --residual.
+                if "ncnn" in compare and kind == "sweep" and not args.residual and not args.activation:
                     add("ncnn", _bench_ncnn(op, rows, cols, fp16, x, affine, cshape), None,
                         method="chain difference, wall clock")
                 if "torch" in compare:
-                    add("torch", _bench_torch(op, rows, cols, fp16, args.reps, affine, cshape), 1, method="CUDA events")
+                    add("torch", _bench_torch(op, rows, cols, fp16, args.reps, affine, cshape, bool(args.residual)),
+                        2 if args.residual else 1, streams, method="CUDA events")
     progress.close()
     report = {
         "device": info["name"],
@@ -444,7 +470,9 @@ def print_table(report: dict) -> None:
         if v is None:
             continue
         # from the times: GB/s is rounded, to 0 for tiny shapes
-        pct = f"{100 * impls['copy']['gpu_us'] / v['gpu_us']:.0f}" if "copy" in impls else "-"
+        # % of the copy roof by bandwidth: a fused add moves 3 or 4 tensor streams, a copy 2
+        pct = (f"{100 * (v.get('streams', 2) / v['gpu_us']) / (2 / impls['copy']['gpu_us']):.0f}"
+               if "copy" in impls else "-")
         xn = f"{impls['ncnn']['gpu_us'] / v['gpu_us']:.2f}" if "ncnn" in impls else "-"
         xt = f"{impls['torch']['gpu_us'] / v['gpu_us']:.2f}" if "torch" in impls else "-"
         print(f"{op:<12} {dtype:<5} {shape:>16} {v['gpu_us']:>10.1f} {v['gbps']:>7.0f} {pct:>7} {xn:>7} {xt:>8}  "

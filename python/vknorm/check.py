@@ -109,6 +109,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--atol", default=None, metavar="X",
                    help="absolute tolerance of the pass rule (default 1e-4, with --fp16 1e-3)")
     p.add_argument("--vulkan", action="store_true", help=VULKAN_HELP)
+    p.add_argument("--no-fuse", action="store_true",
+                   help="--vulkan: run the model as it is, without vknorm's add -> norm -> activation fusion "
+                        "(vknorm.graph.Net(fuse=False))")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=run_check)
     return p
@@ -557,10 +560,10 @@ def _rule(fp16: bool, atol: float, vulkan: bool = True) -> str:
 
 
 def _graph_load(graph, model: Model, bin_path: str, nbytes: int, *, vknorm: bool, vulkan: bool, fp16: bool,
-                label: str):
+                label: str, fuse: bool = False):
     """A vknorm.graph net (lightmode off: every blob stays extractable) with the model loaded."""
     with quiet_stderr():  # registering vknorm's layers: ncnn says "overwrite built-in layer type ..."
-        net = graph.configure(graph.Net(vknorm=vknorm), vulkan=vulkan, fp16=fp16, lightmode=False)
+        net = graph.configure(graph.Net(vknorm=vknorm, fuse=fuse), vulkan=vulkan, fp16=fp16, lightmode=False)
     log: List[str] = []
     with quiet_stderr(log):
         ret = net.load_param(model.path)
@@ -687,6 +690,9 @@ def _kernel_gpu_us(info: dict, x, fp16: bool, ctx, repeats: int = 3) -> Tuple[Op
             norm.load_model(info["gamma"])
         else:
             norm.load_model(info["gamma"], info["beta"])
+    if int(info.get("activation_type", 0)):  # a fused layer's activation, in the same kernel
+        names = {v: k for k, v in norm.ACTIVATIONS.items()}
+        norm.set_activation(names[int(info["activation_type"])], float(info.get("activation_alpha", 0.0)))
     groups = norm.groups(x.shape)
     norm.create_pipeline(opt, ctx)
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -754,19 +760,41 @@ def _excess(y, ref, rounding: float) -> float:
     return max(0.0, float(d.max())) if d.size else 0.0
 
 
+def _activation64(y, activation_type: int, alpha: float):
+    """ncnn's activation layers in float64 (the fused layers' activation_type numbering)."""
+    import numpy as np
+
+    with np.errstate(all="ignore"):
+        if activation_type == 1:
+            return np.where(y < 0, 0.0, y)
+        if activation_type == 2:
+            return np.where(y < 0, y * alpha, y)
+        if activation_type == 4:
+            return 1.0 / (1.0 + np.exp(-y))
+        if activation_type == 7:
+            return y / (1.0 + np.exp(-y))
+        if activation_type == 8:
+            erf = np.vectorize(math.erf, otypes=[np.float64])
+            return 0.5 * y * (1.0 + erf(y / math.sqrt(2.0)))
+        if activation_type == 9:
+            return 0.5 * y * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y ** 3)))
+    return y
+
+
 def judge_layer(y, x_seen, op: str, eps: float, affine_size: int, gamma, beta, fp16: bool,
-                atol: float, group: int = 1) -> Tuple[float, float, bool]:
+                atol: float, group: int = 1, activation: Tuple[int, float] = (0, 0.0)) -> Tuple[float, float, bool]:
     """The pass rule of `vknorm check`, both engines, for one vknorm layer: its output y against float64
     computed from x_seen, the very input that layer received in the vknorm run, with the layer's own eps,
     affine_size (GroupNorm: group) and weights (judging against the stock run instead would charge the layer with whatever
     ran upstream). fp32: max |y - ref| <= atol. fp16 storage: x_seen rounded to float16 first (what the
     layer uploads), and half a float16 spacing of |ref| allowed for the output rounding; the excess <= atol.
+    A fused layer's activation (activation_type, alpha) is applied to the float64 reference.
     Returns (f64_abs_err, judged_err, ok); an error is inf when shapes differ or one side alone is NaN/inf."""
     import numpy as np
 
     with np.errstate(over="ignore"):  # beyond float16's range: inf, as the layer's own upload makes it
         xin = np.asarray(x_seen).astype(np.float16).astype(np.float32) if fp16 else x_seen
-    ref64 = _reference64(xin, op, eps, affine_size, gamma, beta, group)
+    ref64 = _activation64(_reference64(xin, op, eps, affine_size, gamma, beta, group), *activation)
     f64 = _excess(y, ref64, 0.0)
     judged = _excess(y, ref64, 0.5 * FP16_ULP) if fp16 else f64
     return f64, judged, bool(math.isfinite(judged) and judged <= atol)
@@ -776,8 +804,26 @@ def _finite_or_none(v: float) -> Optional[float]:
     return v if math.isfinite(v) else None
 
 
+def _fused_blobs(graph, model: Model, fused: List[dict]) -> Dict[str, dict]:
+    """Per fused norm (by name): the blob it writes ("out": the activation's output when one was fused),
+    the blobs it reads ("ins": the add's two inputs, or the norm's input) and the sum it writes ("sum"),
+    as the fused graph names them (names the unfused graph has too, with the same values)."""
+    patterns = {next(n for n in f["layers"] if n in {layer.name for layer in model.norms}): f["pattern"]
+                for f in fused}
+    text, _ = graph._graph.fuse_param(model.text)
+    out = {}
+    for line in text.splitlines()[2:]:
+        t = line.split()
+        if len(t) < 4 or not t[0].startswith("vknorm.") or t[1] not in patterns:
+            continue
+        nb, nt = int(t[2]), int(t[3])
+        bottoms, tops = t[4:4 + nb], t[4 + nb:4 + nb + nt]
+        out[t[1]] = {"pattern": patterns[t[1]], "out": tops[0], "ins": bottoms, "sum": tops[1] if nt == 2 else None}
+    return out
+
+
 def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]],
-                       fp16: bool = False, seed: int = 0, atol: Optional[float] = None) -> dict:
+                       fp16: bool = False, seed: int = 0, atol: Optional[float] = None, fuse: bool = True) -> dict:
     """`vknorm check --vulkan`: stock ncnn CPU fp32, stock ncnn Vulkan and ncnn Vulkan with vknorm inside,
     all three in vknorm.graph's ncnn; returns the JSON-able result (UsageError for file/flag problems)."""
     import numpy as np
@@ -791,7 +837,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
     result = {"ok": True, "device": None, "layers": [], "outputs": {}, "model": param_path, "weights": bin_path,
               "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
               "atol": atol, "warnings": [], "engine": "vulkan", "rule": _rule(fp16, atol), "host_round_trips": 0,
-              "ncnn_outputs": {}, "model_ms": {}, "timing_rounds": 0}
+              "ncnn_outputs": {}, "model_ms": {}, "timing_rounds": 0, "fuse": bool(fuse), "fused": []}
     with quiet_stderr():  # ncnn prints its device banner when it creates its Vulkan instance
         device = graph.gpu_name() if graph.gpu_count() > 0 else None
     if not device:
@@ -811,17 +857,25 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
         rng = np.random.default_rng(seed)  # the same inputs as the check without --vulkan
         inputs = {name: np.ascontiguousarray(rng.standard_normal(input_specs[name], dtype=np.float32))
                   for name in model.inputs}
-        blobs = list(dict.fromkeys([layer.bottoms[0] for layer in model.norms]
-                                   + [layer.tops[0] for layer in model.norms] + outputs))
+        vk = _graph_load(graph, model, bin_path, len(data), vknorm=True, vulkan=True, fp16=fp16,
+                         label="vknorm Vulkan", fuse=fuse)
+        nets.append(vk)
+        result["fused"] = [dict(f) for f in vk.fused()]
+        fused = _fused_blobs(graph, model, result["fused"])
+        # What each norm reads and writes, named as in the unfused model (a fused layer's output is its
+        # activation's, its input the add's two inputs; the blobs in between no longer exist).
+        io = {layer.name: fused.get(layer.name) or {"pattern": None, "out": layer.tops[0], "ins": [layer.bottoms[0]],
+                                                    "sum": None} for layer in model.norms}
+        sums = [f["sum"] for f in io.values() if f["sum"]]
+        vk_blobs = list(dict.fromkeys([b for f in io.values() for b in f["ins"] + [f["out"]]] + sums + outputs))
+        blobs = list(dict.fromkeys(vk_blobs + [layer.bottoms[0] for layer in model.norms]
+                                   + [layer.tops[0] for layer in model.norms]))
         ref = _graph_extract(graph, cpu, inputs, blobs, "ncnn CPU")
         stock = _graph_load(graph, model, bin_path, len(data), vknorm=False, vulkan=True, fp16=fp16,
                             label="ncnn Vulkan")
         nets.append(stock)
         got_stock = _graph_extract(graph, stock, inputs, blobs, "ncnn Vulkan")
-        vk = _graph_load(graph, model, bin_path, len(data), vknorm=True, vulkan=True, fp16=fp16,
-                         label="vknorm Vulkan")
-        nets.append(vk)
-        got = _graph_extract(graph, vk, inputs, blobs, "vknorm Vulkan")
+        got = _graph_extract(graph, vk, inputs, vk_blobs, "vknorm Vulkan")
         infos = {i["name"]: i for i in vk.vknorm_layers()}
 
         try:
@@ -831,28 +885,41 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
         if warning:
             result["warnings"].append(warning)
         for layer in model.norms:
-            bottom, top = layer.bottoms[0], layer.tops[0]
+            f = io[layer.name]
+            top = f["out"]
             err = max_abs_err(ref[top], got[top])
-            rec = {"name": layer.name, "type": layer.type, "shape": list(got[top].shape), "group_size": None,
+            rec = {"name": layer.name, "type": layer.type, "fused": f["pattern"], "blob": top,
+                   "shape": list(got[top].shape), "group_size": None,
                    "groups": None, "max_abs_err": _finite_or_none(err),
                    "ncnn_abs_err": _finite_or_none(max_abs_err(ref[top], got_stock[top])), "f64_abs_err": None,
-                   "judged_err": None,
+                   "judged_err": None, "sum_blob": None, "sum_abs_err": None, "sum_err": None,
                    "gpu_us": None, "ok": False, "vulkan_forwards": 0, "cpu_forwards": 0}
             info = infos.get(layer.name)
             if info is None:
                 result["warnings"].append(f"layer {layer.name!r}: ncnn did not create vknorm's {layer.type} for it")
             else:
-                # The input this layer saw in the vknorm run (float16 storage rounds what it uploads). Judging
-                # against float64 of it isolates the kernel: the CPU run's input already differs by every
-                # stock Vulkan layer upstream (ncnn_abs_err shows that share).
-                f64, judged, rec["ok"] = judge_layer(got[top], got[bottom], layer.type, float(info["eps"]),
+                # The input this layer saw in the vknorm run (float16 storage rounds what it uploads; a fused
+                # add's sum is float32 before that rounding, as the kernel forms it). Judging against float64
+                # of it isolates the kernel: the CPU run's input already differs by every stock Vulkan layer
+                # upstream (ncnn_abs_err shows that share).
+                ins = [got[b] for b in f["ins"]]
+                x_seen = ins[0] + ins[1] if len(ins) == 2 else ins[0]
+                activation = (int(info.get("activation_type", 0)), float(info.get("activation_alpha", 0.0)))
+                f64, judged, rec["ok"] = judge_layer(got[top], x_seen, layer.type, float(info["eps"]),
                                                      int(info["affine_size"]),
                                                      info["gamma"] if info["affine"] else None,
                                                      info["beta"] if info["affine"] else None, fp16, atol,
-                                                     group=int(info.get("group", 1)))
+                                                     group=int(info.get("group", 1)), activation=activation)
                 rec["f64_abs_err"] = _finite_or_none(f64)
                 rec["judged_err"] = _finite_or_none(judged)
-                gpu_us, g = _kernel_gpu_us(info, got[bottom], fp16, ctx)
+                if f["sum"] in got:  # the written sum: BinaryOp add's value exactly (float16: one rounding)
+                    sum_seen = x_seen.astype(np.float16).astype(np.float32) if fp16 else x_seen
+                    rec["sum_blob"] = f["sum"]
+                    rec["sum_abs_err"] = _finite_or_none(max_abs_err(ref[f["sum"]], got[f["sum"]]))
+                    rec["sum_err"] = _finite_or_none(max_abs_err(sum_seen, got[f["sum"]]))
+                    if rec["sum_err"] is None or rec["sum_err"] > 0:
+                        rec["ok"] = False
+                gpu_us, g = _kernel_gpu_us(info, x_seen, fp16, ctx)
                 rec["gpu_us"] = gpu_us
                 rec["group_size"], rec["groups"] = int(g["group_size"]), int(g["groups"])
             result["layers"].append(rec)
@@ -982,6 +1049,16 @@ def format_text_vulkan(result: dict) -> str:
     else:
         lines.append("f64_err: vknorm's max |error| against float64 of the input it saw (what the rule judges; "
                      "the *_err columns also carry the stock Vulkan layers' differences upstream)")
+    if result.get("fused"):
+        lines.append(f"fused ({len(result['fused'])}): " + "; ".join(
+            f"{f['pattern']} ({', '.join(f['layers'])})" for f in result["fused"]))
+        lines.append("a fused layer is judged on its output blob (the activation's, when one was fused) from the sum "
+                     "it read; sum_err: max |written sum - the add's value| (must be 0)")
+        bad_sums = [r["name"] for r in result["layers"] if r.get("sum_blob") and r.get("sum_err") != 0]
+        if bad_sums:
+            lines.append("written sums differ from the add's: " + ", ".join(bad_sums))
+    elif result.get("fuse") is False:
+        lines.append("fusion off (--no-fuse)")
     lines.append(f"device: {result['device']}")
     lines.append(f"host round trips: {result['host_round_trips']}")
     lines.append(f"rule: {result['rule']}")
@@ -1003,7 +1080,7 @@ def format_text_vulkan(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _check_in_child(param_path, bin_path, specs, fp16, seed, atol, vulkan=False) -> dict:
+def _check_in_child(param_path, bin_path, specs, fp16, seed, atol, vulkan=False, fuse=True) -> dict:
     """check_model in a forked child, so that ncnn crashing (a SIGFPE or SIGSEGV on input shapes the model
     cannot take) becomes one line and exit 2 instead of a dead process. The parent has touched neither
     Vulkan nor ncnn yet, so the child starts clean; it reports through a pipe and leaves with os._exit."""
@@ -1022,8 +1099,11 @@ def _check_in_child(param_path, bin_path, specs, fp16, seed, atol, vulkan=False)
         try:
             os.close(rfd)
             try:
-                fn = check_model_vulkan if vulkan else check_model
-                payload = {"result": fn(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol)}
+                if vulkan:
+                    res = check_model_vulkan(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol, fuse=fuse)
+                else:
+                    res = check_model(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol)
+                payload = {"result": res}
             except UsageError as e:
                 payload = {"usage_error": str(e)}
             except Exception as e:
@@ -1088,10 +1168,13 @@ def run_check(args) -> int:
     specs = parse_inputs(args.input)
     seed = _parse_seed(args.seed)
     atol = _parse_atol(args.atol, args.fp16)
+    fuse = not getattr(args, "no_fuse", False)
+    if not vulkan and not fuse:
+        raise UsageError("--no-fuse goes with --vulkan (the pyncnn engine runs no fused layers)")
     if _fork_is_safe():
-        result = _check_in_child(args.param, args.bin, specs, args.fp16, seed, atol, vulkan)
+        result = _check_in_child(args.param, args.bin, specs, args.fp16, seed, atol, vulkan, fuse)
     elif vulkan:
-        result = check_model_vulkan(args.param, args.bin, specs, fp16=args.fp16, seed=seed, atol=atol)
+        result = check_model_vulkan(args.param, args.bin, specs, fp16=args.fp16, seed=seed, atol=atol, fuse=fuse)
     else:
         result = check_model(args.param, args.bin, specs, fp16=args.fp16, seed=seed, atol=atol)
     if args.json:

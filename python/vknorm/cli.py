@@ -1,4 +1,4 @@
-"""The vknorm command: info | check | bench | demo.
+"""The vknorm command: info | check | bench | optimize | demo.
 
 Errors the user can fix (bad files, flags, no driver) print one line and exit 2.
 """
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=_info)
     demo = sub.add_parser("demo", help="one LayerNorm on the default device vs the CPU reference")
     demo.set_defaults(func=_demo)
-    for name, module in (("check", "check"), ("bench", "bench")):
+    for name, module in (("check", "check"), ("bench", "bench"), ("optimize", "optimize")):
         try:
             mod = __import__(f"vknorm.{module}", fromlist=["add_parser"])
         except ImportError:

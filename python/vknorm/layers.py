@@ -245,6 +245,55 @@ class _Norm:
         np.copyto(a, y, casting="unsafe")
         return a
 
+    # Fusion: ncnn's activation layers applied as the output is stored (ncnn's CPU formulas).
+    ACTIVATIONS = {"none": 0, "relu": 1, "leakyrelu": 2, "sigmoid": 4, "swish": 7, "gelu": 8, "gelu_fast": 9}
+
+    def set_activation(self, activation: Optional[str] = None, alpha: float = 0.0) -> None:
+        """Apply an activation to every output of this layer, in the same kernel: "relu", "leakyrelu"
+        (alpha: its slope), "sigmoid", "swish" (x * sigmoid(x)), "gelu" (erf form), "gelu_fast" (tanh form),
+        or None."""
+        name = "none" if activation is None else str(activation).lower()
+        if name not in self.ACTIVATIONS:
+            raise ValueError(f"activation {activation!r}: expected one of {', '.join(self.ACTIVATIONS)} or None")
+        if not math.isfinite(float(alpha)):
+            raise ValueError(f"alpha must be finite, got {alpha}")
+        self._layer.set_activation(self.ACTIVATIONS[name], float(alpha))
+
+    @property
+    def activation(self) -> str:
+        return _core.activation_name(self._layer.activation_type)
+
+    def forward_add(self, x, residual, return_sum: bool = False, device=None, option: Optional[Option] = None):
+        """A residual add and this layer in one kernel: returns the activated norm of x + residual (and
+        x + residual itself with return_sum=True) without writing x or residual. numpy arrays (one upload
+        each, results downloaded as float32, or float16 for float16 input) or VkMats (results stay on the
+        device). x and residual must have one shape (a broadcasting add is not fused)."""
+        opt = (option or self.option)._native()
+        if isinstance(x, _core.VkMat) or isinstance(residual, _core.VkMat):
+            if not (isinstance(x, _core.VkMat) and isinstance(residual, _core.VkMat)):
+                raise TypeError("forward_add: x and residual must both be VkMats or both numpy arrays")
+            y, s = self._layer.forward_add(x, residual, return_sum, opt)
+            return (y, s) if return_sum else y
+        a, r = _check_array(x), _check_array(residual)
+        if a.shape != r.shape:
+            raise ValueError(f"forward_add: x {a.shape} and residual {r.shape} differ in shape (no broadcasting)")
+        ctx = _context_for(device if device is not None else self.device)
+        if ctx is None:  # ncnn's CPU layers: the add in float32, then the norm
+            s = a.astype(np.float32) + r.astype(np.float32)
+            y = self(s, device="cpu")
+            return (y, s) if return_sum else y
+        storage = option or self.option
+        vx, vr = to_device(a, storage, ctx), to_device(r, storage, ctx)
+        self._layer.create_pipeline(ctx, opt)
+        y, s = self._layer.forward_add(vx, vr, return_sum, opt)
+        like = np.float16 if a.dtype == np.float16 else np.float32
+
+        def back(v):
+            m = v.download().convert_packing(1)
+            return (m.cast_fp16() if like == np.float16 else m.cast_fp32()).numpy().reshape(a.shape)
+
+        return (back(y), back(s)) if return_sum else back(y)
+
     def __repr__(self) -> str:
         args = ", ".join(f"{name}={getattr(self, name):g}" if name == "eps" else f"{name}={getattr(self, name)}"
                          for _, name, _ in self._params)

@@ -5,7 +5,8 @@
 Implementations (one process, one device):
   ncnn-cpu         stock ncnn, CPU (ncnn compiled from its pinned source, as below)
   ncnn-vulkan      stock ncnn, Vulkan
-  vknorm-in-graph  ncnn Vulkan with vknorm's layers inside ncnn's graph (vknorm.graph)
+  vknorm-in-graph  ncnn Vulkan with vknorm's layers inside ncnn's graph (vknorm.graph), the model as it is
+  vknorm-fused     the same with vknorm's graph rewrite: each add -> norm -> activation one kernel
   vknorm-host      pyncnn Vulkan with vknorm.ncnn.register: Python layers on the host (the slow path)
 Each inference is what a user runs: a new extractor, the inputs from numpy (uploaded by ncnn), every
 output extracted back to numpy. The rounds are interleaved (one inference of each implementation per
@@ -21,7 +22,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-IMPLS = ("ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-host")
+IMPLS = ("ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-fused", "vknorm-host")
 
 
 class _Runner:
@@ -45,7 +46,9 @@ class _Runner:
             from vknorm import graph
 
             self.mod = graph
-            self.net = graph.configure(graph.Net(vknorm=impl == "vknorm-in-graph"), vulkan=impl != "ncnn-cpu", fp16=fp16)
+            vk = impl.startswith("vknorm-")
+            self.net = graph.configure(graph.Net(vknorm=vk, fuse=impl == "vknorm-fused"), vulkan=impl != "ncnn-cpu",
+                                       fp16=fp16)
         if self.net.load_param(param) != 0 or self.net.load_model(binp) != 0:
             raise RuntimeError(f"{impl}: ncnn could not load {param} / {binp}")
         self.outputs = list(self.net.output_names())  # every blob no layer consumes

@@ -1,0 +1,125 @@
+"""`vknorm optimize`: fuse an ncnn model offline, in the spirit of ncnnoptimize.
+
+    vknorm optimize IN.param IN.bin OUT.param OUT.bin [--json]
+
+Every norm vknorm runs (LayerNorm, RMSNorm, GroupNorm, InstanceNorm) takes in the two-input BinaryOp add
+that feeds it (directly, or through a Split whose other outputs are read after the norm: the fused layer
+then also writes the sum) and the ReLU / Sigmoid / Swish / GELU that is its only consumer. The fused
+layers are vknorm's types (vknorm.LayerNorm, ...): the model loads wherever vknorm's layers are
+registered (vknorm.graph.Net(), vknorm::ncnn::register_layers), and nowhere else. The weights keep
+their order, so OUT.bin is IN.bin. vknorm.graph.Net() does the same rewrite at load time
+(Net(fuse=False) turns it off); this command writes it down.
+
+Nothing is written unless everything succeeds: the fused model is loaded once (CPU net) before the two
+files are moved into place.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from typing import List
+
+from ._stdio import quiet_stderr
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("optimize", help="fuse add -> norm -> activation into vknorm's layers (offline)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("param", metavar="IN.param")
+    p.add_argument("bin", metavar="IN.bin")
+    p.add_argument("out_param", metavar="OUT.param")
+    p.add_argument("out_bin", metavar="OUT.bin")
+    p.add_argument("--json", action="store_true", help="print what was fused as JSON")
+    p.set_defaults(func=run)
+
+
+def _read_text(path: str) -> str:
+    from .cli import UsageError
+
+    if not os.path.isfile(path):
+        raise UsageError(f"no such file {path!r}")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not a text .param (byte {e.start} is not UTF-8; binary .param.bin is not supported)") \
+            from None
+
+
+def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> List[dict]:
+    """Fuse param/bin into out_param/out_bin (atomically, both or neither). Returns what was fused;
+    UsageError on a missing, garbled or inconsistent input."""
+    from .cli import UsageError
+
+    text = _read_text(param)
+    if not os.path.isfile(bin_path):
+        raise UsageError(f"no such file {bin_path!r}")
+    try:
+        from . import graph
+    except ImportError as e:
+        raise UsageError(str(e)) from None
+    try:
+        fused_text, fused = graph._graph.fuse_param(text)
+    except ValueError as e:
+        raise UsageError(f"{param}: {e}") from None
+
+    staged = []
+    try:
+        for target, write in ((out_param, lambda f: f.write(fused_text.encode())),
+                              (out_bin, lambda f: _copy_into(bin_path, f))):
+            d = os.path.dirname(os.path.abspath(target))
+            if not os.path.isdir(d):
+                raise UsageError(f"{target}: no such directory {d!r}")
+            fd, tmp = tempfile.mkstemp(prefix=".vknorm-optimize-", dir=d)
+            staged.append((tmp, target))
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+        # The fused model must load where vknorm's layers are registered (a CPU net: no device needed).
+        with quiet_stderr():  # registering vknorm's layers: ncnn says "overwrite built-in layer type ..."
+            net = graph.configure(graph.Net(vknorm=True, fuse=False), vulkan=False)
+        log: List[str] = []
+        with quiet_stderr(log):
+            param_ret = net.load_param(staged[0][0])
+            bin_ret = net.load_model(staged[1][0]) if param_ret == 0 else 0
+        net.clear()
+        if param_ret != 0 or bin_ret != 0:
+            why = f": {log[-1]}" if log else ""
+            what = "its layers" if param_ret != 0 else f"the weights in {bin_path}"
+            raise UsageError(f"{param}: the fused model does not load ({what}){why}")
+        for tmp, target in staged:
+            os.replace(tmp, target)
+        staged = []
+    finally:
+        for tmp, _ in staged:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    return fused
+
+
+def _copy_into(src: str, f) -> None:
+    with open(src, "rb") as s:
+        shutil.copyfileobj(s, f)
+
+
+def run(args) -> int:
+    fused = fuse_files(args.param, args.bin, args.out_param, args.out_bin)
+    if args.json:
+        print(json.dumps({"param": args.out_param, "bin": args.out_bin, "fused": fused}, indent=1))
+        return 0
+    if not fused:
+        print(f"{args.param}: nothing to fuse; wrote the model unchanged to {args.out_param}, {args.out_bin}")
+        return 0
+    print(f"fused {len(fused)} pattern(s) into vknorm's layers -> {args.out_param}, {args.out_bin}")
+    for f in fused:
+        print(f"  {f['pattern']:<28} {', '.join(f['layers'])}")
+    print("load it with vknorm's layers registered: vknorm.graph.Net() or vknorm::ncnn::register_layers")
+    return 0
