@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # On the GPU host, after tools/gpu_build.sh: `vknorm bench --model` on every committed model, fp32 and
-# fp16 storage, one JSON per run into OUTDIR. Usage: bash tools/gpu_models.sh OUTDIR [ITERS]
+# fp16 storage, one JSON per run into OUTDIR. Usage: bash tools/gpu_models.sh OUTDIR [ITERS] [MODEL...]
 set -uo pipefail
 out=${1:-/tmp}; iters=${2:-30}
-python3 - "$out" "$iters" <<'PY'
+python3 - "$out" "$iters" "${@:3}" <<'PY'
 import json, subprocess, sys
-out, iters = sys.argv[1], sys.argv[2]
+out, iters, only = sys.argv[1], sys.argv[2], sys.argv[3:]
 models = json.load(open("tests/data/models.json"))
 for name, dims in models.items():
-    if name.startswith("_"):
+    if name.startswith("_") or (only and name not in only):
         continue
     for fp16 in (False, True):
         tag = f"{name}_{'fp16' if fp16 else 'fp32'}"
