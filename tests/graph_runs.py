@@ -118,7 +118,9 @@ def reference64(x, op: str, eps: float, affine_size: int, gamma=None, beta=None)
 
 
 def run_net(graph, param, binp, inputs, blobs, vknorm, vulkan, fp16=False, packing=True):
-    net = graph.configure(graph.Net(vknorm=vknorm), vulkan=vulkan, fp16=fp16, packing=packing, lightmode=False)
+    # The model as it is (fusion off): every norm blob of the param stays extractable by name.
+    net = graph.configure(graph.Net(vknorm=vknorm, fuse=False), vulkan=vulkan, fp16=fp16, packing=packing,
+                          lightmode=False)
     assert net.load_param(param) == 0 and net.load_model(binp) == 0, param
     ex = net.create_extractor()
     for name, x in inputs.items():

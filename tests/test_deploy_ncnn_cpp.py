@@ -171,7 +171,7 @@ import numpy as np
 from vknorm import graph
 jobs = json.load(open(sys.argv[1]))
 for j in jobs:
-    net = graph.configure(graph.Net(vknorm=True), vulkan=True, fp16=j["fp16"])
+    net = graph.configure(graph.Net(vknorm=True, fuse=False), vulkan=True, fp16=j["fp16"])  # as the C++ consumer loads it
     assert net.load_param(j["param"]) == 0 and net.load_model(j["bin"]) == 0, j
     ex = net.create_extractor()
     assert ex.input("in0", graph.Mat(np.load(j["input"]))) == 0

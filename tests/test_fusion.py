@@ -1,0 +1,449 @@
+"""Fusion: a residual add before the norm and an activation after it, in the norm's kernel.
+
+Kernels (vknorm's own runtime): y = act(norm(x + r)) on every path, packing and storage, against float64
+of the sum the kernel saw; the written sum is the add's value exactly; the inputs stay as they were.
+Graph rewrite (vknorm::ncnn::fuse_param): what fuses, what is left alone, the errors. ncnn graphs:
+every committed model fused and unfused against ncnn's CPU run; a broadcasting add met at run time is
+left to ncnn's BinaryOp; fused models in CPU nets; the fused types refused by stock nets; `vknorm optimize`.
+
+Tolerances: float32 storage 1e-5 relative to the output scale (a few float32 roundings of the
+normalize, the activation's own error < 2e-7); float16 storage 4e-3 relative (one float16 output
+rounding, 2^-11, plus the float16 rounding of the sum the kernel normalizes, judged from that sum).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from availability import has_graph, needs_graph, needs_vulkan
+
+import vknorm
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+MODELS = {k: v for k, v in json.loads((DATA / "models.json").read_text()).items() if not k.startswith("_")}
+
+pytestmark = [needs_vulkan, pytest.mark.timeout(600)]
+
+ACTS = ["none", "relu", "leakyrelu", "sigmoid", "swish", "gelu", "gelu_fast"]
+
+
+def act64(y, name, alpha=0.1):
+    with np.errstate(all="ignore"):
+        if name == "relu":
+            return np.where(y < 0, 0.0, y)
+        if name == "leakyrelu":
+            return np.where(y < 0, y * alpha, y)
+        if name == "sigmoid":
+            return 1 / (1 + np.exp(-y))
+        if name == "swish":
+            return y / (1 + np.exp(-y))
+        if name == "gelu":
+            return 0.5 * y * (1 + np.vectorize(math.erf)(y / math.sqrt(2)))
+        if name == "gelu_fast":
+            return 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y ** 3)))
+    return y
+
+
+def norm64(x, op, gamma, beta, group=None, eps=1e-5):
+    """float64 LayerNorm / RMSNorm over the last axis, GroupNorm over (c, h, w) in `group` groups."""
+    x = np.asarray(x, np.float64)
+    if op == "groupnorm":
+        c = x.shape[0]
+        g = x.reshape(group, -1)
+        y = ((g - g.mean(1, keepdims=True)) / np.sqrt(g.var(1, keepdims=True) + eps)).reshape(c, -1)
+        return (y * gamma[:, None] + beta[:, None]).reshape(x.shape)
+    if op == "layernorm":
+        y = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps)
+        return y * gamma + beta
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * gamma
+
+
+def make_layer(op, shape, rng):
+    if op == "groupnorm":
+        c = shape[0]
+        layer = vknorm.GroupNorm(group=4 if c % 4 == 0 else 2, channels=c, eps=1e-5)
+        gamma, beta = 1 + 0.2 * rng.standard_normal(c), 0.2 * rng.standard_normal(c)
+        layer.load_model(gamma, beta)
+        return layer, gamma, beta, layer._layer.group
+    w = shape[-1]
+    gamma, beta = 1 + 0.2 * rng.standard_normal(w), 0.2 * rng.standard_normal(w)
+    if op == "layernorm":
+        layer = vknorm.LayerNorm(affine_size=w, eps=1e-5)
+        layer.load_model(gamma, beta)
+    else:
+        layer = vknorm.RMSNorm(affine_size=w, eps=1e-5)
+        layer.load_model(gamma)
+        beta = np.zeros(w)
+    return layer, gamma, beta, None
+
+
+# ------------------------------------------------------------------------------------------ the kernels
+
+CASES = [  # op, shape, path
+    ("layernorm", (24, 768), "auto"), ("layernorm", (24, 768), "subgroup"), ("layernorm", (8, 6, 40), "workgroup"),
+    ("layernorm", (4, 8192), "split"), ("rmsnorm", (16, 64), "auto"), ("rmsnorm", (4, 3000), "split"),
+    ("groupnorm", (12, 7, 7), "auto"), ("groupnorm", (20, 16, 16), "split"), ("groupnorm", (16, 9, 9), "auto"),
+]
+
+
+@pytest.mark.parametrize("write_sum", [False, True], ids=["add", "add+sum"])
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("packing", [True, False], ids=["pack4", "pack1"])
+@pytest.mark.parametrize("op,shape,path", CASES, ids=[f"{o}-{'x'.join(map(str, s))}-{p}" for o, s, p in CASES])
+def test_fused_add_on_every_path(op, shape, path, packing, fp16, write_sum):
+    rng = np.random.default_rng(len(shape) * 7 + shape[-1])
+    layer, gamma, beta, group = make_layer(op, shape, rng)
+    layer.set_activation("swish")
+    x = (3 + rng.standard_normal(shape)).astype(np.float32)
+    r = rng.standard_normal(shape).astype(np.float32)
+    x0, r0 = x.copy(), r.copy()
+    opt = vknorm.Option(use_fp16_storage=fp16, use_packing_layout=packing, path=path)
+    out = layer.forward_add(x, r, return_sum=write_sum, option=opt)
+    y, s = out if write_sum else (out, None)
+    assert np.array_equal(x, x0) and np.array_equal(r, r0)
+    # What the kernel normalized: the add as ncnn stores it (float16 storage: rounded to float16).
+    if fp16:
+        x16, r16 = x.astype(np.float16).astype(np.float32), r.astype(np.float16).astype(np.float32)
+        seen = (x16 + r16).astype(np.float16).astype(np.float32)
+    else:
+        seen = x + r
+    ref = act64(norm64(seen, op, gamma, beta, group), "swish")
+    scale = float(np.abs(ref).max())
+    assert float(np.abs(y.astype(np.float64) - ref).max()) <= (4e-3 if fp16 else 1e-5) * scale
+    if write_sum:
+        assert np.array_equal(s.astype(np.float32), seen)  # the add's value, bit for bit
+    if path == "split":
+        assert layer.last_dispatch["path"] == "split"  # reduce (writes the sum) and apply (reads it)
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("act", ACTS)
+def test_activation_matches_ncnn_cpu_formula_and_float64(act, fp16):
+    rng = np.random.default_rng(3)
+    layer, gamma, beta, _ = make_layer("layernorm", (33, 256), rng)
+    layer.set_activation(act, 0.1)
+    assert layer.activation == act
+    x = (rng.standard_normal((33, 256)) * 2).astype(np.float32)
+    y = layer(x, option=vknorm.Option(use_fp16_storage=fp16))
+    cpu = layer(x, device="cpu")  # ncnn's CPU formulas (erfc GELU, tanh fast GELU)
+    xin = x.astype(np.float16).astype(np.float32) if fp16 else x
+    ref = act64(norm64(xin, "layernorm", gamma, beta), act)
+    tol = (4e-3 if fp16 else 1e-5) * float(np.abs(ref).max())
+    assert float(np.abs(y - ref).max()) <= tol
+    assert float(np.abs(cpu - act64(norm64(x, "layernorm", gamma, beta), act)).max()) <= 1e-5 * float(np.abs(ref).max())
+
+
+def test_activation_keeps_inf_and_nan_as_ncnn_cpu():
+    layer = vknorm.LayerNorm(affine_size=8, eps=1e-5, affine=False)
+    x = np.zeros((3, 8), np.float32)
+    x[0] = np.arange(8)
+    x[1, 2] = np.nan
+    x[2] = np.arange(8) * 1e30
+    for act in ("gelu", "gelu_fast", "swish", "sigmoid"):
+        layer.set_activation(act)
+        y, cpu = layer(x), layer(x, device="cpu")
+        assert np.isnan(y[1]).all() and np.isnan(cpu[1]).all(), act
+        np.testing.assert_allclose(y[[0, 2]], cpu[[0, 2]], rtol=1e-5, atol=1e-6, err_msg=act)
+
+
+def test_forward_add_refuses_what_it_cannot_fuse():
+    layer = vknorm.LayerNorm(affine_size=16, eps=1e-5)
+    layer.load_model(np.ones(16), np.zeros(16))
+    with pytest.raises(ValueError, match="differ in shape"):
+        layer.forward_add(np.zeros((4, 16), np.float32), np.zeros((16,), np.float32))
+    a = vknorm.to_device(np.zeros((4, 16), np.float32))
+    b = vknorm.to_device(np.zeros((8, 16), np.float32))
+    with pytest.raises(ValueError, match="differ in shape, packing or storage"):
+        layer.forward_add(a, b)
+    with pytest.raises(ValueError, match="activation 'tanh'"):
+        layer.set_activation("tanh")
+
+
+def test_forward_add_on_vkmats_stays_on_the_device():
+    rng = np.random.default_rng(5)
+    layer, gamma, beta, _ = make_layer("layernorm", (64, 512), rng)
+    x, r = rng.standard_normal((64, 512)).astype(np.float32), rng.standard_normal((64, 512)).astype(np.float32)
+    vx, vr = vknorm.to_device(x), vknorm.to_device(r)
+    y, s = layer.forward_add(vx, vr, return_sum=True)
+    assert isinstance(y, vknorm._core.VkMat) and isinstance(s, vknorm._core.VkMat)
+    got = y.download().convert_packing(1).numpy().reshape(64, 512)
+    assert float(np.abs(got - norm64(x + r, "layernorm", gamma, beta)).max()) <= 1e-5 * 8
+    assert np.array_equal(s.download().convert_packing(1).numpy().reshape(64, 512), x + r)
+
+
+# -------------------------------------------------------------------------------------- the graph rewrite
+
+graph = pytest.importorskip("vknorm.graph", reason="vknorm built without ncnn") if has_graph() else None
+
+
+def fuse(text: str):
+    return graph._graph.fuse_param(text)
+
+
+def lines_of(text: str):
+    return [ln.split() for ln in text.splitlines()[2:]]
+
+
+# What each committed model fuses (read off its .param by hand).
+EXPECTED_FUSED = {
+    "transformer_block": ["BinaryOp+LayerNorm"] * 2,
+    "llama_block": ["BinaryOp+RMSNorm"],
+    "ln_residual_stack": ["LayerNorm+GELU"] + ["BinaryOp+LayerNorm+GELU"] * 11,
+    "sd_resblock": ["GroupNorm+Swish"] * 2,
+    "sd_resblock_c320": ["GroupNorm+Swish"] * 2,
+    "instnorm_block": ["InstanceNorm+ReLU"],
+    "instnorm_noaffine": ["InstanceNorm+ReLU"],
+}
+
+
+@needs_graph
+@pytest.mark.parametrize("name", list(MODELS))
+def test_committed_models_fuse_as_read_by_hand(name):
+    text = (DATA / f"{name}.ncnn.param").read_text()
+    fused_text, fused = fuse(text)
+    assert [f["pattern"] for f in fused] == EXPECTED_FUSED.get(name, [])
+    head = fused_text.splitlines()[1].split()
+    rows = lines_of(fused_text)
+    assert int(head[0]) == len(rows)
+    assert int(head[1]) == len({b for t in rows for b in t[4:4 + int(t[2]) + int(t[3])]})
+    # every blob read is produced earlier; weights keep their order (the norms' names, in order)
+    made = set()
+    for t in rows:
+        nb, nt = int(t[2]), int(t[3])
+        assert set(t[4:4 + nb]) <= made, t
+        made |= set(t[4 + nb:4 + nb + nt])
+    norm = lambda rs: [t[1] for t in rs if t[0].split(".")[-1] in ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm")]
+    assert norm(rows) == norm(lines_of(text))
+
+
+def test_split_read_before_the_norm_is_left_unfused_and_one_reader_split_goes():
+    text = ("7767517\n7 9\nInput in0 0 1 a\nInput in1 0 1 b\nBinaryOp add 2 1 a b s 0=0\n"
+            "Split sp 1 2 s s1 s2\nSigmoid early 1 1 s1 e\nLayerNorm ln 1 1 s2 y 0=8 1=1e-05 2=0\n"
+            "ReLU act 1 1 y out 0=1.000000e-01\n")
+    out, fused = fuse(text)
+    # the Split's other output is read before the norm: the add stays, the activation fuses
+    assert [f["pattern"] for f in fused] == ["LayerNorm+ReLU"]
+    assert any(t[0] == "BinaryOp" for t in lines_of(out))
+    ln = next(t for t in lines_of(out) if t[1] == "ln")
+    assert ln[0] == "vknorm.LayerNorm" and "9=2" in ln and any(p.startswith("-23310=1,1.0") for p in ln)
+    text2 = text.replace("Sigmoid early 1 1 s1 e\nLayerNorm ln 1 1 s2 y", "LayerNorm ln 1 1 s2 y").replace(
+        "ReLU act 1 1 y out 0=1.000000e-01\n", "ReLU act 1 1 y out 0=1.000000e-01\nSigmoid late 1 1 s1 e\n")
+    out2, fused2 = fuse(text2)
+    assert [f["pattern"] for f in fused2] == ["BinaryOp+LayerNorm+ReLU"]
+    rows = lines_of(out2)
+    assert [t[0] for t in rows] == ["Input", "Input", "vknorm.LayerNorm", "Sigmoid"]  # the Split of one is gone
+    assert rows[2][4:8] == ["a", "b", "out", "s"] and "20=2" in rows[2] and rows[3][4] == "s"
+
+
+@pytest.mark.parametrize("add_line", [
+    "BinaryOp add 1 1 a s 0=0 1=1 2=1.0",  # a scalar add
+    "BinaryOp add 2 1 a b s 0=2",         # a multiply
+])
+def test_adds_that_are_not_plain_stay(add_line):
+    nin = 1 if " 1 1 " in add_line else 2
+    text = (f"7767517\n{3 + (nin == 2)} 5\nInput in0 0 1 a\n" + ("Input in1 0 1 b\n" if nin == 2 else "")
+            + f"{add_line}\nLayerNorm ln 1 1 s y 0=8 1=1e-05 2=0\n")
+    out, fused = fuse(text)
+    assert fused == [] and [t[0] for t in lines_of(out)][-2:] == ["BinaryOp", "LayerNorm"]
+
+
+def test_norm_output_with_two_readers_keeps_its_activation():
+    text = ("7767517\n5 6\nInput in0 0 1 a\nLayerNorm ln 1 1 a y 0=8 1=1e-05 2=0\nSplit sp 1 2 y y1 y2\n"
+            "GELU g 1 1 y1 o1\nSigmoid s 1 1 y2 o2\n")
+    assert fuse(text)[1] == []
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("", "line 1: expected ncnn's magic number 7767517"),
+    ("7767517\n2\n", "line 2: expected 'layer_count blob_count'"),
+    ("7767517\n2 2\nInput in0 0 1 a\n", "the header says 2 layers, the file has 1"),
+    ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln 1 1 zz y 0=8\n", "line 4: layer ln (LayerNorm) reads blob 'zz'"),
+    ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln x 1 a y\n", "line 4: expected layer ln's bottom count, got 'x'"),
+    ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln 1 1 a y junk\n", "line 4: layer ln: param 'junk' is not id=value"),
+])
+def test_malformed_param_names_the_line(text, needle):
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        fuse(text)
+
+
+# ------------------------------------------------------------------------------------------ ncnn graphs
+
+def run_graph(param, binp, inputs, *, vknorm_layers=True, fuse_=True, vulkan=True, fp16=False, outputs=("out0",)):
+    from vknorm._stdio import quiet_stderr
+
+    with quiet_stderr():
+        net = graph.configure(graph.Net(vknorm=vknorm_layers, fuse=fuse_), vulkan=vulkan, fp16=fp16)
+        assert net.load_param(str(param)) == 0 and net.load_model(str(binp)) == 0
+    ex = net.create_extractor()
+    for k, v in inputs.items():
+        assert ex.input(k, graph.Mat(v)) == 0
+    outs = {}
+    for o in outputs:
+        r, m = ex.extract(o)
+        assert r == 0, (o, r)
+        outs[o] = np.array(m)
+    return outs, net
+
+
+@needs_graph
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_every_committed_model_fused_matches_unfused(fp16):
+    """Fused and unfused in one ncnn, against ncnn's CPU fp32 run of the unfused model: the fused output
+    is as close as the unfused one (float16: within the fp16 rule of the output scale)."""
+    for name, dims in MODELS.items():
+        p, b = DATA / f"{name}.ncnn.param", DATA / f"{name}.ncnn.bin"
+        x = np.random.default_rng(0).standard_normal(tuple(int(v) for v in dims.split("x"))).astype(np.float32)
+        ref = run_graph(p, b, {"in0": x}, vknorm_layers=False, vulkan=False)[0]["out0"]
+        unfused = run_graph(p, b, {"in0": x}, fuse_=False, fp16=fp16)[0]["out0"]
+        fused, net = run_graph(p, b, {"in0": x}, fp16=fp16)
+        fused = fused["out0"]
+        assert len(net.fused()) == len(EXPECTED_FUSED.get(name, []))
+        scale = max(float(np.abs(ref).max()), 1.0)
+        e_fused, e_unfused = float(np.abs(fused - ref).max()), float(np.abs(unfused - ref).max())
+        if fp16:
+            assert e_fused <= max(2 * e_unfused, 4e-3 * scale), (name, e_fused, e_unfused)
+        else:
+            # ncnn's Vulkan GELU differs from its CPU GELU (5e-3 on ln_residual_stack unfused); the fused
+            # kernel uses the CPU formula, so fused is never further from the CPU run than 1e-4 x scale
+            # beyond the unfused error
+            assert e_fused <= e_unfused + 1e-4 * scale, (name, e_fused, e_unfused)
+        counters = net.vknorm_counters()
+        assert counters["cpu_forwards"] == 0 and counters["unfused_adds"] == 0
+
+
+def write_model(tmp: Path, text: str, weights=b""):
+    p, b = tmp / "m.param", tmp / "m.bin"
+    p.write_text(text)
+    b.write_bytes(weights)
+    return p, b
+
+
+@needs_graph
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_broadcasting_add_met_at_run_time_is_left_to_ncnn(tmp_path, fp16):
+    # in1 is one row: ncnn's BinaryOp broadcasts it; the fused layer sees different shapes and runs
+    # ncnn's own add first, then the norm (and writes the sum the Split's other reader needs).
+    w = 64
+    p, b = write_model(tmp_path, "7767517\n7 8\nInput in0 0 1 in0\nInput in1 0 1 in1\nBinaryOp add 2 1 in0 in1 s 0=0\n"
+                       "Split sp 1 2 s s1 s2\nLayerNorm ln 1 1 s1 y 0=64 1=1e-05 2=0\nGELU g 1 1 y out0\n"
+                       "Sigmoid tail 1 1 s2 out1\n")
+    rng = np.random.default_rng(2)
+    inputs = {"in0": rng.standard_normal((16, w)).astype(np.float32), "in1": rng.standard_normal(w).astype(np.float32)}
+    ref = run_graph(p, b, inputs, vknorm_layers=False, vulkan=False, outputs=("out0", "out1"))[0]
+    got, net = run_graph(p, b, inputs, fp16=fp16, outputs=("out0", "out1"))
+    assert [f["pattern"] for f in net.fused()] == ["BinaryOp+LayerNorm+GELU"]
+    assert net.vknorm_counters()["unfused_adds"] >= 1
+    tol = 4e-3 if fp16 else 1e-5
+    for k in ("out0", "out1"):
+        assert float(np.abs(got[k] - ref[k]).max()) <= tol * max(1.0, float(np.abs(ref[k]).max())), k
+
+
+@needs_graph
+def test_fused_model_in_a_cpu_net_matches_ncnn_cpu():
+    p, b = DATA / "ln_residual_stack.ncnn.param", DATA / "ln_residual_stack.ncnn.bin"
+    x = np.random.default_rng(4).standard_normal((197, 768)).astype(np.float32)
+    ref = run_graph(p, b, {"in0": x}, vknorm_layers=False, vulkan=False)[0]["out0"]
+    got, net = run_graph(p, b, {"in0": x}, vulkan=False)
+    assert len(net.fused()) == 12 and net.vknorm_counters()["vulkan_forwards"] == 0
+    assert float(np.abs(got["out0"] - ref).max()) <= 1e-5 * float(np.abs(ref).max())
+
+
+@needs_graph
+def test_fused_types_refuse_bad_params(tmp_path):
+    from vknorm._stdio import quiet_stderr
+
+    base = "7767517\n3 3\nInput in0 0 1 in0\nInput in1 0 1 in1\n"
+    for line, needle in [
+        ("vknorm.LayerNorm ln 2 1 in0 in1 y 0=8 1=1e-05 2=0 20=3", "residual=3"),
+        ("vknorm.LayerNorm ln 2 1 in0 in1 y 0=8 1=1e-05 2=0 9=5 20=1", "activation_type=5"),
+        ("vknorm.LayerNorm ln 1 1 in0 y 0=8 1=1e-05 2=0 9=2", "needs its slope"),
+    ]:
+        p, _ = write_model(tmp_path, base + line + "\n")
+        log: list = []
+        with quiet_stderr(log):
+            net = graph.Net()
+            assert net.load_param(str(p)) != 0
+        assert any(needle in ln for ln in log), (needle, log)
+    # two inputs but one declared output for residual=2: the forward says so and fails
+    p, b = write_model(tmp_path, base + "vknorm.LayerNorm ln 2 1 in0 in1 y 0=8 1=1e-05 2=0 20=2\n")
+    log = []
+    with quiet_stderr(log):
+        net = graph.configure(graph.Net(), vulkan=True)
+        assert net.load_param(str(p)) == 0 and net.load_model(str(b)) == 0
+        ex = net.create_extractor()
+        assert ex.input("in0", graph.Mat(np.zeros((2, 8), np.float32))) == 0
+        assert ex.input("in1", graph.Mat(np.zeros((2, 8), np.float32))) == 0
+        r, _ = ex.extract("y")
+    assert r != 0 and any("residual=2 takes 2 inputs and gives 2 outputs" in ln for ln in log), log
+
+
+@needs_graph
+def test_fused_model_in_a_stock_net_says_what_it_needs(tmp_path):
+    from vknorm._stdio import quiet_stderr
+
+    src = (DATA / "transformer_block.ncnn.param").read_text()
+    p = tmp_path / "fused.param"
+    p.write_text(fuse(src)[0])
+    log: list = []
+    with quiet_stderr(log):
+        assert graph.Net(vknorm=False).load_param(str(p)) == -1
+    assert any("a fused vknorm layer" in ln and "vknorm.LayerNorm" in ln for ln in log), log
+
+
+# ------------------------------------------------------------------------------------------ vknorm optimize
+
+def optimize(*args):
+    env = dict(os.environ, VKNORM_VALIDATION="1")
+    return subprocess.run([sys.executable, "-m", "vknorm", "optimize", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@needs_graph
+def test_optimize_writes_a_model_that_runs_like_the_load_time_rewrite(tmp_path):
+    p, b = DATA / "ln_residual_stack.ncnn.param", DATA / "ln_residual_stack.ncnn.bin"
+    op, ob = tmp_path / "f.param", tmp_path / "f.bin"
+    r = optimize(p, b, op, ob, "--json")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    rep = json.loads(r.stdout)
+    assert [f["pattern"] for f in rep["fused"]] == EXPECTED_FUSED["ln_residual_stack"]
+    assert rep["fused"][1]["layers"] == ["add_0", "ln_13", "gelu_1"]
+    assert ob.read_bytes() == b.read_bytes()
+    x = np.random.default_rng(1).standard_normal((197, 768)).astype(np.float32)
+    offline = run_graph(op, ob, {"in0": x}, fuse_=False)[0]["out0"]
+    at_load = run_graph(p, b, {"in0": x})[0]["out0"]
+    assert np.array_equal(offline, at_load)
+
+
+@needs_graph
+def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
+    p, b = DATA / "transformer_block.ncnn.param", DATA / "transformer_block.ncnn.bin"
+    short = tmp_path / "short.bin"
+    short.write_bytes(b.read_bytes()[:100])
+    garbled = tmp_path / "garbled.param"
+    garbled.write_text(p.read_text().replace("Split                    splitncnn_1              1 2 5 6 7",
+                                             "Split splitncnn_1 1 2 nowhere 6 7"))
+    binary = tmp_path / "binary.param"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    for args, needle in [
+        ((tmp_path / "missing.param", b), "no such file"),
+        ((p, tmp_path / "missing.bin"), "no such file"),
+        ((garbled, b), "reads blob 'nowhere', which no earlier layer produces"),
+        ((binary, b), "not a text .param"),
+        ((p, short), "the fused model does not load (the weights in"),
+    ]:
+        out_p, out_b = tmp_path / "o.param", tmp_path / "o.bin"
+        r = optimize(*args, out_p, out_b)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("vknorm optimize: error:") and needle in lines[0], r.stderr
+        assert not out_p.exists() and not out_b.exists()
+        assert not [f for f in os.listdir(tmp_path) if f.startswith(".vknorm-optimize-")]
