@@ -29,7 +29,7 @@
 // Prints the device, the model, the effective options (ncnn drops float16 storage quietly on a device
 // without it), one line per vknorm layer (its forwards and the pipelines it made), vknorm's counters for
 // this net (vulkan_forwards, cpu_forwards, pipelines; all 0 with --stock), the output's shape and max |out|,
-// then OK. Exit status: 0 on success; 1 on any ncnn error (registration, load_param, load_model, input,
+// then OK (with --fuse, first what vknorm::ncnn::load_param_fused fused). Exit status: 0 on success; 1 on any ncnn error (registration, load_param, load_model, input,
 // extract), a Vulkan device that ncnn could not give (ncnn would fall back to the CPU quietly) or a
 // non-finite output; 2 on bad arguments or unreadable/unwritable files.
 #include <net.h>  // ncnn's exported include directory is <prefix>/include/ncnn
@@ -53,12 +53,12 @@ namespace {
 struct Args {
   std::string param_path, bin_path, out_path, input_path;
   std::vector<int> dims;  // numpy order
-  bool stock = false, fp16 = false, cpu = false;
+  bool stock = false, fp16 = false, cpu = false, fuse = false;
 };
 
 [[noreturn]] void usage_error(const std::string& why) {
   std::cerr << "ncnn_example: " << why << "\n"
-            << "usage: ncnn_example MODEL.param MODEL.bin DIMS [--stock] [--fp16] [--cpu] [--out FILE]"
+            << "usage: ncnn_example MODEL.param MODEL.bin DIMS [--stock] [--fuse] [--fp16] [--cpu] [--out FILE]"
                " [--dump-input FILE]\n"
                "  DIMS: numpy order, batch dropped, e.g. 197x768 (h, w) or 32x14x14 (c, h, w)\n";
   std::exit(2);
@@ -90,6 +90,7 @@ Args parse_args(int argc, char** argv) {
     if (s == "--stock") a.stock = true;
     else if (s == "--fp16") a.fp16 = true;
     else if (s == "--cpu") a.cpu = true;
+    else if (s == "--fuse") a.fuse = true;
     else if (s == "--out") a.out_path = value();
     else if (s == "--dump-input") a.input_path = value();
     else if (s == "-h" || s == "--help") usage_error("help");
@@ -97,6 +98,7 @@ Args parse_args(int argc, char** argv) {
     else positional.push_back(s);
   }
   if (positional.size() != 3) usage_error("expected MODEL.param MODEL.bin DIMS");
+  if (a.fuse && a.stock) usage_error("--fuse needs vknorm's layers (not --stock)");
   a.param_path = positional[0];
   a.bin_path = positional[1];
   a.dims = parse_dims(positional[2]);
@@ -178,9 +180,20 @@ int run(const Args& a) {
       return 1;
     }
   }
-  if (int r = net.load_param(a.param_path.c_str())) {
+  // --fuse: vknorm's graph rewrite (add -> norm -> activation as one vknorm layer) as the model loads.
+  std::vector<vknorm::ncnn::FusedPattern> fused;
+  if (int r = a.fuse ? vknorm::ncnn::load_param_fused(net, a.param_path.c_str(), &fused)
+                     : net.load_param(a.param_path.c_str())) {
     std::cerr << "ncnn_example: load_param " << a.param_path << " failed (" << r << ")\n";
     return 1;
+  }
+  if (a.fuse) {
+    std::cout << "fused: " << fused.size() << "\n";
+    for (const auto& f : fused) {
+      std::cout << "  " << f.pattern << ":";
+      for (const auto& l : f.layers) std::cout << " " << l;
+      std::cout << "\n";
+    }
   }
   if (int r = net.load_model(a.bin_path.c_str())) {
     std::cerr << "ncnn_example: load_model " << a.bin_path << " failed (" << r << ")\n";

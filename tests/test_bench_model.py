@@ -21,7 +21,7 @@ def vknorm(*args, timeout=300):
 
 
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
-def test_bench_model_reports_all_four_implementations_as_json(tmp_path, fp16):
+def test_bench_model_reports_every_implementation_as_json(tmp_path, fp16):
     out = tmp_path / "bench.json"
     args = ["bench", "--model", PARAM, BIN, "--input", "in0=16x64", "--iters", "3", "--json", str(out)]
     proc = vknorm(*args, *(["--fp16"] if fp16 else []))
@@ -31,7 +31,7 @@ def test_bench_model_reports_all_four_implementations_as_json(tmp_path, fp16):
     assert isinstance(report["device"], str) and report["device"]
     assert isinstance(report["driver"], str) and report["model"] == PARAM
     impls = [r["impl"] for r in report["results"]]
-    assert impls == ["ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-host"]
+    assert impls == ["ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-fused", "vknorm-host"]
     for r in report["results"]:
         assert isinstance(r["ms"], float) and r["ms"] > 0, r
     for impl in impls:  # the table names every implementation with its ratio to stock ncnn Vulkan

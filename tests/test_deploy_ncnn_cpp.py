@@ -74,6 +74,8 @@ RUNS = {
     "stock_fp32": ["--stock"],
     "stock_fp16": ["--stock", "--fp16"],
     "vknorm_cpu": ["--cpu"],
+    "fused_fp32": ["--fuse"],
+    "fused_fp16": ["--fuse", "--fp16"],
     "stock_cpu": ["--stock", "--cpu"],
 }
 PY_TOL = {False: 1e-6, True: 1e-3}       # (a) C++ vs vknorm.graph, by fp16
@@ -171,7 +173,7 @@ import numpy as np
 from vknorm import graph
 jobs = json.load(open(sys.argv[1]))
 for j in jobs:
-    net = graph.configure(graph.Net(vknorm=True, fuse=False), vulkan=True, fp16=j["fp16"])  # as the C++ consumer loads it
+    net = graph.configure(graph.Net(vknorm=True, fuse=j["fuse"]), vulkan=True, fp16=j["fp16"])  # as the C++ run loads it
     assert net.load_param(j["param"]) == 0 and net.load_model(j["bin"]) == 0, j
     ex = net.create_extractor()
     assert ex.input("in0", graph.Mat(np.load(j["input"]))) == 0
@@ -196,14 +198,15 @@ def py_runs(tmp_path_factory):
         inp = tmp / f"{model}-in.npy"
         np.save(inp, pattern(dims))
         for fp16 in (False, True):
-            jobs.append({"model": model, "fp16": fp16, "param": param, "bin": binp, "input": str(inp),
-                         "out": str(tmp / f"{model}-{int(fp16)}-out.npy")})
+            for fuse in (False, True):
+                jobs.append({"model": model, "fp16": fp16, "fuse": fuse, "param": param, "bin": binp,
+                             "input": str(inp), "out": str(tmp / f"{model}-{int(fp16)}-{int(fuse)}-out.npy")})
     (tmp / "jobs.json").write_text(json.dumps(jobs))
     proc = subprocess.run([sys.executable, "-c", PY_CHILD, str(tmp / "jobs.json"), str(tmp / "done.json")],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, "vknorm.graph run failed (is vknorm built with ncnn? make setup)\n" + proc.stderr[-4000:]
     done = json.loads((tmp / "done.json").read_text())
-    return {(j["model"], j["fp16"]): {**j, "out": np.load(j["out"])} for j in done}
+    return {(j["model"], j["fp16"]) + (("fused",) if j["fuse"] else ()): {**j, "out": np.load(j["out"])} for j in done}
 
 
 # ------------------------------------------------------------------------------ the package and the build
@@ -275,6 +278,18 @@ def test_cxx_output_equals_vknorm_graph_output(cxx_runs, py_runs, model, fp16):
     hint = ("" if cxx_variants == p["variants"] else
             f"\nthe two builds plan differently (stale Python extension? make setup):\nC++ {cxx_variants}\nPy  {p['variants']}")
     assert err <= PY_TOL[fp16], f"{model} fp16={fp16}: {err:.3e}{hint}"
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_cxx_fused_output_equals_vknorm_graph_fused_output(cxx_runs, py_runs, model, fp16):
+    """vknorm::ncnn::load_param_fused from C++ and vknorm.graph.Net() (fusing by default) from Python: the
+    same rewrite and the same kernels, bit for bit."""
+    c = cxx_runs[(model, "fused_fp16" if fp16 else "fused_fp32")]
+    p = py_runs[(model, fp16, "fused")]
+    n = int(re.search(r"^fused: (\d+)$", c["stdout"], re.M).group(1))
+    assert n == {"transformer_block": 2, "ln_residual_stack": 12, "sd_resblock_c320": 2}[model], c["stdout"]
+    assert c["out"].tobytes() == p["out"].ravel().tobytes(), max_err(c["out"], p["out"].ravel())
 
 
 @pytest.mark.parametrize("model", list(MODELS))
