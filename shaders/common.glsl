@@ -82,6 +82,12 @@ layout(constant_id = 12) const uint RESIDUAL = 0;
 // 4 Sigmoid, 7 Swish, 8 GELU, 9 GELU's tanh form (ncnn's fast_gelu).
 layout(constant_id = 13) const uint ACT = 0;
 layout(constant_id = 14) const float ACT_ALPHA = 0.0;
+#define ACT_RELU 1u
+#define ACT_LEAKY_RELU 2u
+#define ACT_SIGMOID 4u
+#define ACT_SWISH 7u
+#define ACT_GELU 8u
+#define ACT_GELU_FAST 9u
 #define OP_LAYERNORM 0u
 #define OP_RMSNORM 1u
 #define WG gl_WorkGroupSize.x
@@ -130,15 +136,15 @@ float erfc_nonneg(float z) {
   return t * exp(r);
 }
 float activate1(float v) {
-  if (ACT == 1u) return v < 0.0 ? 0.0 : v;
-  if (ACT == 2u) return v < 0.0 ? v * ACT_ALPHA : v;
-  if (ACT == 4u) return 1.0 / (1.0 + exp(-v));
-  if (ACT == 7u) return v / (1.0 + exp(-v));
-  if (ACT == 8u) {
+  if (ACT == ACT_RELU) return v < 0.0 ? 0.0 : v;
+  if (ACT == ACT_LEAKY_RELU) return v < 0.0 ? v * ACT_ALPHA : v;
+  if (ACT == ACT_SIGMOID) return 1.0 / (1.0 + exp(-v));
+  if (ACT == ACT_SWISH) return v / (1.0 + exp(-v));
+  if (ACT == ACT_GELU) {
     float e = erfc_nonneg(abs(v) * 0.70710678);
     return v >= 0.0 ? v * (1.0 - 0.5 * e) : 0.5 * v * e;
   }
-  if (ACT == 9u) return v / (1.0 + exp(-1.59576904 * (v + 0.044715 * v * v * v)));
+  if (ACT == ACT_GELU_FAST) return v / (1.0 + exp(-1.59576904 * (v + 0.044715 * v * v * v)));
   return v;
 }
 float activate(float v) { return activate1(v); }
