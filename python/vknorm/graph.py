@@ -7,6 +7,7 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
     import numpy as np
 
     net = ncnn.Net()                           # vknorm's layers registered; ncnn.Net(vknorm=False): stock ncnn
+                                               # fusing add -> norm -> activation as it loads (fuse=False: not)
     net.opt.use_vulkan_compute = True          # set options before load_param, as with pyncnn
     net.load_param("model.ncnn.param")
     net.load_model("model.ncnn.bin")
@@ -25,6 +26,12 @@ command buffer on ncnn's blobs, in whatever packing (1 or 4) and storage (``opt.
 ``use_fp16_packed``: float16; float32 otherwise) the graph chose. In a CPU net they run ncnn's CPU
 algorithm. ``vknorm.ncnn.register`` (pyncnn custom layers) remains for pyncnn users, but it is the slow
 path: a pyncnn layer always runs on the host, so a Vulkan net downloads and re-uploads around it.
+
+Fusion (``Net(fuse=True)``, the default with vknorm's layers): ``load_param`` rewrites the model so every
+norm takes in the BinaryOp add that feeds it and the activation after it (vknorm::ncnn::fuse_param);
+``net.fused()`` lists what was fused ({"pattern", "layers"}), ``vknorm_counters()["unfused_adds"]`` counts
+adds whose inputs differed in shape at run time (ncnn's BinaryOp ran them). ``vknorm optimize`` writes the
+same rewrite to disk.
 
 Mat: ``Mat(array)`` copies a float32 numpy array of shape (w), (h, w), (c, h, w) or (c, d, h, w);
 ``np.array(mat)`` / ``mat.numpy()`` copy back.
