@@ -4,6 +4,7 @@
 #include "vknorm/ncnn.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -40,6 +41,14 @@ DeviceInfo device_info(const ::ncnn::VulkanDevice& dev) {
   info.max_workgroup_size_x = gi.max_workgroup_size_x();
   info.max_workgroup_count_x = gi.max_workgroup_count_x();
   return info;
+}
+
+// Whether pipelines may read single float16 values (storageBuffer16BitAccess): ncnn enables the feature on
+// its device wherever the device has it. VKNORM_NO_FP16_STORAGE=1 plans as if it had not, as vknorm's own
+// context does (tests run a device without 16-bit storage that way).
+bool storage_16bit(const ::ncnn::VulkanDevice& dev) {
+  const char* off = std::getenv("VKNORM_NO_FP16_STORAGE");
+  return dev.info.support_fp16_storage() && !(off && *off && std::strcmp(off, "0") != 0);
 }
 
 bool subgroup_reduce(const ::ncnn::VulkanDevice& dev) {
@@ -109,6 +118,7 @@ class NormLayer : public ::ncnn::Layer {
     }
     info_ = device_info(*vkdev);
     subgroup_reduce_ = subgroup_reduce(*vkdev);
+    storage_16bit_ = storage_16bit(*vkdev);
     // The plan for the shape in the param file's hints, with the storage and packing this net gives
     // blobs; other shapes get their pipelines when first met.
     if (!bottom_shapes.empty() && bottom_shapes[0].dims > 0) {
@@ -177,18 +187,17 @@ class NormLayer : public ::ncnn::Layer {
     }
     const Prepared* prep = prepared(b, opt);
     if (!prep) return -1;
-    const ForwardPlan& fp = prep->plan;
-    // Split-path scratch comes from ncnn's workspace allocator, as its own layers' does.
-    ::ncnn::VkMat partials, coefs;
-    if (fp.partials_bytes) partials.create(int(fp.partials_bytes / 4), 4u, opt.workspace_vkallocator);
-    if (fp.coefs_bytes) coefs.create(int(fp.coefs_bytes / 4), 4u, opt.workspace_vkallocator);
-    if ((fp.partials_bytes && partials.empty()) || (fp.coefs_bytes && coefs.empty())) return -100;
-    // Empty slots get ncnn's dummy buffer.
-    const std::vector<::ncnn::VkMat> bindings{blob, gamma_gpu_, beta_gpu_, partials, coefs};
-    for (size_t i = 0; i < fp.passes.size(); ++i)
-      cmd.record_pipeline(prep->pipelines[i], bindings, prep->constants[i], prep->dispatchers[i]);
-    ++vulkan_forwards_;
-    ++g_vulkan_forwards;
+    if (!prep->via_float32) return record(*prep, blob, cmd, opt);
+    // A dims-1 float16 blob (ncnn's packed float16: no 16-bit storage needed) too large for the fused kernel,
+    // on a device without storageBuffer16BitAccess: the split path would read it as single float16 values.
+    // ncnn's own packing turns it into an elempack-1 float32 blob and back around the float32 plan.
+    ::ncnn::VkMat fp32, back;
+    vkdev->convert_packing(blob, fp32, 1, 1 /* to float32 */, cmd, opt);
+    if (fp32.empty()) return -100;
+    if (int r = record(*prep, fp32, cmd, opt)) return r;
+    vkdev->convert_packing(fp32, back, blob.elempack, 2 /* to float16 */, cmd, opt);
+    if (back.empty()) return -100;
+    blob = back;
     return 0;
   }
 
@@ -204,6 +213,7 @@ class NormLayer : public ::ncnn::Layer {
   // same shapes on every inference, so planning and pipeline lookups leave the per-inference path.
   struct Prepared {
     ForwardPlan plan;
+    bool via_float32 = false;  // the plan is for the blob converted to float32 elempack 1 (forward_inplace)
     std::vector<const ::ncnn::Pipeline*> pipelines;
     std::vector<std::vector<::ncnn::vk_constant_type>> constants;
     std::vector<::ncnn::VkMat> dispatchers;
@@ -218,6 +228,15 @@ class NormLayer : public ::ncnn::Layer {
     Prepared p;
     try {
       p.plan = plan(b, opt);
+      if (!storage_16bit_ && needs_16bit_storage(p.plan)) {
+        // ncnn gives elempack-1 blobs float16 storage only on devices with 16-bit storage; a dims-1 blob
+        // vknorm itself unpacked is the exception: it runs converted to float32.
+        if (b.dims != 1) throw std::invalid_argument("an elempack-1 float16 blob needs storageBuffer16BitAccess, which this device lacks");
+        Blob b32 = b;
+        b32.fp16 = false;
+        p.plan = plan(b32, opt);
+        p.via_float32 = true;
+      }
     } catch (const std::exception& e) {
       log_error(e);
       return nullptr;
@@ -239,6 +258,23 @@ class NormLayer : public ::ncnn::Layer {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     return &prepared_.emplace(key, std::move(p)).first->second;
+  }
+
+  // Records the prepared passes over `blob` (in the prepared format) into ncnn's command buffer.
+  int record(const Prepared& prep, const ::ncnn::VkMat& blob, ::ncnn::VkCompute& cmd, const ::ncnn::Option& opt) const {
+    const ForwardPlan& fp = prep.plan;
+    // Split-path scratch comes from ncnn's workspace allocator, as its own layers' does.
+    ::ncnn::VkMat partials, coefs;
+    if (fp.partials_bytes) partials.create(int(fp.partials_bytes / 4), 4u, opt.workspace_vkallocator);
+    if (fp.coefs_bytes) coefs.create(int(fp.coefs_bytes / 4), 4u, opt.workspace_vkallocator);
+    if ((fp.partials_bytes && partials.empty()) || (fp.coefs_bytes && coefs.empty())) return -100;
+    // Empty slots get ncnn's dummy buffer.
+    const std::vector<::ncnn::VkMat> bindings{blob, gamma_gpu_, beta_gpu_, partials, coefs};
+    for (size_t i = 0; i < fp.passes.size(); ++i)
+      cmd.record_pipeline(prep.pipelines[i], bindings, prep.constants[i], prep.dispatchers[i]);
+    ++vulkan_forwards_;
+    ++g_vulkan_forwards;
+    return 0;
   }
 
   const char* type_name() const { return op_name(p_.op); }
@@ -293,6 +329,7 @@ class NormLayer : public ::ncnn::Layer {
   ::ncnn::VkMat gamma_gpu_, beta_gpu_;
   DeviceInfo info_;
   bool subgroup_reduce_ = false;
+  bool storage_16bit_ = true;
   mutable std::mutex mutex_;
   mutable std::map<std::string, std::unique_ptr<::ncnn::Pipeline>> pipelines_;
   mutable std::map<std::tuple<int, int, int, int, int, size_t, int, bool, bool>, Prepared> prepared_;

@@ -68,30 +68,6 @@ const char* type_name(vk::PhysicalDeviceType t) {
   }
 }
 
-// What a SPIR-V module asks of the device beyond Vulkan 1.0 (cmake/shaders.cmake: float16-storage and
-// subgroup variants are SPIR-V 1.3; pack1 float16 ones declare StorageBuffer16BitAccess).
-struct SpirvNeeds {
-  bool vulkan_1_1 = false;
-  bool storage_16bit = false;
-};
-
-SpirvNeeds spirv_needs(const shaders::Spirv& spv) {
-  SpirvNeeds n;
-  if (!spv.words || spv.count < 5) return n;
-  n.vulkan_1_1 = spv.words[1] > 0x00010000u;  // the version word: 1.0 is 0x00010000
-  constexpr uint32_t kOpCapability = 17, kStorageBuffer16BitAccess = 4433, kUniformAndStorageBuffer16BitAccess = 4434;
-  for (size_t i = 5; i < spv.count;) {
-    const uint32_t words = spv.words[i] >> 16, opcode = spv.words[i] & 0xffffu;
-    if (words == 0) break;
-    if (opcode == kOpCapability && words >= 2 && i + 1 < spv.count) {
-      const uint32_t cap = spv.words[i + 1];
-      n.storage_16bit = n.storage_16bit || cap == kStorageBuffer16BitAccess || cap == kUniformAndStorageBuffer16BitAccess;
-    }
-    i += words;
-  }
-  return n;
-}
-
 std::string describe_blob(int dims, int w, int h, int d, int c, size_t cstep, int elempack, bool fp16) {
   std::string s = "dims=" + std::to_string(dims) + " w=" + std::to_string(w);
   if (dims >= 2) s += " h=" + std::to_string(h);
@@ -295,9 +271,7 @@ struct Recorder::Impl {
   const SpirvNeeds& needs_of(const std::string& variant) {
     auto it = needs.find(variant);
     if (it != needs.end()) return it->second;
-    const shaders::Spirv spv = shaders::find(variant.c_str());
-    if (!spv.words) throw std::logic_error("vknorm: no shader variant " + variant);
-    return needs.emplace(variant, spirv_needs(spv)).first->second;
+    return needs.emplace(variant, spirv_needs(variant)).first->second;
   }
 
   const vk::raii::Pipeline& pipeline(const Pass& pass) {
