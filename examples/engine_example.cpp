@@ -16,7 +16,7 @@
 // blob: a few ulps per rounding step of the reductions over up to 3003 elements and of the affine step.
 //
 // Usage: engine_example [--misalign] [--skip-rmsnorm] [--corrupt] [--no-barrier] [--system-loader]
-//                       [--refusals] [--repeat N]
+//                       [--refusals] [--timing] [--repeat N]
 //   --misalign       put blob B at an offset that is not a multiple of minStorageBufferOffsetAlignment:
 //                    vknorm refuses it (std::invalid_argument, exit 2)
 //   --skip-rmsnorm   do not record vknorm's RMSNorm (negative control: B stays un-normalized, exit 1)
@@ -25,10 +25,16 @@
 //                    with VKNORM_VALIDATION=1, synchronization validation reports the hazard, exit 1)
 //   --system-loader  give vknorm no vkGetInstanceProcAddr: it opens the system loader itself
 //   --refusals       first try record() calls vknorm must refuse (bad shapes, affine_size, offset, range,
-//                    missing weights, float16 pack1 without 16-bit storage) on the same command buffer;
+//                    missing weights, float16 pack1 without 16-bit storage, a group larger than one
+//                    binding, pieces at misaligned offsets) on the same command buffer;
 //                    each must throw std::invalid_argument and record nothing (exit 1 otherwise)
 //   --repeat N       record both forwards N times in the command buffer, the engine's barrier between
 //                    rounds (vknorm's scratch and descriptor sets are shared by the rounds)
+//   --timing         Recorder::set_timing(true): after the submission, each forward's GPU time
+//                    (Recorder::gpu_times_us) and the submission's wall time on the host
+//
+// VKNORM_MAX_BUFFER_BYTES=N (as for vknorm's own context) makes the Recorders bind at most N bytes per
+// storage buffer: the blobs are then recorded in pieces of whole groups ("pieces: A n, B m").
 //
 // VKNORM_VALIDATION=1: the Khronos validation layer with synchronization validation, when installed,
 // and a debug messenger; any message fails the run (exit 1) and is printed.
@@ -41,6 +47,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -374,14 +381,14 @@ constexpr double kUlps = 84;  // the tolerance: kUlps * FLT_EPSILON (2^-23) * ma
 
 struct Args {
   bool misalign = false, skip_rmsnorm = false, corrupt = false, no_barrier = false, system_loader = false;
-  bool refusals = false;
+  bool refusals = false, timing = false;
   int repeat = 1;
 };
 
 // --refusals: record() calls vknorm must refuse with std::invalid_argument, recording nothing. Each is
 // tried on the command buffer the run then uses, so validation and the results show nothing was left.
 int try_refusals(VkCommandBuffer cmd, const vknorm::VulkanHandles& handles, VkBuffer buffer, uint64_t align,
-                 vknorm::Recorder& ln, const Blob& a) {
+                 uint64_t max_range, vknorm::Recorder& ln, const Blob& a) {
   struct Case {
     const char* what;
     std::function<void()> call;
@@ -407,6 +414,26 @@ int try_refusals(VkCommandBuffer cmd, const vknorm::VulkanHandles& handles, VkBu
        [&] {
          vknorm::Recorder fp16(no16, vknorm::NormOp::RMSNorm, 1001, 1e-5f, 0);
          fp16.record(cmd, {buffer, a.offset, a.span()}, 2, 1001, 8, 1, 1, 0, 1, true);
+       }},
+      {"a dims-1 float16 group past the fused kernel without storageBuffer16BitAccess",
+       [&] {  // 131072 elements in pack4 (packed halves): the split path would read single float16 values
+         vknorm::Recorder fp16(no16, vknorm::NormOp::LayerNorm, 0, 1e-5f, 0);
+         fp16.record(cmd, {buffer, a.offset, vknorm::kWholeSize}, 1, 32768, 1, 1, 1, 32768, 4, true);
+       }},
+      {"a group larger than one storage buffer binding",
+       [&] {  // one row one element past maxStorageBufferRange: a group is never split
+         const uint64_t range = max_range;
+         const int w = int(std::min<uint64_t>(range / 4 + 1, 0x7fffffff));
+         vknorm::Recorder row(handles, vknorm::NormOp::RMSNorm, 0, 1e-5f, 0);
+         row.record(cmd, {buffer, a.offset, vknorm::kWholeSize}, 2, w, 1, 1, 1, size_t(w), 1, false);
+       }},
+      {"pieces at offsets off minStorageBufferOffsetAlignment",
+       [&] {  // two rows of 4004 bytes, one per binding: the second would be bound at offset + 4004
+         if (align <= 4) throw std::invalid_argument("not applicable: every multiple of 4 bytes is aligned here");
+         setenv("VKNORM_MAX_BUFFER_BYTES", "4004", 1);
+         struct Unset { ~Unset() { unsetenv("VKNORM_MAX_BUFFER_BYTES"); } } unset;
+         vknorm::Recorder rows(handles, vknorm::NormOp::RMSNorm, 0, 1e-5f, 0);
+         rows.record(cmd, {buffer, a.offset, 8008}, 2, 1001, 2, 1, 1, 2002, 1, false);
        }},
       {"gamma of the wrong size", [&] { ln.load_model(std::vector<float>(10, 1.f), a.beta); }},
       {"no device", [&] { vknorm::Recorder none(vknorm::VulkanHandles{}, vknorm::NormOp::LayerNorm, 768); }},
@@ -524,7 +551,9 @@ int run(const Args& args) {
     if (!args.no_barrier)  // the engine's writes before vknorm's dispatches (compute shader, read/write)
       barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
               VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
-    int unexpected = args.refusals ? try_refusals(cmd, handles, storage_buffer, align, ln, a) : 0;
+    int unexpected =
+        args.refusals ? try_refusals(cmd, handles, storage_buffer, align, e.props.limits.maxStorageBufferRange, ln, a) : 0;
+    if (args.timing) ln.set_timing(true), rms.set_timing(true);
     vknorm::Option split;
     split.path = vknorm::Path::Split;
     vknorm::DispatchInfo da, db;
@@ -549,14 +578,28 @@ int run(const Args& args) {
     auto si = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
     si.commandBufferCount = 1;
     si.pCommandBuffers = &cmd;
+    const auto t0 = std::chrono::steady_clock::now();
     check(vkQueueSubmit(e.queue, 1, &si, e.fence), "vkQueueSubmit");
     check(vkWaitForFences(e.device, 1, &e.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+    const double wall_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    if (args.timing) {
+      auto print = [](const char* what, const std::vector<double>& t) {
+        std::printf("gpu time %s (us):", what);
+        for (double v : t) std::printf(" %.3f", v);
+        std::printf("\n");
+      };
+      print("A", ln.gpu_times_us());
+      print("B", rms.gpu_times_us());
+      print("A again", ln.gpu_times_us());  // read once: nothing is left
+      std::printf("submission wall time (us): %.3f\n", wall_us);
+    }
     ln.release_descriptors();  // the command buffer completed
     rms.release_descriptors();
     vkFreeCommandBuffers(e.device, e.pool, 1, &cmd);
 
     std::printf("A LayerNorm dims=3 c=%d h=%d w=%d float32 pack%d, x = 1e4 + N(0, 1e-2): path %s, %d dispatch(es) x %d\n",
                 a.c, a.h, a.w, a.elempack, vknorm::path_name(da.path), da.dispatches, args.repeat);
+    std::printf("pieces: A %d, B %d\n", da.pieces, args.skip_rmsnorm ? 0 : db.pieces);
     if (args.skip_rmsnorm) std::printf("B RMSNorm: not recorded (--skip-rmsnorm)\n");
     else
       std::printf("B RMSNorm dims=3 c=%d h=%d w=%d float32 pack%d (cstep %zu), Option::path split: path %s, %d dispatch(es) x %d\n",
@@ -603,10 +646,11 @@ int main(int argc, char** argv) {
     else if (s == "--no-barrier") args.no_barrier = true;
     else if (s == "--system-loader") args.system_loader = true;
     else if (s == "--refusals") args.refusals = true;
+    else if (s == "--timing") args.timing = true;
     else if (s == "--repeat" && i + 1 < argc && std::atoi(argv[i + 1]) >= 1) args.repeat = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "engine_example: unknown argument %s\nusage: engine_example [--misalign] [--skip-rmsnorm] "
-                           "[--corrupt] [--no-barrier] [--system-loader] [--refusals] [--repeat N]\n", s.c_str());
+                           "[--corrupt] [--no-barrier] [--system-loader] [--refusals] [--timing] [--repeat N]\n", s.c_str());
       return 2;
     }
   }

@@ -10,6 +10,7 @@
 
 #include <cstring>
 
+#include "shaders.h"
 #include "vknorm/vknorm.h"
 
 namespace nb = nanobind;
@@ -120,6 +121,17 @@ NB_MODULE(_core, m) {
   m.def("validation_enabled", &validation_enabled);
   m.def("validation_messages", &validation_messages);
   m.def("clear_validation_messages", &clear_validation_messages);
+  // The SPIR-V embedded in this build (tests validate it where no build tree is at hand).
+  m.def("shader_variants", [] {
+    std::vector<std::string> out;
+    for (const char* n : shaders::names()) out.emplace_back(n);
+    return out;
+  });
+  m.def("shader_spirv", [](const std::string& name) {
+    const shaders::Spirv spv = shaders::find(name.c_str());
+    if (!spv.words) throw std::invalid_argument("no embedded shader variant named " + name);
+    return nb::bytes(reinterpret_cast<const char*>(spv.words), spv.count * sizeof(uint32_t));
+  }, "name"_a);
 
   nb::class_<Context>(m, "Context")
       .def_static("create", &Context::create, "index"_a = -1)

@@ -8,11 +8,14 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
+#include <unordered_map>
 
 #include <ncnn/gpu.h>
 #include <ncnn/net.h>
@@ -107,10 +110,120 @@ nb::list fused_list(const std::vector<vknorm::ncnn::FusedPattern>& fused) {
   return out;
 }
 
+// The blob and staging allocators a Vulkan extractor uses, acquired from ncnn's device as ncnn's
+// Extractor acquires them itself, and given back when the extractor goes.
+struct Allocators {
+  const ::ncnn::VulkanDevice* vkdev = nullptr;
+  ::ncnn::VkAllocator* blob = nullptr;
+  ::ncnn::VkAllocator* staging = nullptr;
+  explicit Allocators(const ::ncnn::VulkanDevice* d)
+      : vkdev(d), blob(d->acquire_blob_allocator()), staging(d->acquire_staging_allocator()) {}
+  ~Allocators() {
+    vkdev->reclaim_blob_allocator(blob);
+    vkdev->reclaim_staging_allocator(staging);
+  }
+  Allocators(const Allocators&) = delete;
+  Allocators& operator=(const Allocators&) = delete;
+};
+
 struct Extractor {
   std::shared_ptr<Net> owner;  // the net outlives its extractors
   std::unique_ptr<::ncnn::Extractor> ex;
+  std::shared_ptr<Allocators> allocators;  // Vulkan nets; released after ex (declared after it)
+
+  ~Extractor() { ex.reset(); }
+  Extractor(std::shared_ptr<Net> n, std::unique_ptr<::ncnn::Extractor> e, std::shared_ptr<Allocators> a)
+      : owner(std::move(n)), ex(std::move(e)), allocators(std::move(a)) {}
+  Extractor(Extractor&&) = default;
 };
+
+// A Vulkan extractor uploads an input when extract() first needs it: a staging buffer, then the device
+// blob in the consumer's packing. ncnn drops a failed allocation there without an error, and the next
+// in-place layer then dereferences the empty blob's null reference count (a crash, stock layers as
+// vknorm's). Allocating both once here, then freeing them into this extractor's allocators (which keep
+// the memory and hand it to the upload), turns device memory running out at the upload into ncnn's
+// error code -100 from input(), before anything is recorded.
+int reserve_upload(const Extractor& e, const ::ncnn::Mat& in) {
+  if (!e.allocators || in.empty()) return 0;
+  const ::ncnn::Option& opt = e.owner->net.opt;
+  const ::ncnn::GpuInfo& info = e.allocators->vkdev->info;
+  // record_upload's staging: float16 (or bfloat16) already on the host for a discrete GPU, else as given.
+  ::ncnn::Mat staged_like = in;
+  if (in.elemsize == size_t(in.elempack) * 4u && info.type() == 0 &&
+      (opt.use_bf16_storage || opt.use_bf16_packed || opt.use_fp16_storage || opt.use_fp16_packed))
+    staged_like.elemsize = size_t(in.elempack) * 2u;
+  ::ncnn::VkMat staging, blob;
+  staging.create_like(staged_like, e.allocators->staging);
+  blob.create_like(in, e.allocators->blob);  // float32 elempack 1: no smaller than any packed or float16 copy
+  if (staging.empty() || blob.empty()) {
+    NCNN_LOGE("vknorm.graph: out of device memory uploading an input of %zu bytes", size_t(in.total()) * in.elemsize);
+    return -100;
+  }
+  return 0;
+}
+
+// Device memory ncnn holds. Every allocation ncnn makes (its blob, workspace, staging and weight
+// allocators, vknorm's layers' scratch through them) goes through ncnn::vkAllocateMemory / vkFreeMemory,
+// function pointers ncnn fills when it creates its Vulkan instance; tracking swaps in counting wrappers.
+// A limit makes the wrapper answer VK_ERROR_OUT_OF_DEVICE_MEMORY past it, as a full device answers:
+// what ncnn then does is what a user meets when the GPU runs out of memory.
+struct MemoryTracker {
+  std::mutex mutex;
+  std::unordered_map<uint64_t, uint64_t> live;  // VkDeviceMemory -> bytes
+  uint64_t bytes = 0, peak = 0, allocations = 0, refused = 0, limit = 0;
+  PFN_vkAllocateMemory allocate = nullptr;
+  PFN_vkFreeMemory free = nullptr;
+};
+
+MemoryTracker& tracker() {
+  static MemoryTracker* t = new MemoryTracker;  // never destroyed: ncnn may free memory at process exit
+  return *t;
+}
+
+uint64_t memory_key(VkDeviceMemory m) { return uint64_t(reinterpret_cast<uintptr_t>(m)); }
+
+VkResult VKAPI_CALL counting_allocate(VkDevice device, const VkMemoryAllocateInfo* info, const VkAllocationCallbacks* cb,
+                                      VkDeviceMemory* memory) {
+  MemoryTracker& t = tracker();
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    if (t.limit && t.bytes + info->allocationSize > t.limit) {
+      ++t.refused;
+      return VK_ERROR_OUT_OF_DEVICE_MEMORY;
+    }
+  }
+  const VkResult r = t.allocate(device, info, cb, memory);
+  if (r == VK_SUCCESS) {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.live[memory_key(*memory)] = info->allocationSize;
+    t.bytes += info->allocationSize;
+    t.peak = std::max(t.peak, t.bytes);
+    ++t.allocations;
+  }
+  return r;
+}
+
+void VKAPI_CALL counting_free(VkDevice device, VkDeviceMemory memory, const VkAllocationCallbacks* cb) {
+  MemoryTracker& t = tracker();
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto it = t.live.find(memory_key(memory));
+    if (it != t.live.end()) t.bytes -= it->second, t.live.erase(it);  // memory from before tracking: not counted
+  }
+  t.free(device, memory, cb);
+}
+
+// Starts ncnn's Vulkan instance if needed, then counts from here on (again after the instance was recreated).
+void track_device_memory() {
+  if (::ncnn::get_gpu_count() <= 0) throw std::runtime_error("ncnn finds no Vulkan device");
+  MemoryTracker& t = tracker();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  if (::ncnn::vkAllocateMemory == counting_allocate) return;
+  t.allocate = ::ncnn::vkAllocateMemory;
+  t.free = ::ncnn::vkFreeMemory;
+  ::ncnn::vkAllocateMemory = counting_allocate;
+  ::ncnn::vkFreeMemory = counting_free;
+}
 
 }  // namespace
 
@@ -148,7 +261,10 @@ NB_MODULE(_graph, m) {
 
   nb::class_<Extractor>(m, "Extractor")
       .def("input",
-           [](Extractor& e, const std::string& name, const ::ncnn::Mat& in) { return e.ex->input(name.c_str(), in); },
+           [](Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
+             if (int r = reserve_upload(e, in)) return r;
+             return e.ex->input(name.c_str(), in);
+           },
            "name"_a, "mat"_a)
       .def("extract",
            [](Extractor& e, const std::string& name) {
@@ -252,7 +368,15 @@ NB_MODULE(_graph, m) {
            })
       .def("create_extractor",
            [](std::shared_ptr<Net> n) {
-             return Extractor{n, std::make_unique<::ncnn::Extractor>(n->net.create_extractor())};
+             auto ex = std::make_unique<::ncnn::Extractor>(n->net.create_extractor());
+             std::shared_ptr<Allocators> allocators;
+             if (n->net.opt.use_vulkan_compute && n->net.vulkan_device()) {
+               allocators = std::make_shared<Allocators>(n->net.vulkan_device());
+               ex->set_blob_vkallocator(allocators->blob);
+               ex->set_workspace_vkallocator(allocators->blob);
+               ex->set_staging_vkallocator(allocators->staging);
+             }
+             return Extractor(n, std::move(ex), std::move(allocators));
            })
       .def("clear", [](Net& n) { n.net.clear(); });
 
@@ -272,6 +396,26 @@ NB_MODULE(_graph, m) {
     const auto c = vknorm::ncnn::counters();
     return std::make_tuple(c.vulkan_forwards, c.cpu_forwards, c.pipelines);
   });
+  m.def("track_device_memory", &track_device_memory);
+  m.def("device_memory", [] {
+    MemoryTracker& t = tracker();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    nb::dict d;
+    d["tracking"] = ::ncnn::vkAllocateMemory == counting_allocate;
+    d["bytes"] = t.bytes;
+    d["blocks"] = t.live.size();
+    d["peak_bytes"] = t.peak;
+    d["allocations"] = t.allocations;
+    d["refused"] = t.refused;
+    d["limit"] = t.limit;
+    return d;
+  });
+  m.def("set_device_memory_limit", [](uint64_t limit) {
+    MemoryTracker& t = tracker();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.limit = limit;
+    t.peak = t.bytes;  // the peak from here on
+  }, "limit"_a);
   // Destroys ncnn's Vulkan instance: call once no Net is left (vknorm.graph does it at exit).
   m.def("destroy_gpu_instance", [] { ::ncnn::destroy_gpu_instance(); });
 }

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "shaders.h"
+
 namespace vknorm {
 namespace {
 
@@ -280,5 +282,38 @@ uint64_t Plan::apply_workgroups(const GroupLayout& g) const {
   return std::min(div_up(uint64_t(g.n_groups) * g.group_size, wg), kMaxApplyWorkgroups);
 }
 
+SpirvNeeds spirv_needs(const std::string& variant) {
+  const shaders::Spirv spv = shaders::find(variant.c_str());
+  if (!spv.words || spv.count < 5) throw std::logic_error("vknorm: no shader variant " + variant);
+  SpirvNeeds n;
+  n.vulkan_1_1 = spv.words[1] > 0x00010000u;  // the version word: 1.0 is 0x00010000
+  constexpr uint32_t kOpCapability = 17, kStorageBuffer16BitAccess = 4433, kUniformAndStorageBuffer16BitAccess = 4434;
+  for (size_t i = 5; i < spv.count;) {
+    const uint32_t words = spv.words[i] >> 16, opcode = spv.words[i] & 0xffffu;
+    if (words == 0) break;
+    if (opcode == kOpCapability && words >= 2 && i + 1 < spv.count) {
+      const uint32_t cap = spv.words[i + 1];
+      n.storage_16bit = n.storage_16bit || cap == kStorageBuffer16BitAccess || cap == kUniformAndStorageBuffer16BitAccess;
+    }
+    i += words;
+  }
+  return n;
+}
+
+bool needs_16bit_storage(const ForwardPlan& plan) {
+  for (const Pass& pass : plan.passes)
+    if (spirv_needs(pass.variant).storage_16bit) return true;
+  return false;
+}
+
+uint64_t env_max_buffer_bytes() {
+  const char* v = std::getenv("VKNORM_MAX_BUFFER_BYTES");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (*end != '\0' || n == 0 || v[0] == '-')
+    throw std::invalid_argument(std::string("VKNORM_MAX_BUFFER_BYTES=") + v + ": expected a positive integer");
+  return n;
+}
 
 }  // namespace vknorm

@@ -107,4 +107,20 @@ DispatchInfo dispatch_info(const ForwardPlan& plan);
 ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g, bool fp16, const DeviceCaps& dev,
                          const Option& opt, const Fusion& fusion = {});
 
+// What an embedded SPIR-V variant asks of the device beyond Vulkan 1.0, read from its header and
+// capabilities (cmake/shaders.cmake: float16-storage and subgroup variants are SPIR-V 1.3; pack1 float16
+// ones declare StorageBuffer16BitAccess). Throws std::logic_error for a variant that was not built.
+struct SpirvNeeds {
+  bool vulkan_1_1 = false;
+  bool storage_16bit = false;
+};
+SpirvNeeds spirv_needs(const std::string& variant);
+// True when some pass of the plan reads the blob as single float16 values (storageBuffer16BitAccess).
+bool needs_16bit_storage(const ForwardPlan& plan);
+
+// VKNORM_MAX_BUFFER_BYTES=N: plan as if the device bound storage buffers of at most N bytes (tests run
+// the pieces path with small tensors); 0 when unset. Read on every forward; std::invalid_argument for
+// anything but a positive integer.
+uint64_t env_max_buffer_bytes();
+
 }  // namespace vknorm

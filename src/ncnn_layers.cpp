@@ -4,6 +4,7 @@
 #include "vknorm/ncnn.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -40,6 +41,14 @@ DeviceInfo device_info(const ::ncnn::VulkanDevice& dev) {
   info.max_workgroup_size_x = gi.max_workgroup_size_x();
   info.max_workgroup_count_x = gi.max_workgroup_count_x();
   return info;
+}
+
+// Whether pipelines may read single float16 values (storageBuffer16BitAccess): ncnn enables the feature on
+// its device wherever the device has it. VKNORM_NO_FP16_STORAGE=1 plans as if it had not, as vknorm's own
+// context does (tests run a device without 16-bit storage that way).
+bool storage_16bit(const ::ncnn::VulkanDevice& dev) {
+  const char* off = std::getenv("VKNORM_NO_FP16_STORAGE");
+  return dev.info.support_fp16_storage() && !(off && *off && std::strcmp(off, "0") != 0);
 }
 
 bool subgroup_reduce(const ::ncnn::VulkanDevice& dev) {
@@ -133,6 +142,7 @@ class NormLayer : public ::ncnn::Layer {
     }
     info_ = device_info(*vkdev);
     subgroup_reduce_ = subgroup_reduce(*vkdev);
+    storage_16bit_ = storage_16bit(*vkdev);
     // The plan for the shape in the param file's hints, with the storage and packing this net gives
     // blobs; other shapes get their pipelines when first met.
     if (!bottom_shapes.empty() && bottom_shapes[0].dims > 0) {
@@ -209,7 +219,7 @@ class NormLayer : public ::ncnn::Layer {
   }
 
   int forward_inplace(::ncnn::VkMat& blob, ::ncnn::VkCompute& cmd, const ::ncnn::Option& opt) const override {
-    return record(blob, nullptr, cmd, opt);
+    return record_forward(blob, nullptr, cmd, opt);
   }
 
   // Vulkan, fused add: one kernel reads both inputs and writes the output (and the sum). Inputs that
@@ -220,13 +230,17 @@ class NormLayer : public ::ncnn::Layer {
     const ::ncnn::VkMat& a = bottoms[0];
     const ::ncnn::VkMat& b = bottoms[1];
     const bool write_sum = fusion_.residual == Fusion::AddWriteSum;
-    if (a.dims == b.dims && a.w == b.w && a.h == b.h && a.d == b.d && a.c == b.c && a.elempack == b.elempack &&
-        a.elemsize == b.elemsize && a.cstep == b.cstep) {
+    const bool same = a.dims == b.dims && a.w == b.w && a.h == b.h && a.d == b.d && a.c == b.c &&
+                      a.elempack == b.elempack && a.elemsize == b.elemsize && a.cstep == b.cstep;
+    // A plan that must convert the blob to float32 first (see record_forward) runs unfused as well.
+    const Prepared* prep = same ? prepared_for(a, fusion_.residual, opt) : nullptr;
+    if (same && !prep) return -1;
+    if (same && !prep->via_float32) {
       tops[0].create_like(a, opt.blob_vkallocator);
       if (write_sum) tops[1].create_like(a, opt.blob_vkallocator);
       if (tops[0].empty() || (write_sum && tops[1].empty())) return -100;
       const AddMats add{b, tops[0], write_sum ? tops[1] : ::ncnn::VkMat()};
-      return record(a, &add, cmd, opt);
+      return record(*prep, a, &add, cmd, opt);
     }
     ++unfused_adds_;
     std::vector<::ncnn::VkMat> sum(1);
@@ -238,7 +252,7 @@ class NormLayer : public ::ncnn::Layer {
     } else {
       tops[0] = sum[0];
     }
-    return record(tops[0], nullptr, cmd, opt);
+    return record_forward(tops[0], nullptr, cmd, opt);
   }
 
  private:
@@ -265,32 +279,45 @@ class NormLayer : public ::ncnn::Layer {
     return -1;
   }
 
-  // Records this layer's plan over `blob` (in place), or with `add` over blob + add->residual.
-  int record(const ::ncnn::VkMat& blob, const AddMats* add, ::ncnn::VkCompute& cmd, const ::ncnn::Option& opt) const {
+  // Everything a forward records for one blob format, worked out once per format: a graph meets the
+  // same shapes on every inference, so planning and pipeline lookups leave the per-inference path.
+  struct Prepared {
+    ForwardPlan plan;
+    bool via_float32 = false;  // the plan is for the blob converted to float32 elempack 1 (forward_inplace)
+    std::vector<const ::ncnn::Pipeline*> pipelines;
+    std::vector<std::vector<::ncnn::vk_constant_type>> constants;
+    std::vector<::ncnn::VkMat> dispatchers;
+  };
+
+  // The prepared plan for `blob` (in place) or for a fused add over it (residual), null after logging.
+  const Prepared* prepared_for(const ::ncnn::VkMat& blob, int residual, const ::ncnn::Option& opt) const {
     // ncnn packs a dims-1 blob by 4 when w divides: still one contiguous group, so read it unpacked.
     Blob b{blob.dims, blob.w, blob.h, blob.d, blob.c, blob.cstep, blob.elempack, blob.elemsize == 2u * blob.elempack};
     if (b.dims == 1 && b.elempack != 1) b.w *= b.elempack, b.cstep *= b.elempack, b.elempack = 1;
     if ((b.elempack != 1 && b.elempack != 4) || (blob.elemsize != 4u * blob.elempack && !b.fp16)) {
       NCNN_LOGE("vknorm %s: unsupported blob elempack=%d elemsize=%zu", type_name(), blob.elempack, blob.elemsize);
-      return -1;
+      return nullptr;
     }
-    b.residual = add ? fusion_.residual : Fusion::None;
-    const Prepared* prep = prepared(b, opt);
+    b.residual = residual;
+    return prepared(b, opt);
+  }
+
+  // Records this layer's plan over `blob` (in place; `blob` may be replaced), or with `add` over
+  // blob + add->residual into add->out.
+  int record_forward(::ncnn::VkMat& blob, const AddMats* add, ::ncnn::VkCompute& cmd, const ::ncnn::Option& opt) const {
+    const Prepared* prep = prepared_for(blob, add ? fusion_.residual : Fusion::None, opt);
     if (!prep) return -1;
-    const ForwardPlan& fp = prep->plan;
-    // Split-path scratch comes from ncnn's workspace allocator, as its own layers' does.
-    ::ncnn::VkMat partials, coefs;
-    if (fp.partials_bytes) partials.create(int(fp.partials_bytes / 4), 4u, opt.workspace_vkallocator);
-    if (fp.coefs_bytes) coefs.create(int(fp.coefs_bytes / 4), 4u, opt.workspace_vkallocator);
-    if ((fp.partials_bytes && partials.empty()) || (fp.coefs_bytes && coefs.empty())) return -100;
-    // Empty slots get ncnn's dummy buffer.
-    const std::vector<::ncnn::VkMat> bindings{blob,     gamma_gpu_, beta_gpu_, partials, coefs,
-                                              add ? add->residual : ::ncnn::VkMat(), add ? add->out : ::ncnn::VkMat(),
-                                              add ? add->sum : ::ncnn::VkMat()};
-    for (size_t i = 0; i < fp.passes.size(); ++i)
-      cmd.record_pipeline(prep->pipelines[i], bindings, prep->constants[i], prep->dispatchers[i]);
-    ++vulkan_forwards_;
-    ++g_vulkan_forwards;
+    if (!prep->via_float32 || add) return record(*prep, blob, add, cmd, opt);
+    // A dims-1 float16 blob (ncnn's packed float16: no 16-bit storage needed) too large for the fused kernel,
+    // on a device without storageBuffer16BitAccess: the split path would read it as single float16 values.
+    // ncnn's own packing turns it into an elempack-1 float32 blob and back around the float32 plan.
+    ::ncnn::VkMat fp32, back;
+    vkdev->convert_packing(blob, fp32, 1, 1 /* to float32 */, cmd, opt);
+    if (fp32.empty()) return -100;
+    if (int r = record(*prep, fp32, nullptr, cmd, opt)) return r;
+    vkdev->convert_packing(fp32, back, blob.elempack, 2 /* to float16 */, cmd, opt);
+    if (back.empty()) return -100;
+    blob = back;
     return 0;
   }
 
@@ -317,14 +344,6 @@ class NormLayer : public ::ncnn::Layer {
     delete add_vk_;
     add_cpu_ = add_vk_ = nullptr;
   }
-  // Everything a forward records for one blob format, worked out once per format: a graph meets the
-  // same shapes on every inference, so planning and pipeline lookups leave the per-inference path.
-  struct Prepared {
-    ForwardPlan plan;
-    std::vector<const ::ncnn::Pipeline*> pipelines;
-    std::vector<std::vector<::ncnn::vk_constant_type>> constants;
-    std::vector<::ncnn::VkMat> dispatchers;
-  };
 
   const Prepared* prepared(const Blob& b, const ::ncnn::Option& opt) const {
     const auto key = b.key(opt.use_subgroup_ops);
@@ -335,6 +354,15 @@ class NormLayer : public ::ncnn::Layer {
     Prepared p;
     try {
       p.plan = plan(b, opt);
+      if (!storage_16bit_ && needs_16bit_storage(p.plan)) {
+        // ncnn gives elempack-1 blobs float16 storage only on devices with 16-bit storage; a dims-1 blob
+        // vknorm itself unpacked is the exception: it runs converted to float32.
+        if (b.dims != 1) throw std::invalid_argument("an elempack-1 float16 blob needs storageBuffer16BitAccess, which this device lacks");
+        Blob b32 = b;
+        b32.fp16 = false;
+        p.plan = plan(b32, opt);
+        p.via_float32 = true;
+      }
     } catch (const std::exception& e) {
       log_error(e);
       return nullptr;
@@ -356,6 +384,26 @@ class NormLayer : public ::ncnn::Layer {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     return &prepared_.emplace(key, std::move(p)).first->second;
+  }
+
+  // Records the prepared passes over `blob` (in the prepared format) into ncnn's command buffer.
+  int record(const Prepared& prep, const ::ncnn::VkMat& blob, const AddMats* add, ::ncnn::VkCompute& cmd,
+             const ::ncnn::Option& opt) const {
+    const ForwardPlan& fp = prep.plan;
+    // Split-path scratch comes from ncnn's workspace allocator, as its own layers' does.
+    ::ncnn::VkMat partials, coefs;
+    if (fp.partials_bytes) partials.create(int(fp.partials_bytes / 4), 4u, opt.workspace_vkallocator);
+    if (fp.coefs_bytes) coefs.create(int(fp.coefs_bytes / 4), 4u, opt.workspace_vkallocator);
+    if ((fp.partials_bytes && partials.empty()) || (fp.coefs_bytes && coefs.empty())) return -100;
+    // Empty slots get ncnn's dummy buffer.
+    const std::vector<::ncnn::VkMat> bindings{blob,     gamma_gpu_, beta_gpu_, partials, coefs,
+                                              add ? add->residual : ::ncnn::VkMat(), add ? add->out : ::ncnn::VkMat(),
+                                              add ? add->sum : ::ncnn::VkMat()};
+    for (size_t i = 0; i < fp.passes.size(); ++i)
+      cmd.record_pipeline(prep.pipelines[i], bindings, prep.constants[i], prep.dispatchers[i]);
+    ++vulkan_forwards_;
+    ++g_vulkan_forwards;
+    return 0;
   }
 
   const char* type_name() const { return fused_type_ ? fused_name(p_.op) : op_name(p_.op); }
@@ -417,6 +465,7 @@ class NormLayer : public ::ncnn::Layer {
   ::ncnn::VkMat gamma_gpu_, beta_gpu_;
   DeviceInfo info_;
   bool subgroup_reduce_ = false;
+  bool storage_16bit_ = true;
   mutable std::mutex mutex_;
   mutable std::map<std::string, std::unique_ptr<::ncnn::Pipeline>> pipelines_;
   mutable std::map<std::tuple<int, int, int, int, int, size_t, int, bool, bool, int>, Prepared> prepared_;

@@ -86,18 +86,6 @@ std::string describe_blob(int dims, int w, int h, int d, int c, size_t elemsize,
   return s + " elempack=" + std::to_string(elempack) + " (" + std::to_string(elemsize / elempack) + "-byte scalars)";
 }
 
-// VKNORM_MAX_BUFFER_BYTES=N: plan as if the device bound storage buffers of at most N bytes (tests
-// exercise the pieces path with small tensors). Read on every forward.
-uint64_t env_max_buffer_bytes() {
-  const char* v = std::getenv("VKNORM_MAX_BUFFER_BYTES");
-  if (!v || !*v) return 0;
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  if (*end != '\0' || n == 0 || v[0] == '-')
-    throw std::invalid_argument(std::string("VKNORM_MAX_BUFFER_BYTES=") + v + ": expected a positive integer");
-  return n;
-}
-
 // How one forward executes: the pieces, the buffer each is processed in, the split path's scratch.
 struct Run {
   std::vector<Piece> pieces;

@@ -68,30 +68,6 @@ const char* type_name(vk::PhysicalDeviceType t) {
   }
 }
 
-// What a SPIR-V module asks of the device beyond Vulkan 1.0 (cmake/shaders.cmake: float16-storage and
-// subgroup variants are SPIR-V 1.3; pack1 float16 ones declare StorageBuffer16BitAccess).
-struct SpirvNeeds {
-  bool vulkan_1_1 = false;
-  bool storage_16bit = false;
-};
-
-SpirvNeeds spirv_needs(const shaders::Spirv& spv) {
-  SpirvNeeds n;
-  if (!spv.words || spv.count < 5) return n;
-  n.vulkan_1_1 = spv.words[1] > 0x00010000u;  // the version word: 1.0 is 0x00010000
-  constexpr uint32_t kOpCapability = 17, kStorageBuffer16BitAccess = 4433, kUniformAndStorageBuffer16BitAccess = 4434;
-  for (size_t i = 5; i < spv.count;) {
-    const uint32_t words = spv.words[i] >> 16, opcode = spv.words[i] & 0xffffu;
-    if (words == 0) break;
-    if (opcode == kOpCapability && words >= 2 && i + 1 < spv.count) {
-      const uint32_t cap = spv.words[i + 1];
-      n.storage_16bit = n.storage_16bit || cap == kStorageBuffer16BitAccess || cap == kUniformAndStorageBuffer16BitAccess;
-    }
-    i += words;
-  }
-  return n;
-}
-
 std::string describe_blob(int dims, int w, int h, int d, int c, size_t cstep, int elempack, bool fp16) {
   std::string s = "dims=" + std::to_string(dims) + " w=" + std::to_string(w);
   if (dims >= 2) s += " h=" + std::to_string(h);
@@ -141,6 +117,7 @@ struct PipelineEntry {
 using SetKey = std::tuple<uint64_t /*blob buffer*/, uint64_t /*offset*/, uint64_t /*range*/, uint64_t /*scratch*/>;
 
 constexpr uint32_t kSetsPerPool = 32;
+constexpr uint32_t kTimedPerPool = 64;  // timed record()s per query pool
 
 uint64_t handle_bits(VkBuffer b) {
 #if VKNORM_VK_64_BIT_HANDLES
@@ -194,6 +171,12 @@ struct Recorder::Impl {
   bool upload_pending = false;  // the next record() copies staging -> weights
   OwnedBuffer scratch;          // split path: partials at 0, coefficients at an aligned offset
   std::vector<OwnedBuffer> retired;  // replaced while command buffers may still use them
+
+  // Timing (set_timing): a pair of timestamp queries per timed record(), until gpu_times_us() reads them.
+  bool timing = false;
+  uint32_t timestamp_bits = 0;  // valid bits on every compute queue family; 0: no timing on this device
+  std::vector<vk::raii::QueryPool> query_pools;  // kTimedPerPool pairs each
+  uint32_t timed = 0;                           // pairs handed out since the last read
 
   std::vector<vk::raii::DescriptorPool> pools;
   uint32_t sets_in_last_pool = kSetsPerPool;
@@ -258,6 +241,10 @@ struct Recorder::Impl {
                         vk::SubgroupFeatureFlagBits::eShuffle;
       subgroup_reduce = info.subgroup_compute && (sg.supportedOperations & need) == need;
     }
+    // Timestamps on whichever compute queue the caller records for: every compute family must have them.
+    timestamp_bits = props.limits.timestampPeriod > 0 ? 64u : 0u;
+    for (const auto& f : caller.physical.getQueueFamilyProperties())
+      if (f.queueFlags & vk::QueueFlagBits::eCompute) timestamp_bits = std::min(timestamp_bits, f.timestampValidBits);
     // 16-bit storage only as the caller enabled it, and only where the SPIR-V 1.3 variants can run.
     fp16_storage = h.fp16_storage_enabled && api >= version_of(1, 1);
     info.storage_16bit = fp16_storage;
@@ -295,9 +282,7 @@ struct Recorder::Impl {
   const SpirvNeeds& needs_of(const std::string& variant) {
     auto it = needs.find(variant);
     if (it != needs.end()) return it->second;
-    const shaders::Spirv spv = shaders::find(variant.c_str());
-    if (!spv.words) throw std::logic_error("vknorm: no shader variant " + variant);
-    return needs.emplace(variant, spirv_needs(spv)).first->second;
+    return needs.emplace(variant, spirv_needs(variant)).first->second;
   }
 
   const vk::raii::Pipeline& pipeline(const Pass& pass) {
@@ -342,6 +327,14 @@ struct Recorder::Impl {
       upload_pending = true;
     }
     weights = std::move(w);
+  }
+
+  // The query pool holding the next timed record()'s pair (the pair: 2 * ((timed - 1) % kTimedPerPool)).
+  vk::QueryPool next_queries() {
+    if (timed / kTimedPerPool >= query_pools.size())
+      query_pools.emplace_back(caller.device,
+                               vk::QueryPoolCreateInfo{.queryType = vk::QueryType::eTimestamp, .queryCount = 2 * kTimedPerPool});
+    return *query_pools[timed++ / kTimedPerPool];
   }
 
   void retire(OwnedBuffer& b) {
@@ -465,50 +458,93 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   const uint64_t span = blob_span_bytes(dims, w, h, d, c, cstep, elempack, fp16);
   if (blob_in.range != kWholeSize && blob_in.range < span)
     throw refuse("range " + std::to_string(blob_in.range) + " bytes is smaller than the blob's " + std::to_string(span) + " bytes");
-  if (span > m.info.max_storage_buffer_range)
-    throw refuse("the blob's " + std::to_string(span) + " bytes exceed one storage buffer binding (maxStorageBufferRange " +
-                 std::to_string(m.info.max_storage_buffer_range) + "); record it in pieces of whole groups");
-  const uint64_t elemsize = uint64_t(fp16 ? 2 : 4) * uint64_t(elempack);
-  if (span / elemsize > kMaxPieceElements) throw refuse("more than 2^31 packed elements: too large for 32-bit indexing");
 
   // ncnn packs a dims-1 blob by 4 when w divides: still one contiguous group, so read it unpacked.
+  const bool dims1_packed = dims == 1 && elempack == 4;
   int pw = w, ppack = elempack;
   size_t pcstep = cstep;
-  if (dims == 1 && elempack == 4) pw *= 4, pcstep *= 4, ppack = 1;
+  if (dims1_packed) pw *= 4, pcstep *= 4, ppack = 1;
   GroupLayout g;
   try {
     g = group_layout(dims, pw, h, d, c, dims >= 3 ? pcstep : size_t(pw) * h, ppack, m.affine_size, m.affine != 0);
   } catch (const std::invalid_argument& e) {
     throw refuse(e.what());
   }
-  const DeviceCaps caps = device_caps(m.info, m.subgroup_reduce, opt);
-  const ForwardPlan fp = plan_forward(m.op, m.affine != 0, m.eps, g, fp16, caps, opt);
-  for (const Pass& pass : fp.passes) {
-    const SpirvNeeds& needs = m.needs_of(pass.variant);
-    if (needs.vulkan_1_1 && m.api < version_of(1, 1))
-      throw refuse("kernel " + pass.variant + " needs a Vulkan 1.1 device; this one is used as " + m.info.api_version);
-    if (needs.storage_16bit && !m.fp16_storage)
-      throw refuse("this float16 blob is read as single float16 values (kernel " + pass.variant +
-                   "), which needs storageBuffer16BitAccess enabled on the device (VulkanHandles::fp16_storage_enabled); "
-                   "pack4 float16 blobs, and elempack-1 ones whose groups are read as vec4s, do not");
-    const uint64_t max_x = std::max<uint32_t>(m.info.max_workgroup_count_x, 1);
-    if ((pass.workgroups + max_x - 1) / max_x > m.max_count_y) throw refuse("too many workgroups for one dispatch");
+
+  // One binding holds at most maxStorageBufferRange bytes (VKNORM_MAX_BUFFER_BYTES lowers it, as for
+  // vknorm's own context) and a kernel indexes at most 2^31 packed elements: a larger blob is recorded in
+  // pieces of whole groups (plan_pieces, as Norm splits), each bound at its own offset of the caller's buffer.
+  uint64_t max_buffer = m.info.max_storage_buffer_range ? m.info.max_storage_buffer_range : ~0ull;
+  std::string limit = "maxStorageBufferRange";
+  try {
+    if (const uint64_t knob = env_max_buffer_bytes(); knob && knob < max_buffer) max_buffer = knob, limit = "VKNORM_MAX_BUFFER_BYTES";
+  } catch (const std::invalid_argument& e) {
+    throw refuse(e.what());
   }
-  const uint64_t coefs_offset = align_up(fp.partials_bytes, m.alignment);
-  const uint64_t scratch_bytes = fp.coefs_bytes ? coefs_offset + fp.coefs_bytes : fp.partials_bytes;
-  if (fp.partials_bytes > m.info.max_storage_buffer_range || fp.coefs_bytes > m.info.max_storage_buffer_range)
+  const uint64_t elemsize = uint64_t(fp16 ? 2 : 4) * uint64_t(ppack);
+  std::vector<Piece> pieces;
+  try {
+    pieces = plan_pieces(g, elemsize, span, max_buffer);
+  } catch (const std::invalid_argument& e) {
+    throw refuse("the blob's " + std::to_string(span) + " bytes exceed one storage buffer binding (" + limit + " " +
+                 std::to_string(max_buffer) + ") and cannot be split: a group is normalized whole (" + e.what() + ")");
+  }
+  for (const Piece& p : pieces)
+    if ((blob_in.offset + p.offset) % m.alignment)
+      throw refuse("the blob's " + std::to_string(span) + " bytes exceed one storage buffer binding (" + limit + " " +
+                   std::to_string(max_buffer) + "), and its piece of whole groups at byte " + std::to_string(p.offset) +
+                   " would be bound at offset " + std::to_string(blob_in.offset + p.offset) +
+                   ", not a multiple of the device's minStorageBufferOffsetAlignment (" + std::to_string(m.alignment) +
+                   "): split the blob yourself at aligned group boundaries");
+
+  const DeviceCaps caps = device_caps(m.info, m.subgroup_reduce, opt);
+  std::vector<ForwardPlan> plans;  // one per piece
+  uint64_t partials = 0, coefs = 0;
+  for (const Piece& p : pieces) {
+    plans.push_back(plans.empty() || p.layout.n_groups != plans.back().layout.n_groups
+                        ? plan_forward(m.op, m.affine != 0, m.eps, p.layout, fp16, caps, opt)
+                        : plans.back());
+    const ForwardPlan& fp = plans.back();
+    for (const Pass& pass : fp.passes) {
+      const SpirvNeeds& needs = m.needs_of(pass.variant);
+      if (needs.vulkan_1_1 && m.api < version_of(1, 1))
+        throw refuse("kernel " + pass.variant + " needs a Vulkan 1.1 device; this one is used as " + m.info.api_version);
+      if (needs.storage_16bit && !m.fp16_storage)
+        throw refuse(dims1_packed
+                         ? "this dims-1 float16 blob is one group of " + std::to_string(pw) +
+                               " elements, too large for the fused kernel; the split path reads it as single float16 values (kernel " +
+                               pass.variant + "), which needs storageBuffer16BitAccess enabled on the device "
+                               "(VulkanHandles::fp16_storage_enabled); record it as float32, or enable the feature"
+                         : "this float16 blob is read as single float16 values (kernel " + pass.variant +
+                               "), which needs storageBuffer16BitAccess enabled on the device (VulkanHandles::fp16_storage_enabled); "
+                               "pack4 float16 blobs, and elempack-1 ones whose groups are read as vec4s, do not");
+      const uint64_t max_x = std::max<uint32_t>(m.info.max_workgroup_count_x, 1);
+      if ((pass.workgroups + max_x - 1) / max_x > m.max_count_y) throw refuse("too many workgroups for one dispatch");
+    }
+    partials = std::max(partials, fp.partials_bytes), coefs = std::max(coefs, fp.coefs_bytes);
+  }
+  const uint64_t coefs_offset = align_up(partials, m.alignment);
+  const uint64_t scratch_bytes = coefs ? coefs_offset + coefs : partials;
+  if (partials > m.info.max_storage_buffer_range || coefs > m.info.max_storage_buffer_range)
     throw refuse("the split path's scratch exceeds one storage buffer binding");
 
-  // ---- vknorm's objects: weights, scratch, pipelines, the descriptor set
+  // ---- vknorm's objects: weights, scratch, pipelines, the descriptor sets, the timestamp queries
   m.ensure_weights();
   if (scratch_bytes > m.scratch.size) {
     m.retire(m.scratch);
     m.scratch = m.make_buffer(scratch_bytes, vk::BufferUsageFlagBits::eStorageBuffer, false);
   }
-  std::vector<vk::Pipeline> pipelines;
-  for (const Pass& pass : fp.passes) pipelines.push_back(*m.pipeline(pass));
-  // The binding covers exactly the blob's span: what the kernels touch, within maxStorageBufferRange.
-  const vk::DescriptorSet set = m.descriptor_set(blob_in, span, fp.partials_bytes, fp.coefs_bytes);
+  std::vector<std::vector<vk::Pipeline>> pipelines;
+  std::vector<vk::DescriptorSet> sets;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    pipelines.emplace_back();
+    for (const Pass& pass : plans[i].passes) pipelines.back().push_back(*m.pipeline(pass));
+    // The binding covers exactly the piece's span: what the kernels touch, within the binding limit.
+    sets.push_back(m.descriptor_set({blob_in.buffer, blob_in.offset + pieces[i].offset, pieces[i].bytes}, pieces[i].bytes,
+                                    plans[i].partials_bytes, plans[i].coefs_bytes));
+  }
+  const vk::QueryPool queries = m.timing ? m.next_queries() : vk::QueryPool{};
+  const uint32_t first_query = m.timing ? 2 * ((m.timed - 1) % kTimedPerPool) : 0;
 
   // ---- recording
   const auto& dispatcher = *m.caller.device.getDispatcher();
@@ -522,18 +558,63 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
     cb.pipelineBarrier(S::eTransfer, S::eComputeShader, {}, upload, {}, {}, dispatcher);
     m.upload_pending = false;
   }
-  cb.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *m.pipeline_layout, 0, set, {}, dispatcher);
-  const vk::MemoryBarrier between{.srcAccessMask = A::eShaderWrite, .dstAccessMask = A::eShaderRead | A::eShaderWrite};
-  for (size_t i = 0; i < fp.passes.size(); ++i) {
-    const Pass& pass = fp.passes[i];
-    if (pass.after_previous) cb.pipelineBarrier(S::eComputeShader, S::eComputeShader, {}, between, {}, {}, dispatcher);
-    cb.bindPipeline(vk::PipelineBindPoint::eCompute, pipelines[i], dispatcher);
-    cb.pushConstants(*m.pipeline_layout, vk::ShaderStageFlagBits::eCompute, 0, sizeof(PushConstants), &pass.push, dispatcher);
-    // Counts past the x limit fold into y; the shaders rebuild the linear id (common.glsl).
-    const Grid grid = fold_workgroups(pass.workgroups, m.info.max_workgroup_count_x);
-    cb.dispatch(grid.x, grid.y, 1, dispatcher);
+  if (queries) {
+    cb.resetQueryPool(queries, first_query, 2, dispatcher);
+    cb.writeTimestamp(S::eComputeShader, queries, first_query, dispatcher);
   }
-  return dispatch_info(fp);
+  const vk::MemoryBarrier between{.srcAccessMask = A::eShaderWrite, .dstAccessMask = A::eShaderRead | A::eShaderWrite};
+  DispatchInfo info;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const ForwardPlan& fp = plans[k];
+    // The scratch is shared by the pieces and by every forward of this Recorder: a split forward first
+    // waits for the earlier ones' passes (reads of it included) to finish.
+    if (fp.partials_bytes || fp.coefs_bytes) cb.pipelineBarrier(S::eComputeShader, S::eComputeShader, {}, between, {}, {}, dispatcher);
+    cb.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *m.pipeline_layout, 0, sets[k], {}, dispatcher);
+    for (size_t i = 0; i < fp.passes.size(); ++i) {
+      const Pass& pass = fp.passes[i];
+      if (pass.after_previous) cb.pipelineBarrier(S::eComputeShader, S::eComputeShader, {}, between, {}, {}, dispatcher);
+      cb.bindPipeline(vk::PipelineBindPoint::eCompute, pipelines[k][i], dispatcher);
+      cb.pushConstants(*m.pipeline_layout, vk::ShaderStageFlagBits::eCompute, 0, sizeof(PushConstants), &pass.push, dispatcher);
+      // Counts past the x limit fold into y; the shaders rebuild the linear id (common.glsl).
+      const Grid grid = fold_workgroups(pass.workgroups, m.info.max_workgroup_count_x);
+      cb.dispatch(grid.x, grid.y, 1, dispatcher);
+    }
+    const DispatchInfo piece = dispatch_info(fp);
+    const int dispatches = info.dispatches + piece.dispatches;
+    info = piece;
+    info.dispatches = dispatches;
+  }
+  if (queries) cb.writeTimestamp(S::eComputeShader, queries, first_query + 1, dispatcher);
+  info.pieces = int(pieces.size());
+  return info;
+}
+
+void Recorder::set_timing(bool on) {
+  Impl& m = impl();
+  std::lock_guard<std::mutex> lock(m.mutex);
+  if (on && !m.timestamp_bits)
+    throw std::invalid_argument("vknorm::Recorder::set_timing: " + m.info.name +
+                                " has a compute queue family without timestamps (timestampValidBits 0) or no timestamp "
+                                "period: GPU time cannot be measured on it");
+  m.timing = on;
+}
+
+std::vector<double> Recorder::gpu_times_us() {
+  Impl& m = impl();
+  std::lock_guard<std::mutex> lock(m.mutex);
+  std::vector<double> out;
+  const uint64_t mask = m.timestamp_bits >= 64 ? ~0ull : (1ull << m.timestamp_bits) - 1;
+  for (uint32_t i = 0; i < m.timed; ++i) {
+    auto [result, t] = m.query_pools[i / kTimedPerPool].getResults<uint64_t>(2 * (i % kTimedPerPool), 2, 2 * sizeof(uint64_t),
+                                                                            sizeof(uint64_t), vk::QueryResultFlagBits::e64);
+    if (result != vk::Result::eSuccess)
+      throw std::logic_error("vknorm::Recorder::gpu_times_us: timed forward " + std::to_string(i + 1) + " of " +
+                             std::to_string(m.timed) + " has not completed; read the times once every command buffer "
+                             "recorded with timing on has completed");
+    out.push_back(double((t[1] - t[0]) & mask) * m.info.timestamp_period_ns / 1000.0);
+  }
+  m.timed = 0;
+  return out;
 }
 
 void Recorder::release_descriptors() {

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace vknorm::shaders {
 struct Spirv {
@@ -10,4 +11,6 @@ struct Spirv {
 };
 // Name: <shader>_fp<0|1>_p<1|4>_sg<0|1>; returns {nullptr, 0} when no such variant was built.
 Spirv find(const char* name);
+// Every embedded variant's name.
+std::vector<const char*> names();
 }  // namespace vknorm::shaders

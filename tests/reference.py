@@ -208,11 +208,12 @@ def layernorm_from_stats(rows: np.ndarray, mean, var, eps: float) -> np.ndarray:
 def check_dispatch(info: dict, forced: str, group_size: int, device: dict):
     """None if ``layer.last_dispatch`` is consistent with the forced path, else a description.
 
-    Rules (issue 3 / Option.path): fused kernels (subgroup, workgroup) are one dispatch, split is
+    Rules (Option.path): fused kernels (subgroup, workgroup) are one dispatch, split is
     reduce -> finalize -> normalize; a forced path that cannot hold a group falls to the next larger
     one (subgroup -> workgroup -> split), never to a smaller one; a forced path that surely holds the
     group is taken: split always, workgroup for groups of <= 64 elements (one per invocation of the
-    smallest workgroup vknorm uses), subgroup for groups of <= subgroup_size elements.
+    smallest workgroup vknorm uses), subgroup for groups of <= subgroup_size elements. A workgroup no
+    larger than the device's subgroup is one subgroup, so a forced workgroup path may run as "subgroup".
     """
     path = info.get("path")
     if path not in PATH_RANK:
@@ -224,6 +225,9 @@ def check_dispatch(info: dict, forced: str, group_size: int, device: dict):
         return f"fused {path} path recorded {n} dispatches, expected 1"
     if forced == "auto":
         return None
+    if forced == "workgroup" and path == "subgroup" and 0 < (info.get("workgroup_size") or 0) <= int(
+            device.get("subgroup_size") or 0):
+        return None  # a workgroup no larger than a subgroup is one subgroup: the planner names the team so
     if PATH_RANK[path] < PATH_RANK[forced]:
         return f"forced {forced} ran {path}: a forced path only falls to a larger one"
     surely_holds = {

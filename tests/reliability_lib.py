@@ -1,5 +1,6 @@
-"""Scenarios behind issue 6 (reliability), shared by tests/test_reliability*.py and
-tools/reliability_report.py (which produced the figures in docs/reliability.md).
+"""Reliability scenarios of vknorm's own runtime and of `vknorm check`, shared by tests/test_reliability*.py
+and tools/reliability_report.py (which produced the figures in docs/reliability.md); the in-graph ones
+are in tests/reliability_graph.py.
 
 Nothing here asserts: every scenario returns the figures it measured and the tests decide.
 `python tests/reliability_lib.py check-worker` is the process the `vknorm check` fuzz talks to (below).
@@ -538,7 +539,7 @@ def classify(result: dict) -> str:
     if result.get("signal"):
         return "crash"
     rc, err = result.get("rc"), result.get("stderr", "")
-    if "vknorm: validation:" in err:  # VKNORM_VALIDATION_PRINT=1 (the worker sets it)
+    if "vknorm: validation:" in err or result.get("validation_log", "").strip():  # vknorm's or ncnn's instance
         return "validation"
     lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("vknorm: validation:")]
     if "Traceback" in err:
@@ -611,7 +612,79 @@ def explain_mismatch(param: str, bin_: str, dims: str, seed: int = 0) -> List[di
     return out
 
 
-def param_bitflips(stride: int = 5, timeout: float = 60.0) -> dict:
+def explain_mismatch_vulkan(param: str, bin_: str, dims: str, seed: int = 0, fp16: bool = False) -> List[dict]:
+    """For a `vknorm check --vulkan` exit 1: why each vknorm layer failed the rule (its output against float64
+    of the very input it saw). Runs the model with vknorm inside ncnn's graph (vknorm.graph) on the check's
+    seeded input and per layer records the largest magnitude going in and out (`overflow`: |v| >= 1e18, inf
+    or NaN, past what float32 statistics hold: there vknorm's pivoted sums and float64 legitimately part),
+    and whether vknorm's output equals ncnn's float32 algorithm (vknorm's CPU reference) on that input within
+    the rule's tolerance scaled to the output (`self_consistent`: the float32 algorithm itself cannot meet
+    float64 there, e.g. a group whose spread vanishes next to its mean). Explained when either holds."""
+    import numpy as np
+
+    from vknorm import check
+    from vknorm import graph
+    from vknorm.layers import GroupNorm, InstanceNorm, LayerNorm, RMSNorm
+
+    model = check.parse_param(param)
+    shape = check.parse_dims(dims)
+    x = np.ascontiguousarray(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32))
+    net = check._graph_load(graph, model, bin_, os.path.getsize(bin_), vknorm=True, vulkan=True, fp16=fp16,
+                            label="explain")
+    blobs = [b for layer in model.norms for b in (layer.bottoms[0], layer.tops[0])]
+    try:
+        got = check._graph_extract(graph, net, {model.inputs[0]: x}, blobs, "explain")
+        infos = {i["name"]: i for i in net.vknorm_layers()}
+    finally:
+        net.clear()
+    out = []
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for layer in model.norms:
+            info = infos.get(layer.name)
+            xi, yo = got[layer.bottoms[0]], got[layer.tops[0]]
+            if fp16:
+                xi = xi.astype(np.float16).astype(np.float32)
+            big = lambda a: bool((~np.isfinite(a)).any() or (np.abs(a) >= 1e18).any())  # noqa: E731
+            ref = None
+            if info is not None:
+                kw = dict(eps=float(info["eps"]), affine=bool(info["affine"]))
+                if info["type"] == "GroupNorm":
+                    norm = GroupNorm(group=int(info["group"]), channels=int(info["channels"]), **kw)
+                elif info["type"] == "InstanceNorm":
+                    norm = InstanceNorm(channels=int(info["channels"]), **kw)
+                else:
+                    norm = (LayerNorm if info["type"] == "LayerNorm" else RMSNorm)(affine_size=int(info["affine_size"]), **kw)
+                if norm.affine:
+                    norm.load_model(info["gamma"]) if info["type"] == "RMSNorm" else norm.load_model(info["gamma"], info["beta"])
+                try:
+                    ref = norm(xi, device="cpu")  # ncnn's float32 algorithm
+                except (ValueError, TypeError):
+                    ref = None
+            atol = check.ATOL_FP16 if fp16 else check.ATOL_FP32
+            scale = float(np.nanmax(np.abs(np.where(np.isfinite(ref), ref, 0)))) if ref is not None and ref.size else 1.0
+            consistent = ref is not None and check.max_abs_err(ref, yo) <= atol * max(1.0, scale) + (
+                2.0 ** -10 * max(1.0, scale) if fp16 else 0.0)
+            rec = {"layer": layer.name, "max_in": float(np.nanmax(np.abs(xi))) if xi.size else 0.0,
+                   "max_out": float(np.nanmax(np.abs(yo))) if yo.size else 0.0, "overflow": big(xi) or big(yo),
+                   "self_consistent": bool(consistent)}
+            rec["explained"] = rec["overflow"] or rec["self_consistent"]
+            out.append(rec)
+    return out
+
+
+def explain_failing(worker: "CheckWorker", res: dict, param: str, bin_: str, dims: str, vulkan: bool) -> dict:
+    """{failing layer: its explain record} for an exit-1 case, run in a forked child of the worker."""
+    failing = {r["name"] for r in json.loads(res["stdout"])["layers"] if not r["ok"]}
+    fn = "explain_mismatch_vulkan" if vulkan else "explain_mismatch"
+    ans = worker.call(fn, {"param": param, "bin_": bin_, "dims": dims})
+    why = {e["layer"]: e for e in ans.get("result", [])}
+    return {n: why.get(n, {"layer": n, "explained": False, "overflow": False, "self_consistent": False,
+                           "ncnn_nondeterministic": False, "why_not": ans.get("error") or ans.get("signal")})
+            for n in failing}
+
+
+def param_bitflips(stride: int = 5, timeout: float = 60.0, vulkan: bool = False) -> dict:
     """Every single-bit flip of every committed .param: those `vknorm check`'s reader accepts, one in
     `stride` of them (in order) through the whole CLI; outcomes counted, every exit 1 explained."""
     import collections
@@ -639,22 +712,21 @@ def param_bitflips(stride: int = 5, timeout: float = 60.0) -> dict:
                         continue
                     accepted.append((name, path))
         counts["accepted_by_reader"] = len(accepted)
-        worker = CheckWorker()
+        worker = CheckWorker(graph_validation=vulkan)
         try:
             for name, path in accepted[::stride]:
                 res = worker.run(["check", path, str(model_files(name)[1]), "--input", f"in0={MODELS[name]}",
-                                  "--json"], timeout)
+                                  "--json"] + (["--vulkan"] if vulkan else []), timeout)
                 outcome = classify(res)
                 counts["run"] += 1
                 counts[outcome] += 1
                 if outcome == "mismatch":
-                    failing = {r["name"] for r in json.loads(res["stdout"])["layers"] if not r["ok"]}
-                    why = {e["layer"]: e for e in explain_mismatch(path, str(model_files(name)[1]), MODELS[name])}
-                    for n in failing:
+                    why = explain_failing(worker, res, path, str(model_files(name)[1]), MODELS[name], vulkan)
+                    for n in why:
                         counts["mismatch_layers"] += 1
                         counts["mismatch_self_consistent"] += why[n]["self_consistent"]
                         counts["mismatch_overflow"] += why[n]["overflow"]
-                        counts["mismatch_ncnn_nondeterministic"] += why[n]["ncnn_nondeterministic"]
+                        counts["mismatch_ncnn_nondeterministic"] += why[n].get("ncnn_nondeterministic", False)
                         if not why[n]["explained"]:
                             counts["mismatch_unexplained"] += 1
                             failures.append(f"{os.path.basename(path)}: {why[n]}")
@@ -663,25 +735,39 @@ def param_bitflips(stride: int = 5, timeout: float = 60.0) -> dict:
                 counts["max_case_ms"] = max(counts["max_case_ms"], int(1e3 * res["seconds"]))
         finally:
             worker.close()
-    return {**counts, "stride": stride, "failures": failures[:20], "seconds": time.perf_counter() - t0}
+    return {**counts, "stride": stride, "vulkan": vulkan, "failures": failures[:20], "seconds": time.perf_counter() - t0}
 
 
 class CheckWorker:
     """A long-lived process (`reliability_lib.py check-worker`) that runs `vknorm check` argument lists the
     way the CLI runs them (cli.main in a forked child, which forks its own guard child), each under a
-    time bound, without a Python start-up per case. The worker itself never touches Vulkan or ncnn."""
+    time bound, without a Python start-up per case. The worker itself never touches Vulkan or ncnn.
 
-    def __init__(self, env: Optional[dict] = None):
+    graph_validation=True (for `check --vulkan`): the Khronos validation layer is loaded into every Vulkan
+    instance the cases create, ncnn's included, logging to a file; what a case adds to it comes back as
+    its `validation_log` (classify: "validation")."""
+
+    def __init__(self, env: Optional[dict] = None, graph_validation: bool = False):
         e = dict(os.environ)
         e.setdefault("VKNORM_VALIDATION", "1")
         e.setdefault("OPENBLAS_NUM_THREADS", "1")
         e["VKNORM_VALIDATION_PRINT"] = "1"
+        self.tmp = tempfile.TemporaryDirectory() if graph_validation else None
+        self.log = None
+        if self.tmp:
+            sys.path.insert(0, str(REPO / "tests"))
+            import graph_runs
+
+            self.log = os.path.join(self.tmp.name, "validation.log")
+            Path(self.log).touch()
+            e = {**e, **{k: v for k, v in graph_runs.validated_env(self.log, self.tmp.name).items()
+                         if k.startswith(("VK_INSTANCE_LAYERS", "VK_LAYER_SETTINGS_PATH"))}}
         e.update(env or {})
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "check-worker"], cwd=REPO, env=e,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
 
-    def run(self, argv: List[str], timeout: float = 60.0) -> dict:
-        self.proc.stdin.write(json.dumps({"argv": [str(a) for a in argv], "timeout": timeout}) + "\n")
+    def _ask(self, request: dict, timeout: float) -> dict:
+        self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout + 30)
         if not ready:
@@ -691,6 +777,20 @@ class CheckWorker:
             raise RuntimeError(f"check worker died (exit {self.proc.poll()})")
         return json.loads(line)
 
+    def run(self, argv: List[str], timeout: float = 60.0) -> dict:
+        before = os.path.getsize(self.log) if self.log else 0
+        res = self._ask({"argv": [str(a) for a in argv], "timeout": timeout}, timeout)
+        if self.log:
+            with open(self.log, errors="replace") as f:
+                f.seek(before)
+                res["validation_log"] = f.read()[:4000]
+        return res
+
+    def call(self, fn: str, kwargs: dict, timeout: float = 120.0) -> dict:
+        """A function of this module in a forked child of the worker (a crash cannot take the caller
+        down): {"result": ...} or {"error": ...}, and the child's outcome (signal, timed_out)."""
+        return self._ask({"call": fn, "kwargs": kwargs, "timeout": timeout}, timeout)
+
     def close(self) -> None:
         try:
             self.proc.stdin.close()
@@ -698,6 +798,8 @@ class CheckWorker:
         except Exception:  # noqa: BLE001
             self.proc.kill()
             self.proc.wait()
+        if self.tmp:
+            self.tmp.cleanup()
 
 
 def _run_case(argv: List[str], timeout: float) -> dict:
@@ -752,12 +854,51 @@ def _run_case(argv: List[str], timeout: float) -> dict:
     return res
 
 
+def _call_case(fn: str, kwargs: dict, timeout: float) -> dict:
+    """globals()[fn](**kwargs) in a forked child; its JSON result back through a temporary file."""
+    with tempfile.TemporaryFile() as out:
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                try:
+                    payload = {"result": globals()[fn](**kwargs)}
+                except Exception as e:  # noqa: BLE001 - reported to the caller
+                    payload = {"error": f"{type(e).__name__}: {e}"}
+                os.write(out.fileno(), json.dumps(payload).encode())
+            except BaseException:  # noqa: BLE001
+                code = 70
+            finally:
+                os._exit(code)
+        t0 = time.perf_counter()
+        timed_out = False
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.perf_counter() - t0 > timeout:
+                timed_out = True
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.005)
+        out.seek(0)
+        text = out.read().decode("utf-8", "replace")
+    res = json.loads(text) if text else {"error": "no result"}
+    res["timed_out"] = timed_out
+    res["signal"] = os.WTERMSIG(status) if not timed_out and os.WIFSIGNALED(status) else None
+    return res
+
+
 def check_worker_main() -> None:
     import vknorm.cli  # noqa: F401 - imported once, before any fork (no Vulkan, no ncnn)
 
     for line in sys.stdin:
         req = json.loads(line)
-        res = _run_case(req["argv"], float(req.get("timeout", 60)))
+        if "call" in req:
+            res = _call_case(req["call"], req.get("kwargs", {}), float(req.get("timeout", 120)))
+        else:
+            res = _run_case(req["argv"], float(req.get("timeout", 60)))
         sys.stdout.write(json.dumps(res) + "\n")
         sys.stdout.flush()
 

@@ -51,3 +51,14 @@ def test_bench_model_bad_input_is_one_line_and_exit_2(args, message):
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("vknorm bench")]
     assert len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+
+
+def test_bench_model_survives_ncnn_crashing_on_an_input_shape():
+    """ncnn's MultiHeadAttention dies of SIGFPE on rows of 65 where the model was made for 64: the bench runs
+    in a forked child, as `vknorm check` does, so that is one line on stderr and exit 2, not a dead process."""
+    proc = vknorm("bench", "--model", PARAM, BIN, "--input", "in0=16x65", "--iters", "2")
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr and proc.stdout == "", proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("vknorm bench: error: ncnn crashed (SIGFPE)"), proc.stderr[-2000:]
+    assert "--input in0=16x65" in lines[0] and "do the --input shapes match" in lines[0], lines[0]

@@ -154,13 +154,61 @@ def test_bad_inputs_are_refused_before_anything_is_recorded(engine_example):
         "no weights loaded (affine=1)": "affine=1 but no weights loaded: call load_model first",
         "float16 elempack-1 groups of odd size without storageBuffer16BitAccess":
             "needs storageBuffer16BitAccess enabled on the device (VulkanHandles::fp16_storage_enabled)",
+        "a dims-1 float16 group past the fused kernel without storageBuffer16BitAccess":
+            "this dims-1 float16 blob is one group of 131072 elements, too large for the fused kernel; the split "
+            "path reads it as single float16 values",
+        "a group larger than one storage buffer binding":
+            "exceed one storage buffer binding (maxStorageBufferRange",
+        "pieces at offsets off minStorageBufferOffsetAlignment":
+            "its piece of whole groups at byte 4004 would be bound at offset",
         "gamma of the wrong size": "gamma has 10 values, expected affine_size=768",
         "no device": "VulkanHandles needs the caller's instance, physical_device and device",
     }
     lines = dict(re.findall(r"^refusal (.+?): (.*)$", proc.stdout, re.M))
+    if alignment(proc.stdout) <= 4:  # every piece offset (a multiple of 4 bytes) is aligned: nothing to refuse
+        expected["pieces at offsets off minStorageBufferOffsetAlignment"] = "not applicable"
+    assert "cannot be split: a group is normalized whole" in lines["a group larger than one storage buffer binding"]
     assert set(lines) == set(expected), proc.stdout
     for case, phrase in expected.items():
         assert phrase in lines[case], f"{case}: {lines[case]}"
+
+
+def alignment(out):
+    return int(re.search(r"minStorageBufferOffsetAlignment (\d+)", out).group(1))
+
+
+# ------------------------------------------------------------------------------ pieces and GPU time
+
+def test_blobs_past_the_binding_limit_are_recorded_in_pieces_of_whole_groups(engine_example):
+    """VKNORM_MAX_BUFFER_BYTES=20000 (as if the device bound 20000 bytes per storage buffer): blob A (rows of
+    768 float32 x 4 lanes, 12288 bytes each) goes in 10 pieces of one packed row, blob B (3 channels of 3003,
+    split path) in 3 pieces of one channel, each bound at its own offset of the engine's buffer; twice in one
+    command buffer, so the split path's scratch is shared by 6 pieces (synchronization validation watches
+    vknorm's barriers). Results as without pieces; no byte outside the groups changes."""
+    env = dict(os.environ, VKNORM_MAX_BUFFER_BYTES="20000")
+    proc = subprocess.run([engine_example, "--repeat", "2"], capture_output=True, text=True, timeout=120, env=env)
+    if alignment(proc.stdout) > 16:  # B's channels are 12016 bytes apart: not every device binds there
+        assert proc.returncode == 2 and "would be bound at offset" in proc.stderr, proc.stdout + proc.stderr
+        return
+    assert_clean_run(proc)
+    assert "pieces: A 10, B 3" in proc.stdout, proc.stdout
+    assert re.search(r"^B RMSNorm .*: path split, 9 dispatch\(es\) x 2$", proc.stdout, re.M), proc.stdout
+    whole = launch(engine_example)
+    assert "pieces: A 1, B 1" in whole.stdout, whole.stdout
+
+
+def test_gpu_time_of_each_recorded_forward_is_read_after_the_submission(engine_example):
+    """Recorder::set_timing(true): every record() brackets its dispatches with timestamps in the engine's own
+    command buffer; gpu_times_us() gives one time per forward, in order, each above zero and together within
+    the submission's wall time; read once, nothing is left."""
+    proc = launch(engine_example, "--timing", "--repeat", "3")
+    assert_clean_run(proc)
+    times = {k: [float(v) for v in vals.split()] for k, vals in re.findall(r"^gpu time (A|B|A again) \(us\):(.*)$",
+                                                                            proc.stdout, re.M)}
+    wall = float(re.search(r"^submission wall time \(us\): (\S+)$", proc.stdout, re.M).group(1))
+    assert len(times["A"]) == 3 and len(times["B"]) == 3 and times["A again"] == [], proc.stdout
+    assert all(t > 0 for t in times["A"] + times["B"]), proc.stdout
+    assert sum(times["A"]) + sum(times["B"]) <= wall, proc.stdout
 
 
 # ------------------------------------------------------------------------------ negative controls
@@ -187,6 +235,32 @@ def test_synchronization_validation_reports_a_missing_engine_barrier(engine_exam
     assert proc.returncode == 1 and proc.stdout.rstrip().endswith("FAIL"), proc.stdout
     assert validation_messages(proc.stdout) >= 1, proc.stdout
     assert "SYNC-HAZARD" in proc.stdout, proc.stdout
+
+
+# ------------------------------------------------------------------------------ building on other hosts
+
+def test_examples_take_the_vulkan_location_from_the_environment(engine_example, tmp_path):
+    """Vulkan_INCLUDE_DIR / Vulkan_LIBRARY in the environment, the hints vknorm's own build honours (an offline
+    GPU host carries the headers outside /usr/include): the examples' configure uses them over the system's."""
+    with open(os.path.join(ENGINE_BUILD, "CMakeCache.txt")) as f:
+        cache = f.read()
+    include = re.search(r"^Vulkan_INCLUDE_DIR:\w+=(.*)$", cache, re.M).group(1)
+    library = re.search(r"^Vulkan_LIBRARY:\w+=(.*)$", cache, re.M).group(1)
+    carried = tmp_path / "carried" / "include"
+    carried.mkdir(parents=True)
+    for entry in os.listdir(include):
+        if entry.startswith(("vulkan", "vk_")):
+            os.symlink(os.path.join(include, entry), carried / entry)
+    build = tmp_path / "build"
+    env = dict(cmake_env(), Vulkan_INCLUDE_DIR=str(carried), Vulkan_LIBRARY=os.path.realpath(library))
+    run(["cmake", "-S", os.path.join(ROOT, "examples"), "-B", str(build), *generator_args(str(build)),
+         f"-DCMAKE_PREFIX_PATH={PREFIX}"], "configure the examples with carried Vulkan headers", env=env)
+    with open(build / "CMakeCache.txt") as f:
+        cache = f.read()
+    assert re.search(rf"^Vulkan_INCLUDE_DIR:\w+={re.escape(str(carried))}$", cache, re.M), cache[:3000]
+    assert re.search(rf"^Vulkan_LIBRARY:\w+={re.escape(os.path.realpath(library))}$", cache, re.M)
+    generated = build / ("build.ninja" if (build / "build.ninja").exists() else "Makefile")
+    assert "engine_example" in generated.read_text(), "the examples' configure did not find Vulkan"
 
 
 # ------------------------------------------------------------------------------ the public header

@@ -47,12 +47,16 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def ncnn_prefix() -> str:
-    """NCNN_PREFIX from the environment, else the Makefile's (the ncnn `make setup` builds)."""
+    """NCNN_PREFIX from the environment, else the Makefile's (the ncnn `make setup` builds), under
+    VKNORM_CACHE instead of ~/.cache/vknorm when that is set (tools/build_ncnn.sh's cache, as
+    tools/gpu_build.sh uses it)."""
     if os.environ.get("NCNN_PREFIX"):
         return os.environ["NCNN_PREFIX"]
     with open(os.path.join(ROOT, "Makefile")) as f:
         m = re.search(r"^NCNN_PREFIX\s*:?=\s*(\S+)", f.read(), re.M)
     value = m.group(1) if m else "$(HOME)/.cache/vknorm/ncnn-1.0.20261020"
+    if os.environ.get("VKNORM_CACHE"):
+        value = value.replace("$(HOME)/.cache/vknorm", os.environ["VKNORM_CACHE"])
     return value.replace("$(HOME)", os.path.expanduser("~"))
 
 

@@ -1,4 +1,5 @@
-"""Issue 2, "Runtime": device enumeration and selection, `vknorm info`, VKNORM_DEVICE, no driver.
+"""Runtime: device enumeration and selection, `vknorm info`, VKNORM_DEVICE, no driver, on whatever devices
+the machine has (lavapipe, a GPU, both).
 
 The default Vulkan context is process-wide, so everything that depends on environment variables read
 at start-up (VKNORM_DEVICE, VK_ICD_FILENAMES / VK_DRIVER_FILES) runs in a subprocess.
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import vknorm
+from availability import has_graph
 from vknorm import _core
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,13 +58,38 @@ def json_tail(proc: subprocess.CompletedProcess) -> dict:
 
 # ------------------------------------------------------------------------------ enumeration
 
-def test_device_enumeration_finds_lavapipe():
+DEVICE_TYPES = {"discrete", "integrated", "virtual", "cpu", "other"}
+LAVAPIPE_ICDS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d")
+
+
+def test_device_enumeration_lists_what_the_vulkan_loader_offers():
+    """vknorm enumerates every device the loader offers, in the loader's order: the same list ncnn (another
+    Vulkan client in a process of its own) sees, where vknorm was built with ncnn."""
     devs = vknorm.devices()
     assert devs, "no Vulkan device enumerated"
-    lava = [d for d in devs if "llvmpipe" in d["name"].lower()]
-    assert lava, f"lavapipe (llvmpipe) not among {[d['name'] for d in devs]}"
-    assert lava[0]["type"] == "cpu"
     assert [d["index"] for d in devs] == list(range(len(devs)))
+    assert all(d["type"] in DEVICE_TYPES and d["name"] for d in devs), devs
+    if has_graph():
+        proc = run_python("""
+            import json
+            from vknorm import graph
+            print(json.dumps([graph.gpu_name(i) for i in range(graph.gpu_count())]))
+        """)
+        assert json_tail(proc) == [d["name"] for d in devs]
+
+
+def lavapipe_icd_offered() -> bool:
+    """Mesa's lavapipe ICD is installed and the environment does not narrow the loader to other drivers."""
+    if any(os.environ.get(k) for k in ("VK_ICD_FILENAMES", "VK_DRIVER_FILES")):
+        return False
+    return any(f.startswith("lvp_icd") for d in LAVAPIPE_ICDS if os.path.isdir(d) for f in os.listdir(d))
+
+
+@pytest.mark.skipif(not lavapipe_icd_offered(), reason="needs Mesa's lavapipe ICD offered to the loader")
+def test_lavapipe_is_enumerated_as_a_cpu_device_where_its_driver_is_installed():
+    lava = [d for d in vknorm.devices() if "llvmpipe" in d["name"].lower()]
+    assert lava, f"lavapipe (llvmpipe) not among {[d['name'] for d in vknorm.devices()]}"
+    assert all(d["type"] == "cpu" for d in lava)
 
 
 def test_device_info_reports_what_vknorm_info_promises():
@@ -83,8 +110,6 @@ def test_default_device_prefers_discrete_then_integrated_then_virtual_then_cpu()
     default = vknorm.device_info()
     assert default["index"] == _core.default_device_index()
     assert rank.get(default["type"], 4) == best
-    if best == 3:  # no GPU on this machine: the embedded default is lavapipe
-        assert "llvmpipe" in default["name"].lower()
 
 
 def test_validation_layer_is_enabled_for_the_suite():
@@ -93,13 +118,12 @@ def test_validation_layer_is_enabled_for_the_suite():
 
 # ------------------------------------------------------------------------------ vknorm info
 
-def test_vknorm_info_json_parses_and_lists_lavapipe():
+def test_vknorm_info_json_lists_every_enumerated_device():
     proc = run(vknorm_cli() + ["info", "--json"])
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert isinstance(data["devices"], list) and data["devices"]
     assert 0 <= data["default"] < len(data["devices"])
-    assert any("llvmpipe" in d["name"].lower() for d in data["devices"])
     for d in data["devices"]:
         for key, typ in INFO_FIELDS.items():
             assert isinstance(d[key], typ if typ is not float else (int, float)), f"{key} in {d}"
@@ -145,15 +169,24 @@ PICK_SCRIPT = """
 """
 
 
-@pytest.mark.parametrize("value", ["0", "llvmpipe", "LLVMpipe", "llvm"])
-def test_vknorm_device_picks_by_index_or_name_substring(value):
+def device_pick(kind: str):
+    """(VKNORM_DEVICE value, index it must pick) for a kind of value, from the devices this machine has:
+    an index, the last device's full name, the same upper-cased, a lower-cased piece of it. A name picks the
+    first device whose name contains it, ignoring case."""
     devs = vknorm.devices()
-    if value == "0":
-        want = devs[0]["index"]
-    else:
-        want = next(d["index"] for d in devs if value.lower() in d["name"].lower())
+    last = devs[-1]
+    value = {"first_index": "0", "last_index": str(last["index"]), "full_name": last["name"],
+             "name_upper": last["name"].upper(), "name_piece": last["name"].split()[0][:4].lower()}[kind]
+    if value.isdigit():
+        return value, int(value)
+    return value, next(d["index"] for d in devs if value.lower() in d["name"].lower())
+
+
+@pytest.mark.parametrize("kind", ["first_index", "last_index", "full_name", "name_upper", "name_piece"])
+def test_vknorm_device_picks_by_index_or_name_substring(kind):
+    value, want = device_pick(kind)
     res = json_tail(run_python(PICK_SCRIPT, {"VKNORM_DEVICE": value}))
-    assert res["index"] == want and res["ok"]
+    assert res["index"] == want and res["ok"], (value, res)
     assert res["validation"] == []
 
 

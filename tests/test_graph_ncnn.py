@@ -197,3 +197,70 @@ def test_vknorm_graph_module_exports_no_ncnn_symbols():
     assert any(s.startswith("PyInit__graph") for s in exported)
     leaked = [s for s in exported if "ncnn" in s or "glslang" in s or "vknorm" in s]
     assert leaked == [], leaked[:20]
+
+
+DIMS1_FP16_SCRIPT = r"""
+import json, sys, numpy as np
+from vknorm import graph
+w, tmp = int(sys.argv[1]), sys.argv[2]
+rng = np.random.default_rng(5)
+gamma = rng.uniform(0.5, 1.5, w).astype(np.float32)
+beta = rng.uniform(-0.5, 0.5, w).astype(np.float32)
+with open(f"{tmp}/m.param", "w") as f:
+    f.write(f"7767517\n2 2\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 out0 0={w} 1=1e-5 2=1\n")
+with open(f"{tmp}/m.bin", "wb") as f:
+    f.write(gamma.tobytes() + beta.tobytes())
+net = graph.Net()
+o = net.opt
+o.use_vulkan_compute = True
+o.use_fp16_storage = False   # what ncnn runs with on a device without 16-bit storage:
+o.use_fp16_packed = True     # float16 only in pack4 blobs, read as packed uvec2 halves
+o.use_fp16_arithmetic = False
+o.use_packing_layout = True
+assert net.load_param(f"{tmp}/m.param") == 0 and net.load_model(f"{tmp}/m.bin") == 0
+x = (3 * rng.standard_normal(w) + 1).astype(np.float32)
+ex = net.create_extractor()
+assert ex.input("in0", graph.Mat(x)) == 0
+r, m = ex.extract("out0")
+assert r == 0, r
+y = np.array(m)
+xs = x.astype(np.float16).astype(np.float64)  # the blob ncnn uploads is float16
+ref = (xs - xs.mean()) / np.sqrt(xs.var() + 1e-5) * gamma + beta
+excess = float(np.max(np.abs(y - ref) - 0.5 * 2.0 ** -10 * np.abs(ref)))
+layer = net.vknorm_layers()[0]
+print(json.dumps({"excess": excess, "variants": layer["variants"], "vulkan_forwards": layer["vulkan_forwards"],
+                  "cpu_forwards": layer["cpu_forwards"]}))
+"""
+
+
+@pytest.mark.parametrize("w", [4096, 131072], ids=["fused", "split"])
+@pytest.mark.parametrize("storage16", [True, False], ids=["16bit_storage", "no_16bit_storage"])
+def test_dims1_float16_blob_on_a_device_without_16bit_storage(tmp_path, w, storage16):
+    """ncnn packs a dims-1 float16 blob by 4 (elemsize 8: packed halves, no 16-bit storage needed); vknorm reads
+    it as one elempack-1 group. The fused kernel reads that as vec4s (packed halves again). A group too large
+    for it (131072 elements: beyond what a workgroup holds on any device) takes the split path, which reads
+    single float16 values: storageBuffer16BitAccess. Without it (VKNORM_NO_FP16_STORAGE=1: the layers plan as
+    if ncnn's device lacked it) the layer converts the blob to float32 with ncnn's packing and back, so no
+    pipeline reads single float16 values; with it, the float16 split kernels run. Both match float64 of the
+    float16 input within the fp16 rule, with no validation message."""
+    log = tmp_path / "validation.log"
+    env = graph_runs.validated_env(str(log), str(tmp_path))
+    env.pop("VKNORM_NO_FP16_STORAGE", None)
+    if not storage16:
+        env["VKNORM_NO_FP16_STORAGE"] = "1"
+    proc = subprocess.run([sys.executable, "-c", DIMS1_FP16_SCRIPT, str(w), str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (log.read_text() if log.exists() else "").strip() == ""
+    assert r["vulkan_forwards"] == 1 and r["cpu_forwards"] == 0, r
+    assert r["excess"] <= 1e-3, r
+    kernels = {v.split("/")[0] for v in r["variants"]}
+    single_halves = {k for k in kernels if "_fp1_p1_" in k}  # elempack-1 float16 kernels: 16-bit storage
+    if w == 4096:
+        assert kernels == {"norm_fused_fp1_pv4_sg1"} or kernels == {"norm_fused_fp1_pv4_sg0"}, kernels
+    elif storage16:
+        assert single_halves and all(k.startswith(("norm_reduce", "norm_finalize", "norm_apply")) for k in kernels), kernels
+    else:
+        assert not single_halves, kernels
+        assert "norm_reduce_fp0_p1_sg0" in kernels and "norm_apply_fp0_p1_sg0" in kernels, kernels

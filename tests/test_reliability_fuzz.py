@@ -307,3 +307,56 @@ def test_fuzz_vknorm_check_on_garbled_models(worker, tmp_path_factory, case):
                                   "values past float32's range"))
     if kind == "bin:append":  # trailing bytes: a warning, the model itself is intact
         assert outcome == "ok", f"{name} {kind}: must pass\n{res}"
+
+
+# ============================================================================ the same through `check --vulkan`
+
+@pytest.fixture(scope="module")
+def vulkan_worker():
+    w = R.CheckWorker(graph_validation=True)  # the validation layer in ncnn's instance too, logging to a file
+    yield w
+    w.close()
+
+
+@fuzz_settings(25, deadline_ms=None)
+@given(case=garbled_model())
+def test_fuzz_vknorm_check_vulkan_on_garbled_models(vulkan_worker, tmp_path_factory, case):
+    """The garbled models above through `vknorm check --vulkan` (vknorm inside ncnn's Vulkan graph): exit 0,
+    one clear line with exit 2, or exit 1 only where explained (R.explain_mismatch_vulkan); never a crash,
+    a hang, a traceback or a validation message from any instance, ncnn's included."""
+    name, kind, ptext, bdata = case
+    d = tmp_path_factory.mktemp("m")
+    (d / "m.param").write_bytes(ptext)
+    (d / "m.bin").write_bytes(bdata)
+    argv = ["check", str(d / "m.param"), str(d / "m.bin"), "--input", f"in0={R.MODELS[name]}", "--json", "--vulkan"]
+    res = vulkan_worker.run(argv, timeout=CHECK_TIMEOUT)
+    outcome = R.classify(res)
+    event(f"{kind} -> {outcome}")
+    assert outcome in ("ok", "error", "mismatch"), f"{name} {kind}: {outcome}\n{res}"
+    if outcome == "mismatch":
+        why = R.explain_failing(vulkan_worker, res, str(d / "m.param"), str(d / "m.bin"), R.MODELS[name], vulkan=True)
+        unexplained = [w for w in why.values() if not w["explained"]]
+        assert not unexplained, f"{name} {kind}: mismatch not explained: {unexplained}"
+        for w in why.values():
+            event("mismatch: " + ("vknorm matches ncnn's algorithm on its input" if w["self_consistent"] else
+                                  "values past float32's range"))
+    if kind == "bin:append":  # trailing bytes: a warning, the model itself is intact
+        assert outcome == "ok", f"{name} {kind}: must pass\n{res}"
+
+
+def test_check_vulkan_worker_reports_a_validation_message_from_ncnns_instance(tmp_path):
+    """Negative control for the worker above: a dims-1 input of 300000 elements makes ncnn's own upload
+    conversion dispatch 75000 workgroups in y (maxComputeWorkGroupCount[1] is 65535 on lavapipe and NVIDIA
+    alike): the validation layer in ncnn's instance reports it to the log, and the case counts as a
+    validation failure, though the check itself exits 0."""
+    (tmp_path / "m.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 out0 0=0 1=1e-5 2=0\n")
+    (tmp_path / "m.bin").write_bytes(b"")
+    w = R.CheckWorker(graph_validation=True)
+    try:
+        res = w.run(["check", str(tmp_path / "m.param"), str(tmp_path / "m.bin"), "--input", "in0=300000", "--json",
+                     "--vulkan"], 60)
+    finally:
+        w.close()
+    assert res["rc"] == 0, res
+    assert "maxComputeWorkGroupCount" in res["validation_log"], res
+    assert R.classify(res) == "validation", res

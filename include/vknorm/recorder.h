@@ -25,8 +25,13 @@
 //   recording state, outside a render pass, for a queue family with compute.
 // - The blob's VkBuffer was created with VK_BUFFER_USAGE_STORAGE_BUFFER_BIT. BufferRef::offset is a
 //   multiple of VkPhysicalDeviceLimits::minStorageBufferOffsetAlignment; range, the bytes the caller
-//   owns from there, must cover the blob (blob_span_bytes; kWholeSize: not checked). The blob itself
-//   is at most maxStorageBufferRange bytes (larger ones: record pieces of whole groups, or use Norm).
+//   owns from there, must cover the blob (blob_span_bytes; kWholeSize: not checked).
+// - A blob larger than one storage buffer binding (maxStorageBufferRange; VKNORM_MAX_BUFFER_BYTES lowers
+//   it, as for vknorm's own context) or than 2^31 packed elements is recorded in pieces of whole groups
+//   (plan_pieces: runs of whole channels, else runs of rows of one channel), each bound at its own offset
+//   of the caller's buffer; DispatchInfo::pieces says how many. Every piece's offset must then be a
+//   multiple of minStorageBufferOffsetAlignment, and a single group must fit one binding: otherwise the
+//   blob is refused.
 // - float16 blobs need a Vulkan 1.1 device. Elempack-1 float16 blobs need storageBuffer16BitAccess
 //   enabled on the device (VulkanHandles::fp16_storage_enabled); pack4 float16 blobs, and elempack-1
 //   ones read as vec4s, do not. Refused inputs throw std::invalid_argument before anything is recorded.
@@ -40,9 +45,10 @@
 // COMPUTE_SHADER/SHADER_WRITE -> TRANSFER/TRANSFER_READ.
 // Inside one forward, vknorm orders its own passes (the split path's reduce -> finalize -> apply) with
 // vkCmdPipelineBarrier(COMPUTE_SHADER -> COMPUTE_SHADER) and one VkMemoryBarrier SHADER_WRITE ->
-// SHADER_READ|SHADER_WRITE, only between passes where the later reads what the earlier wrote. These
-// barriers also order the forward's scratch against every later forward of this Recorder, so forwards
-// of one Recorder may share its scratch in any number of command buffers on one queue.
+// SHADER_READ|SHADER_WRITE, only between passes where the later reads what the earlier wrote. A split-path
+// forward (and each of its pieces) also starts with that barrier: its scratch is shared with every earlier
+// forward of this Recorder, so forwards of one Recorder may share it in any number of command buffers on
+// one queue. A fused forward (one dispatch, no scratch) records no barrier at all.
 // The first record() after load_model() also records the weights' upload before its dispatches: a
 // vkCmdCopyBuffer from a staging buffer and a TRANSFER/TRANSFER_WRITE -> COMPUTE_SHADER/SHADER_READ
 // barrier. Submit that command buffer first (or before any other that uses this Recorder).
@@ -62,6 +68,14 @@
 //   buffer created after one vknorm recorded on was destroyed (Vulkan may reuse the handle value).
 // - record() leaves vknorm's compute pipeline, descriptor set 0 and push constants bound in `cmd`: bind
 //   yours again before your next dispatch, as after any other library's recording.
+//
+// GPU time
+// record() cannot know it (the caller submits later): DispatchInfo::gpu_us stays 0. With set_timing(true)
+// each record() also writes two timestamps into `cmd` (vkCmdResetQueryPool of its pair, then
+// vkCmdWriteTimestamp at COMPUTE_SHADER before its first dispatch and after its last, into a query pool of
+// the Recorder's), and gpu_times_us() returns, once those command buffers have completed, each timed
+// forward's GPU time in microseconds, in recording order (a command buffer submitted again overwrites its
+// forwards' times). Reading them frees the pairs.
 //
 // Threads: a Recorder is used by one thread at a time (like the command buffer it records into);
 // different Recorders on one device may record on different threads.
@@ -152,11 +166,19 @@ class Recorder {
   // Records one forward of the blob at `blob` into `cmd` (see the top of this file). `opt` gives the
   // kernel choices (path, use_subgroup_ops, max_workgroup_size); storage and packing are the blob's own
   // (fp16, elempack), so use_fp16_storage and use_packing_layout are not read. Returns what the
-  // dispatcher chose (gpu_us stays 0: timing is the caller's). Throws std::invalid_argument for a bad
-  // shape or affine_size, a misaligned offset, a range too small for the blob or larger than
-  // maxStorageBufferRange, or a float16 blob the device cannot store; nothing is recorded then.
+  // dispatcher chose (gpu_us stays 0: see set_timing; pieces: the bindings the blob was split into).
+  // Throws std::invalid_argument for a bad shape or affine_size, a misaligned offset, a range too small
+  // for the blob, a blob past one binding that cannot be split at aligned group boundaries, or a float16
+  // blob the device cannot store; nothing is recorded then.
   DispatchInfo record(VkCommandBuffer cmd, const BufferRef& blob, int dims, int w, int h, int d, int c, size_t cstep,
                       int elempack, bool fp16, const Option& opt = {});
+
+  // Timestamps around every later record() (see "GPU time" above). Throws std::invalid_argument when a
+  // compute queue family of the device has no timestamps (timestampValidBits 0).
+  void set_timing(bool on);
+  // The GPU time of each record() timed since the last call, in µs, in recording order; call only when
+  // every command buffer recorded with timing on has completed (std::logic_error for one that has not).
+  std::vector<double> gpu_times_us();
 
   // Frees every cached descriptor set and what load_model() or a larger scratch retired. Only when no
   // command buffer recorded with them is pending (see Lifetime above).

@@ -322,14 +322,26 @@ def run_model(args) -> int:
                    disable=not sys.stderr.isatty())
     except ImportError:
         pass
-    try:
-        report = run_model_bench(param, binp, dims, fp16=args.fp16, iters=args.iters,
-                                 progress=(lambda i, n: bar.update(1)) if bar else None)
-    except RuntimeError as e:
-        raise UsageError(str(e)) from None
-    finally:
-        if bar:
-            bar.close()
+    from ._fork import fork_is_safe, input_flags, run_in_child
+
+    def bench():
+        try:
+            return run_model_bench(param, binp, dims, fp16=args.fp16, iters=args.iters,
+                                   progress=(lambda i, n: bar.update(1)) if bar else None)
+        except RuntimeError as e:  # ncnn could not load or run the model
+            raise UsageError(str(e)) from None
+        finally:
+            if bar:
+                bar.close()
+
+    # In a forked child, as `vknorm check` runs: ncnn crashing on shapes a model cannot take (SIGFPE in
+    # its MultiHeadAttention, say) becomes one line and exit 2. VKNORM_BENCH_INPROCESS=1: no child.
+    if fork_is_safe("VKNORM_BENCH_INPROCESS"):
+        report = run_in_child(bench, lambda sig: f"ncnn crashed ({sig}) running {param} with {input_flags(dims)}: "
+                                                 "do the --input shapes match what the model takes?",
+                              "vknorm bench --model")
+    else:
+        report = bench()
     print(format_table(report))
     if args.json:
         with open(args.json, "w") as f:

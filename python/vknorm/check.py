@@ -1081,86 +1081,27 @@ def format_text_vulkan(result: dict) -> str:
 
 
 def _check_in_child(param_path, bin_path, specs, fp16, seed, atol, vulkan=False, fuse=True) -> dict:
-    """check_model in a forked child, so that ncnn crashing (a SIGFPE or SIGSEGV on input shapes the model
-    cannot take) becomes one line and exit 2 instead of a dead process. The parent has touched neither
-    Vulkan nor ncnn yet, so the child starts clean; it reports through a pipe and leaves with os._exit."""
-    import signal
-    import traceback
-    import warnings
+    """check_model in a forked child (_fork.run_in_child), so that ncnn crashing (a SIGFPE or SIGSEGV on
+    input shapes the model cannot take) becomes one line and exit 2 instead of a dead process. The parent
+    has touched neither Vulkan nor ncnn yet, so the child starts clean."""
+    from ._fork import input_flags, run_in_child
 
-    rfd, wfd = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: "process is multi-threaded"
-        pid = os.fork()
-    if pid == 0:  # child
-        code = 0
-        try:
-            os.close(rfd)
-            try:
-                if vulkan:
-                    res = check_model_vulkan(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol, fuse=fuse)
-                else:
-                    res = check_model(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol)
-                payload = {"result": res}
-            except UsageError as e:
-                payload = {"usage_error": str(e)}
-            except Exception as e:
-                from . import _core
+    def fn():
+        if vulkan:
+            return check_model_vulkan(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol, fuse=fuse)
+        return check_model(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol)
 
-                if isinstance(e, _core.VulkanUnavailableError):
-                    payload = {"usage_error": str(e)}
-                else:
-                    traceback.print_exc()
-                    payload = {"internal_error": f"{type(e).__name__}: {e}"}
-            with os.fdopen(wfd, "w", encoding="utf-8") as f:
-                json.dump(payload, f)
-        except BaseException:  # noqa: BLE001
-            code = 70
-        finally:
-            try:
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
-    os.close(wfd)
-    with os.fdopen(rfd, "r", encoding="utf-8") as f:
-        text = f.read()
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        try:
-            signame = signal.Signals(sig).name
-        except ValueError:
-            signame = f"signal {sig}"
-        ins = " ".join(f"--input {k}={'x'.join(map(str, v))}" for k, v in specs.items())
-        raise UsageError(f"ncnn crashed ({signame}) running {param_path} with {ins}: "
-                         "do the --input shapes match what the model takes?")
-    try:
-        payload = json.loads(text)
-    except ValueError:
-        raise RuntimeError(f"vknorm check: the worker process exited with status {status} and no result") from None
-    if "usage_error" in payload:
-        raise UsageError(payload["usage_error"])
-    if "internal_error" in payload:
-        raise RuntimeError(payload["internal_error"])
-    return payload["result"]
+    return run_in_child(fn,
+                        lambda sig: f"ncnn crashed ({sig}) running {param_path} with {input_flags(specs)}: "
+                                    "do the --input shapes match what the model takes?",
+                        "vknorm check")
 
 
 def _fork_is_safe() -> bool:
-    """Guard the check in a forked child only while this process has used neither Vulkan nor pyncnn:
-    a child must not inherit a live Vulkan device (vknorm and ncnn load libvulkan only when they start
-    one) or ncnn's OpenMP pool. VKNORM_CHECK_INPROCESS=1 turns the guard off."""
-    if not hasattr(os, "fork") or os.environ.get("VKNORM_CHECK_INPROCESS", "") not in ("", "0"):
-        return False
-    if "ncnn" in sys.modules:
-        return False
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            return not any(os.path.basename(line.split()[-1]).startswith("libvulkan")
-                           for line in f if ".so" in line)
-    except OSError:
-        return False
+    """See _fork.fork_is_safe; VKNORM_CHECK_INPROCESS=1 turns the guard off."""
+    from ._fork import fork_is_safe
+
+    return fork_is_safe("VKNORM_CHECK_INPROCESS")
 
 
 def run_check(args) -> int:

@@ -51,7 +51,8 @@ Mat = _graph.Mat
 Option = _graph.Option
 Extractor = _graph.Extractor
 
-__all__ = ["Net", "Mat", "Option", "Extractor", "gpu_count", "gpu_name", "configure"]
+__all__ = ["Net", "Mat", "Option", "Extractor", "gpu_count", "gpu_name", "configure", "track_device_memory",
+           "device_memory", "set_device_memory_limit"]
 
 
 def gpu_count() -> int:
@@ -79,3 +80,28 @@ def configure(net: Net, *, vulkan: bool = True, fp16: bool = False, packing: boo
     opt.use_packing_layout = packing
     opt.lightmode = lightmode
     return net
+
+
+def track_device_memory() -> None:
+    """Count the device memory ncnn allocates from now on (every VkDeviceMemory of its allocators: blobs,
+    workspace, staging, weights; vknorm's layers allocate through them). Starts ncnn's Vulkan instance.
+    Read the figures with ``device_memory()``."""
+    _graph.track_device_memory()
+
+
+def device_memory() -> dict:
+    """What ncnn holds since ``track_device_memory()``: ``bytes`` and ``blocks`` (VkDeviceMemory objects)
+    live now, ``peak_bytes`` (since tracking started or the limit was last set), ``allocations`` made in
+    all, ``refused``: allocations the limit turned down, ``limit`` (0: none), ``tracking``."""
+    return dict(_graph.device_memory())
+
+
+def set_device_memory_limit(limit_bytes: int) -> None:
+    """Answer ncnn's allocations past ``limit_bytes`` of live device memory with
+    VK_ERROR_OUT_OF_DEVICE_MEMORY, as a full device would (0: no limit). Needs ``track_device_memory()``."""
+    if not isinstance(limit_bytes, int) or isinstance(limit_bytes, bool) or limit_bytes < 0:
+        raise ValueError(f"set_device_memory_limit: expected a byte count >= 0, got {limit_bytes!r}")
+    if not _graph.device_memory()["tracking"]:
+        raise RuntimeError("set_device_memory_limit: call track_device_memory() first")
+    _graph.set_device_memory_limit(limit_bytes)
+

@@ -1,0 +1,95 @@
+"""Running a CLI command's work in a forked child, so that ncnn crashing (a SIGFPE or SIGSEGV on input
+shapes a model cannot take) becomes one line and exit 2 instead of a dead process. Used by `vknorm check`
+and `vknorm bench --model`."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Callable
+
+from .cli import UsageError
+
+
+def fork_is_safe(inprocess_env: str) -> bool:
+    """Guard the work in a forked child only while this process has used neither Vulkan nor pyncnn: a
+    child must not inherit a live Vulkan device (vknorm and ncnn load libvulkan only when they start one)
+    or ncnn's OpenMP pool. ``inprocess_env`` (e.g. VKNORM_CHECK_INPROCESS=1) turns the guard off."""
+    if not hasattr(os, "fork") or os.environ.get(inprocess_env, "") not in ("", "0"):
+        return False
+    if "ncnn" in sys.modules:
+        return False
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            return not any(os.path.basename(line.split()[-1]).startswith("libvulkan")
+                           for line in f if ".so" in line)
+    except OSError:
+        return False
+
+
+def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: str) -> dict:
+    """fn() in a forked child; its JSON-able result comes back through a pipe. UsageError (and
+    VulkanUnavailableError, and the RuntimeError of a model ncnn cannot load or run) come back as
+    UsageError; a child killed by a signal becomes UsageError(crashed(signal name)); anything else a
+    RuntimeError with the child's message (its traceback goes to stderr). The child leaves with os._exit."""
+    import signal
+    import traceback
+    import warnings
+
+    rfd, wfd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: "process is multi-threaded"
+        pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            os.close(rfd)
+            try:
+                payload = {"result": fn()}
+            except UsageError as e:
+                payload = {"usage_error": str(e)}
+            except Exception as e:
+                from . import _core
+
+                if isinstance(e, _core.VulkanUnavailableError):
+                    payload = {"usage_error": str(e)}
+                else:
+                    traceback.print_exc()
+                    payload = {"internal_error": f"{type(e).__name__}: {e}"}
+            with os.fdopen(wfd, "w", encoding="utf-8") as f:
+                json.dump(payload, f)
+        except BaseException:  # noqa: BLE001
+            code = 70
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    os.close(wfd)
+    with os.fdopen(rfd, "r", encoding="utf-8") as f:
+        text = f.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            signame = signal.Signals(sig).name
+        except ValueError:
+            signame = f"signal {sig}"
+        raise UsageError(crashed(signame))
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        raise RuntimeError(f"{what}: the worker process exited with status {status} and no result") from None
+    if "usage_error" in payload:
+        raise UsageError(payload["usage_error"])
+    if "internal_error" in payload:
+        raise RuntimeError(payload["internal_error"])
+    return payload["result"]
+
+
+def input_flags(specs: dict) -> str:
+    """--input NAME=DIMS ... as the user typed them (for messages)."""
+    return " ".join(f"--input {k}={'x'.join(map(str, v))}" for k, v in specs.items())
