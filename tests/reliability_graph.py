@@ -328,15 +328,17 @@ def faults(model: str = "transformer_block", fp16: bool = False, big=(1024, 64),
 
 # ------------------------------------------------------------------------------------ in the parent
 
-def run_scenario(name: str, kwargs: Optional[dict] = None, timeout: float = 3600, env: Optional[Dict[str, str]] = None) -> dict:
-    """One scenario in a child process under the validation layer; its figures plus `validation_messages`
-    (lines the layer logged, ncnn's instance and its teardown included), `stderr_tail` and `wall_seconds`."""
+def run_scenario(name: str, kwargs: Optional[dict] = None, timeout: float = 3600, env: Optional[Dict[str, str]] = None,
+                 validation: bool = True) -> dict:
+    """One scenario in a child process under the validation layer (validation=False: without it, e.g. for
+    RSS figures of the process alone); its figures plus `validation_messages` (lines the layer logged,
+    ncnn's instance and its teardown included), `stderr_tail`, `wall_seconds` and `validation`."""
     sys.path.insert(0, str(TESTS))
     import graph_runs
 
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "validation.log")
-        full = graph_runs.validated_env(log, tmp)
+        full = graph_runs.validated_env(log, tmp) if validation else dict(os.environ, VKNORM_VALIDATION="0")
         for k in ("VKNORM_MAX_BUFFER_BYTES", "VKNORM_MAX_DEVICE_BYTES", "VKNORM_PATH", "VKNORM_NO_FP16_STORAGE"):
             full.pop(k, None)
         full.update(env or {})
@@ -347,7 +349,7 @@ def run_scenario(name: str, kwargs: Optional[dict] = None, timeout: float = 3600
         messages = Path(log).read_text(errors="replace") if os.path.exists(log) else ""
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     out = json.loads(lines[-1]) if proc.returncode == 0 and lines else {"failed": True}
-    out.update(returncode=proc.returncode, wall_seconds=wall, stderr_tail=proc.stderr[-3000:],
+    out.update(returncode=proc.returncode, wall_seconds=wall, stderr_tail=proc.stderr[-3000:], validation=validation,
                validation_messages=[ln for ln in messages.splitlines() if ln.strip()][:20],
                validation_lines=sum(1 for ln in messages.splitlines() if ln.strip()))
     return out

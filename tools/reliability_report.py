@@ -3,11 +3,13 @@
 
     .venv/bin/python tools/reliability_report.py [--fuzz-scale N] [--quick] [--write]
 
-Runs every issue-6 scenario of tests/reliability_lib.py in a process of its own, under
-VKNORM_VALIDATION=1 (the per-forward overhead also without), then the reliability test files with
-hypothesis statistics (VKNORM_FUZZ_SCALE=N times the CI budget), and prints the figures as markdown.
---write replaces the text between the `figures:begin` / `figures:end` markers of docs/reliability.md
-(and stores the raw numbers in docs/reliability.json). --quick skips the multi-GiB runs.
+Runs every scenario of tests/reliability_lib.py (vknorm's own runtime, `vknorm check`) in a process of
+its own, under VKNORM_VALIDATION=1 (the per-forward overhead also without), every in-graph scenario of
+tests/reliability_graph.py (vknorm inside ncnn's Vulkan graph, the validation layer loaded into ncnn's
+instance) at full size, the .param bit flips through `vknorm check` and `vknorm check --vulkan`, then the
+reliability test files with hypothesis statistics (VKNORM_FUZZ_SCALE=N times the CI budget), and prints
+the figures as markdown. --write replaces the text between the `figures:begin` / `figures:end` markers of
+docs/reliability.md (and stores the raw numbers in docs/reliability.json). --quick skips the multi-GiB runs.
 """
 from __future__ import annotations
 
@@ -127,17 +129,7 @@ def markdown(r: dict) -> str:
         h = r["huge"]
         lines.append(f"| VkMat past the heap | 2.5 GiB float16 upload | refused: {h['refused']}, "
                      f"{h.get('live_buffers', '-')} buffers allocated; \"{h.get('message', '')}\" |")
-    bf = r["bitflips"]
-    lines.append(
-        f"| .param bit flips, exhaustive | {bf['flips']} single-bit flips of the {len(r['models'])} committed .param; "
-        f"{bf['accepted_by_reader']} accepted by the reader, 1 in {bf['stride']} run: {bf['run']} | "
-        f"ok {bf.get('ok', 0)}, clear error {bf.get('error', 0)}, exit 1 {bf.get('mismatch', 0)} "
-        f"({bf.get('mismatch_layers', 0)} layers: vknorm equal to ncnn's algorithm on its own input "
-        f"{bf.get('mismatch_self_consistent', 0)}, values past float32's range {bf.get('mismatch_overflow', 0)}, "
-        f"stock ncnn not deterministic {bf.get('mismatch_ncnn_nondeterministic', 0)}, unexplained "
-        f"{bf.get('mismatch_unexplained', 0)}); crash {bf.get('crash', 0)}, hang {bf.get('hang', 0)}, "
-        f"garbled output {bf.get('garbled', 0)}, validation messages {bf.get('validation', 0)}; slowest case "
-        f"{bf['max_case_ms'] / 1e3:.1f} s; {bf['seconds'] / 60:.0f} min |")
+    lines.append(bitflip_row(r["bitflips"], r, ".param bit flips, exhaustive"))
     tr = r["tests_reliability"]
     lines.append(f"| tests/test_reliability.py | pieces, limits, faults, the above | {tr['summary']} "
                  f"({tr['seconds']:.0f} s) |")
@@ -158,7 +150,114 @@ def markdown(r: dict) -> str:
     lines += ["", f"Fuzz run: {fz['summary']} in {fz['seconds']:.0f} s."]
     for f in fz.get("falsifying", []):
         lines += ["", "```", re.sub(r"^E\s?", "", f, flags=re.M).strip(), "```"]
+    if "graph" in r:
+        lines += ["", graph_markdown(r)]
     return "\n".join(lines)
+
+
+def _storage(fp16: bool) -> str:
+    return "fp16" if fp16 else "fp32"
+
+
+def _validation(g: dict) -> str:
+    if not g.get("validation", True):
+        return "without the validation layer" + ("" if g["returncode"] == 0 else f"; EXIT {g['returncode']}")
+    return f"validation messages {g['validation_lines']}" + ("" if g["returncode"] == 0 else f"; EXIT {g['returncode']}")
+
+
+def bitflip_row(bf: dict, r: dict, label: str) -> str:
+    return (f"| {label} | {bf['flips']} single-bit flips of the {len(r['models'])} committed .param; "
+            f"{bf['accepted_by_reader']} accepted by the reader, 1 in {bf['stride']} run: {bf['run']} | "
+            f"ok {bf.get('ok', 0)}, clear error {bf.get('error', 0)}, exit 1 {bf.get('mismatch', 0)} "
+            f"({bf.get('mismatch_layers', 0)} layers: vknorm equal to ncnn's algorithm on its own input "
+            f"{bf.get('mismatch_self_consistent', 0)}, values past float32's range {bf.get('mismatch_overflow', 0)}, "
+            + ("" if bf.get("vulkan") else
+               f"stock ncnn not deterministic {bf.get('mismatch_ncnn_nondeterministic', 0)}, ")
+            + f"unexplained {bf.get('mismatch_unexplained', 0)}); crash {bf.get('crash', 0)}, hang {bf.get('hang', 0)}, "
+            f"garbled output {bf.get('garbled', 0)}, validation messages {bf.get('validation', 0)}; slowest case "
+            f"{bf['max_case_ms'] / 1e3:.1f} s; {bf['seconds'] / 60:.0f} min |")
+
+
+def graph_markdown(r: dict) -> str:
+    """The in-graph figures: vknorm's layers inside ncnn's Vulkan graph (vknorm.graph)."""
+    g = r["graph"]
+    lines = [f"In-graph path (vknorm.graph: ncnn {r.get('ncnn', '')} compiled from its source, vknorm's layers "
+             "recorded into ncnn's command buffer), same machine and run. ncnn's device memory: every VkDeviceMemory "
+             "ncnn holds (vknorm.graph.track_device_memory); validation: the Khronos layer loaded into ncnn's "
+             "instance, its log read after the process ended (ncnn's instance destroyed first).", "",
+             "| what | run | result |", "|---|---|---|"]
+    for lt in g["lifetime"]:
+        lines.append(
+            f"| lifetime, {_storage(lt['fp16'])} | {lt['inferences']} inferences of {lt['model']} (a new extractor each, "
+            f"lightmode on, 4 inputs in turn), {lt['ms_per_inference']:.2f} ms each | ncnn's device memory from "
+            f"inference {lt['warmup']} on: {mib(lt['steady_bytes'])} in {lt['steady_blocks']} blocks, inferences off it "
+            f"{lt['drift_inferences']}, peak {mib(lt['peak_after_warmup'])}; after the net is cleared "
+            f"{mib(lt['after_clear_bytes'])} (ncnn's pooled allocators); RSS {mib(lt['rss_warm'])} -> "
+            f"{mib(lt['rss_end'])} ({100 * lt['rss_growth']:+.2f} %); outputs differing from the first for their "
+            f"input {lt['mismatches']}, errors {lt['errors']}; vknorm forwards {lt['vulkan_forwards']} on the GPU, "
+            f"{lt['cpu_forwards']} on the host; {_validation(lt)} |")
+    for rc in g["reload"]:
+        lines.append(
+            f"| Net load / clear cycles, {_storage(rc['fp16'])} | {rc['cycles']} x (load {rc['model']}, one inference, "
+            f"clear), {rc['seconds'] / rc['cycles'] * 1e3:.0f} ms each | ncnn's device memory after each cycle from "
+            f"cycle {rc['warmup']}: {mib(rc['bytes_after_warmup'])}, cycles off it {rc['cycles_off_steady']}; RSS "
+            f"{mib(rc['rss_after_warmup'])} -> {mib(rc['rss_end'])} ({100 * rc['rss_growth']:+.2f} %); outputs "
+            f"differing from the first cycle's {rc['mismatches']}, errors {rc['errors']}; after ncnn's instance is "
+            f"destroyed {rc['bytes_after_instance_destroyed']} bytes in {rc['blocks_after_instance_destroyed']} blocks "
+            f"left; {_validation(rc)}{' (teardown included)' if rc.get('validation', True) else ''} |")
+    for th in g["threads"]:
+        lines.append(
+            f"| threads, {th['model']} {_storage(th['fp16'])} | {th['threads']} threads x "
+            f"{th['inferences'] // th['threads']} inferences ({th['shapes']} input shapes) on "
+            f"{'one Net' if th['nets'] == 'one' else str(th['threads']) + ' Nets'}, fresh | outputs differing from the "
+            f"sequential run {th['mismatches']}, failed {th['failed']}, errors {len(th['errors'])}, hung "
+            f"{th['hung_threads']}; pipelines as the sequential run's: {th['pipelines_like_serial']} "
+            f"({th['pipelines']}); {th['seconds']:.2f} s; {_validation(th)} |")
+    for f in g["faults"]:
+        lines.append(
+            f"| device memory running out, {f['model']} {_storage(f['fp16'])} | limit = held after one inference + "
+            f"k x {f['step_mib']} MiB; input {'x'.join(map(str, f['big']))}, then one at the model's size | "
+            f"{f['limits']} limits: the large input failed {f['big_failed']} times with ncnn's "
+            f"{', '.join(map(str, f['error_codes'])) or '-'} ({f['refused_allocations']} allocations refused), no "
+            f"crash; normal inferences identical to before {f['normal_ok']} of {f['limits']}; the large input then "
+            f"fitted: {f['big_fitted']}, and gave the same output without a limit: {f['after_limit_lifted_ok']}; "
+            f"{_validation(f)} |")
+    if "bitflips_vulkan" in r:
+        lines.append(bitflip_row(r["bitflips_vulkan"], r, ".param bit flips through `check --vulkan`"))
+    fz = r["fuzz"]["tests"].get("test_fuzz_vknorm_check_vulkan_on_garbled_models")
+    if fz:
+        ev = "; ".join(f"{k}: {v:g} %" for k, v in sorted(fz["events"].items(), key=lambda kv: -kv[1]))
+        lines.append(f"| fuzz: `vknorm check --vulkan` on garbled models | {fz['passing'] + fz['failing']} cases "
+                     f"(x{r['fuzz_scale']} the CI budget) | {fz['failing']} failing; {ev or '-'} |")
+    tg = r.get("tests_graph")
+    if tg:
+        lines.append(f"| tests/test_reliability_graph.py | the CI sizes of the above | {tg['summary']} ({tg['seconds']:.0f} s) |")
+    return "\n".join(lines)
+
+
+def graph_scenarios(G) -> dict:
+    """Every in-graph scenario at full size, each in a process of its own under the validation layer."""
+    def run(name, kwargs, validation=True):
+        t0 = time.perf_counter()
+        out = G.run_scenario(name, kwargs, timeout=3600, validation=validation)
+        print(f"  graph {name} {kwargs}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        if out.get("failed"):
+            raise SystemExit(f"graph {name} {kwargs} failed (exit {out['returncode']}):\n{out['stderr_tail']}")
+        return out
+
+    g = {"lifetime": [run("lifetime", {"n": 10_000, "fp16": fp16, "warmup": 500}) for fp16 in (False, True)],
+         # RSS of the process alone too: the validation layer's own bookkeeping grows with every Net here
+         "reload": [run("reload_cycles", {"cycles": 100, "fp16": fp16, "warmup": 20}) for fp16 in (False, True)]
+                   + [run("reload_cycles", {"cycles": 100, "fp16": False, "warmup": 20}, validation=False)],
+         "threads": [run("threads", {"model": m, "fp16": fp16, "nets": nets, "per_thread": 12})
+                     for m in ("transformer_block", "sd_resblock", "llama_block") for fp16 in (False, True)
+                     for nets in ("one", "many")],
+         "faults": [run("faults", {"model": m, "fp16": fp16, "big": big, "step_mib": step})
+                    for m, fp16, big, step in (("transformer_block", False, [1024, 64], 1),
+                                               ("transformer_block", True, [2048, 64], 1),
+                                               ("sd_resblock", True, [64, 64, 64], 1),
+                                               ("split_layernorm", False, [256, 40000], 1))]}
+    return g
 
 
 def main(argv=None) -> int:
@@ -167,6 +266,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="skip the multi-GiB runs")
     ap.add_argument("--bitflip-stride", type=int, default=5, help="run one in N accepted .param bit flips")
     ap.add_argument("--write", action="store_true", help="update docs/reliability.md and docs/reliability.json")
+    ap.add_argument("--no-graph", action="store_true", help="skip the in-graph scenarios (vknorm.graph)")
     args = ap.parse_args(argv)
     r = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "python": platform.python_version(),
          "fuzz_scale": args.fuzz_scale, "device": device()}
@@ -188,6 +288,13 @@ def main(argv=None) -> int:
         r["huge"] = scenario("huge_vkmat_refused", {"gib": 2.5})
     r["bitflips"] = scenario("param_bitflips", {"stride": args.bitflip_stride}, timeout=7200)
     r["tests_reliability"] = pytest_stats("tests/test_reliability.py", 1)
+    if not args.no_graph:
+        import reliability_graph as G
+
+        r["ncnn"] = "1.0.20261020"
+        r["graph"] = graph_scenarios(G)
+        r["bitflips_vulkan"] = scenario("param_bitflips", {"stride": args.bitflip_stride, "vulkan": True}, timeout=4 * 3600)
+        r["tests_graph"] = pytest_stats("tests/test_reliability_graph.py", 1)
     r["fuzz"] = pytest_stats("tests/test_reliability_fuzz.py", args.fuzz_scale)
     text = markdown(r)
     print(text)
