@@ -1,4 +1,4 @@
-"""Issue 6, "Reliability": clean under validation, no leaks, lifetime, threads, very large tensors, faults.
+"""Reliability of vknorm's own runtime: clean under validation, no leaks, lifetime, threads, very large tensors, faults.
 
 The scenarios live in tests/reliability_lib.py (tools/reliability_report.py runs the same ones for the
 figures in docs/reliability.md); the tests here decide. Everything runs under VKNORM_VALIDATION=1

@@ -1,4 +1,4 @@
-"""Issue 6, "Fuzzing": bad and odd input never crashes, hangs or returns garbage.
+"""Fuzzing: bad and odd input never crashes, hangs or returns garbage.
 
 Property tests (hypothesis, derandomized so CI runs the same cases every time; VKNORM_FUZZ_SCALE=N
 multiplies every budget for a longer local run) over:
