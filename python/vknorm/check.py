@@ -822,6 +822,32 @@ def _fused_blobs(graph, model: Model, fused: List[dict]) -> Dict[str, dict]:
     return out
 
 
+def _ncnn_add(graph, a, b):
+    """ncnn's BinaryOp add of a and b on its CPU path: what a fused layer normalizes when its two inputs
+    differ in shape (it runs ncnn's BinaryOp for them, with ncnn's broadcasting, not numpy's)."""
+    import tempfile
+
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "add.param")
+        with open(path, "w") as f:
+            f.write("7767517\n3 3\nInput a 0 1 a\nInput b 0 1 b\nBinaryOp add 2 1 a b s 0=0\n")
+        net = graph.configure(graph.Net(vknorm=False, fuse=False), vulkan=False, lightmode=False)
+        try:
+            if net.load_param(path) != 0:
+                raise UsageError("ncnn could not load a BinaryOp add (to judge a fused layer)")
+            ex = net.create_extractor()
+            ex.input("a", graph.Mat(np.ascontiguousarray(a, np.float32)))
+            ex.input("b", graph.Mat(np.ascontiguousarray(b, np.float32)))
+            ret, m = ex.extract("s")
+            if ret != 0:
+                raise UsageError(f"ncnn could not add blobs of shapes {a.shape} and {b.shape} (returned {ret})")
+            return np.array(m).astype(np.float32)
+        finally:
+            net.clear()
+
+
 def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]],
                        fp16: bool = False, seed: int = 0, atol: Optional[float] = None, fuse: bool = True) -> dict:
     """`vknorm check --vulkan`: stock ncnn CPU fp32, stock ncnn Vulkan and ncnn Vulkan with vknorm inside,
@@ -895,15 +921,21 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                    "judged_err": None, "sum_blob": None, "sum_abs_err": None, "sum_err": None,
                    "gpu_us": None, "ok": False, "vulkan_forwards": 0, "cpu_forwards": 0}
             info = infos.get(layer.name)
+            ins = [got[b] for b in f["ins"]]
+            # The input this layer saw in the vknorm run (float16 storage rounds what it uploads; a fused
+            # add's sum is float32 before that rounding, as the kernel forms it). Judging against float64
+            # of it isolates the kernel: the CPU run's input already differs by every stock Vulkan layer
+            # upstream (ncnn_abs_err shows that share). Inputs of two shapes went through ncnn's BinaryOp.
+            x_seen = (ins[0] if len(ins) == 1 else ins[0] + ins[1] if ins[0].shape == ins[1].shape
+                      else _ncnn_add(graph, ins[0], ins[1]))
             if info is None:
                 result["warnings"].append(f"layer {layer.name!r}: ncnn did not create vknorm's {layer.type} for it")
+            elif x_seen.shape != got[top].shape:
+                result["warnings"].append(
+                    f"layer {layer.name!r}: its input cannot be rebuilt (the fused add's inputs {ins[0].shape} and "
+                    f"{ins[1].shape} broadcast to {x_seen.shape} on ncnn's CPU, the layer wrote {got[top].shape}); "
+                    "--no-fuse judges the layer on its own input")
             else:
-                # The input this layer saw in the vknorm run (float16 storage rounds what it uploads; a fused
-                # add's sum is float32 before that rounding, as the kernel forms it). Judging against float64
-                # of it isolates the kernel: the CPU run's input already differs by every stock Vulkan layer
-                # upstream (ncnn_abs_err shows that share).
-                ins = [got[b] for b in f["ins"]]
-                x_seen = ins[0] + ins[1] if len(ins) == 2 else ins[0]
                 activation = (int(info.get("activation_type", 0)), float(info.get("activation_alpha", 0.0)))
                 f64, judged, rec["ok"] = judge_layer(got[top], x_seen, layer.type, float(info["eps"]),
                                                      int(info["affine_size"]),
