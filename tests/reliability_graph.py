@@ -131,14 +131,14 @@ def _norm_layers(net) -> int:
 
 
 def lifetime(model: str = "transformer_block", n: int = 10_000, fp16: bool = False, warmup: int = 500,
-             inputs: int = 4) -> dict:
+             inputs: int = 4, vknorm: bool = True) -> dict:
     """n inferences of a committed model through vknorm.graph, as a user runs them (a new extractor each,
     lightmode on), cycling over `inputs` seeded inputs of the model's shape: every output bit-identical to
     that input's first one; ncnn's device memory after every inference (it must stay at the level reached
     after `warmup`); RSS after warmup and at the end; vknorm's counters (every forward on the GPU)."""
     graph = _graph()
     graph.track_device_memory()
-    net = _net(model, fp16)
+    net = _net(model, fp16, vknorm=vknorm)  # vknorm=False: stock ncnn, for comparison
     xs = _inputs(_model(model)[2], inputs, 0)
     first: List[Optional[dict]] = [None] * inputs
     errors, mismatches, drift = 0, 0, 0
@@ -172,7 +172,7 @@ def lifetime(model: str = "transformer_block", n: int = 10_000, fp16: bool = Fal
     del net
     gc.collect()
     after_clear = graph.device_memory()
-    return {"model": model, "fp16": fp16, "inferences": n, "warmup": warmup, "seconds": seconds,
+    return {"model": model, "fp16": fp16, "vknorm": vknorm, "inferences": n, "warmup": warmup, "seconds": seconds,
             "ms_per_inference": 1e3 * seconds / n, "errors": errors, "mismatches": mismatches,
             "steady_bytes": steady[0] if steady else None, "steady_blocks": steady[1] if steady else None,
             "end_bytes": mem["bytes"], "end_blocks": mem["blocks"], "peak_after_warmup": peak_after_warmup,

@@ -31,17 +31,20 @@ def clean(r: dict) -> dict:
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
 def test_inferences_keep_device_memory_and_rss_flat_and_outputs_identical(fp16):
     """600 inferences of the transformer block as a user runs them (a new extractor each): after warm-up
-    the device memory ncnn holds never moves (not one inference off it, the peak equal to it), RSS stays
-    within 5 %, every output is bit-identical to the first one for its input, and every vknorm forward ran
-    on the GPU."""
+    the device memory ncnn holds never moves (not one inference off it, the peak equal to it), every output
+    is bit-identical to the first one for its input, every vknorm forward ran on the GPU, and the
+    validation layer stays silent. RSS is measured in a second run without the validation layer (whose
+    own bookkeeping grows with every submission, stock ncnn's as much as vknorm's): within 1 %."""
     r = clean(G.run_scenario("lifetime", {"n": 600, "warmup": 100, "fp16": fp16}))
     assert r["errors"] == 0 and r["mismatches"] == 0, r
     assert r["steady_bytes"] > 0 and r["drift_inferences"] == 0, r
     assert (r["end_bytes"], r["end_blocks"]) == (r["steady_bytes"], r["steady_blocks"]), r
     assert r["peak_after_warmup"] == r["steady_bytes"], r
     assert r["after_clear_bytes"] < r["steady_bytes"], r  # the net's weights went with it
-    assert r["rss_growth"] <= 0.05, r
     assert r["vulkan_forwards"] == 600 * r["norm_layers"] and r["cpu_forwards"] == 0, r
+    alone = G.run_scenario("lifetime", {"n": 600, "warmup": 100, "fp16": fp16}, validation=False)
+    assert alone["returncode"] == 0 and alone["mismatches"] == 0 and alone["drift_inferences"] == 0, alone
+    assert alone["rss_growth"] <= 0.01, alone
 
 
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])

@@ -181,21 +181,25 @@ def bitflip_row(bf: dict, r: dict, label: str) -> str:
 def graph_markdown(r: dict) -> str:
     """The in-graph figures: vknorm's layers inside ncnn's Vulkan graph (vknorm.graph)."""
     g = r["graph"]
+    when = f"run on {r['graph_date']}" if r.get("graph_date", r["date"]) != r["date"] else "same run"
     lines = [f"In-graph path (vknorm.graph: ncnn {r.get('ncnn', '')} compiled from its source, vknorm's layers "
-             "recorded into ncnn's command buffer), same machine and run. ncnn's device memory: every VkDeviceMemory "
+             f"recorded into ncnn's command buffer), same machine, {when}. ncnn's device memory: every VkDeviceMemory "
              "ncnn holds (vknorm.graph.track_device_memory); validation: the Khronos layer loaded into ncnn's "
              "instance, its log read after the process ended (ncnn's instance destroyed first).", "",
              "| what | run | result |", "|---|---|---|"]
     for lt in g["lifetime"]:
+        who = "" if lt.get("vknorm", True) else "stock ncnn (for comparison), "
         lines.append(
-            f"| lifetime, {_storage(lt['fp16'])} | {lt['inferences']} inferences of {lt['model']} (a new extractor each, "
+            f"| lifetime, {who}{_storage(lt['fp16'])} | {lt['inferences']} inferences of {lt['model']} (a new extractor each, "
             f"lightmode on, 4 inputs in turn), {lt['ms_per_inference']:.2f} ms each | ncnn's device memory from "
             f"inference {lt['warmup']} on: {mib(lt['steady_bytes'])} in {lt['steady_blocks']} blocks, inferences off it "
             f"{lt['drift_inferences']}, peak {mib(lt['peak_after_warmup'])}; after the net is cleared "
             f"{mib(lt['after_clear_bytes'])} (ncnn's pooled allocators); RSS {mib(lt['rss_warm'])} -> "
             f"{mib(lt['rss_end'])} ({100 * lt['rss_growth']:+.2f} %); outputs differing from the first for their "
-            f"input {lt['mismatches']}, errors {lt['errors']}; vknorm forwards {lt['vulkan_forwards']} on the GPU, "
-            f"{lt['cpu_forwards']} on the host; {_validation(lt)} |")
+            f"input {lt['mismatches']}, errors {lt['errors']}; "
+            + (f"vknorm forwards {lt['vulkan_forwards']} on the GPU, {lt['cpu_forwards']} on the host; "
+               if lt.get("vknorm", True) else "")
+            + f"{_validation(lt)} |")
     for rc in g["reload"]:
         lines.append(
             f"| Net load / clear cycles, {_storage(rc['fp16'])} | {rc['cycles']} x (load {rc['model']}, one inference, "
@@ -245,7 +249,12 @@ def graph_scenarios(G) -> dict:
             raise SystemExit(f"graph {name} {kwargs} failed (exit {out['returncode']}):\n{out['stderr_tail']}")
         return out
 
-    g = {"lifetime": [run("lifetime", {"n": 10_000, "fp16": fp16, "warmup": 500}) for fp16 in (False, True)],
+    # The RSS figures also without the validation layer: under it, the layer's own bookkeeping grows with
+    # every submission and every Net, stock ncnn's (run for comparison) as much as vknorm's.
+    g = {"lifetime": [run("lifetime", {"n": 10_000, "fp16": fp16, "warmup": 500}) for fp16 in (False, True)]
+                     + [run("lifetime", {"n": 10_000, "fp16": fp16, "warmup": 500}, validation=False)
+                        for fp16 in (False, True)]
+                     + [run("lifetime", {"n": 10_000, "fp16": False, "warmup": 500, "vknorm": False})],
          # RSS of the process alone too: the validation layer's own bookkeeping grows with every Net here
          "reload": [run("reload_cycles", {"cycles": 100, "fp16": fp16, "warmup": 20}) for fp16 in (False, True)]
                    + [run("reload_cycles", {"cycles": 100, "fp16": False, "warmup": 20}, validation=False)],
@@ -255,8 +264,8 @@ def graph_scenarios(G) -> dict:
          "faults": [run("faults", {"model": m, "fp16": fp16, "big": big, "step_mib": step})
                     for m, fp16, big, step in (("transformer_block", False, [1024, 64], 1),
                                                ("transformer_block", True, [2048, 64], 1),
-                                               ("sd_resblock", True, [64, 64, 64], 1),
-                                               ("split_layernorm", False, [256, 40000], 1))]}
+                                               ("sd_resblock", True, [64, 128, 128], 1),
+                                               ("split_layernorm", False, [256, 40000], 4))]}
     return g
 
 
@@ -267,10 +276,42 @@ def main(argv=None) -> int:
     ap.add_argument("--bitflip-stride", type=int, default=5, help="run one in N accepted .param bit flips")
     ap.add_argument("--write", action="store_true", help="update docs/reliability.md and docs/reliability.json")
     ap.add_argument("--no-graph", action="store_true", help="skip the in-graph scenarios (vknorm.graph)")
+    ap.add_argument("--only-graph", action="store_true",
+                    help="re-run the in-graph scenarios, the bit flips through check --vulkan and the fuzz file; "
+                         "the own-runtime figures are kept from docs/reliability.json (and its date)")
     args = ap.parse_args(argv)
     r = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "python": platform.python_version(),
          "fuzz_scale": args.fuzz_scale, "device": device()}
     sys.path.insert(0, str(REPO / "tests"))  # the scenarios are test support; the tests import them too
+    import reliability_lib
+
+    if args.only_graph:
+        kept = json.loads(RAW.read_text())
+        r.update({k: v for k, v in kept.items() if k not in ("graph", "bitflips_vulkan", "tests_graph", "fuzz", "fuzz_scale")})
+    else:
+        own_runtime(r, args)
+    if not args.no_graph:
+        import reliability_graph as G
+
+        r["ncnn"] = "1.0.20261020"
+        r["graph_date"] = time.strftime("%Y-%m-%d")
+        r["graph"] = graph_scenarios(G)
+        r["bitflips_vulkan"] = scenario("param_bitflips", {"stride": args.bitflip_stride, "vulkan": True}, timeout=4 * 3600)
+        r["tests_graph"] = pytest_stats("tests/test_reliability_graph.py", 1)
+    r["fuzz"] = pytest_stats("tests/test_reliability_fuzz.py", args.fuzz_scale)
+    text = markdown(r)
+    print(text)
+    if args.write:
+        doc = DOC.read_text()
+        begin, end = "<!-- figures:begin -->", "<!-- figures:end -->"
+        i, j = doc.index(begin) + len(begin), doc.index(end)
+        DOC.write_text(doc[:i] + "\n" + text + "\n" + doc[j:])
+        RAW.write_text(json.dumps(r, indent=1, default=str) + "\n")
+    return 0
+
+
+def own_runtime(r: dict, args) -> None:
+    """vknorm's own runtime and `vknorm check` (pyncnn): every scenario of tests/reliability_lib.py."""
     import reliability_lib
 
     r["models"] = sorted(reliability_lib.MODELS)
@@ -288,23 +329,6 @@ def main(argv=None) -> int:
         r["huge"] = scenario("huge_vkmat_refused", {"gib": 2.5})
     r["bitflips"] = scenario("param_bitflips", {"stride": args.bitflip_stride}, timeout=7200)
     r["tests_reliability"] = pytest_stats("tests/test_reliability.py", 1)
-    if not args.no_graph:
-        import reliability_graph as G
-
-        r["ncnn"] = "1.0.20261020"
-        r["graph"] = graph_scenarios(G)
-        r["bitflips_vulkan"] = scenario("param_bitflips", {"stride": args.bitflip_stride, "vulkan": True}, timeout=4 * 3600)
-        r["tests_graph"] = pytest_stats("tests/test_reliability_graph.py", 1)
-    r["fuzz"] = pytest_stats("tests/test_reliability_fuzz.py", args.fuzz_scale)
-    text = markdown(r)
-    print(text)
-    if args.write:
-        doc = DOC.read_text()
-        begin, end = "<!-- figures:begin -->", "<!-- figures:end -->"
-        i, j = doc.index(begin) + len(begin), doc.index(end)
-        DOC.write_text(doc[:i] + "\n" + text + "\n" + doc[j:])
-        RAW.write_text(json.dumps(r, indent=1, default=str) + "\n")
-    return 0
 
 
 if __name__ == "__main__":
