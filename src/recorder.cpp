@@ -179,7 +179,6 @@ struct Recorder::Impl {
   uint32_t timed = 0;                           // pairs handed out since the last read
 
   std::vector<vk::raii::DescriptorPool> pools;
-  std::vector<OwnedBuffer> pool_dummies;  // per pool: 16 bytes (aligned) for each of its sets' unused slots
   uint32_t sets_in_last_pool = kSetsPerPool;
   size_t live_sets = 0;
   std::map<SetKey, VkDescriptorSet> sets;
@@ -348,18 +347,11 @@ struct Recorder::Impl {
     const uint64_t scratch_bits = split ? handle_bits(static_cast<VkBuffer>(*scratch.buffer)) : 0;
     const SetKey key{handle_bits(blob.buffer), blob.offset, range, scratch_bits};
     if (auto it = sets.find(key); it != sets.end()) return it->second;
-    const uint64_t dummy_stride = align_up(16, alignment);
     if (sets_in_last_pool == kSetsPerPool) {
       const vk::DescriptorPoolSize size{.type = vk::DescriptorType::eStorageBuffer, .descriptorCount = kSlotCount * kSetsPerPool};
       pools.emplace_back(caller.device, vk::DescriptorPoolCreateInfo{.maxSets = kSetsPerPool, .poolSizeCount = 1, .pPoolSizes = &size});
-      pool_dummies.push_back(make_buffer(dummy_stride * kSetsPerPool, vk::BufferUsageFlagBits::eStorageBuffer, false));
       sets_in_last_pool = 0;
     }
-    // The fused add's slots (residual read, output and sum written), unused here, get 16 bytes of their
-    // own per set: the kernels name them whatever the specialization, so synchronization validation
-    // counts their accesses, and two forwards on different blobs (two pieces, say) with no barrier
-    // between them must not appear to share them.
-    const vk::DescriptorBufferInfo dummy{*pool_dummies.back().buffer, dummy_stride * sets_in_last_pool, 16};
     const vk::DescriptorSetLayout layout = *set_layout;
     const vk::DescriptorSet set = (*caller.device).allocateDescriptorSets(
         vk::DescriptorSetAllocateInfo{.descriptorPool = *pools.back(), .descriptorSetCount = 1, .pSetLayouts = &layout},
@@ -369,8 +361,9 @@ struct Recorder::Impl {
     const vk::Buffer w = *weights.buffer;
     const bool has_beta = affine && op == NormOp::LayerNorm;
     const uint64_t partials_offset = 0, coefs_offset = align_up(partials, alignment);
+    const vk::DescriptorBufferInfo blob_range{.buffer = vk::Buffer(blob.buffer), .offset = blob.offset, .range = range};
     const std::array<vk::DescriptorBufferInfo, kSlotCount> infos{
-        vk::DescriptorBufferInfo{.buffer = vk::Buffer(blob.buffer), .offset = blob.offset, .range = range},
+        blob_range,
         affine ? vk::DescriptorBufferInfo{w, gamma_offset, gamma.size() * sizeof(float)}
                : vk::DescriptorBufferInfo{w, unused_offset, 16},
         has_beta ? vk::DescriptorBufferInfo{w, beta_offset, beta.size() * sizeof(float)}
@@ -378,8 +371,10 @@ struct Recorder::Impl {
         partials ? vk::DescriptorBufferInfo{*scratch.buffer, partials_offset, partials}
                  : vk::DescriptorBufferInfo{w, unused_offset, 16},
         coefs ? vk::DescriptorBufferInfo{*scratch.buffer, coefs_offset, coefs} : vk::DescriptorBufferInfo{w, unused_offset, 16},
-        // No fused residual add here: its three slots hold this set's unused range.
-        dummy, dummy, dummy};
+        // No fused residual add here. Its three slots (which the shaders declare as read and written) hold the
+        // blob's own range: a shared dummy range would make disjoint pieces, recorded without barriers between
+        // them, look like a write-after-read hazard to synchronization validation.
+        blob_range, blob_range, blob_range};
     std::array<vk::WriteDescriptorSet, kSlotCount> writes;
     for (uint32_t b = 0; b < kSlotCount; ++b)
       writes[b] = vk::WriteDescriptorSet{.dstSet = set, .dstBinding = b, .descriptorCount = 1,
@@ -629,7 +624,6 @@ void Recorder::release_descriptors() {
   std::lock_guard<std::mutex> lock(m.mutex);
   m.sets.clear();
   m.pools.clear();
-  m.pool_dummies.clear();
   m.sets_in_last_pool = kSetsPerPool;
   m.live_sets = 0;
   m.retired.clear();
