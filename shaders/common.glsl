@@ -76,7 +76,8 @@ layout(constant_id = 10) const uint CPG = 1;
 layout(constant_id = 11) const uint APPLY_MERGES = 0;
 // Fusion with the layers beside a norm (ncnn graphs: BinaryOp add -> norm -> activation). 1: the norm
 // reads x + residual (binding 5) as the add layer would store it and writes y to binding 6, leaving
-// both inputs alone; 2: also writes that sum to binding 7 for the add's other consumers.
+// both inputs alone; 2: also writes that sum to binding 7 for the add's other consumers; 3: no add, y
+// to binding 6, x left alone (an out-of-place layer: ncnn then needs no copy of a shared input).
 layout(constant_id = 12) const uint RESIDUAL = 0;
 // Applied to y as it is stored (ncnn's CPU formulas): 0 none, 1 ReLU, 2 leaky ReLU (slope ACT_ALPHA),
 // 4 Sigmoid, 7 Swish, 8 GELU, 9 GELU's tanh form (ncnn's fast_gelu).
@@ -152,14 +153,14 @@ vec4 activate(vec4 v) { return vec4(activate1(v.x), activate1(v.y), activate1(v.
 
 // The norm's input: x, or x + residual rounded to the storage type, as the add layer stores it.
 afp load_x(uint i) {
-  if (RESIDUAL == 0u) return unpack_b(x[i]);
+  if (RESIDUAL == 0u || RESIDUAL == 3u) return unpack_b(x[i]);
   return unpack_b(pack_b(unpack_b(x[i]) + unpack_b(residual[i])));
 }
 // The add's output for its other consumers (RESIDUAL 2): v as load_x returned it.
 void store_sum(uint i, afp v) {
   if (RESIDUAL == 2u) sum_out[i] = pack_b(v);
 }
-// The norm's output, activated: in place, or to binding 6 when the inputs must stay as they are.
+// The norm's output, activated: in place, or to binding 6 when the inputs must stay as they are (RESIDUAL 1-3).
 void store_x(uint i, afp v) {
   if (ACT != 0u) v = activate(v);
   if (RESIDUAL == 0u) x[i] = pack_b(v);

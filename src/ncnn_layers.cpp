@@ -63,7 +63,10 @@ class NormLayer : public ::ncnn::Layer {
   NormLayer(NormOp op, bool fused) : fused_type_(fused) {
     p_.op = op;
     one_blob_only = true;
-    support_inplace = true;
+    // Out of place: in place, ncnn would first copy a shared input (Split -> norm, as in every pre-norm
+    // block) with a transfer whose destination it does not synchronize with the shader writes a recycled
+    // block last saw. Reading x and writing a new blob moves the same bytes as in place, without the copy.
+    support_inplace = false;
     support_vulkan = true;
     support_vulkan_packing = true;  // elempack 1 and 4 are read as they are: no repacking dispatch
   }
@@ -110,7 +113,7 @@ class NormLayer : public ::ncnn::Layer {
       return -1;
     }
     // A fused add reads two blobs and writes new ones (its inputs may be shared through a Split).
-    one_blob_only = support_inplace = fusion_.residual == Fusion::None;
+    one_blob_only = fusion_.residual == Fusion::None;
     return 0;
   }
 
@@ -207,6 +210,12 @@ class NormLayer : public ::ncnn::Layer {
     return 0;
   }
 
+  int forward(const ::ncnn::Mat& bottom, ::ncnn::Mat& top, const ::ncnn::Option& opt) const override {
+    top = bottom.clone(opt.blob_allocator);
+    if (top.empty()) return -100;
+    return forward_inplace(top, opt);
+  }
+
   // CPU, fused add: ncnn's BinaryOp add (its own layer, also when the shapes differ), then the norm on a copy.
   int forward(const std::vector<::ncnn::Mat>& bottoms, std::vector<::ncnn::Mat>& tops, const ::ncnn::Option& opt) const override {
     if (int r = check_blob_counts(bottoms.size(), tops.size())) return r;
@@ -220,6 +229,20 @@ class NormLayer : public ::ncnn::Layer {
 
   int forward_inplace(::ncnn::VkMat& blob, ::ncnn::VkCompute& cmd, const ::ncnn::Option& opt) const override {
     return record_forward(blob, nullptr, cmd, opt);
+  }
+
+  // Vulkan, what ncnn calls: one kernel reads `bottom` and writes `top`.
+  int forward(const ::ncnn::VkMat& bottom, ::ncnn::VkMat& top, ::ncnn::VkCompute& cmd, const ::ncnn::Option& opt) const override {
+    const Prepared* prep = prepared_for(bottom, Fusion::OutOfPlace, opt);
+    if (!prep) return -1;
+    if (prep->via_float32) {  // converted copies anyway: the float32 one is normalized in place
+      top = bottom;
+      return record_forward(top, nullptr, cmd, opt);
+    }
+    top.create_like(bottom, opt.blob_vkallocator);
+    if (top.empty()) return -100;
+    const AddMats out{::ncnn::VkMat(), top, ::ncnn::VkMat()};
+    return record(*prep, bottom, &out, cmd, opt);
   }
 
   // Vulkan, fused add: one kernel reads both inputs and writes the output (and the sum). Inputs that
@@ -362,6 +385,10 @@ class NormLayer : public ::ncnn::Layer {
         b32.fp16 = false;
         p.plan = plan(b32, opt);
         p.via_float32 = true;
+      }
+      if (p.via_float32 && b.residual == Fusion::OutOfPlace) {  // forward() then runs the in-place plan
+        std::lock_guard<std::mutex> lock(mutex_);
+        return &prepared_.emplace(key, std::move(p)).first->second;
       }
     } catch (const std::exception& e) {
       log_error(e);

@@ -94,7 +94,7 @@ Activation activation_from_int(int v) {
 }
 
 std::string Fusion::describe() const {
-  std::string s = residual == Add ? "add" : residual == AddWriteSum ? "add+sum" : "";
+  std::string s = residual == Add ? "add" : residual == AddWriteSum ? "add+sum" : residual == OutOfPlace ? "out of place" : "";
   if (activation != Activation::None) s += std::string(s.empty() ? "" : ", then ") + activation_name(activation);
   return s.empty() ? "none" : s;
 }

@@ -264,3 +264,26 @@ def test_dims1_float16_blob_on_a_device_without_16bit_storage(tmp_path, w, stora
     else:
         assert not single_halves, kernels
         assert "norm_reduce_fp0_p1_sg0" in kernels and "norm_apply_fp0_p1_sg0" in kernels, kernels
+
+
+def test_a_norm_on_a_shared_input_writes_a_blob_of_its_own_with_no_unsynchronized_copy(tmp_path):
+    """vknorm's layers read their input and write a new blob. An in-place layer on a blob that a Split shares
+    makes ncnn copy the blob first into a block from its pool, and ncnn does not synchronize that copy with
+    the shader writes the recycled block last saw. ln_residual_stack with its third add turned into a multiply
+    (fused: LayerNorm+GELU right after a Split) hit exactly that; under synchronization validation in
+    ncnn's instance the check must now pass with an empty log, fused and unfused."""
+    param = open(os.path.join(graph_runs.DATA, "ln_residual_stack.ncnn.param")).read()
+    line = next(ln for ln in param.splitlines() if ln.split()[:2] == ["BinaryOp", "add_2"])
+    assert line.endswith("0=0"), line
+    garbled = tmp_path / "mul.param"
+    garbled.write_text(param.replace(line, line[:-3] + "0=2"))
+    binp = os.path.join(graph_runs.DATA, "ln_residual_stack.ncnn.bin")
+    for extra in ([], ["--no-fuse"]):
+        log = tmp_path / f"validation{len(extra)}.log"
+        env = graph_runs.validated_env(str(log), str(tmp_path))
+        proc = subprocess.run([sys.executable, "-m", "vknorm", "check", str(garbled), binp, "--input", "in0=197x768",
+                               "--vulkan", "--json", *extra], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        report = json.loads(proc.stdout)
+        assert bool(report["fused"]) == (not extra), report["fused"]
+        assert (log.read_text() if log.exists() else "").strip() == "", log.read_text()[:3000]

@@ -27,7 +27,8 @@ namespace ncnn {
 
 // Makes the net's LayerNorm, RMSNorm, GroupNorm and InstanceNorm layers vknorm's (ncnn's register_custom_layer, which replaces
 // the built-in types), and registers vknorm's fused types below. Call before load_param. Returns 0, or the
-// error of the registration that failed.
+// error of the registration that failed. The layers write a blob of their own (not in place, unlike
+// ncnn's): a norm on a Split's output then needs no copy of it.
 int register_layers(::ncnn::Net& net);
 
 // ---- Fusion: a norm with the add before it and the activation after it, in one kernel -------------

@@ -77,6 +77,7 @@ struct Fusion {
     None = 0,         // in place: y = act(norm(x)) over x
     Add = 1,          // y = act(norm(x + r)) into a blob of its own; x and r stay as they are
     AddWriteSum = 2,  // the same, and x + r is written too (the add's output has other consumers)
+    OutOfPlace = 3,   // y = act(norm(x)) into a blob of its own; x stays as it is (no add)
   };
   int residual = None;
   Activation activation = Activation::None;
