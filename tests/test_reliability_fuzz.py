@@ -348,7 +348,8 @@ def test_check_vulkan_worker_reports_a_validation_message_from_ncnns_instance(tm
     """Negative control for the worker above: a dims-1 input of 300000 elements makes ncnn's own upload
     conversion dispatch 75000 workgroups in y (maxComputeWorkGroupCount[1] is 65535 on lavapipe and NVIDIA
     alike): the validation layer in ncnn's instance reports it to the log, and the case counts as a
-    validation failure, though the check itself exits 0."""
+    validation failure whatever the check's verdict (lavapipe runs the oversized dispatch whole, exit 0;
+    NVIDIA's driver leaves rows unconverted, exit 1: what it computes is undefined)."""
     (tmp_path / "m.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 out0 0=0 1=1e-5 2=0\n")
     (tmp_path / "m.bin").write_bytes(b"")
     w = R.CheckWorker(graph_validation=True)
@@ -357,6 +358,6 @@ def test_check_vulkan_worker_reports_a_validation_message_from_ncnns_instance(tm
                      "--vulkan"], 60)
     finally:
         w.close()
-    assert res["rc"] == 0, res
+    assert res["rc"] in (0, 1) and not res["signal"] and not res["timed_out"], res
     assert "maxComputeWorkGroupCount" in res["validation_log"], res
     assert R.classify(res) == "validation", res
