@@ -43,6 +43,12 @@ def validated_env(log_path: str, settings_dir: str) -> dict:
     env = dict(os.environ)
     env["VK_INSTANCE_LAYERS"] = "VK_LAYER_KHRONOS_validation"
     env["VK_LAYER_SETTINGS_PATH"] = settings_dir
+    # ncnn loads a driver named by VK_DRIVER_FILES / VK_ICD_FILENAMES itself, bypassing the Vulkan loader and
+    # with it every layer (a host whose loader does not find its GPU's driver unaided names it so): the loader
+    # gets the same driver as an addition instead, and ncnn goes through it.
+    named = [env.pop(k) for k in ("VK_DRIVER_FILES", "VK_ICD_FILENAMES") if k in env]
+    if named:
+        env["VK_ADD_DRIVER_FILES"] = os.pathsep.join([*named, *filter(None, [env.get("VK_ADD_DRIVER_FILES")])])
     return env
 
 

@@ -760,8 +760,10 @@ class CheckWorker:
 
             self.log = os.path.join(self.tmp.name, "validation.log")
             Path(self.log).touch()
-            e = {**e, **{k: v for k, v in graph_runs.validated_env(self.log, self.tmp.name).items()
-                         if k.startswith(("VK_INSTANCE_LAYERS", "VK_LAYER_SETTINGS_PATH"))}}
+            validated = graph_runs.validated_env(self.log, self.tmp.name)
+            e = {k: v for k, v in e.items() if k not in ("VK_DRIVER_FILES", "VK_ICD_FILENAMES") or k in validated}
+            e.update({k: v for k, v in validated.items()
+                      if k in ("VK_INSTANCE_LAYERS", "VK_LAYER_SETTINGS_PATH", "VK_ADD_DRIVER_FILES")})
         e.update(env or {})
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "check-worker"], cwd=REPO, env=e,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)

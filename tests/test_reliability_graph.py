@@ -34,7 +34,9 @@ def test_inferences_keep_device_memory_and_rss_flat_and_outputs_identical(fp16):
     the device memory ncnn holds never moves (not one inference off it, the peak equal to it), every output
     is bit-identical to the first one for its input, every vknorm forward ran on the GPU, and the
     validation layer stays silent. RSS is measured in a second run without the validation layer (whose
-    own bookkeeping grows with every submission, stock ncnn's as much as vknorm's): within 1 %."""
+    own bookkeeping grows with every submission, stock ncnn's as much as vknorm's): within 1 %, or within
+    half a point of stock ncnn's own growth in the same run where the driver's grows more (NVIDIA's: 1.4 %
+    over these 600 inferences)."""
     r = clean(G.run_scenario("lifetime", {"n": 600, "warmup": 100, "fp16": fp16}))
     assert r["errors"] == 0 and r["mismatches"] == 0, r
     assert r["steady_bytes"] > 0 and r["drift_inferences"] == 0, r
@@ -44,7 +46,10 @@ def test_inferences_keep_device_memory_and_rss_flat_and_outputs_identical(fp16):
     assert r["vulkan_forwards"] == 600 * r["norm_layers"] and r["cpu_forwards"] == 0, r
     alone = G.run_scenario("lifetime", {"n": 600, "warmup": 100, "fp16": fp16}, validation=False)
     assert alone["returncode"] == 0 and alone["mismatches"] == 0 and alone["drift_inferences"] == 0, alone
-    assert alone["rss_growth"] <= 0.01, alone
+    if alone["rss_growth"] > 0.01:
+        stock = G.run_scenario("lifetime", {"n": 600, "warmup": 100, "fp16": fp16, "vknorm": False}, validation=False)
+        assert stock["returncode"] == 0, stock
+        assert alone["rss_growth"] <= stock["rss_growth"] + 0.005, (alone, stock)
 
 
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
