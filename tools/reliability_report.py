@@ -166,7 +166,8 @@ def _validation(g: dict) -> str:
 
 
 def bitflip_row(bf: dict, r: dict, label: str) -> str:
-    return (f"| {label} | {bf['flips']} single-bit flips of the {len(r['models'])} committed .param; "
+    models = bf.get("models", r["models"])  # the models of that run (--only-graph keeps an older own-runtime run)
+    return (f"| {label} | {bf['flips']} single-bit flips of the {len(models)} committed .param; "
             f"{bf['accepted_by_reader']} accepted by the reader, 1 in {bf['stride']} run: {bf['run']} | "
             f"ok {bf.get('ok', 0)}, clear error {bf.get('error', 0)}, exit 1 {bf.get('mismatch', 0)} "
             f"({bf.get('mismatch_layers', 0)} layers: vknorm equal to ncnn's algorithm on its own input "
@@ -296,7 +297,8 @@ def main(argv=None) -> int:
         r["ncnn"] = "1.0.20261020"
         r["graph_date"] = time.strftime("%Y-%m-%d")
         r["graph"] = graph_scenarios(G)
-        r["bitflips_vulkan"] = scenario("param_bitflips", {"stride": args.bitflip_stride, "vulkan": True}, timeout=4 * 3600)
+        r["bitflips_vulkan"] = {**scenario("param_bitflips", {"stride": args.bitflip_stride, "vulkan": True}, timeout=4 * 3600),
+                                "models": sorted(reliability_lib.MODELS)}
         r["tests_graph"] = pytest_stats("tests/test_reliability_graph.py", 1)
     r["fuzz"] = pytest_stats("tests/test_reliability_fuzz.py", args.fuzz_scale)
     text = markdown(r)
