@@ -237,7 +237,7 @@ class NormLayer : public ::ncnn::Layer {
     if (!prep) return -1;
     if (prep->via_float32) {  // converted copies anyway: the float32 one is normalized in place
       top = bottom;
-      return record_forward(top, nullptr, cmd, opt);
+      return record_via_float32(*prep, top, cmd, opt);
     }
     top.create_like(bottom, opt.blob_vkallocator);
     if (top.empty()) return -100;
@@ -306,7 +306,7 @@ class NormLayer : public ::ncnn::Layer {
   // same shapes on every inference, so planning and pipeline lookups leave the per-inference path.
   struct Prepared {
     ForwardPlan plan;
-    bool via_float32 = false;  // the plan is for the blob converted to float32 elempack 1 (forward_inplace)
+    bool via_float32 = false;  // the plan is for the blob converted to float32 elempack 1 (record_via_float32)
     std::vector<const ::ncnn::Pipeline*> pipelines;
     std::vector<std::vector<::ncnn::vk_constant_type>> constants;
     std::vector<::ncnn::VkMat> dispatchers;
@@ -331,13 +331,18 @@ class NormLayer : public ::ncnn::Layer {
     const Prepared* prep = prepared_for(blob, add ? fusion_.residual : Fusion::None, opt);
     if (!prep) return -1;
     if (!prep->via_float32 || add) return record(*prep, blob, add, cmd, opt);
-    // A dims-1 float16 blob (ncnn's packed float16: no 16-bit storage needed) too large for the fused kernel,
-    // on a device without storageBuffer16BitAccess: the split path would read it as single float16 values.
-    // ncnn's own packing turns it into an elempack-1 float32 blob and back around the float32 plan.
+    return record_via_float32(*prep, blob, cmd, opt);
+  }
+
+  // A dims-1 float16 blob (ncnn's packed float16: no 16-bit storage needed) too large for the fused kernel,
+  // on a device without storageBuffer16BitAccess: the split path would read it as single float16 values.
+  // ncnn's own packing turns it into an elempack-1 float32 blob and back around the float32 plan, which
+  // runs in place on that copy; `blob` is replaced by the converted-back one.
+  int record_via_float32(const Prepared& prep, ::ncnn::VkMat& blob, ::ncnn::VkCompute& cmd, const ::ncnn::Option& opt) const {
     ::ncnn::VkMat fp32, back;
     vkdev->convert_packing(blob, fp32, 1, 1 /* to float32 */, cmd, opt);
     if (fp32.empty()) return -100;
-    if (int r = record(*prep, fp32, nullptr, cmd, opt)) return r;
+    if (int r = record(prep, fp32, nullptr, cmd, opt)) return r;
     vkdev->convert_packing(fp32, back, blob.elempack, 2 /* to float16 */, cmd, opt);
     if (back.empty()) return -100;
     blob = back;
@@ -383,12 +388,9 @@ class NormLayer : public ::ncnn::Layer {
         if (b.dims != 1) throw std::invalid_argument("an elempack-1 float16 blob needs storageBuffer16BitAccess, which this device lacks");
         Blob b32 = b;
         b32.fp16 = false;
+        b32.residual = Fusion::None;  // in place on ncnn's float32 copy (record_via_float32)
         p.plan = plan(b32, opt);
         p.via_float32 = true;
-      }
-      if (p.via_float32 && b.residual == Fusion::OutOfPlace) {  // forward() then runs the in-place plan
-        std::lock_guard<std::mutex> lock(mutex_);
-        return &prepared_.emplace(key, std::move(p)).first->second;
       }
     } catch (const std::exception& e) {
       log_error(e);

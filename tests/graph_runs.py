@@ -136,17 +136,23 @@ def run_net(graph, param, binp, inputs, blobs, vknorm, vulkan, fp16=False, packi
     net = graph.configure(graph.Net(vknorm=vknorm, fuse=False), vulkan=vulkan, fp16=fp16, packing=packing,
                           lightmode=False)
     assert net.load_param(param) == 0 and net.load_model(binp) == 0, param
+    out = extract_all(graph, net, inputs, blobs, label=param)
+    info = {"counters": net.vknorm_counters(), "layers": net.vknorm_layers() if vknorm else []}
+    del net
+    return out, info
+
+
+def extract_all(graph, net, inputs: dict, blobs, label="") -> dict:
+    """One extractor of `net`: every input given (numpy), every blob extracted back to numpy."""
     ex = net.create_extractor()
     for name, x in inputs.items():
-        assert ex.input(name, graph.Mat(x)) == 0
+        assert ex.input(name, graph.Mat(x)) == 0, (label, name)
     out = {}
     for b in blobs:
         r, m = ex.extract(b)
-        assert r == 0, (param, b, r)
+        assert r == 0, (label, b, r)
         out[b] = np.array(m)
-    info = {"counters": net.vknorm_counters(), "layers": net.vknorm_layers() if vknorm else []}
-    del ex, net
-    return out, info
+    return out
 
 
 def max_err(a, b) -> float:

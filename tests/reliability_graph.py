@@ -21,10 +21,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
+
+from reliability_lib import run_in_threads
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -247,27 +248,8 @@ def threads(model: str = "transformer_block", fp16: bool = False, n_threads: int
     serial_errors = sum(r != 0 for r, _ in serial)
 
     loaded = [_net(model, fp16) for _ in range(n_threads if nets == "many" else 1)]
-    results: List[Optional[tuple]] = [None] * len(jobs)
-    errors: List[str] = []
-    start = threading.Barrier(n_threads)
-
-    def worker(t: int):
-        try:
-            net = loaded[t if nets == "many" else 0]
-            start.wait()
-            for k in range(per_thread):
-                results[t * per_thread + k] = _infer(net, jobs[t * per_thread + k])
-        except BaseException as e:  # noqa: BLE001 - reported, not raised in a thread
-            errors.append(f"{type(e).__name__}: {e}")
-
-    t0 = time.perf_counter()
-    ts = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(600)
-    seconds = time.perf_counter() - t0
-    hung = sum(t.is_alive() for t in ts)
+    results, errors, seconds, hung = run_in_threads(
+        n_threads, jobs, lambda t, x: _infer(loaded[t if nets == "many" else 0], x), join_s=600)
     failed = sum(1 for r in results if r is None or r[0] != 0)
     mismatches = sum(1 for a, b in zip(serial, results) if b is None or a[0] != b[0] or not _same(a[1], b[1]))
     pipelines = [sorted(v for layer in net.vknorm_layers() for v in layer["variants"]) for net in loaded]

@@ -157,15 +157,27 @@ def threads_vs_serial(n_threads: int = 8, per_thread: int = 50, seed: int = 1) -
         return layer(x, option=opt)
 
     serial = [run(j) for j in jobs]
+    results, errors, seconds, hung = run_in_threads(n_threads, jobs, lambda t, job: run(job), join_s=120)
+    mismatches = sum(1 for a, b in zip(serial, results)
+                     if b is None or a.dtype != b.dtype or not np.array_equal(a, b, equal_nan=True))
+    return {"threads": n_threads, "forwards": len(jobs), "mismatches": mismatches, "errors": errors,
+            "hung_threads": hung, "seconds": seconds}
+
+
+def run_in_threads(n_threads: int, jobs: list, run, join_s: float) -> tuple:
+    """The jobs in n_threads equal shares, the threads released together, thread t calling run(t, job) on
+    its share in order: (results in job order, None where none came; errors; seconds; threads still
+    running after join_s each)."""
+    per_thread = len(jobs) // n_threads
     results: List[Optional[object]] = [None] * len(jobs)
     errors: List[str] = []
     start = threading.Barrier(n_threads)
 
-    def worker(t):
+    def worker(t: int):
         try:
             start.wait()
-            for k in range(per_thread):
-                results[t * per_thread + k] = run(jobs[t * per_thread + k])
+            for k in range(t * per_thread, (t + 1) * per_thread):
+                results[k] = run(t, jobs[k])
         except BaseException as e:  # noqa: BLE001 - reported, not raised in a thread
             errors.append(f"{type(e).__name__}: {e}")
 
@@ -174,13 +186,8 @@ def threads_vs_serial(n_threads: int = 8, per_thread: int = 50, seed: int = 1) -
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
-    seconds = time.perf_counter() - t0
-    hung = sum(t.is_alive() for t in threads)
-    mismatches = sum(1 for a, b in zip(serial, results)
-                     if b is None or a.dtype != b.dtype or not np.array_equal(a, b, equal_nan=True))
-    return {"threads": n_threads, "forwards": len(jobs), "mismatches": mismatches, "errors": errors,
-            "hung_threads": hung, "seconds": seconds}
+        t.join(join_s)
+    return results, errors, time.perf_counter() - t0, sum(t.is_alive() for t in threads)
 
 
 def loads_while_forwarding(forwarders: int = 4, per_thread: int = 40, seed: int = 2) -> dict:
@@ -749,9 +756,6 @@ class CheckWorker:
 
     def __init__(self, env: Optional[dict] = None, graph_validation: bool = False):
         e = dict(os.environ)
-        e.setdefault("VKNORM_VALIDATION", "1")
-        e.setdefault("OPENBLAS_NUM_THREADS", "1")
-        e["VKNORM_VALIDATION_PRINT"] = "1"
         self.tmp = tempfile.TemporaryDirectory() if graph_validation else None
         self.log = None
         if self.tmp:
@@ -760,10 +764,10 @@ class CheckWorker:
 
             self.log = os.path.join(self.tmp.name, "validation.log")
             Path(self.log).touch()
-            validated = graph_runs.validated_env(self.log, self.tmp.name)
-            e = {k: v for k, v in e.items() if k not in ("VK_DRIVER_FILES", "VK_ICD_FILENAMES") or k in validated}
-            e.update({k: v for k, v in validated.items()
-                      if k in ("VK_INSTANCE_LAYERS", "VK_LAYER_SETTINGS_PATH", "VK_ADD_DRIVER_FILES")})
+            e = graph_runs.validated_env(self.log, self.tmp.name)
+        e.setdefault("VKNORM_VALIDATION", "1")
+        e.setdefault("OPENBLAS_NUM_THREADS", "1")
+        e["VKNORM_VALIDATION_PRINT"] = "1"
         e.update(env or {})
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "check-worker"], cwd=REPO, env=e,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
@@ -804,6 +808,19 @@ class CheckWorker:
             self.tmp.cleanup()
 
 
+def _wait_child(pid: int, t0: float, timeout: float) -> tuple:
+    """(wait status, timed out) of a forked child, killed once `timeout` seconds have passed since t0."""
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status, False
+        if time.perf_counter() - t0 > timeout:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None, True
+        time.sleep(0.005)
+
+
 def _run_case(argv: List[str], timeout: float) -> dict:
     """cli.main(argv) in a forked child with stdout/stderr captured; killed past `timeout` seconds."""
     from vknorm import cli
@@ -830,18 +847,7 @@ def _run_case(argv: List[str], timeout: float) -> dict:
                     sys.stderr.flush()
                 finally:
                     os._exit(code)
-        status = None
-        timed_out = False
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.perf_counter() - t0 > timeout:
-                timed_out = True
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                break
-            time.sleep(0.005)
+        status, timed_out = _wait_child(pid, t0, timeout)
         seconds = time.perf_counter() - t0
         out.seek(0)
         err.seek(0)
@@ -872,18 +878,7 @@ def _call_case(fn: str, kwargs: dict, timeout: float) -> dict:
                 code = 70
             finally:
                 os._exit(code)
-        t0 = time.perf_counter()
-        timed_out = False
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.perf_counter() - t0 > timeout:
-                timed_out = True
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                break
-            time.sleep(0.005)
+        status, timed_out = _wait_child(pid, time.perf_counter(), timeout)
         out.seek(0)
         text = out.read().decode("utf-8", "replace")
     res = json.loads(text) if text else {"error": "no result"}

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import graph_runs
 from availability import has_graph, needs_graph, needs_vulkan
 
 import vknorm
@@ -282,15 +283,7 @@ def run_graph(param, binp, inputs, *, vknorm_layers=True, fuse_=True, vulkan=Tru
     with quiet_stderr():
         net = graph.configure(graph.Net(vknorm=vknorm_layers, fuse=fuse_), vulkan=vulkan, fp16=fp16)
         assert net.load_param(str(param)) == 0 and net.load_model(str(binp)) == 0
-    ex = net.create_extractor()
-    for k, v in inputs.items():
-        assert ex.input(k, graph.Mat(v)) == 0
-    outs = {}
-    for o in outputs:
-        r, m = ex.extract(o)
-        assert r == 0, (o, r)
-        outs[o] = np.array(m)
-    return outs, net
+    return graph_runs.extract_all(graph, net, inputs, outputs, label=param), net
 
 
 @needs_graph
