@@ -2,6 +2,7 @@
 
 * VKNORM_VALIDATION defaults to 1 *before* vknorm is imported, so the Khronos validation layer (with
   synchronization validation) wraps every Vulkan call this process makes.
+* The layer reads tests/validation_layer.py's settings (notices about the layer's own age filtered).
 * Every test starts with an empty validation log and fails if any message (warning or error) was
   reported while it ran (hook wrappers below; every validation message counts as a failure).
 * pytest.ini at the repository root gives every test a 300 s timeout (pytest-timeout); the marker
@@ -19,6 +20,12 @@ import pytest  # noqa: E402
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
+
+import validation_layer  # noqa: E402
+
+# The layer's notices about its own age (a driver newer than the layer) are not messages about the code
+# under test: filtered for this process and every child it starts, before the first instance exists.
+os.environ.setdefault("VK_LAYER_SETTINGS_PATH", validation_layer.session_settings_dir())
 
 import vknorm  # noqa: E402
 from vknorm import _core  # noqa: E402

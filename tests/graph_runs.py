@@ -25,6 +25,7 @@ import numpy as np
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
+import validation_layer  # noqa: E402
 from reference import channel_norm64  # noqa: E402
 
 NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm")
@@ -32,22 +33,10 @@ DATA = os.path.join(TESTS_DIR, "data")
 FP16_ULP = 2.0 ** -10  # float16 spacing relative to the value; rounding is half of it
 
 
-# ncnn chains every feature and property structure its headers know into device creation and queries; on a
-# driver with newer extensions than the validation layer (Debian's 1.3.239 under NVIDIA's 2026 driver) the
-# layer reports each as an "unknown VkStructureType" it cannot check. Those notices only, filtered out.
-UNKNOWN_STRUCTURE_VUIDS = ("VUID-VkDeviceCreateInfo-pNext-pNext", "VUID-VkPhysicalDeviceProperties2-pNext-pNext",
-                           "VUID-VkPhysicalDeviceFeatures2-pNext-pNext")
-
-
 def validated_env(log_path: str, settings_dir: str) -> dict:
     """Environment that loads the Khronos validation layer (with synchronization validation) into every
     Vulkan instance of the process, ncnn's included, and logs every warning or error to ``log_path``."""
-    with open(os.path.join(settings_dir, "vk_layer_settings.txt"), "w") as f:
-        f.write("khronos_validation.debug_action = VK_DBG_LAYER_ACTION_LOG_MSG\n"
-                f"khronos_validation.log_filename = {log_path}\n"
-                "khronos_validation.report_flags = error,warn\n"
-                "khronos_validation.enables = VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT\n"
-                f"khronos_validation.message_id_filter = {','.join(UNKNOWN_STRUCTURE_VUIDS)}\n")
+    validation_layer.write_settings(settings_dir, log_path)
     env = dict(os.environ)
     env["VK_INSTANCE_LAYERS"] = "VK_LAYER_KHRONOS_validation"
     env["VK_LAYER_SETTINGS_PATH"] = settings_dir

@@ -256,13 +256,29 @@ def test_input_pattern_is_reproduced_by_numpy_bit_for_bit(cxx_runs):
 
 # ------------------------------------------------------------------------------ the runs
 
+def validation_messages(log: str) -> list[tuple[str, str]]:
+    """(name, text) of each message of a layer log: its '[ VUID or name ]' and the rest of that line and the
+    next (older layers write the text on the header line, newer ones below it)."""
+    return re.findall(r"\[ ([A-Za-z0-9_-]+) \]([^\n]*\n?[^\n]*)", log)
+
+
 def test_validation_layer_loaded_into_ncnns_instance_and_silent(cxx_runs):
+    """vknorm's runs log nothing. Stock ncnn is the control that the layer is loaded; its own in-place layers
+    on a blob that a Split shares make ncnn copy the blob into a pool block with no barrier against the copy
+    that block last saw (newer layers report it as a write-after-write of two vkCmdCopyBuffer): that message,
+    and only that one, is allowed in a stock run."""
     for (model, run_name), r in cxx_runs.items():
         if not r["vulkan"]:
             continue
         assert r["log_exists"], (f"{model} {run_name}: the validation layer wrote no log: not loaded "
                                  "(make setup installs vulkan-validationlayers)")
-        assert r["log"].strip() == "", f"{model} {run_name}:\n{r['log'][:4000]}"
+        if run_name.startswith("stock"):
+            ncnn_own = [(name, text) for name, text in validation_messages(r["log"])
+                        if not (name == "SYNC-HAZARD-WRITE-AFTER-WRITE" and "vkCmdCopyBuffer writes" in text
+                                and "another vkCmdCopyBuffer" in text)]
+            assert not ncnn_own, f"{model} {run_name}:\n{r['log'][:4000]}"
+        else:
+            assert r["log"].strip() == "", f"{model} {run_name}:\n{r['log'][:4000]}"
 
 
 @pytest.mark.parametrize("model", list(MODELS))

@@ -30,6 +30,7 @@ import sys
 import pytest
 
 import graph_runs
+import validation_layer
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -284,6 +285,6 @@ def test_a_norm_on_a_shared_input_writes_a_blob_of_its_own_with_no_unsynchronize
         proc = subprocess.run([sys.executable, "-m", "vknorm", "check", str(garbled), binp, "--input", "in0=197x768",
                                "--vulkan", "--json", *extra], env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        report = json.loads(proc.stdout)
+        report = validation_layer.json_from_stdout(proc.stdout)
         assert bool(report["fused"]) == (not extra), report["fused"]
         assert (log.read_text() if log.exists() else "").strip() == "", log.read_text()[:3000]

@@ -1,0 +1,57 @@
+"""Test support: the Khronos validation layer's settings file (vk_layer_settings.txt) for the suite.
+
+The conftest points every Vulkan instance of the test process and its children at one settings file
+(``session_settings_dir``); runs inside ncnn's own instance write their own (``write_settings`` with a log
+file, see graph_runs.validated_env). Both filter the same notices: those about the layer's own age.
+
+ncnn enables every device extension and chains every feature and property structure its headers know; on a
+driver newer than the validation layer (Debian's 1.3.239 or trixie's 1.4.309 under NVIDIA's 2026 driver) the
+layer reports each as an "unknown VkStructureType", an extension it "does not support" or "not a known
+extension string": things it cannot check, not errors. Filtered by VUID, or by message ID where the layer
+gives the notice no VUID.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+NEWER_THAN_LAYER_NOTICES = (
+    "VUID-VkDeviceCreateInfo-pNext-pNext", "VUID-VkPhysicalDeviceProperties2-pNext-pNext",
+    "VUID-VkPhysicalDeviceFeatures2-pNext-pNext",
+    "0x79de34d4",  # 1.3.239: "Device Extension ... is not supported by this layer"
+    "0x297ec5be",  # 1.4.309: "... is not a known extension string"
+    # 1.4.309 on NVIDIA, once per process: a vkGetDeviceProcAddr for an instance-level function
+    # (vkGetPhysicalDeviceVideoEncodeQualityLevelPropertiesKHR) whose name is in neither vknorm's, ncnn's nor
+    # the loader's code, so it comes from a driver-side implicit layer above this one; the call returns null
+    "0x22b1fbac",
+)
+
+
+def write_settings(settings_dir: str, log_path: str | None = None) -> str:
+    """Write vk_layer_settings.txt into ``settings_dir`` (the value for VK_LAYER_SETTINGS_PATH): the age
+    notices filtered; with ``log_path``, synchronization validation on and every warning or error logged
+    there (the log of a run inside ncnn's instance, which has no messenger of vknorm's)."""
+    lines = [f"khronos_validation.message_id_filter = {','.join(NEWER_THAN_LAYER_NOTICES)}"]
+    if log_path is not None:
+        lines += ["khronos_validation.debug_action = VK_DBG_LAYER_ACTION_LOG_MSG",
+                  f"khronos_validation.log_filename = {log_path}",
+                  "khronos_validation.report_flags = error,warn",
+                  "khronos_validation.enables = VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT"]
+    with open(os.path.join(settings_dir, "vk_layer_settings.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return settings_dir
+
+
+def session_settings_dir() -> str:
+    """A fresh directory holding the suite-wide settings (the age notices filtered, all else default)."""
+    return write_settings(tempfile.mkdtemp(prefix="vknorm-layer-settings-"))
+
+
+def json_from_stdout(text: str):
+    """The JSON document a child printed, past any line the layer printed before it (1.4.309 announces
+    its log file on stdout)."""
+    start = text.find("{")
+    if start < 0:
+        raise ValueError(f"no JSON in the output: {text[-2000:]!r}")
+    return json.loads(text[start:])
