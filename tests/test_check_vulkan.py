@@ -107,6 +107,7 @@ def runs(tmp_path_factory):
     tb = model_files("transformer_block")
     jobs["text"] = (*tb, "--input", "in0=16x64", "--vulkan")
     jobs["text_fp16"] = (*tb, "--input", "in0=16x64", "--vulkan", "--fp16")
+    jobs["text_sums"] = (*model_files("ln_residual_stack"), "--input", "in0=197x768", "--vulkan")
     jobs["atol0"] = (*tb, "--input", "in0=16x64", "--vulkan", "--atol", "0")
     jobs["atol0_json"] = (*model_files("layernorm_4d"), "--input", "in0=4x3x5x8", "--vulkan", "--atol", "0", "--json")
     jobs["offset_fp16"] = (op, ob, "--input", "in0=16x64", "--vulkan", "--fp16", "--json")
@@ -175,7 +176,8 @@ def test_check_vulkan_table(runs, key, fp16):
     lines = r.stdout.splitlines()
     header = next(ln for ln in lines if ln.startswith("layer"))
     want = ["layer", "type", "shape", "group_size", "groups", "vknorm_err", "ncnn_vk_err", "f64_err"]
-    assert header.split() == want + (["f64_excess"] if fp16 else []) + ["gpu_us"]
+    # add_0 -> ln_4 runs fused and writes its sum for the next residual add: sum_err
+    assert header.split() == want + (["f64_excess"] if fp16 else []) + ["sum_err", "gpu_us"]
     for name in ("ln_3", "ln_4", "ln_5"):
         row = next(ln for ln in lines if ln.startswith(name + " ")).split()
         assert row[:5] == [name, "LayerNorm", "16x64", "64", "16"], row
@@ -189,6 +191,22 @@ def test_check_vulkan_table(runs, key, fp16):
     rule = next(ln for ln in lines if ln.startswith("rule: "))
     assert rule.startswith("rule: fp16:" if fp16 else "rule: fp32:"), rule
     assert lines[-1].startswith("ok:") and ("fp16 rule" if fp16 else "fp32 rule") in lines[-1]
+
+
+@needs_graph
+def test_check_vulkan_table_shows_the_sums_fused_layers_wrote(runs):
+    """ln_residual_stack: every LayerNorm but the first reads add + LayerNorm + GELU fused and writes the sum
+    for the next residual add; the table gains sum_err, exactly 0 on those rows and "-" on the first."""
+    r = runs["text_sums"]
+    assert r.returncode == 0 and r.stderr == "", (r.stdout, r.stderr)
+    lines = r.stdout.splitlines()
+    header = next(ln for ln in lines if ln.startswith("layer")).split()
+    assert header[-2:] == ["sum_err", "gpu_us"], header
+    col = header.index("sum_err")
+    sums = {ln.split()[0]: ln.split()[col] for ln in lines if ln.startswith("ln_")}
+    assert len(sums) == 12 and sums.pop("ln_12") == "-", sums
+    assert all(float(v) == 0.0 for v in sums.values()), sums
+    assert any("sum_err: max |the sum it wrote" in ln for ln in lines)
 
 
 @needs_graph

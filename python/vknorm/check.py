@@ -1051,6 +1051,9 @@ def format_text_vulkan(result: dict) -> str:
     head = ["layer", "type", "shape", "group_size", "groups", "vknorm_err", "ncnn_vk_err", "f64_err"]
     if fp16:
         head.append("f64_excess")
+    writes_sums = any(r.get("sum_blob") for r in result["layers"])
+    if writes_sums:
+        head.append("sum_err")
     rows = [head + ["gpu_us", ""]]
     for r in result["layers"]:
         row = [r["name"], r["type"], "x".join(map(str, r["shape"] or [])) or "-",
@@ -1059,6 +1062,8 @@ def format_text_vulkan(result: dict) -> str:
                _fmt_err(r["max_abs_err"]), _fmt_err(r["ncnn_abs_err"])]
         for k in ("f64_abs_err", "judged_err") if fp16 else ("judged_err",):
             row.append("-" if r.get("group_size") is None else _fmt_err(r[k]))  # "-": not vknorm's layer
+        if writes_sums:
+            row.append(_fmt_err(r["sum_err"]) if r.get("sum_blob") else "-")
         row += ["-" if r["gpu_us"] is None else f"{r['gpu_us']:.1f}", "" if r["ok"] else "FAIL"]
         rows.append(row)
     lines += _table(rows, set(range(3, len(head) + 1)))
@@ -1085,7 +1090,8 @@ def format_text_vulkan(result: dict) -> str:
         lines.append(f"fused ({len(result['fused'])}): " + "; ".join(
             f"{f['pattern']} ({', '.join(f['layers'])})" for f in result["fused"]))
         lines.append("a fused layer is judged on its output blob (the activation's, when one was fused) from the sum "
-                     "it read; sum_err: max |written sum - the add's value| (must be 0)")
+                     "it read" + ("; sum_err: max |the sum it wrote for the add's other consumers - the add's value| "
+                                  "(must be 0)" if writes_sums else ""))
         bad_sums = [r["name"] for r in result["layers"] if r.get("sum_blob") and r.get("sum_err") != 0]
         if bad_sums:
             lines.append("written sums differ from the add's: " + ", ".join(bad_sums))
