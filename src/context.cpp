@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "device_names.h"
 #include "vk.h"
 
 namespace vknorm {
@@ -75,21 +76,6 @@ bool has_layer(const vk::raii::Context& ctx, const char* name) {
   return false;
 }
 
-std::string version_string(uint32_t v) {
-  return std::to_string(VK_API_VERSION_MAJOR(v)) + "." + std::to_string(VK_API_VERSION_MINOR(v)) + "." +
-         std::to_string(VK_API_VERSION_PATCH(v));
-}
-
-const char* type_name(vk::PhysicalDeviceType t) {
-  switch (t) {
-    case vk::PhysicalDeviceType::eDiscreteGpu: return "discrete";
-    case vk::PhysicalDeviceType::eIntegratedGpu: return "integrated";
-    case vk::PhysicalDeviceType::eVirtualGpu: return "virtual";
-    case vk::PhysicalDeviceType::eCpu: return "cpu";
-    default: return "other";
-  }
-}
-
 int type_rank(const std::string& t) {  // lower is preferred
   if (t == "discrete") return 0;
   if (t == "integrated") return 1;
@@ -115,7 +101,7 @@ DeviceInfo describe(const Instance& inst, const vk::raii::PhysicalDevice& pd, in
   const auto props = pd.getProperties();
   const uint32_t api = std::min(props.apiVersion, inst.api_version);
   info.name = props.deviceName.data();
-  info.type = type_name(props.deviceType);
+  info.type = device_type_name(static_cast<VkPhysicalDeviceType>(props.deviceType));
   info.vendor_id = props.vendorID;
   info.device_id = props.deviceID;
   info.driver_version = props.driverVersion;

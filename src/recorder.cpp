@@ -24,6 +24,7 @@
 #include <string>
 #include <tuple>
 
+#include "device_names.h"
 #include "dispatch.h"
 #include "shaders.h"
 
@@ -51,22 +52,7 @@ PFN_vkGetInstanceProcAddr system_loader() {
 uint32_t version_of(uint32_t major, uint32_t minor) { return VK_MAKE_API_VERSION(0, major, minor, 0); }
 uint32_t major_minor(uint32_t v) { return version_of(VK_API_VERSION_MAJOR(v), VK_API_VERSION_MINOR(v)); }
 
-std::string version_string(uint32_t v) {
-  return std::to_string(VK_API_VERSION_MAJOR(v)) + "." + std::to_string(VK_API_VERSION_MINOR(v)) + "." +
-         std::to_string(VK_API_VERSION_PATCH(v));
-}
-
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
-const char* type_name(vk::PhysicalDeviceType t) {
-  switch (t) {
-    case vk::PhysicalDeviceType::eDiscreteGpu: return "discrete";
-    case vk::PhysicalDeviceType::eIntegratedGpu: return "integrated";
-    case vk::PhysicalDeviceType::eVirtualGpu: return "virtual";
-    case vk::PhysicalDeviceType::eCpu: return "cpu";
-    default: return "other";
-  }
-}
 
 std::string describe_blob(int dims, int w, int h, int d, int c, size_t cstep, int elempack, bool fp16) {
   std::string s = "dims=" + std::to_string(dims) + " w=" + std::to_string(w);
@@ -207,7 +193,7 @@ struct Recorder::Impl {
     const uint32_t requested = h.api_version ? major_minor(h.api_version) : version_of(1, 0);
     api = std::min(requested, major_minor(props.apiVersion));
     info.name = props.deviceName.data();
-    info.type = type_name(props.deviceType);
+    info.type = device_type_name(static_cast<VkPhysicalDeviceType>(props.deviceType));
     info.vendor_id = props.vendorID;
     info.device_id = props.deviceID;
     info.driver_version = props.driverVersion;

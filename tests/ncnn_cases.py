@@ -157,67 +157,8 @@ LAYERNORM_CASES = [
     {"shape": (32,), "affine_size": 32, "eps": 0.001, "affine": 1},  # RandomMat(32)
 ]
 
-RMSNORM_CASES = [
-    # test_rmsnorm_0: dims 3, affine_size == w (per-row groups)
-    {"shape": (2, 4, 6), "affine_size": 6, "eps": 0.01, "affine": 0},  # RandomMat(6, 4, 2)
-    {"shape": (6, 5, 4), "affine_size": 4, "eps": 0.01, "affine": 0},  # RandomMat(4, 5, 6)
-    {"shape": (8, 3, 3), "affine_size": 3, "eps": 0.002, "affine": 0},  # RandomMat(3, 3, 8)
-    {"shape": (12, 6, 5), "affine_size": 5, "eps": 0.02, "affine": 0},  # RandomMat(5, 6, 12)
-    {"shape": (16, 7, 4), "affine_size": 4, "eps": 0.02, "affine": 0},  # RandomMat(4, 7, 16)
-    {"shape": (24, 7, 6), "affine_size": 6, "eps": 0.001, "affine": 0},  # RandomMat(6, 7, 24)
-    {"shape": (32, 8, 5), "affine_size": 5, "eps": 0.001, "affine": 0},  # RandomMat(5, 8, 32)
-    {"shape": (2, 4, 6), "affine_size": 6, "eps": 0.01, "affine": 1},  # RandomMat(6, 4, 2)
-    {"shape": (6, 5, 4), "affine_size": 4, "eps": 0.01, "affine": 1},  # RandomMat(4, 5, 6)
-    {"shape": (8, 3, 3), "affine_size": 3, "eps": 0.002, "affine": 1},  # RandomMat(3, 3, 8)
-    {"shape": (12, 6, 5), "affine_size": 5, "eps": 0.02, "affine": 1},  # RandomMat(5, 6, 12)
-    {"shape": (16, 7, 4), "affine_size": 4, "eps": 0.02, "affine": 1},  # RandomMat(4, 7, 16)
-    {"shape": (24, 7, 6), "affine_size": 6, "eps": 0.001, "affine": 1},  # RandomMat(6, 7, 24)
-    {"shape": (32, 8, 5), "affine_size": 5, "eps": 0.001, "affine": 1},  # RandomMat(5, 8, 32)
-    # test_rmsnorm_1: dims 3, affine_size == w*h (per-channel groups)
-    {"shape": (2, 4, 6), "affine_size": 24, "eps": 0.01, "affine": 0},  # RandomMat(6, 4, 2)
-    {"shape": (6, 5, 4), "affine_size": 20, "eps": 0.01, "affine": 0},  # RandomMat(4, 5, 6)
-    {"shape": (8, 3, 3), "affine_size": 9, "eps": 0.002, "affine": 0},  # RandomMat(3, 3, 8)
-    {"shape": (12, 6, 5), "affine_size": 30, "eps": 0.02, "affine": 0},  # RandomMat(5, 6, 12)
-    {"shape": (16, 7, 4), "affine_size": 28, "eps": 0.02, "affine": 0},  # RandomMat(4, 7, 16)
-    {"shape": (24, 7, 6), "affine_size": 42, "eps": 0.001, "affine": 0},  # RandomMat(6, 7, 24)
-    {"shape": (32, 8, 5), "affine_size": 40, "eps": 0.001, "affine": 0},  # RandomMat(5, 8, 32)
-    {"shape": (2, 4, 6), "affine_size": 24, "eps": 0.01, "affine": 1},  # RandomMat(6, 4, 2)
-    {"shape": (6, 5, 4), "affine_size": 20, "eps": 0.01, "affine": 1},  # RandomMat(4, 5, 6)
-    {"shape": (8, 3, 3), "affine_size": 9, "eps": 0.002, "affine": 1},  # RandomMat(3, 3, 8)
-    {"shape": (12, 6, 5), "affine_size": 30, "eps": 0.02, "affine": 1},  # RandomMat(5, 6, 12)
-    {"shape": (16, 7, 4), "affine_size": 28, "eps": 0.02, "affine": 1},  # RandomMat(4, 7, 16)
-    {"shape": (24, 7, 6), "affine_size": 42, "eps": 0.001, "affine": 1},  # RandomMat(6, 7, 24)
-    {"shape": (32, 8, 5), "affine_size": 40, "eps": 0.001, "affine": 1},  # RandomMat(5, 8, 32)
-    # test_rmsnorm_2: dims 2, affine_size == w
-    {"shape": (2, 4), "affine_size": 4, "eps": 0.01, "affine": 0},  # RandomMat(4, 2)
-    {"shape": (6, 5), "affine_size": 5, "eps": 0.01, "affine": 0},  # RandomMat(5, 6)
-    {"shape": (8, 3), "affine_size": 3, "eps": 0.002, "affine": 0},  # RandomMat(3, 8)
-    {"shape": (12, 6), "affine_size": 6, "eps": 0.02, "affine": 0},  # RandomMat(6, 12)
-    {"shape": (16, 4), "affine_size": 4, "eps": 0.02, "affine": 0},  # RandomMat(4, 16)
-    {"shape": (24, 7), "affine_size": 7, "eps": 0.001, "affine": 0},  # RandomMat(7, 24)
-    {"shape": (32, 8), "affine_size": 8, "eps": 0.001, "affine": 0},  # RandomMat(8, 32)
-    {"shape": (2, 4), "affine_size": 4, "eps": 0.01, "affine": 1},  # RandomMat(4, 2)
-    {"shape": (6, 5), "affine_size": 5, "eps": 0.01, "affine": 1},  # RandomMat(5, 6)
-    {"shape": (8, 3), "affine_size": 3, "eps": 0.002, "affine": 1},  # RandomMat(3, 8)
-    {"shape": (12, 6), "affine_size": 6, "eps": 0.02, "affine": 1},  # RandomMat(6, 12)
-    {"shape": (16, 4), "affine_size": 4, "eps": 0.02, "affine": 1},  # RandomMat(4, 16)
-    {"shape": (24, 7), "affine_size": 7, "eps": 0.001, "affine": 1},  # RandomMat(7, 24)
-    {"shape": (32, 8), "affine_size": 8, "eps": 0.001, "affine": 1},  # RandomMat(8, 32)
-    # test_rmsnorm_3: dims 1, affine_size == w
-    {"shape": (2,), "affine_size": 2, "eps": 0.01, "affine": 0},  # RandomMat(2)
-    {"shape": (6,), "affine_size": 6, "eps": 0.01, "affine": 0},  # RandomMat(6)
-    {"shape": (8,), "affine_size": 8, "eps": 0.002, "affine": 0},  # RandomMat(8)
-    {"shape": (12,), "affine_size": 12, "eps": 0.02, "affine": 0},  # RandomMat(12)
-    {"shape": (16,), "affine_size": 16, "eps": 0.02, "affine": 0},  # RandomMat(16)
-    {"shape": (24,), "affine_size": 24, "eps": 0.001, "affine": 0},  # RandomMat(24)
-    {"shape": (32,), "affine_size": 32, "eps": 0.001, "affine": 0},  # RandomMat(32)
-    {"shape": (2,), "affine_size": 2, "eps": 0.01, "affine": 1},  # RandomMat(2)
-    {"shape": (6,), "affine_size": 6, "eps": 0.01, "affine": 1},  # RandomMat(6)
-    {"shape": (8,), "affine_size": 8, "eps": 0.002, "affine": 1},  # RandomMat(8)
-    {"shape": (12,), "affine_size": 12, "eps": 0.02, "affine": 1},  # RandomMat(12)
-    {"shape": (16,), "affine_size": 16, "eps": 0.02, "affine": 1},  # RandomMat(16)
-    {"shape": (24,), "affine_size": 24, "eps": 0.001, "affine": 1},  # RandomMat(24)
-    {"shape": (32,), "affine_size": 32, "eps": 0.001, "affine": 1},  # RandomMat(32)
+# test_rmsnorm_0..3 are test_layernorm_0..3 case for case (the same shapes, eps and affine); then dims 4.
+RMSNORM_DIMS4_CASES = [
     # test_rmsnorm_4: dims 4, affine_size == w / w*h / w*h*d
     {"shape": (8, 2, 3, 5), "affine_size": 5, "eps": 0.01, "affine": 0},  # RandomMat(5, 3, 2, 8)
     {"shape": (5, 2, 3, 4), "affine_size": 4, "eps": 0.01, "affine": 1},  # RandomMat(4, 3, 2, 5)
@@ -226,6 +167,7 @@ RMSNORM_CASES = [
     {"shape": (8, 2, 3, 5), "affine_size": 30, "eps": 0.001, "affine": 0},  # RandomMat(5, 3, 2, 8)
     {"shape": (5, 2, 3, 4), "affine_size": 24, "eps": 0.001, "affine": 1},  # RandomMat(4, 3, 2, 5)
 ]
+RMSNORM_CASES = LAYERNORM_CASES + RMSNORM_DIMS4_CASES
 
 # Cases ncnn runs with TEST_LAYER_DISABLE_GPU_TESTING (CPU-only in ncnn's own test):
 # test_rmsnorm(RandomMat(5, 8, 32), 5, 0.001f, 0, TEST_LAYER_DISABLE_GPU_TESTING).
@@ -236,14 +178,7 @@ RMSNORM_GPU_SKIPPED_CASES = [
 # NOT from ncnn's tests: test_layernorm.cpp has no dims-4 cases, although
 # LayerNorm supports dims 4 with the same rules as RMSNorm.  These mirror
 # test_rmsnorm_4 for LayerNorm.
-LAYERNORM_DIMS4_EXTRA_CASES = [
-    {"shape": (8, 2, 3, 5), "affine_size": 5, "eps": 0.01, "affine": 0},
-    {"shape": (5, 2, 3, 4), "affine_size": 4, "eps": 0.01, "affine": 1},
-    {"shape": (8, 2, 3, 5), "affine_size": 15, "eps": 0.002, "affine": 0},
-    {"shape": (5, 2, 3, 4), "affine_size": 12, "eps": 0.002, "affine": 1},
-    {"shape": (8, 2, 3, 5), "affine_size": 30, "eps": 0.001, "affine": 0},
-    {"shape": (5, 2, 3, 4), "affine_size": 24, "eps": 0.001, "affine": 1},
-]
+LAYERNORM_DIMS4_EXTRA_CASES = RMSNORM_DIMS4_CASES
 
 # ncnn test_layer comparison tolerances (NearlyEqual epsilon), fp32 options.
 LAYERNORM_TEST_EPSILON = 1e-3

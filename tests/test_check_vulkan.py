@@ -22,40 +22,21 @@ import pytest
 
 from vknorm import check as vkcheck
 from availability import has_graph, needs_graph, needs_vulkan
-
-DATA = Path(__file__).resolve().parent / "data"
-ROOT = DATA.parent.parent
-
-# model -> its input's DIMS (ncnn order, batch dropped)
-MODELS = {k: v for k, v in json.loads((DATA / "models.json").read_text()).items() if not k.startswith("_")}
+# the committed models and the CLI error contract, one place
+from test_ncnn_models import MODELS, ROOT, assert_one_line_error, model_files
+from test_ncnn_models import norm_layers as model_norm_layers
 
 # Today's JSON keys (without --vulkan), top level and per layer; --vulkan keeps them all.
 TODAY_KEYS = {"ok", "device", "layers", "outputs", "model", "weights", "inputs", "fp16", "seed", "atol", "warnings"}
 TODAY_LAYER_KEYS = {"name", "type", "shape", "group_size", "groups", "max_abs_err", "gpu_us", "ok"}
 
 
-
-
-
-
 pytestmark = [needs_vulkan, pytest.mark.timeout(600)]
 
 
-def model_files(name: str):
-    return str(DATA / f"{name}.ncnn.param"), str(DATA / f"{name}.ncnn.bin")
-
-
 def norm_layers(name: str):
-    """(type, name) of every LayerNorm / RMSNorm line of a committed .param, in order."""
-    out = []
-    for line in (DATA / f"{name}.ncnn.param").read_text().splitlines()[2:]:
-        tok = line.split()
-        if tok and tok[0] in ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm"):
-            out.append((tok[0], tok[1]))
-    return out
-
-
-from test_ncnn_models import assert_one_line_error  # noqa: E402  (the CLI error contract, one place)
+    """(type, name) of every norm line of a committed .param, in order."""
+    return [(t, n) for t, n, _top in model_norm_layers(name)]
 
 
 def cli(*args, env_extra=None, python_code=None, timeout=300) -> subprocess.CompletedProcess:

@@ -30,9 +30,7 @@ DATA = Path(__file__).resolve().parent / "data"
 ROOT = DATA.parent.parent
 
 # model -> its input's DIMS (ncnn order, batch dropped)
-MODELS = {k: v for k, v in json.loads((Path(__file__).parent / "data" / "models.json").read_text()).items() if not k.startswith("_")}
-
-
+MODELS = {k: v for k, v in json.loads((DATA / "models.json").read_text()).items() if not k.startswith("_")}
 
 
 pytestmark = needs_vulkan
@@ -43,7 +41,7 @@ def model_files(name: str):
 
 
 def norm_layers(name: str):
-    """(type, name, top blob) of every LayerNorm / RMSNorm line of a committed .param."""
+    """(type, name, top blob) of every norm line of a committed .param, in order."""
     out = []
     for line in (DATA / f"{name}.ncnn.param").read_text().splitlines()[2:]:
         tok = line.split()
