@@ -4,7 +4,7 @@
 // the program changes.
 //
 // Usage:
-//   ncnn_example MODEL.param MODEL.bin DIMS [--stock] [--fp16] [--cpu] [--out FILE] [--dump-input FILE]
+//   ncnn_example MODEL.param MODEL.bin DIMS [--stock] [--fp16] [--cpu] [--fuse] [--out FILE] [--dump-input FILE]
 //
 //   DIMS          the shape of the input blob "in0" in numpy order, batch dropped: W, HxW, CxHxW or
 //                 CxDxHxW (e.g. 197x768 -> h=197 w=768; 32x14x14 -> c=32 h=14 w=14)

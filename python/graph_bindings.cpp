@@ -475,6 +475,7 @@ NB_MODULE(_graph, m) {
     t.limit = limit;
     t.peak = t.bytes;  // the peak from here on
   }, "limit"_a);
-  // Destroys ncnn's Vulkan instance: call once no Net is left (vknorm.graph does it at exit).
+  // Destroys ncnn's Vulkan instance: call once no Net is left (a process that reloads ncnn's GPU state, as the
+  // reliability runs do; ncnn otherwise leaves the instance to process exit).
   m.def("destroy_gpu_instance", [] { ::ncnn::destroy_gpu_instance(); });
 }

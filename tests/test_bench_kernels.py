@@ -68,6 +68,7 @@ def test_bench_groupnorm_and_instancenorm_shapes_report_channels_planes_and_grou
     (["--rows", "8"], "--rows"),
     (["--rows", "0", "--cols", "8"], "positive"),
     (["--rows", "8", "--cols", "8", "--reps", "5"], "--reps"),
+    (["--rows", "8", "--cols", "8", "--warmup-ms", "-1"], "--warmup-ms"),
     (["--rows", "8", "--cols", "8", "--compare", "nosuch"], "--compare"),
 ])
 def test_bench_bad_input_is_one_line_and_exit_2(args, message):

@@ -23,13 +23,15 @@ def vknorm(*args, timeout=300):
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
 def test_bench_model_reports_every_implementation_as_json(tmp_path, fp16):
     out = tmp_path / "bench.json"
-    args = ["bench", "--model", PARAM, BIN, "--input", "in0=16x64", "--iters", "3", "--json", str(out)]
+    args = ["bench", "--model", PARAM, BIN, "--input", "in0=16x64", "--iters", "3", "--warmup-ms", "20",
+            "--json", str(out)]
     proc = vknorm(*args, *(["--fp16"] if fp16 else []))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert {"device", "driver", "model", "results"} <= set(report)
     assert isinstance(report["device"], str) and report["device"]
     assert isinstance(report["driver"], str) and report["model"] == PARAM
+    assert report["warmup_ms"] == 20 and report["iters"] == 3  # the flags reach the whole-model bench
     impls = [r["impl"] for r in report["results"]]
     assert impls == ["ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-fused", "vknorm-host"]
     for r in report["results"]:
@@ -44,6 +46,7 @@ def test_bench_model_reports_every_implementation_as_json(tmp_path, fp16):
     (["--model", PARAM, BIN], "--input"),
     (["--model", PARAM, BIN, "--input", "in0=16xx64"], "malformed"),
     (["--model", PARAM, BIN, "--input", "in0=16x64", "--iters", "0"], "--iters"),
+    (["--model", PARAM, BIN, "--input", "in0=16x64", "--warmup-ms", "-1"], "--warmup-ms"),
     (["--model", PARAM, BIN, "--input", "nosuch=16x64", "--iters", "1"], "input"),
 ])
 def test_bench_model_bad_input_is_one_line_and_exit_2(args, message):

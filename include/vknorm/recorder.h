@@ -56,7 +56,7 @@
 // Lifetime
 // - vknorm never destroys the caller's instance, device, buffers or command buffers; they must outlive
 //   the Recorder (the device and instance), or the command buffers that use them (the blob's buffer).
-// - A Recorder owns: shader modules, a descriptor set layout (5 storage buffers, compute), a pipeline
+// - A Recorder owns: shader modules, a descriptor set layout (8 storage buffers, compute), a pipeline
 //   layout (a 32-byte compute push-constant range), pipelines, descriptor pools, a device-local buffer
 //   of gamma/beta and one of split-path scratch. Destroy it only after every command buffer it recorded
 //   into has completed (the destructor calls no vkDeviceWaitIdle).

@@ -55,7 +55,9 @@ def add_parser(sub) -> None:
     p.add_argument("--no-latency", action="store_true", help="skip the latency shapes of the default sweep")
     p.add_argument("--reps", type=int, default=100, help="timed forwards per batch (>= 100)")
     p.add_argument("--batches", type=int, default=5, help="batches per measurement; the median is reported")
-    p.add_argument("--warmup-ms", type=float, default=150.0, help="GPU work right before each timed batch")
+    p.add_argument("--warmup-ms", type=float, default=None,
+                   help="GPU work right before each timed batch (default 150); with --model, warm-up per "
+                        "implementation (default 300)")
     p.add_argument("--path", default="auto", help="force a vknorm path: auto|subgroup|workgroup|split")
     p.add_argument("--no-packing", action="store_true", help="elempack 1 blobs (default: ncnn's pack4)")
     p.add_argument("--no-affine", action="store_true", help="layers without gamma/beta (ncnn param 2 affine=0)")
@@ -66,9 +68,9 @@ def add_parser(sub) -> None:
                    help="fuse this activation into the norm's store (leakyrelu: slope 0.1)")
     m = p.add_argument_group("whole models (--model): wall time per inference, stock ncnn beside vknorm")
     m.add_argument("--model", nargs=2, metavar=("MODEL.param", "MODEL.bin"),
-                   help="time a whole ncnn model: ncnn-cpu, ncnn-vulkan, vknorm-in-graph, vknorm-host")
+                   help="time a whole ncnn model: ncnn-cpu, ncnn-vulkan, vknorm-in-graph, vknorm-fused, vknorm-host")
     m.add_argument("--input", action="append", default=[], metavar="NAME=DIMS", help="a model input, e.g. in0=197x768")
-    m.add_argument("--fp16", action="store_true", help="float16 storage in the Vulkan nets")
+    m.add_argument("--fp16", action="store_true", help="float16 storage in every net (ncnn's CPU one too)")
     m.add_argument("--iters", type=int, default=30, help="timed inferences per implementation (median)")
     p.set_defaults(func=run)
 
@@ -167,10 +169,11 @@ def _bench_vknorm_and_copy(layer, vkmat, option, args, with_copy: bool, residual
     else:
         def repeated(warmup, reps):
             return layer._layer.forward_add_repeated(vkmat, residual, args.residual == "add+sum", opt, warmup, reps)
+    warmup_ms = 150.0 if args.warmup_ms is None else args.warmup_ms
     probe = repeated(0, 10)
-    warm = _warmup_count(probe["gpu_us"] * 1e-6, args.warmup_ms)
+    warm = _warmup_count(probe["gpu_us"] * 1e-6, warmup_ms)
     copy_probe = _core.copy_repeated(vkmat, 0, 10, True) if with_copy else 0.0
-    copy_warm = _warmup_count(copy_probe * 1e-6, args.warmup_ms)
+    copy_warm = _warmup_count(copy_probe * 1e-6, warmup_ms)
     times, copies, buffer_copies, info = [], [], [], probe
     for _ in range(args.batches):
         info = repeated(warm, args.reps)
@@ -327,6 +330,7 @@ def run_model(args) -> int:
     def bench():
         try:
             return run_model_bench(param, binp, dims, fp16=args.fp16, iters=args.iters,
+                                   warmup_ms=300.0 if args.warmup_ms is None else args.warmup_ms,
                                    progress=(lambda i, n: bar.update(1)) if bar else None)
         except RuntimeError as e:  # ncnn could not load or run the model
             raise UsageError(str(e)) from None
@@ -353,6 +357,8 @@ def run(args) -> int:
     from . import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, _core, device_info, to_device
     from .cli import UsageError
 
+    if args.warmup_ms is not None and not args.warmup_ms >= 0:
+        raise UsageError("--warmup-ms must be >= 0")
     if args.model:
         return run_model(args)
     if args.input or args.fp16:

@@ -63,7 +63,7 @@ def _demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vknorm", description="Fast, exact LayerNorm / RMSNorm on Vulkan")
+    p = argparse.ArgumentParser(prog="vknorm", description="Fast, exact LayerNorm, RMSNorm, GroupNorm and InstanceNorm on Vulkan")
     sub = p.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="list Vulkan devices and their capabilities")
     info.add_argument("--json", action="store_true", help="print JSON")

@@ -109,7 +109,7 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
         driver = next((d["driver_info"] for d in _core.devices() if d["name"] == device), "")
     except Exception:  # noqa: BLE001 - the driver string is informative only
         pass
-    return {"device": device, "driver": driver, "model": param, "fp16": fp16, "iters": iters,
+    return {"device": device, "driver": driver, "model": param, "fp16": fp16, "iters": iters, "warmup_ms": warmup_ms,
             "results": [{"impl": k, "ms": round(statistics.median(v), 4),
                          "min_ms": round(min(v), 4)} for k, v in samples.items()]}
 
