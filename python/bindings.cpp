@@ -8,7 +8,9 @@
 #include <nanobind/stl/vector.h>
 #include <nanobind/stl/map.h>
 
+#include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "shaders.h"
 #include "vknorm/vknorm.h"
@@ -30,7 +32,15 @@ Mat mat_from_numpy(const Array& a) {
   if (!f16 && !f32) throw std::invalid_argument("expected float32 or float16 data");
   int shape[4] = {1, 1, 1, 1};  // w, h, d, c
   const int order[4][4] = {{0}, {1, 0}, {3, 1, 0}, {3, 2, 1, 0}};
-  for (size_t i = 0; i < nd; ++i) shape[order[nd - 1][i]] = int(a.shape(i));
+  for (size_t i = 0; i < nd; ++i) {
+    if (a.shape(i) < 1 || uint64_t(a.shape(i)) > uint64_t(INT32_MAX)) {  // ncnn's Mat sizes are int
+      std::string dims;
+      for (size_t k = 0; k < nd; ++k) dims += (k ? ", " : "") + std::to_string(a.shape(k));
+      throw std::invalid_argument("every dimension must be 1..2^31-1 (ncnn's Mat sizes are int), got shape (" +
+                                  dims + ")");
+    }
+    shape[order[nd - 1][i]] = int(a.shape(i));
+  }
   Mat m = Mat::create(int(nd), shape[0], shape[1], shape[2], shape[3], f16 ? 2 : 4, 1);
   const size_t plane = size_t(shape[0]) * shape[1] * shape[2] * m.scalar_bytes();
   const size_t channels = nd >= 3 ? size_t(shape[3]) : 1;

@@ -75,6 +75,42 @@ struct Net {
     if (vknorm && vknorm::ncnn::register_layers(net) != 0) throw std::runtime_error("registering vknorm's layers failed");
   }
   int load_param(const std::string& path) {
+    param_loaded = model_loaded = false;
+    const int r = load_param_text(path);
+    param_loaded = r == 0;
+    return r;
+  }
+  int load_model(const std::string& path) {
+    model_loaded = false;
+    const int r = net.load_model(path.c_str());
+    model_loaded = param_loaded && r == 0;
+    if (model_loaded) loaded_with = format_options(net.opt);
+    return r;
+  }
+  void clear() {
+    net.clear();
+    param_loaded = model_loaded = false;
+  }
+  // ncnn builds every layer's pipelines in load_model, for the options it finds then: an extractor of a net
+  // whose model did not load, or whose format options changed after it, runs layers with no pipelines
+  // (ncnn crashes there). Refused with what to do instead.
+  void check_runnable() const {
+    if (!param_loaded) throw std::runtime_error("create_extractor: load_param has not succeeded on this Net");
+    if (!model_loaded) throw std::runtime_error("create_extractor: load_model has not succeeded on this Net");
+    if (format_options(net.opt) != loaded_with)
+      throw std::runtime_error("create_extractor: net.opt changed after load_model (" + loaded_with + " -> " +
+                               format_options(net.opt) + "); set options before load_param, as in ncnn");
+  }
+  static std::string format_options(const ::ncnn::Option& o) {
+    std::string s;
+    for (auto [name, on] : {std::pair<const char*, bool>{"use_vulkan_compute", o.use_vulkan_compute},
+                            {"use_fp16_storage", o.use_fp16_storage}, {"use_fp16_packed", o.use_fp16_packed},
+                            {"use_fp16_arithmetic", o.use_fp16_arithmetic}, {"use_bf16_storage", o.use_bf16_storage},
+                            {"use_packing_layout", o.use_packing_layout}, {"use_int8_inference", o.use_int8_inference}})
+      s += std::string(s.empty() ? "" : " ") + name + "=" + (on ? "1" : "0");
+    return s;
+  }
+  int load_param_text(const std::string& path) {
     fused.clear();
     if (fuse) return vknorm::ncnn::load_param_fused(net, path.c_str(), &fused);
     if (!vknorm) {  // a fused model in a stock net: say what it needs (ncnn would say "not exists or registered")
@@ -97,6 +133,8 @@ struct Net {
   ::ncnn::Net net;
   bool vknorm, fuse;
   std::vector<vknorm::ncnn::FusedPattern> fused;  // what the last load_param fused
+  bool param_loaded = false, model_loaded = false;
+  std::string loaded_with;  // format_options at the last successful load_model
 };
 
 nb::list fused_list(const std::vector<vknorm::ncnn::FusedPattern>& fused) {
@@ -357,7 +395,7 @@ NB_MODULE(_graph, m) {
       .def("load_model",
            [](Net& n, const std::string& path) {
              nb::gil_scoped_release release;
-             return n.net.load_model(path.c_str());
+             return n.load_model(path);
            },
            "path"_a)
       .def("input_names",
@@ -427,6 +465,7 @@ NB_MODULE(_graph, m) {
            })
       .def("create_extractor",
            [](std::shared_ptr<Net> n) {
+             n->check_runnable();
              auto ex = std::make_unique<::ncnn::Extractor>(n->net.create_extractor());
              std::shared_ptr<Allocators> allocators;
              if (n->net.opt.use_vulkan_compute && n->net.vulkan_device()) {
@@ -437,7 +476,7 @@ NB_MODULE(_graph, m) {
              }
              return Extractor(n, std::move(ex), std::move(allocators));
            })
-      .def("clear", [](Net& n) { n.net.clear(); });
+      .def("clear", [](Net& n) { n.clear(); });
 
   // The graph rewrite on .param text: (fused text, [{"pattern", "layers"}]); ValueError on a malformed file.
   m.def("fuse_param", [](const std::string& text) {

@@ -69,6 +69,11 @@ def test_bench_groupnorm_and_instancenorm_shapes_report_channels_planes_and_grou
     (["--rows", "0", "--cols", "8"], "positive"),
     (["--rows", "8", "--cols", "8", "--reps", "5"], "--reps"),
     (["--rows", "8", "--cols", "8", "--warmup-ms", "-1"], "--warmup-ms"),
+    (["--rows", "8", "--cols", "8", "--warmup-ms", "inf"], "--warmup-ms"),
+    (["--rows", "8", "--cols", "8", "--reps", "99999999999"], "--reps"),
+    (["--rows", "8", "--cols", "8", "--batches", "9999999999"], "--batches"),
+    (["--rows", "8", "--cols", "8", "--json", "/nonexistent-dir/x.json"], "no such directory"),
+    (["--rows", "8", "--cols", "8", "--plot", "."], "a directory"),
     (["--rows", "8", "--cols", "8", "--compare", "nosuch"], "--compare"),
 ])
 def test_bench_bad_input_is_one_line_and_exit_2(args, message):
@@ -76,3 +81,11 @@ def test_bench_bad_input_is_one_line_and_exit_2(args, message):
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_bench_a_shape_too_large_for_memory_is_one_error_line_after_the_progress_bar():
+    proc = vknorm("bench", "--rows", "99999999999", "--cols", "64", *QUICK, "--compare", "copy")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1 and errors[0].startswith("vknorm bench: error: out of memory"), proc.stderr[-2000:]

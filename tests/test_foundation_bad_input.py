@@ -1,4 +1,4 @@
-"""Issue 2, "Tests / bad input": a clear Python exception, never a crash, on the CPU reference and on
+"""Bad input: a clear Python exception, never a crash, on the CPU reference and on
 Vulkan alike. (No Vulkan driver: tests/test_foundation_runtime.py, in a subprocess.)"""
 from __future__ import annotations
 
@@ -113,7 +113,46 @@ def test_negative_affine_size_and_unknown_device_and_path_are_refused():
         vknorm.Option(path="fastest")
 
 
+@pytest.mark.parametrize("make, match", [
+    (lambda: vknorm.LayerNorm(affine_size=3.7), "not an integer"),
+    (lambda: vknorm.GroupNorm(group=2.5, channels=8), "not an integer"),
+    (lambda: vknorm.RMSNorm(affine_size=float("nan")), "not an integer"),
+    (lambda: vknorm.LayerNorm(affine_size="4"), "not an integer"),
+    (lambda: vknorm.InstanceNorm(channels=4, affine="no"), "affine must be True/False"),
+    (lambda: vknorm.LayerNorm(affine_size=4, affine=2), "affine must be True/False"),
+    (lambda: vknorm.Option(max_workgroup_size=2 ** 40), "max_workgroup_size"),
+    (lambda: vknorm.Option(max_workgroup_size="64"), "max_workgroup_size"),
+], ids=["float-size", "float-group", "nan-size", "str-size", "str-affine", "affine-2", "huge-wg", "str-wg"])
+def test_params_and_options_are_what_ncnn_holds_or_refused(make, match):
+    """An int param is an integer (3.7 is not silently 3), affine a flag, the workgroup cap a 32-bit count."""
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+@pytest.mark.parametrize("device", [-1, False, True, "vulkan:-1", "vulkan:abc", "vulkan:", "gpu"], ids=str)
+def test_a_device_is_cpu_vulkan_vulkan_n_an_index_or_a_context(device):
+    with pytest.raises(ValueError, match="device must be"):
+        ln_with_weights(4)(np.ones((1, 4), np.float32), device=device)
+
+
+@pytest.mark.parametrize("option", ["fp16", {"use_fp16_storage": True}, 1], ids=str)
+def test_an_option_that_is_not_a_vknorm_option_is_a_type_error(option):
+    with pytest.raises(TypeError, match="option must be a vknorm.Option"):
+        ln_with_weights(4)(np.ones((1, 4), np.float32), option=option, device="vulkan")
+
+
 # ------------------------------------------------------------------------------ arrays
+
+@pytest.mark.parametrize("shape", [(2 ** 31,), (2 ** 32 + 4,), (2, 2 ** 31), (2 ** 31, 1)], ids=str)
+def test_a_dimension_past_ncnns_int_is_refused_not_wrapped(shape):
+    """ncnn's Mat holds int sizes: 2^32 + 4 elements must not become a 4-element blob. (np.zeros reserves the
+    pages without touching them; the refusal comes before any copy.)"""
+    x = np.zeros(shape, np.float16)
+    with pytest.raises(ValueError, match=r"every dimension must be 1..2\^31-1"):
+        vknorm.to_device(x)
+    rows = np.zeros((2 ** 31, 1), np.float16)  # a layer of 1-element groups over 2^31 rows
+    with pytest.raises(ValueError, match=r"every dimension must be 1..2\^31-1"):
+        vknorm.LayerNorm(affine_size=1, affine=False)(rows, device="vulkan")
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(0,), (0, 4), (4, 0), (0, 2, 4), (2, 0, 3, 4)], ids=str)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -440,3 +441,30 @@ def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("vknorm optimize: error:") and needle in lines[0], r.stderr
         assert not out_p.exists() and not out_b.exists()
         assert not [f for f in os.listdir(tmp_path) if f.startswith(".vknorm-optimize-")]
+
+
+@needs_graph
+def test_optimize_refuses_outputs_it_would_clobber_and_writes_files_as_open_would(tmp_path):
+    """Each output is replaced whole at the end, so a directory, a special file (a FIFO here, /dev/null for a
+    user) or one file named for both outputs is refused before anything is written; what it writes has the
+    mode a plain open() gives under the umask, not mkstemp's 0600."""
+    p, b = DATA / "transformer_block.ncnn.param", DATA / "transformer_block.ncnn.bin"
+    (tmp_path / "adir").mkdir()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    ok = tmp_path / "ok.param"
+    for outs, needle in [((ok, tmp_path / "adir"), "a directory"), ((tmp_path / "adir", ok), "a directory"),
+                         ((ok, fifo), "not a regular file"), ((ok, ok), "the same file")]:
+        r = optimize(p, b, *outs)
+        assert r.returncode == 2, (outs, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("vknorm optimize: error:") and needle in lines[0], r.stderr
+        assert not ok.exists() and (tmp_path / "adir").is_dir() and fifo.is_fifo()
+    mask = os.umask(0o027)
+    try:
+        r = optimize(p, b, ok, tmp_path / "ok.bin")
+    finally:
+        os.umask(mask)
+    assert r.returncode == 0, r.stderr
+    for f in (ok, tmp_path / "ok.bin"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o640, oct(f.stat().st_mode)

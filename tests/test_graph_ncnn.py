@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import graph_runs
@@ -288,3 +289,37 @@ def test_a_norm_on_a_shared_input_writes_a_blob_of_its_own_with_no_unsynchronize
         report = validation_layer.json_from_stdout(proc.stdout)
         assert bool(report["fused"]) == (not extra), report["fused"]
         assert (log.read_text() if log.exists() else "").strip() == "", log.read_text()[:3000]
+
+
+def test_an_extractor_needs_a_loaded_model_with_the_options_it_was_loaded_with(tmp_path):
+    """ncnn builds every layer's pipelines in load_model, for the options it finds then; an extractor of a net
+    whose model did not load, or whose format options changed after that, would run layers without pipelines
+    (ncnn crashes: SIGSEGV). vknorm.graph refuses to make one, saying what to do; after a proper load it runs."""
+    from vknorm import graph
+
+    param, binp = (os.path.join(graph_runs.DATA, "transformer_block.ncnn." + e) for e in ("param", "bin"))
+    short = tmp_path / "short.bin"
+    short.write_bytes(open(binp, "rb").read()[:64])
+    x = graph.Mat(np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32))
+
+    def refused(net, needle):
+        with pytest.raises(RuntimeError, match=needle):
+            net.create_extractor()
+
+    net = graph.configure(graph.Net(), vulkan=True)
+    refused(net, "load_param has not succeeded")
+    assert net.load_param(param) == 0
+    refused(net, "load_model has not succeeded")
+    assert net.load_model(str(short)) != 0
+    refused(net, "load_model has not succeeded")
+    assert net.load_model(binp) == 0
+    net.opt.use_vulkan_compute = False
+    refused(net, r"net.opt changed after load_model \(use_vulkan_compute=1 .* -> use_vulkan_compute=0")
+    net.opt.use_vulkan_compute = True
+    ex = net.create_extractor()
+    assert ex.input("in0", x) == 0
+    r, out = ex.extract("out0")
+    assert r == 0 and np.isfinite(np.array(out)).all()
+    del ex
+    net.clear()
+    refused(net, "load_param has not succeeded")

@@ -153,6 +153,21 @@ class _Progress:
             print(file=sys.stderr)
 
 
+def _check_output_path(flag: str, path) -> None:
+    """Before the run, not after it: a report that cannot be written is a one-line error up front."""
+    from .cli import UsageError
+
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path}: a directory; name a file")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"{flag} {path}: no such directory {parent!r}")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{flag} {path}: directory {parent!r} is not writable")
+
+
 def _warmup_count(seconds_per_run: float, warmup_ms: float) -> int:
     return int(min(20000, math.ceil(warmup_ms / 1000.0 / max(seconds_per_run, 1e-7))))
 
@@ -310,8 +325,8 @@ def run_model(args) -> int:
             raise UsageError(f"--model: no such file {path!r}")
     if not args.input:
         raise UsageError("--model needs at least one --input NAME=DIMS")
-    if args.iters < 1:
-        raise UsageError("--iters must be >= 1")
+    if not 1 <= args.iters <= 100000:
+        raise UsageError("--iters must be 1..100000")
     dims = parse_inputs(args.input)
     try:
         from . import graph  # noqa: F401
@@ -357,17 +372,19 @@ def run(args) -> int:
     from . import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, _core, device_info, to_device
     from .cli import UsageError
 
-    if args.warmup_ms is not None and not args.warmup_ms >= 0:
-        raise UsageError("--warmup-ms must be >= 0")
+    if args.warmup_ms is not None and not 0 <= args.warmup_ms <= 60000:
+        raise UsageError("--warmup-ms must be 0..60000")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        _check_output_path(flag, path)
     if args.model:
         return run_model(args)
     if args.input or args.fp16:
         raise UsageError("--input and --fp16 go with --model (use --dtype for the kernel sweep)")
 
-    if args.reps < 100:
-        raise UsageError("--reps: at least 100 back-to-back forwards per batch")
-    if args.batches < 1:
-        raise UsageError("--batches must be >= 1")
+    if not 100 <= args.reps <= 1_000_000:
+        raise UsageError("--reps: 100..1000000 back-to-back forwards per batch")
+    if not 1 <= args.batches <= 1000:
+        raise UsageError("--batches must be 1..1000")
     compare = {c.strip() for c in args.compare.split(",") if c.strip()}
     unknown = compare - set(IMPLS)
     if unknown:
@@ -395,65 +412,67 @@ def run(args) -> int:
     results = []
     progress = _Progress(len(ops) * len(dtypes) * len(shapes))
     rng = np.random.default_rng(0)
-    for op in ops:
-        for dtype in dtypes:
-            fp16 = dtype == "fp16"
-            for rows, cols, kind, cshape in shapes:
-                label = f"{rows}x{cols}" if cshape is None else _shape_label(op, cshape)
-                progress.step(f"{op} {dtype} {label}")
-                affine = not args.no_affine
-                option = Option(use_fp16_storage=fp16, use_packing_layout=not args.no_packing, path=args.path)
-                if cshape is None:
-                    x = rng.standard_normal((rows, cols), dtype=np.float32)
-                    layer = (LayerNorm if op == "layernorm" else RMSNorm)(affine_size=cols, eps=1e-5, affine=affine)
-                    n_weights = cols
-                else:
-                    c, h, w, g = cshape
-                    x = rng.standard_normal((c, h, w), dtype=np.float32)
-                    layer = GroupNorm(g, c, 1e-5, affine) if op == "groupnorm" else InstanceNorm(c, 1e-5, affine)
-                    n_weights = c
-                if not affine:
-                    pass  # nothing to load
-                elif op == "rmsnorm":
-                    layer.load_model(np.ones(n_weights, np.float32))
-                else:
-                    layer.load_model(np.ones(n_weights, np.float32), np.zeros(n_weights, np.float32))
-                if args.activation:
-                    layer.set_activation(args.activation, 0.1 if args.activation == "leakyrelu" else 0.0)
-                vkmat = to_device(x, option)
-                residual = to_device(rng.standard_normal(x.shape, dtype=np.float32), option) if args.residual else None
-                nbytes = x.size * (2 if fp16 else 4)
-                # Tensor streams the kernel moves: x in and y out, + the residual in, + the sum out.
-                streams = 2 + (1 if args.residual else 0) + (1 if args.residual == "add+sum" else 0)
-                us, disp, copy_us, copybuf_us = _bench_vknorm_and_copy(layer, vkmat, option, args, "copy" in compare,
-                                                                       residual)
-                base = {"op": op, "dtype": dtype, "rows": rows, "cols": cols, "kind": kind, "affine": affine,
-                        "shape": label}
-                if args.residual or args.activation:
-                    base.update(residual=args.residual or "none", activation=args.activation or "none")
-                if cshape is not None:
-                    base.update(channels=cshape[0], h=cshape[1], w=cshape[2], groups=cshape[3] or cshape[0])
+    try:
+        for op in ops:
+            for dtype in dtypes:
+                fp16 = dtype == "fp16"
+                for rows, cols, kind, cshape in shapes:
+                    label = f"{rows}x{cols}" if cshape is None else _shape_label(op, cshape)
+                    progress.step(f"{op} {dtype} {label}")
+                    affine = not args.no_affine
+                    option = Option(use_fp16_storage=fp16, use_packing_layout=not args.no_packing, path=args.path)
+                    if cshape is None:
+                        x = rng.standard_normal((rows, cols), dtype=np.float32)
+                        layer = (LayerNorm if op == "layernorm" else RMSNorm)(affine_size=cols, eps=1e-5, affine=affine)
+                        n_weights = cols
+                    else:
+                        c, h, w, g = cshape
+                        x = rng.standard_normal((c, h, w), dtype=np.float32)
+                        layer = GroupNorm(g, c, 1e-5, affine) if op == "groupnorm" else InstanceNorm(c, 1e-5, affine)
+                        n_weights = c
+                    if not affine:
+                        pass  # nothing to load
+                    elif op == "rmsnorm":
+                        layer.load_model(np.ones(n_weights, np.float32))
+                    else:
+                        layer.load_model(np.ones(n_weights, np.float32), np.zeros(n_weights, np.float32))
+                    if args.activation:
+                        layer.set_activation(args.activation, 0.1 if args.activation == "leakyrelu" else 0.0)
+                    vkmat = to_device(x, option)
+                    residual = to_device(rng.standard_normal(x.shape, dtype=np.float32), option) if args.residual else None
+                    nbytes = x.size * (2 if fp16 else 4)
+                    # Tensor streams the kernel moves: x in and y out, + the residual in, + the sum out.
+                    streams = 2 + (1 if args.residual else 0) + (1 if args.residual == "add+sum" else 0)
+                    us, disp, copy_us, copybuf_us = _bench_vknorm_and_copy(layer, vkmat, option, args, "copy" in compare,
+                                                                           residual)
+                    base = {"op": op, "dtype": dtype, "rows": rows, "cols": cols, "kind": kind, "affine": affine,
+                            "shape": label}
+                    if args.residual or args.activation:
+                        base.update(residual=args.residual or "none", activation=args.activation or "none")
+                    if cshape is not None:
+                        base.update(channels=cshape[0], h=cshape[1], w=cshape[2], groups=cshape[3] or cshape[0])
 
-                def add(impl, t, dispatches, n_streams=2, **extra):
-                    if t is None or t <= 0:
-                        return
-                    results.append({**base, "impl": impl, "gpu_us": round(t, 3),
-                                    "gbps": round(n_streams * nbytes / (t * 1e3), 1), "streams": n_streams,
-                                    "dispatches": dispatches, **extra})
+                    def add(impl, t, dispatches, n_streams=2, **extra):
+                        if t is None or t <= 0:
+                            return
+                        results.append({**base, "impl": impl, "gpu_us": round(t, 3),
+                                        "gbps": round(n_streams * nbytes / (t * 1e3), 1), "streams": n_streams,
+                                        "dispatches": dispatches, **extra})
 
-                add("vknorm", us, disp["dispatches"], streams, path=disp["path"], team=disp["team"], items=disp["items"])
-                if copy_us is not None:
-                    add("copy", copy_us, 1)
-                    add("copy_buffer", copybuf_us, 1)
-                del vkmat, residual
-                # ncnn's layer alone is not the fused kernel's counterpart: no ncnn figure with --residual.
-                if "ncnn" in compare and kind == "sweep" and not args.residual and not args.activation:
-                    add("ncnn", _bench_ncnn(op, rows, cols, fp16, x, affine, cshape), None,
-                        method="chain difference, wall clock")
-                if "torch" in compare:
-                    add("torch", _bench_torch(op, rows, cols, fp16, args.reps, affine, cshape, bool(args.residual)),
-                        2 if args.residual else 1, streams, method="CUDA events")
-    progress.close()
+                    add("vknorm", us, disp["dispatches"], streams, path=disp["path"], team=disp["team"], items=disp["items"])
+                    if copy_us is not None:
+                        add("copy", copy_us, 1)
+                        add("copy_buffer", copybuf_us, 1)
+                    del vkmat, residual
+                    # ncnn's layer alone is not the fused kernel's counterpart: no ncnn figure with --residual.
+                    if "ncnn" in compare and kind == "sweep" and not args.residual and not args.activation:
+                        add("ncnn", _bench_ncnn(op, rows, cols, fp16, x, affine, cshape), None,
+                            method="chain difference, wall clock")
+                    if "torch" in compare:
+                        add("torch", _bench_torch(op, rows, cols, fp16, args.reps, affine, cshape, bool(args.residual)),
+                            2 if args.residual else 1, streams, method="CUDA events")
+    finally:  # an error mid-sweep ends the bar first, so its one line stands alone
+        progress.close()
     report = {
         "device": info["name"],
         "driver": f"{info['driver_name']} {info['driver_info']}".strip(),

@@ -92,5 +92,9 @@ def main(argv=None) -> int:
     except (_core.VulkanUnavailableError, ValueError) as e:  # no driver, VKNORM_DEVICE/VKNORM_PATH wrong
         print(f"vknorm {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except MemoryError as e:  # host or device memory (VKNORM_MAX_DEVICE_BYTES) too small for the shapes asked
+        why = f" ({e})" if str(e) else ""
+        print(f"vknorm {args.command}: error: out of memory{why}: try smaller shapes", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130

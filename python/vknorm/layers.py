@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Mapping, Optional, Union
 
 import numpy as np
@@ -25,8 +26,10 @@ class Option:
                  use_subgroup_ops: bool = True, max_workgroup_size: int = 0):
         if path not in _PATHS:
             raise ValueError(f"path must be one of {', '.join(_PATHS)}, got {path!r}")
-        if max_workgroup_size < 0:
-            raise ValueError(f"max_workgroup_size must be >= 0, got {max_workgroup_size}")
+        if (not isinstance(max_workgroup_size, numbers.Integral) or isinstance(max_workgroup_size, bool)
+                or not 0 <= max_workgroup_size < (1 << 31)):
+            raise ValueError(f"max_workgroup_size must be an integer 0..2^31-1 (0: the device's choice), "
+                             f"got {max_workgroup_size!r}")
         self.use_fp16_storage = bool(use_fp16_storage)
         self.use_packing_layout = bool(use_packing_layout)
         self.path = path
@@ -41,6 +44,13 @@ class Option:
         o.use_subgroup_ops = self.use_subgroup_ops
         o.max_workgroup_size = self.max_workgroup_size
         return o
+
+    @staticmethod
+    def _of(option) -> _core.Option:
+        """The native option of a call's ``option`` argument (a vknorm.Option), TypeError for anything else."""
+        if not isinstance(option, Option):
+            raise TypeError(f"option must be a vknorm.Option, got {type(option).__name__} {option!r}")
+        return option._native()
 
     def __repr__(self) -> str:
         return (f"Option(use_fp16_storage={self.use_fp16_storage}, use_packing_layout={self.use_packing_layout}, "
@@ -92,15 +102,15 @@ def _context_for(device) -> Optional[_core.Context]:
         return _core.Context.default() if _vulkan_available() else None
     if isinstance(device, _core.Context):
         return device
-    if isinstance(device, int):
-        return _core.Context.create(device)
+    if isinstance(device, numbers.Integral) and not isinstance(device, bool) and device >= 0:
+        return _core.Context.create(int(device))
     if device == "cpu":
         return None
     if device == "vulkan":
         return _core.Context.default()
-    if isinstance(device, str) and device.startswith("vulkan:"):
-        return _core.Context.create(int(device.split(":", 1)[1]))
-    raise ValueError(f"device must be 'cpu', 'vulkan', 'vulkan:N', an index or a Context, got {device!r}")
+    if isinstance(device, str) and device.startswith("vulkan:") and device[7:].isdigit():
+        return _core.Context.create(int(device[7:]))
+    raise ValueError(f"device must be 'cpu', 'vulkan', 'vulkan:N', an index N >= 0 or a Context, got {device!r}")
 
 
 def to_device(x, option: Optional[Option] = None, device=None) -> _core.VkMat:
@@ -109,7 +119,7 @@ def to_device(x, option: Optional[Option] = None, device=None) -> _core.VkMat:
     ctx = _context_for("vulkan" if device is None else device)
     if ctx is None:
         raise ValueError("to_device needs a Vulkan device, not 'cpu'")
-    return _core.VkMat.upload(_core.Mat.from_numpy(_as_storage(a)), ctx, (option or Option())._native())
+    return _core.VkMat.upload(_core.Mat.from_numpy(_as_storage(a)), ctx, Option._of(option or Option()))
 
 
 def _as_storage(a: np.ndarray) -> np.ndarray:
@@ -118,10 +128,13 @@ def _as_storage(a: np.ndarray) -> np.ndarray:
 
 
 def _param_int(pid, v) -> int:
-    """An int param as ncnn's ParamDict holds it (32-bit); ValueError otherwise, not a C++ bad_cast."""
+    """An int param as ncnn's ParamDict holds it (32-bit); ValueError otherwise (3.7 is not 3), not a C++
+    bad_cast."""
     try:
-        i = int(v)
-    except OverflowError:  # int(inf)
+        i = int(v) if isinstance(v, numbers.Real) else None
+    except (OverflowError, ValueError):  # int(inf), int(nan)
+        i = None
+    if i is None or i != v:
         raise ValueError(f"param {pid}={v!r} is not an integer") from None
     if not -(1 << 31) <= i < (1 << 31):
         raise ValueError(f"param {pid}={v!r} does not fit ncnn's 32-bit int")
@@ -144,6 +157,8 @@ class _Norm:
         params = {}
         for pid, name, _ in self._params:
             v = values[name]
+            if name == "affine" and not (isinstance(v, (bool, np.bool_)) or v in (0, 1)):
+                raise ValueError(f"affine must be True/False (or 1/0), got {v!r}")
             params[pid] = float(v) if name == "eps" else int(bool(v)) if name == "affine" else _param_int(pid, v)
         self.load_param(params)
 
@@ -203,7 +218,7 @@ class _Norm:
         ctx = _context_for("vulkan" if (device or self.device) is None else (device or self.device))
         if ctx is None:
             return
-        self._layer.create_pipeline(ctx, (option or self.option)._native())
+        self._layer.create_pipeline(ctx, Option._of(option or self.option))
 
     def groups(self, shape) -> dict:
         """How an input of this shape splits into groups (ncnn's rules): group_size (elements of one
@@ -216,8 +231,8 @@ class _Norm:
         if ctx is None:
             self._layer.forward_inplace_cpu(mat)
             return mat
-        self._layer.create_pipeline(ctx, (option or self.option)._native())
-        self._layer.forward_inplace(mat, (option or self.option)._native())
+        self._layer.create_pipeline(ctx, Option._of(option or self.option))
+        self._layer.forward_inplace(mat, Option._of(option or self.option))
         return mat
 
     def __call__(self, x, device=None, option: Optional[Option] = None) -> np.ndarray:
@@ -234,7 +249,7 @@ class _Norm:
         if isinstance(x, _core.VkMat):
             if device == "cpu":
                 raise ValueError("a VkMat lives on a Vulkan device; device='cpu' cannot run it")
-            self._layer.forward_inplace(x, (option or self.option)._native())
+            self._layer.forward_inplace(x, Option._of(option or self.option))
             return x
         if not isinstance(x, np.ndarray):
             raise TypeError(f"forward_inplace needs a numpy array or a VkMat, got {type(x).__name__}")
@@ -268,7 +283,7 @@ class _Norm:
         x + residual itself with return_sum=True) without writing x or residual. numpy arrays (one upload
         each, results downloaded as float32, or float16 for float16 input) or VkMats (results stay on the
         device). x and residual must have one shape (a broadcasting add is not fused)."""
-        opt = (option or self.option)._native()
+        opt = Option._of(option or self.option)
         if isinstance(x, _core.VkMat) or isinstance(residual, _core.VkMat):
             if not (isinstance(x, _core.VkMat) and isinstance(residual, _core.VkMat)):
                 raise TypeError("forward_add: x and residual must both be VkMats or both numpy arrays")

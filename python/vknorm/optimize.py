@@ -70,6 +70,7 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> List[
     except ValueError as e:
         raise UsageError(f"{param}: {e}") from None
 
+    _check_targets(out_param, out_bin)
     staged = []
     try:
         for target, write in ((out_param, lambda f: f.write(fused_text.encode())),
@@ -79,6 +80,7 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> List[
                 raise UsageError(f"{target}: no such directory {d!r}")
             fd, tmp = tempfile.mkstemp(prefix=".vknorm-optimize-", dir=d)
             staged.append((tmp, target))
+            os.fchmod(fd, 0o666 & ~_umask())  # as open() would create it (mkstemp makes 0600)
             with os.fdopen(fd, "wb") as f:
                 write(f)
         # The fused model must load where vknorm's layers are registered (a CPU net: no device needed).
@@ -103,6 +105,25 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> List[
             except OSError:
                 pass
     return fused
+
+
+def _check_targets(out_param: str, out_bin: str) -> None:
+    """Both outputs are new or regular files, and two different ones: what is there is replaced whole at the
+    end, so a directory, a device (/dev/null) or one file named twice is refused before anything is written."""
+    from .cli import UsageError
+
+    if os.path.realpath(out_param) == os.path.realpath(out_bin):
+        raise UsageError(f"OUT.param and OUT.bin are the same file ({out_param}): name two files")
+    for target in (out_param, out_bin):
+        if os.path.lexists(target) and not os.path.isfile(target):
+            kind = "a directory" if os.path.isdir(target) else "not a regular file"
+            raise UsageError(f"{target}: {kind}; name a file to write (it is replaced whole)")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _copy_into(src: str, f) -> None:
