@@ -97,6 +97,9 @@ struct Net {
   void check_runnable() const {
     if (!param_loaded) throw std::runtime_error("create_extractor: load_param has not succeeded on this Net");
     if (!model_loaded) throw std::runtime_error("create_extractor: load_model has not succeeded on this Net");
+    if (net.opt.num_threads < 1)  // ncnn divides work by it (SIGFPE at 0 or below)
+      throw std::runtime_error("create_extractor: net.opt.num_threads must be >= 1, got " +
+                               std::to_string(net.opt.num_threads));
     if (format_options(net.opt) != loaded_with)
       throw std::runtime_error("create_extractor: net.opt changed after load_model (" + loaded_with + " -> " +
                                format_options(net.opt) + "); set options before load_param, as in ncnn");

@@ -316,6 +316,10 @@ def test_an_extractor_needs_a_loaded_model_with_the_options_it_was_loaded_with(t
     net.opt.use_vulkan_compute = False
     refused(net, r"net.opt changed after load_model \(use_vulkan_compute=1 .* -> use_vulkan_compute=0")
     net.opt.use_vulkan_compute = True
+    threads = net.opt.num_threads
+    net.opt.num_threads = -3
+    refused(net, "num_threads must be >= 1, got -3")
+    net.opt.num_threads = threads
     ex = net.create_extractor()
     assert ex.input("in0", x) == 0
     r, out = ex.extract("out0")

@@ -830,22 +830,28 @@ def _ncnn_add(graph, a, b):
     import numpy as np
 
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "add.param")
+        path, weights = os.path.join(d, "add.param"), os.path.join(d, "add.bin")
         with open(path, "w") as f:
             f.write("7767517\n3 3\nInput a 0 1 a\nInput b 0 1 b\nBinaryOp add 2 1 a b s 0=0\n")
+        open(weights, "wb").close()  # no weights; load_model still prepares the layers, as ncnn needs
         net = graph.configure(graph.Net(vknorm=False, fuse=False), vulkan=False, lightmode=False)
-        try:
-            if net.load_param(path) != 0:
-                raise UsageError("ncnn could not load a BinaryOp add (to judge a fused layer)")
+
+        def add_once():  # the extractor and its Mat (memory of the net's pool) end with this frame
             ex = net.create_extractor()
             ex.input("a", graph.Mat(np.ascontiguousarray(a, np.float32)))
             ex.input("b", graph.Mat(np.ascontiguousarray(b, np.float32)))
             ret, m = ex.extract("s")
-            if ret != 0:
-                raise UsageError(f"ncnn could not add blobs of shapes {a.shape} and {b.shape} (returned {ret})")
-            return np.array(m).astype(np.float32)
+            return ret, (np.array(m, np.float32) if ret == 0 else None)
+
+        try:
+            if net.load_param(path) != 0 or net.load_model(weights) != 0:
+                raise UsageError("ncnn could not load a BinaryOp add (to judge a fused layer)")
+            ret, s = add_once()
         finally:
             net.clear()
+        if ret != 0:
+            raise UsageError(f"ncnn could not add blobs of shapes {a.shape} and {b.shape} (returned {ret})")
+        return s
 
 
 def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]],

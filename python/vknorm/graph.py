@@ -98,7 +98,10 @@ def device_memory() -> dict:
 
 def set_device_memory_limit(limit_bytes: int) -> None:
     """Answer ncnn's allocations past ``limit_bytes`` of live device memory with
-    VK_ERROR_OUT_OF_DEVICE_MEMORY, as a full device would (0: no limit). Needs ``track_device_memory()``."""
+    VK_ERROR_OUT_OF_DEVICE_MEMORY, as a full device would (0: no limit). Needs ``track_device_memory()``.
+    Set it after ``load_model``: ncnn's loader does not survive a refused weight upload (it crashes, as on a
+    device that is full at load time); inference past the limit fails with -100 and the net runs again
+    at a normal size."""
     if not isinstance(limit_bytes, int) or isinstance(limit_bytes, bool) or limit_bytes < 0:
         raise ValueError(f"set_device_memory_limit: expected a byte count >= 0, got {limit_bytes!r}")
     if not _graph.device_memory()["tracking"]:
