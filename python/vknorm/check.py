@@ -822,9 +822,10 @@ def _fused_blobs(graph, model: Model, fused: List[dict]) -> Dict[str, dict]:
     return out
 
 
-def _ncnn_add(graph, a, b):
-    """ncnn's BinaryOp add of a and b on its CPU path: what a fused layer normalizes when its two inputs
-    differ in shape (it runs ncnn's BinaryOp for them, with ncnn's broadcasting, not numpy's)."""
+def _ncnn_add(graph, a, b, fp16: bool):
+    """ncnn's Vulkan BinaryOp add of a and b in the run's storage: what a fused layer in a Vulkan net
+    normalizes when its two inputs differ in shape (it runs that BinaryOp for them, with ncnn's
+    broadcasting, not numpy's; ncnn's CPU BinaryOp broadcasts some shape pairs differently)."""
     import tempfile
 
     import numpy as np
@@ -834,7 +835,7 @@ def _ncnn_add(graph, a, b):
         with open(path, "w") as f:
             f.write("7767517\n3 3\nInput a 0 1 a\nInput b 0 1 b\nBinaryOp add 2 1 a b s 0=0\n")
         open(weights, "wb").close()  # no weights; load_model still prepares the layers, as ncnn needs
-        net = graph.configure(graph.Net(vknorm=False, fuse=False), vulkan=False, lightmode=False)
+        net = graph.configure(graph.Net(vknorm=False, fuse=False), vulkan=True, fp16=fp16, lightmode=False)
 
         def add_once():  # the extractor and its Mat (memory of the net's pool) end with this frame
             ex = net.create_extractor()
@@ -933,13 +934,13 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
             # of it isolates the kernel: the CPU run's input already differs by every stock Vulkan layer
             # upstream (ncnn_abs_err shows that share). Inputs of two shapes went through ncnn's BinaryOp.
             x_seen = (ins[0] if len(ins) == 1 else ins[0] + ins[1] if ins[0].shape == ins[1].shape
-                      else _ncnn_add(graph, ins[0], ins[1]))
+                      else _ncnn_add(graph, ins[0], ins[1], fp16))
             if info is None:
                 result["warnings"].append(f"layer {layer.name!r}: ncnn did not create vknorm's {layer.type} for it")
             elif x_seen.shape != got[top].shape:
                 result["warnings"].append(
                     f"layer {layer.name!r}: its input cannot be rebuilt (the fused add's inputs {ins[0].shape} and "
-                    f"{ins[1].shape} broadcast to {x_seen.shape} on ncnn's CPU, the layer wrote {got[top].shape}); "
+                    f"{ins[1].shape} broadcast to {x_seen.shape} in ncnn's BinaryOp, the layer wrote {got[top].shape}); "
                     "--no-fuse judges the layer on its own input")
             else:
                 activation = (int(info.get("activation_type", 0)), float(info.get("activation_alpha", 0.0)))
