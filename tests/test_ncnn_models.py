@@ -327,6 +327,28 @@ def test_register_rejects_wrong_arguments():
         vkncnn.register(object())
     with pytest.raises(ValueError):
         vkncnn.register(ncnn.Net(), types=("BatchNorm",))
+    for device in ("gpu", -1, "vulkan:x"):  # said at register(), not as "create_pipeline failed" at load
+        with pytest.raises(ValueError, match="device must be"):
+            vkncnn.register(ncnn.Net(), device=device)
+
+
+def test_a_failing_host_path_layer_says_why_in_one_line(capfd):
+    """ncnn reports only a layer's return code; the layer says its reason on stderr, as ncnn's own do."""
+    p, b = model_files("layernorm_2d")
+    net = _new_net()
+    reg = vkncnn.register(net)
+    assert net.load_param(p) == 0 and net.load_model(b) == 0
+    capfd.readouterr()
+    ex = net.create_extractor()
+    assert ex.input("in0", ncnn.Mat(np.ones((8, 6, 7), np.float32)).clone()) == 0  # w 7, the model's 10
+    ret, _ = ex.extract("out0")
+    assert ret != 0
+    err = capfd.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("vknorm ")]
+    assert lines and "LayerNorm" in lines[0] and "affine_size" in lines[0], err
+    assert reg.errors(), "the exception is kept too"
+    del ex
+    net.clear()
 
 
 def test_factory_limit_is_an_exception_not_a_crash():

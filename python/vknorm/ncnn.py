@@ -32,13 +32,13 @@ catches everything, records it on the layer (``layer.error``) and returns an ncn
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import List, Optional
 
 import ncnn as _ncnn  # pyncnn (absolute import; this module is vknorm.ncnn)
 import numpy as np
 
-from . import _core
-from .layers import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm
+from .layers import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, _context_for
 
 __all__ = ["register", "layers", "Registration", "VknormLayer", "FactoryLimitError", "TYPES"]
 
@@ -76,7 +76,10 @@ class VknormLayer(_ncnn.Layer):
         self.calls = 0
 
     def _fail(self, e: BaseException, code: int = -1) -> int:
+        """Keep the exception and say it on stderr in one line, as ncnn's own layers log theirs: ncnn itself
+        only reports the failing return code."""
         self.error = e
+        print(f"vknorm {self.type or self.op} {self.name}: {e}", file=sys.stderr)
         return code
 
     def load_param(self, pd) -> int:
@@ -211,8 +214,8 @@ def register(net, option: Optional[Option] = None, *, device=None, types=tuple(T
         raise ValueError(f"types must be among {', '.join(TYPES)}, got {list(types)!r}")
     if option is not None and not isinstance(option, Option):
         raise TypeError(f"option must be a vknorm.Option, got {type(option).__name__}")
-    if device is None:
-        _core.Context.default()  # raises VulkanUnavailableError here rather than inside ncnn's load_param
+    # A bad or missing device raises here (ValueError, VulkanUnavailableError) rather than inside ncnn's load_param.
+    _context_for("vulkan" if device is None else device)
     reg = Registration(option or Option(), device, types)
     creators = {"LayerNorm": reg._create_layernorm, "RMSNorm": reg._create_rmsnorm,
                 "GroupNorm": reg._create_groupnorm, "InstanceNorm": reg._create_instancenorm}
