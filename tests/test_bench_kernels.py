@@ -70,6 +70,8 @@ def test_bench_groupnorm_and_instancenorm_shapes_report_channels_planes_and_grou
     (["--rows", "8", "--cols", "8", "--reps", "5"], "--reps"),
     (["--rows", "8", "--cols", "8", "--warmup-ms", "-1"], "--warmup-ms"),
     (["--rows", "8", "--cols", "8", "--warmup-ms", "inf"], "--warmup-ms"),
+    (["--rows", "8", "--cols", "8", "--iters", "5"], "--iters goes with --model"),
+    (["--elements", "0"], "--elements must be >= 1"),
     (["--rows", "8", "--cols", "8", "--reps", "99999999999"], "--reps"),
     (["--rows", "8", "--cols", "8", "--batches", "9999999999"], "--batches"),
     (["--rows", "8", "--cols", "8", "--json", "/nonexistent-dir/x.json"], "no such directory"),

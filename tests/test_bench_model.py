@@ -47,6 +47,8 @@ def test_bench_model_reports_every_implementation_as_json(tmp_path, fp16):
     (["--model", PARAM, BIN, "--input", "in0=16xx64"], "malformed"),
     (["--model", PARAM, BIN, "--input", "in0=16x64", "--iters", "0"], "--iters"),
     (["--model", PARAM, BIN, "--input", "in0=16x64", "--warmup-ms", "-1"], "--warmup-ms"),
+    (["--model", PARAM, BIN, "--input", "in0=16x64", "--cols", "64", "--dtype", "fp16"],
+     "--cols, --dtype go with the kernel sweep, not --model"),
     (["--model", PARAM, BIN, "--input", "nosuch=16x64", "--iters", "1"], "input"),
 ])
 def test_bench_model_bad_input_is_one_line_and_exit_2(args, message):

@@ -71,7 +71,7 @@ def add_parser(sub) -> None:
                    help="time a whole ncnn model: ncnn-cpu, ncnn-vulkan, vknorm-in-graph, vknorm-fused, vknorm-host")
     m.add_argument("--input", action="append", default=[], metavar="NAME=DIMS", help="a model input, e.g. in0=197x768")
     m.add_argument("--fp16", action="store_true", help="float16 storage in every net (ncnn's CPU one too)")
-    m.add_argument("--iters", type=int, default=30, help="timed inferences per implementation (median)")
+    m.add_argument("--iters", type=int, default=None, help="timed inferences per implementation (median; default 30)")
     p.set_defaults(func=run)
 
 
@@ -325,6 +325,8 @@ def run_model(args) -> int:
             raise UsageError(f"--model: no such file {path!r}")
     if not args.input:
         raise UsageError("--model needs at least one --input NAME=DIMS")
+    if args.iters is None:
+        args.iters = 30
     if not 1 <= args.iters <= 100000:
         raise UsageError("--iters must be 1..100000")
     dims = parse_inputs(args.input)
@@ -372,6 +374,19 @@ def run(args) -> int:
     from . import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, _core, device_info, to_device
     from .cli import UsageError
 
+    sweep_flags = [flag for flag, given in (
+        ("--op", args.op != "layernorm"), ("--rows", args.rows), ("--cols", args.cols), ("--channels", args.channels),
+        ("--size", args.size), ("--groups", args.groups), ("--dtype", args.dtype != "both"),
+        ("--elements", args.elements != 1 << 25), ("--no-latency", args.no_latency), ("--path", args.path != "auto"),
+        ("--no-packing", args.no_packing), ("--no-affine", args.no_affine), ("--residual", args.residual),
+        ("--activation", args.activation), ("--reps", args.reps != 100), ("--batches", args.batches != 5)) if given]
+    if args.model and sweep_flags:
+        raise UsageError(f"{', '.join(sweep_flags)} go with the kernel sweep, not --model (a model's own layers "
+                         "and --input shapes decide there)")
+    if not args.model and args.iters is not None:
+        raise UsageError("--iters goes with --model (the kernel sweep takes --reps and --batches)")
+    if args.elements < 1:
+        raise UsageError(f"--elements must be >= 1, got {args.elements}")
     if args.warmup_ms is not None and not 0 <= args.warmup_ms <= 60000:
         raise UsageError("--warmup-ms must be 0..60000")
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
