@@ -75,28 +75,28 @@ struct Net {
     if (vknorm && vknorm::ncnn::register_layers(net) != 0) throw std::runtime_error("registering vknorm's layers failed");
   }
   int load_param(const std::string& path) {
-    param_loaded = model_loaded = false;
-    const int r = load_param_text(path);
+    loaded_with.clear();
+    const int r = read_param(path);
     param_loaded = r == 0;
     return r;
   }
   int load_model(const std::string& path) {
-    model_loaded = false;
+    loaded_with.clear();
     const int r = net.load_model(path.c_str());
-    model_loaded = param_loaded && r == 0;
-    if (model_loaded) loaded_with = format_options(net.opt);
+    if (param_loaded && r == 0) loaded_with = format_options(net.opt);
     return r;
   }
   void clear() {
     net.clear();
-    param_loaded = model_loaded = false;
+    param_loaded = false;
+    loaded_with.clear();
   }
   // ncnn builds every layer's pipelines in load_model, for the options it finds then: an extractor of a net
   // whose model did not load, or whose format options changed after it, runs layers with no pipelines
   // (ncnn crashes there). Refused with what to do instead.
   void check_runnable() const {
     if (!param_loaded) throw std::runtime_error("create_extractor: load_param has not succeeded on this Net");
-    if (!model_loaded) throw std::runtime_error("create_extractor: load_model has not succeeded on this Net");
+    if (loaded_with.empty()) throw std::runtime_error("create_extractor: load_model has not succeeded on this Net");
     if (net.opt.num_threads < 1)  // ncnn divides work by it (SIGFPE at 0 or below)
       throw std::runtime_error("create_extractor: net.opt.num_threads must be >= 1, got " +
                                std::to_string(net.opt.num_threads));
@@ -113,7 +113,7 @@ struct Net {
       s += std::string(s.empty() ? "" : " ") + name + "=" + (on ? "1" : "0");
     return s;
   }
-  int load_param_text(const std::string& path) {
+  int read_param(const std::string& path) {
     fused.clear();
     if (fuse) return vknorm::ncnn::load_param_fused(net, path.c_str(), &fused);
     if (!vknorm) {  // a fused model in a stock net: say what it needs (ncnn would say "not exists or registered")
@@ -136,8 +136,8 @@ struct Net {
   ::ncnn::Net net;
   bool vknorm, fuse;
   std::vector<vknorm::ncnn::FusedPattern> fused;  // what the last load_param fused
-  bool param_loaded = false, model_loaded = false;
-  std::string loaded_with;  // format_options at the last successful load_model
+  bool param_loaded = false;
+  std::string loaded_with;  // format_options at the last successful load_model; empty: no model loaded
 };
 
 nb::list fused_list(const std::vector<vknorm::ncnn::FusedPattern>& fused) {

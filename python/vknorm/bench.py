@@ -32,13 +32,19 @@ GROUPNORM_SHAPES = [(320, 64, 64, 32), (640, 32, 32, 32), (1280, 16, 16, 32), (1
 INSTANCENORM_SHAPES = [(32, 224, 224, 0), (64, 128, 128, 0), (128, 64, 64, 0), (256, 32, 32, 0), (512, 7, 7, 0)]
 CHANNEL_OPS = ("groupnorm", "instancenorm")
 IMPLS = ("ncnn", "copy", "torch")
+# The flags of one mode (dest -> default; parser-level defaults): the other mode refuses them, not ignores them.
+SWEEP_ONLY = {"op": "layernorm", "rows": None, "cols": None, "channels": None, "size": None, "groups": None,
+              "dtype": "both", "compare": "ncnn,copy,torch", "plot": None, "elements": 1 << 25, "no_latency": False,
+              "reps": 100, "batches": 5, "path": "auto", "no_packing": False, "no_affine": False, "residual": None,
+              "activation": None}
+MODEL_ONLY = {"input": [], "fp16": False, "iters": 30}
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="time the norms on the GPU (Vulkan timestamps)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--op", choices=["layernorm", "rmsnorm", "both", "groupnorm", "instancenorm"], default="layernorm",
-                   help="both: layernorm and rmsnorm")
+    p.add_argument("--op", choices=["layernorm", "rmsnorm", "both", "groupnorm", "instancenorm"],
+                   help="default layernorm; both: layernorm and rmsnorm")
     p.add_argument("--rows", type=int, action="append", help="rows of one shape (pair each --rows with a --cols)")
     p.add_argument("--cols", type=int, action="append", help="columns (group size) of one shape")
     p.add_argument("--channels", type=int, action="append",
@@ -46,19 +52,19 @@ def add_parser(sub) -> None:
     p.add_argument("--size", action="append", metavar="HxW", help="groupnorm/instancenorm: the plane of one shape")
     p.add_argument("--groups", type=int, action="append",
                    help="groupnorm: groups of each shape (one for all, or one per --channels; default 32)")
-    p.add_argument("--dtype", choices=["fp32", "fp16", "both"], default="both")
-    p.add_argument("--compare", default="ncnn,copy,torch",
-                   help="comma list of ncnn, copy, torch ('' for vknorm alone); unavailable ones are skipped")
+    p.add_argument("--dtype", choices=["fp32", "fp16", "both"], help="default both")
+    p.add_argument("--compare",
+                   help="comma list of ncnn, copy, torch (the default; '' for vknorm alone); unavailable ones are skipped")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--plot", metavar="FILE", help="draw GB/s against cols per implementation (PNG/SVG)")
-    p.add_argument("--elements", type=int, default=1 << 25, help="rows*cols of the default sweep (2^25)")
+    p.add_argument("--elements", type=int, help="rows*cols of the default sweep (2^25)")
     p.add_argument("--no-latency", action="store_true", help="skip the latency shapes of the default sweep")
-    p.add_argument("--reps", type=int, default=100, help="timed forwards per batch (>= 100)")
-    p.add_argument("--batches", type=int, default=5, help="batches per measurement; the median is reported")
+    p.add_argument("--reps", type=int, help="timed forwards per batch (>= 100, default 100)")
+    p.add_argument("--batches", type=int, help="batches per measurement (default 5); the median is reported")
     p.add_argument("--warmup-ms", type=float, default=None,
                    help="GPU work right before each timed batch (default 150); with --model, warm-up per "
                         "implementation (default 300)")
-    p.add_argument("--path", default="auto", help="force a vknorm path: auto|subgroup|workgroup|split")
+    p.add_argument("--path", help="force a vknorm path: auto (default)|subgroup|workgroup|split")
     p.add_argument("--no-packing", action="store_true", help="elempack 1 blobs (default: ncnn's pack4)")
     p.add_argument("--no-affine", action="store_true", help="layers without gamma/beta (ncnn param 2 affine=0)")
     p.add_argument("--residual", choices=["add", "add+sum"],
@@ -69,10 +75,10 @@ def add_parser(sub) -> None:
     m = p.add_argument_group("whole models (--model): wall time per inference, stock ncnn beside vknorm")
     m.add_argument("--model", nargs=2, metavar=("MODEL.param", "MODEL.bin"),
                    help="time a whole ncnn model: ncnn-cpu, ncnn-vulkan, vknorm-in-graph, vknorm-fused, vknorm-host")
-    m.add_argument("--input", action="append", default=[], metavar="NAME=DIMS", help="a model input, e.g. in0=197x768")
+    m.add_argument("--input", action="append", metavar="NAME=DIMS", help="a model input, e.g. in0=197x768")
     m.add_argument("--fp16", action="store_true", help="float16 storage in every net (ncnn's CPU one too)")
-    m.add_argument("--iters", type=int, default=None, help="timed inferences per implementation (median; default 30)")
-    p.set_defaults(func=run)
+    m.add_argument("--iters", type=int, help="timed inferences per implementation (median; default 30)")
+    p.set_defaults(func=run, **SWEEP_ONLY, **MODEL_ONLY)
 
 
 def _channel_shapes(args):
@@ -184,11 +190,10 @@ def _bench_vknorm_and_copy(layer, vkmat, option, args, with_copy: bool, residual
     else:
         def repeated(warmup, reps):
             return layer._layer.forward_add_repeated(vkmat, residual, args.residual == "add+sum", opt, warmup, reps)
-    warmup_ms = 150.0 if args.warmup_ms is None else args.warmup_ms
     probe = repeated(0, 10)
-    warm = _warmup_count(probe["gpu_us"] * 1e-6, warmup_ms)
+    warm = _warmup_count(probe["gpu_us"] * 1e-6, args.warmup_ms)
     copy_probe = _core.copy_repeated(vkmat, 0, 10, True) if with_copy else 0.0
-    copy_warm = _warmup_count(copy_probe * 1e-6, warmup_ms)
+    copy_warm = _warmup_count(copy_probe * 1e-6, args.warmup_ms)
     times, copies, buffer_copies, info = [], [], [], probe
     for _ in range(args.batches):
         info = repeated(warm, args.reps)
@@ -325,8 +330,6 @@ def run_model(args) -> int:
             raise UsageError(f"--model: no such file {path!r}")
     if not args.input:
         raise UsageError("--model needs at least one --input NAME=DIMS")
-    if args.iters is None:
-        args.iters = 30
     if not 1 <= args.iters <= 100000:
         raise UsageError("--iters must be 1..100000")
     dims = parse_inputs(args.input)
@@ -347,7 +350,7 @@ def run_model(args) -> int:
     def bench():
         try:
             return run_model_bench(param, binp, dims, fp16=args.fp16, iters=args.iters,
-                                   warmup_ms=300.0 if args.warmup_ms is None else args.warmup_ms,
+                                   warmup_ms=args.warmup_ms,
                                    progress=(lambda i, n: bar.update(1)) if bar else None)
         except RuntimeError as e:  # ncnn could not load or run the model
             raise UsageError(str(e)) from None
@@ -374,27 +377,23 @@ def run(args) -> int:
     from . import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, _core, device_info, to_device
     from .cli import UsageError
 
-    sweep_flags = [flag for flag, given in (
-        ("--op", args.op != "layernorm"), ("--rows", args.rows), ("--cols", args.cols), ("--channels", args.channels),
-        ("--size", args.size), ("--groups", args.groups), ("--dtype", args.dtype != "both"),
-        ("--elements", args.elements != 1 << 25), ("--no-latency", args.no_latency), ("--path", args.path != "auto"),
-        ("--no-packing", args.no_packing), ("--no-affine", args.no_affine), ("--residual", args.residual),
-        ("--activation", args.activation), ("--reps", args.reps != 100), ("--batches", args.batches != 5)) if given]
-    if args.model and sweep_flags:
-        raise UsageError(f"{', '.join(sweep_flags)} go with the kernel sweep, not --model (a model's own layers "
-                         "and --input shapes decide there)")
-    if not args.model and args.iters is not None:
-        raise UsageError("--iters goes with --model (the kernel sweep takes --reps and --batches)")
+    other_mode = [f"--{dest.replace('_', '-')}" for dest, default in (SWEEP_ONLY if args.model else MODEL_ONLY).items()
+                  if getattr(args, dest) != default]
+    if other_mode:
+        verb = "goes" if len(other_mode) == 1 else "go"
+        raise UsageError(f"{', '.join(other_mode)} {verb} with "
+                         + ("the kernel sweep, not --model (the model's layers and --input shapes decide there)"
+                            if args.model else "--model (the kernel sweep takes --dtype, --reps and --batches)"))
     if args.elements < 1:
         raise UsageError(f"--elements must be >= 1, got {args.elements}")
-    if args.warmup_ms is not None and not 0 <= args.warmup_ms <= 60000:
+    if args.warmup_ms is None:
+        args.warmup_ms = 300.0 if args.model else 150.0
+    if not 0 <= args.warmup_ms <= 60000:
         raise UsageError("--warmup-ms must be 0..60000")
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         _check_output_path(flag, path)
     if args.model:
         return run_model(args)
-    if args.input or args.fp16:
-        raise UsageError("--input and --fp16 go with --model (use --dtype for the kernel sweep)")
 
     if not 100 <= args.reps <= 1_000_000:
         raise UsageError("--reps: 100..1000000 back-to-back forwards per batch")
