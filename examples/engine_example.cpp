@@ -416,9 +416,9 @@ int try_refusals(VkCommandBuffer cmd, const vknorm::VulkanHandles& handles, VkBu
          fp16.record(cmd, {buffer, a.offset, a.span()}, 2, 1001, 8, 1, 1, 0, 1, true);
        }},
       {"a dims-1 float16 group past the fused kernel without storageBuffer16BitAccess",
-       [&] {  // 131072 elements in pack4 (packed halves): the split path would read single float16 values
+       [&] {  // 262144 elements in pack4 (packed halves): the split path would read single float16 values
          vknorm::Recorder fp16(no16, vknorm::NormOp::LayerNorm, 0, 1e-5f, 0);
-         fp16.record(cmd, {buffer, a.offset, vknorm::kWholeSize}, 1, 32768, 1, 1, 1, 32768, 4, true);
+         fp16.record(cmd, {buffer, a.offset, vknorm::kWholeSize}, 1, 65536, 1, 1, 1, 65536, 4, true);
        }},
       {"a group larger than one storage buffer binding",
        [&] {  // one row one element past maxStorageBufferRange: a group is never split

@@ -105,6 +105,7 @@ nb::dict dispatch_dict(const DispatchInfo& i) {
   r["subgroup"] = i.subgroup;
   r["vec4"] = i.vec4;
   r["one_reduction"] = i.one_reduction;
+  r["hold_storage"] = i.hold_storage;
   r["gpu_us"] = i.gpu_us;
   r["pieces"] = i.pieces;
   return r;

@@ -20,7 +20,8 @@
 //   7 LayerNorm statistics from one reduction (fused kernel, see norm_fused.comp),
 //   8 planes per item, 9 where the affine weights come from, 10 channels per group (pack4 lanes),
 //   11 the split apply pass merges partials itself (norm_apply.comp),
-//   12 a residual add before the norm, 13 an activation after it, 14 its parameter (fusion, below).
+//   12 a residual add before the norm, 13 an activation after it, 14 its parameter (fusion, below),
+//   15 float16 elements held in registers as stored (fused kernel, see norm_fused.comp).
 #if FP16
 #extension GL_EXT_shader_16bit_storage : require
 #endif
@@ -83,6 +84,10 @@ layout(constant_id = 12) const uint RESIDUAL = 0;
 // 4 Sigmoid, 7 Swish, 8 GELU, 9 GELU's tanh form (ncnn's fast_gelu).
 layout(constant_id = 13) const uint ACT = 0;
 layout(constant_id = 14) const float ACT_ALPHA = 0.0;
+// 1: the fused kernel holds a float16 vec4 in registers as it was loaded (2 registers, not 4) and
+// unpacks it where used, so a team holds as many bytes of x per register as in float32 storage.
+// Only where elements travel as uvec2 (FP16 with PACK 4 or VEC4); ignored elsewhere.
+layout(constant_id = 15) const uint HOLD_STORAGE = 0;
 #define ACT_RELU 1u
 #define ACT_LEAKY_RELU 2u
 #define ACT_SIGMOID 4u
@@ -151,14 +156,28 @@ float activate1(float v) {
 float activate(float v) { return activate1(v); }
 vec4 activate(vec4 v) { return vec4(activate1(v.x), activate1(v.y), activate1(v.z), activate1(v.w)); }
 
-// The norm's input: x, or x + residual rounded to the storage type, as the add layer stores it.
-afp load_x(uint i) {
-  if (RESIDUAL == 0u || RESIDUAL == 3u) return unpack_b(x[i]);
-  return unpack_b(pack_b(unpack_b(x[i]) + unpack_b(residual[i])));
+// An element as the kernels hold it before arithmetic: its storage bits where they travel as uvec2
+// (unpacked where used, see HOLD_STORAGE), else its float32 value.
+#if FP16 && (PACK == 4 || VEC4)
+#define hfp uvec2
+#define to_held(v) (v)
+#define from_held(h) (h)
+#else
+#define hfp afp
+#define to_held(v) unpack_b(v)
+#define from_held(h) pack_b(h)
+#endif
+// The norm's input as stored: x, or x + residual rounded to the storage type, as the add layer stores it.
+hfp load_held(uint i) {
+  if (RESIDUAL == 0u || RESIDUAL == 3u) return to_held(x[i]);
+  return to_held(pack_b(unpack_b(x[i]) + unpack_b(residual[i])));
 }
-// The add's output for its other consumers (RESIDUAL 2): v as load_x returned it.
-void store_sum(uint i, afp v) {
-  if (RESIDUAL == 2u) sum_out[i] = pack_b(v);
+#define unpack_held(h) unpack_b(from_held(h))
+// The norm's input for arithmetic.
+afp load_x(uint i) { return unpack_held(load_held(i)); }
+// The add's output for its other consumers (RESIDUAL 2): the value load_held returned.
+void store_sum(uint i, hfp v) {
+  if (RESIDUAL == 2u) sum_out[i] = from_held(v);
 }
 // The norm's output, activated: in place, or to binding 6 when the inputs must stay as they are (RESIDUAL 1-3).
 void store_x(uint i, afp v) {

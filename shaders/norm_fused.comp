@@ -36,6 +36,17 @@ afp group_pivot(uint base) {
 #endif
 }
 
+// Elements held as stored (common.glsl id 15) where they travel as float16 uvec2s.
+#if FP16 && (PACK == 4 || VEC4)
+#define HOLDS_BITS 1
+const bool kHold = HOLD_STORAGE != 0u;
+// Element k (at i) of this invocation, minus the pivot.
+#define SHIFTED(k, i) (kHold ? unpack_held(h[k]) - from_slots(pivot, i) : v[k])
+#else
+#define HOLDS_BITS 0
+#define SHIFTED(k, i) v[k]
+#endif
+
 void main() {
   uint g = team_item();
   bool in_range = g < p.n_groups;
@@ -45,24 +56,34 @@ void main() {
   const bool one_reduction = OP == OP_LAYERNORM && ONE_REDUCTION != 0u;
 
   // Sums are kept per group slot (to_slots: the identity unless a pack4 item holds several groups).
+  // Each element stays in registers as x - pivot, or (held as stored) as its float16 bits, shifted
+  // where used: the same float32 operations, so the same results.
   afp v[ITEMS];
+#if HOLDS_BITS
+  hfp h[ITEMS];
+#endif
   wfp gk[ITEMS], bk[ITEMS];
   afp s = afp(0), q = afp(0);
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = lane + k * TEAM;
     bool inside = in_range && i < GROUP_SIZE;
-    afp xk = inside ? load_x(base + elem_offset(i)) : afp(0);
-    if (inside) store_sum(base + elem_offset(i), xk);
-    v[k] = inside ? xk - from_slots(pivot, i) : afp(0);
+    hfp hk = inside ? load_held(base + elem_offset(i)) : hfp(0);
+    if (inside) store_sum(base + elem_offset(i), hk);
+    afp vk = inside ? unpack_held(hk) - from_slots(pivot, i) : afp(0);
+#if HOLDS_BITS
+    if (kHold) h[k] = hk;
+    else
+#endif
+      v[k] = vk;
     if (PREFETCH_WEIGHTS != 0u) {
       gk[k] = AFFINE != 0u && inside ? gamma_for(g, i) : wfp(1);
       bk[k] = AFFINE != 0u && OP == OP_LAYERNORM && inside ? beta_for(g, i) : wfp(0);
     }
     if (OP == OP_LAYERNORM) {
-      s += to_slots(v[k], i);
-      if (one_reduction) q += to_slots(v[k] * v[k], i);
+      s += to_slots(vk, i);
+      if (one_reduction) q += to_slots(vk * vk, i);
     } else {
-      s += to_slots(v[k] * v[k], i);
+      s += to_slots(vk * vk, i);
     }
   }
   float n = float(GROUP_ELEMS);
@@ -84,7 +105,7 @@ void main() {
       afp q2 = afp(0);
       for (uint k = 0u; k < ITEMS; ++k) {
         uint i = lane + k * TEAM;
-        afp d = i < GROUP_SIZE ? v[k] - from_slots(from_stat(mean), i) : afp(0);
+        afp d = i < GROUP_SIZE ? SHIFTED(k, i) - from_slots(from_stat(mean), i) : afp(0);
         q2 += to_slots(d * d, i);
       }
       var = team_sum(to_stat(q2)) / n;
@@ -102,7 +123,7 @@ void main() {
     if (i < GROUP_SIZE) {
       wfp gw = PREFETCH_WEIGHTS != 0u ? gk[k] : (AFFINE != 0u ? gamma_for(g, i) : wfp(1));
       wfp bw = PREFETCH_WEIGHTS != 0u ? bk[k] : (AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, i) : wfp(0));
-      store_x(base + elem_offset(i), normalize_one(v[k] - from_slots(m, i), from_slots(a, i), gw, bw));
+      store_x(base + elem_offset(i), normalize_one(SHIFTED(k, i) - from_slots(m, i), from_slots(a, i), gw, bw));
     }
   }
 }

@@ -27,9 +27,9 @@ void main() {
   afp s = afp(0);
   if (in_range) {
     for (uint i = begin + team_lane(); i < end; i += TEAM) {
-      afp xi = load_x(at + i);
+      hfp xi = load_held(at + i);
       store_sum(at + i, xi);  // the add's output, once (the second loop re-reads x)
-      afp d = xi - pivot;
+      afp d = unpack_held(xi) - pivot;
       s += OP == OP_LAYERNORM ? d : d * d;
     }
   }

@@ -76,6 +76,8 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   caps.max_workgroup = pow2_floor(std::min<uint32_t>(limit, caps.cpu ? 64 : 1024));  // reductions halve
   caps.preferred_workgroup = std::min<uint32_t>(caps.max_workgroup, caps.cpu ? 64 : 256);
   caps.max_items = caps.cpu ? 128 : 16;
+  // GPUs: float16 held as stored (hold_storage) takes half the registers per element, twice the elements.
+  caps.max_items_held = caps.cpu ? caps.max_items : 2 * caps.max_items;
   // CPU drivers vectorize a subgroup across SIMD lanes: one subgroup per group, each lane walking
   // many elements, beats wide teams there (lavapipe 4096x768: ~1.3x faster than 8 per invocation).
   caps.items_target = caps.cpu ? caps.max_items : 8;
@@ -91,11 +93,17 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_FP16")) caps.items_target_fp16 = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_LATENCY_THREADS")) caps.latency_threads = std::strtoull(v, nullptr, 10);
   if (const char* v = std::getenv("VKNORM_TUNE_MAX_ITEMS")) caps.max_items = std::max(1, std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_MAX_ITEMS_HELD")) caps.max_items_held = std::max(1, std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_MAX_TEAM_HELD")) caps.max_team_held = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_SMALL_GROUP")) caps.small_group = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_SMALL")) caps.items_target_small = std::max(1, std::atoi(v));
+  caps.items_target_small_fp16 = caps.items_target_small;
+  if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_SMALL_FP16"))
+    caps.items_target_small_fp16 = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_SPECIALIZE")) caps.specialize_shape = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_ONE_REDUCTION")) caps.one_reduction = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_APPLY_MERGES")) caps.apply_merges = std::atoi(v) != 0;
+  if (const char* v = std::getenv("VKNORM_TUNE_HOLD_STORAGE")) caps.hold_storage = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_WORKGROUP"))
     caps.preferred_workgroup = std::min(caps.max_workgroup, pow2_floor(std::max(1, std::atoi(v))));
   // Shared memory (maxComputeSharedMemorySize, VKNORM_MAX_SHARED_MEMORY caps it): per invocation the
@@ -122,6 +130,11 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   const bool vec4 = reads_vec4(g);
   const uint32_t size = vec4 && g.elempack == 1 ? g.group_size / 4 : g.group_size;
   const uint32_t subgroup = dev.subgroup_size ? std::min(dev.subgroup_size, plan.wg) : std::min(32u, plan.wg);
+  // float16 elements the fused kernel holds as stored (common.glsl id 15): half the registers each, so
+  // rows may hold more of them (GroupNorm/InstanceNorm's few large groups run faster split: H200,
+  // GroupNorm 320x64x64/32 fp16 14.3 us split, 87.9 fused with 32 elements per invocation).
+  const bool held = fp16 && dev.hold_storage && (vec4 || g.elempack == 4);
+  const uint32_t max_items = held && g.weights == GroupLayout::ByPosition ? dev.max_items_held : dev.max_items;
 
   // | rule                                      | kernel                                         |
   // |-------------------------------------------|------------------------------------------------|
@@ -145,23 +158,36 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
     plan.path = team <= subgroup ? Path::Subgroup : Path::Workgroup;
     plan.one_reduction = centres(op) && dev.one_reduction && plan.path == Path::Workgroup && !mixed_lanes(g, vec4);
     if (plan.one_reduction) plan.wg = team;
-    return plan.items <= dev.max_items;
+    plan.hold_storage = held;
+    return plan.items <= max_items;
   };
   uint32_t target = fp16 ? dev.items_target_fp16 : dev.items_target;
   // Small groups on a GPU: wider teams with fewer elements each, up to teams of 64 (H200, 2^25
   // elements: LayerNorm fp32 at 32-64 cols 76-81 % -> 91-92 % of the copy roof, 256-768 cols 77-81 % ->
   // 90-93 %, RMSNorm fp16 at 64 cols 64 % -> 82 %, 128 cols 67 -> 84 %; for larger groups the wider
   // team loses: LayerNorm fp32 at 1024-4096 cols 80-69 % -> 74-46 %).
-  if (!dev.cpu && size <= dev.small_group) target = std::min(target, dev.items_target_small);
+  if (!dev.cpu && size <= dev.small_group)
+    target = std::min(target, fp16 ? dev.items_target_small_fp16 : dev.items_target_small);
   const bool latency_bound = uint64_t(g.n_groups) * div_up(size, target) < dev.latency_threads;
   if (latency_bound) target = 2;
   plan.prefetch = latency_bound;
   const uint32_t team_for_target =
       std::max(pow2_ceil(div_up(size, target)), std::min(dev.min_team, pow2_ceil(size)));
   switch (want) {
-    case Path::Auto:
-      if (fused(std::min(dev.max_workgroup, team_for_target))) return plan;
+    case Path::Auto: {
+      uint32_t team = std::min(dev.max_workgroup, team_for_target);
+      // float16 held as stored (H200, 2^25 elements, % of the copy roof): teams of at most max_team_held
+      // while max_items each suffice (8192 cols: LayerNorm 41 -> 58 %, RMSNorm 52 -> 62 %: 1024-invocation
+      // teams run at their register cap; 16384 cols in 512 x 32 lose: 50 -> 40 %); RMSNorm's small groups in
+      // one subgroup, not a workgroup of 64 (256 and 768 cols: 76 -> 85 %; LayerNorm's one reduction needs
+      // the workgroup team, and loses there), unless latency-bound (197x768: 3.0 -> 3.9 us in a subgroup).
+      if (held && team > dev.max_team_held && items_for(size, dev.max_team_held) <= dev.max_items &&
+          fused(dev.max_team_held))
+        return plan;
+      if (held && !centres(op) && !dev.cpu && !latency_bound && size <= dev.small_group) team = std::min(team, subgroup);
+      if (fused(team)) return plan;
       break;
+    }
     case Path::Subgroup:
       if (fused(std::min(subgroup, team_for_target))) return plan;
       [[fallthrough]];
@@ -178,6 +204,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   plan.vec4 = false;
   plan.prefetch = false;
   plan.one_reduction = false;
+  plan.hold_storage = false;
   plan.team = 1;
   plan.items = 1;
   const uint32_t size_all = g.group_size;
@@ -220,7 +247,7 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
   std::memcpy(&alpha_bits, &fusion.alpha, 4);
   auto model = [&](std::vector<uint32_t> spec) {
     spec.insert(spec.end(), {g.planes, weights, cpg, merges ? 1u : 0u, uint32_t(fusion.residual),
-                             uint32_t(fusion.activation), alpha_bits});
+                             uint32_t(fusion.activation), alpha_bits, plan.hold_storage ? 1u : 0u});
     return spec;
   };
   auto pass = [&](const std::string& shader, const std::string& layout, bool subgroup, std::vector<uint32_t> spec,
@@ -268,7 +295,7 @@ DispatchInfo dispatch_info(const ForwardPlan& fp) {
   info.workgroup_size = plan.wg;
   info.dispatches = int(fp.passes.size());
   if (plan.path != Path::Split) info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup, info.vec4 = plan.vec4,
-                                 info.one_reduction = plan.one_reduction;
+                                 info.one_reduction = plan.one_reduction, info.hold_storage = plan.hold_storage;
   else info.team = plan.reduce_team, info.chunks = plan.n_chunks;
   return info;
 }

@@ -15,10 +15,13 @@ struct DeviceCaps {
   uint32_t max_workgroup = 256;        // invocations, after device limits and Option caps
   uint32_t preferred_workgroup = 256;  // for many small teams and the split passes
   uint32_t max_items = 16;             // elements one invocation holds in the fused kernel
+  uint32_t max_items_held = 32;        // the same for float16 elements held as stored (half the registers)
+  uint32_t max_team_held = 512;        // float16 held as stored: larger teams only past max_items_held
   uint32_t items_target = 8;           // elements per invocation the team size aims for (fp32)
   uint32_t items_target_fp16 = 8;      // the same for float16 storage (half the bytes per element)
   uint32_t small_group = 256;          // GPUs: groups of at most this many packed elements (or vec4s) ...
   uint32_t items_target_small = 4;     // ... aim for this many elements per invocation
+  uint32_t items_target_small_fp16 = 4;  // the same for float16 storage
   uint64_t latency_threads = 0;        // fewer invocations than this: latency-bound, spread groups wide
   uint32_t min_team = 1;               // smallest team for groups at least this large (CPU: a subgroup)
   uint32_t subgroup_size = 0;    // 0: unknown
@@ -27,6 +30,7 @@ struct DeviceCaps {
   bool specialize_shape = true;  // fused kernel: team and group size as specialization constants
   bool one_reduction = true;     // fused LayerNorm: sum and sum of squares in one reduction
   bool apply_merges = true;      // split path, per-channel weights: apply merges partials (no finalize)
+  bool hold_storage = true;      // fused, float16 vec4s: held in registers as stored (common.glsl id 15)
 };
 
 struct Plan {
@@ -36,6 +40,7 @@ struct Plan {
   bool vec4 = false;       // fused, pack1: read 4 consecutive elements per load (team/items count vec4s)
   bool prefetch = false;   // fused: load gamma/beta with x (latency-bound tensors; costs registers)
   bool one_reduction = false;  // fused LayerNorm: statistics from one team reduction (common.glsl id 7)
+  bool hold_storage = false;   // fused, float16 vec4s: held as stored, unpacked where used (id 15)
   uint32_t team = 1;       // fused: invocations per group
   uint32_t items = 1;      // fused: elements per invocation (registers)
   uint32_t chunk_size = 0, n_chunks = 1;  // split: chunks per group
@@ -69,9 +74,9 @@ static_assert(sizeof(PushConstants) == 32, "8 words of push constants");
 
 struct Pass {
   std::string variant;                  // embedded SPIR-V: <shader>_fp<0|1>_p<1|4|v4>_sg<0|1>
-  std::vector<uint32_t> specialization;  // constant ids 0..14: workgroup, op, affine, items, prefetch, team, size,
+  std::vector<uint32_t> specialization;  // constant ids 0..15: workgroup, op, affine, items, prefetch, team, size,
                                          // one reduction, planes, weights, channels per group, apply merges,
-                                         // residual, activation, its parameter (float bits)
+                                         // residual, activation, its parameter (float bits), hold storage
   PushConstants push{};
   uint32_t workgroup_size = 0;  // local_size_x (specialization[0])
   uint64_t workgroups = 0;      // 1-D; executors fold counts past maxComputeWorkGroupCount[0] into y

@@ -21,6 +21,8 @@ import warnings
 from pathlib import Path
 from typing import List, Optional
 
+from validation_layer import json_from_stdout
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
 # Each committed model and an --input shape it takes (tests/test_ncnn_models.py).
@@ -682,7 +684,7 @@ def explain_mismatch_vulkan(param: str, bin_: str, dims: str, seed: int = 0, fp1
 
 def explain_failing(worker: "CheckWorker", res: dict, param: str, bin_: str, dims: str, vulkan: bool) -> dict:
     """{failing layer: its explain record} for an exit-1 case, run in a forked child of the worker."""
-    failing = {r["name"] for r in json.loads(res["stdout"])["layers"] if not r["ok"]}
+    failing = {r["name"] for r in json_from_stdout(res["stdout"])["layers"] if not r["ok"]}
     fn = "explain_mismatch_vulkan" if vulkan else "explain_mismatch"
     ans = worker.call(fn, {"param": param, "bin_": bin_, "dims": dims})
     why = {e["layer"]: e for e in ans.get("result", [])}

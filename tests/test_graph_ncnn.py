@@ -235,7 +235,7 @@ print(json.dumps({"excess": excess, "variants": layer["variants"], "vulkan_forwa
 """
 
 
-@pytest.mark.parametrize("w", [4096, 131072], ids=["fused", "split"])
+@pytest.mark.parametrize("w", [4096, 196608], ids=["fused", "split"])
 @pytest.mark.parametrize("storage16", [True, False], ids=["16bit_storage", "no_16bit_storage"])
 def test_dims1_float16_blob_on_a_device_without_16bit_storage(tmp_path, w, storage16):
     """ncnn packs a dims-1 float16 blob by 4 (elemsize 8: packed halves, no 16-bit storage needed); vknorm reads
@@ -268,27 +268,48 @@ def test_dims1_float16_blob_on_a_device_without_16bit_storage(tmp_path, w, stora
         assert "norm_reduce_fp0_p1_sg0" in kernels and "norm_apply_fp0_p1_sg0" in kernels, kernels
 
 
+SHARED_INPUT_SCRIPT = r"""
+import sys
+import numpy as np
+from vknorm import graph
+param, binp = sys.argv[1], sys.argv[2]
+x = np.random.default_rng(0).standard_normal((197, 768)).astype(np.float32)
+for fuse in (True, False):
+    net = graph.configure(graph.Net(vknorm=True, fuse=fuse), vulkan=True)
+    assert net.load_param(param) == 0 and net.load_model(binp) == 0
+    for _ in range(3):
+        ex = net.create_extractor()
+        assert ex.input("in0", graph.Mat(x)) == 0
+        r, out = ex.extract("out0")
+        assert r == 0 and np.isfinite(np.array(out)).all()
+        del ex
+    print("fused layers:", sum(1 for l in net.vknorm_layers() if l["layer_type"].startswith("vknorm.")), flush=True)
+    del net
+"""
+
+
 def test_a_norm_on_a_shared_input_writes_a_blob_of_its_own_with_no_unsynchronized_copy(tmp_path):
     """vknorm's layers read their input and write a new blob. An in-place layer on a blob that a Split shares
     makes ncnn copy the blob first into a block from its pool, and ncnn does not synchronize that copy with
     the shader writes the recycled block last saw. ln_residual_stack with its third add turned into a multiply
     (fused: LayerNorm+GELU right after a Split) hit exactly that; under synchronization validation in
-    ncnn's instance the check must now pass with an empty log, fused and unfused."""
+    ncnn's instance, vknorm's nets of that model (fused and unfused, lightmode on, so blocks are recycled)
+    must now run with an empty log. (Stock ncnn's own in-place layers still make that copy: stock nets are
+    not run here.)"""
     param = open(os.path.join(graph_runs.DATA, "ln_residual_stack.ncnn.param")).read()
     line = next(ln for ln in param.splitlines() if ln.split()[:2] == ["BinaryOp", "add_2"])
     assert line.endswith("0=0"), line
     garbled = tmp_path / "mul.param"
     garbled.write_text(param.replace(line, line[:-3] + "0=2"))
     binp = os.path.join(graph_runs.DATA, "ln_residual_stack.ncnn.bin")
-    for extra in ([], ["--no-fuse"]):
-        log = tmp_path / f"validation{len(extra)}.log"
-        env = graph_runs.validated_env(str(log), str(tmp_path))
-        proc = subprocess.run([sys.executable, "-m", "vknorm", "check", str(garbled), binp, "--input", "in0=197x768",
-                               "--vulkan", "--json", *extra], env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        report = validation_layer.json_from_stdout(proc.stdout)
-        assert bool(report["fused"]) == (not extra), report["fused"]
-        assert (log.read_text() if log.exists() else "").strip() == "", log.read_text()[:3000]
+    log = tmp_path / "validation.log"
+    env = graph_runs.validated_env(str(log), str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", SHARED_INPUT_SCRIPT, str(garbled), binp], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    fused = [int(ln.split()[-1]) for ln in proc.stdout.splitlines() if ln.startswith("fused layers:")]
+    assert len(fused) == 2 and fused[0] > 0 and fused[1] == 0, proc.stdout
+    assert (log.read_text() if log.exists() else "").strip() == "", log.read_text()[:3000]
 
 
 def test_an_extractor_needs_a_loaded_model_with_the_options_it_was_loaded_with(tmp_path):

@@ -30,14 +30,17 @@ NEWER_THAN_LAYER_NOTICES = (
 
 def write_settings(settings_dir: str, log_path: str | None = None) -> str:
     """Write vk_layer_settings.txt into ``settings_dir`` (the value for VK_LAYER_SETTINGS_PATH): the age
-    notices filtered; with ``log_path``, synchronization validation on and every warning or error logged
-    there (the log of a run inside ncnn's instance, which has no messenger of vknorm's)."""
-    lines = [f"khronos_validation.message_id_filter = {','.join(NEWER_THAN_LAYER_NOTICES)}"]
+    notices filtered, synchronization validation on; with ``log_path``, every warning or error logged there
+    (the log of a run inside ncnn's instance, which has no messenger of vknorm's)."""
+    # Synchronization validation in the file too: a settings file replaces what an application asks for in
+    # VkValidationFeaturesEXT in the 1.4 layers (on an H200 with 1.4.309 the engine example's missing barrier
+    # went unreported until it was here).
+    lines = [f"khronos_validation.message_id_filter = {','.join(NEWER_THAN_LAYER_NOTICES)}",
+             "khronos_validation.enables = VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT"]
     if log_path is not None:
         lines += ["khronos_validation.debug_action = VK_DBG_LAYER_ACTION_LOG_MSG",
                   f"khronos_validation.log_filename = {log_path}",
-                  "khronos_validation.report_flags = error,warn",
-                  "khronos_validation.enables = VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT"]
+                  "khronos_validation.report_flags = error,warn"]
     with open(os.path.join(settings_dir, "vk_layer_settings.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return settings_dir

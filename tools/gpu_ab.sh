@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU host, after tools/gpu_build.sh: A/B of settings over a 2^25-element sweep, LayerNorm and
 # RMSNorm, fp32 and fp16, vknorm and the copy roof, settings interleaved round by round.
-# A setting is env assignments (VKNORM_TUNE_*, read in src/dispatch.cpp) and/or `vknorm bench` flags:
-#   bash tools/gpu_ab.sh OUTDIR "VKNORM_TUNE_ONE_REDUCTION=0" "" "--no-affine" "--no-packing"
+# A setting is env assignments (NAME=value: VKNORM_TUNE_*, read in src/dispatch.cpp) and/or `vknorm bench`
+# flags, words split on spaces:
+#   bash tools/gpu_ab.sh OUTDIR "VKNORM_TUNE_ONE_REDUCTION=0" "" "--no-affine" "--no-packing --dtype fp16"
 # SHAPES, ROUNDS (2), BATCHES (2) and WARMUP_MS (150) override the defaults.
 set -uo pipefail
 out=$1; shift
@@ -14,7 +15,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     setting=${!i}
     envs=() flags=()
     for word in $setting; do
-      if [[ $word == --* ]]; then flags+=("$word"); else envs+=("$word"); fi
+      if [[ $word =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; then envs+=("$word"); else flags+=("$word"); fi
     done
     echo "== round $round: ${setting:-defaults}"
     env "${envs[@]}" python3 -m vknorm bench --op both $shapes --compare copy --batches "${BATCHES:-2}" \

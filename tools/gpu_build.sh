@@ -8,9 +8,13 @@ export VKNORM_CACHE=/tmp/vkcache
 mkdir -p $VKNORM_CACHE/src
 # NO_NCNN=1: the kernels alone (no ncnn build), for kernel sweeps.
 [ -n "${NO_NCNN:-}" ] || cp .gpu/ncnn-*.tar.gz $VKNORM_CACHE/src/ 2>/dev/null || echo "no .gpu/ncnn-*.tar.gz: building vknorm without ncnn" >&2
+# A host goes back bare after each lease: .gpu/ncnn-prefix.tar.gz (what an earlier build left in $OUT,
+# copied into .gpu/) brings the built ncnn along instead of rebuilding it.
+[ -f .gpu/ncnn-prefix.tar.gz ] && tar -xzf .gpu/ncnn-prefix.tar.gz -C $VKNORM_CACHE
 ncnn_args=()
 if ls $VKNORM_CACHE/src/ncnn-*.tar.gz >/dev/null 2>&1; then
   prefix=$(JOBS=$(nproc) bash tools/build_ncnn.sh)
+  [ -n "${OUT:-}" ] && [ ! -f .gpu/ncnn-prefix.tar.gz ] && tar -czf "$OUT/ncnn-prefix.tar.gz" -C $VKNORM_CACHE "$(basename "$prefix")"
   ncnn_args=(--config-settings=cmake.define.VKNORM_NCNN=ON --config-settings=cmake.define.ncnn_DIR=$prefix/lib/cmake/ncnn)
 fi
 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/vknorm-site \

@@ -146,6 +146,7 @@ struct DispatchInfo {  // what the last forward did
   bool subgroup = false;
   bool vec4 = false;  // pack1 blob read as vec4s
   bool one_reduction = false;  // LayerNorm statistics from one team reduction (fused kernel)
+  bool hold_storage = false;   // float16 elements held in registers as stored (fused kernel)
   double gpu_us = 0;  // from timestamp queries; 0 when the device has none
   int pieces = 1;     // submissions the blob was split into (plan_pieces); 1: processed whole
 };

@@ -81,6 +81,18 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run, **SWEEP_ONLY, **MODEL_ONLY)
 
 
+def _check_host_memory(label: str, nbytes: int) -> None:
+    """MemoryError for inputs larger than the machine's physical memory: where the kernel overcommits, numpy's
+    allocation of them succeeds and filling it would page for hours instead of failing."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return
+    if nbytes > physical:
+        raise MemoryError(f"{label} needs {nbytes / 2**30:.0f} GiB of host memory for its input, "
+                          f"this machine has {physical / 2**30:.0f} GiB")
+
+
 def _channel_shapes(args):
     """(channels, h, w, groups) of each groupnorm/instancenorm shape (UsageError when malformed)."""
     from .cli import UsageError
@@ -435,6 +447,7 @@ def run(args) -> int:
                     progress.step(f"{op} {dtype} {label}")
                     affine = not args.no_affine
                     option = Option(use_fp16_storage=fp16, use_packing_layout=not args.no_packing, path=args.path)
+                    _check_host_memory(label, rows * cols * 4 * (2 if args.residual else 1))
                     if cshape is None:
                         x = rng.standard_normal((rows, cols), dtype=np.float32)
                         layer = (LayerNorm if op == "layernorm" else RMSNorm)(affine_size=cols, eps=1e-5, affine=affine)
