@@ -70,7 +70,10 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlagBitsEXT
                                           const VkDebugUtilsMessengerCallbackDataEXT* data, void*) {
   if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
     std::lock_guard<std::mutex> lock(g_messages_mutex);
-    g_messages.emplace_back(data && data->pMessage ? data->pMessage : "(no message)");
+    // "[ID name] message": newer layers keep the ID (SYNC-HAZARD-..., VUID-...) out of the message text.
+    std::string text = data && data->pMessageIdName ? std::string("[") + data->pMessageIdName + "] " : std::string();
+    text += data && data->pMessage ? data->pMessage : "(no message)";
+    g_messages.push_back(std::move(text));
   }
   return VK_FALSE;
 }

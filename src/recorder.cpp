@@ -542,8 +542,16 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   if (m.upload_pending) {
     const uint64_t bytes = m.staging.size;
     cb.copyBuffer(*m.staging.buffer, *m.weights.buffer, vk::BufferCopy{.srcOffset = 0, .dstOffset = 0, .size = bytes}, dispatcher);
-    const vk::MemoryBarrier upload{.srcAccessMask = A::eTransferWrite, .dstAccessMask = A::eShaderRead};
-    cb.pipelineBarrier(S::eTransfer, S::eComputeShader, {}, upload, {}, {}, dispatcher);
+    // Only the weights: a global barrier would also order the caller's own transfers before the dispatches,
+    // hiding a barrier the caller left out (discrete GPUs upload weights this way; unified memory maps them).
+    const vk::BufferMemoryBarrier upload{.srcAccessMask = A::eTransferWrite,
+                                         .dstAccessMask = A::eShaderRead,
+                                         .srcQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED,
+                                         .dstQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED,
+                                         .buffer = *m.weights.buffer,
+                                         .offset = 0,
+                                         .size = bytes};
+    cb.pipelineBarrier(S::eTransfer, S::eComputeShader, {}, {}, upload, {}, dispatcher);
     m.upload_pending = false;
   }
   if (queries) {

@@ -18,8 +18,11 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.path.join(ROOT, "build", "cxx-build")
-PREFIX = os.path.join(ROOT, "build", "cxx-install")
+# Parallel runs (pytest-xdist) give each worker its own library build and install: the install fixture
+# empties the prefix first, which must not happen under another worker's tests.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+BUILD = os.path.join(ROOT, "build", "cxx-build" + (f"-{_WORKER}" if _WORKER else ""))
+PREFIX = os.path.join(ROOT, "build", "cxx-install" + (f"-{_WORKER}" if _WORKER else ""))
 EXAMPLE_BUILD = os.path.join(ROOT, "build", "cxx-example")
 EXE = os.path.join(EXAMPLE_BUILD, "layernorm_example")
 

@@ -58,3 +58,14 @@ def json_from_stdout(text: str):
     if start < 0:
         raise ValueError(f"no JSON in the output: {text[-2000:]!r}")
     return json.loads(text[start:])
+
+
+def only_ncnn_clone_hazards(log_text: str) -> bool:
+    """True when every message of a validation log is stock ncnn's clone hazard: ncnn copies a blob that an
+    in-place layer shares (record_clone) into a block from its pool with no barrier against the copy that
+    block last saw (SYNC-HAZARD-WRITE-AFTER-WRITE between two vkCmdCopyBuffer). Stock layers do that in stock
+    nets and in vknorm's nets alike; vknorm's own layers run out of place. Seen on NVIDIA's driver, whose
+    pool reuse differs from lavapipe's."""
+    messages = [m for m in log_text.split("Validation ")[1:] if m.strip()]
+    return bool(messages) and all("SYNC-HAZARD-WRITE-AFTER-WRITE" in m and "vkCmdCopyBuffer writes" in m
+                                  and "another vkCmdCopyBuffer" in m for m in messages)
