@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "dispatch.h"
 #include "shaders.h"
 #include "vknorm/vknorm.h"
 
@@ -223,6 +224,39 @@ NB_MODULE(_core, m) {
     }
     return out;
   }, "dims"_a, "w"_a, "h"_a, "d"_a, "c"_a, "elempack"_a, "scalar_bytes"_a, "affine_size"_a, "affine"_a, "max_bytes"_a);
+  // The dispatcher's plan for a blob of this shape on a device described by `device` (the fields of
+  // DeviceInfo that planning reads, plus subgroup_reduce): the policy as data, for any GPU, without one.
+  m.def("plan_for_device", [](const std::string& op, int affine_size, int group, int channels, int dims, int w,
+                              int h, int d, int c, int elempack, bool fp16, nb::dict device, const std::string& path) {
+    NormParams p;
+    bool known = false;
+    for (NormOp o : {NormOp::LayerNorm, NormOp::RMSNorm, NormOp::GroupNorm, NormOp::InstanceNorm})
+      if (op == op_name(o)) p.op = o, known = true;
+    if (!known) throw std::invalid_argument("op must be LayerNorm, RMSNorm, GroupNorm or InstanceNorm, got " + op);
+    p.affine_size = affine_size, p.group = group, p.channels = channels;
+    p.check();
+    DeviceInfo info;
+    info.type = nb::cast<std::string>(device["type"]);
+    info.subgroup_size = nb::cast<uint32_t>(device["subgroup_size"]);
+    info.max_shared_memory = nb::cast<uint32_t>(device["max_shared_memory"]);
+    info.max_workgroup_invocations = nb::cast<uint32_t>(device["max_workgroup_invocations"]);
+    info.max_workgroup_size_x = nb::cast<uint32_t>(device["max_workgroup_size_x"]);
+    info.max_workgroup_count_x = nb::cast<uint32_t>(device["max_workgroup_count_x"]);
+    Option opt;
+    opt.use_fp16_storage = fp16;
+    opt.use_packing_layout = elempack == 4;
+    opt.path = parse_path(path);
+    const size_t cstep = ncnn_cstep(dims, w, h, d, size_t(fp16 ? 2 : 4) * elempack);
+    const GroupLayout g = p.layout(dims, w, h, d, c, cstep, elempack);
+    const ForwardPlan fp = plan_forward(p.op, p.affine != 0, p.eps, g, fp16,
+                                        device_caps(info, nb::cast<bool>(device["subgroup_reduce"]), opt), opt);
+    nb::dict r = dispatch_dict(dispatch_info(fp));
+    std::vector<std::string> variants;
+    for (const Pass& pass : fp.passes) variants.push_back(pass.variant);
+    r["variants"] = variants;
+    return r;
+  }, "op"_a, "affine_size"_a, "group"_a, "channels"_a, "dims"_a, "w"_a, "h"_a, "d"_a, "c"_a, "elempack"_a, "fp16"_a,
+     "device"_a, "path"_a = "auto");
   m.def("group_layout", [](const Mat& x, int affine_size, bool affine) {
     GroupLayout g = group_layout(x.dims, x.w, x.h, x.d, x.c, x.cstep, x.elempack, affine_size, affine);
     nb::dict r;

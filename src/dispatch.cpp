@@ -88,6 +88,9 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   // GPUs: the split apply pass merges partials itself, one dispatch fewer (H200, GroupNorm 320x64x64/32
   // 16.8 -> 14.5 us); lavapipe pays more for the barriers that merge takes (2.6 -> 4.4 ms there).
   caps.apply_merges = !caps.cpu;
+  // float16 held in registers as stored: half the registers (H200 +7 to +11 points at 1024-4096 cols); on
+  // lavapipe the same within its noise (4096x768 fp16, 3 interleaved rounds: 8.3-14.3 ms either way).
+  caps.hold_storage = true;
   // Tuning knobs for measuring other choices on a device (vknorm bench); not needed in normal use.
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET")) caps.items_target = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_FP16")) caps.items_target_fp16 = std::max(1, std::atoi(v));

@@ -1,0 +1,170 @@
+"""The dispatcher's float16 rules, as data, for a GPU this machine need not have.
+
+`_core.plan_for_device` plans a blob for a described device (no device is touched), so the rules that only
+GPUs take (measured on an NVIDIA H200, docs/benchmarks) are pinned here on any machine:
+
+* float16 elements that travel as uvec2s (pack4, or pack1 rows read as vec4s) are held in registers as stored
+  and unpacked where used (half the registers of float32 values), float32 ones never;
+* float16 rows: teams of at most 512 invocations while 16 elements each suffice, up to 32 held elements per
+  invocation before the split path; float32 rows keep their plans;
+* RMSNorm's small float16 groups in one subgroup, unless the tensor is latency-bound;
+* GroupNorm/InstanceNorm keep 16 elements per invocation (their few large groups run faster split).
+
+The last test runs the held kernels on the real device: holding float16 as stored changes no bit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from vknorm import _core
+
+# An NVIDIA H200 as vknorm reads it (vknorm info): the rules below were measured there.
+H200 = {"type": "discrete", "subgroup_size": 32, "max_shared_memory": 49152, "max_workgroup_invocations": 1024,
+        "max_workgroup_size_x": 1024, "max_workgroup_count_x": 2**31 - 1, "subgroup_reduce": True}
+# lavapipe (llvmpipe, 256-bit): a CPU device.
+LAVAPIPE = {"type": "cpu", "subgroup_size": 8, "max_shared_memory": 32768, "max_workgroup_invocations": 1024,
+            "max_workgroup_size_x": 1024, "max_workgroup_count_x": 65535, "subgroup_reduce": True}
+
+
+@pytest.fixture(autouse=True)
+def no_tuning_knobs(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("VKNORM_TUNE_") or k == "VKNORM_PATH":
+            monkeypatch.delenv(k)
+
+
+def rows_plan(op, rows, cols, fp16, device=H200, pack=4):
+    """A 2-D blob of rows x cols as ncnn stores it: pack4 packs 4 rows per element (rows must divide)."""
+    return _core.plan_for_device(op, cols, 1, 0, 2, cols, rows // pack, 1, 1, pack, fp16, device)
+
+
+def channels_plan(op, c, h, w, group, fp16, device=H200):
+    return _core.plan_for_device(op, 0, group, c, 3, w, h, 1, c // 4, 4, fp16, device)
+
+
+def test_float16_that_travels_as_uvec2_is_held_as_stored_float32_never():
+    assert rows_plan("LayerNorm", 32768, 1024, True)["hold_storage"]  # pack4
+    assert rows_plan("LayerNorm", 43690, 768, True, pack=1)["hold_storage"]  # pack1 rows read as vec4s
+    assert not rows_plan("LayerNorm", 32768, 1024, False)["hold_storage"]
+    # pack1 rows of an odd width are read as single float16 values: nothing to hold as uvec2
+    odd = rows_plan("RMSNorm", 8, 1001, True, pack=1)
+    assert not odd["vec4"] and not odd["hold_storage"], odd
+    assert not rows_plan("LayerNorm", 1024, 32768, False)["hold_storage"]  # the split path holds nothing
+
+
+def test_float16_rows_take_teams_of_at_most_512_while_16_elements_each_suffice():
+    # H200, 8192 cols: LayerNorm 41 -> 58 % of the copy roof, RMSNorm 52 -> 62 % (1024 x 8 at the register cap)
+    for op in ("LayerNorm", "RMSNorm"):
+        p = rows_plan(op, 4096, 8192, True)
+        assert (p["path"], p["team"], p["items"]) == ("workgroup", 512, 16), p
+    # 16384 cols: 512 x 32 measured slower than 1024 x 16 (LayerNorm 40 vs 50 %)
+    p = rows_plan("LayerNorm", 2048, 16384, True)
+    assert (p["team"], p["items"]) == (1024, 16), p
+    # float32 keeps its plans: 1024 x 8 at 8192 cols
+    p = rows_plan("LayerNorm", 4096, 8192, False)
+    assert (p["team"], p["items"]) == (1024, 8), p
+
+
+def test_float16_rows_hold_up_to_32_elements_before_the_split_path():
+    # 32768 cols in pack4: the fused kernel (1024 x 32) measured 50 % against the split path's 40 % (LayerNorm)
+    p = rows_plan("LayerNorm", 1024, 32768, True)
+    assert (p["path"], p["dispatches"], p["team"], p["items"]) == ("workgroup", 1, 1024, 32), p
+    assert rows_plan("LayerNorm", 1024, 32768, False)["path"] == "split"
+    assert rows_plan("LayerNorm", 256, 65536, True)["path"] == "split"  # 64 elements each: past 32
+    # CPU devices keep one limit for both storages (registers are memory there)
+    cpu16, cpu32 = (rows_plan("LayerNorm", 4, 65536, fp16, device=LAVAPIPE) for fp16 in (True, False))
+    assert (cpu16["path"], cpu16["items"]) == (cpu32["path"], cpu32["items"]), (cpu16, cpu32)
+
+
+def test_rmsnorm_small_float16_groups_run_in_one_subgroup():
+    # H200, 256 and 768 cols: 76 -> 85 % in a subgroup team of 32 rather than a workgroup team of 64
+    for rows, cols, pack in ((131072, 256, 4), (43690, 768, 1)):
+        p = rows_plan("RMSNorm", rows, cols, True, pack=pack)
+        assert (p["path"], p["team"]) == ("subgroup", 32), p
+        # float32 RMSNorm keeps its workgroup team
+        assert rows_plan("RMSNorm", rows, cols, False, pack=pack)["team"] == 64
+    # LayerNorm's one reduction needs the workgroup team (it lost 3-4 points in a subgroup)
+    p = rows_plan("LayerNorm", 131072, 256, True)
+    assert (p["path"], p["team"], p["one_reduction"]) == ("workgroup", 64, True), p
+    # latency-bound tensors keep their wide teams (197x768: 3.0 us, 3.9 in a subgroup)
+    p = rows_plan("RMSNorm", 197, 768, True, pack=1)
+    assert p["team"] > 32 and p["path"] == "workgroup", p
+
+
+def test_group_and_instance_norm_keep_16_elements_per_invocation():
+    # GroupNorm 320x64x64/32 fp16: 14.3 us split, 87.9 fused at 32 elements per invocation (H200)
+    p = channels_plan("GroupNorm", 320, 64, 64, 32, True)
+    assert p["path"] == "split", p
+    assert channels_plan("GroupNorm", 640, 16, 16, 2, True)["path"] == "split"
+    p = channels_plan("InstanceNorm", 64, 128, 128, 1, True)  # group: unused by InstanceNorm
+    assert p["path"] == "workgroup" and p["items"] <= 16, p
+
+
+def test_the_hold_knob_turns_holding_off(monkeypatch):
+    monkeypatch.setenv("VKNORM_TUNE_HOLD_STORAGE", "0")
+    p = rows_plan("LayerNorm", 4096, 8192, True)
+    assert not p["hold_storage"] and (p["team"], p["items"]) == (1024, 8), p  # the float32 limits apply
+
+
+def test_plan_for_device_refuses_an_unknown_op():
+    with pytest.raises(ValueError, match="op must be"):
+        _core.plan_for_device("BatchNorm", 8, 1, 0, 2, 8, 2, 1, 1, 1, False, H200)
+
+
+HELD_SCRIPT = r"""
+import json
+import sys
+import numpy as np
+import vknorm
+rng = np.random.default_rng(7)
+out, held = [], []
+cases = [("LayerNorm", (64, 32)), ("LayerNorm", (43, 768)), ("LayerNorm", (8, 1024)), ("RMSNorm", (64, 256)),
+         ("RMSNorm", (4, 4096)), ("LayerNorm", (7, 20))]
+for op, shape in cases:
+    c = shape[1]
+    x = (rng.standard_normal(shape) * 3 + 100).astype(np.float32)
+    layer = vknorm.LayerNorm(affine_size=c, eps=1e-5) if op == "LayerNorm" else vknorm.RMSNorm(affine_size=c, eps=1e-5)
+    g = rng.standard_normal(c).astype(np.float32)
+    layer.load_model(g, rng.standard_normal(c).astype(np.float32)) if op == "LayerNorm" else layer.load_model(g)
+    for pack in (True, False):
+        opt = vknorm.Option(use_fp16_storage=True, use_packing_layout=pack)
+        out.append(layer(x, option=opt))
+        held.append(layer.last_dispatch["hold_storage"])
+        y, s = layer.forward_add(x, x[::-1].copy(), return_sum=True, option=opt)
+        out += [y, s]
+gn = vknorm.GroupNorm(group=32, channels=320, eps=1e-5)
+gn.load_model(rng.standard_normal(320).astype(np.float32), rng.standard_normal(320).astype(np.float32))
+x = rng.standard_normal((320, 8, 8)).astype(np.float32)
+gn.set_activation("swish")
+for pack in (True, False):
+    out.append(gn(x, option=vknorm.Option(use_fp16_storage=True, use_packing_layout=pack)))
+np.savez(sys.argv[1], *[np.ascontiguousarray(a) for a in out])
+print(json.dumps(held))
+"""
+
+
+def test_holding_float16_as_stored_changes_no_bit(tmp_path):
+    """The held kernels (float16 kept as its bits, unpacked where used) against the same kernels keeping float32
+    values, on this machine's device: every output bit-identical (LayerNorm, RMSNorm, GroupNorm + Swish, pack4
+    and pack1, the fused residual add and its sum)."""
+    runs = {}
+    for hold in ("0", "1"):
+        env = dict(os.environ, VKNORM_TUNE_HOLD_STORAGE=hold)
+        path = tmp_path / f"hold{hold}.npz"
+        proc = subprocess.run([sys.executable, "-c", HELD_SCRIPT, str(path)], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        held = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert any(held) if hold == "1" else not any(held), (hold, held)
+        runs[hold] = np.load(path)
+    assert len(runs["0"].files) == len(runs["1"].files) > 20
+    for k in runs["0"].files:
+        a, b = runs["0"][k], runs["1"][k]
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert a.tobytes() == b.tobytes(), k
