@@ -95,6 +95,12 @@ nb::dict device_dict(const DeviceInfo& d) {
   return r;
 }
 
+NormOp op_from_name(const std::string& op) {
+  for (NormOp o : {NormOp::LayerNorm, NormOp::RMSNorm, NormOp::GroupNorm, NormOp::InstanceNorm})
+    if (op == op_name(o)) return o;
+  throw std::invalid_argument("op must be LayerNorm, RMSNorm, GroupNorm or InstanceNorm, got " + op);
+}
+
 nb::dict dispatch_dict(const DispatchInfo& i) {
   nb::dict r;
   r["path"] = path_name(i.path);
@@ -229,10 +235,7 @@ NB_MODULE(_core, m) {
   m.def("plan_for_device", [](const std::string& op, int affine_size, int group, int channels, int dims, int w,
                               int h, int d, int c, int elempack, bool fp16, nb::dict device, const std::string& path) {
     NormParams p;
-    bool known = false;
-    for (NormOp o : {NormOp::LayerNorm, NormOp::RMSNorm, NormOp::GroupNorm, NormOp::InstanceNorm})
-      if (op == op_name(o)) p.op = o, known = true;
-    if (!known) throw std::invalid_argument("op must be LayerNorm, RMSNorm, GroupNorm or InstanceNorm, got " + op);
+    p.op = op_from_name(op);
     p.affine_size = affine_size, p.group = group, p.channels = channels;
     p.check();
     DeviceInfo info;
@@ -267,11 +270,7 @@ NB_MODULE(_core, m) {
   });
 
   nb::class_<Norm>(m, "Norm")
-      .def("__init__", [](Norm* self, const std::string& op) {
-        for (NormOp o : {NormOp::LayerNorm, NormOp::RMSNorm, NormOp::GroupNorm, NormOp::InstanceNorm})
-          if (op == op_name(o)) return void(new (self) Norm(o));
-        throw std::invalid_argument("op must be LayerNorm, RMSNorm, GroupNorm or InstanceNorm, got " + op);
-      })
+      .def("__init__", [](Norm* self, const std::string& op) { new (self) Norm(op_from_name(op)); })
       .def_prop_ro("op", [](const Norm& n) { return op_name(n.op); })
       .def_ro("affine_size", &Norm::affine_size)
       .def_ro("group", &Norm::group)

@@ -117,15 +117,25 @@ layout(push_constant) uniform parameter {
 // The blob, through load_x / store_x only (the Load/Store pair every kernel shares). float16 vec4s
 // travel as uvec2 with explicit pack/unpack: one 8-byte access per element (a 16-bit typed vector
 // may be split into four 2-byte accesses), and no 16-bit storage feature is needed for them.
+// An element as the kernels hold it before arithmetic (hfp): those storage bits where they travel as uvec2
+// (HOLDS_BITS: the fused kernel may keep them so, see HOLD_STORAGE), else its float32 value.
 #if FP16 && (PACK == 4 || VEC4)
 #define bfp uvec2
 afp unpack_b(uvec2 u) { return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y)); }
 uvec2 pack_b(afp v) { return uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw)); }
+#define HOLDS_BITS 1
+#define hfp uvec2
+#define to_held(v) (v)
+#define from_held(h) (h)
 #else
 #define bfp sfp
 // Macros: a float16_t may not be a function parameter without 16-bit arithmetic.
 #define unpack_b(v) afp(v)
 #define pack_b(v) sfp(v)
+#define HOLDS_BITS 0
+#define hfp afp
+#define to_held(v) unpack_b(v)
+#define from_held(h) pack_b(h)
 #endif
 layout(binding = 0) buffer Blob { bfp x[]; };
 layout(binding = 5) readonly buffer Residual { bfp residual[]; };
@@ -156,17 +166,6 @@ float activate1(float v) {
 float activate(float v) { return activate1(v); }
 vec4 activate(vec4 v) { return vec4(activate1(v.x), activate1(v.y), activate1(v.z), activate1(v.w)); }
 
-// An element as the kernels hold it before arithmetic: its storage bits where they travel as uvec2
-// (unpacked where used, see HOLD_STORAGE), else its float32 value.
-#if FP16 && (PACK == 4 || VEC4)
-#define hfp uvec2
-#define to_held(v) (v)
-#define from_held(h) (h)
-#else
-#define hfp afp
-#define to_held(v) unpack_b(v)
-#define from_held(h) pack_b(h)
-#endif
 // The norm's input as stored: x, or x + residual rounded to the storage type, as the add layer stores it.
 hfp load_held(uint i) {
   if (RESIDUAL == 0u || RESIDUAL == 3u) return to_held(x[i]);

@@ -36,14 +36,12 @@ afp group_pivot(uint base) {
 #endif
 }
 
-// Elements held as stored (common.glsl id 15) where they travel as float16 uvec2s.
-#if FP16 && (PACK == 4 || VEC4)
-#define HOLDS_BITS 1
+// Element k (at i) of this invocation, minus the pivot: from registers, or from the bits held as stored
+// (common.glsl id 15) where elements travel as float16 uvec2s.
+#if HOLDS_BITS
 const bool kHold = HOLD_STORAGE != 0u;
-// Element k (at i) of this invocation, minus the pivot.
 #define SHIFTED(k, i) (kHold ? unpack_held(h[k]) - from_slots(pivot, i) : v[k])
 #else
-#define HOLDS_BITS 0
 #define SHIFTED(k, i) v[k]
 #endif
 

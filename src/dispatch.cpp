@@ -88,9 +88,6 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   // GPUs: the split apply pass merges partials itself, one dispatch fewer (H200, GroupNorm 320x64x64/32
   // 16.8 -> 14.5 us); lavapipe pays more for the barriers that merge takes (2.6 -> 4.4 ms there).
   caps.apply_merges = !caps.cpu;
-  // float16 held in registers as stored: half the registers (H200 +7 to +11 points at 1024-4096 cols); on
-  // lavapipe the same within its noise (4096x768 fp16, 3 interleaved rounds: 8.3-14.3 ms either way).
-  caps.hold_storage = true;
   // Tuning knobs for measuring other choices on a device (vknorm bench); not needed in normal use.
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET")) caps.items_target = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_FP16")) caps.items_target_fp16 = std::max(1, std::atoi(v));
@@ -100,9 +97,6 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_MAX_TEAM_HELD")) caps.max_team_held = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_SMALL_GROUP")) caps.small_group = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_SMALL")) caps.items_target_small = std::max(1, std::atoi(v));
-  caps.items_target_small_fp16 = caps.items_target_small;
-  if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_SMALL_FP16"))
-    caps.items_target_small_fp16 = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_SPECIALIZE")) caps.specialize_shape = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_ONE_REDUCTION")) caps.one_reduction = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_APPLY_MERGES")) caps.apply_merges = std::atoi(v) != 0;
@@ -169,8 +163,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // elements: LayerNorm fp32 at 32-64 cols 76-81 % -> 91-92 % of the copy roof, 256-768 cols 77-81 % ->
   // 90-93 %, RMSNorm fp16 at 64 cols 64 % -> 82 %, 128 cols 67 -> 84 %; for larger groups the wider
   // team loses: LayerNorm fp32 at 1024-4096 cols 80-69 % -> 74-46 %).
-  if (!dev.cpu && size <= dev.small_group)
-    target = std::min(target, fp16 ? dev.items_target_small_fp16 : dev.items_target_small);
+  if (!dev.cpu && size <= dev.small_group) target = std::min(target, dev.items_target_small);
   const bool latency_bound = uint64_t(g.n_groups) * div_up(size, target) < dev.latency_threads;
   if (latency_bound) target = 2;
   plan.prefetch = latency_bound;

@@ -32,9 +32,8 @@ def write_settings(settings_dir: str, log_path: str | None = None) -> str:
     """Write vk_layer_settings.txt into ``settings_dir`` (the value for VK_LAYER_SETTINGS_PATH): the age
     notices filtered, synchronization validation on; with ``log_path``, every warning or error logged there
     (the log of a run inside ncnn's instance, which has no messenger of vknorm's)."""
-    # Synchronization validation in the file too: a settings file replaces what an application asks for in
-    # VkValidationFeaturesEXT in the 1.4 layers (on an H200 with 1.4.309 the engine example's missing barrier
-    # went unreported until it was here).
+    # Synchronization validation in the file too, so every instance that reads it has it whether or not the
+    # layer version lets a settings file override what the application asks in VkValidationFeaturesEXT.
     lines = [f"khronos_validation.message_id_filter = {','.join(NEWER_THAN_LAYER_NOTICES)}",
              "khronos_validation.enables = VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT"]
     if log_path is not None:
