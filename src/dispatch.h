@@ -17,8 +17,10 @@ struct DeviceCaps {
   uint32_t max_items = 16;             // elements one invocation holds in the fused kernel
   uint32_t max_items_held = 32;        // the same for float16 elements held as stored (half the registers)
   uint32_t max_team_held = 512;        // float16 held as stored: larger teams only past max_items_held
-  uint32_t items_target = 8;           // elements per invocation the team size aims for (fp32)
+  uint32_t items_target = 8;           // elements per invocation the team size aims for (fp32 rows)
   uint32_t items_target_fp16 = 8;      // the same for float16 storage (half the bytes per element)
+  uint32_t items_target_channels = 8;  // the same for per-channel weights (GroupNorm, InstanceNorm)
+  uint32_t items_target_reduce = 8;    // split path: chunk elements per invocation of the reduce pass
   uint32_t small_group = 256;          // GPUs: groups of at most this many packed elements (or vec4s) ...
   uint32_t items_target_small = 4;     // ... aim for this many elements per invocation
   uint64_t latency_threads = 0;        // fewer invocations than this: latency-bound, spread groups wide
