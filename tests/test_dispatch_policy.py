@@ -106,6 +106,20 @@ def test_group_and_instance_norm_keep_16_elements_per_invocation():
     assert p["path"] == "workgroup" and p["items"] <= 16, p
 
 
+def test_float32_rows_aim_for_16_elements_per_invocation_and_nothing_else_moves_with_them(monkeypatch):
+    # H200, float32 rows: 16 elements per invocation in teams half as wide (4096 cols 78 -> 91 % of the
+    # copy roof, 8192 cols 72 -> 82 %); 1024 cols as 64 x 16
+    assert (rows_plan("LayerNorm", 8192, 4096, False)["team"], rows_plan("LayerNorm", 8192, 4096, False)["items"]) == (256, 16)
+    assert rows_plan("RMSNorm", 32768, 1024, False)["items"] == 16
+    channels = [channels_plan("GroupNorm", 640, 32, 32, 32, False), channels_plan("InstanceNorm", 128, 64, 64, 1, False),
+                channels_plan("GroupNorm", 320, 64, 64, 32, False)]  # the last one split: its reduce team too
+    # the rows' target is its own: per-channel weights and the split path's reduce pass keep 8
+    monkeypatch.setenv("VKNORM_TUNE_ITEMS_TARGET", "8")
+    assert rows_plan("LayerNorm", 8192, 4096, False)["items"] == 8
+    assert [channels_plan("GroupNorm", 640, 32, 32, 32, False), channels_plan("InstanceNorm", 128, 64, 64, 1, False),
+            channels_plan("GroupNorm", 320, 64, 64, 32, False)] == channels
+
+
 def test_the_hold_knob_turns_holding_off(monkeypatch):
     monkeypatch.setenv("VKNORM_TUNE_HOLD_STORAGE", "0")
     p = rows_plan("LayerNorm", 4096, 8192, True)
