@@ -182,3 +182,61 @@ def test_holding_float16_as_stored_changes_no_bit(tmp_path):
         a, b = runs["0"][k], runs["1"][k]
         assert a.dtype == b.dtype and a.shape == b.shape
         assert a.tobytes() == b.tobytes(), k
+
+
+SPLIT_SCRIPT = r"""
+import json
+import sys
+import numpy as np
+import vknorm
+rng = np.random.default_rng(11)
+out, items = [], []
+def run(layer, x, **kw):
+    for fp16 in (False, True):
+        for pack in (True, False):
+            opt = vknorm.Option(path="split", use_fp16_storage=fp16, use_packing_layout=pack)
+            out.append(layer(x, device="vulkan", option=opt, **kw))
+            items.append(layer.last_dispatch["items"])
+for op, shape in (("LayerNorm", (8, 5003)), ("RMSNorm", (4, 4096)), ("LayerNorm", (12, 777))):
+    c = shape[1]
+    x = (rng.standard_normal(shape) * 3 + 100).astype(np.float32)
+    layer = vknorm.LayerNorm(affine_size=c, eps=1e-5) if op == "LayerNorm" else vknorm.RMSNorm(affine_size=c, eps=1e-5)
+    g = rng.standard_normal(c).astype(np.float32)
+    layer.load_model(g, rng.standard_normal(c).astype(np.float32)) if op == "LayerNorm" else layer.load_model(g)
+    run(layer, x)
+    for fp16 in (False, True):
+        opt = vknorm.Option(path="split", use_fp16_storage=fp16)
+        y, s = layer.forward_add(x, x[::-1].copy(), return_sum=True, option=opt)
+        out += [y, s]
+gn = vknorm.GroupNorm(group=32, channels=320, eps=1e-5)  # 10 channels per group: groups inside pack4 planes
+gn.load_model(rng.standard_normal(320).astype(np.float32), rng.standard_normal(320).astype(np.float32))
+gn.set_activation("swish")
+run(gn, (rng.standard_normal((320, 9, 7)) + 50).astype(np.float32))
+inorm = vknorm.InstanceNorm(channels=6, eps=1e-5)
+inorm.load_model(rng.standard_normal(6).astype(np.float32), rng.standard_normal(6).astype(np.float32))
+run(inorm, rng.standard_normal((6, 33, 35)).astype(np.float32))
+np.savez(sys.argv[1], *[np.ascontiguousarray(a) for a in out])
+print(json.dumps(items))
+"""
+
+
+@pytest.mark.parametrize("split_items", ["3", "8"])
+def test_split_loops_loading_several_elements_together_change_no_bit(tmp_path, split_items):
+    """The split path's reduce and apply loops with each invocation loading several elements together (tails past
+    a chunk included: 3 does not divide the chunks) against one per step, on this machine's device: every output
+    bit-identical (LayerNorm, RMSNorm, GroupNorm + Swish with groups inside pack4 planes, InstanceNorm, float32 and
+    float16, pack4 and pack1, the fused residual add and its sum)."""
+    runs = {}
+    for items in ("1", split_items):
+        env = dict(os.environ, VKNORM_TUNE_SPLIT_ITEMS=items)
+        path = tmp_path / f"items{items}.npz"
+        proc = subprocess.run([sys.executable, "-c", SPLIT_SCRIPT, str(path)], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert set(json.loads(proc.stdout.strip().splitlines()[-1])) == {int(items)}
+        runs[items] = np.load(path)
+    assert len(runs["1"].files) == len(runs[split_items].files) > 20
+    for k in runs["1"].files:
+        a, b = runs["1"][k], runs[split_items][k]
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert a.tobytes() == b.tobytes(), k
