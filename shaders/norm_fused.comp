@@ -63,16 +63,16 @@ void main() {
   wfp gk[ITEMS], bk[ITEMS];
   afp s = afp(0), q = afp(0);
   // Loads are never behind a branch: an invocation past the group (or past the last group) loads the
-  // group's first element (group 0's) and discards it. A load under a condition is issued only once the
-  // condition resolves, and NVIDIA's compiler then keeps a team's ITEMS loads apart instead of in flight
-  // together (H200, 1024-4096 cols: 75-81 % of the copy roof branched, 90-94 % unconditional).
+  // group's first element (group 0's) and its weights, and never uses them (sums take 0 there, stores and
+  // the second pass skip it). A load under a condition is issued only once the condition resolves, and
+  // NVIDIA's compiler then keeps a team's ITEMS loads apart instead of in flight together (H200,
+  // 1024-4096 cols: 75-81 % of the copy roof branched, 90-94 % unconditional).
   const uint g_loaded = in_range ? g : 0u;
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = lane + k * TEAM;
     bool inside = in_range && i < GROUP_SIZE;
     uint i_loaded = inside ? i : 0u;
     hfp hk = load_held(base + elem_offset(i_loaded));
-    hk = inside ? hk : hfp(0);
     if (inside) store_sum(base + elem_offset(i), hk);
     afp vk = inside ? unpack_held(hk) - from_slots(pivot, i) : afp(0);
 #if HOLDS_BITS
@@ -81,10 +81,8 @@ void main() {
 #endif
       v[k] = vk;
     if (PREFETCH_WEIGHTS != 0u) {
-      wfp gw = AFFINE != 0u ? gamma_for(g_loaded, i_loaded) : wfp(1);
-      wfp bw = AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g_loaded, i_loaded) : wfp(0);
-      gk[k] = inside ? gw : wfp(1);
-      bk[k] = inside ? bw : wfp(0);
+      gk[k] = AFFINE != 0u ? gamma_for(g_loaded, i_loaded) : wfp(1);
+      bk[k] = AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g_loaded, i_loaded) : wfp(0);
     }
     if (OP == OP_LAYERNORM) {
       s += to_slots(vk, i);

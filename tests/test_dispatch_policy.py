@@ -109,7 +109,8 @@ def test_group_and_instance_norm_keep_16_elements_per_invocation():
 def test_float32_rows_aim_for_16_elements_per_invocation_and_nothing_else_moves_with_them(monkeypatch):
     # H200, float32 rows: 16 elements per invocation in teams half as wide (4096 cols 78 -> 91 % of the
     # copy roof, 8192 cols 72 -> 82 %); 1024 cols as 64 x 16
-    assert (rows_plan("LayerNorm", 8192, 4096, False)["team"], rows_plan("LayerNorm", 8192, 4096, False)["items"]) == (256, 16)
+    p = rows_plan("LayerNorm", 8192, 4096, False)
+    assert (p["team"], p["items"]) == (256, 16), p
     assert rows_plan("RMSNorm", 32768, 1024, False)["items"] == 16
     channels = [channels_plan("GroupNorm", 640, 32, 32, 32, False), channels_plan("InstanceNorm", 128, 64, 64, 1, False),
                 channels_plan("GroupNorm", 320, 64, 64, 32, False)]  # the last one split: its reduce team too
@@ -163,25 +164,33 @@ print(json.dumps(held))
 """
 
 
+def run_script_under(script, knob, value, tmp_path):
+    """Runs a device script in a child process with the tuning knob set (the dispatcher reads knobs per plan):
+    its saved outputs and the JSON it printed last."""
+    path = tmp_path / f"{knob}_{value}.npz"
+    proc = subprocess.run([sys.executable, "-c", script, str(path)], env=dict(os.environ, **{knob: value}),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return np.load(path), json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_bit_identical(a_run, b_run):
+    assert len(a_run.files) == len(b_run.files) > 20
+    for k in a_run.files:
+        a, b = a_run[k], b_run[k]
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert a.tobytes() == b.tobytes(), k
+
+
 def test_holding_float16_as_stored_changes_no_bit(tmp_path):
     """The held kernels (float16 kept as its bits, unpacked where used) against the same kernels keeping float32
     values, on this machine's device: every output bit-identical (LayerNorm, RMSNorm, GroupNorm + Swish, pack4
     and pack1, the fused residual add and its sum)."""
     runs = {}
     for hold in ("0", "1"):
-        env = dict(os.environ, VKNORM_TUNE_HOLD_STORAGE=hold)
-        path = tmp_path / f"hold{hold}.npz"
-        proc = subprocess.run([sys.executable, "-c", HELD_SCRIPT, str(path)], env=env, capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        held = json.loads(proc.stdout.strip().splitlines()[-1])
+        runs[hold], held = run_script_under(HELD_SCRIPT, "VKNORM_TUNE_HOLD_STORAGE", hold, tmp_path)
         assert any(held) if hold == "1" else not any(held), (hold, held)
-        runs[hold] = np.load(path)
-    assert len(runs["0"].files) == len(runs["1"].files) > 20
-    for k in runs["0"].files:
-        a, b = runs["0"][k], runs["1"][k]
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert a.tobytes() == b.tobytes(), k
+    assert_bit_identical(runs["0"], runs["1"])
 
 
 SPLIT_SCRIPT = r"""
@@ -228,15 +237,6 @@ def test_split_loops_loading_several_elements_together_change_no_bit(tmp_path, s
     float16, pack4 and pack1, the fused residual add and its sum)."""
     runs = {}
     for items in ("1", split_items):
-        env = dict(os.environ, VKNORM_TUNE_SPLIT_ITEMS=items)
-        path = tmp_path / f"items{items}.npz"
-        proc = subprocess.run([sys.executable, "-c", SPLIT_SCRIPT, str(path)], env=env, capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert set(json.loads(proc.stdout.strip().splitlines()[-1])) == {int(items)}
-        runs[items] = np.load(path)
-    assert len(runs["1"].files) == len(runs[split_items].files) > 20
-    for k in runs["1"].files:
-        a, b = runs["1"][k], runs[split_items][k]
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert a.tobytes() == b.tobytes(), k
+        runs[items], planned = run_script_under(SPLIT_SCRIPT, "VKNORM_TUNE_SPLIT_ITEMS", items, tmp_path)
+        assert set(planned) == {int(items)}
+    assert_bit_identical(runs["1"], runs[split_items])

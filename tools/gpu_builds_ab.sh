@@ -29,14 +29,15 @@ case "$mode" in
     out=${1:?usage: $0 run OUTDIR [vknorm bench flags...]}; shift
     ls .gpu/builds/*.tar.gz >/dev/null 2>&1 || { echo "nothing packed: run '$0 pack REV...' first (here)" >&2; exit 2; }
     mkdir -p "$out" /tmp/builds
+    build=$(realpath tools/gpu_build.sh)  # this tree's recipe, whatever the packed trees hold
     names=()
     for f in .gpu/builds/*.tar.gz; do
       name=$(basename "$f" .tar.gz); names+=("$name")
       rm -rf "/tmp/builds/src_$name" "/tmp/builds/site_$name"; mkdir -p "/tmp/builds/src_$name"
       tar -xzf "$f" -C "/tmp/builds/src_$name"
-      (cd "/tmp/builds/src_$name" && CMAKE_BUILD_PARALLEL_LEVEL=4 python3 -m pip install -q --no-build-isolation --no-deps \
-         --target "/tmp/builds/site_$name" --config-settings=build-dir="/tmp/builds/build_$name" . \
-         > "$out/build_$name.log" 2>&1 || { echo "build $name failed:"; tail -20 "$out/build_$name.log"; }) &
+      (cd "/tmp/builds/src_$name" && NO_NCNN=1 CMAKE_BUILD_PARALLEL_LEVEL=4 VKNORM_SITE="/tmp/builds/site_$name" \
+         VKNORM_BUILD_DIR="/tmp/builds/build_$name" bash "$build" > "$out/build_$name.log" 2>&1 ||
+         { echo "build $name failed:"; tail -20 "$out/build_$name.log"; }) &
     done
     wait
     for round in $(seq 1 "${ROUNDS:-2}"); do
