@@ -11,12 +11,12 @@ function(vknorm_compile_shaders target outdir)
   file(GLOB includes ${VKNORM_SHADER_DIR}/*.glsl)
   set(names "")
   set(spvs "")
-  foreach(shader norm_reduce norm_finalize norm_apply norm_fused copy)
+  foreach(shader norm_reduce norm_finalize norm_apply norm_fused norm_cooperative norm_clear copy)
     foreach(fp16 0 1)
       foreach(pack 1 4 v4)
         foreach(sg 0 1)
-          if(NOT shader STREQUAL "norm_fused" AND sg EQUAL 1)
-            continue()  # only the fused kernel has a subgroup flavour
+          if(NOT (shader STREQUAL "norm_fused" OR shader STREQUAL "norm_cooperative") AND sg EQUAL 1)
+            continue()  # the kernels that hold groups in registers have a subgroup flavour
           endif()
           if(pack STREQUAL "v4" AND NOT shader STREQUAL "norm_fused")
             continue()  # vec4 loads of pack1 blobs: the fused kernel only
@@ -26,8 +26,8 @@ function(vknorm_compile_shaders target outdir)
           else()
             set(pack_defs -DPACK=${pack} -DVEC4=0)
           endif()
-          if(shader STREQUAL "copy" AND NOT (fp16 EQUAL 0 AND pack STREQUAL "1"))
-            continue()  # the benchmark roof: one variant
+          if((shader STREQUAL "copy" OR shader STREQUAL "norm_clear") AND NOT (fp16 EQUAL 0 AND pack STREQUAL "1"))
+            continue()  # the benchmark roof, the counters' clear: one variant each
           endif()
           set(name "${shader}_fp${fp16}_p${pack}_sg${sg}")
           set(spv ${outdir}/spv/${name}.spv)

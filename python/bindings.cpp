@@ -87,6 +87,7 @@ nb::dict device_dict(const DeviceInfo& d) {
   r["storage_16bit"] = d.storage_16bit;
   r["float16_arithmetic"] = d.float16_arithmetic;
   r["max_shared_memory"] = d.max_shared_memory;
+  r["compute_units"] = d.compute_units;
   r["max_workgroup_invocations"] = d.max_workgroup_invocations;
   r["max_storage_buffer_range"] = d.max_storage_buffer_range;
   r["device_local_bytes"] = d.device_local_bytes;
@@ -164,7 +165,8 @@ NB_MODULE(_core, m) {
       .value("auto", Path::Auto)
       .value("subgroup", Path::Subgroup)
       .value("workgroup", Path::Workgroup)
-      .value("split", Path::Split);
+      .value("split", Path::Split)
+      .value("cooperative", Path::Cooperative);
   m.def("parse_path", &parse_path);
 
   nb::class_<Option>(m, "Option")
@@ -245,6 +247,7 @@ NB_MODULE(_core, m) {
     info.max_workgroup_invocations = nb::cast<uint32_t>(device["max_workgroup_invocations"]);
     info.max_workgroup_size_x = nb::cast<uint32_t>(device["max_workgroup_size_x"]);
     info.max_workgroup_count_x = nb::cast<uint32_t>(device["max_workgroup_count_x"]);
+    if (device.contains("compute_units")) info.compute_units = nb::cast<uint32_t>(device["compute_units"]);
     Option opt;
     opt.use_fp16_storage = fp16;
     opt.use_packing_layout = elempack == 4;

@@ -22,7 +22,8 @@
 //   8 planes per item, 9 where the affine weights come from, 10 channels per group (pack4 lanes),
 //   11 the split apply pass merges partials itself (norm_apply.comp),
 //   12 a residual add before the norm, 13 an activation after it, 14 its parameter (fusion, below),
-//   15 float16 elements held in registers as stored (fused kernel, see norm_fused.comp).
+//   15 float16 elements held in registers as stored (fused kernel, see norm_fused.comp),
+//   16 how the cooperative kernel polls (norm_cooperative.comp only).
 #if FP16
 #extension GL_EXT_shader_16bit_storage : require
 #endif
@@ -197,8 +198,18 @@ layout(binding = 2) readonly buffer Beta { float beta[]; };
 #endif
 // Split-path scratch. Every kernel declares all eight bindings: engines that reflect the SPIR-V (ncnn)
 // build their descriptor layouts from it and need bindings 0..7 without gaps.
+// The cooperative kernel (COOPERATIVE) reads partials other workgroups wrote in the same dispatch
+// (coherent), and holds its counters where the split path holds coefficients.
+#ifndef COOPERATIVE
+#define COOPERATIVE 0
+#endif
+#if COOPERATIVE
+layout(binding = 3) coherent buffer Partials { afp partial[]; };
+layout(binding = 4) volatile coherent buffer Counters { uint counter[]; };  // see norm_cooperative.comp
+#else
 layout(binding = 3) buffer Partials { afp partial[]; };  // [mean of n_items][M2 of n_items][pivot of n_groups]
 layout(binding = 4) buffer Coefs { afp coef[]; };        // [pivot, shifted mean, a] per group
+#endif
 
 // Statistics are reduced per group: a float, or a vec4 for the 4 groups of a pack4 element. A VEC4
 // lane first adds its vec4 across (one group), so a team reduction moves one float, not four.

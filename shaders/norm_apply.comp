@@ -55,7 +55,7 @@ void by_chunk() {
   chunk_range(item - g * p.n_chunks, begin, end, plane);
   afp pivot, mean, a;
   if (APPLY_MERGES != 0u) {
-    item_coefs(g, in_range, true, pivot, mean, a);  // the whole team, in uniform control flow
+    item_coefs(g, in_range, true, TEAM, pivot, mean, a);  // the whole team, in uniform control flow
   } else if (in_range) {
     pivot = coef[3u * g], mean = coef[3u * g + 1u], a = coef[3u * g + 2u];
   }

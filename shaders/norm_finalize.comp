@@ -9,7 +9,7 @@ void main() {
   uint g = team_item();
   bool in_range = g < p.n_groups;
   afp pivot, mean, a;
-  item_coefs(g, in_range, false, pivot, mean, a);
+  item_coefs(g, in_range, false, TEAM, pivot, mean, a);
   if (in_range && team_lane() == 0u) {
     coef[3u * g + 0u] = pivot;
     coef[3u * g + 1u] = mean;

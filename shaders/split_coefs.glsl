@@ -29,15 +29,16 @@ void combine(inout afp na, inout afp ma, inout afp m2a, afp nb, afp mb, afp m2b)
   na = n;
 }
 
-// Chan-combines item g's chunk partials across the team; every lane gets the item's coefficients
-// (pivot, shifted mean, a = 1/sqrt(var + eps)). Called in uniform control flow (barriers). The pivot
-// comes from x (finalize: nothing is written yet) or from what norm_reduce kept of it (apply).
-void item_coefs(uint g, bool in_range, bool pivot_kept, out afp pivot, out afp mean, out afp a) {
+// Chan-combines item g's chunk partials across the first `width` lanes of the team (a power of two, at
+// most TEAM); every lane gets the item's coefficients (pivot, shifted mean, a = 1/sqrt(var + eps)).
+// Called in uniform control flow (barriers). The pivot comes from x (finalize: nothing is written yet)
+// or from what norm_reduce kept of it (apply, the cooperative kernel).
+void item_coefs(uint g, bool in_range, bool pivot_kept, uint width, out afp pivot, out afp mean, out afp a) {
   uint n_items = p.n_groups * p.n_chunks;
   uint lane = team_lane();
   afp n = afp(0), m = afp(0), m2 = afp(0);
-  if (in_range) {
-    for (uint c = lane; c < p.n_chunks; c += TEAM) {
+  if (in_range && lane < width) {
+    for (uint c = lane; c < p.n_chunks; c += width) {
       uint item = g * p.n_chunks + c;
       uint begin, end, plane;
       chunk_range(c, begin, end, plane);
@@ -49,7 +50,7 @@ void item_coefs(uint g, bool in_range, bool pivot_kept, out afp pivot, out afp m
   sh_m[lid] = m;
   sh_m2[lid] = m2;
   barrier();
-  for (uint s = TEAM >> 1; s > 0u; s >>= 1) {
+  for (uint s = width >> 1; s > 0u; s >>= 1) {
     if (lane < s) {
       combine(sh_n[lid], sh_m[lid], sh_m2[lid], sh_n[lid + s], sh_m[lid + s], sh_m2[lid + s]);
     }

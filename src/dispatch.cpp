@@ -43,7 +43,8 @@ Path parse_path(const std::string& name) {
   if (name == "subgroup") return Path::Subgroup;
   if (name == "workgroup") return Path::Workgroup;
   if (name == "split") return Path::Split;
-  throw std::invalid_argument("unknown path '" + name + "': expected auto, subgroup, workgroup or split");
+  if (name == "cooperative") return Path::Cooperative;
+  throw std::invalid_argument("unknown path '" + name + "': expected auto, subgroup, workgroup, split or cooperative");
 }
 
 const char* path_name(Path p) {
@@ -51,6 +52,7 @@ const char* path_name(Path p) {
     case Path::Subgroup: return "subgroup";
     case Path::Workgroup: return "workgroup";
     case Path::Split: return "split";
+    case Path::Cooperative: return "cooperative";
     default: return "auto";
   }
 }
@@ -93,6 +95,18 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   // GPUs: the split apply pass merges partials itself, one dispatch fewer (H200, GroupNorm 320x64x64/32
   // 16.8 -> 14.5 us); lavapipe pays more for the barriers that merge takes (2.6 -> 4.4 ms there).
   caps.apply_merges = !caps.cpu;
+  // The cooperative kernel waits for the other chunks of its item: every SM keeps at least one of its
+  // workgroups resident, and half of them leaves room for another kernel running beside it.
+  caps.compute_units = info.compute_units;
+  caps.cooperative_workgroups = caps.cpu ? 0 : info.compute_units / 2;
+  // Declares how many workgroups the device keeps resident, where vknorm cannot tell (any device; tests
+  // run lavapipe with as many threads: LP_NUM_THREADS).
+  if (const char* v = std::getenv("VKNORM_COOPERATIVE_WORKGROUPS")) caps.cooperative_workgroups = uint32_t(std::atoi(v));
+  caps.poll_loads = !caps.cpu;
+  if (const char* v = std::getenv("VKNORM_TUNE_POLL_LOADS")) caps.poll_loads = std::atoi(v) != 0;
+  if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MIN_GROUP")) caps.cooperative_min_group = uint32_t(std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE"))
+    caps.items_target_cooperative = std::max(1, std::atoi(v));
   // Tuning knobs for measuring other choices on a device (vknorm bench); not needed in normal use.
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET")) caps.items_target = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_FP16")) caps.items_target_fp16 = std::max(1, std::atoi(v));
@@ -179,8 +193,40 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   plan.prefetch = latency_bound;
   const uint32_t team_for_target =
       std::max(pow2_ceil(div_up(size, target)), std::min(dev.min_team, pow2_ceil(size)));
+  // Cooperative: the item in chunks of one plane each (the split path's chunks), a workgroup holding
+  // each chunk in registers, at least items_target_cooperative elements per invocation, all of the
+  // item's chunks resident at once (at most cooperative_workgroups; forced, at most 1 where that is 0).
+  auto cooperative = [&]() {
+    const uint32_t wg = dev.preferred_workgroup, plane = g.plane_size();
+    const uint32_t limit = std::max(dev.cooperative_workgroups, 1u);
+    for (uint32_t items = std::min(dev.items_target_cooperative, dev.max_items); items <= dev.max_items; items *= 2) {
+      const uint32_t per_plane = uint32_t(div_up(plane, uint64_t(wg) * items));
+      if (uint64_t(per_plane) * g.planes > limit) continue;
+      plan.path = Path::Cooperative;
+      plan.wg = plan.team = wg;
+      plan.subgroup = dev.subgroup_reduce;
+      plan.vec4 = plan.prefetch = plan.one_reduction = plan.hold_storage = false;
+      plan.chunk_size = uint32_t(div_up(plane, per_plane));
+      plan.n_chunks = per_plane * g.planes;
+      plan.items = items_for(plan.chunk_size, wg);
+      return true;
+    }
+    return false;
+  };
+  // Auto plans it (H200, interleaved A/B, docs/benchmarks) for fewer groups than the device has multiprocessors,
+  // each of >= cooperative_min_group packed elements, which the fused kernel runs in too few workgroups
+  // (InstanceNorm 64x128x128: 14.8 -> 7.7 us; GroupNorm 320x64x64/32 14.6 -> 11.4 us, split before; smaller
+  // groups lose: GroupNorm 640x32x32/32 6.8 -> 9.5 us, rows that fill the GPU fused lose 25-50 %); and for
+  // LayerNorm-type groups too large for the fused kernel, which split read x three times (LayerNorm
+  // 1024x32768 fp32: 140 -> 131 us; RMSNorm's split reads it twice and stays ahead, 109 vs 124 us).
+  const bool cooperative_auto = !dev.cpu && dev.cooperative_workgroups >= 2;
+  const bool few_large_groups = g.n_groups < dev.compute_units && g.group_size >= dev.cooperative_min_group;
   switch (want) {
+    case Path::Cooperative:
+      if (cooperative()) return plan;
+      break;
     case Path::Auto: {
+      if (cooperative_auto && few_large_groups && cooperative()) return plan;
       uint32_t team = std::min(dev.max_workgroup, team_for_target);
       // float16 held as stored (H200, 2^25 elements, % of the copy roof): teams of at most max_team_held
       // while max_items each suffice (8192 cols: LayerNorm 41 -> 58 %, RMSNorm 52 -> 62 %: 1024-invocation
@@ -192,6 +238,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
         return plan;
       if (held && !centres(op) && !dev.cpu && !latency_bound && size <= dev.small_group) team = std::min(team, subgroup);
       if (fused(team)) return plan;
+      if (cooperative_auto && centres(op) && cooperative()) return plan;
       break;
     }
     case Path::Subgroup:
@@ -261,6 +308,24 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
     f.passes.push_back(Pass{variant_name(shader, fp16, layout, subgroup), std::move(spec), pc, plan.wg, workgroups,
                             after_previous});
   };
+  if (plan.path == Path::Cooperative) {
+    const uint64_t items = uint64_t(g.n_groups) * plan.n_chunks;
+    if ((2 * items + g.n_groups) * g.elempack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
+    // Partials as the split path's; slot 4: [ticket, a count per item] (norm_cooperative.comp).
+    f.partials_bytes = (2 * items + g.n_groups) * g.elempack * sizeof(float);
+    f.coefs_bytes = (1 + uint64_t(g.n_groups)) * sizeof(uint32_t);
+    f.counters = true;
+    pc.team = plan.wg;
+    // Every constant a kernel declares gets a value (ncnn checks the count): ids 0-15, and 16 for its polls.
+    std::vector<uint32_t> spec =
+        model({plan.wg, op_id, affine_id, plan.items, 0, plan.wg, dev.specialize_shape ? g.group_size : 0u, 0});
+    pass("norm_clear", "1", false, spec, div_up(1 + uint64_t(g.n_groups), plan.wg), false);
+    f.passes.back().variant = variant_name("norm_clear", false, "1", false);
+    f.passes.back().clears_counters = true;
+    spec.push_back(dev.poll_loads ? 1u : 0u);
+    pass("norm_cooperative", pack, plan.subgroup, spec, items, true);
+    return f;
+  }
   if (plan.path != Path::Split) {
     if (plan.vec4 && g.elempack == 1) pc.group_size /= 4, pc.cstep /= 4;  // the kernel counts vec4s
     const bool fixed = dev.specialize_shape;
@@ -300,8 +365,11 @@ DispatchInfo dispatch_info(const ForwardPlan& fp) {
   DispatchInfo info;
   info.path = plan.path;
   info.workgroup_size = plan.wg;
-  info.dispatches = int(fp.passes.size());
-  if (plan.path != Path::Split) info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup, info.vec4 = plan.vec4,
+  // A clear of the cooperative kernel's counters runs only where they are fresh: not counted.
+  info.dispatches = int(std::count_if(fp.passes.begin(), fp.passes.end(), [](const Pass& p) { return !p.clears_counters; }));
+  if (plan.path == Path::Cooperative) info.team = plan.wg, info.items = plan.items, info.chunks = plan.n_chunks,
+                                       info.subgroup = plan.subgroup;
+  else if (plan.path != Path::Split) info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup, info.vec4 = plan.vec4,
                                  info.one_reduction = plan.one_reduction, info.hold_storage = plan.hold_storage;
   else info.team = plan.reduce_team, info.items = plan.items, info.chunks = plan.n_chunks;
   return info;

@@ -26,6 +26,14 @@ struct DeviceCaps {
   uint32_t items_target_small = 4;     // ... aim for this many elements per invocation
   uint64_t latency_threads = 0;        // fewer invocations than this: latency-bound, spread groups wide
   uint32_t min_team = 1;               // smallest team for groups at least this large (CPU: a subgroup)
+  // The cooperative kernel (norm_cooperative.comp): workgroups of one item that may wait on each other,
+  // all resident at once with room to spare (half the device's multiprocessors); 0: unknown, the kernel
+  // is never planned (CPU drivers run a workgroup to its end before starting the next).
+  uint32_t cooperative_workgroups = 0;
+  uint32_t compute_units = 0;              // DeviceInfo::compute_units (0: unknown)
+  uint32_t cooperative_min_group = 16384;  // auto: few groups of at least this many packed elements go cooperative
+  uint32_t items_target_cooperative = 8;   // elements each of its invocations holds, at least
+  bool poll_loads = true;                  // its waits poll with plain loads (CPU drivers: atomics)
   uint32_t subgroup_size = 0;    // 0: unknown
   bool subgroup_reduce = false;  // subgroup arithmetic + shuffle usable in compute
   bool cpu = false;              // a CPU implementation (lavapipe)
@@ -47,7 +55,7 @@ struct Plan {
   bool hold_storage = false;   // fused, float16 vec4s: held as stored, unpacked where used (id 15)
   uint32_t team = 1;       // fused: invocations per group
   uint32_t items = 1;      // fused: elements per invocation (registers); split: loaded together per loop step
-  uint32_t chunk_size = 0, n_chunks = 1;  // split: chunks per group
+  uint32_t chunk_size = 0, n_chunks = 1;  // split, cooperative: chunks per group
   uint32_t reduce_team = 1, finalize_team = 1;
   uint64_t fused_workgroups(const GroupLayout& g) const;
   uint64_t reduce_workgroups(const GroupLayout& g) const;
@@ -85,6 +93,9 @@ struct Pass {
   uint32_t workgroup_size = 0;  // local_size_x (specialization[0])
   uint64_t workgroups = 0;      // 1-D; executors fold counts past maxComputeWorkGroupCount[0] into y
   bool after_previous = false;  // reads what the previous pass wrote: a barrier goes between them
+  // Zeroes the cooperative kernel's counters (slot 4). An executor whose slot-4 buffer is already zero
+  // (kept from an earlier forward: the cooperative kernel leaves its counters zero) skips it.
+  bool clears_counters = false;
 };
 
 struct ForwardPlan {
@@ -92,6 +103,7 @@ struct ForwardPlan {
   GroupLayout layout;   // the blob's groups
   bool fp16 = false;    // float16 storage
   uint64_t partials_bytes = 0, coefs_bytes = 0;  // split-path scratch (slots 3 and 4); 0: none
+  bool counters = false;  // slot 4 holds the cooperative kernel's counters (coefs_bytes of them), zero between forwards
   std::vector<Pass> passes;
 };
 

@@ -40,6 +40,21 @@ DeviceInfo device_info(const ::ncnn::VulkanDevice& dev) {
   info.max_workgroup_invocations = gi.max_workgroup_invocations();
   info.max_workgroup_size_x = gi.max_workgroup_size_x();
   info.max_workgroup_count_x = gi.max_workgroup_count_x();
+  // Multiprocessors (VK_NV_shader_sm_builtins), declared here: ncnn's Vulkan header may predate the extension.
+  struct SmBuiltinsProperties {
+    VkStructureType sType;
+    void* pNext;
+    uint32_t shaderSMCount, shaderWarpsPerSM;
+  };
+  for (const VkExtensionProperties& e : gi.deviceExtensionProperties())
+    if (std::strcmp(e.extensionName, "VK_NV_shader_sm_builtins") == 0 && ::ncnn::vkGetPhysicalDeviceProperties2KHR) {
+      SmBuiltinsProperties sm{VkStructureType(1000154001), nullptr, 0, 0};  // ..._SHADER_SM_BUILTINS_PROPERTIES_NV
+      VkPhysicalDeviceProperties2 props{};
+      props.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
+      props.pNext = &sm;
+      ::ncnn::vkGetPhysicalDeviceProperties2KHR(gi.physicalDevice(), &props);
+      info.compute_units = sm.shaderSMCount;
+    }
   return info;
 }
 

@@ -312,15 +312,17 @@ DispatchInfo Norm::last_dispatch() const {
 
 namespace {
 
-// Split-path scratch (partials, coefficients), allocated once per forward (at the largest size its
-// pieces need) and reused by every dispatch recorded over it.
+// Split-path and cooperative scratch (partials; coefficients or counters), allocated once per forward
+// (at the largest size its pieces need) and reused by every dispatch recorded over it.
 struct Workspace {
   std::shared_ptr<Buffer> partials, coefs;
   std::shared_ptr<Buffer> gamma, beta;  // a piece's per-channel weights (record)
+  bool counters_zero = false;  // coefs holds zeroed cooperative counters (the kernel leaves them zero)
   void reserve(const std::shared_ptr<Context>& ctx, uint64_t partials_bytes, uint64_t coefs_bytes) {
     if (partials_bytes && (!partials || partials->size < partials_bytes))
       partials = Buffer::create(ctx, partials_bytes, Buffer::Kind::Device);
-    if (coefs_bytes && (!coefs || coefs->size < coefs_bytes)) coefs = Buffer::create(ctx, coefs_bytes, Buffer::Kind::Device);
+    if (coefs_bytes && (!coefs || coefs->size < coefs_bytes))
+      coefs = Buffer::create(ctx, coefs_bytes, Buffer::Kind::Device), counters_zero = false;
   }
 };
 
@@ -363,10 +365,14 @@ DispatchInfo record(Norm::Gpu& gpu, Submission& s, const Buffer& blob, const Gro
                                                   add ? add->residual : unused,
                                                   add ? add->out : unused,
                                                   add && add->sum ? add->sum : unused};
+  bool recorded = false;
   for (const Pass& pass : fp.passes) {
-    if (pass.after_previous) s.barrier();
+    if (pass.clears_counters && ws.counters_zero) continue;
+    if (pass.after_previous && recorded) s.barrier();
     s.dispatch(impl.pipeline(pass.variant, Specialization::of(pass)), bind, pass.push, pass.workgroups);
+    recorded = true;
   }
+  if (fp.coefs_bytes) ws.counters_zero = fp.counters;  // split coefficients are not zero
   return dispatch_info(fp);
 }
 

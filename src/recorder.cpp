@@ -156,6 +156,7 @@ struct Recorder::Impl {
   uint64_t gamma_offset = 0, beta_offset = 0, unused_offset = 0;
   bool upload_pending = false;  // the next record() copies staging -> weights
   OwnedBuffer scratch;          // split path: partials at 0, coefficients at an aligned offset
+  bool counters_zero = false;   // the scratch's slot 4 holds the cooperative kernel's counters, zero
   std::vector<OwnedBuffer> retired;  // replaced while command buffers may still use them
 
   // Timing (set_timing): a pair of timestamp queries per timed record(), until gpu_times_us() reads them.
@@ -226,6 +227,12 @@ struct Recorder::Impl {
       const auto need = vk::SubgroupFeatureFlagBits::eBasic | vk::SubgroupFeatureFlagBits::eArithmetic |
                         vk::SubgroupFeatureFlagBits::eShuffle;
       subgroup_reduce = info.subgroup_compute && (sg.supportedOperations & need) == need;
+      for (const auto& e : caller.physical.enumerateDeviceExtensionProperties())
+        if (std::strcmp(e.extensionName, VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME) == 0)
+          info.compute_units =
+              caller.physical.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV>()
+                  .get<vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV>()
+                  .shaderSMCount;
     }
     // Timestamps on whichever compute queue the caller records for: every compute family must have them.
     timestamp_bits = props.limits.timestampPeriod > 0 ? 64u : 0u;
@@ -521,6 +528,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   if (scratch_bytes > m.scratch.size) {
     m.retire(m.scratch);
     m.scratch = m.make_buffer(scratch_bytes, vk::BufferUsageFlagBits::eStorageBuffer, false);
+    m.counters_zero = false;
   }
   std::vector<std::vector<vk::Pipeline>> pipelines;
   std::vector<vk::DescriptorSet> sets;
@@ -566,15 +574,20 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
     // waits for the earlier ones' passes (reads of it included) to finish.
     if (fp.partials_bytes || fp.coefs_bytes) cb.pipelineBarrier(S::eComputeShader, S::eComputeShader, {}, between, {}, {}, dispatcher);
     cb.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *m.pipeline_layout, 0, sets[k], {}, dispatcher);
+    bool recorded = false;
     for (size_t i = 0; i < fp.passes.size(); ++i) {
       const Pass& pass = fp.passes[i];
-      if (pass.after_previous) cb.pipelineBarrier(S::eComputeShader, S::eComputeShader, {}, between, {}, {}, dispatcher);
+      // Counters left zero by this Recorder's last cooperative forward (command buffers run in the order recorded).
+      if (pass.clears_counters && m.counters_zero) continue;
+      if (pass.after_previous && recorded) cb.pipelineBarrier(S::eComputeShader, S::eComputeShader, {}, between, {}, {}, dispatcher);
+      recorded = true;
       cb.bindPipeline(vk::PipelineBindPoint::eCompute, pipelines[k][i], dispatcher);
       cb.pushConstants(*m.pipeline_layout, vk::ShaderStageFlagBits::eCompute, 0, sizeof(PushConstants), &pass.push, dispatcher);
       // Counts past the x limit fold into y; the shaders rebuild the linear id (common.glsl).
       const Grid grid = fold_workgroups(pass.workgroups, m.info.max_workgroup_count_x);
       cb.dispatch(grid.x, grid.y, 1, dispatcher);
     }
+    if (fp.coefs_bytes) m.counters_zero = fp.counters;
     const DispatchInfo piece = dispatch_info(fp);
     const int dispatches = info.dispatches + piece.dispatches;
     info = piece;

@@ -22,6 +22,9 @@ struct DeviceInfo {
   bool storage_16bit = false;             // storageBuffer16BitAccess
   bool float16_arithmetic = false;        // shaderFloat16
   uint32_t max_shared_memory = 0;
+  // Multiprocessors, where the device reports them (NVIDIA: VK_NV_shader_sm_builtins); 0: unknown. Each
+  // keeps at least one workgroup resident, which the cooperative kernel relies on.
+  uint32_t compute_units = 0;
   uint32_t max_workgroup_invocations = 0;
   uint32_t max_workgroup_size_x = 0;
   uint32_t max_workgroup_count_x = 0;

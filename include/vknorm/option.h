@@ -5,7 +5,7 @@
 namespace vknorm {
 
 // Subgroup and Workgroup are the single-dispatch (fused) kernels; Split is reduce -> finalize -> normalize.
-enum class Path { Auto, Subgroup, Workgroup, Split };
+enum class Path { Auto, Subgroup, Workgroup, Split, Cooperative };
 
 struct Option {
   bool use_fp16_storage = false;   // float16 blob on the device, float32 arithmetic

@@ -64,7 +64,7 @@ def add_parser(sub) -> None:
     p.add_argument("--warmup-ms", type=float, default=None,
                    help="GPU work right before each timed batch (default 150); with --model, warm-up per "
                         "implementation (default 300)")
-    p.add_argument("--path", help="force a vknorm path: auto (default)|subgroup|workgroup|split")
+    p.add_argument("--path", help="force a vknorm path: auto (default)|subgroup|workgroup|split|cooperative")
     p.add_argument("--no-packing", action="store_true", help="elempack 1 blobs (default: ncnn's pack4)")
     p.add_argument("--no-affine", action="store_true", help="layers without gamma/beta (ncnn param 2 affine=0)")
     p.add_argument("--residual", choices=["add", "add+sum"],

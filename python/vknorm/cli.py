@@ -34,6 +34,7 @@ def _info(args) -> int:
             ("16-bit storage", "yes" if d["storage_16bit"] else "no"),
             ("float16 arithmetic", "yes" if d["float16_arithmetic"] else "no"),
             ("max shared memory", f"{d['max_shared_memory']} bytes"),
+            ("multiprocessors", str(d["compute_units"]) if d["compute_units"] else "unknown"),
             ("max workgroup invocations", d["max_workgroup_invocations"]),
             ("timestamp period", f"{d['timestamp_period_ns']:g} ns" + ("" if d["timestamps"] else " (no timestamps)")),
         ]

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import _core
 
-_PATHS = ("auto", "subgroup", "workgroup", "split")
+_PATHS = ("auto", "subgroup", "workgroup", "split", "cooperative")
 
 
 class Option:
@@ -17,7 +17,8 @@ class Option:
 
     use_fp16_storage: float16 blob on the device (float32 arithmetic). Default False.
     use_packing_layout: ncnn's pack4 layout when channels (dims 3/4) or rows (dims 2) divide by 4.
-    path: "auto" (the dispatcher decides; VKNORM_PATH overrides), "subgroup", "workgroup" or "split".
+    path: "auto" (the dispatcher decides; VKNORM_PATH overrides), "subgroup", "workgroup", "split" or
+        "cooperative".
     use_subgroup_ops: allow subgroup reductions where the device has them.
     max_workgroup_size: cap on invocations per workgroup (0: the device's choice).
     """

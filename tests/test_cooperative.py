@@ -1,0 +1,190 @@
+"""The cooperative kernel: one dispatch in which the workgroups holding the chunks of one group wait for each
+other's partial statistics (shaders/norm_cooperative.comp).
+
+* Planning, as data for a described device: auto plans it only where the device says how many workgroups it
+  keeps resident (NVIDIA's multiprocessor count), for few large groups and for LayerNorm-type groups too large
+  for the fused kernel; never on CPU drivers; a group's chunks never outnumber the resident workgroups.
+* On this machine's lavapipe, in child processes that declare the residency (VKNORM_COOPERATIVE_WORKGROUPS=2
+  with LP_NUM_THREADS=2, so both chunks of a group run at once): the forced path against the CPU reference for
+  every op, storage and packing, with groups of two chunks that really wait on each other; the fused residual
+  add and activation; large offsets; back-to-back forwards that reuse the counters it leaves zero; and inside
+  ncnn's Vulkan graph, where a clear pass zeroes them in ncnn's workspace memory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vknorm import _core
+
+from reference import FP16_TOL, FP32_TOL
+
+H200 = {"type": "discrete", "subgroup_size": 32, "max_shared_memory": 49152, "max_workgroup_invocations": 1024,
+        "max_workgroup_size_x": 1024, "max_workgroup_count_x": 2**31 - 1, "subgroup_reduce": True,
+        "compute_units": 132}
+H200_UNKNOWN_RESIDENCY = {k: v for k, v in H200.items() if k != "compute_units"}
+LAVAPIPE = {"type": "cpu", "subgroup_size": 8, "max_shared_memory": 32768, "max_workgroup_invocations": 1024,
+            "max_workgroup_size_x": 1024, "max_workgroup_count_x": 65535, "subgroup_reduce": True,
+            "compute_units": 2}
+
+
+@pytest.fixture(autouse=True)
+def no_knobs(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("VKNORM_TUNE_") or k in ("VKNORM_PATH", "VKNORM_COOPERATIVE_WORKGROUPS"):
+            monkeypatch.delenv(k)
+
+
+def rows_plan(op, rows, cols, fp16=False, device=H200, path="auto"):
+    return _core.plan_for_device(op, cols, 1, 0, 2, cols, rows // 4, 1, 1, 4, fp16, device, path)
+
+
+def channels_plan(op, c, h, w, group, fp16=False, device=H200, path="auto"):
+    return _core.plan_for_device(op, 0, group, c, 3, w, h, 1, c // 4, 4, fp16, device, path)
+
+
+def test_few_large_groups_go_cooperative_where_residency_is_known():
+    for fp16 in (False, True):
+        inorm = channels_plan("InstanceNorm", 64, 128, 128, 64, fp16)  # 16 packed planes of 16384: 16 workgroups fused
+        assert inorm["path"] == "cooperative" and inorm["dispatches"] == 1, inorm
+        assert 2 <= inorm["chunks"] <= H200["compute_units"] // 2, inorm
+        gn = channels_plan("GroupNorm", 320, 64, 64, 32, fp16)
+        assert gn["path"] == "cooperative", gn
+    # smaller groups stay fused; so do large ones that fill the GPU (many rows)
+    assert channels_plan("GroupNorm", 640, 32, 32, 32)["path"] == "workgroup"
+    assert rows_plan("LayerNorm", 2048, 16384)["path"] == "workgroup"
+    assert rows_plan("LayerNorm", 8192, 4096)["path"] == "workgroup"
+
+
+def test_too_large_for_the_fused_kernel_layernorm_goes_cooperative_rmsnorm_split():
+    assert rows_plan("LayerNorm", 1024, 32768)["path"] == "cooperative"  # split would read x three times
+    assert rows_plan("RMSNorm", 1024, 32768)["path"] == "split"  # split reads it twice and stays ahead
+
+
+def test_never_planned_without_known_residency():
+    assert channels_plan("InstanceNorm", 64, 128, 128, 64, device=H200_UNKNOWN_RESIDENCY)["path"] == "workgroup"
+    assert rows_plan("LayerNorm", 1024, 32768, device=H200_UNKNOWN_RESIDENCY)["path"] == "split"
+    assert channels_plan("InstanceNorm", 64, 128, 128, 64, device=LAVAPIPE)["path"] != "cooperative"
+    # forced where residency is unknown: only groups of one chunk (no workgroup waits on another), else split
+    assert rows_plan("LayerNorm", 8, 3000, device=LAVAPIPE, path="cooperative")["chunks"] == 1
+    assert rows_plan("LayerNorm", 8, 300000, device=LAVAPIPE, path="cooperative")["path"] == "split"
+
+
+def test_chunks_never_outnumber_the_resident_workgroups():
+    # GroupNorm(2, 640) on 640x16x16: 80 planes per group, a chunk per plane at least: more than 66
+    assert channels_plan("GroupNorm", 640, 16, 16, 2)["path"] == "split"
+    forced = channels_plan("GroupNorm", 640, 16, 16, 2, path="cooperative")
+    assert forced["path"] == "split", forced
+
+
+DEVICE_SCRIPT = r"""
+import json, sys
+import numpy as np
+import vknorm
+rng = np.random.default_rng(5)
+report = []
+def check(name, layer, x, f64=None):
+    for fp16 in (False, True):
+        # f64: float64 of the input as stored (float16 storage rounds it first); else the CPU reference
+        ref = layer(x, device="cpu") if f64 is None else f64(x.astype(np.float16) if fp16 else x)
+        for pack in (True, False):
+            opt = vknorm.Option(path="cooperative", use_fp16_storage=fp16, use_packing_layout=pack)
+            y = layer(x, device="vulkan", option=opt)
+            d = layer.last_dispatch
+            scale = max(1.0, float(np.abs(ref).max()))
+            report.append({"case": name, "fp16": fp16, "pack": pack, "path": d["path"], "chunks": d["chunks"],
+                           "err": float(np.abs(y - ref).max()) / scale})
+def weights(layer, n, beta=True):
+    g = rng.standard_normal(n).astype(np.float32)
+    layer.load_model(g, rng.standard_normal(n).astype(np.float32)) if beta else layer.load_model(g)
+    return layer
+check("LayerNorm 8x1000", weights(vknorm.LayerNorm(affine_size=1000, eps=1e-5), 1000),
+      rng.standard_normal((8, 1000)).astype(np.float32))
+x = (rng.standard_normal((4, 700)) * 0.01 + 1e4).astype(np.float32)  # |mean| >> std: judged against float64
+def layernorm_f64(x):
+    c = x.astype(np.float64) - x.astype(np.float64).mean(axis=1, keepdims=True)
+    return c / np.sqrt((c ** 2).mean(axis=1, keepdims=True) + 1e-5)
+check("LayerNorm offset 1e4", vknorm.LayerNorm(affine_size=700, eps=1e-5, affine=False), x, f64=layernorm_f64)
+check("RMSNorm 4x900", weights(vknorm.RMSNorm(affine_size=900, eps=1e-6), 900, beta=False),
+      rng.standard_normal((4, 900)).astype(np.float32))
+gn = weights(vknorm.GroupNorm(group=32, channels=64, eps=1e-5), 64)  # 2 channels per group
+check("GroupNorm 64x24x24/32", gn, (rng.standard_normal((64, 24, 24)) + 3).astype(np.float32))
+gn6 = weights(vknorm.GroupNorm(group=6, channels=12, eps=1e-5), 12)  # 2 channels per group: inside pack4 planes
+gn6.set_activation("swish")
+check("GroupNorm 12x40x40/6 + Swish", gn6, rng.standard_normal((12, 40, 40)).astype(np.float32))
+check("InstanceNorm 8x30x30", weights(vknorm.InstanceNorm(channels=8, eps=1e-5), 8),
+      rng.standard_normal((8, 30, 30)).astype(np.float32))
+check("constant groups", vknorm.LayerNorm(affine_size=1000, eps=1e-5, affine=False), np.full((4, 1000), 3.5, np.float32))
+# the fused residual add and its sum
+ln = weights(vknorm.LayerNorm(affine_size=1000, eps=1e-5), 1000)
+x = rng.standard_normal((8, 1000)).astype(np.float32)
+r = rng.standard_normal((8, 1000)).astype(np.float32)
+for fp16 in (False, True):
+    # float16 storage: the inputs as stored, their sum rounded to float16 as the add layer would store it
+    as_stored = (lambda a: a.astype(np.float16).astype(np.float32)) if fp16 else (lambda a: a)
+    s_want = as_stored(as_stored(x) + as_stored(r))
+    ref = ln(s_want, device="cpu")
+    y, s = ln.forward_add(x, r, return_sum=True, option=vknorm.Option(path="cooperative", use_fp16_storage=fp16))
+    report.append({"case": "add+sum", "fp16": fp16, "pack": True, "path": ln.last_dispatch["path"],
+                   "chunks": ln.last_dispatch["chunks"], "err": float(np.abs(y - ref).max()) / max(1.0, float(np.abs(ref).max())),
+                   "sum_err": float(np.abs(s.astype(np.float32) - s_want).max())})
+# back-to-back forwards over one workspace (forward_repeated: one forward, then warmup + reps more, in place):
+# the first clears the counters, each leaves them zero for the next
+rep = vknorm.LayerNorm(affine_size=1000, eps=1e-5)
+rep.load_model(np.full(1000, 1.5, np.float32), np.full(1000, 0.25, np.float32))
+x = (rng.standard_normal((8, 1000)) * 2 + 7).astype(np.float32)
+want = x.copy()
+for _ in range(1 + 2 + 5):
+    want = rep(want, device="cpu")
+opt = vknorm.Option(path="cooperative", use_packing_layout=False)
+v = vknorm.to_device(x, opt)
+d = rep._layer.forward_repeated(v, vknorm.Option._of(opt), 2, 5)
+got = v.download().cast_fp32().numpy().reshape(x.shape)
+report.append({"case": "repeated", "path": d["path"], "chunks": d["chunks"], "err": float(np.abs(got - want).max())})
+print(json.dumps(report))
+"""
+
+
+def run_declaring_residency(script, extra_env=None):
+    env = dict(os.environ, VKNORM_COOPERATIVE_WORKGROUPS="2", LP_NUM_THREADS="2", VKNORM_VALIDATION="1",
+               **(extra_env or {}))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_forced_cooperative_matches_the_cpu_reference_with_groups_that_wait_on_each_other():
+    report = json.loads(run_declaring_residency(DEVICE_SCRIPT).stdout.strip().splitlines()[-1])
+    cases = [r for r in report if r["case"] != "repeated"]
+    assert len(cases) == 7 * 4 + 2
+    for r in cases:
+        assert r["path"] == "cooperative", r
+        tol = FP16_TOL if r["fp16"] else FP32_TOL
+        assert r["err"] <= tol, r
+        if "sum_err" in r:
+            assert r["sum_err"] == 0.0, r  # the add's sum as the add layer stores it, bit for bit
+    # most cases run two chunks per group, whose workgroups wait for each other
+    assert sum(r["chunks"] == 2 for r in cases) >= 20, [(r["case"], r["chunks"]) for r in cases]
+    repeated = next(r for r in report if r["case"] == "repeated")
+    assert repeated["path"] == "cooperative" and repeated["chunks"] == 2, repeated
+    assert repeated["err"] <= 8 * FP32_TOL, repeated  # 8 forwards, each within the fp32 rule
+
+
+INSIDE_NCNN = ["-m", "vknorm", "check", "tests/data/instnorm_block.ncnn.param", "tests/data/instnorm_block.ncnn.bin",
+               "--input", "in0=16x24x24", "--vulkan", "--json"]
+
+
+def test_inside_ncnn_graph_with_counters_in_workspace_memory():
+    """ncnn's graph (VKNORM_PATH forces the path there): InstanceNorm planes of 576 elements, two chunks each, a
+    clear pass zeroing the counters in ncnn's workspace memory before each forward; judged by vknorm check."""
+    env = dict(os.environ, VKNORM_COOPERATIVE_WORKGROUPS="2", LP_NUM_THREADS="2", VKNORM_VALIDATION="1",
+               VKNORM_PATH="cooperative")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable] + INSIDE_NCNN, env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    report = json.loads(proc.stdout)
+    assert report["ok"] and report["host_round_trips"] == 0, report
