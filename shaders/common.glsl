@@ -205,7 +205,7 @@ layout(binding = 2) readonly buffer Beta { float beta[]; };
 #endif
 #if COOPERATIVE
 layout(binding = 3) coherent buffer Partials { afp partial[]; };
-layout(binding = 4) volatile coherent buffer Counters { uint counter[]; };  // see norm_cooperative.comp
+layout(binding = 4) volatile buffer Counters { uint counter[]; };  // volatile: coherent, and every read a load (norm_cooperative.comp)
 #else
 layout(binding = 3) buffer Partials { afp partial[]; };  // [mean of n_items][M2 of n_items][pivot of n_groups]
 layout(binding = 4) buffer Coefs { afp coef[]; };        // [pivot, shifted mean, a] per group

@@ -16,7 +16,7 @@ import numpy as np
 import ncnn_cases
 
 PATHS = ("auto", "subgroup", "workgroup", "split")
-PATH_RANK = {"subgroup": 0, "workgroup": 1, "split": 2}
+PATH_RANK = {"subgroup": 0, "workgroup": 1, "split": 2, "cooperative": 2}  # auto only: never a forced fall
 
 # Tolerances stated in issue 3 (relative to max(1, max|y|)).
 FP32_TOL = 1e-5
@@ -217,7 +217,7 @@ def check_dispatch(info: dict, forced: str, group_size: int, device: dict):
     """
     path = info.get("path")
     if path not in PATH_RANK:
-        return f"last_dispatch path {path!r} is not subgroup/workgroup/split"
+        return f"last_dispatch path {path!r} is not subgroup/workgroup/split/cooperative"
     n = info.get("dispatches")
     if path == "split" and not (isinstance(n, int) and n >= 2):
         return f"split path recorded {n} dispatches (reduce, finalize, normalize expected)"

@@ -31,7 +31,7 @@ def test_bench_sweep_reports_vknorm_and_the_copy_roof_per_shape_as_json(tmp_path
         assert r["gpu_us"] > 0 and r["gbps"] >= 0, r  # tiny shapes round to 0.0 GB/s
         seen.setdefault((r["op"], r["dtype"], r["rows"], r["cols"]), set()).add(r["impl"])
         if r["impl"] == "vknorm":
-            assert r["path"] in ("subgroup", "workgroup", "split") and r["dispatches"] >= 1, r
+            assert r["path"] in ("subgroup", "workgroup", "split", "cooperative") and r["dispatches"] >= 1, r
     expected = {(op, dt, rows, cols) for op in ("layernorm", "rmsnorm") for dt in ("fp32", "fp16")
                 for rows, cols in ((8, 64), (3, 768))}
     assert set(seen) == expected

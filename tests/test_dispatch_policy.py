@@ -166,9 +166,11 @@ print(json.dumps(held))
 
 def run_script_under(script, knob, value, tmp_path):
     """Runs a device script in a child process with the tuning knob set (the dispatcher reads knobs per plan):
-    its saved outputs and the JSON it printed last."""
+    its saved outputs and the JSON it printed last. The cooperative kernel stays off (a GPU plans it where the
+    knob's other value leaves a group too large for the fused kernel), so both runs take the kernels compared."""
     path = tmp_path / f"{knob}_{value}.npz"
-    proc = subprocess.run([sys.executable, "-c", script, str(path)], env=dict(os.environ, **{knob: value}),
+    env = dict(os.environ, VKNORM_COOPERATIVE_WORKGROUPS="0", **{knob: value})
+    proc = subprocess.run([sys.executable, "-c", script, str(path)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return np.load(path), json.loads(proc.stdout.strip().splitlines()[-1])
