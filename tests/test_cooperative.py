@@ -150,8 +150,9 @@ print(json.dumps(report))
 
 
 def run_declaring_residency(script, extra_env=None):
+    # the fewest elements per invocation: groups of 1000 split in two chunks on any device (GPU workgroups are wider)
     env = dict(os.environ, VKNORM_COOPERATIVE_WORKGROUPS="2", LP_NUM_THREADS="2", VKNORM_VALIDATION="1",
-               **(extra_env or {}))
+               VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE="1", **(extra_env or {}))
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
