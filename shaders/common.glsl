@@ -211,6 +211,16 @@ layout(binding = 3) buffer Partials { afp partial[]; };  // [mean of n_items][M2
 layout(binding = 4) buffer Coefs { afp coef[]; };        // [pivot, shifted mean, a] per group
 #endif
 
+// A chunk's partial (mean and M2 about the group's pivot) where the merge reads it (split_coefs.glsl); a
+// group's first chunk also keeps the pivot, for merges that run after the group's first elements may have
+// been normalized in place.
+void publish_partial(uint item, uint g, uint c, afp mean, afp m2, afp group_pivot) {
+  uint n_items = p.n_groups * p.n_chunks;
+  partial[item] = mean;
+  partial[n_items + item] = m2;
+  if (c == 0u) partial[2u * n_items + g] = group_pivot;
+}
+
 // Statistics are reduced per group: a float, or a vec4 for the 4 groups of a pack4 element. A VEC4
 // lane first adds its vec4 across (one group), so a team reduction moves one float, not four.
 #if PACK == 4

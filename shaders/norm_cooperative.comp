@@ -84,9 +84,7 @@ void main() {
 
   // Publish, then wait for the item's other chunks (one invocation polls; the rest wait at the barrier).
   if (gl_LocalInvocationIndex == 0u) {
-    partial[chunk] = mean;
-    partial[n_items + chunk] = m2;
-    if (c == 0u) partial[2u * n_items + g] = group_pivot;
+    publish_partial(chunk, g, c, mean, m2, group_pivot);
     memoryBarrierBuffer();
     uint seen = atomicAdd(counter[1u + g], 1u) + 1u;
     for (uint k = 0u; k < 65536u && seen < p.n_chunks; ++k) {

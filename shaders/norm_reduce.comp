@@ -65,11 +65,5 @@ void main() {
     }
     m2 = team_sum(to_slots(q, begin));
   }
-  if (in_range && team_lane() == 0u) {
-    partial[item] = mean;
-    partial[n_items + item] = m2;
-    // The group's pivot, for an apply pass that merges partials itself: by then other teams may have
-    // normalized the group's first elements in place.
-    if (item == g * p.n_chunks) partial[2u * n_items + g] = group_pivot;
-  }
+  if (in_range && team_lane() == 0u) publish_partial(item, g, item - g * p.n_chunks, mean, m2, group_pivot);
 }

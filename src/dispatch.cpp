@@ -319,9 +319,8 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
     // Every constant a kernel declares gets a value (ncnn checks the count): ids 0-15, and 16 for its polls.
     std::vector<uint32_t> spec =
         model({plan.wg, op_id, affine_id, plan.items, 0, plan.wg, dev.specialize_shape ? g.group_size : 0u, 0});
-    pass("norm_clear", "1", false, spec, div_up(1 + uint64_t(g.n_groups), plan.wg), false);
-    f.passes.back().variant = variant_name("norm_clear", false, "1", false);
-    f.passes.back().clears_counters = true;
+    f.passes.push_back(Pass{variant_name("norm_clear", false, "1", false), spec, pc, plan.wg,
+                            div_up(1 + uint64_t(g.n_groups), plan.wg), false, /*clears_counters=*/true});
     spec.push_back(dev.poll_loads ? 1u : 0u);
     pass("norm_cooperative", pack, plan.subgroup, spec, items, true);
     return f;

@@ -88,7 +88,8 @@ struct Pass {
   std::string variant;                  // embedded SPIR-V: <shader>_fp<0|1>_p<1|4|v4>_sg<0|1>
   std::vector<uint32_t> specialization;  // constant ids 0..15: workgroup, op, affine, items, prefetch, team, size,
                                          // one reduction, planes, weights, channels per group, apply merges,
-                                         // residual, activation, its parameter (float bits), hold storage
+                                         // residual, activation, its parameter (float bits), hold storage;
+                                         // the cooperative kernel also 16: how it polls
   PushConstants push{};
   uint32_t workgroup_size = 0;  // local_size_x (specialization[0])
   uint64_t workgroups = 0;      // 1-D; executors fold counts past maxComputeWorkGroupCount[0] into y
@@ -105,6 +106,17 @@ struct ForwardPlan {
   uint64_t partials_bytes = 0, coefs_bytes = 0;  // split-path scratch (slots 3 and 4); 0: none
   bool counters = false;  // slot 4 holds the cooperative kernel's counters (coefs_bytes of them), zero between forwards
   std::vector<Pass> passes;
+};
+
+// What an executor knows of its slot-4 buffer from one recorded forward to the next: whether it holds the
+// cooperative kernel's counters, zero (the kernel leaves them so), and the clear pass may be skipped. A
+// buffer just made holds nothing known; a split forward's coefficients are not zero.
+struct CountersState {
+  bool zero = false;
+  bool skips(const Pass& pass) const { return pass.clears_counters && zero; }
+  void recorded(const ForwardPlan& fp) {
+    if (fp.coefs_bytes) zero = fp.counters;
+  }
 };
 
 std::string variant_name(const std::string& shader, bool fp16, const std::string& layout, bool subgroup);

@@ -317,12 +317,12 @@ namespace {
 struct Workspace {
   std::shared_ptr<Buffer> partials, coefs;
   std::shared_ptr<Buffer> gamma, beta;  // a piece's per-channel weights (record)
-  bool counters_zero = false;  // coefs holds zeroed cooperative counters (the kernel leaves them zero)
+  CountersState counters;  // of coefs
   void reserve(const std::shared_ptr<Context>& ctx, uint64_t partials_bytes, uint64_t coefs_bytes) {
     if (partials_bytes && (!partials || partials->size < partials_bytes))
       partials = Buffer::create(ctx, partials_bytes, Buffer::Kind::Device);
     if (coefs_bytes && (!coefs || coefs->size < coefs_bytes))
-      coefs = Buffer::create(ctx, coefs_bytes, Buffer::Kind::Device), counters_zero = false;
+      coefs = Buffer::create(ctx, coefs_bytes, Buffer::Kind::Device), counters = {};
   }
 };
 
@@ -367,12 +367,12 @@ DispatchInfo record(Norm::Gpu& gpu, Submission& s, const Buffer& blob, const Gro
                                                   add && add->sum ? add->sum : unused};
   bool recorded = false;
   for (const Pass& pass : fp.passes) {
-    if (pass.clears_counters && ws.counters_zero) continue;
+    if (ws.counters.skips(pass)) continue;
     if (pass.after_previous && recorded) s.barrier();
     s.dispatch(impl.pipeline(pass.variant, Specialization::of(pass)), bind, pass.push, pass.workgroups);
     recorded = true;
   }
-  if (fp.coefs_bytes) ws.counters_zero = fp.counters;  // split coefficients are not zero
+  ws.counters.recorded(fp);
   return dispatch_info(fp);
 }
 

@@ -156,7 +156,7 @@ struct Recorder::Impl {
   uint64_t gamma_offset = 0, beta_offset = 0, unused_offset = 0;
   bool upload_pending = false;  // the next record() copies staging -> weights
   OwnedBuffer scratch;          // split path: partials at 0, coefficients at an aligned offset
-  bool counters_zero = false;   // the scratch's slot 4 holds the cooperative kernel's counters, zero
+  CountersState counters;       // of the scratch's slot 4 (command buffers run in the order recorded)
   std::vector<OwnedBuffer> retired;  // replaced while command buffers may still use them
 
   // Timing (set_timing): a pair of timestamp queries per timed record(), until gpu_times_us() reads them.
@@ -528,7 +528,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   if (scratch_bytes > m.scratch.size) {
     m.retire(m.scratch);
     m.scratch = m.make_buffer(scratch_bytes, vk::BufferUsageFlagBits::eStorageBuffer, false);
-    m.counters_zero = false;
+    m.counters = {};
   }
   std::vector<std::vector<vk::Pipeline>> pipelines;
   std::vector<vk::DescriptorSet> sets;
@@ -577,8 +577,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
     bool recorded = false;
     for (size_t i = 0; i < fp.passes.size(); ++i) {
       const Pass& pass = fp.passes[i];
-      // Counters left zero by this Recorder's last cooperative forward (command buffers run in the order recorded).
-      if (pass.clears_counters && m.counters_zero) continue;
+      if (m.counters.skips(pass)) continue;
       if (pass.after_previous && recorded) cb.pipelineBarrier(S::eComputeShader, S::eComputeShader, {}, between, {}, {}, dispatcher);
       recorded = true;
       cb.bindPipeline(vk::PipelineBindPoint::eCompute, pipelines[k][i], dispatcher);
@@ -587,7 +586,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
       const Grid grid = fold_workgroups(pass.workgroups, m.info.max_workgroup_count_x);
       cb.dispatch(grid.x, grid.y, 1, dispatcher);
     }
-    if (fp.coefs_bytes) m.counters_zero = fp.counters;
+    m.counters.recorded(fp);
     const DispatchInfo piece = dispatch_info(fp);
     const int dispatches = info.dispatches + piece.dispatches;
     info = piece;

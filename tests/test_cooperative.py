@@ -19,32 +19,11 @@ import sys
 
 import pytest
 
-from vknorm import _core
-
+from planned import H200, H200_UNKNOWN_RESIDENCY, LAVAPIPE, channels_plan, no_tuning_knobs, rows_plan
 from reference import FP16_TOL, FP32_TOL
 
-H200 = {"type": "discrete", "subgroup_size": 32, "max_shared_memory": 49152, "max_workgroup_invocations": 1024,
-        "max_workgroup_size_x": 1024, "max_workgroup_count_x": 2**31 - 1, "subgroup_reduce": True,
-        "compute_units": 132}
-H200_UNKNOWN_RESIDENCY = {k: v for k, v in H200.items() if k != "compute_units"}
-LAVAPIPE = {"type": "cpu", "subgroup_size": 8, "max_shared_memory": 32768, "max_workgroup_invocations": 1024,
-            "max_workgroup_size_x": 1024, "max_workgroup_count_x": 65535, "subgroup_reduce": True,
-            "compute_units": 2}
-
-
-@pytest.fixture(autouse=True)
-def no_knobs(monkeypatch):
-    for k in list(os.environ):
-        if k.startswith("VKNORM_TUNE_") or k in ("VKNORM_PATH", "VKNORM_COOPERATIVE_WORKGROUPS"):
-            monkeypatch.delenv(k)
-
-
-def rows_plan(op, rows, cols, fp16=False, device=H200, path="auto"):
-    return _core.plan_for_device(op, cols, 1, 0, 2, cols, rows // 4, 1, 1, 4, fp16, device, path)
-
-
-def channels_plan(op, c, h, w, group, fp16=False, device=H200, path="auto"):
-    return _core.plan_for_device(op, 0, group, c, 3, w, h, 1, c // 4, 4, fp16, device, path)
+LAVAPIPE = dict(LAVAPIPE, compute_units=2)  # a count does not make a CPU driver's workgroups wait safely
+pytestmark = pytest.mark.usefixtures("no_tuning_knobs")
 
 
 def test_few_large_groups_go_cooperative_where_residency_is_known():

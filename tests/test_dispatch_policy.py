@@ -24,28 +24,20 @@ import pytest
 
 from vknorm import _core
 
-# An NVIDIA H200 as vknorm reads it (vknorm info): the rules below were measured there.
-H200 = {"type": "discrete", "subgroup_size": 32, "max_shared_memory": 49152, "max_workgroup_invocations": 1024,
-        "max_workgroup_size_x": 1024, "max_workgroup_count_x": 2**31 - 1, "subgroup_reduce": True}
-# lavapipe (llvmpipe, 256-bit): a CPU device.
-LAVAPIPE = {"type": "cpu", "subgroup_size": 8, "max_shared_memory": 32768, "max_workgroup_invocations": 1024,
-            "max_workgroup_size_x": 1024, "max_workgroup_count_x": 65535, "subgroup_reduce": True}
+from planned import H200_UNKNOWN_RESIDENCY, LAVAPIPE, channels_plan as _channels_plan, no_tuning_knobs, rows_plan as _rows_plan
 
-
-@pytest.fixture(autouse=True)
-def no_tuning_knobs(monkeypatch):
-    for k in list(os.environ):
-        if k.startswith("VKNORM_TUNE_") or k == "VKNORM_PATH":
-            monkeypatch.delenv(k)
+# The rules below were measured on an H200; these tests pin the fused and split ones (tests/test_cooperative.py
+# the cooperative kernel's, planned where the multiprocessor count is known).
+H200 = H200_UNKNOWN_RESIDENCY
+pytestmark = pytest.mark.usefixtures("no_tuning_knobs")
 
 
 def rows_plan(op, rows, cols, fp16, device=H200, pack=4):
-    """A 2-D blob of rows x cols as ncnn stores it: pack4 packs 4 rows per element (rows must divide)."""
-    return _core.plan_for_device(op, cols, 1, 0, 2, cols, rows // pack, 1, 1, pack, fp16, device)
+    return _rows_plan(op, rows, cols, fp16, device, pack)
 
 
 def channels_plan(op, c, h, w, group, fp16, device=H200):
-    return _core.plan_for_device(op, 0, group, c, 3, w, h, 1, c // 4, 4, fp16, device)
+    return _channels_plan(op, c, h, w, group, fp16, device)
 
 
 def test_float16_that_travels_as_uvec2_is_held_as_stored_float32_never():
