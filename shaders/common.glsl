@@ -170,9 +170,21 @@ float activate(float v) { return activate1(v); }
 vec4 activate(vec4 v) { return vec4(activate1(v.x), activate1(v.y), activate1(v.z), activate1(v.w)); }
 
 // The norm's input as stored: x, or x + residual rounded to the storage type, as the add layer stores it.
+// The sum x + residual rounded to the storage type, held. float16: through bits XORed with a zero the
+// compiler cannot prove (p.team is never 0), because NVIDIA's compiler folds a float32 -> float16 -> float32
+// round trip into nothing, and the fused kernel then normalized the unrounded sum (H200: mean error 7.5e-3
+// against the rounded sum, 1.4e-4 against the unrounded one, LayerNorm 8x5003).
+uint opaque_zero() { return uint(p.team == 0u); }
+#if HOLDS_BITS
+hfp held_sum(afp s) { return pack_b(s) ^ uvec2(opaque_zero()); }
+#elif FP16
+hfp held_sum(afp s) { return unpackHalf2x16(packHalf2x16(vec2(s, 0.0)) ^ opaque_zero()).x; }
+#else
+hfp held_sum(afp s) { return s; }
+#endif
 hfp load_held(uint i) {
   if (RESIDUAL == 0u || RESIDUAL == 3u) return to_held(x[i]);
-  return to_held(pack_b(unpack_b(x[i]) + unpack_b(residual[i])));
+  return held_sum(unpack_b(x[i]) + unpack_b(residual[i]));
 }
 #define unpack_held(h) unpack_b(from_held(h))
 // The norm's input for arithmetic.
