@@ -15,8 +15,7 @@
 //            (the host passes group_size and cstep in vec4s).
 //   SUBGROUP 1: team reductions use subgroup operations, 0: shared memory only.
 // Specialization constants (one pipeline per layer and choice), ids 0..6 in every kernel:
-//   0 workgroup size, 1 op, 2 affine, 3 items per invocation (fused kernel: held; split loops: loaded together)
-//   and 4 weight prefetch (fused kernel),
+//   0 workgroup size, 1 op, 2 affine, 3 items per invocation and 4 weight prefetch (fused kernel),
 //   5 team size and 6 group size when the plan fixes them (0: taken from the push constants),
 //   7 LayerNorm statistics from one reduction (fused kernel, see norm_fused.comp),
 //   8 planes per item, 9 where the affine weights come from, 10 channels per group (pack4 lanes),
@@ -55,8 +54,7 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint OP = 0;  // 0 LayerNorm, 1 RMSNorm
 layout(constant_id = 2) const uint AFFINE = 1;
-layout(constant_id = 3) const uint ITEMS = 4;  // fused: elements each invocation holds (group_size <= team * ITEMS);
-                                               // split loops: elements each invocation loads per step
+layout(constant_id = 3) const uint ITEMS = 4;  // fused: elements each invocation holds; group_size <= team * ITEMS
 // 1: load gamma/beta together with x, so their latency hides behind the reductions. Only for
 // latency-bound tensors: the extra registers cost occupancy on large ones (measured).
 layout(constant_id = 4) const uint PREFETCH_WEIGHTS = 0;

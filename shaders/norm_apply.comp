@@ -15,34 +15,16 @@
 afp load_input(uint i) { return RESIDUAL == 2u ? unpack_b(sum_out[i]) : load_x(i); }
 
 
-// Element e of the blob (every group's elements in turn): its group, its index there and its position.
-void locate(uint e, out uint g, out uint i, out uint at) {
-  g = e / GROUP_SIZE;
-  i = e - g * GROUP_SIZE;
-  at = group_base(g) + elem_offset(i);
-}
-
-// Both loops load ITEMS elements per invocation together, an index past the end reloading the first
-// one and discarding it (see norm_reduce.comp).
 void by_element() {
   uint total = p.n_groups * GROUP_SIZE;
   uint stride = gl_NumWorkGroups.x * gl_NumWorkGroups.y * WG;
-  for (uint e0 = workgroup_linear() * WG + gl_LocalInvocationID.x; e0 < total; e0 += ITEMS * stride) {
-    afp xs[ITEMS];
-    uint g, i, at;
-    for (uint u = 0u; u < ITEMS; ++u) {
-      uint e = e0 + u * stride;
-      locate(e < total ? e : e0, g, i, at);
-      xs[u] = load_input(at);
-    }
-    for (uint u = 0u; u < ITEMS; ++u) {
-      uint e = e0 + u * stride;
-      if (e >= total) break;
-      locate(e, g, i, at);
-      afp v = (xs[u] - from_slots(coef[3u * g], i)) - from_slots(coef[3u * g + 1u], i);
-      store_x(at, normalize_one(v, from_slots(coef[3u * g + 2u], i), AFFINE != 0u ? gamma_for(g, i) : wfp(1),
-                                  AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, i) : wfp(0)));
-    }
+  for (uint e = workgroup_linear() * WG + gl_LocalInvocationID.x; e < total; e += stride) {
+    uint g = e / GROUP_SIZE;
+    uint i = e - g * GROUP_SIZE;
+    uint at = group_base(g) + elem_offset(i);
+    afp v = (load_input(at) - from_slots(coef[3u * g], i)) - from_slots(coef[3u * g + 1u], i);
+    store_x(at, normalize_one(v, from_slots(coef[3u * g + 2u], i), AFFINE != 0u ? gamma_for(g, i) : wfp(1),
+                                AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, i) : wfp(0)));
   }
 }
 
@@ -66,17 +48,8 @@ void by_chunk() {
   a = from_slots(a, begin);
   wfp gw = AFFINE != 0u ? gamma_for(g, begin) : wfp(1);
   wfp bw = AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, begin) : wfp(0);
-  for (uint i0 = begin + team_lane(); i0 < end; i0 += ITEMS * TEAM) {
-    afp xs[ITEMS];
-    for (uint u = 0u; u < ITEMS; ++u) {
-      uint i = i0 + u * TEAM;
-      xs[u] = load_input(at + (i < end ? i : begin));
-    }
-    for (uint u = 0u; u < ITEMS; ++u) {
-      uint i = i0 + u * TEAM;
-      if (i < end) store_x(at + i, normalize_one((xs[u] - pivot) - mean, a, gw, bw));
-    }
-  }
+  for (uint i = begin + team_lane(); i < end; i += TEAM)
+    store_x(at + i, normalize_one((load_input(at + i) - pivot) - mean, a, gw, bw));
 }
 
 void main() {

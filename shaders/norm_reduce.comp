@@ -24,25 +24,13 @@ void main() {
   afp n = afp(float(end - begin)) * lanes_per_slot(plane);
   afp group_pivot = in_range && OP == OP_LAYERNORM ? first_elements(base) : afp(0);
   afp pivot = from_slots(group_pivot, begin);
-  // Each invocation loads ITEMS elements of its chunk together (spec id 3 on the split path, the plan's
-  // split_items): an index past the chunk loads the chunk's first element and discards it, so no load
-  // waits on a branch (see norm_fused.comp). Each lane adds its elements in the same order for any ITEMS.
   afp s = afp(0);
   if (in_range) {
-    for (uint i0 = begin + team_lane(); i0 < end; i0 += ITEMS * TEAM) {
-      hfp xs[ITEMS];
-      for (uint u = 0u; u < ITEMS; ++u) {
-        uint i = i0 + u * TEAM;
-        xs[u] = load_held(at + (i < end ? i : begin));
-      }
-      for (uint u = 0u; u < ITEMS; ++u) {
-        uint i = i0 + u * TEAM;
-        if (i < end) {
-          store_sum(at + i, xs[u]);  // the add's output, once (the second loop re-reads x)
-          afp d = unpack_held(xs[u]) - pivot;
-          s += OP == OP_LAYERNORM ? d : d * d;
-        }
-      }
+    for (uint i = begin + team_lane(); i < end; i += TEAM) {
+      hfp xi = load_held(at + i);
+      store_sum(at + i, xi);  // the add's output, once (the second loop re-reads x)
+      afp d = unpack_held(xi) - pivot;
+      s += OP == OP_LAYERNORM ? d : d * d;
     }
   }
   afp mean = team_sum(to_slots(s, begin)) / at_least_one(n);  // LayerNorm: shifted mean; RMSNorm: mean of squares
@@ -51,16 +39,9 @@ void main() {
     afp lane_mean = from_slots(mean, begin);
     afp q = afp(0);
     if (in_range) {
-      for (uint i0 = begin + team_lane(); i0 < end; i0 += ITEMS * TEAM) {
-        afp xs[ITEMS];
-        for (uint u = 0u; u < ITEMS; ++u) {
-          uint i = i0 + u * TEAM;
-          xs[u] = load_x(at + (i < end ? i : begin));
-        }
-        for (uint u = 0u; u < ITEMS; ++u) {
-          afp d = (xs[u] - pivot) - lane_mean;  // never pivot + mean: that rounds at |x|
-          if (i0 + u * TEAM < end) q += d * d;
-        }
+      for (uint i = begin + team_lane(); i < end; i += TEAM) {
+        afp d = (load_x(at + i) - pivot) - lane_mean;  // never pivot + mean: that rounds at |x|
+        q += d * d;
       }
     }
     m2 = team_sum(to_slots(q, begin));

@@ -110,7 +110,6 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   // Tuning knobs for measuring other choices on a device (vknorm bench); not needed in normal use.
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET")) caps.items_target = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_FP16")) caps.items_target_fp16 = std::max(1, std::atoi(v));
-  if (const char* v = std::getenv("VKNORM_TUNE_SPLIT_ITEMS")) caps.split_items = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_CHANNELS"))
     caps.items_target_channels = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_LATENCY_THREADS")) caps.latency_threads = std::strtoull(v, nullptr, 10);
@@ -259,7 +258,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   plan.one_reduction = false;
   plan.hold_storage = false;
   plan.team = 1;
-  plan.items = dev.split_items;  // the reduce and apply loops: elements loaded together per invocation
+  plan.items = 1;
   const uint32_t size_all = g.group_size;
   const uint64_t chunks_wanted = div_up(kTargetItems, g.n_groups);
   plan.chunk_size = uint32_t(std::max<uint64_t>(div_up(size_all, chunks_wanted), std::min(size_all, kMinChunk)));
@@ -342,7 +341,7 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
   f.coefs_bytes = merges ? 0 : 3ull * g.n_groups * g.elempack * sizeof(float);
   // The group size as a constant here too: element -> plane and item -> element divisions fold.
   const std::vector<uint32_t> spec =
-      model({plan.wg, op_id, affine_id, plan.items, 0, 0, dev.specialize_shape ? g.group_size : 0u, 0});
+      model({plan.wg, op_id, affine_id, 1, 0, 0, dev.specialize_shape ? g.group_size : 0u, 0});
   pc.team = plan.reduce_team;
   pass("norm_reduce", pack, false, spec, plan.reduce_workgroups(g), false);
   if (!merges) {
@@ -370,7 +369,7 @@ DispatchInfo dispatch_info(const ForwardPlan& fp) {
                                        info.subgroup = plan.subgroup;
   else if (plan.path != Path::Split) info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup, info.vec4 = plan.vec4,
                                  info.one_reduction = plan.one_reduction, info.hold_storage = plan.hold_storage;
-  else info.team = plan.reduce_team, info.items = plan.items, info.chunks = plan.n_chunks;
+  else info.team = plan.reduce_team, info.chunks = plan.n_chunks;
   return info;
 }
 

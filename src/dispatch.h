@@ -21,7 +21,6 @@ struct DeviceCaps {
   uint32_t items_target_fp16 = 8;      // the same for float16 storage (half the bytes per element)
   uint32_t items_target_channels = 8;  // the same for per-channel weights (GroupNorm, InstanceNorm)
   uint32_t items_target_reduce = 8;    // split path: chunk elements per invocation of the reduce pass
-  uint32_t split_items = 1;            // split path: elements each invocation of its loops loads together
   uint32_t small_group = 256;          // GPUs: groups of at most this many packed elements (or vec4s) ...
   uint32_t items_target_small = 4;     // ... aim for this many elements per invocation
   uint64_t latency_threads = 0;        // fewer invocations than this: latency-bound, spread groups wide
@@ -54,7 +53,7 @@ struct Plan {
   bool one_reduction = false;  // fused LayerNorm: statistics from one team reduction (common.glsl id 7)
   bool hold_storage = false;   // fused, float16 vec4s: held as stored, unpacked where used (id 15)
   uint32_t team = 1;       // fused: invocations per group
-  uint32_t items = 1;      // fused: elements per invocation (registers); split: loaded together per loop step
+  uint32_t items = 1;      // fused, cooperative: elements per invocation (registers)
   uint32_t chunk_size = 0, n_chunks = 1;  // split, cooperative: chunks per group
   uint32_t reduce_team = 1, finalize_team = 1;
   uint64_t fused_workgroups(const GroupLayout& g) const;
