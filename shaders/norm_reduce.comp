@@ -15,8 +15,9 @@ void main() {
   chunk_range(item - g * p.n_chunks, begin, end, plane);
 
   // LayerNorm: two passes over the chunk, as ncnn's two passes over a group: the chunk mean about the
-  // group's pivot, then the squares about that mean (the re-read comes from cache). One-pass shifted
-  // sums would cancel when the pivot is far from the chunk's mean (an outlier first element).
+  // group's pivot, then the squares about that mean. One-pass shifted sums would cancel when the pivot is
+  // far from the chunk's mean (an outlier first element). ITEMS > 1: the chunk fits ITEMS per invocation
+  // and the second pass reads the registers the first loaded; otherwise it re-reads x (from cache).
   // A chunk lies in one plane, so its lanes' groups are fixed: sums are kept per lane and added into
   // group slots (common.glsl) once; a slot with no lane in this plane counts 0.
   uint base = in_range ? group_base(g) : 0u;
@@ -24,8 +25,21 @@ void main() {
   afp n = afp(float(end - begin)) * lanes_per_slot(plane);
   afp group_pivot = in_range && OP == OP_LAYERNORM ? first_elements(base) : afp(0);
   afp pivot = from_slots(group_pivot, begin);
+  const bool held = OP == OP_LAYERNORM && ITEMS > 1u;
+  hfp h[ITEMS];
   afp s = afp(0);
-  if (in_range) {
+  if (held) {
+    // Loads never behind a branch (norm_fused.comp): past the chunk, the group's first element, unused.
+    for (uint k = 0u; k < ITEMS; ++k) {
+      uint i = begin + team_lane() + k * TEAM;
+      bool inside = in_range && i < end;
+      h[k] = load_held(inside ? at + i : base);
+      if (inside) {
+        store_sum(at + i, h[k]);
+        s += unpack_held(h[k]) - pivot;
+      }
+    }
+  } else if (in_range) {
     for (uint i = begin + team_lane(); i < end; i += TEAM) {
       hfp xi = load_held(at + i);
       store_sum(at + i, xi);  // the add's output, once (the second loop re-reads x)
@@ -38,7 +52,12 @@ void main() {
   if (OP == OP_LAYERNORM) {
     afp lane_mean = from_slots(mean, begin);
     afp q = afp(0);
-    if (in_range) {
+    if (held) {
+      for (uint k = 0u; k < ITEMS; ++k) {
+        afp d = (unpack_held(h[k]) - pivot) - lane_mean;  // never pivot + mean: that rounds at |x|
+        if (in_range && begin + team_lane() + k * TEAM < end) q += d * d;
+      }
+    } else if (in_range) {
       for (uint i = begin + team_lane(); i < end; i += TEAM) {
         afp d = (load_x(at + i) - pivot) - lane_mean;  // never pivot + mean: that rounds at |x|
         q += d * d;

@@ -113,9 +113,16 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_CHANNELS"))
     caps.items_target_channels = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_LATENCY_THREADS")) caps.latency_threads = std::strtoull(v, nullptr, 10);
+  if (const char* v = std::getenv("VKNORM_TUNE_LATENCY_ITEMS")) caps.latency_items = std::max(1, std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_LATENCY_TEAM")) caps.latency_team = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_MAX_ITEMS")) caps.max_items = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_MAX_ITEMS_HELD")) caps.max_items_held = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_MAX_TEAM_HELD")) caps.max_team_held = std::max(1, std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_MAX_TEAM_HELD_LAYERNORM"))
+    caps.max_team_held_layernorm = std::max(1, std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_HOLD_REDUCE")) caps.hold_reduce = std::atoi(v) != 0;
+  if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_REDUCE"))
+    caps.items_target_reduce = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_SMALL_GROUP")) caps.small_group = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_SMALL")) caps.items_target_small = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_SPECIALIZE")) caps.specialize_shape = std::atoi(v) != 0;
@@ -161,7 +168,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // | team of <= max workgroup holds the group  | fused "workgroup": subgroups of one workgroup  |
   // | larger                                    | split: reduce chunks -> finalize -> normalize  |
   // Auto sizes the team for items_target elements per invocation (items_target_small for groups of at
-  // most small_group packed elements or vec4s; 2 when the whole tensor needs
+  // most small_group packed elements or vec4s; latency_items (2, or 4 past teams of latency_team) when the whole tensor needs
   // fewer than latency_threads invocations: latency-bound, so wide teams and weights loaded early);
   // a forced path that cannot hold the group moves to the next row down.
   // LayerNorm in workgroup teams reduces its sum and sum of squares together, one team per workgroup
@@ -188,7 +195,9 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // team loses: LayerNorm fp32 at 1024-4096 cols 80-69 % -> 74-46 %).
   if (!dev.cpu && size <= dev.small_group) target = std::min(target, dev.items_target_small);
   const bool latency_bound = uint64_t(g.n_groups) * div_up(size, target) < dev.latency_threads;
-  if (latency_bound) target = 2;
+  // Latency-bound teams wider than latency_team take twice the elements each (H200, LayerNorm 1x4096 fp32:
+  // 512 x 2 vec4s 3.34 us, 256 x 4 3.06 us; 77x512 in a subgroup of 32 x 4 lost: 2.99 -> 3.23 us).
+  if (latency_bound) target = div_up(size, dev.latency_items) > dev.latency_team ? 2 * dev.latency_items : dev.latency_items;
   plan.prefetch = latency_bound;
   const uint32_t team_for_target =
       std::max(pow2_ceil(div_up(size, target)), std::min(dev.min_team, pow2_ceil(size)));
@@ -215,9 +224,9 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // Auto plans it (H200, interleaved A/B, docs/benchmarks) for fewer groups than the device has multiprocessors,
   // each of >= cooperative_min_group packed elements, which the fused kernel runs in too few workgroups
   // (InstanceNorm 64x128x128: 14.8 -> 7.7 us; GroupNorm 320x64x64/32 14.6 -> 11.4 us, split before; smaller
-  // groups lose: GroupNorm 640x32x32/32 6.8 -> 9.5 us, rows that fill the GPU fused lose 25-50 %); and for
-  // LayerNorm-type groups too large for the fused kernel, which split read x three times (LayerNorm
-  // 1024x32768 fp32: 140 -> 131 us; RMSNorm's split reads it twice and stays ahead, 109 vs 124 us).
+  // groups lose: GroupNorm 640x32x32/32 6.8 -> 9.5 us, rows that fill the GPU fused lose 25-50 %). Groups too
+  // large for the fused kernel go split: LayerNorm 1024x32768 fp32 117 us there (its reduce holding its
+  // chunks), 131 cooperative; RMSNorm 109 against 124.
   const bool cooperative_auto = !dev.cpu && dev.cooperative_workgroups >= 2;
   const bool few_large_groups = g.n_groups < dev.compute_units && g.group_size >= dev.cooperative_min_group;
   switch (want) {
@@ -232,12 +241,18 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
       // teams run at their register cap; 16384 cols in 512 x 32 lose: 50 -> 40 %); RMSNorm's small groups in
       // one subgroup, not a workgroup of 64 (256 and 768 cols: 76 -> 85 %; LayerNorm's one reduction needs
       // the workgroup team, and loses there), unless latency-bound (197x768: 3.0 -> 3.9 us in a subgroup).
+      // LayerNorm rows, held: teams of at most max_team_held_layernorm while max_items each suffice (4096 cols
+      // pack4: 512 x 8 49.4 us, 256 x 16 43.8 us, 70 -> 79 % of the copy roof; 2048 cols stays 256 x 8:
+      // 128 x 16 lost 90 -> 86 %). RMSNorm keeps 8 each (16 lost 4-10 points at 1024-4096 cols).
+      const bool layernorm_rows = centres(op) && g.weights == GroupLayout::ByPosition;
+      if (held && layernorm_rows && !latency_bound && team > dev.max_team_held_layernorm &&
+          items_for(size, dev.max_team_held_layernorm) <= dev.max_items && fused(dev.max_team_held_layernorm))
+        return plan;
       if (held && team > dev.max_team_held && items_for(size, dev.max_team_held) <= dev.max_items &&
           fused(dev.max_team_held))
         return plan;
       if (held && !centres(op) && !dev.cpu && !latency_bound && size <= dev.small_group) team = std::min(team, subgroup);
       if (fused(team)) return plan;
-      if (cooperative_auto && centres(op) && cooperative()) return plan;
       break;
     }
     case Path::Subgroup:
@@ -269,7 +284,19 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
     plan.chunk_size = uint32_t(div_up(plane, per_plane));
     plan.n_chunks = per_plane * g.planes;
   }
+  // LayerNorm-type chunks the reduce pass holds in registers for its second pass (the squares about the
+  // chunk mean) where they fit, instead of re-reading them (H200: GroupNorm 640x16x16/2 fp32 13.8 -> 11.7 us,
+  // 320x64x64/32 14.7 -> 13.0 us); float32 rows in chunks of at most a workgroup's items_target_reduce each
+  // so that they fit (LayerNorm 1024x32768: 140 -> 117 us, 47 -> 57 % of the copy roof). float16 rows keep
+  // their larger chunks, re-read (512x65536: 87 us, 97 in held chunks).
+  const bool hold_reduce = centres(op) && dev.hold_reduce;
+  if (hold_reduce && !fp16 && g.planes == 1 && plan.chunk_size > plan.wg * dev.items_target_reduce) {
+    plan.chunk_size = plan.wg * dev.items_target_reduce;
+    plan.n_chunks = uint32_t(div_up(size_all, plan.chunk_size));
+  }
   plan.reduce_team = std::min(plan.wg, pow2_ceil(div_up(plan.chunk_size, dev.items_target_reduce)));
+  plan.reduce_items = items_for(plan.chunk_size, plan.reduce_team);
+  if (!hold_reduce || plan.reduce_items > dev.max_items) plan.reduce_items = 1;
   plan.finalize_team = std::min(plan.wg, pow2_ceil(plan.n_chunks));
   return plan;
 }
@@ -343,7 +370,9 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
   const std::vector<uint32_t> spec =
       model({plan.wg, op_id, affine_id, 1, 0, 0, dev.specialize_shape ? g.group_size : 0u, 0});
   pc.team = plan.reduce_team;
-  pass("norm_reduce", pack, false, spec, plan.reduce_workgroups(g), false);
+  std::vector<uint32_t> reduce_spec = spec;
+  reduce_spec[3] = plan.reduce_items;  // ITEMS: > 1 holds the chunk (norm_reduce.comp)
+  pass("norm_reduce", pack, false, reduce_spec, plan.reduce_workgroups(g), false);
   if (!merges) {
     pc.team = plan.finalize_team;
     pass("norm_finalize", pack, false, spec, plan.finalize_workgroups(g), true);
@@ -369,7 +398,7 @@ DispatchInfo dispatch_info(const ForwardPlan& fp) {
                                        info.subgroup = plan.subgroup;
   else if (plan.path != Path::Split) info.team = plan.team, info.items = plan.items, info.subgroup = plan.subgroup, info.vec4 = plan.vec4,
                                  info.one_reduction = plan.one_reduction, info.hold_storage = plan.hold_storage;
-  else info.team = plan.reduce_team, info.chunks = plan.n_chunks;
+  else info.team = plan.reduce_team, info.items = plan.reduce_items, info.chunks = plan.n_chunks;
   return info;
 }
 

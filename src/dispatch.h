@@ -17,6 +17,7 @@ struct DeviceCaps {
   uint32_t max_items = 16;             // elements one invocation holds in the fused kernel
   uint32_t max_items_held = 32;        // the same for float16 elements held as stored (half the registers)
   uint32_t max_team_held = 512;        // float16 held as stored: larger teams only past max_items_held
+  uint32_t max_team_held_layernorm = 256;  // ... LayerNorm rows: larger teams only past max_items
   uint32_t items_target = 8;           // elements per invocation the team size aims for (fp32 rows)
   uint32_t items_target_fp16 = 8;      // the same for float16 storage (half the bytes per element)
   uint32_t items_target_channels = 8;  // the same for per-channel weights (GroupNorm, InstanceNorm)
@@ -24,6 +25,8 @@ struct DeviceCaps {
   uint32_t small_group = 256;          // GPUs: groups of at most this many packed elements (or vec4s) ...
   uint32_t items_target_small = 4;     // ... aim for this many elements per invocation
   uint64_t latency_threads = 0;        // fewer invocations than this: latency-bound, spread groups wide
+  uint32_t latency_items = 2;          // ... with this many elements per invocation,
+  uint32_t latency_team = 256;         // ... twice as many where the team would be wider than this
   uint32_t min_team = 1;               // smallest team for groups at least this large (CPU: a subgroup)
   // The cooperative kernel (norm_cooperative.comp): workgroups of one item that may wait on each other,
   // all resident at once with room to spare (half the device's multiprocessors); 0: unknown, the kernel
@@ -39,6 +42,7 @@ struct DeviceCaps {
   bool specialize_shape = true;  // fused kernel: team and group size as specialization constants
   bool one_reduction = true;     // fused LayerNorm: sum and sum of squares in one reduction
   bool apply_merges = true;      // split path, per-channel weights: apply merges partials (no finalize)
+  bool hold_reduce = true;       // split reduce, LayerNorm-type: the chunk held for its second pass, not re-read
   // fused, float16 vec4s held in registers as stored (common.glsl id 15): half the registers (H200 +7 to +11
   // points at 1024-4096 cols); on lavapipe the same within its noise (4096x768 fp16: 8.3-14.3 ms either way)
   bool hold_storage = true;
@@ -56,6 +60,7 @@ struct Plan {
   uint32_t items = 1;      // fused, cooperative: elements per invocation (registers)
   uint32_t chunk_size = 0, n_chunks = 1;  // split, cooperative: chunks per group
   uint32_t reduce_team = 1, finalize_team = 1;
+  uint32_t reduce_items = 1;  // split: chunk elements each reduce invocation holds (1: its second pass re-reads)
   uint64_t fused_workgroups(const GroupLayout& g) const;
   uint64_t reduce_workgroups(const GroupLayout& g) const;
   uint64_t finalize_workgroups(const GroupLayout& g) const;

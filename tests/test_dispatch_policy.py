@@ -89,6 +89,62 @@ def test_rmsnorm_small_float16_groups_run_in_one_subgroup():
     assert p["team"] > 32 and p["path"] == "workgroup", p
 
 
+def test_layernorm_float16_rows_take_teams_of_256_while_16_elements_each_suffice():
+    # H200, 8192x4096 pack4: 512 x 8 49.5 us, 256 x 16 43.7 us (69 -> 79 % of the copy roof)
+    p = rows_plan("LayerNorm", 8192, 4096, True)
+    assert (p["team"], p["items"]) == (256, 16), p
+    # RMSNorm keeps 8 each (16 lost 4-10 points at 1024-4096 cols); 2048 cols stays 256 x 8 (128 x 16 lost 4 points)
+    p = rows_plan("RMSNorm", 8192, 4096, True)
+    assert (p["team"], p["items"]) == (512, 8), p
+    p = rows_plan("LayerNorm", 16384, 2048, True)
+    assert (p["team"], p["items"]) == (256, 8), p
+    # float32 rows and per-channel weights are not held this way
+    assert rows_plan("LayerNorm", 8192, 4096, False)["team"] == 256
+    p = channels_plan("GroupNorm", 640, 32, 32, 32, True)
+    assert (p["team"], p["items"]) == (512, 10), p
+
+
+def test_latency_bound_teams_wider_than_256_take_4_elements_each():
+    # H200: LayerNorm 1x4096 fp32 3.43 us as 512 x 2 vec4s, 3.18 us as 256 x 4; 1x8192 4.93 -> 4.02 us;
+    # GroupNorm 1280x8x8/32 3.69 -> 3.37 us; InstanceNorm 256x32x32 4.22 -> 3.64 us
+    for op in ("LayerNorm", "RMSNorm"):
+        for fp16 in (False, True):
+            p = rows_plan(op, 1, 4096, fp16, pack=1)
+            assert (p["team"], p["items"], p["vec4"]) == (256, 4, True), p
+    assert (rows_plan("LayerNorm", 1, 8192, False, pack=1)["team"], rows_plan("LayerNorm", 1, 8192, False, pack=1)["items"]) == (512, 4)
+    p = channels_plan("GroupNorm", 1280, 8, 8, 32, False)
+    assert (p["team"], p["items"]) == (256, 3), p
+    p = channels_plan("InstanceNorm", 256, 32, 32, 1, False)
+    assert (p["team"], p["items"]) == (256, 4), p
+    # narrower teams keep 2 each (77x512 in a subgroup of 32 x 4 lost: 2.99 -> 3.23 us)
+    for rows, cols, team in ((77, 512, 64), (197, 768, 128), (1, 768, 128)):
+        p = rows_plan("LayerNorm", rows, cols, False, pack=1)
+        assert (p["team"], p["items"]) == (team, 2), p
+
+
+def test_the_split_reduce_holds_layernorm_type_chunks_where_they_fit():
+    # float32 rows: chunks of at most 256 x 8, held (LayerNorm 1024x32768: 140 -> 117 us)
+    p = rows_plan("LayerNorm", 1024, 32768, False)
+    assert (p["path"], p["team"], p["items"], p["chunks"]) == ("split", 256, 8, 16), p
+    # RMSNorm's reduce reads x once anyway: its chunks as before, nothing held
+    p = rows_plan("RMSNorm", 1024, 32768, False)
+    assert (p["path"], p["items"], p["chunks"]) == ("split", 1, 4), p
+    # float16 rows keep larger chunks, re-read (512x65536: 87 us, 97 in held chunks)
+    p = rows_plan("LayerNorm", 512, 65536, True)
+    assert (p["path"], p["items"], p["chunks"]) == ("split", 1, 8), p
+    # per-channel weights: chunks as before, held (GroupNorm 640x16x16/2 fp32 13.8 -> 11.7 us)
+    for fp16 in (False, True):
+        p = channels_plan("GroupNorm", 640, 16, 16, 2, fp16)
+        assert (p["path"], p["team"], p["items"], p["chunks"]) == ("split", 32, 8, 80), p
+
+
+def test_the_hold_reduce_knob_restores_re_reading(monkeypatch):
+    monkeypatch.setenv("VKNORM_TUNE_HOLD_REDUCE", "0")
+    p = rows_plan("LayerNorm", 1024, 32768, False)
+    assert (p["items"], p["chunks"]) == (1, 4), p
+    assert channels_plan("GroupNorm", 640, 16, 16, 2, False)["items"] == 1
+
+
 def test_group_and_instance_norm_keep_16_elements_per_invocation():
     # GroupNorm 320x64x64/32 fp16: 14.3 us split, 87.9 fused at 32 elements per invocation (H200)
     p = channels_plan("GroupNorm", 320, 64, 64, 32, True)
@@ -156,12 +212,12 @@ print(json.dumps(held))
 """
 
 
-def run_script_under(script, knob, value, tmp_path):
+def run_script_under(script, knob, value, tmp_path, **more_env):
     """Runs a device script in a child process with the tuning knob set (the dispatcher reads knobs per plan):
     its saved outputs and the JSON it printed last. The cooperative kernel stays off (a GPU plans it where the
     knob's other value leaves a group too large for the fused kernel), so both runs take the kernels compared."""
     path = tmp_path / f"{knob}_{value}.npz"
-    env = dict(os.environ, VKNORM_COOPERATIVE_WORKGROUPS="0", **{knob: value})
+    env = dict(os.environ, VKNORM_COOPERATIVE_WORKGROUPS="0", **{knob: value}, **more_env)
     proc = subprocess.run([sys.executable, "-c", script, str(path)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -169,7 +225,7 @@ def run_script_under(script, knob, value, tmp_path):
 
 
 def assert_bit_identical(a_run, b_run):
-    assert len(a_run.files) == len(b_run.files) > 20
+    assert len(a_run.files) == len(b_run.files) >= 20
     for k in a_run.files:
         a, b = a_run[k], b_run[k]
         assert a.dtype == b.dtype and a.shape == b.shape
@@ -184,4 +240,50 @@ def test_holding_float16_as_stored_changes_no_bit(tmp_path):
     for hold in ("0", "1"):
         runs[hold], held = run_script_under(HELD_SCRIPT, "VKNORM_TUNE_HOLD_STORAGE", hold, tmp_path)
         assert any(held) if hold == "1" else not any(held), (hold, held)
+    assert_bit_identical(runs["0"], runs["1"])
+
+
+HELD_REDUCE_SCRIPT = r"""
+import json
+import sys
+import numpy as np
+import vknorm
+rng = np.random.default_rng(11)
+out, items = [], []
+def run(layer, x, **kw):
+    for fp16 in (False, True):
+        for pack in (True, False):
+            opt = vknorm.Option(use_fp16_storage=fp16, use_packing_layout=pack)
+            out.append(layer(x, option=opt))
+            items.append(layer.last_dispatch["items"])
+            if kw.get("add"):
+                y, s = layer.forward_add(x, x[::-1].copy(), return_sum=True, option=opt)
+                out.extend([y, s])
+ln = vknorm.LayerNorm(affine_size=3000, eps=1e-5)
+ln.load_model(rng.standard_normal(3000).astype(np.float32), rng.standard_normal(3000).astype(np.float32))
+x = (rng.standard_normal((8, 3000)) * 3 + 1e4).astype(np.float32)
+x[:, 0] += 50  # an outlier first element: the pivot far from every chunk's mean
+run(ln, x, add=True)
+gn = vknorm.GroupNorm(group=32, channels=320, eps=1e-5)  # 10 channels per group: pack4 lanes of two groups
+gn.load_model(rng.standard_normal(320).astype(np.float32), rng.standard_normal(320).astype(np.float32))
+gn.set_activation("swish")
+run(gn, (rng.standard_normal((320, 24, 24)) - 30).astype(np.float32))
+inorm = vknorm.InstanceNorm(channels=8, eps=1e-5)
+inorm.load_model(rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32))
+run(inorm, (rng.standard_normal((8, 40, 40)) * 2 + 500).astype(np.float32))
+np.savez(sys.argv[1], *[np.ascontiguousarray(a) for a in out])
+print(json.dumps(items))
+"""
+
+
+def test_the_split_reduce_holding_its_chunks_changes_no_bit(tmp_path):
+    """The split path's reduce holding each chunk for its second pass against re-reading it, same chunks, on this
+    machine's device: every output bit-identical (LayerNorm with a large offset and an outlier pivot, its fused
+    residual add and sum; GroupNorm with groups inside pack4 lanes + Swish; InstanceNorm; both storages and
+    packings). Chunks of 16 elements per invocation on any device, so that a CPU driver holds them too."""
+    runs = {}
+    for hold in ("0", "1"):
+        runs[hold], items = run_script_under(HELD_REDUCE_SCRIPT, "VKNORM_TUNE_HOLD_REDUCE", hold, tmp_path,
+                                             VKNORM_PATH="split", VKNORM_TUNE_ITEMS_TARGET_REDUCE="16")
+        assert all(i > 1 for i in items) if hold == "1" else all(i == 1 for i in items), (hold, items)
     assert_bit_identical(runs["0"], runs["1"])
