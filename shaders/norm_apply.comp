@@ -15,10 +15,15 @@
 afp load_input(uint i) { return RESIDUAL == 2u ? unpack_b(sum_out[i]) : load_x(i); }
 
 
+// Elements last to first (spec id 16, 1 on GPUs): norm_reduce read x first to last, so the end of x is
+// what the L2 cache still holds when this pass starts.
+layout(constant_id = 16) const uint LAST_FIRST = 0;
+
 void by_element() {
   uint total = p.n_groups * GROUP_SIZE;
   uint stride = gl_NumWorkGroups.x * gl_NumWorkGroups.y * WG;
-  for (uint e = workgroup_linear() * WG + gl_LocalInvocationID.x; e < total; e += stride) {
+  for (uint k = workgroup_linear() * WG + gl_LocalInvocationID.x; k < total; k += stride) {
+    uint e = LAST_FIRST != 0u ? total - 1u - k : k;
     uint g = e / GROUP_SIZE;
     uint i = e - g * GROUP_SIZE;
     uint at = group_base(g) + elem_offset(i);

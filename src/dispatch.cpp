@@ -95,6 +95,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   // GPUs: the split apply pass merges partials itself, one dispatch fewer (H200, GroupNorm 320x64x64/32
   // 16.8 -> 14.5 us); lavapipe pays more for the barriers that merge takes (2.6 -> 4.4 ms there).
   caps.apply_merges = !caps.cpu;
+  caps.apply_last_first = !caps.cpu;
   // The cooperative kernel waits for the other chunks of its item: every SM keeps at least one of its
   // workgroups resident, and half of them leaves room for another kernel running beside it.
   caps.compute_units = info.compute_units;
@@ -121,6 +122,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_MAX_TEAM_HELD_LAYERNORM"))
     caps.max_team_held_layernorm = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_HOLD_REDUCE")) caps.hold_reduce = std::atoi(v) != 0;
+  if (const char* v = std::getenv("VKNORM_TUNE_APPLY_LAST_FIRST")) caps.apply_last_first = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_REDUCE"))
     caps.items_target_reduce = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_SMALL_GROUP")) caps.small_group = uint32_t(std::atoi(v));
@@ -378,7 +380,9 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
     pass("norm_finalize", pack, false, spec, plan.finalize_workgroups(g), true);
   }
   pc.team = by_chunk ? plan.reduce_team : 1;
-  pass("norm_apply", pack, false, spec, by_chunk ? plan.reduce_workgroups(g) : plan.apply_workgroups(g), true);
+  std::vector<uint32_t> apply_spec = spec;
+  apply_spec.push_back(!by_chunk && dev.apply_last_first ? 1u : 0u);  // id 16 (norm_apply.comp)
+  pass("norm_apply", pack, false, apply_spec, by_chunk ? plan.reduce_workgroups(g) : plan.apply_workgroups(g), true);
   return f;
 }
 

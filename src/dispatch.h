@@ -43,6 +43,7 @@ struct DeviceCaps {
   bool one_reduction = true;     // fused LayerNorm: sum and sum of squares in one reduction
   bool apply_merges = true;      // split path, per-channel weights: apply merges partials (no finalize)
   bool hold_reduce = true;       // split reduce, LayerNorm-type: the chunk held for its second pass, not re-read
+  bool apply_last_first = false;  // split apply by element: last to first, where norm_reduce left x in cache
   // fused, float16 vec4s held in registers as stored (common.glsl id 15): half the registers (H200 +7 to +11
   // points at 1024-4096 cols); on lavapipe the same within its noise (4096x768 fp16: 8.3-14.3 ms either way)
   bool hold_storage = true;

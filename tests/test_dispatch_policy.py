@@ -287,3 +287,35 @@ def test_the_split_reduce_holding_its_chunks_changes_no_bit(tmp_path):
                                              VKNORM_PATH="split", VKNORM_TUNE_ITEMS_TARGET_REDUCE="16")
         assert all(i > 1 for i in items) if hold == "1" else all(i == 1 for i in items), (hold, items)
     assert_bit_identical(runs["0"], runs["1"])
+
+
+LAST_FIRST_SCRIPT = r"""
+import json
+import sys
+import numpy as np
+import vknorm
+rng = np.random.default_rng(3)
+x = (rng.standard_normal((8, 5000)) * 3 + 100).astype(np.float32)
+out = []
+for op in ("LayerNorm", "RMSNorm"):
+    layer = vknorm.LayerNorm(affine_size=5000, eps=1e-5) if op == "LayerNorm" else vknorm.RMSNorm(affine_size=5000, eps=1e-5)
+    g = rng.standard_normal(5000).astype(np.float32)
+    layer.load_model(g, rng.standard_normal(5000).astype(np.float32)) if op == "LayerNorm" else layer.load_model(g)
+    for fp16 in (False, True):
+        for pack in (True, False):
+            opt = vknorm.Option(use_fp16_storage=fp16, use_packing_layout=pack)
+            out.append(layer(x, option=opt))
+            y, s = layer.forward_add(x, x[::-1].copy(), return_sum=True, option=opt)
+            out += [y, s]
+np.savez(sys.argv[1], *[np.ascontiguousarray(a) for a in out])
+print(json.dumps([]))
+"""
+
+
+def test_the_split_apply_pass_last_to_first_changes_no_bit(tmp_path):
+    """The split path's apply pass over rows walking the elements last to first (GPUs: the end of x is what the
+    reduce pass left in the L2) against first to last, on this machine's device: LayerNorm and RMSNorm, both
+    storages and packings, with the fused residual add and its sum."""
+    runs = {v: run_script_under(LAST_FIRST_SCRIPT, "VKNORM_TUNE_APPLY_LAST_FIRST", v, tmp_path, VKNORM_PATH="split")[0]
+            for v in ("0", "1")}
+    assert_bit_identical(runs["0"], runs["1"])
