@@ -106,6 +106,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   caps.poll_loads = !caps.cpu;
   if (const char* v = std::getenv("VKNORM_TUNE_POLL_LOADS")) caps.poll_loads = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MIN_GROUP")) caps.cooperative_min_group = uint32_t(std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MAX_PER_UNIT")) caps.cooperative_max_per_unit = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE"))
     caps.items_target_cooperative = std::max(1, std::atoi(v));
   // Tuning knobs for measuring other choices on a device (vknorm bench); not needed in normal use.
@@ -206,12 +207,13 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // Cooperative: the item in chunks of one plane each (the split path's chunks), a workgroup holding
   // each chunk in registers, at least items_target_cooperative elements per invocation, all of the
   // item's chunks resident at once (at most cooperative_workgroups; forced, at most 1 where that is 0).
-  auto cooperative = [&]() {
+  auto cooperative = [&](uint64_t max_workgroups) {
     const uint32_t wg = dev.preferred_workgroup, plane = g.plane_size();
     const uint32_t limit = std::max(dev.cooperative_workgroups, 1u);
     for (uint32_t items = std::min(dev.items_target_cooperative, dev.max_items); items <= dev.max_items; items *= 2) {
       const uint32_t per_plane = uint32_t(div_up(plane, uint64_t(wg) * items));
       if (uint64_t(per_plane) * g.planes > limit) continue;
+      if (uint64_t(per_plane) * g.planes * g.n_groups > max_workgroups) return false;
       plan.path = Path::Cooperative;
       plan.wg = plan.team = wg;
       plan.subgroup = dev.subgroup_reduce;
@@ -230,13 +232,18 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // large for the fused kernel go split: LayerNorm 1024x32768 fp32 117 us there (its reduce holding its
   // chunks), 131 cooperative; RMSNorm 109 against 124.
   const bool cooperative_auto = !dev.cpu && dev.cooperative_workgroups >= 2;
+  // ... and only while its workgroups are few enough to run in a few waves (cooperative_max_per_unit per
+  // multiprocessor): in many waves every workgroup's wait adds up (H200, rows of 65536 cols, 128 groups in
+  // 4096 workgroups: LayerNorm fp32 136 us cooperative, 109 split; RMSNorm fp16 108 against 67; one such
+  // row, 32 workgroups: 7.1-7.6 us cooperative, 10.3-11.2 split).
   const bool few_large_groups = g.n_groups < dev.compute_units && g.group_size >= dev.cooperative_min_group;
+  const uint64_t cooperative_auto_workgroups = uint64_t(dev.cooperative_max_per_unit) * dev.compute_units;
   switch (want) {
     case Path::Cooperative:
-      if (cooperative()) return plan;
+      if (cooperative(UINT64_MAX)) return plan;
       break;
     case Path::Auto: {
-      if (cooperative_auto && few_large_groups && cooperative()) return plan;
+      if (cooperative_auto && few_large_groups && cooperative(cooperative_auto_workgroups)) return plan;
       uint32_t team = std::min(dev.max_workgroup, team_for_target);
       // float16 held as stored (H200, 2^25 elements, % of the copy roof): teams of at most max_team_held
       // while max_items each suffice (8192 cols: LayerNorm 41 -> 58 %, RMSNorm 52 -> 62 %: 1024-invocation

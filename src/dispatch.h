@@ -35,6 +35,7 @@ struct DeviceCaps {
   uint32_t compute_units = 0;              // DeviceInfo::compute_units (0: unknown)
   uint32_t cooperative_min_group = 16384;  // auto: few groups of at least this many packed elements go cooperative
   uint32_t items_target_cooperative = 8;   // elements each of its invocations holds, at least
+  uint32_t cooperative_max_per_unit = 4;   // auto: at most this many of its workgroups per multiprocessor
   bool poll_loads = true;                  // its waits poll with plain loads (CPU drivers: atomics)
   uint32_t subgroup_size = 0;    // 0: unknown
   bool subgroup_reduce = false;  // subgroup arithmetic + shuffle usable in compute

@@ -39,6 +39,19 @@ def test_few_large_groups_go_cooperative_where_residency_is_known():
     assert rows_plan("LayerNorm", 8192, 4096)["path"] == "workgroup"
 
 
+def test_auto_plans_it_only_for_a_few_waves_of_workgroups():
+    # H200, rows of 65536 cols: 128 groups in 4096 cooperative workgroups lose to split (LayerNorm fp32 136 vs
+    # 109 us, RMSNorm fp16 108 vs 67); one such row (32 workgroups) wins (7.1-7.6 against 10.3-11.2 us)
+    for op in ("LayerNorm", "RMSNorm"):
+        for fp16 in (False, True):
+            assert rows_plan(op, 512, 65536, fp16)["path"] == "split"
+            assert rows_plan(op, 256, 131072, fp16)["path"] == "split"
+            one = rows_plan(op, 1, 65536, fp16, pack=1)
+            assert one["path"] == "cooperative" and one["chunks"] <= 4 * H200["compute_units"], one
+    # forced, it still runs wherever an item's chunks fit the resident workgroups
+    assert rows_plan("LayerNorm", 512, 65536, path="cooperative")["path"] == "cooperative"
+
+
 def test_rows_too_large_for_the_fused_kernel_go_split():
     # H200, 1024x32768 fp32: LayerNorm 117 us split (its reduce holding its chunks), 131 cooperative;
     # RMSNorm 109 split, 124 cooperative
