@@ -143,11 +143,7 @@ DeviceInfo describe(const Instance& inst, const vk::raii::PhysicalDevice& pd, in
       if (sg.supportedOperations & bit) info.subgroup_ops.push_back(name);
     auto feats = pd.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDevice16BitStorageFeatures>();
     info.storage_16bit = feats.get<vk::PhysicalDevice16BitStorageFeatures>().storageBuffer16BitAccess;
-    for (const auto& e : pd.enumerateDeviceExtensionProperties())
-      if (std::strcmp(e.extensionName, VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME) == 0)
-        info.compute_units = pd.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV>()
-                                 .get<vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV>()
-                                 .shaderSMCount;
+    info.compute_units = multiprocessor_count<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV>(pd);
   }  // 16-bit storage shaders target Vulkan 1.1 (cmake/shaders.cmake): a 1.0 device stores float32
   if (api >= VK_API_VERSION_1_2) {
     auto chain = pd.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceDriverProperties>();

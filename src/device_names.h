@@ -22,4 +22,14 @@ inline const char* device_type_name(VkPhysicalDeviceType t) {
   }
 }
 
+// Multiprocessors the device reports (NVIDIA: VK_NV_shader_sm_builtins), 0 where it does not; PhysicalDevice is
+// either Vulkan-Hpp's raii::PhysicalDevice, Props2 / SmBuiltins that namespace's property structs.
+template <class Props2, class SmBuiltins, class PhysicalDevice>
+uint32_t multiprocessor_count(const PhysicalDevice& pd) {
+  for (const auto& e : pd.enumerateDeviceExtensionProperties())
+    if (std::string(e.extensionName.data()) == VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME)
+      return pd.template getProperties2<Props2, SmBuiltins>().template get<SmBuiltins>().shaderSMCount;
+  return 0;
+}
+
 }  // namespace vknorm

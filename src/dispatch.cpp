@@ -253,13 +253,10 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
       // LayerNorm rows, held: teams of at most max_team_held_layernorm while max_items each suffice (4096 cols
       // pack4: 512 x 8 49.4 us, 256 x 16 43.8 us, 70 -> 79 % of the copy roof; 2048 cols stays 256 x 8:
       // 128 x 16 lost 90 -> 86 %). RMSNorm keeps 8 each (16 lost 4-10 points at 1024-4096 cols).
-      const bool layernorm_rows = centres(op) && g.weights == GroupLayout::ByPosition;
-      if (held && layernorm_rows && !latency_bound && team > dev.max_team_held_layernorm &&
-          items_for(size, dev.max_team_held_layernorm) <= dev.max_items && fused(dev.max_team_held_layernorm))
-        return plan;
-      if (held && team > dev.max_team_held && items_for(size, dev.max_team_held) <= dev.max_items &&
-          fused(dev.max_team_held))
-        return plan;
+      const bool layernorm_rows = centres(op) && g.weights == GroupLayout::ByPosition && !latency_bound;
+      if (held)
+        for (uint32_t cap : {layernorm_rows ? dev.max_team_held_layernorm : dev.max_team_held, dev.max_team_held})
+          if (team > cap && items_for(size, cap) <= dev.max_items && fused(cap)) return plan;
       if (held && !centres(op) && !dev.cpu && !latency_bound && size <= dev.small_group) team = std::min(team, subgroup);
       if (fused(team)) return plan;
       break;

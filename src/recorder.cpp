@@ -227,12 +227,8 @@ struct Recorder::Impl {
       const auto need = vk::SubgroupFeatureFlagBits::eBasic | vk::SubgroupFeatureFlagBits::eArithmetic |
                         vk::SubgroupFeatureFlagBits::eShuffle;
       subgroup_reduce = info.subgroup_compute && (sg.supportedOperations & need) == need;
-      for (const auto& e : caller.physical.enumerateDeviceExtensionProperties())
-        if (std::strcmp(e.extensionName, VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME) == 0)
-          info.compute_units =
-              caller.physical.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV>()
-                  .get<vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV>()
-                  .shaderSMCount;
+      info.compute_units =
+          multiprocessor_count<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV>(caller.physical);
     }
     // Timestamps on whichever compute queue the caller records for: every compute family must have them.
     timestamp_bits = props.limits.timestampPeriod > 0 ? 64u : 0u;

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Parallel runs (pytest-xdist) give each worker its own library build and install: the install fixture
-# empties the prefix first, which must not happen under another worker's tests.
+# Parallel runs (pytest-xdist) give each worker its own library build, install and example build: the install
+# fixture empties the prefix first, which must not happen under another worker's tests.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 BUILD = os.path.join(ROOT, "build", "cxx-build" + (f"-{_WORKER}" if _WORKER else ""))
 PREFIX = os.path.join(ROOT, "build", "cxx-install" + (f"-{_WORKER}" if _WORKER else ""))
-EXAMPLE_BUILD = os.path.join(ROOT, "build", "cxx-example")
+EXAMPLE_BUILD = os.path.join(ROOT, "build", "cxx-example" + (f"-{_WORKER}" if _WORKER else ""))
 EXE = os.path.join(EXAMPLE_BUILD, "layernorm_example")
 
 pytestmark = pytest.mark.timeout(900)

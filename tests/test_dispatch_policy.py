@@ -243,27 +243,30 @@ def test_holding_float16_as_stored_changes_no_bit(tmp_path):
     assert_bit_identical(runs["0"], runs["1"])
 
 
-HELD_REDUCE_SCRIPT = r"""
+SPLIT_SCRIPT = r"""
 import json
 import sys
 import numpy as np
 import vknorm
 rng = np.random.default_rng(11)
 out, items = [], []
-def run(layer, x, **kw):
+def run(layer, x, add=False):
     for fp16 in (False, True):
         for pack in (True, False):
             opt = vknorm.Option(use_fp16_storage=fp16, use_packing_layout=pack)
             out.append(layer(x, option=opt))
-            items.append(layer.last_dispatch["items"])
-            if kw.get("add"):
+            items.append([type(layer).__name__, layer.last_dispatch["items"]])
+            if add:
                 y, s = layer.forward_add(x, x[::-1].copy(), return_sum=True, option=opt)
                 out.extend([y, s])
-ln = vknorm.LayerNorm(affine_size=3000, eps=1e-5)
-ln.load_model(rng.standard_normal(3000).astype(np.float32), rng.standard_normal(3000).astype(np.float32))
 x = (rng.standard_normal((8, 3000)) * 3 + 1e4).astype(np.float32)
 x[:, 0] += 50  # an outlier first element: the pivot far from every chunk's mean
+ln = vknorm.LayerNorm(affine_size=3000, eps=1e-5)
+ln.load_model(rng.standard_normal(3000).astype(np.float32), rng.standard_normal(3000).astype(np.float32))
 run(ln, x, add=True)
+rms = vknorm.RMSNorm(affine_size=3000, eps=1e-5)
+rms.load_model(rng.standard_normal(3000).astype(np.float32))
+run(rms, x - 1e4, add=True)
 gn = vknorm.GroupNorm(group=32, channels=320, eps=1e-5)  # 10 channels per group: pack4 lanes of two groups
 gn.load_model(rng.standard_normal(320).astype(np.float32), rng.standard_normal(320).astype(np.float32))
 gn.set_activation("swish")
@@ -279,43 +282,24 @@ print(json.dumps(items))
 def test_the_split_reduce_holding_its_chunks_changes_no_bit(tmp_path):
     """The split path's reduce holding each chunk for its second pass against re-reading it, same chunks, on this
     machine's device: every output bit-identical (LayerNorm with a large offset and an outlier pivot, its fused
-    residual add and sum; GroupNorm with groups inside pack4 lanes + Swish; InstanceNorm; both storages and
-    packings). Chunks of 16 elements per invocation on any device, so that a CPU driver holds them too."""
+    residual add and sum; GroupNorm with groups inside pack4 lanes + Swish; InstanceNorm; RMSNorm, which holds
+    nothing; both storages and packings). Chunks of 16 elements per invocation on any device, so that a CPU
+    driver holds them too."""
     runs = {}
     for hold in ("0", "1"):
-        runs[hold], items = run_script_under(HELD_REDUCE_SCRIPT, "VKNORM_TUNE_HOLD_REDUCE", hold, tmp_path,
+        runs[hold], items = run_script_under(SPLIT_SCRIPT, "VKNORM_TUNE_HOLD_REDUCE", hold, tmp_path,
                                              VKNORM_PATH="split", VKNORM_TUNE_ITEMS_TARGET_REDUCE="16")
-        assert all(i > 1 for i in items) if hold == "1" else all(i == 1 for i in items), (hold, items)
+        centred = [i for op, i in items if op != "RMSNorm"]
+        assert all(i > 1 for i in centred) if hold == "1" else all(i == 1 for i in centred), (hold, items)
+        assert all(i == 1 for op, i in items if op == "RMSNorm"), items
     assert_bit_identical(runs["0"], runs["1"])
-
-
-LAST_FIRST_SCRIPT = r"""
-import json
-import sys
-import numpy as np
-import vknorm
-rng = np.random.default_rng(3)
-x = (rng.standard_normal((8, 5000)) * 3 + 100).astype(np.float32)
-out = []
-for op in ("LayerNorm", "RMSNorm"):
-    layer = vknorm.LayerNorm(affine_size=5000, eps=1e-5) if op == "LayerNorm" else vknorm.RMSNorm(affine_size=5000, eps=1e-5)
-    g = rng.standard_normal(5000).astype(np.float32)
-    layer.load_model(g, rng.standard_normal(5000).astype(np.float32)) if op == "LayerNorm" else layer.load_model(g)
-    for fp16 in (False, True):
-        for pack in (True, False):
-            opt = vknorm.Option(use_fp16_storage=fp16, use_packing_layout=pack)
-            out.append(layer(x, option=opt))
-            y, s = layer.forward_add(x, x[::-1].copy(), return_sum=True, option=opt)
-            out += [y, s]
-np.savez(sys.argv[1], *[np.ascontiguousarray(a) for a in out])
-print(json.dumps([]))
-"""
 
 
 def test_the_split_apply_pass_last_to_first_changes_no_bit(tmp_path):
     """The split path's apply pass over rows walking the elements last to first (GPUs: the end of x is what the
     reduce pass left in the L2) against first to last, on this machine's device: LayerNorm and RMSNorm, both
-    storages and packings, with the fused residual add and its sum."""
-    runs = {v: run_script_under(LAST_FIRST_SCRIPT, "VKNORM_TUNE_APPLY_LAST_FIRST", v, tmp_path, VKNORM_PATH="split")[0]
+    storages and packings, with the fused residual add and its sum (and the per-channel norms, whose apply
+    pass works chunk by chunk either way)."""
+    runs = {v: run_script_under(SPLIT_SCRIPT, "VKNORM_TUNE_APPLY_LAST_FIRST", v, tmp_path, VKNORM_PATH="split")[0]
             for v in ("0", "1")}
     assert_bit_identical(runs["0"], runs["1"])
