@@ -32,6 +32,7 @@ def test_bench_model_reports_every_implementation_as_json(tmp_path, fp16):
     assert isinstance(report["device"], str) and report["device"]
     assert isinstance(report["driver"], str) and report["model"] == PARAM
     assert report["warmup_ms"] == 20 and report["iters"] == 3  # the flags reach the whole-model bench
+    assert "rounds of their own" in report["method"]
     impls = [r["impl"] for r in report["results"]]
     assert impls == ["ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-fused", "vknorm-host"]
     for r in report["results"]:
@@ -39,6 +40,22 @@ def test_bench_model_reports_every_implementation_as_json(tmp_path, fp16):
     for impl in impls:  # the table names every implementation with its ratio to stock ncnn Vulkan
         assert impl in proc.stdout
     assert "vs ncnn-vulkan" in proc.stdout
+
+
+def test_bench_model_times_the_gpu_implementations_apart_from_the_host_busy_ones():
+    """ncnn's CPU threads spin on after a CPU run and slow whatever runs next: ncnn-cpu and vknorm-host are
+    timed in rounds of their own, after the GPU implementations, and no implementation always runs right
+    after the same one."""
+    from vknorm.model_bench import HOST_BUSY, IMPLS, schedule
+
+    gpu_rounds, host_rounds = schedule(IMPLS, 40, seed=1)
+    assert len(gpu_rounds) == len(host_rounds) == 40
+    assert all(sorted(r) == ["ncnn-vulkan", "vknorm-fused", "vknorm-in-graph"] for r in gpu_rounds)
+    assert all(sorted(r) == sorted(HOST_BUSY) for r in host_rounds)
+    firsts = {r[0] for r in gpu_rounds}
+    assert firsts == {"ncnn-vulkan", "vknorm-fused", "vknorm-in-graph"}  # orders drawn anew each round
+    assert schedule(IMPLS, 40, seed=1) == [gpu_rounds, host_rounds]  # reproducible from the seed
+    assert schedule(["ncnn-vulkan", "vknorm-fused"], 3) == schedule(["ncnn-vulkan", "vknorm-fused"], 3)[:1]
 
 
 @pytest.mark.parametrize("args, message", [

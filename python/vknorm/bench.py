@@ -363,7 +363,7 @@ def run_model(args) -> int:
         try:
             return run_model_bench(param, binp, dims, fp16=args.fp16, iters=args.iters,
                                    warmup_ms=args.warmup_ms,
-                                   progress=(lambda i, n: bar.update(1)) if bar else None)
+                                   progress=(lambda i, n: (setattr(bar, "total", n), bar.update(1))) if bar else None)
         except RuntimeError as e:  # ncnn could not load or run the model
             raise UsageError(str(e)) from None
         finally:

@@ -10,19 +10,40 @@ Implementations (one process, one device):
   vknorm-host      pyncnn Vulkan with vknorm.ncnn.register: Python layers on the host (the slow path)
 Each inference is what a user runs: a new extractor, the inputs from numpy (uploaded by ncnn), every
 output extracted back to numpy. The rounds are interleaved (one inference of each implementation per
-round) after a warm-up of at least --warmup-ms per implementation, so every implementation sees the same
-clocks; the median of --iters rounds is reported. --fp16: float16 storage in the Vulkan nets.
+round, in a new random order each round) after a warm-up of at least --warmup-ms per implementation, so
+every implementation sees the same clocks; the median of --iters rounds is reported. --fp16: float16
+storage in the Vulkan nets.
+
+The implementations that keep the host's cores busy (ncnn-cpu, and vknorm-host's CPU layers) are timed
+in rounds of their own, after the GPU ones: ncnn's OpenMP threads spin for a while after a CPU run, and
+whatever runs next on a busy host waits longer for the GPU. Interleaved with them, stock ncnn-vulkan (always
+right after ncnn-cpu) measured up to 2.5x slower on an H200 host, which no kernel of vknorm's earned.
 """
 from __future__ import annotations
 
+import random
 import statistics
 import sys
 import time
-from typing import Dict, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
 IMPLS = ("ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-fused", "vknorm-host")
+# Timed in rounds of their own, after the others (module docstring).
+HOST_BUSY = ("ncnn-cpu", "vknorm-host")
+
+
+def schedule(impls: Sequence[str], iters: int, seed: int = 0) -> List[List[List[str]]]:
+    """The timed rounds, as phases: the GPU implementations' rounds first, then those of the implementations
+    that keep the host busy (HOST_BUSY). Each round runs every implementation of its phase once, in an order
+    drawn anew each round, so no implementation always follows the same one."""
+    rng = random.Random(seed)
+    phases = []
+    for members in ([i for i in impls if i not in HOST_BUSY], [i for i in impls if i in HOST_BUSY]):
+        if members:
+            phases.append([rng.sample(members, len(members)) for _ in range(iters)])
+    return phases
 
 
 class _Runner:
@@ -88,19 +109,32 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
             print(f"vknorm bench: {impl} skipped: {e}", file=sys.stderr)
         except RuntimeError as e:
             raise RuntimeError(f"{e}{': ' + logs[-1] if logs else ''}") from None
-    for r in runners:  # warm-up: pipelines, allocators, clocks
-        end = time.perf_counter() + warmup_ms / 1e3
-        r()
-        while time.perf_counter() < end:
-            r()
+    for r in runners:  # one inference each first: a model that fails says so in one line, with ncnn's reason
+        logs = []
+        try:
+            with quiet_stderr(logs):
+                r()
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}{': ' + logs[-1] if logs else ''}") from None
+    by_impl = {r.impl: r for r in runners}
     samples = {r.impl: [] for r in runners}
-    for i in range(iters):
-        for r in runners:
-            t0 = time.perf_counter()
+    phases = schedule(list(by_impl), iters, seed)
+    done = 0
+    for phase in phases:
+        for impl in phase[0]:  # warm-up: pipelines, allocators, clocks
+            r = by_impl[impl]
+            end = time.perf_counter() + warmup_ms / 1e3
             r()
-            samples[r.impl].append((time.perf_counter() - t0) * 1e3)
-        if progress:
-            progress(i + 1, iters)
+            while time.perf_counter() < end:
+                r()
+        for order in phase:
+            for impl in order:
+                t0 = time.perf_counter()
+                by_impl[impl]()
+                samples[impl].append((time.perf_counter() - t0) * 1e3)
+            done += 1
+            if progress:
+                progress(done, iters * len(phases))
     device = graph.gpu_name()
     driver = ""
     try:
@@ -110,6 +144,8 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
     except Exception:  # noqa: BLE001 - the driver string is informative only
         pass
     return {"device": device, "driver": driver, "model": param, "fp16": fp16, "iters": iters, "warmup_ms": warmup_ms,
+            "method": "median wall ms per inference; rounds in a random order each, GPU implementations first, "
+                      "then " + ", ".join(HOST_BUSY) + " in rounds of their own",
             "results": [{"impl": k, "ms": round(statistics.median(v), 4),
                          "min_ms": round(min(v), 4)} for k, v in samples.items()]}
 
