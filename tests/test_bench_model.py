@@ -58,6 +58,32 @@ def test_bench_model_times_the_gpu_implementations_apart_from_the_host_busy_ones
     assert schedule(["ncnn-vulkan", "vknorm-fused"], 3) == schedule(["ncnn-vulkan", "vknorm-fused"], 3)[:1]
 
 
+def test_norm_floor_times_the_model_without_its_norms_beside_stock_and_vknorm(tmp_path):
+    """tools/norm_floor.py: the bound on what any norm can give a model (its norms replaced by pass-through
+    Splits, which ncnn's Vulkan graph runs as no dispatch)."""
+    sys.path.insert(0, os.path.join(DATA, "..", "..", "tools"))
+    try:
+        import norm_floor
+    finally:
+        sys.path.pop(0)
+    with open(PARAM) as f:
+        text = f.read()
+    stripped = norm_floor.without_norms(text)
+    assert "LayerNorm" not in stripped and stripped.count("\n") == text.count("\n")
+    assert "Split                    splitncnn_0" in stripped and "Split ln_3 1 1 2 3" in stripped
+    out = tmp_path / "floor.json"
+    proc = subprocess.run([sys.executable, os.path.join(DATA, "..", "..", "tools", "norm_floor.py"), "transformer_block",
+                           "--iters", "2", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["model"] == "transformer_block"
+    assert set(row["ms"]) == {"ncnn-vulkan", "no-norms", "vknorm-in-graph", "vknorm-fused"}
+    assert all(v > 0 for v in row["ms"].values())
+    bad = subprocess.run([sys.executable, os.path.join(DATA, "..", "..", "tools", "norm_floor.py"), "nosuch"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown model nosuch" in bad.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model", "missing.param", BIN, "--input", "in0=16x64"], "no such file"),
     (["--model", PARAM, BIN], "--input"),
