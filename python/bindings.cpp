@@ -114,6 +114,7 @@ nb::dict dispatch_dict(const DispatchInfo& i) {
   r["vec4"] = i.vec4;
   r["one_reduction"] = i.one_reduction;
   r["hold_storage"] = i.hold_storage;
+  r["prefetch"] = i.prefetch;
   r["gpu_us"] = i.gpu_us;
   r["pieces"] = i.pieces;
   return r;

@@ -35,6 +35,7 @@ layout(constant_id = 16) const uint POLL_LOADS = 1;
 
 shared uint sh_ticket;
 shared bool sh_complete;
+shared wfp sh_chunk_gamma, sh_chunk_beta;
 
 void main() {
   uint n_items = p.n_groups * p.n_chunks;
@@ -82,6 +83,15 @@ void main() {
     m2 = team_sum(to_slots(q, begin));
   }
 
+  // Per-channel weights are one value per chunk (a chunk lies in one plane). With PREFETCH_WEIGHTS the last
+  // invocation loads them into shared memory while the first one publishes and waits, so they arrive
+  // during the wait (loaded by the publishing invocation, they would hold up its memory barrier).
+  const bool chunk_weights = PREFETCH_WEIGHTS != 0u && AFFINE != 0u && WEIGHTS != 0u;
+  if (chunk_weights && gl_LocalInvocationIndex == WG - 1u) {
+    sh_chunk_gamma = gamma_for(g, begin);
+    sh_chunk_beta = OP == OP_LAYERNORM ? beta_for(g, begin) : wfp(0);
+  }
+
   // Publish, then wait for the item's other chunks (one invocation polls; the rest wait at the barrier).
   if (gl_LocalInvocationIndex == 0u) {
     publish_partial(chunk, g, c, mean, m2, group_pivot);
@@ -102,13 +112,15 @@ void main() {
   item_coefs(g, true, true, width, group_pivot_kept, group_mean, a);
   if (!sh_complete) a = afp(uintBitsToFloat(0x7fc00000u));
 
+  wfp chunk_gamma = chunk_weights ? sh_chunk_gamma : wfp(1);  // written before the barrier above
+  wfp chunk_beta = chunk_weights ? sh_chunk_beta : wfp(0);
   group_mean = from_slots(group_mean, begin);
   a = from_slots(a, begin);
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = begin + lane + k * WG;
     if (i < end) {
-      wfp gw = AFFINE != 0u ? gamma_for(g, i) : wfp(1);
-      wfp bw = AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, i) : wfp(0);
+      wfp gw = chunk_weights ? chunk_gamma : AFFINE != 0u ? gamma_for(g, i) : wfp(1);
+      wfp bw = chunk_weights ? chunk_beta : AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, i) : wfp(0);
       store_x(at + i, normalize_one((unpack_held(h[k]) - pivot) - group_mean, a, gw, bw));
     }
   }

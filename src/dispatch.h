@@ -55,7 +55,8 @@ struct Plan {
   uint32_t wg = 64;        // workgroup size
   bool subgroup = false;   // fused kernel with subgroup reductions
   bool vec4 = false;       // fused, pack1: read 4 consecutive elements per load (team/items count vec4s)
-  bool prefetch = false;   // fused: load gamma/beta with x (latency-bound tensors; costs registers)
+  bool prefetch = false;   // fused: load gamma/beta with x (latency-bound tensors; costs registers);
+                           // cooperative: the chunk's per-channel weights during the wait
   bool one_reduction = false;  // fused LayerNorm: statistics from one team reduction (common.glsl id 7)
   bool hold_storage = false;   // fused, float16 vec4s: held as stored, unpacked where used (id 15)
   uint32_t team = 1;       // fused: invocations per group
