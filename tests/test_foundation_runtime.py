@@ -141,6 +141,17 @@ def test_vknorm_info_prints_one_block_per_device_with_every_capability():
         assert label in out, f"`vknorm info` lacks {label!r}:\n{out}"
 
 
+def test_vknorm_info_into_a_pipe_its_reader_closed_stops_quietly():
+    """`vknorm info | head -3`: the reader goes away early; no traceback, the shell's 141 for SIGPIPE."""
+    r, w = os.pipe()
+    os.close(r)  # the reader has gone before vknorm writes
+    try:
+        proc = subprocess.run(vknorm_cli() + ["info"], stdout=w, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(w)
+    assert proc.returncode == 141 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
 def test_python_m_vknorm_runs_the_same_cli():
     proc = run([sys.executable, "-m", "vknorm", "info", "--json"])
     assert proc.returncode == 0, proc.stderr
