@@ -115,6 +115,7 @@ nb::dict dispatch_dict(const DispatchInfo& i) {
   r["one_reduction"] = i.one_reduction;
   r["hold_storage"] = i.hold_storage;
   r["prefetch"] = i.prefetch;
+  r["plane_weights"] = i.plane_weights;
   r["gpu_us"] = i.gpu_us;
   r["pieces"] = i.pieces;
   return r;

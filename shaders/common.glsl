@@ -55,8 +55,10 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint OP = 0;  // 0 LayerNorm, 1 RMSNorm
 layout(constant_id = 2) const uint AFFINE = 1;
 layout(constant_id = 3) const uint ITEMS = 4;  // fused: elements each invocation holds; group_size <= team * ITEMS
-// 1: load gamma/beta together with x, so their latency hides behind the reductions. Only for
-// latency-bound tensors: the extra registers cost occupancy on large ones (measured).
+// Weights loaded early, so their latency hides behind the reductions. Fused: 1 loads gamma/beta together
+// with x (latency-bound tensors only: the extra registers cost occupancy on large ones, measured); 2 keeps
+// each plane's per-channel weights in shared memory (norm_fused.comp). Cooperative: the chunk's
+// per-channel weights, loaded during the wait (norm_cooperative.comp).
 layout(constant_id = 4) const uint PREFETCH_WEIGHTS = 0;
 // Team and group size as compile-time constants: loops over a team's items unroll and their bounds
 // fold. 0 leaves them to the push constants (one pipeline for every shape).

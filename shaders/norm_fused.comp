@@ -45,6 +45,12 @@ const bool kHold = HOLD_STORAGE != 0u;
 #define SHIFTED(k, i) v[k]
 #endif
 
+// PREFETCH_WEIGHTS 2 (per-channel weights, a group per workgroup, at most 64 planes): the weights of each
+// of the group's planes, loaded up front by one invocation per plane, read by the store loop after the
+// reduction's barriers (instead of loads issued only then).
+#define MAX_PLANE_WEIGHTS 64u
+shared wfp sh_plane_gamma[MAX_PLANE_WEIGHTS], sh_plane_beta[MAX_PLANE_WEIGHTS];
+
 void main() {
   uint g = team_item();
   bool in_range = g < p.n_groups;
@@ -68,6 +74,10 @@ void main() {
   // NVIDIA's compiler then keeps a team's ITEMS loads apart instead of in flight together (H200,
   // 1024-4096 cols: 75-81 % of the copy roof branched, 90-94 % unconditional).
   const uint g_loaded = in_range ? g : 0u;
+  const bool plane_weights = PREFETCH_WEIGHTS == 2u && AFFINE != 0u;
+  const uint plane_loaded = plane_weights && gl_LocalInvocationID.x < PLANES ? gl_LocalInvocationID.x : 0u;
+  wfp plane_gamma = plane_weights ? gamma_for(g_loaded, plane_loaded * PLANE_SIZE) : wfp(1);
+  wfp plane_beta = plane_weights && OP == OP_LAYERNORM ? beta_for(g_loaded, plane_loaded * PLANE_SIZE) : wfp(0);
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = lane + k * TEAM;
     bool inside = in_range && i < GROUP_SIZE;
@@ -80,7 +90,7 @@ void main() {
     else
 #endif
       v[k] = vk;
-    if (PREFETCH_WEIGHTS != 0u) {
+    if (PREFETCH_WEIGHTS == 1u) {
       gk[k] = AFFINE != 0u ? gamma_for(g_loaded, i_loaded) : wfp(1);
       bk[k] = AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g_loaded, i_loaded) : wfp(0);
     }
@@ -90,6 +100,10 @@ void main() {
     } else {
       s += to_slots(vk * vk, i);
     }
+  }
+  if (plane_weights && gl_LocalInvocationID.x < PLANES) {  // read after the reductions' barriers
+    sh_plane_gamma[gl_LocalInvocationID.x] = plane_gamma;
+    sh_plane_beta[gl_LocalInvocationID.x] = plane_beta;
   }
   float n = float(GROUP_ELEMS);
   stat mean = stat(0);
@@ -126,8 +140,12 @@ void main() {
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = lane + k * TEAM;
     if (i < GROUP_SIZE) {
-      wfp gw = PREFETCH_WEIGHTS != 0u ? gk[k] : (AFFINE != 0u ? gamma_for(g, i) : wfp(1));
-      wfp bw = PREFETCH_WEIGHTS != 0u ? bk[k] : (AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, i) : wfp(0));
+      wfp gw = PREFETCH_WEIGHTS == 1u ? gk[k]
+               : plane_weights        ? sh_plane_gamma[plane_of(i)]
+                                      : (AFFINE != 0u ? gamma_for(g, i) : wfp(1));
+      wfp bw = PREFETCH_WEIGHTS == 1u ? bk[k]
+               : plane_weights        ? sh_plane_beta[plane_of(i)]
+                                      : (AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, i) : wfp(0));
       store_x(base + elem_offset(i), normalize_one(SHIFTED(k, i) - from_slots(m, i), from_slots(a, i), gw, bw));
     }
   }

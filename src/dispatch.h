@@ -48,7 +48,11 @@ struct DeviceCaps {
   // fused, float16 vec4s held in registers as stored (common.glsl id 15): half the registers (H200 +7 to +11
   // points at 1024-4096 cols); on lavapipe the same within its noise (4096x768 fp16: 8.3-14.3 ms either way)
   bool hold_storage = true;
+  bool plane_weights = true;     // fused, per-channel weights, a group per workgroup: loaded per plane up front
 };
+
+// Planes whose weights norm_fused.comp keeps in shared memory (plane_weights): the size of its arrays.
+constexpr uint32_t kMaxPlaneWeights = 64;
 
 struct Plan {
   Path path = Path::Split;
@@ -58,6 +62,7 @@ struct Plan {
   bool prefetch = false;   // fused: load gamma/beta with x (latency-bound tensors; costs registers);
                            // cooperative: the chunk's per-channel weights during the wait
   bool one_reduction = false;  // fused LayerNorm: statistics from one team reduction (common.glsl id 7)
+  bool plane_weights = false;  // fused, a group per workgroup: each plane's per-channel weights in shared memory
   bool hold_storage = false;   // fused, float16 vec4s: held as stored, unpacked where used (id 15)
   uint32_t team = 1;       // fused: invocations per group
   uint32_t items = 1;      // fused, cooperative: elements per invocation (registers)

@@ -148,6 +148,7 @@ struct DispatchInfo {  // what the last forward did
   bool one_reduction = false;  // LayerNorm statistics from one team reduction (fused kernel)
   bool hold_storage = false;   // float16 elements held in registers as stored (fused kernel)
   bool prefetch = false;       // weights loaded early: with x (fused), during the wait (cooperative)
+  bool plane_weights = false;  // fused, a group per workgroup: per-channel weights in shared memory up front
   double gpu_us = 0;  // from timestamp queries; 0 when the device has none
   int pieces = 1;     // submissions the blob was split into (plan_pieces); 1: processed whole
 };
