@@ -45,10 +45,10 @@ const bool kHold = HOLD_STORAGE != 0u;
 #define SHIFTED(k, i) v[k]
 #endif
 
-// PREFETCH_WEIGHTS 2 (per-channel weights, a group per workgroup, at most 64 planes): the weights of each
-// of the group's planes, loaded up front by one invocation per plane, read by the store loop after the
-// reduction's barriers (instead of loads issued only then).
-#define MAX_PLANE_WEIGHTS 64u
+// PREFETCH_WEIGHTS 2 (per-channel weights, a group per workgroup, at most MAX_PLANE_WEIGHTS planes: the
+// build defines it, for the dispatcher too): the weights of each of the group's planes, loaded up front by
+// one invocation per plane, read by the store loop after the reduction's barriers (instead of loads issued
+// only then).
 shared wfp sh_plane_gamma[MAX_PLANE_WEIGHTS], sh_plane_beta[MAX_PLANE_WEIGHTS];
 
 void main() {

@@ -148,6 +148,10 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   return caps;
 }
 
+// Planes whose weights norm_fused.comp keeps in shared memory (plane_weights): the size of its arrays, set
+// for both in CMakeLists.txt.
+constexpr uint32_t kMaxPlaneWeights = VKNORM_MAX_PLANE_WEIGHTS;
+
 Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16, NormOp op) {
   Path want = opt.path;
   if (want == Path::Auto)

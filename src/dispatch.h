@@ -51,9 +51,6 @@ struct DeviceCaps {
   bool plane_weights = true;     // fused, per-channel weights, a group per workgroup: loaded per plane up front
 };
 
-// Planes whose weights norm_fused.comp keeps in shared memory (plane_weights): the size of its arrays.
-constexpr uint32_t kMaxPlaneWeights = 64;
-
 struct Plan {
   Path path = Path::Split;
   uint32_t wg = 64;        // workgroup size
