@@ -378,8 +378,9 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
   if (plan.path != Path::Split) {
     if (plan.vec4 && g.elempack == 1) pc.group_size /= 4, pc.cstep /= 4;  // the kernel counts vec4s
     const bool fixed = dev.specialize_shape;
+    const uint32_t early_weights = plan.prefetch ? 1u : plan.plane_weights ? 2u : 0u;  // common.glsl id 4
     pass("norm_fused", plan.vec4 ? "v4" : pack, plan.subgroup,
-         model({plan.wg, op_id, affine_id, plan.items, plan.prefetch ? 1u : plan.plane_weights ? 2u : 0u, fixed ? plan.team : 0u,
+         model({plan.wg, op_id, affine_id, plan.items, early_weights, fixed ? plan.team : 0u,
                 fixed ? pc.group_size : 0u, plan.one_reduction ? 1u : 0u}),
          plan.fused_workgroups(g), false);
     return f;
