@@ -200,36 +200,49 @@ def test_plan_for_device_refuses_an_unknown_op():
         _core.plan_for_device("BatchNorm", 8, 1, 0, 2, 8, 2, 1, 1, 1, False, H200)
 
 
-HELD_SCRIPT = r"""
+# The device scripts below (run in a child with a knob set): `run` forwards a layer in each storage and packing
+# asked, with the fused residual add and its sum where `add`, keeping every output (saved at the end) and what
+# the layer's last dispatch says it ran (printed last, as JSON).
+SCRIPT_HEAD = r"""
 import json
 import sys
 import numpy as np
 import vknorm
+out, dispatched = [], []
+def run(layer, x, add=False, storages=(False, True)):
+    for fp16 in storages:
+        for pack in (True, False):
+            opt = vknorm.Option(use_fp16_storage=fp16, use_packing_layout=pack)
+            out.append(layer(x, option=opt))
+            d = layer.last_dispatch
+            dispatched.append({"op": type(layer).__name__, "items": d["items"], "hold_storage": d["hold_storage"],
+                               "plane_weights": d["plane_weights"]})
+            if add:
+                y, s = layer.forward_add(x, x[::-1].copy(), return_sum=True, option=opt)
+                out.extend([y, s])
+def weighted(layer, n, beta=True):
+    g = rng.standard_normal(n).astype(np.float32)
+    layer.load_model(g, rng.standard_normal(n).astype(np.float32)) if beta else layer.load_model(g)
+    return layer
+"""
+SCRIPT_TAIL = r"""
+np.savez(sys.argv[1], *[np.ascontiguousarray(a) for a in out])
+print(json.dumps(dispatched))
+"""
+
+HELD_SCRIPT = SCRIPT_HEAD + r"""
 rng = np.random.default_rng(7)
-out, held = [], []
 cases = [("LayerNorm", (64, 32)), ("LayerNorm", (43, 768)), ("LayerNorm", (8, 1024)), ("RMSNorm", (64, 256)),
          ("RMSNorm", (4, 4096)), ("LayerNorm", (7, 20))]
 for op, shape in cases:
     c = shape[1]
     x = (rng.standard_normal(shape) * 3 + 100).astype(np.float32)
     layer = vknorm.LayerNorm(affine_size=c, eps=1e-5) if op == "LayerNorm" else vknorm.RMSNorm(affine_size=c, eps=1e-5)
-    g = rng.standard_normal(c).astype(np.float32)
-    layer.load_model(g, rng.standard_normal(c).astype(np.float32)) if op == "LayerNorm" else layer.load_model(g)
-    for pack in (True, False):
-        opt = vknorm.Option(use_fp16_storage=True, use_packing_layout=pack)
-        out.append(layer(x, option=opt))
-        held.append(layer.last_dispatch["hold_storage"])
-        y, s = layer.forward_add(x, x[::-1].copy(), return_sum=True, option=opt)
-        out += [y, s]
-gn = vknorm.GroupNorm(group=32, channels=320, eps=1e-5)
-gn.load_model(rng.standard_normal(320).astype(np.float32), rng.standard_normal(320).astype(np.float32))
-x = rng.standard_normal((320, 8, 8)).astype(np.float32)
+    run(weighted(layer, c, beta=op == "LayerNorm"), x, add=True, storages=(True,))
+gn = weighted(vknorm.GroupNorm(group=32, channels=320, eps=1e-5), 320)
 gn.set_activation("swish")
-for pack in (True, False):
-    out.append(gn(x, option=vknorm.Option(use_fp16_storage=True, use_packing_layout=pack)))
-np.savez(sys.argv[1], *[np.ascontiguousarray(a) for a in out])
-print(json.dumps(held))
-"""
+run(gn, rng.standard_normal((320, 8, 8)).astype(np.float32), storages=(True,))
+""" + SCRIPT_TAIL
 
 
 def run_script_under(script, knob, value, tmp_path, **more_env):
@@ -258,45 +271,23 @@ def test_holding_float16_as_stored_changes_no_bit(tmp_path):
     and pack1, the fused residual add and its sum)."""
     runs = {}
     for hold in ("0", "1"):
-        runs[hold], held = run_script_under(HELD_SCRIPT, "VKNORM_TUNE_HOLD_STORAGE", hold, tmp_path)
+        runs[hold], dispatched = run_script_under(HELD_SCRIPT, "VKNORM_TUNE_HOLD_STORAGE", hold, tmp_path)
+        held = [d["hold_storage"] for d in dispatched]
         assert any(held) if hold == "1" else not any(held), (hold, held)
     assert_bit_identical(runs["0"], runs["1"])
 
 
-SPLIT_SCRIPT = r"""
-import json
-import sys
-import numpy as np
-import vknorm
+SPLIT_SCRIPT = SCRIPT_HEAD + r"""
 rng = np.random.default_rng(11)
-out, items = [], []
-def run(layer, x, add=False):
-    for fp16 in (False, True):
-        for pack in (True, False):
-            opt = vknorm.Option(use_fp16_storage=fp16, use_packing_layout=pack)
-            out.append(layer(x, option=opt))
-            items.append([type(layer).__name__, layer.last_dispatch["items"]])
-            if add:
-                y, s = layer.forward_add(x, x[::-1].copy(), return_sum=True, option=opt)
-                out.extend([y, s])
 x = (rng.standard_normal((8, 3000)) * 3 + 1e4).astype(np.float32)
 x[:, 0] += 50  # an outlier first element: the pivot far from every chunk's mean
-ln = vknorm.LayerNorm(affine_size=3000, eps=1e-5)
-ln.load_model(rng.standard_normal(3000).astype(np.float32), rng.standard_normal(3000).astype(np.float32))
-run(ln, x, add=True)
-rms = vknorm.RMSNorm(affine_size=3000, eps=1e-5)
-rms.load_model(rng.standard_normal(3000).astype(np.float32))
-run(rms, x - 1e4, add=True)
-gn = vknorm.GroupNorm(group=32, channels=320, eps=1e-5)  # 10 channels per group: pack4 lanes of two groups
-gn.load_model(rng.standard_normal(320).astype(np.float32), rng.standard_normal(320).astype(np.float32))
+run(weighted(vknorm.LayerNorm(affine_size=3000, eps=1e-5), 3000), x, add=True)
+run(weighted(vknorm.RMSNorm(affine_size=3000, eps=1e-5), 3000, beta=False), x - 1e4, add=True)
+gn = weighted(vknorm.GroupNorm(group=32, channels=320, eps=1e-5), 320)  # 10 channels per group: pack4 lanes of two groups
 gn.set_activation("swish")
 run(gn, (rng.standard_normal((320, 24, 24)) - 30).astype(np.float32))
-inorm = vknorm.InstanceNorm(channels=8, eps=1e-5)
-inorm.load_model(rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32))
-run(inorm, (rng.standard_normal((8, 40, 40)) * 2 + 500).astype(np.float32))
-np.savez(sys.argv[1], *[np.ascontiguousarray(a) for a in out])
-print(json.dumps(items))
-"""
+run(weighted(vknorm.InstanceNorm(channels=8, eps=1e-5), 8), (rng.standard_normal((8, 40, 40)) * 2 + 500).astype(np.float32))
+""" + SCRIPT_TAIL
 
 
 def test_the_split_reduce_holding_its_chunks_changes_no_bit(tmp_path):
@@ -307,8 +298,9 @@ def test_the_split_reduce_holding_its_chunks_changes_no_bit(tmp_path):
     driver holds them too."""
     runs = {}
     for hold in ("0", "1"):
-        runs[hold], items = run_script_under(SPLIT_SCRIPT, "VKNORM_TUNE_HOLD_REDUCE", hold, tmp_path,
-                                             VKNORM_PATH="split", VKNORM_TUNE_ITEMS_TARGET_REDUCE="16")
+        runs[hold], dispatched = run_script_under(SPLIT_SCRIPT, "VKNORM_TUNE_HOLD_REDUCE", hold, tmp_path,
+                                                  VKNORM_PATH="split", VKNORM_TUNE_ITEMS_TARGET_REDUCE="16")
+        items = [(d["op"], d["items"]) for d in dispatched]
         centred = [i for op, i in items if op != "RMSNorm"]
         assert all(i > 1 for i in centred) if hold == "1" else all(i == 1 for i in centred), (hold, items)
         assert all(i == 1 for op, i in items if op == "RMSNorm"), items
@@ -325,29 +317,14 @@ def test_the_split_apply_pass_last_to_first_changes_no_bit(tmp_path):
     assert_bit_identical(runs["0"], runs["1"])
 
 
-PLANE_WEIGHTS_SCRIPT = r"""
-import json
-import sys
-import numpy as np
-import vknorm
+PLANE_WEIGHTS_SCRIPT = SCRIPT_HEAD + r"""
 rng = np.random.default_rng(5)
-out, used = [], []
-def run(layer, x):
-    for fp16 in (False, True):
-        for pack in (True, False):
-            out.append(layer(x, option=vknorm.Option(use_fp16_storage=fp16, use_packing_layout=pack)))
-            used.append(layer.last_dispatch["plane_weights"])
 for c, group, hw in ((320, 32, 32), (640, 32, 32), (96, 12, 24), (48, 4, 32)):  # 10, 20, 8, 12 channels per group
-    gn = vknorm.GroupNorm(group=group, channels=c, eps=1e-5)
-    gn.load_model(rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32))
+    gn = weighted(vknorm.GroupNorm(group=group, channels=c, eps=1e-5), c)
     gn.set_activation("swish")
     run(gn, (rng.standard_normal((c, hw, hw)) * 2 - 40).astype(np.float32))
-inorm = vknorm.InstanceNorm(channels=8, eps=1e-5)
-inorm.load_model(rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32))
-run(inorm, (rng.standard_normal((8, 64, 64)) * 2 + 500).astype(np.float32))
-np.savez(sys.argv[1], *[np.ascontiguousarray(a) for a in out])
-print(json.dumps(used))
-"""
+run(weighted(vknorm.InstanceNorm(channels=8, eps=1e-5), 8), (rng.standard_normal((8, 64, 64)) * 2 + 500).astype(np.float32))
+""" + SCRIPT_TAIL
 
 
 def test_the_planes_weights_in_shared_memory_change_no_bit(tmp_path):
@@ -357,7 +334,8 @@ def test_the_planes_weights_in_shared_memory_change_no_bit(tmp_path):
     as latency-bound tensors (GPUs would load these small tensors' weights with x instead)."""
     runs = {}
     for on in ("0", "1"):
-        runs[on], used = run_script_under(PLANE_WEIGHTS_SCRIPT, "VKNORM_TUNE_PLANE_WEIGHTS", on, tmp_path,
-                                          VKNORM_TUNE_LATENCY_THREADS="0")
+        runs[on], dispatched = run_script_under(PLANE_WEIGHTS_SCRIPT, "VKNORM_TUNE_PLANE_WEIGHTS", on, tmp_path,
+                                                VKNORM_TUNE_LATENCY_THREADS="0")
+        used = [d["plane_weights"] for d in dispatched]
         assert (sum(used) >= 4) if on == "1" else not any(used), (on, used)
     assert_bit_identical(runs["0"], runs["1"])
