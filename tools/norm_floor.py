@@ -2,8 +2,9 @@
 """The most a faster norm can give a whole ncnn model: stock ncnn Vulkan beside the same model with every
 norm layer (LayerNorm, RMSNorm, GroupNorm, InstanceNorm) replaced by a 1 -> 1 Split, which ncnn's Vulkan
 graph runs as no dispatch at all (the output shares the input blob), and beside vknorm inside the graph,
-unfused and fused. Wall ms per inference, as `vknorm bench --model` times it (a new extractor, inputs from
-numpy, every output back), GPU nets only, rounds in a new random order each, median.
+unfused and fused. Wall ms per inference, timed as `vknorm bench --model` times its GPU implementations
+(vknorm.model_bench: a new extractor, inputs from numpy, every output back; rounds in a new random order
+each), median.
 
     python tools/norm_floor.py [--iters 80] [--fp16] [--json OUT.json] [MODEL ...]
 
@@ -16,11 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -44,49 +43,20 @@ def without_norms(param_text: str) -> str:
 
 
 def measure(name: str, dims, fp16: bool, iters: int, seed: int = 0) -> dict:
-    from vknorm import graph
+    from vknorm.model_bench import ModelRunner, time_rounds
 
     param, binp = (os.path.join(DATA, f"{name}.ncnn.{e}") for e in ("param", "bin"))
     with open(param) as f:
         stripped = without_norms(f.read())
     with tempfile.NamedTemporaryFile("w", suffix=".param", delete=False) as tmp:
         tmp.write(stripped)
-    nets = {}
-    try:
-        for impl in NETS:
-            net = graph.configure(graph.Net(vknorm=impl.startswith("vknorm"), fuse=impl == "vknorm-fused"),
-                                  vulkan=True, fp16=fp16)
-            if net.load_param(tmp.name if impl == "no-norms" else param) != 0:
-                raise RuntimeError(f"{impl}: ncnn could not load {param}")
-            if net.load_model(binp) != 0 and impl != "no-norms":  # no-norms reads fewer weights than the file has
-                raise RuntimeError(f"{impl}: ncnn could not load {binp}")
-            nets[impl] = net
+    inputs = {"in0": np.random.default_rng(seed).standard_normal(dims).astype(np.float32)}
+    try:  # no-norms is stock ncnn Vulkan on the stripped param (ncnn loads a .bin longer than it reads)
+        runs = {net: ModelRunner("ncnn-vulkan" if net == "no-norms" else net,
+                                 tmp.name if net == "no-norms" else param, binp, inputs, fp16) for net in NETS}
     finally:
         os.unlink(tmp.name)
-    x = np.random.default_rng(seed).standard_normal(dims).astype(np.float32)
-    outputs = {k: list(n.output_names()) for k, n in nets.items()}
-
-    def run(impl):
-        ex = nets[impl].create_extractor()
-        ex.input("in0", graph.Mat(x))
-        for o in outputs[impl]:
-            r, m = ex.extract(o)
-            if r != 0:
-                raise RuntimeError(f"{impl}: extracting {o!r} failed ({r})")
-            np.array(m)
-
-    for impl in NETS:  # warm-up: pipelines, allocators, clocks
-        end = time.perf_counter() + 0.3
-        run(impl)
-        while time.perf_counter() < end:
-            run(impl)
-    rng = random.Random(seed)
-    samples = {k: [] for k in NETS}
-    for _ in range(iters):
-        for impl in rng.sample(NETS, len(NETS)):
-            t0 = time.perf_counter()
-            run(impl)
-            samples[impl].append((time.perf_counter() - t0) * 1e3)
+    samples = time_rounds(runs, iters, warmup_ms=300.0, seed=seed)
     return {k: round(statistics.median(v), 4) for k, v in samples.items()}
 
 

@@ -25,7 +25,7 @@ import random
 import statistics
 import sys
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -46,7 +46,31 @@ def schedule(impls: Sequence[str], iters: int, seed: int = 0) -> List[List[List[
     return phases
 
 
-class _Runner:
+def time_rounds(runs: Dict[str, Callable[[], object]], iters: int, warmup_ms: float, seed: int = 0,
+                progress=None) -> Dict[str, List[float]]:
+    """Wall ms of each of `runs` (name -> one inference) over `iters` rounds as `schedule` orders them, each
+    phase after a warm-up of at least warmup_ms per implementation (pipelines, allocators, clocks)."""
+    samples: Dict[str, List[float]] = {name: [] for name in runs}
+    phases = schedule(list(runs), iters, seed)
+    done = 0
+    for phase in phases:
+        for name in phase[0]:
+            end = time.perf_counter() + warmup_ms / 1e3
+            runs[name]()
+            while time.perf_counter() < end:
+                runs[name]()
+        for order in phase:
+            for name in order:
+                t0 = time.perf_counter()
+                runs[name]()
+                samples[name].append((time.perf_counter() - t0) * 1e3)
+            done += 1
+            if progress:
+                progress(done, iters * len(phases))
+    return samples
+
+
+class ModelRunner:
     """One loaded net and how to run one inference on it."""
 
     def __init__(self, impl: str, param: str, binp: str, inputs: Dict[str, np.ndarray], fp16: bool):
@@ -99,42 +123,23 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
     inputs = {k: rng.standard_normal(d).astype(np.float32) for k, d in input_dims.items()}
     from ._stdio import quiet_stderr
 
-    runners = []
-    for impl in impls:
+    def ncnn_reason(step):  # ncnn's device banner and notes silenced; its last line joins a failure's message
         logs: list = []
         try:
-            with quiet_stderr(logs):  # ncnn's device banner and "overwrite built-in layer" notes
-                runners.append(_Runner(impl, param, binp, inputs, fp16))
+            with quiet_stderr(logs):
+                return step()
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}{': ' + logs[-1] if logs else ''}") from None
+
+    runners = []
+    for impl in impls:
+        try:
+            runners.append(ncnn_reason(lambda: ModelRunner(impl, param, binp, inputs, fp16)))
         except ImportError as e:
             print(f"vknorm bench: {impl} skipped: {e}", file=sys.stderr)
-        except RuntimeError as e:
-            raise RuntimeError(f"{e}{': ' + logs[-1] if logs else ''}") from None
     for r in runners:  # one inference each first: a model that fails says so in one line, with ncnn's reason
-        logs = []
-        try:
-            with quiet_stderr(logs):
-                r()
-        except RuntimeError as e:
-            raise RuntimeError(f"{e}{': ' + logs[-1] if logs else ''}") from None
-    by_impl = {r.impl: r for r in runners}
-    samples = {r.impl: [] for r in runners}
-    phases = schedule(list(by_impl), iters, seed)
-    done = 0
-    for phase in phases:
-        for impl in phase[0]:  # warm-up: pipelines, allocators, clocks
-            r = by_impl[impl]
-            end = time.perf_counter() + warmup_ms / 1e3
-            r()
-            while time.perf_counter() < end:
-                r()
-        for order in phase:
-            for impl in order:
-                t0 = time.perf_counter()
-                by_impl[impl]()
-                samples[impl].append((time.perf_counter() - t0) * 1e3)
-            done += 1
-            if progress:
-                progress(done, iters * len(phases))
+        ncnn_reason(r)
+    samples = time_rounds({r.impl: r for r in runners}, iters, warmup_ms, seed, progress)
     device = graph.gpu_name()
     driver = ""
     try:

@@ -1,7 +1,7 @@
 # Does the order of implementations within a round bias `vknorm bench --model`? Same nets, several orders.
 import json, statistics, sys, time
 import numpy as np
-from vknorm.model_bench import _Runner
+from vknorm.model_bench import ModelRunner as _Runner
 from vknorm._stdio import quiet_stderr
 models = json.load(open("tests/data/models.json"))
 out = {}
