@@ -278,17 +278,23 @@ uint channel_of(uint g, uint i) { return (g / p.gpc) * PLANES + plane_of(i); }
 // CPG 1 the lanes are the slots. Written per lane, so a NaN stays in its own group.
 #if PACK == 4
 uvec4 lane_slots(uint i) { return (uvec4(4u * plane_of(i)) + uvec4(0u, 1u, 2u, 3u)) / CPG; }
+// Selects, not a vector indexed by each lane's slot (a dynamically indexed vector may be kept in memory):
+// H200, GroupNorm with groups inside lanes, 96x64x64/32 fp32 36.3 -> 17.0 us, 960x16x16/32 13.5 -> 9.4,
+// 320x16x16/32 6.4 -> 5.0, float16 alike; the per-lane sums add the same values in the same order.
+float slot_sum(vec4 v, uvec4 s, uint k) {
+  vec4 m = mix(vec4(0.0), v, equal(s, uvec4(k)));  // a select: a NaN in another slot stays there
+  return ((m.x + m.y) + m.z) + m.w;
+}
+float slot_value(vec4 st, uint k) { return k == 0u ? st.x : k == 1u ? st.y : k == 2u ? st.z : st.w; }
 vec4 to_slots(vec4 v, uint i) {
   if (CPG == 1u) return v;
   uvec4 s = lane_slots(i);
-  vec4 r = vec4(0.0);
-  for (uint j = 0u; j < 4u; ++j) r[s[j]] += v[j];
-  return r;
+  return vec4(slot_sum(v, s, 0u), slot_sum(v, s, 1u), slot_sum(v, s, 2u), slot_sum(v, s, 3u));
 }
 vec4 from_slots(vec4 st, uint i) {
   if (CPG == 1u) return st;
   uvec4 s = lane_slots(i);
-  return vec4(st[s.x], st[s.y], st[s.z], st[s.w]);
+  return vec4(slot_value(st, s.x), slot_value(st, s.y), slot_value(st, s.z), slot_value(st, s.w));
 }
 // Elements of each slot's group in the item's plane q: lanes per slot.
 vec4 lanes_per_slot(uint q) {
