@@ -107,8 +107,15 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_POLL_LOADS")) caps.poll_loads = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MIN_GROUP")) caps.cooperative_min_group = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MAX_PER_UNIT")) caps.cooperative_max_per_unit = uint32_t(std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_FULL_TEAM_MAX_ITEMS")) caps.full_team_max_items = uint32_t(std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MAX_PER_UNIT_FULL_TEAMS"))
+    caps.cooperative_max_per_unit_full_teams = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE"))
     caps.items_target_cooperative = std::max(1, std::atoi(v));
+  // Groups spanning channels: twice as many on GPUs (plan_dispatch says why); CPU drivers, the same.
+  caps.items_target_cooperative_channels = caps.cpu ? caps.items_target_cooperative : 2 * caps.items_target_cooperative;
+  if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE_CHANNELS"))
+    caps.items_target_cooperative_channels = std::max(1, std::atoi(v));
   // Tuning knobs for measuring other choices on a device (vknorm bench); not needed in normal use.
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET")) caps.items_target = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_FP16")) caps.items_target_fp16 = std::max(1, std::atoi(v));
@@ -220,10 +227,15 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // Cooperative: the item in chunks of one plane each (the split path's chunks), a workgroup holding
   // each chunk in registers, at least items_target_cooperative elements per invocation, all of the
   // item's chunks resident at once (at most cooperative_workgroups; forced, at most 1 where that is 0).
+  // Groups that span several channels start at items_target_cooperative_channels (GPUs: 16, not 8; H200, fp32 /
+  // fp16: GroupNorm 960x64x64/32 17.7 / 17.7 -> 13.5 / 11.0 us, 320x64x64/32 9.6 / 9.5 -> 9.5 / 8.3; groups of
+  // one channel keep 8: InstanceNorm 64x128x128 lost 7.7 / 7.3 -> 8.6 / 8.4, 32x224x224 fp16 8.4 -> 8.8).
+  const bool spans_channels = g.weights != GroupLayout::ByPosition && g.channels_per_group > 1;
+  const uint32_t cooperative_target = spans_channels ? dev.items_target_cooperative_channels : dev.items_target_cooperative;
   auto cooperative = [&](uint64_t max_workgroups) {
     const uint32_t wg = dev.preferred_workgroup, plane = g.plane_size();
     const uint32_t limit = std::max(dev.cooperative_workgroups, 1u);
-    for (uint32_t items = std::min(dev.items_target_cooperative, dev.max_items); items <= dev.max_items; items *= 2) {
+    for (uint32_t items = std::min(cooperative_target, dev.max_items); items <= dev.max_items; items *= 2) {
       const uint32_t per_plane = uint32_t(div_up(plane, uint64_t(wg) * items));
       if (uint64_t(per_plane) * g.planes > limit) continue;
       if (uint64_t(per_plane) * g.planes * g.n_groups > max_workgroups) return false;
@@ -234,7 +246,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
       // The chunk's per-channel weights loaded during the wait (H200, GroupNorm 320x64x64/32: fp32 11.3 ->
       // 9.7 us, fp16 10.9 -> 9.5); not for groups of one channel (InstanceNorm 32x224x224 fp16 8.4 -> 8.9,
       // 64x128x128 7.3 -> 7.7; fp32 the same).
-      plan.prefetch = g.weights != GroupLayout::ByPosition && g.channels_per_group > 1;
+      plan.prefetch = spans_channels;
       plan.chunk_size = uint32_t(div_up(plane, per_plane));
       plan.n_chunks = per_plane * g.planes;
       plan.items = items_for(plan.chunk_size, wg);
@@ -271,12 +283,28 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
       // pack4: 512 x 8 49.4 us, 256 x 16 43.8 us, 70 -> 79 % of the copy roof; 2048 cols stays 256 x 8:
       // 128 x 16 lost 90 -> 86 %). RMSNorm keeps 8 each (16 lost 4-10 points at 1024-4096 cols).
       const bool layernorm_rows = centres(op) && g.weights == GroupLayout::ByPosition && !latency_bound;
-      if (held)
+      // Not for groups inside lanes (pack4, channels per group not a multiple of 4), whose teams also map
+      // lanes to groups per element: GroupNorm 320x32x32/32 fp16 512 x 10 10.3 us, 1024 x 5 7.1 (960x16x16/32:
+      // 512 x 8 9.2, 1024 x 4 9.5).
+      if (held && !mixed_lanes(g, vec4))
         for (uint32_t cap : {layernorm_rows ? dev.max_team_held_layernorm : dev.max_team_held, dev.max_team_held})
           if (team > cap && items_for(size, cap) <= dev.max_items && fused(cap)) return plan;
       if (held && !centres(op) && !dev.cpu && !latency_bound && size <= dev.small_group) team = std::min(team, subgroup);
-      if (fused(team)) return plan;
-      break;
+      if (!fused(team)) break;
+      // Few groups, each in a full team holding many elements per invocation: a few multiprocessors at their
+      // register cap do all the work. The cooperative kernel spreads each group over chunks, where they fit
+      // few to a multiprocessor (H200, fp32 / fp16, us: GroupNorm 960x32x32/32 1024 x 15 35.6 / 42.5 ->
+      // 8.5 / 8.4, 96x64x64/32 17.0 / 18.4 -> 7.3 / 8.0; InstanceNorm 16x96x96 9.9 / 8.5 -> 6.9 / 6.8,
+      // 32x112x112 12.5 / 9.6 -> 6.9 / 6.8; LayerNorm 64x12288 13.5 / 9.9 -> 8.3 / 8.0; RMSNorm 9.5 / 8.2 ->
+      // 7.9 / 8.4). In more workgroups it loses (GroupNorm 1920x32x32/32, 480 of them: fp16 9.7 -> 14.0 us),
+      // and with 8 elements each it gains little (RMSNorm 16x8192 fp32 1024 x 8: 7.2 either way).
+      if (cooperative_auto && g.n_groups < dev.compute_units && plan.team == dev.max_workgroup &&
+          dev.full_team_max_items && plan.items > dev.full_team_max_items) {
+        const Plan fused_plan = plan;
+        if (cooperative(uint64_t(dev.cooperative_max_per_unit_full_teams) * dev.compute_units)) return plan;
+        plan = fused_plan;
+      }
+      return plan;
     }
     case Path::Subgroup:
       if (fused(std::min(subgroup, team_for_target))) return plan;

@@ -35,7 +35,13 @@ struct DeviceCaps {
   uint32_t compute_units = 0;              // DeviceInfo::compute_units (0: unknown)
   uint32_t cooperative_min_group = 16384;  // auto: few groups of at least this many packed elements go cooperative
   uint32_t items_target_cooperative = 8;   // elements each of its invocations holds, at least
+  uint32_t items_target_cooperative_channels = 16;  // ... for groups that span several channels
   uint32_t cooperative_max_per_unit = 4;   // auto: at most this many of its workgroups per multiprocessor
+  // auto: a fused plan of fewer groups than multiprocessors in full teams (max_workgroup) holding more than
+  // this many elements each goes cooperative, in at most cooperative_max_per_unit_full_teams workgroups per
+  // multiprocessor (0: never)
+  uint32_t full_team_max_items = 8;
+  uint32_t cooperative_max_per_unit_full_teams = 2;
   bool poll_loads = true;                  // its waits poll with plain loads (CPU drivers: atomics)
   uint32_t subgroup_size = 0;    // 0: unknown
   bool subgroup_reduce = false;  // subgroup arithmetic + shuffle usable in compute

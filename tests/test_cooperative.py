@@ -3,7 +3,8 @@ other's partial statistics (shaders/norm_cooperative.comp).
 
 * Planning, as data for a described device: auto plans it only where the device says how many workgroups it
   keeps resident (NVIDIA's multiprocessor count), for few large groups (groups too large for the fused kernel
-  go split); never on CPU drivers; a group's chunks never outnumber the resident workgroups.
+  go split) and for few groups the fused kernel would hold in full teams of many elements each; never on CPU
+  drivers; a group's chunks never outnumber the resident workgroups.
 * On this machine's lavapipe, in child processes that declare the residency (VKNORM_COOPERATIVE_WORKGROUPS=2
   with LP_NUM_THREADS=2, so both chunks of a group run at once): the forced path against the CPU reference for
   every op, storage and packing, with groups of two chunks that really wait on each other; the fused residual
@@ -36,10 +37,37 @@ def test_few_large_groups_go_cooperative_where_residency_is_known():
         # a chunk's weights load during its wait where a group spans channels (H200: GroupNorm -13 %;
         # InstanceNorm lost 0.4-0.5 us in float16 that way)
         assert gn["prefetch"] and not inorm["prefetch"], (gn, inorm)
+        # and its invocations hold 16 elements, not 8 (GroupNorm 960x64x64/32 fp16 17.7 -> 11.0 us; InstanceNorm
+        # 64x128x128 lost 7.3 -> 8.4 that way)
+        assert (gn["items"], inorm["items"]) == (16, 8), (gn, inorm)
     # smaller groups stay fused; so do large ones that fill the GPU (many rows)
     assert channels_plan("GroupNorm", 640, 32, 32, 32)["path"] == "workgroup"
     assert rows_plan("LayerNorm", 2048, 16384)["path"] == "workgroup"
     assert rows_plan("LayerNorm", 8192, 4096)["path"] == "workgroup"
+
+
+def test_few_groups_in_full_teams_of_many_elements_go_cooperative():
+    # H200: fused, these run a full team (1024 invocations) holding 12-15 elements each on a handful of
+    # multiprocessors; cooperative, 2-5x faster (GroupNorm 960x32x32/32 fp32 35.6 -> 8.5 us, InstanceNorm
+    # 32x112x112 12.5 -> 6.9, LayerNorm 64x12288 13.5 -> 8.3)
+    for fp16 in (False, True):
+        for p in (channels_plan("GroupNorm", 960, 32, 32, 32, fp16), channels_plan("GroupNorm", 96, 64, 64, 32, fp16),
+                  channels_plan("InstanceNorm", 32, 112, 112, 32, fp16), channels_plan("InstanceNorm", 16, 96, 96, 16, fp16),
+                  rows_plan("LayerNorm", 64, 12288, fp16), rows_plan("RMSNorm", 64, 12288, fp16)):
+            assert (p["path"], p["dispatches"]) == ("cooperative", 1), p
+        # not where that takes more than 2 workgroups per multiprocessor: 32 groups of 15 planes (480 of them;
+        # fp16 9.7 us fused, 14.0 cooperative)
+        p = channels_plan("GroupNorm", 1920, 32, 32, 32, fp16)
+        assert (p["path"], p["team"]) == ("workgroup", 1024), p
+    # nor at 8 elements each (RMSNorm 16x8192 fp32 1024 x 8: 7.2 us either way)
+    p = rows_plan("RMSNorm", 16, 8192)
+    assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 8), p
+
+
+def test_the_full_team_knob_turns_that_off(monkeypatch):
+    monkeypatch.setenv("VKNORM_TUNE_FULL_TEAM_MAX_ITEMS", "0")
+    p = channels_plan("GroupNorm", 960, 32, 32, 32)
+    assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 15), p
 
 
 def test_auto_plans_it_only_for_a_few_waves_of_workgroups():

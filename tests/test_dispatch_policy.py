@@ -64,6 +64,15 @@ def test_float16_rows_take_teams_of_at_most_512_while_16_elements_each_suffice()
     assert (p["team"], p["items"]) == (512, 16), p
 
 
+def test_float16_groups_inside_lanes_keep_full_teams():
+    # pack4 GroupNorm whose channels per group are not a multiple of 4: the 512 cap of float16 rows does not
+    # apply (H200, 320x32x32/32: 512 x 10 10.3 us, 1024 x 5 7.1); groups that fill the lanes keep it
+    p = channels_plan("GroupNorm", 320, 32, 32, 32, True)
+    assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 5), p
+    p = channels_plan("GroupNorm", 640, 32, 32, 32, True)
+    assert (p["path"], p["team"], p["items"]) == ("workgroup", 512, 10), p
+
+
 def test_float16_rows_hold_up_to_32_elements_before_the_split_path():
     # 32768 cols in pack4: the fused kernel (1024 x 32) measured 50 % against the split path's 40 % (LayerNorm)
     p = rows_plan("LayerNorm", 1024, 32768, True)

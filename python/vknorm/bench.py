@@ -26,8 +26,10 @@ import numpy as np
 
 DEFAULT_COLS = [32, 64, 128, 256, 512, 768, 1024, 2048, 4096, 8192, 16384, 32768]
 LATENCY_SHAPES = [(1, 768), (77, 512), (197, 768), (1, 4096)]
-# (channels, h, w, groups): SD UNet/VAE GroupNorm(32) sizes, and GroupNorm(2, 640)'s 81920-element groups.
-GROUPNORM_SHAPES = [(320, 64, 64, 32), (640, 32, 32, 32), (1280, 16, 16, 32), (1280, 8, 8, 32), (640, 16, 16, 2)]
+# (channels, h, w, groups): SD UNet/VAE GroupNorm(32) sizes, the UNet up path's 960-channel concatenations
+# (30 channels per group: groups inside pack4 lanes), and GroupNorm(2, 640)'s 81920-element groups.
+GROUPNORM_SHAPES = [(320, 64, 64, 32), (640, 32, 32, 32), (1280, 16, 16, 32), (1280, 8, 8, 32), (960, 64, 64, 32),
+                    (960, 32, 32, 32), (640, 16, 16, 2)]
 # style-transfer / GAN generator InstanceNorm sizes (one group per channel plane).
 INSTANCENORM_SHAPES = [(32, 224, 224, 0), (64, 128, 128, 0), (128, 64, 64, 0), (256, 32, 32, 0), (512, 7, 7, 0)]
 CHANNEL_OPS = ("groupnorm", "instancenorm")
