@@ -112,7 +112,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
     caps.cooperative_max_per_unit_full_teams = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE"))
     caps.items_target_cooperative = std::max(1, std::atoi(v));
-  // Groups spanning channels: twice as many on GPUs (plan_dispatch says why); CPU drivers, the same.
+  // Groups spanning channels, in many chunks: up to twice as many on GPUs (plan_dispatch says why).
   caps.items_target_cooperative_channels = caps.cpu ? caps.items_target_cooperative : 2 * caps.items_target_cooperative;
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE_CHANNELS"))
     caps.items_target_cooperative_channels = std::max(1, std::atoi(v));
@@ -227,18 +227,23 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // Cooperative: the item in chunks of one plane each (the split path's chunks), a workgroup holding
   // each chunk in registers, at least items_target_cooperative elements per invocation, all of the
   // item's chunks resident at once (at most cooperative_workgroups; forced, at most 1 where that is 0).
-  // Groups that span several channels start at items_target_cooperative_channels (GPUs: 16, not 8; H200, fp32 /
-  // fp16: GroupNorm 960x64x64/32 17.7 / 17.7 -> 13.5 / 11.0 us, 320x64x64/32 9.6 / 9.5 -> 9.5 / 8.3; groups of
-  // one channel keep 8: InstanceNorm 64x128x128 lost 7.7 / 7.3 -> 8.6 / 8.4, 32x224x224 fp16 8.4 -> 8.8).
+  // Groups that span several channels, in more chunks than the device has multiprocessors, take up to
+  // items_target_cooperative_channels each (GPUs: 16, not 8; H200, fp32 / fp16: GroupNorm 960x64x64/32, 480
+  // chunks, 17.7 / 17.7 -> 13.5 / 11.0 us; 320x64x64/32, 160 chunks, 9.7 / 9.7 -> 9.3 / 8.3). Not in fewer
+  // chunks (96x64x64/32, 48: fp32 7.3 -> 10.0), nor for groups of one channel (InstanceNorm 64x128x128, 128
+  // chunks: 7.7 / 7.3 -> 8.6 / 8.4).
   const bool spans_channels = g.weights != GroupLayout::ByPosition && g.channels_per_group > 1;
-  const uint32_t cooperative_target = spans_channels ? dev.items_target_cooperative_channels : dev.items_target_cooperative;
   auto cooperative = [&](uint64_t max_workgroups) {
     const uint32_t wg = dev.preferred_workgroup, plane = g.plane_size();
     const uint32_t limit = std::max(dev.cooperative_workgroups, 1u);
-    for (uint32_t items = std::min(cooperative_target, dev.max_items); items <= dev.max_items; items *= 2) {
+    for (uint32_t items = std::min(dev.items_target_cooperative, dev.max_items); items <= dev.max_items; items *= 2) {
       const uint32_t per_plane = uint32_t(div_up(plane, uint64_t(wg) * items));
       if (uint64_t(per_plane) * g.planes > limit) continue;
-      if (uint64_t(per_plane) * g.planes * g.n_groups > max_workgroups) return false;
+      const uint64_t workgroups = uint64_t(per_plane) * g.planes * g.n_groups;
+      if (spans_channels && dev.compute_units && workgroups > dev.compute_units && per_plane > 1 &&
+          2 * items <= std::min(dev.items_target_cooperative_channels, dev.max_items))
+        continue;
+      if (workgroups > max_workgroups) return false;
       plan.path = Path::Cooperative;
       plan.wg = plan.team = wg;
       plan.subgroup = dev.subgroup_reduce;
