@@ -182,6 +182,10 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // |   (<= max_items each)                     |   (tiny groups share a subgroup)               |
   // | team of <= max workgroup holds the group  | fused "workgroup": subgroups of one workgroup  |
   // | larger                                    | split: reduce chunks -> finalize -> normalize  |
+  // Auto on GPUs that report their multiprocessors first takes the cooperative kernel (chunks of a group in
+  // workgroups that wait on each other) for fewer groups than multiprocessors that are large
+  // (cooperative_min_group), or that the fused row would hold in full teams of more than full_team_max_items
+  // each; in either case only while its chunks fit a few waves (rules and measurements at each below).
   // Auto sizes the team for items_target elements per invocation (items_target_small for groups of at
   // most small_group packed elements or vec4s; latency_items (2, or 4 past teams of latency_team) when the whole tensor needs
   // fewer than latency_threads invocations: latency-bound, so wide teams and weights loaded early);
