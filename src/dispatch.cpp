@@ -112,8 +112,8 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
     caps.cooperative_max_per_unit_full_teams = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE"))
     caps.items_target_cooperative = std::max(1, std::atoi(v));
-  // Groups spanning channels, in many chunks: up to twice as many on GPUs (plan_dispatch says why).
-  caps.items_target_cooperative_channels = caps.cpu ? caps.items_target_cooperative : 2 * caps.items_target_cooperative;
+  // Groups spanning channels, in many chunks: up to 16 on GPUs (plan_dispatch says why); CPU drivers, no more.
+  if (caps.cpu) caps.items_target_cooperative_channels = caps.items_target_cooperative;
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE_CHANNELS"))
     caps.items_target_cooperative_channels = std::max(1, std::atoi(v));
   // Tuning knobs for measuring other choices on a device (vknorm bench); not needed in normal use.
@@ -237,6 +237,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // chunks (96x64x64/32, 48: fp32 7.3 -> 10.0), nor for groups of one channel (InstanceNorm 64x128x128, 128
   // chunks: 7.7 / 7.3 -> 8.6 / 8.4).
   const bool spans_channels = g.weights != GroupLayout::ByPosition && g.channels_per_group > 1;
+  // Fills in the plan and returns true, or leaves the plan as it was.
   auto cooperative = [&](uint64_t max_workgroups) {
     const uint32_t wg = dev.preferred_workgroup, plane = g.plane_size();
     const uint32_t limit = std::max(dev.cooperative_workgroups, 1u);
@@ -274,7 +275,8 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // multiprocessor): in many waves every workgroup's wait adds up (H200, rows of 65536 cols, 128 groups in
   // 4096 workgroups: LayerNorm fp32 136 us cooperative, 109 split; RMSNorm fp16 108 against 67; one such
   // row, 32 workgroups: 7.1-7.6 us cooperative, 10.3-11.2 split).
-  const bool few_large_groups = g.n_groups < dev.compute_units && g.group_size >= dev.cooperative_min_group;
+  const bool few_groups = g.n_groups < dev.compute_units;
+  const bool few_large_groups = few_groups && g.group_size >= dev.cooperative_min_group;
   const uint64_t cooperative_auto_workgroups = uint64_t(dev.cooperative_max_per_unit) * dev.compute_units;
   switch (want) {
     case Path::Cooperative:
@@ -307,12 +309,9 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
       // 32x112x112 12.5 / 9.6 -> 6.9 / 6.8; LayerNorm 64x12288 13.5 / 9.9 -> 8.3 / 8.0; RMSNorm 9.5 / 8.2 ->
       // 7.9 / 8.4). In more workgroups it loses (GroupNorm 1920x32x32/32, 480 of them: fp16 9.7 -> 14.0 us),
       // and with 8 elements each it gains little (RMSNorm 16x8192 fp32 1024 x 8: 7.2 either way).
-      if (cooperative_auto && g.n_groups < dev.compute_units && plan.team == dev.max_workgroup &&
-          dev.full_team_max_items && plan.items > dev.full_team_max_items) {
-        const Plan fused_plan = plan;
-        if (cooperative(uint64_t(dev.cooperative_max_per_unit_full_teams) * dev.compute_units)) return plan;
-        plan = fused_plan;
-      }
+      if (cooperative_auto && few_groups && plan.team == dev.max_workgroup && dev.full_team_max_items &&
+          plan.items > dev.full_team_max_items)
+        cooperative(uint64_t(dev.cooperative_max_per_unit_full_teams) * dev.compute_units);  // else stays fused
       return plan;
     }
     case Path::Subgroup:

@@ -35,7 +35,8 @@ struct DeviceCaps {
   uint32_t compute_units = 0;              // DeviceInfo::compute_units (0: unknown)
   uint32_t cooperative_min_group = 16384;  // auto: few groups of at least this many packed elements go cooperative
   uint32_t items_target_cooperative = 8;   // elements each of its invocations holds, at least
-  uint32_t items_target_cooperative_channels = 16;  // ... up to this many for groups spanning channels, in many chunks
+  uint32_t items_target_cooperative_channels = 16;  // ... up to this many for groups spanning channels, in many
+                                                    // chunks (GPUs; CPU drivers: items_target_cooperative)
   uint32_t cooperative_max_per_unit = 4;   // auto: at most this many of its workgroups per multiprocessor
   // auto: a fused plan of fewer groups than multiprocessors in full teams (max_workgroup) holding more than
   // this many elements each goes cooperative, in at most cooperative_max_per_unit_full_teams workgroups per
