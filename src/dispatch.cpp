@@ -366,6 +366,8 @@ std::string variant_name(const std::string& shader, bool fp16, const std::string
 
 ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g, bool fp16, const DeviceCaps& dev,
                          const Option& opt, const Fusion& fusion) {
+  // An empty blob has nothing to plan (the layers refuse it first; the planner divides by these).
+  if (g.n_groups == 0 || g.group_size == 0) throw std::invalid_argument("nothing to normalize: the blob is empty");
   ForwardPlan f;
   f.kernel = plan_dispatch(g, dev, opt, fp16, op);
   f.layout = g;

@@ -209,6 +209,13 @@ def test_plan_for_device_refuses_an_unknown_op():
         _core.plan_for_device("BatchNorm", 8, 1, 0, 2, 8, 2, 1, 1, 1, False, H200)
 
 
+def test_plan_for_device_refuses_an_empty_blob_on_every_device():
+    # one row packed by 4 is no packed row at all: an error, not a division by zero in the planner
+    for device in (H200, dict(H200, compute_units=132), LAVAPIPE):
+        with pytest.raises(ValueError, match="empty"):
+            rows_plan("LayerNorm", 1, 4096, False, device)
+
+
 # The device scripts below (run in a child with a knob set): `run` forwards a layer in each storage and packing
 # asked, with the fused residual add and its sum where `add`, keeping every output (saved at the end) and what
 # the layer's last dispatch says it ran (printed last, as JSON).
