@@ -107,9 +107,13 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_POLL_LOADS")) caps.poll_loads = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MIN_GROUP")) caps.cooperative_min_group = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MAX_PER_UNIT")) caps.cooperative_max_per_unit = uint32_t(std::atoi(v));
+  if (caps.cpu) caps.cooperative_min_workgroup = caps.preferred_workgroup;
+  if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MIN_WORKGROUP"))
+    caps.cooperative_min_workgroup = pow2_floor(std::max(1, std::atoi(v)));
   if (const char* v = std::getenv("VKNORM_TUNE_FULL_TEAM_MAX_ITEMS")) caps.full_team_max_items = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MAX_PER_UNIT_FULL_TEAMS"))
     caps.cooperative_max_per_unit_full_teams = uint32_t(std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_FULL_TEAM_SPILL_ITEMS")) caps.full_team_spill_items = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE"))
     caps.items_target_cooperative = std::max(1, std::atoi(v));
   // Groups spanning channels, in many chunks: up to 16 on GPUs (plan_dispatch says why); CPU drivers, no more.
@@ -239,7 +243,18 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   const bool spans_channels = g.weights != GroupLayout::ByPosition && g.channels_per_group > 1;
   // Fills in the plan and returns true, or leaves the plan as it was.
   auto cooperative = [&](uint64_t max_workgroups) {
-    const uint32_t wg = dev.preferred_workgroup, plane = g.plane_size();
+    const uint32_t plane = g.plane_size();
+    // A plane that a smaller workgroup holds at its items target (a group spanning channels: up to
+    // items_target_cooperative_channels) is one chunk either way: the smaller workgroup holds it with more
+    // elements each (H200, fp32 / fp16, us: GroupNorm 1280x32x32/32, 1024-element planes, 256 x 4 13.2 / 12.9
+    // -> 128 x 8 8.9 / 9.0; 1920x32x32/32 14.2 / 13.9 -> 10.3 / 10.0; fp32 1280x40x40/32, 1600, 256 x 7 15.0 ->
+    // 128 x 13 9.9, 1920x40x40/32 16.0 -> 11.7). Not where that only makes more chunks (960x64x64/32, 4096:
+    // 256 x 16 13.5 / 11.0, 128 x 16 14.2 / 11.5), nor 64-invocation ones (1280x32x32/32 11.0 / 8.4).
+    const uint32_t share_items = spans_channels ? dev.items_target_cooperative_channels : dev.items_target_cooperative;
+    uint32_t wg = dev.preferred_workgroup;
+    while (wg / 2 >= dev.cooperative_min_workgroup && plane <= uint64_t(wg / 2) * share_items &&
+           (!dev.subgroup_reduce || (wg / 2) % dev.subgroup_size == 0))
+      wg /= 2;
     const uint32_t limit = std::max(dev.cooperative_workgroups, 1u);
     for (uint32_t items = std::min(dev.items_target_cooperative, dev.max_items); items <= dev.max_items; items *= 2) {
       const uint32_t per_plane = uint32_t(div_up(plane, uint64_t(wg) * items));
@@ -309,9 +324,18 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
       // 32x112x112 12.5 / 9.6 -> 6.9 / 6.8; LayerNorm 64x12288 13.5 / 9.9 -> 8.3 / 8.0; RMSNorm 9.5 / 8.2 ->
       // 7.9 / 8.4). In more workgroups it loses (GroupNorm 1920x32x32/32, 480 of them: fp16 9.7 -> 14.0 us),
       // and with 8 elements each it gains little (RMSNorm 16x8192 fp32 1024 x 8: 7.2 either way).
+      // Float32 vec4s past full_team_spill_items each spill out of the team's registers, and for groups spanning
+      // channels the cooperative kernel wins in more workgroups (fp32: GroupNorm 1920x32x32/32, 1024 x 15:
+      // 15.3 -> 10.3 us in 480 of 128 x 8; 1280x40x40/32, 1024 x 16: 14.1 -> 9.9 in 320 of 128 x 13). Not with
+      // 13 each (InstanceNorm 256x112x112 13.1 -> 14.7), nor for groups of one channel (InstanceNorm
+      // 256x120x120, 1024 x 15: 14.7 -> 15.5).
       if (cooperative_auto && few_groups && plan.team == dev.max_workgroup && dev.full_team_max_items &&
-          plan.items > dev.full_team_max_items)
-        cooperative(uint64_t(dev.cooperative_max_per_unit_full_teams) * dev.compute_units);  // else stays fused
+          plan.items > dev.full_team_max_items) {
+        const bool spills = spans_channels && (vec4 || g.elempack == 4) && !plan.hold_storage && dev.full_team_spill_items &&
+                            plan.items > dev.full_team_spill_items;
+        const uint32_t per_unit = spills ? dev.cooperative_max_per_unit : dev.cooperative_max_per_unit_full_teams;
+        cooperative(uint64_t(per_unit) * dev.compute_units);  // else stays fused
+      }
       return plan;
     }
     case Path::Subgroup:

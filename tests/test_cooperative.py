@@ -57,10 +57,21 @@ def test_few_groups_in_full_teams_of_many_elements_go_cooperative():
                   channels_plan("InstanceNorm", 32, 112, 112, 32, fp16), channels_plan("InstanceNorm", 16, 96, 96, 16, fp16),
                   rows_plan("LayerNorm", 64, 12288, fp16), rows_plan("RMSNorm", 64, 12288, fp16)):
             assert (p["path"], p["dispatches"]) == ("cooperative", 1), p
-        # not where that takes more than 2 workgroups per multiprocessor: 32 groups of 15 planes (480 of them;
-        # fp16 9.7 us fused, 14.0 cooperative)
-        p = channels_plan("GroupNorm", 1920, 32, 32, 32, fp16)
-        assert (p["path"], p["team"]) == ("workgroup", 1024), p
+    # not where that takes more than 2 workgroups per multiprocessor: 32 groups of 15 planes, 480 of them (fp16,
+    # held as stored: 9.6 us fused, 9.9 cooperative) ...
+    p = channels_plan("GroupNorm", 1920, 32, 32, 32, True)
+    assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 15), p
+    # ... unless float32 vec4s past the register cap would spill there, for groups spanning channels: up to 4
+    # per multiprocessor (fp32 15.3 -> 10.3 us; 1280x40x40/32, 1024 x 16: 14.1 -> 9.9)
+    for shape, chunks in (((1920, 32, 32, 32), 15), ((1280, 40, 40, 32), 10)):
+        p = channels_plan("GroupNorm", *shape)
+        assert (p["path"], p["chunks"]) == ("cooperative", chunks), p
+    # 13 each still fit (InstanceNorm 256x112x112 fp32: 13.1 us fused, 14.7 cooperative); groups of one channel
+    # stay fused past that (InstanceNorm 256x120x120, 1024 x 15: 14.7 fused, 15.5 cooperative)
+    p = channels_plan("InstanceNorm", 256, 112, 112, 256)
+    assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 13), p
+    p = channels_plan("InstanceNorm", 256, 120, 120, 256)
+    assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 15), p
     # nor at 8 elements each (RMSNorm 16x8192 fp32 1024 x 8: 7.2 us either way)
     p = rows_plan("RMSNorm", 16, 8192)
     assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 8), p
@@ -70,6 +81,35 @@ def test_the_full_team_knob_turns_that_off(monkeypatch):
     monkeypatch.setenv("VKNORM_TUNE_FULL_TEAM_MAX_ITEMS", "0")
     p = channels_plan("GroupNorm", 960, 32, 32, 32)
     assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 15), p
+
+
+def test_the_spill_knob_turns_off_the_wider_limit(monkeypatch):
+    monkeypatch.setenv("VKNORM_TUNE_FULL_TEAM_SPILL_ITEMS", "0")
+    p = channels_plan("GroupNorm", 1920, 32, 32, 32)
+    assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 15), p
+
+
+def test_planes_smaller_than_a_workgroup_s_share_take_smaller_workgroups():
+    # a 1024-element plane is one chunk either way: 128 invocations holding 8 each, not 256 holding 4 (H200,
+    # GroupNorm 1280x32x32/32 forced cooperative, fp32: 13.2 -> 8.9 us; 960x32x32/32 auto: 8.5 -> 8.2)
+    for fp16 in (False, True):
+        p = channels_plan("GroupNorm", 960, 32, 32, 32, fp16)
+        assert (p["path"], p["workgroup_size"], p["items"], p["chunks"]) == ("cooperative", 128, 8, 15), p
+        p = channels_plan("GroupNorm", 1280, 32, 32, 32, fp16, path="cooperative")
+        assert (p["workgroup_size"], p["items"]) == (128, 8), p
+        # groups spanning channels halve it while a plane fits 16 each (fp32 1920x40x40/32, 1600-element planes:
+        # 256 x 7 16.0 us, 128 x 13 11.7)
+        p = channels_plan("GroupNorm", 1920, 40, 40, 32, fp16)
+        assert (p["path"], p["workgroup_size"], p["items"], p["chunks"]) == ("cooperative", 128, 13, 15), p
+        # larger planes keep 256: halving them only makes more chunks (960x64x64/32 fp32 13.5 -> 14.2 us)
+        p = channels_plan("GroupNorm", 960, 64, 64, 32, fp16)
+        assert (p["path"], p["workgroup_size"], p["items"]) == ("cooperative", 256, 16), p
+        # and never below 128 (GroupNorm 1280x32x32/32 in 64s: 11.0 us)
+        p = channels_plan("GroupNorm", 1280, 16, 16, 32, fp16, path="cooperative")
+        assert p["workgroup_size"] == 128, p
+    # CPU drivers keep their workgroups (64 on lavapipe)
+    p = channels_plan("GroupNorm", 1280, 32, 32, 32, device=LAVAPIPE, path="cooperative")
+    assert p["workgroup_size"] == 64, p
 
 
 def test_auto_plans_it_only_for_a_few_waves_of_workgroups():
@@ -200,6 +240,39 @@ def test_forced_cooperative_matches_the_cpu_reference_with_groups_that_wait_on_e
     repeated = next(r for r in report if r["case"] == "repeated")
     assert repeated["path"] == "cooperative" and repeated["chunks"] == 2, repeated
     assert repeated["err"] <= 8 * FP32_TOL, repeated  # 8 forwards, each within the fp32 rule
+
+
+SMALL_WORKGROUPS_SCRIPT = r"""
+import json
+import numpy as np
+import vknorm
+rng = np.random.default_rng(11)
+gn = vknorm.GroupNorm(group=4, channels=32, eps=1e-5)  # 8 channels per group: 2 packed planes of 900
+gn.load_model(rng.standard_normal(32).astype(np.float32), rng.standard_normal(32).astype(np.float32))
+x = (rng.standard_normal((32, 30, 30)) + 2).astype(np.float32)
+ref = gn(x, device="cpu")
+out = []
+for fp16 in (False, True):
+    y = gn(x, device="vulkan", option=vknorm.Option(path="cooperative", use_fp16_storage=fp16))
+    d = gn.last_dispatch
+    out.append({"fp16": fp16, "path": d["path"], "wg": d["workgroup_size"], "items": d["items"], "chunks": d["chunks"],
+                "err": float(np.abs(y - ref).max()) / max(1.0, float(np.abs(ref).max()))})
+print(json.dumps(out))
+"""
+
+
+def test_forced_cooperative_in_smaller_workgroups_matches_the_cpu_reference():
+    """Workgroups shrunk for a plane smaller than a workgroup's share, as on GPUs (there 256 -> 128): here 64 -> 32
+    for 32 elements each, so a plane of 900 is one chunk of 32 invocations holding 29 each, and the 2 chunks of a
+    group wait on each other."""
+    env = dict(os.environ, VKNORM_COOPERATIVE_WORKGROUPS="2", LP_NUM_THREADS="2", VKNORM_VALIDATION="1",
+               VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE="32", VKNORM_TUNE_COOPERATIVE_MIN_WORKGROUP="32")
+    proc = subprocess.run([sys.executable, "-c", SMALL_WORKGROUPS_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in json.loads(proc.stdout.strip().splitlines()[-1]):
+        assert (r["path"], r["wg"], r["items"], r["chunks"]) == ("cooperative", 32, 29, 2), r
+        assert r["err"] <= (FP16_TOL if r["fp16"] else FP32_TOL), r
 
 
 INSIDE_NCNN = ["-m", "vknorm", "check", "tests/data/instnorm_block.ncnn.param", "tests/data/instnorm_block.ncnn.bin",
