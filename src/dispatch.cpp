@@ -322,7 +322,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
       // few to a multiprocessor (H200, fp32 / fp16, us: GroupNorm 960x32x32/32 1024 x 15 35.6 / 42.5 ->
       // 8.5 / 8.4, 96x64x64/32 17.0 / 18.4 -> 7.3 / 8.0; InstanceNorm 16x96x96 9.9 / 8.5 -> 6.9 / 6.8,
       // 32x112x112 12.5 / 9.6 -> 6.9 / 6.8; LayerNorm 64x12288 13.5 / 9.9 -> 8.3 / 8.0; RMSNorm 9.5 / 8.2 ->
-      // 7.9 / 8.4). In more workgroups it loses (GroupNorm 1920x32x32/32, 480 of them: fp16 9.7 -> 14.0 us),
+      // 7.9 / 8.4). In more workgroups it loses (GroupNorm 1920x32x32/32 fp16, 480 of them: 9.6 -> 9.9 us),
       // and with 8 elements each it gains little (RMSNorm 16x8192 fp32 1024 x 8: 7.2 either way).
       // Float32 vec4s past full_team_spill_items each spill out of the team's registers, and for groups spanning
       // channels the cooperative kernel wins in more workgroups (fp32: GroupNorm 1920x32x32/32, 1024 x 15:

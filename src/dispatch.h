@@ -38,16 +38,16 @@ struct DeviceCaps {
   uint32_t items_target_cooperative_channels = 16;  // ... up to this many for groups spanning channels, in many
                                                     // chunks (GPUs; CPU drivers: items_target_cooperative)
   uint32_t cooperative_max_per_unit = 4;   // auto: at most this many of its workgroups per multiprocessor
-  // Its workgroups are preferred_workgroup invocations, or as few as this where a channel plane is smaller
-  // than such a workgroup's items_target_cooperative elements (CPU drivers: preferred_workgroup)
+  // Its workgroups are preferred_workgroup invocations, halved down to this many while a channel plane still
+  // fits the smaller one at its items target (CPU drivers: preferred_workgroup, never halved)
   uint32_t cooperative_min_workgroup = 128;
   // auto: a fused plan of fewer groups than multiprocessors in full teams (max_workgroup) holding more than
   // this many elements each goes cooperative, in at most cooperative_max_per_unit_full_teams workgroups per
   // multiprocessor (0: never)
   uint32_t full_team_max_items = 8;
   uint32_t cooperative_max_per_unit_full_teams = 2;
-  // ... and in up to cooperative_max_per_unit where they hold more float32 vec4s each than this: 1024
-  // invocations share the register file at 64 each, and more spill (0: never)
+  // ... and in up to cooperative_max_per_unit for groups spanning channels whose teams hold more float32 vec4s
+  // each than this: 1024 invocations share the register file at 64 each, and more spill (0: never)
   uint32_t full_team_spill_items = 13;
   bool poll_loads = true;                  // its waits poll with plain loads (CPU drivers: atomics)
   uint32_t subgroup_size = 0;    // 0: unknown

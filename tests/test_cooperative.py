@@ -3,8 +3,9 @@ other's partial statistics (shaders/norm_cooperative.comp).
 
 * Planning, as data for a described device: auto plans it only where the device says how many workgroups it
   keeps resident (NVIDIA's multiprocessor count), for few large groups (groups too large for the fused kernel
-  go split) and for few groups the fused kernel would hold in full teams of many elements each; never on CPU
-  drivers; a group's chunks never outnumber the resident workgroups.
+  go split) and for few groups the fused kernel would hold in full teams of many elements each (more of its
+  workgroups where float32 full teams would spill); never on CPU drivers; a group's chunks never outnumber the
+  resident workgroups; its workgroups halve, down to 128 invocations, where a channel plane is one chunk anyway.
 * On this machine's lavapipe, in child processes that declare the residency (VKNORM_COOPERATIVE_WORKGROUPS=2
   with LP_NUM_THREADS=2, so both chunks of a group run at once): the forced path against the CPU reference for
   every op, storage and packing, with groups of two chunks that really wait on each other; the fused residual
