@@ -22,7 +22,7 @@
 //   11 the split apply pass merges partials itself (norm_apply.comp),
 //   12 a residual add before the norm, 13 an activation after it, 14 its parameter (fusion, below),
 //   15 float16 elements held in registers as stored (fused kernel, see norm_fused.comp),
-//   16 how the cooperative kernel polls (norm_cooperative.comp only).
+//   16 how the cooperative kernel polls, 17 its chunks span planes (norm_cooperative.comp only).
 #if FP16
 #extension GL_EXT_shader_16bit_storage : require
 #endif
@@ -325,8 +325,15 @@ uint workgroup_linear() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_Work
 uint team_lane() { return gl_LocalInvocationID.x & (TEAM - 1u); }
 uint team_item() { return workgroup_linear() * (WG / TEAM) + gl_LocalInvocationID.x / TEAM; }
 
-// Chunks never straddle planes: a group spanning planes has n_chunks / PLANES chunks in each.
+// A chunk lies in one plane (a group spanning planes has n_chunks / PLANES chunks in each), or, where the
+// cooperative kernel takes chunks larger than a plane, is a run of whole planes (plane: its first).
 void chunk_range(uint c, out uint begin, out uint end, out uint plane) {
+  if (p.chunk_size > PLANE_SIZE) {
+    begin = c * p.chunk_size;
+    end = min(begin + p.chunk_size, GROUP_SIZE);
+    plane = begin / PLANE_SIZE;
+    return;
+  }
   uint per_plane = p.n_chunks / PLANES;
   plane = c / per_plane;
   begin = plane * PLANE_SIZE + (c - plane * per_plane) * p.chunk_size;

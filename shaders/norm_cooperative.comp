@@ -1,10 +1,10 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // One dispatch for groups larger than a workgroup holds, or too few to fill the GPU: a workgroup per
-// chunk of a group (the split path's chunks) holds the chunk in registers, publishes its partial
-// (mean, M2 about the group's pivot, as norm_reduce does), waits until every chunk of its item has,
-// merges them (split_coefs.glsl) and normalizes its registers. x is read once and y written once,
-// where the split path reads x twice in two or three dispatches.
+// chunk of a group (the split path's chunks, or runs of whole planes: CHUNK_PLANES) holds the chunk in
+// registers, publishes its partial (mean, M2 about the group's pivot, as norm_reduce does), waits until
+// every chunk of its item has, merges them (split_coefs.glsl) and normalizes its registers. x is read
+// once and y written once, where the split path reads x twice in two or three dispatches.
 //
 // Waiting on other workgroups needs all chunks of an item resident at once. Vulkan promises no
 // order or concurrency among workgroups, so: the dispatcher plans this kernel only for items of at
@@ -29,6 +29,10 @@ layout(constant_id = 16) const uint POLL_LOADS = 1;
 // A wait that outlives 2^22 polls gives up and writes NaN for its item (the device did not keep the
 // item's chunks resident together): a visible failure rather than a hung queue. 64 polls per iteration:
 // llvmpipe ends a shader's loops after 65535 iterations.
+// 1: chunks are runs of whole planes (planes smaller than a chunk, too many for one chunk each to be resident
+// at once), each element addressed through its plane; only where a packed element holds one group (pack1, or
+// whole pack4 planes per group), so the group slots are the same in every plane. 0: a chunk lies in one plane.
+layout(constant_id = 17) const uint CHUNK_PLANES = 0;
 #define POLL(seen, g) seen = POLL_LOADS != 0u ? counter[1u + g] : atomicAdd(counter[1u + g], 0u);
 #define POLL_4(seen, g) POLL(seen, g) POLL(seen, g) POLL(seen, g) POLL(seen, g)
 #define POLL_16(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g)
@@ -51,6 +55,7 @@ void main() {
   chunk_range(c, begin, end, plane);
   uint base = group_base(g);
   uint at = base + plane * (p.cstep - PLANE_SIZE);  // + i: element i of this chunk's plane
+#define ELEM(i) (CHUNK_PLANES != 0u ? base + elem_offset(i) : at + (i))
   uint lane = gl_LocalInvocationID.x;
   afp n = afp(float(end - begin)) * lanes_per_slot(plane);
   // Read before this workgroup publishes, so before any of the item is written in place.
@@ -64,9 +69,9 @@ void main() {
   for (uint k = 0u; k < ITEMS; ++k) {
     uint i = begin + lane + k * WG;
     bool inside = i < end;
-    h[k] = load_held(at + (inside ? i : begin));
+    h[k] = load_held(ELEM(inside ? i : begin));
     if (inside) {
-      store_sum(at + i, h[k]);
+      store_sum(ELEM(i), h[k]);
       afp d = unpack_held(h[k]) - pivot;
       s += OP == OP_LAYERNORM ? d : d * d;
     }
@@ -121,7 +126,7 @@ void main() {
     if (i < end) {
       wfp gw = chunk_weights ? chunk_gamma : AFFINE != 0u ? gamma_for(g, i) : wfp(1);
       wfp bw = chunk_weights ? chunk_beta : AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, i) : wfp(0);
-      store_x(at + i, normalize_one((unpack_held(h[k]) - pivot) - group_mean, a, gw, bw));
+      store_x(ELEM(i), normalize_one((unpack_held(h[k]) - pivot) - group_mean, a, gw, bw));
     }
   }
 }

@@ -251,10 +251,25 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
     // 128 x 13 9.9, 1920x40x40/32 16.0 -> 11.7). Not where that only makes more chunks (960x64x64/32, 4096:
     // 256 x 16 13.5 / 11.0, 128 x 16 14.2 / 11.5), nor 64-invocation ones (1280x32x32/32 11.0 / 8.4).
     const uint32_t share_items = spans_channels ? dev.items_target_cooperative_channels : dev.items_target_cooperative;
-    uint32_t wg = dev.preferred_workgroup;
-    while (wg / 2 >= dev.cooperative_min_workgroup && plane <= uint64_t(wg / 2) * share_items &&
-           (!dev.subgroup_reduce || (wg / 2) % dev.subgroup_size == 0))
-      wg /= 2;
+    auto workgroup_for = [&](uint64_t chunk) {
+      uint32_t wg = dev.preferred_workgroup;
+      while (wg / 2 >= dev.cooperative_min_workgroup && chunk <= uint64_t(wg / 2) * share_items &&
+             (!dev.subgroup_reduce || (wg / 2) % dev.subgroup_size == 0))
+        wg /= 2;
+      return wg;
+    };
+    auto take = [&](uint32_t wg, uint32_t chunk_size, uint32_t n_chunks, bool chunk_weights) {
+      plan.path = Path::Cooperative;
+      plan.wg = plan.team = wg;
+      plan.subgroup = dev.subgroup_reduce;
+      plan.vec4 = plan.one_reduction = plan.hold_storage = plan.plane_weights = false;
+      plan.prefetch = chunk_weights;
+      plan.chunk_size = chunk_size;
+      plan.n_chunks = n_chunks;
+      plan.items = items_for(chunk_size, wg);
+      return true;
+    };
+    const uint32_t wg = workgroup_for(plane);
     const uint32_t limit = std::max(dev.cooperative_workgroups, 1u);
     for (uint32_t items = std::min(dev.items_target_cooperative, dev.max_items); items <= dev.max_items; items *= 2) {
       const uint32_t per_plane = uint32_t(div_up(plane, uint64_t(wg) * items));
@@ -264,18 +279,22 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
           2 * items <= std::min(dev.items_target_cooperative_channels, dev.max_items))
         continue;
       if (workgroups > max_workgroups) return false;
-      plan.path = Path::Cooperative;
-      plan.wg = plan.team = wg;
-      plan.subgroup = dev.subgroup_reduce;
-      plan.vec4 = plan.one_reduction = plan.hold_storage = plan.plane_weights = false;
       // The chunk's per-channel weights loaded during the wait (H200, GroupNorm 320x64x64/32: fp32 11.3 ->
       // 9.7 us, fp16 10.9 -> 9.5); not for groups of one channel (InstanceNorm 32x224x224 fp16 8.4 -> 8.9,
       // 64x128x128 7.3 -> 7.7; fp32 the same).
-      plan.prefetch = spans_channels;
-      plan.chunk_size = uint32_t(div_up(plane, per_plane));
-      plan.n_chunks = per_plane * g.planes;
-      plan.items = items_for(plan.chunk_size, wg);
-      return true;
+      return take(wg, uint32_t(div_up(plane, per_plane)), per_plane * g.planes, spans_channels);
+    }
+    // More planes than resident workgroups (GroupNorm(2, 640) on 16x16: 80 planes of 256 per group): chunks of
+    // the fewest whole planes that fit, where a packed element holds one group (pack1, or pack4 groups of whole
+    // planes), so its group slots are the same in every plane (norm_cooperative.comp, id 17). H200, fp32 / fp16:
+    // GroupNorm 640x16x16/2 11.7 / 12.5 -> 7.2 / 7.0 us, 640x32x32/2 11.6 / 12.4 -> 8.6 / 8.9 (split before).
+    if (g.planes > limit && (g.elempack == 1 || g.channels_per_group % 4 == 0)) {
+      const uint32_t planes_per_chunk = uint32_t(div_up(g.planes, limit));
+      const uint64_t chunk = uint64_t(planes_per_chunk) * plane;
+      const uint32_t n_chunks = uint32_t(div_up(g.planes, planes_per_chunk));
+      const uint32_t chunk_wg = workgroup_for(chunk);
+      if (items_for(uint32_t(chunk), chunk_wg) > dev.max_items || uint64_t(n_chunks) * g.n_groups > max_workgroups) return false;
+      return take(chunk_wg, uint32_t(chunk), n_chunks, false);
     }
     return false;
   };
@@ -434,6 +453,7 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
     f.passes.push_back(Pass{variant_name("norm_clear", false, "1", false), spec, pc, plan.wg,
                             div_up(1 + uint64_t(g.n_groups), plan.wg), false, /*clears_counters=*/true});
     spec.push_back(dev.poll_loads ? 1u : 0u);
+    spec.push_back(plan.chunk_size > g.plane_size() ? 1u : 0u);  // id 17: chunks of whole planes
     pass("norm_cooperative", pack, plan.subgroup, spec, items, true);
     return f;
   }

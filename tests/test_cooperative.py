@@ -143,10 +143,16 @@ def test_never_planned_without_known_residency():
 
 
 def test_chunks_never_outnumber_the_resident_workgroups():
-    # GroupNorm(2, 640) on 640x16x16: 80 planes per group, a chunk per plane at least: more than 66
-    assert channels_plan("GroupNorm", 640, 16, 16, 2)["path"] == "split"
-    forced = channels_plan("GroupNorm", 640, 16, 16, 2, path="cooperative")
-    assert forced["path"] == "split", forced
+    # GroupNorm(2, 640) on 640x16x16: 80 planes per group, more than the 66 resident workgroups, so chunks of
+    # 2 whole planes each (512 elements: 128 invocations holding 4)
+    for fp16 in (False, True):
+        p = channels_plan("GroupNorm", 640, 16, 16, 2, fp16)
+        assert (p["path"], p["chunks"], p["workgroup_size"], p["items"]) == ("cooperative", 40, 128, 4), p
+        assert not p["prefetch"], p  # a chunk's planes have weights of their own
+    # not where groups lie inside pack4 lanes (574 channels per group: the lanes' groups change from plane to
+    # plane), which stays split, forced or not
+    for path in ("auto", "cooperative"):
+        assert channels_plan("GroupNorm", 1148, 8, 8, 2, path=path)["path"] == "split"
 
 
 DEVICE_SCRIPT = r"""
@@ -184,6 +190,9 @@ check("GroupNorm 64x24x24/32", gn, (rng.standard_normal((64, 24, 24)) + 3).astyp
 gn6 = weights(vknorm.GroupNorm(group=6, channels=12, eps=1e-5), 12)  # 2 channels per group: inside pack4 planes
 gn6.set_activation("swish")
 check("GroupNorm 12x40x40/6 + Swish", gn6, rng.standard_normal((12, 40, 40)).astype(np.float32))
+# 16 channels per group: more planes per group than the 2 declared resident workgroups, so chunks of whole planes
+check("GroupNorm 32x6x6/2, chunks of planes", weights(vknorm.GroupNorm(group=2, channels=32, eps=1e-5), 32),
+      (rng.standard_normal((32, 6, 6)) * 3 - 5).astype(np.float32))
 check("InstanceNorm 8x30x30", weights(vknorm.InstanceNorm(channels=8, eps=1e-5), 8),
       rng.standard_normal((8, 30, 30)).astype(np.float32))
 check("constant groups", vknorm.LayerNorm(affine_size=1000, eps=1e-5, affine=False), np.full((4, 1000), 3.5, np.float32))
@@ -229,7 +238,7 @@ def run_declaring_residency(script, extra_env=None):
 def test_forced_cooperative_matches_the_cpu_reference_with_groups_that_wait_on_each_other():
     report = json.loads(run_declaring_residency(DEVICE_SCRIPT).stdout.strip().splitlines()[-1])
     cases = [r for r in report if r["case"] != "repeated"]
-    assert len(cases) == 7 * 4 + 2
+    assert len(cases) == 8 * 4 + 2
     for r in cases:
         assert r["path"] == "cooperative", r
         tol = FP16_TOL if r["fp16"] else FP32_TOL
@@ -237,7 +246,10 @@ def test_forced_cooperative_matches_the_cpu_reference_with_groups_that_wait_on_e
         if "sum_err" in r:
             assert r["sum_err"] == 0.0, r  # the add's sum as the add layer stores it, bit for bit
     # most cases run two chunks per group, whose workgroups wait for each other
-    assert sum(r["chunks"] == 2 for r in cases) >= 20, [(r["case"], r["chunks"]) for r in cases]
+    assert sum(r["chunks"] == 2 for r in cases) >= 24, [(r["case"], r["chunks"]) for r in cases]
+    # chunks of whole planes in both packings (pack4: 2 of 4 packed planes; pack1: 2 of 16 planes)
+    planes = [r for r in cases if "chunks of planes" in r["case"]]
+    assert len(planes) == 4 and all(r["chunks"] == 2 for r in planes), planes
     repeated = next(r for r in report if r["case"] == "repeated")
     assert repeated["path"] == "cooperative" and repeated["chunks"] == 2, repeated
     assert repeated["err"] <= 8 * FP32_TOL, repeated  # 8 forwards, each within the fp32 rule
