@@ -26,13 +26,13 @@
 // 8192x4096: 182 us polling with atomics). 0: atomics (CPU drivers, whose compilers may keep a plain load
 // out of the loop).
 layout(constant_id = 16) const uint POLL_LOADS = 1;
-// A wait that outlives 2^22 polls gives up and writes NaN for its item (the device did not keep the
-// item's chunks resident together): a visible failure rather than a hung queue. 64 polls per iteration:
-// llvmpipe ends a shader's loops after 65535 iterations.
 // 1: chunks are runs of whole planes (planes smaller than a chunk, too many for one chunk each to be resident
 // at once), each element addressed through its plane; only where a packed element holds one group (pack1, or
 // whole pack4 planes per group), so the group slots are the same in every plane. 0: a chunk lies in one plane.
 layout(constant_id = 17) const uint CHUNK_PLANES = 0;
+// A wait that outlives 2^22 polls gives up and writes NaN for its item (the device did not keep the
+// item's chunks resident together): a visible failure rather than a hung queue. 64 polls per iteration:
+// llvmpipe ends a shader's loops after 65535 iterations.
 #define POLL(seen, g) seen = POLL_LOADS != 0u ? counter[1u + g] : atomicAdd(counter[1u + g], 0u);
 #define POLL_4(seen, g) POLL(seen, g) POLL(seen, g) POLL(seen, g) POLL(seen, g)
 #define POLL_16(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g)

@@ -229,7 +229,8 @@ print(json.dumps(report))
 def run_declaring_residency(script, extra_env=None):
     # the fewest elements per invocation: groups of 1000 split in two chunks on any device (GPU workgroups are wider)
     env = dict(os.environ, VKNORM_COOPERATIVE_WORKGROUPS="2", LP_NUM_THREADS="2", VKNORM_VALIDATION="1",
-               VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE="1", **(extra_env or {}))
+               VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE="1")
+    env.update(extra_env or {})
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -278,12 +279,9 @@ def test_forced_cooperative_in_smaller_workgroups_matches_the_cpu_reference():
     """Workgroups halved for a plane smaller than a workgroup's share (on GPUs 256 -> 128 by default): down to 32
     here, for 16 elements each, so a plane of 400 is one chunk of 32 invocations holding 13 each (lavapipe and
     GPUs alike), and the 2 chunks of a group wait on each other."""
-    env = dict(os.environ, VKNORM_COOPERATIVE_WORKGROUPS="2", LP_NUM_THREADS="2", VKNORM_VALIDATION="1",
-               VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE="16", VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE_CHANNELS="16",
-               VKNORM_TUNE_COOPERATIVE_MIN_WORKGROUP="32")
-    proc = subprocess.run([sys.executable, "-c", SMALL_WORKGROUPS_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_declaring_residency(SMALL_WORKGROUPS_SCRIPT, {"VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE": "16",
+                                                             "VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE_CHANNELS": "16",
+                                                             "VKNORM_TUNE_COOPERATIVE_MIN_WORKGROUP": "32"})
     for r in json.loads(proc.stdout.strip().splitlines()[-1]):
         assert (r["path"], r["wg"], r["items"], r["chunks"]) == ("cooperative", 32, 13, 2), r
         assert r["err"] <= (FP16_TOL if r["fp16"] else FP32_TOL), r
