@@ -16,7 +16,7 @@
 // blob: a few ulps per rounding step of the reductions over up to 3003 elements and of the affine step.
 //
 // Usage: engine_example [--misalign] [--skip-rmsnorm] [--corrupt] [--no-barrier] [--system-loader]
-//                       [--refusals] [--timing] [--repeat N]
+//                       [--refusals] [--timing] [--repeat N] [--cooperative-reuse]
 //   --misalign       put blob B at an offset that is not a multiple of minStorageBufferOffsetAlignment:
 //                    vknorm refuses it (std::invalid_argument, exit 2)
 //   --skip-rmsnorm   do not record vknorm's RMSNorm (negative control: B stays un-normalized, exit 1)
@@ -32,6 +32,9 @@
 //                    rounds (vknorm's scratch and descriptor sets are shared by the rounds)
 //   --timing         Recorder::set_timing(true): after the submission, each forward's GPU time
 //                    (Recorder::gpu_times_us) and the submission's wall time on the host
+//   --cooperative-reuse  B is a LayerNorm, recorded as two forwards of its Recorder, Option::path
+//                    cooperative: its first 2 channels, then its last one; the second reuses the first's
+//                    scratch at another layout
 //
 // VKNORM_MAX_BUFFER_BYTES=N (as for vknorm's own context) makes the Recorders bind at most N bytes per
 // storage buffer: the blobs are then recorded in pieces of whole groups ("pieces: A n, B m").
@@ -384,7 +387,7 @@ constexpr double kUlps = 84;  // the tolerance: kUlps * FLT_EPSILON (2^-23) * ma
 
 struct Args {
   bool misalign = false, skip_rmsnorm = false, corrupt = false, no_barrier = false, system_loader = false;
-  bool refusals = false, timing = false;
+  bool refusals = false, timing = false, cooperative_reuse = false;
   int repeat = 1;
 };
 
@@ -468,7 +471,8 @@ int run(const Args& args) {
   std::mt19937 rng(20240917);
   std::normal_distribution<float> normal(0.f, 1.f);
   Blob a(vknorm::NormOp::LayerNorm, 8, 5, 768, 4, 768);
-  Blob b(vknorm::NormOp::RMSNorm, 3, 3, 1001, 1, 3003);
+  // --cooperative-reuse: B as a LayerNorm, whose partials (unlike RMSNorm's) are nonzero words throughout
+  Blob b(args.cooperative_reuse ? vknorm::NormOp::LayerNorm : vknorm::NormOp::RMSNorm, 3, 3, 1001, 1, 3003);
   const float eps_a = 1e-5f, eps_b = 1e-6f;
   for (Blob* blob : {&a, &b}) {
     blob->x.assign(size_t(blob->c) * blob->cstep1, 0.f);
@@ -536,8 +540,9 @@ int run(const Args& args) {
   {
     vknorm::Recorder ln(handles, vknorm::NormOp::LayerNorm, a.affine_size, eps_a);
     ln.load_model(a.gamma, a.beta);
-    vknorm::Recorder rms(handles, vknorm::NormOp::RMSNorm, b.affine_size, eps_b);
-    rms.load_model(b.gamma);
+    vknorm::Recorder rms(handles, b.op, b.affine_size, eps_b);
+    if (b.op == vknorm::NormOp::LayerNorm) rms.load_model(b.gamma, b.beta);
+    else rms.load_model(b.gamma);
 
     // ---- ONE command buffer: upload -> barrier -> LayerNorm(A), RMSNorm(B) -> barrier -> copy back
     VkCommandBuffer cmd = VK_NULL_HANDLE;
@@ -557,17 +562,29 @@ int run(const Args& args) {
     int unexpected =
         args.refusals ? try_refusals(cmd, handles, storage_buffer, align, e.props.limits.maxStorageBufferRange, ln, a) : 0;
     if (args.timing) ln.set_timing(true), rms.set_timing(true);
-    vknorm::Option split;
+    vknorm::Option split, cooperative;
     split.path = vknorm::Path::Split;
+    cooperative.path = vknorm::Path::Cooperative;
+    // B's channels [first, first + n) as a blob of its own (pack1: a channel is cstep floats).
+    auto record_b = [&](int first, int n, const vknorm::Option& opt) {
+      const uint64_t at = b.offset + uint64_t(first) * b.cstep * sizeof(float);
+      return rms.record(cmd, {storage_buffer, at, vknorm::blob_span_bytes(3, b.w, b.h, 1, n, b.cstep, 1, false)}, 3, b.w,
+                        b.h, 1, n, b.cstep, b.elempack, false, opt);
+    };
     vknorm::DispatchInfo da, db;
     for (int r = 0; r < args.repeat; ++r) {
       if (r > 0)  // the next forwards read what these wrote: the engine's barrier, as between any two layers
         barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
                 VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
       da = ln.record(cmd, {storage_buffer, a.offset, a.span()}, 3, a.w, a.h, 1, a.packed_c(), a.cstep, a.elempack, false);
-      if (!args.skip_rmsnorm)
+      if (args.skip_rmsnorm) continue;
+      if (args.cooperative_reuse) {
+        record_b(0, b.c - 1, cooperative);
+        db = record_b(b.c - 1, 1, cooperative);
+      } else {
         db = rms.record(cmd, {storage_buffer, b.offset, b.span()}, 3, b.w, b.h, 1, b.packed_c(), b.cstep, b.elempack, false,
                         split);
+      }
     }
     std::printf("descriptor sets cached: LayerNorm %zu, RMSNorm %zu\n", ln.cached_descriptor_sets(),
                 rms.cached_descriptor_sets());
@@ -605,8 +622,10 @@ int run(const Args& args) {
     std::printf("pieces: A %d, B %d\n", da.pieces, args.skip_rmsnorm ? 0 : db.pieces);
     if (args.skip_rmsnorm) std::printf("B RMSNorm: not recorded (--skip-rmsnorm)\n");
     else
-      std::printf("B RMSNorm dims=3 c=%d h=%d w=%d float32 pack%d (cstep %zu), Option::path split: path %s, %d dispatch(es) x %d\n",
-                  b.c, b.h, b.w, b.elempack, b.cstep, vknorm::path_name(db.path), db.dispatches, args.repeat);
+      std::printf("B %s dims=3 c=%d h=%d w=%d float32 pack%d (cstep %zu), Option::path %s: path %s, %d dispatch(es) x %d\n",
+                  b.op == vknorm::NormOp::LayerNorm ? "LayerNorm" : "RMSNorm", b.c, b.h, b.w, b.elempack, b.cstep,
+                  args.cooperative_reuse ? "cooperative (2 forwards)" : "split",
+                  vknorm::path_name(db.path), db.dispatches, args.repeat);
 
     // ---- check
     std::vector<float> ya = unpack(a, reinterpret_cast<const float*>(out + a.offset));
@@ -650,10 +669,12 @@ int main(int argc, char** argv) {
     else if (s == "--system-loader") args.system_loader = true;
     else if (s == "--refusals") args.refusals = true;
     else if (s == "--timing") args.timing = true;
+    else if (s == "--cooperative-reuse") args.cooperative_reuse = true;
     else if (s == "--repeat" && i + 1 < argc && std::atoi(argv[i + 1]) >= 1) args.repeat = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "engine_example: unknown argument %s\nusage: engine_example [--misalign] [--skip-rmsnorm] "
-                           "[--corrupt] [--no-barrier] [--system-loader] [--refusals] [--timing] [--repeat N]\n", s.c_str());
+                           "[--corrupt] [--no-barrier] [--system-loader] [--refusals] [--timing] [--repeat N] "
+                           "[--cooperative-reuse]\n", s.c_str());
       return 2;
     }
   }

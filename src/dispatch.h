@@ -130,14 +130,19 @@ struct ForwardPlan {
   std::vector<Pass> passes;
 };
 
-// What an executor knows of its slot-4 buffer from one recorded forward to the next: whether it holds the
-// cooperative kernel's counters, zero (the kernel leaves them so), and the clear pass may be skipped. A
-// buffer just made holds nothing known; a split forward's coefficients are not zero.
+// What an executor knows of its slot-4 scratch from one recorded forward to the next: whether the last forward
+// over it left the cooperative kernel's counters zero (the kernel does), and where, so that a forward with its
+// counters at the same place may skip its clear pass. A buffer just made holds nothing known; a split forward's
+// coefficients are not zero; and a forward of another layout may put its counters elsewhere: where one buffer
+// holds the partials and then the counters (a Recorder's scratch), on what the last forward wrote as partials.
 struct CountersState {
   bool zero = false;
-  bool skips(const Pass& pass) const { return pass.clears_counters && zero; }
-  void recorded(const ForwardPlan& fp) {
-    if (fp.coefs_bytes) zero = fp.counters;
+  uint64_t bytes = 0, offset = 0;  // the counters the last forward left zero
+  bool skips(const Pass& pass, const ForwardPlan& fp, uint64_t at = 0) const {
+    return pass.clears_counters && zero && fp.coefs_bytes == bytes && at == offset;
+  }
+  void recorded(const ForwardPlan& fp, uint64_t at = 0) {
+    if (fp.coefs_bytes) zero = fp.counters, bytes = fp.coefs_bytes, offset = at;
   }
 };
 

@@ -367,7 +367,7 @@ DispatchInfo record(Norm::Gpu& gpu, Submission& s, const Buffer& blob, const Gro
                                                   add && add->sum ? add->sum : unused};
   bool recorded = false;
   for (const Pass& pass : fp.passes) {
-    if (ws.counters.skips(pass)) continue;
+    if (ws.counters.skips(pass, fp)) continue;
     if (pass.after_previous && recorded) s.barrier();
     s.dispatch(impl.pipeline(pass.variant, Specialization::of(pass)), bind, pass.push, pass.workgroups);
     recorded = true;

@@ -573,7 +573,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
     bool recorded = false;
     for (size_t i = 0; i < fp.passes.size(); ++i) {
       const Pass& pass = fp.passes[i];
-      if (m.counters.skips(pass)) continue;
+      if (m.counters.skips(pass, fp, coefs_offset)) continue;
       if (pass.after_previous && recorded) cb.pipelineBarrier(S::eComputeShader, S::eComputeShader, {}, between, {}, {}, dispatcher);
       recorded = true;
       cb.bindPipeline(vk::PipelineBindPoint::eCompute, pipelines[k][i], dispatcher);
@@ -582,7 +582,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
       const Grid grid = fold_workgroups(pass.workgroups, m.info.max_workgroup_count_x);
       cb.dispatch(grid.x, grid.y, 1, dispatcher);
     }
-    m.counters.recorded(fp);
+    m.counters.recorded(fp, coefs_offset);
     const DispatchInfo piece = dispatch_info(fp);
     const int dispatches = info.dispatches + piece.dispatches;
     info = piece;

@@ -44,11 +44,12 @@ def engine_example(installed):  # noqa: F811
     return ENGINE_EXE
 
 
-def launch(exe, *args, validation=True):
+def launch(exe, *args, validation=True, extra_env=None):
     env = dict(os.environ)
     env.pop("VKNORM_VALIDATION", None)
     if validation:
         env["VKNORM_VALIDATION"] = "1"
+    env.update(extra_env or {})
     proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode >= 0, f"killed by signal {-proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
@@ -119,6 +120,19 @@ def test_repeated_forwards_share_scratch_and_descriptor_sets_without_hazards(eng
     assert_clean_run(proc)
     assert "descriptor sets cached: LayerNorm 1, RMSNorm 1" in proc.stdout, proc.stdout
     assert re.search(r"^B RMSNorm .*: path split, 3 dispatch\(es\) x 3$", proc.stdout, re.M), proc.stdout
+
+
+def test_cooperative_forwards_of_one_recorder_at_another_layout_clear_its_scratch_first(engine_example):
+    """Blob B as a LayerNorm in two cooperative forwards of one Recorder, its first 2 channels then its last one,
+    twice: the chunks of each group wait on each other (2 resident workgroups declared, groups of 3003 in 2
+    chunks). The second forward's smaller scratch puts the counters where the first one's partials were, so the
+    Recorder must clear them again rather than take them for the zeros the first forward left behind."""
+    proc = launch(engine_example, "--cooperative-reuse", "--repeat", "2",
+                  extra_env={"VKNORM_COOPERATIVE_WORKGROUPS": "2", "VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE": "1",
+                             "LP_NUM_THREADS": "2"})
+    assert_clean_run(proc)
+    assert re.search(r"^B LayerNorm .*cooperative \(2 forwards\): path cooperative, 1 dispatch\(es\) x 2$",
+                     proc.stdout, re.M), proc.stdout
 
 
 def test_vknorm_opens_the_system_loader_when_given_no_proc_addr(engine_example):

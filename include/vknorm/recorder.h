@@ -53,8 +53,10 @@
 // vkCmdCopyBuffer from a staging buffer and a TRANSFER/TRANSFER_WRITE -> COMPUTE_SHADER/SHADER_READ
 // barrier. Submit that command buffer first (or before any other that uses this Recorder).
 // A cooperative forward (one dispatch in which workgroups wait for each other; planned only on GPUs that report
-// their multiprocessors) keeps counters in the scratch and leaves them zero; the first one after the scratch is
-// made also records a dispatch that zeroes them. The same rule: command buffers run in the order recorded.
+// their multiprocessors) keeps counters in the scratch and leaves them zero. One that finds them other than the
+// last forward left them (the scratch just made, a split forward since, or a shape whose counters sit elsewhere
+// in the scratch) also records a dispatch that zeroes them first. The same rule: command buffers run in the
+// order recorded.
 //
 // Lifetime
 // - vknorm never destroys the caller's instance, device, buffers or command buffers; they must outlive
