@@ -586,8 +586,8 @@ int run(const Args& args) {
                         split);
       }
     }
-    std::printf("descriptor sets cached: LayerNorm %zu, RMSNorm %zu\n", ln.cached_descriptor_sets(),
-                rms.cached_descriptor_sets());
+    std::printf("descriptor sets cached: LayerNorm %zu, %s %zu\n", ln.cached_descriptor_sets(),
+                b.op == vknorm::NormOp::LayerNorm ? "LayerNorm (B)" : "RMSNorm", rms.cached_descriptor_sets());
     // vknorm's writes before the engine's copy back
     barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
             VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);

@@ -133,6 +133,8 @@ def test_cooperative_forwards_of_one_recorder_at_another_layout_clear_its_scratc
     assert_clean_run(proc)
     assert re.search(r"^B LayerNorm .*cooperative \(2 forwards\): path cooperative, 1 dispatch\(es\) x 2$",
                      proc.stdout, re.M), proc.stdout
+    # a descriptor set per layout of B, each serving both rounds
+    assert "descriptor sets cached: LayerNorm 1, LayerNorm (B) 2" in proc.stdout, proc.stdout
 
 
 def test_vknorm_opens_the_system_loader_when_given_no_proc_addr(engine_example):
