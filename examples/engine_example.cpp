@@ -565,11 +565,11 @@ int run(const Args& args) {
     vknorm::Option split, cooperative;
     split.path = vknorm::Path::Split;
     cooperative.path = vknorm::Path::Cooperative;
-    // B's channels [first, first + n) as a blob of its own (pack1: a channel is cstep floats).
+    // B's packed channels [first, first + n) as a blob of its own.
     auto record_b = [&](int first, int n, const vknorm::Option& opt) {
-      const uint64_t at = b.offset + uint64_t(first) * b.cstep * sizeof(float);
-      return rms.record(cmd, {storage_buffer, at, vknorm::blob_span_bytes(3, b.w, b.h, 1, n, b.cstep, 1, false)}, 3, b.w,
-                        b.h, 1, n, b.cstep, b.elempack, false, opt);
+      const uint64_t at = b.offset + uint64_t(first) * b.cstep * b.elempack * sizeof(float);
+      return rms.record(cmd, {storage_buffer, at, vknorm::blob_span_bytes(3, b.w, b.h, 1, n, b.cstep, b.elempack, false)},
+                        3, b.w, b.h, 1, n, b.cstep, b.elempack, false, opt);
     };
     vknorm::DispatchInfo da, db;
     for (int r = 0; r < args.repeat; ++r) {
@@ -579,15 +579,14 @@ int run(const Args& args) {
       da = ln.record(cmd, {storage_buffer, a.offset, a.span()}, 3, a.w, a.h, 1, a.packed_c(), a.cstep, a.elempack, false);
       if (args.skip_rmsnorm) continue;
       if (args.cooperative_reuse) {
-        record_b(0, b.c - 1, cooperative);
-        db = record_b(b.c - 1, 1, cooperative);
+        record_b(0, b.packed_c() - 1, cooperative);
+        db = record_b(b.packed_c() - 1, 1, cooperative);
       } else {
-        db = rms.record(cmd, {storage_buffer, b.offset, b.span()}, 3, b.w, b.h, 1, b.packed_c(), b.cstep, b.elempack, false,
-                        split);
+        db = record_b(0, b.packed_c(), split);
       }
     }
-    std::printf("descriptor sets cached: LayerNorm %zu, %s %zu\n", ln.cached_descriptor_sets(),
-                b.op == vknorm::NormOp::LayerNorm ? "LayerNorm (B)" : "RMSNorm", rms.cached_descriptor_sets());
+    std::printf("descriptor sets cached: LayerNorm %zu, %s%s %zu\n", ln.cached_descriptor_sets(), vknorm::op_name(b.op),
+                b.op == a.op ? " (B)" : "", rms.cached_descriptor_sets());
     // vknorm's writes before the engine's copy back
     barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
             VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
@@ -623,7 +622,7 @@ int run(const Args& args) {
     if (args.skip_rmsnorm) std::printf("B RMSNorm: not recorded (--skip-rmsnorm)\n");
     else
       std::printf("B %s dims=3 c=%d h=%d w=%d float32 pack%d (cstep %zu), Option::path %s: path %s, %d dispatch(es) x %d\n",
-                  b.op == vknorm::NormOp::LayerNorm ? "LayerNorm" : "RMSNorm", b.c, b.h, b.w, b.elempack, b.cstep,
+                  vknorm::op_name(b.op), b.c, b.h, b.w, b.elempack, b.cstep,
                   args.cooperative_reuse ? "cooperative (2 forwards)" : "split",
                   vknorm::path_name(db.path), db.dispatches, args.repeat);
 
