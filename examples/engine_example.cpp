@@ -16,7 +16,7 @@
 // blob: a few ulps per rounding step of the reductions over up to 3003 elements and of the affine step.
 //
 // Usage: engine_example [--misalign] [--skip-rmsnorm] [--corrupt] [--no-barrier] [--system-loader]
-//                       [--refusals] [--timing] [--repeat N] [--cooperative-reuse]
+//                       [--refusals] [--timing] [--repeat N] [--cooperative-reuse] [--rebind]
 //   --misalign       put blob B at an offset that is not a multiple of minStorageBufferOffsetAlignment:
 //                    vknorm refuses it (std::invalid_argument, exit 2)
 //   --skip-rmsnorm   do not record vknorm's RMSNorm (negative control: B stays un-normalized, exit 1)
@@ -35,6 +35,11 @@
 //   --cooperative-reuse  B is a LayerNorm, recorded as two forwards of its Recorder, Option::path
 //                    cooperative: its first 2 channels, then its last one; the second reuses the first's
 //                    scratch at another layout
+//   --rebind         a second frame after the first completed and the Recorders released their descriptor
+//                    sets, as an engine's next inference whose allocator hands out B's bytes again at other
+//                    shapes: B's channels 0 and 2 (a blob of cstep 2 x 3004), then all three, then channel 1.
+//                    The first two bind the same bytes (B's offset and span) at 2 groups, then at 3, within
+//                    the scratch the first frame left; every channel of B is normalized twice more
 //
 // VKNORM_MAX_BUFFER_BYTES=N (as for vknorm's own context) makes the Recorders bind at most N bytes per
 // storage buffer: the blobs are then recorded in pieces of whole groups ("pieces: A n, B m").
@@ -387,7 +392,7 @@ constexpr double kUlps = 84;  // the tolerance: kUlps * FLT_EPSILON (2^-23) * ma
 
 struct Args {
   bool misalign = false, skip_rmsnorm = false, corrupt = false, no_barrier = false, system_loader = false;
-  bool refusals = false, timing = false, cooperative_reuse = false;
+  bool refusals = false, timing = false, cooperative_reuse = false, rebind = false;
   int repeat = 1;
 };
 
@@ -565,17 +570,37 @@ int run(const Args& args) {
     vknorm::Option split, cooperative;
     split.path = vknorm::Path::Split;
     cooperative.path = vknorm::Path::Cooperative;
-    // B's packed channels [first, first + n) as a blob of its own.
-    auto record_b = [&](int first, int n, const vknorm::Option& opt) {
+    // B's packed channels first, first + stride, ... (n of them) as a blob of its own.
+    auto record_b = [&](int first, int n, const vknorm::Option& opt, int stride = 1) {
       const uint64_t at = b.offset + uint64_t(first) * b.cstep * b.elempack * sizeof(float);
-      return rms.record(cmd, {storage_buffer, at, vknorm::blob_span_bytes(3, b.w, b.h, 1, n, b.cstep, b.elempack, false)},
-                        3, b.w, b.h, 1, n, b.cstep, b.elempack, false, opt);
+      const size_t cstep = b.cstep * size_t(stride);
+      return rms.record(cmd, {storage_buffer, at, vknorm::blob_span_bytes(3, b.w, b.h, 1, n, cstep, b.elempack, false)},
+                        3, b.w, b.h, 1, n, cstep, b.elempack, false, opt);
+    };
+    auto between_layers = [&] {  // the engine's barrier between two layers, the later reading what the earlier wrote
+      barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+              VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+    };
+    // vknorm's writes before the engine's copy back, the copy, the end of the command buffer; submit and wait
+    auto copy_back_and_submit = [&] {
+      barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+              VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
+      vkCmdCopyBuffer(cmd, storage_buffer, readback_buffer, 1, &whole);
+      barrier(cmd, readback_buffer, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+              VK_ACCESS_HOST_READ_BIT);
+      check(vkEndCommandBuffer(cmd), "vkEndCommandBuffer");
+      auto si = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
+      si.commandBufferCount = 1;
+      si.pCommandBuffers = &cmd;
+      const auto t0 = std::chrono::steady_clock::now();
+      check(vkResetFences(e.device, 1, &e.fence), "vkResetFences");
+      check(vkQueueSubmit(e.queue, 1, &si, e.fence), "vkQueueSubmit");
+      check(vkWaitForFences(e.device, 1, &e.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     };
     vknorm::DispatchInfo da, db;
     for (int r = 0; r < args.repeat; ++r) {
-      if (r > 0)  // the next forwards read what these wrote: the engine's barrier, as between any two layers
-        barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
-                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+      if (r > 0) between_layers();  // the next forwards read what these wrote
       da = ln.record(cmd, {storage_buffer, a.offset, a.span()}, 3, a.w, a.h, 1, a.packed_c(), a.cstep, a.elempack, false);
       if (args.skip_rmsnorm) continue;
       if (args.cooperative_reuse) {
@@ -587,20 +612,7 @@ int run(const Args& args) {
     }
     std::printf("descriptor sets cached: LayerNorm %zu, %s%s %zu\n", ln.cached_descriptor_sets(), vknorm::op_name(b.op),
                 b.op == a.op ? " (B)" : "", rms.cached_descriptor_sets());
-    // vknorm's writes before the engine's copy back
-    barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
-            VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
-    vkCmdCopyBuffer(cmd, storage_buffer, readback_buffer, 1, &whole);
-    barrier(cmd, readback_buffer, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
-            VK_ACCESS_HOST_READ_BIT);
-    check(vkEndCommandBuffer(cmd), "vkEndCommandBuffer");
-    auto si = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
-    si.commandBufferCount = 1;
-    si.pCommandBuffers = &cmd;
-    const auto t0 = std::chrono::steady_clock::now();
-    check(vkQueueSubmit(e.queue, 1, &si, e.fence), "vkQueueSubmit");
-    check(vkWaitForFences(e.device, 1, &e.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
-    const double wall_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    const double wall_us = copy_back_and_submit();
     if (args.timing) {
       auto print = [](const char* what, const std::vector<double>& t) {
         std::printf("gpu time %s (us):", what);
@@ -615,6 +627,19 @@ int run(const Args& args) {
     ln.release_descriptors();  // the command buffer completed
     rms.release_descriptors();
     vkFreeCommandBuffers(e.device, e.pool, 1, &cmd);
+    if (args.rebind && !args.skip_rmsnorm) {  // the second frame: B's bytes at other shapes
+      check(vkAllocateCommandBuffers(e.device, &cai, &cmd), "vkAllocateCommandBuffers");
+      check(vkBeginCommandBuffer(cmd, &begin), "vkBeginCommandBuffer");
+      record_b(0, 2, split, /*stride=*/2);
+      between_layers();
+      db = record_b(0, 3, split);
+      between_layers();
+      record_b(1, 1, split);
+      std::printf("descriptor sets cached in the second frame: %s %zu\n", vknorm::op_name(b.op), rms.cached_descriptor_sets());
+      copy_back_and_submit();
+      rms.release_descriptors();
+      vkFreeCommandBuffers(e.device, e.pool, 1, &cmd);
+    }
 
     std::printf("A LayerNorm dims=3 c=%d h=%d w=%d float32 pack%d, x = 1e4 + N(0, 1e-2): path %s, %d dispatch(es) x %d\n",
                 a.c, a.h, a.w, a.elempack, vknorm::path_name(da.path), da.dispatches, args.repeat);
@@ -623,18 +648,19 @@ int run(const Args& args) {
     else
       std::printf("B %s dims=3 c=%d h=%d w=%d float32 pack%d (cstep %zu), Option::path %s: path %s, %d dispatch(es) x %d\n",
                   vknorm::op_name(b.op), b.c, b.h, b.w, b.elempack, b.cstep,
-                  args.cooperative_reuse ? "cooperative (2 forwards)" : "split",
+                  args.cooperative_reuse ? "cooperative (2 forwards)" : args.rebind ? "split (2 frames)" : "split",
                   vknorm::path_name(db.path), db.dispatches, args.repeat);
 
     // ---- check
     std::vector<float> ya = unpack(a, reinterpret_cast<const float*>(out + a.offset));
     const std::vector<float> yb = unpack(b, reinterpret_cast<const float*>(out + b.offset));
     if (args.corrupt) ya[size_t(a.w) * 2 + 17] += 0.5f;
-    const std::vector<double> ra = reference64(a, eps_a, args.repeat), rb = reference64(b, eps_b, args.repeat);
+    const int times_b = args.repeat + (args.rebind ? 2 : 0);  // forwards of each of B's channels
+    const std::vector<double> ra = reference64(a, eps_a, args.repeat), rb = reference64(b, eps_b, times_b);
     scale_a = scale_of(a, ra), scale_b = scale_of(b, rb);
     err_a = max_abs_err(a, ya, ra);
     err_b = max_abs_err(b, yb, rb);
-    err_b_cpu = max_abs_err(b, yb, reference_cpu(b, eps_b, args.repeat));
+    err_b_cpu = max_abs_err(b, yb, reference_cpu(b, eps_b, times_b));
     err_a_cpu_vs64 = max_abs_err(a, reference_cpu(a, eps_a, args.repeat), ra);
     if (unexpected) std::printf("refusals: %d call(s) were not refused as expected\n", unexpected);
     refusal_failures = unexpected;
@@ -669,11 +695,12 @@ int main(int argc, char** argv) {
     else if (s == "--refusals") args.refusals = true;
     else if (s == "--timing") args.timing = true;
     else if (s == "--cooperative-reuse") args.cooperative_reuse = true;
+    else if (s == "--rebind") args.rebind = true;
     else if (s == "--repeat" && i + 1 < argc && std::atoi(argv[i + 1]) >= 1) args.repeat = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "engine_example: unknown argument %s\nusage: engine_example [--misalign] [--skip-rmsnorm] "
                            "[--corrupt] [--no-barrier] [--system-loader] [--refusals] [--timing] [--repeat N] "
-                           "[--cooperative-reuse]\n", s.c_str());
+                           "[--cooperative-reuse] [--rebind]\n", s.c_str());
       return 2;
     }
   }

@@ -99,8 +99,11 @@ struct PipelineEntry {
   vk::raii::Pipeline pipeline = nullptr;
 };
 
-// A cached descriptor set: the blob's binding and the scratch buffer it was written with.
-using SetKey = std::tuple<uint64_t /*blob buffer*/, uint64_t /*offset*/, uint64_t /*range*/, uint64_t /*scratch*/>;
+// A cached descriptor set: the blob's binding, the scratch buffer it was written with and the plan's ranges of
+// that scratch. The same bytes at another shape (an engine's allocator hands them out again) may need more
+// partials, or its coefficients at another offset: a set of its own.
+using SetKey = std::tuple<uint64_t /*blob buffer*/, uint64_t /*offset*/, uint64_t /*range*/, uint64_t /*scratch*/,
+                          uint64_t /*partials bytes*/, uint64_t /*coefficients bytes*/>;
 
 constexpr uint32_t kSetsPerPool = 32;
 constexpr uint32_t kTimedPerPool = 64;  // timed record()s per query pool
@@ -334,7 +337,7 @@ struct Recorder::Impl {
   VkDescriptorSet descriptor_set(const BufferRef& blob, uint64_t range, uint64_t partials, uint64_t coefs) {
     const bool split = partials || coefs;
     const uint64_t scratch_bits = split ? handle_bits(static_cast<VkBuffer>(*scratch.buffer)) : 0;
-    const SetKey key{handle_bits(blob.buffer), blob.offset, range, scratch_bits};
+    const SetKey key{handle_bits(blob.buffer), blob.offset, range, scratch_bits, partials, coefs};
     if (auto it = sets.find(key); it != sets.end()) return it->second;
     if (sets_in_last_pool == kSetsPerPool) {
       const vk::DescriptorPoolSize size{.type = vk::DescriptorType::eStorageBuffer, .descriptorCount = kSlotCount * kSetsPerPool};
@@ -566,6 +569,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   DispatchInfo info;
   for (size_t k = 0; k < pieces.size(); ++k) {
     const ForwardPlan& fp = plans[k];
+    const uint64_t counters_at = align_up(fp.partials_bytes, m.alignment);  // where this piece's set binds slot 4
     // The scratch is shared by the pieces and by every forward of this Recorder: a split forward first
     // waits for the earlier ones' passes (reads of it included) to finish.
     if (fp.partials_bytes || fp.coefs_bytes) cb.pipelineBarrier(S::eComputeShader, S::eComputeShader, {}, between, {}, {}, dispatcher);
@@ -573,7 +577,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
     bool recorded = false;
     for (size_t i = 0; i < fp.passes.size(); ++i) {
       const Pass& pass = fp.passes[i];
-      if (m.counters.skips(pass, fp, coefs_offset)) continue;
+      if (m.counters.skips(pass, fp, counters_at)) continue;
       if (pass.after_previous && recorded) cb.pipelineBarrier(S::eComputeShader, S::eComputeShader, {}, between, {}, {}, dispatcher);
       recorded = true;
       cb.bindPipeline(vk::PipelineBindPoint::eCompute, pipelines[k][i], dispatcher);
@@ -582,7 +586,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
       const Grid grid = fold_workgroups(pass.workgroups, m.info.max_workgroup_count_x);
       cb.dispatch(grid.x, grid.y, 1, dispatcher);
     }
-    m.counters.recorded(fp, coefs_offset);
+    m.counters.recorded(fp, counters_at);
     const DispatchInfo piece = dispatch_info(fp);
     const int dispatches = info.dispatches + piece.dispatches;
     info = piece;

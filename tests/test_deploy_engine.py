@@ -137,6 +137,20 @@ def test_cooperative_forwards_of_one_recorder_at_another_layout_clear_its_scratc
     assert "descriptor sets cached: LayerNorm 1, LayerNorm (B) 2" in proc.stdout, proc.stdout
 
 
+def test_the_same_bytes_recorded_at_another_shape_get_a_descriptor_set_of_their_own(engine_example):
+    """A second frame after release_descriptors(), as an engine's next inference whose allocator hands out blob
+    B's bytes again: B's channels 0 and 2 as a blob of twice the cstep (2 groups), then all of B (3 groups), at
+    the same offset and span, within the scratch the first frame left. The 3-group forward needs more of the
+    scratch than the 2-group one, so it must not reuse the first one's set (it did: every partial of the third
+    group fell outside the set's range, max error 33 with no validation message)."""
+    proc = launch(engine_example, "--rebind")
+    assert_clean_run(proc)
+    # frame 2: channels 0 and 2, all three (another set at the same binding), channel 1
+    assert "descriptor sets cached in the second frame: RMSNorm 3" in proc.stdout, proc.stdout
+    assert re.search(r"^B RMSNorm .*split \(2 frames\): path split, 3 dispatch\(es\) x 1$", proc.stdout, re.M), \
+        proc.stdout
+
+
 def test_vknorm_opens_the_system_loader_when_given_no_proc_addr(engine_example):
     assert_clean_run(launch(engine_example, "--system-loader"))
 

@@ -65,7 +65,8 @@
 //   layout (a 32-byte compute push-constant range), pipelines, descriptor pools, a device-local buffer
 //   of gamma/beta and one of split-path scratch. Destroy it only after every command buffer it recorded
 //   into has completed (the destructor calls no vkDeviceWaitIdle).
-// - Descriptor sets are cached per distinct blob binding (buffer, offset, the blob's size) and reused by
+// - Descriptor sets are cached per distinct blob binding (buffer, offset, the blob's size) and the scratch
+//   its plan uses (the same bytes recorded at another shape may get a set of their own), and reused by
 //   later record()s; command buffers recorded with them may be submitted again. release_descriptors()
 //   frees every set, and also what load_model() or a larger scratch replaced (the old weights, the staging
 //   buffer, the old scratch): call it only when every command buffer that used them has completed, and
