@@ -2,8 +2,10 @@
 # target environment, and embeds the words in generated/shaders.cpp (no shader compiler at run time).
 #
 # A variant is one source file plus macros: the storage type (FP16), the packing (PACK 1 or 4, or
-# v4: pack1 read as vec4s) and the reduction flavour (SUBGROUP). Layer-wide switches (op, affine,
-# workgroup size, items) are specialization constants, so they need no variant here.
+# v4: pack1 read as vec4s), the reduction flavour (SUBGROUP) and, for the kernels that write the
+# output, whether they write it in place or apart from a read-only input (OUT_OF_PLACE, "_oop").
+# Layer-wide switches (op, affine, workgroup size, items) are specialization constants, so they need
+# no variant here.
 set(VKNORM_SHADER_DIR ${CMAKE_CURRENT_LIST_DIR}/../shaders)
 
 function(vknorm_compile_shaders target outdir)
@@ -15,6 +17,11 @@ function(vknorm_compile_shaders target outdir)
     foreach(fp16 0 1)
       foreach(pack 1 4 v4)
         foreach(sg 0 1)
+         foreach(oop 0 1)
+          if(oop EQUAL 1 AND NOT (shader STREQUAL "norm_fused" OR shader STREQUAL "norm_cooperative" OR
+                                  shader STREQUAL "norm_apply"))
+            continue()  # the kernels that write the output
+          endif()
           if(NOT (shader STREQUAL "norm_fused" OR shader STREQUAL "norm_cooperative") AND sg EQUAL 1)
             continue()  # the kernels that hold groups in registers have a subgroup flavour
           endif()
@@ -29,7 +36,11 @@ function(vknorm_compile_shaders target outdir)
           if((shader STREQUAL "copy" OR shader STREQUAL "norm_clear") AND NOT (fp16 EQUAL 0 AND pack STREQUAL "1"))
             continue()  # the benchmark roof, the counters' clear: one variant each
           endif()
-          set(name "${shader}_fp${fp16}_p${pack}_sg${sg}")
+          if(oop EQUAL 1)
+            set(name "${shader}_oop_fp${fp16}_p${pack}_sg${sg}")
+          else()
+            set(name "${shader}_fp${fp16}_p${pack}_sg${sg}")
+          endif()
           set(spv ${outdir}/spv/${name}.spv)
           # Subgroups and 16-bit storage (StorageBuffer class) need Vulkan 1.1; the rest runs on 1.0.
           if(sg EQUAL 1 OR fp16 EQUAL 1)
@@ -48,6 +59,7 @@ function(vknorm_compile_shaders target outdir)
           endforeach()
           add_custom_command(OUTPUT ${spv}
             COMMAND ${GLSLANG_VALIDATOR} -V --quiet --target-env ${env} -DFP16=${fp16} ${pack_defs} -DSUBGROUP=${sg}
+                    -DOUT_OF_PLACE=${oop}
                     -DMAX_PLANE_WEIGHTS=${VKNORM_MAX_PLANE_WEIGHTS}u
                     -I${VKNORM_SHADER_DIR} -o ${spv} ${VKNORM_SHADER_DIR}/${shader}.comp
             ${val_cmds}
@@ -55,6 +67,7 @@ function(vknorm_compile_shaders target outdir)
             COMMENT "SPIR-V ${name}" VERBATIM)
           list(APPEND names ${name})
           list(APPEND spvs ${spv})
+         endforeach()
         endforeach()
       endforeach()
     endforeach()

@@ -140,7 +140,21 @@ uvec2 pack_b(afp v) { return uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw)); }
 #define to_held(v) unpack_b(v)
 #define from_held(h) pack_b(h)
 #endif
+// Kernels that leave the blob at binding 0 as it is declare it read-only: the reduce pass, and the out-of-place
+// variants (OUT_OF_PLACE: a fused add, or an output of its own, RESIDUAL 1-3; the in-place ones run RESIDUAL 0).
+// Synchronization validation takes a writable binding for a write: a copy into the input's memory once it is
+// freed (ncnn's light mode recycles it) would then be reported as a hazard with the norm.
+#ifndef OUT_OF_PLACE
+#define OUT_OF_PLACE 0
+#endif
+#ifndef READS_BLOB_ONLY
+#define READS_BLOB_ONLY OUT_OF_PLACE
+#endif
+#if READS_BLOB_ONLY
+layout(binding = 0) readonly buffer Blob { bfp x[]; };
+#else
 layout(binding = 0) buffer Blob { bfp x[]; };
+#endif
 layout(binding = 5) readonly buffer Residual { bfp residual[]; };
 layout(binding = 6) writeonly buffer Out { bfp y_out[]; };
 layout(binding = 7) buffer Sum { bfp sum_out[]; };
@@ -196,8 +210,11 @@ void store_sum(uint i, hfp v) {
 // The norm's output, activated: in place, or to binding 6 when the inputs must stay as they are (RESIDUAL 1-3).
 void store_x(uint i, afp v) {
   if (ACT != 0u) v = activate(v);
-  if (RESIDUAL == 0u) x[i] = pack_b(v);
-  else y_out[i] = pack_b(v);
+#if OUT_OF_PLACE
+  y_out[i] = pack_b(v);
+#elif !READS_BLOB_ONLY
+  x[i] = pack_b(v);
+#endif
 }
 #if VEC4
 // A vec4 of a pack1 group is 4 consecutive elements: its weights are 4 consecutive floats, one load

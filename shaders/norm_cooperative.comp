@@ -43,6 +43,9 @@ shared wfp sh_chunk_gamma, sh_chunk_beta;
 
 void main() {
   uint n_items = p.n_groups * p.n_chunks;
+  // A grid folded past the x limit (common.glsl) has workgroups beyond the last chunk: they take no ticket,
+  // which would hand a chunk out again once the last ticket reset the count.
+  if (workgroup_linear() >= n_items) return;
   if (gl_LocalInvocationIndex == 0u) {
     sh_ticket = atomicAdd(counter[0], 1u);
     if (sh_ticket == n_items - 1u) counter[0] = 0u;  // every ticket is taken

@@ -3,6 +3,7 @@
 // Pass 1 of the split path: each team reduces one chunk of one group to (mean, M2) about the group's
 // pivot (its first element), so large offsets cancel before any sum is taken.
 // RMSNorm: the pivot is 0 and the partial is the chunk's mean of squares.
+#define READS_BLOB_ONLY 1
 #include "common.glsl"
 
 

@@ -214,7 +214,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
     // 6.55 us, 256x64x64/32 8.15 -> 7.79; float16 mixed: 640x32x32/32 4.94 -> 4.79, 256x64x64/32 5.65 -> 5.95).
     plan.plane_weights = dev.plane_weights && (!fp16 || dev.cpu) && !plan.prefetch &&
                          g.weights != GroupLayout::ByPosition && plan.path == Path::Workgroup && plan.wg == team &&
-                         g.planes <= kMaxPlaneWeights;
+                         g.planes <= kMaxPlaneWeights && g.planes <= plan.wg;  // an invocation per plane loads them
     return plan.items <= max_items;
   };
   uint32_t target = g.weights != GroupLayout::ByPosition ? dev.items_target_channels
@@ -403,8 +403,9 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   return plan;
 }
 
-std::string variant_name(const std::string& shader, bool fp16, const std::string& layout, bool subgroup) {
-  return shader + "_fp" + (fp16 ? "1" : "0") + "_p" + layout + "_sg" + (subgroup ? "1" : "0");
+std::string variant_name(const std::string& shader, bool fp16, const std::string& layout, bool subgroup,
+                         bool out_of_place) {
+  return shader + (out_of_place ? "_oop" : "") + "_fp" + (fp16 ? "1" : "0") + "_p" + layout + "_sg" + (subgroup ? "1" : "0");
 }
 
 ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g, bool fp16, const DeviceCaps& dev,
@@ -433,10 +434,13 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
                              uint32_t(fusion.activation), alpha_bits, plan.hold_storage ? 1u : 0u});
     return spec;
   };
+  // The kernels that write the output take their out-of-place variant (a read-only input) for residual 1-3.
+  const bool out_of_place = fusion.residual != Fusion::None;
   auto pass = [&](const std::string& shader, const std::string& layout, bool subgroup, std::vector<uint32_t> spec,
                   uint64_t workgroups, bool after_previous) {
-    f.passes.push_back(Pass{variant_name(shader, fp16, layout, subgroup), std::move(spec), pc, plan.wg, workgroups,
-                            after_previous});
+    const bool writes_output = shader == "norm_fused" || shader == "norm_cooperative" || shader == "norm_apply";
+    f.passes.push_back(Pass{variant_name(shader, fp16, layout, subgroup, out_of_place && writes_output), std::move(spec),
+                            pc, plan.wg, workgroups, after_previous});
   };
   if (plan.path == Path::Cooperative) {
     const uint64_t items = uint64_t(g.n_groups) * plan.n_chunks;

@@ -146,7 +146,10 @@ struct CountersState {
   }
 };
 
-std::string variant_name(const std::string& shader, bool fp16, const std::string& layout, bool subgroup);
+// out_of_place: the variant that writes the output apart from a read-only input (Fusion::residual 1-3;
+// norm_fused, norm_cooperative and norm_apply have one).
+std::string variant_name(const std::string& shader, bool fp16, const std::string& layout, bool subgroup,
+                         bool out_of_place = false);
 
 // The fused kernel reads the blob as vec4s of one group ("v4" variants).
 bool reads_vec4(const GroupLayout& g);

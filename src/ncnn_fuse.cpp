@@ -3,6 +3,7 @@
 // their order, so the .bin stays as it is (the removed layers, BinaryOp, Split and the activations, have none).
 #include <cstdio>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -98,20 +99,17 @@ std::string param(const Line& l, int id) {
     if (p.compare(0, key.size(), key) == 0) return p.substr(key.size());
   return "";
 }
-int int_param(const Line& l, int id, int def) {
+// A float param as the matcher needs it; false where the text is not a number (as exact_int_param).
+bool exact_float_param(const Line& l, int id, float def, float& out) {
   const std::string v = param(l, id);
-  return v.empty() ? def : parse_int(v, l.line_no, "an integer for " + l.name + "'s param " + std::to_string(id));
-}
-float float_param(const Line& l, int id, float def) {
-  const std::string v = param(l, id);
-  if (v.empty()) return def;
+  if (v.empty()) return out = def, true;
   try {
     size_t used = 0;
-    const float f = std::stof(v, &used);
-    if (used == v.size()) return f;
+    out = std::stof(v, &used);
+    return used == v.size();
   } catch (const std::exception&) {
+    return false;
   }
-  bad(l.line_no, "expected a number for " + l.name + "'s param " + std::to_string(id) + ", got '" + v + "'");
 }
 
 bool is_norm(const std::string& type) {
@@ -122,24 +120,68 @@ NormOp norm_op(const std::string& type) {
                                                  : type == "GroupNorm" ? NormOp::GroupNorm : NormOp::InstanceNorm;
 }
 
+// An integer param as the matcher needs it; false where the text is not an integer (ncnn still loads such a
+// line, reading the value its own way: the layer is then left as it is, never guessed at).
+bool exact_int_param(const Line& l, int id, int def, int& out) {
+  const std::string v = param(l, id);
+  if (v.empty()) return out = def, true;
+  try {
+    size_t used = 0;
+    out = std::stoi(v, &used);
+    return used == v.size();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // A two-input add of blobs (no scalar): what the fused kernel can read as x + residual.
 bool is_plain_add(const Line& l) {
-  return l.type == "BinaryOp" && l.bottoms.size() == 2 && l.tops.size() == 1 && int_param(l, 0, 0) == 0 &&
-         int_param(l, 1, 0) == 0;
+  int op = -1, with_scalar = -1;
+  return l.type == "BinaryOp" && l.bottoms.size() == 2 && l.tops.size() == 1 && exact_int_param(l, 0, 0, op) &&
+         op == 0 && exact_int_param(l, 1, 0, with_scalar) && with_scalar == 0;
+}
+
+// ncnn's shape hints (-23330=n,v1,...,vn: n / top_count values per top, written by ncnnoptimize and pnnx). A line
+// whose tops change must keep one run per top, or ncnn refuses the whole model ("invalid shape hints").
+const std::string kShapeHints = std::to_string(-23330) + "=";
+std::vector<std::string> shape_hints(const Line& l) {  // the values, or none when absent or malformed
+  for (const std::string& p : l.params)
+    if (p.compare(0, kShapeHints.size(), kShapeHints) == 0) {
+      std::vector<std::string> v;
+      std::istringstream in(p.substr(kShapeHints.size()));
+      for (std::string t; std::getline(in, t, ',');) v.push_back(t);
+      if (v.empty() || v[0] != std::to_string(v.size() - 1) || l.tops.empty() || (v.size() - 1) % l.tops.size())
+        return {};
+      return std::vector<std::string>(v.begin() + 1, v.end());
+    }
+  return {};
+}
+void set_shape_hints(Line& l, const std::vector<std::string>& v) {  // none: the line carries no hints
+  for (auto it = l.params.begin(); it != l.params.end(); ++it)
+    if (it->compare(0, kShapeHints.size(), kShapeHints) == 0) {
+      l.params.erase(it);
+      break;
+    }
+  if (v.empty()) return;
+  std::string p = kShapeHints + std::to_string(v.size());
+  for (const std::string& x : v) p += "," + x;
+  l.params.push_back(p);
 }
 
 bool activation_of(const Line& l, Activation& a, float& alpha) {
   if (l.bottoms.size() != 1 || l.tops.size() != 1) return false;
   alpha = 0.f;
   if (l.type == "ReLU") {
-    alpha = float_param(l, 0, 0.f);
+    if (!exact_float_param(l, 0, 0.f, alpha)) return false;
     a = alpha == 0.f ? Activation::ReLU : Activation::LeakyReLU;
   } else if (l.type == "Sigmoid") {
     a = Activation::Sigmoid;
   } else if (l.type == "Swish") {
     a = Activation::Swish;
   } else if (l.type == "GELU") {
-    a = int_param(l, 0, 0) ? Activation::FastGELU : Activation::GELU;
+    int fast = 0;
+    if (!exact_int_param(l, 0, 0, fast)) return false;
+    a = fast ? Activation::FastGELU : Activation::GELU;
   } else {
     return false;
   }
@@ -215,22 +257,24 @@ FuseResult fuse_param(const std::string& text) {
       if (split >= 0) {
         Line& S = L[split];
         const std::string s = S.bottoms[0];
-        for (auto it = S.tops.begin(); it != S.tops.end(); ++it)
-          if (*it == b) {
-            S.tops.erase(it);
+        std::vector<std::string> hints = shape_hints(S);
+        const size_t per_top = hints.size() / S.tops.size();
+        for (size_t t = 0; t < S.tops.size(); ++t)
+          if (S.tops[t] == b) {
+            S.tops.erase(S.tops.begin() + long(t));
+            if (per_top) hints.erase(hints.begin() + long(t * per_top), hints.begin() + long((t + 1) * per_top));
             break;
           }
-        producer[s] = n;
-        if (!S.tops.empty()) residual = Fusion::AddWriteSum, F.tops.push_back(s);
-        if (S.tops.size() <= 1) {  // a Split of one: its readers read the sum itself
-          for (const std::string& t : S.tops)
-            for (int c : consumers[t])
-              for (std::string& x : L[c].bottoms)
-                if (x == t) x = s, consumers[s].push_back(c);
-          erase_one(consumers[s], split);
-          S.removed = true;
-        } else {  // it reads the sum now written by the fused layer: emitted right after it
-          S.removed = true;
+        set_shape_hints(S, hints);
+        S.removed = true;
+        if (S.tops.size() == 1) {
+          // A Split of one: the fused layer writes the sum under that top's name, which its readers read
+          // and which may be an output of the model (read by no layer).
+          residual = Fusion::AddWriteSum, F.tops.push_back(S.tops[0]);
+          producer[S.tops[0]] = n;
+        } else if (S.tops.size() > 1) {  // it reads the sum now written by the fused layer: emitted right after it
+          residual = Fusion::AddWriteSum, F.tops.push_back(s);
+          producer[s] = n;
           S.pos = N.pos + 0.5;
           after[n].push_back(split);
         }
@@ -250,6 +294,11 @@ FuseResult fuse_param(const std::string& text) {
       }
     }
     if (residual != Fusion::None) F.params.push_back(std::to_string(kParamResidual) + "=" + std::to_string(residual));
+    // Every top of the fused layer (its output, the sum) has the norm's shape: the norm's hint for each.
+    const std::vector<std::string> hint = shape_hints(N);
+    std::vector<std::string> hints;
+    for (size_t t = 0; t < F.tops.size() && !hint.empty(); ++t) hints.insert(hints.end(), hint.begin(), hint.end());
+    set_shape_hints(F, hints);
     L[n] = F;
     result.fused.push_back(std::move(fp));
   }
@@ -269,10 +318,9 @@ FuseResult fuse_param(const std::string& text) {
   std::ostringstream os;
   os << "7767517\n" << out.size() << " " << blobs.size() << "\n";
   for (const Line* l : out) {
-    char head[160];
-    std::snprintf(head, sizeof head, "%-24s %-24s %zu %zu", l->type.c_str(), l->name.c_str(), l->bottoms.size(),
-                  l->tops.size());
-    os << head;
+    // ncnn's column layout; names of any length (ncnn reads up to 255 characters)
+    os << std::left << std::setw(24) << l->type << " " << std::setw(24) << l->name << " " << l->bottoms.size() << " "
+       << l->tops.size();
     for (const auto& x : l->bottoms) os << " " << x;
     for (const auto& x : l->tops) os << " " << x;
     for (const auto& x : l->params) os << " " << x;

@@ -439,10 +439,19 @@ class NormLayer : public ::ncnn::Layer {
     if (fp.partials_bytes) partials.create(int(fp.partials_bytes / 4), 4u, opt.workspace_vkallocator);
     if (fp.coefs_bytes) coefs.create(int(fp.coefs_bytes / 4), 4u, opt.workspace_vkallocator);
     if ((fp.partials_bytes && partials.empty()) || (fp.coefs_bytes && coefs.empty())) return -100;
-    // Empty slots get ncnn's dummy buffer.
-    const std::vector<::ncnn::VkMat> bindings{blob,     gamma_gpu_, beta_gpu_, partials, coefs,
-                                              add ? add->residual : ::ncnn::VkMat(), add ? add->out : ::ncnn::VkMat(),
-                                              add ? add->sum : ::ncnn::VkMat()};
+    // Unused slots hold the blob this forward writes (in place: the blob; else the output), not ncnn's dummy
+    // buffer, which every layer shares: the kernels declare slots 3, 4, 6 and 7 writable, and synchronization
+    // validation takes that for a write of whatever is bound there. Unused weights (read-only) stay empty.
+    const ::ncnn::VkMat& written = add ? add->out : blob;
+    auto or_written = [&](const ::ncnn::VkMat& m) -> const ::ncnn::VkMat& { return m.empty() ? written : m; };
+    const std::vector<::ncnn::VkMat> bindings{blob,
+                                              gamma_gpu_,
+                                              beta_gpu_,
+                                              or_written(partials),
+                                              or_written(coefs),
+                                              add && !add->residual.empty() ? add->residual : blob,
+                                              written,
+                                              add ? or_written(add->sum) : written};
     for (size_t i = 0; i < fp.passes.size(); ++i)
       cmd.record_pipeline(prep.pipelines[i], bindings, prep.constants[i], prep.dispatchers[i]);
     ++vulkan_forwards_;

@@ -76,6 +76,8 @@ def test_bench_groupnorm_and_instancenorm_shapes_report_channels_planes_and_grou
     (["--rows", "8", "--cols", "8", "--batches", "9999999999"], "--batches"),
     (["--rows", "8", "--cols", "8", "--json", "/nonexistent-dir/x.json"], "no such directory"),
     (["--rows", "8", "--cols", "8", "--plot", "."], "a directory"),
+    (["--rows", "8", "--cols", "8", "--plot", "sweep.txt"], "matplotlib cannot write .txt files"),
+    (["--op", "groupnorm", "--groups", "7"], "--groups 7 divides none of the default shapes' channels"),
     (["--rows", "8", "--cols", "8", "--compare", "nosuch"], "--compare"),
 ])
 def test_bench_bad_input_is_one_line_and_exit_2(args, message):
@@ -83,6 +85,19 @@ def test_bench_bad_input_is_one_line_and_exit_2(args, message):
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_a_report_that_cannot_be_written_is_one_error_line(tmp_path):
+    """Where the --json file's directory is checked before the run (a link to a missing one), and where the
+    write itself fails after it (a full disk: /dev/full; after the progress bar)."""
+    link = tmp_path / "report.json"
+    link.symlink_to(tmp_path / "missing-dir" / "report.json")
+    for target, message in [(link, "no such directory"), ("/dev/full", "No space left on device")]:
+        proc = vknorm("bench", "--rows", "8", "--cols", "64", *QUICK, "--compare", "copy", "--json", str(target))
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+        errors = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+        assert len(errors) == 1 and errors[0].startswith("vknorm bench: error:") and message in errors[0], proc.stderr
 
 
 def test_bench_a_shape_too_large_for_memory_is_one_error_line_after_the_progress_bar():

@@ -101,6 +101,36 @@ def test_bench_model_bad_input_is_one_line_and_exit_2(args, message):
     assert len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
 
 
+def test_bench_model_needs_a_shape_for_every_input_of_the_model(tmp_path):
+    """Checked before any net runs (ncnn dies of SIGFPE on an input it was never given)."""
+    param, binp = tmp_path / "two.param", tmp_path / "two.bin"
+    param.write_text("7767517\n4 5\nInput in0 0 1 in0\nInput in1 0 1 in1\nBinaryOp add 2 1 in0 in1 s 0=0\n"
+                     "LayerNorm ln 1 1 s out0 0=64 1=1e-05 2=0\n")
+    binp.write_bytes(b"")
+    proc = vknorm("bench", "--model", str(param), str(binp), "--input", "in0=16x64", "--iters", "1")
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "no shape for the model's input 'in1'" in lines[0], proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"VKNORM_DEVICE": "nosuch"}, "VKNORM_DEVICE=nosuch matches no device"),
+    ({"VKNORM_MAX_BUFFER_BYTES": "0"}, "VKNORM_MAX_BUFFER_BYTES=0: expected a positive integer"),
+    ({"VKNORM_MAX_DEVICE_BYTES": "10"}, "cannot allocate"),
+])
+def test_settings_refused_in_the_worker_process_are_one_line_and_exit_2(env, message):
+    """The model runs in a forked worker: what the worker refuses reaches the user as it would from the
+    command's own process (a ValueError or MemoryError there was a traceback and exit 1)."""
+    for cmd in (["bench", "--model", PARAM, BIN, "--input", "in0=16x64", "--iters", "1", "--warmup-ms", "0"],
+                ["check", PARAM, BIN, "--input", "in0=16x64", "--vulkan"]):
+        proc = subprocess.run([sys.executable, "-m", "vknorm", *cmd], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **env})
+        assert proc.returncode == 2, (cmd, proc.returncode, proc.stderr[-2000:])
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith(f"vknorm {cmd[0]}: error:") and message in lines[0], \
+            (cmd, proc.stderr[-2000:])
+
+
 def test_bench_model_survives_ncnn_crashing_on_an_input_shape():
     """ncnn's MultiHeadAttention dies of SIGFPE on rows of 65 where the model was made for 64: the bench runs
     in a forked child, as `vknorm check` does, so that is one line on stderr and exit 2, not a dead process."""

@@ -301,3 +301,21 @@ def test_inside_ncnn_graph_with_counters_in_workspace_memory():
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
     report = json.loads(proc.stdout)
     assert report["ok"] and report["host_round_trips"] == 0, report
+
+
+def test_forced_cooperative_past_the_workgroup_count_limit_leaves_no_chunk_to_a_second_workgroup():
+    """More chunks than a dispatch's x dimension holds (lavapipe: 65,535): the grid folds into rows of whole
+    x extents, so workgroups past the last chunk run too. They must take no ticket: the last ticket resets the
+    count, and they re-normalized chunks 0, 1, ... in place (2,300 of 65,600 channels wrong, error 0.15)."""
+    import numpy as np
+
+    import vknorm
+
+    c = 65600
+    x = np.random.default_rng(9).standard_normal((c, 2, 2)).astype(np.float32)
+    layer = vknorm.InstanceNorm(channels=c, eps=1e-5, affine=False)
+    y = layer(x, device="vulkan", option=vknorm.Option(path="cooperative", use_packing_layout=False))
+    assert layer.last_dispatch["path"] == "cooperative"
+    x64 = x.astype(np.float64).reshape(c, -1)
+    ref = ((x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)).reshape(x.shape)
+    assert float(np.abs(y - ref).max()) <= FP32_TOL * max(1.0, float(np.abs(ref).max()))

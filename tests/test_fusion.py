@@ -241,8 +241,83 @@ def test_split_read_before_the_norm_is_left_unfused_and_one_reader_split_goes():
     out2, fused2 = fuse(text2)
     assert [f["pattern"] for f in fused2] == ["BinaryOp+LayerNorm+ReLU"]
     rows = lines_of(out2)
-    assert [t[0] for t in rows] == ["Input", "Input", "vknorm.LayerNorm", "Sigmoid"]  # the Split of one is gone
-    assert rows[2][4:8] == ["a", "b", "out", "s"] and "20=2" in rows[2] and rows[3][4] == "s"
+    # the Split of one is gone: the fused layer writes the sum under the name of the Split's other output
+    assert [t[0] for t in rows] == ["Input", "Input", "vknorm.LayerNorm", "Sigmoid"]
+    assert rows[2][4:8] == ["a", "b", "out", "s1"] and "20=2" in rows[2] and rows[3][4] == "s1"
+
+
+@needs_graph
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_a_model_output_beside_the_norm_keeps_its_name(tmp_path, fp16):
+    """pnnx writes a blob that is both a model output and a norm's input as a Split whose second output no
+    layer reads: fused, the layer writes the sum under that output's name, still extractable (it was lost)."""
+    text = ("7767517\n5 6\nInput in0 0 1 in0\nInput in1 0 1 in1\nBinaryOp add 2 1 in0 in1 s 0=0\n"
+            "Split sp 1 2 s t1 out1\nLayerNorm ln 1 1 t1 out0 0=64 1=1e-05 2=0\n")
+    out, fused = fuse(text)
+    assert [f["pattern"] for f in fused] == ["BinaryOp+LayerNorm"]
+    assert lines_of(out)[-1][:8] == ["vknorm.LayerNorm", "ln", "2", "2", "in0", "in1", "out0", "out1"]
+    p, b = write_model(tmp_path, text)
+    rng = np.random.default_rng(5)
+    inputs = {k: rng.standard_normal((16, 64)).astype(np.float32) for k in ("in0", "in1")}
+    ref = run_graph(p, b, inputs, vknorm_layers=False, vulkan=False, outputs=("out0", "out1"))[0]
+    got, net = run_graph(p, b, inputs, fp16=fp16, outputs=("out0", "out1"))
+    assert len(net.fused()) == 1
+    if fp16:  # both within the fp16 rule of their scale (the sum is stored as float16)
+        for k in ("out0", "out1"):
+            assert float(np.abs(got[k] - ref[k]).max()) <= 4e-3 * max(1.0, float(np.abs(ref[k]).max())), k
+    else:  # the sum bit for bit as ncnn's add
+        assert np.array_equal(got["out1"], ref["out1"])
+        assert float(np.abs(got["out0"] - ref["out0"]).max()) <= 1e-5 * max(1.0, float(np.abs(ref["out0"]).max()))
+
+
+@needs_graph
+def test_shape_hints_follow_the_tops_they_describe(tmp_path):
+    """ncnnoptimize and pnnx write shape hints (-23330=n,...: one run of values per top); ncnn refuses a model
+    whose hints do not divide among a layer's tops. The fused layer gets the norm's run for each of its tops
+    (its output and the sum); a Split kept behind it loses the run of the top the norm read."""
+    w, h = 16, 6
+    hint = f"-23330=4,2,{w},{h},1"
+    text = (f"7767517\n7 9\nInput in0 0 1 a 0={w} 1={h} {hint}\nInput in1 0 1 r 0={w} 1={h} {hint}\n"
+            f"BinaryOp add 2 1 a r s 0=0 {hint}\n"
+            f"Split sp 1 3 s s1 s2 s3 -23330=12,2,{w},{h},1,2,{w},{h},1,2,{w},{h},1\n"
+            f"LayerNorm ln 1 1 s1 y 0={w} 1=1e-5 2=0 {hint}\nBinaryOp add2 2 1 y s2 out0 0=0 {hint}\n"
+            f"BinaryOp add3 2 1 s3 out0 out1 0=0 {hint}\n")
+    out, fused = fuse(text)
+    assert [f["pattern"] for f in fused] == ["BinaryOp+LayerNorm"]
+    rows = {t[1]: t for t in lines_of(out)}
+    assert rows["ln"][6:8] == ["y", "s"] and f"-23330=8,2,{w},{h},1,2,{w},{h},1" in rows["ln"]
+    assert rows["sp"][5:7] == ["s2", "s3"] and f"-23330=8,2,{w},{h},1,2,{w},{h},1" in rows["sp"]
+    p, b = write_model(tmp_path, text)
+    rng = np.random.default_rng(7)
+    inputs = {k: rng.standard_normal((h, w)).astype(np.float32) for k in ("a", "r")}
+    ref = run_graph(p, b, inputs, vknorm_layers=False, vulkan=False, outputs=("out1",))[0]["out1"]
+    got, net = run_graph(p, b, inputs, outputs=("out1",))
+    assert len(net.fused()) == 1
+    assert float(np.abs(got["out1"] - ref).max()) <= 1e-5 * max(1.0, float(np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("line", ["GELU g 1 1 y out0 0=1.0", "ReLU g 1 1 y out0 0=slope"])
+def test_an_activation_param_ncnn_reads_its_own_way_is_left_unfused(line):
+    """ncnn loads an integer param written as a float (GELU 0=1.0) or a garbled number its own way; the
+    rewrite does not guess: the activation stays a layer of its own (the model loads as without vknorm)."""
+    out, fused = fuse("7767517\n3 3\nInput in0 0 1 a\nLayerNorm ln 1 1 a y 0=8 1=1e-5 2=0\n" + line + "\n")
+    assert fused == [] and [t[0] for t in lines_of(out)] == ["Input", "LayerNorm", line.split()[0]]
+
+
+@needs_graph
+def test_layer_names_of_any_length_survive_the_rewrite(tmp_path):
+    """ncnn reads names of up to 255 characters; the rewritten param keeps every one whole."""
+    long_in, long_ln = "input_" + "x" * 200, "/encoder/layers.0/self_attn_layer_norm/" + "LayerNormalization" * 11
+    text = (f"7767517\n3 3\nInput {long_in} 0 1 in0\nLayerNorm {long_ln} 1 1 in0 y 0=64 1=1e-05 2=0\n"
+            "GELU gelu 1 1 y out0\n")
+    out, fused = fuse(text)
+    assert fused == [{"pattern": "LayerNorm+GELU", "layers": [long_ln, "gelu"]}]
+    assert [t[1] for t in lines_of(out)] == [long_in, long_ln]
+    p, b = write_model(tmp_path, text)
+    x = np.random.default_rng(6).standard_normal((4, 64)).astype(np.float32)
+    ref = run_graph(p, b, {"in0": x}, vknorm_layers=False, vulkan=False)[0]["out0"]
+    got = run_graph(p, b, {"in0": x})[0]["out0"]
+    assert float(np.abs(got - ref).max()) <= 1e-5 * max(1.0, float(np.abs(ref).max()))
 
 
 @pytest.mark.parametrize("add_line", [
@@ -468,3 +543,24 @@ def test_optimize_refuses_outputs_it_would_clobber_and_writes_files_as_open_woul
     assert r.returncode == 0, r.stderr
     for f in (ok, tmp_path / "ok.bin"):
         assert stat.S_IMODE(f.stat().st_mode) == 0o640, oct(f.stat().st_mode)
+
+
+@needs_graph
+def test_optimize_replaces_an_input_only_by_its_own_output(tmp_path):
+    """OUT.param may replace IN.param and OUT.bin IN.bin (in place); an output naming the other input would
+    write param text over the weights (or weights over the param text): refused, both inputs left as they were."""
+    p, b = tmp_path / "m.param", tmp_path / "m.bin"
+    p.write_bytes((DATA / "transformer_block.ncnn.param").read_bytes())
+    b.write_bytes((DATA / "transformer_block.ncnn.bin").read_bytes())
+    before = (p.read_bytes(), b.read_bytes())
+    for outs, needle in [((b, p), "OUT.param"), ((b, tmp_path / "o.bin"), "is the input IN.bin"),
+                         ((tmp_path / "o.param", p), "is the input IN.param")]:
+        r = optimize(p, b, *outs)
+        assert r.returncode == 2, (outs, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("vknorm optimize: error:") and needle in lines[0], r.stderr
+        assert (p.read_bytes(), b.read_bytes()) == before
+        assert not (tmp_path / "o.param").exists() and not (tmp_path / "o.bin").exists()
+    r = optimize(p, b, p, b)  # in place
+    assert r.returncode == 0, r.stderr
+    assert b.read_bytes() == before[1] and p.read_bytes() != before[0] and "vknorm.LayerNorm" in p.read_text()

@@ -156,6 +156,28 @@ def test_vulkan_is_as_close_to_float64_as_ncnns_own_vulkan_layer(case, fp16):
     assert max_abs_err(ours, ref) <= max(tol, max_abs_err(theirs, ref)), (max_abs_err(ours, ref), max_abs_err(theirs, ref))
 
 
+# Groups spanning more channel planes than a small workgroup has invocations: the fused kernel loads each
+# plane's weights into shared memory with one invocation per plane, so it may do that only where every plane
+# has one (62 planes in a workgroup of 16 on lavapipe read unset shared memory: errors of 5-7, Inf, NaN).
+MANY_PLANES = [
+    (("GroupNorm", (62, 5, 5), 1), None),
+    (("GroupNorm", (20, 1, 1), 1), 16),
+    (("GroupNorm", (64, 2, 16), 2), 16),
+    (("GroupNorm", (700, 33), 14), 32),  # dims 2: rows are channels, 50 per group
+    (("GroupNorm", (33,), 1), 16),       # dims 1: every element a channel
+]
+
+
+@pytest.mark.parametrize("case,max_wg", MANY_PLANES, ids=[f"{case_id(c)}-wg{w}" for c, w in MANY_PLANES])
+def test_groups_of_more_channel_planes_than_the_workgroup_has_invocations(case, max_wg):
+    layer, x, gamma, beta = make_case(case)
+    ref = channel_norm64(case[0], x, layer.eps, case[2], gamma, beta)
+    for path, packing in itertools.product(("auto", "workgroup"), (True, False)):
+        opt = vknorm.Option(path=path, use_packing_layout=packing, max_workgroup_size=max_wg or 0)
+        y = layer(x, device="vulkan", option=opt)
+        assert max_abs_err(y, ref) <= FP32_TOL * scale(ref), (path, packing, layer.last_dispatch, max_abs_err(y, ref))
+
+
 def test_straddling_groups_run_pack4_and_whole_group_elements_read_vec4s():
     """320 channels / 32 groups packs 10 channels per group across pack4 elements: the pack4 kernel with
     group slots runs; 24 / 3 groups (8 per group) reads each pack4 element as one group's vec4."""

@@ -1,4 +1,4 @@
-"""Issue 3, "API": device="vulkan" by default, ncnn-style Option per layer or per call, forced paths
+"""The Python API: device="vulkan" by default, ncnn-style Option per layer or per call, forced paths
 reported by last_dispatch, VKNORM_PATH, device tensors (VkMat) chaining layers without a host round
 trip, weights reloaded, no device-memory growth, timestamps.
 """
@@ -43,6 +43,33 @@ def test_device_can_be_named_by_string_index_or_context():
     index = vknorm.device_info()["index"]
     for device in (f"vulkan:{index}", index, vknorm.Context.default()):
         np.testing.assert_array_equal(layer(x, device=device), want)
+
+
+def test_a_device_index_names_one_context_shared_by_every_call_with_it():
+    """device=N and "vulkan:N" make that device's context once: tensors and layers named by the same index
+    work together (each call made a context of its own: 45x slower, and a VkMat of device=0 was refused by a
+    layer of device=0 as living on another device)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    index = vknorm.device_info()["index"]
+    a, b = vknorm.to_device(x, device=index), vknorm.to_device(x, device=f"vulkan:{index}")
+    assert a.context is b.context
+    layer = vknorm.LayerNorm(16, 1e-5, affine=False, device=index)
+    want = layer(x)
+    layer.forward_inplace(a)
+    np.testing.assert_array_equal(a.download().cast_fp32().numpy().reshape(x.shape), want)
+    y = layer.forward_add(b, vknorm.to_device(np.zeros_like(x), device=index))
+    np.testing.assert_array_equal(y.download().cast_fp32().numpy().reshape(x.shape), want)
+
+
+@pytest.mark.parametrize("bad", [0, {}, "", [], False, 1, {"use_fp16_storage": True}])
+def test_an_option_that_is_not_an_option_is_refused_even_when_falsy(bad):
+    layer = vknorm.LayerNorm(4, affine=False)
+    x = np.ones((2, 4), np.float32)
+    with pytest.raises(TypeError, match="option must be a vknorm.Option"):
+        layer(x, option=bad)
+    with pytest.raises(TypeError, match="option must be a vknorm.Option"):
+        vknorm.LayerNorm(4, affine=False, option=bad)
 
 
 def test_option_given_to_the_layer_is_used_and_a_per_call_option_overrides_it(vulkan_device):

@@ -7,6 +7,7 @@ inference engines.
     gn = vknorm.GroupNorm(group=32, channels=320, eps=1e-5)   # ncnn's params and weight order
 """
 from ._core import Context, Mat, VkMat, VulkanUnavailableError
+from . import layers
 from .layers import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, device_info, devices, to_device
 
 __all__ = [
@@ -27,5 +28,7 @@ __version__ = "0.1.0"
 
 import atexit as _atexit
 
-# Destroy the default device while the interpreter and the driver are both still whole.
+# Destroy the default device, and those made for device indices, while the interpreter and the driver are both
+# still whole (atexit runs the last registered first).
 _atexit.register(Context.release_default)
+_atexit.register(layers.release_indexed_contexts)

@@ -11,6 +11,10 @@ from typing import Callable
 from .cli import UsageError
 
 
+# Errors cli.main reports as one line and exit 2 (bad settings, memory too small, files it cannot write).
+_REPORTED = (ValueError, MemoryError, OSError)
+
+
 def fork_is_safe(inprocess_env: str) -> bool:
     """Guard the work in a forked child only while this process has used neither Vulkan nor pyncnn: a
     child must not inherit a live Vulkan device (vknorm and ncnn load libvulkan only when they start one)
@@ -30,8 +34,10 @@ def fork_is_safe(inprocess_env: str) -> bool:
 def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: str) -> dict:
     """fn() in a forked child; its JSON-able result comes back through a pipe. UsageError (and
     VulkanUnavailableError, and the RuntimeError of a model ncnn cannot load or run) come back as
-    UsageError; a child killed by a signal becomes UsageError(crashed(signal name)); anything else a
-    RuntimeError with the child's message (its traceback goes to stderr). The child leaves with os._exit."""
+    UsageError; the errors the CLI reports in one line when raised in its own process (ValueError,
+    MemoryError, OSError) come back as themselves, with the child's message; a child killed by a signal
+    becomes UsageError(crashed(signal name)); anything else a RuntimeError with the child's message (its
+    traceback goes to stderr). The child leaves with os._exit."""
     import signal
     import traceback
     import warnings
@@ -55,6 +61,8 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: st
 
                 if isinstance(e, _core.VulkanUnavailableError):
                     payload = {"usage_error": str(e)}
+                elif isinstance(e, _REPORTED):
+                    payload = {"reported_error": [next(k.__name__ for k in _REPORTED if isinstance(e, k)), str(e)]}
                 else:
                     traceback.print_exc()
                     payload = {"internal_error": f"{type(e).__name__}: {e}"}
@@ -85,6 +93,9 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: st
         raise RuntimeError(f"{what}: the worker process exited with status {status} and no result") from None
     if "usage_error" in payload:
         raise UsageError(payload["usage_error"])
+    if "reported_error" in payload:
+        kind, message = payload["reported_error"]
+        raise next(k for k in _REPORTED if k.__name__ == kind)(message)
     if "internal_error" in payload:
         raise RuntimeError(payload["internal_error"])
     return payload["result"]

@@ -105,7 +105,12 @@ def _channel_shapes(args):
         if args.groups and args.op == "groupnorm":
             if len(args.groups) != 1 or args.groups[0] < 1:
                 raise UsageError("--groups without --channels: one positive value for the default shapes")
-            return [(c, h, w, args.groups[0]) for c, h, w, _ in GROUPNORM_SHAPES if c % args.groups[0] == 0]
+            shapes = [(c, h, w, args.groups[0]) for c, h, w, _ in GROUPNORM_SHAPES if c % args.groups[0] == 0]
+            if not shapes:
+                raise UsageError(f"--groups {args.groups[0]} divides none of the default shapes' channels "
+                                 f"({', '.join(str(c) for c, _, _, _ in GROUPNORM_SHAPES)}): "
+                                 "give --channels and --size too")
+            return shapes
         return GROUPNORM_SHAPES if args.op == "groupnorm" else INSTANCENORM_SHAPES
     channels, sizes = args.channels or [], args.size or []
     if len(channels) != len(sizes):
@@ -181,11 +186,22 @@ def _check_output_path(flag: str, path) -> None:
         return
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path}: a directory; name a file")
-    parent = os.path.dirname(os.path.abspath(path))
+    parent = os.path.dirname(os.path.realpath(path))  # where a symbolic link's target would be written
     if not os.path.isdir(parent):
         raise UsageError(f"{flag} {path}: no such directory {parent!r}")
     if not os.access(parent, os.W_OK):
         raise UsageError(f"{flag} {path}: directory {parent!r} is not writable")
+    if flag == "--plot":
+        ext = os.path.splitext(path)[1].lstrip(".").lower()
+        try:
+            from matplotlib.backend_bases import FigureCanvasBase
+
+            formats = FigureCanvasBase.get_supported_filetypes()
+        except ImportError:  # no plot at all then (plot() says so)
+            return
+        if ext and ext not in formats:
+            raise UsageError(f"--plot {path}: matplotlib cannot write .{ext} files "
+                             f"(name a {', '.join('.' + f for f in ('png', 'svg', 'pdf'))} file)")
 
 
 def _warmup_count(seconds_per_run: float, warmup_ms: float) -> int:
@@ -334,7 +350,7 @@ def run_model(args) -> int:
     import json
     import os
 
-    from .check import parse_inputs
+    from .check import parse_inputs, parse_model_inputs
     from .cli import UsageError
     from .model_bench import format_table, run_model_bench
 
@@ -347,6 +363,7 @@ def run_model(args) -> int:
     if not 1 <= args.iters <= 100000:
         raise UsageError("--iters must be 1..100000")
     dims = parse_inputs(args.input)
+    parse_model_inputs(param, dims)  # every input of the model named, and only those
     try:
         from . import graph  # noqa: F401
     except ImportError as e:

@@ -49,9 +49,13 @@ NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm")
 
 def _param_kinds(type_: str):
     """(id, int or float) of each ncnn param of a norm type, from the layer classes' own id tables."""
+    return tuple((pid, float if name == "eps" else int) for pid, name, _ in _layer_class(type_)._params)
+
+
+def _layer_class(type_: str):
     from . import layers
 
-    return tuple((pid, float if name == "eps" else int) for pid, name, _ in getattr(layers, type_)._params)
+    return getattr(layers, type_)
 
 
 ATOL_FP32 = 1e-4
@@ -269,13 +273,20 @@ def parse_param(path: str) -> Model:
         if type_ in NORM_TYPES:
             if nb != 1 or nt != 1:
                 raise bad(f"{type_} {name!r} must have one bottom and one top blob", n)
+            values = {}
             for pid, kind in _param_kinds(type_):
                 if pid in params:
                     try:
-                        kind(params[pid])
+                        values[pid] = kind(params[pid])
                     except ValueError:
                         raise bad(f"{type_} {name!r}: param {pid}={params[pid]!r} is not "
                                   f"{'an integer' if kind is int else 'a number'}", n) from None
+            # The values too, as vknorm's layers take them: stock ncnn runs some that are wrong (GroupNorm with
+            # channels not divisible by group leaves channels out) and crashes on others (a negative affine_size)
+            try:
+                _layer_class(type_).from_param(values)
+            except ValueError as e:
+                raise bad(f"{type_} {name!r}: {e}", n) from None
         layers.append(Layer(type_, name, bottoms, tops, params, n))
     if len(produced) > blob_count:
         raise bad(f"garbled .param: the header says {blob_count} blobs, the layers produce {len(produced)}", lines[1][0])
@@ -423,6 +434,13 @@ def max_abs_err(a, b) -> float:
 
 def _prepare(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]]) -> Tuple[Model, bytes]:
     """Parse the .param, match the --input names to its inputs, read the .bin (UsageError otherwise)."""
+    model = parse_model_inputs(param_path, input_specs)
+    data = _read_file(bin_path, "model .bin")
+    return model, data
+
+
+def parse_model_inputs(param_path: str, input_specs: Dict[str, Tuple[int, ...]]) -> Model:
+    """Parse the .param and check that the --input names are exactly its inputs (UsageError otherwise)."""
     model = parse_param(param_path)
     for name in input_specs:
         if name not in model.inputs:
@@ -433,8 +451,7 @@ def _prepare(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, .
     if missing:
         raise UsageError(f"--input: no shape for the model's input {missing[0]!r}; give --input "
                          f"{missing[0]}=DIMS ({_DIMS_HELP})")
-    data = _read_file(bin_path, "model .bin")
-    return model, data
+    return model
 
 
 def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]], fp16: bool = False,

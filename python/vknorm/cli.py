@@ -106,3 +106,6 @@ def main(argv=None) -> int:
         except OSError:
             pass
         return 141
+    except OSError as e:  # a file the command writes (--json, --plot) cannot be written: disk full, a dangling link
+        print(f"vknorm {args.command}: error: {e}", file=sys.stderr)
+        return 2

@@ -97,6 +97,21 @@ def _check_array(x) -> np.ndarray:
     return a
 
 
+_indexed_contexts: dict = {}  # device index -> its Context, made once: every call with that index shares it
+
+
+def _indexed_context(index: int) -> _core.Context:
+    ctx = _indexed_contexts.get(index)
+    if ctx is None:
+        ctx = _indexed_contexts[index] = _core.Context.create(index)
+    return ctx
+
+
+def release_indexed_contexts() -> None:
+    """Drop the contexts made for device indices (at exit, while the driver is still whole)."""
+    _indexed_contexts.clear()
+
+
 def _context_for(device) -> Optional[_core.Context]:
     """None for the CPU reference, else the Vulkan context the call should run on."""
     if device is None:
@@ -104,13 +119,13 @@ def _context_for(device) -> Optional[_core.Context]:
     if isinstance(device, _core.Context):
         return device
     if isinstance(device, numbers.Integral) and not isinstance(device, bool) and device >= 0:
-        return _core.Context.create(int(device))
+        return _indexed_context(int(device))
     if device == "cpu":
         return None
     if device == "vulkan":
         return _core.Context.default()
     if isinstance(device, str) and device.startswith("vulkan:") and device[7:].isdigit():
-        return _core.Context.create(int(device[7:]))
+        return _indexed_context(int(device[7:]))
     raise ValueError(f"device must be 'cpu', 'vulkan', 'vulkan:N', an index N >= 0 or a Context, got {device!r}")
 
 
@@ -120,7 +135,7 @@ def to_device(x, option: Optional[Option] = None, device=None) -> _core.VkMat:
     ctx = _context_for("vulkan" if device is None else device)
     if ctx is None:
         raise ValueError("to_device needs a Vulkan device, not 'cpu'")
-    return _core.VkMat.upload(_core.Mat.from_numpy(_as_storage(a)), ctx, Option._of(option or Option()))
+    return _core.VkMat.upload(_core.Mat.from_numpy(_as_storage(a)), ctx, Option._of(Option() if option is None else option))
 
 
 def _as_storage(a: np.ndarray) -> np.ndarray:
@@ -153,7 +168,9 @@ class _Norm:
 
     def _setup(self, values: dict, option: Optional[Option], device) -> None:
         self._layer = _core.Norm(self._op)
-        self.option = option or Option()
+        if option is not None:
+            Option._of(option)  # TypeError for anything but a vknorm.Option
+        self.option = Option() if option is None else option
         self.device = device
         params = {}
         for pid, name, _ in self._params:
@@ -175,8 +192,7 @@ class _Norm:
         for pid, name, _ in cls._params:
             if name not in ("eps", "affine"):
                 values[name] = _param_int(pid, values[name])
-        values["affine"] = bool(values["affine"])
-        return cls(**values, **kwargs)
+        return cls(**values, **kwargs)  # the constructor refuses an affine other than 0/1, as the in-graph layer does
 
     # ncnn's parameters, read-only: load_param / the constructor set them.
     affine_size = property(lambda self: self._layer.affine_size)
@@ -216,10 +232,11 @@ class _Norm:
         return self._layer.last_dispatch["gpu_us"]
 
     def create_pipeline(self, option: Optional[Option] = None, device=None) -> None:
-        ctx = _context_for("vulkan" if (device or self.device) is None else (device or self.device))
+        device = device if device is not None else self.device
+        ctx = _context_for("vulkan" if device is None else device)
         if ctx is None:
             return
-        self._layer.create_pipeline(ctx, Option._of(option or self.option))
+        self._layer.create_pipeline(ctx, Option._of(self.option if option is None else option))
 
     def groups(self, shape) -> dict:
         """How an input of this shape splits into groups (ncnn's rules): group_size (elements of one
@@ -232,8 +249,8 @@ class _Norm:
         if ctx is None:
             self._layer.forward_inplace_cpu(mat)
             return mat
-        self._layer.create_pipeline(ctx, Option._of(option or self.option))
-        self._layer.forward_inplace(mat, Option._of(option or self.option))
+        self._layer.create_pipeline(ctx, Option._of(self.option if option is None else option))
+        self._layer.forward_inplace(mat, Option._of(self.option if option is None else option))
         return mat
 
     def __call__(self, x, device=None, option: Optional[Option] = None) -> np.ndarray:
@@ -250,7 +267,7 @@ class _Norm:
         if isinstance(x, _core.VkMat):
             if device == "cpu":
                 raise ValueError("a VkMat lives on a Vulkan device; device='cpu' cannot run it")
-            self._layer.forward_inplace(x, Option._of(option or self.option))
+            self._layer.forward_inplace(x, Option._of(self.option if option is None else option))
             return x
         if not isinstance(x, np.ndarray):
             raise TypeError(f"forward_inplace needs a numpy array or a VkMat, got {type(x).__name__}")
@@ -284,7 +301,7 @@ class _Norm:
         x + residual itself with return_sum=True) without writing x or residual. numpy arrays (one upload
         each, results downloaded as float32, or float16 for float16 input) or VkMats (results stay on the
         device). x and residual must have one shape (a broadcasting add is not fused)."""
-        opt = Option._of(option or self.option)
+        opt = Option._of(self.option if option is None else option)
         if isinstance(x, _core.VkMat) or isinstance(residual, _core.VkMat):
             if not (isinstance(x, _core.VkMat) and isinstance(residual, _core.VkMat)):
                 raise TypeError("forward_add: x and residual must both be VkMats or both numpy arrays")
@@ -298,7 +315,7 @@ class _Norm:
             s = a.astype(np.float32) + r.astype(np.float32)
             y = self(s, device="cpu")
             return (y, s) if return_sum else y
-        storage = option or self.option
+        storage = self.option if option is None else option
         vx, vr = to_device(a, storage, ctx), to_device(r, storage, ctx)
         self._layer.create_pipeline(ctx, opt)
         y, s = self._layer.forward_add(vx, vr, return_sum, opt)

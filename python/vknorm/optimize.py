@@ -70,7 +70,7 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> List[
     except ValueError as e:
         raise UsageError(f"{param}: {e}") from None
 
-    _check_targets(out_param, out_bin)
+    _check_targets(out_param, out_bin, param, bin_path)
     staged = []
     try:
         for target, write in ((out_param, lambda f: f.write(fused_text.encode())),
@@ -107,13 +107,19 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> List[
     return fused
 
 
-def _check_targets(out_param: str, out_bin: str) -> None:
+def _check_targets(out_param: str, out_bin: str, in_param: str, in_bin: str) -> None:
     """Both outputs are new or regular files, and two different ones: what is there is replaced whole at the
-    end, so a directory, a device (/dev/null) or one file named twice is refused before anything is written."""
+    end, so a directory, a device (/dev/null) or one file named twice is refused before anything is written.
+    An output may replace its own input (IN.param by OUT.param, in place), never the other one."""
     from .cli import UsageError
 
-    if os.path.realpath(out_param) == os.path.realpath(out_bin):
+    same = lambda a, b: os.path.realpath(a) == os.path.realpath(b)  # noqa: E731
+    if same(out_param, out_bin):
         raise UsageError(f"OUT.param and OUT.bin are the same file ({out_param}): name two files")
+    if same(out_param, in_bin):
+        raise UsageError(f"OUT.param {out_param} is the input IN.bin: it would replace the weights with the param text")
+    if same(out_bin, in_param):
+        raise UsageError(f"OUT.bin {out_bin} is the input IN.param: it would replace the param text with the weights")
     for target in (out_param, out_bin):
         if os.path.lexists(target) and not os.path.isfile(target):
             kind = "a directory" if os.path.isdir(target) else "not a regular file"
