@@ -439,9 +439,10 @@ class NormLayer : public ::ncnn::Layer {
     if (fp.partials_bytes) partials.create(int(fp.partials_bytes / 4), 4u, opt.workspace_vkallocator);
     if (fp.coefs_bytes) coefs.create(int(fp.coefs_bytes / 4), 4u, opt.workspace_vkallocator);
     if ((fp.partials_bytes && partials.empty()) || (fp.coefs_bytes && coefs.empty())) return -100;
-    // Unused slots hold the blob this forward writes (in place: the blob; else the output), not ncnn's dummy
-    // buffer, which every layer shares: the kernels declare slots 3, 4, 6 and 7 writable, and synchronization
-    // validation takes that for a write of whatever is bound there. Unused weights (read-only) stay empty.
+    // Unused writable slots hold the blob this forward writes (in place: the blob; else the output), not
+    // ncnn's dummy buffer, which every layer shares: the kernels declare slots 3, 4, 6 and 7 writable, and
+    // synchronization validation takes that for a write of whatever is bound there. Unused read-only slots
+    // (the weights, the residual) stay empty.
     const ::ncnn::VkMat& written = add ? add->out : blob;
     auto or_written = [&](const ::ncnn::VkMat& m) -> const ::ncnn::VkMat& { return m.empty() ? written : m; };
     const std::vector<::ncnn::VkMat> bindings{blob,
@@ -449,7 +450,7 @@ class NormLayer : public ::ncnn::Layer {
                                               beta_gpu_,
                                               or_written(partials),
                                               or_written(coefs),
-                                              add && !add->residual.empty() ? add->residual : blob,
+                                              add ? add->residual : ::ncnn::VkMat(),
                                               written,
                                               add ? or_written(add->sum) : written};
     for (size_t i = 0; i < fp.passes.size(); ++i)
