@@ -31,7 +31,8 @@ Fusion (``Net(fuse=True)``, the default with vknorm's layers): ``load_param`` re
 norm takes in the BinaryOp add that feeds it and the activation after it (vknorm::ncnn::fuse_param);
 ``net.fused()`` lists what was fused ({"pattern", "layers"}), ``vknorm_counters()["unfused_adds"]`` counts
 adds whose inputs differed in shape at run time (ncnn's BinaryOp ran them). ``vknorm optimize`` writes the
-same rewrite to disk.
+same rewrite to disk. The blobs inside a fused pattern (the add's output, the norm's output before its
+activation) are gone from the rewritten net: ``extract`` them from a ``Net(fuse=False)``.
 
 Mat: ``Mat(array)`` copies a float32 numpy array of shape (w), (h, w), (c, h, w) or (c, d, h, w);
 ``np.array(mat)`` / ``mat.numpy()`` copy back.
