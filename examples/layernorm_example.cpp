@@ -18,7 +18,7 @@
 //                     InstanceNorm take c from their channels
 //   --fp16            float16 storage on the device (tolerance 4e-3 instead of 1e-5)
 //   --no-packing      keep elempack 1 on the device (default: pack4 where the channels divide by 4)
-//   --path P          auto | subgroup | workgroup | split (default auto)
+//   --path P          auto | subgroup | workgroup | split | cooperative (default auto)
 //   --device N        Vulkan device index (default: VKNORM_DEVICE, else the best device)
 //   --tol X           error bound relative to max(1, max|y|) (default 1e-5, or 4e-3 with --fp16)
 //

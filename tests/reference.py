@@ -1,5 +1,5 @@
 """Test helpers (no tests): ncnn's grouping, a float64 LayerNorm/RMSNorm, deliberately bad float32
-reductions, input generation and the error metrics the issues state.
+reductions, input generation and the error metrics the tests hold vknorm to.
 
 Grouping follows ncnn (see tests/ncnn_cases.py): every blob is rows of ``group_size`` contiguous
 elements in numpy (C) order, gamma/beta indexed by the position inside the group:
@@ -18,7 +18,8 @@ import ncnn_cases
 PATHS = ("auto", "subgroup", "workgroup", "split")
 PATH_RANK = {"subgroup": 0, "workgroup": 1, "split": 2, "cooperative": 2}  # auto only: never a forced fall
 
-# Tolerances stated in issue 3 (relative to max(1, max|y|)).
+# The tolerances, relative to max(1, max|y|): a few float32 roundings (fp32 storage); one float16 output
+# rounding plus the float16 input's (fp16 storage).
 FP32_TOL = 1e-5
 FP16_TOL = 4e-3
 LARGE_OFFSET_ABS_TOL = 1e-3
@@ -85,7 +86,7 @@ def max_abs_err(y, ref) -> float:
 
 
 def scale(ref) -> float:
-    """max(1, max|ref|), the scale the issue's tolerances are relative to."""
+    """max(1, max|ref|), the scale the tolerances are relative to."""
     return max(1.0, float(np.abs(np.asarray(ref, np.float64)).max()))
 
 

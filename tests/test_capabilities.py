@@ -1,4 +1,4 @@
-"""Issue 7, "Capability fallbacks": lavapipe forced into the shape of a smaller device, one profile at a
+"""Capability fallbacks: lavapipe forced into the shape of a smaller device, one profile at a
 time, and the operator's parity set run under each.
 
 A profile is environment variables (read when the Vulkan instance/device is created, so each profile runs
@@ -31,7 +31,7 @@ vulkan_1_0                  VKNORM_VULKAN_API=1.0                            ins
 
 The parity set is tests/test_vulkan_ncnn_cases.py's, in full: every ncnn LayerNorm/RMSNorm case (124) x
 {fp32, fp16 storage requested} x {packing off, on} x {auto, subgroup, workgroup, split}, against float64 and
-the CPU reference with issue 3's tolerances and check_dispatch's path rules, plus fp16 requested on float32
+the CPU reference with the fp32 / fp16 tolerances (tests/reference.py) and check_dispatch's path rules, plus fp16 requested on float32
 input (bit-identical to fp32 storage where the device stores no float16). Every profile must leave zero
 validation messages. The profiles run two at a time (about 5 s each on lavapipe, run alone).
 """

@@ -1,4 +1,4 @@
-"""Issue 7, "C++ API": the plain C++ library is configured with VKNORM_PYTHON=OFF, built, installed to
+"""The C++ API: the plain C++ library is configured with VKNORM_PYTHON=OFF, built, installed to
 build/cxx-install, and examples/ (a standalone CMake project) is built against the installed package through
 find_package(vknorm), then run: a LayerNorm from an ncnn-style .param line and a raw float32 .bin, on a host
 Mat and on a device VkMat, each compared with the CPU reference.

@@ -1,4 +1,4 @@
-"""Issue 2, "CPU reference layers": vknorm's CPU LayerNorm/RMSNorm follow ncnn's CPU layers exactly.
+"""CPU reference layers: vknorm's CPU LayerNorm/RMSNorm follow ncnn's CPU layers exactly.
 
 * every case of ncnn's tests/test_layernorm.cpp and test_rmsnorm.cpp vs float64 numpy;
 * bit-exact vs a numpy float32 emulation of ncnn's generic layer (two sequential passes, ncnn's order,

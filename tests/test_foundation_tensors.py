@@ -1,4 +1,4 @@
-"""Issue 2, "Tensors": vknorm.Mat has ncnn's layout and converts to/from numpy as pyncnn's Mat does.
+"""Tensors: vknorm.Mat has ncnn's layout and converts to/from numpy as pyncnn's Mat does.
 
 ncnn's rule is taken from the pinned ncnn itself (pip ncnn 1.0.20261020): a Mat created with
 ``Mat.create(shape, elemsize, elempack)`` has ``cstep = alignSize(w*h*d*elemsize, 16) / elemsize``

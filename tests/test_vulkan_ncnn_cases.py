@@ -1,8 +1,8 @@
-"""Issue 3, "Tests": every case of ncnn's tests/test_layernorm.cpp and test_rmsnorm.cpp (plus the dims-4
+"""Every case of ncnn's tests/test_layernorm.cpp and test_rmsnorm.cpp (plus the dims-4
 LayerNorm mirror) x {fp32, fp16 storage} x {packing off, on} x every path {auto, subgroup, workgroup,
 split}, on lavapipe, against the CPU reference and float64 numpy.
 
-Tolerances (issue 3): fp32 storage: max abs error <= 1e-5 * max(1, max|y|); fp16 storage: <= 4e-3 *
+Tolerances: fp32 storage: max abs error <= 1e-5 * max(1, max|y|); fp16 storage: <= 4e-3 *
 max(1, max|y|) against float64 computed from the fp16-rounded input (the input is fed as float16).
 One test function per (storage, path) loops over all cases and packings and names every failing one.
 """

@@ -1,4 +1,4 @@
-"""Issue 3, "Tests": precision where ncnn's formula breaks — large offsets (|mean| >> std), constant
+"""Precision where ncnn's formula breaks — large offsets (|mean| >> std), constant
 groups, eps = 0, NaN/Inf — on every path, fp32 storage, packing off and on.
 
 * Large offsets: groups from N(1e4, 1e-2) and N(-3e3, 1), group sizes 768 and 65537: output within
@@ -69,7 +69,7 @@ def test_large_offsets_match_float64_within_1e_3_on_every_path(dist, size, vulka
 @pytest.mark.parametrize("size", OFFSET_SIZES)
 @pytest.mark.parametrize("dist", OFFSETS, ids=offset_id)
 def test_raw_sums_and_float32_running_mean_fail_the_large_offset_check(dist, size):
-    """Why the shaders keep a pivot: the same check rejects the reductions the issue rules out."""
+    """Why the shaders keep a pivot: the same check rejects plain sums and a float32 running mean."""
     x = offset_input(*dist, size)
     ref = norm64("LayerNorm", x, size, 1e-5, False)
     mean, var = stats_raw_sums_f32(x)
@@ -101,7 +101,7 @@ def failures_on_every_path(layer, x, ref, bound, check_dispatch_info=None) -> li
 def test_a_massive_activation_as_the_pivot_stays_exact_on_every_path(size, vulkan_device):
     """The first element of each group (the natural pivot) is a massive activation (1000 among N(0, 1),
     as LLM hidden states have): the pivot is then far from the group's bulk, the same |mean - pivot| >> std
-    situation as a large offset. ncnn's own float32 formula meets the issue's fp32 tolerance here
+    situation as a large offset. ncnn's own float32 formula meets the fp32 tolerance here
     (asserted), so every Vulkan path must too."""
     rng = np.random.default_rng(2)
     x = rng.standard_normal((N_GROUPS, size)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""Issue 3, "Tests / sizes": group_size 1 ... 2^20+7, group counts 1 ... 2^20, widths that are not a
+"""Sizes: group_size 1 ... 2^20+7, group counts 1 ... 2^20, widths that are not a
 multiple of 4 under pack4, dims 1-4 — every path, vs float64 and the CPU reference.
 
 fp32 storage: max abs error <= 1e-5 * max(1, max|y|); fp16 storage: <= 4e-3 * max(1, max|y|) vs float64

@@ -1,4 +1,4 @@
-"""Issue 3, "Tests": vknorm on Vulkan vs pyncnn's own LayerNorm/RMSNorm — on ncnn's Vulkan path
+"""vknorm on Vulkan vs pyncnn's own LayerNorm/RMSNorm — on ncnn's Vulkan path
 (lavapipe) and on its CPU path, fp32 and fp16 — for every ncnn test case and a few model-sized blobs.
 
 ncnn is an independent implementation with its own (different) summation orders, so the comparison

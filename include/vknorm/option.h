@@ -4,7 +4,9 @@
 
 namespace vknorm {
 
-// Subgroup and Workgroup are the single-dispatch (fused) kernels; Split is reduce -> finalize -> normalize.
+// Subgroup and Workgroup are the single-dispatch (fused) kernels; Split is reduce -> finalize -> normalize;
+// Cooperative is one dispatch whose workgroups hold a group's chunks and wait for each other's statistics
+// (planned by Auto only on GPUs that report their multiprocessors).
 enum class Path { Auto, Subgroup, Workgroup, Split, Cooperative };
 
 struct Option {
@@ -16,7 +18,7 @@ struct Option {
   int max_workgroup_size = 0;      // 0: device limit; otherwise a cap (power of two)
 };
 
-// "auto" | "subgroup" | "workgroup" | "split"; throws std::invalid_argument otherwise.
+// "auto" | "subgroup" | "workgroup" | "split" | "cooperative"; throws std::invalid_argument otherwise.
 Path parse_path(const std::string& name);
 const char* path_name(Path p);
 

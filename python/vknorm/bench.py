@@ -2,11 +2,11 @@
 Vulkan layer and torch.
 
 LayerNorm/RMSNorm shapes are --rows x --cols (the group size); GroupNorm/InstanceNorm shapes are --channels
-x --size HxW (with --groups for GroupNorm), by default the Stable-Diffusion UNet/VAE sizes (GroupNorm(32))
-and style-transfer sizes (InstanceNorm).
+x --size HxW (with --groups for GroupNorm), by default the Stable-Diffusion UNet/VAE sizes (GroupNorm(32),
+and GroupNorm(2, 640) at 640x16x16) and style-transfer sizes (InstanceNorm).
 
 Method (docs/benchmarks/README.md): each measurement is a batch of >= 100 back-to-back forwards in one
-submission, timed with Vulkan timestamp queries, right after >= 150 ms of the same work on the GPU (NVIDIA
+submission, timed with Vulkan timestamp queries, right after --warmup-ms (150 by default) of the same work on the GPU (NVIDIA
 drops its clock within ~0.5 s of idling). The copy roof is measured the same way, interleaved with the
 kernel, batch by batch; every figure is the median of the batches. Effective bandwidth = 2 * bytes(x) / time.
 """
@@ -53,7 +53,8 @@ def add_parser(sub) -> None:
                    help="groupnorm/instancenorm: channels of one shape (pair each with a --size)")
     p.add_argument("--size", action="append", metavar="HxW", help="groupnorm/instancenorm: the plane of one shape")
     p.add_argument("--groups", type=int, action="append",
-                   help="groupnorm: groups of each shape (one for all, or one per --channels; default 32)")
+                   help="groupnorm: groups of each shape (one for all, or one per --channels; default 32 with --channels; "
+                        "without, the default shapes' own)")
     p.add_argument("--dtype", choices=["fp32", "fp16", "both"], help="default both")
     p.add_argument("--compare",
                    help="comma list of ncnn, copy, torch (the default; '' for vknorm alone); unavailable ones are skipped")
@@ -523,7 +524,9 @@ def run(args) -> int:
         "device": info["name"],
         "driver": f"{info['driver_name']} {info['driver_info']}".strip(),
         "date": datetime.date.today().isoformat(),
-        "method": "Vulkan timestamps, batches of >= 100 back-to-back forwards after >= 150 ms warm-up, median",
+        "method": f"Vulkan timestamps, batches of {args.reps} back-to-back forwards after {args.warmup_ms:g} ms "
+                  "warm-up, median",
+        "warmup_ms": args.warmup_ms,
         "results": results,
     }
     print_table(report)

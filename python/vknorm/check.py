@@ -18,7 +18,7 @@ by what ran upstream, which is not that layer's doing): fp32, max abs error with
 input rounded to float16 first and half a float16 spacing of |y| allowed for the output rounding, the rest
 within --atol (1e-3). --vulkan also fails a vknorm layer that ran on the host.
 
-    vknorm check MODEL.param MODEL.bin --input NAME=DIMS [...] --vulkan [--fp16] [--seed N] [--atol X] [--json]
+    vknorm check MODEL.param MODEL.bin --input NAME=DIMS [...] --vulkan [--no-fuse] [--fp16] [--seed N] [--atol X] [--json]
 
 --vulkan checks vknorm inside ncnn's Vulkan graph instead (vknorm.graph: one ncnn, compiled from source,
 for all three runs): stock ncnn CPU fp32 (the reference), stock ncnn Vulkan, and ncnn Vulkan with vknorm's
@@ -27,7 +27,9 @@ vknorm's and stock ncnn Vulkan's max |error| against the CPU run on the same blo
 time for that blob measured on vknorm's own Vulkan context (ncnn's graph has no per-layer timestamps);
 per model output: both Vulkan runs' error; the whole-model wall time of both Vulkan runs. Pass rule: the
 one above (the CPU run's input already carries the stock Vulkan layers' differences upstream), and no
-vknorm layer ran on the host (host_round_trips 0).
+vknorm layer ran on the host (host_round_trips 0). The vknorm net is fused as vknorm.graph fuses it (--no-fuse:
+not): "fused" lists each pattern and its ncnn layers; a fused layer is judged on its output blob, and the sum
+it writes for the add's other readers against the add's value (sum_err, which must be 0).
 """
 from __future__ import annotations
 

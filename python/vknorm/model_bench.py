@@ -12,7 +12,7 @@ Each inference is what a user runs: a new extractor, the inputs from numpy (uplo
 output extracted back to numpy. The rounds are interleaved (one inference of each implementation per
 round, in a new random order each round) after a warm-up of at least --warmup-ms per implementation, so
 every implementation sees the same clocks; the median of --iters rounds is reported. --fp16: float16
-storage in the Vulkan nets.
+storage in every net (ncnn's CPU one too).
 
 The implementations that keep the host's cores busy (ncnn-cpu, and vknorm-host's CPU layers) are timed
 in rounds of their own, after the GPU ones: ncnn's OpenMP threads spin for a while after a CPU run, and
