@@ -31,7 +31,9 @@
 //   --repeat N       record both forwards N times in the command buffer, the engine's barrier between
 //                    rounds (vknorm's scratch and descriptor sets are shared by the rounds)
 //   --timing         Recorder::set_timing(true): after the submission, each forward's GPU time
-//                    (Recorder::gpu_times_us) and the submission's wall time on the host
+//                    (Recorder::gpu_times_us) and the submission's wall time on the host; then B once more,
+//                    in a command buffer of its own, whose time is asked for before its submission (refused:
+//                    std::logic_error) and after it
 //   --cooperative-reuse  B is a LayerNorm, recorded as two forwards of its Recorder, Option::path
 //                    cooperative: its first 2 channels, then its last one; the second reuses the first's
 //                    scratch at another layout
@@ -540,7 +542,7 @@ int run(const Args& args) {
   handles.api_version = e.api_version;
   handles.fp16_storage_enabled = e.fp16_storage;
   double err_a = 0, err_b = 0, err_b_cpu = 0, err_a_cpu_vs64 = 0, scale_a = 1, scale_b = 1;
-  int refusal_failures = 0;
+  int refusal_failures = 0, timing_failures = 0;
   size_t changed = 0;
   {
     vknorm::Recorder ln(handles, vknorm::NormOp::LayerNorm, a.affine_size, eps_a);
@@ -640,6 +642,24 @@ int run(const Args& args) {
       rms.release_descriptors();
       vkFreeCommandBuffers(e.device, e.pool, 1, &cmd);
     }
+    if (args.timing && !args.skip_rmsnorm) {  // a timed forward not yet run has no time, not the last one's
+      check(vkAllocateCommandBuffers(e.device, &cai, &cmd), "vkAllocateCommandBuffers");
+      check(vkBeginCommandBuffer(cmd, &begin), "vkBeginCommandBuffer");
+      record_b(0, b.packed_c(), split);
+      try {
+        const size_t n = rms.gpu_times_us().size();
+        std::printf("gpu time B before its submission: %zu value(s), expected std::logic_error\n", n);
+        timing_failures = 1;
+      } catch (const std::logic_error&) {
+        std::printf("gpu time B before its submission: refused (std::logic_error)\n");
+      }
+      copy_back_and_submit();
+      const size_t n = rms.gpu_times_us().size();
+      std::printf("gpu time B after its submission: %zu value(s)\n", n);
+      if (n != 1) timing_failures = 1;
+      rms.release_descriptors();
+      vkFreeCommandBuffers(e.device, e.pool, 1, &cmd);
+    }
 
     std::printf("A LayerNorm dims=3 c=%d h=%d w=%d float32 pack%d, x = 1e4 + N(0, 1e-2): path %s, %d dispatch(es) x %d\n",
                 a.c, a.h, a.w, a.elempack, vknorm::path_name(da.path), da.dispatches, args.repeat);
@@ -655,7 +675,7 @@ int run(const Args& args) {
     std::vector<float> ya = unpack(a, reinterpret_cast<const float*>(out + a.offset));
     const std::vector<float> yb = unpack(b, reinterpret_cast<const float*>(out + b.offset));
     if (args.corrupt) ya[size_t(a.w) * 2 + 17] += 0.5f;
-    const int times_b = args.repeat + (args.rebind ? 2 : 0);  // forwards of each of B's channels
+    const int times_b = args.repeat + (args.rebind ? 2 : 0) + (args.timing ? 1 : 0);  // forwards of each of B's channels
     const std::vector<double> ra = reference64(a, eps_a, args.repeat), rb = reference64(b, eps_b, times_b);
     scale_a = scale_of(a, ra), scale_b = scale_of(b, rb);
     err_a = max_abs_err(a, ya, ra);
@@ -676,7 +696,8 @@ int run(const Args& args) {
   std::printf("B max abs error %.3e vs CPU reference, bound %.3e = %g float32 ulps (2^-23) x max(1, max|y|) %.4g\n", err_b_cpu,
               bound_b, kUlps, scale_b);
   std::printf("bytes outside the blobs' groups changed: %zu\n", changed);
-  const bool ok = err_a <= bound_a && err_b <= bound_b && err_b_cpu <= bound_b && changed == 0 && refusal_failures == 0;
+  const bool ok = err_a <= bound_a && err_b <= bound_b && err_b_cpu <= bound_b && changed == 0 && refusal_failures == 0 &&
+                  timing_failures == 0;
   return ok ? 0 : 1;
 }
 

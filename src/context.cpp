@@ -385,7 +385,14 @@ std::shared_ptr<Context> g_default;
 
 std::shared_ptr<Context> Context::default_context() {
   std::lock_guard<std::mutex> lock(g_default_mutex);
-  if (!g_default) g_default = create(-1);
+  if (!g_default) {
+    g_default = create(-1);
+    // Released at exit before what was loaded while creating it (the driver, layers) tears itself down:
+    // g_default itself, a static made before them, would go after them. With the validation layer, a
+    // program that had another context besides the default one crashed in the layer at exit.
+    static const bool released_at_exit = (std::atexit([] { release_default(); }), true);
+    (void)released_at_exit;
+  }
   return g_default;
 }
 

@@ -14,6 +14,8 @@ Mat Mat::create(int dims, int w, int h, int d, int c, size_t scalar_bytes, int e
   if (dims < 1 || dims > 4) throw std::invalid_argument("Mat: dims must be 1-4, got " + std::to_string(dims));
   if (scalar_bytes != 2 && scalar_bytes != 4) throw std::invalid_argument("Mat: scalar size must be 2 or 4 bytes");
   if (elempack != 1 && elempack != 4) throw std::invalid_argument("Mat: elempack must be 1 or 4");
+  if (w < 0 || (dims >= 2 && h < 0) || (dims == 4 && d < 0) || (dims >= 3 && c < 0))
+    throw std::invalid_argument("Mat: extents must be >= 0");
   Mat m;
   m.dims = dims;
   m.w = w;

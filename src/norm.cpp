@@ -256,7 +256,7 @@ void Norm::load_param(const ParamDict& pd) {
   const NormParams params = NormParams::read(op, pd);
   std::lock_guard<std::mutex> lock(mutex_);
   static_cast<NormParams&>(*this) = params;
-  gpu_.reset();  // forwards still running keep their snapshot
+  if (gpu_) gpu_ = make_gpu(*this, gpu_->ctx);  // same device (create_pipeline's); running forwards keep their snapshot
 }
 
 void Norm::load_model(std::vector<float> gamma, std::vector<float> beta) {
@@ -427,7 +427,13 @@ void Norm::forward_inplace(Mat& m, const Option& opt) {
     std::memcpy(dev_mat.data() + p.offset, staging->mapped, p.bytes);
     accumulate(info, piece, i == 0);
   }
-  m = from_format(dev_mat, m);
+  // In place as ncnn's forward_inplace: into m's own storage, which its shallow copies share, also where the
+  // device format needed a converted copy.
+  const Mat back = from_format(dev_mat, m);
+  if (back.data() != m.data()) {
+    if (back.bytes() != m.bytes()) throw std::logic_error("vknorm: host layout mismatch");
+    std::memcpy(m.data(), back.data(), m.bytes());
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   last_ = info;
 }

@@ -122,15 +122,26 @@ uint64_t blob_span_bytes(int dims, int w, int h, int d, int c, size_t cstep, int
   if (w < 1 || (dims >= 2 && h < 1) || (dims == 4 && d < 1) || (dims >= 3 && c < 1) || (elempack != 1 && elempack != 4))
     throw std::invalid_argument("blob_span_bytes: extents must be >= 1 and elempack 1 or 4");
   const uint64_t elemsize = uint64_t(fp16 ? 2 : 4) * uint64_t(elempack);
+  // Every product checked: a span that wraps would let a blob far larger than its binding pass as small.
+  auto mul = [](uint64_t a, uint64_t b) {
+    uint64_t r = 0;
+    if (__builtin_mul_overflow(a, b, &r)) throw std::invalid_argument("blob_span_bytes: the blob's size overflows 64 bits");
+    return r;
+  };
+  auto add = [](uint64_t a, uint64_t b) {
+    uint64_t r = 0;
+    if (__builtin_add_overflow(a, b, &r)) throw std::invalid_argument("blob_span_bytes: the blob's size overflows 64 bits");
+    return r;
+  };
   uint64_t elems = 0;
   switch (dims) {
     case 1: elems = uint64_t(w); break;
-    case 2: elems = uint64_t(w) * uint64_t(h); break;
-    case 3: elems = uint64_t(c - 1) * cstep + uint64_t(w) * uint64_t(h); break;
-    case 4: elems = uint64_t(c - 1) * cstep + uint64_t(w) * uint64_t(h) * uint64_t(d); break;
+    case 2: elems = mul(uint64_t(w), uint64_t(h)); break;
+    case 3: elems = add(mul(uint64_t(c - 1), cstep), mul(uint64_t(w), uint64_t(h))); break;
+    case 4: elems = add(mul(uint64_t(c - 1), cstep), mul(mul(uint64_t(w), uint64_t(h)), uint64_t(d))); break;
     default: throw std::invalid_argument("dims must be 1-4, got " + std::to_string(dims));
   }
-  return elems * elemsize;
+  return mul(elems, elemsize);
 }
 
 struct Recorder::Impl {
@@ -166,7 +177,10 @@ struct Recorder::Impl {
   bool timing = false;
   uint32_t timestamp_bits = 0;  // valid bits on every compute queue family; 0: no timing on this device
   std::vector<vk::raii::QueryPool> query_pools;  // kTimedPerPool pairs each
-  uint32_t timed = 0;                           // pairs handed out since the last read
+  // Pairs [read, timed) await gpu_times_us(). A pair is never handed out twice before the pools are recycled
+  // (release_descriptors, every time read): until its command buffer runs, a reused pair would still hold the
+  // result it had, and gpu_times_us() would return that stale time instead of refusing.
+  uint32_t timed = 0, read = 0;
 
   std::vector<vk::raii::DescriptorPool> pools;
   uint32_t sets_in_last_pool = kSetsPerPool;
@@ -612,16 +626,16 @@ std::vector<double> Recorder::gpu_times_us() {
   std::lock_guard<std::mutex> lock(m.mutex);
   std::vector<double> out;
   const uint64_t mask = m.timestamp_bits >= 64 ? ~0ull : (1ull << m.timestamp_bits) - 1;
-  for (uint32_t i = 0; i < m.timed; ++i) {
+  for (uint32_t i = m.read; i < m.timed; ++i) {
     auto [result, t] = m.query_pools[i / kTimedPerPool].getResults<uint64_t>(2 * (i % kTimedPerPool), 2, 2 * sizeof(uint64_t),
                                                                             sizeof(uint64_t), vk::QueryResultFlagBits::e64);
     if (result != vk::Result::eSuccess)
-      throw std::logic_error("vknorm::Recorder::gpu_times_us: timed forward " + std::to_string(i + 1) + " of " +
-                             std::to_string(m.timed) + " has not completed; read the times once every command buffer "
+      throw std::logic_error("vknorm::Recorder::gpu_times_us: timed forward " + std::to_string(i - m.read + 1) + " of " +
+                             std::to_string(m.timed - m.read) + " has not completed; read the times once every command buffer "
                              "recorded with timing on has completed");
     out.push_back(double((t[1] - t[0]) & mask) * m.info.timestamp_period_ns / 1000.0);
   }
-  m.timed = 0;
+  m.read = m.timed;
   return out;
 }
 
@@ -634,6 +648,7 @@ void Recorder::release_descriptors() {
   m.live_sets = 0;
   m.retired.clear();
   if (!m.upload_pending) m.retire(m.staging), m.retired.clear();  // the upload was recorded and has completed
+  if (m.read == m.timed) m.query_pools.clear(), m.timed = m.read = 0;  // every time read: fresh pools from here
 }
 
 NormOp Recorder::op() const { return impl().op; }

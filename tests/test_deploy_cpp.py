@@ -190,3 +190,25 @@ def test_example_defaults_and_exit_codes(example, tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+CPP_TESTS_BUILD = os.path.join(ROOT, "build", "cxx-tests" + (f"-{_WORKER}" if _WORKER else ""))
+
+
+def test_cpp_api_promises_no_example_shows(installed):
+    """tests/cpp/api_contracts.cpp against the installed package: load_param after create_pipeline(ctx)
+    keeps the layer on ctx; forward_inplace(Mat&) writes into the Mat's own storage (shared by its shallow
+    copies) also where the device needs a converted copy (pack4, float16 storage); Mat::create and
+    blob_span_bytes refuse sizes that are negative or wrap 64 bits. Each check prints ok or FAIL. It makes a
+    context of its own beside the default one and exits cleanly under the validation layer (the default
+    context, released after the layer's own teardown, crashed it at exit: SIGSEGV)."""
+    env = cmake_env()
+    shutil.rmtree(CPP_TESTS_BUILD, ignore_errors=True)
+    run(["cmake", "-S", os.path.join(ROOT, "tests", "cpp"), "-B", CPP_TESTS_BUILD, *generator_args(CPP_TESTS_BUILD),
+         f"-DCMAKE_PREFIX_PATH={PREFIX}"], "configure tests/cpp", env=env)
+    run(["cmake", "--build", CPP_TESTS_BUILD], "build tests/cpp", env=env)
+    proc = subprocess.run([os.path.join(CPP_TESTS_BUILD, "api_contracts")], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, VKNORM_VALIDATION="1"))
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and not any(ln.startswith("FAIL") for ln in lines), proc.stdout + proc.stderr
+    assert sum(ln.startswith("ok: ") for ln in lines) == 10, proc.stdout

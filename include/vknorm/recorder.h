@@ -33,8 +33,10 @@
 //   multiple of minStorageBufferOffsetAlignment, and a single group must fit one binding: otherwise the
 //   blob is refused.
 // - float16 blobs need a Vulkan 1.1 device. Elempack-1 float16 blobs need storageBuffer16BitAccess
-//   enabled on the device (VulkanHandles::fp16_storage_enabled); pack4 float16 blobs, and elempack-1
-//   ones read as vec4s, do not. Refused inputs throw std::invalid_argument before anything is recorded.
+//   enabled on the device (VulkanHandles::fp16_storage_enabled); pack4 float16 blobs, and elempack-1 ones
+//   read as vec4s, do not, except a dims-1 pack4 blob too large for the fused kernel (its one group is read
+//   unpacked, as single float16 values, on the split path: record it as float32 there). Refused inputs
+//   throw std::invalid_argument before anything is recorded.
 //
 // Barriers
 // vknorm records no barrier before its first dispatch and none after its last. Order your own writes of
@@ -81,7 +83,8 @@
 // vkCmdWriteTimestamp at COMPUTE_SHADER before its first dispatch and after its last, into a query pool of
 // the Recorder's), and gpu_times_us() returns, once those command buffers have completed, each timed
 // forward's GPU time in microseconds, in recording order (a command buffer submitted again overwrites its
-// forwards' times). Reading them frees the pairs.
+// forwards' times). Times are read once; release_descriptors() recycles the query pools once every time
+// recorded has been read.
 //
 // Threads: a Recorder is used by one thread at a time (like the command buffer it records into);
 // different Recorders on one device may record on different threads.
