@@ -177,10 +177,7 @@ struct Recorder::Impl {
   bool timing = false;
   uint32_t timestamp_bits = 0;  // valid bits on every compute queue family; 0: no timing on this device
   std::vector<vk::raii::QueryPool> query_pools;  // kTimedPerPool pairs each
-  // Pairs [read, timed) await gpu_times_us(). A pair is never handed out twice before the pools are recycled
-  // (release_descriptors, every time read): until its command buffer runs, a reused pair would still hold the
-  // result it had, and gpu_times_us() would return that stale time instead of refusing.
-  uint32_t timed = 0, read = 0;
+  uint32_t timed = 0;                           // pairs handed out since the last read
 
   std::vector<vk::raii::DescriptorPool> pools;
   uint32_t sets_in_last_pool = kSetsPerPool;
@@ -626,16 +623,16 @@ std::vector<double> Recorder::gpu_times_us() {
   std::lock_guard<std::mutex> lock(m.mutex);
   std::vector<double> out;
   const uint64_t mask = m.timestamp_bits >= 64 ? ~0ull : (1ull << m.timestamp_bits) - 1;
-  for (uint32_t i = m.read; i < m.timed; ++i) {
+  for (uint32_t i = 0; i < m.timed; ++i) {
     auto [result, t] = m.query_pools[i / kTimedPerPool].getResults<uint64_t>(2 * (i % kTimedPerPool), 2, 2 * sizeof(uint64_t),
                                                                             sizeof(uint64_t), vk::QueryResultFlagBits::e64);
     if (result != vk::Result::eSuccess)
-      throw std::logic_error("vknorm::Recorder::gpu_times_us: timed forward " + std::to_string(i - m.read + 1) + " of " +
-                             std::to_string(m.timed - m.read) + " has not completed; read the times once every command buffer "
+      throw std::logic_error("vknorm::Recorder::gpu_times_us: timed forward " + std::to_string(i + 1) + " of " +
+                             std::to_string(m.timed) + " has not completed; read the times once every command buffer "
                              "recorded with timing on has completed");
     out.push_back(double((t[1] - t[0]) & mask) * m.info.timestamp_period_ns / 1000.0);
   }
-  m.read = m.timed;
+  m.timed = 0;
   return out;
 }
 
@@ -648,7 +645,6 @@ void Recorder::release_descriptors() {
   m.live_sets = 0;
   m.retired.clear();
   if (!m.upload_pending) m.retire(m.staging), m.retired.clear();  // the upload was recorded and has completed
-  if (m.read == m.timed) m.query_pools.clear(), m.timed = m.read = 0;  // every time read: fresh pools from here
 }
 
 NormOp Recorder::op() const { return impl().op; }

@@ -83,8 +83,9 @@
 // vkCmdWriteTimestamp at COMPUTE_SHADER before its first dispatch and after its last, into a query pool of
 // the Recorder's), and gpu_times_us() returns, once those command buffers have completed, each timed
 // forward's GPU time in microseconds, in recording order (a command buffer submitted again overwrites its
-// forwards' times). Times are read once; release_descriptors() recycles the query pools once every time
-// recorded has been read.
+// forwards' times). Reading them frees the pairs for later record()s. Read only once those command buffers
+// have completed: a pair's reset is recorded in the command buffer itself, so before it runs the pair still
+// holds its previous result (or, never used, is not reset at all: invalid usage to read).
 //
 // Threads: a Recorder is used by one thread at a time (like the command buffer it records into);
 // different Recorders on one device may record on different threads.
@@ -186,7 +187,8 @@ class Recorder {
   // compute queue family of the device has no timestamps (timestampValidBits 0).
   void set_timing(bool on);
   // The GPU time of each record() timed since the last call, in µs, in recording order; call only when
-  // every command buffer recorded with timing on has completed (std::logic_error for one that has not).
+  // every command buffer recorded with timing on has completed (std::logic_error where a submitted one has
+  // not yet written its times; before submission, see "GPU time" above).
   std::vector<double> gpu_times_us();
 
   // Frees every cached descriptor set and what load_model() or a larger scratch retired. Only when no
