@@ -8,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <ncnn/net.h>
@@ -99,13 +100,16 @@ std::string param(const Line& l, int id) {
     if (p.compare(0, key.size(), key) == 0) return p.substr(key.size());
   return "";
 }
-// A float param as the matcher needs it; false where the text is not a number (as exact_int_param).
-bool exact_float_param(const Line& l, int id, float def, float& out) {
+// A param (int or float) as the matcher needs it; false where the text is not such a number whole (ncnn still
+// loads such a line, reading the value its own way: the layer is then left as it is, never guessed at).
+template <class T>
+bool exact_param(const Line& l, int id, T def, T& out) {
   const std::string v = param(l, id);
   if (v.empty()) return out = def, true;
   try {
     size_t used = 0;
-    out = std::stof(v, &used);
+    if constexpr (std::is_same_v<T, int>) out = std::stoi(v, &used);
+    else out = std::stof(v, &used);
     return used == v.size();
   } catch (const std::exception&) {
     return false;
@@ -120,25 +124,11 @@ NormOp norm_op(const std::string& type) {
                                                  : type == "GroupNorm" ? NormOp::GroupNorm : NormOp::InstanceNorm;
 }
 
-// An integer param as the matcher needs it; false where the text is not an integer (ncnn still loads such a
-// line, reading the value its own way: the layer is then left as it is, never guessed at).
-bool exact_int_param(const Line& l, int id, int def, int& out) {
-  const std::string v = param(l, id);
-  if (v.empty()) return out = def, true;
-  try {
-    size_t used = 0;
-    out = std::stoi(v, &used);
-    return used == v.size();
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
 // A two-input add of blobs (no scalar): what the fused kernel can read as x + residual.
 bool is_plain_add(const Line& l) {
   int op = -1, with_scalar = -1;
-  return l.type == "BinaryOp" && l.bottoms.size() == 2 && l.tops.size() == 1 && exact_int_param(l, 0, 0, op) &&
-         op == 0 && exact_int_param(l, 1, 0, with_scalar) && with_scalar == 0;
+  return l.type == "BinaryOp" && l.bottoms.size() == 2 && l.tops.size() == 1 && exact_param(l, 0, 0, op) &&
+         op == 0 && exact_param(l, 1, 0, with_scalar) && with_scalar == 0;
 }
 
 // ncnn's shape hints (-23330=n,v1,...,vn: n / top_count values per top, written by ncnnoptimize and pnnx). A line
@@ -172,7 +162,7 @@ bool activation_of(const Line& l, Activation& a, float& alpha) {
   if (l.bottoms.size() != 1 || l.tops.size() != 1) return false;
   alpha = 0.f;
   if (l.type == "ReLU") {
-    if (!exact_float_param(l, 0, 0.f, alpha)) return false;
+    if (!exact_param(l, 0, 0.f, alpha)) return false;
     a = alpha == 0.f ? Activation::ReLU : Activation::LeakyReLU;
   } else if (l.type == "Sigmoid") {
     a = Activation::Sigmoid;
@@ -180,7 +170,7 @@ bool activation_of(const Line& l, Activation& a, float& alpha) {
     a = Activation::Swish;
   } else if (l.type == "GELU") {
     int fast = 0;
-    if (!exact_int_param(l, 0, 0, fast)) return false;
+    if (!exact_param(l, 0, 0, fast)) return false;
     a = fast ? Activation::FastGELU : Activation::GELU;
   } else {
     return false;

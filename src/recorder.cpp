@@ -345,6 +345,9 @@ struct Recorder::Impl {
     b = OwnedBuffer{};
   }
 
+  // Where slot 4 (coefficients, or counters) starts in the scratch, after a plan's partials.
+  uint64_t coefs_offset(uint64_t partials) const { return align_up(partials, alignment); }
+
   VkDescriptorSet descriptor_set(const BufferRef& blob, uint64_t range, uint64_t partials, uint64_t coefs) {
     const bool split = partials || coefs;
     const uint64_t scratch_bits = split ? handle_bits(static_cast<VkBuffer>(*scratch.buffer)) : 0;
@@ -363,7 +366,7 @@ struct Recorder::Impl {
     ++live_sets;
     const vk::Buffer w = *weights.buffer;
     const bool has_beta = affine && op == NormOp::LayerNorm;
-    const uint64_t partials_offset = 0, coefs_offset = align_up(partials, alignment);
+    const uint64_t partials_offset = 0;
     const vk::DescriptorBufferInfo blob_range{.buffer = vk::Buffer(blob.buffer), .offset = blob.offset, .range = range};
     const std::array<vk::DescriptorBufferInfo, kSlotCount> infos{
         blob_range,
@@ -373,7 +376,8 @@ struct Recorder::Impl {
                  : vk::DescriptorBufferInfo{w, unused_offset, 16},
         partials ? vk::DescriptorBufferInfo{*scratch.buffer, partials_offset, partials}
                  : vk::DescriptorBufferInfo{w, unused_offset, 16},
-        coefs ? vk::DescriptorBufferInfo{*scratch.buffer, coefs_offset, coefs} : vk::DescriptorBufferInfo{w, unused_offset, 16},
+        coefs ? vk::DescriptorBufferInfo{*scratch.buffer, coefs_offset(partials), coefs}
+              : vk::DescriptorBufferInfo{w, unused_offset, 16},
         // No fused residual add here. Its three slots (which the shaders declare as read and written) hold the
         // blob's own range: a shared dummy range would make disjoint pieces, recorded without barriers between
         // them, look like a write-after-read hazard to synchronization validation.
@@ -528,8 +532,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
     }
     partials = std::max(partials, fp.partials_bytes), coefs = std::max(coefs, fp.coefs_bytes);
   }
-  const uint64_t coefs_offset = align_up(partials, m.alignment);
-  const uint64_t scratch_bytes = coefs ? coefs_offset + coefs : partials;
+  const uint64_t scratch_bytes = coefs ? m.coefs_offset(partials) + coefs : partials;
   if (partials > m.info.max_storage_buffer_range || coefs > m.info.max_storage_buffer_range)
     throw refuse("the split path's scratch exceeds one storage buffer binding");
 
@@ -580,7 +583,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   DispatchInfo info;
   for (size_t k = 0; k < pieces.size(); ++k) {
     const ForwardPlan& fp = plans[k];
-    const uint64_t counters_at = align_up(fp.partials_bytes, m.alignment);  // where this piece's set binds slot 4
+    const uint64_t counters_at = m.coefs_offset(fp.partials_bytes);  // where this piece's set binds slot 4
     // The scratch is shared by the pieces and by every forward of this Recorder: a split forward first
     // waits for the earlier ones' passes (reads of it included) to finish.
     if (fp.partials_bytes || fp.coefs_bytes) cb.pipelineBarrier(S::eComputeShader, S::eComputeShader, {}, between, {}, {}, dispatcher);

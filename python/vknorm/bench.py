@@ -201,8 +201,7 @@ def _check_output_path(flag: str, path) -> None:
         except ImportError:  # no plot at all then (plot() says so)
             return
         if ext and ext not in formats:
-            raise UsageError(f"--plot {path}: matplotlib cannot write .{ext} files "
-                             f"(name a {', '.join('.' + f for f in ('png', 'svg', 'pdf'))} file)")
+            raise UsageError(f"--plot {path}: matplotlib cannot write .{ext} files (name a .png, .svg or .pdf file)")
 
 
 def _warmup_count(seconds_per_run: float, warmup_ms: float) -> int:

@@ -231,12 +231,16 @@ class _Norm:
     def gpu_time_us(self) -> float:
         return self._layer.last_dispatch["gpu_us"]
 
+    def _native_option(self, option: Optional[Option]) -> _core.Option:
+        """The call's option, else the layer's (TypeError for anything but a vknorm.Option)."""
+        return Option._of(self.option if option is None else option)
+
     def create_pipeline(self, option: Optional[Option] = None, device=None) -> None:
         device = device if device is not None else self.device
         ctx = _context_for("vulkan" if device is None else device)
         if ctx is None:
             return
-        self._layer.create_pipeline(ctx, Option._of(self.option if option is None else option))
+        self._layer.create_pipeline(ctx, self._native_option(option))
 
     def groups(self, shape) -> dict:
         """How an input of this shape splits into groups (ncnn's rules): group_size (elements of one
@@ -249,8 +253,9 @@ class _Norm:
         if ctx is None:
             self._layer.forward_inplace_cpu(mat)
             return mat
-        self._layer.create_pipeline(ctx, Option._of(self.option if option is None else option))
-        self._layer.forward_inplace(mat, Option._of(self.option if option is None else option))
+        opt = self._native_option(option)
+        self._layer.create_pipeline(ctx, opt)
+        self._layer.forward_inplace(mat, opt)
         return mat
 
     def __call__(self, x, device=None, option: Optional[Option] = None) -> np.ndarray:
@@ -267,7 +272,7 @@ class _Norm:
         if isinstance(x, _core.VkMat):
             if device == "cpu":
                 raise ValueError("a VkMat lives on a Vulkan device; device='cpu' cannot run it")
-            self._layer.forward_inplace(x, Option._of(self.option if option is None else option))
+            self._layer.forward_inplace(x, self._native_option(option))
             return x
         if not isinstance(x, np.ndarray):
             raise TypeError(f"forward_inplace needs a numpy array or a VkMat, got {type(x).__name__}")
@@ -301,7 +306,7 @@ class _Norm:
         x + residual itself with return_sum=True) without writing x or residual. numpy arrays (one upload
         each, results downloaded as float32, or float16 for float16 input) or VkMats (results stay on the
         device). x and residual must have one shape (a broadcasting add is not fused)."""
-        opt = Option._of(self.option if option is None else option)
+        opt = self._native_option(option)
         if isinstance(x, _core.VkMat) or isinstance(residual, _core.VkMat):
             if not (isinstance(x, _core.VkMat) and isinstance(residual, _core.VkMat)):
                 raise TypeError("forward_add: x and residual must both be VkMats or both numpy arrays")
