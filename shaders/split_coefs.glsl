@@ -22,7 +22,9 @@ void combine(inout afp na, inout afp ma, inout afp m2a, afp nb, afp mb, afp m2b)
   } else {
     afp delta = mb - ma;
     m = ma + delta * w;
-    m2 = m2a + m2b + delta * delta * (na * w);
+    // delta * (delta * (na * w)), not delta * delta * (...): merging into an empty a (na = 0) must add
+    // nothing, not inf * 0 = NaN when delta * delta overflows (a group of values near +-1e19).
+    m2 = m2a + m2b + delta * (delta * (na * w));
   }
   ma = mix(ma, m, has_elements(nb));
   m2a = mix(m2a, m2, has_elements(nb));

@@ -9,7 +9,7 @@ other's partial statistics (shaders/norm_cooperative.comp).
 * On this machine's lavapipe, in child processes that declare the residency (VKNORM_COOPERATIVE_WORKGROUPS=2
   with LP_NUM_THREADS=2, so both chunks of a group run at once): the forced path against the CPU reference for
   every op, storage and packing, with groups of two chunks that really wait on each other; the fused residual
-  add and activation; large offsets; back-to-back forwards that reuse the counters it leaves zero; and inside
+  add and activation; large offsets; squares past float32's range; back-to-back forwards that reuse the counters it leaves zero; and inside
   ncnn's Vulkan graph, where a clear pass zeroes them in ncnn's workspace memory.
 """
 from __future__ import annotations
@@ -196,6 +196,15 @@ check("GroupNorm 32x6x6/2, chunks of planes", weights(vknorm.GroupNorm(group=2, 
 check("InstanceNorm 8x30x30", weights(vknorm.InstanceNorm(channels=8, eps=1e-5), 8),
       rng.standard_normal((8, 30, 30)).astype(np.float32))
 check("constant groups", vknorm.LayerNorm(affine_size=1000, eps=1e-5, affine=False), np.full((4, 1000), 3.5, np.float32))
+# squares past float32 (float32 storage only: float16 cannot hold the values): an infinite variance, so y = 0
+# as the CPU reference has it, never the NaN of inf * 0 in the merge
+big = vknorm.LayerNorm(affine_size=1000, eps=1e-5, affine=False)
+x = rng.standard_normal((4, 1000)).astype(np.float32)
+x[1, 0], x[1, 600] = 3e19, -3e19
+for pack in (True, False):
+    y = big(x, device="vulkan", option=vknorm.Option(path="cooperative", use_packing_layout=pack))
+    report.append({"case": "squares past float32", "fp16": False, "pack": pack, "path": big.last_dispatch["path"],
+                   "chunks": big.last_dispatch["chunks"], "err": float(np.abs(y - big(x, device="cpu")).max())})
 # the fused residual add and its sum
 ln = weights(vknorm.LayerNorm(affine_size=1000, eps=1e-5), 1000)
 x = rng.standard_normal((8, 1000)).astype(np.float32)
@@ -239,7 +248,7 @@ def run_declaring_residency(script, extra_env=None):
 def test_forced_cooperative_matches_the_cpu_reference_with_groups_that_wait_on_each_other():
     report = json.loads(run_declaring_residency(DEVICE_SCRIPT).stdout.strip().splitlines()[-1])
     cases = [r for r in report if r["case"] != "repeated"]
-    assert len(cases) == 8 * 4 + 2
+    assert len(cases) == 8 * 4 + 2 + 2
     for r in cases:
         assert r["path"] == "cooperative", r
         tol = FP16_TOL if r["fp16"] else FP32_TOL

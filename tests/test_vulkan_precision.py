@@ -244,3 +244,38 @@ def test_nan_or_inf_in_one_group_poisons_that_group_as_the_cpu_reference_and_no_
                     if not err <= bound:
                         failures.append(f"{what}: other groups changed, max abs error {err:.3e} > {bound:.3e}")
     assert not failures, f"{len(failures)} failure(s):\n" + "\n".join(failures[:30])
+
+
+# ------------------------------------------------------------------------------ squares past float32's range
+
+
+@pytest.mark.parametrize("size", [37, 1500, 70000])
+def test_a_group_whose_squares_overflow_float32_gives_the_cpu_reference_s_zeros_on_every_path(size):
+    """Values near +-3e19 are finite, but their squared deviations (~1e39) are not: the variance is inf, so
+    1/sqrt(var + eps) is 0 and the CPU reference gives y = 0 (beta with affine) for the group. The split
+    path's merge of chunk statistics must not turn that inf into NaN (inf * 0 when merging into an empty
+    accumulator); other groups stay within the fp32 rule."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((8, size)).astype(np.float32)
+    big_row = 2
+    x[big_row, 0], x[big_row, size // 2] = 3e19, -3e19
+    gamma = rng.uniform(0.5, 1.5, size).astype(np.float32)
+    beta = rng.uniform(-1, 1, size).astype(np.float32)
+    layer = make_layer("LayerNorm", size, 1e-5, True, gamma, beta)
+    cpu = layer(x, device="cpu")
+    assert np.array_equal(cpu[big_row], beta), "CPU reference: an infinite variance should leave beta"
+    others = [r for r in range(8) if r != big_row]
+    ref_others = norm64("LayerNorm", x[others], size, 1e-5, True, gamma, beta)
+    bound = FP32_TOL * scale(ref_others)
+    failures = []
+    for path in PATHS:
+        for packing in (False, True):
+            y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))
+            what = f"path={path} ({layer.last_dispatch['path']}) packing={packing}"
+            if not np.array_equal(y[big_row], beta):
+                failures.append(f"{what}: the overflowing group gave {y[big_row][:4]}..., not beta "
+                                f"({int(np.isnan(y[big_row]).sum())} NaN)")
+            err = max_abs_err(y[others], ref_others)
+            if not err <= bound:
+                failures.append(f"{what}: other groups {err:.3e} > {bound:.3e}")
+    assert not failures, "\n".join(failures)
