@@ -202,6 +202,7 @@ NB_MODULE(_core, m) {
       .def("download", &VkMat::download, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("context", &VkMat::context)
       .def_prop_ro("bytes", &VkMat::bytes)
+      .def_prop_ro("element_bytes", &VkMat::element_bytes)
       .def_ro("dims", &VkMat::dims)
       .def_ro("w", &VkMat::w)
       .def_ro("h", &VkMat::h)

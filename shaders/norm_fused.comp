@@ -15,6 +15,10 @@
 // within ~(1 + 3 * 4) roundings when m^2 <= 4 var. Beyond it (rare: the pivot averages 4 elements,
 // so m^2 / var ~ z^2 / 4) the second pass runs.
 const float kMaxShiftRatio = 4.0;
+// Past sqrt(FLT_MAX) the shifted mean's square overflows and var = inf - inf: the second pass, whose squares
+// of deviations give the CPU reference's inf variance (a = 0), not a NaN. Compared as a finite bound, as
+// drivers need not keep NaN semantics in comparisons.
+const float kMaxSquarable = 1.0e19;
 
 // The pivot: the mean of the group's first 4 elements (the first one for smaller groups), in pairs
 // scaled first so a constant group gives its own value exactly and none overflows. `precise`: a
@@ -116,7 +120,8 @@ void main() {
       mean = sum / n;
       var = sum_sq / n - mean * mean;
       // Negative or NaN var: the comparison is true or false, and a NaN stays NaN either way.
-      second_pass = !team_may_branch() || any_above(mean * mean, kMaxShiftRatio * var);
+      second_pass = !team_may_branch() || any_above(mean * mean, kMaxShiftRatio * var) ||
+                    any_above(abs(mean), stat(kMaxSquarable));
     } else {
       mean = team_sum(to_stat(s)) / n;
     }

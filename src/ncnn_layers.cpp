@@ -248,6 +248,7 @@ class NormLayer : public ::ncnn::Layer {
 
   // Vulkan, what ncnn calls: one kernel reads `bottom` and writes `top`.
   int forward(const ::ncnn::VkMat& bottom, ::ncnn::VkMat& top, ::ncnn::VkCompute& cmd, const ::ncnn::Option& opt) const override {
+    if (bottom.empty()) return -100;  // what ncnn's own layers return for a blob light mode already released
     const Prepared* prep = prepared_for(bottom, Fusion::OutOfPlace, opt);
     if (!prep) return -1;
     if (prep->via_float32) {  // converted copies anyway: the float32 one is normalized in place
@@ -267,6 +268,7 @@ class NormLayer : public ::ncnn::Layer {
     if (int r = check_blob_counts(bottoms.size(), tops.size())) return r;
     const ::ncnn::VkMat& a = bottoms[0];
     const ::ncnn::VkMat& b = bottoms[1];
+    if (a.empty() || b.empty()) return -100;
     const bool write_sum = fusion_.residual == Fusion::AddWriteSum;
     const bool same = a.dims == b.dims && a.w == b.w && a.h == b.h && a.d == b.d && a.c == b.c &&
                       a.elempack == b.elempack && a.elemsize == b.elemsize && a.cstep == b.cstep;
@@ -343,6 +345,7 @@ class NormLayer : public ::ncnn::Layer {
   // Records this layer's plan over `blob` (in place; `blob` may be replaced), or with `add` over
   // blob + add->residual into add->out.
   int record_forward(::ncnn::VkMat& blob, const AddMats* add, ::ncnn::VkCompute& cmd, const ::ncnn::Option& opt) const {
+    if (blob.empty()) return -100;
     const Prepared* prep = prepared_for(blob, add ? fusion_.residual : Fusion::None, opt);
     if (!prep) return -1;
     if (!prep->via_float32 || add) return record(*prep, blob, add, cmd, opt);

@@ -26,11 +26,10 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 import validation_layer  # noqa: E402
-from reference import channel_norm64  # noqa: E402
+from reference import channel_norm64, half_fp16_spacing  # noqa: E402
 
 NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm")
 DATA = os.path.join(TESTS_DIR, "data")
-FP16_ULP = 2.0 ** -10  # float16 spacing relative to the value; rounding is half of it
 
 
 def validated_env(log_path: str, settings_dir: str) -> dict:
@@ -171,7 +170,7 @@ def measure_model(graph, name: str, dims) -> list:
                 ref = layer_reference64(xin, l)
                 err64 = np.abs(np.asarray(vk[top], np.float64) - ref)
                 # float16 storage rounds the output: half a float16 spacing of |y| is not the kernel's.
-                storage = 0.5 * FP16_ULP * np.abs(ref) if fp16 else 0.0
+                storage = half_fp16_spacing(ref) if fp16 else 0.0
                 layers.append({"name": lname, "type": ltype, "shape": list(xin.shape),
                                "vknorm_vs_cpu": max_err(vk[top], cpu[top]),
                                "stock_vs_cpu": max_err(stock[top], cpu[top]),

@@ -64,6 +64,7 @@ def test_bench_groupnorm_and_instancenorm_shapes_report_channels_planes_and_grou
     (["--op", "groupnorm", "--rows", "3", "--cols", "4"], "--channels and --size"),
     (["--op", "instancenorm", "--channels", "8", "--size", "4"], "expected HxW"),
     (["--op", "instancenorm", "--channels", "8", "--size", "4x4", "--groups", "2"], "one group per channel"),
+    (["--op", "instancenorm", "--groups", "2"], "one group per channel"),
     (["--op", "layernorm", "--channels", "8", "--size", "4x4"], "--op groupnorm or instancenorm"),
     (["--rows", "8"], "--rows"),
     (["--rows", "0", "--cols", "8"], "positive"),
@@ -106,3 +107,94 @@ def test_bench_a_shape_too_large_for_memory_is_one_error_line_after_the_progress
     assert "Traceback" not in proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if "error" in ln]
     assert len(errors) == 1 and errors[0].startswith("vknorm bench: error: out of memory"), proc.stderr[-2000:]
+
+
+# The comparisons run the same work as vknorm: a recording stand-in for torch (no CUDA here) and ncnn's Net
+# wrapped to log its packing option, then `vknorm bench` in the same process.
+COMPARE_SCRIPT = r"""
+import json, sys, types
+import ncnn
+calls, packing = [], []
+
+class T:
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+    def __add__(self, other):
+        calls.append("add")
+        return T(self.shape)
+
+def recorded(name):
+    def op(t, *args, **kwargs):
+        calls.append(name + ("(tanh)" if kwargs.get("approximate") == "tanh" else ""))
+        return T(t.shape)
+    return op
+
+class Event:
+    def __init__(self, enable_timing=False): pass
+    def record(self): pass
+    def elapsed_time(self, other): return 1.0
+
+torch = types.ModuleType("torch")
+torch.float16, torch.float32 = "float16", "float32"
+torch.randn = lambda *shape, device=None, dtype=None: T(shape)
+torch.randn_like = lambda t: T(t.shape)
+torch.ones = torch.zeros = lambda *shape, device=None, dtype=None: T(shape)
+torch.sigmoid = recorded("sigmoid")
+torch.cuda = types.SimpleNamespace(is_available=lambda: True, synchronize=lambda: None, Event=Event)
+F = types.ModuleType("torch.nn.functional")
+for name in ("layer_norm", "rms_norm", "group_norm", "instance_norm", "relu", "leaky_relu", "silu", "gelu"):
+    setattr(F, name, recorded(name))
+torch.nn = types.ModuleType("torch.nn")
+torch.nn.functional = F
+sys.modules.update({"torch": torch, "torch.nn": torch.nn, "torch.nn.functional": F})
+
+class LoggedNet(ncnn.Net):
+    def load_param(self, path):
+        packing.append(bool(self.opt.use_packing_layout))
+        return super().load_param(path)
+ncnn.Net = LoggedNet
+
+from vknorm import cli
+rc = cli.main(sys.argv[1:])
+print(json.dumps({"rc": rc, "torch_ops": sorted(set(calls)), "ncnn_packing": sorted(set(packing))}))
+"""
+
+
+def bench_recording_comparisons(*args):
+    proc = subprocess.run([sys.executable, "-c", COMPARE_SCRIPT, "bench", *args], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("activation, op_name", [("gelu", "gelu"), ("gelu_fast", "gelu(tanh)"), ("swish", "silu"),
+                                                  ("sigmoid", "sigmoid"), ("relu", "relu")])
+def test_the_torch_comparison_runs_the_fused_add_and_activation_too(tmp_path, activation, op_name):
+    out = tmp_path / "bench.json"
+    seen = bench_recording_comparisons("--rows", "8", "--cols", "64", "--dtype", "fp32", *QUICK, "--compare", "torch",
+                                       "--residual", "add", "--activation", activation, "--json", str(out))
+    assert seen["rc"] == 0 and seen["torch_ops"] == sorted(["add", "layer_norm", op_name]), seen
+    torch_row = next(r for r in json.loads(out.read_text())["results"] if r["impl"] == "torch")
+    assert torch_row["dispatches"] == 3 and torch_row["streams"] == 3, torch_row
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_the_ncnn_comparison_runs_the_packing_vknorm_runs(tmp_path, packing):
+    out = tmp_path / "bench.json"
+    seen = bench_recording_comparisons("--rows", "8", "--cols", "64", "--dtype", "fp32", *QUICK, "--compare", "ncnn",
+                                       *([] if packing else ["--no-packing"]), "--json", str(out))
+    assert seen["rc"] == 0 and seen["ncnn_packing"] == [packing], seen
+    rows = json.loads(out.read_text())["results"]
+    assert {r["impl"] for r in rows} == {"vknorm", "ncnn"} and all(r["packing"] is packing for r in rows), rows
+
+
+def test_the_copy_roof_moves_the_elements_not_the_cstep_padding():
+    import numpy as np
+
+    import vknorm
+
+    # 7x7 planes pad to 52 (float32) or 56 (float16) elements per channel: 6-14 % more than the elements
+    for fp16, pack in ((False, False), (True, False), (True, True)):
+        v = vknorm.to_device(np.zeros((512, 7, 7), np.float32), vknorm.Option(use_fp16_storage=fp16, use_packing_layout=pack))
+        assert v.element_bytes == 512 * 49 * (2 if fp16 else 4), (fp16, pack)
+        assert v.bytes > v.element_bytes, (fp16, pack)

@@ -302,13 +302,19 @@ def test_check_without_vulkan_keeps_todays_output():
 
 def test_excess_over_float16_rounding():
     """The fp16 rule's arithmetic: float16 rounding of the output is not the kernel's error; more is."""
-    ref = np.linspace(-4, 4, 1001)
+    ref = np.concatenate([np.linspace(-4, 4, 1001), [1e-6, -3e-5, 6e-5, 1000.3, 65000.0]])
     y16 = ref.astype(np.float16).astype(np.float32)
-    assert vkcheck._excess(y16, ref, 0.5 * vkcheck.FP16_ULP) == 0.0
+    assert vkcheck._excess(y16, ref, vkcheck.half_fp16_spacing(ref)) == 0.0
     assert vkcheck._excess(y16, ref, 0.0) > 0
     bad = y16.copy()
     bad[10] += 0.01
-    assert 0.005 < vkcheck._excess(bad, ref, 0.5 * vkcheck.FP16_ULP) <= 0.01 + 1e-9
+    assert 0.005 < vkcheck._excess(bad, ref, vkcheck.half_fp16_spacing(ref)) <= 0.01 + 1e-9
+    # half the spacing of |ref|'s own binade, not 2^-11 |ref|: at 1.999 (spacing 2^-10) an error of 6e-4 is
+    # more than rounding explains (half a spacing: 4.88e-4), though under 2^-11 * 1.999 = 9.8e-4
+    near_two = np.array([1.999])
+    assert vkcheck.half_fp16_spacing(near_two)[0] == 2.0 ** -11
+    assert vkcheck._excess(near_two + 6e-4, near_two, vkcheck.half_fp16_spacing(near_two)) == pytest.approx(6e-4 - 2.0 ** -11)
+    assert vkcheck.half_fp16_spacing(np.array([1e-7]))[0] == 2.0 ** -25  # float16 subnormals: spacing 2^-24
     nan = y16.copy()
     nan[3] = np.nan
     assert vkcheck._excess(nan, ref, 0.0) == math.inf

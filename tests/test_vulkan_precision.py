@@ -248,17 +248,25 @@ def test_nan_or_inf_in_one_group_poisons_that_group_as_the_cpu_reference_and_no_
 
 # ------------------------------------------------------------------------------ squares past float32's range
 
+# Finite values whose squared deviations (~1e39-1e40) are not: the variance is inf, 1/sqrt(var + eps) is 0 and
+# the CPU reference gives y = 0 (beta with affine) for the group. Two ways to get there: +-3e19 in the group's
+# middle (the split path's merge of chunk statistics once made inf * 0 = NaN of it), and 1e20 as the first
+# element, inside the fused kernel's pivot (its one-reduction variance, sum_sq/n - mean^2, once made inf - inf).
+def squares_past_float32(x, row, pattern):
+    size = x.shape[-1]
+    if pattern == "+-3e19":
+        x[row, 0], x[row, size // 2] = 3e19, -3e19
+    else:
+        x[row, 0] = 1e20
 
-@pytest.mark.parametrize("size", [37, 1500, 70000])
-def test_a_group_whose_squares_overflow_float32_gives_the_cpu_reference_s_zeros_on_every_path(size):
-    """Values near +-3e19 are finite, but their squared deviations (~1e39) are not: the variance is inf, so
-    1/sqrt(var + eps) is 0 and the CPU reference gives y = 0 (beta with affine) for the group. The split
-    path's merge of chunk statistics must not turn that inf into NaN (inf * 0 when merging into an empty
-    accumulator); other groups stay within the fp32 rule."""
+
+@pytest.mark.parametrize("pattern", ["+-3e19", "1e20 first"])
+@pytest.mark.parametrize("size", [37, 1500, 2048, 70000])
+def test_a_group_whose_squares_overflow_float32_gives_the_cpu_reference_s_zeros_on_every_path(size, pattern):
     rng = np.random.default_rng(6)
     x = rng.standard_normal((8, size)).astype(np.float32)
     big_row = 2
-    x[big_row, 0], x[big_row, size // 2] = 3e19, -3e19
+    squares_past_float32(x, big_row, pattern)
     gamma = rng.uniform(0.5, 1.5, size).astype(np.float32)
     beta = rng.uniform(-1, 1, size).astype(np.float32)
     layer = make_layer("LayerNorm", size, 1e-5, True, gamma, beta)
@@ -271,11 +279,39 @@ def test_a_group_whose_squares_overflow_float32_gives_the_cpu_reference_s_zeros_
     for path in PATHS:
         for packing in (False, True):
             y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))
-            what = f"path={path} ({layer.last_dispatch['path']}) packing={packing}"
+            d = layer.last_dispatch
+            what = f"path={path} ({d['path']}, one_reduction={d.get('one_reduction')}) packing={packing}"
             if not np.array_equal(y[big_row], beta):
                 failures.append(f"{what}: the overflowing group gave {y[big_row][:4]}..., not beta "
                                 f"({int(np.isnan(y[big_row]).sum())} NaN)")
             err = max_abs_err(y[others], ref_others)
             if not err <= bound:
                 failures.append(f"{what}: other groups {err:.3e} > {bound:.3e}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("op", ["GroupNorm", "InstanceNorm"])
+def test_channel_norms_whose_squares_overflow_float32_give_the_cpu_reference_s_zeros_on_every_path(op):
+    """The same for groups of channel planes: 1e20 first in every plane of 8x8 (the fused kernel's one reduction
+    runs there on packing off) and +-3e19 in one channel's middle."""
+    rng = np.random.default_rng(7)
+    layer = (vknorm.GroupNorm(group=4, channels=8, eps=1e-5, affine=False) if op == "GroupNorm"
+             else vknorm.InstanceNorm(channels=8, eps=1e-5, affine=False))
+    failures = []
+    for pattern in ("+-3e19", "1e20 first"):
+        x = rng.standard_normal((8, 8, 8)).astype(np.float32)
+        if pattern == "1e20 first":
+            x[:, 0, 0] = 1e20
+        else:
+            x[3, 0, 0], x[3, 4, 4] = 3e19, -3e19
+        cpu = layer(x, device="cpu")
+        assert not np.isnan(cpu).any()
+        for path in PATHS:
+            for packing in (False, True):
+                y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))
+                d = layer.last_dispatch
+                err = max_abs_err(y, cpu)
+                if not err <= FP32_TOL * scale(cpu):
+                    failures.append(f"{pattern} path={path} ({d['path']}, one_reduction={d.get('one_reduction')}) "
+                                    f"packing={packing}: {int(np.isnan(y).sum())} NaN, max error {err:.3e}")
     assert not failures, "\n".join(failures)

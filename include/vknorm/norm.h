@@ -258,7 +258,8 @@ class VkMat {
   static VkMat upload(const Mat& m, std::shared_ptr<Context> ctx, const Option& opt = {});
   Mat download() const;  // as stored (packing and storage of the VkMat)
   static VkMat create_like(const VkMat& m);  // same shape, packing, storage and device; contents undefined
-  size_t bytes() const;
+  size_t bytes() const;          // the allocation: cstep padding included
+  size_t element_bytes() const;  // the elements alone (w*h*d*c packed elements): what a norm reads or writes
   std::shared_ptr<Context> context() const { return ctx_; }
 
   struct Buffer;
@@ -269,8 +270,9 @@ class VkMat {
   friend class Norm;
 };
 
-// The roof for benchmarks: the same bytes through a vec4 copy shader (shader=true) or
-// vkCmdCopyBuffer, timed like Norm::forward_repeated. Returns microseconds per copy.
+// The roof for benchmarks: src.element_bytes() (not the cstep padding between channels, which a norm never
+// moves) through a vec4 copy shader (shader=true) or vkCmdCopyBuffer, timed like
+// Norm::forward_repeated. Returns microseconds per copy.
 double copy_repeated(const VkMat& src, int warmup, int reps, bool shader);
 
 }  // namespace vknorm

@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Optional
 
 import numpy as np
 
@@ -102,8 +103,10 @@ def _channel_shapes(args):
 
     if args.rows or args.cols:
         raise UsageError(f"--rows/--cols are LayerNorm/RMSNorm shapes; --op {args.op} takes --channels and --size HxW")
+    if args.op == "instancenorm" and args.groups:
+        raise UsageError("--groups: instancenorm has one group per channel")
     if not args.channels and not args.size:
-        if args.groups and args.op == "groupnorm":
+        if args.groups:
             if len(args.groups) != 1 or args.groups[0] < 1:
                 raise UsageError("--groups without --channels: one positive value for the default shapes")
             shapes = [(c, h, w, args.groups[0]) for c, h, w, _ in GROUPNORM_SHAPES if c % args.groups[0] == 0]
@@ -116,8 +119,6 @@ def _channel_shapes(args):
     channels, sizes = args.channels or [], args.size or []
     if len(channels) != len(sizes):
         raise UsageError("--channels and --size: give one --size HxW for each --channels")
-    if args.op == "instancenorm" and args.groups:
-        raise UsageError("--groups: instancenorm has one group per channel")
     groups = args.groups or [32]
     if len(groups) not in (1, len(channels)):
         raise UsageError("--groups: one value for every shape, or one per --channels")
@@ -251,9 +252,10 @@ def _ncnn_channel_param(op: str, c: int, h: int, w: int, groups: int, layers: in
     return "\n".join(lines) + "\n"
 
 
-def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine: bool = True, shape=None):
+def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine: bool = True, shape=None,
+                packing: bool = True):
     """ncnn's Vulkan layer: (chain of K layers - chain of k) / (K - k), wall clock, min of 3 runs.
-    shape: (channels, h, w, groups) for groupnorm/instancenorm."""
+    shape: (channels, h, w, groups) for groupnorm/instancenorm; packing: ncnn's use_packing_layout, as vknorm's."""
     import ncnn
 
     if ncnn.get_gpu_count() == 0:
@@ -276,6 +278,7 @@ def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine
         net.opt.use_fp16_packed = fp16
         net.opt.use_fp16_arithmetic = False
         net.opt.use_bf16_storage = False
+        net.opt.use_packing_layout = packing
         net.load_param(param)
         net.load_model(weights)
         best = float("inf")
@@ -303,7 +306,8 @@ def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine
 
 
 def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: bool = True, shape=None,
-                 residual: bool = False):
+                 residual: bool = False, activation: Optional[str] = None):
+    """torch CUDA: the add (residual), the norm and the activation as an unfused graph runs them, CUDA events."""
     try:
         import torch
     except ImportError:
@@ -327,7 +331,9 @@ def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: b
         norm = ((lambda t: F.layer_norm(t, (cols,), w, b, 1e-5)) if op == "layernorm"
                 else (lambda t: F.rms_norm(t, (cols,), w, 1e-5)))
     r = torch.randn_like(x) if residual else None
-    fn = (lambda: norm(x + r)) if residual else (lambda: norm(x))  # the add as an unfused graph runs it
+    act = {None: lambda t: t, "relu": F.relu, "leakyrelu": lambda t: F.leaky_relu(t, 0.1), "sigmoid": torch.sigmoid,
+           "swish": F.silu, "gelu": F.gelu, "gelu_fast": lambda t: F.gelu(t, approximate="tanh")}[activation]
+    fn = (lambda: act(norm(x + r))) if residual else (lambda: act(norm(x)))  # each op a kernel, as unfused
     for _ in range(5):
         fn()
     # keep the clock up, then time a batch with CUDA events
@@ -492,7 +498,7 @@ def run(args) -> int:
                     us, disp, copy_us, copybuf_us = _bench_vknorm_and_copy(layer, vkmat, option, args, "copy" in compare,
                                                                            residual)
                     base = {"op": op, "dtype": dtype, "rows": rows, "cols": cols, "kind": kind, "affine": affine,
-                            "shape": label}
+                            "packing": not args.no_packing, "shape": label}
                     if args.residual or args.activation:
                         base.update(residual=args.residual or "none", activation=args.activation or "none")
                     if cshape is not None:
@@ -512,11 +518,12 @@ def run(args) -> int:
                     del vkmat, residual
                     # ncnn's layer alone is not the fused kernel's counterpart: no ncnn figure with --residual.
                     if "ncnn" in compare and kind == "sweep" and not args.residual and not args.activation:
-                        add("ncnn", _bench_ncnn(op, rows, cols, fp16, x, affine, cshape), None,
+                        add("ncnn", _bench_ncnn(op, rows, cols, fp16, x, affine, cshape, not args.no_packing), None,
                             method="chain difference, wall clock")
                     if "torch" in compare:
-                        add("torch", _bench_torch(op, rows, cols, fp16, args.reps, affine, cshape, bool(args.residual)),
-                            2 if args.residual else 1, streams, method="CUDA events")
+                        add("torch", _bench_torch(op, rows, cols, fp16, args.reps, affine, cshape, bool(args.residual),
+                                                  args.activation),
+                            1 + bool(args.residual) + bool(args.activation), streams, method="CUDA events")
     finally:  # an error mid-sweep ends the bar first, so its one line stands alone
         progress.close()
     report = {
@@ -599,8 +606,12 @@ def plot(report: dict, path: str) -> None:
         else:
             ax.set_xscale("log", base=2)
             ax.set_xlabel("cols (group size)")
-        ax.set_ylabel("effective GB/s (2 x bytes / time)")
-        ax.set_title(f"{op} {dtype}")
+        ax.set_ylabel("effective GB/s (tensor streams x bytes / time)")
+        mine = [r for r in sweep if r["op"] == op and r["dtype"] == dtype]
+        fused = sorted({f"{k} {r[k]}" for r in mine for k in ("residual", "activation") if r.get(k, "none") != "none"})
+        streams = sorted({r["streams"] for r in mine if r["impl"] == "vknorm"})
+        ax.set_title(f"{op} {dtype}" + (f" + {', '.join(fused)}" if fused else "")
+                     + (f" (vknorm: {'/'.join(map(str, streams))} streams)" if streams and streams != [2] else ""))
         ax.grid(True, alpha=0.3)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)

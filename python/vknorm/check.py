@@ -63,7 +63,6 @@ def _layer_class(type_: str):
 ATOL_FP32 = 1e-4
 ATOL_FP16 = 1e-3  # both engines: against float64 of the float16 input, after output rounding (judge_layer)
 ATOL_VULKAN_FP16 = ATOL_FP16  # the former name of the --vulkan default; one rule now
-FP16_ULP = 2.0 ** -10  # float16 spacing relative to the value; rounding to float16 is half of it
 MAGIC = 7767517
 MAX_INPUT_ELEMENTS = 1 << 28  # 1 GiB of float32 per input: anything larger is a typo
 
@@ -83,8 +82,8 @@ VULKAN_HELP = (
     "three times on the same inputs in one ncnn: stock ncnn CPU fp32 (the reference), stock ncnn Vulkan, "
     "and ncnn Vulkan with vknorm's layers inside (--fp16: float16 storage in both Vulkan runs). Per "
     "norm layer (LayerNorm, RMSNorm, GroupNorm, InstanceNorm): vknorm's and stock ncnn Vulkan's max abs error against the CPU run on the same "
-    "blob, and gpu_us: vknorm's kernel time for that blob (its shape, storage, params and weights) on "
-    "vknorm's own Vulkan context, since ncnn's graph has no per-layer timestamps; per model output: both "
+    "blob, and gpu_us: vknorm's kernel time for that blob (its shape, storage, params and weights; a fused "
+    "layer's whole kernel, the add and the sum it writes included) on vknorm's own Vulkan context, since ncnn's graph has no per-layer timestamps; per model output: both "
     "Vulkan runs' error; the whole-model wall ms per inference of both Vulkan runs (median after a warm-up, "
     "lightmode on); the device. Pass rule: the one above, the same for both engines (here the CPU run's "
     "input already differs by the stock Vulkan layers upstream), and no vknorm layer ran on the host "
@@ -687,9 +686,11 @@ def _timing_context(device_name: str):
     return _core.Context.create(idx), None
 
 
-def _kernel_gpu_us(info: dict, x, fp16: bool, ctx, repeats: int = 3) -> Tuple[Optional[float], dict]:
+def _kernel_gpu_us(info: dict, x, fp16: bool, ctx, repeats: int = 3, residual=None,
+                   write_sum: bool = False) -> Tuple[Optional[float], dict]:
     """vknorm's kernel time for the blob x with the layer's params and weights, on vknorm's own context:
-    to_device + forward_inplace, median of ``repeats`` after one warm-up; and the group split of x."""
+    to_device + forward_inplace (a fused add: forward_add of x and residual, writing the sum where the layer
+    does), median of ``repeats`` after one warm-up; and the group split of x."""
     import statistics
 
     import numpy as np
@@ -715,10 +716,15 @@ def _kernel_gpu_us(info: dict, x, fp16: bool, ctx, repeats: int = 3) -> Tuple[Op
     groups = norm.groups(x.shape)
     norm.create_pipeline(opt, ctx)
     x = np.ascontiguousarray(x, dtype=np.float32)
+    r = None if residual is None else to_device(np.ascontiguousarray(residual, dtype=np.float32), opt, device=ctx)
     times = []
     for i in range(repeats + 1):
         vk = to_device(x, opt, device=ctx)
-        norm.forward_inplace(vk, option=opt)
+        if r is None:
+            norm.forward_inplace(vk, option=opt)
+        else:
+            out = norm.forward_add(vk, r, return_sum=write_sum, option=opt)
+            del out
         if i:
             times.append(float(norm.last_dispatch["gpu_us"]))
         del vk
@@ -764,9 +770,20 @@ def _reference64(x, op: str, eps: float, affine_size: int, gamma=None, beta=None
     return y.reshape(x.shape)
 
 
-def _excess(y, ref, rounding: float) -> float:
-    """max(|y - ref| - rounding * |ref|, 0): the error that output storage (float16: rounding = half a
-    float16 spacing, 2^-11; float32: 0) does not explain; inf when shapes differ or one side alone is NaN/inf."""
+def half_fp16_spacing(ref):
+    """Half the float16 spacing at each |ref| (the most that rounding ref to float16 moves it): 2^(e - 11)
+    in the binade [2^e, 2^(e+1)), 2^-25 among float16's subnormals (below 2^-14)."""
+    import numpy as np
+
+    a = np.abs(np.asarray(ref, np.float64))
+    with np.errstate(all="ignore"):
+        e = np.floor(np.log2(np.maximum(a, 2.0 ** -14)))
+    return np.where(np.isfinite(a), np.exp2(e - 11.0), np.inf)
+
+
+def _excess(y, ref, rounding=0.0) -> float:
+    """max(|y - ref| - rounding, 0): the error that output storage (float16: rounding = half_fp16_spacing(ref);
+    float32: 0) does not explain; inf when shapes differ or one side alone is NaN/inf."""
     import numpy as np
 
     if y.shape != ref.shape:
@@ -774,7 +791,7 @@ def _excess(y, ref, rounding: float) -> float:
     y = y.astype(np.float64)
     with np.errstate(all="ignore"):
         same = (y == ref) | (np.isnan(y) & np.isnan(ref))
-        d = np.where(same, 0.0, np.abs(y - ref) - rounding * np.abs(ref))
+        d = np.where(same, 0.0, np.abs(y - ref) - rounding)
     d = np.where(np.isnan(d), np.inf, d)
     return max(0.0, float(d.max())) if d.size else 0.0
 
@@ -815,7 +832,7 @@ def judge_layer(y, x_seen, op: str, eps: float, affine_size: int, gamma, beta, f
         xin = np.asarray(x_seen).astype(np.float16).astype(np.float32) if fp16 else x_seen
     ref64 = _activation64(_reference64(xin, op, eps, affine_size, gamma, beta, group), *activation)
     f64 = _excess(y, ref64, 0.0)
-    judged = _excess(y, ref64, 0.5 * FP16_ULP) if fp16 else f64
+    judged = _excess(y, ref64, half_fp16_spacing(ref64)) if fp16 else f64
     return f64, judged, bool(math.isfinite(judged) and judged <= atol)
 
 
@@ -977,7 +994,10 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                     rec["sum_err"] = _finite_or_none(max_abs_err(sum_seen, got[f["sum"]]))
                     if rec["sum_err"] is None or rec["sum_err"] > 0:
                         rec["ok"] = False
-                gpu_us, g = _kernel_gpu_us(info, x_seen, fp16, ctx)
+                # the kernel as it ran: a fused add reads both inputs (and writes the sum where it does)
+                fused_add = len(ins) == 2 and ins[0].shape == ins[1].shape
+                gpu_us, g = _kernel_gpu_us(info, ins[0] if fused_add else x_seen, fp16, ctx,
+                                           residual=ins[1] if fused_add else None, write_sum=f["sum"] in got)
                 rec["gpu_us"] = gpu_us
                 rec["group_size"], rec["groups"] = int(g["group_size"]), int(g["groups"])
             result["layers"].append(rec)
@@ -1104,8 +1124,8 @@ def format_text_vulkan(result: dict) -> str:
                  if ms.get("vknorm") and ms.get("ncnn_vulkan") else "")
         lines.append(f"model wall ms/inference (median of {result['timing_rounds']} after a warm-up, lightmode on): "
                      f"ncnn Vulkan {ms['ncnn_vulkan']:.3f}, vknorm {ms['vknorm']:.3f}{speed}")
-    lines.append("gpu_us: vknorm's kernel time for that blob on vknorm's own Vulkan context "
-                 "(ncnn's graph has no per-layer timestamps)")
+    lines.append("gpu_us: vknorm's kernel time for that blob on vknorm's own Vulkan context (a fused layer: its "
+                 "whole kernel, the add included; ncnn's graph has no per-layer timestamps)")
     if fp16:
         lines.append("f64_err: vknorm's max |error| against float64 of the float16-rounded input it saw; f64_excess: "
                      "the same less float16 output rounding (what the rule judges)")
