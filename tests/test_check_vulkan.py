@@ -352,3 +352,34 @@ def test_fused_add_of_two_shapes_is_judged_on_ncnns_own_broadcast_sum(tmp_path):
         (layer,) = res["layers"]
         assert layer["ok"] and layer["judged_err"] is not None and layer["judged_err"] <= atol, (storage, layer)
         assert not res["warnings"], res["warnings"]
+
+
+TIMED_KERNELS_SCRIPT = r"""
+import json, sys
+from vknorm import check, cli
+timed = {}
+real = check._kernel_gpu_us
+def recording(info, x, fp16, ctx, repeats=3, residual=None, write_sum=False):
+    timed[info["name"]] = {"residual": residual is not None, "write_sum": write_sum}
+    return real(info, x, fp16, ctx, repeats, residual, write_sum)
+check._kernel_gpu_us = recording
+rc = cli.main(["check", *sys.argv[1:], "--vulkan", "--json"])
+print(json.dumps({"rc": rc, "timed": timed}))
+"""
+
+
+@needs_graph
+def test_check_vulkan_times_a_fused_layer_s_whole_kernel():
+    """gpu_us of a fused add + norm is the fused kernel's (both inputs read, the sum written where the layer
+    writes it), not the norm's alone on the summed input."""
+    p, b = model_files("transformer_block")
+    env = dict(os.environ, VKNORM_CHECK_INPROCESS="1")
+    proc = subprocess.run([sys.executable, "-c", TIMED_KERNELS_SCRIPT, str(p), str(b), "--input", "in0=16x64"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["rc"] == 0, out
+    # ln_3 reads the input alone; ln_4 takes in add_0 and writes its sum for add_1; ln_5 takes in add_1
+    assert out["timed"] == {"ln_3": {"residual": False, "write_sum": False},
+                            "ln_4": {"residual": True, "write_sum": True},
+                            "ln_5": {"residual": True, "write_sum": False}}, out["timed"]
