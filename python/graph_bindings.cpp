@@ -27,7 +27,8 @@ using namespace nb::literals;
 
 namespace {
 
-using Array = nb::ndarray<nb::numpy, float, nb::c_contig, nb::device::cpu>;
+// const: Mat(array) only reads, so read-only arrays (np.load(mmap_mode="r"), np.frombuffer) are taken as pyncnn takes them.
+using Array = nb::ndarray<nb::numpy, const float, nb::c_contig, nb::device::cpu>;
 
 // numpy (w), (h, w), (c, h, w), (c, d, h, w) float32 -> an ncnn::Mat that owns a copy (pyncnn's order).
 ::ncnn::Mat mat_from_numpy(const Array& a) {

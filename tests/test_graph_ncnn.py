@@ -449,3 +449,42 @@ def test_light_mode_extracting_a_released_blob_after_the_output_is_ncnn_s_out_of
     codes = json.loads(proc.stdout.strip().splitlines()[-1])
     assert codes and all(v == [0, -100] for v in codes.values()), codes
     assert "unsupported blob" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_mat_copies_every_array_pyncnn_s_mat_takes_read_only_ones_too(tmp_path):
+    """Mat(array) only reads its array, so read-only arrays (a memory map, np.frombuffer, np.broadcast_to,
+    setflags(write=False)) are copied as pyncnn's Mat copies them; other dtypes and layouts are converted."""
+    from vknorm import graph
+
+    x = np.random.default_rng(0).standard_normal((3, 4, 5)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    frozen = x.copy()
+    frozen.setflags(write=False)
+    arrays = {"memory map": np.load(tmp_path / "x.npy", mmap_mode="r"),
+              "frombuffer": np.frombuffer(x.tobytes(), np.float32).reshape(x.shape),
+              "write=False": frozen,
+              "broadcast_to": np.broadcast_to(x[0], x.shape),
+              "float64": x.astype(np.float64),
+              "transposed": np.ascontiguousarray(x.transpose(0, 2, 1)).transpose(0, 2, 1)}
+    for name, a in arrays.items():
+        assert np.array_equal(np.array(graph.Mat(a)), np.asarray(a, np.float32)), name
+
+
+BF16_SCRIPT = r"""
+import sys
+from vknorm import graph
+net = graph.Net()
+net.opt.use_vulkan_compute = True
+net.opt.use_bf16_packed = True
+print("load", net.load_param(sys.argv[1]), net.load_model(sys.argv[2]))
+"""
+
+
+def test_bfloat16_storage_is_refused_at_load_naming_the_option():
+    """vknorm's kernels read float32 or float16: a net asking for bfloat16 storage (lavapipe takes bf16 packed)
+    fails load_model with a message that names the option, instead of running on blobs it would misread."""
+    param, binp = (os.path.join(graph_runs.DATA, f"layernorm_2d.ncnn.{ext}") for ext in ("param", "bin"))
+    proc = subprocess.run([sys.executable, "-c", BF16_SCRIPT, param, binp], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "load 0 -1" in proc.stdout, proc.stdout
+    assert "bfloat16 storage is not supported" in proc.stderr and "use_bf16_packed" in proc.stderr, proc.stderr[-2000:]

@@ -34,8 +34,8 @@ adds whose inputs differed in shape at run time (ncnn's BinaryOp ran them). ``vk
 same rewrite to disk. The blobs inside a fused pattern (the add's output, the norm's output before its
 activation) are gone from the rewritten net: ``extract`` them from a ``Net(fuse=False)``.
 
-Mat: ``Mat(array)`` copies a float32 numpy array of shape (w), (h, w), (c, h, w) or (c, d, h, w);
-``np.array(mat)`` / ``mat.numpy()`` copy back.
+Mat: ``Mat(array)`` copies a numpy array of shape (w), (h, w), (c, h, w) or (c, d, h, w) as float32 (read-only
+arrays too, as pyncnn's Mat); ``np.array(mat)`` / ``mat.numpy()`` copy back.
 """
 from __future__ import annotations
 
