@@ -1,6 +1,7 @@
 // The graph rewrite behind vknorm's fused layers: ncnn's text .param in, the same graph with every
 // matching add -> norm -> activation run as one vknorm layer out. Only layer lines change; weights keep
 // their order, so the .bin stays as it is (the removed layers, BinaryOp, Split and the activations, have none).
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
@@ -227,13 +228,22 @@ FuseResult fuse_param(const std::string& text) {
       for (const std::string& t : L[P].tops)
         for (int c : consumers[t])
           if (t != b && L[c].pos <= N.pos) read_later = false;
-      if (is_plain_add(L[Q]) && consumers[s].size() == 1 && read_later) add = Q, split = P;
+      // b itself read by the norm alone: the fused layer writes no blob named b for another reader
+      if (is_plain_add(L[Q]) && consumers[s].size() == 1 && consumers[b].size() == 1 && read_later) add = Q, split = P;
     }
     if (add < 0 && act < 0) continue;
 
     FusedPattern fp;
     Line F = N;
     F.type = fused_name(norm_op(N.type));
+    // ncnn's norms ignore the ids the fused layer reads (activation, its params, residual): drop any on the
+    // line, so the fused layer does what the stock one did plus the fusion, and nothing else.
+    for (int id : {kParamActivation, kParamActivationParams, -23300 - kParamActivationParams, kParamResidual}) {
+      const std::string key = std::to_string(id) + "=";
+      F.params.erase(std::remove_if(F.params.begin(), F.params.end(),
+                                    [&](const std::string& p) { return p.compare(0, key.size(), key) == 0; }),
+                     F.params.end());
+    }
     if (add >= 0) fp.pattern = "BinaryOp+", fp.layers.push_back(L[add].name);
     fp.pattern += N.type;
     fp.layers.push_back(N.name);

@@ -3,6 +3,7 @@
 // embedded SPIR-V; ncnn orders the passes with its own barriers. The CPU forward is the reference.
 #include "vknorm/ncnn.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -165,13 +166,20 @@ class NormLayer : public ::ncnn::Layer {
     // blobs; other shapes get their pipelines when first met.
     if (!bottom_shapes.empty() && bottom_shapes[0].dims > 0) {
       const ::ncnn::Mat& s = bottom_shapes[0];
+      // ncnn hands a layer that takes packed blobs its hint packed already (w, h or c divided by elempack).
+      const int hint_pack = std::max(1, s.elempack);
+      const int w = s.dims == 1 ? s.w * hint_pack : s.w;
+      const int h = s.dims == 2 ? s.h * hint_pack : s.h;
+      const int c = s.dims >= 3 ? s.c * hint_pack : s.c;
       // ncnn's graph packs by 4 whenever the outer extent divides; a dims-1 blob is read unpacked.
-      const int outer = s.dims == 1 ? s.w : s.dims == 2 ? s.h : s.c;
+      const int outer = s.dims == 1 ? w : s.dims == 2 ? h : c;
       const bool fp16 = opt.use_fp16_storage || (opt.use_fp16_packed && outer % 4 == 0);
       const int pack = s.dims >= 2 && outer % 4 == 0 ? 4 : 1;
-      Blob b{s.dims, s.w, s.dims == 2 ? s.h / pack : s.h, s.d, s.dims >= 3 ? s.c / pack : s.c, 0, pack, fp16};
+      Blob b{s.dims, w, s.dims == 2 ? h / pack : h, s.d, s.dims >= 3 ? c / pack : c, 0, pack, fp16};
       b.cstep = ncnn_cstep(b.dims, b.w, b.h, b.d, size_t(fp16 ? 2 : 4) * pack);
-      if (!prepared(b, opt)) return -1;
+      // A hint is a hint: one the layer's params refuse (ncnn itself never checks hints) leaves planning to the
+      // first forward, which reports a real mismatch with the blob it meets.
+      if (hint_plannable(b, opt) && !prepared(b, opt)) return -1;
     }
     return 0;
   }
@@ -389,6 +397,15 @@ class NormLayer : public ::ncnn::Layer {
     delete add_cpu_;
     delete add_vk_;
     add_cpu_ = add_vk_ = nullptr;
+  }
+
+  bool hint_plannable(const Blob& b, const ::ncnn::Option& opt) const {
+    try {
+      plan(b, opt);
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
   }
 
   const Prepared* prepared(const Blob& b, const ::ncnn::Option& opt) const {

@@ -564,3 +564,65 @@ def test_optimize_replaces_an_input_only_by_its_own_output(tmp_path):
     r = optimize(p, b, p, b)  # in place
     assert r.returncode == 0, r.stderr
     assert b.read_bytes() == before[1] and p.read_bytes() != before[0] and "vknorm.LayerNorm" in p.read_text()
+
+
+@needs_graph
+def test_a_split_output_the_norm_shares_with_another_reader_is_not_fused_away(tmp_path):
+    """add -> Split -> (s0, s1) with s0 read by the norm and by a ReLU: fusing the add into the norm would erase
+    s0, which the ReLU still reads (its output then could not be extracted). The add stays, the norm runs on s0."""
+    text = ("7767517\n6 8\nInput in0 0 1 in0\nInput in1 0 1 in1\nBinaryOp add 2 1 in0 in1 s 0=0\n"
+            "Split sp 1 2 s s0 s1\nLayerNorm ln 1 1 s0 out0 0=64 1=1e-05 2=0\nReLU relu 1 1 s0 out1\n")
+    out, fused = fuse(text)
+    assert fused == []
+    assert [t[0] for t in lines_of(out)] == ["Input", "Input", "BinaryOp", "Split", "LayerNorm", "ReLU"]
+    p, b = write_model(tmp_path, text)
+    rng = np.random.default_rng(8)
+    inputs = {k: rng.standard_normal((16, 64)).astype(np.float32) for k in ("in0", "in1")}
+    # one extractor per output: in light mode ncnn frees s0 after its first reader (no Split holds it)
+    ref = {o: run_graph(p, b, inputs, vknorm_layers=False, vulkan=False, outputs=(o,))[0][o] for o in ("out0", "out1")}
+    got = {o: run_graph(p, b, inputs, outputs=(o,))[0][o] for o in ("out0", "out1")}
+    assert np.array_equal(got["out1"], ref["out1"])
+    assert float(np.abs(got["out0"] - ref["out0"]).max()) <= 1e-5 * max(1.0, float(np.abs(ref["out0"]).max()))
+
+
+@pytest.mark.parametrize("stray", ["9=1", "20=2", "10=0.5", "-23310=1,0.5"])
+def test_ids_stock_norms_ignore_do_not_become_fusion_params(stray):
+    """A norm line carrying ids 9, 10 or 20 (stock ncnn's norms ignore them) keeps meaning what it meant: the
+    fused layer's activation and residual params are the rewrite's alone."""
+    add_then_norm = ("7767517\n4 4\nInput in0 0 1 a\nInput in1 0 1 b\nBinaryOp add 2 1 a b s 0=0\n"
+                     f"LayerNorm ln 1 1 s out0 0=16 1=1e-05 2=0 {stray}\n")
+    ln = next(t for t in lines_of(fuse(add_then_norm)[0]) if t[1] == "ln")
+    assert ln[0] == "vknorm.LayerNorm" and [p for p in ln[8:] if p.split("=")[0] in ("9", "10", "-23310", "20")] == ["20=1"], ln
+    norm_then_act = ("7767517\n3 3\nInput in0 0 1 a\nLayerNorm ln 1 1 a y 0=16 1=1e-05 2=0 " + stray +
+                     "\nSigmoid act 1 1 y out0\n")
+    ln = next(t for t in lines_of(fuse(norm_then_act)[0]) if t[1] == "ln")
+    assert ln[0] == "vknorm.LayerNorm" and [p for p in ln[6:] if p.split("=")[0] in ("9", "10", "-23310", "20")] == ["9=4"], ln
+
+
+@needs_graph
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("case", ["GroupNorm c8", "InstanceNorm c8", "GroupNorm dims1 w8", "LayerNorm dims1 w8",
+                                  "RMSNorm dims1 w100", "GroupNorm dims2 h8"])
+def test_shape_hints_on_the_input_load_and_run_as_in_stock_ncnn(tmp_path, case, fp16):
+    """ncnn hands a Vulkan layer that takes packed blobs its input's shape hint packed already (c, h or w over 4
+    where they divide): the layer plans from the unpacked shape (it once took 8 channels for 2 and refused to
+    load)."""
+    op, shape = case.split(" ", 1)
+    dims = {"c8": (8, 3, 5), "w8": (8,), "w100": (100,), "h8": (8, 6)}[shape.split()[-1]]
+    w, h, c = dims[-1], dims[-2] if len(dims) >= 2 else 1, dims[0] if len(dims) == 3 else 1
+    hint = ",".join(str(v) for v in [len(dims)] + [w, h, c][:len(dims)] + [0] * (3 - len(dims)))  # dims, w, h, c
+    params = {"GroupNorm": "0=2 1={n} 2=1e-5 3=1", "InstanceNorm": "0={n} 1=1e-5 2=1",
+              "LayerNorm": "0={n} 1=1e-5 2=1", "RMSNorm": "0={n} 1=1e-5 2=1"}[op]
+    n = dims[0] if op in ("GroupNorm", "InstanceNorm") else w
+    text = (f"7767517\n2 2\nInput in0 0 1 in0 -23330=4,{hint}\n"
+            f"{op} norm 1 1 in0 out0 {params.format(n=n)}\n")
+    rng = np.random.default_rng(9)
+    weights = rng.uniform(0.5, 1.5, n).astype(np.float32).tobytes()
+    if op != "RMSNorm":
+        weights += rng.uniform(-0.5, 0.5, n).astype(np.float32).tobytes()
+    p, b = write_model(tmp_path, text, weights)
+    inputs = {"in0": rng.standard_normal(dims).astype(np.float32)}
+    ref = run_graph(p, b, inputs, vknorm_layers=False, vulkan=False)[0]["out0"]
+    got = run_graph(p, b, inputs, fp16=fp16)[0]["out0"]
+    tol = 4e-3 if fp16 else 1e-5
+    assert float(np.abs(got - ref).max()) <= tol * max(1.0, float(np.abs(ref).max()))
