@@ -53,8 +53,10 @@ struct FuseResult {
 };
 // Rewrites an ncnn text .param so every norm vknorm runs takes in
 //  - prologue: a two-input BinaryOp add (op_type 0, no scalar) whose output feeds the norm directly, or
-//    through a Split whose other outputs are read after the norm (the fused layer then writes the sum);
-//  - epilogue: a ReLU, Sigmoid, Swish or GELU that is the norm output's only consumer.
+//    through a Split output only the norm reads, whose other outputs are read after the norm (the fused
+//    layer then writes the sum);
+//  - epilogue: a ReLU (with its slope: leaky ReLU), Sigmoid, Swish or GELU that is the norm output's only
+//    consumer.
 // Anything else is left as it is. Throws std::invalid_argument naming the line on a malformed .param or
 // on a blob read before any layer produces it.
 FuseResult fuse_param(const std::string& param_text);

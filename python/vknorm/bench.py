@@ -8,7 +8,10 @@ and GroupNorm(2, 640) at 640x16x16) and style-transfer sizes (InstanceNorm).
 Method (docs/benchmarks/README.md): each measurement is a batch of >= 100 back-to-back forwards in one
 submission, timed with Vulkan timestamp queries, right after --warmup-ms (150 by default) of the same work on the GPU (NVIDIA
 drops its clock within ~0.5 s of idling). The copy roof is measured the same way, interleaved with the
-kernel, batch by batch; every figure is the median of the batches. Effective bandwidth = 2 * bytes(x) / time.
+kernel, batch by batch; every figure is the median of the batches. Effective bandwidth = streams * bytes(x) / time
+(2 streams, x in and y out; 3 with --residual add, 4 with add+sum). --batches and --warmup-ms apply to vknorm
+and the copy roof; torch is the median of 5 CUDA-event batches, each after 150 ms of the same work; ncnn is the
+least of 3 chain-difference wall-clock runs.
 """
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ problem with the files or flags (one line on stderr).
 Pass rule, the same for both engines (judge_layer): each vknorm layer against float64 computed from the
 input it saw in the vknorm run, with its own params and weights (the stock run's input can already differ
 by what ran upstream, which is not that layer's doing): fp32, max abs error within --atol (1e-4); fp16, the
-input rounded to float16 first and half a float16 spacing of |y| allowed for the output rounding, the rest
+input rounded to float16 first and half the float16 spacing at the float64 value allowed for the output
+rounding, the rest
 within --atol (1e-3). --vulkan also fails a vknorm layer that ran on the host.
 
     vknorm check MODEL.param MODEL.bin --input NAME=DIMS [...] --vulkan [--no-fuse] [--fp16] [--seed N] [--atol X] [--json]
@@ -74,7 +75,7 @@ RULE_HELP = (
     "the very input that layer saw in the vknorm run, with its params and weights (the stock run's input can "
     "already differ by what ran upstream, which is not that layer's doing): fp32: max abs error <= --atol "
     "(default 1e-4); fp16: the input rounded to float16 first, and the max abs error less float16 output "
-    "rounding (half a float16 spacing of |y|) <= --atol (default 1e-3)."
+    "rounding (half the float16 spacing at the float64 value) <= --atol (default 1e-3)."
 )
 
 VULKAN_HELP = (
@@ -573,7 +574,7 @@ def _rule(fp16: bool, atol: float, vulkan: bool = True) -> str:
     tail = "; no host round trips" if vulkan else ""
     if fp16:
         return (f"fp16: each vknorm layer's max |y - float64 of the float16-rounded input it saw| less float16 "
-                f"output rounding (half a float16 spacing of |y|) <= atol {atol:g}{tail}")
+                f"output rounding (half the float16 spacing at the float64 value) <= atol {atol:g}{tail}")
     return f"fp32: each vknorm layer's max |y - float64 of the input it saw| <= atol {atol:g}{tail}"
 
 

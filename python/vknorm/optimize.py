@@ -3,8 +3,9 @@
     vknorm optimize IN.param IN.bin OUT.param OUT.bin [--json]
 
 Every norm vknorm runs (LayerNorm, RMSNorm, GroupNorm, InstanceNorm) takes in the two-input BinaryOp add
-that feeds it (directly, or through a Split whose other outputs are read after the norm: the fused layer
-then also writes the sum) and the ReLU / Sigmoid / Swish / GELU that is its only consumer. The fused
+that feeds it (directly, or through a Split output only the norm reads, whose other outputs are read after
+the norm: the fused layer then also writes the sum) and the ReLU (leaky too) / Sigmoid / Swish / GELU that is
+its only consumer. The fused
 layers are vknorm's types (vknorm.LayerNorm, ...): the model loads wherever vknorm's layers are
 registered (vknorm.graph.Net(), vknorm::ncnn::register_layers), and nowhere else. The weights keep
 their order, so OUT.bin is IN.bin. vknorm.graph.Net() does the same rewrite at load time
