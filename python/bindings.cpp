@@ -22,7 +22,8 @@ using namespace vknorm;
 
 namespace {
 
-using Array = nb::ndarray<nb::numpy, nb::c_contig, nb::device::cpu>;
+// nb::ro: from_numpy only reads, so read-only arrays (a memory map, np.frombuffer, np.broadcast_to) are taken too.
+using Array = nb::ndarray<nb::numpy, nb::ro, nb::c_contig, nb::device::cpu>;
 
 // numpy (w), (h, w), (c, h, w), (c, d, h, w) -> elempack-1 Mat, as pyncnn's Mat(numpy) does.
 Mat mat_from_numpy(const Array& a) {
@@ -281,9 +282,21 @@ NB_MODULE(_core, m) {
       .def_ro("affine_size", &Norm::affine_size)
       .def_ro("group", &Norm::group)
       .def_ro("channels", &Norm::channels)
-      // How an elempack-1 input splits into groups under this layer's params.
-      .def("group_layout", [](const Norm& n, const Mat& x) {
-        const GroupLayout g = n.layout(x.dims, x.w, x.h, x.d, x.c, x.cstep, 1);
+      // How an elempack-1 input of this numpy shape splits into groups under this layer's params (no memory
+      // is touched: the shape alone decides).
+      .def("group_layout", [](const Norm& n, const std::vector<int64_t>& shape) {
+        const size_t nd = shape.size();
+        if (nd < 1 || nd > 4) throw std::invalid_argument("expected 1-4 dims, got " + std::to_string(nd));
+        int s[4] = {1, 1, 1, 1};  // w, h, d, c
+        const int order[4][4] = {{0}, {1, 0}, {3, 1, 0}, {3, 2, 1, 0}};
+        for (size_t i = 0; i < nd; ++i) {
+          if (shape[i] < 1 || shape[i] > INT32_MAX)
+            throw std::invalid_argument("every dimension must be 1..2^31-1 (ncnn's Mat sizes are int), got " +
+                                        std::to_string(shape[i]));
+          s[order[nd - 1][i]] = int(shape[i]);
+        }
+        const size_t cstep = ncnn_cstep(int(nd), s[0], s[1], s[2], 4);
+        const GroupLayout g = n.layout(int(nd), s[0], s[1], s[2], s[3], cstep, 1);
         nb::dict r;
         r["group_size"] = g.group_size;  // elempack 1: elements of one group
         r["groups"] = g.groups();

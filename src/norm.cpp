@@ -296,7 +296,9 @@ void Norm::destroy_pipeline() {
 std::shared_ptr<Norm::Gpu> Norm::gpu_for(const std::shared_ptr<Context>& ctx) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!gpu_) gpu_ = make_gpu(*this, ctx ? ctx : Context::default_context());
-  else if (ctx && gpu_->ctx != ctx) throw std::invalid_argument("VkMat lives on another device than this layer");
+  else if (ctx && gpu_->ctx != ctx)
+    throw std::invalid_argument("VkMat lives on another Vulkan context than this layer's (another device, or the same device "
+                                "opened again): upload it to the layer's device, or call create_pipeline with the VkMat's");
   return gpu_;
 }
 
@@ -568,6 +570,9 @@ VkMat VkMat::create_like(const VkMat& m) {
 
 double copy_repeated(const VkMat& src, int warmup, int reps, bool shader) {
   if (!src.buffer) throw std::invalid_argument("empty VkMat");
+  if (warmup < 0 || reps < 1)
+    throw std::invalid_argument("copy_repeated: warmup must be >= 0 and reps >= 1, got " + std::to_string(warmup) + " and " +
+                                std::to_string(reps));
   auto ctx = src.context();
   auto& impl = ctx->impl();
   // Not src.bytes(): cstep padding (up to 14 % more at small planes) is not moved by a norm.

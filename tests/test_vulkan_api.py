@@ -54,6 +54,8 @@ def test_a_device_index_names_one_context_shared_by_every_call_with_it():
     index = vknorm.device_info()["index"]
     a, b = vknorm.to_device(x, device=index), vknorm.to_device(x, device=f"vulkan:{index}")
     assert a.context is b.context
+    # the default device named by its index is the default context: tensors made without a device work too
+    assert a.context is vknorm.to_device(x).context
     layer = vknorm.LayerNorm(16, 1e-5, affine=False, device=index)
     want = layer(x)
     layer.forward_inplace(a)
@@ -268,3 +270,57 @@ def test_gpu_time_comes_from_timestamp_queries(vulkan_device):
         assert layer.gpu_time_us == layer.last_dispatch["gpu_us"]
     else:
         assert layer.last_dispatch["gpu_us"] == 0
+
+
+def test_a_layer_refuses_a_shallow_copy_as_it_refuses_deepcopy_and_pickle():
+    """A shallow copy would share the native layer: loading weights into the copy changed the original."""
+    import copy
+    import pickle
+
+    for layer in (vknorm.LayerNorm(affine_size=4), vknorm.RMSNorm(affine_size=4), vknorm.GroupNorm(2, 4),
+                  vknorm.InstanceNorm(4)):
+        for clone in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError):
+                clone(layer)
+
+
+def test_forward_add_on_the_cpu_gives_float16_back_for_float16_input_and_vkmats_refuse_the_cpu():
+    rng = np.random.default_rng(3)
+    ln = vknorm.LayerNorm(affine_size=64, eps=1e-5, affine=False)
+    x, r = (rng.standard_normal((8, 64)).astype(np.float16) for _ in range(2))
+    y, s = ln.forward_add(x, r, return_sum=True, device="cpu")
+    y_vk, s_vk = ln.forward_add(x, r, return_sum=True, device="vulkan")
+    assert y.dtype == s.dtype == y_vk.dtype == s_vk.dtype == np.float16
+    assert np.array_equal(s, s_vk)
+    assert float(np.abs(y.astype(np.float32) - y_vk.astype(np.float32)).max()) <= FP16_TOL * 4
+    vx, vr = vknorm.to_device(x.astype(np.float32)), vknorm.to_device(r.astype(np.float32))
+    with pytest.raises(ValueError, match="device='cpu'"):
+        ln.forward_add(vx, vr, device="cpu")
+
+
+def test_groups_reads_the_shape_alone_without_allocating_it():
+    ln = vknorm.LayerNorm(affine_size=1 << 20)
+    g = ln.groups((1 << 20, 1 << 20))  # 2 TiB as float16, were it allocated
+    assert (g["group_size"], g["groups"]) == (1 << 20, 1 << 20)
+    gn = vknorm.GroupNorm(group=32, channels=320)
+    assert gn.groups((320, 64, 64)) == {"group_size": 40960, "groups": 32, "planes": 10}
+    with pytest.raises(ValueError, match="1..2"):
+        ln.groups((0, 1 << 20))
+    with pytest.raises(ValueError, match="channels"):
+        gn.groups((64, 8, 8))
+
+
+def test_from_numpy_and_to_device_take_read_only_arrays():
+    x = np.random.default_rng(4).standard_normal((3, 5, 8)).astype(np.float32)
+    frozen = x.copy()
+    frozen.setflags(write=False)
+    for a in (frozen, np.frombuffer(x.tobytes(), np.float32).reshape(x.shape), np.broadcast_to(x[0], x.shape)):
+        assert np.array_equal(vknorm._core.Mat.from_numpy(a).numpy().reshape(a.shape), a)
+        assert np.array_equal(vknorm.to_device(a).download().convert_packing(1).numpy().reshape(a.shape), a)
+
+
+def test_the_copy_roof_refuses_nonsense_repetitions():
+    v = vknorm.to_device(np.zeros((4, 64), np.float32))
+    for warmup, reps in ((0, 0), (-5, -1), (-1, 10)):
+        with pytest.raises(ValueError, match="reps >= 1"):
+            vknorm._core.copy_repeated(v, warmup, reps, True)

@@ -101,6 +101,8 @@ _indexed_contexts: dict = {}  # device index -> its Context, made once: every ca
 
 
 def _indexed_context(index: int) -> _core.Context:
+    if index == _core.default_device_index():  # the default device by its index: the default context itself
+        return _core.Context.default()
     ctx = _indexed_contexts.get(index)
     if ctx is None:
         ctx = _indexed_contexts[index] = _core.Context.create(index)
@@ -245,8 +247,10 @@ class _Norm:
     def groups(self, shape) -> dict:
         """How an input of this shape splits into groups (ncnn's rules): group_size (elements of one
         group), groups, and planes (channel planes one group spans)."""
-        m = _core.Mat.from_numpy(np.zeros(shape, np.float16))
-        return self._layer.group_layout(m)
+        dims = tuple(shape)
+        if not all(isinstance(v, (int, np.integer)) for v in dims):
+            raise TypeError(f"shape must be integers, got {shape!r}")
+        return self._layer.group_layout([int(v) for v in dims])
 
     def _run(self, mat: _core.Mat, device, option: Optional[Option]) -> _core.Mat:
         ctx = _context_for(device if device is not None else self.device)
@@ -310,15 +314,19 @@ class _Norm:
         if isinstance(x, _core.VkMat) or isinstance(residual, _core.VkMat):
             if not (isinstance(x, _core.VkMat) and isinstance(residual, _core.VkMat)):
                 raise TypeError("forward_add: x and residual must both be VkMats or both numpy arrays")
+            if device == "cpu":
+                raise ValueError("VkMats live on a Vulkan device; device='cpu' cannot run them")
             y, s = self._layer.forward_add(x, residual, return_sum, opt)
             return (y, s) if return_sum else y
         a, r = _check_array(x), _check_array(residual)
         if a.shape != r.shape:
             raise ValueError(f"forward_add: x {a.shape} and residual {r.shape} differ in shape (no broadcasting)")
         ctx = _context_for(device if device is not None else self.device)
-        if ctx is None:  # ncnn's CPU layers: the add in float32, then the norm
+        if ctx is None:  # ncnn's CPU layers: the add in float32, then the norm; float16 input gets float16 back
             s = a.astype(np.float32) + r.astype(np.float32)
             y = self(s, device="cpu")
+            if a.dtype == np.float16:
+                y, s = y.astype(np.float16), s.astype(np.float16)
             return (y, s) if return_sum else y
         storage = self.option if option is None else option
         vx, vr = to_device(a, storage, ctx), to_device(r, storage, ctx)
@@ -331,6 +339,10 @@ class _Norm:
             return (m.cast_fp16() if like == np.float16 else m.cast_fp32()).numpy().reshape(a.shape)
 
         return (back(y), back(s)) if return_sum else back(y)
+
+    def __copy__(self):
+        # A shallow copy would share the native layer (its weights, activation and pipelines) with this one.
+        raise TypeError(f"{type(self).__name__} cannot be copied: make another with from_param() and load_model()")
 
     def __repr__(self) -> str:
         args = ", ".join(f"{name}={getattr(self, name):g}" if name == "eps" else f"{name}={getattr(self, name)}"
