@@ -103,7 +103,7 @@ struct PipelineEntry {
 // that scratch. The same bytes at another shape (an engine's allocator hands them out again) may need more
 // partials, or its coefficients at another offset: a set of its own.
 using SetKey = std::tuple<uint64_t /*blob buffer*/, uint64_t /*offset*/, uint64_t /*range*/, uint64_t /*scratch*/,
-                          uint64_t /*partials bytes*/, uint64_t /*coefficients bytes*/>;
+                          uint64_t /*partials bytes*/, uint64_t /*coefficients bytes*/, uint64_t /*first channel*/>;
 
 constexpr uint32_t kSetsPerPool = 32;
 constexpr uint32_t kTimedPerPool = 64;  // timed record()s per query pool
@@ -146,9 +146,8 @@ uint64_t blob_span_bytes(int dims, int w, int h, int d, int c, size_t cstep, int
 
 struct Recorder::Impl {
   Borrowed caller;  // first: released last, after every object below that was made on it
-  NormOp op = NormOp::LayerNorm;
-  int affine_size = 0;
-  float eps = 0.001f;
+  NormParams params;
+  NormOp op = NormOp::LayerNorm;  // params' op and affine, often read
   int affine = 1;
   std::vector<float> gamma, beta;
 
@@ -165,9 +164,10 @@ struct Recorder::Impl {
   std::map<std::string, PipelineEntry> pipelines;
   std::map<std::string, SpirvNeeds> needs;
 
-  // gamma | beta | 16 bytes for unused slots, each at an aligned offset.
+  // gamma | beta | 16 bytes for unused slots, each at an aligned offset and padded to whole vec4s (kernels
+  // reading per-channel weights as vec4s may touch the last one whole).
   OwnedBuffer weights, staging;
-  uint64_t gamma_offset = 0, beta_offset = 0, unused_offset = 0;
+  uint64_t gamma_offset = 0, beta_offset = 0, unused_offset = 0, weight_bytes = 0;
   bool upload_pending = false;  // the next record() copies staging -> weights
   OwnedBuffer scratch;          // split path: partials at 0, coefficients at an aligned offset
   CountersState counters;       // of the scratch's slot 4 (command buffers run in the order recorded)
@@ -185,8 +185,7 @@ struct Recorder::Impl {
   std::map<SetKey, VkDescriptorSet> sets;
   std::mutex mutex;
 
-  Impl(const VulkanHandles& h, NormOp op_, int affine_size_, float eps_, int affine_)
-      : caller(h), op(op_), affine_size(affine_size_), eps(eps_), affine(affine_) {
+  Impl(const VulkanHandles& h, const NormParams& p) : caller(h), params(p), op(p.op), affine(p.affine) {
     describe(h);
     std::array<vk::DescriptorSetLayoutBinding, kSlotCount> bindings;
     for (uint32_t b = 0; b < kSlotCount; ++b)
@@ -314,8 +313,9 @@ struct Recorder::Impl {
   // The weights buffer (and its staging copy, uploaded by the next record()), made on first use.
   void ensure_weights() {
     if (*weights.buffer) return;
-    const uint64_t gbytes = affine ? gamma.size() * sizeof(float) : 0;
-    const uint64_t bbytes = affine && op == NormOp::LayerNorm ? beta.size() * sizeof(float) : 0;
+    weight_bytes = affine ? align_up(gamma.size() * sizeof(float), 16) : 0;
+    const uint64_t gbytes = weight_bytes;
+    const uint64_t bbytes = affine && centres(op) ? weight_bytes : 0;
     gamma_offset = 0;
     beta_offset = align_up(gbytes, alignment);
     unused_offset = align_up(beta_offset + bbytes, alignment);
@@ -324,8 +324,9 @@ struct Recorder::Impl {
     OwnedBuffer w = make_buffer(total, U::eStorageBuffer | U::eTransferDst, false);
     if (gbytes) {
       OwnedBuffer s = make_buffer(beta_offset + bbytes, U::eTransferSrc, true);
-      std::memcpy(static_cast<char*>(s.mapped) + gamma_offset, gamma.data(), gbytes);
-      if (bbytes) std::memcpy(static_cast<char*>(s.mapped) + beta_offset, beta.data(), bbytes);
+      std::memset(s.mapped, 0, beta_offset + bbytes);  // the padding of the last vec4
+      std::memcpy(static_cast<char*>(s.mapped) + gamma_offset, gamma.data(), gamma.size() * sizeof(float));
+      if (bbytes) std::memcpy(static_cast<char*>(s.mapped) + beta_offset, beta.data(), beta.size() * sizeof(float));
       staging = std::move(s);
       upload_pending = true;
     }
@@ -348,10 +349,12 @@ struct Recorder::Impl {
   // Where slot 4 (coefficients, or counters) starts in the scratch, after a plan's partials.
   uint64_t coefs_offset(uint64_t partials) const { return align_up(partials, alignment); }
 
-  VkDescriptorSet descriptor_set(const BufferRef& blob, uint64_t range, uint64_t partials, uint64_t coefs) {
+  // first_channel: a piece past channel 0 of per-channel weights binds them from its own first channel on.
+  VkDescriptorSet descriptor_set(const BufferRef& blob, uint64_t range, uint64_t partials, uint64_t coefs,
+                                 uint64_t first_channel) {
     const bool split = partials || coefs;
     const uint64_t scratch_bits = split ? handle_bits(static_cast<VkBuffer>(*scratch.buffer)) : 0;
-    const SetKey key{handle_bits(blob.buffer), blob.offset, range, scratch_bits, partials, coefs};
+    const SetKey key{handle_bits(blob.buffer), blob.offset, range, scratch_bits, partials, coefs, first_channel};
     if (auto it = sets.find(key); it != sets.end()) return it->second;
     if (sets_in_last_pool == kSetsPerPool) {
       const vk::DescriptorPoolSize size{.type = vk::DescriptorType::eStorageBuffer, .descriptorCount = kSlotCount * kSetsPerPool};
@@ -365,14 +368,15 @@ struct Recorder::Impl {
     ++sets_in_last_pool;
     ++live_sets;
     const vk::Buffer w = *weights.buffer;
-    const bool has_beta = affine && op == NormOp::LayerNorm;
+    const bool has_beta = affine && centres(op);
     const uint64_t partials_offset = 0;
+    const uint64_t skip = first_channel * sizeof(float);  // record() checked it keeps the binding aligned
     const vk::DescriptorBufferInfo blob_range{.buffer = vk::Buffer(blob.buffer), .offset = blob.offset, .range = range};
     const std::array<vk::DescriptorBufferInfo, kSlotCount> infos{
         blob_range,
-        affine ? vk::DescriptorBufferInfo{w, gamma_offset, gamma.size() * sizeof(float)}
+        affine ? vk::DescriptorBufferInfo{w, gamma_offset + skip, weight_bytes - skip}
                : vk::DescriptorBufferInfo{w, unused_offset, 16},
-        has_beta ? vk::DescriptorBufferInfo{w, beta_offset, beta.size() * sizeof(float)}
+        has_beta ? vk::DescriptorBufferInfo{w, beta_offset + skip, weight_bytes - skip}
                  : vk::DescriptorBufferInfo{w, unused_offset, 16},
         partials ? vk::DescriptorBufferInfo{*scratch.buffer, partials_offset, partials}
                  : vk::DescriptorBufferInfo{w, unused_offset, 16},
@@ -392,16 +396,25 @@ struct Recorder::Impl {
   }
 };
 
-Recorder::Recorder(const VulkanHandles& handles, NormOp op, int affine_size, float eps, int affine) {
+namespace {
+NormParams row_params(NormOp op, int affine_size, float eps, int affine) {
+  if (op != NormOp::LayerNorm && op != NormOp::RMSNorm)
+    throw std::invalid_argument(std::string("vknorm::Recorder(handles, op, affine_size, ...) takes LayerNorm or RMSNorm; ") +
+                                op_name(op) + " takes group and channels: construct it from NormParams");
+  NormParams p;
+  p.op = op, p.affine_size = affine_size, p.eps = eps, p.affine = affine;
+  return p;
+}
+}  // namespace
+
+Recorder::Recorder(const VulkanHandles& handles, NormOp op, int affine_size, float eps, int affine)
+    : Recorder(handles, row_params(op, affine_size, eps, affine)) {}
+
+Recorder::Recorder(const VulkanHandles& handles, const NormParams& params) {
   if (!handles.instance || !handles.physical_device || !handles.device)
     throw std::invalid_argument("vknorm::Recorder: VulkanHandles needs the caller's instance, physical_device and device");
-  if (op != NormOp::LayerNorm && op != NormOp::RMSNorm)
-    throw std::invalid_argument(std::string("vknorm::Recorder records LayerNorm and RMSNorm; ") + op_name(op) +
-                                " runs through vknorm::Norm or vknorm's ncnn layers");
-  if (affine_size < 0) throw std::invalid_argument("affine_size must be >= 0, got " + std::to_string(affine_size));
-  if (!std::isfinite(eps) || eps < 0) throw std::invalid_argument("eps must be finite and >= 0, got " + std::to_string(eps));
-  if (affine != 0 && affine != 1) throw std::invalid_argument("affine must be 0 or 1, got " + std::to_string(affine));
-  impl_ = std::make_unique<Impl>(handles, op, affine_size, eps, affine);
+  params.check();  // ncnn's validation, naming the layer and its params
+  impl_ = std::make_unique<Impl>(handles, params);
 }
 
 Recorder::~Recorder() = default;
@@ -415,16 +428,17 @@ void Recorder::load_model(const std::vector<float>& gamma, const std::vector<flo
     if (!gamma.empty() || !beta.empty()) throw std::invalid_argument("affine=0: this layer takes no weights");
     return;
   }
+  const char* count_name = m.params.per_channel() ? "channels" : "affine_size";
   auto check = [&](const std::vector<float>& v, const char* name) {
-    if (v.size() != size_t(m.affine_size))
-      throw std::invalid_argument(std::string(name) + " has " + std::to_string(v.size()) +
-                                  " values, expected affine_size=" + std::to_string(m.affine_size));
+    if (v.size() != m.params.weight_count())
+      throw std::invalid_argument(std::string(name) + " has " + std::to_string(v.size()) + " values, expected " +
+                                  count_name + "=" + std::to_string(m.params.weight_count()));
   };
   check(gamma, "gamma");
-  if (m.op == NormOp::LayerNorm) check(beta, "beta");
+  if (centres(m.op)) check(beta, "beta");
   else if (!beta.empty()) throw std::invalid_argument("RMSNorm takes gamma only");
   m.gamma = gamma;
-  m.beta = m.op == NormOp::LayerNorm ? beta : std::vector<float>{};
+  m.beta = centres(m.op) ? beta : std::vector<float>{};
   // Command buffers recorded before may still read the old weights: they go with the next release.
   m.retire(m.weights);
   m.retire(m.staging);
@@ -455,8 +469,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   if (elempack != 1 && elempack != 4) throw refuse("elempack must be 1 or 4");
   if (dims >= 3 && cstep < size_t(w) * size_t(h) * size_t(d))
     throw refuse("cstep " + std::to_string(cstep) + " is less than a channel's w*h*d elements");
-  if (m.affine && (m.gamma.size() != size_t(m.affine_size) ||
-                   (m.op == NormOp::LayerNorm && m.beta.size() != size_t(m.affine_size))))
+  if (m.affine && (m.gamma.size() != m.params.weight_count() || (centres(m.op) && m.beta.size() != m.params.weight_count())))
     throw refuse("affine=1 but no weights loaded: call load_model first");
   if (blob_in.offset % m.alignment)
     throw refuse("offset " + std::to_string(blob_in.offset) + " is not a multiple of the device's minStorageBufferOffsetAlignment (" +
@@ -475,7 +488,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   if (dims1_packed) pw *= 4, pcstep *= 4, ppack = 1;
   GroupLayout g;
   try {
-    g = group_layout(dims, pw, h, d, c, dims >= 3 ? pcstep : size_t(pw) * h, ppack, m.affine_size, m.affine != 0);
+    g = m.params.layout(dims, pw, h, d, c, dims >= 3 ? pcstep : size_t(pw) * h, ppack);
   } catch (const std::invalid_argument& e) {
     throw refuse(e.what());
   }
@@ -498,20 +511,29 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
     throw refuse("the blob's " + std::to_string(span) + " bytes exceed one storage buffer binding (" + limit + " " +
                  std::to_string(max_buffer) + ") and cannot be split: a group is normalized whole (" + e.what() + ")");
   }
-  for (const Piece& p : pieces)
+  for (const Piece& p : pieces) {
+    // Per-channel weights of a piece past channel 0 are bound from its first channel on: whole vec4s, aligned.
+    const uint64_t skip = g.weights == GroupLayout::ByChannel && m.affine ? p.first_channel * sizeof(float) : 0;
+    if (skip % std::max<uint64_t>(m.alignment, 16))
+      throw refuse("the blob's " + std::to_string(span) + " bytes exceed one storage buffer binding (" + limit + " " +
+                   std::to_string(max_buffer) + "), and its piece of whole groups from channel " +
+                   std::to_string(p.first_channel) + " would bind the per-channel weights at byte " + std::to_string(skip) +
+                   ", not a multiple of 16 and of the device's minStorageBufferOffsetAlignment (" +
+                   std::to_string(m.alignment) + "): split the blob yourself at such channels");
     if ((blob_in.offset + p.offset) % m.alignment)
       throw refuse("the blob's " + std::to_string(span) + " bytes exceed one storage buffer binding (" + limit + " " +
                    std::to_string(max_buffer) + "), and its piece of whole groups at byte " + std::to_string(p.offset) +
                    " would be bound at offset " + std::to_string(blob_in.offset + p.offset) +
                    ", not a multiple of the device's minStorageBufferOffsetAlignment (" + std::to_string(m.alignment) +
                    "): split the blob yourself at aligned group boundaries");
+  }
 
   const DeviceCaps caps = device_caps(m.info, m.subgroup_reduce, opt);
   std::vector<ForwardPlan> plans;  // one per piece
   uint64_t partials = 0, coefs = 0;
   for (const Piece& p : pieces) {
     plans.push_back(plans.empty() || p.layout.n_groups != plans.back().layout.n_groups
-                        ? plan_forward(m.op, m.affine != 0, m.eps, p.layout, fp16, caps, opt)
+                        ? plan_forward(m.op, m.affine != 0, m.params.eps, p.layout, fp16, caps, opt)
                         : plans.back());
     const ForwardPlan& fp = plans.back();
     for (const Pass& pass : fp.passes) {
@@ -549,8 +571,9 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
     pipelines.emplace_back();
     for (const Pass& pass : plans[i].passes) pipelines.back().push_back(*m.pipeline(pass));
     // The binding covers exactly the piece's span: what the kernels touch, within the binding limit.
+    const uint64_t first_channel = g.weights == GroupLayout::ByChannel && m.affine ? pieces[i].first_channel : 0;
     sets.push_back(m.descriptor_set({blob_in.buffer, blob_in.offset + pieces[i].offset, pieces[i].bytes}, pieces[i].bytes,
-                                    plans[i].partials_bytes, plans[i].coefs_bytes));
+                                    plans[i].partials_bytes, plans[i].coefs_bytes, first_channel));
   }
   const vk::QueryPool queries = m.timing ? m.next_queries() : vk::QueryPool{};
   const uint32_t first_query = m.timing ? 2 * ((m.timed - 1) % kTimedPerPool) : 0;
@@ -651,8 +674,9 @@ void Recorder::release_descriptors() {
 }
 
 NormOp Recorder::op() const { return impl().op; }
-int Recorder::affine_size() const { return impl().affine_size; }
-float Recorder::eps() const { return impl().eps; }
+const NormParams& Recorder::params() const { return impl().params; }
+int Recorder::affine_size() const { return impl().params.affine_size; }
+float Recorder::eps() const { return impl().params.eps; }
 int Recorder::affine() const { return impl().affine; }
 const DeviceInfo& Recorder::device_info() const { return impl().info; }
 uint64_t Recorder::storage_offset_alignment() const { return impl().alignment; }

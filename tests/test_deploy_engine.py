@@ -6,7 +6,8 @@ two blobs at aligned offsets; ONE command buffer: its upload -> its barrier -> v
 pack4, c=8 h=5 w=768, x = 1e4 + N(0, 1e-2)) and RMSNorm on blob B (pack1, whole-channel groups of 3003, forced
 split path) -> its barrier -> its copy back; one submission. It is built (like tests/test_deploy_cpp.py) against
 the installed package through find_package(vknorm) and run with VKNORM_VALIDATION=1 (Khronos validation with
-synchronization validation, its own debug messenger) on the default device, lavapipe here.
+synchronization validation, its own debug messenger) on the default device, lavapipe here. With --channel-norms
+the same two blobs run GroupNorm (A: 6 groups of 12 channels) and InstanceNorm (B), gamma and beta per channel.
 
 Tolerance (the example states it): |y - y_float64| <= 84 float32 ulps (84 * 2^-23 = 1.0e-5) x max(1, max|y|),
 per blob; B also against vknorm's CPU reference (ncnn's float32 algorithm). A is not compared with that
@@ -149,6 +150,69 @@ def test_the_same_bytes_recorded_at_another_shape_get_a_descriptor_set_of_their_
     assert "descriptor sets cached in the second frame: RMSNorm 3" in proc.stdout, proc.stdout
     assert re.search(r"^B RMSNorm .*split \(2 frames\): path split, 3 dispatch\(es\) x 1$", proc.stdout, re.M), \
         proc.stdout
+
+
+# ------------------------------------------------------------------------------ GroupNorm and InstanceNorm
+
+def test_groupnorm_and_instancenorm_recorded_into_the_engines_command_buffer_match_float64(engine_example):
+    """--channel-norms: blob A as GroupNorm(6 groups of 12 channels: 2 channels per group, inside pack4 lanes;
+    7x5 planes) at |mean| >> std, blob B as InstanceNorm on the split path (3 channels of 1001x3, cstep 3004),
+    gamma and beta per channel, twice in one command buffer: both against float64, B against the CPU reference
+    too."""
+    proc = launch(engine_example, "--channel-norms", "--repeat", "2")
+    errs = assert_clean_run(proc)
+    out = proc.stdout
+    assert re.search(r"^A GroupNorm dims=3 c=12 h=5 w=7 float32 pack4.*: path (subgroup|workgroup), 1 dispatch\(es\) x 2$",
+                     out, re.M), out
+    assert re.search(r"^B InstanceNorm .*: path split, 3 dispatch\(es\) x 2$", out, re.M), out
+    assert "descriptor sets cached: GroupNorm 1, InstanceNorm 1" in out, out
+    assert errs[("A", "float64")][0] < 1e-4, out
+
+
+def test_channel_norms_in_pieces_bind_their_weights_from_each_piece_s_first_channel(engine_example):
+    """VKNORM_MAX_BUFFER_BYTES: GroupNorm's blob A in pieces of whole packed channels (4 channels, 2 groups each:
+    its per-channel weights then start 16 bytes further each piece) and InstanceNorm's B in pieces of one
+    channel (weights 4 bytes further: not a vec4 boundary, so refused with a clear message), and at a size
+    that keeps B whole."""
+    env = dict(os.environ, VKNORM_MAX_BUFFER_BYTES="600")  # A: 560-byte packed channels; B: 12016-byte channels
+    proc = subprocess.run([engine_example, "--channel-norms", "--skip-rmsnorm"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    if alignment(proc.stdout) > 16:  # A's packed channels are 576 bytes apart: not every device binds there
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        return
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # --skip-rmsnorm: B stays un-normalized (the control)
+    assert "pieces: A 3, B 0" in proc.stdout and validation_messages(proc.stdout) == 0, proc.stdout
+    errs = errors(proc.stdout)
+    assert errs[("A", "float64")][0] <= errs[("A", "float64")][1], proc.stdout
+    proc = subprocess.run([engine_example, "--channel-norms"], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, VKNORM_MAX_BUFFER_BYTES="20000"))
+    assert proc.returncode == 2 and "would bind the per-channel weights at byte 4" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_channel_norms_cooperative_and_refusals(engine_example):
+    """InstanceNorm's B in two cooperative forwards of one Recorder (its chunks waiting on each other), and what a
+    GroupNorm/InstanceNorm Recorder refuses: wrong channels, params ncnn refuses, the LayerNorm constructor,
+    wrong weights, none loaded, weights of a piece off a vec4."""
+    proc = launch(engine_example, "--channel-norms", "--cooperative-reuse", "--refusals",
+                  extra_env={"VKNORM_COOPERATIVE_WORKGROUPS": "2", "VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE": "1",
+                             "LP_NUM_THREADS": "2"})
+    assert_clean_run(proc)
+    assert re.search(r"^B InstanceNorm .*cooperative \(2 forwards\): path cooperative, 1 dispatch\(es\) x 1$",
+                     proc.stdout, re.M), proc.stdout
+    expected = {
+        "8 channels into a GroupNorm of 12": "channels",
+        "channels that do not divide into the groups": "channels=12 do not divide into group=5 groups",
+        "affine with no channels": "affine=1 needs channels > 0",
+        "GroupNorm by affine_size": "takes group and channels: construct it from NormParams",
+        "gamma of the wrong size": "gamma has 10 values, expected channels=12",
+        "beta missing": "beta has 0 values, expected channels=12",
+        "no weights loaded (affine=1)": "affine=1 but no weights loaded: call load_model first",
+        "pieces whose per-channel weights would start off 16 bytes": "would bind the per-channel weights at byte 4",
+    }
+    lines = dict(re.findall(r"^refusal (.+?): (.*)$", proc.stdout, re.M))
+    assert set(lines) == set(expected), proc.stdout
+    for case, phrase in expected.items():
+        assert phrase in lines[case], f"{case}: {lines[case]}"
 
 
 def test_vknorm_opens_the_system_loader_when_given_no_proc_addr(engine_example):

@@ -9,6 +9,10 @@
 //                            true};               // storageBuffer16BitAccess enabled on the device
 //   vknorm::Recorder ln(vk, vknorm::NormOp::LayerNorm, /*affine_size=*/768, /*eps=*/1e-5f);
 //   ln.load_model(gamma, beta);
+//   vknorm::NormParams gp;  // GroupNorm and InstanceNorm: ncnn's params as NormParams
+//   gp.op = vknorm::NormOp::GroupNorm, gp.group = 32, gp.channels = 320, gp.eps = 1e-5f;
+//   vknorm::Recorder gn(vk, gp);
+//   gn.load_model(gamma_per_channel, beta_per_channel);
 //   // ... the engine's own writes of the blob, then its own barrier (see "Barriers") ...
 //   ln.record(cmd, {buffer, offset, bytes}, /*dims=*/3, w, h, /*d=*/1, c, cstep, /*elempack=*/4, /*fp16=*/false);
 //   // ... the engine's own barrier, then its own reads of the blob; vkEndCommandBuffer, vkQueueSubmit ...
@@ -18,7 +22,8 @@
 // The blob is in ncnn's layout (the fields of ncnn's VkMat, or vknorm::VkMat): dims 1-4, w/h/d/c as
 // ncnn counts them (c, or h for dims 2, already divided by elempack), cstep in packed elements between
 // channels, elempack 1 or 4, float32 or float16 storage. Groups follow ncnn's rules (vknorm/norm.h,
-// group_layout). It is normalized in place.
+// NormParams::layout): LayerNorm and RMSNorm by affine_size, GroupNorm by group and channels, InstanceNorm one
+// group per channel. It is normalized in place.
 //
 // Requirements on the caller's objects
 // - The device has a queue family with compute; `cmd` is a primary or secondary command buffer in the
@@ -31,7 +36,8 @@
 //   (plan_pieces: runs of whole channels, else runs of rows of one channel), each bound at its own offset
 //   of the caller's buffer; DispatchInfo::pieces says how many. Every piece's offset must then be a
 //   multiple of minStorageBufferOffsetAlignment, and a single group must fit one binding: otherwise the
-//   blob is refused.
+//   blob is refused. GroupNorm/InstanceNorm pieces also bind the per-channel weights from their first
+//   channel on: that channel times 4 bytes must be a multiple of 16 and of minStorageBufferOffsetAlignment.
 // - float16 blobs need a Vulkan 1.1 device. Elempack-1 float16 blobs need storageBuffer16BitAccess
 //   enabled on the device (VulkanHandles::fp16_storage_enabled); pack4 float16 blobs, and elempack-1 ones
 //   read as vec4s, do not, except a dims-1 pack4 blob too large for the fused kernel (its one group is read
@@ -156,12 +162,14 @@ struct BufferRef {
 // Throws std::invalid_argument for dims outside 1-4, an extent below 1 or elempack other than 1 or 4.
 uint64_t blob_span_bytes(int dims, int w, int h, int d, int c, size_t cstep, int elempack, bool fp16);
 
-// One LayerNorm or RMSNorm layer (ncnn's parameters: affine_size, eps, affine) on the caller's device.
+// One norm layer (ncnn's parameters, as NormParams) on the caller's device.
 class Recorder {
  public:
-  // Throws std::invalid_argument for bad parameters or handles, VulkanUnavailable when no loader can
-  // be opened (get_instance_proc_addr null and no libvulkan).
-  // LayerNorm or RMSNorm (GroupNorm/InstanceNorm: std::invalid_argument).
+  // Any of the four norms. Throws std::invalid_argument for parameters ncnn refuses (NormParams::check) or
+  // missing handles, VulkanUnavailable when no loader can be opened (get_instance_proc_addr null and no
+  // libvulkan).
+  Recorder(const VulkanHandles& handles, const NormParams& params);
+  // LayerNorm or RMSNorm by their params (GroupNorm/InstanceNorm: std::invalid_argument, use NormParams).
   Recorder(const VulkanHandles& handles, NormOp op, int affine_size, float eps = 0.001f, int affine = 1);
   ~Recorder();
   Recorder(Recorder&&) noexcept;
@@ -169,8 +177,9 @@ class Recorder {
   Recorder(const Recorder&) = delete;
   Recorder& operator=(const Recorder&) = delete;
 
-  // gamma and (LayerNorm) beta of affine_size float32 each; nothing with affine=0. The next record()
-  // records their upload. Throws std::invalid_argument on wrong sizes.
+  // gamma and (all but RMSNorm) beta of affine_size float32 each, or one per channel (GroupNorm,
+  // InstanceNorm); nothing with affine=0. The next record() records their upload. Throws
+  // std::invalid_argument on wrong sizes.
   void load_model(const std::vector<float>& gamma, const std::vector<float>& beta = {});
 
   // Records one forward of the blob at `blob` into `cmd` (see the top of this file). `opt` gives the
@@ -196,6 +205,7 @@ class Recorder {
   void release_descriptors();
 
   NormOp op() const;
+  const NormParams& params() const;
   int affine_size() const;
   float eps() const;
   int affine() const;
