@@ -164,7 +164,8 @@ def test_groupnorm_and_instancenorm_recorded_into_the_engines_command_buffer_mat
     out = proc.stdout
     assert re.search(r"^A GroupNorm dims=3 c=12 h=5 w=7 float32 pack4.*: path (subgroup|workgroup), 1 dispatch\(es\) x 2$",
                      out, re.M), out
-    assert re.search(r"^B InstanceNorm .*: path split, 3 dispatch\(es\) x 2$", out, re.M), out
+    # split: reduce -> finalize -> apply, or on GPUs reduce -> apply (each chunk's team merges its item itself)
+    assert re.search(r"^B InstanceNorm .*: path split, [23] dispatch\(es\) x 2$", out, re.M), out
     assert "descriptor sets cached: GroupNorm 1, InstanceNorm 1" in out, out
     assert errs[("A", "float64")][0] < 1e-4, out
 
