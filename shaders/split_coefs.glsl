@@ -10,10 +10,8 @@ shared afp sh_m2[gl_WorkGroupSize.x];
 // instead of becoming Inf - Inf.
 #if PACK == 4
 #define has_elements(n) greaterThan(n, vec4(0.0))
-#define no_elements(n) lessThanEqual(n, vec4(0.0))
 #else
 #define has_elements(n) (n > 0.0)
-#define no_elements(n) (n <= 0.0)
 #endif
 void combine(inout afp na, inout afp ma, inout afp m2a, afp nb, afp mb, afp m2b) {
   afp n = na + nb;
@@ -24,11 +22,10 @@ void combine(inout afp na, inout afp ma, inout afp m2a, afp nb, afp mb, afp m2b)
   } else {
     afp delta = mb - ma;
     m = ma + delta * w;
-    m2 = m2a + m2b + delta * delta * (na * w);
-    // Merging into an empty a takes b as it is: delta * delta may overflow (a chunk mean past 1e19 about the
-    // pivot), and inf * 0 is NaN. A select, not an ordering of the products: compilers may reassociate them.
-    m = mix(m, mb, no_elements(na));
-    m2 = mix(m2, m2b, no_elements(na));
+    // delta * (delta * (na * w)), in that order (precise: no reassociation): merging into an empty a (na = 0)
+    // must add 0, not inf * 0 = NaN where delta * delta overflows (a chunk mean past 1e19 about the pivot).
+    precise afp spread = delta * (delta * (na * w));
+    m2 = m2a + m2b + spread;
   }
   ma = mix(ma, m, has_elements(nb));
   m2a = mix(m2a, m2, has_elements(nb));
