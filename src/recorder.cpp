@@ -509,7 +509,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
     pieces = plan_pieces(g, elemsize, span, max_buffer);
   } catch (const std::invalid_argument& e) {
     throw refuse("the blob's " + std::to_string(span) + " bytes exceed one storage buffer binding (" + limit + " " +
-                 std::to_string(max_buffer) + ") and cannot be split: a group is normalized whole (" + e.what() + ")");
+                 std::to_string(max_buffer) + ") and cannot be split, a group being normalized whole: " + e.what());
   }
   for (const Piece& p : pieces) {
     // Per-channel weights of a piece past channel 0 are bound from its first channel on: whole vec4s, aligned.

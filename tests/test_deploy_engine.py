@@ -262,7 +262,8 @@ def test_bad_inputs_are_refused_before_anything_is_recorded(engine_example):
     lines = dict(re.findall(r"^refusal (.+?): (.*)$", proc.stdout, re.M))
     if alignment(proc.stdout) <= 4:  # every piece offset (a multiple of 4 bytes) is aligned: nothing to refuse
         expected["pieces at offsets off minStorageBufferOffsetAlignment"] = "not applicable"
-    assert "cannot be split: a group is normalized whole" in lines["a group larger than one storage buffer binding"]
+    assert "cannot be split, a group being normalized whole: plan_pieces: a group of" in lines["a group larger than one storage buffer binding"]
+    assert "))" not in lines["a group larger than one storage buffer binding"]
     assert set(lines) == set(expected), proc.stdout
     for case, phrase in expected.items():
         assert phrase in lines[case], f"{case}: {lines[case]}"
