@@ -435,6 +435,20 @@ struct Args {
   int repeat = 1;
 };
 
+// An environment variable set for a scope, its previous value (or absence) restored after.
+struct ScopedEnv {
+  const char* name;
+  bool had;
+  std::string old;
+  ScopedEnv(const char* n, const char* value) : name(n), had(std::getenv(n) != nullptr), old(had ? std::getenv(n) : "") {
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had) setenv(name, old.c_str(), 1);
+    else unsetenv(name);
+  }
+};
+
 // --refusals: record() calls vknorm must refuse with std::invalid_argument, recording nothing. Each is
 // tried on the command buffer the run then uses, so validation and the results show nothing was left.
 int try_refusals(VkCommandBuffer cmd, const vknorm::VulkanHandles& handles, VkBuffer buffer, uint64_t align,
@@ -480,8 +494,7 @@ int try_refusals(VkCommandBuffer cmd, const vknorm::VulkanHandles& handles, VkBu
       {"pieces at offsets off minStorageBufferOffsetAlignment",
        [&] {  // two rows of 4004 bytes, one per binding: the second would be bound at offset + 4004
          if (align <= 4) throw std::invalid_argument("not applicable: every multiple of 4 bytes is aligned here");
-         setenv("VKNORM_MAX_BUFFER_BYTES", "4004", 1);
-         struct Unset { ~Unset() { unsetenv("VKNORM_MAX_BUFFER_BYTES"); } } unset;
+         const ScopedEnv limit("VKNORM_MAX_BUFFER_BYTES", "4004");
          vknorm::Recorder rows(handles, vknorm::NormOp::RMSNorm, 0, 1e-5f, 0);
          rows.record(cmd, {buffer, a.offset, 8008}, 2, 1001, 2, 1, 1, 2002, 1, false);
        }},
@@ -528,8 +541,7 @@ int try_channel_refusals(VkCommandBuffer cmd, const vknorm::VulkanHandles& handl
        }},
       {"pieces whose per-channel weights would start off 16 bytes",
        [&] {  // one channel of 4 floats per binding: the second piece's weights would start at byte 4
-         setenv("VKNORM_MAX_BUFFER_BYTES", "16", 1);
-         struct Unset { ~Unset() { unsetenv("VKNORM_MAX_BUFFER_BYTES"); } } unset;
+         const ScopedEnv limit("VKNORM_MAX_BUFFER_BYTES", "16");
          vknorm::Recorder in(handles, channel_norm(vknorm::NormOp::InstanceNorm, 1, 2, 1e-5f));
          in.load_model({1.f, 1.f}, {0.f, 0.f});
          in.record(cmd, {buffer, a.offset, 32}, 3, 4, 1, 1, 2, 4, 1, false);
@@ -634,10 +646,10 @@ int run(const Args& args) {
   int refusal_failures = 0, timing_failures = 0;
   size_t changed = 0;
   {
-    vknorm::Recorder ln(handles, a.p);  // A's norm (LayerNorm, or GroupNorm)
-    ln.load_model(a.gamma, a.beta);
-    vknorm::Recorder rms(handles, b.p);  // B's (RMSNorm, a LayerNorm, or InstanceNorm)
-    rms.load_model(b.gamma, b.beta);
+    vknorm::Recorder norm_a(handles, a.p);  // A's norm (LayerNorm, or GroupNorm)
+    norm_a.load_model(a.gamma, a.beta);
+    vknorm::Recorder norm_b(handles, b.p);  // B's (RMSNorm, a LayerNorm, or InstanceNorm)
+    norm_b.load_model(b.gamma, b.beta);
 
     // ---- ONE command buffer: upload -> barrier -> LayerNorm(A), RMSNorm(B) -> barrier -> copy back
     VkCommandBuffer cmd = VK_NULL_HANDLE;
@@ -655,10 +667,10 @@ int run(const Args& args) {
       barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
               VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
     int unexpected = args.refusals && !args.channel_norms
-                         ? try_refusals(cmd, handles, storage_buffer, align, e.props.limits.maxStorageBufferRange, ln, a)
-                     : args.refusals ? try_channel_refusals(cmd, handles, storage_buffer, ln, a)
+                         ? try_refusals(cmd, handles, storage_buffer, align, e.props.limits.maxStorageBufferRange, norm_a, a)
+                     : args.refusals ? try_channel_refusals(cmd, handles, storage_buffer, norm_a, a)
                                      : 0;
-    if (args.timing) ln.set_timing(true), rms.set_timing(true);
+    if (args.timing) norm_a.set_timing(true), norm_b.set_timing(true);
     vknorm::Option split, cooperative;
     split.path = vknorm::Path::Split;
     cooperative.path = vknorm::Path::Cooperative;
@@ -666,7 +678,7 @@ int run(const Args& args) {
     auto record_b = [&](int first, int n, const vknorm::Option& opt, int stride = 1) {
       const uint64_t at = b.offset + uint64_t(first) * b.cstep * b.elempack * sizeof(float);
       const size_t cstep = b.cstep * size_t(stride);
-      return rms.record(cmd, {storage_buffer, at, vknorm::blob_span_bytes(3, b.w, b.h, 1, n, cstep, b.elempack, false)},
+      return norm_b.record(cmd, {storage_buffer, at, vknorm::blob_span_bytes(3, b.w, b.h, 1, n, cstep, b.elempack, false)},
                         3, b.w, b.h, 1, n, cstep, b.elempack, false, opt);
     };
     auto between_layers = [&] {  // the engine's barrier between two layers, the later reading what the earlier wrote
@@ -693,10 +705,11 @@ int run(const Args& args) {
     vknorm::DispatchInfo da, db;
     for (int r = 0; r < args.repeat; ++r) {
       if (r > 0) between_layers();  // the next forwards read what these wrote
-      da = ln.record(cmd, {storage_buffer, a.offset, a.span()}, 3, a.w, a.h, 1, a.packed_c(), a.cstep, a.elempack, false);
+      da = norm_a.record(cmd, {storage_buffer, a.offset, a.span()}, 3, a.w, a.h, 1, a.packed_c(), a.cstep, a.elempack, false);
       if (args.skip_rmsnorm) continue;
       if (args.cooperative_reuse && args.channel_norms) {  // a channel norm takes all its channels every time
         record_b(0, b.packed_c(), cooperative);
+        between_layers();  // the second forward reads what the first wrote
         db = record_b(0, b.packed_c(), cooperative);
       } else if (args.cooperative_reuse) {
         record_b(0, b.packed_c() - 1, cooperative);
@@ -705,8 +718,8 @@ int run(const Args& args) {
         db = record_b(0, b.packed_c(), split);
       }
     }
-    std::printf("descriptor sets cached: %s %zu, %s%s %zu\n", vknorm::op_name(a.p.op), ln.cached_descriptor_sets(),
-                vknorm::op_name(b.p.op), b.p.op == a.p.op ? " (B)" : "", rms.cached_descriptor_sets());
+    std::printf("descriptor sets cached: %s %zu, %s%s %zu\n", vknorm::op_name(a.p.op), norm_a.cached_descriptor_sets(),
+                vknorm::op_name(b.p.op), b.p.op == a.p.op ? " (B)" : "", norm_b.cached_descriptor_sets());
     const double wall_us = copy_back_and_submit();
     if (args.timing) {
       auto print = [](const char* what, const std::vector<double>& t) {
@@ -714,13 +727,13 @@ int run(const Args& args) {
         for (double v : t) std::printf(" %.3f", v);
         std::printf("\n");
       };
-      print("A", ln.gpu_times_us());
-      print("B", rms.gpu_times_us());
-      print("A again", ln.gpu_times_us());  // read once: nothing is left
+      print("A", norm_a.gpu_times_us());
+      print("B", norm_b.gpu_times_us());
+      print("A again", norm_a.gpu_times_us());  // read once: nothing is left
       std::printf("submission wall time (us): %.3f\n", wall_us);
     }
-    ln.release_descriptors();  // the command buffer completed
-    rms.release_descriptors();
+    norm_a.release_descriptors();  // the command buffer completed
+    norm_b.release_descriptors();
     vkFreeCommandBuffers(e.device, e.pool, 1, &cmd);
     if (args.rebind && !args.skip_rmsnorm) {  // the second frame: B's bytes at other shapes
       check(vkAllocateCommandBuffers(e.device, &cai, &cmd), "vkAllocateCommandBuffers");
@@ -730,9 +743,9 @@ int run(const Args& args) {
       db = record_b(0, 3, split);
       between_layers();
       record_b(1, 1, split);
-      std::printf("descriptor sets cached in the second frame: %s %zu\n", vknorm::op_name(b.p.op), rms.cached_descriptor_sets());
+      std::printf("descriptor sets cached in the second frame: %s %zu\n", vknorm::op_name(b.p.op), norm_b.cached_descriptor_sets());
       copy_back_and_submit();
-      rms.release_descriptors();
+      norm_b.release_descriptors();
       vkFreeCommandBuffers(e.device, e.pool, 1, &cmd);
     }
     if (args.timing && !args.skip_rmsnorm) {  // a second submission, timed on the pairs the read freed
@@ -740,12 +753,12 @@ int run(const Args& args) {
       check(vkBeginCommandBuffer(cmd, &begin), "vkBeginCommandBuffer");
       record_b(0, b.packed_c(), split);
       copy_back_and_submit();
-      const std::vector<double> t = rms.gpu_times_us();
+      const std::vector<double> t = norm_b.gpu_times_us();
       std::printf("gpu time B, second submission (us):");
       for (double v : t) std::printf(" %.3f", v);
       std::printf("\n");
       if (t.size() != 1 || !(t[0] > 0)) timing_failures = 1;
-      rms.release_descriptors();
+      norm_b.release_descriptors();
       vkFreeCommandBuffers(e.device, e.pool, 1, &cmd);
     }
 

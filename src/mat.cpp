@@ -39,7 +39,7 @@ Mat convert_packing(const Mat& src, int elempack) {
   if (src.elempack == elempack) return src;
   if (elempack != 1 && elempack != 4) throw std::invalid_argument("convert_packing: elempack must be 1 or 4");
   const int outer = src.unpacked_outer();
-  if (src.dims == 1) throw std::invalid_argument("convert_packing: a dims-1 Mat is not packed (ncnn packs channels or rows)");
+  if (src.dims == 1) throw std::invalid_argument("convert_packing: vknorm's Mat keeps a dims-1 blob unpacked (one group)");
   if (outer % elempack != 0)
     throw std::invalid_argument("convert_packing: cannot pack " + std::to_string(outer) + " channels/rows by " +
                                 std::to_string(elempack));

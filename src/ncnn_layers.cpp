@@ -179,7 +179,7 @@ class NormLayer : public ::ncnn::Layer {
       b.cstep = ncnn_cstep(b.dims, b.w, b.h, b.d, size_t(fp16 ? 2 : 4) * pack);
       // A hint is a hint: one the layer's params refuse (ncnn itself never checks hints) leaves planning to the
       // first forward, which reports a real mismatch with the blob it meets.
-      if (hint_plannable(b, opt) && !prepared(b, opt)) return -1;
+      if (hint_fits_params(b) && !prepared(b, opt)) return -1;
     }
     return 0;
   }
@@ -399,11 +399,11 @@ class NormLayer : public ::ncnn::Layer {
     add_cpu_ = add_vk_ = nullptr;
   }
 
-  bool hint_plannable(const Blob& b, const ::ncnn::Option& opt) const {
+  bool hint_fits_params(const Blob& b) const {
     try {
-      plan(b, opt);
+      p_.layout(b.dims, b.w, b.h, b.d, b.c, b.cstep, b.elempack);
       return true;
-    } catch (const std::exception&) {
+    } catch (const std::invalid_argument&) {
       return false;
     }
   }

@@ -577,9 +577,11 @@ double copy_repeated(const VkMat& src, int warmup, int reps, bool shader) {
   auto& impl = ctx->impl();
   // Not src.bytes(): cstep padding (up to 14 % more at small planes) is not moved by a norm.
   const vk::DeviceSize bytes = src.element_bytes();
-  if (shader && bytes > impl.info.max_storage_buffer_range)
+  uint64_t max_buffer = impl.info.max_storage_buffer_range;  // VKNORM_MAX_BUFFER_BYTES lowers it, as for the norms
+  if (const uint64_t knob = env_max_buffer_bytes(); knob && knob < max_buffer) max_buffer = knob;
+  if (shader && bytes > max_buffer)
     throw std::invalid_argument("copy_repeated: " + std::to_string(bytes) + " bytes exceed one storage buffer (" +
-                                std::to_string(impl.info.max_storage_buffer_range) + " bytes)");
+                                std::to_string(max_buffer) + " bytes)");
   auto dst = Buffer::create(ctx, bytes, Buffer::Kind::Device);
   const uint32_t wg = impl.info.type == "cpu" ? 64 : 256;
   const Pipeline& p = impl.pipeline(variant_name("copy", false, "1", false), Specialization{{wg}});

@@ -147,8 +147,6 @@ uint64_t blob_span_bytes(int dims, int w, int h, int d, int c, size_t cstep, int
 struct Recorder::Impl {
   Borrowed caller;  // first: released last, after every object below that was made on it
   NormParams params;
-  NormOp op = NormOp::LayerNorm;  // params' op and affine, often read
-  int affine = 1;
   std::vector<float> gamma, beta;
 
   DeviceInfo info;
@@ -185,7 +183,7 @@ struct Recorder::Impl {
   std::map<SetKey, VkDescriptorSet> sets;
   std::mutex mutex;
 
-  Impl(const VulkanHandles& h, const NormParams& p) : caller(h), params(p), op(p.op), affine(p.affine) {
+  Impl(const VulkanHandles& h, const NormParams& p) : caller(h), params(p) {
     describe(h);
     std::array<vk::DescriptorSetLayoutBinding, kSlotCount> bindings;
     for (uint32_t b = 0; b < kSlotCount; ++b)
@@ -313,9 +311,9 @@ struct Recorder::Impl {
   // The weights buffer (and its staging copy, uploaded by the next record()), made on first use.
   void ensure_weights() {
     if (*weights.buffer) return;
-    weight_bytes = affine ? align_up(gamma.size() * sizeof(float), 16) : 0;
+    weight_bytes = params.affine ? align_up(gamma.size() * sizeof(float), 16) : 0;
     const uint64_t gbytes = weight_bytes;
-    const uint64_t bbytes = affine && centres(op) ? weight_bytes : 0;
+    const uint64_t bbytes = params.affine && centres(params.op) ? weight_bytes : 0;
     gamma_offset = 0;
     beta_offset = align_up(gbytes, alignment);
     unused_offset = align_up(beta_offset + bbytes, alignment);
@@ -368,13 +366,13 @@ struct Recorder::Impl {
     ++sets_in_last_pool;
     ++live_sets;
     const vk::Buffer w = *weights.buffer;
-    const bool has_beta = affine && centres(op);
+    const bool has_beta = params.affine && centres(params.op);
     const uint64_t partials_offset = 0;
     const uint64_t skip = first_channel * sizeof(float);  // record() checked it keeps the binding aligned
     const vk::DescriptorBufferInfo blob_range{.buffer = vk::Buffer(blob.buffer), .offset = blob.offset, .range = range};
     const std::array<vk::DescriptorBufferInfo, kSlotCount> infos{
         blob_range,
-        affine ? vk::DescriptorBufferInfo{w, gamma_offset + skip, weight_bytes - skip}
+        params.affine ? vk::DescriptorBufferInfo{w, gamma_offset + skip, weight_bytes - skip}
                : vk::DescriptorBufferInfo{w, unused_offset, 16},
         has_beta ? vk::DescriptorBufferInfo{w, beta_offset + skip, weight_bytes - skip}
                  : vk::DescriptorBufferInfo{w, unused_offset, 16},
@@ -424,7 +422,7 @@ Recorder& Recorder::operator=(Recorder&&) noexcept = default;
 void Recorder::load_model(const std::vector<float>& gamma, const std::vector<float>& beta) {
   Impl& m = impl();
   std::lock_guard<std::mutex> lock(m.mutex);
-  if (!m.affine) {
+  if (!m.params.affine) {
     if (!gamma.empty() || !beta.empty()) throw std::invalid_argument("affine=0: this layer takes no weights");
     return;
   }
@@ -435,10 +433,10 @@ void Recorder::load_model(const std::vector<float>& gamma, const std::vector<flo
                                   count_name + "=" + std::to_string(m.params.weight_count()));
   };
   check(gamma, "gamma");
-  if (centres(m.op)) check(beta, "beta");
+  if (centres(m.params.op)) check(beta, "beta");
   else if (!beta.empty()) throw std::invalid_argument("RMSNorm takes gamma only");
   m.gamma = gamma;
-  m.beta = centres(m.op) ? beta : std::vector<float>{};
+  m.beta = centres(m.params.op) ? beta : std::vector<float>{};
   // Command buffers recorded before may still read the old weights: they go with the next release.
   m.retire(m.weights);
   m.retire(m.staging);
@@ -469,8 +467,11 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   if (elempack != 1 && elempack != 4) throw refuse("elempack must be 1 or 4");
   if (dims >= 3 && cstep < size_t(w) * size_t(h) * size_t(d))
     throw refuse("cstep " + std::to_string(cstep) + " is less than a channel's w*h*d elements");
-  if (m.affine && (m.gamma.size() != m.params.weight_count() || (centres(m.op) && m.beta.size() != m.params.weight_count())))
-    throw refuse("affine=1 but no weights loaded: call load_model first");
+  try {
+    m.params.check_weights(m.gamma.size(), m.beta.size());
+  } catch (const std::invalid_argument& e) {
+    throw refuse(e.what());
+  }
   if (blob_in.offset % m.alignment)
     throw refuse("offset " + std::to_string(blob_in.offset) + " is not a multiple of the device's minStorageBufferOffsetAlignment (" +
                  std::to_string(m.alignment) + ")");
@@ -513,7 +514,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   }
   for (const Piece& p : pieces) {
     // Per-channel weights of a piece past channel 0 are bound from its first channel on: whole vec4s, aligned.
-    const uint64_t skip = g.weights == GroupLayout::ByChannel && m.affine ? p.first_channel * sizeof(float) : 0;
+    const uint64_t skip = g.weights == GroupLayout::ByChannel && m.params.affine ? p.first_channel * sizeof(float) : 0;
     if (skip % std::max<uint64_t>(m.alignment, 16))
       throw refuse("the blob's " + std::to_string(span) + " bytes exceed one storage buffer binding (" + limit + " " +
                    std::to_string(max_buffer) + "), and its piece of whole groups from channel " +
@@ -533,7 +534,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   uint64_t partials = 0, coefs = 0;
   for (const Piece& p : pieces) {
     plans.push_back(plans.empty() || p.layout.n_groups != plans.back().layout.n_groups
-                        ? plan_forward(m.op, m.affine != 0, m.params.eps, p.layout, fp16, caps, opt)
+                        ? plan_forward(m.params.op, m.params.affine != 0, m.params.eps, p.layout, fp16, caps, opt)
                         : plans.back());
     const ForwardPlan& fp = plans.back();
     for (const Pass& pass : fp.passes) {
@@ -571,7 +572,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
     pipelines.emplace_back();
     for (const Pass& pass : plans[i].passes) pipelines.back().push_back(*m.pipeline(pass));
     // The binding covers exactly the piece's span: what the kernels touch, within the binding limit.
-    const uint64_t first_channel = g.weights == GroupLayout::ByChannel && m.affine ? pieces[i].first_channel : 0;
+    const uint64_t first_channel = g.weights == GroupLayout::ByChannel && m.params.affine ? pieces[i].first_channel : 0;
     sets.push_back(m.descriptor_set({blob_in.buffer, blob_in.offset + pieces[i].offset, pieces[i].bytes}, pieces[i].bytes,
                                     plans[i].partials_bytes, plans[i].coefs_bytes, first_channel));
   }
@@ -673,11 +674,11 @@ void Recorder::release_descriptors() {
   if (!m.upload_pending) m.retire(m.staging), m.retired.clear();  // the upload was recorded and has completed
 }
 
-NormOp Recorder::op() const { return impl().op; }
+NormOp Recorder::op() const { return impl().params.op; }
 const NormParams& Recorder::params() const { return impl().params; }
 int Recorder::affine_size() const { return impl().params.affine_size; }
 float Recorder::eps() const { return impl().params.eps; }
-int Recorder::affine() const { return impl().affine; }
+int Recorder::affine() const { return impl().params.affine; }
 const DeviceInfo& Recorder::device_info() const { return impl().info; }
 uint64_t Recorder::storage_offset_alignment() const { return impl().alignment; }
 size_t Recorder::cached_descriptor_sets() const { return impl().live_sets; }

@@ -29,8 +29,8 @@ def half_fp16_spacing(ref) -> np.ndarray:
     """The most rounding to float16 moves each value: half the spacing of its binade (2^(e - 11) for
     |ref| in [2^e, 2^(e+1)); 2^-25 among the subnormals, below 2^-14)."""
     a = np.abs(np.asarray(ref, np.float64))
-    with np.errstate(divide="ignore"):
-        return np.exp2(np.floor(np.log2(np.maximum(a, 2.0 ** -14))) - 11.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(np.isfinite(a), np.exp2(np.floor(np.log2(np.maximum(a, 2.0 ** -14))) - 11.0), np.inf)
 
 
 def group_size(shape, affine_size: int) -> int:

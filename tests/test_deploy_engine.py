@@ -7,7 +7,7 @@ pack4, c=8 h=5 w=768, x = 1e4 + N(0, 1e-2)) and RMSNorm on blob B (pack1, whole-
 split path) -> its barrier -> its copy back; one submission. It is built (like tests/test_deploy_cpp.py) against
 the installed package through find_package(vknorm) and run with VKNORM_VALIDATION=1 (Khronos validation with
 synchronization validation, its own debug messenger) on the default device, lavapipe here. With --channel-norms
-the same two blobs run GroupNorm (A: 6 groups of 12 channels) and InstanceNorm (B), gamma and beta per channel.
+the same two blobs run GroupNorm (A: 12 channels in 6 groups) and InstanceNorm (B), gamma and beta per channel.
 
 Tolerance (the example states it): |y - y_float64| <= 84 float32 ulps (84 * 2^-23 = 1.0e-5) x max(1, max|y|),
 per blob; B also against vknorm's CPU reference (ncnn's float32 algorithm). A is not compared with that
@@ -155,7 +155,7 @@ def test_the_same_bytes_recorded_at_another_shape_get_a_descriptor_set_of_their_
 # ------------------------------------------------------------------------------ GroupNorm and InstanceNorm
 
 def test_groupnorm_and_instancenorm_recorded_into_the_engines_command_buffer_match_float64(engine_example):
-    """--channel-norms: blob A as GroupNorm(6 groups of 12 channels: 2 channels per group, inside pack4 lanes;
+    """--channel-norms: blob A as GroupNorm(12 channels in 6 groups: 2 channels per group, inside pack4 lanes;
     7x5 planes) at |mean| >> std, blob B as InstanceNorm on the split path (3 channels of 1001x3, cstep 3004),
     gamma and beta per channel, twice in one command buffer: both against float64, B against the CPU reference
     too."""
@@ -171,20 +171,20 @@ def test_groupnorm_and_instancenorm_recorded_into_the_engines_command_buffer_mat
 
 
 def test_channel_norms_in_pieces_bind_their_weights_from_each_piece_s_first_channel(engine_example):
-    """VKNORM_MAX_BUFFER_BYTES: GroupNorm's blob A in pieces of whole packed channels (4 channels, 2 groups each:
-    its per-channel weights then start 16 bytes further each piece) and InstanceNorm's B in pieces of one
-    channel (weights 4 bytes further: not a vec4 boundary, so refused with a clear message), and at a size
-    that keeps B whole."""
-    env = dict(os.environ, VKNORM_MAX_BUFFER_BYTES="600")  # A: 560-byte packed channels; B: 12016-byte channels
+    """VKNORM_MAX_BUFFER_BYTES=600: GroupNorm's blob A in pieces of one packed channel (4 channels, 2 groups: its
+    per-channel weights then start 16 bytes further each piece), B not recorded; =20000: A whole, and
+    InstanceNorm's B in pieces of one channel, whose weights would start 4 bytes further (not a vec4
+    boundary): refused with a clear message."""
+    env = dict(os.environ, VKNORM_MAX_BUFFER_BYTES="600")  # A: packed channels of 560 bytes, 560 bytes apart
     proc = subprocess.run([engine_example, "--channel-norms", "--skip-rmsnorm"], capture_output=True, text=True,
                           timeout=120, env=env)
-    if alignment(proc.stdout) > 16:  # A's packed channels are 576 bytes apart: not every device binds there
+    if alignment(proc.stdout) <= 16:  # A's pieces are bound 560 bytes apart: not every device binds there
+        assert proc.returncode == 1, proc.stdout + proc.stderr  # --skip-rmsnorm: B stays un-normalized (the control)
+        assert "pieces: A 3, B 0" in proc.stdout and validation_messages(proc.stdout) == 0, proc.stdout
+        errs = errors(proc.stdout)
+        assert errs[("A", "float64")][0] <= errs[("A", "float64")][1], proc.stdout
+    else:
         assert proc.returncode == 2, proc.stdout + proc.stderr
-        return
-    assert proc.returncode == 1, proc.stdout + proc.stderr  # --skip-rmsnorm: B stays un-normalized (the control)
-    assert "pieces: A 3, B 0" in proc.stdout and validation_messages(proc.stdout) == 0, proc.stdout
-    errs = errors(proc.stdout)
-    assert errs[("A", "float64")][0] <= errs[("A", "float64")][1], proc.stdout
     proc = subprocess.run([engine_example, "--channel-norms"], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, VKNORM_MAX_BUFFER_BYTES="20000"))
     assert proc.returncode == 2 and "would bind the per-channel weights at byte 4" in proc.stderr, proc.stdout + proc.stderr

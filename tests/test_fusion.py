@@ -605,8 +605,7 @@ def test_ids_stock_norms_ignore_do_not_become_fusion_params(stray):
                                   "RMSNorm dims1 w100", "GroupNorm dims2 h8"])
 def test_shape_hints_on_the_input_load_and_run_as_in_stock_ncnn(tmp_path, case, fp16):
     """ncnn hands a Vulkan layer that takes packed blobs its input's shape hint packed already (c, h or w over 4
-    where they divide): the layer plans from the unpacked shape (it once took 8 channels for 2 and refused to
-    load)."""
+    where they divide): the layer plans from the unpacked shape, not from 8 channels taken for 2."""
     op, shape = case.split(" ", 1)
     dims = {"c8": (8, 3, 5), "w8": (8,), "w100": (100,), "h8": (8, 6)}[shape.split()[-1]]
     w, h, c = dims[-1], dims[-2] if len(dims) >= 2 else 1, dims[0] if len(dims) == 3 else 1

@@ -302,6 +302,9 @@ def test_groups_reads_the_shape_alone_without_allocating_it():
     ln = vknorm.LayerNorm(affine_size=1 << 20)
     g = ln.groups((1 << 20, 1 << 20))  # 2 TiB as float16, were it allocated
     assert (g["group_size"], g["groups"]) == (1 << 20, 1 << 20)
+    assert vknorm.LayerNorm(affine_size=768).groups(768)["groups"] == 1  # a dims-1 shape as an int, as numpy takes it
+    with pytest.raises(TypeError, match="integers"):
+        ln.groups((True, 8))
     gn = vknorm.GroupNorm(group=32, channels=320)
     assert gn.groups((320, 64, 64)) == {"group_size": 40960, "groups": 32, "planes": 10}
     with pytest.raises(ValueError, match="1..2"):

@@ -250,8 +250,8 @@ def test_nan_or_inf_in_one_group_poisons_that_group_as_the_cpu_reference_and_no_
 
 # Finite values whose squared deviations (~1e39-1e40) are not: the variance is inf, 1/sqrt(var + eps) is 0 and
 # the CPU reference gives y = 0 (beta with affine) for the group. Two ways to get there: +-3e19 in the group's
-# middle (the split path's merge of chunk statistics once made inf * 0 = NaN of it), and 1e20 as the first
-# element, inside the fused kernel's pivot (its one-reduction variance, sum_sq/n - mean^2, once made inf - inf).
+# middle (the split path's merge of chunk statistics must not make inf * 0 = NaN of it), and 1e20 as the first
+# element, inside the fused kernel's pivot (its one-reduction variance, sum_sq/n - mean^2, must not be inf - inf).
 def squares_past_float32(x, row, pattern):
     size = x.shape[-1]
     if pattern == "+-3e19":

@@ -186,9 +186,10 @@ class Recorder {
   // kernel choices (path, use_subgroup_ops, max_workgroup_size); storage and packing are the blob's own
   // (fp16, elempack), so use_fp16_storage and use_packing_layout are not read. Returns what the
   // dispatcher chose (gpu_us stays 0: see set_timing; pieces: the bindings the blob was split into).
-  // Throws std::invalid_argument for a bad shape or affine_size, a misaligned offset, a range too small
-  // for the blob, a blob past one binding that cannot be split at aligned group boundaries, or a float16
-  // blob the device cannot store; nothing is recorded then.
+  // Throws std::invalid_argument for a bad shape, one the params refuse (NormParams::layout: affine_size, or
+  // the channels of a GroupNorm/InstanceNorm), a misaligned offset, a range too small for the blob, a blob
+  // past one binding that cannot be split at aligned group boundaries (or whose pieces' per-channel weights
+  // would start off 16 bytes), or a float16 blob the device cannot store; nothing is recorded then.
   DispatchInfo record(VkCommandBuffer cmd, const BufferRef& blob, int dims, int w, int h, int d, int c, size_t cstep,
                       int elempack, bool fp16, const Option& opt = {});
 

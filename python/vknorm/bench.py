@@ -28,6 +28,7 @@ from typing import Optional
 
 import numpy as np
 
+LEAKY_SLOPE = 0.1  # --activation leakyrelu's slope, vknorm's and torch's
 DEFAULT_COLS = [32, 64, 128, 256, 512, 768, 1024, 2048, 4096, 8192, 16384, 32768]
 LATENCY_SHAPES = [(1, 768), (77, 512), (197, 768), (1, 4096)]
 # (channels, h, w, groups): SD UNet/VAE GroupNorm(32) sizes, the UNet up path's 960-channel concatenations
@@ -334,7 +335,7 @@ def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: b
         norm = ((lambda t: F.layer_norm(t, (cols,), w, b, 1e-5)) if op == "layernorm"
                 else (lambda t: F.rms_norm(t, (cols,), w, 1e-5)))
     r = torch.randn_like(x) if residual else None
-    act = {None: lambda t: t, "relu": F.relu, "leakyrelu": lambda t: F.leaky_relu(t, 0.1), "sigmoid": torch.sigmoid,
+    act = {None: lambda t: t, "relu": F.relu, "leakyrelu": lambda t: F.leaky_relu(t, LEAKY_SLOPE), "sigmoid": torch.sigmoid,
            "swish": F.silu, "gelu": F.gelu, "gelu_fast": lambda t: F.gelu(t, approximate="tanh")}[activation]
     fn = (lambda: act(norm(x + r))) if residual else (lambda: act(norm(x)))  # each op a kernel, as unfused
     for _ in range(5):
@@ -492,7 +493,7 @@ def run(args) -> int:
                     else:
                         layer.load_model(np.ones(n_weights, np.float32), np.zeros(n_weights, np.float32))
                     if args.activation:
-                        layer.set_activation(args.activation, 0.1 if args.activation == "leakyrelu" else 0.0)
+                        layer.set_activation(args.activation, LEAKY_SLOPE if args.activation == "leakyrelu" else 0.0)
                     vkmat = to_device(x, option)
                     residual = to_device(rng.standard_normal(x.shape, dtype=np.float32), option) if args.residual else None
                     nbytes = x.size * (2 if fp16 else 4)

@@ -247,8 +247,8 @@ class _Norm:
     def groups(self, shape) -> dict:
         """How an input of this shape splits into groups (ncnn's rules): group_size (elements of one
         group), groups, and planes (channel planes one group spans)."""
-        dims = tuple(shape)
-        if not all(isinstance(v, (int, np.integer)) for v in dims):
+        dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in dims):
             raise TypeError(f"shape must be integers, got {shape!r}")
         return self._layer.group_layout([int(v) for v in dims])
 
