@@ -539,6 +539,15 @@ int try_channel_refusals(VkCommandBuffer cmd, const vknorm::VulkanHandles& handl
          vknorm::Recorder fresh(handles, a.p);
          fresh.record(cmd, at, 3, a.w, a.h, 1, a.packed_c(), a.cstep, a.elempack, false);
        }},
+      {"a dims-1 float16 GroupNorm without storageBuffer16BitAccess",
+       [&] {  // ncnn packs dims 1 by 4; GroupNorm's channels are then single elements, read as single float16 values
+         vknorm::VulkanHandles no16 = handles;
+         no16.fp16_storage_enabled = false;
+         vknorm::NormParams p = channel_norm(vknorm::NormOp::GroupNorm, 2, 8, 1e-5f);
+         p.affine = 0;
+         vknorm::Recorder gn8(no16, p);
+         gn8.record(cmd, {buffer, a.offset, 16}, 1, 2, 1, 1, 1, 2, 4, true);
+       }},
       {"pieces whose per-channel weights would start off 16 bytes",
        [&] {  // one channel of 4 floats per binding: the second piece's weights would start at byte 4
          const ScopedEnv limit("VKNORM_MAX_BUFFER_BYTES", "16");

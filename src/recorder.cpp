@@ -543,9 +543,12 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
         throw refuse("kernel " + pass.variant + " needs a Vulkan 1.1 device; this one is used as " + m.info.api_version);
       if (needs.storage_16bit && !m.fp16_storage)
         throw refuse(dims1_packed
-                         ? "this dims-1 float16 blob is one group of " + std::to_string(pw) +
-                               " elements, too large for the fused kernel; the split path reads it as single float16 values (kernel " +
-                               pass.variant + "), which needs storageBuffer16BitAccess enabled on the device "
+                         ? std::string("this dims-1 float16 blob is read unpacked, ") +
+                               (m.params.op == NormOp::GroupNorm
+                                    ? "its " + std::to_string(pw) + " channels single elements,"
+                                    : "one group of " + std::to_string(pw) + " elements, too large for the fused kernel, on the split path,") +
+                               " as single float16 values (kernel " + pass.variant +
+                               "), which needs storageBuffer16BitAccess enabled on the device "
                                "(VulkanHandles::fp16_storage_enabled); record it as float32, or enable the feature"
                          : "this float16 blob is read as single float16 values (kernel " + pass.variant +
                                "), which needs storageBuffer16BitAccess enabled on the device (VulkanHandles::fp16_storage_enabled); "

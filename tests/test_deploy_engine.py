@@ -209,6 +209,8 @@ def test_channel_norms_cooperative_and_refusals(engine_example):
         "beta missing": "beta has 0 values, expected channels=12",
         "no weights loaded (affine=1)": "affine=1 but no weights loaded: call load_model first",
         "pieces whose per-channel weights would start off 16 bytes": "would bind the per-channel weights at byte 4",
+        "a dims-1 float16 GroupNorm without storageBuffer16BitAccess":
+            "this dims-1 float16 blob is read unpacked, its 8 channels single elements, as single float16 values",
     }
     lines = dict(re.findall(r"^refusal (.+?): (.*)$", proc.stdout, re.M))
     assert set(lines) == set(expected), proc.stdout
@@ -250,8 +252,8 @@ def test_bad_inputs_are_refused_before_anything_is_recorded(engine_example):
         "float16 elempack-1 groups of odd size without storageBuffer16BitAccess":
             "needs storageBuffer16BitAccess enabled on the device (VulkanHandles::fp16_storage_enabled)",
         "a dims-1 float16 group past the fused kernel without storageBuffer16BitAccess":
-            "this dims-1 float16 blob is one group of 262144 elements, too large for the fused kernel; the split "
-            "path reads it as single float16 values",
+            "this dims-1 float16 blob is read unpacked, one group of 262144 elements, too large for the fused "
+            "kernel, on the split path, as single float16 values",
         "a group larger than one storage buffer binding":
             "exceed one storage buffer binding (maxStorageBufferRange",
         "pieces at offsets off minStorageBufferOffsetAlignment":

@@ -40,9 +40,9 @@
 //   channel on: that channel times 4 bytes must be a multiple of 16 and of minStorageBufferOffsetAlignment.
 // - float16 blobs need a Vulkan 1.1 device. Elempack-1 float16 blobs need storageBuffer16BitAccess
 //   enabled on the device (VulkanHandles::fp16_storage_enabled); pack4 float16 blobs, and elempack-1 ones
-//   read as vec4s, do not, except a dims-1 pack4 blob too large for the fused kernel (its one group is read
-//   unpacked, as single float16 values, on the split path: record it as float32 there). Refused inputs
-//   throw std::invalid_argument before anything is recorded.
+//   read as vec4s, do not, except dims-1 pack4 blobs read unpacked as single float16 values: one too large for
+//   the fused kernel (its one group, on the split path), and any GroupNorm (its channels are single elements);
+//   record those as float32. Refused inputs throw std::invalid_argument before anything is recorded.
 //
 // Barriers
 // vknorm records no barrier before its first dispatch and none after its last. Order your own writes of
