@@ -494,9 +494,15 @@ NB_MODULE(_graph, m) {
     return std::string(::ncnn::get_gpu_info(i).device_name());
   });
   m.def("default_gpu_index", [] { return ::ncnn::get_default_gpu_index(); });
+  // Every vknorm layer of the process, nets cleared or destroyed included (vknorm::ncnn::counters()).
   m.def("process_counters", [] {
     const auto c = vknorm::ncnn::counters();
-    return std::make_tuple(c.vulkan_forwards, c.cpu_forwards, c.pipelines);
+    nb::dict d;
+    d["vulkan_forwards"] = c.vulkan_forwards;
+    d["cpu_forwards"] = c.cpu_forwards;
+    d["pipelines"] = c.pipelines;
+    d["unfused_adds"] = c.unfused_adds;
+    return d;
   });
   m.def("track_device_memory", &track_device_memory);
   m.def("device_memory", [] {

@@ -332,12 +332,12 @@ FuseResult fuse_param(const std::string& text) {
 
 int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<FusedPattern>* fused) {
   std::ifstream f(param_path, std::ios::binary);
-  if (!f) {
+  std::stringstream text;
+  // A directory opens as a stream whose first read fails: that is "cannot read", not an empty .param.
+  if (!f || !(text << f.rdbuf()) || f.bad()) {
     NCNN_LOGE("vknorm: cannot read %s", param_path);
     return -1;
   }
-  std::stringstream text;
-  text << f.rdbuf();
   FuseResult r;
   try {
     r = fuse_param(text.str());
@@ -345,8 +345,9 @@ int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<Fused
     NCNN_LOGE("vknorm: %s: %s", param_path, e.what());
     return -1;
   }
-  if (fused) *fused = r.fused;
-  return net.load_param_mem(r.param.c_str());
+  const int ret = net.load_param_mem(r.param.c_str());
+  if (fused) *fused = ret == 0 ? r.fused : std::vector<FusedPattern>{};  // what the loaded net holds
+  return ret;
 }
 
 }  // namespace ncnn

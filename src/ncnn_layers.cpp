@@ -27,7 +27,7 @@ namespace vknorm {
 namespace ncnn {
 namespace {
 
-std::atomic<uint64_t> g_vulkan_forwards{0}, g_cpu_forwards{0}, g_pipelines{0};
+std::atomic<uint64_t> g_vulkan_forwards{0}, g_cpu_forwards{0}, g_pipelines{0}, g_unfused_adds{0};
 
 // What the planner needs to know of ncnn's device, from ncnn's own description of it.
 DeviceInfo device_info(const ::ncnn::VulkanDevice& dev) {
@@ -177,6 +177,8 @@ class NormLayer : public ::ncnn::Layer {
       const int pack = s.dims >= 2 && outer % 4 == 0 ? 4 : 1;
       Blob b{s.dims, w, s.dims == 2 ? h / pack : h, s.d, s.dims >= 3 ? c / pack : c, 0, pack, fp16};
       b.cstep = ncnn_cstep(b.dims, b.w, b.h, b.d, size_t(fp16 ? 2 : 4) * pack);
+      // the variant the forward records: the fused add's, else out of place (support_inplace is off)
+      b.residual = fusion_.residual != Fusion::None ? fusion_.residual : Fusion::OutOfPlace;
       // A hint is a hint: one the layer's params refuse (ncnn itself never checks hints) leaves planning to the
       // first forward, which reports a real mismatch with the blob it meets.
       if (hint_fits_params(b) && !prepared(b, opt)) return -1;
@@ -291,6 +293,7 @@ class NormLayer : public ::ncnn::Layer {
       return record(*prep, a, &add, cmd, opt);
     }
     ++unfused_adds_;
+    ++g_unfused_adds;
     std::vector<::ncnn::VkMat> sum(1);
     if (int r = add_vk_->forward(bottoms, sum, cmd, opt)) return r;
     if (write_sum) {
@@ -597,7 +600,7 @@ Counters counters(const ::ncnn::Net& net) {
   return total;
 }
 
-Counters counters() { return {g_vulkan_forwards, g_cpu_forwards, g_pipelines, 0}; }
+Counters counters() { return {g_vulkan_forwards, g_cpu_forwards, g_pipelines, g_unfused_adds}; }
 
 }  // namespace ncnn
 }  // namespace vknorm

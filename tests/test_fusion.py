@@ -407,9 +407,11 @@ def test_broadcasting_add_met_at_run_time_is_left_to_ncnn(tmp_path, fp16):
     rng = np.random.default_rng(2)
     inputs = {"in0": rng.standard_normal((16, w)).astype(np.float32), "in1": rng.standard_normal(w).astype(np.float32)}
     ref = run_graph(p, b, inputs, vknorm_layers=False, vulkan=False, outputs=("out0", "out1"))[0]
+    before = graph._graph.process_counters()["unfused_adds"]
     got, net = run_graph(p, b, inputs, fp16=fp16, outputs=("out0", "out1"))
     assert [f["pattern"] for f in net.fused()] == ["BinaryOp+LayerNorm+GELU"]
     assert net.vknorm_counters()["unfused_adds"] >= 1
+    assert graph._graph.process_counters()["unfused_adds"] >= before + 1  # the process-wide count too
     tol = 4e-3 if fp16 else 1e-5
     for k in ("out0", "out1"):
         assert float(np.abs(got[k] - ref[k]).max()) <= tol * max(1.0, float(np.abs(ref[k]).max())), k
@@ -625,3 +627,35 @@ def test_shape_hints_on_the_input_load_and_run_as_in_stock_ncnn(tmp_path, case, 
     got = run_graph(p, b, inputs, fp16=fp16)[0]["out0"]
     tol = 4e-3 if fp16 else 1e-5
     assert float(np.abs(got - ref).max()) <= tol * max(1.0, float(np.abs(ref).max()))
+
+
+@needs_graph
+@pytest.mark.parametrize("fused", [False, True], ids=["norm", "add+norm"])
+def test_a_shape_hint_builds_the_pipeline_the_forward_records_and_no_other(tmp_path, fused):
+    """A hint on the norm's input (ncnnoptimize and pnnx write them) has the layer build its pipeline at load;
+    it must be the variant the forward then records (out of place, or the fused add's), not one more."""
+    hint = "-23330=4,2,64,16,0"
+    text = (f"7767517\n4 4\nInput in0 0 1 in0 {hint}\nInput in1 0 1 in1 {hint}\n"
+            f"BinaryOp add 2 1 in0 in1 s 0=0 {hint}\nLayerNorm ln 1 1 s out0 0=64 1=1e-05 2=0 {hint}\n")
+    p, b = write_model(tmp_path, text)
+    from vknorm._stdio import quiet_stderr
+
+    with quiet_stderr():
+        net = graph.configure(graph.Net(fuse=fused), vulkan=True)
+        assert net.load_param(str(p)) == 0 and net.load_model(str(b)) == 0
+    (ln,) = net.vknorm_layers()
+    assert ln["pipelines"] == 1, ln["variants"]
+    rng = np.random.default_rng(10)
+    graph_runs.extract_all(graph, net, {k: rng.standard_normal((16, 64)).astype(np.float32) for k in ("in0", "in1")},
+                           ("out0",))
+    (ln,) = net.vknorm_layers()
+    assert ln["pipelines"] == 1 and ln["vulkan_forwards"] == 1, ln["variants"]
+
+
+@needs_graph
+def test_loading_a_directory_as_a_param_is_cannot_read(tmp_path):
+    code = ("import sys\nfrom vknorm import graph\nnet = graph.configure(graph.Net(), vulkan=False)\n"
+            "print('load', net.load_param(sys.argv[1]))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "load -1" in proc.stdout, proc.stdout + proc.stderr
+    assert f"cannot read {tmp_path}" in proc.stderr and "magic" not in proc.stderr, proc.stderr

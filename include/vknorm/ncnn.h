@@ -61,7 +61,8 @@ struct FuseResult {
 // on a blob read before any layer produces it.
 FuseResult fuse_param(const std::string& param_text);
 // Reads `param_path`, fuses it and loads it into `net` (register_layers first). Returns ncnn's
-// load_param code, -1 when the file cannot be read or parsed (logged); `fused` receives what was fused.
+// load_param code, -1 when the file cannot be read or parsed (logged); `fused` receives what was fused (empty
+// unless the load succeeded).
 int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<FusedPattern>* fused = nullptr);
 
 // How vknorm layers ran. In a Vulkan net every forward is recorded on the GPU: cpu_forwards stays 0 (no
