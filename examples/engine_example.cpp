@@ -449,14 +449,34 @@ struct ScopedEnv {
   }
 };
 
+// A call vknorm must refuse with std::invalid_argument, recording nothing.
+struct Case {
+  const char* what;
+  std::function<void()> call;
+};
+
+// Tries every case, printing what vknorm said; returns how many were not refused as they should be.
+int refused_all(const std::vector<Case>& cases) {
+  int unexpected = 0;
+  for (const Case& c : cases) {
+    try {
+      c.call();
+      std::printf("refusal %s: NOT refused\n", c.what);
+      ++unexpected;
+    } catch (const std::invalid_argument& e) {
+      std::printf("refusal %s: %s\n", c.what, e.what());
+    } catch (const std::exception& e) {
+      std::printf("refusal %s: wrong exception: %s\n", c.what, e.what());
+      ++unexpected;
+    }
+  }
+  return unexpected;
+}
+
 // --refusals: record() calls vknorm must refuse with std::invalid_argument, recording nothing. Each is
 // tried on the command buffer the run then uses, so validation and the results show nothing was left.
 int try_refusals(VkCommandBuffer cmd, const vknorm::VulkanHandles& handles, VkBuffer buffer, uint64_t align,
                  uint64_t max_range, vknorm::Recorder& ln, const Blob& a) {
-  struct Case {
-    const char* what;
-    std::function<void()> call;
-  };
   const vknorm::BufferRef at{buffer, a.offset, a.span()};
   vknorm::VulkanHandles no16 = handles;
   no16.fp16_storage_enabled = false;
@@ -501,30 +521,13 @@ int try_refusals(VkCommandBuffer cmd, const vknorm::VulkanHandles& handles, VkBu
       {"gamma of the wrong size", [&] { ln.load_model(std::vector<float>(10, 1.f), a.beta); }},
       {"no device", [&] { vknorm::Recorder none(vknorm::VulkanHandles{}, vknorm::NormOp::LayerNorm, 768); }},
   };
-  int unexpected = 0;
-  for (const Case& c : cases) {
-    try {
-      c.call();
-      std::printf("refusal %s: NOT refused\n", c.what);
-      ++unexpected;
-    } catch (const std::invalid_argument& e) {
-      std::printf("refusal %s: %s\n", c.what, e.what());
-    } catch (const std::exception& e) {
-      std::printf("refusal %s: wrong exception: %s\n", c.what, e.what());
-      ++unexpected;
-    }
-  }
-  return unexpected;
+  return refused_all(cases);
 }
 
 // --refusals with --channel-norms: what GroupNorm/InstanceNorm Recorders must refuse (std::invalid_argument),
 // recording nothing.
 int try_channel_refusals(VkCommandBuffer cmd, const vknorm::VulkanHandles& handles, VkBuffer buffer, vknorm::Recorder& gn,
                          const Blob& a) {
-  struct Case {
-    const char* what;
-    std::function<void()> call;
-  };
   const vknorm::BufferRef at{buffer, a.offset, a.span()};
   const std::vector<Case> cases{
       {"8 channels into a GroupNorm of 12", [&] { gn.record(cmd, at, 3, a.w, a.h, 1, 2, a.cstep, 4, false); }},
@@ -556,20 +559,7 @@ int try_channel_refusals(VkCommandBuffer cmd, const vknorm::VulkanHandles& handl
          in.record(cmd, {buffer, a.offset, 32}, 3, 4, 1, 1, 2, 4, 1, false);
        }},
   };
-  int unexpected = 0;
-  for (const Case& c : cases) {
-    try {
-      c.call();
-      std::printf("refusal %s: NOT refused\n", c.what);
-      ++unexpected;
-    } catch (const std::invalid_argument& e) {
-      std::printf("refusal %s: %s\n", c.what, e.what());
-    } catch (const std::exception& e) {
-      std::printf("refusal %s: wrong exception: %s\n", c.what, e.what());
-      ++unexpected;
-    }
-  }
-  return unexpected;
+  return refused_all(cases);
 }
 
 int run(const Args& args) {

@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 #include <nanobind/stl/map.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -25,6 +26,24 @@ namespace {
 // nb::ro: from_numpy only reads, so read-only arrays (a memory map, np.frombuffer, np.broadcast_to) are taken too.
 using Array = nb::ndarray<nb::numpy, nb::ro, nb::c_contig, nb::device::cpu>;
 
+// A numpy shape (w), (h, w), (c, h, w), (c, d, h, w) as ncnn's extents {w, h, d, c} (1 where absent).
+std::array<int, 4> ncnn_extents(const std::vector<int64_t>& shape) {
+  const size_t nd = shape.size();
+  if (nd < 1 || nd > 4) throw std::invalid_argument("expected 1-4 dims, got " + std::to_string(nd));
+  std::array<int, 4> out{1, 1, 1, 1};
+  const int order[4][4] = {{0}, {1, 0}, {3, 1, 0}, {3, 2, 1, 0}};
+  for (size_t i = 0; i < nd; ++i) {
+    if (shape[i] < 1 || shape[i] > int64_t(INT32_MAX)) {  // ncnn's Mat sizes are int
+      std::string dims;
+      for (size_t k = 0; k < nd; ++k) dims += (k ? ", " : "") + std::to_string(shape[k]);
+      throw std::invalid_argument("every dimension must be 1..2^31-1 (ncnn's Mat sizes are int), got shape (" +
+                                  dims + ")");
+    }
+    out[order[nd - 1][i]] = int(shape[i]);
+  }
+  return out;
+}
+
 // numpy (w), (h, w), (c, h, w), (c, d, h, w) -> elempack-1 Mat, as pyncnn's Mat(numpy) does.
 Mat mat_from_numpy(const Array& a) {
   const size_t nd = a.ndim();
@@ -32,17 +51,9 @@ Mat mat_from_numpy(const Array& a) {
   const bool f16 = a.dtype().code == uint8_t(nb::dlpack::dtype_code::Float) && a.dtype().bits == 16;
   const bool f32 = a.dtype() == nb::dtype<float>();
   if (!f16 && !f32) throw std::invalid_argument("expected float32 or float16 data");
-  int shape[4] = {1, 1, 1, 1};  // w, h, d, c
-  const int order[4][4] = {{0}, {1, 0}, {3, 1, 0}, {3, 2, 1, 0}};
-  for (size_t i = 0; i < nd; ++i) {
-    if (a.shape(i) < 1 || uint64_t(a.shape(i)) > uint64_t(INT32_MAX)) {  // ncnn's Mat sizes are int
-      std::string dims;
-      for (size_t k = 0; k < nd; ++k) dims += (k ? ", " : "") + std::to_string(a.shape(k));
-      throw std::invalid_argument("every dimension must be 1..2^31-1 (ncnn's Mat sizes are int), got shape (" +
-                                  dims + ")");
-    }
-    shape[order[nd - 1][i]] = int(a.shape(i));
-  }
+  std::vector<int64_t> dims(nd);
+  for (size_t i = 0; i < nd; ++i) dims[i] = int64_t(a.shape(i));
+  const std::array<int, 4> shape = ncnn_extents(dims);
   Mat m = Mat::create(int(nd), shape[0], shape[1], shape[2], shape[3], f16 ? 2 : 4, 1);
   const size_t plane = size_t(shape[0]) * shape[1] * shape[2] * m.scalar_bytes();
   const size_t channels = nd >= 3 ? size_t(shape[3]) : 1;
@@ -285,18 +296,9 @@ NB_MODULE(_core, m) {
       // How an elempack-1 input of this numpy shape splits into groups under this layer's params (no memory
       // is touched: the shape alone decides).
       .def("group_layout", [](const Norm& n, const std::vector<int64_t>& shape) {
-        const size_t nd = shape.size();
-        if (nd < 1 || nd > 4) throw std::invalid_argument("expected 1-4 dims, got " + std::to_string(nd));
-        int s[4] = {1, 1, 1, 1};  // w, h, d, c
-        const int order[4][4] = {{0}, {1, 0}, {3, 1, 0}, {3, 2, 1, 0}};
-        for (size_t i = 0; i < nd; ++i) {
-          if (shape[i] < 1 || shape[i] > INT32_MAX)
-            throw std::invalid_argument("every dimension must be 1..2^31-1 (ncnn's Mat sizes are int), got " +
-                                        std::to_string(shape[i]));
-          s[order[nd - 1][i]] = int(shape[i]);
-        }
-        const size_t cstep = ncnn_cstep(int(nd), s[0], s[1], s[2], 4);
-        const GroupLayout g = n.layout(int(nd), s[0], s[1], s[2], s[3], cstep, 1);
+        const int nd = int(shape.size());
+        const std::array<int, 4> s = ncnn_extents(shape);  // w, h, d, c
+        const GroupLayout g = n.layout(nd, s[0], s[1], s[2], s[3], ncnn_cstep(nd, s[0], s[1], s[2], 4), 1);
         nb::dict r;
         r["group_size"] = g.group_size;  // elempack 1: elements of one group
         r["groups"] = g.groups();

@@ -31,6 +31,15 @@ namespace {
 using Array = nb::ndarray<nb::numpy, const float, nb::c_contig, nb::device::cpu>;
 
 // numpy (w), (h, w), (c, h, w), (c, d, h, w) float32 -> an ncnn::Mat that owns a copy (pyncnn's order).
+nb::dict counters_dict(const vknorm::ncnn::Counters& c) {
+  nb::dict d;
+  d["vulkan_forwards"] = c.vulkan_forwards;
+  d["cpu_forwards"] = c.cpu_forwards;
+  d["pipelines"] = c.pipelines;
+  d["unfused_adds"] = c.unfused_adds;
+  return d;
+}
+
 ::ncnn::Mat mat_from_numpy(const Array& a) {
   const size_t nd = a.ndim();
   if (nd < 1 || nd > 4) throw std::invalid_argument("Mat: expected a 1-4 dim float32 array, got " + std::to_string(nd) + " dims");
@@ -457,16 +466,7 @@ NB_MODULE(_graph, m) {
              }
              return out;
            })
-      .def("vknorm_counters",
-           [](Net& n) {
-             const auto c = vknorm::ncnn::counters(n.net);
-             nb::dict d;
-             d["vulkan_forwards"] = c.vulkan_forwards;
-             d["cpu_forwards"] = c.cpu_forwards;
-             d["pipelines"] = c.pipelines;
-             d["unfused_adds"] = c.unfused_adds;
-             return d;
-           })
+      .def("vknorm_counters", [](Net& n) { return counters_dict(vknorm::ncnn::counters(n.net)); })
       .def("create_extractor",
            [](std::shared_ptr<Net> n) {
              n->check_runnable();
@@ -495,15 +495,7 @@ NB_MODULE(_graph, m) {
   });
   m.def("default_gpu_index", [] { return ::ncnn::get_default_gpu_index(); });
   // Every vknorm layer of the process, nets cleared or destroyed included (vknorm::ncnn::counters()).
-  m.def("process_counters", [] {
-    const auto c = vknorm::ncnn::counters();
-    nb::dict d;
-    d["vulkan_forwards"] = c.vulkan_forwards;
-    d["cpu_forwards"] = c.cpu_forwards;
-    d["pipelines"] = c.pipelines;
-    d["unfused_adds"] = c.unfused_adds;
-    return d;
-  });
+  m.def("process_counters", [] { return counters_dict(vknorm::ncnn::counters()); });
   m.def("track_device_memory", &track_device_memory);
   m.def("device_memory", [] {
     MemoryTracker& t = tracker();

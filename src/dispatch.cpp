@@ -550,6 +550,12 @@ bool needs_16bit_storage(const ForwardPlan& plan) {
   return false;
 }
 
+BindingLimit binding_limit(uint64_t max_storage_buffer_range) {
+  BindingLimit l{max_storage_buffer_range ? max_storage_buffer_range : ~0ull, "maxStorageBufferRange"};
+  if (const uint64_t knob = env_max_buffer_bytes(); knob && knob < l.bytes) l = {knob, "VKNORM_MAX_BUFFER_BYTES"};
+  return l;
+}
+
 uint64_t env_max_buffer_bytes() {
   const char* v = std::getenv("VKNORM_MAX_BUFFER_BYTES");
   if (!v || !*v) return 0;

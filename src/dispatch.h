@@ -185,5 +185,12 @@ bool needs_16bit_storage(const ForwardPlan& plan);
 // the pieces path with small tensors); 0 when unset. Read on every forward; std::invalid_argument for
 // anything but a positive integer.
 uint64_t env_max_buffer_bytes();
+// The bytes one storage-buffer binding may hold: the device's maxStorageBufferRange (0: no limit), lowered by
+// VKNORM_MAX_BUFFER_BYTES; `why` names the one that applies. Throws as env_max_buffer_bytes.
+struct BindingLimit {
+  uint64_t bytes;
+  const char* why;  // "maxStorageBufferRange" or "VKNORM_MAX_BUFFER_BYTES"
+};
+BindingLimit binding_limit(uint64_t max_storage_buffer_range);
 
 }  // namespace vknorm

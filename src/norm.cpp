@@ -109,10 +109,9 @@ Run plan_run(const Norm::Gpu& gpu, const GroupLayout& g, size_t elemsize, uint64
              const Option& opt, bool resident, const std::string& what) {
   Context::Impl& impl = gpu.ctx->impl();
   const DeviceInfo& info = impl.info;
-  uint64_t max_buffer = info.max_storage_buffer_range ? info.max_storage_buffer_range : ~0ull;
-  std::string buffer_why = "the device's maxStorageBufferRange";
-  if (const uint64_t knob = env_max_buffer_bytes(); knob && knob < max_buffer)
-    max_buffer = knob, buffer_why = "VKNORM_MAX_BUFFER_BYTES";
+  const BindingLimit limit = binding_limit(info.max_storage_buffer_range);
+  const uint64_t max_buffer = limit.bytes;
+  const std::string buffer_why = limit.why == std::string("maxStorageBufferRange") ? "the device's maxStorageBufferRange" : limit.why;
   const uint64_t group_bytes = uint64_t(g.group_size) * elemsize;
   if (group_bytes > max_buffer || g.group_size > kMaxPieceElements)
     throw std::invalid_argument(
@@ -577,8 +576,7 @@ double copy_repeated(const VkMat& src, int warmup, int reps, bool shader) {
   auto& impl = ctx->impl();
   // Not src.bytes(): cstep padding (up to 14 % more at small planes) is not moved by a norm.
   const vk::DeviceSize bytes = src.element_bytes();
-  uint64_t max_buffer = impl.info.max_storage_buffer_range;  // VKNORM_MAX_BUFFER_BYTES lowers it, as for the norms
-  if (const uint64_t knob = env_max_buffer_bytes(); knob && knob < max_buffer) max_buffer = knob;
+  const uint64_t max_buffer = binding_limit(impl.info.max_storage_buffer_range).bytes;  // as the norms bind
   if (shader && bytes > max_buffer)
     throw std::invalid_argument("copy_repeated: " + std::to_string(bytes) + " bytes exceed one storage buffer (" +
                                 std::to_string(max_buffer) + " bytes)");

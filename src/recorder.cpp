@@ -497,10 +497,11 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   // One binding holds at most maxStorageBufferRange bytes (VKNORM_MAX_BUFFER_BYTES lowers it, as for
   // vknorm's own context) and a kernel indexes at most 2^31 packed elements: a larger blob is recorded in
   // pieces of whole groups (plan_pieces, as Norm splits), each bound at its own offset of the caller's buffer.
-  uint64_t max_buffer = m.info.max_storage_buffer_range ? m.info.max_storage_buffer_range : ~0ull;
-  std::string limit = "maxStorageBufferRange";
+  uint64_t max_buffer = 0;
+  std::string limit;
   try {
-    if (const uint64_t knob = env_max_buffer_bytes(); knob && knob < max_buffer) max_buffer = knob, limit = "VKNORM_MAX_BUFFER_BYTES";
+    const BindingLimit b = binding_limit(m.info.max_storage_buffer_range);
+    max_buffer = b.bytes, limit = b.why;
   } catch (const std::invalid_argument& e) {
     throw refuse(e.what());
   }

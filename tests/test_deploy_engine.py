@@ -45,6 +45,11 @@ def engine_example(installed):  # noqa: F811
     return ENGINE_EXE
 
 
+# The cooperative path on lavapipe: 2 resident workgroups declared, both run at once, groups split in 2 chunks.
+TWO_RESIDENT_WORKGROUPS = {"VKNORM_COOPERATIVE_WORKGROUPS": "2", "VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE": "1",
+                           "LP_NUM_THREADS": "2"}
+
+
 def launch(exe, *args, validation=True, extra_env=None):
     env = dict(os.environ)
     env.pop("VKNORM_VALIDATION", None)
@@ -129,8 +134,7 @@ def test_cooperative_forwards_of_one_recorder_at_another_layout_clear_its_scratc
     chunks). The second forward's smaller scratch puts the counters where the first one's partials were, so the
     Recorder must clear them again rather than take them for the zeros the first forward left behind."""
     proc = launch(engine_example, "--cooperative-reuse", "--repeat", "2",
-                  extra_env={"VKNORM_COOPERATIVE_WORKGROUPS": "2", "VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE": "1",
-                             "LP_NUM_THREADS": "2"})
+                  extra_env=TWO_RESIDENT_WORKGROUPS)
     assert_clean_run(proc)
     assert re.search(r"^B LayerNorm .*cooperative \(2 forwards\): path cooperative, 1 dispatch\(es\) x 2$",
                      proc.stdout, re.M), proc.stdout
@@ -195,8 +199,7 @@ def test_channel_norms_cooperative_and_refusals(engine_example):
     GroupNorm/InstanceNorm Recorder refuses: wrong channels, params ncnn refuses, the LayerNorm constructor,
     wrong weights, none loaded, weights of a piece off a vec4."""
     proc = launch(engine_example, "--channel-norms", "--cooperative-reuse", "--refusals",
-                  extra_env={"VKNORM_COOPERATIVE_WORKGROUPS": "2", "VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE": "1",
-                             "LP_NUM_THREADS": "2"})
+                  extra_env=TWO_RESIDENT_WORKGROUPS)
     assert_clean_run(proc)
     assert re.search(r"^B InstanceNorm .*cooperative \(2 forwards\): path cooperative, 1 dispatch\(es\) x 1$",
                      proc.stdout, re.M), proc.stdout
