@@ -100,18 +100,13 @@ DeviceInfo describe(const Instance& inst, const vk::raii::PhysicalDevice& pd, in
   info.index = index;
   const auto props = pd.getProperties();
   const uint32_t api = std::min(props.apiVersion, inst.api_version);
-  info.name = props.deviceName.data();
-  info.type = device_type_name(static_cast<VkPhysicalDeviceType>(props.deviceType));
-  info.vendor_id = props.vendorID;
-  info.device_id = props.deviceID;
-  info.driver_version = props.driverVersion;
+  read_properties(props, info);
   // The version vknorm uses: the device's, unless the instance is capped below its minor version
   // (VKNORM_VULKAN_API, or an older loader).
   info.api_version = VK_API_VERSION_MINOR(api) < VK_API_VERSION_MINOR(props.apiVersion) ||
                              VK_API_VERSION_MAJOR(api) < VK_API_VERSION_MAJOR(props.apiVersion)
                          ? version_string(api)
                          : version_string(props.apiVersion);
-  info.max_shared_memory = props.limits.maxComputeSharedMemorySize;
   // VKNORM_MAX_SHARED_MEMORY=bytes: report (and so plan for) at most this much shared memory per
   // workgroup, as on a device with a smaller limit (Vulkan guarantees 16384). At least 256.
   if (const uint64_t cap = env_uint("VKNORM_MAX_SHARED_MEMORY")) {
@@ -119,28 +114,14 @@ DeviceInfo describe(const Instance& inst, const vk::raii::PhysicalDevice& pd, in
       throw std::invalid_argument("VKNORM_MAX_SHARED_MEMORY=" + std::to_string(cap) + ": at least 256 bytes");
     info.max_shared_memory = uint32_t(std::min<uint64_t>(info.max_shared_memory, cap));
   }
-  info.max_workgroup_invocations = props.limits.maxComputeWorkGroupInvocations;
-  info.max_workgroup_size_x = props.limits.maxComputeWorkGroupSize[0];
-  info.max_workgroup_count_x = props.limits.maxComputeWorkGroupCount[0];
-  info.max_storage_buffer_range = props.limits.maxStorageBufferRange;
-  info.timestamp_period_ns = props.limits.timestampPeriod;
   const uint32_t qf = compute_queue_family(pd);
   info.timestamps = qf != UINT32_MAX && pd.getQueueFamilyProperties()[qf].timestampValidBits > 0;
-  for (const auto& heap : pd.getMemoryProperties().memoryHeaps)
-    if (heap.flags & vk::MemoryHeapFlagBits::eDeviceLocal) info.device_local_bytes += heap.size;
+  info.device_local_bytes = device_local_bytes(pd.getMemoryProperties());
 
   if (api >= VK_API_VERSION_1_1) {
     auto chain = pd.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceSubgroupProperties>();
     const auto& sg = chain.get<vk::PhysicalDeviceSubgroupProperties>();
-    info.subgroup_size = sg.subgroupSize;
-    info.subgroup_compute = bool(sg.supportedStages & vk::ShaderStageFlagBits::eCompute);
-    const std::pair<vk::SubgroupFeatureFlagBits, const char*> ops[] = {
-        {vk::SubgroupFeatureFlagBits::eBasic, "basic"},         {vk::SubgroupFeatureFlagBits::eVote, "vote"},
-        {vk::SubgroupFeatureFlagBits::eArithmetic, "arithmetic"}, {vk::SubgroupFeatureFlagBits::eBallot, "ballot"},
-        {vk::SubgroupFeatureFlagBits::eShuffle, "shuffle"},     {vk::SubgroupFeatureFlagBits::eShuffleRelative, "shuffle_relative"},
-        {vk::SubgroupFeatureFlagBits::eClustered, "clustered"}, {vk::SubgroupFeatureFlagBits::eQuad, "quad"}};
-    for (auto [bit, name] : ops)
-      if (sg.supportedOperations & bit) info.subgroup_ops.push_back(name);
+    read_subgroup(sg, info);
     auto feats = pd.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDevice16BitStorageFeatures>();
     info.storage_16bit = feats.get<vk::PhysicalDevice16BitStorageFeatures>().storageBuffer16BitAccess;
     info.compute_units = multiprocessor_count<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV>(pd);

@@ -204,37 +204,16 @@ struct Recorder::Impl {
     const vk::PhysicalDeviceProperties props = caller.physical.getProperties();
     const uint32_t requested = h.api_version ? major_minor(h.api_version) : version_of(1, 0);
     api = std::min(requested, major_minor(props.apiVersion));
-    info.name = props.deviceName.data();
-    info.type = device_type_name(static_cast<VkPhysicalDeviceType>(props.deviceType));
-    info.vendor_id = props.vendorID;
-    info.device_id = props.deviceID;
-    info.driver_version = props.driverVersion;
+    read_properties(props, info);
     info.api_version = version_string(api == major_minor(props.apiVersion) ? props.apiVersion : api);
-    info.max_shared_memory = props.limits.maxComputeSharedMemorySize;
-    info.max_workgroup_invocations = props.limits.maxComputeWorkGroupInvocations;
-    info.max_workgroup_size_x = props.limits.maxComputeWorkGroupSize[0];
-    info.max_workgroup_count_x = props.limits.maxComputeWorkGroupCount[0];
-    info.max_storage_buffer_range = props.limits.maxStorageBufferRange;
-    info.timestamp_period_ns = props.limits.timestampPeriod;
     max_count_y = props.limits.maxComputeWorkGroupCount[1];
     alignment = std::max<uint64_t>(props.limits.minStorageBufferOffsetAlignment, 1);
     memory_properties = caller.physical.getMemoryProperties();
-    for (uint32_t i = 0; i < memory_properties.memoryHeapCount; ++i)
-      if (memory_properties.memoryHeaps[i].flags & vk::MemoryHeapFlagBits::eDeviceLocal)
-        info.device_local_bytes += memory_properties.memoryHeaps[i].size;
+    info.device_local_bytes = device_local_bytes(memory_properties);
     if (api >= version_of(1, 1) && caller.instance.getDispatcher()->vkGetPhysicalDeviceProperties2) {
       const auto chain = caller.physical.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceSubgroupProperties>();
       const auto& sg = chain.get<vk::PhysicalDeviceSubgroupProperties>();
-      info.subgroup_size = sg.subgroupSize;
-      info.subgroup_compute = bool(sg.supportedStages & vk::ShaderStageFlagBits::eCompute);
-      const std::pair<vk::SubgroupFeatureFlagBits, const char*> ops[] = {
-          {vk::SubgroupFeatureFlagBits::eBasic, "basic"},           {vk::SubgroupFeatureFlagBits::eVote, "vote"},
-          {vk::SubgroupFeatureFlagBits::eArithmetic, "arithmetic"}, {vk::SubgroupFeatureFlagBits::eBallot, "ballot"},
-          {vk::SubgroupFeatureFlagBits::eShuffle, "shuffle"},
-          {vk::SubgroupFeatureFlagBits::eShuffleRelative, "shuffle_relative"},
-          {vk::SubgroupFeatureFlagBits::eClustered, "clustered"},   {vk::SubgroupFeatureFlagBits::eQuad, "quad"}};
-      for (auto [bit, name] : ops)
-        if (sg.supportedOperations & bit) info.subgroup_ops.push_back(name);
+      read_subgroup(sg, info);
       const auto need = vk::SubgroupFeatureFlagBits::eBasic | vk::SubgroupFeatureFlagBits::eArithmetic |
                         vk::SubgroupFeatureFlagBits::eShuffle;
       subgroup_reduce = info.subgroup_compute && (sg.supportedOperations & need) == need;
