@@ -1,5 +1,6 @@
 #include "vknorm/mat.h"
 
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 
@@ -16,6 +17,14 @@ Mat Mat::create(int dims, int w, int h, int d, int c, size_t scalar_bytes, int e
   if (elempack != 1 && elempack != 4) throw std::invalid_argument("Mat: elempack must be 1 or 4");
   if (w < 0 || (dims >= 2 && h < 0) || (dims == 4 && d < 0) || (dims >= 3 && c < 0))
     throw std::invalid_argument("Mat: extents must be >= 0");
+  // The allocation, cstep padding included, must not wrap size_t (its bytes would read as a small Mat).
+  const size_t elemsize = scalar_bytes * size_t(elempack);
+  size_t bytes = 1;
+  for (size_t f : {size_t(w), size_t(dims >= 2 ? h : 1), size_t(dims == 4 ? d : 1), elemsize, size_t(dims >= 3 ? c : 1)})
+    if (__builtin_mul_overflow(bytes, f, &bytes) || bytes > (SIZE_MAX >> 1))
+      throw std::invalid_argument("Mat: a " + std::to_string(dims) + "-d blob of w=" + std::to_string(w) + " h=" +
+                                  std::to_string(h) + " d=" + std::to_string(d) + " c=" + std::to_string(c) +
+                                  " is too large to address");
   Mat m;
   m.dims = dims;
   m.w = w;
@@ -23,7 +32,7 @@ Mat Mat::create(int dims, int w, int h, int d, int c, size_t scalar_bytes, int e
   m.d = dims == 4 ? d : 1;
   m.c = dims >= 3 ? c : 1;
   m.elempack = elempack;
-  m.elemsize = scalar_bytes * elempack;
+  m.elemsize = elemsize;
   m.cstep = ncnn_cstep(dims, m.w, m.h, m.d, m.elemsize);
   m.storage_ = std::make_shared<std::vector<unsigned char>>(m.bytes());
   return m;

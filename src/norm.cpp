@@ -234,12 +234,30 @@ Norm::~Norm() = default;
 namespace {
 // A snapshot of `n` on `ctx`; the caller holds n's mutex.
 std::shared_ptr<Norm::Gpu> make_gpu(const Norm& n, std::shared_ptr<Context> ctx) {
+  n.check();  // the public fields may have been written directly, past load_param's checks
   auto gpu = std::make_shared<Norm::Gpu>();
   gpu->ctx = std::move(ctx);
   static_cast<NormParams&>(*gpu) = n;
   gpu->activation = n.activation, gpu->activation_alpha = n.activation_alpha;
   gpu->gamma_data = n.gamma_data, gpu->beta_data = n.beta_data;
   return gpu;
+}
+
+template <class T>
+bool same_bits(const T& a, const T& b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// Whether `gpu` still mirrors n's public fields (bit for bit: a NaN weight is no change), or they were
+// written directly since, ncnn style.
+bool mirrors(const Norm::Gpu& gpu, const Norm& n) {
+  return gpu.op == n.op && gpu.affine_size == n.affine_size && gpu.group == n.group && gpu.channels == n.channels &&
+         same_bits(gpu.eps, n.eps) && gpu.affine == n.affine && gpu.activation == n.activation &&
+         same_bits(gpu.activation_alpha, n.activation_alpha) && same_floats(gpu.gamma_data, n.gamma_data) &&
+         same_floats(gpu.beta_data, n.beta_data);
 }
 
 void ensure_weights(Norm::Gpu& gpu) {
@@ -298,6 +316,7 @@ std::shared_ptr<Norm::Gpu> Norm::gpu_for(const std::shared_ptr<Context>& ctx) {
   else if (ctx && gpu_->ctx != ctx)
     throw std::invalid_argument("VkMat lives on another Vulkan context than this layer's (another device, or the same device "
                                 "opened again): upload it to the layer's device, or call create_pipeline with the VkMat's");
+  else if (!mirrors(*gpu_, *this)) gpu_ = make_gpu(*this, gpu_->ctx);  // fields written directly since
   return gpu_;
 }
 
@@ -524,16 +543,19 @@ VkMat Norm::forward_add(const VkMat& x, const VkMat& residual, VkMat* sum, const
   const GroupLayout g = add_layout(*gpu, x, residual);
   ensure_weights(*gpu);
   const bool fp16 = x.elemsize == 2u * x.elempack;
+  // `sum` may name x or residual (x = x + r): their buffers are held until the kernel has run.
+  const std::shared_ptr<VkMat::Buffer> x_buffer = x.buffer, residual_buffer = residual.buffer;
   VkMat out = VkMat::create_like(x);
-  if (sum) *sum = VkMat::create_like(x);
+  VkMat written_sum = sum ? VkMat::create_like(x) : VkMat();
   Workspace ws;
   Submission s(gpu->ctx->impl(), 3);
-  const AddBuffers add{residual.buffer.get(), out.buffer.get(), sum ? sum->buffer.get() : nullptr};
+  const AddBuffers add{residual_buffer.get(), out.buffer.get(), sum ? written_sum.buffer.get() : nullptr};
   s.timestamp(0);
-  DispatchInfo info = record(*gpu, s, *x.buffer, g, fp16, opt, ws, 0, &add);
+  DispatchInfo info = record(*gpu, s, *x_buffer, g, fp16, opt, ws, 0, &add);
   s.timestamp(1);
   s.submit_and_wait();
   info.gpu_us = s.gpu_us();
+  if (sum) *sum = std::move(written_sum);
   std::lock_guard<std::mutex> lock(mutex_);
   last_ = info;
   return out;

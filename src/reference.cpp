@@ -1,6 +1,7 @@
 // The group model and ncnn's CPU algorithm, the reference every Vulkan path is checked against.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -292,7 +293,10 @@ void Norm::forward_inplace_cpu(Mat& m) const {
     Mat f = convert_packing(cast_fp32(m), 1);
     forward_inplace_cpu(f);
     Mat back = convert_packing(f, m.elempack);
-    m = m.is_fp16() ? cast_fp16(back) : back;
+    if (m.is_fp16()) back = cast_fp16(back);
+    // In place: into m's own storage, which its shallow copies share (as forward_inplace).
+    if (back.bytes() != m.bytes()) throw std::logic_error("vknorm: host layout mismatch");
+    std::memcpy(m.data(), back.data(), m.bytes());
     return;
   }
   const GroupLayout g = layout(m.dims, m.w, m.h, m.d, m.c, m.cstep, 1);

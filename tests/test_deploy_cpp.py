@@ -36,6 +36,20 @@ def run(cmd, what, **kw):
     return proc
 
 
+def configure_consumer(directory, find_package_args, *cmake_args):
+    """Configures a consumer whose CMakeLists calls find_package(vknorm <find_package_args>) and prints
+    vknorm_ncnn_FOUND; returns the CompletedProcess (not asserted: some calls must fail)."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "CMakeLists.txt"), "w") as f:
+        f.write("cmake_minimum_required(VERSION 3.18)\nproject(consumer LANGUAGES CXX)\n"
+                f"find_package(vknorm {find_package_args})\n"
+                'message(STATUS "vknorm_FOUND=${vknorm_FOUND} vknorm_ncnn_FOUND=${vknorm_ncnn_FOUND}")\n')
+    build = os.path.join(directory, "build")
+    shutil.rmtree(build, ignore_errors=True)
+    return subprocess.run(["cmake", "-S", directory, "-B", build, *generator_args(build), *cmake_args],
+                          capture_output=True, text=True, env=cmake_env())
+
+
 def generator_args(build_dir):
     """-G Ninja for a new build directory when ninja runs here; an existing one keeps its generator."""
     if os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
@@ -94,6 +108,17 @@ def test_install_tree_is_a_cmake_package_without_vulkan(installed):
     assert "vulkan" not in targets.lower(), "the exported target mentions Vulkan"
     m = re.search(r'INTERFACE_LINK_LIBRARIES "([^"]*)"', targets)
     assert m and set(m.group(1).split(";")) == {"dl", "Threads::Threads"}, m and m.group(1)
+
+
+def test_package_without_ncnn_layers_lacks_its_ncnn_component(installed, tmp_path):
+    """The component ncnn names vknorm's layers for ncnn nets: an install built without ncnn refuses
+    REQUIRED COMPONENTS ncnn, and OPTIONAL_COMPONENTS ncnn finds the core with vknorm_ncnn_FOUND false."""
+    prefix = f"-DCMAKE_PREFIX_PATH={PREFIX}"
+    required = configure_consumer(tmp_path / "required", "0.1 CONFIG REQUIRED COMPONENTS ncnn", prefix)
+    assert required.returncode != 0 and "vknorm_FOUND to FALSE" in required.stderr, required.stderr
+    optional = configure_consumer(tmp_path / "optional", "0.1 CONFIG REQUIRED OPTIONAL_COMPONENTS ncnn", prefix)
+    assert optional.returncode == 0, optional.stderr
+    assert "vknorm_FOUND=1 vknorm_ncnn_FOUND=FALSE" in optional.stdout, optional.stdout
 
 
 def test_example_finds_the_installed_package(example):
@@ -198,8 +223,10 @@ CPP_TESTS_BUILD = os.path.join(ROOT, "build", "cxx-tests" + (f"-{_WORKER}" if _W
 def test_cpp_api_promises_no_example_shows(installed):
     """tests/cpp/api_contracts.cpp against the installed package: load_param after create_pipeline(ctx)
     keeps the layer on ctx; forward_inplace(Mat&) writes into the Mat's own storage (shared by its shallow
-    copies) also where the device needs a converted copy (pack4, float16 storage); Mat::create and
-    blob_span_bytes refuse sizes that are negative or wrap 64 bits. Each check prints ok or FAIL. It makes a
+    copies) also where the device needs a converted copy (pack4, float16 storage), and so does
+    forward_inplace_cpu; forward_add's sum may be written over x or the residual; public fields written
+    directly after a forward take effect (checked) at the next one; Mat::create and blob_span_bytes refuse
+    sizes that are negative or wrap 64 bits. Each check prints ok or FAIL. It makes a
     context of its own beside the default one and exits cleanly under the validation layer (the default
     context, released after the layer's own teardown, crashed it at exit: SIGSEGV)."""
     env = cmake_env()
@@ -211,4 +238,4 @@ def test_cpp_api_promises_no_example_shows(installed):
                           env=dict(os.environ, VKNORM_VALIDATION="1"))
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and not any(ln.startswith("FAIL") for ln in lines), proc.stdout + proc.stderr
-    assert sum(ln.startswith("ok: ") for ln in lines) == 10, proc.stdout
+    assert sum(ln.startswith("ok: ") for ln in lines) == 17, proc.stdout

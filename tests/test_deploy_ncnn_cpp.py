@@ -41,7 +41,7 @@ import numpy as np
 import pytest
 
 import graph_runs
-from test_deploy_cpp import ROOT, cmake_env, generator_args, run
+from test_deploy_cpp import ROOT, cmake_env, configure_consumer, generator_args, run
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -226,6 +226,16 @@ def test_install_exports_the_ncnn_layers(installed):
     with open(os.path.join(cfg, "vknormConfig.cmake")) as f:
         config = f.read()
     assert re.search(r"if\((TRUE|ON|1)\)\s*find_dependency\(ncnn\)", config), config
+
+
+@pytest.mark.parametrize("component", ["ncnn", "vknorm_ncnn"])
+def test_package_with_ncnn_layers_has_its_ncnn_component(installed, tmp_path, component):
+    """find_package(vknorm COMPONENTS ncnn) (or the target's name, vknorm_ncnn) succeeds on an install with the
+    layers, given the same ncnn."""
+    proc = configure_consumer(tmp_path, f"0.1 CONFIG REQUIRED COMPONENTS {component}",
+                              f"-DCMAKE_PREFIX_PATH={installed}", f"-Dncnn_DIR={NCNN_DIR}")
+    assert proc.returncode == 0, proc.stderr
+    assert "vknorm_FOUND=1 vknorm_ncnn_FOUND=TRUE" in proc.stdout, proc.stdout
 
 
 def test_example_found_this_install_and_this_ncnn(example):

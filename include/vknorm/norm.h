@@ -200,6 +200,8 @@ class Norm : public NormParams {
   // create_pipeline / destroy_pipeline: each forward runs on the parameters, weights and device the
   // layer had when it started (a snapshot). The public fields above are written by load_param /
   // load_model; read them, and run forward_inplace_cpu, only while no load runs at the same time.
+  // Fields written directly (ncnn style: gamma_data, eps, activation, ...) take effect at the next
+  // forward, checked as load_param checks them.
   void forward_inplace(Mat& m, const Option& opt = {});
   void forward_inplace(VkMat& m, const Option& opt = {});
 

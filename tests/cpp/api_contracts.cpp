@@ -3,10 +3,15 @@
 //   - load_param after create_pipeline(ctx) keeps the layer on ctx (it fell back to the default device);
 //   - forward_inplace(Mat&) writes into the Mat's own storage, which shallow copies share, also where the
 //     device needs the blob converted (pack4, float16);
-//   - Mat::create refuses negative extents; blob_span_bytes refuses a size that wraps 64 bits.
+//   - forward_inplace_cpu(Mat&) writes into the Mat's own storage as well (pack4, float16);
+//   - forward_add's sum may name x or the residual (x = x + r);
+//   - public fields written directly after a forward (gamma_data, activation, eps) take effect at the
+//     next forward, checked as load_param checks them;
+//   - Mat::create refuses negative extents and a size that wraps 64 bits; so does blob_span_bytes.
 #include <vknorm/norm.h>
 #include <vknorm/recorder.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -104,12 +109,81 @@ int main() {
       }
     }
 
+    // ---- forward_inplace_cpu(Mat&) through shallow copies, where it converts the blob (pack4, float16)
+    for (bool fp16 : {false, true}) {
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      load_layernorm(l, 16);
+      vknorm::Mat a = vknorm::convert_packing(ramp(8, 3, 16), 4);
+      if (fp16) a = vknorm::cast_fp16(a);
+      vknorm::Mat b = a;
+      l.forward_inplace_cpu(b);
+      const vknorm::Mat unpacked = vknorm::convert_packing(vknorm::cast_fp32(a), 1);
+      report(a.data() == b.data() && (fp16 || normalized(unpacked, 16)) &&
+                 std::fabs(reinterpret_cast<const float*>(unpacked.data())[0] - reinterpret_cast<const float*>(ramp(8, 3, 16).data())[0]) > 0.1f,
+             std::string("forward_inplace_cpu writes through a shallow copy (pack4") + (fp16 ? ", float16)" : ")"));
+    }
+
+    // ---- forward_add with the sum written over one of its inputs
+    {
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      load_layernorm(l, 16);
+      const vknorm::Mat xs = ramp(2, 3, 16), rs = ramp(2, 3, 16);
+      vknorm::VkMat x = vknorm::VkMat::upload(xs, ctx), r = vknorm::VkMat::upload(rs, ctx), sum;
+      const vknorm::Mat want_y = l.forward_add(x, r, &sum).download(), want_sum = sum.download();
+      for (int aliased : {0, 1}) {
+        vknorm::VkMat x2 = vknorm::VkMat::upload(xs, ctx), r2 = vknorm::VkMat::upload(rs, ctx);
+        vknorm::VkMat& into = aliased ? r2 : x2;
+        const vknorm::Mat y = l.forward_add(x2, r2, &into).download(), got_sum = into.download();
+        report(std::memcmp(y.data(), want_y.data(), y.bytes()) == 0 &&
+                   std::memcmp(got_sum.data(), want_sum.data(), got_sum.bytes()) == 0,
+               std::string("forward_add writes its sum over ") + (aliased ? "the residual" : "x") + " (x = x + r)");
+      }
+    }
+
+    // ---- public fields written after a forward
+    {
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      vknorm::ParamDict affine;
+      affine.set(0, 16);
+      affine.set(1, 1e-5f);
+      affine.set(2, 1);
+      l.load_param(affine);
+      l.load_model(std::vector<float>(16, 1.f), std::vector<float>(16, 0.f));
+      vknorm::Mat first = ramp(2, 3, 16);
+      l.forward_inplace(first);
+      l.gamma_data.assign(16, 3.f);
+      l.beta_data.assign(16, -0.5f);
+      l.activation = vknorm::Activation::ReLU;
+      l.eps = 0.25f;
+      vknorm::Mat gpu = ramp(2, 3, 16), cpu = ramp(2, 3, 16);
+      l.forward_inplace(gpu);
+      l.forward_inplace_cpu(cpu);
+      float worst = 0;
+      for (size_t i = 0; i < gpu.bytes() / 4; ++i)
+        worst = std::max(worst, std::fabs(reinterpret_cast<const float*>(gpu.data())[i] - reinterpret_cast<const float*>(cpu.data())[i]));
+      report(worst < 1e-5f, "fields written after a forward take effect on the device (max |GPU - CPU| " + std::to_string(worst) + ")");
+      l.eps = -1.f;
+      try {
+        vknorm::Mat m = ramp(2, 3, 16);
+        l.forward_inplace(m);
+        report(false, "a negative eps written directly is refused at the forward");
+      } catch (const std::invalid_argument&) {
+        report(true, "a negative eps written directly is refused at the forward");
+      }
+    }
+
     // ---- refused sizes
     try {
       vknorm::Mat::create(3, -4, -4, 1, 1);
       report(false, "Mat::create refuses negative extents");
     } catch (const std::invalid_argument&) {
       report(true, "Mat::create refuses negative extents");
+    }
+    try {
+      vknorm::Mat::create(4, 65536, 65536, 65536, 65536);
+      report(false, "Mat::create refuses a size past 64 bits");
+    } catch (const std::invalid_argument&) {
+      report(true, "Mat::create refuses a size past 64 bits");
     }
     try {
       vknorm::blob_span_bytes(3, 1, 1, 1, (1 << 30) + 1, size_t(1) << 60, 4, false);
