@@ -214,6 +214,9 @@ def error_runs(tmp_path_factory):
     p, b = model_files("transformer_block")
     (tmp / "trunc.bin").write_bytes(Path(b).read_bytes()[:-10])
     (tmp / "unknown.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nNoSuchLayer nope 1 1 in0 out0\n")
+    # stock ncnn runs it; vknorm's layer refuses the input at its forward, logging why
+    (tmp / "refused.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nInstanceNorm in_0 1 1 in0 out0 0=64 1=1e-5 2=0\n")
+    (tmp / "empty.bin").write_bytes(b"")
     args = ("--input", "in0=16x64", "--vulkan")
     jobs = {
         "missing_param": (tmp / "nope.param", b, *args),
@@ -228,6 +231,7 @@ def error_runs(tmp_path_factory):
         "atol": (p, b, *args, "--atol", "tiny"),
         "bad_shape": (p, b, "--input", "in0=16x65", "--vulkan"),  # ncnn's MultiHeadAttention: SIGFPE
         "bad_shape_3d": (p, b, "--input", "in0=2x16x64", "--vulkan"),
+        "layer_refuses": (tmp / "refused.param", tmp / "empty.bin", "--input", "in0=64", "--vulkan"),
     }
     return cli_many(jobs)
 
@@ -246,6 +250,7 @@ def error_runs(tmp_path_factory):
     ("atol", ["--atol", "tiny"]),
     ("bad_shape", ["--input in0=16x65"]),
     ("bad_shape_3d", ["--input in0=2x16x64"]),
+    ("layer_refuses", ["extracting blob 'out0'", "vknorm InstanceNorm in_0: a dims-1 input is one channel"]),
 ])
 def test_check_vulkan_error_path(error_runs, case, needles):
     assert_one_line_error(error_runs[case], *needles)
@@ -352,6 +357,27 @@ def test_fused_add_of_two_shapes_is_judged_on_ncnns_own_broadcast_sum(tmp_path):
         (layer,) = res["layers"]
         assert layer["ok"] and layer["judged_err"] is not None and layer["judged_err"] <= atol, (storage, layer)
         assert not res["warnings"], res["warnings"]
+
+
+@needs_graph
+def test_fused_add_of_model_inputs_in_float16_is_judged_on_the_uploaded_values(tmp_path):
+    """A fused add reading the model's inputs themselves, in float16 storage: the layer read the inputs as
+    ncnn uploaded them (rounded to float16), so the check judges it, and the sum it wrote for a Split, on
+    those values (it once added the float32 inputs and failed an exact kernel)."""
+    rng = np.random.default_rng(1)
+    (tmp_path / "m.param").write_text("7767517\n7 9\nInput in0 0 1 in0\nInput in1 0 1 in1\n"
+                                      "BinaryOp add 2 1 in0 in1 s 0=0\nSplit sp 1 2 s s0 s1\n"
+                                      "LayerNorm ln 1 1 s0 y 0=64 1=1e-5 2=1\nReLU relu 1 1 y r\n"
+                                      "BinaryOp add2 2 1 r s1 out0 0=0\n")
+    (tmp_path / "m.bin").write_bytes(rng.uniform(0.5, 1.5, 64).astype(np.float32).tobytes()
+                                     + rng.uniform(-0.5, 0.5, 64).astype(np.float32).tobytes())
+    r = cli(tmp_path / "m.param", tmp_path / "m.bin", "--input", "in0=16x64", "--input", "in1=16x64", "--vulkan",
+            "--fp16", "--json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    assert [f["pattern"] for f in res["fused"]] == ["BinaryOp+LayerNorm+ReLU"], res["fused"]
+    (layer,) = res["layers"]
+    assert layer["ok"] and layer["judged_err"] <= 1e-3 and layer["sum_err"] == 0, layer
 
 
 TIMED_KERNELS_SCRIPT = r"""

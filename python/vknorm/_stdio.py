@@ -8,9 +8,15 @@ import tempfile
 from typing import Optional
 
 
+def _lines(tmp) -> list:
+    tmp.seek(0)
+    return [line for line in tmp.read().decode("utf-8", "replace").splitlines() if line.strip()]
+
+
 @contextlib.contextmanager
 def quiet_stderr(sink: Optional[list] = None):
-    """Silence C-level stderr (ncnn's NCNN_LOGE lines) for the block; captured lines go to ``sink``."""
+    """Silence C-level stderr (ncnn's NCNN_LOGE lines) for the block; captured lines go to ``sink`` when
+    it ends. The block gets a function returning the lines captured so far (for an error raised inside)."""
     try:
         sys.stderr.flush()
     except Exception:  # pragma: no cover - closed stderr
@@ -18,12 +24,22 @@ def quiet_stderr(sink: Optional[list] = None):
     try:
         saved = os.dup(2)
     except OSError:  # pragma: no cover - no fd 2
-        yield
+        yield lambda: []
         return
     with tempfile.TemporaryFile() as tmp:
         os.dup2(tmp.fileno(), 2)
+
+        def captured() -> list:
+            try:
+                sys.stderr.flush()
+            except Exception:  # pragma: no cover
+                pass
+            lines = _lines(tmp)
+            tmp.seek(0, os.SEEK_END)  # the fd shares this offset: later writes must append
+            return lines
+
         try:
-            yield
+            yield captured
         finally:
             try:
                 sys.stderr.flush()
@@ -32,5 +48,4 @@ def quiet_stderr(sink: Optional[list] = None):
             os.dup2(saved, 2)
             os.close(saved)
             if sink is not None:
-                tmp.seek(0)
-                sink.extend(line for line in tmp.read().decode("utf-8", "replace").splitlines() if line.strip())
+                sink.extend(_lines(tmp))

@@ -383,6 +383,12 @@ def _load(net, model: Model, bin_path: str, data: bytes, label: str) -> List[str
     return warnings
 
 
+def _last_line(captured) -> str:
+    """": <the last line ncnn logged so far>", or "" (captured: quiet_stderr's function)."""
+    lines = captured()
+    return f": {lines[-1]}" if lines else ""
+
+
 def _extract(net, inputs: dict, blobs: List[str], label: str, reg=None) -> dict:
     import ncnn
     import numpy as np
@@ -390,11 +396,10 @@ def _extract(net, inputs: dict, blobs: List[str], label: str, reg=None) -> dict:
     from .ncnn import quiet_stderr
 
     out = {}
-    log: List[str] = []
     ex = net.create_extractor()
     try:
         mats = {}
-        with quiet_stderr(log):
+        with quiet_stderr() as captured:
             for name, arr in inputs.items():
                 mats[name] = ncnn.Mat(arr).clone()
                 ret = ex.input(name, mats[name])
@@ -410,9 +415,8 @@ def _extract(net, inputs: dict, blobs: List[str], label: str, reg=None) -> dict:
                         lname, e = errs[0]
                         raise UsageError(f"vknorm layer {lname!r} failed ({label} run): "
                                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-                    why = f": {log[-1]}" if log else ""
                     raise UsageError(f"ncnn could not run the model on the given --input shapes "
-                                     f"({label} run, extracting blob {b!r} returned {ret}){why}")
+                                     f"({label} run, extracting blob {b!r} returned {ret}){_last_line(captured)}")
                 out[b] = np.array(mat, dtype=np.float32, copy=True)
                 del mat
     finally:
@@ -607,10 +611,9 @@ def _graph_extract(graph, net, inputs: dict, blobs: List[str], label: str) -> di
     import numpy as np
 
     out = {}
-    log: List[str] = []
     ex = net.create_extractor()
     try:
-        with quiet_stderr(log):
+        with quiet_stderr() as captured:
             for name, arr in inputs.items():
                 ret = ex.input(name, graph.Mat(arr))
                 if ret != 0:
@@ -620,9 +623,8 @@ def _graph_extract(graph, net, inputs: dict, blobs: List[str], label: str) -> di
                     continue
                 ret, mat = ex.extract(b)
                 if ret != 0:
-                    why = f": {log[-1]}" if log else ""
                     raise UsageError(f"ncnn could not run the model on the given --input shapes "
-                                     f"({label} run, extracting blob {b!r} returned {ret}){why}")
+                                     f"({label} run, extracting blob {b!r} returned {ret}){_last_line(captured)}")
                 out[b] = np.array(mat).astype(np.float32, copy=True)
                 del mat
     finally:
@@ -965,7 +967,9 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                    "judged_err": None, "sum_blob": None, "sum_abs_err": None, "sum_err": None,
                    "gpu_us": None, "ok": False, "vulkan_forwards": 0, "cpu_forwards": 0}
             info = infos.get(layer.name)
-            ins = [got[b] for b in f["ins"]]
+            # Float16 storage: what the layer read is float16. A blob some layer wrote comes back that way; a
+            # model input comes back as it was given, so it is rounded here as ncnn's upload rounds it.
+            ins = [got[b].astype(np.float16).astype(np.float32) if fp16 else got[b] for b in f["ins"]]
             # The input this layer saw in the vknorm run (float16 storage rounds what it uploads; a fused
             # add's sum is float32 before that rounding, as the kernel forms it). Judging against float64
             # of it isolates the kernel: the CPU run's input already differs by every stock Vulkan layer
