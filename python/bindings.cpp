@@ -14,10 +14,12 @@
 #include <string>
 
 #include "dispatch.h"
+#include "release_gil.h"
 #include "shaders.h"
 #include "vknorm/vknorm.h"
 
 namespace nb = nanobind;
+using vknorm_python::ReleaseGil;
 using namespace nb::literals;
 using namespace vknorm;
 
@@ -136,6 +138,7 @@ nb::dict dispatch_dict(const DispatchInfo& i) {
 }  // namespace
 
 NB_MODULE(_core, m) {
+  vknorm_python::define_exit_hooks(m);
   nb::exception<VulkanUnavailable>(m, "VulkanUnavailableError", PyExc_RuntimeError);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -210,8 +213,8 @@ NB_MODULE(_core, m) {
       .def_ro("cstep", &Mat::cstep);
 
   nb::class_<VkMat>(m, "VkMat")
-      .def_static("upload", &VkMat::upload, "mat"_a, "context"_a, "option"_a, nb::call_guard<nb::gil_scoped_release>())
-      .def("download", &VkMat::download, nb::call_guard<nb::gil_scoped_release>())
+      .def_static("upload", &VkMat::upload, "mat"_a, "context"_a, "option"_a, nb::call_guard<ReleaseGil>())
+      .def("download", &VkMat::download, nb::call_guard<ReleaseGil>())
       .def_prop_ro("context", &VkMat::context)
       .def_prop_ro("bytes", &VkMat::bytes)
       .def_prop_ro("element_bytes", &VkMat::element_bytes)
@@ -225,7 +228,7 @@ NB_MODULE(_core, m) {
       .def_ro("cstep", &VkMat::cstep);
 
   m.def("copy_repeated", &copy_repeated, "mat"_a, "warmup"_a, "reps"_a, "shader"_a,
-        nb::call_guard<nb::gil_scoped_release>());
+        nb::call_guard<ReleaseGil>());
   // How a blob of this shape (ncnn order, packed counts) splits into pieces of at most max_bytes; no
   // memory is touched, so the 32-bit limits can be tested on shapes far larger than any device.
   m.def("plan_pieces", [](int dims, int w, int h, int d, int c, int elempack, int scalar_bytes, int affine_size,
@@ -318,18 +321,18 @@ NB_MODULE(_core, m) {
         n.load_param(pd);
       })
       .def("load_model", &Norm::load_model, "gamma"_a, "beta"_a = std::vector<float>{})
-      .def("create_pipeline", &Norm::create_pipeline, "context"_a, "option"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("create_pipeline", &Norm::create_pipeline, "context"_a, "option"_a, nb::call_guard<ReleaseGil>())
       .def("destroy_pipeline", &Norm::destroy_pipeline)
-      .def("forward_inplace_cpu", &Norm::forward_inplace_cpu, nb::call_guard<nb::gil_scoped_release>())
+      .def("forward_inplace_cpu", &Norm::forward_inplace_cpu, nb::call_guard<ReleaseGil>())
       .def("forward_inplace", nb::overload_cast<Mat&, const Option&>(&Norm::forward_inplace), "mat"_a, "option"_a,
-           nb::call_guard<nb::gil_scoped_release>())
+           nb::call_guard<ReleaseGil>())
       .def("forward_inplace", nb::overload_cast<VkMat&, const Option&>(&Norm::forward_inplace), "mat"_a, "option"_a,
-           nb::call_guard<nb::gil_scoped_release>())
+           nb::call_guard<ReleaseGil>())
       .def("forward_repeated",
            [](Norm& n, VkMat& m, const Option& opt, int warmup, int reps) {
              DispatchInfo i;
              {
-               nb::gil_scoped_release release;
+               ReleaseGil release;
                i = n.forward_repeated(m, opt, warmup, reps);
              }
              return dispatch_dict(i);
@@ -341,7 +344,7 @@ NB_MODULE(_core, m) {
       .def_ro("activation_alpha", &Norm::activation_alpha)
       .def("forward_add",
            [](Norm& n, const VkMat& x, const VkMat& r, bool write_sum, const Option& opt) {
-             nb::gil_scoped_release release;
+             ReleaseGil release;
              VkMat sum;
              VkMat out = n.forward_add(x, r, write_sum ? &sum : nullptr, opt);
              return std::make_tuple(out, sum);
@@ -351,7 +354,7 @@ NB_MODULE(_core, m) {
            [](Norm& n, const VkMat& x, const VkMat& r, bool write_sum, const Option& opt, int warmup, int reps) {
              DispatchInfo i;
              {
-               nb::gil_scoped_release release;
+               ReleaseGil release;
                i = n.forward_add_repeated(x, r, write_sum, opt, warmup, reps);
              }
              return dispatch_dict(i);

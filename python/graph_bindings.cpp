@@ -9,20 +9,28 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <shared_mutex>  // std::shared_lock
+#include <sstream>
 #include <stdexcept>
 #include <unordered_map>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <ncnn/gpu.h>
 #include <ncnn/net.h>
 
 #include "vknorm/ncnn.h"
+#include "release_gil.h"
 
 namespace nb = nanobind;
+using vknorm_python::ReleaseGil;
 using namespace nb::literals;
 
 namespace {
@@ -80,23 +88,107 @@ nb::ndarray<nb::numpy, float> mat_to_numpy(const ::ncnn::Mat& m) {
 
 // A Net that owns its ncnn::Net; vknorm=true registers vknorm's layers before anything is loaded, and
 // fuse=true (with vknorm) loads every .param through vknorm's graph rewrite (vknorm::ncnn::fuse_param).
+// ncnn's Vulkan instance belongs to the process that created it: a fork()ed child inherits its handles but
+// not the driver's threads, and its first wait never returns. The pid that first ran a Vulkan net here.
+long& vulkan_pid() {
+  static long pid = 0;
+  return pid;
+}
+void check_vulkan_process(const ::ncnn::Option& opt) {
+  if (!opt.use_vulkan_compute) return;
+  if (!vulkan_pid()) vulkan_pid() = long(getpid());
+  else if (vulkan_pid() != long(getpid()))
+    throw std::runtime_error(
+        "vknorm.graph: this process was fork()ed from one that had already run an ncnn Vulkan net, whose device does "
+        "not survive fork(): start workers with multiprocessing's 'spawn' or 'forkserver' method, or load the net "
+        "only after the fork");
+}
+
+// stderr sent to /dev/null for a scope: ncnn notes every layer registered over a built-in one
+// ("overwrite built-in layer type LayerNorm"), four lines for each Net that is expected to do exactly that.
+class QuietStderr {
+ public:
+  QuietStderr() : saved_(dup(2)) {
+    const int null = open("/dev/null", O_WRONLY);
+    if (saved_ >= 0 && null >= 0) dup2(null, 2);
+    if (null >= 0) close(null);
+  }
+  ~QuietStderr() {
+    if (saved_ < 0) return;
+    dup2(saved_, 2);
+    close(saved_);
+  }
+  QuietStderr(const QuietStderr&) = delete;
+  QuietStderr& operator=(const QuietStderr&) = delete;
+
+ private:
+  int saved_;
+};
+
+// A shared lock whose writers go first: loads and clears wait only for the extracts already running.
+// (std::shared_mutex on glibc prefers readers: two threads extracting in turn kept a load waiting forever.)
+class NetLock {
+ public:
+  void lock() {
+    std::unique_lock<std::mutex> l(m_);
+    ++writers_waiting_;
+    cv_.wait(l, [&] { return !writing_ && readers_ == 0; });
+    --writers_waiting_;
+    writing_ = true;
+  }
+  void unlock() {
+    std::lock_guard<std::mutex> l(m_);
+    writing_ = false;
+    cv_.notify_all();
+  }
+  void lock_shared() {
+    std::unique_lock<std::mutex> l(m_);
+    cv_.wait(l, [&] { return !writing_ && writers_waiting_ == 0; });
+    ++readers_;
+  }
+  void unlock_shared() {
+    std::lock_guard<std::mutex> l(m_);
+    if (--readers_ == 0) cv_.notify_all();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int readers_ = 0, writers_waiting_ = 0;
+  bool writing_ = false;
+};
+
 struct Net {
   Net(bool vknorm, bool fuse) : vknorm(vknorm), fuse(vknorm && fuse) {
-    if (vknorm && vknorm::ncnn::register_layers(net) != 0) throw std::runtime_error("registering vknorm's layers failed");
+    if (!vknorm) return;
+    int r;
+    {
+      QuietStderr quiet;
+      r = vknorm::ncnn::register_layers(net);
+    }
+    if (r != 0) throw std::runtime_error("registering vknorm's layers failed");
   }
+  // Loading and clearing take it whole; extractors share it while they run (ncnn's Net is not safe to
+  // load or clear under a running extractor).
+  mutable NetLock lock;
+  // Counts loads and clears: an extractor made before one runs on layers that are gone (ncnn hangs or crashes).
+  uint64_t generation = 0;
   int load_param(const std::string& path) {
+    ++generation;
     loaded_with.clear();
     const int r = read_param(path);
     param_loaded = r == 0;
     return r;
   }
   int load_model(const std::string& path) {
+    ++generation;
     loaded_with.clear();
     const int r = net.load_model(path.c_str());
     if (param_loaded && r == 0) loaded_with = format_options(net.opt);
     return r;
   }
   void clear() {
+    ++generation;
     net.clear();
     param_loaded = false;
     loaded_with.clear();
@@ -181,12 +273,56 @@ struct Extractor {
   std::shared_ptr<Net> owner;  // the net outlives its extractors
   std::unique_ptr<::ncnn::Extractor> ex;
   std::shared_ptr<Allocators> allocators;  // Vulkan nets; released after ex (declared after it)
+  std::unique_ptr<std::mutex> mutex = std::make_unique<std::mutex>();  // one call at a time (ncnn's Extractor is not thread-safe)
+  std::set<std::string> given;                                         // blobs input() set
+  uint64_t generation = 0;                                             // the net's, when this was made
 
-  ~Extractor() { ex.reset(); }
+  // Whether the net was loaded or cleared since this extractor was made (logged; the caller returns -1).
+  bool stale(const char* call) const {
+    if (generation == owner->generation) return false;
+    NCNN_LOGE("vknorm.graph: Extractor.%s: the net was loaded or cleared after this extractor was created; "
+              "create a new one", call);
+    return true;
+  }
+
+  // ncnn's extractor gives its blobs back to the net's allocators: not while the net loads or clears.
+  ~Extractor() {
+    if (!ex) return;  // moved from
+    if (!PyGILState_Check()) {
+      std::shared_lock<NetLock> lock(owner->lock);
+      ex.reset();
+      return;
+    }
+    ReleaseGil release;  // never wait for the net's lock holding the GIL
+    std::shared_lock<NetLock> lock(owner->lock);
+    ex.reset();
+  }
   Extractor(std::shared_ptr<Net> n, std::unique_ptr<::ncnn::Extractor> e, std::shared_ptr<Allocators> a)
       : owner(std::move(n)), ex(std::move(e)), allocators(std::move(a)) {}
   Extractor(Extractor&&) = default;
 };
+
+// The Input blob that `name` depends on and that `given` lacks, or "". ncnn's stock layers crash on the
+// empty blob an input left unset becomes (SIGFPE, SIGSEGV); ncnn's CPU net returns -100 there.
+std::string missing_input(const ::ncnn::Net& net, const std::set<std::string>& given, const std::string& name) {
+  const std::vector<::ncnn::Blob>& blobs = net.blobs();
+  const std::vector<::ncnn::Layer*>& layers = net.layers();
+  std::vector<int> todo;
+  for (int i = 0; i < int(blobs.size()); ++i)
+    if (blobs[i].name == name) todo.push_back(i);
+  std::vector<bool> seen(blobs.size());
+  while (!todo.empty()) {
+    const int b = todo.back();
+    todo.pop_back();
+    if (b < 0 || b >= int(blobs.size()) || seen[b] || given.count(blobs[b].name)) continue;
+    seen[b] = true;
+    const int p = blobs[b].producer;
+    if (p < 0 || p >= int(layers.size())) continue;
+    if (layers[p]->type == "Input") return blobs[b].name;
+    todo.insert(todo.end(), layers[p]->bottoms.begin(), layers[p]->bottoms.end());
+  }
+  return "";
+}
 
 // A Vulkan extractor uploads an input when extract() first needs it: a staging buffer, then the device
 // blob in the consumer's packing. ncnn drops a failed allocation there without an error, and the next
@@ -338,6 +474,7 @@ void track_device_memory() {
 }  // namespace
 
 NB_MODULE(_graph, m) {
+  vknorm_python::define_exit_hooks(m);
   m.doc() = "ncnn's Vulkan graph with vknorm's norm layers inside (ncnn compiled from source)";
 
   nb::class_<::ncnn::Option>(m, "Option")
@@ -369,11 +506,20 @@ NB_MODULE(_graph, m) {
       .def("__array__", [](const ::ncnn::Mat& mat, nb::handle, nb::handle) { return mat_to_numpy(mat); },
            "dtype"_a = nb::none(), "copy"_a = nb::none());
 
+  // Each call holds the net shared, then the extractor, with the GIL released (so no thread waits for
+  // either while holding the GIL another needs).
   nb::class_<Extractor>(m, "Extractor")
       .def("input",
            [](Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
+             ReleaseGil release;
+             std::shared_lock<NetLock> net_lock(e.owner->lock);
+             std::lock_guard<std::mutex> lock(*e.mutex);
+             check_vulkan_process(e.owner->net.opt);
+             if (e.stale("input")) return -1;
              if (int r = reserve_upload(e, in)) return r;
-             return e.ex->input(name.c_str(), in);
+             const int r = e.ex->input(name.c_str(), in);
+             if (r == 0) e.given.insert(name);
+             return r;
            },
            "name"_a, "mat"_a)
       .def("extract",
@@ -381,13 +527,29 @@ NB_MODULE(_graph, m) {
              ::ncnn::Mat out;
              int r;
              {
-               nb::gil_scoped_release release;
-               r = e.allocators ? extract_reserving_download(e, name, out) : e.ex->extract(name.c_str(), out);
+               ReleaseGil release;
+               std::shared_lock<NetLock> net_lock(e.owner->lock);
+               std::lock_guard<std::mutex> lock(*e.mutex);
+               check_vulkan_process(e.owner->net.opt);
+               if (e.stale("extract")) {
+                 r = -1;
+               } else if (const std::string missing = missing_input(e.owner->net, e.given, name); !missing.empty()) {
+                 NCNN_LOGE("vknorm.graph: extract %s: the input %s it depends on was not given (Extractor.input)",
+                           name.c_str(), missing.c_str());
+                 r = -1;
+               } else {
+                 r = e.allocators ? extract_reserving_download(e, name, out) : e.ex->extract(name.c_str(), out);
+               }
              }
              return std::make_tuple(r, out);
            },
            "name"_a)
-      .def("clear", [](Extractor& e) { e.ex->clear(); });
+      .def("clear", [](Extractor& e) {
+        ReleaseGil release;
+        std::lock_guard<std::mutex> lock(*e.mutex);
+        e.ex->clear();
+        e.given.clear();
+      });
 
   nb::class_<Net>(m, "Net")
       .def("__init__", [](Net* self, bool vknorm, bool fuse) { new (self) Net(vknorm, fuse); }, "vknorm"_a = true,
@@ -401,13 +563,16 @@ NB_MODULE(_graph, m) {
       .def("set_vulkan_device", [](Net& n, int index) { n.net.set_vulkan_device(index); }, "index"_a)
       .def("load_param",
            [](Net& n, const std::string& path) {
-             nb::gil_scoped_release release;
+             ReleaseGil release;
+             std::unique_lock<NetLock> lock(n.lock);
              return n.load_param(path);
            },
            "path"_a)
       .def("load_model",
            [](Net& n, const std::string& path) {
-             nb::gil_scoped_release release;
+             ReleaseGil release;
+             std::unique_lock<NetLock> lock(n.lock);
+             check_vulkan_process(n.net.opt);
              return n.load_model(path);
            },
            "path"_a)
@@ -469,6 +634,8 @@ NB_MODULE(_graph, m) {
       .def("vknorm_counters", [](Net& n) { return counters_dict(vknorm::ncnn::counters(n.net)); })
       .def("create_extractor",
            [](std::shared_ptr<Net> n) {
+             ReleaseGil release;  // never wait for the net's lock holding the GIL: its holder may need it
+             std::shared_lock<NetLock> lock(n->lock);
              n->check_runnable();
              auto ex = std::make_unique<::ncnn::Extractor>(n->net.create_extractor());
              std::shared_ptr<Allocators> allocators;
@@ -478,9 +645,15 @@ NB_MODULE(_graph, m) {
                ex->set_workspace_vkallocator(allocators->blob);
                ex->set_staging_vkallocator(allocators->staging);
              }
-             return Extractor(n, std::move(ex), std::move(allocators));
+             Extractor e(n, std::move(ex), std::move(allocators));
+             e.generation = n->generation;
+             return e;
            })
-      .def("clear", [](Net& n) { n.clear(); });
+      .def("clear", [](Net& n) {
+        ReleaseGil release;
+        std::unique_lock<NetLock> lock(n.lock);
+        n.clear();
+      });
 
   // The graph rewrite on .param text: (fused text, [{"pattern", "layers"}]); ValueError on a malformed file.
   m.def("fuse_param", [](const std::string& text) {

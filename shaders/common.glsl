@@ -207,14 +207,25 @@ afp load_x(uint i) { return unpack_held(load_held(i)); }
 void store_sum(uint i, hfp v) {
   if (RESIDUAL == 2u) sum_out[i] = from_held(v);
 }
-// The norm's output, activated: in place, or to binding 6 when the inputs must stay as they are (RESIDUAL 1-3).
-void store_x(uint i, afp v) {
-  if (ACT != 0u) v = activate(v);
+// The norm's output, already activated: in place, or to binding 6 when the inputs must stay as they are
+// (RESIDUAL 1-3). store_x activates it first.
+void store_activated(uint i, afp v) {
 #if OUT_OF_PLACE
   y_out[i] = pack_b(v);
 #elif !READS_BLOB_ONLY
   x[i] = pack_b(v);
 #endif
+}
+void store_x(uint i, afp v) { store_activated(i, ACT != 0u ? activate(v) : v); }
+
+// A group of one element: y, or NaN where that element x is Inf or NaN, as ncnn's CPU layer gives
+// (x - mean is inf - inf, or NaN). Its deviation x - x is 0 to a compiler that may assume no NaN (SPIR-V
+// keeps none by default), so the exponent bits decide; applied after the activation (max(NaN, 0) is 0).
+float nan_where_not_finite(float y, float x) {
+  return (floatBitsToUint(x) & 0x7f800000u) == 0x7f800000u ? uintBitsToFloat(0x7fc00000u) : y;
+}
+vec4 nan_where_not_finite(vec4 y, vec4 x) {
+  return mix(y, vec4(uintBitsToFloat(0x7fc00000u)), equal(floatBitsToUint(x) & uvec4(0x7f800000u), uvec4(0x7f800000u)));
 }
 #if VEC4
 // A vec4 of a pack1 group is 4 consecutive elements: its weights are 4 consecutive floats, one load

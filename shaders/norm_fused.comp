@@ -71,6 +71,8 @@ void main() {
   hfp h[ITEMS];
 #endif
   wfp gk[ITEMS], bk[ITEMS];
+  const bool one_element = OP == OP_LAYERNORM && GROUP_ELEMS == 1u;  // see nan_where_not_finite
+  afp xk[ITEMS];
   afp s = afp(0), q = afp(0);
   // Loads are never behind a branch: an invocation past the group (or past the last group) loads the
   // group's first element (group 0's) and its weights, and never uses them (sums take 0 there, stores and
@@ -88,6 +90,7 @@ void main() {
     uint i_loaded = inside ? i : 0u;
     hfp hk = load_held(base + elem_offset(i_loaded));
     if (inside) store_sum(base + elem_offset(i), hk);
+    if (one_element) xk[k] = unpack_held(hk);
     afp vk = inside ? unpack_held(hk) - from_slots(pivot, i) : afp(0);
 #if HOLDS_BITS
     if (kHold) h[k] = hk;
@@ -151,7 +154,9 @@ void main() {
       wfp bw = PREFETCH_WEIGHTS == 1u ? bk[k]
                : plane_weights        ? sh_plane_beta[plane_of(i)]
                                       : (AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, i) : wfp(0));
-      store_x(base + elem_offset(i), normalize_one(SHIFTED(k, i) - from_slots(m, i), from_slots(a, i), gw, bw));
+      afp y = normalize_one(SHIFTED(k, i) - from_slots(m, i), from_slots(a, i), gw, bw);
+      if (one_element) store_activated(base + elem_offset(i), nan_where_not_finite(ACT != 0u ? activate(y) : y, xk[k]));
+      else store_x(base + elem_offset(i), y);
     }
   }
 }

@@ -1,4 +1,5 @@
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -43,17 +44,6 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverity
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
   return v && *v && std::strcmp(v, "0") != 0;
-}
-
-// A positive integer from the environment, or 0 when unset; anything else is a clear error.
-uint64_t env_uint(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return 0;
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  if (*end != '\0' || n == 0 || v[0] == '-')
-    throw std::invalid_argument(std::string(name) + "=" + v + ": expected a positive integer");
-  return n;
 }
 
 // VKNORM_VULKAN_API=1.0|1.1|1.2|1.3: the highest Vulkan version the instance (and so every device)
@@ -109,7 +99,7 @@ DeviceInfo describe(const Instance& inst, const vk::raii::PhysicalDevice& pd, in
                          : version_string(props.apiVersion);
   // VKNORM_MAX_SHARED_MEMORY=bytes: report (and so plan for) at most this much shared memory per
   // workgroup, as on a device with a smaller limit (Vulkan guarantees 16384). At least 256.
-  if (const uint64_t cap = env_uint("VKNORM_MAX_SHARED_MEMORY")) {
+  if (const uint64_t cap = env_positive("VKNORM_MAX_SHARED_MEMORY")) {
     if (cap < 256)
       throw std::invalid_argument("VKNORM_MAX_SHARED_MEMORY=" + std::to_string(cap) + ": at least 256 bytes");
     info.max_shared_memory = uint32_t(std::min<uint64_t>(info.max_shared_memory, cap));
@@ -147,11 +137,22 @@ uint32_t find_memory_type(const vk::PhysicalDeviceMemoryProperties& mp, uint32_t
 
 }  // namespace
 
+void Instance::check_same_process() const {
+  if (long(getpid()) != pid)
+    throw std::runtime_error(
+        "vknorm: this process was fork()ed from one that had already used Vulkan, whose devices do not survive "
+        "fork(): start workers with multiprocessing's 'spawn' or 'forkserver' method, or use vknorm only after "
+        "the fork");
+}
+
 std::shared_ptr<Instance> Instance::get() {
   static std::mutex m;
   static std::weak_ptr<Instance> current;
   std::lock_guard<std::mutex> lock(m);
-  if (auto p = current.lock()) return p;
+  if (auto p = current.lock()) {
+    p->check_same_process();
+    return p;
+  }
   // Pin the loader for the life of the process: unloading it at exit, while a GPU driver's threads
   // still run, crashed the process on NVIDIA's driver.
   // Android ships libvulkan.so only (no .1); the desktop loader package has both.
@@ -161,6 +162,7 @@ std::shared_ptr<Instance> Instance::get() {
   }();
   (void)pinned;
   auto inst = std::make_shared<Instance>();  // vk::raii::Context dlopens libvulkan.so, else libvulkan.so.1
+  inst->pid = long(getpid());
   try {
     (void)inst->context.enumerateInstanceExtensionProperties();
   } catch (const std::exception&) {
@@ -274,7 +276,7 @@ std::shared_ptr<Context> Context::create(int index) {
   // VKNORM_SUBGROUP_SIZE=N: subgroup pipelines require subgroups of N invocations, where the device
   // lets a compute shader choose (subgroupSizeControl, Vulkan 1.3 or VK_EXT_subgroup_size_control).
   vk::PhysicalDeviceSubgroupSizeControlFeatures size_control{};
-  if (const uint64_t want = env_uint("VKNORM_SUBGROUP_SIZE")) {
+  if (const uint64_t want = env_positive("VKNORM_SUBGROUP_SIZE")) {
     const std::string what = "VKNORM_SUBGROUP_SIZE=" + std::to_string(want) + " on " + impl->info.name + ": ";
     bool ext = false;
     for (const auto& e : pd.enumerateDeviceExtensionProperties())
@@ -341,8 +343,7 @@ std::shared_ptr<Context> Context::create(int index) {
         break;
       }
   }
-  if (const char* cap = std::getenv("VKNORM_MAX_DEVICE_BYTES"); cap && *cap)
-    impl->max_device_bytes = std::strtoull(cap, nullptr, 10);
+  impl->max_device_bytes = env_positive("VKNORM_MAX_DEVICE_BYTES");
 
   std::array<vk::DescriptorSetLayoutBinding, kBindings> bindings;
   for (uint32_t b = 0; b < kBindings; ++b)

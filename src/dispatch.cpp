@@ -3,6 +3,7 @@
 #include "vk.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -552,17 +553,18 @@ bool needs_16bit_storage(const ForwardPlan& plan) {
 
 BindingLimit binding_limit(uint64_t max_storage_buffer_range) {
   BindingLimit l{max_storage_buffer_range ? max_storage_buffer_range : ~0ull, "maxStorageBufferRange"};
-  if (const uint64_t knob = env_max_buffer_bytes(); knob && knob < l.bytes) l = {knob, "VKNORM_MAX_BUFFER_BYTES"};
+  if (const uint64_t knob = env_positive("VKNORM_MAX_BUFFER_BYTES"); knob && knob < l.bytes) l = {knob, "VKNORM_MAX_BUFFER_BYTES"};
   return l;
 }
 
-uint64_t env_max_buffer_bytes() {
-  const char* v = std::getenv("VKNORM_MAX_BUFFER_BYTES");
+uint64_t env_positive(const char* name) {
+  const char* v = std::getenv(name);
   if (!v || !*v) return 0;
   char* end = nullptr;
+  errno = 0;
   const unsigned long long n = std::strtoull(v, &end, 10);
-  if (*end != '\0' || n == 0 || v[0] == '-')
-    throw std::invalid_argument(std::string("VKNORM_MAX_BUFFER_BYTES=") + v + ": expected a positive integer");
+  if (*end != '\0' || n == 0 || v[0] == '-' || errno == ERANGE)
+    throw std::invalid_argument(std::string(name) + "=" + v + ": expected a positive integer");
   return n;
 }
 

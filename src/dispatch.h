@@ -181,12 +181,12 @@ SpirvNeeds spirv_needs(const std::string& variant);
 // True when some pass of the plan reads the blob as single float16 values (storageBuffer16BitAccess).
 bool needs_16bit_storage(const ForwardPlan& plan);
 
-// VKNORM_MAX_BUFFER_BYTES=N: plan as if the device bound storage buffers of at most N bytes (tests run
-// the pieces path with small tensors); 0 when unset. Read on every forward; std::invalid_argument for
-// anything but a positive integer.
-uint64_t env_max_buffer_bytes();
+// The positive integer the environment variable `name` holds; 0 when it is unset or empty.
+// std::invalid_argument ("NAME=value: expected a positive integer") for anything else.
+uint64_t env_positive(const char* name);
 // The bytes one storage-buffer binding may hold: the device's maxStorageBufferRange (0: no limit), lowered by
-// VKNORM_MAX_BUFFER_BYTES; `why` names the one that applies. Throws as env_max_buffer_bytes.
+// VKNORM_MAX_BUFFER_BYTES=N (plan as if the device bound at most N bytes: tests run the pieces path with small
+// tensors; read on every forward); `why` names the one that applies. Throws as env_positive.
 struct BindingLimit {
   uint64_t bytes;
   const char* why;  // "maxStorageBufferRange" or "VKNORM_MAX_BUFFER_BYTES"

@@ -66,6 +66,7 @@ std::vector<Line> parse(const std::string& text) {
     bad(line_no ? line_no : 1, "expected ncnn's magic number 7767517 (a text .param)" +
                                    (magic.empty() ? std::string(", the file is empty") : ", got '" + magic[0] + "'"));
   auto counts = next_tokens();
+  if (counts.empty()) bad(line_no + 1, "expected 'layer_count blob_count', the file ends after the magic number");
   if (counts.size() != 2) bad(line_no, "expected 'layer_count blob_count'");
   const int layer_count = parse_int(counts[0], line_no, "a layer count");
   parse_int(counts[1], line_no, "a blob count");

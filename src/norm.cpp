@@ -115,11 +115,13 @@ Run plan_run(const Norm::Gpu& gpu, const GroupLayout& g, size_t elemsize, uint64
   const uint64_t group_bytes = uint64_t(g.group_size) * elemsize;
   if (group_bytes > max_buffer || g.group_size > kMaxPieceElements)
     throw std::invalid_argument(
-        "vknorm: a group of " + what + " is " + std::to_string(group_bytes) + " bytes (" + std::to_string(g.group_size) +
+        std::string("vknorm: ") + (g.elempack == 4 ? "a pack4 item (4 channels or rows stored interleaved) of " : "a group of ") +
+        what + " is " + std::to_string(group_bytes) + " bytes (" + std::to_string(g.group_size) +
         " packed elements of " + std::to_string(elemsize) + " bytes), more than one storage buffer can hold on " +
         info.name + " (" + std::to_string(std::min<uint64_t>(max_buffer, kMaxPieceElements * elemsize)) + " bytes: " +
         (group_bytes > max_buffer ? buffer_why : std::string("2^31 elements, 32-bit indexing")) +
-        "); a group is normalized whole, so this tensor cannot be processed in pieces");
+        "); a group is normalized whole, so this tensor cannot be processed in pieces" +
+        (g.elempack == 4 ? std::string(" (without the packing layout its groups are 4 times smaller)") : std::string()));
 
   // Free memory as vknorm counts it: VKNORM_MAX_DEVICE_BYTES, else the device-local heap, less what
   // vknorm holds now (weights included: they are uploaded before planning).
@@ -296,7 +298,6 @@ void Norm::load_model(std::vector<float> gamma, std::vector<float> beta) {
   if (gpu_) gpu_ = make_gpu(*this, gpu_->ctx);  // same device, new weights; running forwards keep the old
 }
 
-void Norm::check_ready(const GroupLayout&) const { check_weights(gamma_data.size(), beta_data.size()); }
 
 void Norm::create_pipeline(std::shared_ptr<Context> ctx, const Option&) {
   std::lock_guard<std::mutex> lock(mutex_);

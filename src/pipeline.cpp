@@ -89,10 +89,15 @@ std::unique_ptr<SubmissionKit> take_kit(Context::Impl& ctx, uint32_t max_sets) {
 
 constexpr size_t kMaxIdleKits = 16;  // more idle kits than this (after a burst of threads) are freed
 
+// Every submission starts here: in a fork()ed child, before anything touches the inherited device.
+Context::Impl& same_process(Context::Impl& ctx) {
+  ctx.instance->check_same_process();
+  return ctx;
+}
 }  // namespace
 
 Submission::Submission(Context::Impl& ctx, uint32_t max_dispatches)
-    : ctx_(ctx), kit_(take_kit(ctx, max_dispatches)), cmd_(kit_->cmd) {
+    : ctx_(same_process(ctx)), kit_(take_kit(ctx_, max_dispatches)), cmd_(kit_->cmd) {
   // A kit per submission: nothing is shared between threads but the queue.
   cmd_.begin(vk::CommandBufferBeginInfo{.flags = vk::CommandBufferUsageFlagBits::eOneTimeSubmit});
   if (kit_->queries) cmd_.resetQueryPool(**kit_->queries, 0, 2);

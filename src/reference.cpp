@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -299,15 +300,24 @@ void Norm::forward_inplace_cpu(Mat& m) const {
     std::memcpy(m.data(), back.data(), m.bytes());
     return;
   }
-  const GroupLayout g = layout(m.dims, m.w, m.h, m.d, m.c, m.cstep, 1);
-  check_ready(g);
-  const float* gamma = affine ? gamma_data.data() : nullptr;
-  const float* beta = affine && centres(op) ? beta_data.data() : nullptr;
-  reference_forward(op, reinterpret_cast<float*>(m.data()), g, eps, gamma, beta);
-  if (activation != Activation::None)
+  // A snapshot, as the Vulkan forwards take one: a load_model in another thread replaces the weights.
+  NormParams p;
+  Activation act;
+  float alpha;
+  std::vector<float> gamma_now, beta_now;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    p = *this, act = activation, alpha = activation_alpha, gamma_now = gamma_data, beta_now = beta_data;
+  }
+  p.check();  // fields written directly are checked as load_param checks them
+  const GroupLayout g = p.layout(m.dims, m.w, m.h, m.d, m.c, m.cstep, 1);
+  p.check_weights(gamma_now.size(), beta_now.size());
+  const float* gamma = p.affine ? gamma_now.data() : nullptr;
+  const float* beta = p.affine && centres(p.op) ? beta_now.data() : nullptr;
+  reference_forward(p.op, reinterpret_cast<float*>(m.data()), g, p.eps, gamma, beta);
+  if (act != Activation::None)
     for (int q = 0; q < (m.dims >= 3 ? m.c : 1); ++q)
-      activation_forward(activation, activation_alpha, reinterpret_cast<float*>(m.data()) + q * m.cstep,
-                         size_t(m.w) * m.h * m.d);
+      activation_forward(act, alpha, reinterpret_cast<float*>(m.data()) + q * m.cstep, size_t(m.w) * m.h * m.d);
 }
 
 }  // namespace vknorm

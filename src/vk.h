@@ -25,7 +25,11 @@ struct Instance {
   std::optional<vk::raii::DebugUtilsMessengerEXT> messenger;
   uint32_t api_version = VK_API_VERSION_1_0;
   bool validation = false;
+  long pid = 0;  // the process that created it: a fork()ed child inherits the handles, not the driver's threads
   static std::shared_ptr<Instance> get();
+  // std::runtime_error in a process fork()ed from the one that created this instance (its waits would
+  // never return there).
+  void check_same_process() const;
 };
 
 struct Context::Impl {

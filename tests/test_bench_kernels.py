@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -81,6 +82,11 @@ def test_bench_groupnorm_and_instancenorm_shapes_report_channels_planes_and_grou
     (["--rows", "8", "--cols", "8", "--plot", "sweep.txt"], "matplotlib cannot write .txt files"),
     (["--op", "groupnorm", "--groups", "7"], "--groups 7 divides none of the default shapes' channels"),
     (["--rows", "8", "--cols", "8", "--compare", "nosuch"], "--compare"),
+    (["--rows", "3000000000", "--cols", "1"], "every dimension must be 1..2^31-1"),
+    (["--rows", "1", "--cols", "3000000000"], "every dimension must be 1..2^31-1"),
+    (["--op", "groupnorm", "--channels", "3000000000", "--size", "1x1", "--groups", "1"], "every dimension"),
+    (["--rows", "8", "--cols", "8", "--json", "same.png", "--plot", "same.png"], "name the same file"),
+    (["--rows", "8", "--cols", "8", "--plot", "sweep"], "no file extension"),
 ])
 def test_bench_bad_input_is_one_line_and_exit_2(args, message):
     proc = vknorm("bench", *args)
@@ -102,12 +108,30 @@ def test_a_report_that_cannot_be_written_is_one_error_line(tmp_path):
         assert len(errors) == 1 and errors[0].startswith("vknorm bench: error:") and message in errors[0], proc.stderr
 
 
-def test_bench_a_shape_too_large_for_memory_is_one_error_line_after_the_progress_bar():
-    proc = vknorm("bench", "--rows", "99999999999", "--cols", "64", *QUICK, "--compare", "copy")
+def test_bench_a_shape_too_large_for_memory_is_one_error_line_before_any_input_is_made():
+    """Every shape's input is checked against the host memory available before the first is made (numpy
+    once filled 12 GB for a shape refused afterwards)."""
+    t0 = time.monotonic()
+    proc = vknorm("bench", "--rows", "64", "--cols", "64", "--rows", "2000000000", "--cols", "64", *QUICK,
+                  "--compare", "copy")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-    errors = [ln for ln in proc.stderr.splitlines() if "error" in ln]
-    assert len(errors) == 1 and errors[0].startswith("vknorm bench: error: out of memory"), proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("vknorm bench: error: out of memory (2000000000x64 needs"), lines
+    assert time.monotonic() - t0 < 60
+
+
+def test_bench_says_which_comparisons_it_skips_and_keeps_ncnns_banner_quiet():
+    """--compare torch without torch is one note, like ncnn's; ncnn's device banner stays off stderr."""
+    script = ("import sys\nsys.modules['torch'] = None  # as without torch\n"
+              "from vknorm.cli import main\nraise SystemExit(main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", script, "bench", "--rows", "4", "--cols", "64", *QUICK,
+                           "--dtype", "fp32", "--compare", "copy,ncnn,torch"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    notes = [ln for ln in proc.stderr.splitlines() if ln.startswith("vknorm bench:")]
+    assert notes == ["vknorm bench: torch not installed: skipping the torch comparison"], proc.stderr[-2000:]
+    assert not any(ln.lstrip().startswith("[0 ") for ln in proc.stderr.splitlines()), proc.stderr[-2000:]
 
 
 # The comparisons run the same work as vknorm: a recording stand-in for torch (no CUDA here) and ncnn's Net

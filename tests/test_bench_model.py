@@ -86,6 +86,7 @@ def test_norm_floor_times_the_model_without_its_norms_beside_stock_and_vknorm(tm
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "missing.param", BIN, "--input", "in0=16x64"], "no such file"),
+    (["--model", PARAM, ".", "--input", "in0=16x64"], "--model .: is a directory, not the weights .bin"),
     (["--model", PARAM, BIN], "--input"),
     (["--model", PARAM, BIN, "--input", "in0=16xx64"], "malformed"),
     (["--model", PARAM, BIN, "--input", "in0=16x64", "--iters", "0"], "--iters"),
@@ -117,6 +118,7 @@ def test_bench_model_needs_a_shape_for_every_input_of_the_model(tmp_path):
     ({"VKNORM_DEVICE": "nosuch"}, "VKNORM_DEVICE=nosuch matches no device"),
     ({"VKNORM_MAX_BUFFER_BYTES": "0"}, "VKNORM_MAX_BUFFER_BYTES=0: expected a positive integer"),
     ({"VKNORM_MAX_DEVICE_BYTES": "10"}, "cannot allocate"),
+    ({"VKNORM_MAX_DEVICE_BYTES": "abc"}, "VKNORM_MAX_DEVICE_BYTES=abc: expected a positive integer"),
 ])
 def test_settings_refused_in_the_worker_process_are_one_line_and_exit_2(env, message):
     """The model runs in a forked worker: what the worker refuses reaches the user as it would from the

@@ -504,9 +504,15 @@ def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
                                              "Split splitncnn_1 1 2 nowhere 6 7"))
     binary = tmp_path / "binary.param"
     binary.write_bytes(b"\xff\xfe\x00garbage")
+    magic_only = tmp_path / "magic_only.param"
+    magic_only.write_text("7767517\n")
+    (tmp_path / "adir").mkdir()
     for args, needle in [
         ((tmp_path / "missing.param", b), "no such file"),
         ((p, tmp_path / "missing.bin"), "no such file"),
+        ((tmp_path / "adir", b), "is a directory, not the model .param"),
+        ((p, tmp_path / "adir"), "is a directory, not the weights .bin"),
+        ((magic_only, b), "line 2: expected 'layer_count blob_count', the file ends after the magic number"),
         ((garbled, b), "reads blob 'nowhere', which no earlier layer produces"),
         ((binary, b), "not a text .param"),
         ((p, short), "the fused model does not load (the weights in"),

@@ -270,7 +270,50 @@ def test_nan_and_inf_spoil_their_own_group_as_ncnns_cpu_layer_does(case, bad):
         assert max_abs_err(y[ok], cpu[ok]) <= 2 * FP32_TOL * scale(cpu[ok])
 
 
+def one_element_groups():
+    """(name, layer, x): every group holds one element, some of them Inf or NaN."""
+    x = np.array([1, np.nan, np.inf, -np.inf, 5, 6, 7, 8], np.float32)
+    gamma, beta = np.full(8, 2.0, np.float32), np.full(8, 0.5, np.float32)
+    inorm = vknorm.InstanceNorm(channels=8, eps=1e-5, affine=True)
+    inorm.load_model(gamma, beta)
+    gn = vknorm.GroupNorm(group=8, channels=8, eps=1e-5, affine=True)
+    gn.load_model(gamma, beta)
+    ln = vknorm.LayerNorm(affine_size=1, eps=1e-5, affine=True)
+    ln.load_model(gamma[:1], beta[:1])
+    return [("InstanceNorm 8x1x1", inorm, x.reshape(8, 1, 1)), ("GroupNorm 8x1x1/8", gn, x.reshape(8, 1, 1)),
+            ("GroupNorm dims 1, 8/8", gn, x), ("LayerNorm 8x1", ln, x.reshape(8, 1))]
+
+
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_a_one_element_group_holding_inf_or_nan_gives_nan_as_ncnns_cpu_layer_does(activation):
+    """x - mean of a group's only element is 0, or NaN where it is Inf or NaN. The shader's x - x was folded
+    to 0 by the compiler (SPIR-V keeps no NaN semantics), so such groups gave beta; ReLU(NaN) stays NaN."""
+    for name, layer, x in one_element_groups():
+        layer.set_activation(activation)
+        cpu = layer(x, device="cpu")
+        assert np.isnan(cpu.reshape(-1)[1:4]).all() and np.isfinite(cpu.reshape(-1)[[0, 4, 5, 6, 7]]).all(), name
+        for path, packing, fp16 in itertools.product(PATHS, (True, False), (False, True)):
+            y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing,
+                                                               use_fp16_storage=fp16))
+            np.testing.assert_array_equal(np.isnan(y), np.isnan(cpu), err_msg=f"{name} {path} {packing} {fp16}")
+            ok = ~np.isnan(cpu)
+            np.testing.assert_allclose(y[ok], cpu[ok], atol=1e-6, err_msg=f"{name} {path} {packing} {fp16}")
+
+
 # ------------------------------------------------------------------------------ bad input
+
+def test_a_packed_item_past_one_buffer_is_refused_as_such_and_runs_unpacked(monkeypatch):
+    """Pieces hold whole pack4 items: an InstanceNorm whose 4-channel item passes the buffer limit says so,
+    not that a channel's group does; without the packing layout its groups fit and it runs."""
+    monkeypatch.setenv("VKNORM_MAX_BUFFER_BYTES", "1024")
+    inorm = vknorm.InstanceNorm(channels=8, eps=1e-5, affine=False)
+    x = np.random.default_rng(3).standard_normal((8, 9, 9)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"a pack4 item \(4 channels or rows stored interleaved\).*1296 bytes.*"
+                                         r"without the packing layout its groups are 4 times smaller"):
+        inorm(x, device="vulkan", option=vknorm.Option(use_packing_layout=True))
+    y = inorm(x, device="vulkan", option=vknorm.Option(use_packing_layout=False))
+    assert max_abs_err(y, inorm(x, device="cpu")) <= 2 * FP32_TOL * scale(y)
+
 
 @pytest.mark.parametrize("make,match", [
     (lambda: vknorm.GroupNorm(group=3, channels=10), "do not divide into group=3"),

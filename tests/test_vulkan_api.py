@@ -327,3 +327,17 @@ def test_the_copy_roof_refuses_nonsense_repetitions():
     for warmup, reps in ((0, 0), (-5, -1), (-1, 10)):
         with pytest.raises(ValueError, match="reps >= 1"):
             vknorm._core.copy_repeated(v, warmup, reps, True)
+
+
+def test_float_input_in_either_byte_order_keeps_its_precision():
+    """Big-endian float16 ('>f2') is float16: it runs and comes back as float16, as native float16 does
+    (it was widened to float32 and returned as float32); big-endian float32 runs as float32."""
+    ln = vknorm.LayerNorm(8, 1e-5)
+    ln.load_model(np.ones(8, np.float32), np.zeros(8, np.float32))
+    native = np.arange(16, dtype=np.float16).reshape(2, 8)
+    for device in ("cpu", "vulkan"):
+        want = ln(native, device=device)
+        for x in (native.astype(">f2"), native.astype(np.float32).astype(">f4")):
+            y = ln(x, device=device)
+            assert y.dtype == (np.float16 if x.dtype.itemsize == 2 else np.float32), (device, x.dtype, y.dtype)
+            np.testing.assert_allclose(y.astype(np.float32), want.astype(np.float32), atol=2e-3)

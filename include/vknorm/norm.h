@@ -195,13 +195,13 @@ class Norm : public NormParams {
   // that cannot be split is refused before anything is allocated (std::invalid_argument past the
   // device's buffer range, DeviceOutOfMemory past its memory).
   //
-  // Threads: forward_inplace, forward_repeated, last_dispatch and context may be called from any
-  // number of threads at once, also while another thread runs load_param / load_model /
+  // Threads: forward_inplace, forward_inplace_cpu, forward_repeated, last_dispatch and context may be
+  // called from any number of threads at once, also while another thread runs load_param / load_model /
   // create_pipeline / destroy_pipeline: each forward runs on the parameters, weights and device the
   // layer had when it started (a snapshot). The public fields above are written by load_param /
-  // load_model; read them, and run forward_inplace_cpu, only while no load runs at the same time.
-  // Fields written directly (ncnn style: gamma_data, eps, activation, ...) take effect at the next
-  // forward, checked as load_param checks them.
+  // load_model; read them only while no load runs at the same time. Fields written directly (ncnn
+  // style: gamma_data, eps, activation, ...) take effect at the next forward, checked as load_param
+  // checks them.
   void forward_inplace(Mat& m, const Option& opt = {});
   void forward_inplace(VkMat& m, const Option& opt = {});
 
@@ -227,7 +227,6 @@ class Norm : public NormParams {
   struct Gpu;
 
  private:
-  void check_ready(const GroupLayout& layout) const;
   // The snapshot a forward runs on (mutex_ held inside); ctx null: the layer's device, else the default.
   std::shared_ptr<Gpu> gpu_for(const std::shared_ptr<Context>& ctx);
   std::shared_ptr<Gpu> gpu_;

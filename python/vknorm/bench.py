@@ -89,16 +89,37 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run, **SWEEP_ONLY, **MODEL_ONLY)
 
 
-def _check_host_memory(label: str, nbytes: int) -> None:
-    """MemoryError for inputs larger than the machine's physical memory: where the kernel overcommits, numpy's
-    allocation of them succeeds and filling it would page for hours instead of failing."""
+def _available_host_memory() -> Optional[int]:
+    """Bytes the kernel says a new allocation can have (MemAvailable), else the physical memory, else None."""
     try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, OSError, ValueError):
-        return
-    if nbytes > physical:
-        raise MemoryError(f"{label} needs {nbytes / 2**30:.0f} GiB of host memory for its input, "
-                          f"this machine has {physical / 2**30:.0f} GiB")
+        return None
+
+
+def _check_host_memory(label: str, nbytes: int) -> None:
+    """MemoryError for inputs larger than the host memory available now: where the kernel overcommits, numpy's
+    allocation of them succeeds, and filling it would page for hours or be killed instead of failing."""
+    available = _available_host_memory()
+    if available is not None and nbytes > available:
+        raise MemoryError(f"{label} needs {nbytes / 2**30:.1f} GiB of host memory for its input, "
+                          f"this machine has {available / 2**30:.1f} GiB available")
+
+
+def _check_extents(flags: str, *extents: int) -> None:
+    """ncnn's Mat extents are int: each must fit 32 bits (checked before any input is made)."""
+    from .cli import UsageError
+
+    if any(e > 2**31 - 1 for e in extents):
+        raise UsageError(f"{flags}: shape {'x'.join(map(str, extents))}: every dimension must be 1..2^31-1 "
+                         "(ncnn's Mat extents are int)")
 
 
 def _channel_shapes(args):
@@ -135,6 +156,7 @@ def _channel_shapes(args):
         g = groups[i if len(groups) > 1 else 0] if args.op == "groupnorm" else 0
         if c < 1 or h < 1 or w < 1:
             raise UsageError(f"--channels/--size: shape {c}x{h}x{w} must be positive")
+        _check_extents("--channels/--size", c, h, w)
         if args.op == "groupnorm" and (g < 1 or c % g):
             raise UsageError(f"--groups {g}: {c} channels do not split into {g} groups")
         out.append((c, h, w, g))
@@ -153,8 +175,11 @@ def _shapes(args):
         for r, c in zip(rows, cols):
             if r < 1 or c < 1:
                 raise UsageError(f"--rows/--cols: shape {r}x{c} must be positive")
+            _check_extents("--rows/--cols", r, c)
         return [(r, c, "sweep") for r, c in zip(rows, cols)]
     shapes = [(max(1, args.elements // c), c, "sweep") for c in DEFAULT_COLS]
+    for r, c, _ in shapes:
+        _check_extents("--elements", r, c)
     if not args.no_latency:
         shapes += [(r, c, "latency") for r, c in LATENCY_SHAPES]
     return shapes
@@ -205,7 +230,9 @@ def _check_output_path(flag: str, path) -> None:
             formats = FigureCanvasBase.get_supported_filetypes()
         except ImportError:  # no plot at all then (plot() says so)
             return
-        if ext and ext not in formats:
+        if not ext:
+            raise UsageError(f"--plot {path}: no file extension (name a .png, .svg or .pdf file)")
+        if ext not in formats:
             raise UsageError(f"--plot {path}: matplotlib cannot write .{ext} files (name a .png, .svg or .pdf file)")
 
 
@@ -262,8 +289,11 @@ def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine
     shape: (channels, h, w, groups) for groupnorm/instancenorm; packing: ncnn's use_packing_layout, as vknorm's."""
     import ncnn
 
-    if ncnn.get_gpu_count() == 0:
-        return None
+    from ._stdio import quiet_stderr
+
+    with quiet_stderr():  # ncnn prints its device banner when it creates its Vulkan instance
+        if ncnn.get_gpu_count() == 0:
+            return None
     weights_of = cols if shape is None else shape[0]
     per_layer = (1 if op == "rmsnorm" else 2) if affine else 0
     tmp = tempfile.mkdtemp(prefix="vknorm-bench-")
@@ -309,15 +339,21 @@ def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine
     return max(tk - t1, 0.0) / (k - 1) * 1e6
 
 
-def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: bool = True, shape=None,
-                 residual: bool = False, activation: Optional[str] = None):
-    """torch CUDA: the add (residual), the norm and the activation as an unfused graph runs them, CUDA events."""
+def _torch_unavailable() -> Optional[str]:
+    """Why torch cannot be compared here (None: it can)."""
     try:
         import torch
     except ImportError:
-        return None
+        return "torch not installed"
     if not torch.cuda.is_available():
-        return None
+        return "torch has no CUDA device"
+    return None
+
+
+def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: bool = True, shape=None,
+                 residual: bool = False, activation: Optional[str] = None):
+    """torch CUDA: the add (residual), the norm and the activation as an unfused graph runs them, CUDA events."""
+    import torch
     import torch.nn.functional as F
 
     dt = torch.float16 if fp16 else torch.float32
@@ -360,14 +396,16 @@ def run_model(args) -> int:
     import json
     import os
 
-    from .check import parse_inputs, parse_model_inputs
+    from .check import parse_inputs, parse_model_inputs, require_file
     from .cli import UsageError
     from .model_bench import format_table, run_model_bench
 
     param, binp = args.model
-    for path in (param, binp):
-        if not os.path.isfile(path):
-            raise UsageError(f"--model: no such file {path!r}")
+    for path, what in ((param, "model .param"), (binp, "weights .bin")):
+        try:
+            require_file(path, what)
+        except UsageError as e:
+            raise UsageError(f"--model {e}") from None
     if not args.input:
         raise UsageError("--model needs at least one --input NAME=DIMS")
     if not 1 <= args.iters <= 100000:
@@ -433,6 +471,8 @@ def run(args) -> int:
         raise UsageError("--warmup-ms must be 0..60000")
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         _check_output_path(flag, path)
+    if args.json and args.plot and os.path.realpath(args.json) == os.path.realpath(args.plot):
+        raise UsageError(f"--json and --plot name the same file {args.plot!r}: the plot would overwrite the JSON")
     if args.model:
         return run_model(args)
 
@@ -456,7 +496,15 @@ def run(args) -> int:
         shapes = [(c, h * w, "sweep", (c, h, w, g)) for c, h, w, g in _channel_shapes(args)]
     else:
         shapes = [(r, c, kind, None) for r, c, kind in _shapes(args)]
+    for rows, cols, _, cshape in shapes:  # every input's host memory, before the first is made
+        _check_host_memory(f"{rows}x{cols}" if cshape is None else _shape_label(args.op, cshape),
+                           rows * cols * 4 * (2 if args.residual else 1))
     info = device_info()
+    if "torch" in compare:
+        why = _torch_unavailable()
+        if why:
+            print(f"vknorm bench: {why}: skipping the torch comparison", file=sys.stderr)
+            compare.discard("torch")
     if "ncnn" in compare:
         try:
             import ncnn  # noqa: F401
@@ -476,7 +524,6 @@ def run(args) -> int:
                     progress.step(f"{op} {dtype} {label}")
                     affine = not args.no_affine
                     option = Option(use_fp16_storage=fp16, use_packing_layout=not args.no_packing, path=args.path)
-                    _check_host_memory(label, rows * cols * 4 * (2 if args.residual else 1))
                     if cshape is None:
                         x = rng.standard_normal((rows, cols), dtype=np.float32)
                         layer = (LayerNorm if op == "layernorm" else RMSNorm)(affine_size=cols, eps=1e-5, affine=affine)

@@ -199,6 +199,14 @@ _TOKEN = re.compile(r'"[^"]*"|\S+')
 _PARAM = re.compile(r'(-?[0-9]+)=(.+)', re.S)
 
 
+def require_file(path: str, what: str) -> None:
+    """UsageError unless path is a readable file (what: "model .param", "weights .bin")."""
+    if os.path.isdir(path):
+        raise UsageError(f"{path}: is a directory, not the {what}")
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: no such file ({what})")
+
+
 def _read_file(path: str, what: str) -> bytes:
     try:
         with open(path, "rb") as f:

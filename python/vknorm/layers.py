@@ -140,9 +140,16 @@ def to_device(x, option: Optional[Option] = None, device=None) -> _core.VkMat:
     return _core.VkMat.upload(_core.Mat.from_numpy(_as_storage(a)), ctx, Option._of(Option() if option is None else option))
 
 
+def _is_float16(a: np.ndarray) -> bool:
+    """float16 in either byte order (a big-endian '>f2' array is float16 too, though not np.float16)."""
+    return a.dtype.kind == "f" and a.dtype.itemsize == 2
+
+
 def _as_storage(a: np.ndarray) -> np.ndarray:
-    out = np.ascontiguousarray(a if a.dtype in (np.float16, np.float32) else a.astype(np.float32))
-    return out if out.flags.writeable else out.copy()  # the binding takes writable arrays only
+    """float16 or float32 in native byte order, contiguous and writable: what the binding takes."""
+    native = np.float16 if _is_float16(a) else np.float32
+    out = np.ascontiguousarray(a, dtype=native)
+    return out if out.flags.writeable else out.copy()
 
 
 def _param_int(pid, v) -> int:
@@ -325,14 +332,14 @@ class _Norm:
         if ctx is None:  # ncnn's CPU layers: the add in float32, then the norm; float16 input gets float16 back
             s = a.astype(np.float32) + r.astype(np.float32)
             y = self(s, device="cpu")
-            if a.dtype == np.float16:
+            if _is_float16(a):
                 y, s = y.astype(np.float16), s.astype(np.float16)
             return (y, s) if return_sum else y
         storage = self.option if option is None else option
         vx, vr = to_device(a, storage, ctx), to_device(r, storage, ctx)
         self._layer.create_pipeline(ctx, opt)
         y, s = self._layer.forward_add(vx, vr, return_sum, opt)
-        like = np.float16 if a.dtype == np.float16 else np.float32
+        like = np.float16 if _is_float16(a) else np.float32
 
         def back(v):
             m = v.download().convert_packing(1)

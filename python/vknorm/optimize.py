@@ -38,15 +38,10 @@ def add_parser(sub) -> None:
 
 
 def _read_text(path: str) -> str:
+    from .check import _read_file
     from .cli import UsageError
 
-    if not os.path.isfile(path):
-        raise UsageError(f"no such file {path!r}")
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise UsageError(f"{path}: {e.strerror}") from None
+    data = _read_file(path, "model .param")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -57,11 +52,11 @@ def _read_text(path: str) -> str:
 def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> List[dict]:
     """Fuse param/bin into out_param/out_bin (atomically, both or neither). Returns what was fused;
     UsageError on a missing, garbled or inconsistent input."""
+    from .check import require_file
     from .cli import UsageError
 
     text = _read_text(param)
-    if not os.path.isfile(bin_path):
-        raise UsageError(f"no such file {bin_path!r}")
+    require_file(bin_path, "weights .bin")
     try:
         from . import graph
     except ImportError as e:

@@ -1,0 +1,261 @@
+"""The Python API across threads, fork() and interpreter exit: a daemon thread still forwarding when the
+interpreter exits leaves the process cleanly; a fork()ed child of a process that used Vulkan gets a clear
+error instead of a wait that never returns; one graph Extractor (and a Net being reloaded) may be used from
+several threads; CPU forwards racing load_model see one weight set; an extract whose inputs were not given is
+an error code, not a crash; a graph Net is quiet on stderr. Each case runs in a child process of its own, so a
+crash or a hang fails the test instead of the run."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from availability import needs_graph, needs_vulkan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "tests", "data")
+
+
+def run_script(code: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, VKNORM_VALIDATION="1", PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=ROOT)
+
+
+NCNN_BANNER = re.compile(r"^\[\d+ ")  # ncnn's device lines, printed when it creates its Vulkan instance
+
+
+def assert_clean(proc: subprocess.CompletedProcess):
+    """Exit 0 and nothing on stderr but ncnn's device banner."""
+    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    unexpected = [ln for ln in proc.stderr.splitlines() if ln.strip() and not NCNN_BANNER.match(ln)]
+    assert not unexpected, proc.stderr[-3000:]
+
+
+LAYER_SETUP = """
+import numpy as np, vknorm
+x = np.random.default_rng(0).standard_normal((64, 256, 64)).astype(np.float32)
+ln = vknorm.LayerNorm(64, 1e-5)
+ln.load_model(np.ones(64, np.float32), np.zeros(64, np.float32))
+def work():
+    return ln(x)
+"""
+
+GRAPH_SETUP = f"""
+import numpy as np
+from vknorm import graph
+net = graph.configure(graph.Net())
+net.load_param({os.path.join(DATA, "transformer_block.ncnn.param")!r})
+net.load_model({os.path.join(DATA, "transformer_block.ncnn.bin")!r})
+x = graph.Mat(np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32))
+def work():
+    ex = net.create_extractor()
+    ex.input("in0", x)
+    r, out = ex.extract("out0")
+    assert r == 0
+    return np.array(out)
+"""
+
+
+@needs_vulkan
+@pytest.mark.parametrize("setup", ["layer", pytest.param("graph", marks=needs_graph)])
+def test_a_daemon_thread_still_forwarding_when_the_interpreter_exits_leaves_it_cleanly(setup):
+    """Python ends a daemon thread that comes back from native code during finalization by unwinding it,
+    which aborted the process ("terminate called without an active exception", exit 134)."""
+    code = (LAYER_SETUP if setup == "layer" else GRAPH_SETUP) + """
+import threading, time
+work()
+started = threading.Event()
+def loop():
+    started.set()
+    while True:
+        work()
+threading.Thread(target=loop, daemon=True).start()
+started.wait()
+time.sleep(0.3)
+print("main done")
+"""
+    for _ in range(3):
+        proc = run_script(code)
+        assert proc.returncode == 0 and "main done" in proc.stdout, f"rc {proc.returncode}\n{proc.stderr[-3000:]}"
+        assert "terminate called" not in proc.stderr, proc.stderr[-3000:]
+
+
+FORK_CHILD = """
+import os
+used = work()  # the parent has used Vulkan
+pid = os.fork()
+if pid == 0:
+    try:
+        work()
+        print("child: ran")
+    except RuntimeError as e:
+        print("child: RuntimeError:", e)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("parent: child exit", os.waitstatus_to_exitcode(status))
+print("parent: still runs", work().shape == used.shape)
+"""
+
+
+@needs_vulkan
+@pytest.mark.parametrize("setup", ["layer", pytest.param("graph", marks=needs_graph)])
+def test_a_forked_child_of_a_process_that_used_vulkan_gets_a_clear_error_not_a_hang(setup):
+    """The child inherits the device's handles but not the driver's threads: its first wait never
+    returned. It is refused at once, naming the start methods that work; the parent runs on."""
+    proc = run_script((LAYER_SETUP if setup == "layer" else GRAPH_SETUP) + FORK_CHILD, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    child = [ln for ln in lines if ln.startswith("child:")]
+    assert len(child) == 1 and "fork()" in child[0] and "'spawn'" in child[0], proc.stdout
+    assert "parent: child exit 0" in lines and "parent: still runs True" in lines, proc.stdout
+
+
+@needs_vulkan
+def test_a_forked_child_of_a_process_that_never_used_vulkan_runs():
+    code = """
+import os, numpy as np, vknorm
+pid = os.fork()
+if pid == 0:
+    ln = vknorm.LayerNorm(16, 1e-5)
+    ln.load_model(np.ones(16, np.float32), np.zeros(16, np.float32))
+    y = ln(np.arange(32, dtype=np.float32).reshape(2, 16))
+    os._exit(0 if abs(float(y.mean())) < 1e-5 else 3)
+_, status = os.waitpid(pid, 0)
+print("child exit", os.waitstatus_to_exitcode(status))
+"""
+    proc = run_script(code, timeout=120)
+    assert proc.returncode == 0 and "child exit 0" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+@needs_graph
+@needs_vulkan
+@pytest.mark.parametrize("vulkan", [True, False], ids=["vulkan", "cpu"])
+def test_one_extractor_used_from_two_threads_gives_the_sequential_results(vulkan):
+    """ncnn's Extractor is not thread-safe (heap corruption, SIGSEGV, SIGFPE): each call holds it."""
+    code = GRAPH_SETUP.replace("graph.configure(graph.Net())", f"graph.configure(graph.Net(), vulkan={vulkan})") + """
+import threading
+want = work()
+bad = []
+for rep in range(25):
+    ex = net.create_extractor(); ex.input("in0", x)
+    def take():
+        r, m = ex.extract("out0")
+        if r != 0 or not np.array_equal(np.array(m), want):
+            bad.append((rep, r))
+    ts = [threading.Thread(target=take) for _ in range(3)]
+    [t.start() for t in ts]; [t.join() for t in ts]
+print("bad", bad)
+"""
+    proc = run_script(code)
+    assert_clean(proc)
+    assert "bad []" in proc.stdout, proc.stdout
+
+
+@needs_graph
+@needs_vulkan
+def test_a_net_cleared_and_reloaded_while_other_threads_extract_never_crashes():
+    """clear / load_param / load_model wait for running extracts; an extractor made before a clear fails
+    with an error code, never a crash; results are the model's whenever a run succeeds."""
+    code = GRAPH_SETUP + f"""
+import threading
+want = work()
+stop = False
+outcomes = {{"ok": 0, "refused": 0, "wrong": 0}}
+def extracting():
+    while not stop:
+        try:
+            ex = net.create_extractor()
+        except RuntimeError:  # between clear and load_model: refused with a message
+            outcomes["refused"] += 1
+            continue
+        ex.input("in0", x)
+        r, out = ex.extract("out0")
+        if r != 0:
+            outcomes["refused"] += 1
+        elif np.array_equal(np.array(out), want):
+            outcomes["ok"] += 1
+        else:
+            outcomes["wrong"] += 1
+ts = [threading.Thread(target=extracting) for _ in range(2)]
+[t.start() for t in ts]
+for _ in range(15):
+    net.clear()
+    net.load_param({os.path.join(DATA, "transformer_block.ncnn.param")!r})
+    net.load_model({os.path.join(DATA, "transformer_block.ncnn.bin")!r})
+stop = True
+[t.join() for t in ts]
+print(outcomes)
+"""
+    proc = run_script(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "'wrong': 0" in proc.stdout and "'ok': 0" not in proc.stdout, proc.stdout
+
+
+@needs_vulkan
+def test_cpu_forwards_racing_load_model_see_one_weight_set():
+    """The CPU forward runs on a snapshot of the weights, as the Vulkan forwards do (it read them while
+    load_model replaced them: rows of both sets, and freed memory)."""
+    code = """
+import threading, numpy as np, vknorm
+C = 1024
+x = np.random.default_rng(0).standard_normal((16, C)).astype(np.float32)
+ln = vknorm.LayerNorm(C, 1e-5)
+W = [(np.full(C, 1.0 + k, np.float32), np.full(C, float(k), np.float32)) for k in range(2)]
+refs = []
+for g, b in W:
+    ln.load_model(g, b)
+    refs.append(ln(x, device="cpu"))
+stop, n, torn = False, 0, 0
+def forwards():
+    global n, torn
+    while not stop:
+        y = ln(x, device="cpu")
+        n += 1
+        torn += not any(np.array_equal(y, r) for r in refs)
+t = threading.Thread(target=forwards)
+t.start()
+for i in range(6000):
+    ln.load_model(*W[i % 2])
+stop = True
+t.join()
+print("forwards", n, "torn", torn)
+"""
+    proc = run_script(code)
+    assert_clean(proc)
+    words = proc.stdout.split()
+    assert int(words[1]) > 0 and words[3] == "0", proc.stdout
+
+
+@needs_graph
+@pytest.mark.parametrize("vknorm_layers", [True, False], ids=["vknorm", "stock"])
+@pytest.mark.parametrize("vulkan", [True, False], ids=["vulkan", "cpu"])
+def test_an_extract_whose_input_was_not_given_is_an_error_code(vknorm_layers, vulkan):
+    """ncnn's stock layers crash on the empty blob of an unset input (SIGFPE, SIGSEGV); the extract says which
+    input it lacks instead. A misspelled input name is refused by input() and leaves the input unset."""
+    code = f"""
+import numpy as np
+from vknorm import graph
+net = graph.configure(graph.Net(vknorm={vknorm_layers}), vulkan={vulkan})
+net.load_param({os.path.join(DATA, "layernorm_2d.ncnn.param")!r})
+net.load_model({os.path.join(DATA, "layernorm_2d.ncnn.bin")!r})
+ex = net.create_extractor()
+print("no input:", ex.extract("out0")[0])
+ex = net.create_extractor()
+print("misspelled:", ex.input("nope", graph.Mat(np.ones((8, 6, 10), np.float32))), ex.extract("out0")[0])
+"""
+    proc = run_script(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no input: -1" in proc.stdout and "misspelled: -1 -1" in proc.stdout, proc.stdout
+    assert "extract out0: the input in0 it depends on was not given" in proc.stderr, proc.stderr[-2000:]
+
+
+@needs_graph
+def test_a_graph_net_is_quiet_on_stderr():
+    """Registering vknorm's layers over ncnn's built-in ones is what a graph Net is for: ncnn's notice of
+    it ("overwrite built-in layer type ...", four lines a Net) stays off stderr."""
+    proc = run_script("from vknorm import graph\nnets = [graph.Net() for _ in range(3)]\nprint(len(nets))\n")
+    assert_clean(proc)
