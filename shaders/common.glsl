@@ -168,9 +168,15 @@ float erfc_nonneg(float z) {
             t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))));
   return t * exp(r);
 }
+// ReLU's "v < 0" as bits: a compiler that may assume no NaN turns the float compare into max(v, 0), which
+// gives 0 for NaN (NVIDIA's does); ncnn's CPU ReLU keeps NaN. Negative: sign set, -0 and NaNs excluded.
+bool below_zero(float v) {
+  uint b = floatBitsToUint(v);
+  return b > 0x80000000u && b <= 0xff800000u;
+}
 float activate1(float v) {
-  if (ACT == ACT_RELU) return v < 0.0 ? 0.0 : v;
-  if (ACT == ACT_LEAKY_RELU) return v < 0.0 ? v * ACT_ALPHA : v;
+  if (ACT == ACT_RELU) return below_zero(v) ? 0.0 : v;
+  if (ACT == ACT_LEAKY_RELU) return below_zero(v) ? v * ACT_ALPHA : v;
   if (ACT == ACT_SIGMOID) return 1.0 / (1.0 + exp(-v));
   if (ACT == ACT_SWISH) return v / (1.0 + exp(-v));
   if (ACT == ACT_GELU) {

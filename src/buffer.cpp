@@ -12,6 +12,7 @@ std::string mib(uint64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 2
 
 std::shared_ptr<Buffer> Buffer::create(std::shared_ptr<Context> ctx, vk::DeviceSize size, Kind kind) {
   auto& c = ctx->impl();
+  c.instance->check_same_process();  // a fork()ed child's first allocation hangs on NVIDIA's driver
   size = std::max<vk::DeviceSize>(size, 16);
   if (c.max_device_bytes && c.bytes_in_use + size > c.max_device_bytes)
     throw DeviceOutOfMemory("vknorm: cannot allocate " + std::to_string(size) + " bytes (" + mib(size) +

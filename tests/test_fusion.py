@@ -144,16 +144,19 @@ def test_activation_matches_ncnn_cpu_formula_and_float64(act, fp16):
 
 
 def test_activation_keeps_inf_and_nan_as_ncnn_cpu():
+    """On every path. ReLU's compare became max(v, 0) on NVIDIA's compiler, which turned NaN into 0."""
     layer = vknorm.LayerNorm(affine_size=8, eps=1e-5, affine=False)
     x = np.zeros((3, 8), np.float32)
     x[0] = np.arange(8)
     x[1, 2] = np.nan
     x[2] = np.arange(8) * 1e30
-    for act in ("gelu", "gelu_fast", "swish", "sigmoid"):
-        layer.set_activation(act)
-        y, cpu = layer(x), layer(x, device="cpu")
-        assert np.isnan(y[1]).all() and np.isnan(cpu[1]).all(), act
-        np.testing.assert_allclose(y[[0, 2]], cpu[[0, 2]], rtol=1e-5, atol=1e-6, err_msg=act)
+    for act in ("gelu", "gelu_fast", "swish", "sigmoid", "relu", "leakyrelu"):
+        layer.set_activation(act, 0.1 if act == "leakyrelu" else 0.0)
+        cpu = layer(x, device="cpu")
+        for path in ("auto", "subgroup", "workgroup", "split", "cooperative"):
+            y = layer(x, option=vknorm.Option(path=path))
+            assert np.isnan(y[1]).all() and np.isnan(cpu[1]).all(), (act, path)
+            np.testing.assert_allclose(y[[0, 2]], cpu[[0, 2]], rtol=1e-5, atol=1e-6, err_msg=f"{act} {path}")
 
 
 def test_forward_add_refuses_what_it_cannot_fuse():
