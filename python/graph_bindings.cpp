@@ -178,11 +178,19 @@ struct Net {
     loaded_with.clear();
     const int r = read_param(path);
     param_loaded = r == 0;
+    param_options = param_loaded ? format_options(net.opt) : "";
     return r;
   }
   int load_model(const std::string& path) {
     ++generation;
     loaded_with.clear();
+    // ncnn picks the device and each layer's kind (Vulkan or not) at load_param: a model loaded under other
+    // options crashes it (in load_model, or at the first extract).
+    if (param_loaded && format_options(net.opt) != param_options) {
+      NCNN_LOGE("vknorm.graph: load_model: net.opt changed after load_param (%s -> %s); set options before "
+                "load_param, as in ncnn", param_options.c_str(), format_options(net.opt).c_str());
+      return -1;
+    }
     const int r = net.load_model(path.c_str());
     if (param_loaded && r == 0) loaded_with = format_options(net.opt);
     return r;
@@ -190,6 +198,7 @@ struct Net {
   void clear() {
     ++generation;
     net.clear();
+    fused.clear();
     param_loaded = false;
     loaded_with.clear();
   }
@@ -239,6 +248,7 @@ struct Net {
   bool vknorm, fuse;
   std::vector<vknorm::ncnn::FusedPattern> fused;  // what the last load_param fused
   bool param_loaded = false;
+  std::string param_options;  // format_options at the last successful load_param
   std::string loaded_with;  // format_options at the last successful load_model; empty: no model loaded
 };
 
@@ -273,6 +283,11 @@ struct Extractor {
   std::shared_ptr<Net> owner;  // the net outlives its extractors
   std::unique_ptr<::ncnn::Extractor> ex;
   std::shared_ptr<Allocators> allocators;  // Vulkan nets; released after ex (declared after it)
+  // Host blobs and scratch of this extractor's own, not the net's: Net.clear deletes the net's, and an
+  // extractor made before it would free its blobs into them when dropped (a use after free). An output
+  // in them is copied out (extract).
+  std::shared_ptr<::ncnn::UnlockedPoolAllocator> host_blobs = std::make_shared<::ncnn::UnlockedPoolAllocator>();
+  std::shared_ptr<::ncnn::PoolAllocator> host_workspace = std::make_shared<::ncnn::PoolAllocator>();
   std::unique_ptr<std::mutex> mutex = std::make_unique<std::mutex>();  // one call at a time (ncnn's Extractor is not thread-safe)
   std::set<std::string> given;                                         // blobs input() set
   uint64_t generation = 0;                                             // the net's, when this was made
@@ -516,6 +531,10 @@ NB_MODULE(_graph, m) {
              std::lock_guard<std::mutex> lock(*e.mutex);
              check_vulkan_process(e.owner->net.opt);
              if (e.stale("input")) return -1;
+             if (in.empty()) {  // ncnn takes it, and its stock layers crash on the empty blob
+               NCNN_LOGE("vknorm.graph: Extractor.input %s: the Mat is empty", name.c_str());
+               return -1;
+             }
              if (int r = reserve_upload(e, in)) return r;
              const int r = e.ex->input(name.c_str(), in);
              if (r == 0) e.given.insert(name);
@@ -541,11 +560,15 @@ NB_MODULE(_graph, m) {
                  r = e.allocators ? extract_reserving_download(e, name, out) : e.ex->extract(name.c_str(), out);
                }
              }
+             // An output in this extractor's own memory is copied out: it outlives the extractor.
+             if (r == 0 && (out.allocator == e.host_blobs.get() || out.allocator == e.host_workspace.get()))
+               out = out.clone();
              return std::make_tuple(r, out);
            },
            "name"_a)
       .def("clear", [](Extractor& e) {
         ReleaseGil release;
+        std::shared_lock<NetLock> net_lock(e.owner->lock);
         std::lock_guard<std::mutex> lock(*e.mutex);
         e.ex->clear();
         e.given.clear();
@@ -560,11 +583,22 @@ NB_MODULE(_graph, m) {
       .def_prop_rw(
           "opt", [](Net& n) -> ::ncnn::Option& { return n.net.opt; },
           [](Net& n, const ::ncnn::Option& o) { n.net.opt = o; }, nb::rv_policy::reference_internal)
-      .def("set_vulkan_device", [](Net& n, int index) { n.net.set_vulkan_device(index); }, "index"_a)
+      .def("set_vulkan_device",
+           [](Net& n, int index) {
+             const int count = ::ncnn::get_gpu_count();
+             if (index < 0 || index >= count)
+               throw std::invalid_argument("set_vulkan_device: index " + std::to_string(index) + " out of range (" +
+                                           std::to_string(count) + " Vulkan devices)");
+             if (n.param_loaded)  // its layers were made for the device it had then
+               throw std::runtime_error("set_vulkan_device: call it before load_param, as in ncnn");
+             n.net.set_vulkan_device(index);
+           },
+           "index"_a)
       .def("load_param",
            [](Net& n, const std::string& path) {
              ReleaseGil release;
              std::unique_lock<NetLock> lock(n.lock);
+             check_vulkan_process(n.net.opt);
              return n.load_param(path);
            },
            "path"_a)
@@ -636,6 +670,7 @@ NB_MODULE(_graph, m) {
            [](std::shared_ptr<Net> n) {
              ReleaseGil release;  // never wait for the net's lock holding the GIL: its holder may need it
              std::shared_lock<NetLock> lock(n->lock);
+             check_vulkan_process(n->net.opt);
              n->check_runnable();
              auto ex = std::make_unique<::ncnn::Extractor>(n->net.create_extractor());
              std::shared_ptr<Allocators> allocators;
@@ -646,6 +681,8 @@ NB_MODULE(_graph, m) {
                ex->set_staging_vkallocator(allocators->staging);
              }
              Extractor e(n, std::move(ex), std::move(allocators));
+             e.ex->set_blob_allocator(e.host_blobs.get());
+             e.ex->set_workspace_allocator(e.host_workspace.get());
              e.generation = n->generation;
              return e;
            })

@@ -246,7 +246,14 @@ int default_device_index() {
 }
 
 Context::Context(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Context::~Context() = default;
+Context::~Context() {
+  // In a fork()ed child the device's handles are the parent's: destroying them waits on driver threads the
+  // child does not have (a hang at its exit). The child leaves them to the process's end instead.
+  if (impl_ && impl_->instance && long(getpid()) != impl_->instance->pid) {
+    new std::shared_ptr<Instance>(impl_->instance);  // nor may the instance go: its destruction waits too
+    (void)impl_.release();
+  }
+}
 
 std::shared_ptr<Context> Context::create(int index) {
   auto impl = std::make_unique<Impl>();

@@ -3,6 +3,7 @@
 #include "vk.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -563,7 +564,7 @@ uint64_t env_positive(const char* name) {
   char* end = nullptr;
   errno = 0;
   const unsigned long long n = std::strtoull(v, &end, 10);
-  if (*end != '\0' || n == 0 || v[0] == '-' || errno == ERANGE)
+  if (*end != '\0' || n == 0 || !std::isdigit(static_cast<unsigned char>(v[0])) || errno == ERANGE)
     throw std::invalid_argument(std::string(name) + "=" + v + ": expected a positive integer");
   return n;
 }

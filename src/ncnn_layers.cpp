@@ -346,7 +346,8 @@ class NormLayer : public ::ncnn::Layer {
     Blob b{blob.dims, blob.w, blob.h, blob.d, blob.c, blob.cstep, blob.elempack, blob.elemsize == 2u * blob.elempack};
     if (b.dims == 1 && b.elempack != 1) b.w *= b.elempack, b.cstep *= b.elempack, b.elempack = 1;
     if ((b.elempack != 1 && b.elempack != 4) || (blob.elemsize != 4u * blob.elempack && !b.fp16)) {
-      NCNN_LOGE("vknorm %s: unsupported blob elempack=%d elemsize=%zu", type_name(), blob.elempack, blob.elemsize);
+      NCNN_LOGE("vknorm %s %s: unsupported blob elempack=%d elemsize=%zu (an input of another shape than the "
+                "model's?)", type_name(), name.c_str(), blob.elempack, blob.elemsize);
       return nullptr;
     }
     b.residual = residual;

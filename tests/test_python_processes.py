@@ -259,3 +259,84 @@ def test_a_graph_net_is_quiet_on_stderr():
     it ("overwrite built-in layer type ...", four lines a Net) stays off stderr."""
     proc = run_script("from vknorm import graph\nnets = [graph.Net() for _ in range(3)]\nprint(len(nets))\n")
     assert_clean(proc)
+
+
+@needs_vulkan
+def test_a_forked_child_refused_by_vknorm_still_exits_normally():
+    """Its atexit and finalization leave the parent's device alone: destroying it waited, in the child, on
+    driver threads only the parent has (a hang at exit)."""
+    code = LAYER_SETUP + """
+import os, sys
+work()
+pid = os.fork()
+if pid == 0:
+    try:
+        work()
+    except RuntimeError:
+        pass
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+print("child exit", os.waitstatus_to_exitcode(status))
+"""
+    proc = run_script(code, timeout=120)
+    assert proc.returncode == 0 and "child exit 0" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+GRAPH_MISUSE = f"""
+import numpy as np
+from vknorm import graph
+P, B = {os.path.join(DATA, "layernorm_2d.ncnn.param")!r}, {os.path.join(DATA, "layernorm_2d.ncnn.bin")!r}
+x = graph.Mat(np.random.default_rng(0).standard_normal((8, 6, 10)).astype(np.float32))
+def loaded(vulkan, vknorm=True):
+    net = graph.configure(graph.Net(vknorm=vknorm), vulkan=vulkan)
+    net.load_param(P)
+    net.load_model(B)
+    return net
+"""
+
+
+@needs_graph
+@pytest.mark.parametrize("vknorm_layers", [True, False], ids=["vknorm", "stock"])
+@pytest.mark.parametrize("vulkan", [True, False], ids=["vulkan", "cpu"])
+def test_graph_misuse_is_an_error_code_or_exception_never_a_crash(vknorm_layers, vulkan):
+    """Each of these crashed ncnn (SIGFPE, SIGSEGV) or freed memory twice: an empty Mat as input; an
+    extractor of a CPU net dropped after Net.clear; an output kept past its extractor and the net's clear;
+    set_vulkan_device out of range or after load_param; net.opt changed between load_param and load_model."""
+    code = GRAPH_MISUSE + f"""
+vulkan, vk = {vulkan}, {vknorm_layers}
+net = loaded(vulkan, vk)
+ex = net.create_extractor()
+print("empty input:", ex.input("in0", graph.Mat()), ex.extract("out0")[0])
+ex = net.create_extractor(); ex.input("in0", x)
+r, out = ex.extract("out0")
+want = np.array(out)
+net.clear()
+del ex
+print("output kept:", np.array_equal(np.array(out), want))
+net.load_param(P); net.load_model(B)
+print("fused after reload:", [f["pattern"] for f in net.fused()])
+net.clear()
+print("fused after clear:", net.fused())
+for index in (-1, graph.gpu_count()):
+    try:
+        graph.Net().set_vulkan_device(index)
+        print("set_vulkan_device", index, "accepted")
+    except ValueError as e:
+        print("set_vulkan_device refused:", "out of range" in str(e))
+late = graph.configure(graph.Net(vknorm=vk), vulkan=vulkan)
+late.load_param(P)
+try:
+    late.set_vulkan_device(0)
+    print("after load_param accepted")
+except RuntimeError as e:
+    print("after load_param refused:", "before load_param" in str(e))
+late.opt.use_vulkan_compute = not vulkan
+print("opt changed:", late.load_model(B))
+"""
+    proc = run_script(code)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "empty input: -1 -1" in out and "output kept: True" in out and "fused after clear: []" in out, out
+    assert out.count("set_vulkan_device refused: True") == 2 and "after load_param refused: True" in out, out
+    assert "opt changed: -1" in out, out
+    assert "load_model: net.opt changed after load_param" in proc.stderr, proc.stderr[-2000:]

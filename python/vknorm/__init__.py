@@ -31,26 +31,18 @@ import atexit as _atexit
 import sys as _sys
 
 
-def _begin_exit() -> None:
-    """First of vknorm's exit hooks: from here on, a thread other than the main one that enters vknorm, or
-    comes back from it, parks until the process ends (python/release_gil.h): once finalization begins,
-    Python would end it by unwinding it through vknorm's native code, which aborts the process. Threads
-    already back and waiting for the GIL get it during a short sleep, before the devices are released."""
+def _quiet_leak_warnings_for_parked_threads() -> None:
+    """A daemon thread still inside vknorm when the interpreter finalizes parks there until the process ends
+    (python/release_gil.h); the objects it holds are not leaks, which nanobind would list one by one."""
     import threading
-    import time
 
-    modules = [_core] + [m for m in (_sys.modules.get("vknorm._graph"),) if m is not None]
-    for m in modules:
-        m._begin_exit()
     if threading.active_count() > 1:
-        for m in modules:
+        for m in [_core] + [m for m in (_sys.modules.get("vknorm._graph"),) if m is not None]:
             m._quiet_leak_warnings()
-        time.sleep(0.005)
 
 
 # Destroy the default device, and those made for device indices, while the interpreter and the driver are both
 # still whole (atexit runs the last registered first).
 _atexit.register(Context.release_default)
 _atexit.register(layers.release_indexed_contexts)
-# Registered last, run first (atexit runs the last registered first).
-_atexit.register(_begin_exit)
+_atexit.register(_quiet_leak_warnings_for_parked_threads)

@@ -103,8 +103,8 @@ def set_device_memory_limit(limit_bytes: int) -> None:
     Set it after ``load_model``: ncnn's loader does not survive a refused weight upload (it crashes, as on a
     device that is full at load time); inference past the limit fails with -100 and the net runs again
     at a normal size."""
-    if not isinstance(limit_bytes, int) or isinstance(limit_bytes, bool) or limit_bytes < 0:
-        raise ValueError(f"set_device_memory_limit: expected a byte count >= 0, got {limit_bytes!r}")
+    if not isinstance(limit_bytes, int) or isinstance(limit_bytes, bool) or not 0 <= limit_bytes < 2**64:
+        raise ValueError(f"set_device_memory_limit: expected a byte count 0..2^64-1, got {limit_bytes!r}")
     if not _graph.device_memory()["tracking"]:
         raise RuntimeError("set_device_memory_limit: call track_device_memory() first")
     _graph.set_device_memory_limit(limit_bytes)
