@@ -1,5 +1,4 @@
-"""The Python API across threads, fork() and interpreter exit: a daemon thread still forwarding when the
-interpreter exits leaves the process cleanly; a fork()ed child of a process that used Vulkan gets a clear
+"""The Python API across threads and fork(): a fork()ed child of a process that used Vulkan gets a clear
 error instead of a wait that never returns; one graph Extractor (and a Net being reloaded) may be used from
 several threads; CPU forwards racing load_model see one weight set; an extract whose inputs were not given is
 an error code, not a crash; a graph Net is quiet on stderr. Each case runs in a child process of its own, so a
@@ -58,30 +57,6 @@ def work():
     assert r == 0
     return np.array(out)
 """
-
-
-@needs_vulkan
-@pytest.mark.parametrize("setup", ["layer", pytest.param("graph", marks=needs_graph)])
-def test_a_daemon_thread_still_forwarding_when_the_interpreter_exits_leaves_it_cleanly(setup):
-    """Python ends a daemon thread that comes back from native code during finalization by unwinding it,
-    which aborted the process ("terminate called without an active exception", exit 134)."""
-    code = (LAYER_SETUP if setup == "layer" else GRAPH_SETUP) + """
-import threading, time
-work()
-started = threading.Event()
-def loop():
-    started.set()
-    while True:
-        work()
-threading.Thread(target=loop, daemon=True).start()
-started.wait()
-time.sleep(0.3)
-print("main done")
-"""
-    for _ in range(3):
-        proc = run_script(code)
-        assert proc.returncode == 0 and "main done" in proc.stdout, f"rc {proc.returncode}\n{proc.stderr[-3000:]}"
-        assert "terminate called" not in proc.stderr, proc.stderr[-3000:]
 
 
 FORK_CHILD = """
@@ -259,27 +234,6 @@ def test_a_graph_net_is_quiet_on_stderr():
     it ("overwrite built-in layer type ...", four lines a Net) stays off stderr."""
     proc = run_script("from vknorm import graph\nnets = [graph.Net() for _ in range(3)]\nprint(len(nets))\n")
     assert_clean(proc)
-
-
-@needs_vulkan
-def test_a_forked_child_refused_by_vknorm_still_exits_normally():
-    """Its atexit and finalization leave the parent's device alone: destroying it waited, in the child, on
-    driver threads only the parent has (a hang at exit)."""
-    code = LAYER_SETUP + """
-import os, sys
-work()
-pid = os.fork()
-if pid == 0:
-    try:
-        work()
-    except RuntimeError:
-        pass
-    sys.exit(0)
-_, status = os.waitpid(pid, 0)
-print("child exit", os.waitstatus_to_exitcode(status))
-"""
-    proc = run_script(code, timeout=120)
-    assert proc.returncode == 0 and "child exit 0" in proc.stdout, proc.stdout + proc.stderr[-3000:]
 
 
 GRAPH_MISUSE = f"""
