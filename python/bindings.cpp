@@ -138,7 +138,7 @@ nb::dict dispatch_dict(const DispatchInfo& i) {
 }  // namespace
 
 NB_MODULE(_core, m) {
-  vknorm_python::define_exit_hooks(m);
+  vknorm_python::define_leak_warning_switch(m);
   nb::exception<VulkanUnavailable>(m, "VulkanUnavailableError", PyExc_RuntimeError);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

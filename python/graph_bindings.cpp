@@ -14,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <shared_mutex>  // std::shared_lock
 #include <sstream>
@@ -175,7 +176,7 @@ struct Net {
   uint64_t generation = 0;
   int load_param(const std::string& path) {
     ++generation;
-    loaded_with.clear();
+    model_loaded = false;
     const int r = read_param(path);
     param_loaded = r == 0;
     param_options = param_loaded ? format_options(net.opt) : "";
@@ -183,7 +184,7 @@ struct Net {
   }
   int load_model(const std::string& path) {
     ++generation;
-    loaded_with.clear();
+    model_loaded = false;
     // ncnn picks the device and each layer's kind (Vulkan or not) at load_param: a model loaded under other
     // options crashes it (in load_model, or at the first extract).
     if (param_loaded && format_options(net.opt) != param_options) {
@@ -192,27 +193,26 @@ struct Net {
       return -1;
     }
     const int r = net.load_model(path.c_str());
-    if (param_loaded && r == 0) loaded_with = format_options(net.opt);
+    model_loaded = param_loaded && r == 0;
     return r;
   }
   void clear() {
     ++generation;
     net.clear();
     fused.clear();
-    param_loaded = false;
-    loaded_with.clear();
+    param_loaded = model_loaded = false;
   }
   // ncnn builds every layer's pipelines in load_model, for the options it finds then: an extractor of a net
   // whose model did not load, or whose format options changed after it, runs layers with no pipelines
   // (ncnn crashes there). Refused with what to do instead.
   void check_runnable() const {
     if (!param_loaded) throw std::runtime_error("create_extractor: load_param has not succeeded on this Net");
-    if (loaded_with.empty()) throw std::runtime_error("create_extractor: load_model has not succeeded on this Net");
+    if (!model_loaded) throw std::runtime_error("create_extractor: load_model has not succeeded on this Net");
     if (net.opt.num_threads < 1)  // ncnn divides work by it (SIGFPE at 0 or below)
       throw std::runtime_error("create_extractor: net.opt.num_threads must be >= 1, got " +
                                std::to_string(net.opt.num_threads));
-    if (format_options(net.opt) != loaded_with)
-      throw std::runtime_error("create_extractor: net.opt changed after load_model (" + loaded_with + " -> " +
+    if (format_options(net.opt) != param_options)
+      throw std::runtime_error("create_extractor: net.opt changed after load_model (" + param_options + " -> " +
                                format_options(net.opt) + "); set options before load_param, as in ncnn");
   }
   static std::string format_options(const ::ncnn::Option& o) {
@@ -248,8 +248,9 @@ struct Net {
   bool vknorm, fuse;
   std::vector<vknorm::ncnn::FusedPattern> fused;  // what the last load_param fused
   bool param_loaded = false;
-  std::string param_options;  // format_options at the last successful load_param
-  std::string loaded_with;  // format_options at the last successful load_model; empty: no model loaded
+  // format_options at the last successful load_param; load_model refuses others, so a loaded model has them
+  std::string param_options;
+  bool model_loaded = false;
 };
 
 nb::list fused_list(const std::vector<vknorm::ncnn::FusedPattern>& fused) {
@@ -303,12 +304,8 @@ struct Extractor {
   // ncnn's extractor gives its blobs back to the net's allocators: not while the net loads or clears.
   ~Extractor() {
     if (!ex) return;  // moved from
-    if (!PyGILState_Check()) {
-      std::shared_lock<NetLock> lock(owner->lock);
-      ex.reset();
-      return;
-    }
-    ReleaseGil release;  // never wait for the net's lock holding the GIL
+    std::optional<ReleaseGil> release;
+    if (PyGILState_Check()) release.emplace();  // never wait for the net's lock holding the GIL
     std::shared_lock<NetLock> lock(owner->lock);
     ex.reset();
   }
@@ -489,7 +486,7 @@ void track_device_memory() {
 }  // namespace
 
 NB_MODULE(_graph, m) {
-  vknorm_python::define_exit_hooks(m);
+  vknorm_python::define_leak_warning_switch(m);
   m.doc() = "ncnn's Vulkan graph with vknorm's norm layers inside (ncnn compiled from source)";
 
   nb::class_<::ncnn::Option>(m, "Option")

@@ -17,7 +17,7 @@ namespace vknorm_python {
   for (;;) pause();
 }
 
-inline void define_exit_hooks(nanobind::module_& m) {
+inline void define_leak_warning_switch(nanobind::module_& m) {
   // Objects a parked thread still holds are not leaks: nanobind would list each at exit.
   m.def("_quiet_leak_warnings", [] { nanobind::set_leak_warnings(false); });
 }
