@@ -280,6 +280,48 @@ struct Allocators {
   Allocators& operator=(const Allocators&) = delete;
 };
 
+// Which blobs an extractor holds, followed as ncnn's forward_layer changes them: extract(X) runs X's producer
+// after its inputs' producers, recursively, and in light mode (ncnn's default) each layer then frees its inputs.
+// An extract that would need a blob an earlier extract freed (a given input included) is refused here: ncnn
+// would recompute from the freed blob and return an empty Mat as a success, -100, or crash in a stock Vulkan
+// layer (SIGFPE).
+class HeldBlobs {
+ public:
+  void give(const ::ncnn::Net& net, const std::string& name) {
+    size_to(net);
+    for (size_t i = 0; i < held_.size(); ++i)
+      if (net.blobs()[i].name == name) held_[i] = 1;
+  }
+  // Whether extracting `name` can run; if so, the blobs held afterwards go to `after`.
+  bool plan(const ::ncnn::Net& net, const std::string& name, std::vector<char>& after) {
+    size_to(net);
+    after = held_;
+    for (int i = 0; i < int(after.size()); ++i)
+      if (net.blobs()[i].name == name) return compute(net, i, after);
+    return true;  // an unknown name: ncnn's own error
+  }
+  void commit(std::vector<char>&& after) { held_ = std::move(after); }
+  void clear() { held_.clear(); }
+
+ private:
+  void size_to(const ::ncnn::Net& net) { held_.resize(net.blobs().size()); }
+  static bool compute(const ::ncnn::Net& net, int b, std::vector<char>& held) {
+    if (held[b]) return true;
+    const int p = net.blobs()[b].producer;
+    if (p < 0 || p >= int(net.layers().size())) return false;
+    const ::ncnn::Layer* layer = net.layers()[p];
+    if (layer->type == "Input") return false;  // given by input(), or freed since
+    for (int bottom : layer->bottoms)
+      if (bottom < 0 || bottom >= int(held.size()) || !compute(net, bottom, held)) return false;
+    for (int top : layer->tops)
+      if (top >= 0 && top < int(held.size())) held[top] = 1;
+    if (net.opt.lightmode)
+      for (int bottom : layer->bottoms) held[bottom] = 0;
+    return true;
+  }
+  std::vector<char> held_;
+};
+
 struct Extractor {
   std::shared_ptr<Net> owner;  // the net outlives its extractors
   std::unique_ptr<::ncnn::Extractor> ex;
@@ -291,6 +333,7 @@ struct Extractor {
   std::shared_ptr<::ncnn::PoolAllocator> host_workspace = std::make_shared<::ncnn::PoolAllocator>();
   std::unique_ptr<std::mutex> mutex = std::make_unique<std::mutex>();  // one call at a time (ncnn's Extractor is not thread-safe)
   std::set<std::string> given;                                         // blobs input() set
+  HeldBlobs held;                                                      // blobs ncnn's extractor holds now
   uint64_t generation = 0;                                             // the net's, when this was made
 
   // Whether the net was loaded or cleared since this extractor was made (logged; the caller returns -1).
@@ -534,7 +577,7 @@ NB_MODULE(_graph, m) {
              }
              if (int r = reserve_upload(e, in)) return r;
              const int r = e.ex->input(name.c_str(), in);
-             if (r == 0) e.given.insert(name);
+             if (r == 0) e.given.insert(name), e.held.give(e.owner->net, name);
              return r;
            },
            "name"_a, "mat"_a)
@@ -553,8 +596,18 @@ NB_MODULE(_graph, m) {
                  NCNN_LOGE("vknorm.graph: extract %s: the input %s it depends on was not given (Extractor.input)",
                            name.c_str(), missing.c_str());
                  r = -1;
+               } else if (std::vector<char> after; !e.held.plan(e.owner->net, name, after)) {
+                 NCNN_LOGE("vknorm.graph: extract %s: a blob it needs was freed by an earlier extract "
+                           "(net.opt.lightmode: each layer frees its inputs); extract it before the blobs that "
+                           "depend on it, from a new extractor, or with lightmode off", name.c_str());
+                 r = -1;
                } else {
                  r = e.allocators ? extract_reserving_download(e, name, out) : e.ex->extract(name.c_str(), out);
+                 if (r == 0 && out.empty()) {  // ncnn's success with nothing in it
+                   NCNN_LOGE("vknorm.graph: extract %s: ncnn produced an empty blob", name.c_str());
+                   r = -1;
+                 }
+                 if (r == 0) e.held.commit(std::move(after));
                }
              }
              // An output in this extractor's own memory is copied out: it outlives the extractor.
@@ -569,6 +622,7 @@ NB_MODULE(_graph, m) {
         std::lock_guard<std::mutex> lock(*e.mutex);
         e.ex->clear();
         e.given.clear();
+        e.held.clear();
       });
 
   nb::class_<Net>(m, "Net")

@@ -1,10 +1,11 @@
 """The Python API across threads and fork(): a fork()ed child of a process that used Vulkan gets a clear
 error instead of a wait that never returns; one graph Extractor (and a Net being reloaded) may be used from
-several threads; CPU forwards racing load_model see one weight set; an extract whose inputs were not given is
-an error code, not a crash; a graph Net is quiet on stderr. Each case runs in a child process of its own, so a
+several threads; CPU forwards racing load_model see one weight set; an extract whose inputs were not given, or
+whose blobs light mode freed, is an error code, not a crash; a graph Net is quiet on stderr. Each case runs in a child process of its own, so a
 crash or a hang fails the test instead of the run."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -226,6 +227,62 @@ print("misspelled:", ex.input("nope", graph.Mat(np.ones((8, 6, 10), np.float32))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "no input: -1" in proc.stdout and "misspelled: -1 -1" in proc.stdout, proc.stdout
     assert "extract out0: the input in0 it depends on was not given" in proc.stderr, proc.stderr[-2000:]
+
+
+@needs_graph
+@pytest.mark.parametrize("vknorm_layers", [True, False], ids=["vknorm", "stock"])
+@pytest.mark.parametrize("vulkan", [True, False], ids=["vulkan", "cpu"])
+@pytest.mark.parametrize("model", ["convnext_block", "llama_block"])
+def test_a_blob_freed_by_light_mode_is_an_error_code(model, vknorm_layers, vulkan):
+    """In light mode (ncnn's default) each layer frees its inputs, so after extracting the output every blob
+    upstream of it is gone. Extracting one then is -1 with a message, where ncnn returned an empty Mat as a
+    success, -100, or crashed in its Vulkan layers (SIGFPE, convnext_block). A blob that can be made again
+    without a freed one (llama_block's MemoryData mask) still comes back, equal to a fresh extract; with light
+    mode off every blob does. Before the output, an intermediate is extracted as usual, and the output after it."""
+    code = f"""
+import json
+import numpy as np
+from vknorm import graph
+param = {os.path.join(DATA, model + ".ncnn.param")!r}
+shape = tuple(int(s) for s in json.load(open({os.path.join(DATA, "models.json")!r}))[{model!r}].split("x"))
+x = graph.Mat(np.random.default_rng(0).standard_normal(shape).astype(np.float32))
+blobs = []
+for line in open(param).read().splitlines()[2:]:
+    t = line.split()
+    blobs += t[4 + int(t[2]):4 + int(t[2]) + int(t[3])]
+for lightmode in (True, False):
+    net = graph.configure(graph.Net(vknorm={vknorm_layers}, fuse=False), vulkan={vulkan}, lightmode=lightmode)
+    assert net.load_param(param) == 0 and net.load_model(param[:-5] + "bin") == 0
+    def extractor():
+        ex = net.create_extractor()
+        assert ex.input("in0", x) == 0
+        return ex
+    out = net.output_names()[0]
+    fine, refused = [], []
+    for blob in blobs:
+        r0, want = extractor().extract(blob)
+        assert r0 == 0, (blob, r0)
+        ex = extractor()
+        assert ex.extract(out)[0] == 0
+        r, got = ex.extract(blob)
+        if r == 0:
+            assert np.array_equal(np.array(got), np.array(want)), blob
+            fine.append(blob)
+        else:
+            assert r == -1, (blob, r)
+            refused.append(blob)
+    middle = blobs[len(blobs) // 2]
+    ex = extractor()
+    assert ex.extract(middle)[0] == 0 and ex.extract(out)[0] == 0
+    print(json.dumps({{"lightmode": lightmode, "fine": fine, "refused": refused}}))
+"""
+    proc = run_script(code)
+    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    light, heavy = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    recomputable = ["3", "19"] if model == "llama_block" else []  # the causal mask and its reshape
+    assert sorted(light["fine"]) == sorted(["out0"] + recomputable), light
+    assert heavy["refused"] == [], heavy
+    assert "a blob it needs was freed by an earlier extract" in proc.stderr, proc.stderr[-2000:]
 
 
 @needs_graph

@@ -34,6 +34,10 @@ adds whose inputs differed in shape at run time (ncnn's BinaryOp ran them). ``vk
 same rewrite to disk. The blobs inside a fused pattern (the add's output, the norm's output before its
 activation) are gone from the rewritten net: ``extract`` them from a ``Net(fuse=False)``.
 
+Light mode (``opt.lightmode``, on by default as in ncnn): each layer frees its inputs once it has run, so an
+extractor gives a blob only until something downstream of it was extracted; extracting it later returns -1 and
+says so (stock pyncnn returns an empty Mat, -100, or crashes). Extract intermediates first, or turn it off.
+
 Mat: ``Mat(array)`` copies a numpy array of shape (w), (h, w), (c, h, w) or (c, d, h, w) as float32 (read-only
 arrays too, as pyncnn's Mat); ``np.array(mat)`` / ``mat.numpy()`` copy back.
 """
