@@ -253,7 +253,24 @@ struct Net {
   bool model_loaded = false;
 };
 
-nb::list fused_list(const std::vector<vknorm::ncnn::FusedPattern>& fused) {
+// Runs f with the net held shared (no clear or load halfway through) and the GIL released while waiting for
+// it; f builds plain C++ values, turned into Python objects after.
+template <class F>
+auto reading(const Net& n, F&& f) {
+  ReleaseGil release;
+  std::shared_lock<NetLock> lock(n.lock);
+  return f();
+}
+
+// A FusedPattern copied under the net's lock, as a type of this module's own (a std::vector of vknorm's type
+// here would instantiate templates this module exports).
+struct FusedCopy {
+  std::string pattern;
+  std::vector<std::string> layers;
+};
+
+template <class Patterns>
+nb::list fused_list(const Patterns& fused) {
   nb::list out;
   for (const auto& f : fused) {
     nb::dict d;
@@ -630,16 +647,29 @@ NB_MODULE(_graph, m) {
            "fuse"_a = true)
       .def_ro("vknorm", &Net::vknorm)
       .def_ro("fuse", &Net::fuse)
-      .def("fused", [](const Net& n) { return fused_list(n.fused); })
+      .def("fused", [](const Net& n) {
+        return fused_list(reading(n, [&] {
+          std::vector<FusedCopy> r;
+          for (const auto& f : n.fused) r.push_back({f.pattern, f.layers});
+          return r;
+        }));
+      })
       .def_prop_rw(
           "opt", [](Net& n) -> ::ncnn::Option& { return n.net.opt; },
-          [](Net& n, const ::ncnn::Option& o) { n.net.opt = o; }, nb::rv_policy::reference_internal)
+          [](Net& n, const ::ncnn::Option& o) {
+            ReleaseGil release;
+            std::unique_lock<NetLock> lock(n.lock);  // not halfway through a load
+            n.net.opt = o;
+          },
+          nb::rv_policy::reference_internal)
       .def("set_vulkan_device",
            [](Net& n, int index) {
              const int count = ::ncnn::get_gpu_count();
              if (index < 0 || index >= count)
                throw std::invalid_argument("set_vulkan_device: index " + std::to_string(index) + " out of range (" +
                                            std::to_string(count) + " Vulkan devices)");
+             ReleaseGil release;
+             std::unique_lock<NetLock> lock(n.lock);
              if (n.param_loaded)  // its layers were made for the device it had then
                throw std::runtime_error("set_vulkan_device: call it before load_param, as in ncnn");
              n.net.set_vulkan_device(index);
@@ -663,35 +693,64 @@ NB_MODULE(_graph, m) {
            "path"_a)
       .def("input_names",
            [](Net& n) {
-             std::vector<std::string> r;
-             for (const char* s : n.net.input_names()) r.push_back(s);
-             return r;
+             return reading(n, [&] {
+               std::vector<std::string> r;
+               for (const char* s : n.net.input_names()) r.push_back(s);
+               return r;
+             });
            })
       .def("output_names",
            [](Net& n) {
-             std::vector<std::string> r;
-             for (const char* s : n.net.output_names()) r.push_back(s);
-             return r;
+             return reading(n, [&] {
+               std::vector<std::string> r;
+               for (const char* s : n.net.output_names()) r.push_back(s);
+               return r;
+             });
            })
       // (name, type, vknorm's layer?, runs on Vulkan?) per layer, in param order.
       .def("layers",
            [](Net& n) {
-             std::vector<std::tuple<std::string, std::string, bool, bool>> r;
-             for (const ::ncnn::Layer* l : n.net.layers())
-               r.emplace_back(l->name, l->type, vknorm::ncnn::is_vknorm_layer(l), l->support_vulkan && n.net.opt.use_vulkan_compute);
-             return r;
+             return reading(n, [&] {
+               std::vector<std::tuple<std::string, std::string, bool, bool>> r;
+               for (const ::ncnn::Layer* l : n.net.layers())
+                 r.emplace_back(l->name, l->type, vknorm::ncnn::is_vknorm_layer(l),
+                                l->support_vulkan && n.net.opt.use_vulkan_compute);
+               return r;
+             });
            })
       // vknorm's layers: name, type, params, weights (numpy copies) and counters.
       .def("vknorm_layers",
            [](Net& n) {
+             struct Described {
+               std::string name, layer_type;
+               vknorm::ncnn::LayerInfo info;
+               std::optional<std::vector<float>> gamma, beta;  // copied while the layer exists
+             };
+             const std::vector<Described> described = reading(n, [&] {
+               std::vector<Described> r;
+               for (const ::ncnn::Layer* l : n.net.layers()) {
+                 Described d;
+                 if (!vknorm::ncnn::describe_layer(l, d.info)) continue;
+                 d.name = l->name;
+                 d.layer_type = l->type;
+                 auto copy = [&](const float* p) -> std::optional<std::vector<float>> {
+                   if (!p) return std::nullopt;
+                   return std::vector<float>(p, p + d.info.weight_count);
+                 };
+                 d.gamma = copy(d.info.gamma);
+                 d.beta = copy(d.info.beta);
+                 d.info.gamma = d.info.beta = nullptr;
+                 r.push_back(std::move(d));
+               }
+               return r;
+             });
              nb::list out;
-             for (const ::ncnn::Layer* l : n.net.layers()) {
-               vknorm::ncnn::LayerInfo i;
-               if (!vknorm::ncnn::describe_layer(l, i)) continue;
+             for (const Described& l : described) {
+               const vknorm::ncnn::LayerInfo& i = l.info;
                nb::dict d;
-               d["name"] = l->name;
+               d["name"] = l.name;
                d["type"] = i.type;  // the norm; layer_type: the ncnn type it was loaded as
-               d["layer_type"] = l->type;
+               d["layer_type"] = l.layer_type;
                d["residual"] = i.residual;
                d["activation_type"] = i.activation_type;
                d["activation_alpha"] = i.activation_alpha;
@@ -700,14 +759,14 @@ NB_MODULE(_graph, m) {
                if (i.type == "GroupNorm" || i.type == "InstanceNorm") d["channels"] = i.channels;
                d["eps"] = i.eps;
                d["affine"] = i.affine;
-               auto vec = [&](const float* p) -> nb::object {
-                 if (!p) return nb::none();
-                 ::ncnn::Mat m(i.weight_count);
-                 std::memcpy(m.data, p, sizeof(float) * i.weight_count);
+               auto vec = [&](const std::optional<std::vector<float>>& v) -> nb::object {
+                 if (!v) return nb::none();
+                 ::ncnn::Mat m(int(v->size()));
+                 std::memcpy(m.data, v->data(), sizeof(float) * v->size());
                  return nb::cast(mat_to_numpy(m));
                };
-               d["gamma"] = vec(i.gamma);
-               d["beta"] = vec(i.beta);
+               d["gamma"] = vec(l.gamma);
+               d["beta"] = vec(l.beta);
                d["vulkan_forwards"] = i.counters.vulkan_forwards;
                d["cpu_forwards"] = i.counters.cpu_forwards;
                d["pipelines"] = i.counters.pipelines;
@@ -716,7 +775,8 @@ NB_MODULE(_graph, m) {
              }
              return out;
            })
-      .def("vknorm_counters", [](Net& n) { return counters_dict(vknorm::ncnn::counters(n.net)); })
+      .def("vknorm_counters",
+           [](Net& n) { return counters_dict(reading(n, [&] { return vknorm::ncnn::counters(n.net); })); })
       .def("create_extractor",
            [](std::shared_ptr<Net> n) {
              ReleaseGil release;  // never wait for the net's lock holding the GIL: its holder may need it

@@ -437,17 +437,18 @@ print(json.dumps(codes))
 """
 
 
-def test_light_mode_extracting_a_released_blob_after_the_output_is_ncnn_s_out_of_memory_code():
+def test_light_mode_extracting_a_freed_blob_after_the_output_is_refused_in_fused_and_unfused_nets():
     """In light mode ncnn frees every intermediate blob once read, so extracting one after the model's output
-    makes ncnn run its producers again on freed inputs. vknorm's layers meet an empty blob there and answer
-    as ncnn's own layers do (-100), without logging it as a blob format they cannot take. (Stock ncnn's
-    Vulkan net of this model crashes there, in a stock layer: not run here.)"""
+    would make ncnn run its producers again on freed inputs (stock ncnn's Vulkan layers crash there). The
+    extract is refused first, -1 with a message, in the fused net as in the unfused one; vknorm's layers are
+    never handed the empty blob (no "unsupported blob" from them)."""
     param, binp = (os.path.join(graph_runs.DATA, f"transformer_block.ncnn.{ext}") for ext in ("param", "bin"))
     proc = subprocess.run([sys.executable, "-c", LIGHT_MODE_SCRIPT, param, binp], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     codes = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert codes and all(v == [0, -100] for v in codes.values()), codes
+    assert codes and all(v == [0, -1] for v in codes.values()), codes
+    assert proc.stderr.count("a blob it needs was freed by an earlier extract") == len(codes), proc.stderr[-2000:]
     assert "unsupported blob" not in proc.stderr, proc.stderr[-2000:]
 
 

@@ -171,6 +171,45 @@ print(outcomes)
     assert "'wrong': 0" in proc.stdout and "'ok': 0" not in proc.stdout, proc.stdout
 
 
+@needs_graph
+@pytest.mark.parametrize("vulkan", [True, False], ids=["vulkan", "cpu"])
+def test_a_net_described_while_another_thread_reloads_it_never_crashes(vulkan):
+    """layers(), vknorm_layers(), input_names(), output_names(), fused() and vknorm_counters() see the net
+    before or after a clear / load, never halfway: each answer is the loaded model's or an empty net's (it
+    crashed, SIGSEGV, when they read the net as a load replaced it)."""
+    code = f"""
+import threading
+from vknorm import graph
+net = graph.configure(graph.Net(), vulkan={vulkan})
+param, binp = {os.path.join(DATA, "sd_resblock.ncnn.param")!r}, {os.path.join(DATA, "sd_resblock.ncnn.bin")!r}
+net.load_param(param); net.load_model(binp)
+want = (len(net.layers()), len(net.vknorm_layers()), net.input_names(), net.output_names(), len(net.fused()))
+stop = False
+seen = {{"loaded": 0, "empty": 0, "torn": []}}
+def describing():
+    while not stop:
+        got = (len(net.layers()), len(net.vknorm_layers()), net.input_names(), net.output_names(), len(net.fused()))
+        net.vknorm_counters()
+        # each call sees one state (calls apart may see different ones)
+        if all(g in (w, type(w)()) for g, w in zip(got, want)):
+            seen["loaded" if got == want else "empty"] += 1
+        else:
+            seen["torn"].append(got)
+ts = [threading.Thread(target=describing) for _ in range(2)]
+[t.start() for t in ts]
+for _ in range(40):
+    net.clear()
+    net.load_param(param)
+    net.load_model(binp)
+stop = True
+[t.join() for t in ts]
+print(seen["loaded"] > 0, seen["torn"][:3])
+"""
+    proc = run_script(code)
+    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stderr[-3000:]}"
+    assert proc.stdout.strip().endswith("True []"), proc.stdout
+
+
 @needs_vulkan
 def test_cpu_forwards_racing_load_model_see_one_weight_set():
     """The CPU forward runs on a snapshot of the weights, as the Vulkan forwards do (it read them while
