@@ -567,6 +567,23 @@ NB_MODULE(_graph, m) {
   nb::class_<::ncnn::Mat>(m, "Mat")
       .def(nb::init<>())
       .def("__init__", [](::ncnn::Mat* self, const Array& a) { new (self) ::ncnn::Mat(mat_from_numpy(a)); }, "array"_a)
+      // Anything else numpy reads as real numbers (other byte orders, nested lists) becomes float32 first;
+      // the rest is a TypeError that names the dtype.
+      .def("__init__",
+           [](::ncnn::Mat* self, nb::handle obj) {
+             nb::module_ np = nb::module_::import_("numpy");
+             nb::object a = np.attr("asarray")(obj);
+             const nb::object dtype = a.attr("dtype");
+             const std::string kind = nb::cast<std::string>(nb::object(dtype.attr("kind")));
+             if (kind.empty() || std::string("biuf").find(kind[0]) == std::string::npos) {
+               const std::string name = nb::cast<std::string>(nb::str(dtype));
+               throw nb::type_error(("Mat: expected an array of real numbers (float32, or a type that converts to "
+                                     "it), got dtype " + name).c_str());
+             }
+             a = np.attr("ascontiguousarray")(a, "dtype"_a = np.attr("float32"));
+             new (self) ::ncnn::Mat(mat_from_numpy(nb::cast<Array>(a)));
+           },
+           nb::arg("array").none())
       .def_ro("dims", &::ncnn::Mat::dims)
       .def_ro("w", &::ncnn::Mat::w)
       .def_ro("h", &::ncnn::Mat::h)

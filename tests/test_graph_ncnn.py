@@ -454,7 +454,8 @@ def test_light_mode_extracting_a_freed_blob_after_the_output_is_refused_in_fused
 
 def test_mat_copies_every_array_pyncnn_s_mat_takes_read_only_ones_too(tmp_path):
     """Mat(array) only reads its array, so read-only arrays (a memory map, np.frombuffer, np.broadcast_to,
-    setflags(write=False)) are copied as pyncnn's Mat copies them; other dtypes and layouts are converted."""
+    setflags(write=False)) are copied as pyncnn's Mat copies them; other dtypes, byte orders, layouts and nested
+    lists are converted; what is not real numbers is a TypeError naming its dtype."""
     from vknorm import graph
 
     x = np.random.default_rng(0).standard_normal((3, 4, 5)).astype(np.float32)
@@ -466,9 +467,15 @@ def test_mat_copies_every_array_pyncnn_s_mat_takes_read_only_ones_too(tmp_path):
               "write=False": frozen,
               "broadcast_to": np.broadcast_to(x[0], x.shape),
               "float64": x.astype(np.float64),
-              "transposed": np.ascontiguousarray(x.transpose(0, 2, 1)).transpose(0, 2, 1)}
+              "transposed": np.ascontiguousarray(x.transpose(0, 2, 1)).transpose(0, 2, 1),
+              "big-endian float32": x.astype(">f4"),
+              "big-endian float64": x.astype(">f8"),
+              "nested lists": x.tolist()}
     for name, a in arrays.items():
         assert np.array_equal(np.array(graph.Mat(a)), np.asarray(a, np.float32)), name
+    for bad in ("abc", np.ones(3, complex), None, np.array([object()])):
+        with pytest.raises(TypeError, match="Mat: expected an array of real numbers .* got dtype"):
+            graph.Mat(bad)
 
 
 BF16_SCRIPT = r"""
