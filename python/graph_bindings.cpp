@@ -87,6 +87,30 @@ nb::ndarray<nb::numpy, float> mat_to_numpy(const ::ncnn::Mat& m) {
   return nb::ndarray<nb::numpy, float>(out, shape.size(), shape.data(), owner);
 }
 
+// Mat::reshape to (w), (w, h), (w, h, c) or (w, h, d, c); a ValueError where the element count differs (ncnn
+// returns an empty Mat there).
+::ncnn::Mat reshaped(const ::ncnn::Mat& m, std::vector<int> shape) {
+  if (m.empty()) throw std::invalid_argument("Mat.reshape: the Mat is empty");
+  if (m.elempack != 1) throw std::invalid_argument("Mat.reshape: only elempack-1 Mats reshape");
+  unsigned __int128 count = 1;  // four dimensions below 2^31 each do not overflow it
+  std::string asked;
+  for (int s : shape) {
+    if (s <= 0) throw std::invalid_argument("Mat.reshape: every dimension must be >= 1");
+    count *= unsigned(s);
+    asked += (asked.empty() ? "" : "x") + std::to_string(s);
+  }
+  const size_t have = size_t(m.w) * m.h * m.d * m.c;
+  if (count != have)
+    throw std::invalid_argument("Mat.reshape: " + asked + " (w, h, d, c order) does not hold the Mat's " +
+                                std::to_string(have) + " elements");
+  ::ncnn::Mat r = shape.size() == 1 ? m.reshape(shape[0])
+                  : shape.size() == 2 ? m.reshape(shape[0], shape[1])
+                  : shape.size() == 3 ? m.reshape(shape[0], shape[1], shape[2])
+                                      : m.reshape(shape[0], shape[1], shape[2], shape[3]);
+  if (r.empty()) throw std::bad_alloc();
+  return r;
+}
+
 // A Net that owns its ncnn::Net; vknorm=true registers vknorm's layers before anything is loaded, and
 // fuse=true (with vknorm) loads every .param through vknorm's graph rewrite (vknorm::ncnn::fuse_param).
 // ncnn's Vulkan instance belongs to the process that created it: a fork()ed child inherits its handles but
@@ -174,10 +198,13 @@ struct Net {
   mutable NetLock lock;
   // Counts loads and clears: an extractor made before one runs on layers that are gone (ncnn hangs or crashes).
   uint64_t generation = 0;
-  int load_param(const std::string& path) {
+  // path: a .param file; text: its contents (load_param_mem)
+  int load_param(const std::string& path) { return load_param_from(path, nullptr); }
+  int load_param_mem(const std::string& text) { return load_param_from("load_param_mem", &text); }
+  int load_param_from(const std::string& path, const std::string* text) {
     ++generation;
     model_loaded = false;
-    const int r = read_param(path);
+    const int r = read_param(path, text);
     param_loaded = r == 0;
     param_options = param_loaded ? format_options(net.opt) : "";
     return r;
@@ -224,17 +251,22 @@ struct Net {
       s += std::string(s.empty() ? "" : " ") + name + "=" + (on ? "1" : "0");
     return s;
   }
-  int read_param(const std::string& path) {
+  int read_param(const std::string& path, const std::string* text) {
     fused.clear();
-    if (fuse) return vknorm::ncnn::load_param_fused(net, path.c_str(), &fused);
+    if (fuse)
+      return text ? vknorm::ncnn::load_param_mem_fused(net, text->c_str(), &fused)
+                  : vknorm::ncnn::load_param_fused(net, path.c_str(), &fused);
     if (!vknorm) {  // a fused model in a stock net: say what it needs (ncnn would say "not exists or registered")
-      std::ifstream f(path);
+      std::ifstream file;
+      std::istringstream mem;
+      std::istream* in = text ? static_cast<std::istream*>(&(mem = std::istringstream(*text)))
+                              : static_cast<std::istream*>(&(file = std::ifstream(path)));
       int line_no = 0;
-      for (std::string line; std::getline(f, line);) {
+      for (std::string line; std::getline(*in, line);) {
         ++line_no;
-        std::istringstream in(line);
+        std::istringstream words(line);
         std::string type, name;
-        if (in >> type >> name && type.rfind("vknorm.", 0) == 0) {
+        if (words >> type >> name && type.rfind("vknorm.", 0) == 0) {
           NCNN_LOGE("%s line %d: layer %s is %s, a fused vknorm layer: load this model with vknorm's layers "
                     "registered (vknorm.graph.Net(), vknorm::ncnn::register_layers)", path.c_str(), line_no,
                     name.c_str(), type.c_str());
@@ -242,7 +274,7 @@ struct Net {
         }
       }
     }
-    return net.load_param(path.c_str());
+    return text ? net.load_param_mem(text->c_str()) : net.load_param(path.c_str());
   }
   ::ncnn::Net net;
   bool vknorm, fuse;
@@ -310,11 +342,11 @@ class HeldBlobs {
       if (net.blobs()[i].name == name) held_[i] = 1;
   }
   // Whether extracting `name` can run; if so, the blobs held afterwards go to `after`.
-  bool plan(const ::ncnn::Net& net, const std::string& name, std::vector<char>& after) {
+  bool plan(const ::ncnn::Net& net, const std::string& name, bool lightmode, std::vector<char>& after) {
     size_to(net);
     after = held_;
     for (int i = 0; i < int(after.size()); ++i)
-      if (net.blobs()[i].name == name) return compute(net, i, after);
+      if (net.blobs()[i].name == name) return compute(net, i, lightmode, after);
     return true;  // an unknown name: ncnn's own error
   }
   void commit(std::vector<char>&& after) { held_ = std::move(after); }
@@ -322,17 +354,17 @@ class HeldBlobs {
 
  private:
   void size_to(const ::ncnn::Net& net) { held_.resize(net.blobs().size()); }
-  static bool compute(const ::ncnn::Net& net, int b, std::vector<char>& held) {
+  static bool compute(const ::ncnn::Net& net, int b, bool lightmode, std::vector<char>& held) {
     if (held[b]) return true;
     const int p = net.blobs()[b].producer;
     if (p < 0 || p >= int(net.layers().size())) return false;
     const ::ncnn::Layer* layer = net.layers()[p];
     if (layer->type == "Input") return false;  // given by input(), or freed since
     for (int bottom : layer->bottoms)
-      if (bottom < 0 || bottom >= int(held.size()) || !compute(net, bottom, held)) return false;
+      if (bottom < 0 || bottom >= int(held.size()) || !compute(net, bottom, lightmode, held)) return false;
     for (int top : layer->tops)
       if (top >= 0 && top < int(held.size())) held[top] = 1;
-    if (net.opt.lightmode)
+    if (lightmode)
       for (int bottom : layer->bottoms) held[bottom] = 0;
     return true;
   }
@@ -351,6 +383,7 @@ struct Extractor {
   std::unique_ptr<std::mutex> mutex = std::make_unique<std::mutex>();  // one call at a time (ncnn's Extractor is not thread-safe)
   std::set<std::string> given;                                         // blobs input() set
   HeldBlobs held;                                                      // blobs ncnn's extractor holds now
+  bool lightmode = true;                                               // the net's, or set_light_mode's
   uint64_t generation = 0;                                             // the net's, when this was made
 
   // Whether the net was loaded or cleared since this extractor was made (logged; the caller returns -1).
@@ -480,6 +513,83 @@ int extract_reserving_download(Extractor& e, const std::string& name, ::ncnn::Ma
   return 0;
 }
 
+// Extractor.input and Extractor.extract. Each holds the net shared, then the extractor, with the GIL released
+// (so no thread waits for either while holding the GIL another needs).
+int extractor_input(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
+  ReleaseGil release;
+  std::shared_lock<NetLock> net_lock(e.owner->lock);
+  std::lock_guard<std::mutex> lock(*e.mutex);
+  check_vulkan_process(e.owner->net.opt);
+  if (e.stale("input")) return -1;
+  if (in.empty()) {  // ncnn takes it, and its stock layers crash on the empty blob
+    NCNN_LOGE("vknorm.graph: Extractor.input %s: the Mat is empty", name.c_str());
+    return -1;
+  }
+  if (int r = reserve_upload(e, in)) return r;
+  const int r = e.ex->input(name.c_str(), in);
+  if (r == 0) e.given.insert(name), e.held.give(e.owner->net, name);
+  return r;
+}
+
+std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& name) {
+  ::ncnn::Mat out;
+  int r;
+  {
+    ReleaseGil release;
+    std::shared_lock<NetLock> net_lock(e.owner->lock);
+    std::lock_guard<std::mutex> lock(*e.mutex);
+    check_vulkan_process(e.owner->net.opt);
+    if (e.stale("extract")) {
+      r = -1;
+    } else if (const std::string missing = missing_input(e.owner->net, e.given, name); !missing.empty()) {
+      NCNN_LOGE("vknorm.graph: extract %s: the input %s it depends on was not given (Extractor.input)",
+                name.c_str(), missing.c_str());
+      r = -1;
+    } else if (std::vector<char> after; !e.held.plan(e.owner->net, name, e.lightmode, after)) {
+      NCNN_LOGE("vknorm.graph: extract %s: a blob it needs was freed by an earlier extract (light mode: each "
+                "layer frees its inputs); extract it before the blobs that depend on it, from a new extractor, or "
+                "with light mode off (net.opt.lightmode, Extractor.set_light_mode)", name.c_str());
+      r = -1;
+    } else {
+      r = e.allocators ? extract_reserving_download(e, name, out) : e.ex->extract(name.c_str(), out);
+      if (r == 0 && out.empty()) {  // ncnn's success with nothing in it
+        NCNN_LOGE("vknorm.graph: extract %s: ncnn produced an empty blob", name.c_str());
+        r = -1;
+      }
+      if (r == 0) e.held.commit(std::move(after));
+    }
+  }
+  // An output in this extractor's own memory is copied out: it outlives the extractor.
+  if (r == 0 && (out.allocator == e.host_blobs.get() || out.allocator == e.host_workspace.get()))
+    out = out.clone();
+  return std::make_tuple(r, out);
+}
+
+// A blob's name from its index (pyncnn's input/extract by index); "" when out of range (logged).
+std::string blob_name(Extractor& e, int index, const char* call) {
+  ReleaseGil release;
+  std::shared_lock<NetLock> net_lock(e.owner->lock);
+  const std::vector<::ncnn::Blob>& blobs = e.owner->net.blobs();
+  if (index >= 0 && index < int(blobs.size())) return blobs[index].name;
+  NCNN_LOGE("vknorm.graph: Extractor.%s: blob index %d out of range (%d blobs)", call, index, int(blobs.size()));
+  return "";
+}
+
+void extractor_clear(Extractor& e) {
+  ReleaseGil release;
+  std::shared_lock<NetLock> net_lock(e.owner->lock);
+  std::lock_guard<std::mutex> lock(*e.mutex);
+  e.ex->clear();
+  e.given.clear();
+  e.held.clear();
+}
+
+void net_clear(Net& n) {
+  ReleaseGil release;
+  std::unique_lock<NetLock> lock(n.lock);
+  n.clear();
+}
+
 // Device memory ncnn holds. Every allocation ncnn makes (its blob, workspace, staging and weight
 // allocators, vknorm's layers' scratch through them) goes through ncnn::vkAllocateMemory / vkFreeMemory,
 // function pointers ncnn fills when it creates its Vulkan instance; tracking swaps in counting wrappers.
@@ -591,6 +701,15 @@ NB_MODULE(_graph, m) {
       .def_ro("c", &::ncnn::Mat::c)
       .def_ro("elempack", &::ncnn::Mat::elempack)
       .def("empty", &::ncnn::Mat::empty)
+      // pyncnn's Mat.fill, clone and reshape, on the host Mats this module makes (float32, elempack 1)
+      .def("fill", [](::ncnn::Mat& mat, float v) { mat.fill(v); }, "v"_a)
+      .def("clone", [](const ::ncnn::Mat& mat) { return mat.clone(); })
+      .def("reshape", [](const ::ncnn::Mat& mat, int w) { return reshaped(mat, {w}); }, "w"_a)
+      .def("reshape", [](const ::ncnn::Mat& mat, int w, int h) { return reshaped(mat, {w, h}); }, "w"_a, "h"_a)
+      .def("reshape", [](const ::ncnn::Mat& mat, int w, int h, int c) { return reshaped(mat, {w, h, c}); }, "w"_a,
+           "h"_a, "c"_a)
+      .def("reshape", [](const ::ncnn::Mat& mat, int w, int h, int d, int c) { return reshaped(mat, {w, h, d, c}); },
+           "w"_a, "h"_a, "d"_a, "c"_a)
       .def("numpy", &mat_to_numpy)
       .def("__array__", [](const ::ncnn::Mat& mat, nb::handle, nb::handle) { return mat_to_numpy(mat); },
            "dtype"_a = nb::none(), "copy"_a = nb::none());
@@ -598,66 +717,32 @@ NB_MODULE(_graph, m) {
   // Each call holds the net shared, then the extractor, with the GIL released (so no thread waits for
   // either while holding the GIL another needs).
   nb::class_<Extractor>(m, "Extractor")
+      .def("input", &extractor_input, "name"_a, "mat"_a)
       .def("input",
-           [](Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
-             ReleaseGil release;
-             std::shared_lock<NetLock> net_lock(e.owner->lock);
-             std::lock_guard<std::mutex> lock(*e.mutex);
-             check_vulkan_process(e.owner->net.opt);
-             if (e.stale("input")) return -1;
-             if (in.empty()) {  // ncnn takes it, and its stock layers crash on the empty blob
-               NCNN_LOGE("vknorm.graph: Extractor.input %s: the Mat is empty", name.c_str());
-               return -1;
-             }
-             if (int r = reserve_upload(e, in)) return r;
-             const int r = e.ex->input(name.c_str(), in);
-             if (r == 0) e.given.insert(name), e.held.give(e.owner->net, name);
-             return r;
+           [](Extractor& e, int index, const ::ncnn::Mat& in) {
+             const std::string name = blob_name(e, index, "input");
+             return name.empty() ? -1 : extractor_input(e, name, in);
            },
-           "name"_a, "mat"_a)
+           "index"_a, "mat"_a)
+      .def("extract", &extractor_extract, "name"_a)
       .def("extract",
-           [](Extractor& e, const std::string& name) {
-             ::ncnn::Mat out;
-             int r;
-             {
-               ReleaseGil release;
-               std::shared_lock<NetLock> net_lock(e.owner->lock);
-               std::lock_guard<std::mutex> lock(*e.mutex);
-               check_vulkan_process(e.owner->net.opt);
-               if (e.stale("extract")) {
-                 r = -1;
-               } else if (const std::string missing = missing_input(e.owner->net, e.given, name); !missing.empty()) {
-                 NCNN_LOGE("vknorm.graph: extract %s: the input %s it depends on was not given (Extractor.input)",
-                           name.c_str(), missing.c_str());
-                 r = -1;
-               } else if (std::vector<char> after; !e.held.plan(e.owner->net, name, after)) {
-                 NCNN_LOGE("vknorm.graph: extract %s: a blob it needs was freed by an earlier extract "
-                           "(net.opt.lightmode: each layer frees its inputs); extract it before the blobs that "
-                           "depend on it, from a new extractor, or with lightmode off", name.c_str());
-                 r = -1;
-               } else {
-                 r = e.allocators ? extract_reserving_download(e, name, out) : e.ex->extract(name.c_str(), out);
-                 if (r == 0 && out.empty()) {  // ncnn's success with nothing in it
-                   NCNN_LOGE("vknorm.graph: extract %s: ncnn produced an empty blob", name.c_str());
-                   r = -1;
-                 }
-                 if (r == 0) e.held.commit(std::move(after));
-               }
-             }
-             // An output in this extractor's own memory is copied out: it outlives the extractor.
-             if (r == 0 && (out.allocator == e.host_blobs.get() || out.allocator == e.host_workspace.get()))
-               out = out.clone();
-             return std::make_tuple(r, out);
+           [](Extractor& e, int index) {
+             const std::string name = blob_name(e, index, "extract");
+             return name.empty() ? std::make_tuple(-1, ::ncnn::Mat()) : extractor_extract(e, name);
            },
-           "name"_a)
-      .def("clear", [](Extractor& e) {
-        ReleaseGil release;
-        std::shared_lock<NetLock> net_lock(e.owner->lock);
-        std::lock_guard<std::mutex> lock(*e.mutex);
-        e.ex->clear();
-        e.given.clear();
-        e.held.clear();
-      });
+           "index"_a)
+      // ncnn's light mode for this extractor alone (net.opt.lightmode is every new extractor's)
+      .def("set_light_mode",
+           [](Extractor& e, bool enable) {
+             ReleaseGil release;
+             std::lock_guard<std::mutex> lock(*e.mutex);
+             e.ex->set_light_mode(enable);
+             e.lightmode = enable;
+           },
+           "enable"_a)
+      .def("__enter__", [](Extractor& e) -> Extractor& { return e; }, nb::rv_policy::reference)
+      .def("__exit__", [](Extractor& e, nb::args) { extractor_clear(e); })
+      .def("clear", &extractor_clear);
 
   nb::class_<Net>(m, "Net")
       .def("__init__", [](Net* self, bool vknorm, bool fuse) { new (self) Net(vknorm, fuse); }, "vknorm"_a = true,
@@ -700,6 +785,14 @@ NB_MODULE(_graph, m) {
              return n.load_param(path);
            },
            "path"_a)
+      .def("load_param_mem",
+           [](Net& n, const std::string& text) {
+             ReleaseGil release;
+             std::unique_lock<NetLock> lock(n.lock);
+             check_vulkan_process(n.net.opt);
+             return n.load_param_mem(text);
+           },
+           "mem"_a)
       .def("load_model",
            [](Net& n, const std::string& path) {
              ReleaseGil release;
@@ -812,13 +905,12 @@ NB_MODULE(_graph, m) {
              e.ex->set_blob_allocator(e.host_blobs.get());
              e.ex->set_workspace_allocator(e.host_workspace.get());
              e.generation = n->generation;
+             e.lightmode = n->net.opt.lightmode;
              return e;
            })
-      .def("clear", [](Net& n) {
-        ReleaseGil release;
-        std::unique_lock<NetLock> lock(n.lock);
-        n.clear();
-      });
+      .def("clear", &net_clear)
+      .def("__enter__", [](Net& n) -> Net& { return n; }, nb::rv_policy::reference)
+      .def("__exit__", [](Net& n, nb::args) { net_clear(n); });
 
   // The graph rewrite on .param text: (fused text, [{"pattern", "layers"}]); ValueError on a malformed file.
   m.def("fuse_param", [](const std::string& text) {

@@ -331,24 +331,36 @@ FuseResult fuse_param(const std::string& text) {
   return result;
 }
 
+namespace {
+int load_fused_text(::ncnn::Net& net, const std::string& text, const char* origin, std::vector<FusedPattern>* fused) {
+  if (fused) fused->clear();
+  FuseResult r;
+  try {
+    r = fuse_param(text);
+  } catch (const std::exception& e) {
+    NCNN_LOGE("vknorm: %s: %s", origin, e.what());
+    return -1;
+  }
+  const int ret = net.load_param_mem(r.param.c_str());
+  if (fused && ret == 0) *fused = std::move(r.fused);  // what the loaded net holds
+  return ret;
+}
+}  // namespace
+
 int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<FusedPattern>* fused) {
   std::ifstream f(param_path, std::ios::binary);
   std::stringstream text;
   // A directory opens as a stream whose first read fails: that is "cannot read", not an empty .param.
   if (!f || !(text << f.rdbuf()) || f.bad()) {
+    if (fused) fused->clear();
     NCNN_LOGE("vknorm: cannot read %s", param_path);
     return -1;
   }
-  FuseResult r;
-  try {
-    r = fuse_param(text.str());
-  } catch (const std::exception& e) {
-    NCNN_LOGE("vknorm: %s: %s", param_path, e.what());
-    return -1;
-  }
-  const int ret = net.load_param_mem(r.param.c_str());
-  if (fused) *fused = ret == 0 ? r.fused : std::vector<FusedPattern>{};  // what the loaded net holds
-  return ret;
+  return load_fused_text(net, text.str(), param_path, fused);
+}
+
+int load_param_mem_fused(::ncnn::Net& net, const char* param_text, std::vector<FusedPattern>* fused) {
+  return load_fused_text(net, param_text ? param_text : "", "load_param_mem", fused);
 }
 
 }  // namespace ncnn

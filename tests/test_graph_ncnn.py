@@ -452,6 +452,80 @@ def test_light_mode_extracting_a_freed_blob_after_the_output_is_refused_in_fused
     assert "unsupported blob" not in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
+@pytest.mark.parametrize("vulkan", [True, False], ids=["vulkan", "cpu"])
+def test_pyncnn_s_net_and_extractor_calls_work_as_in_pyncnn(vulkan, fuse):
+    """Code written for pyncnn also calls load_param_mem, input/extract by blob index, Extractor.set_light_mode
+    and uses Net and Extractor as context managers (leaving one clears it). load_param_mem fuses as load_param
+    does, and every route gives the same output."""
+    param, binp = (os.path.join(graph_runs.DATA, f"transformer_block.ncnn.{ext}") for ext in ("param", "bin"))
+    x = graph.Mat(np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32))
+
+    def loaded(from_text):
+        net = graph.configure(graph.Net(fuse=fuse), vulkan=vulkan)
+        assert (net.load_param_mem(open(param).read()) if from_text else net.load_param(param)) == 0
+        assert net.load_model(binp) == 0
+        return net
+
+    by_path, by_text = loaded(False), loaded(True)
+    assert by_text.fused() == by_path.fused() and len(by_text.fused()) == (2 if fuse else 0)
+    ex = by_path.create_extractor()
+    ex.input("in0", x)
+    r, want = ex.extract("out0")
+    assert r == 0
+    with by_text as net:
+        with net.create_extractor() as ex:
+            assert ex.input(0, x) == 0  # in0 is blob 0
+            r, got = ex.extract("out0")
+            assert r == 0 and np.array_equal(np.array(got), np.array(want))
+            assert ex.extract(10_000)[0] == -1 and ex.input(-1, x) == -1
+    assert net.layers() == [] and net.input_names() == []  # leaving the with block cleared the net
+
+    net = loaded(True)
+    ex = net.create_extractor()
+    ex.set_light_mode(False)  # every blob stays: an intermediate after the output still comes back
+    ex.input("in0", x)
+    assert ex.extract("out0")[0] == 0 and ex.extract("3")[0] == 0
+    net.opt.lightmode = False
+    ex = net.create_extractor()
+    ex.set_light_mode(True)
+    ex.input("in0", x)
+    assert ex.extract("out0")[0] == 0 and ex.extract("3")[0] == -1
+
+
+def test_load_param_mem_refuses_what_load_param_refuses(tmp_path):
+    """A garbled text, and a fused model in a net without vknorm's layers (naming the line and the layer)."""
+    fused_text = graph._graph.fuse_param(open(os.path.join(graph_runs.DATA, "transformer_block.ncnn.param")).read())[0]
+    code = f"""
+from vknorm import graph
+print("garbled", graph.Net().load_param_mem("7767517\\n2 1\\nInput in0 0 1\\n"))
+print("stock", graph.Net(vknorm=False).load_param_mem({fused_text!r}))
+print("fused net", graph.Net().load_param_mem({fused_text!r}))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "garbled -1" in proc.stdout and "stock -1" in proc.stdout and "fused net 0" in proc.stdout, proc.stdout
+    assert "load_param_mem line" in proc.stderr and "a fused vknorm layer" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_mat_fill_clone_and_reshape_as_pyncnn():
+    """Mat.fill sets every element, clone copies (a later fill leaves the copy alone), reshape takes pyncnn's
+    (w), (w, h), (w, h, c), (w, h, d, c) and refuses a shape of another element count."""
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    m = graph.Mat(x)
+    copy = m.clone()
+    m.fill(7.5)
+    assert np.all(np.array(m) == 7.5) and np.array_equal(np.array(copy), x)
+    assert np.array_equal(np.array(copy.reshape(24)), x.ravel())
+    assert np.array_equal(np.array(copy.reshape(6, 4)), x.reshape(4, 6))
+    assert np.array_equal(np.array(copy.reshape(2, 3, 4)), x.reshape(4, 3, 2))
+    assert np.array_equal(np.array(copy.reshape(2, 3, 2, 2)), x.reshape(2, 2, 3, 2))
+    with pytest.raises(ValueError, match="does not hold the Mat's 24 elements"):
+        copy.reshape(5, 5)
+    with pytest.raises(ValueError, match="the Mat is empty"):
+        graph.Mat().reshape(1)
+
+
 def test_mat_copies_every_array_pyncnn_s_mat_takes_read_only_ones_too(tmp_path):
     """Mat(array) only reads its array, so read-only arrays (a memory map, np.frombuffer, np.broadcast_to,
     setflags(write=False)) are copied as pyncnn's Mat copies them; other dtypes, byte orders, layouts and nested

@@ -64,6 +64,8 @@ FuseResult fuse_param(const std::string& param_text);
 // load_param code, -1 when the file cannot be read or parsed (logged); `fused` receives what was fused (empty
 // unless the load succeeded).
 int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<FusedPattern>* fused = nullptr);
+// The same for .param text already in memory (ncnn's load_param_mem: an Android asset, an embedded model).
+int load_param_mem_fused(::ncnn::Net& net, const char* param_text, std::vector<FusedPattern>* fused = nullptr);
 
 // How vknorm layers ran. In a Vulkan net every forward is recorded on the GPU: cpu_forwards stays 0 (no
 // host round trip). pipelines counts ncnn::Pipeline objects created (a new one only for a new variant).

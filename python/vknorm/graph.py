@@ -39,7 +39,9 @@ extractor gives a blob only until something downstream of it was extracted; extr
 says so (stock pyncnn returns an empty Mat, -100, or crashes). Extract intermediates first, or turn it off.
 
 Mat: ``Mat(array)`` copies a numpy array of shape (w), (h, w), (c, h, w) or (c, d, h, w) as float32 (read-only
-arrays too, as pyncnn's Mat); ``np.array(mat)`` / ``mat.numpy()`` copy back.
+arrays too, as pyncnn's Mat); ``np.array(mat)`` / ``mat.numpy()`` copy back; ``fill``, ``clone`` and ``reshape``
+as pyncnn's. pyncnn's ``Net.load_param_mem`` (fused like ``load_param``), ``Extractor.input`` / ``extract`` by
+blob index, ``Extractor.set_light_mode`` and ``with`` blocks (leaving one clears the Net or Extractor) work too.
 """
 from __future__ import annotations
 
