@@ -43,9 +43,15 @@ import sys
 import tempfile
 
 import numpy as np
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError:  # the project's venv has no torch: `make models` makes the one this runs in
+    print("make_models.py needs torch and pnnx: run `make models` (it sets up their venv and runs this)",
+          file=sys.stderr)
+    sys.exit(2)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm")
