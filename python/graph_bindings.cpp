@@ -87,6 +87,35 @@ nb::ndarray<nb::numpy, float> mat_to_numpy(const ::ncnn::Mat& m) {
   return nb::ndarray<nb::numpy, float>(out, shape.size(), shape.data(), owner);
 }
 
+// A shape given as a tuple: 1 to 4 ints (TypeError otherwise, as for any other argument of the wrong type).
+std::vector<int> ints(const nb::tuple& shape) {
+  if (shape.size() < 1 || shape.size() > 4)
+    throw nb::type_error(("Mat: a shape has 1 to 4 dimensions (w, h, d, c order), got " +
+                          std::to_string(shape.size())).c_str());
+  std::vector<int> r;
+  for (nb::handle v : shape) {
+    if (!nb::isinstance<nb::int_>(v)) throw nb::type_error("Mat: a shape's dimensions are ints");
+    const long long n = nb::cast<long long>(v);
+    if (n < 1 || n > 0x7fffffff) throw std::invalid_argument("Mat: every dimension must be 1..2^31-1");
+    r.push_back(int(n));
+  }
+  return r;
+}
+
+// pyncnn's Mat(w), Mat(w, h), Mat(w, h, c), Mat(w, h, d, c): float32, elempack 1, zeroed.
+::ncnn::Mat mat_of_shape(const std::vector<int>& shape) {
+  for (int s : shape)
+    if (s < 1) throw std::invalid_argument("Mat: every dimension must be 1..2^31-1");
+  ::ncnn::Mat m;
+  if (shape.size() == 1) m.create(shape[0]);
+  if (shape.size() == 2) m.create(shape[0], shape[1]);
+  if (shape.size() == 3) m.create(shape[0], shape[1], shape[2]);
+  if (shape.size() == 4) m.create(shape[0], shape[1], shape[2], shape[3]);
+  if (m.empty()) throw std::bad_alloc();
+  m.fill(0.f);
+  return m;
+}
+
 // Mat::reshape to (w), (w, h), (w, h, c) or (w, h, d, c); a ValueError where the element count differs (ncnn
 // returns an empty Mat there).
 ::ncnn::Mat reshaped(const ::ncnn::Mat& m, std::vector<int> shape) {
@@ -350,6 +379,11 @@ class HeldBlobs {
     return true;  // an unknown name: ncnn's own error
   }
   void commit(std::vector<char>&& after) { held_ = std::move(after); }
+  // After an extract that failed partway: the layers that ran had freed their inputs, a leading part of the
+  // plan's order, so every blob freed is among the plan's. Held now only where held before and after the plan.
+  void commit_failed(const std::vector<char>& after) {
+    for (size_t i = 0; i < held_.size() && i < after.size(); ++i) held_[i] = held_[i] && after[i];
+  }
   void clear() { held_.clear(); }
 
  private:
@@ -557,10 +591,13 @@ std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& 
         r = -1;
       }
       if (r == 0) e.held.commit(std::move(after));
+      else e.held.commit_failed(after);
     }
   }
-  // An output in this extractor's own memory is copied out: it outlives the extractor.
-  if (r == 0 && (out.allocator == e.host_blobs.get() || out.allocator == e.host_workspace.get()))
+  // An output in this extractor's own memory is copied out: it outlives the extractor. So is one shared with
+  // anything else (an input blob is the caller's own Mat): the result is the caller's alone, as pyncnn's.
+  if (r == 0 && (out.allocator == e.host_blobs.get() || out.allocator == e.host_workspace.get() ||
+                 (out.refcount && *out.refcount > 1)))
     out = out.clone();
   return std::make_tuple(r, out);
 }
@@ -569,10 +606,17 @@ std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& 
 std::string blob_name(Extractor& e, int index, const char* call) {
   ReleaseGil release;
   std::shared_lock<NetLock> net_lock(e.owner->lock);
+  if (e.stale(call)) return "";
   const std::vector<::ncnn::Blob>& blobs = e.owner->net.blobs();
   if (index >= 0 && index < int(blobs.size())) return blobs[index].name;
   NCNN_LOGE("vknorm.graph: Extractor.%s: blob index %d out of range (%d blobs)", call, index, int(blobs.size()));
   return "";
+}
+
+void check_extract_type(int type) {
+  if (type != 0)
+    throw std::invalid_argument("Extractor.extract: type " + std::to_string(type) +
+                                " (ncnn's blob as stored: packed, float16) is not supported; type 0 gives it as float32");
 }
 
 void extractor_clear(Extractor& e) {
@@ -677,6 +721,18 @@ NB_MODULE(_graph, m) {
   nb::class_<::ncnn::Mat>(m, "Mat")
       .def(nb::init<>())
       .def("__init__", [](::ncnn::Mat* self, const Array& a) { new (self) ::ncnn::Mat(mat_from_numpy(a)); }, "array"_a)
+      // pyncnn's shape constructors: Mat(w), Mat(w, h), Mat(w, h, c), Mat(w, h, d, c), Mat((w, ...)); float32,
+      // zeroed (pyncnn leaves the memory as it was)
+      .def("__init__", [](::ncnn::Mat* self, int w) { new (self) ::ncnn::Mat(mat_of_shape({w})); }, "w"_a)
+      .def("__init__", [](::ncnn::Mat* self, int w, int h) { new (self) ::ncnn::Mat(mat_of_shape({w, h})); }, "w"_a,
+           "h"_a)
+      .def("__init__", [](::ncnn::Mat* self, int w, int h, int c) { new (self) ::ncnn::Mat(mat_of_shape({w, h, c})); },
+           "w"_a, "h"_a, "c"_a)
+      .def("__init__",
+           [](::ncnn::Mat* self, int w, int h, int d, int c) { new (self) ::ncnn::Mat(mat_of_shape({w, h, d, c})); },
+           "w"_a, "h"_a, "d"_a, "c"_a)
+      .def("__init__", [](::ncnn::Mat* self, const nb::tuple& shape) { new (self) ::ncnn::Mat(mat_of_shape(ints(shape))); },
+           "shape"_a)
       // Anything else numpy reads as real numbers (other byte orders, nested lists) becomes float32 first;
       // the rest is a TypeError that names the dtype.
       .def("__init__",
@@ -690,6 +746,9 @@ NB_MODULE(_graph, m) {
                throw nb::type_error(("Mat: expected an array of real numbers (float32, or a type that converts to "
                                      "it), got dtype " + name).c_str());
              }
+             if (nb::cast<int>(a.attr("ndim")) == 0)
+               throw nb::type_error("Mat: a single value is not an array: Mat(w) makes a Mat of w elements, "
+                                    "Mat(np.array([v], np.float32)) one that holds v");
              a = np.attr("ascontiguousarray")(a, "dtype"_a = np.attr("float32"));
              new (self) ::ncnn::Mat(mat_from_numpy(nb::cast<Array>(a)));
            },
@@ -705,6 +764,8 @@ NB_MODULE(_graph, m) {
       .def("fill", [](::ncnn::Mat& mat, float v) { mat.fill(v); }, "v"_a)
       .def("clone", [](const ::ncnn::Mat& mat) { return mat.clone(); })
       .def("reshape", [](const ::ncnn::Mat& mat, int w) { return reshaped(mat, {w}); }, "w"_a)
+      .def("reshape", [](const ::ncnn::Mat& mat, const nb::tuple& shape) { return reshaped(mat, ints(shape)); },
+           "shape"_a)
       .def("reshape", [](const ::ncnn::Mat& mat, int w, int h) { return reshaped(mat, {w, h}); }, "w"_a, "h"_a)
       .def("reshape", [](const ::ncnn::Mat& mat, int w, int h, int c) { return reshaped(mat, {w, h, c}); }, "w"_a,
            "h"_a, "c"_a)
@@ -717,20 +778,27 @@ NB_MODULE(_graph, m) {
   // Each call holds the net shared, then the extractor, with the GIL released (so no thread waits for
   // either while holding the GIL another needs).
   nb::class_<Extractor>(m, "Extractor")
-      .def("input", &extractor_input, "name"_a, "mat"_a)
+      .def("input", &extractor_input, "blob_name"_a, "mat"_a)
       .def("input",
            [](Extractor& e, int index, const ::ncnn::Mat& in) {
              const std::string name = blob_name(e, index, "input");
              return name.empty() ? -1 : extractor_input(e, name, in);
            },
-           "index"_a, "mat"_a)
-      .def("extract", &extractor_extract, "name"_a)
+           "blob_index"_a, "mat"_a)
+      // type: pyncnn's; 0 (the blob unpacked to float32) is the one this module gives
       .def("extract",
-           [](Extractor& e, int index) {
+           [](Extractor& e, const std::string& name, int type) {
+             check_extract_type(type);
+             return extractor_extract(e, name);
+           },
+           "blob_name"_a, "type"_a = 0)
+      .def("extract",
+           [](Extractor& e, int index, int type) {
+             check_extract_type(type);
              const std::string name = blob_name(e, index, "extract");
              return name.empty() ? std::make_tuple(-1, ::ncnn::Mat()) : extractor_extract(e, name);
            },
-           "index"_a)
+           "blob_index"_a, "type"_a = 0)
       // ncnn's light mode for this extractor alone (net.opt.lightmode is every new extractor's)
       .def("set_light_mode",
            [](Extractor& e, bool enable) {
@@ -791,6 +859,15 @@ NB_MODULE(_graph, m) {
              std::unique_lock<NetLock> lock(n.lock);
              check_vulkan_process(n.net.opt);
              return n.load_param_mem(text);
+           },
+           "mem"_a)
+      .def("load_param_mem",  // the text as bytes (a file read in binary mode), as pyncnn's const char* takes
+           [](Net& n, const nb::bytes& text) {
+             std::string t(text.c_str(), text.size());
+             ReleaseGil release;
+             std::unique_lock<NetLock> lock(n.lock);
+             check_vulkan_process(n.net.opt);
+             return n.load_param_mem(t);
            },
            "mem"_a)
       .def("load_model",

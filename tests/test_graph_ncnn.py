@@ -452,6 +452,19 @@ def test_light_mode_extracting_a_freed_blob_after_the_output_is_refused_in_fused
     assert "unsupported blob" not in proc.stderr, proc.stderr[-2000:]
 
 
+def blob_index(param_text: str, name: str) -> int:
+    """ncnn numbers blobs in the order a .param first names them (bottoms, then tops, layer by layer)."""
+    order = []
+    for line in param_text.splitlines()[2:]:
+        t = line.split()
+        if len(t) < 4:
+            continue
+        for blob in t[4:4 + int(t[2]) + int(t[3])]:
+            if blob not in order:
+                order.append(blob)
+    return order.index(name)
+
+
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize("vulkan", [True, False], ids=["vulkan", "cpu"])
 def test_pyncnn_s_net_and_extractor_calls_work_as_in_pyncnn(vulkan, fuse):
@@ -469,17 +482,32 @@ def test_pyncnn_s_net_and_extractor_calls_work_as_in_pyncnn(vulkan, fuse):
 
     by_path, by_text = loaded(False), loaded(True)
     assert by_text.fused() == by_path.fused() and len(by_text.fused()) == (2 if fuse else 0)
+    as_bytes = graph.configure(graph.Net(fuse=fuse), vulkan=vulkan)
+    assert as_bytes.load_param_mem(open(param, "rb").read()) == 0 and as_bytes.fused() == by_path.fused()
     ex = by_path.create_extractor()
     ex.input("in0", x)
     r, want = ex.extract("out0")
     assert r == 0
+    text = open(param).read()
+    loaded_text = graph._graph.fuse_param(text)[0] if fuse else text
     with by_text as net:
         with net.create_extractor() as ex:
             assert ex.input(0, x) == 0  # in0 is blob 0
-            r, got = ex.extract("out0")
+            r, got = ex.extract(blob_index(loaded_text, "out0"))
             assert r == 0 and np.array_equal(np.array(got), np.array(want))
             assert ex.extract(10_000)[0] == -1 and ex.input(-1, x) == -1
-    assert net.layers() == [] and net.input_names() == []  # leaving the with block cleared the net
+        assert ex.extract("out0")[0] == -1  # leaving the with block cleared the extractor: its input is gone
+    assert net.layers() == [] and net.input_names() == []  # and the net
+
+    net = loaded(True)
+    ex = net.create_extractor()
+    given = graph.Mat(np.array(x))
+    ex.input("in0", given)
+    r, back = ex.extract("in0")
+    back.fill(-1.0)  # the result is the caller's own copy, as in pyncnn: the input is untouched
+    assert r == 0 and np.array_equal(np.array(given), np.array(x))
+    with pytest.raises(ValueError, match="type 1 .* is not supported"):
+        ex.extract("out0", type=1)
 
     net = loaded(True)
     ex = net.create_extractor()
@@ -520,10 +548,33 @@ def test_mat_fill_clone_and_reshape_as_pyncnn():
     assert np.array_equal(np.array(copy.reshape(6, 4)), x.reshape(4, 6))
     assert np.array_equal(np.array(copy.reshape(2, 3, 4)), x.reshape(4, 3, 2))
     assert np.array_equal(np.array(copy.reshape(2, 3, 2, 2)), x.reshape(2, 2, 3, 2))
+    assert np.array_equal(np.array(copy.reshape((6, 4))), x.reshape(4, 6))  # pyncnn's tuple form
     with pytest.raises(ValueError, match="does not hold the Mat's 24 elements"):
         copy.reshape(5, 5)
     with pytest.raises(ValueError, match="the Mat is empty"):
         graph.Mat().reshape(1)
+    # channel planes of 3x3 floats are padded to 16-byte steps (cstep 12): reshape reads the elements, not the pad
+    padded = np.arange(18, dtype=np.float32).reshape(2, 3, 3)
+    assert np.array_equal(np.array(graph.Mat(padded).reshape(9, 2)), padded.reshape(2, 9))
+    assert np.array_equal(np.array(graph.Mat(padded).reshape(3, 3, 2)), padded)
+
+
+def test_mat_shape_constructors_as_pyncnn_and_a_single_value_refused():
+    """Mat(w), Mat(w, h), Mat(w, h, c), Mat(w, h, d, c) and Mat((w, ...)) make zeroed float32 Mats of that shape
+    (pyncnn's; numpy order is the reverse); a lone number is not taken for a one-element array."""
+    assert np.array(graph.Mat(5)).shape == (5,)
+    assert np.array(graph.Mat(5, 3)).shape == (3, 5)
+    assert np.array(graph.Mat(5, 3, 2)).shape == (2, 3, 5)
+    made = np.array(graph.Mat(5, 3, 4, 2))
+    assert made.shape == (2, 4, 3, 5) and not made.any()
+    assert np.array(graph.Mat((5, 3, 2))).shape == (2, 3, 5)
+    for bad in (5.0, np.float64(2.5), True):
+        with pytest.raises(TypeError, match="a single value is not an array"):
+            graph.Mat(bad)
+    with pytest.raises(TypeError, match="1 to 4 dimensions"):
+        graph.Mat((1, 2, 3, 4, 5))
+    with pytest.raises(ValueError, match="every dimension must be"):
+        graph.Mat(0)
 
 
 def test_mat_copies_every_array_pyncnn_s_mat_takes_read_only_ones_too(tmp_path):

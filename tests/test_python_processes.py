@@ -325,6 +325,37 @@ for lightmode in (True, False):
 
 
 @needs_graph
+@pytest.mark.parametrize("vulkan", [True, False], ids=["vulkan", "cpu"])
+def test_an_extract_after_one_that_failed_partway_is_an_error_code_not_a_crash(vulkan):
+    """An extract that fails in a later layer has already run (and in light mode freed the inputs of) the layers
+    before it. A following extract that needs one of those freed blobs is -1, where it crashed (SIGSEGV)."""
+    code = f"""
+import tempfile
+import numpy as np
+from vknorm import graph
+param = \"\"\"7767517
+4 4
+Input in0 0 1 in0
+ReLU relu 1 1 in0 r0
+GroupNorm bad 1 1 r0 bad 0=2 1=6 2=0.00001 3=0
+Softmax soft 1 1 in0 out1
+\"\"\"
+empty_bin = tempfile.NamedTemporaryFile(suffix=".bin", delete=False).name
+net = graph.configure(graph.Net(fuse=False), vulkan={vulkan})
+assert net.load_param_mem(param) == 0 and net.load_model(empty_bin) == 0
+ex = net.create_extractor()
+ex.input("in0", graph.Mat(np.random.default_rng(0).random((4, 8, 16)).astype(np.float32)))
+print("bad", ex.extract("bad")[0])  # 4 channels into a GroupNorm of 6: the layer refuses it
+print("out1", ex.extract("out1")[0])
+"""
+    proc = run_script(code)
+    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stderr[-3000:]}"
+    assert "bad -1" in proc.stdout and "out1 -1" in proc.stdout, proc.stdout
+    assert "the input has 4 channels, the layer 6" in proc.stderr, proc.stderr[-2000:]
+    assert "a blob it needs was freed by an earlier extract" in proc.stderr, proc.stderr[-2000:]
+
+
+@needs_graph
 def test_a_graph_net_is_quiet_on_stderr():
     """Registering vknorm's layers over ncnn's built-in ones is what a graph Net is for: ncnn's notice of
     it ("overwrite built-in layer type ...", four lines a Net) stays off stderr."""

@@ -36,12 +36,20 @@ activation) are gone from the rewritten net: ``extract`` them from a ``Net(fuse=
 
 Light mode (``opt.lightmode``, on by default as in ncnn): each layer frees its inputs once it has run, so an
 extractor gives a blob only until something downstream of it was extracted; extracting it later returns -1 and
-says so (stock pyncnn returns an empty Mat, -100, or crashes). Extract intermediates first, or turn it off.
+says so when making it again would need a freed blob (stock pyncnn returns an empty Mat, -100, or crashes;
+a blob made from constants alone, such as a MemoryData, still comes back). Extract intermediates first, or turn
+light mode off (``opt.lightmode``, ``Extractor.set_light_mode``).
+
+Threads: loads, clears and extracts of one Net may run on several threads (loads wait for running extracts).
+Options are not guarded that way: set ``net.opt`` fields before ``load_param``, not while another thread loads.
 
 Mat: ``Mat(array)`` copies a numpy array of shape (w), (h, w), (c, h, w) or (c, d, h, w) as float32 (read-only
 arrays too, as pyncnn's Mat); ``np.array(mat)`` / ``mat.numpy()`` copy back; ``fill``, ``clone`` and ``reshape``
-as pyncnn's. pyncnn's ``Net.load_param_mem`` (fused like ``load_param``), ``Extractor.input`` / ``extract`` by
-blob index, ``Extractor.set_light_mode`` and ``with`` blocks (leaving one clears the Net or Extractor) work too.
+as pyncnn's, and pyncnn's shape constructors ``Mat(w)``, ``Mat(w, h)``, ``Mat(w, h, c)``, ``Mat(w, h, d, c)``
+(zeroed float32). pyncnn's ``Net.load_param_mem`` (text or bytes; fused like ``load_param``),
+``Extractor.input`` / ``extract`` by blob index, ``Extractor.set_light_mode`` and ``with`` blocks (leaving one
+clears the Net or Extractor) work too; ``extract`` gives the blob as float32 (pyncnn's ``type=0``) and always as a
+copy of the caller's own.
 """
 from __future__ import annotations
 
