@@ -368,7 +368,7 @@ class HeldBlobs {
   void give(const ::ncnn::Net& net, const std::string& name) {
     size_to(net);
     for (size_t i = 0; i < held_.size(); ++i)
-      if (net.blobs()[i].name == name) held_[i] = 1;
+      if (net.blobs()[i].name == name) held_[i] = given_[i] = 1;
   }
   // Whether extracting `name` can run; if so, the blobs held afterwards go to `after`.
   bool plan(const ::ncnn::Net& net, const std::string& name, bool lightmode, std::vector<char>& after) {
@@ -384,25 +384,30 @@ class HeldBlobs {
   void commit_failed(const std::vector<char>& after) {
     for (size_t i = 0; i < held_.size() && i < after.size(); ++i) held_[i] = held_[i] && after[i];
   }
-  void clear() { held_.clear(); }
+  void clear() { held_.clear(), given_.clear(); }
 
  private:
-  void size_to(const ::ncnn::Net& net) { held_.resize(net.blobs().size()); }
-  static bool compute(const ::ncnn::Net& net, int b, bool lightmode, std::vector<char>& held) {
+  void size_to(const ::ncnn::Net& net) { held_.resize(net.blobs().size()), given_.resize(net.blobs().size()); }
+  bool compute(const ::ncnn::Net& net, int b, bool lightmode, std::vector<char>& held) const {
     if (held[b]) return true;
+    // A blob set with input() and freed since is not made again from upstream: that would be another value.
+    if (given_[b]) return false;
     const int p = net.blobs()[b].producer;
     if (p < 0 || p >= int(net.layers().size())) return false;
     const ::ncnn::Layer* layer = net.layers()[p];
     if (layer->type == "Input") return false;  // given by input(), or freed since
     for (int bottom : layer->bottoms)
       if (bottom < 0 || bottom >= int(held.size()) || !compute(net, bottom, lightmode, held)) return false;
+    // A blob read twice by one layer with no Split between: making the second input may have freed the first.
+    for (int bottom : layer->bottoms)
+      if (!held[bottom]) return false;
     for (int top : layer->tops)
       if (top >= 0 && top < int(held.size())) held[top] = 1;
     if (lightmode)
       for (int bottom : layer->bottoms) held[bottom] = 0;
     return true;
   }
-  std::vector<char> held_;
+  std::vector<char> held_, given_;  // per blob index
 };
 
 struct Extractor {
@@ -495,7 +500,10 @@ int reserve_upload(const Extractor& e, const ::ncnn::Mat& in) {
 // it from (which keeps it and hands it back), and only then is the download recorded: memory running out
 // is ncnn's -100. What ncnn's extract does to the downloaded Mat follows (unpacking, bfloat16 and int8 casts).
 int extract_reserving_download(Extractor& e, const std::string& name, ::ncnn::Mat& out) {
-  for (const char* input : e.owner->net.input_names())  // an input is on the host already: ncnn hands it back
+  // A blob given with input() (an Input, or an intermediate set by hand) is on the host already: ncnn hands it
+  // back as given (its device copy may be an older value, made before the input() call).
+  if (e.given.count(name)) return e.ex->extract(name.c_str(), out);
+  for (const char* input : e.owner->net.input_names())  // an input not given: ncnn's own error
     if (name == input) return e.ex->extract(name.c_str(), out);
   const ::ncnn::VulkanDevice* vkdev = e.allocators->vkdev;
   ::ncnn::Option opt = e.owner->net.opt;
@@ -580,7 +588,7 @@ std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& 
                 name.c_str(), missing.c_str());
       r = -1;
     } else if (std::vector<char> after; !e.held.plan(e.owner->net, name, e.lightmode, after)) {
-      NCNN_LOGE("vknorm.graph: extract %s: a blob it needs was freed by an earlier extract (light mode: each "
+      NCNN_LOGE("vknorm.graph: extract %s: a blob it needs was freed by a layer that ran before (light mode: each "
                 "layer frees its inputs); extract it before the blobs that depend on it, from a new extractor, or "
                 "with light mode off (net.opt.lightmode, Extractor.set_light_mode)", name.c_str());
       r = -1;

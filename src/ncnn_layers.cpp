@@ -130,6 +130,10 @@ class NormLayer : public ::ncnn::Layer {
     }
     // A fused add reads two blobs and writes new ones (its inputs may be shared through a Split).
     one_blob_only = fusion_.residual == Fusion::None;
+    // featmask (param 31) bit 4 puts this layer on the CPU inside a Vulkan net. ncnn sets featmask before
+    // load_param and then makes a CPU layer of the same type, which is this class again: it must say it has
+    // no Vulkan path, or ncnn records its Vulkan forward with no pipelines (a crash).
+    support_vulkan = !(featmask & (1 << 4));
     return 0;
   }
 

@@ -448,7 +448,7 @@ def test_light_mode_extracting_a_freed_blob_after_the_output_is_refused_in_fused
     assert proc.returncode == 0, proc.stderr[-3000:]
     codes = json.loads(proc.stdout.strip().splitlines()[-1])
     assert codes and all(v == [0, -1] for v in codes.values()), codes
-    assert proc.stderr.count("a blob it needs was freed by an earlier extract") == len(codes), proc.stderr[-2000:]
+    assert proc.stderr.count("a blob it needs was freed by a layer that ran before") == len(codes), proc.stderr[-2000:]
     assert "unsupported blob" not in proc.stderr, proc.stderr[-2000:]
 
 
@@ -575,6 +575,44 @@ def test_mat_shape_constructors_as_pyncnn_and_a_single_value_refused():
         graph.Mat((1, 2, 3, 4, 5))
     with pytest.raises(ValueError, match="every dimension must be"):
         graph.Mat(0)
+
+
+FEATMASK_NORMS = {
+    "LayerNorm": ("LayerNorm norm 1 1 a y 0=4 1=0.001 2=1 31=16", 4),
+    "RMSNorm": ("RMSNorm norm 1 1 a y 0=4 1=0.001 2=1 31=16", 4),
+    "GroupNorm": ("GroupNorm norm 1 1 a y 0=3 1=6 2=0.001 3=1 31=16", 6),
+    "InstanceNorm": ("InstanceNorm norm 1 1 a y 0=6 1=0.001 2=1 31=16", 6),
+}
+
+
+@pytest.mark.parametrize("norm", sorted(FEATMASK_NORMS))
+def test_a_norm_with_featmask_bit_4_runs_on_the_cpu_inside_a_vulkan_net(tmp_path, norm):
+    """Param 31 (featmask) bit 4 keeps one layer off Vulkan in a Vulkan net: ncnn downloads its input and runs
+    the layer on the CPU. vknorm's layers do so (they crashed, SIGSEGV: ncnn recorded their Vulkan forward with no
+    pipelines), equal to stock ncnn's CPU net, counted as CPU forwards."""
+    line, weights = FEATMASK_NORMS[norm]
+    (tmp_path / "m.param").write_text(f"7767517\n2 2\nInput in0 0 1 a\n{line}\n")
+    rng = np.random.default_rng(3)
+    w = np.concatenate([rng.uniform(0.5, 1.5, weights), rng.uniform(-0.5, 0.5, weights)]).astype(np.float32)
+    if norm == "RMSNorm":
+        w = w[:weights]
+    (tmp_path / "m.bin").write_bytes(w.tobytes())
+    x = rng.standard_normal((6, 5, 4)).astype(np.float32)
+
+    def run(vknorm, vulkan):
+        net = graph.configure(graph.Net(vknorm=vknorm, fuse=False), vulkan=vulkan)
+        assert net.load_param(str(tmp_path / "m.param")) == 0 and net.load_model(str(tmp_path / "m.bin")) == 0
+        ex = net.create_extractor()
+        ex.input("a", graph.Mat(x))
+        r, y = ex.extract("y")
+        assert r == 0
+        return net, np.array(y)
+
+    net, got = run(True, True)
+    _, want = run(False, False)
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-5), float(np.abs(got - want).max())
+    assert net.vknorm_counters()["cpu_forwards"] == 1 and net.vknorm_counters()["vulkan_forwards"] == 0
+    assert [l[3] for l in net.layers() if l[0] == "norm"] == [False]  # not on Vulkan
 
 
 def test_mat_copies_every_array_pyncnn_s_mat_takes_read_only_ones_too(tmp_path):
