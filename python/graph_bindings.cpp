@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -423,6 +424,9 @@ struct Extractor {
   std::set<std::string> given;                                         // blobs input() set
   HeldBlobs held;                                                      // blobs ncnn's extractor holds now
   bool lightmode = true;                                               // the net's, or set_light_mode's
+  // Vulkan nets: what extract downloaded, by blob name. ncnn's own extract keeps the downloaded copy, so a blob
+  // extracted before comes back after light mode freed its device copy (pyncnn's behaviour).
+  std::map<std::string, ::ncnn::Mat> downloaded;
   uint64_t generation = 0;                                             // the net's, when this was made
 
   // Whether the net was loaded or cleared since this extractor was made (logged; the caller returns -1).
@@ -587,6 +591,9 @@ std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& 
       NCNN_LOGE("vknorm.graph: extract %s: the input %s it depends on was not given (Extractor.input)",
                 name.c_str(), missing.c_str());
       r = -1;
+    } else if (auto kept = e.downloaded.find(name); kept != e.downloaded.end() && !e.given.count(name)) {
+      out = kept->second;
+      r = 0;
     } else if (std::vector<char> after; !e.held.plan(e.owner->net, name, e.lightmode, after)) {
       NCNN_LOGE("vknorm.graph: extract %s: a blob it needs was freed by a layer that ran before (light mode: each "
                 "layer frees its inputs); extract it before the blobs that depend on it, from a new extractor, or "
@@ -600,6 +607,7 @@ std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& 
       }
       if (r == 0) e.held.commit(std::move(after));
       else e.held.commit_failed(after);
+      if (r == 0 && e.allocators && !e.given.count(name)) e.downloaded[name] = out;
     }
   }
   // An output in this extractor's own memory is copied out: it outlives the extractor. So is one shared with
@@ -634,6 +642,7 @@ void extractor_clear(Extractor& e) {
   e.ex->clear();
   e.given.clear();
   e.held.clear();
+  e.downloaded.clear();
 }
 
 void net_clear(Net& n) {

@@ -37,8 +37,10 @@ activation) are gone from the rewritten net: ``extract`` them from a ``Net(fuse=
 Light mode (``opt.lightmode``, on by default as in ncnn): each layer frees its inputs once it has run, so an
 extractor gives a blob only until something downstream of it was extracted; extracting it later returns -1 and
 says so when making it again would need a freed blob (stock pyncnn returns an empty Mat, -100, or crashes;
-a blob made from constants alone, such as a MemoryData, still comes back). Extract intermediates first, or turn
-light mode off (``opt.lightmode``, ``Extractor.set_light_mode``).
+a blob made from constants alone, such as a MemoryData, still comes back, and so does one a Vulkan net already
+downloaded: it keeps that copy, as pyncnn). Extract intermediates first, or turn light mode off
+(``opt.lightmode``, ``Extractor.set_light_mode``). A blob set with ``input()`` comes back as given, and once
+freed it is -1, never made again from upstream.
 
 Threads: loads, clears and extracts of one Net may run on several threads (loads wait for running extracts).
 Options are not guarded that way: set ``net.opt`` fields before ``load_param``, not while another thread loads.
