@@ -427,6 +427,7 @@ struct Extractor {
   // Vulkan nets: what extract downloaded, by blob name. ncnn's own extract keeps the downloaded copy, so a blob
   // extracted before comes back after light mode freed its device copy (pyncnn's behaviour).
   std::map<std::string, ::ncnn::Mat> downloaded;
+  bool failed = false;  // a Vulkan extract failed (extractor_extract)
   uint64_t generation = 0;                                             // the net's, when this was made
 
   // Whether the net was loaded or cleared since this extractor was made (logged; the caller returns -1).
@@ -573,8 +574,16 @@ int extractor_input(Extractor& e, const std::string& name, const ::ncnn::Mat& in
   }
   if (int r = reserve_upload(e, in)) return r;
   const int r = e.ex->input(name.c_str(), in);
-  if (r == 0) e.given.insert(name), e.held.give(e.owner->net, name);
-  return r;
+  if (r != 0) return r;
+  e.given.insert(name), e.held.give(e.owner->net, name);
+  if (e.allocators) {
+    // A device copy made before this input() would feed the layers after it (ncnn reads the device copy
+    // first): dropped, so they upload what was given.
+    e.ex->input(name.c_str(), ::ncnn::VkMat());
+    // Downloads made before may depend on the blob given now.
+    e.downloaded.clear();
+  }
+  return 0;
 }
 
 std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& name) {
@@ -586,6 +595,10 @@ std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& 
     std::lock_guard<std::mutex> lock(*e.mutex);
     check_vulkan_process(e.owner->net.opt);
     if (e.stale("extract")) {
+      r = -1;
+    } else if (e.failed) {
+      NCNN_LOGE("vknorm.graph: extract %s: an earlier extract of this extractor failed, leaving ncnn's device "
+                "blobs recorded but never computed; create a new extractor", name.c_str());
       r = -1;
     } else if (const std::string missing = missing_input(e.owner->net, e.given, name); !missing.empty()) {
       NCNN_LOGE("vknorm.graph: extract %s: the input %s it depends on was not given (Extractor.input)",
@@ -607,14 +620,18 @@ std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& 
       }
       if (r == 0) e.held.commit(std::move(after));
       else e.held.commit_failed(after);
+      // A Vulkan forward that failed dropped its command buffer: the device blobs ncnn now holds were never
+      // computed, so nothing more is extracted here.
+      if (r != 0 && e.allocators) e.failed = true;
       if (r == 0 && e.allocators && !e.given.count(name)) e.downloaded[name] = out;
     }
+    // An output in this extractor's own memory is copied out: it outlives the extractor. So is one shared with
+    // anything else (an input blob is the caller's own Mat): the result is the caller's alone, as pyncnn's.
+    // Inside the lock: freeing into this extractor's pool races with another thread's extract.
+    if (r == 0 && (out.allocator == e.host_blobs.get() || out.allocator == e.host_workspace.get() ||
+                   (out.refcount && *out.refcount > 1)))
+      out = out.clone();
   }
-  // An output in this extractor's own memory is copied out: it outlives the extractor. So is one shared with
-  // anything else (an input blob is the caller's own Mat): the result is the caller's alone, as pyncnn's.
-  if (r == 0 && (out.allocator == e.host_blobs.get() || out.allocator == e.host_workspace.get() ||
-                 (out.refcount && *out.refcount > 1)))
-    out = out.clone();
   return std::make_tuple(r, out);
 }
 
@@ -643,6 +660,7 @@ void extractor_clear(Extractor& e) {
   e.given.clear();
   e.held.clear();
   e.downloaded.clear();
+  e.failed = false;
 }
 
 void net_clear(Net& n) {

@@ -206,6 +206,12 @@ FuseResult fuse_param(const std::string& text) {
       producer[t] = i;
     }
   }
+  // featmask (param 31) picks per layer what runs where (bit 4: off Vulkan): an add or activation joins a norm
+  // only with the same featmask, so none changes where it runs.
+  auto same_featmask = [](const Line& a, const Line& b) {
+    int fa = 0, fb = 0;
+    return exact_param(a, 31, 0, fa) && exact_param(b, 31, 0, fb) && fa == fb;
+  };
   std::map<int, std::vector<int>> after;  // lines emitted right after a fused layer (a Split it now feeds)
   FuseResult result;
   for (int n = 0; n < int(L.size()); ++n) {
@@ -215,12 +221,14 @@ FuseResult fuse_param(const std::string& text) {
     int act = -1;
     Activation a = Activation::None;
     float alpha = 0.f;
-    if (const auto& c = consumers[N.tops[0]]; c.size() == 1 && activation_of(L[c[0]], a, alpha)) act = c[0];
+    if (const auto& c = consumers[N.tops[0]]; c.size() == 1 && activation_of(L[c[0]], a, alpha) &&
+                                               same_featmask(L[c[0]], N))
+      act = c[0];
     // Prologue: the add that feeds it, directly or through a Split read only after the norm.
     int add = -1, split = -1;
     const std::string b = N.bottoms[0];
     const int P = producer.at(b);
-    if (is_plain_add(L[P]) && consumers[b].size() == 1) {
+    if (is_plain_add(L[P]) && consumers[b].size() == 1 && same_featmask(L[P], N)) {
       add = P;
     } else if (L[P].type == "Split" && L[P].bottoms.size() == 1) {
       const std::string& s = L[P].bottoms[0];
@@ -230,7 +238,9 @@ FuseResult fuse_param(const std::string& text) {
         for (int c : consumers[t])
           if (t != b && L[c].pos <= N.pos) read_later = false;
       // b itself read by the norm alone: the fused layer writes no blob named b for another reader
-      if (is_plain_add(L[Q]) && consumers[s].size() == 1 && consumers[b].size() == 1 && read_later) add = Q, split = P;
+      if (is_plain_add(L[Q]) && consumers[s].size() == 1 && consumers[b].size() == 1 && read_later &&
+          same_featmask(L[Q], N))
+        add = Q, split = P;
     }
     if (add < 0 && act < 0) continue;
 

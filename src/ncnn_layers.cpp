@@ -217,7 +217,17 @@ class NormLayer : public ::ncnn::Layer {
     return 0;
   }
 
-  // CPU: ncnn hands elempack-1 float32 blobs to a layer without support_packing / fp16 / bf16.
+  // A float32 copy of a CPU input. A layer kept off Vulkan (featmask bit 4) inside a Vulkan net on a discrete GPU
+  // gets its input downloaded as stored, float16, and ncnn casts it on ARM and RISC-V only.
+  static ::ncnn::Mat as_float32(const ::ncnn::Mat& m, const ::ncnn::Option& opt) {
+    if (m.elembits() != 16) return m.clone(opt.blob_allocator);
+    ::ncnn::Mat f32;
+    ::ncnn::cast_float16_to_float32(m, f32, opt);
+    return f32;
+  }
+
+  // CPU: ncnn hands elempack-1 float32 blobs to a layer without support_packing / fp16 / bf16 (float16 from a
+  // discrete GPU's download is cast first, as_float32).
   int forward_inplace(::ncnn::Mat& m, const ::ncnn::Option&) const override {
     if (m.elempack != 1 || m.elembits() != 32) {
       NCNN_LOGE("vknorm %s: CPU forward needs an elempack-1 float32 blob", type_name());
@@ -240,7 +250,7 @@ class NormLayer : public ::ncnn::Layer {
   }
 
   int forward(const ::ncnn::Mat& bottom, ::ncnn::Mat& top, const ::ncnn::Option& opt) const override {
-    top = bottom.clone(opt.blob_allocator);
+    top = as_float32(bottom, opt);
     if (top.empty()) return -100;
     return forward_inplace(top, opt);
   }
@@ -248,8 +258,11 @@ class NormLayer : public ::ncnn::Layer {
   // CPU, fused add: ncnn's BinaryOp add (its own layer, also when the shapes differ), then the norm on a copy.
   int forward(const std::vector<::ncnn::Mat>& bottoms, std::vector<::ncnn::Mat>& tops, const ::ncnn::Option& opt) const override {
     if (int r = check_blob_counts(bottoms.size(), tops.size())) return r;
+    std::vector<::ncnn::Mat> inputs(bottoms.size());
+    for (size_t i = 0; i < bottoms.size(); ++i)
+      if ((inputs[i] = bottoms[i].elembits() == 16 ? as_float32(bottoms[i], opt) : bottoms[i]).empty()) return -100;
     std::vector<::ncnn::Mat> sum(1);
-    if (int r = add_cpu_->forward(bottoms, sum, opt)) return r;
+    if (int r = add_cpu_->forward(inputs, sum, opt)) return r;
     tops[0] = sum[0].clone(opt.blob_allocator);
     if (tops[0].empty()) return -100;
     if (fusion_.residual == Fusion::AddWriteSum) tops[1] = sum[0];

@@ -126,6 +126,24 @@ def example(installed):
     return EXE
 
 
+CONTRACTS_BUILD = os.path.join(ROOT, "build", "cxx-ncnn-contracts")
+
+
+def test_ncnn_layer_contracts_hold(installed):
+    """tests/cpp/ncnn_contracts.cpp against the install and this ncnn: a float16 blob reaching a layer's CPU forward
+    (a layer kept off Vulkan by featmask bit 4 in a Vulkan net, on a discrete GPU) gives the float32 result of the
+    same values, bit for bit, for each norm and the fused add."""
+    env = cmake_env()
+    run(["cmake", "-S", os.path.join(ROOT, "tests", "cpp"), "-B", CONTRACTS_BUILD, *generator_args(CONTRACTS_BUILD),
+         f"-DCMAKE_PREFIX_PATH={installed}", f"-Dncnn_DIR={NCNN_DIR}", "-DVKNORM_CPP_TESTS_NCNN=ON"],
+        "configure tests/cpp", env=env)
+    run(["cmake", "--build", CONTRACTS_BUILD, "--target", "ncnn_contracts"], "build ncnn_contracts", env=env)
+    proc = launch(os.path.join(CONTRACTS_BUILD, "ncnn_contracts"), [])
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and len(lines) == 5 and all(l.startswith("ok: ") for l in lines), \
+        proc.stdout + proc.stderr[-2000:]
+
+
 def launch(exe, args, env=None, timeout=180):
     proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode >= 0, f"killed by signal {-proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"

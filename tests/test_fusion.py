@@ -335,6 +335,23 @@ def test_adds_that_are_not_plain_stay(add_line):
     assert fused == [] and [t[0] for t in lines_of(out)][-2:] == ["BinaryOp", "LayerNorm"]
 
 
+@pytest.mark.parametrize("add_mask,norm_mask,act_mask,fused_patterns", [
+    ("", "", "", ["BinaryOp+LayerNorm+GELU"]),
+    (" 31=16", " 31=16", " 31=16", ["BinaryOp+LayerNorm+GELU"]),  # all kept off Vulkan: still one layer
+    (" 31=16", "", "", ["LayerNorm+GELU"]),                      # the add stays off Vulkan on its own
+    ("", "", " 31=16", ["BinaryOp+LayerNorm"]),                  # so does the activation
+    ("", " 31=16", "", []),
+])
+def test_featmask_decides_what_fuses(add_mask, norm_mask, act_mask, fused_patterns):
+    """featmask (param 31; bit 4 keeps a layer off Vulkan) is per layer: an add or activation joins a norm only with
+    the same featmask, so fusing never moves a layer on or off Vulkan."""
+    text = ("7767517\n5 5\nInput in0 0 1 a\nInput in1 0 1 b\n"
+            f"BinaryOp add 2 1 a b s 0=0{add_mask}\nLayerNorm ln 1 1 s n 0=8 1=1e-05 2=0{norm_mask}\n"
+            f"GELU g 1 1 n y{act_mask}\n")
+    out, fused = fuse(text)
+    assert [f["pattern"] for f in fused] == fused_patterns, out
+
+
 def test_norm_output_with_two_readers_keeps_its_activation():
     text = ("7767517\n5 6\nInput in0 0 1 a\nLayerNorm ln 1 1 a y 0=8 1=1e-05 2=0\nSplit sp 1 2 y y1 y2\n"
             "GELU g 1 1 y1 o1\nSigmoid s 1 1 y2 o2\n")

@@ -1,0 +1,91 @@
+// Promises of vknorm's ncnn layers that no example shows; prints one line per check ("ok: ..." or
+// "FAIL: ...") and exits 1 when any fails.
+//   - the CPU forward takes a float16 blob as ncnn hands it to a layer kept off Vulkan (featmask bit 4) inside a
+//     Vulkan net on a discrete GPU (downloaded as stored; ncnn casts it only on ARM and RISC-V), and gives
+//     exactly what it gives for the same values in float32 -- each norm, and the fused add.
+#include <mat.h>
+#include <net.h>
+#include <vknorm/ncnn.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+int failures = 0;
+void report(bool ok, const std::string& what) {
+  std::printf("%s: %s\n", ok ? "ok" : "FAIL", what.c_str());
+  failures += !ok;
+}
+
+::ncnn::Mat wave(int w, int h, int c, float phase) {  // 6x5x4-style float32 input, x = c + sin(i + phase)
+  ::ncnn::Mat m(w, h, c);
+  for (int q = 0; q < c; ++q)
+    for (int i = 0; i < w * h; ++i) m.channel(q)[i] = float(q) + std::sin(float(i) + phase);
+  return m;
+}
+
+bool same_bits(const ::ncnn::Mat& a, const ::ncnn::Mat& b) {
+  if (a.elembits() != 32 || b.elembits() != 32 || a.w != b.w || a.h != b.h || a.c != b.c) return false;
+  for (int q = 0; q < a.c; ++q)
+    if (std::memcmp(a.channel(q).data, b.channel(q).data, size_t(a.w) * a.h * sizeof(float)) != 0) return false;
+  return true;
+}
+
+// One layer (with `bottoms` inputs) from a .param line, its weights 2 x `weights` floats (gamma, beta).
+struct OneLayer {
+  ::ncnn::Net net;
+  bool loaded = false;
+  OneLayer(const std::string& line, int bottoms, int tops, int weights) {
+    net.opt.use_vulkan_compute = false;
+    vknorm::ncnn::register_layers(net);
+    std::string param = "7767517\n" + std::to_string(bottoms + 1) + " " + std::to_string(bottoms + tops) + "\n";
+    for (int i = 0; i < bottoms; ++i) param += "Input in" + std::to_string(i) + " 0 1 x" + std::to_string(i) + "\n";
+    param += line + "\n";
+    std::vector<float> w(size_t(2) * weights);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = i < size_t(weights) ? 0.5f + 0.1f * float(i) : 0.05f * float(i);
+    loaded = net.load_param_mem(param.c_str()) == 0 &&
+             net.load_model(reinterpret_cast<const unsigned char*>(w.data())) > 0;
+  }
+  const ::ncnn::Layer* layer() const { return net.layers().back(); }
+};
+
+void float16_input_like_float32(const std::string& what, const std::string& line, int bottoms, int tops,
+                                int weights) {
+  OneLayer one(line, bottoms, tops, weights);
+  if (!one.loaded) return report(false, what + ": the layer did not load");
+  ::ncnn::Option opt = one.net.opt;
+  std::vector<::ncnn::Mat> x16(bottoms), x32(bottoms);
+  for (int i = 0; i < bottoms; ++i) {
+    ::ncnn::cast_float32_to_float16(wave(4, 5, 6, 0.7f * float(i)), x16[i], opt);
+    ::ncnn::cast_float16_to_float32(x16[i], x32[i], opt);  // the same values, in float32
+  }
+  std::vector<::ncnn::Mat> y16(one.layer()->tops.size()), y32(one.layer()->tops.size());
+  int r16, r32;
+  if (bottoms == 1) {
+    r16 = one.layer()->forward(x16[0], y16[0], opt);
+    r32 = one.layer()->forward(x32[0], y32[0], opt);
+  } else {
+    r16 = one.layer()->forward(x16, y16, opt);
+    r32 = one.layer()->forward(x32, y32, opt);
+  }
+  bool ok = r16 == 0 && r32 == 0;
+  for (size_t t = 0; ok && t < y16.size(); ++t) ok = same_bits(y16[t], y32[t]);
+  report(ok, what + ": a float16 CPU input gives the float32 result bit for bit (returns " + std::to_string(r16) +
+                 ", " + std::to_string(r32) + ")");
+}
+
+}  // namespace
+
+int main() {
+  float16_input_like_float32("LayerNorm", "LayerNorm n 1 1 x0 y 0=4 1=0.001 2=1", 1, 1, 4);
+  float16_input_like_float32("RMSNorm", "RMSNorm n 1 1 x0 y 0=4 1=0.001 2=1", 1, 1, 4);
+  float16_input_like_float32("GroupNorm", "GroupNorm n 1 1 x0 y 0=3 1=6 2=0.001 3=1", 1, 1, 6);
+  float16_input_like_float32("InstanceNorm", "InstanceNorm n 1 1 x0 y 0=6 1=0.001 2=1", 1, 1, 6);
+  float16_input_like_float32("fused add + LayerNorm + GELU, sum written",
+                             "vknorm.LayerNorm n 2 2 x0 x1 y s 0=4 1=0.001 2=1 9=8 20=2", 2, 2, 4);
+  return failures ? 1 : 0;
+}
