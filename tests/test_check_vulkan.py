@@ -290,6 +290,22 @@ def test_check_vulkan_model_without_norm_layers(tmp_path):
     assert res["ok"] is True and res["layers"] == [] and "note" in res and res["host_round_trips"] == 0
 
 
+def test_check_vulkan_accepts_a_norm_the_model_keeps_off_vulkan(tmp_path):
+    """A norm with featmask bit 4 (31=16) is meant to run on the CPU inside the Vulkan graph: judged like the
+    others, named in a warning, marked "kept_off_vulkan", and not counted as a host round trip."""
+    (tmp_path / "m.param").write_text("7767517\n3 3\nInput in0 0 1 a\nLayerNorm cpu_norm 1 1 a b 0=16 1=0.001 2=0 31=16\n"
+                                      "LayerNorm gpu_norm 1 1 b y 0=16 1=0.001 2=0\n")
+    (tmp_path / "m.bin").write_bytes(b"")
+    r = cli(tmp_path / "m.param", tmp_path / "m.bin", "--input", "a=4x16", "--vulkan", "--json")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    res = json.loads(r.stdout)
+    by_name = {l["name"]: l for l in res["layers"]}
+    assert res["ok"] is True and res["host_round_trips"] == 0, res
+    assert by_name["cpu_norm"]["kept_off_vulkan"] is True and by_name["cpu_norm"]["cpu_forwards"] >= 1
+    assert "kept_off_vulkan" not in by_name["gpu_norm"] and by_name["gpu_norm"]["cpu_forwards"] == 0
+    assert any("featmask" in w and "cpu_norm" in w for w in res["warnings"]), res["warnings"]
+
+
 def test_check_without_vulkan_keeps_todays_output():
     """Today's keys, plus the pass rule's (the one --vulkan applies too: "rule"; per layer f64_abs_err and
     judged_err); none of --vulkan's own."""

@@ -28,7 +28,8 @@ vknorm's and stock ncnn Vulkan's max |error| against the CPU run on the same blo
 time for that blob measured on vknorm's own Vulkan context (ncnn's graph has no per-layer timestamps);
 per model output: both Vulkan runs' error; the whole-model wall time of both Vulkan runs. Pass rule: the
 one above (the CPU run's input already carries the stock Vulkan layers' differences upstream), and no
-vknorm layer ran on the host (host_round_trips 0). The vknorm net is fused as vknorm.graph fuses it (--no-fuse:
+vknorm layer ran on the host (host_round_trips 0; a layer the model keeps off Vulkan with featmask 31=16 runs on
+the CPU by design: "kept_off_vulkan", and a warning). The vknorm net is fused as vknorm.graph fuses it (--no-fuse:
 not): "fused" lists each pattern and its ncnn layers; a fused layer is judged on its output blob, and the sum
 it writes for the add's other readers against the add's value (sum_err, which must be 0).
 """
@@ -88,7 +89,8 @@ VULKAN_HELP = (
     "Vulkan runs' error; the whole-model wall ms per inference of both Vulkan runs (median after a warm-up, "
     "lightmode on); the device. Pass rule: the one above, the same for both engines (here the CPU run's "
     "input already differs by the stock Vulkan layers upstream), and no vknorm layer ran on the host "
-    "(host_round_trips 0). The rule applied is printed."
+    "(host_round_trips 0; layers the model keeps off Vulkan with featmask 31=16 excepted). The rule applied is "
+    "printed."
 )
 
 
@@ -1022,13 +1024,20 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
             graph, {"ncnn_vulkan": stock, "vknorm": vk}, inputs, outputs)
 
         infos = {i["name"]: i for i in vk.vknorm_layers()}  # the counters after every vknorm run
+        # a layer the model keeps off Vulkan (featmask bit 4, param 31=16) runs on the CPU by design
+        off_vulkan = {name for name, _, mine, on_vulkan in vk.layers() if mine and not on_vulkan}
         for rec in result["layers"]:
             info = infos.get(rec["name"])
             if info is not None:
                 rec["vulkan_forwards"], rec["cpu_forwards"] = int(info["vulkan_forwards"]), int(info["cpu_forwards"])
-                if rec["cpu_forwards"] or not rec["vulkan_forwards"]:
+                if rec["name"] in off_vulkan:
+                    rec["kept_off_vulkan"] = True
+                elif rec["cpu_forwards"] or not rec["vulkan_forwards"]:
                     rec["ok"] = False
-        result["host_round_trips"] = int(sum(i["cpu_forwards"] for i in infos.values()))
+        result["host_round_trips"] = int(sum(i["cpu_forwards"] for n, i in infos.items() if n not in off_vulkan))
+        if off_vulkan:
+            result["warnings"].append("kept off Vulkan by the model (featmask 31=16), run on the CPU: "
+                                      + ", ".join(sorted(off_vulkan)))
     finally:
         with quiet_stderr():
             for net in nets:
