@@ -411,6 +411,15 @@ class HeldBlobs {
   std::vector<char> held_, given_;  // per blob index
 };
 
+// Host memory for one extractor's blobs and scratch: ncnn's aligned malloc, no pool. (ncnn's pool allocators
+// record a failed allocation as a block in use, and print "FATAL ERROR! ... destroyed too early" when dropped
+// after a model asked for more memory than the host has.)
+class HostAllocator final : public ::ncnn::Allocator {
+ public:
+  void* fastMalloc(size_t size) override { return ::ncnn::fastMalloc(size); }
+  void fastFree(void* ptr) override { ::ncnn::fastFree(ptr); }
+};
+
 struct Extractor {
   std::shared_ptr<Net> owner;  // the net outlives its extractors
   std::unique_ptr<::ncnn::Extractor> ex;
@@ -418,8 +427,8 @@ struct Extractor {
   // Host blobs and scratch of this extractor's own, not the net's: Net.clear deletes the net's, and an
   // extractor made before it would free its blobs into them when dropped (a use after free). An output
   // in them is copied out (extract).
-  std::shared_ptr<::ncnn::UnlockedPoolAllocator> host_blobs = std::make_shared<::ncnn::UnlockedPoolAllocator>();
-  std::shared_ptr<::ncnn::PoolAllocator> host_workspace = std::make_shared<::ncnn::PoolAllocator>();
+  std::shared_ptr<HostAllocator> host_blobs = std::make_shared<HostAllocator>();
+  std::shared_ptr<HostAllocator> host_workspace = std::make_shared<HostAllocator>();
   std::unique_ptr<std::mutex> mutex = std::make_unique<std::mutex>();  // one call at a time (ncnn's Extractor is not thread-safe)
   std::set<std::string> given;                                         // blobs input() set
   HeldBlobs held;                                                      // blobs ncnn's extractor holds now

@@ -369,6 +369,28 @@ print("r0 after a failed extract", r, r == 0 and np.array_equal(np.array(r0), np
 
 
 @needs_graph
+def test_a_host_allocation_refused_is_ncnn_s_code_and_nothing_more_on_stderr():
+    """A CPU layer asking for more host memory than there is (a Padding of 100000 on every side: hundreds of GB)
+    is ncnn's -100. The extractor's host memory keeps no record of the failed block, so dropping it prints
+    nothing (ncnn's pool allocator printed "FATAL ERROR! ... destroyed too early" there)."""
+    code = f"""
+import tempfile
+import numpy as np
+from vknorm import graph
+param = "7767517\\n2 2\\nInput in0 0 1 in0\\nPadding pad 1 1 in0 out0 0=100000 1=100000 2=100000 3=100000\\n"
+net = graph.configure(graph.Net(), vulkan=False)
+assert net.load_param_mem(param) == 0 and net.load_model(tempfile.NamedTemporaryFile(delete=False).name) == 0
+ex = net.create_extractor()
+ex.input("in0", graph.Mat(np.ones((4, 8, 16), np.float32)))
+print("huge", ex.extract("out0")[0])
+del ex
+"""
+    proc = run_script(code)
+    assert proc.returncode == 0 and "huge -100" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert "FATAL" not in proc.stderr and "still in use" not in proc.stderr, proc.stderr[-2000:]
+
+
+@needs_graph
 @pytest.mark.parametrize("vulkan", [True, False], ids=["vulkan", "cpu"])
 def test_blobs_given_by_hand_and_blobs_read_twice_follow_what_ncnn_holds(vulkan):
     """In light mode: an intermediate blob set with input() and freed since is -1, not silently made again from
