@@ -100,6 +100,14 @@ def test_eps_negative_or_not_finite_is_refused(cls, eps):
     assert layer.eps == np.float32(1e-5)  # a refused load_param changes nothing
 
 
+@pytest.mark.parametrize("cls", [vknorm.LayerNorm, vknorm.RMSNorm])
+def test_several_bad_params_name_the_first_in_load_param_s_order(cls):
+    """affine_size is checked before eps, whatever eps is (a NaN eps was reported first from Python)."""
+    for eps in (math.nan, math.inf, -1.0):
+        with pytest.raises(ValueError, match="affine_size must be >= 0"):
+            cls(affine_size=-1, eps=eps)
+
+
 def test_eps_zero_is_accepted():
     assert vknorm.LayerNorm(affine_size=4, eps=0.0).eps == 0.0
 

@@ -209,10 +209,8 @@ class _Norm:
     affine = property(lambda self: bool(self._layer.affine))
 
     def load_param(self, params: Mapping[int, Union[int, float]]) -> None:
+        # eps is checked in the core, after affine_size, in load_param's order (a NaN or Inf eps included)
         eps_id = next(pid for pid, name, _ in self._params if name == "eps")
-        eps = params.get(eps_id, 0.001)
-        if not math.isfinite(float(eps)):
-            raise ValueError(f"eps must be finite and >= 0, got {eps}")
         self._layer.load_param({_param_int("id", k): (float(v) if k == eps_id else _param_int(k, v))
                                 for k, v in params.items()})
 
