@@ -371,13 +371,13 @@ class HeldBlobs {
     for (size_t i = 0; i < held_.size(); ++i)
       if (net.blobs()[i].name == name) held_[i] = given_[i] = 1;
   }
-  // Whether extracting `name` can run; if so, the blobs held afterwards go to `after`.
-  bool plan(const ::ncnn::Net& net, const std::string& name, bool lightmode, std::vector<char>& after) {
+  // Why extracting `name` cannot run ("" when it can; the blobs held afterwards then go to `after`).
+  std::string plan(const ::ncnn::Net& net, const std::string& name, bool lightmode, std::vector<char>& after) {
     size_to(net);
     after = held_;
     for (int i = 0; i < int(after.size()); ++i)
       if (net.blobs()[i].name == name) return compute(net, i, lightmode, after);
-    return true;  // an unknown name: ncnn's own error
+    return "";  // an unknown name: ncnn's own error
   }
   void commit(std::vector<char>&& after) { held_ = std::move(after); }
   // After an extract that failed partway: the layers that ran had freed their inputs, a leading part of the
@@ -389,24 +389,35 @@ class HeldBlobs {
 
  private:
   void size_to(const ::ncnn::Net& net) { held_.resize(net.blobs().size()), given_.resize(net.blobs().size()); }
-  bool compute(const ::ncnn::Net& net, int b, bool lightmode, std::vector<char>& held) const {
-    if (held[b]) return true;
+  std::string compute(const ::ncnn::Net& net, int b, bool lightmode, std::vector<char>& held) const {
+    static const std::string freed =
+        "a blob it needs was freed by a layer that ran before (light mode: each layer frees its inputs); extract it "
+        "before the blobs that depend on it, from a new extractor, or with light mode off (net.opt.lightmode, "
+        "Extractor.set_light_mode)";
+    if (held[b]) return "";
     // A blob set with input() and freed since is not made again from upstream: that would be another value.
-    if (given_[b]) return false;
+    if (given_[b]) return freed;
     const int p = net.blobs()[b].producer;
-    if (p < 0 || p >= int(net.layers().size())) return false;
+    if (p < 0 || p >= int(net.layers().size())) return freed;
     const ::ncnn::Layer* layer = net.layers()[p];
-    if (layer->type == "Input") return false;  // given by input(), or freed since
-    for (int bottom : layer->bottoms)
-      if (bottom < 0 || bottom >= int(held.size()) || !compute(net, bottom, lightmode, held)) return false;
+    if (layer->type == "Input") return freed;  // given by input(), or freed since
+    // A layer with several outputs writes them all: one set with input() would silently become the layer's value.
+    for (int top : layer->tops)
+      if (top >= 0 && top < int(held.size()) && given_[top] && held[top])
+        return "layer " + layer->name + " (" + layer->type + ") would overwrite blob " + net.blobs()[top].name +
+               ", set with input(); give the blobs it needs instead, or use a new extractor";
+    for (int bottom : layer->bottoms) {
+      if (bottom < 0 || bottom >= int(held.size())) return freed;
+      if (std::string why = compute(net, bottom, lightmode, held); !why.empty()) return why;
+    }
     // A blob read twice by one layer with no Split between: making the second input may have freed the first.
     for (int bottom : layer->bottoms)
-      if (!held[bottom]) return false;
+      if (!held[bottom]) return freed;
     for (int top : layer->tops)
       if (top >= 0 && top < int(held.size())) held[top] = 1;
     if (lightmode)
       for (int bottom : layer->bottoms) held[bottom] = 0;
-    return true;
+    return "";
   }
   std::vector<char> held_, given_;  // per blob index
 };
@@ -598,6 +609,7 @@ int extractor_input(Extractor& e, const std::string& name, const ::ncnn::Mat& in
 std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& name) {
   ::ncnn::Mat out;
   int r;
+  std::string why;  // a refused plan's reason
   {
     ReleaseGil release;
     std::shared_lock<NetLock> net_lock(e.owner->lock);
@@ -616,10 +628,8 @@ std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& 
     } else if (auto kept = e.downloaded.find(name); kept != e.downloaded.end() && !e.given.count(name)) {
       out = kept->second;
       r = 0;
-    } else if (std::vector<char> after; !e.held.plan(e.owner->net, name, e.lightmode, after)) {
-      NCNN_LOGE("vknorm.graph: extract %s: a blob it needs was freed by a layer that ran before (light mode: each "
-                "layer frees its inputs); extract it before the blobs that depend on it, from a new extractor, or "
-                "with light mode off (net.opt.lightmode, Extractor.set_light_mode)", name.c_str());
+    } else if (std::vector<char> after; !(why = e.held.plan(e.owner->net, name, e.lightmode, after)).empty()) {
+      NCNN_LOGE("vknorm.graph: extract %s: %s", name.c_str(), why.c_str());
       r = -1;
     } else {
       r = e.allocators ? extract_reserving_download(e, name, out) : e.ex->extract(name.c_str(), out);
