@@ -370,14 +370,14 @@ print("r0 after a failed extract", r, r == 0 and np.array_equal(np.array(r0), np
 
 @needs_graph
 def test_a_host_allocation_refused_is_ncnn_s_code_and_nothing_more_on_stderr():
-    """A CPU layer asking for more host memory than there is (a Padding of 100000 on every side: hundreds of GB)
-    is ncnn's -100. The extractor's host memory keeps no record of the failed block, so dropping it prints
+    """A CPU layer asking for more host memory than there is (a Padding of 2^22 on every side: a petabyte, past
+    the address space, so no overcommit policy grants it) is ncnn's -100. The extractor's host memory keeps no record of the failed block, so dropping it prints
     nothing (ncnn's pool allocator printed "FATAL ERROR! ... destroyed too early" there)."""
     code = f"""
 import tempfile
 import numpy as np
 from vknorm import graph
-param = "7767517\\n2 2\\nInput in0 0 1 in0\\nPadding pad 1 1 in0 out0 0=100000 1=100000 2=100000 3=100000\\n"
+param = "7767517\\n2 2\\nInput in0 0 1 in0\\nPadding pad 1 1 in0 out0 0=4194304 1=4194304 2=4194304 3=4194304\\n"
 net = graph.configure(graph.Net(), vulkan=False)
 assert net.load_param_mem(param) == 0 and net.load_model(tempfile.NamedTemporaryFile(delete=False).name) == 0
 ex = net.create_extractor()
