@@ -324,6 +324,24 @@ auto reading(const Net& n, F&& f) {
   return f();
 }
 
+// Runs f with the net held whole (no extract running: loads, clears, option and device changes), the GIL
+// released while waiting for it.
+template <class F>
+auto writing(Net& n, F&& f) {
+  ReleaseGil release;
+  std::unique_lock<NetLock> lock(n.lock);
+  return f();
+}
+
+// load_param / load_param_mem / load_model: in the process that first ran a Vulkan net (check_vulkan_process).
+template <class F>
+int loading(Net& n, F&& f) {
+  return writing(n, [&] {
+    check_vulkan_process(n.net.opt);
+    return f();
+  });
+}
+
 // A FusedPattern copied under the net's lock, as a type of this module's own (a std::vector of vknorm's type
 // here would instantiate templates this module exports).
 struct FusedCopy {
@@ -527,9 +545,8 @@ int reserve_upload(const Extractor& e, const ::ncnn::Mat& in) {
 int extract_reserving_download(Extractor& e, const std::string& name, ::ncnn::Mat& out) {
   // A blob given with input() (an Input, or an intermediate set by hand) is on the host already: ncnn hands it
   // back as given (its device copy may be an older value, made before the input() call).
+  // (An Input blob not given never gets here: extractor_extract refuses it first, missing_input.)
   if (e.given.count(name)) return e.ex->extract(name.c_str(), out);
-  for (const char* input : e.owner->net.input_names())  // an input not given: ncnn's own error
-    if (name == input) return e.ex->extract(name.c_str(), out);
   const ::ncnn::VulkanDevice* vkdev = e.allocators->vkdev;
   ::ncnn::Option opt = e.owner->net.opt;
   opt.blob_vkallocator = opt.workspace_vkallocator = e.allocators->blob;
@@ -683,9 +700,7 @@ void extractor_clear(Extractor& e) {
 }
 
 void net_clear(Net& n) {
-  ReleaseGil release;
-  std::unique_lock<NetLock> lock(n.lock);
-  n.clear();
+  writing(n, [&] { n.clear(); });
 }
 
 // Device memory ncnn holds. Every allocation ncnn makes (its blob, workspace, staging and weight
@@ -880,11 +895,7 @@ NB_MODULE(_graph, m) {
       })
       .def_prop_rw(
           "opt", [](Net& n) -> ::ncnn::Option& { return n.net.opt; },
-          [](Net& n, const ::ncnn::Option& o) {
-            ReleaseGil release;
-            std::unique_lock<NetLock> lock(n.lock);  // not halfway through a load
-            n.net.opt = o;
-          },
+          [](Net& n, const ::ncnn::Option& o) { writing(n, [&] { n.net.opt = o; }); },  // not halfway through a load
           nb::rv_policy::reference_internal)
       .def("set_vulkan_device",
            [](Net& n, int index) {
@@ -892,46 +903,26 @@ NB_MODULE(_graph, m) {
              if (index < 0 || index >= count)
                throw std::invalid_argument("set_vulkan_device: index " + std::to_string(index) + " out of range (" +
                                            std::to_string(count) + " Vulkan devices)");
-             ReleaseGil release;
-             std::unique_lock<NetLock> lock(n.lock);
-             if (n.param_loaded)  // its layers were made for the device it had then
-               throw std::runtime_error("set_vulkan_device: call it before load_param, as in ncnn");
-             n.net.set_vulkan_device(index);
+             writing(n, [&] {
+               if (n.param_loaded)  // its layers were made for the device it had then
+                 throw std::runtime_error("set_vulkan_device: call it before load_param, as in ncnn");
+               n.net.set_vulkan_device(index);
+             });
            },
            "index"_a)
       .def("load_param",
-           [](Net& n, const std::string& path) {
-             ReleaseGil release;
-             std::unique_lock<NetLock> lock(n.lock);
-             check_vulkan_process(n.net.opt);
-             return n.load_param(path);
-           },
-           "path"_a)
+           [](Net& n, const std::string& path) { return loading(n, [&] { return n.load_param(path); }); }, "path"_a)
       .def("load_param_mem",
-           [](Net& n, const std::string& text) {
-             ReleaseGil release;
-             std::unique_lock<NetLock> lock(n.lock);
-             check_vulkan_process(n.net.opt);
-             return n.load_param_mem(text);
-           },
+           [](Net& n, const std::string& text) { return loading(n, [&] { return n.load_param_mem(text); }); },
            "mem"_a)
       .def("load_param_mem",  // the text as bytes (a file read in binary mode), as pyncnn's const char* takes
            [](Net& n, const nb::bytes& text) {
-             std::string t(text.c_str(), text.size());
-             ReleaseGil release;
-             std::unique_lock<NetLock> lock(n.lock);
-             check_vulkan_process(n.net.opt);
-             return n.load_param_mem(t);
+             const std::string t(text.c_str(), text.size());
+             return loading(n, [&] { return n.load_param_mem(t); });
            },
            "mem"_a)
       .def("load_model",
-           [](Net& n, const std::string& path) {
-             ReleaseGil release;
-             std::unique_lock<NetLock> lock(n.lock);
-             check_vulkan_process(n.net.opt);
-             return n.load_model(path);
-           },
-           "path"_a)
+           [](Net& n, const std::string& path) { return loading(n, [&] { return n.load_model(path); }); }, "path"_a)
       .def("input_names",
            [](Net& n) {
              return reading(n, [&] {
