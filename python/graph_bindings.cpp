@@ -16,7 +16,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <shared_mutex>  // std::shared_lock
 #include <sstream>
 #include <stdexcept>
@@ -404,6 +403,13 @@ class HeldBlobs {
     for (size_t i = 0; i < held_.size() && i < after.size(); ++i) held_[i] = held_[i] && after[i];
   }
   void clear() { held_.clear(), given_.clear(); }
+  // Whether input() set blob b (by index), or a blob of this name.
+  bool given(int b) const { return b >= 0 && b < int(given_.size()) && given_[b]; }
+  bool given(const ::ncnn::Net& net, const std::string& name) const {
+    for (int i = 0; i < int(given_.size()); ++i)
+      if (given_[i] && net.blobs()[i].name == name) return true;
+    return false;
+  }
 
  private:
   void size_to(const ::ncnn::Net& net) { held_.resize(net.blobs().size()), given_.resize(net.blobs().size()); }
@@ -459,8 +465,7 @@ struct Extractor {
   std::shared_ptr<HostAllocator> host_blobs = std::make_shared<HostAllocator>();
   std::shared_ptr<HostAllocator> host_workspace = std::make_shared<HostAllocator>();
   std::unique_ptr<std::mutex> mutex = std::make_unique<std::mutex>();  // one call at a time (ncnn's Extractor is not thread-safe)
-  std::set<std::string> given;                                         // blobs input() set
-  HeldBlobs held;                                                      // blobs ncnn's extractor holds now
+  HeldBlobs held;                                                      // blobs ncnn's extractor holds now, and those input() set
   bool lightmode = true;                                               // the net's, or set_light_mode's
   // Vulkan nets: what extract downloaded, by blob name. ncnn's own extract keeps the downloaded copy, so a blob
   // extracted before comes back after light mode freed its device copy (pyncnn's behaviour).
@@ -489,9 +494,9 @@ struct Extractor {
   Extractor(Extractor&&) = default;
 };
 
-// The Input blob that `name` depends on and that `given` lacks, or "". ncnn's stock layers crash on the
+// The Input blob that `name` depends on and that input() did not set, or "". ncnn's stock layers crash on the
 // empty blob an input left unset becomes (SIGFPE, SIGSEGV); ncnn's CPU net returns -100 there.
-std::string missing_input(const ::ncnn::Net& net, const std::set<std::string>& given, const std::string& name) {
+std::string missing_input(const ::ncnn::Net& net, const HeldBlobs& held, const std::string& name) {
   const std::vector<::ncnn::Blob>& blobs = net.blobs();
   const std::vector<::ncnn::Layer*>& layers = net.layers();
   std::vector<int> todo;
@@ -501,7 +506,7 @@ std::string missing_input(const ::ncnn::Net& net, const std::set<std::string>& g
   while (!todo.empty()) {
     const int b = todo.back();
     todo.pop_back();
-    if (b < 0 || b >= int(blobs.size()) || seen[b] || given.count(blobs[b].name)) continue;
+    if (b < 0 || b >= int(blobs.size()) || seen[b] || held.given(b)) continue;
     seen[b] = true;
     const int p = blobs[b].producer;
     if (p < 0 || p >= int(layers.size())) continue;
@@ -546,7 +551,7 @@ int extract_reserving_download(Extractor& e, const std::string& name, ::ncnn::Ma
   // A blob given with input() (an Input, or an intermediate set by hand) is on the host already: ncnn hands it
   // back as given (its device copy may be an older value, made before the input() call).
   // (An Input blob not given never gets here: extractor_extract refuses it first, missing_input.)
-  if (e.given.count(name)) return e.ex->extract(name.c_str(), out);
+  if (e.held.given(e.owner->net, name)) return e.ex->extract(name.c_str(), out);
   const ::ncnn::VulkanDevice* vkdev = e.allocators->vkdev;
   ::ncnn::Option opt = e.owner->net.opt;
   opt.blob_vkallocator = opt.workspace_vkallocator = e.allocators->blob;
@@ -612,7 +617,7 @@ int extractor_input(Extractor& e, const std::string& name, const ::ncnn::Mat& in
   if (int r = reserve_upload(e, in)) return r;
   const int r = e.ex->input(name.c_str(), in);
   if (r != 0) return r;
-  e.given.insert(name), e.held.give(e.owner->net, name);
+  e.held.give(e.owner->net, name);
   if (e.allocators) {
     // A device copy made before this input() would feed the layers after it (ncnn reads the device copy
     // first): dropped, so they upload what was given.
@@ -638,11 +643,11 @@ std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& 
       NCNN_LOGE("vknorm.graph: extract %s: an earlier extract of this extractor failed, leaving ncnn's device "
                 "blobs recorded but never computed; create a new extractor", name.c_str());
       r = -1;
-    } else if (const std::string missing = missing_input(e.owner->net, e.given, name); !missing.empty()) {
+    } else if (const std::string missing = missing_input(e.owner->net, e.held, name); !missing.empty()) {
       NCNN_LOGE("vknorm.graph: extract %s: the input %s it depends on was not given (Extractor.input)",
                 name.c_str(), missing.c_str());
       r = -1;
-    } else if (auto kept = e.downloaded.find(name); kept != e.downloaded.end() && !e.given.count(name)) {
+    } else if (auto kept = e.downloaded.find(name); kept != e.downloaded.end() && !e.held.given(e.owner->net, name)) {
       out = kept->second;
       r = 0;
     } else if (std::vector<char> after; !(why = e.held.plan(e.owner->net, name, e.lightmode, after)).empty()) {
@@ -659,7 +664,7 @@ std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& 
       // A Vulkan forward that failed dropped its command buffer: the device blobs ncnn now holds were never
       // computed, so nothing more is extracted here.
       if (r != 0 && e.allocators) e.failed = true;
-      if (r == 0 && e.allocators && !e.given.count(name)) e.downloaded[name] = out;
+      if (r == 0 && e.allocators && !e.held.given(e.owner->net, name)) e.downloaded[name] = out;
     }
     // An output in this extractor's own memory is copied out: it outlives the extractor. So is one shared with
     // anything else (an input blob is the caller's own Mat): the result is the caller's alone, as pyncnn's.
@@ -693,7 +698,6 @@ void extractor_clear(Extractor& e) {
   std::shared_lock<NetLock> net_lock(e.owner->lock);
   std::lock_guard<std::mutex> lock(*e.mutex);
   e.ex->clear();
-  e.given.clear();
   e.held.clear();
   e.downloaded.clear();
   e.failed = false;

@@ -137,8 +137,10 @@ uint32_t find_memory_type(const vk::PhysicalDeviceMemoryProperties& mp, uint32_t
 
 }  // namespace
 
+bool Instance::in_creating_process() const { return long(getpid()) == pid; }
+
 void Instance::check_same_process() const {
-  if (long(getpid()) != pid)
+  if (!in_creating_process())
     throw std::runtime_error(
         "vknorm: this process was fork()ed from one that had already used Vulkan, whose devices do not survive "
         "fork(): start workers with multiprocessing's 'spawn' or 'forkserver' method, or use vknorm only after "
@@ -249,7 +251,7 @@ Context::Context(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Context::~Context() {
   // In a fork()ed child the device's handles are the parent's: destroying them waits on driver threads the
   // child does not have (a hang at its exit). The child leaves them to the process's end instead.
-  if (impl_ && impl_->instance && long(getpid()) != impl_->instance->pid) {
+  if (impl_ && impl_->instance && !impl_->instance->in_creating_process()) {
     new std::shared_ptr<Instance>(impl_->instance);  // nor may the instance go: its destruction waits too
     (void)impl_.release();
   }

@@ -27,6 +27,7 @@ struct Instance {
   bool validation = false;
   long pid = 0;  // the process that created it: a fork()ed child inherits the handles, not the driver's threads
   static std::shared_ptr<Instance> get();
+  bool in_creating_process() const;
   // std::runtime_error in a process fork()ed from the one that created this instance (its waits would
   // never return there).
   void check_same_process() const;
