@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <ncnn/datareader.h>
 #include <ncnn/gpu.h>
 #include <ncnn/net.h>
 
@@ -241,6 +242,7 @@ struct Net {
   int load_model(const std::string& path) {
     ++generation;
     model_loaded = false;
+    model_bytes_read = 0;
     // ncnn picks the device and each layer's kind (Vulkan or not) at load_param: a model loaded under other
     // options crashes it (in load_model, or at the first extract).
     if (param_loaded && format_options(net.opt) != param_options) {
@@ -248,7 +250,17 @@ struct Net {
                 "load_param, as in ncnn", param_options.c_str(), format_options(net.opt).c_str());
       return -1;
     }
-    const int r = net.load_model(path.c_str());
+    // As ncnn's load_model(path), and how far its layers read (a .bin longer than that: one for another model?)
+    FILE* fp = std::fopen(path.c_str(), "rb");
+    if (!fp) {
+      NCNN_LOGE("fopen %s failed", path.c_str());
+      return -1;
+    }
+    ::ncnn::DataReaderFromStdio reader(fp);
+    const int r = net.load_model(reader);
+    const long at = std::ftell(fp);
+    std::fclose(fp);
+    model_bytes_read = at > 0 ? size_t(at) : 0;
     model_loaded = param_loaded && r == 0;
     return r;
   }
@@ -257,6 +269,7 @@ struct Net {
     net.clear();
     fused.clear();
     param_loaded = model_loaded = false;
+    model_bytes_read = 0;
   }
   // ncnn builds every layer's pipelines in load_model, for the options it finds then: an extractor of a net
   // whose model did not load, or whose format options changed after it, runs layers with no pipelines
@@ -312,6 +325,7 @@ struct Net {
   // format_options at the last successful load_param; load_model refuses others, so a loaded model has them
   std::string param_options;
   bool model_loaded = false;
+  size_t model_bytes_read = 0;  // of the last load_model's file, what the model's layers read
 };
 
 // Runs f with the net held shared (no clear or load halfway through) and the GIL released while waiting for
@@ -927,6 +941,8 @@ NB_MODULE(_graph, m) {
            "mem"_a)
       .def("load_model",
            [](Net& n, const std::string& path) { return loading(n, [&] { return n.load_model(path); }); }, "path"_a)
+      .def_prop_ro("model_bytes_read",
+                   [](Net& n) { return reading(n, [&] { return n.model_bytes_read; }); })
       .def("input_names",
            [](Net& n) {
              return reading(n, [&] {

@@ -41,25 +41,6 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverity
   return VK_FALSE;
 }
 
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::strcmp(v, "0") != 0;
-}
-
-// VKNORM_VULKAN_API=1.0|1.1|1.2|1.3: the highest Vulkan version the instance (and so every device)
-// is created with. 1.0 leaves out everything vknorm uses from 1.1 (subgroup and float16-storage
-// variants), as on an old driver. Unset: the loader's version, at most 1.3.
-uint32_t env_api_cap() {
-  const char* v = std::getenv("VKNORM_VULKAN_API");
-  if (!v || !*v) return VK_API_VERSION_1_3;
-  const std::string s(v);
-  if (s == "1.0") return VK_API_VERSION_1_0;
-  if (s == "1.1") return VK_API_VERSION_1_1;
-  if (s == "1.2") return VK_API_VERSION_1_2;
-  if (s == "1.3") return VK_API_VERSION_1_3;
-  throw std::invalid_argument("VKNORM_VULKAN_API=" + s + ": expected 1.0, 1.1, 1.2 or 1.3");
-}
-
 bool has_layer(const vk::raii::Context& ctx, const char* name) {
   for (const auto& l : ctx.enumerateInstanceLayerProperties())
     if (std::strcmp(l.layerName, name) == 0) return true;
@@ -97,13 +78,6 @@ DeviceInfo describe(const Instance& inst, const vk::raii::PhysicalDevice& pd, in
                              VK_API_VERSION_MAJOR(api) < VK_API_VERSION_MAJOR(props.apiVersion)
                          ? version_string(api)
                          : version_string(props.apiVersion);
-  // VKNORM_MAX_SHARED_MEMORY=bytes: report (and so plan for) at most this much shared memory per
-  // workgroup, as on a device with a smaller limit (Vulkan guarantees 16384). At least 256.
-  if (const uint64_t cap = env_positive("VKNORM_MAX_SHARED_MEMORY")) {
-    if (cap < 256)
-      throw std::invalid_argument("VKNORM_MAX_SHARED_MEMORY=" + std::to_string(cap) + ": at least 256 bytes");
-    info.max_shared_memory = uint32_t(std::min<uint64_t>(info.max_shared_memory, cap));
-  }
   const uint32_t qf = compute_queue_family(pd);
   info.timestamps = qf != UINT32_MAX && pd.getQueueFamilyProperties()[qf].timestampValidBits > 0;
   info.device_local_bytes = device_local_bytes(pd.getMemoryProperties());
@@ -124,6 +98,7 @@ DeviceInfo describe(const Instance& inst, const vk::raii::PhysicalDevice& pd, in
     auto feats = pd.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceShaderFloat16Int8Features>();
     info.float16_arithmetic = feats.get<vk::PhysicalDeviceShaderFloat16Int8Features>().shaderFloat16;
   }
+  apply_capability_profile(info);  // VKNORM_NO_SUBGROUP, ...: what is reported is what is planned for
   return info;
 }
 
@@ -228,8 +203,8 @@ int default_device_index() {
     long idx = std::strtol(want, &end, 10);
     if (*end == '\0') {
       if (idx < 0 || idx >= long(devices.size()))
-        throw std::invalid_argument("VKNORM_DEVICE=" + std::string(want) + ": there are " +
-                                    std::to_string(devices.size()) + " devices (vknorm info lists them)");
+        throw std::invalid_argument("VKNORM_DEVICE=" + std::string(want) + ": expected a device index 0 to " +
+                                    std::to_string(devices.size() - 1) + " or part of a device's name (vknorm info lists them)");
       return int(idx);
     }
     std::string needle(want);
@@ -280,7 +255,7 @@ std::shared_ptr<Context> Context::create(int index) {
   std::vector<const char*> extensions;
   void* features = nullptr;  // the pNext chain of enabled feature structs
   vk::PhysicalDevice16BitStorageFeatures storage16{};
-  const bool want16 = impl->info.storage_16bit && !env_flag("VKNORM_NO_FP16_STORAGE");
+  const bool want16 = impl->info.storage_16bit;  // after the capability profile (describe)
   if (want16) storage16.storageBuffer16BitAccess = VK_TRUE, storage16.pNext = features, features = &storage16;
   // VKNORM_SUBGROUP_SIZE=N: subgroup pipelines require subgroups of N invocations, where the device
   // lets a compute shader choose (subgroupSizeControl, Vulkan 1.3 or VK_EXT_subgroup_size_control).
@@ -335,7 +310,7 @@ std::shared_ptr<Context> Context::create(int index) {
   const auto& ops = impl->info.subgroup_ops;
   auto has_op = [&](const char* n) { return std::find(ops.begin(), ops.end(), n) != ops.end(); };
   impl->subgroup_reduce = api >= VK_API_VERSION_1_1 && impl->info.subgroup_compute && has_op("arithmetic") &&
-                          has_op("shuffle") && !env_flag("VKNORM_NO_SUBGROUP");
+                          has_op("shuffle");
 
   const auto mp = pd.getMemoryProperties();
   using M = vk::MemoryPropertyFlagBits;

@@ -104,7 +104,15 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   caps.cooperative_workgroups = caps.cpu ? 0 : info.compute_units / 2;
   // Declares how many workgroups the device keeps resident, where vknorm cannot tell (any device; tests
   // run lavapipe with as many threads: LP_NUM_THREADS).
-  if (const char* v = std::getenv("VKNORM_COOPERATIVE_WORKGROUPS")) caps.cooperative_workgroups = uint32_t(std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_COOPERATIVE_WORKGROUPS"); v && *v) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    if (*end != '\0' || !std::isdigit(static_cast<unsigned char>(v[0])) || errno == ERANGE || n > UINT32_MAX)
+      throw std::invalid_argument(std::string("VKNORM_COOPERATIVE_WORKGROUPS=") + v +
+                                  ": expected a whole number of workgroups (0: no cooperative kernel)");
+    caps.cooperative_workgroups = uint32_t(n);
+  }
   caps.poll_loads = !caps.cpu;
   if (const char* v = std::getenv("VKNORM_TUNE_POLL_LOADS")) caps.poll_loads = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MIN_GROUP")) caps.cooperative_min_group = uint32_t(std::atoi(v));
@@ -556,6 +564,33 @@ BindingLimit binding_limit(uint64_t max_storage_buffer_range) {
   BindingLimit l{max_storage_buffer_range ? max_storage_buffer_range : ~0ull, "maxStorageBufferRange"};
   if (const uint64_t knob = env_positive("VKNORM_MAX_BUFFER_BYTES"); knob && knob < l.bytes) l = {knob, "VKNORM_MAX_BUFFER_BYTES"};
   return l;
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+uint32_t env_api_cap() {
+  const char* v = std::getenv("VKNORM_VULKAN_API");
+  if (!v || !*v) return VK_API_VERSION_1_3;
+  const std::string s(v);
+  if (s == "1.0") return VK_API_VERSION_1_0;
+  if (s == "1.1") return VK_API_VERSION_1_1;
+  if (s == "1.2") return VK_API_VERSION_1_2;
+  if (s == "1.3") return VK_API_VERSION_1_3;
+  throw std::invalid_argument("VKNORM_VULKAN_API=" + s + ": expected 1.0, 1.1, 1.2 or 1.3");
+}
+
+void apply_capability_profile(DeviceInfo& info) {
+  const bool vulkan_1_0 = env_api_cap() < VK_API_VERSION_1_1;
+  if (vulkan_1_0 || env_flag("VKNORM_NO_SUBGROUP")) info.subgroup_ops.clear(), info.subgroup_compute = false;
+  if (vulkan_1_0 || env_flag("VKNORM_NO_FP16_STORAGE")) info.storage_16bit = false;
+  if (const uint64_t cap = env_positive("VKNORM_MAX_SHARED_MEMORY")) {
+    if (cap < 256)
+      throw std::invalid_argument("VKNORM_MAX_SHARED_MEMORY=" + std::to_string(cap) + ": at least 256 bytes");
+    info.max_shared_memory = uint32_t(std::min<uint64_t>(info.max_shared_memory, cap));
+  }
 }
 
 uint64_t env_positive(const char* name) {

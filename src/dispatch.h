@@ -184,6 +184,18 @@ bool needs_16bit_storage(const ForwardPlan& plan);
 // The positive integer the environment variable `name` holds; 0 when it is unset or empty.
 // std::invalid_argument ("NAME=value: expected a positive integer") for anything else.
 uint64_t env_positive(const char* name);
+// Whether the environment variable `name` is set to anything but "" or "0".
+bool env_flag(const char* name);
+// VKNORM_VULKAN_API=1.0|1.1|1.2|1.3 as VK_API_VERSION_1_x (unset: 1.3); std::invalid_argument otherwise.
+uint32_t env_api_cap();
+// The capability profile: environment variables that make a device look smaller than it is, applied to every
+// device vknorm plans for (its own context's, a Recorder's caller's, ncnn's), so each reports and plans the same:
+//   VKNORM_VULKAN_API below 1.1   no subgroup operations, no 16-bit storage (as on a Vulkan 1.0 device)
+//   VKNORM_NO_SUBGROUP=1          no subgroup operations: shared-memory reductions only
+//   VKNORM_NO_FP16_STORAGE=1      no storageBuffer16BitAccess: float16 blobs read as pairs in 32-bit words
+//   VKNORM_MAX_SHARED_MEMORY=N    at most N bytes of shared memory per workgroup (at least 256)
+// std::invalid_argument naming the variable for a value it cannot read.
+void apply_capability_profile(DeviceInfo& info);
 // The bytes one storage-buffer binding may hold: the device's maxStorageBufferRange (0: no limit), lowered by
 // VKNORM_MAX_BUFFER_BYTES=N (plan as if the device bound at most N bytes: tests run the pieces path with small
 // tensors; read on every forward); `why` names the one that applies. Throws as env_positive.

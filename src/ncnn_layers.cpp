@@ -29,7 +29,15 @@ namespace {
 
 std::atomic<uint64_t> g_vulkan_forwards{0}, g_cpu_forwards{0}, g_pipelines{0}, g_unfused_adds{0};
 
-// What the planner needs to know of ncnn's device, from ncnn's own description of it.
+bool subgroup_reduce(const ::ncnn::VulkanDevice& dev) {
+  const uint32_t need = VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT | VK_SUBGROUP_FEATURE_SHUFFLE_BIT;
+  const uint32_t size = dev.info.subgroup_size();
+  return (dev.info.support_subgroup_ops() & need) == need && size >= 4 && size <= 128;
+}
+
+// What the planner needs to know of ncnn's device, from ncnn's own description of it, with vknorm's capability
+// profile applied (VKNORM_NO_SUBGROUP, VKNORM_NO_FP16_STORAGE, ...: dispatch.h). subgroup_compute here: the
+// subgroup reductions vknorm uses (ncnn enables 16-bit storage on its device wherever the device has it).
 DeviceInfo device_info(const ::ncnn::VulkanDevice& dev) {
   const ::ncnn::GpuInfo& gi = dev.info;
   DeviceInfo info;
@@ -56,21 +64,10 @@ DeviceInfo device_info(const ::ncnn::VulkanDevice& dev) {
       ::ncnn::vkGetPhysicalDeviceProperties2KHR(gi.physicalDevice(), &props);
       info.compute_units = sm.shaderSMCount;
     }
+  info.subgroup_compute = subgroup_reduce(dev);
+  info.storage_16bit = dev.info.support_fp16_storage();
+  apply_capability_profile(info);
   return info;
-}
-
-// Whether pipelines may read single float16 values (storageBuffer16BitAccess): ncnn enables the feature on
-// its device wherever the device has it. VKNORM_NO_FP16_STORAGE=1 plans as if it had not, as vknorm's own
-// context does (tests run a device without 16-bit storage that way).
-bool storage_16bit(const ::ncnn::VulkanDevice& dev) {
-  const char* off = std::getenv("VKNORM_NO_FP16_STORAGE");
-  return dev.info.support_fp16_storage() && !(off && *off && std::strcmp(off, "0") != 0);
-}
-
-bool subgroup_reduce(const ::ncnn::VulkanDevice& dev) {
-  const uint32_t need = VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT | VK_SUBGROUP_FEATURE_SHUFFLE_BIT;
-  const uint32_t size = dev.info.subgroup_size();
-  return (dev.info.support_subgroup_ops() & need) == need && size >= 4 && size <= 128;
 }
 
 class NormLayer : public ::ncnn::Layer {
@@ -163,9 +160,14 @@ class NormLayer : public ::ncnn::Layer {
       NCNN_LOGE("vknorm %s: bfloat16 storage is not supported; turn off opt.use_bf16_storage/use_bf16_packed", type_name());
       return -1;
     }
-    info_ = device_info(*vkdev);
-    subgroup_reduce_ = subgroup_reduce(*vkdev);
-    storage_16bit_ = storage_16bit(*vkdev);
+    try {
+      info_ = device_info(*vkdev);
+    } catch (const std::exception& e) {  // a capability-profile variable it cannot read
+      log_error(e);
+      return -1;
+    }
+    subgroup_reduce_ = info_.subgroup_compute;
+    storage_16bit_ = info_.storage_16bit;
     // The plan for the shape in the param file's hints, with the storage and packing this net gives
     // blobs; other shapes get their pipelines when first met.
     if (!bottom_shapes.empty() && bottom_shapes[0].dims > 0) {

@@ -225,8 +225,10 @@ struct Recorder::Impl {
     for (const auto& f : caller.physical.getQueueFamilyProperties())
       if (f.queueFlags & vk::QueueFlagBits::eCompute) timestamp_bits = std::min(timestamp_bits, f.timestampValidBits);
     // 16-bit storage only as the caller enabled it, and only where the SPIR-V 1.3 variants can run.
-    fp16_storage = h.fp16_storage_enabled && api >= version_of(1, 1);
-    info.storage_16bit = fp16_storage;
+    info.storage_16bit = h.fp16_storage_enabled && api >= version_of(1, 1);
+    apply_capability_profile(info);  // VKNORM_NO_SUBGROUP, ...: as vknorm's own context plans
+    subgroup_reduce = subgroup_reduce && info.subgroup_compute;
+    fp16_storage = info.storage_16bit;
   }
 
   uint32_t memory_type(uint32_t allowed, vk::MemoryPropertyFlags want, vk::MemoryPropertyFlags fallback) const {

@@ -244,8 +244,11 @@ if "pytest" in sys.modules:
     def test_no_subgroup_arithmetic_uses_shared_memory_reductions(profile_runs, name, vulkan_device):
         s = check_run(profile_runs, name)
         assert not s["any_subgroup"], f"{name}: a dispatch used subgroup reductions"
-        if name == "no_subgroup_env":
-            assert s["device"]["subgroup_ops"] == vulkan_device["subgroup_ops"]  # the device still reports them
+        if name == "no_subgroup_env":  # reported as a device without them would report: what is planned for
+            assert s["device"]["subgroup_ops"] == [] and not s["device"]["subgroup_compute"], s["device"]
+            assert s["device"]["subgroup_size"] == vulkan_device["subgroup_size"]
+        else:
+            assert s["device"]["subgroup_ops"] == vulkan_device["subgroup_ops"]  # a per-call choice: the device has them
 
     def test_subgroup_sizes_the_device_allows(profile_runs, vulkan_device):
         """Each size the device lets a compute pipeline require runs the parity set with subgroup reductions.
@@ -310,6 +313,7 @@ if "pytest" in sys.modules:
 
     def test_no_16bit_storage_falls_back_to_float32_with_a_warning(profile_runs, vulkan_device):
         s = check_run(profile_runs, "no_fp16_storage")
+        assert not s["device"]["storage_16bit"], s["device"]  # reported as planned for
         stderr = profile_runs["runs"]["no_fp16_storage"].stderr
         assert stderr.count(FP16_WARNING) == 1, f"expected the warning once on stderr, got:\n{stderr[-2000:]}"
 
@@ -338,6 +342,29 @@ if "pytest" in sys.modules:
         lines = proc.stdout.splitlines()
         assert len(lines) == 3 and all(ln.startswith("refused") for ln in lines), proc.stdout + proc.stderr[-2000:]
         assert "expected 1.0, 1.1, 1.2 or 1.3" in lines[0] and "at least 256" in lines[1], lines
+
+    @pytest.mark.parametrize("k,v,says", [
+        ("VKNORM_COOPERATIVE_WORKGROUPS", "abc", "expected a whole number of workgroups"),
+        ("VKNORM_COOPERATIVE_WORKGROUPS", "-3", "expected a whole number of workgroups"),
+        ("VKNORM_DEVICE", "-1", "expected a device index 0 to"),
+        ("VKNORM_DEVICE", "99", "expected a device index 0 to"),
+    ])
+    def test_planning_and_device_knobs_refuse_bad_values(k, v, says):
+        """VKNORM_COOPERATIVE_WORKGROUPS is read when a forward is planned, VKNORM_DEVICE when the default device
+        is picked: a value neither can read is a ValueError naming it and what it takes, never a silent 0."""
+        script = ("import numpy as np, vknorm\n"
+                  "try:\n"
+                  "    vknorm.LayerNorm(affine_size=8, affine=False)(np.ones((2, 8), np.float32), device='vulkan',"
+                  " option=vknorm.Option(path='cooperative'))\n"
+                  "    print('accepted')\n"
+                  "except ValueError as e:\n"
+                  "    print('refused |', e)\n")
+        full = {key: val for key, val in os.environ.items()
+                if key not in SCRUB and key not in ("VKNORM_DEVICE", "VKNORM_COOPERATIVE_WORKGROUPS")}
+        full[k] = v
+        proc = subprocess.run([sys.executable, "-c", script], env=full, capture_output=True, text=True, timeout=120)
+        out = proc.stdout.strip()
+        assert out.startswith("refused") and f"{k}={v}" in out and says in out, out + proc.stderr[-2000:]
 
 
 def main(argv=None) -> int:

@@ -162,6 +162,8 @@ def test_vknorm_demo_prints_a_layernorm_against_the_cpu_reference():
     proc = run(vknorm_cli() + ["demo"])
     assert proc.returncode == 0, proc.stderr
     assert "LayerNorm" in proc.stdout
+    # the kernel's shape, and whether its reductions used subgroup operations (a "subgroup" team may not)
+    assert any(f"({r} reductions)" in proc.stdout for r in ("subgroup", "shared-memory")), proc.stdout
     line = [ln for ln in proc.stdout.splitlines() if "cpu reference" in ln]
     assert line, proc.stdout
     assert float(line[-1].rsplit("=", 1)[1]) < 1e-4

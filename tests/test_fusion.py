@@ -547,6 +547,40 @@ def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
 
 
 @needs_graph
+def test_optimize_warns_of_a_bin_longer_than_the_model_reads(tmp_path):
+    """A .bin with bytes past the weights the .param reads is probably another model's (ln_residual_stack's
+    LayerNorms read their gamma and beta as raw float32, so its .param takes exactly its own byte count from
+    the front of transformer_block's larger .bin, and loads): the model is written as asked, with a warning on
+    stderr and in the JSON naming the bytes left over. The model's own .bin: no warning."""
+    p = DATA / "ln_residual_stack.ncnn.param"
+    own, other = DATA / "ln_residual_stack.ncnn.bin", DATA / "transformer_block.ncnn.bin"
+    r = optimize(p, other, tmp_path / "o.param", tmp_path / "o.bin", "--json")
+    assert r.returncode == 0, r.stderr
+    warnings = json.loads(r.stdout)["warnings"]
+    assert len(warnings) == 1 and "bytes after the weights" in warnings[0] and "another .param" in warnings[0]
+    assert f"{other.stat().st_size - own.stat().st_size} bytes after" in warnings[0], warnings
+    assert r.stderr.strip() == f"warning: {warnings[0]}"
+    r = optimize(p, own, tmp_path / "o.param", tmp_path / "o.bin", "--json")
+    assert r.returncode == 0 and r.stderr == "" and json.loads(r.stdout)["warnings"] == [], r.stderr
+
+
+@needs_graph
+def test_check_and_bench_refuse_a_fused_model_saying_which_to_give(tmp_path):
+    """vknorm check and bench --model run stock ncnn beside vknorm, and stock ncnn cannot load vknorm's fused
+    types: a model written by vknorm optimize is refused in one line naming the layer and the model to give."""
+    p, b = DATA / "transformer_block.ncnn.param", DATA / "transformer_block.ncnn.bin"
+    op, ob = tmp_path / "f.param", tmp_path / "f.bin"
+    assert optimize(p, b, op, ob).returncode == 0
+    env = dict(os.environ, VKNORM_VALIDATION="1")
+    for cmd in (["check", op, ob, "--input", "in0=16x64", "--vulkan"], ["bench", "--model", op, ob, "--input", "in0=16x64"]):
+        r = subprocess.run([sys.executable, "-m", "vknorm", *map(str, cmd)], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=300)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1, (cmd, r.stderr)
+        assert "is vknorm.LayerNorm, written by vknorm optimize" in lines[0] and "from before vknorm optimize" in lines[0]
+
+
+@needs_graph
 def test_optimize_refuses_outputs_it_would_clobber_and_writes_files_as_open_would(tmp_path):
     """Each output is replaced whole at the end, so a directory, a special file (a FIFO here, /dev/null for a
     user) or one file named for both outputs is refused before anything is written; what it writes has the

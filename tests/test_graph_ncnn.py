@@ -272,6 +272,67 @@ def test_dims1_float16_blob_on_a_device_without_16bit_storage(tmp_path, w, stora
         assert split or any(k.startswith("norm_cooperative_fp0_p1") for k in kernels), kernels
 
 
+PROFILE_SCRIPT = r"""
+import json, sys
+import numpy as np
+from vknorm import graph
+param, binp = sys.argv[1], sys.argv[2]
+x = np.random.default_rng(3).standard_normal((197, 768)).astype(np.float32)
+outs, variants, loaded = {}, [], {}
+for run, vknorm, vk in (("cpu", False, False), ("stock", False, True), ("vknorm", True, True)):
+    net = graph.configure(graph.Net(vknorm=vknorm, fuse=False), vulkan=vk)
+    loaded[run] = net.load_param(param) == 0 and net.load_model(binp) == 0
+    if not loaded[run]:
+        continue
+    ex = net.create_extractor()
+    assert ex.input("in0", graph.Mat(x)) == 0
+    r, m = ex.extract("out0")
+    assert r == 0, r
+    outs[run] = np.array(m)
+    if vknorm:
+        variants = sorted({v for layer in net.vknorm_layers() for v in layer["variants"]})
+err = {run: float(np.max(np.abs(y - outs["cpu"]))) for run, y in outs.items()}
+print(json.dumps({"loaded": loaded, "err": err, "variants": variants}))
+"""
+
+
+@pytest.mark.parametrize("profile", [{}, {"VKNORM_NO_SUBGROUP": "1"}, {"VKNORM_VULKAN_API": "1.0"},
+                                     {"VKNORM_MAX_SHARED_MEMORY": "256"}, {"VKNORM_MAX_SHARED_MEMORY": "100"}],
+                         ids=["device", "no_subgroup", "vulkan_1_0", "shared_256", "shared_bad"])
+def test_capability_profiles_apply_to_the_layers_inside_ncnn(tmp_path, profile):
+    """The capability-profile variables make vknorm's layers in ncnn's graph plan as on the smaller device, as
+    vknorm's own context does: no subgroup reductions (sg0 variants) without subgroup operations or on Vulkan
+    1.0, workgroups within a shared-memory cap (16 B per invocation at most). ln_residual_stack's output then
+    still matches ncnn's CPU run as the module's model rule has it (no worse than stock ncnn Vulkan's error
+    * 1.5 + 1e-5). A value the profile cannot read fails the net's load, naming it, with no crash."""
+    log = tmp_path / "validation.log"
+    env = graph_runs.validated_env(str(log), str(tmp_path))
+    for k in ("VKNORM_NO_SUBGROUP", "VKNORM_VULKAN_API", "VKNORM_MAX_SHARED_MEMORY", "VKNORM_NO_FP16_STORAGE"):
+        env.pop(k, None)
+    env.update(profile)
+    param, binp = (os.path.join(graph_runs.DATA, "ln_residual_stack.ncnn" + e) for e in (".param", ".bin"))
+    proc = subprocess.run([sys.executable, "-c", PROFILE_SCRIPT, param, binp], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (log.read_text() if log.exists() else "").strip() == ""
+    if profile.get("VKNORM_MAX_SHARED_MEMORY") == "100":
+        assert r["loaded"] == {"cpu": True, "stock": True, "vknorm": False}, r
+        assert "VKNORM_MAX_SHARED_MEMORY=100: at least 256 bytes" in proc.stderr, proc.stderr[-2000:]
+        return
+    assert r["err"]["vknorm"] <= r["err"]["stock"] * 1.5 + 1e-5, r
+    kernels = {v.split("/")[0] for v in r["variants"]}
+    workgroups = {int(v.split("/")[1]) for v in r["variants"]}
+    assert kernels and all(k.startswith("norm_") for k in kernels), kernels
+    if profile:
+        assert all(k.endswith("_sg0") for k in kernels), kernels
+    if "VKNORM_MAX_SHARED_MEMORY" in profile:
+        assert max(workgroups) * 16 <= 256, r["variants"]
+    if not profile:
+        default = {k.endswith("_sg1") for k in kernels}
+        assert default == {True} or default == {False}, kernels  # as the device offers
+
+
 SHARED_INPUT_SCRIPT = r"""
 import sys
 import numpy as np

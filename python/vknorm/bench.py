@@ -72,7 +72,8 @@ def add_parser(sub) -> None:
     p.add_argument("--warmup-ms", type=float, default=None,
                    help="GPU work right before each timed batch (default 150); with --model, warm-up per "
                         "implementation (default 300)")
-    p.add_argument("--path", help="force a vknorm path: auto (default)|subgroup|workgroup|split|cooperative")
+    p.add_argument("--path", help="force a vknorm path: auto (default)|subgroup|workgroup|split|cooperative "
+                   "(one that cannot hold a group falls to the next larger; the report's path says what ran)")
     p.add_argument("--no-packing", action="store_true", help="elempack 1 blobs (default: ncnn's pack4)")
     p.add_argument("--no-affine", action="store_true", help="layers without gamma/beta (ncnn param 2 affine=0)")
     p.add_argument("--residual", choices=["add", "add+sum"],

@@ -261,6 +261,10 @@ def parse_param(path: str) -> Model:
         if len(tok) < 4 or not tok[2].isdigit() or not tok[3].isdigit():
             raise bad(f"garbled layer line (expected 'type name bottom_count top_count ...'): {ln[:60]!r}", n)
         type_, name = tok[0], tok[1]
+        if type_.startswith("vknorm."):  # stock ncnn, which check and bench --model run beside vknorm, cannot
+            raise bad(f"layer {name!r} is {type_}, written by vknorm optimize: stock ncnn cannot run a fused "
+                      f"model, so give the model from before vknorm optimize (check --vulkan and bench --model "
+                      f"fuse it themselves as vknorm.graph does)", n)
         nb, nt = int(tok[2]), int(tok[3])
         if len(tok) < 4 + nb + nt:
             raise bad(f"garbled layer {name!r}: {nb} bottom and {nt} top blob names expected", n)

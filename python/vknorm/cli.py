@@ -58,8 +58,9 @@ def _demo(args) -> int:
     y_gpu = ln(x, device="vulkan")
     info = ln.last_dispatch
     y_cpu = ln(x, device="cpu")
-    print(f"LayerNorm 197x768 on {device_info()['name']}: path {info['path']}, {info['dispatches']} dispatch(es), "
-          f"{info['gpu_us']:.1f} us GPU")
+    reductions = "subgroup" if info["subgroup"] else "shared-memory"
+    print(f"LayerNorm 197x768 on {device_info()['name']}: path {info['path']} ({reductions} reductions), "
+          f"{info['dispatches']} dispatch(es), {info['gpu_us']:.1f} us GPU")
     print(f"  max |vulkan - cpu reference| = {float(np.abs(y_gpu - y_cpu).max()):.3e}")
     return 0
 

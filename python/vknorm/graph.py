@@ -52,6 +52,11 @@ as pyncnn's, and pyncnn's shape constructors ``Mat(w)``, ``Mat(w, h)``, ``Mat(w,
 ``Extractor.input`` / ``extract`` by blob index, ``Extractor.set_light_mode`` and ``with`` blocks (leaving one
 clears the Net or Extractor) work too; ``extract`` gives the blob as float32 (pyncnn's ``type=0``) and always as a
 copy of the caller's own.
+
+Device: a Vulkan net runs on ncnn's default GPU; ``net.set_vulkan_device(i)`` (ncnn's GPU index, before
+``load_param``) picks another, as in pyncnn. ``VKNORM_DEVICE`` picks the device of vknorm's own layers
+(``vknorm.LayerNorm`` ...), not an ncnn net's. ``net.model_bytes_read``: how many bytes of the .bin the last
+``load_model`` read (fewer than the file holds: a .bin for another .param?).
 """
 from __future__ import annotations
 

@@ -18,8 +18,12 @@ class Option:
     use_fp16_storage: float16 blob on the device (float32 arithmetic). Default False.
     use_packing_layout: ncnn's pack4 layout when channels (dims 3/4) or rows (dims 2) divide by 4.
     path: "auto" (the dispatcher decides; VKNORM_PATH overrides), "subgroup", "workgroup", "split" or
-        "cooperative".
-    use_subgroup_ops: allow subgroup reductions where the device has them.
+        "cooperative". The paths are the kernel's shape: one dispatch whose team of invocations fits one
+        subgroup or spans a workgroup, three passes (reduce, finalize, apply), or one dispatch in which
+        workgroups share groups. A forced path that cannot hold the group falls to the next larger one;
+        the layer's ``last_dispatch["path"]`` says what ran.
+    use_subgroup_ops: allow subgroup reductions where the device has them (``last_dispatch["subgroup"]``
+        says whether a forward used them; a "subgroup" team without them reduces through shared memory).
     max_workgroup_size: cap on invocations per workgroup (0: the device's choice).
     """
 

@@ -20,8 +20,9 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
-from typing import List
+from typing import List, Tuple
 
 from ._stdio import quiet_stderr
 
@@ -49,14 +50,16 @@ def _read_text(path: str) -> str:
             from None
 
 
-def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> List[dict]:
-    """Fuse param/bin into out_param/out_bin (atomically, both or neither). Returns what was fused;
-    UsageError on a missing, garbled or inconsistent input."""
+def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple[List[dict], List[str]]:
+    """Fuse param/bin into out_param/out_bin (atomically, both or neither). Returns what was fused and
+    warnings (a .bin longer than the model reads: one for another model?); UsageError on a missing, garbled
+    or inconsistent input (a .bin shorter than the model reads among them)."""
     from .check import require_file
     from .cli import UsageError
 
     text = _read_text(param)
     require_file(bin_path, "weights .bin")
+    size = os.path.getsize(bin_path)
     try:
         from . import graph
     except ImportError as e:
@@ -86,11 +89,20 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> List[
         with quiet_stderr(log):
             param_ret = net.load_param(staged[0][0])
             bin_ret = net.load_model(staged[1][0]) if param_ret == 0 else 0
+        read = net.model_bytes_read
         net.clear()
         if param_ret != 0 or bin_ret != 0:
             why = f": {log[-1]}" if log else ""
             what = "its layers" if param_ret != 0 else f"the weights in {bin_path}"
+            if param_ret == 0 and read < size:
+                what += f", {size} bytes; a .bin for another .param?"
+            elif param_ret == 0:
+                what += f", {size} bytes: too few for the model?"
             raise UsageError(f"{param}: the fused model does not load ({what}){why}")
+        warnings = []
+        if read < size:
+            warnings.append(f"{bin_path}: {size - read} bytes after the weights {param} reads "
+                            f"(a .bin for another .param?); OUT.bin is IN.bin as it is")
         for tmp, target in staged:
             os.replace(tmp, target)
         staged = []
@@ -100,7 +112,7 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> List[
                 os.unlink(tmp)
             except OSError:
                 pass
-    return fused
+    return fused, warnings
 
 
 def _check_targets(out_param: str, out_bin: str, in_param: str, in_bin: str) -> None:
@@ -134,9 +146,12 @@ def _copy_into(src: str, f) -> None:
 
 
 def run(args) -> int:
-    fused = fuse_files(args.param, args.bin, args.out_param, args.out_bin)
+    fused, warnings = fuse_files(args.param, args.bin, args.out_param, args.out_bin)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"param": args.out_param, "bin": args.out_bin, "fused": fused}, indent=1))
+        print(json.dumps({"param": args.out_param, "bin": args.out_bin, "fused": fused, "warnings": warnings},
+                         indent=1))
         return 0
     if not fused:
         print(f"{args.param}: nothing to fuse; wrote the model unchanged to {args.out_param}, {args.out_bin}")
