@@ -761,8 +761,9 @@ int run(const Args& args) {
       vkFreeCommandBuffers(e.device, e.pool, 1, &cmd);
     }
 
-    std::printf("A %s dims=3 c=%d h=%d w=%d float32 pack%d, x = 1e4 + N(0, 1e-2): path %s, %d dispatch(es) x %d\n",
-                vknorm::op_name(a.p.op), a.c, a.h, a.w, a.elempack, vknorm::path_name(da.path), da.dispatches, args.repeat);
+    std::printf("A %s dims=3 c=%d h=%d w=%d float32 pack%d, x = 1e4 + N(0, 1e-2): path %s (%s reductions), %d dispatch(es) x %d\n",
+                vknorm::op_name(a.p.op), a.c, a.h, a.w, a.elempack, vknorm::path_name(da.path),
+                da.subgroup ? "subgroup" : "shared-memory", da.dispatches, args.repeat);
     std::printf("pieces: A %d, B %d\n", da.pieces, args.skip_rmsnorm ? 0 : db.pieces);
     if (args.skip_rmsnorm) std::printf("B %s: not recorded (--skip-rmsnorm)\n", vknorm::op_name(b.p.op));
     else

@@ -104,7 +104,7 @@ def test_layernorm_and_rmsnorm_recorded_into_the_engines_command_buffer_match_fl
     errs = assert_clean_run(proc)
     out = proc.stdout
     # A: one fused dispatch; B: the split path's reduce -> finalize -> apply (vknorm's barriers between them)
-    assert re.search(r"^A LayerNorm .*: path (subgroup|workgroup), 1 dispatch\(es\) x 1$", out, re.M), out
+    assert re.search(r"^A LayerNorm .*: path (subgroup|workgroup) \(\S+ reductions\), 1 dispatch\(es\) x 1$", out, re.M), out
     assert re.search(r"^B RMSNorm .*: path split, 3 dispatch\(es\) x 1$", out, re.M), out
     # blob B sits at an aligned, non-zero offset after A, in the same buffer
     m = re.search(r"blob A at offset (\d+) \((\d+) bytes\), blob B at offset (\d+)", out)
@@ -116,6 +116,15 @@ def test_layernorm_and_rmsnorm_recorded_into_the_engines_command_buffer_match_fl
     cpu = float(re.search(r"ncnn's float32 algorithm, vs float64: (\S+)", out).group(1))
     assert cpu > 100 * errs[("A", "float64")][1], out
     print(out)
+
+
+def test_the_capability_profile_applies_to_the_engines_device(engine_example):
+    """VKNORM_NO_SUBGROUP and VKNORM_MAX_SHARED_MEMORY make a Recorder plan for the engine's device as for a
+    smaller one, as vknorm's own context does: shared-memory reductions only, in workgroups whose shared
+    memory fits 256 bytes; still float64-close and validation-clean."""
+    proc = launch(engine_example, extra_env={"VKNORM_NO_SUBGROUP": "1", "VKNORM_MAX_SHARED_MEMORY": "256"})
+    assert_clean_run(proc)
+    assert re.search(r"^A LayerNorm .*\(shared-memory reductions\), 1 dispatch\(es\) x 1$", proc.stdout, re.M), proc.stdout
 
 
 def test_repeated_forwards_share_scratch_and_descriptor_sets_without_hazards(engine_example):
@@ -166,7 +175,7 @@ def test_groupnorm_and_instancenorm_recorded_into_the_engines_command_buffer_mat
     proc = launch(engine_example, "--channel-norms", "--repeat", "2")
     errs = assert_clean_run(proc)
     out = proc.stdout
-    assert re.search(r"^A GroupNorm dims=3 c=12 h=5 w=7 float32 pack4.*: path (subgroup|workgroup), 1 dispatch\(es\) x 2$",
+    assert re.search(r"^A GroupNorm dims=3 c=12 h=5 w=7 float32 pack4.*: path (subgroup|workgroup) \(\S+ reductions\), 1 dispatch\(es\) x 2$",
                      out, re.M), out
     # split: reduce -> finalize -> apply, or on GPUs reduce -> apply (each chunk's team merges its item itself)
     assert re.search(r"^B InstanceNorm .*: path split, [23] dispatch\(es\) x 2$", out, re.M), out
