@@ -86,6 +86,31 @@ std::string describe_blob(int dims, int w, int h, int d, int c, size_t elemsize,
   return s + " elempack=" + std::to_string(elempack) + " (" + std::to_string(elemsize / elempack) + "-byte scalars)";
 }
 
+// A VkMat's fields are public (as ncnn's): before anything reads or writes its buffer, they must describe a
+// blob vknorm can hold that lies inside that buffer (fields edited after upload would run kernels and copies
+// past it).
+void check_vkmat(const VkMat& v, const char* what) {
+  if (!v.buffer || v.dims == 0) throw std::invalid_argument(std::string(what) + ": empty VkMat");
+  auto blob = [&] {
+    return std::string(what) + ": VkMat " + describe_blob(v.dims, v.w, v.h, v.d, v.c, v.elemsize, std::max(v.elempack, 1));
+  };
+  if (v.dims < 1 || v.dims > 4 || v.w < 1 || v.h < 1 || v.d < 1 || v.c < 1 || (v.dims < 4 && v.d != 1) ||
+      (v.dims < 3 && v.c != 1) || (v.dims < 2 && v.h != 1))
+    throw std::invalid_argument(blob() + ": dims 1-4 with extents >= 1 (and 1 past its dims)");
+  if ((v.elempack != 1 && v.elempack != 4) || (v.elemsize != 4u * v.elempack && v.elemsize != 2u * v.elempack))
+    throw std::invalid_argument(blob() + ", elemsize " + std::to_string(v.elemsize) +
+                                ": elempack 1 or 4 of float32 or float16 scalars");
+  const uint64_t plane = uint64_t(v.w) * uint64_t(v.h) * uint64_t(v.d);
+  if (v.cstep < plane)
+    throw std::invalid_argument(blob() + ": cstep " + std::to_string(v.cstep) + " is less than a channel's " +
+                                std::to_string(plane) + " elements");
+  const long double described = (long double)v.cstep * (v.dims >= 3 ? v.c : 1) * v.elemsize;
+  if (described > (long double)v.buffer->size)
+    throw std::invalid_argument(blob() + " (cstep " + std::to_string(v.cstep) + ") spans " +
+                                std::to_string((unsigned long long)described) + " bytes, its buffer holds " +
+                                std::to_string(v.buffer->size) + ": were its fields changed after it was made?");
+}
+
 // How one forward executes: the pieces, the buffer each is processed in, the split path's scratch.
 struct Run {
   std::vector<Piece> pieces;
@@ -237,6 +262,7 @@ namespace {
 // A snapshot of `n` on `ctx`; the caller holds n's mutex.
 std::shared_ptr<Norm::Gpu> make_gpu(const Norm& n, std::shared_ptr<Context> ctx) {
   n.check();  // the public fields may have been written directly, past load_param's checks
+  (void)activation_from_int(int(n.activation));  // so may the activation (any int cast to Activation)
   auto gpu = std::make_shared<Norm::Gpu>();
   gpu->ctx = std::move(ctx);
   static_cast<NormParams&>(*gpu) = n;
@@ -460,7 +486,7 @@ void Norm::forward_inplace(Mat& m, const Option& opt) {
 }
 
 void Norm::forward_inplace(VkMat& v, const Option& opt) {
-  if (!v.buffer || v.dims == 0) throw std::invalid_argument("empty VkMat");
+  check_vkmat(v, "forward_inplace");
   const std::shared_ptr<Gpu> gpu = gpu_for(v.context());
   auto& impl = gpu->ctx->impl();
   const GroupLayout g = gpu->layout(v.dims, v.w, v.h, v.d, v.c, v.cstep, v.elempack);
@@ -516,6 +542,7 @@ DispatchInfo Norm::forward_repeated(VkMat& v, const Option& opt, int warmup, int
 }
 
 void Norm::set_activation(Activation a, float alpha) {
+  (void)activation_from_int(int(a));  // std::invalid_argument for a value that is none of Activation's
   std::lock_guard<std::mutex> lock(mutex_);
   activation = a, activation_alpha = alpha;
   if (gpu_) gpu_ = make_gpu(*this, gpu_->ctx);  // running forwards keep their snapshot
@@ -524,7 +551,8 @@ void Norm::set_activation(Activation a, float alpha) {
 namespace {
 // The checks every fused add makes before recording: one layout for both inputs, one buffer each.
 GroupLayout add_layout(const Norm::Gpu& gpu, const VkMat& x, const VkMat& r) {
-  if (!x.buffer || !r.buffer || x.dims == 0) throw std::invalid_argument("forward_add: empty VkMat");
+  check_vkmat(x, "forward_add");
+  check_vkmat(r, "forward_add (residual)");
   if (x.context() != r.context()) throw std::invalid_argument("forward_add: x and residual live on different devices");
   if (x.dims != r.dims || x.w != r.w || x.h != r.h || x.d != r.d || x.c != r.c || x.elemsize != r.elemsize ||
       x.elempack != r.elempack || x.cstep != r.cstep)
@@ -584,14 +612,14 @@ DispatchInfo Norm::forward_add_repeated(const VkMat& x, const VkMat& residual, b
 }
 
 VkMat VkMat::create_like(const VkMat& m) {
-  if (!m.buffer) throw std::invalid_argument("create_like: empty VkMat");
+  check_vkmat(m, "create_like");
   VkMat v = m;
   v.buffer = Buffer::create(m.ctx_, m.bytes(), Buffer::Kind::Device);
   return v;
 }
 
 double copy_repeated(const VkMat& src, int warmup, int reps, bool shader) {
-  if (!src.buffer) throw std::invalid_argument("empty VkMat");
+  check_vkmat(src, "copy_repeated");
   if (warmup < 0 || reps < 1)
     throw std::invalid_argument("copy_repeated: warmup must be >= 0 and reps >= 1, got " + std::to_string(warmup) + " and " +
                                 std::to_string(reps));
@@ -656,7 +684,7 @@ VkMat VkMat::upload(const Mat& m, std::shared_ptr<Context> ctx, const Option& op
 }
 
 Mat VkMat::download() const {
-  if (!buffer) throw std::invalid_argument("empty VkMat");
+  check_vkmat(*this, "download");
   Mat m = Mat::create(dims, w, h, d, c, elemsize / elempack, elempack);
   auto& impl = ctx_->impl();
   if (impl.direct_host_access) {

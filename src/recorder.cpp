@@ -528,7 +528,8 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
                          ? std::string("this dims-1 float16 blob is read unpacked, ") +
                                (m.params.op == NormOp::GroupNorm
                                     ? "its " + std::to_string(pw) + " channels single elements,"
-                                    : "one group of " + std::to_string(pw) + " elements, too large for the fused kernel, on the split path,") +
+                                    : "one group of " + std::to_string(pw) + " elements, on the " +
+                                          std::string(path_name(fp.kernel.path)) + " path,") +
                                " as single float16 values (kernel " + pass.variant +
                                "), which needs storageBuffer16BitAccess enabled on the device "
                                "(VulkanHandles::fp16_storage_enabled); record it as float32, or enable the feature"

@@ -209,8 +209,17 @@ void NormParams::check() const {
 }
 
 void NormParams::check_weights(size_t gamma_count, size_t beta_count) const {
-  if (affine && (gamma_count != weight_count() || (centres(op) && beta_count != weight_count())))
-    throw std::invalid_argument(std::string(op_name(op)) + ": affine=1 but no weights loaded: call load_model first");
+  if (!affine || (gamma_count == weight_count() && (!centres(op) || beta_count == weight_count()))) return;
+  const std::string layer = op_name(op);
+  if (gamma_count == 0 && beta_count == 0)
+    throw std::invalid_argument(layer + ": affine=1 but no weights loaded: call load_model first");
+  // Loaded, but for other params (load_param after load_model), or written directly with other counts.
+  const std::string want = std::to_string(weight_count()) + " (" + describe() + ")";
+  if (gamma_count != weight_count())
+    throw std::invalid_argument(layer + ": gamma has " + std::to_string(gamma_count) + " values, expected " + want +
+                                ": load_model again with weights for these params");
+  throw std::invalid_argument(layer + ": beta has " + std::to_string(beta_count) + " values, expected " + want +
+                              ": load_model again with weights for these params");
 }
 
 namespace {
@@ -310,6 +319,7 @@ void Norm::forward_inplace_cpu(Mat& m) const {
     p = *this, act = activation, alpha = activation_alpha, gamma_now = gamma_data, beta_now = beta_data;
   }
   p.check();  // fields written directly are checked as load_param checks them
+  (void)activation_from_int(int(act));
   const GroupLayout g = p.layout(m.dims, m.w, m.h, m.d, m.c, m.cstep, 1);
   p.check_weights(gamma_now.size(), beta_now.size());
   const float* gamma = p.affine ? gamma_now.data() : nullptr;

@@ -167,6 +167,11 @@ def error_runs(tmp_path_factory):
     (tmp / "empty.param").write_text("")
     (tmp / "trunc.bin").write_bytes(Path(b).read_bytes()[:-10])  # inside ln_5's beta
     (tmp / "half.bin").write_bytes(Path(b).read_bytes()[:50000])
+    # A GroupNorm over 12 channels fed straight from the input (through a Split): stock ncnn, which runs first,
+    # hangs on a blob of fewer channels
+    (tmp / "gn.param").write_text("7767517\n4 5\nInput in0 0 1 in0\nSplit sp 1 2 in0 a b\n"
+                                  "GroupNorm gn 1 1 a y 0=6 1=12 2=1e-05 3=0\nReLU r 1 1 b z\n")
+    (tmp / "gn.bin").write_bytes(b"")
     args = ("--input", "in0=16x64")
     jobs = {
         "missing_param": (tmp / "nope.param", b, *args),
@@ -191,6 +196,7 @@ def error_runs(tmp_path_factory):
         "atol": (p, b, *args, "--atol", "tiny"),
         "seed": (p, b, *args, "--seed", "x"),
         "bad_shape": (p, b, "--input", "in0=16x65"),  # ncnn's MultiHeadAttention dies of SIGFPE here
+        "norm_input_channels": (tmp / "gn.param", tmp / "gn.bin", "--input", "in0=10x7x7"),
     }
     return tmp, cli_many(jobs)
 
@@ -217,6 +223,7 @@ def error_runs(tmp_path_factory):
     ("dims_neg", ["--input", "malformed DIMS"]),
     ("atol", ["--atol", "tiny"]),
     ("seed", ["--seed"]),
+    ("norm_input_channels", ["--input in0=10x7x7", "GroupNorm 'gn'", "line 5", "10 channels, the layer 12"]),
 ])
 def test_check_error_path(error_runs, case, needles):
     assert_one_line_error(error_runs[1][case], *needles)

@@ -471,7 +471,30 @@ def parse_model_inputs(param_path: str, input_specs: Dict[str, Tuple[int, ...]])
     if missing:
         raise UsageError(f"--input: no shape for the model's input {missing[0]!r}; give --input "
                          f"{missing[0]}=DIMS ({_DIMS_HELP})")
+    _check_norms_on_inputs(model, input_specs)
     return model
+
+
+def _check_norms_on_inputs(model: Model, input_specs: Dict[str, Tuple[int, ...]]) -> None:
+    """A GroupNorm or InstanceNorm that reads an input (directly or through Splits) must take the --input shape
+    (UsageError naming both otherwise). Stock ncnn runs first, and these read as many channels as their param
+    says, past a blob with fewer (GroupNorm hangs there). A LayerNorm's or RMSNorm's mismatch is vknorm's layer's
+    to report: stock ncnn's reads stay inside the blob."""
+    source = {name: name for name in input_specs}  # blob -> the input it is
+    for layer in model.layers:  # in the .param's order: producers first
+        if not layer.bottoms or layer.bottoms[0] not in source:
+            continue
+        given = source[layer.bottoms[0]]
+        if layer.type == "Split":
+            source.update((t, given) for t in layer.tops)
+        elif layer.type in ("GroupNorm", "InstanceNorm"):
+            values = {pid: kind(layer.params[pid]) for pid, kind in _param_kinds(layer.type) if pid in layer.params}
+            try:
+                _layer_class(layer.type).from_param(values).groups(input_specs[given])
+            except ValueError as e:
+                dims = "x".join(map(str, input_specs[given]))
+                raise UsageError(f"--input {given}={dims}: {layer.type} {layer.name!r} ({model.path} line {layer.line}) "
+                                 f"reads it and cannot take that shape: {e}") from None
 
 
 def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]], fp16: bool = False,

@@ -6,7 +6,9 @@
 //   - forward_inplace_cpu(Mat&) writes into the Mat's own storage as well (pack4, float16);
 //   - forward_add's sum may name x or the residual (x = x + r);
 //   - public fields written directly after a forward (gamma_data, activation, eps) take effect at the
-//     next forward, checked as load_param checks them;
+//     next forward, checked as load_param checks them (a wrong weight count named, an Activation value
+//     that is none of the enum's refused);
+//   - a VkMat whose public fields were edited to describe more than its buffer is refused, not run past it;
 //   - Mat::create refuses negative extents and a size that wraps 64 bits; so does blob_span_bytes.
 #include <vknorm/norm.h>
 #include <vknorm/recorder.h>
@@ -170,6 +172,64 @@ int main() {
       } catch (const std::invalid_argument&) {
         report(true, "a negative eps written directly is refused at the forward");
       }
+      l.eps = 1e-5f;
+      // Weights loaded, but not as many as the params now want: the message names the counts.
+      l.gamma_data.assign(4, 1.f);
+      for (bool on_cpu : {false, true}) {
+        std::string what;
+        try {
+          vknorm::Mat m = ramp(2, 3, 16);
+          on_cpu ? l.forward_inplace_cpu(m) : l.forward_inplace(m);
+        } catch (const std::invalid_argument& e) {
+          what = e.what();
+        }
+        report(what.find("gamma has 4 values, expected 16") != std::string::npos,
+               std::string("gamma written with the wrong count is named at the ") + (on_cpu ? "CPU" : "Vulkan") +
+                   " forward: " + what);
+      }
+      l.gamma_data.assign(16, 1.f);
+      // An int cast to Activation that is none of its values: refused where load_param would refuse it.
+      l.activation = vknorm::Activation(3);
+      int refused = 0;
+      for (bool on_cpu : {false, true}) {
+        try {
+          vknorm::Mat m = ramp(2, 3, 16);
+          on_cpu ? l.forward_inplace_cpu(m) : l.forward_inplace(m);
+        } catch (const std::invalid_argument&) {
+          ++refused;
+        }
+      }
+      try {
+        l.set_activation(vknorm::Activation(100));
+      } catch (const std::invalid_argument&) {
+        ++refused;
+      }
+      report(refused == 3, "an Activation value that is none of the enum's is refused (both forwards, set_activation)");
+      l.activation = vknorm::Activation::None;
+    }
+
+    // ---- a VkMat whose public fields were edited past its buffer
+    {
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      load_layernorm(l, 16);
+      vknorm::VkMat v = vknorm::VkMat::upload(ramp(2, 3, 16), ctx);
+      int refused = 0;
+      for (int edit = 0; edit < 3; ++edit) {
+        vknorm::VkMat e = v;  // shares the buffer
+        if (edit == 0) e.c = 4096;
+        if (edit == 1) e.cstep = 1;
+        if (edit == 2) e.elemsize = 3;
+        for (int call = 0; call < 2; ++call) {
+          try {
+            if (call == 0) l.forward_inplace(e);
+            else (void)e.download();
+          } catch (const std::invalid_argument&) {
+            ++refused;
+          }
+        }
+      }
+      report(refused == 6, "a VkMat whose fields no longer fit its buffer is refused by forward_inplace and download (" +
+                               std::to_string(refused) + " of 6)");
     }
 
     // ---- refused sizes
