@@ -31,8 +31,9 @@
 //                    with VKNORM_VALIDATION=1, synchronization validation reports the hazard, exit 1)
 //   --system-loader  give vknorm no vkGetInstanceProcAddr: it opens the system loader itself
 //   --refusals       first try record() calls vknorm must refuse (bad shapes, affine_size, offset, range,
-//                    missing weights, float16 pack1 without 16-bit storage, a group larger than one
-//                    binding, pieces at misaligned offsets) on the same command buffer;
+//                    missing weights, float16 pack1 without 16-bit storage or with it hidden by the
+//                    capability profile, a group larger than one binding, pieces at misaligned offsets) on
+//                    the same command buffer;
 //                    each must throw std::invalid_argument and record nothing (exit 1 otherwise)
 //   --repeat N       record both forwards N times in the command buffer, the engine's barrier between
 //                    rounds (vknorm's scratch and descriptor sets are shared by the rounds)
@@ -497,6 +498,14 @@ int try_refusals(VkCommandBuffer cmd, const vknorm::VulkanHandles& handles, VkBu
       {"float16 elempack-1 groups of odd size without storageBuffer16BitAccess",
        [&] {
          vknorm::Recorder fp16(no16, vknorm::NormOp::RMSNorm, 1001, 1e-5f, 0);
+         fp16.record(cmd, {buffer, a.offset, a.span()}, 2, 1001, 8, 1, 1, 0, 1, true);
+       }},
+      {"float16 elempack-1 groups with 16-bit storage hidden by the capability profile",
+       [&] {  // the engine enabled the feature; VKNORM_NO_FP16_STORAGE (read when a Recorder is made) hides it
+         if (!handles.fp16_storage_enabled) throw std::invalid_argument("the capability profile: not enabled anyway");
+         setenv("VKNORM_NO_FP16_STORAGE", "1", 1);
+         vknorm::Recorder fp16(handles, vknorm::NormOp::RMSNorm, 1001, 1e-5f, 0);
+         unsetenv("VKNORM_NO_FP16_STORAGE");
          fp16.record(cmd, {buffer, a.offset, a.span()}, 2, 1001, 8, 1, 1, 0, 1, true);
        }},
       {"a dims-1 float16 group past the fused kernel without storageBuffer16BitAccess",

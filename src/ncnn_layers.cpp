@@ -383,8 +383,8 @@ class NormLayer : public ::ncnn::Layer {
     return record_via_float32(*prep, blob, cmd, opt);
   }
 
-  // A dims-1 float16 blob (ncnn's packed float16: no 16-bit storage needed) too large for the fused kernel,
-  // on a device without storageBuffer16BitAccess: the split path would read it as single float16 values.
+  // A float16 blob whose plan reads single float16 values, where vknorm may not (no storageBuffer16BitAccess,
+  // or the capability profile hides it): a dims-1 blob too large for the fused kernel, or an elempack-1 one.
   // ncnn's own packing turns it into an elempack-1 float32 blob and back around the float32 plan, which
   // runs in place on that copy; `blob` is replaced by the converted-back one.
   int record_via_float32(const Prepared& prep, ::ncnn::VkMat& blob, ::ncnn::VkCompute& cmd, const ::ncnn::Option& opt) const {
@@ -441,11 +441,12 @@ class NormLayer : public ::ncnn::Layer {
     try {
       p.plan = plan(b, opt);
       if (!storage_16bit_ && needs_16bit_storage(p.plan)) {
-        // ncnn gives elempack-1 blobs float16 storage only on devices with 16-bit storage; a dims-1 blob
-        // vknorm itself unpacked is the exception: it runs converted to float32.
-        if (b.dims != 1) throw std::invalid_argument("an elempack-1 float16 blob needs storageBuffer16BitAccess, which this device lacks");
+        // ncnn gives elempack-1 blobs float16 storage only on devices with 16-bit storage, but a dims-1 blob
+        // vknorm itself reads unpacked has it anywhere, and the capability profile (VKNORM_NO_FP16_STORAGE,
+        // VKNORM_VULKAN_API=1.0) hides the feature from vknorm alone: such a blob runs converted to float32.
         Blob b32 = b;
         b32.fp16 = false;
+        b32.cstep = ncnn_cstep(b.dims, b.w, b.h, b.d, size_t(4) * b.elempack);  // ncnn's float32 copy's
         b32.residual = Fusion::None;  // in place on ncnn's float32 copy (record_via_float32)
         p.plan = plan(b32, opt);
         p.via_float32 = true;

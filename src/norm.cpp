@@ -686,6 +686,11 @@ VkMat VkMat::upload(const Mat& m, std::shared_ptr<Context> ctx, const Option& op
 Mat VkMat::download() const {
   check_vkmat(*this, "download");
   Mat m = Mat::create(dims, w, h, d, c, elemsize / elempack, elempack);
+  // One copy of the whole allocation: the host Mat's channel stride must be the VkMat's (ncnn's for the shape,
+  // as every VkMat vknorm makes has).
+  if (m.cstep != cstep || m.bytes() > buffer->size)
+    throw std::invalid_argument("download: VkMat cstep " + std::to_string(cstep) + " is not ncnn's " +
+                                std::to_string(m.cstep) + " for its shape: were its fields changed after it was made?");
   auto& impl = ctx_->impl();
   if (impl.direct_host_access) {
     std::memcpy(m.data(), buffer->mapped, m.bytes());

@@ -153,6 +153,7 @@ struct Recorder::Impl {
   uint32_t api = 0;  // min(the caller's api_version, the device's), major.minor
   bool subgroup_reduce = false;
   bool fp16_storage = false;
+  bool fp16_storage_hidden = false;  // enabled by the caller, hidden by the capability profile
   uint64_t alignment = 1;  // minStorageBufferOffsetAlignment
   uint32_t max_count_y = 65535;
   vk::PhysicalDeviceMemoryProperties memory_properties;
@@ -228,6 +229,7 @@ struct Recorder::Impl {
     info.storage_16bit = h.fp16_storage_enabled && api >= version_of(1, 1);
     apply_capability_profile(info);  // VKNORM_NO_SUBGROUP, ...: as vknorm's own context plans
     subgroup_reduce = subgroup_reduce && info.subgroup_compute;
+    fp16_storage_hidden = h.fp16_storage_enabled && api >= version_of(1, 1) && !info.storage_16bit;
     fp16_storage = info.storage_16bit;
   }
 
@@ -523,6 +525,11 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
       const SpirvNeeds& needs = m.needs_of(pass.variant);
       if (needs.vulkan_1_1 && m.api < version_of(1, 1))
         throw refuse("kernel " + pass.variant + " needs a Vulkan 1.1 device; this one is used as " + m.info.api_version);
+      if (needs.storage_16bit && !m.fp16_storage && m.fp16_storage_hidden)
+        throw refuse("this float16 blob is read as single float16 values (kernel " + pass.variant +
+                     "), and the capability profile (VKNORM_NO_FP16_STORAGE or VKNORM_VULKAN_API below 1.1 in the "
+                     "environment) plans as if the device had no storageBuffer16BitAccess: unset it, or record the "
+                     "blob as float32");
       if (needs.storage_16bit && !m.fp16_storage)
         throw refuse(dims1_packed
                          ? std::string("this dims-1 float16 blob is read unpacked, ") +

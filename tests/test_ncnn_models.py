@@ -167,11 +167,13 @@ def error_runs(tmp_path_factory):
     (tmp / "empty.param").write_text("")
     (tmp / "trunc.bin").write_bytes(Path(b).read_bytes()[:-10])  # inside ln_5's beta
     (tmp / "half.bin").write_bytes(Path(b).read_bytes()[:50000])
-    # A GroupNorm over 12 channels fed straight from the input (through a Split): stock ncnn, which runs first,
-    # hangs on a blob of fewer channels
-    (tmp / "gn.param").write_text("7767517\n4 5\nInput in0 0 1 in0\nSplit sp 1 2 in0 a b\n"
+    # A GroupNorm over 12 channels fed the input's shape (through a ReLU and a Split): stock ncnn, which runs
+    # first, hangs on a blob of fewer channels. An InstanceNorm with weights for 4 channels given 6 reads past
+    # its gamma.
+    (tmp / "gn.param").write_text("7767517\n5 6\nInput in0 0 1 in0\nReLU r0 1 1 in0 x\nSplit sp 1 2 x a b\n"
                                   "GroupNorm gn 1 1 a y 0=6 1=12 2=1e-05 3=0\nReLU r 1 1 b z\n")
-    (tmp / "gn.bin").write_bytes(b"")
+    (tmp / "in.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nInstanceNorm in 1 1 in0 y 0=4 1=1e-05 2=1\n")
+    (tmp / "empty.bin").write_bytes(b"")
     args = ("--input", "in0=16x64")
     jobs = {
         "missing_param": (tmp / "nope.param", b, *args),
@@ -196,7 +198,8 @@ def error_runs(tmp_path_factory):
         "atol": (p, b, *args, "--atol", "tiny"),
         "seed": (p, b, *args, "--seed", "x"),
         "bad_shape": (p, b, "--input", "in0=16x65"),  # ncnn's MultiHeadAttention dies of SIGFPE here
-        "norm_input_channels": (tmp / "gn.param", tmp / "gn.bin", "--input", "in0=10x7x7"),
+        "norm_input_channels": (tmp / "gn.param", tmp / "empty.bin", "--input", "in0=10x7x7"),
+        "norm_weight_channels": (tmp / "in.param", tmp / "empty.bin", "--input", "in0=6x5x5"),
     }
     return tmp, cli_many(jobs)
 
@@ -223,7 +226,8 @@ def error_runs(tmp_path_factory):
     ("dims_neg", ["--input", "malformed DIMS"]),
     ("atol", ["--atol", "tiny"]),
     ("seed", ["--seed"]),
-    ("norm_input_channels", ["--input in0=10x7x7", "GroupNorm 'gn'", "line 5", "10 channels, the layer 12"]),
+    ("norm_input_channels", ["--input in0=10x7x7", "GroupNorm 'gn'", "line 6", "as 10 channel(s), its param says 12"]),
+    ("norm_weight_channels", ["--input in0=6x5x5", "InstanceNorm 'in'", "line 4", "as 6 channel(s), its param says 4"]),
 ])
 def test_check_error_path(error_runs, case, needles):
     assert_one_line_error(error_runs[1][case], *needles)

@@ -475,26 +475,40 @@ def parse_model_inputs(param_path: str, input_specs: Dict[str, Tuple[int, ...]])
     return model
 
 
+# Layers whose one output has their one input's shape: a norm after them still reads the --input shape.
+_SHAPE_KEEPING = {"Split", "ReLU", "Sigmoid", "Swish", "GELU", "TanH", "Clip", "Dropout", "ELU", "SELU", "HardSigmoid",
+                  "HardSwish", "Mish", "UnaryOp", "AbsVal", "BNLL", "Noop", "BatchNorm", "Power", "Exp", "Log",
+                  "Threshold", "PReLU", "Erf", "Softplus"}
+
+
 def _check_norms_on_inputs(model: Model, input_specs: Dict[str, Tuple[int, ...]]) -> None:
-    """A GroupNorm or InstanceNorm that reads an input (directly or through Splits) must take the --input shape
-    (UsageError naming both otherwise). Stock ncnn runs first, and these read as many channels as their param
-    says, past a blob with fewer (GroupNorm hangs there). A LayerNorm's or RMSNorm's mismatch is vknorm's layer's
-    to report: stock ncnn's reads stay inside the blob."""
-    source = {name: name for name in input_specs}  # blob -> the input it is
+    """A norm that stock ncnn would run past its blob, fed the --input shape (directly, or through Splits and
+    element-wise layers), is refused first, naming the layer and both sizes (UsageError). Stock ncnn runs
+    before vknorm: its GroupNorm reads as many channels as its param says (fewer in the blob: it hangs or
+    crashes), and its InstanceNorm with weights reads a gamma per channel of the blob (more channels than its
+    param: past gamma). Other mismatches are vknorm's layers' to report when they run."""
+    from .layers import GroupNorm, InstanceNorm
+
+    source = {name: name for name in input_specs}  # blob -> the input whose shape it has
     for layer in model.layers:  # in the .param's order: producers first
         if not layer.bottoms or layer.bottoms[0] not in source:
             continue
         given = source[layer.bottoms[0]]
-        if layer.type == "Split":
+        if layer.type in _SHAPE_KEEPING and len(layer.bottoms) == 1:
             source.update((t, given) for t in layer.tops)
         elif layer.type in ("GroupNorm", "InstanceNorm"):
             values = {pid: kind(layer.params[pid]) for pid, kind in _param_kinds(layer.type) if pid in layer.params}
-            try:
-                _layer_class(layer.type).from_param(values).groups(input_specs[given])
-            except ValueError as e:
-                dims = "x".join(map(str, input_specs[given]))
+            norm = _layer_class(layer.type).from_param(values)
+            shape = input_specs[given]
+            # the blob's channels as ncnn's layer counts them (numpy order): GroupNorm's are w, the rows or c, the
+            # outermost extent in every dims; InstanceNorm's c, a dims 1-2 blob being one channel
+            has = 1 if isinstance(norm, InstanceNorm) and len(shape) <= 2 else shape[0]
+            past = has < norm.channels if isinstance(norm, GroupNorm) else (norm.affine and has > norm.channels)
+            if past:
+                dims = "x".join(map(str, shape))
                 raise UsageError(f"--input {given}={dims}: {layer.type} {layer.name!r} ({model.path} line {layer.line}) "
-                                 f"reads it and cannot take that shape: {e}") from None
+                                 f"reads it as {has} channel(s), its param says {norm.channels}: stock ncnn would read "
+                                 f"past the blob")
 
 
 def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]], fp16: bool = False,

@@ -228,8 +228,19 @@ int main() {
           }
         }
       }
-      report(refused == 6, "a VkMat whose fields no longer fit its buffer is refused by forward_inplace and download (" +
-                               std::to_string(refused) + " of 6)");
+      // Within the buffer by its own cstep, but not by the host Mat's (ncnn's 16-byte-aligned) one: download
+      // would copy that many bytes.
+      vknorm::Option pack1;
+      pack1.use_packing_layout = false;
+      vknorm::VkMat small = vknorm::VkMat::upload(ramp(8, 1, 4), ctx, pack1);  // 8 channels of 4: 128 bytes
+      small.w = 3, small.cstep = 3, small.c = 10;                               // 120 bytes by its cstep
+      try {
+        (void)small.download();
+      } catch (const std::invalid_argument&) {
+        ++refused;
+      }
+      report(refused == 7, "a VkMat whose fields no longer fit its buffer is refused by forward_inplace and download (" +
+                               std::to_string(refused) + " of 7)");
     }
 
     // ---- refused sizes
