@@ -458,6 +458,15 @@ class NormLayer : public ::ncnn::Layer {
     for (const Pass& pass : p.plan.passes) {
       const ::ncnn::Pipeline* pipeline = pipeline_for(pass);
       if (!pipeline) return nullptr;
+      // ncnn runs every pipeline with its local size rounded up to a multiple of the subgroup size (it rewrites
+      // the shader's): a plan of smaller workgroups would run invocations the kernel does not count. Only a
+      // shared-memory cap below a subgroup's worth plans them (VKNORM_MAX_SHARED_MEMORY).
+      if (uint32_t(pipeline->local_size_x()) != pass.workgroup_size) {
+        NCNN_LOGE("vknorm %s %s: kernel %s plans workgroups of %u invocations, fewer than the %d that ncnn runs it "
+                  "with (its subgroup size); allow more shared memory per workgroup (VKNORM_MAX_SHARED_MEMORY)",
+                  type_name(), name.c_str(), pass.variant.c_str(), pass.workgroup_size, pipeline->local_size_x());
+        return nullptr;
+      }
       p.pipelines.push_back(pipeline);
       std::vector<::ncnn::vk_constant_type> constants(sizeof(PushConstants) / 4);
       std::memcpy(constants.data(), &pass.push, sizeof(PushConstants));

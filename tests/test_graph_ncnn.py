@@ -316,10 +316,12 @@ print(json.dumps(result))
 """
 
 
+# A shared-memory cap as a number, or "subgroup": a subgroup's worth for the split passes (64 B per invocation),
+# the least under which ncnn can run every plan (it rounds workgroups up to its subgroup size)
 @pytest.mark.parametrize("profile", [{}, {"VKNORM_NO_SUBGROUP": "1"}, {"VKNORM_VULKAN_API": "1.0"},
-                                     {"VKNORM_NO_FP16_STORAGE": "1"}, {"VKNORM_MAX_SHARED_MEMORY": "256"},
+                                     {"VKNORM_NO_FP16_STORAGE": "1"}, {"VKNORM_MAX_SHARED_MEMORY": "subgroup"},
                                      {"VKNORM_MAX_SHARED_MEMORY": "100"}],
-                         ids=["device", "no_subgroup", "vulkan_1_0", "no_fp16_storage", "shared_256", "shared_bad"])
+                         ids=["device", "no_subgroup", "vulkan_1_0", "no_fp16_storage", "shared_small", "shared_bad"])
 def test_capability_profiles_apply_to_the_layers_inside_ncnn(tmp_path, profile, vulkan_device):
     """The capability-profile variables make vknorm's layers in ncnn's graph plan as on the smaller device, as
     vknorm's own context does: no subgroup reductions (sg0 variants) without subgroup operations or on Vulkan
@@ -333,6 +335,9 @@ def test_capability_profiles_apply_to_the_layers_inside_ncnn(tmp_path, profile, 
     env = graph_runs.validated_env(str(log), str(tmp_path))
     for k in ("VKNORM_NO_SUBGROUP", "VKNORM_VULKAN_API", "VKNORM_MAX_SHARED_MEMORY", "VKNORM_NO_FP16_STORAGE"):
         env.pop(k, None)
+    profile = dict(profile)
+    if profile.get("VKNORM_MAX_SHARED_MEMORY") == "subgroup":
+        profile["VKNORM_MAX_SHARED_MEMORY"] = str(64 * max(vulkan_device["subgroup_size"], 4))
     env.update(profile)
     param, binp = (os.path.join(graph_runs.DATA, "ln_residual_stack.ncnn" + e) for e in (".param", ".bin"))
     proc = subprocess.run([sys.executable, "-c", PROFILE_SCRIPT, param, binp, str(tmp_path)], env=env,
@@ -354,12 +359,46 @@ def test_capability_profiles_apply_to_the_layers_inside_ncnn(tmp_path, profile, 
     if "VKNORM_NO_SUBGROUP" in profile or "VKNORM_VULKAN_API" in profile:
         assert all(k.endswith("_sg0") for k in kernels), kernels
     if "VKNORM_MAX_SHARED_MEMORY" in profile:
-        assert max(int(v.split("/")[1]) for v in variants) * 16 <= 256, variants
+        assert max(int(v.split("/")[1]) for v in variants) * 16 <= int(profile["VKNORM_MAX_SHARED_MEMORY"]), variants
     odd = {v.split("/")[0] for v in r["variants"]["odd_fp16"]}
     if "VKNORM_NO_FP16_STORAGE" in profile or "VKNORM_VULKAN_API" in profile:
         assert all("_fp0_" in k for k in odd), odd  # ncnn's float32 copy
     elif vulkan_device["storage_16bit"]:
         assert any("_fp1_p1_" in k for k in odd), odd  # single float16 values
+
+
+BELOW_SUBGROUP_SCRIPT = r"""
+import sys
+import numpy as np
+from vknorm import graph
+net = graph.configure(graph.Net(vknorm=True, fuse=False), vulkan=True)
+assert net.load_param(sys.argv[1]) == 0 and net.load_model(sys.argv[2]) == 0
+ex = net.create_extractor()
+assert ex.input("in0", graph.Mat(np.random.default_rng(0).standard_normal((197, 768)).astype(np.float32))) == 0
+print("extract", ex.extract("out0")[0])
+"""
+
+
+def test_a_plan_of_workgroups_below_ncnns_subgroup_size_is_refused_in_ncnns_graph(tmp_path, vulkan_device):
+    """ncnn runs every pipeline with its workgroup rounded up to a multiple of its subgroup size, rewriting the
+    shader's: a plan of smaller workgroups (only a shared-memory cap below a subgroup's worth makes one: the
+    split passes at 64 B per invocation, forced) would run invocations the kernel does not count, which gave
+    NaN on lavapipe and errors of 22 on an H200. The layer refuses such a plan, naming the kernel, both sizes
+    and the variable: extract returns -1, with no validation message."""
+    subgroup = vulkan_device["subgroup_size"]
+    if subgroup < 2:
+        pytest.skip("the device reports no subgroup size to round to")
+    log = tmp_path / "validation.log"
+    env = graph_runs.validated_env(str(log), str(tmp_path))
+    env.update(VKNORM_PATH="split", VKNORM_MAX_SHARED_MEMORY=str(max(256, 32 * subgroup)))
+    param, binp = (os.path.join(graph_runs.DATA, "ln_residual_stack.ncnn" + e) for e in (".param", ".bin"))
+    proc = subprocess.run([sys.executable, "-c", BELOW_SUBGROUP_SCRIPT, param, binp], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "extract -1", proc.stdout
+    assert f"fewer than the {subgroup} that ncnn runs it with" in proc.stderr, proc.stderr[-2000:]
+    assert "VKNORM_MAX_SHARED_MEMORY" in proc.stderr
+    assert (log.read_text() if log.exists() else "").strip() == ""
 
 
 SHARED_INPUT_SCRIPT = r"""
