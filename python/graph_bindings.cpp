@@ -616,12 +616,18 @@ int extract_reserving_download(Extractor& e, const std::string& name, ::ncnn::Ma
   return 0;
 }
 
-// Extractor.input and Extractor.extract. Each holds the net shared, then the extractor, with the GIL released
-// (so no thread waits for either while holding the GIL another needs).
-int extractor_input(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
+// Runs f with the net held shared, then the extractor, the GIL released (so no thread waits for either while
+// holding the GIL another needs): Extractor.input, extract and clear.
+template <class F>
+auto holding(Extractor& e, F&& f) {
   ReleaseGil release;
   std::shared_lock<NetLock> net_lock(e.owner->lock);
   std::lock_guard<std::mutex> lock(*e.mutex);
+  return f();
+}
+
+// Extractor.input and extract, with holding()'s locks held.
+int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
   check_vulkan_process(e.owner->net.opt);
   if (e.stale("input")) return -1;
   if (in.empty()) {  // ncnn takes it, and its stock layers crash on the empty blob
@@ -642,52 +648,55 @@ int extractor_input(Extractor& e, const std::string& name, const ::ncnn::Mat& in
   return 0;
 }
 
-std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& name) {
+std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name) {
   ::ncnn::Mat out;
   int r;
   std::string why;  // a refused plan's reason
-  {
-    ReleaseGil release;
-    std::shared_lock<NetLock> net_lock(e.owner->lock);
-    std::lock_guard<std::mutex> lock(*e.mutex);
-    check_vulkan_process(e.owner->net.opt);
-    if (e.stale("extract")) {
+  check_vulkan_process(e.owner->net.opt);
+  if (e.stale("extract")) {
+    r = -1;
+  } else if (e.failed) {
+    NCNN_LOGE("vknorm.graph: extract %s: an earlier extract of this extractor failed, leaving ncnn's device "
+              "blobs recorded but never computed; create a new extractor", name.c_str());
+    r = -1;
+  } else if (const std::string missing = missing_input(e.owner->net, e.held, name); !missing.empty()) {
+    NCNN_LOGE("vknorm.graph: extract %s: the input %s it depends on was not given (Extractor.input)",
+              name.c_str(), missing.c_str());
+    r = -1;
+  } else if (auto kept = e.downloaded.find(name); kept != e.downloaded.end() && !e.held.given(e.owner->net, name)) {
+    out = kept->second;
+    r = 0;
+  } else if (std::vector<char> after; !(why = e.held.plan(e.owner->net, name, e.lightmode, after)).empty()) {
+    NCNN_LOGE("vknorm.graph: extract %s: %s", name.c_str(), why.c_str());
+    r = -1;
+  } else {
+    r = e.allocators ? extract_reserving_download(e, name, out) : e.ex->extract(name.c_str(), out);
+    if (r == 0 && out.empty()) {  // ncnn's success with nothing in it
+      NCNN_LOGE("vknorm.graph: extract %s: ncnn produced an empty blob", name.c_str());
       r = -1;
-    } else if (e.failed) {
-      NCNN_LOGE("vknorm.graph: extract %s: an earlier extract of this extractor failed, leaving ncnn's device "
-                "blobs recorded but never computed; create a new extractor", name.c_str());
-      r = -1;
-    } else if (const std::string missing = missing_input(e.owner->net, e.held, name); !missing.empty()) {
-      NCNN_LOGE("vknorm.graph: extract %s: the input %s it depends on was not given (Extractor.input)",
-                name.c_str(), missing.c_str());
-      r = -1;
-    } else if (auto kept = e.downloaded.find(name); kept != e.downloaded.end() && !e.held.given(e.owner->net, name)) {
-      out = kept->second;
-      r = 0;
-    } else if (std::vector<char> after; !(why = e.held.plan(e.owner->net, name, e.lightmode, after)).empty()) {
-      NCNN_LOGE("vknorm.graph: extract %s: %s", name.c_str(), why.c_str());
-      r = -1;
-    } else {
-      r = e.allocators ? extract_reserving_download(e, name, out) : e.ex->extract(name.c_str(), out);
-      if (r == 0 && out.empty()) {  // ncnn's success with nothing in it
-        NCNN_LOGE("vknorm.graph: extract %s: ncnn produced an empty blob", name.c_str());
-        r = -1;
-      }
-      if (r == 0) e.held.commit(std::move(after));
-      else e.held.commit_failed(after);
-      // A Vulkan forward that failed dropped its command buffer: the device blobs ncnn now holds were never
-      // computed, so nothing more is extracted here.
-      if (r != 0 && e.allocators) e.failed = true;
-      if (r == 0 && e.allocators && !e.held.given(e.owner->net, name)) e.downloaded[name] = out;
     }
-    // An output in this extractor's own memory is copied out: it outlives the extractor. So is one shared with
-    // anything else (an input blob is the caller's own Mat): the result is the caller's alone, as pyncnn's.
-    // Inside the lock: freeing into this extractor's pool races with another thread's extract.
-    if (r == 0 && (out.allocator == e.host_blobs.get() || out.allocator == e.host_workspace.get() ||
-                   (out.refcount && *out.refcount > 1)))
-      out = out.clone();
+    if (r == 0) e.held.commit(std::move(after));
+    else e.held.commit_failed(after);
+    // A Vulkan forward that failed dropped its command buffer: the device blobs ncnn now holds were never
+    // computed, so nothing more is extracted here.
+    if (r != 0 && e.allocators) e.failed = true;
+    if (r == 0 && e.allocators && !e.held.given(e.owner->net, name)) e.downloaded[name] = out;
   }
+  // An output in this extractor's own memory is copied out: it outlives the extractor. So is one shared with
+  // anything else (an input blob is the caller's own Mat): the result is the caller's alone, as pyncnn's.
+  // Inside the lock: freeing into this extractor's pool races with another thread's extract.
+  if (r == 0 && (out.allocator == e.host_blobs.get() || out.allocator == e.host_workspace.get() ||
+                 (out.refcount && *out.refcount > 1)))
+    out = out.clone();
   return std::make_tuple(r, out);
+}
+
+int extractor_input(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
+  return holding(e, [&] { return input_held(e, name, in); });
+}
+
+std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& name) {
+  return holding(e, [&] { return extract_held(e, name); });
 }
 
 // A blob's name from its index (pyncnn's input/extract by index); "" when out of range (logged).
@@ -708,13 +717,12 @@ void check_extract_type(int type) {
 }
 
 void extractor_clear(Extractor& e) {
-  ReleaseGil release;
-  std::shared_lock<NetLock> net_lock(e.owner->lock);
-  std::lock_guard<std::mutex> lock(*e.mutex);
-  e.ex->clear();
-  e.held.clear();
-  e.downloaded.clear();
-  e.failed = false;
+  holding(e, [&] {
+    e.ex->clear();
+    e.held.clear();
+    e.downloaded.clear();
+    e.failed = false;
+  });
 }
 
 void net_clear(Net& n) {

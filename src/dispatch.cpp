@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #include "shaders.h"
@@ -104,15 +105,8 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   caps.cooperative_workgroups = caps.cpu ? 0 : info.compute_units / 2;
   // Declares how many workgroups the device keeps resident, where vknorm cannot tell (any device; tests
   // run lavapipe with as many threads: LP_NUM_THREADS).
-  if (const char* v = std::getenv("VKNORM_COOPERATIVE_WORKGROUPS"); v && *v) {
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long long n = std::strtoull(v, &end, 10);
-    if (*end != '\0' || !std::isdigit(static_cast<unsigned char>(v[0])) || errno == ERANGE || n > UINT32_MAX)
-      throw std::invalid_argument(std::string("VKNORM_COOPERATIVE_WORKGROUPS=") + v +
-                                  ": expected a whole number of workgroups (0: no cooperative kernel)");
-    caps.cooperative_workgroups = uint32_t(n);
-  }
+  if (const auto n = env_count("VKNORM_COOPERATIVE_WORKGROUPS", "a whole number of workgroups (0: no cooperative kernel)"))
+    caps.cooperative_workgroups = uint32_t(std::min<uint64_t>(*n, UINT32_MAX));
   caps.poll_loads = !caps.cpu;
   if (const char* v = std::getenv("VKNORM_TUNE_POLL_LOADS")) caps.poll_loads = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MIN_GROUP")) caps.cooperative_min_group = uint32_t(std::atoi(v));
@@ -593,15 +587,21 @@ void apply_capability_profile(DeviceInfo& info) {
   }
 }
 
-uint64_t env_positive(const char* name) {
+std::optional<uint64_t> env_count(const char* name, const char* expected) {
   const char* v = std::getenv(name);
-  if (!v || !*v) return 0;
+  if (!v || !*v) return std::nullopt;
   char* end = nullptr;
   errno = 0;
   const unsigned long long n = std::strtoull(v, &end, 10);
-  if (*end != '\0' || n == 0 || !std::isdigit(static_cast<unsigned char>(v[0])) || errno == ERANGE)
-    throw std::invalid_argument(std::string(name) + "=" + v + ": expected a positive integer");
+  if (*end != '\0' || !std::isdigit(static_cast<unsigned char>(v[0])) || errno == ERANGE)
+    throw std::invalid_argument(std::string(name) + "=" + v + ": expected " + expected);
   return n;
+}
+
+uint64_t env_positive(const char* name) {
+  const std::optional<uint64_t> n = env_count(name, "a positive integer");
+  if (n && *n == 0) throw std::invalid_argument(std::string(name) + "=0: expected a positive integer");
+  return n.value_or(0);
 }
 
 }  // namespace vknorm

@@ -2,6 +2,7 @@
 // plan_dispatch (dispatch.cpp); the rest of the code only executes a Plan.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -181,6 +182,9 @@ SpirvNeeds spirv_needs(const std::string& variant);
 // True when some pass of the plan reads the blob as single float16 values (storageBuffer16BitAccess).
 bool needs_16bit_storage(const ForwardPlan& plan);
 
+// The whole number the environment variable `name` holds; nothing when it is unset or empty.
+// std::invalid_argument ("NAME=value: expected <expected>") for anything else.
+std::optional<uint64_t> env_count(const char* name, const char* expected);
 // The positive integer the environment variable `name` holds; 0 when it is unset or empty.
 // std::invalid_argument ("NAME=value: expected a positive integer") for anything else.
 uint64_t env_positive(const char* name);

@@ -166,8 +166,6 @@ class NormLayer : public ::ncnn::Layer {
       log_error(e);
       return -1;
     }
-    subgroup_reduce_ = info_.subgroup_compute;
-    storage_16bit_ = info_.storage_16bit;
     // The plan for the shape in the param file's hints, with the storage and packing this net gives
     // blobs; other shapes get their pipelines when first met.
     if (!bottom_shapes.empty() && bottom_shapes[0].dims > 0) {
@@ -440,7 +438,7 @@ class NormLayer : public ::ncnn::Layer {
     Prepared p;
     try {
       p.plan = plan(b, opt);
-      if (!storage_16bit_ && needs_16bit_storage(p.plan)) {
+      if (!info_.storage_16bit && needs_16bit_storage(p.plan)) {
         // ncnn gives elempack-1 blobs float16 storage only on devices with 16-bit storage, but a dims-1 blob
         // vknorm itself reads unpacked has it anywhere, and the capability profile (VKNORM_NO_FP16_STORAGE,
         // VKNORM_VULKAN_API=1.0) hides the feature from vknorm alone: such a blob runs converted to float32.
@@ -531,7 +529,7 @@ class NormLayer : public ::ncnn::Layer {
     vo.use_subgroup_ops = opt.use_subgroup_ops;
     Fusion f = fusion_;
     f.residual = b.residual;
-    return plan_forward(p_.op, p_.affine != 0, p_.eps, g, b.fp16, device_caps(info_, subgroup_reduce_, vo), vo, f);
+    return plan_forward(p_.op, p_.affine != 0, p_.eps, g, b.fp16, device_caps(info_, info_.subgroup_compute, vo), vo, f);
   }
 
   // One ncnn::Pipeline per (variant, specialization), made on first use and kept until destroy_pipeline.
@@ -570,9 +568,7 @@ class NormLayer : public ::ncnn::Layer {
   mutable std::atomic<uint64_t> unfused_adds_{0};
   ::ncnn::Mat gamma_, beta_;
   ::ncnn::VkMat gamma_gpu_, beta_gpu_;
-  DeviceInfo info_;
-  bool subgroup_reduce_ = false;
-  bool storage_16bit_ = true;
+  DeviceInfo info_;  // ncnn's device as the planner sees it (capability profile applied; device_info)
   mutable std::mutex mutex_;
   mutable std::map<std::string, std::unique_ptr<::ncnn::Pipeline>> pipelines_;
   mutable std::map<std::tuple<int, int, int, int, int, size_t, int, bool, bool, int>, Prepared> prepared_;

@@ -688,7 +688,7 @@ Mat VkMat::download() const {
   Mat m = Mat::create(dims, w, h, d, c, elemsize / elempack, elempack);
   // One copy of the whole allocation: the host Mat's channel stride must be the VkMat's (ncnn's for the shape,
   // as every VkMat vknorm makes has).
-  if (m.cstep != cstep || m.bytes() > buffer->size)
+  if (m.cstep != cstep)  // (check_vkmat: cstep x channels fits the buffer)
     throw std::invalid_argument("download: VkMat cstep " + std::to_string(cstep) + " is not ncnn's " +
                                 std::to_string(m.cstep) + " for its shape: were its fields changed after it was made?");
   auto& impl = ctx_->impl();

@@ -226,11 +226,12 @@ struct Recorder::Impl {
     for (const auto& f : caller.physical.getQueueFamilyProperties())
       if (f.queueFlags & vk::QueueFlagBits::eCompute) timestamp_bits = std::min(timestamp_bits, f.timestampValidBits);
     // 16-bit storage only as the caller enabled it, and only where the SPIR-V 1.3 variants can run.
-    info.storage_16bit = h.fp16_storage_enabled && api >= version_of(1, 1);
+    const bool enabled = h.fp16_storage_enabled && api >= version_of(1, 1);
+    info.storage_16bit = enabled;
     apply_capability_profile(info);  // VKNORM_NO_SUBGROUP, ...: as vknorm's own context plans
     subgroup_reduce = subgroup_reduce && info.subgroup_compute;
-    fp16_storage_hidden = h.fp16_storage_enabled && api >= version_of(1, 1) && !info.storage_16bit;
     fp16_storage = info.storage_16bit;
+    fp16_storage_hidden = enabled && !fp16_storage;
   }
 
   uint32_t memory_type(uint32_t allowed, vk::MemoryPropertyFlags want, vk::MemoryPropertyFlags fallback) const {
@@ -525,13 +526,13 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
       const SpirvNeeds& needs = m.needs_of(pass.variant);
       if (needs.vulkan_1_1 && m.api < version_of(1, 1))
         throw refuse("kernel " + pass.variant + " needs a Vulkan 1.1 device; this one is used as " + m.info.api_version);
-      if (needs.storage_16bit && !m.fp16_storage && m.fp16_storage_hidden)
-        throw refuse("this float16 blob is read as single float16 values (kernel " + pass.variant +
-                     "), and the capability profile (VKNORM_NO_FP16_STORAGE or VKNORM_VULKAN_API below 1.1 in the "
-                     "environment) plans as if the device had no storageBuffer16BitAccess: unset it, or record the "
-                     "blob as float32");
       if (needs.storage_16bit && !m.fp16_storage)
-        throw refuse(dims1_packed
+        throw refuse(m.fp16_storage_hidden
+                         ? "this float16 blob is read as single float16 values (kernel " + pass.variant +
+                               "), and the capability profile (VKNORM_NO_FP16_STORAGE or VKNORM_VULKAN_API below 1.1 "
+                               "in the environment) plans as if the device had no storageBuffer16BitAccess: unset it, "
+                               "or record the blob as float32"
+                     : dims1_packed
                          ? std::string("this dims-1 float16 blob is read unpacked, ") +
                                (m.params.op == NormOp::GroupNorm
                                     ? "its " + std::to_string(pw) + " channels single elements,"

@@ -48,6 +48,21 @@ def validated_env(log_path: str, settings_dir: str) -> dict:
     return env
 
 
+def run_validated(tmp_path, script: str, *args, env: dict = None, unset=(), timeout: int = 300):
+    """Runs `script` (python -c, with `args`) in a child process under validated_env, with the variables in
+    `unset` removed and `env` added: (CompletedProcess, the validation log's text, "" when nothing came)."""
+    import subprocess
+
+    log = tmp_path / "validation.log"
+    full = validated_env(str(log), str(tmp_path))
+    for k in unset:
+        full.pop(k, None)
+    full.update(env or {})
+    proc = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=full, capture_output=True, text=True,
+                          timeout=timeout)
+    return proc, (log.read_text() if log.exists() else "")
+
+
 def models() -> dict:
     with open(os.path.join(DATA, "models.json")) as f:
         table = json.load(f)

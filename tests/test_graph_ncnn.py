@@ -245,16 +245,11 @@ def test_dims1_float16_blob_on_a_device_without_16bit_storage(tmp_path, w, stora
     if ncnn's device lacked it) the layer converts the blob to float32 with ncnn's packing and back, so no
     pipeline reads single float16 values; with it, the float16 split kernels run. Both match float64 of the
     float16 input within the fp16 rule, with no validation message."""
-    log = tmp_path / "validation.log"
-    env = graph_runs.validated_env(str(log), str(tmp_path))
-    env.pop("VKNORM_NO_FP16_STORAGE", None)
-    if not storage16:
-        env["VKNORM_NO_FP16_STORAGE"] = "1"
-    proc = subprocess.run([sys.executable, "-c", DIMS1_FP16_SCRIPT, str(w), str(tmp_path)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc, log = graph_runs.run_validated(tmp_path, DIMS1_FP16_SCRIPT, w, tmp_path, unset=["VKNORM_NO_FP16_STORAGE"],
+                                         env={} if storage16 else {"VKNORM_NO_FP16_STORAGE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (log.read_text() if log.exists() else "").strip() == ""
+    assert log.strip() == ""
     assert r["vulkan_forwards"] == 1 and r["cpu_forwards"] == 0, r
     assert r["excess"] <= 1e-3, r
     kernels = {v.split("/")[0] for v in r["variants"]}
@@ -331,20 +326,16 @@ def test_capability_profiles_apply_to_the_layers_inside_ncnn(tmp_path, profile, 
     over 12 blocks; its adds and GELUs run in vknorm's kernels with ncnn's CPU formulas), and the float16 net
     float64 within the fp16 rule (1e-3 past the output's rounding). A value the profile cannot read fails the
     net's load, naming it, with no crash."""
-    log = tmp_path / "validation.log"
-    env = graph_runs.validated_env(str(log), str(tmp_path))
-    for k in ("VKNORM_NO_SUBGROUP", "VKNORM_VULKAN_API", "VKNORM_MAX_SHARED_MEMORY", "VKNORM_NO_FP16_STORAGE"):
-        env.pop(k, None)
     profile = dict(profile)
     if profile.get("VKNORM_MAX_SHARED_MEMORY") == "subgroup":
         profile["VKNORM_MAX_SHARED_MEMORY"] = str(64 * max(vulkan_device["subgroup_size"], 4))
-    env.update(profile)
     param, binp = (os.path.join(graph_runs.DATA, "ln_residual_stack.ncnn" + e) for e in (".param", ".bin"))
-    proc = subprocess.run([sys.executable, "-c", PROFILE_SCRIPT, param, binp, str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc, log = graph_runs.run_validated(
+        tmp_path, PROFILE_SCRIPT, param, binp, tmp_path, env=profile,
+        unset=["VKNORM_NO_SUBGROUP", "VKNORM_VULKAN_API", "VKNORM_MAX_SHARED_MEMORY", "VKNORM_NO_FP16_STORAGE"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (log.read_text() if log.exists() else "").strip() == ""
+    assert log.strip() == ""
     if profile.get("VKNORM_MAX_SHARED_MEMORY") == "100":
         assert r["loaded"] == {"cpu": True, "vknorm": False, "odd_fp16": False}, r
         assert "VKNORM_MAX_SHARED_MEMORY=100: at least 256 bytes" in proc.stderr, proc.stderr[-2000:]
@@ -388,17 +379,15 @@ def test_a_plan_of_workgroups_below_ncnns_subgroup_size_is_refused_in_ncnns_grap
     subgroup = vulkan_device["subgroup_size"]
     if subgroup < 2:
         pytest.skip("the device reports no subgroup size to round to")
-    log = tmp_path / "validation.log"
-    env = graph_runs.validated_env(str(log), str(tmp_path))
-    env.update(VKNORM_PATH="split", VKNORM_MAX_SHARED_MEMORY=str(max(256, 32 * subgroup)))
     param, binp = (os.path.join(graph_runs.DATA, "ln_residual_stack.ncnn" + e) for e in (".param", ".bin"))
-    proc = subprocess.run([sys.executable, "-c", BELOW_SUBGROUP_SCRIPT, param, binp], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc, log = graph_runs.run_validated(tmp_path, BELOW_SUBGROUP_SCRIPT, param, binp,
+                                         env={"VKNORM_PATH": "split",
+                                              "VKNORM_MAX_SHARED_MEMORY": str(max(256, 32 * subgroup))})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "extract -1", proc.stdout
     assert f"fewer than the {subgroup} that ncnn runs it with" in proc.stderr, proc.stderr[-2000:]
     assert "VKNORM_MAX_SHARED_MEMORY" in proc.stderr
-    assert (log.read_text() if log.exists() else "").strip() == ""
+    assert log.strip() == ""
 
 
 SHARED_INPUT_SCRIPT = r"""
@@ -435,14 +424,11 @@ def test_a_norm_on_a_shared_input_writes_a_blob_of_its_own_with_no_unsynchronize
     garbled = tmp_path / "mul.param"
     garbled.write_text(param.replace(line, line[:-3] + "0=2"))
     binp = os.path.join(graph_runs.DATA, "ln_residual_stack.ncnn.bin")
-    log = tmp_path / "validation.log"
-    env = graph_runs.validated_env(str(log), str(tmp_path))
-    proc = subprocess.run([sys.executable, "-c", SHARED_INPUT_SCRIPT, str(garbled), binp], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc, log = graph_runs.run_validated(tmp_path, SHARED_INPUT_SCRIPT, garbled, binp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     fused = [int(ln.split()[-1]) for ln in proc.stdout.splitlines() if ln.startswith("fused layers:")]
     assert len(fused) == 2 and fused[0] > 0 and fused[1] == 0, proc.stdout
-    assert (log.read_text() if log.exists() else "").strip() == "", log.read_text()[:3000]
+    assert log.strip() == "", log[:3000]
 
 
 def test_an_extractor_needs_a_loaded_model_with_the_options_it_was_loaded_with(tmp_path):
@@ -533,13 +519,10 @@ def test_fused_layers_read_their_inputs_and_write_only_their_outputs_as_validati
     the norm's write). Both graphs, fused, under validation in ncnn's instance: an empty log, and the
     output of ncnn's CPU run as closely as stock ncnn Vulkan's, within the float32 rule (float16 packed: the
     fp16 rule; ncnn's Vulkan GELU itself is 1.3e-3 from its CPU one here)."""
-    log = tmp_path / "validation.log"
-    env = graph_runs.validated_env(str(log), str(tmp_path))
-    proc = subprocess.run([sys.executable, "-c", RECYCLED_INPUT_SCRIPT, str(tmp_path), case], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc, log = graph_runs.run_validated(tmp_path, RECYCLED_INPUT_SCRIPT, tmp_path, case)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (log.read_text() if log.exists() else "").strip() == ""
+    assert log.strip() == ""
     assert r["fused"] == ["BinaryOp+LayerNorm"], r
     assert r["variants"] and all("_oop_" in v for v in r["variants"]), r
     tol = 4e-3 if case == "fp16_packed" else 1e-5

@@ -182,10 +182,11 @@ def _parse_atol(text: Optional[str], fp16: bool) -> float:
 # ---------------------------------------------------------------------------------------------- .param
 
 class Layer:
-    __slots__ = ("type", "name", "bottoms", "tops", "params", "line")
+    __slots__ = ("type", "name", "bottoms", "tops", "params", "line", "norm")
 
-    def __init__(self, type_, name, bottoms, tops, params, line):
+    def __init__(self, type_, name, bottoms, tops, params, line, norm=None):
         self.type, self.name, self.bottoms, self.tops, self.params, self.line = type_, name, bottoms, tops, params, line
+        self.norm = norm  # a norm layer's params as vknorm's layer holds them (no weights)
 
 
 class Model:
@@ -286,6 +287,7 @@ def parse_param(path: str) -> Model:
             if t in produced:
                 raise bad(f"layer {name!r} produces blob {t!r}, already produced by {produced[t]!r}", n)
             produced[t] = name
+        norm = None
         if type_ in NORM_TYPES:
             if nb != 1 or nt != 1:
                 raise bad(f"{type_} {name!r} must have one bottom and one top blob", n)
@@ -300,10 +302,10 @@ def parse_param(path: str) -> Model:
             # The values too, as vknorm's layers take them: stock ncnn runs some that are wrong (GroupNorm with
             # channels not divisible by group leaves channels out) and crashes on others (a negative affine_size)
             try:
-                _layer_class(type_).from_param(values)
+                norm = _layer_class(type_).from_param(values)
             except ValueError as e:
                 raise bad(f"{type_} {name!r}: {e}", n) from None
-        layers.append(Layer(type_, name, bottoms, tops, params, n))
+        layers.append(Layer(type_, name, bottoms, tops, params, n, norm))
     if len(produced) > blob_count:
         raise bad(f"garbled .param: the header says {blob_count} blobs, the layers produce {len(produced)}", lines[1][0])
     return Model(path, text, layers)
@@ -390,11 +392,12 @@ def _load(net, model: Model, bin_path: str, data: bytes, label: str) -> List[str
         why = f": {log[-1]}" if log else ""
         raise UsageError(f"{bin_path}: ncnn could not load the weights for {model.path} "
                          f"(load_model returned {ret}, {label} run){why}")
-    warnings = []
-    if reader.pos < len(data):
-        warnings.append(f"{bin_path}: {len(data) - reader.pos} bytes after the weights {model.path} reads "
-                        f"(a .bin for another .param?)")
-    return warnings
+    return [trailing_bytes_warning(bin_path, len(data) - reader.pos, model.path)] if reader.pos < len(data) else []
+
+
+def trailing_bytes_warning(bin_path: str, extra: int, param_path: str) -> str:
+    """What a .bin holding more than its .param's layers read says (check, optimize)."""
+    return f"{bin_path}: {extra} bytes after the weights {param_path} reads (a .bin for another .param?)"
 
 
 def _last_line(captured) -> str:
@@ -497,8 +500,7 @@ def _check_norms_on_inputs(model: Model, input_specs: Dict[str, Tuple[int, ...]]
         if layer.type in _SHAPE_KEEPING and len(layer.bottoms) == 1:
             source.update((t, given) for t in layer.tops)
         elif layer.type in ("GroupNorm", "InstanceNorm"):
-            values = {pid: kind(layer.params[pid]) for pid, kind in _param_kinds(layer.type) if pid in layer.params}
-            norm = _layer_class(layer.type).from_param(values)
+            norm = layer.norm
             shape = input_specs[given]
             # the blob's channels as ncnn's layer counts them (numpy order): GroupNorm's are w, the rows or c, the
             # outermost extent in every dims; InstanceNorm's c, a dims 1-2 blob being one channel

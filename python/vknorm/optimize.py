@@ -54,7 +54,7 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
     """Fuse param/bin into out_param/out_bin (atomically, both or neither). Returns what was fused and
     warnings (a .bin longer than the model reads: one for another model?); UsageError on a missing, garbled
     or inconsistent input (a .bin shorter than the model reads among them)."""
-    from .check import require_file
+    from .check import require_file, trailing_bytes_warning
     from .cli import UsageError
 
     text = _read_text(param)
@@ -99,10 +99,8 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
             elif param_ret == 0:
                 what += f", {size} bytes: too few for the model?"
             raise UsageError(f"{param}: the fused model does not load ({what}){why}")
-        warnings = []
-        if read < size:
-            warnings.append(f"{bin_path}: {size - read} bytes after the weights {param} reads "
-                            f"(a .bin for another .param?); OUT.bin is IN.bin as it is")
+        warnings = [trailing_bytes_warning(bin_path, size - read, param) + "; OUT.bin is IN.bin as it is"] \
+            if read < size else []
         for tmp, target in staged:
             os.replace(tmp, target)
         staged = []
