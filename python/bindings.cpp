@@ -176,7 +176,11 @@ NB_MODULE(_core, m) {
       .def_prop_ro("info", [](const Context& c) { return device_dict(c.info()); })
       .def_prop_ro("device_bytes_in_use", &Context::device_bytes_in_use)
       .def_prop_ro("device_bytes_peak", &Context::device_bytes_peak)
-      .def_prop_ro("live_buffers", &Context::live_buffers);
+      .def_prop_ro("live_buffers", &Context::live_buffers)
+      .def_prop_ro("device_bytes_cached", &Context::device_bytes_cached)
+      .def_prop_ro("cached_buffers", &Context::cached_buffers)
+      .def_prop_ro("device_allocations", &Context::device_allocations)
+      .def("release_cached_buffers", &Context::release_cached_buffers);
 
   nb::enum_<Path>(m, "Path")
       .value("auto", Path::Auto)

@@ -8,7 +8,32 @@ namespace vknorm {
 
 namespace {
 std::string mib(uint64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }
+
+// A cached buffer of this kind and size, taken out of the cache; none: an empty optional.
+std::optional<Context::Impl::CachedBuffer> take_cached(Context::Impl& c, Buffer::Kind kind, vk::DeviceSize size) {
+  std::lock_guard<std::mutex> lock(c.cache_mutex);
+  for (auto it = c.cache.rbegin(); it != c.cache.rend(); ++it)  // the most recently cached first
+    if (it->kind == int(kind) && it->size == size) {
+      std::optional<Context::Impl::CachedBuffer> found(std::move(*it));
+      c.cache.erase(std::next(it).base());
+      c.bytes_cached -= size;
+      return found;
+    }
+  return std::nullopt;
+}
 }  // namespace
+
+void Context::Impl::trim_cache(uint64_t keep) {
+  std::deque<CachedBuffer> dropped;  // freed after the lock is let go
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    while (!cache.empty() && bytes_cached > keep) {
+      bytes_cached -= cache.front().size;
+      dropped.push_back(std::move(cache.front()));
+      cache.pop_front();
+    }
+  }
+}
 
 std::shared_ptr<Buffer> Buffer::create(std::shared_ptr<Context> ctx, vk::DeviceSize size, Kind kind) {
   auto& c = ctx->impl();
@@ -18,33 +43,52 @@ std::shared_ptr<Buffer> Buffer::create(std::shared_ptr<Context> ctx, vk::DeviceS
     throw DeviceOutOfMemory("vknorm: cannot allocate " + std::to_string(size) + " bytes (" + mib(size) +
                             ") on the device: " + std::to_string(c.bytes_in_use.load()) +
                             " bytes in use, VKNORM_MAX_DEVICE_BYTES=" + std::to_string(c.max_device_bytes));
-  // One allocation larger than its heap is invalid usage (VUID-vkAllocateMemory-pAllocateInfo-01713):
-  // refuse it as out of memory instead of asking the driver.
-  const uint32_t type_index = kind == Kind::Staging ? c.staging_memory_type : c.device_memory_type;
-  const auto props = c.physical.getMemoryProperties();
-  const uint64_t heap = props.memoryHeaps[props.memoryTypes[type_index].heapIndex].size;
-  if (size > heap)
-    throw DeviceOutOfMemory("vknorm: cannot allocate " + std::to_string(size) + " bytes (" + mib(size) +
-                            ") on the device: its memory heap holds " + std::to_string(heap) + " bytes (" + mib(heap) + ")");
   auto b = std::make_shared<Buffer>();
   b->size = size;
-  using U = vk::BufferUsageFlagBits;
-  b->buffer = vk::raii::Buffer(c.device, vk::BufferCreateInfo{
-                                             .size = size,
-                                             .usage = U::eStorageBuffer | U::eTransferSrc | U::eTransferDst,
-                                             .sharingMode = vk::SharingMode::eExclusive});
-  const auto req = b->buffer.getMemoryRequirements();
-  const bool host = kind == Kind::Staging || c.direct_host_access;
-  const uint32_t type = host && kind == Kind::Staging ? c.staging_memory_type : c.device_memory_type;
-  if (!(req.memoryTypeBits & (1u << type))) throw std::runtime_error("vknorm: buffer cannot use the chosen memory type");
-  try {
-    b->memory = vk::raii::DeviceMemory(c.device, vk::MemoryAllocateInfo{.allocationSize = req.size, .memoryTypeIndex = type});
-  } catch (const vk::SystemError& e) {
-    throw DeviceOutOfMemory("vknorm: the device could not allocate " + std::to_string(size) + " bytes (" + mib(size) +
-                            "), " + std::to_string(c.bytes_in_use.load()) + " bytes in use: " + e.what());
+  b->kind = kind;
+  if (auto cached = take_cached(c, kind, size)) {
+    b->buffer = std::move(cached->buffer);
+    b->memory = std::move(cached->memory);
+    b->mapped = cached->mapped;
+  } else {
+    // One allocation larger than its heap is invalid usage (VUID-vkAllocateMemory-pAllocateInfo-01713):
+    // refuse it as out of memory instead of asking the driver.
+    const uint32_t type_index = kind == Kind::Staging ? c.staging_memory_type : c.device_memory_type;
+    const auto props = c.physical.getMemoryProperties();
+    const uint64_t heap = props.memoryHeaps[props.memoryTypes[type_index].heapIndex].size;
+    if (size > heap)
+      throw DeviceOutOfMemory("vknorm: cannot allocate " + std::to_string(size) + " bytes (" + mib(size) +
+                              ") on the device: its memory heap holds " + std::to_string(heap) + " bytes (" + mib(heap) + ")");
+    // The cap counts what the cache keeps: make room in it first.
+    if (c.max_device_bytes) {
+      const uint64_t needed = c.bytes_in_use + size;
+      c.trim_cache(needed < c.max_device_bytes ? c.max_device_bytes - needed : 0);
+    }
+    using U = vk::BufferUsageFlagBits;
+    b->buffer = vk::raii::Buffer(c.device, vk::BufferCreateInfo{
+                                               .size = size,
+                                               .usage = U::eStorageBuffer | U::eTransferSrc | U::eTransferDst,
+                                               .sharingMode = vk::SharingMode::eExclusive});
+    const auto req = b->buffer.getMemoryRequirements();
+    const bool host = kind == Kind::Staging || c.direct_host_access;
+    if (!(req.memoryTypeBits & (1u << type_index))) throw std::runtime_error("vknorm: buffer cannot use the chosen memory type");
+    const vk::MemoryAllocateInfo allocation{.allocationSize = req.size, .memoryTypeIndex = type_index};
+    try {
+      try {
+        b->memory = vk::raii::DeviceMemory(c.device, allocation);
+      } catch (const vk::SystemError&) {  // what the cache keeps may be what is missing
+        if (!c.bytes_cached) throw;
+        c.trim_cache(0);
+        b->memory = vk::raii::DeviceMemory(c.device, allocation);
+      }
+    } catch (const vk::SystemError& e) {
+      throw DeviceOutOfMemory("vknorm: the device could not allocate " + std::to_string(size) + " bytes (" + mib(size) +
+                              "), " + std::to_string(c.bytes_in_use.load()) + " bytes in use: " + e.what());
+    }
+    ++c.allocations;
+    b->buffer.bindMemory(*b->memory, 0);
+    if (host) b->mapped = b->memory.mapMemory(0, VK_WHOLE_SIZE);
   }
-  b->buffer.bindMemory(*b->memory, 0);
-  if (host) b->mapped = b->memory.mapMemory(0, VK_WHOLE_SIZE);
   b->ctx = std::move(ctx);
   uint64_t now = (c.bytes_in_use += size);
   uint64_t peak = c.bytes_peak;
@@ -58,7 +102,6 @@ Buffer::~Buffer() {
   auto& c = ctx->impl();
   c.bytes_in_use -= size;
   --c.live_buffers;
-  if (mapped) memory.unmapMemory();
   // VKNORM_DEBUG_LEAK_BUFFER=1 (tests only): the first buffer destroyed in the process is leaked on
   // purpose, its VkBuffer and VkDeviceMemory never freed, to prove that the validation layer's leak
   // report at vkDestroyDevice reaches vknorm (tests/test_reliability.py).
@@ -66,7 +109,19 @@ Buffer::~Buffer() {
   if (const char* v = std::getenv("VKNORM_DEBUG_LEAK_BUFFER"); v && *v && std::strcmp(v, "0") != 0 && !leaked.exchange(true)) {
     (void)buffer.release();
     (void)memory.release();
+    return;
   }
+  if (size <= c.cache_limit && c.instance->in_creating_process()) {
+    {
+      std::lock_guard<std::mutex> lock(c.cache_mutex);
+      c.cache.push_back({int(kind), size, std::move(buffer), std::move(memory), mapped});
+      c.bytes_cached += size;
+    }
+    mapped = nullptr;
+    c.trim_cache(c.cache_limit);
+    return;
+  }
+  if (mapped) memory.unmapMemory();
 }
 
 }  // namespace vknorm

@@ -328,6 +328,8 @@ std::shared_ptr<Context> Context::create(int index) {
       }
   }
   impl->max_device_bytes = env_positive("VKNORM_MAX_DEVICE_BYTES");
+  impl->cache_limit = env_count("VKNORM_BUFFER_CACHE_BYTES", "a whole number of bytes (0: keep no freed buffers)")
+                          .value_or(kBufferCacheBytes);
 
   std::array<vk::DescriptorSetLayoutBinding, kBindings> bindings;
   for (uint32_t b = 0; b < kBindings; ++b)
@@ -371,6 +373,13 @@ const DeviceInfo& Context::info() const { return impl_->info; }
 uint64_t Context::device_bytes_in_use() const { return impl_->bytes_in_use; }
 uint64_t Context::device_bytes_peak() const { return impl_->bytes_peak; }
 uint64_t Context::live_buffers() const { return impl_->live_buffers; }
+uint64_t Context::device_bytes_cached() const { return impl_->bytes_cached; }
+uint64_t Context::cached_buffers() const {
+  std::lock_guard<std::mutex> lock(impl_->cache_mutex);
+  return impl_->cache.size();
+}
+uint64_t Context::device_allocations() const { return impl_->allocations; }
+void Context::release_cached_buffers() { impl_->trim_cache(0); }
 
 bool validation_enabled() { return env_flag("VKNORM_VALIDATION"); }
 

@@ -2,6 +2,7 @@
 // Every handle has exactly one owner here; nothing is destroyed by hand.
 #pragma once
 #include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,6 +16,9 @@
 #include "vknorm/norm.h"
 
 namespace vknorm {
+
+// What a context keeps of the buffers it no longer holds, unless VKNORM_BUFFER_CACHE_BYTES says otherwise.
+constexpr uint64_t kBufferCacheBytes = uint64_t(256) << 20;
 
 constexpr uint32_t kBindings = kSlotCount;  // blob, gamma, beta, partials, coefficients, residual, out, sum (dispatch.h)
 
@@ -56,8 +60,25 @@ struct Context::Impl {
   std::map<std::string, std::unique_ptr<struct Pipeline>> pipelines;
   // variant: <shader>_fp<0|1>_p<1|4|v4>_sg<0|1> (cmake/shaders.cmake)
   const struct Pipeline& pipeline(const std::string& variant, const struct Specialization& spec);
-  std::atomic<uint64_t> bytes_in_use{0}, bytes_peak{0}, live_buffers{0};
+  std::atomic<uint64_t> bytes_in_use{0}, bytes_peak{0}, live_buffers{0}, allocations{0};
   uint64_t max_device_bytes = 0;  // VKNORM_MAX_DEVICE_BYTES, 0: none
+  // Buffers no longer held, kept for the next request of the same kind and size (buffer.cpp): a discrete
+  // GPU's driver takes ~0.3 ms to allocate, and fresh host memory faults in page by page on first write.
+  // At most VKNORM_BUFFER_CACHE_BYTES (default kBufferCacheBytes), oldest dropped first. Declared after
+  // the device: freed before it.
+  struct CachedBuffer {
+    int kind = 0;
+    vk::DeviceSize size = 0;
+    vk::raii::Buffer buffer = nullptr;
+    vk::raii::DeviceMemory memory = nullptr;
+    void* mapped = nullptr;
+  };
+  std::mutex cache_mutex;
+  std::deque<CachedBuffer> cache;  // oldest first
+  uint64_t cache_limit = 0;
+  std::atomic<uint64_t> bytes_cached{0};
+  // Drops cached buffers, oldest first, until at most `keep` bytes stay cached.
+  void trim_cache(uint64_t keep);
   // Command pools, fences and descriptor/query pools of finished submissions, reused by later ones
   // (pipeline.cpp). Declared last: destroyed before the device.
   std::mutex kit_mutex;
@@ -81,8 +102,9 @@ struct VkMat::Buffer {
   vk::raii::DeviceMemory memory = nullptr;
   vk::DeviceSize size = 0;
   void* mapped = nullptr;  // host-visible buffers stay mapped
-  ~Buffer();
+  ~Buffer();  // hands the buffer to the context's cache, or frees it
   enum class Kind { Device, Staging };
+  Kind kind = Kind::Device;
   static std::shared_ptr<Buffer> create(std::shared_ptr<Context> ctx, vk::DeviceSize size, Kind kind);
 };
 using Buffer = VkMat::Buffer;

@@ -346,3 +346,45 @@ def test_tensor_larger_than_free_memory_runs_in_pieces_within_the_cap(capped):
     assert layer.last_dispatch["pieces"] >= 10 and capped.device_bytes_peak <= 256 << 10
     check_close(y, ref_of(layer, x), FP32_TOL, "in pieces next to a resident VkMat")
     del v
+
+
+def test_cached_buffers_count_within_the_cap_and_make_way_for_new_ones(capped):
+    """What the context keeps of freed buffers counts against VKNORM_MAX_DEVICE_BYTES with what is in use:
+    a shape that needs most of the cap after another shape's buffers were cached still runs, the cache
+    giving them up, and in use plus cached never passes the cap."""
+    layer = layer_on(capped, "LayerNorm", 128)
+    rng = np.random.default_rng(5)
+    for rows in (150, 300, 7, 260, 150):  # blobs of 3584 to 153600 bytes (and a staging buffer each on a GPU)
+        x = rng.standard_normal((rows, 128)).astype(np.float32)
+        check_close(layer(x), ref_of(layer, x), FP32_TOL, f"{rows} rows")
+        assert capped.device_bytes_in_use + capped.device_bytes_cached <= 256 << 10
+    assert capped.cached_buffers > 0
+
+
+@pytest.mark.parametrize("limit", [0, 100 << 10])
+def test_buffer_cache_keeps_at_most_VKNORM_BUFFER_CACHE_BYTES(monkeypatch, limit):
+    monkeypatch.setenv("VKNORM_BUFFER_CACHE_BYTES", str(limit))
+    ctx = _core.Context.create(0)
+    monkeypatch.delenv("VKNORM_BUFFER_CACHE_BYTES")
+    layer = layer_on(ctx, "RMSNorm", 64)
+    rng = np.random.default_rng(6)
+    for rows in (10, 300, 10, 600, 10, 300):  # blobs of 2560, 76800 and 153600 bytes
+        x = rng.standard_normal((rows, 64)).astype(np.float32)
+        before = ctx.device_allocations
+        check_close(layer(x), ref_of(layer, x), FP32_TOL, f"{rows} rows")
+        assert ctx.device_bytes_cached <= limit
+        if limit == 0:
+            assert ctx.cached_buffers == 0 and ctx.device_allocations > before  # every forward allocates
+    if limit:
+        assert 0 < ctx.device_bytes_cached and ctx.cached_buffers > 0
+        ctx.release_cached_buffers()
+        assert (ctx.cached_buffers, ctx.device_bytes_cached) == (0, 0)
+        before = ctx.device_allocations
+        layer(rng.standard_normal((10, 64)).astype(np.float32))
+        assert ctx.device_allocations > before  # nothing left to reuse
+
+
+def test_buffer_cache_limit_that_is_not_a_number_is_refused(monkeypatch):
+    monkeypatch.setenv("VKNORM_BUFFER_CACHE_BYTES", "256MB")
+    with pytest.raises(ValueError, match="VKNORM_BUFFER_CACHE_BYTES=256MB: expected a whole number of bytes"):
+        _core.Context.create(0)

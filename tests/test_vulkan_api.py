@@ -261,6 +261,42 @@ def test_repeated_forwards_do_not_grow_device_memory():
     assert (ctx.live_buffers, ctx.device_bytes_in_use) == (buffers, in_use)
 
 
+def test_repeated_forwards_of_one_shape_reuse_their_buffers():
+    """A buffer vknorm no longer holds stays in its context's cache for the next request of the same kind and
+    size: after one round, numpy forwards, uploads, resident forwards and downloads of the same shapes, on
+    every path (the split and cooperative ones with their scratch), allocate no device memory and give the
+    same results as the first round."""
+    rng = np.random.default_rng(12)
+    ctx = vknorm.Context.create(0)
+    gamma, beta = rng.uniform(0.5, 1.5, 4097).astype(np.float32), rng.uniform(-1, 1, 4097).astype(np.float32)
+    layer = vknorm.LayerNorm(affine_size=4097, eps=1e-5, device=ctx)
+    layer.load_model(gamma, beta)
+    x = rng.standard_normal((8, 4097)).astype(np.float32)
+    fp16 = vknorm.Option(use_fp16_storage=True)
+
+    def one_round():
+        out = []
+        for path in PATHS:
+            opt = vknorm.Option(path=path)
+            out.append(layer(x, option=opt))
+            vk = vknorm.to_device(x, device=ctx)
+            layer.forward_inplace(vk, option=opt)
+            out.append(vk.download().numpy())
+        out.append(layer(x, option=fp16))
+        return out
+
+    first = one_round()
+    allocations, cached = ctx.device_allocations, ctx.cached_buffers
+    assert allocations > 0 and cached > 0 and ctx.device_bytes_cached > 0
+    for _ in range(2):
+        for a, b in zip(one_round(), first):
+            np.testing.assert_array_equal(a, b)
+    assert ctx.device_allocations == allocations, "a repeated shape allocated device memory"
+    assert ctx.cached_buffers == cached
+    ref = norm64("LayerNorm", x, 4097, 1e-5, True, gamma, beta)
+    assert max_abs_err(first[0], ref) <= FP32_TOL * scale(ref)
+
+
 def test_gpu_time_comes_from_timestamp_queries(vulkan_device):
     rng = np.random.default_rng(11)
     layer, _, _ = ln_layer(768, rng)

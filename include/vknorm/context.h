@@ -60,9 +60,18 @@ class Context {
   ~Context();
 
   const DeviceInfo& info() const;
+  // Device memory in buffers vknorm holds now (tensors, weights, a forward's staging and scratch), the
+  // most it ever held, and how many buffers.
   uint64_t device_bytes_in_use() const;
   uint64_t device_bytes_peak() const;
   uint64_t live_buffers() const;
+  // Buffers no longer held are kept for reuse by the next request of the same kind and size (repeated
+  // forwards of one shape allocate nothing), up to VKNORM_BUFFER_CACHE_BYTES (default 256 MiB, 0: none),
+  // oldest dropped first, and within VKNORM_MAX_DEVICE_BYTES together with what is in use.
+  uint64_t device_bytes_cached() const;
+  uint64_t cached_buffers() const;
+  void release_cached_buffers();  // frees every cached buffer now
+  uint64_t device_allocations() const;  // device memory allocations made so far (cache misses)
 
   struct Impl;
   Impl& impl() { return *impl_; }
