@@ -64,21 +64,22 @@ Mat mat_from_numpy(const Array& a) {
   return m;
 }
 
-nb::ndarray<nb::numpy> mat_to_numpy(const Mat& in) {
-  Mat m = convert_packing(in, 1);
+nb::ndarray<nb::numpy> mat_to_numpy(const Mat& m) {
+  // Unpacked and dense (no cstep padding), converted straight into the array's memory.
+  const int outer = m.unpacked_outer();
+  Mat dense = Mat::layout(m.dims, m.w, m.dims == 2 ? outer : m.h, m.d, m.dims >= 3 ? outer : 1, m.scalar_bytes(), 1);
+  dense.cstep = dense.dims == 2 ? size_t(dense.w) * dense.h : dense.outer_elems();  // total(): dims 1-2 count the blob
   std::vector<size_t> shape;
-  switch (m.dims) {
-    case 1: shape = {size_t(m.w)}; break;
-    case 2: shape = {size_t(m.h), size_t(m.w)}; break;
-    case 3: shape = {size_t(m.c), size_t(m.h), size_t(m.w)}; break;
-    default: shape = {size_t(m.c), size_t(m.d), size_t(m.h), size_t(m.w)};
+  switch (dense.dims) {
+    case 1: shape = {size_t(dense.w)}; break;
+    case 2: shape = {size_t(dense.h), size_t(dense.w)}; break;
+    case 3: shape = {size_t(dense.c), size_t(dense.h), size_t(dense.w)}; break;
+    default: shape = {size_t(dense.c), size_t(dense.d), size_t(dense.h), size_t(dense.w)};
   }
-  const size_t sb = m.scalar_bytes();
-  const size_t plane = size_t(m.w) * m.h * m.d * sb;
-  const size_t channels = m.dims >= 3 ? size_t(m.c) : 1;
-  auto* out = new unsigned char[plane * channels];
-  for (size_t q = 0; q < channels; ++q) std::memcpy(out + q * plane, m.channel(int(q)), plane);
+  const size_t sb = dense.scalar_bytes();
+  auto* out = new unsigned char[dense.bytes()];
   nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<unsigned char*>(p); });
+  convert_into(m, dense, out);
   nb::dlpack::dtype dt = sb == 2 ? nb::dtype<uint16_t>() : nb::dtype<float>();
   if (sb == 2) dt.code = uint8_t(nb::dlpack::dtype_code::Float);
   return nb::ndarray<nb::numpy>(out, shape.size(), shape.data(), owner, nullptr, dt);

@@ -66,16 +66,19 @@ DeviceFormat device_format(const Context& ctx, const Mat& m, const Option& opt) 
   return f;
 }
 
-Mat to_format(const Mat& m, DeviceFormat f) {
-  Mat unpacked = convert_packing(m, 1);
-  Mat typed = f.fp16 ? cast_fp16(unpacked) : cast_fp32(unpacked);
-  return convert_packing(typed, f.elempack);
+// How m lies on the device in format f (no storage).
+Mat device_layout(const Mat& m, DeviceFormat f) {
+  const int outer = m.unpacked_outer() / f.elempack;
+  return Mat::layout(m.dims, m.w, m.dims == 2 ? outer : m.h, m.d, m.dims >= 3 ? outer : 1, f.fp16 ? 2 : 4, f.elempack);
 }
 
-Mat from_format(const Mat& dev, const Mat& like) {
-  Mat unpacked = convert_packing(dev, 1);
-  Mat typed = like.is_fp16() ? cast_fp16(unpacked) : cast_fp32(unpacked);
-  return convert_packing(typed, like.elempack);
+// m in format f: m itself where it already is, else a converted copy (one pass).
+Mat to_format(const Mat& m, DeviceFormat f) {
+  if (m.is_fp16() == f.fp16 && m.elempack == f.elempack) return m;
+  const Mat l = device_layout(m, f);
+  Mat dev = Mat::create(l.dims, l.w, l.h, l.d, l.c, f.fp16 ? 2 : 4, f.elempack);
+  convert_into(m, dev, dev.data());
+  return dev;
 }
 
 std::string describe_blob(int dims, int w, int h, int d, int c, size_t elemsize, int elempack) {
@@ -476,11 +479,7 @@ void Norm::forward_inplace(Mat& m, const Option& opt) {
   }
   // In place as ncnn's forward_inplace: into m's own storage, which its shallow copies share, also where the
   // device format needed a converted copy.
-  const Mat back = from_format(dev_mat, m);
-  if (back.data() != m.data()) {
-    if (back.bytes() != m.bytes()) throw std::logic_error("vknorm: host layout mismatch");
-    std::memcpy(m.data(), back.data(), m.bytes());
-  }
+  if (dev_mat.data() != m.data()) convert_into(dev_mat, m, m.data());
   std::lock_guard<std::mutex> lock(mutex_);
   last_ = info;
 }
@@ -664,7 +663,8 @@ size_t VkMat::element_bytes() const {
 VkMat VkMat::upload(const Mat& m, std::shared_ptr<Context> ctx, const Option& opt) {
   if (m.empty()) throw std::invalid_argument("empty input");
   if (!ctx) ctx = Context::default_context();
-  Mat dev = to_format(m, device_format(*ctx, m, opt));
+  // Converted straight into the mapped memory the device reads (or copies) from: no host copy in between.
+  const Mat dev = device_layout(m, device_format(*ctx, m, opt));
   VkMat v;
   v.dims = dev.dims, v.w = dev.w, v.h = dev.h, v.d = dev.d, v.c = dev.c;
   v.elemsize = dev.elemsize, v.elempack = dev.elempack, v.cstep = dev.cstep;
@@ -672,10 +672,10 @@ VkMat VkMat::upload(const Mat& m, std::shared_ptr<Context> ctx, const Option& op
   auto& impl = ctx->impl();
   v.buffer = Buffer::create(ctx, dev.bytes(), Buffer::Kind::Device);
   if (impl.direct_host_access) {
-    std::memcpy(v.buffer->mapped, dev.data(), dev.bytes());
+    convert_into(m, dev, static_cast<unsigned char*>(v.buffer->mapped));
   } else {
     auto staging = Buffer::create(ctx, dev.bytes(), Buffer::Kind::Staging);
-    std::memcpy(staging->mapped, dev.data(), dev.bytes());
+    convert_into(m, dev, static_cast<unsigned char*>(staging->mapped));
     Submission s(impl, 1);
     s.copy(*staging, *v.buffer, dev.bytes());
     s.submit_and_wait();

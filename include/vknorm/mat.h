@@ -19,6 +19,8 @@ class Mat {
   Mat() = default;
   // Shape in ncnn order; h/d/c default to 1 for lower dims. scalar_bytes is 4 (float32) or 2 (float16).
   static Mat create(int dims, int w, int h, int d, int c, size_t scalar_bytes = 4, int elempack = 1);
+  // The same fields without storage: how such a Mat lies in memory (convert_into's destination format).
+  static Mat layout(int dims, int w, int h, int d, int c, size_t scalar_bytes = 4, int elempack = 1);
 
   bool empty() const { return dims == 0 || total() == 0; }
   bool is_fp16() const { return elemsize == 2u * elempack; }
@@ -51,6 +53,9 @@ Mat convert_packing(const Mat& src, int elempack);
 // float32 <-> float16 storage (round to nearest even), layout unchanged.
 Mat cast_fp16(const Mat& src);
 Mat cast_fp32(const Mat& src);
+// src in format's storage and packing, in one pass, written to `out` laid out as format describes (format: a Mat
+// or Mat::layout of src's shape; only its fields are read), its cstep padding zeroed.
+void convert_into(const Mat& src, const Mat& format, unsigned char* out);
 
 uint16_t float_to_half(float f);
 float half_to_float(uint16_t h);
