@@ -64,7 +64,24 @@ Mat mat_from_numpy(const Array& a) {
   return m;
 }
 
-nb::ndarray<nb::numpy> mat_to_numpy(const Mat& m) {
+nb::ndarray<nb::numpy> mat_to_numpy(const Mat& m, bool copy) {
+  const size_t sb = m.scalar_bytes();
+  nb::dlpack::dtype dt = sb == 2 ? nb::dtype<uint16_t>() : nb::dtype<float>();
+  if (sb == 2) dt.code = uint8_t(nb::dlpack::dtype_code::Float);
+  // copy=false: an unpacked Mat without padding between its channels is viewed where it lies, sharing its memory.
+  const bool unpadded = m.dims <= 2 || m.cstep == m.outer_elems();
+  if (!copy && m.elempack == 1 && unpadded && m.data()) {
+    std::vector<size_t> shape;
+    switch (m.dims) {
+      case 1: shape = {size_t(m.w)}; break;
+      case 2: shape = {size_t(m.h), size_t(m.w)}; break;
+      case 3: shape = {size_t(m.c), size_t(m.h), size_t(m.w)}; break;
+      default: shape = {size_t(m.c), size_t(m.d), size_t(m.h), size_t(m.w)};
+    }
+    auto* keep = new std::shared_ptr<const void>(m.storage());
+    nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<const void>*>(p); });
+    return nb::ndarray<nb::numpy>(const_cast<unsigned char*>(m.data()), shape.size(), shape.data(), owner, nullptr, dt);
+  }
   // Unpacked and dense (no cstep padding), converted straight into the array's memory.
   const int outer = m.unpacked_outer();
   Mat dense = Mat::layout(m.dims, m.w, m.dims == 2 ? outer : m.h, m.d, m.dims >= 3 ? outer : 1, m.scalar_bytes(), 1);
@@ -76,12 +93,10 @@ nb::ndarray<nb::numpy> mat_to_numpy(const Mat& m) {
     case 3: shape = {size_t(dense.c), size_t(dense.h), size_t(dense.w)}; break;
     default: shape = {size_t(dense.c), size_t(dense.d), size_t(dense.h), size_t(dense.w)};
   }
-  const size_t sb = dense.scalar_bytes();
-  auto* out = new unsigned char[dense.bytes()];
-  nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<unsigned char*>(p); });
+  auto* memory = new std::shared_ptr<const HostMemory>(std::make_shared<HostMemory>(dense.bytes(), false));  // every byte written below
+  nb::capsule owner(memory, [](void* p) noexcept { delete static_cast<std::shared_ptr<const HostMemory>*>(p); });
+  unsigned char* out = (*memory)->data;
   convert_into(m, dense, out);
-  nb::dlpack::dtype dt = sb == 2 ? nb::dtype<uint16_t>() : nb::dtype<float>();
-  if (sb == 2) dt.code = uint8_t(nb::dlpack::dtype_code::Float);
   return nb::ndarray<nb::numpy>(out, shape.size(), shape.data(), owner, nullptr, dt);
 }
 
@@ -201,7 +216,9 @@ NB_MODULE(_core, m) {
 
   nb::class_<Mat>(m, "Mat")
       .def_static("from_numpy", &mat_from_numpy, "array"_a)
-      .def("numpy", &mat_to_numpy)
+      .def("numpy", &mat_to_numpy, "copy"_a = true,
+           "A numpy array of the blob, unpacked; copy=False views the Mat's own memory where it is unpacked and has "
+           "no padding between channels (the array then keeps that memory alive)")
       .def("convert_packing", [](const Mat& self, int elempack) { return convert_packing(self, elempack); }, "elempack"_a)
       .def("cast_fp16", [](const Mat& self) { return cast_fp16(self); })
       .def("cast_fp32", [](const Mat& self) { return cast_fp32(self); })

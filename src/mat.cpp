@@ -1,10 +1,74 @@
 #include "vknorm/mat.h"
 
+#include <pthread.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <stdexcept>
+#include <utility>
 
 namespace vknorm {
+
+namespace {
+constexpr size_t kPooledMin = size_t(1) << 20, kPoolBytes = size_t(128) << 20, kPoolBlocks = 4;
+
+struct HostPool {
+  std::mutex mutex;
+  std::deque<std::pair<size_t, unsigned char*>> blocks;  // oldest first
+  size_t bytes = 0;
+};
+HostPool* g_pool = nullptr;
+HostPool& host_pool() {
+  // Never destroyed: Mats may be freed during static destruction. A fork()ed child starts a pool of its own
+  // (another thread may have held the parent's lock at the fork).
+  static const bool once = [] {
+    g_pool = new HostPool;
+    pthread_atfork(nullptr, nullptr, [] { g_pool = new HostPool; });
+    return true;
+  }();
+  (void)once;
+  return *g_pool;
+}
+}  // namespace
+
+HostMemory::HostMemory(size_t n, bool zeroed) : size(n) {
+  if (n >= kPooledMin) {
+    HostPool& pool = host_pool();
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    for (auto it = pool.blocks.rbegin(); it != pool.blocks.rend(); ++it)
+      if (it->first == n) {
+        data = it->second;
+        pool.bytes -= n;
+        pool.blocks.erase(std::next(it).base());
+        break;
+      }
+  }
+  if (!data) data = new unsigned char[std::max<size_t>(n, 1)];
+  if (zeroed) std::memset(data, 0, n);
+}
+
+HostMemory::~HostMemory() {
+  if (size >= kPooledMin && size <= kPoolBytes) {
+    HostPool& pool = host_pool();
+    std::vector<unsigned char*> dropped;
+    {
+      std::lock_guard<std::mutex> lock(pool.mutex);
+      pool.blocks.emplace_back(size, data);
+      pool.bytes += size;
+      while (pool.bytes > kPoolBytes || pool.blocks.size() > kPoolBlocks) {
+        pool.bytes -= pool.blocks.front().first;
+        dropped.push_back(pool.blocks.front().second);
+        pool.blocks.pop_front();
+      }
+    }
+    for (unsigned char* p : dropped) delete[] p;
+    return;
+  }
+  delete[] data;
+}
 
 size_t ncnn_cstep(int dims, int w, int h, int d, size_t elemsize) {
   const size_t plane = size_t(w) * (dims >= 2 ? h : 1) * (dims == 4 ? d : 1);
@@ -39,13 +103,16 @@ Mat Mat::layout(int dims, int w, int h, int d, int c, size_t scalar_bytes, int e
 
 Mat Mat::create(int dims, int w, int h, int d, int c, size_t scalar_bytes, int elempack) {
   Mat m = layout(dims, w, h, d, c, scalar_bytes, elempack);
-  m.storage_ = std::make_shared<std::vector<unsigned char>>(m.bytes());
+  m.storage_ = std::make_shared<HostMemory>(m.bytes());
   return m;
 }
 
 Mat Mat::clone() const {
   Mat m = *this;
-  if (storage_) m.storage_ = std::make_shared<std::vector<unsigned char>>(*storage_);
+  if (storage_) {
+    m.storage_ = std::make_shared<HostMemory>(storage_->size, false);
+    std::memcpy(m.storage_->data, storage_->data, storage_->size);
+  }
   return m;
 }
 

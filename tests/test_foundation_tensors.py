@@ -122,6 +122,22 @@ def test_numpy_mat_numpy_round_trip_is_exact(shape, dtype):
                           y.view(np.uint32 if dtype == np.float32 else np.uint16))
 
 
+def test_numpy_without_copy_views_an_unpadded_unpacked_mat_and_keeps_it_alive():
+    x = sample((4, 6, 8), np.float32, seed=3)  # planes of 48 floats: no cstep padding
+    m = vknorm.Mat.from_numpy(x)
+    view, copy = m.numpy(copy=False), m.numpy()
+    view[...] = 1.0
+    np.testing.assert_array_equal(m.numpy(), np.ones_like(x))  # the view is the Mat's memory
+    np.testing.assert_array_equal(copy, x)  # a copy is its own
+    del m
+    np.testing.assert_array_equal(view + 0, np.ones_like(x))  # still alive through the view
+    # padded planes (5x7 floats, cstep 36) or pack4: a dense copy, whatever copy says
+    p = vknorm.Mat.from_numpy(sample((3, 5, 7), np.float32, seed=4))
+    for a in (p.numpy(copy=False), vknorm.Mat.from_numpy(x).convert_packing(4).numpy(copy=False)):
+        assert a.flags["C_CONTIGUOUS"] and a.flags["OWNDATA"] is False
+    np.testing.assert_array_equal(vknorm.Mat.from_numpy(x).convert_packing(4).numpy(copy=False), x)
+
+
 @pytest.mark.parametrize("shape", [(7,), (3, 5), (3, 5, 7), (2, 3, 5, 7)], ids=lambda s: "x".join(map(str, s)))
 def test_mat_fields_match_pyncnn_mat_from_the_same_numpy(shape):
     """pyncnn's Mat(numpy) (cloned into its own storage) has the same dims/w/h/d/c/elemsize/cstep."""

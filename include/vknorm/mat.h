@@ -8,6 +8,18 @@
 
 namespace vknorm {
 
+// A Mat's memory. Blocks of 1 MiB and more go back to a small process-wide pool when freed (at most 4 blocks,
+// 128 MiB), to be handed out again for the same size: glibc returns a large freed heap top to the system,
+// and a host round trip that frees two 16 MiB blocks a call then faults in 8000 fresh pages on every call.
+struct HostMemory {
+  explicit HostMemory(size_t bytes, bool zeroed = true);
+  ~HostMemory();
+  HostMemory(const HostMemory&) = delete;
+  HostMemory& operator=(const HostMemory&) = delete;
+  unsigned char* data = nullptr;
+  size_t size = 0;
+};
+
 class Mat {
  public:
   int dims = 0;
@@ -27,8 +39,8 @@ class Mat {
   size_t scalar_bytes() const { return elemsize / elempack; }
   size_t total() const { return cstep * (dims >= 3 ? c : 1); }  // packed elements, cstep padding included
   size_t bytes() const { return total() * elemsize; }
-  unsigned char* data() { return storage_ ? storage_->data() : nullptr; }
-  const unsigned char* data() const { return storage_ ? storage_->data() : nullptr; }
+  unsigned char* data() { return storage_ ? storage_->data : nullptr; }
+  const unsigned char* data() const { return storage_ ? storage_->data : nullptr; }
   unsigned char* channel(int i) { return data() + i * cstep * elemsize; }
   const unsigned char* channel(int i) const { return data() + i * cstep * elemsize; }
   // The "outer" axis is what pack4 interleaves: channels (dims 3/4) or rows (dims 2).
@@ -39,9 +51,11 @@ class Mat {
   unsigned char* outer_ptr(int i) { return data() + i * outer_stride() * elemsize; }
   const unsigned char* outer_ptr(int i) const { return data() + i * outer_stride() * elemsize; }
   Mat clone() const;
+  // The memory itself, shared: what keeps it alive past this Mat (a numpy array viewing it).
+  std::shared_ptr<const void> storage() const { return storage_; }
 
  private:
-  std::shared_ptr<std::vector<unsigned char>> storage_;
+  std::shared_ptr<HostMemory> storage_;
 };
 
 // ncnn's cstep: w*h*d rounded up to 16 bytes (every dims; dims 1/2 have one channel, so only the

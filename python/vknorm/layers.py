@@ -275,7 +275,7 @@ class _Norm:
         """Normalize a copy of x; returns float32 (float16 for float16 input)."""
         a = _check_array(x)
         mat = self._run(_core.Mat.from_numpy(_as_storage(a)), device, option)
-        return mat.numpy().reshape(a.shape)
+        return mat.numpy(copy=False).reshape(a.shape)  # the Mat is this call's own: no copy of it
 
     def forward(self, x, device=None, option: Optional[Option] = None) -> np.ndarray:
         return self(x, device=device, option=option)
