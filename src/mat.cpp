@@ -10,6 +10,10 @@
 #include <stdexcept>
 #include <utility>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
+
 namespace vknorm {
 
 namespace {
@@ -173,34 +177,74 @@ float half_to_float(uint16_t hv) {
 }
 
 namespace {
-// One pass over src: each unpacked channel plane (row for dims 2) is read, and written, in order; four of them
-// at a time where one side interleaves them (pack4). Then the destination's cstep padding is zeroed.
-template <typename From, typename To, typename Conv>
-void transcode(const Mat& src, const Mat& dst, unsigned char* out, Conv conv) {
+// Contiguous runs of scalars converted: a copy, or float32 <-> float16, 8 at a time with the F16C
+// instructions where the CPU has them (the same rounding; only a NaN's payload may differ).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx,f16c"))) void to_half_f16c(const float* s, uint16_t* t, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(t + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) t[i] = float_to_half(s[i]);
+}
+__attribute__((target("avx,f16c"))) void to_float_f16c(const uint16_t* s, float* t, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(t + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  for (; i < n; ++i) t[i] = half_to_float(s[i]);
+}
+const bool kF16C = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+#else
+constexpr bool kF16C = false;
+void to_half_f16c(const float*, uint16_t*, size_t) {}
+void to_float_f16c(const uint16_t*, float*, size_t) {}
+#endif
+
+void convert_run(const float* s, uint16_t* t, size_t n) {
+  if (kF16C) return to_half_f16c(s, t, n);
+  for (size_t i = 0; i < n; ++i) t[i] = float_to_half(s[i]);
+}
+void convert_run(const uint16_t* s, float* t, size_t n) {
+  if (kF16C) return to_float_f16c(s, t, n);
+  for (size_t i = 0; i < n; ++i) t[i] = half_to_float(s[i]);
+}
+template <typename T>
+void convert_run(const T* s, T* t, size_t n) {
+  std::memcpy(t, s, n * sizeof(T));
+}
+
+// One pass over src: each unpacked channel plane (row for dims 2) is read, and written, in order; where one side
+// interleaves four of them (pack4), a chunk of each goes through a small buffer between the conversion and the
+// (de)interleaving. Then the destination's cstep padding is zeroed.
+template <typename From, typename To>
+void transcode(const Mat& src, const Mat& dst, unsigned char* out) {
+  constexpr size_t kChunk = 512;
   const size_t plane = src.outer_elems();
   const size_t dst_stride = dst.outer_stride() * dst.elemsize;
   auto dst_outer = [&](int i) { return reinterpret_cast<To*>(out + i * dst_stride); };
   if (src.elempack == dst.elempack) {
-    for (int p = 0; p < src.outer(); ++p) {
-      const From* s = reinterpret_cast<const From*>(src.outer_ptr(p));
-      To* t = dst_outer(p);
-      for (size_t i = 0; i < plane * src.elempack; ++i) t[i] = conv(s[i]);
-    }
+    for (int p = 0; p < src.outer(); ++p)
+      convert_run(reinterpret_cast<const From*>(src.outer_ptr(p)), dst_outer(p), plane * src.elempack);
   } else if (dst.elempack == 4) {
+    To lane[4][kChunk];
     for (int p = 0; p < dst.outer(); ++p) {
-      const From* s[4];
-      for (int k = 0; k < 4; ++k) s[k] = reinterpret_cast<const From*>(src.outer_ptr(4 * p + k));
       To* t = dst_outer(p);
-      for (size_t i = 0; i < plane; ++i)
-        t[4 * i] = conv(s[0][i]), t[4 * i + 1] = conv(s[1][i]), t[4 * i + 2] = conv(s[2][i]), t[4 * i + 3] = conv(s[3][i]);
+      for (size_t i0 = 0; i0 < plane; i0 += kChunk) {
+        const size_t n = std::min(kChunk, plane - i0);
+        for (int k = 0; k < 4; ++k) convert_run(reinterpret_cast<const From*>(src.outer_ptr(4 * p + k)) + i0, lane[k], n);
+        for (size_t i = 0; i < n; ++i)
+          for (int k = 0; k < 4; ++k) t[4 * (i0 + i) + k] = lane[k][i];
+      }
     }
   } else {
+    From lane[4][kChunk];
     for (int p = 0; p < src.outer(); ++p) {
       const From* s = reinterpret_cast<const From*>(src.outer_ptr(p));
-      To* t[4];
-      for (int k = 0; k < 4; ++k) t[k] = dst_outer(4 * p + k);
-      for (size_t i = 0; i < plane; ++i)
-        t[0][i] = conv(s[4 * i]), t[1][i] = conv(s[4 * i + 1]), t[2][i] = conv(s[4 * i + 2]), t[3][i] = conv(s[4 * i + 3]);
+      for (size_t i0 = 0; i0 < plane; i0 += kChunk) {
+        const size_t n = std::min(kChunk, plane - i0);
+        for (size_t i = 0; i < n; ++i)
+          for (int k = 0; k < 4; ++k) lane[k][i] = s[4 * (i0 + i) + k];
+        for (int k = 0; k < 4; ++k) convert_run(lane[k], dst_outer(4 * p + k) + i0, n);
+      }
     }
   }
   // Padding: between channels (dims 3-4) and after the last one.
@@ -223,12 +267,11 @@ void convert_into(const Mat& src, const Mat& format, unsigned char* out) {
   if (!same_shape || src.empty() || !out)
     throw std::invalid_argument("convert_into: the destination must describe the source's shape");
   if (src.is_fp16() == format.is_fp16())
-    src.is_fp16() ? transcode<uint16_t, uint16_t>(src, format, out, [](uint16_t v) { return v; })
-                  : transcode<uint32_t, uint32_t>(src, format, out, [](uint32_t v) { return v; });
+    src.is_fp16() ? transcode<uint16_t, uint16_t>(src, format, out) : transcode<uint32_t, uint32_t>(src, format, out);
   else if (format.is_fp16())
-    transcode<float, uint16_t>(src, format, out, [](float v) { return float_to_half(v); });
+    transcode<float, uint16_t>(src, format, out);
   else
-    transcode<uint16_t, float>(src, format, out, [](uint16_t v) { return half_to_float(v); });
+    transcode<uint16_t, float>(src, format, out);
 }
 
 Mat cast_fp16(const Mat& src) {

@@ -236,6 +236,20 @@ def test_cast_fp16_rounds_like_numpy_on_special_and_random_values():
     assert bad.size == 0, f"{bad.size} mismatches, e.g. {x[bad[:5]]!r} -> {got[bad[:5]]!r}, numpy {want[bad[:5]]!r}"
 
 
+def test_cast_fp16_one_scalar_at_a_time_rounds_like_numpy():
+    """Runs shorter than a vector (and CPUs without F16C) take the scalar conversion: the same results."""
+    rng = np.random.default_rng(7)
+    rand = rng.integers(0, 2**32, size=3000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([special_floats(), rand[~np.isnan(rand)]])
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    got = np.array([vknorm.Mat.from_numpy(x[i:i + 1]).cast_fp16().numpy()[0] for i in range(x.size)])
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    back = np.array([vknorm.Mat.from_numpy(want[i:i + 1]).cast_fp32().numpy()[0] for i in range(x.size)])
+    finite = ~np.isnan(want)
+    np.testing.assert_array_equal(back[finite], want[finite].astype(np.float32))
+
+
 def test_cast_fp16_keeps_nan_and_fp32_widening_is_exact():
     x = np.array([np.nan, -np.nan, 1.0], np.float32)
     got = vknorm.Mat.from_numpy(x).cast_fp16().numpy()
