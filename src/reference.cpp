@@ -51,10 +51,20 @@ GroupLayout group_layout(int dims, int w, int h, int d, int c, size_t cstep, int
     default:
       throw std::invalid_argument("dims must be 1-4, got " + std::to_string(dims));
   }
-  if (affine && uint64_t(affine_size) != size)
-    throw std::invalid_argument("affine_size " + std::to_string(affine_size) +
-                                " does not match the input's trailing dims (" + trailing + "): the groups have " +
-                                std::to_string(size) + " elements");
+  if (affine && uint64_t(affine_size) != size) {
+    // ncnn's rule by dims: what its LayerNorm normalizes as one group.
+    static const char* const rule[] = {"", "the whole blob", "each row of w", "each row where affine_size is w, else each channel",
+                                       "each row where affine_size is w, each depth slice where w*h, else each channel"};
+    std::string why = "affine_size " + std::to_string(affine_size) + " does not match the input's trailing dims (" +
+                      trailing + "): ncnn's LayerNorm normalizes " + rule[dims] + " here, groups of " +
+                      std::to_string(size) + " elements";
+    const uint64_t whole = uint64_t(w) * h * d * c * elempack;
+    if (dims >= 2 && uint64_t(affine_size) == whole && whole != size)
+      why += "; " + std::to_string(affine_size) + " is the whole " + std::to_string(dims) +
+             "-d blob, which it cannot normalize as one group (stock ncnn would use the first " + std::to_string(size) +
+             " weights on each of its groups: not what the model was exported for)";
+    throw std::invalid_argument(why);
+  }
   const uint64_t n_groups = channels * gpc;
   if (size > 0xffffffffull || n_groups > 0xffffffffull || step > 0xffffffffull)
     throw std::invalid_argument("tensor too large for 32-bit group indexing");
@@ -131,7 +141,10 @@ GroupLayout channel_group_layout(int dims, int w, int h, int d, int c, size_t cs
   if (instance && dims <= 2) {
     // ncnn's InstanceNorm: the whole blob is one channel and one group (pack4 rows: every lane in it).
     if (dims == 1 && elempack != 1) throw std::invalid_argument(layer + ": a dims-1 blob must be unpacked");
-    if (channels > 1) throw std::invalid_argument(layer + ": a dims-" + std::to_string(dims) + " input is one channel, the layer " + std::to_string(channels));
+    if (channels > 1)
+      throw std::invalid_argument(layer + ": a dims-" + std::to_string(dims) + " input is one channel, the layer " +
+                                  std::to_string(channels) + " (ncnn's InstanceNorm normalizes a dims 1-2 blob as one "
+                                  "instance; rows are not channels there)");
     GroupLayout g;
     g.elempack = elempack;
     g.weights = GroupLayout::Single;

@@ -250,7 +250,8 @@ def error_runs(tmp_path_factory):
     ("atol", ["--atol", "tiny"]),
     ("bad_shape", ["--input in0=16x65"]),
     ("bad_shape_3d", ["--input in0=2x16x64"]),
-    ("layer_refuses", ["extracting blob 'out0'", "vknorm InstanceNorm in_0: a dims-1 input is one channel"]),
+    ("layer_refuses", ["a vknorm layer refused the model", "extracting blob 'out0'",
+                       "vknorm InstanceNorm in_0: a dims-1 input is one channel", "as one instance"]),
 ])
 def test_check_vulkan_error_path(error_runs, case, needles):
     assert_one_line_error(error_runs[case], *needles)

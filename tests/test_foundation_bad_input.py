@@ -48,6 +48,19 @@ def test_affine_size_not_matching_trailing_dims_names_both(op, affine_size, shap
         assert f"{k}={v}" in msg, f"message does not name the input's {k}={v}: {msg!r}"
 
 
+@pytest.mark.parametrize("op,shape", [("LayerNorm", (7, 13)), ("RMSNorm", (7, 13)), ("LayerNorm", (6, 7, 13))])
+def test_affine_size_of_the_whole_blob_is_refused_saying_why(op, shape):
+    """What pnnx writes for a normalized_shape spanning every non-batch dim: ncnn's LayerNorm normalizes rows
+    (dims 2) or channels (dims 3) there, with the first weights; vknorm refuses and says so."""
+    size = int(np.prod(shape))
+    layer = ln_with_weights(size) if op == "LayerNorm" else rms_with_weights(size)
+    with pytest.raises(ValueError) as e:
+        layer(np.ones(shape, np.float32), device="cpu")
+    msg = str(e.value)
+    assert f"is the whole {len(shape)}-d blob" in msg and "cannot normalize as one group" in msg, msg
+    assert ("each row of w" if len(shape) == 2 else "else each channel") in msg, msg
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_affine_size_mismatch_is_refused_on_forward_inplace_and_vkmat_too(device):
     ln = ln_with_weights(5)

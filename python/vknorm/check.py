@@ -676,8 +676,12 @@ def _graph_extract(graph, net, inputs: dict, blobs: List[str], label: str) -> di
                     continue
                 ret, mat = ex.extract(b)
                 if ret != 0:
+                    said = _last_line(captured)
+                    if said.startswith(": vknorm "):  # one of vknorm's layers refused: it says why
+                        raise UsageError(f"a vknorm layer refused the model ({label} run, extracting blob {b!r} "
+                                         f"returned {ret}){said}")
                     raise UsageError(f"ncnn could not run the model on the given --input shapes "
-                                     f"({label} run, extracting blob {b!r} returned {ret}){_last_line(captured)}")
+                                     f"({label} run, extracting blob {b!r} returned {ret}){said}")
                 out[b] = np.array(mat).astype(np.float32, copy=True)
                 del mat
     finally:
