@@ -17,6 +17,7 @@
 #include <ncnn/command.h>
 #include <ncnn/gpu.h>
 #include <ncnn/layer.h>
+#include <ncnn/modelbin.h>
 #include <ncnn/net.h>
 #include <ncnn/pipeline.h>
 
@@ -83,7 +84,11 @@ class NormLayer : public ::ncnn::Layer {
     support_vulkan = true;
     support_vulkan_packing = true;  // elempack 1 and 4 are read as they are: no repacking dispatch
   }
-  ~NormLayer() override { drop_fallback(); }
+  ~NormLayer() override {
+    drop_fallback();
+    delete cpu_norm_;
+    delete cpu_activation_;
+  }
 
   Counters counters() const { return {vulkan_forwards_, cpu_forwards_, pipelines_made_, unfused_adds_}; }
   LayerInfo describe() const {
@@ -125,6 +130,9 @@ class NormLayer : public ::ncnn::Layer {
       log_error(e);
       return -1;
     }
+    // On the CPU the norm and a fused activation are ncnn's own CPU layers (their SIMD and threads, their
+    // results): vknorm's speed is on Vulkan.
+    if (make_cpu_layers(pd) != 0) return -1;
     // A fused add reads two blobs and writes new ones (its inputs may be shared through a Split).
     one_blob_only = fusion_.residual == Fusion::None;
     // featmask (param 31) bit 4 puts this layer on the CPU inside a Vulkan net. ncnn sets featmask before
@@ -135,6 +143,12 @@ class NormLayer : public ::ncnn::Layer {
   }
 
   int load_model(const ::ncnn::ModelBin& mb) override {
+    if (int r = load_weights(mb)) return r;
+    const ::ncnn::Mat weights[2] = {gamma_, beta_};
+    return cpu_norm_->load_model(::ncnn::ModelBinFromMatArray(weights));
+  }
+
+  int load_weights(const ::ncnn::ModelBin& mb) {
     if (!p_.affine) return 0;
     gamma_ = mb.load(weight_count(), 1);
     if (gamma_.empty()) {
@@ -155,6 +169,14 @@ class NormLayer : public ::ncnn::Layer {
     // Inputs of different shapes at run time (a broadcasting add) are left unfused: ncnn's own
     // BinaryOp adds them, then this layer normalizes the sum.
     if (fusion_.residual != Fusion::None && make_fallback(opt) != 0) return -1;
+    if (cpu_norm_->create_pipeline(cpu_option(opt)) != 0 ||
+        (cpu_activation_ && cpu_activation_->create_pipeline(cpu_option(opt)) != 0)) {
+      NCNN_LOGE("vknorm %s %s: ncnn's CPU layers failed to create their pipelines", type_name(), name.c_str());
+      return -1;
+    }
+    // On the CPU, blobs come packed as ncnn's graph packs them where every CPU layer used takes that.
+    support_packing = cpu_norm_->support_packing && (!cpu_activation_ || cpu_activation_->support_packing) &&
+                      (!add_cpu_ || add_cpu_->support_packing);
     if (!vkdev || !opt.use_vulkan_compute) return 0;  // a CPU net
     if (opt.use_bf16_storage || opt.use_bf16_packed) {
       NCNN_LOGE("vknorm %s: bfloat16 storage is not supported; turn off opt.use_bf16_storage/use_bf16_packed", type_name());
@@ -191,6 +213,8 @@ class NormLayer : public ::ncnn::Layer {
   }
 
   int destroy_pipeline(const ::ncnn::Option& opt) override {
+    if (cpu_norm_) cpu_norm_->destroy_pipeline(cpu_option(opt));
+    if (cpu_activation_) cpu_activation_->destroy_pipeline(cpu_option(opt));
     if (add_cpu_) add_cpu_->destroy_pipeline(opt);
     if (add_vk_) add_vk_->destroy_pipeline(opt);
     drop_fallback();
@@ -226,20 +250,23 @@ class NormLayer : public ::ncnn::Layer {
     return f32;
   }
 
-  // CPU: ncnn hands elempack-1 float32 blobs to a layer without support_packing / fp16 / bf16 (float16 from a
-  // discrete GPU's download is cast first, as_float32).
-  int forward_inplace(::ncnn::Mat& m, const ::ncnn::Option&) const override {
-    if (m.elempack != 1 || m.elembits() != 32) {
-      NCNN_LOGE("vknorm %s: CPU forward needs an elempack-1 float32 blob", type_name());
+  // CPU: ncnn hands float32 blobs, packed as its graph packs them, to a layer without fp16 / bf16 support
+  // (float16 from a discrete GPU's download is cast first, as_float32).
+  int forward_inplace(::ncnn::Mat& m, const ::ncnn::Option& opt) const override {
+    if (m.elembits() != 32) {
+      NCNN_LOGE("vknorm %s: CPU forward needs a float32 blob", type_name());
       return -1;
     }
     try {
-      const GroupLayout g = p_.layout(m.dims, m.w, m.h, m.d, m.c, m.dims <= 2 ? size_t(m.w) * m.h : m.cstep, 1);
-      reference_forward(p_.op, static_cast<float*>(m.data), g, p_.eps, p_.affine ? static_cast<const float*>(gamma_.data) : nullptr,
-                        p_.affine && centres(p_.op) ? static_cast<const float*>(beta_.data) : nullptr);
-      if (fusion_.activation != Activation::None)
-        for (int q = 0; q < (m.dims >= 3 ? m.c : 1); ++q)
-          activation_forward(fusion_.activation, fusion_.alpha, static_cast<float*>(m.channel(q).data), size_t(m.w) * m.h * m.d);
+      // The layer's params against the blob (unpacked), as on Vulkan: a clear refusal where ncnn's layer would
+      // misread it.
+      const int p = m.elempack;
+      const int w = m.dims == 1 ? m.w * p : m.w, h = m.dims == 2 ? m.h * p : m.h, c = m.dims >= 3 ? m.c * p : m.c;
+      p_.layout(m.dims, w, h, m.d, c, m.dims <= 2 ? size_t(w) * h : size_t(w) * h * m.d, 1);
+      const ::ncnn::Option cpu = cpu_option(opt);
+      if (int r = cpu_norm_->forward_inplace(m, cpu)) return r;
+      if (cpu_activation_)
+        if (int r = cpu_activation_->forward_inplace(m, cpu)) return r;
     } catch (const std::exception& e) {
       log_error(e);
       return -1;
@@ -263,9 +290,13 @@ class NormLayer : public ::ncnn::Layer {
       if ((inputs[i] = bottoms[i].elembits() == 16 ? as_float32(bottoms[i], opt) : bottoms[i]).empty()) return -100;
     std::vector<::ncnn::Mat> sum(1);
     if (int r = add_cpu_->forward(inputs, sum, opt)) return r;
-    tops[0] = sum[0].clone(opt.blob_allocator);
-    if (tops[0].empty()) return -100;
-    if (fusion_.residual == Fusion::AddWriteSum) tops[1] = sum[0];
+    if (fusion_.residual == Fusion::AddWriteSum) {  // the sum is an output too: the norm gets a copy
+      tops[1] = sum[0];
+      tops[0] = sum[0].clone(opt.blob_allocator);
+      if (tops[0].empty()) return -100;
+    } else {
+      tops[0] = sum[0];
+    }
     return forward_inplace(tops[0], opt);
   }
 
@@ -413,6 +444,42 @@ class NormLayer : public ::ncnn::Layer {
     }
     if (!add_cpu_ || (vkdev && opt.use_vulkan_compute && !add_vk_)) return -1;
     return 0;
+  }
+  int make_cpu_layers(const ::ncnn::ParamDict& pd) {
+    delete cpu_norm_;
+    delete cpu_activation_;
+    cpu_activation_ = nullptr;
+    cpu_norm_ = ::ncnn::create_layer_cpu(op_name(p_.op));
+    if (!cpu_norm_ || cpu_norm_->load_param(pd) != 0) {
+      NCNN_LOGE("vknorm %s %s: creating ncnn's CPU %s failed", type_name(), name.c_str(), op_name(p_.op));
+      return -1;
+    }
+    if (fusion_.activation == Activation::None) return 0;
+    ::ncnn::ParamDict apd;  // ncnn's ReLU: 0=slope; GELU: 0=fast_gelu
+    const char* type = "ReLU";
+    switch (fusion_.activation) {
+      case Activation::LeakyReLU: apd.set(0, fusion_.alpha); break;
+      case Activation::Sigmoid: type = "Sigmoid"; break;
+      case Activation::Swish: type = "Swish"; break;
+      case Activation::GELU: type = "GELU"; break;
+      case Activation::FastGELU: type = "GELU", apd.set(0, 1); break;
+      default: break;
+    }
+    cpu_activation_ = ::ncnn::create_layer_cpu(type);
+    if (!cpu_activation_ || cpu_activation_->load_param(apd) != 0) {
+      NCNN_LOGE("vknorm %s %s: creating ncnn's CPU %s failed", type_name(), name.c_str(), type);
+      return -1;
+    }
+    return 0;
+  }
+
+  // ncnn's CPU layers are handed float32 blobs here (support_fp16_storage is off: ncnn casts for this layer).
+  static ::ncnn::Option cpu_option(const ::ncnn::Option& opt) {
+    ::ncnn::Option cpu = opt;
+    cpu.use_vulkan_compute = false;
+    cpu.use_fp16_storage = cpu.use_fp16_packed = cpu.use_fp16_arithmetic = false;
+    cpu.use_bf16_storage = cpu.use_bf16_packed = false;
+    return cpu;
   }
   void drop_fallback() {
     delete add_cpu_;
@@ -573,6 +640,8 @@ class NormLayer : public ::ncnn::Layer {
   mutable std::map<std::string, std::unique_ptr<::ncnn::Pipeline>> pipelines_;
   mutable std::map<std::tuple<int, int, int, int, int, size_t, int, bool, bool, int>, Prepared> prepared_;
   mutable std::atomic<uint64_t> vulkan_forwards_{0}, cpu_forwards_{0}, pipelines_made_{0};
+  ::ncnn::Layer* cpu_norm_ = nullptr;        // ncnn's own CPU layer of this op, for the CPU forward
+  ::ncnn::Layer* cpu_activation_ = nullptr;  // and of the fused activation
 };
 
 template <NormOp op, bool fused>

@@ -438,13 +438,21 @@ def test_broadcasting_add_met_at_run_time_is_left_to_ncnn(tmp_path, fp16):
 
 
 @needs_graph
-def test_fused_model_in_a_cpu_net_matches_ncnn_cpu():
-    p, b = DATA / "ln_residual_stack.ncnn.param", DATA / "ln_residual_stack.ncnn.bin"
-    x = np.random.default_rng(4).standard_normal((197, 768)).astype(np.float32)
-    ref = run_graph(p, b, {"in0": x}, vknorm_layers=False, vulkan=False)[0]["out0"]
-    got, net = run_graph(p, b, {"in0": x}, vulkan=False)
-    assert len(net.fused()) == 12 and net.vknorm_counters()["vulkan_forwards"] == 0
-    assert float(np.abs(got["out0"] - ref).max()) <= 1e-5 * float(np.abs(ref).max())
+def test_in_a_cpu_net_every_committed_model_fused_or_not_is_stock_ncnn_cpu_bit_for_bit():
+    """On the CPU vknorm's layers (fused or not) run ncnn's own CPU layers: the norm, the activation, the add's
+    BinaryOp; the outputs are stock ncnn's exactly, also where |mean| >> std (a naive float32 sum of its own
+    would differ there)."""
+    for name, dims in MODELS.items():
+        p, b = DATA / f"{name}.ncnn.param", DATA / f"{name}.ncnn.bin"
+        shape = tuple(int(v) for v in dims.split("x"))
+        x = (np.random.default_rng(4).standard_normal(shape) * 0.01 + 30).astype(np.float32)
+        ref = run_graph(p, b, {"in0": x}, vknorm_layers=False, vulkan=False)[0]["out0"]
+        for fuse in (False, True):
+            got, net = run_graph(p, b, {"in0": x}, vulkan=False, fuse_=fuse)
+            assert len(net.fused()) == (len(EXPECTED_FUSED.get(name, [])) if fuse else 0)
+            c = net.vknorm_counters()
+            assert c["vulkan_forwards"] == 0 and c["cpu_forwards"] > 0, (name, c)
+            np.testing.assert_array_equal(got["out0"], ref, err_msg=f"{name} fuse={fuse}")
 
 
 @needs_graph

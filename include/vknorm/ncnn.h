@@ -1,7 +1,8 @@
 // vknorm's LayerNorm, RMSNorm, GroupNorm and InstanceNorm as ncnn layers. In a Vulkan net they run inside ncnn's graph: pipelines
 // on the net's VulkanDevice, recorded into ncnn's VkCompute on the VkMat ncnn hands over (elempack 1 or
 // 4, float32 or float16 storage as the net chose), with no host copy and no submission of their own.
-// In a CPU net they run ncnn's CPU algorithm (vknorm's reference).
+// In a CPU net (or a layer ncnn keeps off Vulkan) they run ncnn's own CPU layers: the norm, then a fused
+// activation; a fused add through ncnn's BinaryOp. Results and speed are stock ncnn's there.
 //
 //   ncnn::Net net;
 //   net.opt.use_vulkan_compute = true;

@@ -23,8 +23,8 @@ keep their symbols to themselves, so both can be imported in one process.
 
 In a Vulkan net (``opt.use_vulkan_compute = True``) vknorm's layers record their kernels into ncnn's
 command buffer on ncnn's blobs, in whatever packing (1 or 4) and storage (``opt.use_fp16_storage`` /
-``use_fp16_packed``: float16; float32 otherwise) the graph chose. In a CPU net they run ncnn's CPU
-algorithm. ``vknorm.ncnn.register`` (pyncnn custom layers) remains for pyncnn users, but it is the slow
+``use_fp16_packed``: float16; float32 otherwise) the graph chose. In a CPU net they run ncnn's own CPU
+layers (the norm, a fused activation, a fused add's BinaryOp): stock ncnn's results and speed. ``vknorm.ncnn.register`` (pyncnn custom layers) remains for pyncnn users, but it is the slow
 path: a pyncnn layer always runs on the host, so a Vulkan net downloads and re-uploads around it.
 
 Fusion (``Net(fuse=True)``, the default with vknorm's layers): ``load_param`` rewrites the model so every
