@@ -68,23 +68,9 @@ nb::ndarray<nb::numpy> mat_to_numpy(const Mat& m, bool copy) {
   const size_t sb = m.scalar_bytes();
   nb::dlpack::dtype dt = sb == 2 ? nb::dtype<uint16_t>() : nb::dtype<float>();
   if (sb == 2) dt.code = uint8_t(nb::dlpack::dtype_code::Float);
-  // copy=false: an unpacked Mat without padding between its channels is viewed where it lies, sharing its memory.
-  const bool unpadded = m.dims <= 2 || m.cstep == m.outer_elems();
-  if (!copy && m.elempack == 1 && unpadded && m.data()) {
-    std::vector<size_t> shape;
-    switch (m.dims) {
-      case 1: shape = {size_t(m.w)}; break;
-      case 2: shape = {size_t(m.h), size_t(m.w)}; break;
-      case 3: shape = {size_t(m.c), size_t(m.h), size_t(m.w)}; break;
-      default: shape = {size_t(m.c), size_t(m.d), size_t(m.h), size_t(m.w)};
-    }
-    auto* keep = new std::shared_ptr<const void>(m.storage());
-    nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<const void>*>(p); });
-    return nb::ndarray<nb::numpy>(const_cast<unsigned char*>(m.data()), shape.size(), shape.data(), owner, nullptr, dt);
-  }
-  // Unpacked and dense (no cstep padding), converted straight into the array's memory.
+  // The array: unpacked and dense (no cstep padding); numpy's (w), (h, w), (c, h, w), (c, d, h, w).
   const int outer = m.unpacked_outer();
-  Mat dense = Mat::layout(m.dims, m.w, m.dims == 2 ? outer : m.h, m.d, m.dims >= 3 ? outer : 1, m.scalar_bytes(), 1);
+  Mat dense = Mat::layout(m.dims, m.w, m.dims == 2 ? outer : m.h, m.d, m.dims >= 3 ? outer : 1, sb, 1);
   dense.cstep = dense.dims == 2 ? size_t(dense.w) * dense.h : dense.outer_elems();  // total(): dims 1-2 count the blob
   std::vector<size_t> shape;
   switch (dense.dims) {
@@ -93,11 +79,15 @@ nb::ndarray<nb::numpy> mat_to_numpy(const Mat& m, bool copy) {
     case 3: shape = {size_t(dense.c), size_t(dense.h), size_t(dense.w)}; break;
     default: shape = {size_t(dense.c), size_t(dense.d), size_t(dense.h), size_t(dense.w)};
   }
-  auto* memory = new std::shared_ptr<const HostMemory>(std::make_shared<HostMemory>(dense.bytes(), false));  // every byte written below
-  nb::capsule owner(memory, [](void* p) noexcept { delete static_cast<std::shared_ptr<const HostMemory>*>(p); });
-  unsigned char* out = (*memory)->data;
-  convert_into(m, dense, out);
-  return nb::ndarray<nb::numpy>(out, shape.size(), shape.data(), owner, nullptr, dt);
+  // copy=false: a Mat already laid out so (unpacked, no padding between channels) is viewed where it lies.
+  const bool as_is = m.elempack == 1 && (m.dims <= 2 || m.cstep == m.outer_elems()) && m.data();
+  std::shared_ptr<const void> memory = !copy && as_is ? m.storage() : std::make_shared<HostMemory>(dense.bytes(), false);
+  unsigned char* data = !copy && as_is ? const_cast<unsigned char*>(m.data())
+                                       : static_cast<const HostMemory*>(memory.get())->data;
+  if (data != m.data()) convert_into(m, dense, data);  // every byte of the array written
+  auto* keep = new std::shared_ptr<const void>(std::move(memory));
+  nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<const void>*>(p); });
+  return nb::ndarray<nb::numpy>(data, shape.size(), shape.data(), owner, nullptr, dt);
 }
 
 nb::dict device_dict(const DeviceInfo& d) {
