@@ -174,8 +174,9 @@ class NormLayer : public ::ncnn::Layer {
       NCNN_LOGE("vknorm %s %s: ncnn's CPU layers failed to create their pipelines", type_name(), name.c_str());
       return -1;
     }
-    // On the CPU, blobs come packed as ncnn's graph packs them where every CPU layer used takes that.
-    support_packing = cpu_norm_->support_packing && (!cpu_activation_ || cpu_activation_->support_packing) &&
+    // On the CPU, blobs come packed as ncnn's graph packs them where any CPU layer used takes that (the
+    // CPU forward unpacks for one that does not); the fused add's BinaryOp reads them as given.
+    support_packing = (cpu_norm_->support_packing || (cpu_activation_ && cpu_activation_->support_packing)) &&
                       (!add_cpu_ || add_cpu_->support_packing);
     if (!vkdev || !opt.use_vulkan_compute) return 0;  // a CPU net
     if (opt.use_bf16_storage || opt.use_bf16_packed) {
@@ -263,10 +264,23 @@ class NormLayer : public ::ncnn::Layer {
       const int p = m.elempack;
       const int w = m.dims == 1 ? m.w * p : m.w, h = m.dims == 2 ? m.h * p : m.h, c = m.dims >= 3 ? m.c * p : m.c;
       p_.layout(m.dims, w, h, m.d, c, m.dims <= 2 ? size_t(w) * h : size_t(w) * h * m.d, 1);
+      // Each of ncnn's layers at the packing ncnn's graph would give it: the packing it handed this layer
+      // where that layer takes packed blobs, elempack 1 where not (ncnn's InstanceNorm), as in a stock net.
       const ::ncnn::Option cpu = cpu_option(opt);
-      if (int r = cpu_norm_->forward_inplace(m, cpu)) return r;
+      const int graph_pack = m.elempack;
+      auto run = [&](::ncnn::Layer* l) {
+        const int pack = l->support_packing ? graph_pack : 1;
+        if (m.elempack != pack) {
+          ::ncnn::Mat repacked;
+          ::ncnn::convert_packing(m, repacked, pack, cpu);
+          if (repacked.empty()) return -100;
+          m = repacked;
+        }
+        return l->forward_inplace(m, cpu);
+      };
+      if (int r = run(cpu_norm_)) return r;
       if (cpu_activation_)
-        if (int r = cpu_activation_->forward_inplace(m, cpu)) return r;
+        if (int r = run(cpu_activation_)) return r;
     } catch (const std::exception& e) {
       log_error(e);
       return -1;

@@ -56,12 +56,12 @@ GroupLayout group_layout(int dims, int w, int h, int d, int c, size_t cstep, int
     static const char* const rule[] = {"", "the whole blob", "each row of w", "each row where affine_size is w, else each channel",
                                        "each row where affine_size is w, each depth slice where w*h, else each channel"};
     std::string why = "affine_size " + std::to_string(affine_size) + " does not match the input's trailing dims (" +
-                      trailing + "): ncnn's LayerNorm normalizes " + rule[dims] + " here, groups of " +
+                      trailing + "): ncnn's LayerNorm and RMSNorm normalize " + rule[dims] + " here, groups of " +
                       std::to_string(size) + " elements";
     const uint64_t whole = uint64_t(w) * h * d * c * elempack;
     if (dims >= 2 && uint64_t(affine_size) == whole && whole != size)
       why += "; " + std::to_string(affine_size) + " is the whole " + std::to_string(dims) +
-             "-d blob, which it cannot normalize as one group (stock ncnn would use the first " + std::to_string(size) +
+             "-d blob, which they cannot normalize as one group (stock ncnn would use the first " + std::to_string(size) +
              " weights on each of its groups: not what the model was exported for)";
     throw std::invalid_argument(why);
   }

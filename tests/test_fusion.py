@@ -456,6 +456,30 @@ def test_in_a_cpu_net_every_committed_model_fused_or_not_is_stock_ncnn_cpu_bit_f
 
 
 @needs_graph
+@pytest.mark.parametrize("norm", ["InstanceNorm", "GroupNorm", "LayerNorm"])
+@pytest.mark.parametrize("act", ["Sigmoid", "Swish", "GELU"])
+def test_in_a_cpu_net_a_fused_add_norm_activation_is_stock_ncnn_bit_for_bit(tmp_path, norm, act):
+    """Each of ncnn's CPU layers inside a fused layer runs at the packing a stock graph gives it: ncnn's
+    InstanceNorm takes no packed blobs, its activations do (their vector and scalar maths differ)."""
+    c = 16
+    params = {"InstanceNorm": f"0={c} 1=1e-05 2=1", "GroupNorm": f"0=4 1={c} 2=1e-05 3=1",
+              "LayerNorm": "0=3 1=1e-05 2=1"}[norm]
+    n = 3 if norm == "LayerNorm" else c
+    rng = np.random.default_rng(8)
+    weights = rng.uniform(0.5, 1.5, n).astype(np.float32).tobytes() + rng.uniform(-1, 1, n).astype(np.float32).tobytes()
+    text = ("7767517\n6 7\nInput in0 0 1 in0\nInput in1 0 1 in1\nBinaryOp add 2 1 in0 in1 s 0=0\n"
+            "Split split 1 2 s s0 out1\n"
+            f"{norm} norm 1 1 s0 n {params}\n{act} act 1 1 n out0\n")
+    p, b = write_model(tmp_path, text, weights)
+    inputs = {k: (rng.standard_normal((c, 3, 3)) * 2).astype(np.float32) for k in ("in0", "in1")}
+    ref = run_graph(p, b, inputs, vknorm_layers=False, vulkan=False, outputs=("out0", "out1"))[0]
+    got, net = run_graph(p, b, inputs, vulkan=False, outputs=("out0", "out1"))
+    assert [f["pattern"] for f in net.fused()] == [f"BinaryOp+{norm}+{act}"], net.fused()
+    for k in ("out0", "out1"):
+        np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
+
+
+@needs_graph
 def test_fused_types_refuse_bad_params(tmp_path):
     from vknorm._stdio import quiet_stderr
 
