@@ -39,9 +39,20 @@ std::shared_ptr<Buffer> Buffer::create(std::shared_ptr<Context> ctx, vk::DeviceS
   auto& c = ctx->impl();
   c.instance->check_same_process();  // a fork()ed child's first allocation hangs on NVIDIA's driver
   size = std::max<vk::DeviceSize>(size, 16);
-  if (c.max_device_bytes && c.bytes_in_use + size > c.max_device_bytes)
+  // Counted in use from here on, so that requests of several threads see each other against the cap; given
+  // back if this one fails.
+  const uint64_t now = (c.bytes_in_use += size);
+  struct Reservation {
+    Context::Impl& c;
+    uint64_t size;
+    bool kept = false;
+    ~Reservation() {
+      if (!kept) c.bytes_in_use -= size;
+    }
+  } reservation{c, size};
+  if (c.max_device_bytes && now > c.max_device_bytes)
     throw DeviceOutOfMemory("vknorm: cannot allocate " + std::to_string(size) + " bytes (" + mib(size) +
-                            ") on the device: " + std::to_string(c.bytes_in_use.load()) +
+                            ") on the device: " + std::to_string(now - size) +
                             " bytes in use, VKNORM_MAX_DEVICE_BYTES=" + std::to_string(c.max_device_bytes));
   auto b = std::make_shared<Buffer>();
   b->size = size;
@@ -61,8 +72,8 @@ std::shared_ptr<Buffer> Buffer::create(std::shared_ptr<Context> ctx, vk::DeviceS
                               ") on the device: its memory heap holds " + std::to_string(heap) + " bytes (" + mib(heap) + ")");
     // The cap counts what the cache keeps: make room in it first.
     if (c.max_device_bytes) {
-      const uint64_t needed = c.bytes_in_use + size;
-      c.trim_cache(needed < c.max_device_bytes ? c.max_device_bytes - needed : 0);
+      const uint64_t in_use = c.bytes_in_use;  // this request included
+      c.trim_cache(in_use < c.max_device_bytes ? c.max_device_bytes - in_use : 0);
     }
     using U = vk::BufferUsageFlagBits;
     b->buffer = vk::raii::Buffer(c.device, vk::BufferCreateInfo{
@@ -83,14 +94,14 @@ std::shared_ptr<Buffer> Buffer::create(std::shared_ptr<Context> ctx, vk::DeviceS
       }
     } catch (const vk::SystemError& e) {
       throw DeviceOutOfMemory("vknorm: the device could not allocate " + std::to_string(size) + " bytes (" + mib(size) +
-                              "), " + std::to_string(c.bytes_in_use.load()) + " bytes in use: " + e.what());
+                              "), " + std::to_string(c.bytes_in_use - size) + " bytes in use: " + e.what());
     }
     ++c.allocations;
     b->buffer.bindMemory(*b->memory, 0);
     if (host) b->mapped = b->memory.mapMemory(0, VK_WHOLE_SIZE);
   }
   b->ctx = std::move(ctx);
-  uint64_t now = (c.bytes_in_use += size);
+  reservation.kept = true;
   uint64_t peak = c.bytes_peak;
   while (now > peak && !c.bytes_peak.compare_exchange_weak(peak, now)) {}
   ++c.live_buffers;
