@@ -14,6 +14,7 @@
 #include <string>
 
 #include "dispatch.h"
+#include "numpy_shape.h"
 #include "release_gil.h"
 #include "shaders.h"
 #include "vknorm/vknorm.h"
@@ -72,18 +73,11 @@ nb::ndarray<nb::numpy> mat_to_numpy(const Mat& m, bool copy) {
   const int outer = m.unpacked_outer();
   Mat dense = Mat::layout(m.dims, m.w, m.dims == 2 ? outer : m.h, m.d, m.dims >= 3 ? outer : 1, sb, 1);
   dense.cstep = dense.dims == 2 ? size_t(dense.w) * dense.h : dense.outer_elems();  // total(): dims 1-2 count the blob
-  std::vector<size_t> shape;
-  switch (dense.dims) {
-    case 1: shape = {size_t(dense.w)}; break;
-    case 2: shape = {size_t(dense.h), size_t(dense.w)}; break;
-    case 3: shape = {size_t(dense.c), size_t(dense.h), size_t(dense.w)}; break;
-    default: shape = {size_t(dense.c), size_t(dense.d), size_t(dense.h), size_t(dense.w)};
-  }
+  const std::vector<size_t> shape = numpy_shape(dense.dims, dense.w, dense.h, dense.d, dense.c);
   // copy=false: a Mat already laid out so (unpacked, no padding between channels) is viewed where it lies.
-  const bool as_is = m.elempack == 1 && (m.dims <= 2 || m.cstep == m.outer_elems()) && m.data();
-  std::shared_ptr<const void> memory = !copy && as_is ? m.storage() : std::make_shared<HostMemory>(dense.bytes(), false);
-  unsigned char* data = !copy && as_is ? const_cast<unsigned char*>(m.data())
-                                       : static_cast<const HostMemory*>(memory.get())->data;
+  const bool view = !copy && m.elempack == 1 && (m.dims <= 2 || m.cstep == m.outer_elems()) && m.data();
+  std::shared_ptr<const void> memory = view ? m.storage() : std::make_shared<HostMemory>(dense.bytes(), false);
+  unsigned char* data = view ? const_cast<unsigned char*>(m.data()) : static_cast<const HostMemory*>(memory.get())->data;
   if (data != m.data()) convert_into(m, dense, data);  // every byte of the array written
   auto* keep = new std::shared_ptr<const void>(std::move(memory));
   nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<const void>*>(p); });

@@ -29,6 +29,7 @@
 #include <ncnn/net.h>
 
 #include "vknorm/ncnn.h"
+#include "numpy_shape.h"
 #include "release_gil.h"
 
 namespace nb = nanobind;
@@ -73,13 +74,7 @@ nb::dict counters_dict(const vknorm::ncnn::Counters& c) {
 nb::ndarray<nb::numpy, float> mat_to_numpy(const ::ncnn::Mat& m) {
   if (m.empty()) throw std::invalid_argument("Mat is empty");
   if (m.elempack != 1 || m.elemsize != 4) throw std::invalid_argument("Mat: only elempack-1 float32 Mats convert to numpy");
-  std::vector<size_t> shape;
-  switch (m.dims) {
-    case 1: shape = {size_t(m.w)}; break;
-    case 2: shape = {size_t(m.h), size_t(m.w)}; break;
-    case 3: shape = {size_t(m.c), size_t(m.h), size_t(m.w)}; break;
-    default: shape = {size_t(m.c), size_t(m.d), size_t(m.h), size_t(m.w)};
-  }
+  const std::vector<size_t> shape = numpy_shape(m.dims, m.w, m.h, m.d, m.c);
   const size_t plane = size_t(m.w) * m.h * m.d;
   const int channels = m.dims >= 3 ? m.c : 1;
   auto* out = new float[plane * channels];

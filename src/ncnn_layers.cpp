@@ -84,11 +84,6 @@ class NormLayer : public ::ncnn::Layer {
     support_vulkan = true;
     support_vulkan_packing = true;  // elempack 1 and 4 are read as they are: no repacking dispatch
   }
-  ~NormLayer() override {
-    drop_fallback();
-    delete cpu_norm_;
-    delete cpu_activation_;
-  }
 
   Counters counters() const { return {vulkan_forwards_, cpu_forwards_, pipelines_made_, unfused_adds_}; }
   LayerInfo describe() const {
@@ -218,7 +213,7 @@ class NormLayer : public ::ncnn::Layer {
     if (cpu_activation_) cpu_activation_->destroy_pipeline(cpu_option(opt));
     if (add_cpu_) add_cpu_->destroy_pipeline(opt);
     if (add_vk_) add_vk_->destroy_pipeline(opt);
-    drop_fallback();
+    add_cpu_.reset(), add_vk_.reset();
     std::lock_guard<std::mutex> lock(mutex_);
     prepared_.clear();
     pipelines_.clear();
@@ -278,9 +273,9 @@ class NormLayer : public ::ncnn::Layer {
         }
         return l->forward_inplace(m, cpu);
       };
-      if (int r = run(cpu_norm_)) return r;
+      if (int r = run(cpu_norm_.get())) return r;
       if (cpu_activation_)
-        if (int r = run(cpu_activation_)) return r;
+        if (int r = run(cpu_activation_.get())) return r;
     } catch (const std::exception& e) {
       log_error(e);
       return -1;
@@ -443,12 +438,11 @@ class NormLayer : public ::ncnn::Layer {
 
   // ncnn's own BinaryOp add (CPU, and Vulkan in a Vulkan net) for inputs the fused kernel does not take.
   int make_fallback(const ::ncnn::Option& opt) {
-    drop_fallback();
     ::ncnn::ParamDict pd;
     pd.set(0, 0);  // op_type add
-    add_cpu_ = ::ncnn::create_layer_cpu("BinaryOp");
-    if (vkdev && opt.use_vulkan_compute) add_vk_ = ::ncnn::create_layer_vulkan("BinaryOp");
-    for (::ncnn::Layer* l : {add_cpu_, add_vk_}) {
+    add_cpu_.reset(::ncnn::create_layer_cpu("BinaryOp"));
+    add_vk_.reset(vkdev && opt.use_vulkan_compute ? ::ncnn::create_layer_vulkan("BinaryOp") : nullptr);
+    for (::ncnn::Layer* l : {add_cpu_.get(), add_vk_.get()}) {
       if (!l) continue;
       l->vkdev = vkdev;
       if (l->load_param(pd) != 0 || l->create_pipeline(opt) != 0) {
@@ -460,10 +454,8 @@ class NormLayer : public ::ncnn::Layer {
     return 0;
   }
   int make_cpu_layers(const ::ncnn::ParamDict& pd) {
-    delete cpu_norm_;
-    delete cpu_activation_;
-    cpu_activation_ = nullptr;
-    cpu_norm_ = ::ncnn::create_layer_cpu(op_name(p_.op));
+    cpu_activation_.reset();
+    cpu_norm_.reset(::ncnn::create_layer_cpu(op_name(p_.op)));
     if (!cpu_norm_ || cpu_norm_->load_param(pd) != 0) {
       NCNN_LOGE("vknorm %s %s: creating ncnn's CPU %s failed", type_name(), name.c_str(), op_name(p_.op));
       return -1;
@@ -479,7 +471,7 @@ class NormLayer : public ::ncnn::Layer {
       case Activation::FastGELU: type = "GELU", apd.set(0, 1); break;
       default: break;
     }
-    cpu_activation_ = ::ncnn::create_layer_cpu(type);
+    cpu_activation_.reset(::ncnn::create_layer_cpu(type));
     if (!cpu_activation_ || cpu_activation_->load_param(apd) != 0) {
       NCNN_LOGE("vknorm %s %s: creating ncnn's CPU %s failed", type_name(), name.c_str(), type);
       return -1;
@@ -495,12 +487,6 @@ class NormLayer : public ::ncnn::Layer {
     cpu.use_bf16_storage = cpu.use_bf16_packed = false;
     return cpu;
   }
-  void drop_fallback() {
-    delete add_cpu_;
-    delete add_vk_;
-    add_cpu_ = add_vk_ = nullptr;
-  }
-
   bool hint_fits_params(const Blob& b) const {
     try {
       p_.layout(b.dims, b.w, b.h, b.d, b.c, b.cstep, b.elempack);
@@ -644,8 +630,7 @@ class NormLayer : public ::ncnn::Layer {
   NormParams p_;
   bool fused_type_ = false;
   Fusion fusion_;
-  ::ncnn::Layer* add_cpu_ = nullptr;  // the unfused fallback's BinaryOp (create_pipeline)
-  ::ncnn::Layer* add_vk_ = nullptr;
+  std::unique_ptr<::ncnn::Layer> add_cpu_, add_vk_;  // the unfused fallback's BinaryOp (create_pipeline)
   mutable std::atomic<uint64_t> unfused_adds_{0};
   ::ncnn::Mat gamma_, beta_;
   ::ncnn::VkMat gamma_gpu_, beta_gpu_;
@@ -654,8 +639,8 @@ class NormLayer : public ::ncnn::Layer {
   mutable std::map<std::string, std::unique_ptr<::ncnn::Pipeline>> pipelines_;
   mutable std::map<std::tuple<int, int, int, int, int, size_t, int, bool, bool, int>, Prepared> prepared_;
   mutable std::atomic<uint64_t> vulkan_forwards_{0}, cpu_forwards_{0}, pipelines_made_{0};
-  ::ncnn::Layer* cpu_norm_ = nullptr;        // ncnn's own CPU layer of this op, for the CPU forward
-  ::ncnn::Layer* cpu_activation_ = nullptr;  // and of the fused activation
+  std::unique_ptr<::ncnn::Layer> cpu_norm_;        // ncnn's own CPU layer of this op, for the CPU forward
+  std::unique_ptr<::ncnn::Layer> cpu_activation_;  // and of the fused activation
 };
 
 template <NormOp op, bool fused>
