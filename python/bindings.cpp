@@ -47,8 +47,9 @@ std::array<int, 4> ncnn_extents(const std::vector<int64_t>& shape) {
   return out;
 }
 
-// numpy (w), (h, w), (c, h, w), (c, d, h, w) -> elempack-1 Mat, as pyncnn's Mat(numpy) does.
-Mat mat_from_numpy(const Array& a) {
+// How a C-contiguous numpy array of (w), (h, w), (c, h, w), (c, d, h, w) lies: an elempack-1 Mat layout whose
+// channels are dense (cstep w*h*d, no 16-byte padding).
+Mat numpy_layout(const Array& a) {
   const size_t nd = a.ndim();
   if (nd < 1 || nd > 4) throw std::invalid_argument("expected 1-4 dims, got " + std::to_string(nd));
   const bool f16 = a.dtype().code == uint8_t(nb::dlpack::dtype_code::Float) && a.dtype().bits == 16;
@@ -57,11 +58,23 @@ Mat mat_from_numpy(const Array& a) {
   std::vector<int64_t> dims(nd);
   for (size_t i = 0; i < nd; ++i) dims[i] = int64_t(a.shape(i));
   const std::array<int, 4> shape = ncnn_extents(dims);
-  Mat m = Mat::create(int(nd), shape[0], shape[1], shape[2], shape[3], f16 ? 2 : 4, 1);
-  const size_t plane = size_t(shape[0]) * shape[1] * shape[2] * m.scalar_bytes();
-  const size_t channels = nd >= 3 ? size_t(shape[3]) : 1;
-  const auto* src = static_cast<const unsigned char*>(a.data());
-  for (size_t q = 0; q < channels; ++q) std::memcpy(m.channel(int(q)), src + q * plane, plane);
+  Mat l = Mat::layout(int(nd), shape[0], shape[1], shape[2], shape[3], f16 ? 2 : 4, 1);
+  l.cstep = size_t(shape[0]) * shape[1] * shape[2];
+  return l;
+}
+
+// A Mat of its own in `shape`'s extents and storage, unpacked, its channels dense: numpy views it as it is.
+Mat dense_mat(const Mat& shape) {
+  Mat m = Mat::create(shape.dims, shape.w, shape.h, shape.d, shape.c, shape.scalar_bytes(), 1);
+  if (m.dims >= 3) m.cstep = m.outer_elems();  // within the allocation: ncnn's cstep is at least this
+  return m;
+}
+
+// numpy -> elempack-1 Mat of its own (ncnn's cstep), as pyncnn's Mat(numpy) does.
+Mat mat_from_numpy(const Array& a) {
+  const Mat view = Mat::external(numpy_layout(a), const_cast<void*>(a.data()));
+  Mat m = Mat::create(view.dims, view.w, view.h, view.d, view.c, view.scalar_bytes(), 1);
+  convert_into(view, m, m.data());
   return m;
 }
 
@@ -220,7 +233,37 @@ NB_MODULE(_core, m) {
 
   nb::class_<VkMat>(m, "VkMat")
       .def_static("upload", &VkMat::upload, "mat"_a, "context"_a, "option"_a, nb::call_guard<ReleaseGil>())
-      .def("download", &VkMat::download, nb::call_guard<ReleaseGil>())
+      .def_static(
+          "upload",
+          [](const Array& a, std::shared_ptr<Context> ctx, const Option& opt) {
+            // Read where it lies (the caller's reference keeps the array alive through the call).
+            const Mat view = Mat::external(numpy_layout(a), const_cast<void*>(a.data()));
+            ReleaseGil release;
+            return VkMat::upload(view, std::move(ctx), opt);
+          },
+          "array"_a, "context"_a, "option"_a)
+      .def("download", nb::overload_cast<>(&VkMat::download, nb::const_), nb::call_guard<ReleaseGil>())
+      .def(
+          "numpy",
+          [](const VkMat& v, nb::handle dtype) {
+            // Unpacked, in the VkMat's storage or the dtype asked for, converted as it leaves the staging memory.
+            size_t scalar = v.elemsize / std::max(v.elempack, 1);
+            if (!dtype.is_none()) {
+              const std::string name = nb::cast<std::string>(nb::module_::import_("numpy").attr("dtype")(dtype).attr("name"));
+              if (name != "float32" && name != "float16")
+                throw std::invalid_argument("VkMat.numpy: dtype must be float32 or float16, got " + name);
+              scalar = name == "float16" ? 2 : 4;
+            }
+            Mat out = dense_mat(Mat::layout(v.dims, v.w, v.dims == 2 ? v.h * v.elempack : v.h, v.d,
+                                            v.dims >= 3 ? v.c * v.elempack : 1, scalar, 1));
+            {
+              ReleaseGil release;
+              v.download(out);
+            }
+            return mat_to_numpy(out, false);
+          },
+          "dtype"_a = nb::none(),
+          "The blob as a numpy array, unpacked, in the VkMat's storage (or dtype: float32 / float16)")
       .def_prop_ro("context", &VkMat::context)
       .def_prop_ro("bytes", &VkMat::bytes)
       .def_prop_ro("element_bytes", &VkMat::element_bytes)
@@ -334,6 +377,18 @@ NB_MODULE(_core, m) {
            nb::call_guard<ReleaseGil>())
       .def("forward_inplace", nb::overload_cast<VkMat&, const Option&>(&Norm::forward_inplace), "mat"_a, "option"_a,
            nb::call_guard<ReleaseGil>())
+      .def("forward_numpy",
+           [](Norm& n, const Array& a, const Option& opt) {
+             // The array is read where it lies (the caller's reference keeps it alive through the call).
+             const Mat bottom = Mat::external(numpy_layout(a), const_cast<void*>(a.data()));
+             Mat top = dense_mat(bottom);
+             {
+               ReleaseGil release;
+               n.forward(bottom, top, opt);
+             }
+             return top;
+           },
+           "array"_a, "option"_a, "The layer on a C-contiguous float32/float16 array, which is only read; a new Mat")
       .def("forward_repeated",
            [](Norm& n, VkMat& m, const Option& opt, int warmup, int reps) {
              DispatchInfo i;

@@ -327,6 +327,9 @@ std::shared_ptr<Context> Context::create(int index) {
         break;
       }
   }
+  auto cached = [&](uint32_t type) { return bool(mp.memoryTypes[type].propertyFlags & M::eHostCached); };
+  impl->device_memory_cached = cached(impl->device_memory_type);
+  impl->staging_memory_cached = cached(impl->staging_memory_type);
   impl->max_device_bytes = env_positive("VKNORM_MAX_DEVICE_BYTES");
   impl->cache_limit = env_count("VKNORM_BUFFER_CACHE_BYTES", "a whole number of bytes (0: keep no freed buffers)")
                           .value_or(kBufferCacheBytes);

@@ -55,6 +55,7 @@ HostMemory::HostMemory(size_t n, bool zeroed) : size(n) {
 }
 
 HostMemory::~HostMemory() {
+  if (!owned) return;
   if (size >= kPooledMin && size <= kPoolBytes) {
     HostPool& pool = host_pool();
     std::vector<unsigned char*> dropped;
@@ -108,6 +109,15 @@ Mat Mat::layout(int dims, int w, int h, int d, int c, size_t scalar_bytes, int e
 Mat Mat::create(int dims, int w, int h, int d, int c, size_t scalar_bytes, int elempack) {
   Mat m = layout(dims, w, h, d, c, scalar_bytes, elempack);
   m.storage_ = std::make_shared<HostMemory>(m.bytes());
+  return m;
+}
+
+Mat Mat::external(const Mat& layout, void* data) {
+  if (!data || layout.dims < 1 || layout.dims > 4 || layout.empty() ||
+      layout.cstep < (layout.dims >= 3 ? layout.outer_elems() : size_t(layout.w) * layout.h))
+    throw std::invalid_argument("Mat::external: needs memory and a layout with extents and a cstep that holds them");
+  Mat m = layout;
+  m.storage_ = std::make_shared<HostMemory>(static_cast<unsigned char*>(data), layout.bytes());
   return m;
 }
 
@@ -260,11 +270,19 @@ void transcode(const Mat& src, const Mat& dst, unsigned char* out) {
 
 }  // namespace
 
+bool same_shape(const Mat& a, const Mat& b) {
+  return a.dims == b.dims && a.w == b.w && a.unpacked_outer() == b.unpacked_outer() &&
+         (a.dims == 2 || (a.h == b.h && a.d == b.d));
+}
+
+bool holds_shape(const Mat& out, const Mat& a) {
+  return out.data() && same_shape(out, a) && (out.scalar_bytes() == 2 || out.scalar_bytes() == 4) &&
+         (out.elempack == 1 || out.elempack == 4) &&
+         out.cstep >= (out.dims >= 3 ? out.outer_elems() : size_t(out.w) * out.h) && out.bytes() <= out.capacity();
+}
+
 void convert_into(const Mat& src, const Mat& format, unsigned char* out) {
-  const bool same_shape = src.dims == format.dims && src.w == format.w &&
-                          src.unpacked_outer() == format.unpacked_outer() &&
-                          (src.dims == 2 || (src.h == format.h && src.d == format.d));
-  if (!same_shape || src.empty() || !out)
+  if (!same_shape(src, format) || src.empty() || !out)
     throw std::invalid_argument("convert_into: the destination must describe the source's shape");
   if (src.is_fp16() == format.is_fp16())
     src.is_fp16() ? transcode<uint16_t, uint16_t>(src, format, out) : transcode<uint32_t, uint32_t>(src, format, out);

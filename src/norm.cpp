@@ -72,13 +72,12 @@ Mat device_layout(const Mat& m, DeviceFormat f) {
   return Mat::layout(m.dims, m.w, m.dims == 2 ? outer : m.h, m.d, m.dims >= 3 ? outer : 1, f.fp16 ? 2 : 4, f.elempack);
 }
 
-// m in format f: m itself where it already is, else a converted copy (one pass).
-Mat to_format(const Mat& m, DeviceFormat f) {
-  if (m.is_fp16() == f.fp16 && m.elempack == f.elempack) return m;
-  const Mat l = device_layout(m, f);
-  Mat dev = Mat::create(l.dims, l.w, l.h, l.d, l.c, f.fp16 ? 2 : 4, f.elempack);
-  convert_into(m, dev, dev.data());
-  return dev;
+// Mapped memory laid out as `layout`, to convert from: viewed where it lies, or first copied out in one go
+// where the host does not cache it.
+Mat mapped_source(const Context::Impl& impl, const Buffer& b, const Mat& layout) {
+  const Mat view = Mat::external(layout, b.mapped);
+  const bool cached = b.kind == Buffer::Kind::Staging ? impl.staging_memory_cached : impl.device_memory_cached;
+  return cached ? view : view.clone();
 }
 
 std::string describe_blob(int dims, int w, int h, int d, int c, size_t elemsize, int elempack) {
@@ -439,32 +438,54 @@ void accumulate(DispatchInfo& total, const DispatchInfo& piece, bool first) {
 
 void Norm::forward_inplace(Mat& m, const Option& opt) {
   if (m.empty()) throw std::invalid_argument("empty input");
+  forward_host(m, m, opt);
+}
+
+void Norm::forward(const Mat& bottom, Mat& top, const Option& opt) {
+  if (bottom.empty()) throw std::invalid_argument("empty input");
+  // As ncnn's Mat::create: top is kept where it already fits, else allocated as bottom.
+  if (!holds_shape(top, bottom) || top.elemsize != bottom.elemsize || top.elempack != bottom.elempack)
+    top = Mat::create(bottom.dims, bottom.w, bottom.h, bottom.d, bottom.c, bottom.scalar_bytes(), bottom.elempack);
+  forward_host(bottom, top, opt);
+}
+
+void Norm::forward_host(const Mat& src, Mat& dst, const Option& opt) {
   const std::shared_ptr<Gpu> gpu = gpu_for(nullptr);
   auto& impl = gpu->ctx->impl();
-  const DeviceFormat fmt = device_format(*gpu->ctx, m, opt);
+  const DeviceFormat fmt = device_format(*gpu->ctx, src, opt);
   // The blob's layout on the device, worked out before anything is converted or allocated.
-  const int outer = m.unpacked_outer() / fmt.elempack;
-  const int h = m.dims == 2 ? outer : m.h, c = m.dims >= 3 ? outer : 1;
-  const size_t elemsize = size_t(fmt.fp16 ? 2 : 4) * fmt.elempack;
-  const size_t cstep = ncnn_cstep(m.dims, m.w, h, m.d, elemsize);
-  const uint64_t bytes = uint64_t(cstep) * c * elemsize;
-  const GroupLayout g = gpu->layout(m.dims, m.w, h, m.d, c, cstep, fmt.elempack);
+  const Mat device = device_layout(src, fmt);
+  const size_t elemsize = device.elemsize, cstep = device.cstep;
+  const uint64_t bytes = device.bytes();
+  const GroupLayout g = gpu->layout(device.dims, device.w, device.h, device.d, device.c, cstep, fmt.elempack);
   gpu->check_weights(gpu->gamma_data.size(), gpu->beta_data.size());
   ensure_weights(*gpu);
   const Run run = plan_run(*gpu, g, elemsize, bytes, fmt.fp16, opt, false,
-                           "the tensor " + describe_blob(m.dims, m.w, h, m.d, c, elemsize, fmt.elempack));
-
-  Mat dev_mat = to_format(m, fmt);
-  if (dev_mat.cstep != cstep || dev_mat.bytes() != bytes) throw std::logic_error("vknorm: device layout mismatch");
+                           "the tensor " + describe_blob(device.dims, device.w, device.h, device.d, device.c, elemsize,
+                                                         fmt.elempack));
   Workspace ws;
   ws.reserve(gpu->ctx, run.partials, run.coefs);
   auto blob = Buffer::create(gpu->ctx, run.piece_buffer, Buffer::Kind::Device);
   std::shared_ptr<Buffer> staging =
       impl.direct_host_access ? blob : Buffer::create(gpu->ctx, run.piece_buffer, Buffer::Kind::Staging);
+  auto* mapped = static_cast<unsigned char*>(staging->mapped);
+  // One piece: src converted straight into the memory the device reads, the result straight out of it into dst.
+  // Pieces: a whole device-format copy of src (dst's own memory where it already is one) goes piece by piece.
+  const bool whole = run.pieces.size() == 1;
+  Mat work;
+  if (!whole) {
+    const bool dst_is_device = dst.is_fp16() == fmt.fp16 && dst.elempack == fmt.elempack && dst.cstep == cstep;
+    work = dst_is_device ? dst : Mat::create(device.dims, device.w, device.h, device.d, device.c, fmt.fp16 ? 2 : 4,
+                                             fmt.elempack);
+    if (work.data() != src.data()) convert_into(src, device, work.data());
+  }
   DispatchInfo info;
   for (size_t i = 0; i < run.pieces.size(); ++i) {
     const Piece& p = run.pieces[i];
-    std::memcpy(staging->mapped, dev_mat.data() + p.offset, p.bytes);
+    if (whole)
+      convert_into(src, device, mapped);
+    else
+      std::memcpy(mapped, work.data() + p.offset, p.bytes);
     Submission s(impl, 3);
     if (!impl.direct_host_access) s.copy(*staging, *blob, p.bytes), s.barrier();
     s.timestamp(0);
@@ -474,12 +495,14 @@ void Norm::forward_inplace(Mat& m, const Option& opt) {
     if (!impl.direct_host_access) s.copy(*blob, *staging, p.bytes), s.barrier();
     s.submit_and_wait();
     piece.gpu_us = s.gpu_us();
-    std::memcpy(dev_mat.data() + p.offset, staging->mapped, p.bytes);
+    if (whole)
+      convert_into(mapped_source(impl, *staging, device), dst, dst.data());
+    else
+      std::memcpy(work.data() + p.offset, mapped, p.bytes);
     accumulate(info, piece, i == 0);
   }
-  // In place as ncnn's forward_inplace: into m's own storage, which its shallow copies share, also where the
-  // device format needed a converted copy.
-  if (dev_mat.data() != m.data()) convert_into(dev_mat, m, m.data());
+  // In place as ncnn's forward_inplace: into dst's own storage, which its shallow copies share.
+  if (!whole && work.data() != dst.data()) convert_into(work, dst, dst.data());
   std::lock_guard<std::mutex> lock(mutex_);
   last_ = info;
 }
@@ -684,25 +707,30 @@ VkMat VkMat::upload(const Mat& m, std::shared_ptr<Context> ctx, const Option& op
 }
 
 Mat VkMat::download() const {
+  Mat m;
+  download(m);
+  return m;
+}
+
+void VkMat::download(Mat& out) const {
   check_vkmat(*this, "download");
-  Mat m = Mat::create(dims, w, h, d, c, elemsize / elempack, elempack);
-  // One copy of the whole allocation: the host Mat's channel stride must be the VkMat's (ncnn's for the shape,
-  // as every VkMat vknorm makes has).
-  if (m.cstep != cstep)  // (check_vkmat: cstep x channels fits the buffer)
+  const Mat stored = Mat::layout(dims, w, h, d, c, elemsize / elempack, elempack);
+  // The VkMat's channel stride must be ncnn's for its shape, as every VkMat vknorm makes has.
+  if (stored.cstep != cstep)  // (check_vkmat: cstep x channels fits the buffer)
     throw std::invalid_argument("download: VkMat cstep " + std::to_string(cstep) + " is not ncnn's " +
-                                std::to_string(m.cstep) + " for its shape: were its fields changed after it was made?");
+                                std::to_string(stored.cstep) + " for its shape: were its fields changed after it was made?");
+  if (!holds_shape(out, stored)) out = Mat::create(dims, w, h, d, c, elemsize / elempack, elempack);
   auto& impl = ctx_->impl();
   if (impl.direct_host_access) {
-    std::memcpy(m.data(), buffer->mapped, m.bytes());
-    return m;
+    convert_into(mapped_source(impl, *buffer, stored), out, out.data());
+    return;
   }
-  auto staging = Buffer::create(ctx_, m.bytes(), Buffer::Kind::Staging);
+  auto staging = Buffer::create(ctx_, stored.bytes(), Buffer::Kind::Staging);
   Submission s(impl, 1);
-  s.copy(*buffer, *staging, m.bytes());
+  s.copy(*buffer, *staging, stored.bytes());
   s.barrier();
   s.submit_and_wait();
-  std::memcpy(m.data(), staging->mapped, m.bytes());
-  return m;
+  convert_into(mapped_source(impl, *staging, stored), out, out.data());
 }
 
 }  // namespace vknorm

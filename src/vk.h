@@ -51,6 +51,9 @@ struct Context::Impl {
   uint32_t required_subgroup_size = 0;  // VKNORM_SUBGROUP_SIZE, 0: the device's default
   bool direct_host_access = false;  // device memory is host memory (CPU / integrated): no staging
   uint32_t device_memory_type = 0, staging_memory_type = 0;
+  // Whether a mapped buffer of that memory is cached on the host: reading uncached (write-combined) memory
+  // element by element is many times slower than copying it out in one go.
+  bool device_memory_cached = false, staging_memory_cached = false;
   vk::raii::DescriptorSetLayout set_layout = nullptr;
   vk::raii::PipelineLayout pipeline_layout = nullptr;
   vk::raii::PipelineCache pipeline_cache = nullptr;

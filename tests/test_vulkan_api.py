@@ -387,6 +387,47 @@ def test_from_numpy_and_to_device_take_read_only_arrays():
         assert np.array_equal(vknorm.to_device(a).download().convert_packing(1).numpy().reshape(a.shape), a)
 
 
+@pytest.mark.parametrize("storage", [{}, {"use_fp16_storage": True}, {"use_packing_layout": False}],
+                         ids=["fp32", "fp16", "pack1"])
+@pytest.mark.parametrize("shape,affine_size", [((7,), 7), ((12, 5), 5), ((8, 3, 5), 5), ((6, 3, 5), 15),
+                                               ((4, 2, 3, 5), 15)], ids=str)
+def test_a_numpy_forward_reads_its_input_where_it_lies_and_returns_a_new_array(shape, affine_size, storage):
+    """layer(x) reads x in place (planes of 15 floats: dense in numpy, padded to 16 in ncnn's Mat), writes
+    nothing into it, and returns an array of its own with the bits of forward_inplace on a Mat of x."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(shape) * 2 + 3).astype(np.float32)
+    frozen = x.copy()
+    frozen.setflags(write=False)
+    ln, gamma, beta = ln_layer(affine_size, rng)
+    opt = vknorm.Option(**storage)
+    y = ln(frozen, option=opt)
+    assert np.array_equal(frozen, x)
+    assert y.shape == x.shape and y.dtype == np.float32 and y.flags.c_contiguous and y.flags.writeable
+    assert not np.shares_memory(y, frozen)
+    mat = vknorm._core.Mat.from_numpy(x)
+    ln._layer.forward_inplace(mat, ln._native_option(opt))
+    np.testing.assert_array_equal(y, mat.numpy().reshape(shape))
+    tol = FP16_TOL if storage.get("use_fp16_storage") else FP32_TOL
+    want = norm64("LayerNorm", x, affine_size, 1e-5, True, gamma, beta)
+    assert max_abs_err(y, want) <= tol * scale(want)
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape", [(8, 3, 5), (8, 768), (4, 2, 3, 5), (33,)], ids=str)
+def test_vkmat_numpy_unpacks_and_converts_as_it_downloads(shape, fp16):
+    x = np.random.default_rng(12).standard_normal(shape).astype(np.float32)
+    v = vknorm.to_device(x, vknorm.Option(use_fp16_storage=fp16))
+    stored = x.astype(np.float16) if fp16 else x
+    got = v.numpy()
+    assert got.dtype == stored.dtype and got.shape == shape
+    np.testing.assert_array_equal(got, stored)
+    np.testing.assert_array_equal(got, v.download().convert_packing(1).numpy().reshape(shape))
+    np.testing.assert_array_equal(v.numpy(np.float32), stored.astype(np.float32))
+    np.testing.assert_array_equal(v.numpy("float16"), x.astype(np.float16))
+    with pytest.raises(ValueError, match="float32 or float16"):
+        v.numpy(np.int32)
+
+
 def test_the_copy_roof_refuses_nonsense_repetitions():
     v = vknorm.to_device(np.zeros((4, 64), np.float32))
     for warmup, reps in ((0, 0), (-5, -1), (-1, 10)):

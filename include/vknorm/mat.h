@@ -13,11 +13,14 @@ namespace vknorm {
 // and a host round trip that frees two 16 MiB blocks a call then faults in 8000 fresh pages on every call.
 struct HostMemory {
   explicit HostMemory(size_t bytes, bool zeroed = true);
+  // Memory someone else owns and frees (Mat::external).
+  HostMemory(unsigned char* borrowed, size_t bytes) : data(borrowed), size(bytes), owned(false) {}
   ~HostMemory();
   HostMemory(const HostMemory&) = delete;
   HostMemory& operator=(const HostMemory&) = delete;
   unsigned char* data = nullptr;
   size_t size = 0;
+  bool owned = true;
 };
 
 class Mat {
@@ -33,6 +36,10 @@ class Mat {
   static Mat create(int dims, int w, int h, int d, int c, size_t scalar_bytes = 4, int elempack = 1);
   // The same fields without storage: how such a Mat lies in memory (convert_into's destination format).
   static Mat layout(int dims, int w, int h, int d, int c, size_t scalar_bytes = 4, int elempack = 1);
+  // A Mat over memory it does not own, laid out as `layout`'s fields say (its cstep as that memory has it:
+  // a dense array's is w*h*d), as ncnn's Mat(w, h, c, data) constructors: the caller keeps the memory alive
+  // while this Mat or a copy of it is used. clone() makes an owned copy.
+  static Mat external(const Mat& layout, void* data);
 
   bool empty() const { return dims == 0 || total() == 0; }
   bool is_fp16() const { return elemsize == 2u * elempack; }
@@ -41,6 +48,7 @@ class Mat {
   size_t bytes() const { return total() * elemsize; }
   unsigned char* data() { return storage_ ? storage_->data : nullptr; }
   const unsigned char* data() const { return storage_ ? storage_->data : nullptr; }
+  size_t capacity() const { return storage_ ? storage_->size : 0; }  // bytes of memory behind data()
   unsigned char* channel(int i) { return data() + i * cstep * elemsize; }
   const unsigned char* channel(int i) const { return data() + i * cstep * elemsize; }
   // The "outer" axis is what pack4 interleaves: channels (dims 3/4) or rows (dims 2).
@@ -61,6 +69,11 @@ class Mat {
 // ncnn's cstep: w*h*d rounded up to 16 bytes (every dims; dims 1/2 have one channel, so only the
 // allocation's tail is padded there).
 size_t ncnn_cstep(int dims, int w, int h, int d, size_t elemsize);
+
+// The same extents (dims, w, h, d, unpacked channels or rows), whatever the storage, packing and cstep.
+bool same_shape(const Mat& a, const Mat& b);
+// `out` can take a's shape where it is: it has memory, a's extents, and a cstep that holds its planes.
+bool holds_shape(const Mat& out, const Mat& a);
 
 // Repack to elempack 1 or 4 (4 only when the outer extent divides by 4), as ncnn's convert_packing.
 Mat convert_packing(const Mat& src, int elempack);

@@ -195,7 +195,7 @@ class Norm : public NormParams {
   // that cannot be split is refused before anything is allocated (std::invalid_argument past the
   // device's buffer range, DeviceOutOfMemory past its memory).
   //
-  // Threads: forward_inplace, forward_inplace_cpu, forward_repeated, last_dispatch and context may be
+  // Threads: forward_inplace, forward, forward_inplace_cpu, forward_repeated, last_dispatch and context may be
   // called from any number of threads at once, also while another thread runs load_param / load_model /
   // create_pipeline / destroy_pipeline: each forward runs on the parameters, weights and device the
   // layer had when it started (a snapshot). The public fields above are written by load_param /
@@ -204,6 +204,11 @@ class Norm : public NormParams {
   // checks them.
   void forward_inplace(Mat& m, const Option& opt = {});
   void forward_inplace(VkMat& m, const Option& opt = {});
+  // As ncnn's Layer::forward: bottom is only read; top is written where it already has bottom's shape,
+  // storage and packing (any cstep that holds its planes: a Mat::external over an array works), else
+  // allocated so. The host copies are the least there can be: bottom converted straight into the memory
+  // the device reads and the result straight out of it into top.
+  void forward(const Mat& bottom, Mat& top, const Option& opt = {});
 
   // Benchmarking: `warmup` untimed then `reps` timed forwards in one submission, barriers between;
   // gpu_us is per forward (Vulkan timestamps).
@@ -229,6 +234,7 @@ class Norm : public NormParams {
  private:
   // The snapshot a forward runs on (mutex_ held inside); ctx null: the layer's device, else the default.
   std::shared_ptr<Gpu> gpu_for(const std::shared_ptr<Context>& ctx);
+  void forward_host(const Mat& src, Mat& dst, const Option& opt);  // dst: src's shape and format (may be src)
   std::shared_ptr<Gpu> gpu_;
   mutable std::mutex mutex_;
   DispatchInfo last_;
@@ -258,6 +264,9 @@ class VkMat {
   // Converts to the Option's storage and packing, then copies to the device.
   static VkMat upload(const Mat& m, std::shared_ptr<Context> ctx, const Option& opt = {});
   Mat download() const;  // as stored (packing and storage of the VkMat)
+  // Into `out`, converted in the same pass to out's storage and packing where out already holds this shape
+  // (same_shape; any cstep that holds its planes), else allocated as stored.
+  void download(Mat& out) const;
   static VkMat create_like(const VkMat& m);  // same shape, packing, storage and device; contents undefined
   size_t bytes() const;          // the allocation: cstep padding included
   size_t element_bytes() const;  // the elements alone (w*h*d*c packed elements): what a norm reads or writes

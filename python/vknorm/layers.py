@@ -141,12 +141,17 @@ def to_device(x, option: Optional[Option] = None, device=None) -> _core.VkMat:
     ctx = _context_for("vulkan" if device is None else device)
     if ctx is None:
         raise ValueError("to_device needs a Vulkan device, not 'cpu'")
-    return _core.VkMat.upload(_core.Mat.from_numpy(_as_storage(a)), ctx, Option._of(Option() if option is None else option))
+    return _core.VkMat.upload(_as_input(a), ctx, Option._of(Option() if option is None else option))
 
 
 def _is_float16(a: np.ndarray) -> bool:
     """float16 in either byte order (a big-endian '>f2' array is float16 too, though not np.float16)."""
     return a.dtype.kind == "f" and a.dtype.itemsize == 2
+
+
+def _as_input(a: np.ndarray) -> np.ndarray:
+    """float16 or float32 in native byte order and contiguous: a itself where it already is (only read)."""
+    return np.ascontiguousarray(a, dtype=np.float16 if _is_float16(a) else np.float32)
 
 
 def _as_storage(a: np.ndarray) -> np.ndarray:
@@ -274,7 +279,13 @@ class _Norm:
     def __call__(self, x, device=None, option: Optional[Option] = None) -> np.ndarray:
         """Normalize a copy of x; returns float32 (float16 for float16 input)."""
         a = _check_array(x)
-        mat = self._run(_core.Mat.from_numpy(_as_storage(a)), device, option)
+        ctx = _context_for(device if device is not None else self.device)
+        if ctx is None:
+            mat = self._run(_core.Mat.from_numpy(_as_storage(a)), device, option)
+        else:  # x is read where it lies (after a cast, if it needs one) into the memory the device reads
+            opt = self._native_option(option)
+            self._layer.create_pipeline(ctx, opt)
+            mat = self._layer.forward_numpy(_as_input(a), opt)
         return mat.numpy(copy=False).reshape(a.shape)  # the Mat is this call's own: no copy of it
 
     def forward(self, x, device=None, option: Optional[Option] = None) -> np.ndarray:
@@ -344,8 +355,7 @@ class _Norm:
         like = np.float16 if _is_float16(a) else np.float32
 
         def back(v):
-            m = v.download().convert_packing(1)
-            return (m.cast_fp16() if like == np.float16 else m.cast_fp32()).numpy().reshape(a.shape)
+            return v.numpy(like).reshape(a.shape)
 
         return (back(y), back(s)) if return_sum else back(y)
 

@@ -4,6 +4,9 @@
 //   - forward_inplace(Mat&) writes into the Mat's own storage, which shallow copies share, also where the
 //     device needs the blob converted (pack4, float16);
 //   - forward_inplace_cpu(Mat&) writes into the Mat's own storage as well (pack4, float16);
+//   - forward(bottom, top) leaves bottom as it was and gives forward_inplace's result; top is allocated when
+//     it does not fit and written where it lies when it does (a Mat::external over dense memory);
+//   - download(Mat&) converts into the caller's Mat (float16 pack4 on the device, float32 pack1 out);
 //   - forward_add's sum may name x or the residual (x = x + r);
 //   - public fields written directly after a forward (gamma_data, activation, eps) take effect at the
 //     next forward, checked as load_param checks them (a wrong weight count named, an Activation value
@@ -123,6 +126,51 @@ int main() {
       report(a.data() == b.data() && (fp16 || normalized(unpacked, 16)) &&
                  std::fabs(reinterpret_cast<const float*>(unpacked.data())[0] - reinterpret_cast<const float*>(ramp(8, 3, 16).data())[0]) > 0.1f,
              std::string("forward_inplace_cpu writes through a shallow copy (pack4") + (fp16 ? ", float16)" : ")"));
+    }
+
+    // ---- forward(bottom, top): bottom only read; top allocated, or written where it lies
+    for (int c : {6, 8}) {
+      for (bool fp16 : {false, true}) {
+        vknorm::Norm l(vknorm::NormOp::LayerNorm);
+        load_layernorm(l, 5);
+        vknorm::Option opt;
+        opt.use_fp16_storage = fp16;
+        const vknorm::Mat bottom = ramp(c, 3, 5);  // planes of 15 floats: ncnn's cstep pads them to 16
+        const vknorm::Mat before = bottom.clone();
+        vknorm::Mat want = ramp(c, 3, 5);
+        l.forward_inplace(want, opt);
+        vknorm::Mat top;
+        l.forward(bottom, top, opt);
+        const std::string what = " (c=" + std::to_string(c) + (fp16 ? ", float16 storage)" : ")");
+        report(std::memcmp(bottom.data(), before.data(), bottom.bytes()) == 0, "forward leaves bottom as it was" + what);
+        report(top.data() != bottom.data() && top.cstep == want.cstep &&
+                   std::memcmp(top.data(), want.data(), want.bytes()) == 0,
+               "forward allocates top and gives forward_inplace's result" + what);
+        std::vector<float> dense(size_t(c) * 15, -7.f);
+        vknorm::Mat shape = vknorm::Mat::layout(3, 5, 3, 1, c);
+        shape.cstep = 15;
+        vknorm::Mat into = vknorm::Mat::external(shape, dense.data());
+        l.forward(bottom, into, opt);
+        bool same = into.data() == reinterpret_cast<unsigned char*>(dense.data());
+        for (int q = 0; q < c; ++q)
+          same = same && std::memcmp(&dense[size_t(q) * 15], want.channel(q), 15 * sizeof(float)) == 0;
+        report(same, "forward writes a fitting top where it lies (dense channels)" + what);
+      }
+    }
+
+    // ---- download(Mat&): converted into the caller's format
+    {
+      vknorm::Option half;
+      half.use_fp16_storage = true;
+      const vknorm::Mat src = ramp(8, 3, 5);
+      vknorm::VkMat v = vknorm::VkMat::upload(src, ctx, half);  // float16, pack4
+      vknorm::Mat out = vknorm::Mat::create(3, 5, 3, 1, 8);    // float32, pack1
+      const unsigned char* where = out.data();
+      v.download(out);
+      const vknorm::Mat want = vknorm::convert_packing(vknorm::cast_fp32(v.download()), 1);
+      report(v.elempack == 4 && out.data() == where && out.elempack == 1 && !out.is_fp16() &&
+                 std::memcmp(out.data(), want.data(), want.bytes()) == 0,
+             "download(Mat&) converts a float16 pack4 VkMat into a float32 pack1 Mat where it lies");
     }
 
     // ---- forward_add with the sum written over one of its inputs
