@@ -40,7 +40,10 @@ def vknorm_rows():
                  "numpy forward, fp16 storage": lambda: layer(x, option=fp16),
                  "to_device": lambda: vknorm.to_device(x, device=ctx),
                  "download().numpy()": lambda: v.download().numpy(),
+                 "forward_add, numpy": lambda: layer.forward_add(x, x),
                  "resident forward": lambda: layer.forward_inplace(v)}
+        if hasattr(v, "numpy"):  # VkMat.numpy(): unpacked as it leaves the staging memory
+            calls["VkMat.numpy()"] = lambda: v.numpy()
         for name, fn in calls.items():
             rows.append({"impl": "vknorm", "shape": list(shape), "call": name, "ms": median_ms(fn, n)})
     return rows
