@@ -307,3 +307,22 @@ def test_any_shape_round_trips_through_packing_and_casts(dims, ext, fp16, pack):
     np.testing.assert_array_equal(m.numpy(), x)
     other = m.cast_fp32() if fp16 else m.cast_fp16()
     np.testing.assert_array_equal(other.numpy(), x.astype(np.float32) if fp16 else x.astype(np.float16))
+
+
+@pytest.mark.parametrize("shape", [(52, 150, 151), (1024, 1536), (20, 4, 100, 150)], ids=str)
+def test_large_conversions_split_among_threads_give_numpys_values(shape):
+    """Conversions of 4 MiB and more run on several threads, each a run of planes (52 channels do not divide
+    evenly among them): every packing and storage change still gives numpy's values, padding zeroed."""
+    x = sample(shape, np.float32, seed=5)
+    m = vknorm.Mat.from_numpy(x)
+    packed = m.convert_packing(4)
+    half = packed.cast_fp16()
+    np.testing.assert_array_equal(packed.convert_packing(1).numpy(), x)
+    np.testing.assert_array_equal(half.numpy(), x.astype(np.float16))
+    np.testing.assert_array_equal(half.cast_fp32().convert_packing(1).numpy(), x.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(m.cast_fp16().convert_packing(4).numpy(), x.astype(np.float16))
+    if len(shape) >= 3:  # float16 planes of 22650 values: padded to 22656
+        narrow = half.convert_packing(1)
+        plane = int(np.prod(shape[1:]))
+        raw = np.frombuffer(narrow.raw(), np.float16).reshape(narrow.c, narrow.cstep)
+        assert not raw[:, plane:].any()
