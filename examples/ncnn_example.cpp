@@ -11,7 +11,9 @@
 //   --stock       stock ncnn: do not register vknorm's layers
 //   --fp16        float16 storage (opt.use_fp16_storage and use_fp16_packed on); default float32 storage.
 //                 float16 arithmetic and bfloat16 are always off, as vknorm.graph.configure sets them.
-//   --cpu         opt.use_vulkan_compute off: ncnn's CPU layers (vknorm's layers run its CPU reference)
+//   --cpu         opt.use_vulkan_compute off: ncnn's CPU layers (vknorm's layers run ncnn's own CPU layers)
+//   --fuse        load the .param through vknorm::ncnn::load_param_fused: add -> norm -> activation fused
+//                 into vknorm's layers (not with --stock)
 //   --out FILE    write the output blob "out0" as raw little-endian float32 in numpy order
 //   --dump-input FILE  write the input as raw float32 in numpy order (to check the pattern below)
 //

@@ -1,6 +1,6 @@
 // The ncnn executor: vknorm's LayerNorm, RMSNorm, GroupNorm and InstanceNorm as ncnn layers. The Vulkan forward records the
 // dispatcher's plan (plan_forward) into ncnn's VkCompute with ncnn::Pipeline objects made from vknorm's
-// embedded SPIR-V; ncnn orders the passes with its own barriers. The CPU forward is the reference.
+// embedded SPIR-V; ncnn orders the passes with its own barriers. The CPU forward runs ncnn's own CPU layers.
 #include "vknorm/ncnn.h"
 
 #include <algorithm>

@@ -376,7 +376,7 @@ def test_vknorm_is_as_close_to_stock_cpu_as_stock_vulkan(cxx_runs, model, fp16):
 
 @pytest.mark.parametrize("model", list(MODELS))
 def test_cpu_forward_matches_stock_cpu(cxx_runs, model):
-    """(d) --cpu: vknorm's layers run its CPU reference (ncnn's generic algorithm), stock ncnn its x86 layers."""
+    """(d) --cpu: vknorm's layers run ncnn's own CPU layers, as stock ncnn does."""
     v, s = cxx_runs[(model, "vknorm_cpu")], cxx_runs[(model, "stock_cpu")]
     n = len(graph_runs.norm_layers(model_files(model)[0]))
     assert not v["vulkan"] and v["cpu_forwards"] == n and v["vulkan_forwards"] == 0, v["stdout"]
