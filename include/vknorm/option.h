@@ -15,7 +15,7 @@ struct Option {
   Path path = Path::Auto;          // Auto: the dispatcher decides (VKNORM_PATH overrides Auto);
                                    // a forced path that cannot hold the group falls to the next larger one
   bool use_subgroup_ops = true;    // false: shared-memory reductions only
-  int max_workgroup_size = 0;      // 0: device limit; otherwise a cap (power of two)
+  int max_workgroup_size = 0;      // 0: device limit; otherwise a cap, rounded down to a power of two
 };
 
 // "auto" | "subgroup" | "workgroup" | "split" | "cooperative"; throws std::invalid_argument otherwise.

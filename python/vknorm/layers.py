@@ -24,7 +24,7 @@ class Option:
         the layer's ``last_dispatch["path"]`` says what ran.
     use_subgroup_ops: allow subgroup reductions where the device has them (``last_dispatch["subgroup"]``
         says whether a forward used them; a "subgroup" team without them reduces through shared memory).
-    max_workgroup_size: cap on invocations per workgroup (0: the device's choice).
+    max_workgroup_size: cap on invocations per workgroup, rounded down to a power of two (0: the device's choice).
     """
 
     def __init__(self, use_fp16_storage: bool = False, use_packing_layout: bool = True, path: str = "auto",
