@@ -80,6 +80,17 @@ Mat mapped_source(const Context::Impl& impl, const Buffer& b, const Mat& layout)
   return cached ? view : view.clone();
 }
 
+// A host Mat's fields are public (as ncnn's): before anything reads it, they must describe memory it has (a
+// Mat::layout has none; fields edited past the allocation would be read, or written, past it).
+void check_host_mat(const Mat& m, const char* what) {
+  if (m.empty()) throw std::invalid_argument("empty input");
+  if (!holds_shape(m, m))
+    throw std::invalid_argument(std::string(what) + ": the Mat has no memory (a Mat::layout), or its fields (elemsize " +
+                                std::to_string(m.elemsize) + ", elempack " + std::to_string(m.elempack) + ", cstep " +
+                                std::to_string(m.cstep) + ") describe " + std::to_string(m.bytes()) +
+                                " bytes where it holds " + std::to_string(m.capacity()));
+}
+
 std::string describe_blob(int dims, int w, int h, int d, int c, size_t elemsize, int elempack) {
   std::string s = "dims=" + std::to_string(dims) + " w=" + std::to_string(w);
   if (dims >= 2) s += " h=" + std::to_string(h);
@@ -437,12 +448,13 @@ void accumulate(DispatchInfo& total, const DispatchInfo& piece, bool first) {
 }  // namespace
 
 void Norm::forward_inplace(Mat& m, const Option& opt) {
-  if (m.empty()) throw std::invalid_argument("empty input");
+  check_host_mat(m, "forward_inplace");
   forward_host(m, m, opt);
 }
 
 void Norm::forward(const Mat& bottom, Mat& top, const Option& opt) {
-  if (bottom.empty()) throw std::invalid_argument("empty input");
+  // Before top is looked at: top may name bottom, and allocating it would then replace bottom too.
+  check_host_mat(bottom, "forward (bottom)");
   // As ncnn's Mat::create: top is kept where it already fits, else allocated as bottom.
   if (!holds_shape(top, bottom) || top.elemsize != bottom.elemsize || top.elempack != bottom.elempack)
     top = Mat::create(bottom.dims, bottom.w, bottom.h, bottom.d, bottom.c, bottom.scalar_bytes(), bottom.elempack);
@@ -684,7 +696,7 @@ size_t VkMat::element_bytes() const {
 }
 
 VkMat VkMat::upload(const Mat& m, std::shared_ptr<Context> ctx, const Option& opt) {
-  if (m.empty()) throw std::invalid_argument("empty input");
+  check_host_mat(m, "upload");
   if (!ctx) ctx = Context::default_context();
   // Converted straight into the mapped memory the device reads (or copies) from: no host copy in between.
   const Mat dev = device_layout(m, device_format(*ctx, m, opt));

@@ -193,7 +193,8 @@ class Norm : public NormParams {
   // Vulkan. Host Mat: one upload, one submission, one download. VkMat: one submission, no host copy.
   // A blob too large for one buffer or for the free device memory runs in pieces (plan_pieces); one
   // that cannot be split is refused before anything is allocated (std::invalid_argument past the
-  // device's buffer range, DeviceOutOfMemory past its memory).
+  // device's buffer range, DeviceOutOfMemory past its memory). A host Mat without memory (Mat::layout) or
+  // whose fields describe more than it holds is refused (std::invalid_argument), as is a VkMat's.
   //
   // Threads: forward_inplace, forward, forward_inplace_cpu, forward_repeated, last_dispatch and context may be
   // called from any number of threads at once, also while another thread runs load_param / load_model /

@@ -7,6 +7,8 @@
 //   - forward(bottom, top) leaves bottom as it was and gives forward_inplace's result; top is allocated when
 //     it does not fit and written where it lies when it does (a Mat::external over dense memory);
 //   - download(Mat&) converts into the caller's Mat (float16 pack4 on the device, float32 pack1 out);
+//   - a host Mat without memory (a Mat::layout), or whose fields were edited past its memory, is refused by
+//     forward, forward_inplace and upload, not read (forward(m, m) included: top names bottom there);
 //   - forward_add's sum may name x or the residual (x = x + r);
 //   - public fields written directly after a forward (gamma_data, activation, eps) take effect at the
 //     next forward, checked as load_param checks them (a wrong weight count named, an Activation value
@@ -19,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -171,6 +174,31 @@ int main() {
       report(v.elempack == 4 && out.data() == where && out.elempack == 1 && !out.is_fp16() &&
                  std::memcmp(out.data(), want.data(), want.bytes()) == 0,
              "download(Mat&) converts a float16 pack4 VkMat into a float32 pack1 Mat where it lies");
+    }
+
+    // ---- host Mats that describe memory they do not have
+    {
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      load_layernorm(l, 5);
+      int refused = 0;
+      for (int edit = 0; edit < 2; ++edit) {
+        vknorm::Mat m = ramp(8, 3, 5);
+        if (edit == 0) m = vknorm::Mat::layout(3, 5, 3, 1, 8);  // no memory
+        if (edit == 1) m.cstep = 4096;                          // past its memory
+        for (int call = 0; call < 4; ++call) {
+          try {
+            vknorm::Mat top;
+            if (call == 0) l.forward(m, top);
+            if (call == 1) l.forward(m, m);  // top names bottom: allocating top must not replace bottom
+            if (call == 2) l.forward_inplace(m);
+            if (call == 3) (void)vknorm::VkMat::upload(m, ctx);
+          } catch (const std::invalid_argument&) {
+            ++refused;
+          }
+        }
+      }
+      report(refused == 8, "a Mat without memory, or with fields past it, is refused by forward, forward_inplace and "
+                           "upload (" + std::to_string(refused) + " of 8)");
     }
 
     // ---- forward_add with the sum written over one of its inputs
