@@ -486,7 +486,15 @@ void Norm::forward_host(const Mat& src, Mat& dst, const Option& opt) {
   const bool whole = run.pieces.size() == 1;
   Mat work;
   if (!whole) {
-    const bool dst_is_device = dst.is_fp16() == fmt.fp16 && dst.elempack == fmt.elempack && dst.cstep == cstep;
+    // dst's memory can be the copy unless it overlaps src laid out otherwise (top over bottom's memory with
+    // another cstep): converting src into it would overwrite what is still to be read, and where both begin
+    // at one address the conversion would be skipped and src's layout read as the device's.
+    const unsigned char *s0 = src.data(), *d0 = dst.data();
+    const bool overlap = s0 < d0 + dst.bytes() && d0 < s0 + src.bytes();
+    const bool same_memory = s0 == d0 && src.elemsize == dst.elemsize && src.elempack == dst.elempack &&
+                             src.cstep == dst.cstep;
+    const bool dst_is_device = dst.is_fp16() == fmt.fp16 && dst.elempack == fmt.elempack && dst.cstep == cstep &&
+                               (!overlap || same_memory);
     work = dst_is_device ? dst : Mat::create(device.dims, device.w, device.h, device.d, device.c, fmt.fp16 ? 2 : 4,
                                              fmt.elempack);
     if (work.data() != src.data()) convert_into(src, device, work.data());

@@ -225,10 +225,11 @@ def test_cpp_api_promises_no_example_shows(installed):
     keeps the layer on ctx; forward_inplace(Mat&) writes into the Mat's own storage (shared by its shallow
     copies) also where the device needs a converted copy (pack4, float16 storage), and so does
     forward_inplace_cpu; forward(bottom, top) leaves bottom as it was, allocates top or writes a fitting one
-    (dense channels) where it lies; a host Mat without memory or with fields past it is refused by forward,
-    forward_inplace and upload; download(Mat&) converts into the caller's Mat; forward_add's sum may be written over x or the residual; public fields written
-    directly after a forward take effect (checked: wrong weight counts named, unknown activations refused) at
-    the next one; a VkMat whose fields were edited past its buffer is refused; Mat::create and blob_span_bytes refuse
+    (dense channels) where it lies, also over bottom's own memory at another cstep (in pieces too); a host
+    Mat without memory or with fields past it is refused by forward, forward_inplace and upload;
+    download(Mat&) converts into the caller's Mat; forward_add's sum may be written over x or the residual;
+    public fields written directly after a forward take effect (checked: wrong weight counts named, unknown
+    activations refused) at the next one; a VkMat whose fields were edited past its buffer is refused; Mat::create and blob_span_bytes refuse
     sizes that are negative or wrap 64 bits. Each check prints ok or FAIL. It makes a
     context of its own beside the default one and exits cleanly under the validation layer (the default
     context, released after the layer's own teardown, crashed it at exit: SIGSEGV)."""
@@ -241,4 +242,4 @@ def test_cpp_api_promises_no_example_shows(installed):
                           env=dict(os.environ, VKNORM_VALIDATION="1"))
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and not any(ln.startswith("FAIL") for ln in lines), proc.stdout + proc.stderr
-    assert sum(ln.startswith("ok: ") for ln in lines) == 35, proc.stdout
+    assert sum(ln.startswith("ok: ") for ln in lines) == 37, proc.stdout

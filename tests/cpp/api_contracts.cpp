@@ -9,6 +9,8 @@
 //   - download(Mat&) converts into the caller's Mat (float16 pack4 on the device, float32 pack1 out);
 //   - a host Mat without memory (a Mat::layout), or whose fields were edited past its memory, is refused by
 //     forward, forward_inplace and upload, not read (forward(m, m) included: top names bottom there);
+//   - forward(bottom, top) with top over bottom's memory at another cstep gives forward_inplace's result,
+//     in one piece and in pieces;
 //   - forward_add's sum may name x or the residual (x = x + r);
 //   - public fields written directly after a forward (gamma_data, activation, eps) take effect at the
 //     next forward, checked as load_param checks them (a wrong weight count named, an Activation value
@@ -199,6 +201,31 @@ int main() {
       }
       report(refused == 8, "a Mat without memory, or with fields past it, is refused by forward, forward_inplace and "
                            "upload (" + std::to_string(refused) + " of 8)");
+    }
+
+    // ---- forward(bottom, top), top over bottom's memory with another cstep (dense channels in, ncnn's out)
+    for (bool pieces : {false, true}) {
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      load_layernorm(l, 5);
+      vknorm::Option pack1;  // the device format is bottom's own but for the cstep
+      pack1.use_packing_layout = false;
+      vknorm::Mat want = ramp(8, 3, 5);
+      l.forward_inplace(want, pack1);
+      std::vector<float> memory(8 * 16, 0.f);
+      vknorm::Mat dense = vknorm::Mat::layout(3, 5, 3, 1, 8);
+      dense.cstep = 15;
+      const vknorm::Mat bottom = vknorm::Mat::external(dense, memory.data());
+      const vknorm::Mat src = ramp(8, 3, 5);
+      for (int q = 0; q < 8; ++q) std::memcpy(&memory[size_t(q) * 15], src.channel(q), 15 * sizeof(float));
+      vknorm::Mat top = vknorm::Mat::external(vknorm::Mat::layout(3, 5, 3, 1, 8), memory.data());  // cstep 16
+      if (pieces) setenv("VKNORM_MAX_BUFFER_BYTES", "200", 1);  // 512 bytes: in pieces
+      l.forward(bottom, top, pack1);
+      unsetenv("VKNORM_MAX_BUFFER_BYTES");
+      bool same = top.data() == reinterpret_cast<unsigned char*>(memory.data());
+      for (int q = 0; q < 8; ++q) same = same && std::memcmp(top.channel(q), want.channel(q), 15 * sizeof(float)) == 0;
+      report(same && (l.last_dispatch().pieces > 1) == pieces,
+             std::string("forward with top over bottom's memory at another cstep (") +
+                 (pieces ? std::to_string(l.last_dispatch().pieces) + " pieces)" : "one piece)"));
     }
 
     // ---- forward_add with the sum written over one of its inputs
