@@ -26,7 +26,8 @@ using namespace vknorm;
 
 namespace {
 
-// nb::ro: from_numpy only reads, so read-only arrays (a memory map, np.frombuffer, np.broadcast_to) are taken too.
+// nb::ro: from_numpy, VkMat.upload and forward_numpy only read, so read-only arrays (a memory map, np.frombuffer,
+// np.broadcast_to) are taken too.
 using Array = nb::ndarray<nb::numpy, nb::ro, nb::c_contig, nb::device::cpu>;
 
 // A numpy shape (w), (h, w), (c, h, w), (c, d, h, w) as ncnn's extents {w, h, d, c} (1 where absent).

@@ -8,6 +8,7 @@
 #include <deque>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -311,6 +312,15 @@ bool holds_shape(const Mat& out, const Mat& a) {
   return out.data() && same_shape(out, a) && (out.scalar_bytes() == 2 || out.scalar_bytes() == 4) &&
          (out.elempack == 1 || out.elempack == 4) &&
          out.cstep >= (out.dims >= 3 ? out.outer_elems() : size_t(out.w) * out.h) && out.bytes() <= out.capacity();
+}
+
+void check_host_mat(const Mat& m, const char* what) {
+  if (m.empty()) throw std::invalid_argument("empty input");
+  if (!holds_shape(m, m))
+    throw std::invalid_argument(std::string(what) + ": the Mat has no memory (a Mat::layout), or its fields (elemsize " +
+                                std::to_string(m.elemsize) + ", elempack " + std::to_string(m.elempack) + ", cstep " +
+                                std::to_string(m.cstep) + ") describe " + std::to_string(m.bytes()) +
+                                " bytes where it holds " + std::to_string(m.capacity()));
 }
 
 void convert_into(const Mat& src, const Mat& format, unsigned char* out) {

@@ -80,17 +80,6 @@ Mat mapped_source(const Context::Impl& impl, const Buffer& b, const Mat& layout)
   return cached ? view : view.clone();
 }
 
-// A host Mat's fields are public (as ncnn's): before anything reads it, they must describe memory it has (a
-// Mat::layout has none; fields edited past the allocation would be read, or written, past it).
-void check_host_mat(const Mat& m, const char* what) {
-  if (m.empty()) throw std::invalid_argument("empty input");
-  if (!holds_shape(m, m))
-    throw std::invalid_argument(std::string(what) + ": the Mat has no memory (a Mat::layout), or its fields (elemsize " +
-                                std::to_string(m.elemsize) + ", elempack " + std::to_string(m.elempack) + ", cstep " +
-                                std::to_string(m.cstep) + ") describe " + std::to_string(m.bytes()) +
-                                " bytes where it holds " + std::to_string(m.capacity()));
-}
-
 std::string describe_blob(int dims, int w, int h, int d, int c, size_t elemsize, int elempack) {
   std::string s = "dims=" + std::to_string(dims) + " w=" + std::to_string(w);
   if (dims >= 2) s += " h=" + std::to_string(h);

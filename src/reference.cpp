@@ -311,7 +311,7 @@ void reference_forward(NormOp op, float* base, const GroupLayout& g, float eps, 
 }
 
 void Norm::forward_inplace_cpu(Mat& m) const {
-  if (m.empty()) throw std::invalid_argument("empty input");
+  check_host_mat(m, "forward_inplace_cpu");
   if (m.elempack != 1 || m.is_fp16()) {
     Mat f = convert_packing(cast_fp32(m), 1);
     forward_inplace_cpu(f);

@@ -226,7 +226,7 @@ def test_cpp_api_promises_no_example_shows(installed):
     copies) also where the device needs a converted copy (pack4, float16 storage), and so does
     forward_inplace_cpu; forward(bottom, top) leaves bottom as it was, allocates top or writes a fitting one
     (dense channels) where it lies, also over bottom's own memory at another cstep (in pieces too); a host
-    Mat without memory or with fields past it is refused by forward, forward_inplace and upload;
+    Mat without memory or with fields past it is refused by forward, forward_inplace, forward_inplace_cpu and upload;
     download(Mat&) converts into the caller's Mat; forward_add's sum may be written over x or the residual;
     public fields written directly after a forward take effect (checked: wrong weight counts named, unknown
     activations refused) at the next one; a VkMat whose fields were edited past its buffer is refused; Mat::create and blob_span_bytes refuse

@@ -74,6 +74,9 @@ size_t ncnn_cstep(int dims, int w, int h, int d, size_t elemsize);
 bool same_shape(const Mat& a, const Mat& b);
 // `out` can take a's shape where it is: it has memory, a's extents, and a cstep that holds its planes.
 bool holds_shape(const Mat& out, const Mat& a);
+// Throws std::invalid_argument, naming `what`, unless m is a Mat with elements that holds them (holds_shape(m, m)):
+// a Mat::layout has no memory, and fields edited past the memory would be read beyond it.
+void check_host_mat(const Mat& m, const char* what);
 
 // Repack to elempack 1 or 4 (4 only when the outer extent divides by 4), as ncnn's convert_packing.
 Mat convert_packing(const Mat& src, int elempack);

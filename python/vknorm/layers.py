@@ -154,13 +154,6 @@ def _as_input(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float16 if _is_float16(a) else np.float32)
 
 
-def _as_storage(a: np.ndarray) -> np.ndarray:
-    """float16 or float32 in native byte order, contiguous and writable: what the binding takes."""
-    native = np.float16 if _is_float16(a) else np.float32
-    out = np.ascontiguousarray(a, dtype=native)
-    return out if out.flags.writeable else out.copy()
-
-
 def _param_int(pid, v) -> int:
     """An int param as ncnn's ParamDict holds it (32-bit); ValueError otherwise (3.7 is not 3), not a C++
     bad_cast."""
@@ -277,11 +270,11 @@ class _Norm:
         return mat
 
     def __call__(self, x, device=None, option: Optional[Option] = None) -> np.ndarray:
-        """Normalize a copy of x; returns float32 (float16 for float16 input)."""
+        """Normalize x into a new array (x is only read); returns float32 (float16 for float16 input)."""
         a = _check_array(x)
         ctx = _context_for(device if device is not None else self.device)
         if ctx is None:
-            mat = self._run(_core.Mat.from_numpy(_as_storage(a)), device, option)
+            mat = self._run(_core.Mat.from_numpy(_as_input(a)), device, option)
         else:  # x is read where it lies (after a cast, if it needs one) into the memory the device reads
             opt = self._native_option(option)
             self._layer.create_pipeline(ctx, opt)

@@ -8,7 +8,8 @@
 //     it does not fit and written where it lies when it does (a Mat::external over dense memory);
 //   - download(Mat&) converts into the caller's Mat (float16 pack4 on the device, float32 pack1 out);
 //   - a host Mat without memory (a Mat::layout), or whose fields were edited past its memory, is refused by
-//     forward, forward_inplace and upload, not read (forward(m, m) included: top names bottom there);
+//     forward, forward_inplace, forward_inplace_cpu and upload, not read (forward(m, m) included: top names
+//     bottom there);
 //   - forward(bottom, top) with top over bottom's memory at another cstep gives forward_inplace's result,
 //     in one piece and in pieces;
 //   - forward_add's sum may name x or the residual (x = x + r);
@@ -187,20 +188,21 @@ int main() {
         vknorm::Mat m = ramp(8, 3, 5);
         if (edit == 0) m = vknorm::Mat::layout(3, 5, 3, 1, 8);  // no memory
         if (edit == 1) m.cstep = 4096;                          // past its memory
-        for (int call = 0; call < 4; ++call) {
+        for (int call = 0; call < 5; ++call) {
           try {
             vknorm::Mat top;
             if (call == 0) l.forward(m, top);
             if (call == 1) l.forward(m, m);  // top names bottom: allocating top must not replace bottom
             if (call == 2) l.forward_inplace(m);
             if (call == 3) (void)vknorm::VkMat::upload(m, ctx);
+            if (call == 4) l.forward_inplace_cpu(m);
           } catch (const std::invalid_argument&) {
             ++refused;
           }
         }
       }
-      report(refused == 8, "a Mat without memory, or with fields past it, is refused by forward, forward_inplace and "
-                           "upload (" + std::to_string(refused) + " of 8)");
+      report(refused == 10, "a Mat without memory, or with fields past it, is refused by forward, forward_inplace, "
+                            "forward_inplace_cpu and upload (" + std::to_string(refused) + " of 10)");
     }
 
     // ---- forward(bottom, top), top over bottom's memory with another cstep (dense channels in, ncnn's out)
