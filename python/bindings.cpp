@@ -66,7 +66,7 @@ Mat numpy_layout(const Array& a) {
 
 // A Mat of its own in `shape`'s extents and storage, unpacked, its channels dense: numpy views it as it is.
 Mat dense_mat(const Mat& shape) {
-  Mat m = Mat::create(shape.dims, shape.w, shape.h, shape.d, shape.c, shape.scalar_bytes(), 1);
+  Mat m = Mat::create_for_overwrite(shape.dims, shape.w, shape.h, shape.d, shape.c, shape.scalar_bytes(), 1);
   if (m.dims >= 3) m.cstep = m.outer_elems();  // within the allocation: ncnn's cstep is at least this
   return m;
 }
@@ -74,7 +74,7 @@ Mat dense_mat(const Mat& shape) {
 // numpy -> elempack-1 Mat of its own (ncnn's cstep), as pyncnn's Mat(numpy) does.
 Mat mat_from_numpy(const Array& a) {
   const Mat view = Mat::external(numpy_layout(a), const_cast<void*>(a.data()));
-  Mat m = Mat::create(view.dims, view.w, view.h, view.d, view.c, view.scalar_bytes(), 1);
+  Mat m = Mat::create_for_overwrite(view.dims, view.w, view.h, view.d, view.c, view.scalar_bytes(), 1);
   convert_into(view, m, m.data());
   return m;
 }

@@ -116,6 +116,12 @@ Mat Mat::create(int dims, int w, int h, int d, int c, size_t scalar_bytes, int e
   return m;
 }
 
+Mat Mat::create_for_overwrite(int dims, int w, int h, int d, int c, size_t scalar_bytes, int elempack) {
+  Mat m = layout(dims, w, h, d, c, scalar_bytes, elempack);
+  m.storage_ = std::make_shared<HostMemory>(m.bytes(), false);
+  return m;
+}
+
 Mat Mat::external(const Mat& layout, void* data) {
   if (!data || layout.dims < 1 || layout.dims > 4 || layout.empty() ||
       layout.cstep < (layout.dims >= 3 ? layout.outer_elems() : size_t(layout.w) * layout.h))
@@ -143,7 +149,7 @@ Mat convert_packing(const Mat& src, int elempack) {
     throw std::invalid_argument("convert_packing: cannot pack " + std::to_string(outer) + " channels/rows by " +
                                 std::to_string(elempack));
   const int dst_outer = outer / elempack;
-  Mat dst = Mat::create(src.dims, src.w, src.dims == 2 ? dst_outer : src.h, src.d, src.dims >= 3 ? dst_outer : 1,
+  Mat dst = Mat::create_for_overwrite(src.dims, src.w, src.dims == 2 ? dst_outer : src.h, src.d, src.dims >= 3 ? dst_outer : 1,
                         src.scalar_bytes(), elempack);
   convert_into(src, dst, dst.data());
   return dst;
@@ -336,14 +342,14 @@ void convert_into(const Mat& src, const Mat& format, unsigned char* out) {
 
 Mat cast_fp16(const Mat& src) {
   if (src.is_fp16()) return src;
-  Mat dst = Mat::create(src.dims, src.w, src.h, src.d, src.c, 2, src.elempack);
+  Mat dst = Mat::create_for_overwrite(src.dims, src.w, src.h, src.d, src.c, 2, src.elempack);
   convert_into(src, dst, dst.data());
   return dst;
 }
 
 Mat cast_fp32(const Mat& src) {
   if (!src.is_fp16()) return src;
-  Mat dst = Mat::create(src.dims, src.w, src.h, src.d, src.c, 4, src.elempack);
+  Mat dst = Mat::create_for_overwrite(src.dims, src.w, src.h, src.d, src.c, 4, src.elempack);
   convert_into(src, dst, dst.data());
   return dst;
 }

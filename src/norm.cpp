@@ -446,7 +446,7 @@ void Norm::forward(const Mat& bottom, Mat& top, const Option& opt) {
   check_host_mat(bottom, "forward (bottom)");
   // As ncnn's Mat::create: top is kept where it already fits, else allocated as bottom.
   if (!holds_shape(top, bottom) || top.elemsize != bottom.elemsize || top.elempack != bottom.elempack)
-    top = Mat::create(bottom.dims, bottom.w, bottom.h, bottom.d, bottom.c, bottom.scalar_bytes(), bottom.elempack);
+    top = Mat::create_for_overwrite(bottom.dims, bottom.w, bottom.h, bottom.d, bottom.c, bottom.scalar_bytes(), bottom.elempack);
   forward_host(bottom, top, opt);
 }
 
@@ -484,8 +484,9 @@ void Norm::forward_host(const Mat& src, Mat& dst, const Option& opt) {
                              src.cstep == dst.cstep;
     const bool dst_is_device = dst.is_fp16() == fmt.fp16 && dst.elempack == fmt.elempack && dst.cstep == cstep &&
                                (!overlap || same_memory);
-    work = dst_is_device ? dst : Mat::create(device.dims, device.w, device.h, device.d, device.c, fmt.fp16 ? 2 : 4,
-                                             fmt.elempack);
+    work = dst_is_device ? dst
+                         : Mat::create_for_overwrite(device.dims, device.w, device.h, device.d, device.c,
+                                                     fmt.fp16 ? 2 : 4, fmt.elempack);
     if (work.data() != src.data()) convert_into(src, device, work.data());
   }
   DispatchInfo info;
@@ -728,7 +729,7 @@ void VkMat::download(Mat& out) const {
   if (stored.cstep != cstep)  // (check_vkmat: cstep x channels fits the buffer)
     throw std::invalid_argument("download: VkMat cstep " + std::to_string(cstep) + " is not ncnn's " +
                                 std::to_string(stored.cstep) + " for its shape: were its fields changed after it was made?");
-  if (!holds_shape(out, stored)) out = Mat::create(dims, w, h, d, c, elemsize / elempack, elempack);
+  if (!holds_shape(out, stored)) out = Mat::create_for_overwrite(dims, w, h, d, c, elemsize / elempack, elempack);
   auto& impl = ctx_->impl();
   if (impl.direct_host_access) {
     convert_into(mapped_source(impl, *buffer, stored), out, out.data());

@@ -34,6 +34,9 @@ class Mat {
   Mat() = default;
   // Shape in ncnn order; h/d/c default to 1 for lower dims. scalar_bytes is 4 (float32) or 2 (float16).
   static Mat create(int dims, int w, int h, int d, int c, size_t scalar_bytes = 4, int elempack = 1);
+  // The same without zeroing the memory (as make_shared_for_overwrite): for a Mat every byte of which is written
+  // next, as convert_into writes its destination, padding included.
+  static Mat create_for_overwrite(int dims, int w, int h, int d, int c, size_t scalar_bytes = 4, int elempack = 1);
   // The same fields without storage: how such a Mat lies in memory (convert_into's destination format).
   static Mat layout(int dims, int w, int h, int d, int c, size_t scalar_bytes = 4, int elempack = 1);
   // A Mat over memory it does not own, laid out as `layout`'s fields say (its cstep as that memory has it:
