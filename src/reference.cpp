@@ -315,11 +315,9 @@ void Norm::forward_inplace_cpu(Mat& m) const {
   if (m.elempack != 1 || m.is_fp16()) {
     Mat f = convert_packing(cast_fp32(m), 1);
     forward_inplace_cpu(f);
-    Mat back = convert_packing(f, m.elempack);
-    if (m.is_fp16()) back = cast_fp16(back);
-    // In place: into m's own storage, which its shallow copies share (as forward_inplace).
-    if (back.bytes() != m.bytes()) throw std::logic_error("vknorm: host layout mismatch");
-    std::memcpy(m.data(), back.data(), m.bytes());
+    // In place: into m's own storage, which its shallow copies share (as forward_inplace), converted back at
+    // m's own cstep (a Mat::external's need not be ncnn's).
+    convert_into(f, m, m.data());
     return;
   }
   // A snapshot, as the Vulkan forwards take one: a load_model in another thread replaces the weights.

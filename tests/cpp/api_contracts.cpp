@@ -3,7 +3,8 @@
 //   - load_param after create_pipeline(ctx) keeps the layer on ctx (it fell back to the default device);
 //   - forward_inplace(Mat&) writes into the Mat's own storage, which shallow copies share, also where the
 //     device needs the blob converted (pack4, float16);
-//   - forward_inplace_cpu(Mat&) writes into the Mat's own storage as well (pack4, float16);
+//   - forward_inplace_cpu(Mat&) writes into the Mat's own storage as well (pack4, float16), a Mat::external's
+//     at its own cstep too;
 //   - forward(bottom, top) leaves bottom as it was and gives forward_inplace's result; top is allocated when
 //     it does not fit and written where it lies when it does (a Mat::external over dense memory);
 //   - download(Mat&) converts into the caller's Mat (float16 pack4 on the device, float32 pack1 out);
@@ -23,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -132,6 +134,32 @@ int main() {
       report(a.data() == b.data() && (fp16 || normalized(unpacked, 16)) &&
                  std::fabs(reinterpret_cast<const float*>(unpacked.data())[0] - reinterpret_cast<const float*>(ramp(8, 3, 16).data())[0]) > 0.1f,
              std::string("forward_inplace_cpu writes through a shallow copy (pack4") + (fp16 ? ", float16)" : ")"));
+    }
+
+    // ---- forward_inplace_cpu on a Mat::external with dense channels where it converts the blob (float16 planes
+    // of 15: ncnn's cstep pads them to 16, so the converted copy's layout is not the Mat's)
+    for (int pack : {1, 4}) {
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      load_layernorm(l, 5);
+      const vknorm::Mat src = vknorm::cast_fp16(vknorm::convert_packing(ramp(8, 3, 5), pack));
+      vknorm::Mat want = src.clone();
+      l.forward_inplace_cpu(want);
+      std::vector<uint16_t> dense(8 * 15);
+      vknorm::Mat shape = vknorm::Mat::layout(3, 5, 3, 1, 8 / pack, 2, pack);
+      shape.cstep = 15;
+      vknorm::Mat m = vknorm::Mat::external(shape, dense.data());
+      vknorm::convert_into(src, m, m.data());
+      std::string err;
+      try {
+        l.forward_inplace_cpu(m);
+      } catch (const std::exception& e) {
+        err = std::string(": ") + e.what();
+      }
+      bool same = err.empty() && m.data() == reinterpret_cast<unsigned char*>(dense.data());
+      for (int q = 0; q < m.c; ++q)
+        same = same && std::memcmp(m.channel(q), want.channel(q), size_t(15) * m.elemsize) == 0;
+      report(same, "forward_inplace_cpu on a float16 Mat::external with dense channels (pack" + std::to_string(pack) +
+                       ")" + err);
     }
 
     // ---- forward(bottom, top): bottom only read; top allocated, or written where it lies
