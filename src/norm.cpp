@@ -442,12 +442,16 @@ void Norm::forward_inplace(Mat& m, const Option& opt) {
 }
 
 void Norm::forward(const Mat& bottom, Mat& top, const Option& opt) {
-  // Before top is looked at: top may name bottom, and allocating it would then replace bottom too.
   check_host_mat(bottom, "forward (bottom)");
   // As ncnn's Mat::create: top is kept where it already fits, else allocated as bottom.
-  if (!holds_shape(top, bottom) || top.elemsize != bottom.elemsize || top.elempack != bottom.elempack)
-    top = Mat::create_for_overwrite(bottom.dims, bottom.w, bottom.h, bottom.d, bottom.c, bottom.scalar_bytes(), bottom.elempack);
-  forward_host(bottom, top, opt);
+  if (holds_shape(top, bottom) && top.elemsize == bottom.elemsize && top.elempack == bottom.elempack)
+    return forward_host(bottom, top, opt);
+  // A new top replaces the caller's once written: a forward that throws (a shape the layer does not take, too
+  // little device memory) leaves top as it was, not a Mat of unwritten memory.
+  Mat out = Mat::create_for_overwrite(bottom.dims, bottom.w, bottom.h, bottom.d, bottom.c, bottom.scalar_bytes(),
+                                      bottom.elempack);
+  forward_host(bottom, out, opt);
+  top = out;
 }
 
 void Norm::forward_host(const Mat& src, Mat& dst, const Option& opt) {

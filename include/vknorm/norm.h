@@ -207,8 +207,9 @@ class Norm : public NormParams {
   void forward_inplace(VkMat& m, const Option& opt = {});
   // As ncnn's Layer::forward: bottom is only read; top is written where it already has bottom's shape,
   // storage and packing (any cstep that holds its planes: a Mat::external over an array works), else
-  // allocated so. The host copies are the least there can be: bottom converted straight into the memory
-  // the device reads and the result straight out of it into top.
+  // allocated so (given to top only once written: a forward that throws leaves such a top as it was). The host
+  // copies are the least there can be: bottom converted straight into the memory the device reads and the
+  // result straight out of it into top.
   void forward(const Mat& bottom, Mat& top, const Option& opt = {});
 
   // Benchmarking: `warmup` untimed then `reps` timed forwards in one submission, barriers between;

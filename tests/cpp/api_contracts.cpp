@@ -7,6 +7,7 @@
 //     at its own cstep too;
 //   - forward(bottom, top) leaves bottom as it was and gives forward_inplace's result; top is allocated when
 //     it does not fit and written where it lies when it does (a Mat::external over dense memory);
+//   - forward(bottom, top) that throws leaves a top it would have replaced as it was;
 //   - download(Mat&) converts into the caller's Mat (float16 pack4 on the device, float32 pack1 out);
 //   - a host Mat without memory (a Mat::layout), or whose fields were edited past its memory, is refused by
 //     forward, forward_inplace, forward_inplace_cpu and upload, not read (forward(m, m) included: top names
@@ -190,6 +191,25 @@ int main() {
           same = same && std::memcmp(&dense[size_t(q) * 15], want.channel(q), 15 * sizeof(float)) == 0;
         report(same, "forward writes a fitting top where it lies (dense channels)" + what);
       }
+    }
+
+    // ---- forward(bottom, top) that throws leaves a top it would have replaced as it was
+    {
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      vknorm::ParamDict affine;
+      affine.set(0, 5);
+      affine.set(2, 1);
+      l.load_param(affine);
+      vknorm::Mat top = ramp(2, 3, 16);  // not bottom's shape: forward would allocate a new one
+      const vknorm::Mat before = top;
+      bool threw = false;
+      try {
+        l.forward(ramp(2, 3, 7), top);  // weights of 5 for rows of 7
+      } catch (const std::invalid_argument&) {
+        threw = true;
+      }
+      report(threw && top.data() == before.data() && top.w == 16,
+             "forward that throws leaves top as it was (not a Mat of unwritten memory)");
     }
 
     // ---- download(Mat&): converted into the caller's format
