@@ -1,6 +1,7 @@
 #include "vknorm/mat.h"
 
 #include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -9,7 +10,6 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -234,11 +234,19 @@ void convert_run(const T* s, T* t, size_t n) {
 
 // Runs f(first, end) over [0, n) split among threads where the work is large: one host thread converts at
 // about 10 GB/s, far below what memory allows (a 16 MiB tensor took 1.4 ms each way on the H200's host).
+// CPUs this thread may run on (its affinity mask, as taskset or a container's cpuset sets it), else all online.
+size_t usable_cpus() {
+#ifdef __linux__
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return size_t(std::max(1, CPU_COUNT(&set)));
+#endif
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 template <typename F>
 void for_runs(int n, size_t bytes, F&& f) {
   constexpr size_t kPerThread = size_t(2) << 20, kMaxThreads = 8;
-  static const size_t cores = std::max(1u, std::thread::hardware_concurrency());
-  const size_t threads = std::min({cores, kMaxThreads, size_t(n), bytes / kPerThread});
+  const size_t threads = std::min({usable_cpus(), kMaxThreads, size_t(n), bytes / kPerThread});
   if (threads < 2) return f(0, n);
   auto first = [&](size_t t) { return int(size_t(n) * t / threads); };
   std::vector<std::thread> helpers;
@@ -246,7 +254,7 @@ void for_runs(int n, size_t bytes, F&& f) {
   for (size_t t = 1; t < threads; ++t) {
     try {
       helpers.emplace_back(f, first(t), first(t + 1));
-    } catch (const std::system_error&) {  // no thread to be had: this one does the run
+    } catch (const std::exception&) {  // no thread to be had (or no memory for one): this one does the run
       f(first(t), first(t + 1));
     }
   }
@@ -321,7 +329,7 @@ bool holds_shape(const Mat& out, const Mat& a) {
 }
 
 void check_host_mat(const Mat& m, const char* what) {
-  if (m.empty()) throw std::invalid_argument("empty input");
+  if (m.empty()) throw std::invalid_argument(std::string(what) + ": empty input");
   if (!holds_shape(m, m))
     throw std::invalid_argument(std::string(what) + ": the Mat has no memory (a Mat::layout), or its fields (elemsize " +
                                 std::to_string(m.elemsize) + ", elempack " + std::to_string(m.elempack) + ", cstep " +

@@ -733,18 +733,20 @@ void VkMat::download(Mat& out) const {
   if (stored.cstep != cstep)  // (check_vkmat: cstep x channels fits the buffer)
     throw std::invalid_argument("download: VkMat cstep " + std::to_string(cstep) + " is not ncnn's " +
                                 std::to_string(stored.cstep) + " for its shape: were its fields changed after it was made?");
-  if (!holds_shape(out, stored)) out = Mat::create_for_overwrite(dims, w, h, d, c, elemsize / elempack, elempack);
+  // A new Mat reaches the caller only once written (a failed download leaves out as it was).
+  Mat into = holds_shape(out, stored) ? out : Mat::create_for_overwrite(dims, w, h, d, c, elemsize / elempack, elempack);
   auto& impl = ctx_->impl();
   if (impl.direct_host_access) {
-    convert_into(mapped_source(impl, *buffer, stored), out, out.data());
-    return;
+    convert_into(mapped_source(impl, *buffer, stored), into, into.data());
+  } else {
+    auto staging = Buffer::create(ctx_, stored.bytes(), Buffer::Kind::Staging);
+    Submission s(impl, 1);
+    s.copy(*buffer, *staging, stored.bytes());
+    s.barrier();
+    s.submit_and_wait();
+    convert_into(mapped_source(impl, *staging, stored), into, into.data());
   }
-  auto staging = Buffer::create(ctx_, stored.bytes(), Buffer::Kind::Staging);
-  Submission s(impl, 1);
-  s.copy(*buffer, *staging, stored.bytes());
-  s.barrier();
-  s.submit_and_wait();
-  convert_into(mapped_source(impl, *staging, stored), out, out.data());
+  out = into;
 }
 
 }  // namespace vknorm

@@ -208,8 +208,8 @@ class Norm : public NormParams {
   // As ncnn's Layer::forward: bottom is only read; top is written where it already has bottom's shape,
   // storage and packing (any cstep that holds its planes: a Mat::external over an array works), else
   // allocated so (given to top only once written: a forward that throws leaves such a top as it was). The host
-  // copies are the least there can be: bottom converted straight into the memory the device reads and the
-  // result straight out of it into top.
+  // copies are the least there can be where the tensor runs whole: bottom converted straight into the memory
+  // the device reads and the result straight out of it into top (in pieces, through a device-format copy).
   void forward(const Mat& bottom, Mat& top, const Option& opt = {});
 
   // Benchmarking: `warmup` untimed then `reps` timed forwards in one submission, barriers between;
@@ -267,7 +267,7 @@ class VkMat {
   static VkMat upload(const Mat& m, std::shared_ptr<Context> ctx, const Option& opt = {});
   Mat download() const;  // as stored (packing and storage of the VkMat)
   // Into `out`, converted in the same pass to out's storage and packing where out already holds this shape
-  // (same_shape; any cstep that holds its planes), else allocated as stored.
+  // (same_shape; any cstep that holds its planes), else allocated as stored (given to out once written).
   void download(Mat& out) const;
   static VkMat create_like(const VkMat& m);  // same shape, packing, storage and device; contents undefined
   size_t bytes() const;          // the allocation: cstep padding included
