@@ -30,11 +30,52 @@ RAW = REPO / "docs" / "reliability.json"
 PY = sys.executable
 
 
+class Steps:
+    """One progress bar on stderr over the run's steps (a scenario or a test file each; they take from seconds to
+    an hour, so it counts steps, not time) with the step under way; each finished step keeps a line of its own."""
+
+    def __init__(self, total: int = 0):
+        self.bar = None
+        if total:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, unit="step", file=sys.stderr, dynamic_ncols=True)
+            except ImportError:  # lines only
+                pass
+
+    def start(self, label: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(label[:60])
+
+    def done(self, line: str) -> None:
+        if self.bar is None:
+            print(line, file=sys.stderr)
+        else:
+            self.bar.write(line, file=sys.stderr)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+STEPS = Steps()  # main() sets the run's
+
+
+def planned_steps(args) -> int:
+    """What main() runs, in steps (keep in step with own_runtime and graph_scenarios)."""
+    own = 0 if args.only_graph else 8 + (0 if args.quick else 3) + 1  # scenarios, then test_reliability.py
+    graph = 0 if args.no_graph else 24 + 1 + 1  # scenarios, the bit flips through check --vulkan, the test file
+    return own + graph + 1  # and the fuzz file
+
+
 def scenario(name: str, kwargs: dict = None, validation: bool = True, timeout: int = 1800) -> dict:
     env = dict(os.environ, VKNORM_VALIDATION="1" if validation else "0", VKNORM_VALIDATION_PRINT="1")
     for k in ("VKNORM_MAX_BUFFER_BYTES", "VKNORM_MAX_DEVICE_BYTES", "VKNORM_PATH", "VKNORM_DEBUG_LEAK_BUFFER"):
         env.pop(k, None)
     t0 = time.perf_counter()
+    STEPS.start(f"{name} {kwargs or ''}")
     proc = subprocess.run([PY, str(LIB), "run", name, json.dumps(kwargs or {})], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
@@ -42,7 +83,7 @@ def scenario(name: str, kwargs: dict = None, validation: bool = True, timeout: i
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     out["_wall_seconds"] = time.perf_counter() - t0
     out["_validation_lines"] = sum(ln.startswith("vknorm: validation:") for ln in proc.stderr.splitlines())
-    print(f"  {name} {kwargs or ''}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    STEPS.done(f"  {name} {kwargs or ''}: {time.perf_counter() - t0:.1f} s")
     return out
 
 
@@ -50,9 +91,11 @@ def pytest_stats(path: str, scale: int) -> dict:
     """Run one test file with hypothesis statistics; per test: examples run, failures, events."""
     env = dict(os.environ, VKNORM_VALIDATION="1", VKNORM_FUZZ_SCALE=str(scale))
     t0 = time.perf_counter()
+    STEPS.start(path)
     proc = subprocess.run([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", path, "--hypothesis-show-statistics"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=7200)
     seconds = time.perf_counter() - t0
+    STEPS.done(f"  {path}: {seconds:.1f} s")
     tests, current = {}, None
     for line in proc.stdout.splitlines():
         m = re.match(r"^\S+::(\w+):$", line)
@@ -244,8 +287,9 @@ def graph_scenarios(G) -> dict:
     """Every in-graph scenario at full size, each in a process of its own under the validation layer."""
     def run(name, kwargs, validation=True):
         t0 = time.perf_counter()
+        STEPS.start(f"graph {name} {kwargs}")
         out = G.run_scenario(name, kwargs, timeout=3600, validation=validation)
-        print(f"  graph {name} {kwargs}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        STEPS.done(f"  graph {name} {kwargs}: {time.perf_counter() - t0:.1f} s")
         if out.get("failed"):
             raise SystemExit(f"graph {name} {kwargs} failed (exit {out['returncode']}):\n{out['stderr_tail']}")
         return out
@@ -283,6 +327,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     r = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "python": platform.python_version(),
          "fuzz_scale": args.fuzz_scale, "device": device()}
+    global STEPS
+    STEPS = Steps(planned_steps(args))
     sys.path.insert(0, str(REPO / "tests"))  # the scenarios are test support; the tests import them too
     import reliability_lib
 
@@ -301,6 +347,7 @@ def main(argv=None) -> int:
                                 "models": sorted(reliability_lib.MODELS)}
         r["tests_graph"] = pytest_stats("tests/test_reliability_graph.py", 1)
     r["fuzz"] = pytest_stats("tests/test_reliability_fuzz.py", args.fuzz_scale)
+    STEPS.close()
     text = markdown(r)
     print(text)
     if args.write:
