@@ -48,9 +48,15 @@ std::array<int, 4> ncnn_extents(const std::vector<int64_t>& shape) {
   return out;
 }
 
-// How a C-contiguous numpy array of (w), (h, w), (c, h, w), (c, d, h, w) lies: an elempack-1 Mat layout whose
-// channels are dense (cstep w*h*d, no 16-byte padding).
-Mat numpy_layout(const Array& a) {
+// m's shape as numpy lays it out: unpacked, in `scalar_bytes`, dense (cstep w*h*d: no padding anywhere).
+Mat numpy_layout(const Mat& m, size_t scalar_bytes) {
+  Mat l = layout_as(m, scalar_bytes, 1);
+  l.cstep = size_t(l.w) * l.h * l.d;
+  return l;
+}
+
+// A C-contiguous numpy array of (w), (h, w), (c, h, w), (c, d, h, w), as a Mat over its memory (it is only read).
+Mat numpy_view(const Array& a) {
   const size_t nd = a.ndim();
   if (nd < 1 || nd > 4) throw std::invalid_argument("expected 1-4 dims, got " + std::to_string(nd));
   const bool f16 = a.dtype().code == uint8_t(nb::dlpack::dtype_code::Float) && a.dtype().bits == 16;
@@ -59,34 +65,21 @@ Mat numpy_layout(const Array& a) {
   std::vector<int64_t> dims(nd);
   for (size_t i = 0; i < nd; ++i) dims[i] = int64_t(a.shape(i));
   const std::array<int, 4> shape = ncnn_extents(dims);
-  Mat l = Mat::layout(int(nd), shape[0], shape[1], shape[2], shape[3], f16 ? 2 : 4, 1);
-  l.cstep = size_t(shape[0]) * shape[1] * shape[2];
-  return l;
-}
-
-// A Mat of its own in `shape`'s extents and storage, unpacked, its channels dense: numpy views it as it is.
-Mat dense_mat(const Mat& shape) {
-  Mat m = Mat::create_for_overwrite(shape.dims, shape.w, shape.h, shape.d, shape.c, shape.scalar_bytes(), 1);
-  if (m.dims >= 3) m.cstep = m.outer_elems();  // within the allocation: ncnn's cstep is at least this
-  return m;
+  const Mat l = Mat::layout(int(nd), shape[0], shape[1], shape[2], shape[3], f16 ? 2 : 4, 1);
+  return Mat::external(numpy_layout(l, l.scalar_bytes()), const_cast<void*>(a.data()));
 }
 
 // numpy -> elempack-1 Mat of its own (ncnn's cstep), as pyncnn's Mat(numpy) does.
 Mat mat_from_numpy(const Array& a) {
-  const Mat view = Mat::external(numpy_layout(a), const_cast<void*>(a.data()));
-  Mat m = Mat::create_for_overwrite(view.dims, view.w, view.h, view.d, view.c, view.scalar_bytes(), 1);
-  convert_into(view, m, m.data());
-  return m;
+  const Mat view = numpy_view(a);
+  return converted(view, view.scalar_bytes(), 1);
 }
 
 nb::ndarray<nb::numpy> mat_to_numpy(const Mat& m, bool copy) {
   const size_t sb = m.scalar_bytes();
   nb::dlpack::dtype dt = sb == 2 ? nb::dtype<uint16_t>() : nb::dtype<float>();
   if (sb == 2) dt.code = uint8_t(nb::dlpack::dtype_code::Float);
-  // The array: unpacked and dense (no cstep padding); numpy's (w), (h, w), (c, h, w), (c, d, h, w).
-  const int outer = m.unpacked_outer();
-  Mat dense = Mat::layout(m.dims, m.w, m.dims == 2 ? outer : m.h, m.d, m.dims >= 3 ? outer : 1, sb, 1);
-  dense.cstep = dense.dims == 2 ? size_t(dense.w) * dense.h : dense.outer_elems();  // total(): dims 1-2 count the blob
+  const Mat dense = numpy_layout(m, sb);
   const std::vector<size_t> shape = numpy_shape(dense.dims, dense.w, dense.h, dense.d, dense.c);
   // copy=false: a Mat already laid out so (unpacked, no padding between channels) is viewed where it lies.
   const bool view = !copy && m.elempack == 1 && (m.dims <= 2 || m.cstep == m.outer_elems()) && m.data();
@@ -238,7 +231,7 @@ NB_MODULE(_core, m) {
           "upload",
           [](const Array& a, std::shared_ptr<Context> ctx, const Option& opt) {
             // Read where it lies (the caller's reference keeps the array alive through the call).
-            const Mat view = Mat::external(numpy_layout(a), const_cast<void*>(a.data()));
+            const Mat view = numpy_view(a);
             ReleaseGil release;
             return VkMat::upload(view, std::move(ctx), opt);
           },
@@ -248,15 +241,15 @@ NB_MODULE(_core, m) {
           "numpy",
           [](const VkMat& v, nb::handle dtype) {
             // Unpacked, in the VkMat's storage or the dtype asked for, converted as it leaves the staging memory.
-            size_t scalar = v.elemsize / std::max(v.elempack, 1);
+            const Mat stored = Mat::layout(v.dims, v.w, v.h, v.d, v.c, v.elemsize / std::max(v.elempack, 1), v.elempack);
+            size_t scalar = stored.scalar_bytes();
             if (!dtype.is_none()) {
               const std::string name = nb::cast<std::string>(nb::module_::import_("numpy").attr("dtype")(dtype).attr("name"));
               if (name != "float32" && name != "float16")
                 throw std::invalid_argument("VkMat.numpy: dtype must be float32 or float16, got " + name);
               scalar = name == "float16" ? 2 : 4;
             }
-            Mat out = dense_mat(Mat::layout(v.dims, v.w, v.dims == 2 ? v.h * v.elempack : v.h, v.d,
-                                            v.dims >= 3 ? v.c * v.elempack : 1, scalar, 1));
+            Mat out = Mat::create_for_overwrite(numpy_layout(stored, scalar));
             {
               ReleaseGil release;
               v.download(out);
@@ -381,8 +374,8 @@ NB_MODULE(_core, m) {
       .def("forward_numpy",
            [](Norm& n, const Array& a, const Option& opt) {
              // The array is read where it lies (the caller's reference keeps it alive through the call).
-             const Mat bottom = Mat::external(numpy_layout(a), const_cast<void*>(a.data()));
-             Mat top = dense_mat(bottom);
+             const Mat bottom = numpy_view(a);
+             Mat top = Mat::create_for_overwrite(bottom);  // numpy's layout too: the result is viewed, not copied
              {
                ReleaseGil release;
                n.forward(bottom, top, opt);

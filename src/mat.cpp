@@ -116,18 +116,18 @@ Mat Mat::create(int dims, int w, int h, int d, int c, size_t scalar_bytes, int e
   return m;
 }
 
-Mat Mat::create_for_overwrite(int dims, int w, int h, int d, int c, size_t scalar_bytes, int elempack) {
-  Mat m = layout(dims, w, h, d, c, scalar_bytes, elempack);
+Mat Mat::create_for_overwrite(const Mat& layout) {
+  Mat m = layout;
   m.storage_ = std::make_shared<HostMemory>(m.bytes(), false);
+  check_host_mat(m, "Mat::create_for_overwrite");
   return m;
 }
 
 Mat Mat::external(const Mat& layout, void* data) {
-  if (!data || layout.dims < 1 || layout.dims > 4 || layout.empty() ||
-      layout.cstep < (layout.dims >= 3 ? layout.outer_elems() : size_t(layout.w) * layout.h))
-    throw std::invalid_argument("Mat::external: needs memory and a layout with extents and a cstep that holds them");
+  if (!data) throw std::invalid_argument("Mat::external: no memory");
   Mat m = layout;
   m.storage_ = std::make_shared<HostMemory>(static_cast<unsigned char*>(data), layout.bytes());
+  check_host_mat(m, "Mat::external");
   return m;
 }
 
@@ -140,6 +140,17 @@ Mat Mat::clone() const {
   return m;
 }
 
+Mat layout_as(const Mat& m, size_t scalar_bytes, int elempack) {
+  const int outer = m.unpacked_outer() / elempack;
+  return Mat::layout(m.dims, m.w, m.dims == 2 ? outer : m.h, m.d, m.dims >= 3 ? outer : 1, scalar_bytes, elempack);
+}
+
+Mat converted(const Mat& m, size_t scalar_bytes, int elempack) {
+  Mat out = Mat::create_for_overwrite(layout_as(m, scalar_bytes, elempack));
+  convert_into(m, out, out.data());
+  return out;
+}
+
 Mat convert_packing(const Mat& src, int elempack) {
   if (src.elempack == elempack) return src;
   if (elempack != 1 && elempack != 4) throw std::invalid_argument("convert_packing: elempack must be 1 or 4");
@@ -148,11 +159,7 @@ Mat convert_packing(const Mat& src, int elempack) {
   if (outer % elempack != 0)
     throw std::invalid_argument("convert_packing: cannot pack " + std::to_string(outer) + " channels/rows by " +
                                 std::to_string(elempack));
-  const int dst_outer = outer / elempack;
-  Mat dst = Mat::create_for_overwrite(src.dims, src.w, src.dims == 2 ? dst_outer : src.h, src.d, src.dims >= 3 ? dst_outer : 1,
-                        src.scalar_bytes(), elempack);
-  convert_into(src, dst, dst.data());
-  return dst;
+  return converted(src, src.scalar_bytes(), elempack);
 }
 
 uint16_t float_to_half(float f) {
@@ -232,8 +239,6 @@ void convert_run(const T* s, T* t, size_t n) {
   std::memcpy(t, s, n * sizeof(T));
 }
 
-// Runs f(first, end) over [0, n) split among threads where the work is large: one host thread converts at
-// about 10 GB/s, far below what memory allows (a 16 MiB tensor took 1.4 ms each way on the H200's host).
 // CPUs this thread may run on (its affinity mask, as taskset or a container's cpuset sets it), else all online.
 size_t usable_cpus() {
 #ifdef __linux__
@@ -243,6 +248,8 @@ size_t usable_cpus() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+// Runs f(first, end) over [0, n) split among threads where the work is large: one host thread converts at
+// about 10 GB/s, far below what memory allows (a 16 MiB tensor took 1.4 ms each way on the H200's host).
 template <typename F>
 void for_runs(int n, size_t bytes, F&& f) {
   constexpr size_t kPerThread = size_t(2) << 20, kMaxThreads = 8;
@@ -348,18 +355,8 @@ void convert_into(const Mat& src, const Mat& format, unsigned char* out) {
     transcode<uint16_t, float>(src, format, out);
 }
 
-Mat cast_fp16(const Mat& src) {
-  if (src.is_fp16()) return src;
-  Mat dst = Mat::create_for_overwrite(src.dims, src.w, src.h, src.d, src.c, 2, src.elempack);
-  convert_into(src, dst, dst.data());
-  return dst;
-}
+Mat cast_fp16(const Mat& src) { return src.is_fp16() ? src : converted(src, 2, src.elempack); }
 
-Mat cast_fp32(const Mat& src) {
-  if (!src.is_fp16()) return src;
-  Mat dst = Mat::create_for_overwrite(src.dims, src.w, src.h, src.d, src.c, 4, src.elempack);
-  convert_into(src, dst, dst.data());
-  return dst;
-}
+Mat cast_fp32(const Mat& src) { return src.is_fp16() ? converted(src, 4, src.elempack) : src; }
 
 }  // namespace vknorm

@@ -67,9 +67,20 @@ DeviceFormat device_format(const Context& ctx, const Mat& m, const Option& opt) 
 }
 
 // How m lies on the device in format f (no storage).
-Mat device_layout(const Mat& m, DeviceFormat f) {
-  const int outer = m.unpacked_outer() / f.elempack;
-  return Mat::layout(m.dims, m.w, m.dims == 2 ? outer : m.h, m.d, m.dims >= 3 ? outer : 1, f.fp16 ? 2 : 4, f.elempack);
+Mat device_layout(const Mat& m, DeviceFormat f) { return layout_as(m, f.fp16 ? 2 : 4, f.elempack); }
+
+// The device-format copy of src that a forward in pieces goes through, piece by piece: dst's own memory where dst
+// is laid out so and either is src or does not overlap it (converting src into memory it shares laid out otherwise
+// would overwrite what is still to be read), else memory of its own.
+Mat pieces_copy(const Mat& src, Mat& dst, const Mat& device) {
+  const unsigned char *s0 = src.data(), *d0 = dst.data();
+  const bool overlap = s0 < d0 + dst.bytes() && d0 < s0 + src.bytes();
+  const bool same_memory = s0 == d0 && src.elemsize == dst.elemsize && src.elempack == dst.elempack && src.cstep == dst.cstep;
+  const bool dst_is_device = dst.elemsize == device.elemsize && dst.elempack == device.elempack &&
+                             dst.cstep == device.cstep;
+  if (!dst_is_device || (overlap && !same_memory)) return converted(src, device.scalar_bytes(), device.elempack);
+  if (!same_memory) convert_into(src, device, dst.data());
+  return dst;
 }
 
 // Mapped memory laid out as `layout`, to convert from: viewed where it lies, or first copied out in one go
@@ -448,8 +459,7 @@ void Norm::forward(const Mat& bottom, Mat& top, const Option& opt) {
     return forward_host(bottom, top, opt);
   // A new top replaces the caller's once written: a forward that throws (a shape the layer does not take, too
   // little device memory) leaves top as it was, not a Mat of unwritten memory.
-  Mat out = Mat::create_for_overwrite(bottom.dims, bottom.w, bottom.h, bottom.d, bottom.c, bottom.scalar_bytes(),
-                                      bottom.elempack);
+  Mat out = Mat::create_for_overwrite(layout_as(bottom, bottom.scalar_bytes(), bottom.elempack));
   forward_host(bottom, out, opt);
   top = out;
 }
@@ -477,22 +487,7 @@ void Norm::forward_host(const Mat& src, Mat& dst, const Option& opt) {
   // One piece: src converted straight into the memory the device reads, the result straight out of it into dst.
   // Pieces: a whole device-format copy of src (dst's own memory where it already is one) goes piece by piece.
   const bool whole = run.pieces.size() == 1;
-  Mat work;
-  if (!whole) {
-    // dst's memory can be the copy unless it overlaps src laid out otherwise (top over bottom's memory with
-    // another cstep): converting src into it would overwrite what is still to be read, and where both begin
-    // at one address the conversion would be skipped and src's layout read as the device's.
-    const unsigned char *s0 = src.data(), *d0 = dst.data();
-    const bool overlap = s0 < d0 + dst.bytes() && d0 < s0 + src.bytes();
-    const bool same_memory = s0 == d0 && src.elemsize == dst.elemsize && src.elempack == dst.elempack &&
-                             src.cstep == dst.cstep;
-    const bool dst_is_device = dst.is_fp16() == fmt.fp16 && dst.elempack == fmt.elempack && dst.cstep == cstep &&
-                               (!overlap || same_memory);
-    work = dst_is_device ? dst
-                         : Mat::create_for_overwrite(device.dims, device.w, device.h, device.d, device.c,
-                                                     fmt.fp16 ? 2 : 4, fmt.elempack);
-    if (work.data() != src.data()) convert_into(src, device, work.data());
-  }
+  Mat work = whole ? Mat() : pieces_copy(src, dst, device);
   DispatchInfo info;
   for (size_t i = 0; i < run.pieces.size(); ++i) {
     const Piece& p = run.pieces[i];
@@ -734,7 +729,7 @@ void VkMat::download(Mat& out) const {
     throw std::invalid_argument("download: VkMat cstep " + std::to_string(cstep) + " is not ncnn's " +
                                 std::to_string(stored.cstep) + " for its shape: were its fields changed after it was made?");
   // A new Mat reaches the caller only once written (a failed download leaves out as it was).
-  Mat into = holds_shape(out, stored) ? out : Mat::create_for_overwrite(dims, w, h, d, c, elemsize / elempack, elempack);
+  Mat into = holds_shape(out, stored) ? out : Mat::create_for_overwrite(stored);
   auto& impl = ctx_->impl();
   if (impl.direct_host_access) {
     convert_into(mapped_source(impl, *buffer, stored), into, into.data());

@@ -313,7 +313,7 @@ void reference_forward(NormOp op, float* base, const GroupLayout& g, float eps, 
 void Norm::forward_inplace_cpu(Mat& m) const {
   check_host_mat(m, "forward_inplace_cpu");
   if (m.elempack != 1 || m.is_fp16()) {
-    Mat f = convert_packing(cast_fp32(m), 1);
+    Mat f = converted(m, 4, 1);
     forward_inplace_cpu(f);
     // In place: into m's own storage, which its shallow copies share (as forward_inplace), converted back at
     // m's own cstep (a Mat::external's need not be ncnn's).

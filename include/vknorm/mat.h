@@ -34,9 +34,9 @@ class Mat {
   Mat() = default;
   // Shape in ncnn order; h/d/c default to 1 for lower dims. scalar_bytes is 4 (float32) or 2 (float16).
   static Mat create(int dims, int w, int h, int d, int c, size_t scalar_bytes = 4, int elempack = 1);
-  // The same without zeroing the memory (as make_shared_for_overwrite): for a Mat every byte of which is written
-  // next, as convert_into writes its destination, padding included.
-  static Mat create_for_overwrite(int dims, int w, int h, int d, int c, size_t scalar_bytes = 4, int elempack = 1);
+  // Memory for `layout`'s fields (its cstep as given), not zeroed (as make_shared_for_overwrite): for a Mat every
+  // byte of which is written next, as convert_into writes its destination, padding included.
+  static Mat create_for_overwrite(const Mat& layout);
   // The same fields without storage: how such a Mat lies in memory (convert_into's destination format).
   static Mat layout(int dims, int w, int h, int d, int c, size_t scalar_bytes = 4, int elempack = 1);
   // A Mat over memory it does not own, laid out as `layout`'s fields say (its cstep as that memory has it:
@@ -80,6 +80,12 @@ bool holds_shape(const Mat& out, const Mat& a);
 // Throws std::invalid_argument, naming `what`, unless m is a Mat with elements that holds them (holds_shape(m, m)):
 // a Mat::layout has no memory, and fields edited past the memory would be read beyond it.
 void check_host_mat(const Mat& m, const char* what);
+
+// m's shape in another storage (2- or 4-byte scalars) and packing (1, or 4 where the outer extent divides by 4):
+// its Mat::layout, ncnn's cstep, no memory.
+Mat layout_as(const Mat& m, size_t scalar_bytes, int elempack);
+// m converted to that layout in one pass, into memory of its own (convert_packing and the casts are this).
+Mat converted(const Mat& m, size_t scalar_bytes, int elempack);
 
 // Repack to elempack 1 or 4 (4 only when the outer extent divides by 4), as ncnn's convert_packing.
 Mat convert_packing(const Mat& src, int elempack);

@@ -259,22 +259,13 @@ class _Norm:
             raise TypeError(f"shape must be integers, got {shape!r}")
         return self._layer.group_layout([int(v) for v in dims])
 
-    def _run(self, mat: _core.Mat, device, option: Optional[Option]) -> _core.Mat:
-        ctx = _context_for(device if device is not None else self.device)
-        if ctx is None:
-            self._layer.forward_inplace_cpu(mat)
-            return mat
-        opt = self._native_option(option)
-        self._layer.create_pipeline(ctx, opt)
-        self._layer.forward_inplace(mat, opt)
-        return mat
-
     def __call__(self, x, device=None, option: Optional[Option] = None) -> np.ndarray:
         """Normalize x into a new array (x is only read); returns float32 (float16 for float16 input)."""
         a = _check_array(x)
         ctx = _context_for(device if device is not None else self.device)
-        if ctx is None:
-            mat = self._run(_core.Mat.from_numpy(_as_input(a)), device, option)
+        if ctx is None:  # ncnn's CPU algorithm, on a Mat of its own
+            mat = _core.Mat.from_numpy(_as_input(a))
+            self._layer.forward_inplace_cpu(mat)
         else:  # x is read where it lies (after a cast, if it needs one) into the memory the device reads
             opt = self._native_option(option)
             self._layer.create_pipeline(ctx, opt)
