@@ -8,32 +8,7 @@ namespace vknorm {
 
 namespace {
 std::string mib(uint64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }
-
-// A cached buffer of this kind and size, taken out of the cache; none: an empty optional.
-std::optional<Context::Impl::CachedBuffer> take_cached(Context::Impl& c, Buffer::Kind kind, vk::DeviceSize size) {
-  std::lock_guard<std::mutex> lock(c.cache_mutex);
-  for (auto it = c.cache.rbegin(); it != c.cache.rend(); ++it)  // the most recently cached first
-    if (it->kind == int(kind) && it->size == size) {
-      std::optional<Context::Impl::CachedBuffer> found(std::move(*it));
-      c.cache.erase(std::next(it).base());
-      c.bytes_cached -= size;
-      return found;
-    }
-  return std::nullopt;
-}
 }  // namespace
-
-void Context::Impl::trim_cache(uint64_t keep) {
-  std::deque<CachedBuffer> dropped;  // freed after the lock is let go
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex);
-    while (!cache.empty() && bytes_cached > keep) {
-      bytes_cached -= cache.front().size;
-      dropped.push_back(std::move(cache.front()));
-      cache.pop_front();
-    }
-  }
-}
 
 std::shared_ptr<Buffer> Buffer::create(std::shared_ptr<Context> ctx, vk::DeviceSize size, Kind kind) {
   auto& c = ctx->impl();
@@ -57,7 +32,7 @@ std::shared_ptr<Buffer> Buffer::create(std::shared_ptr<Context> ctx, vk::DeviceS
   auto b = std::make_shared<Buffer>();
   b->size = size;
   b->kind = kind;
-  if (auto cached = take_cached(c, kind, size)) {
+  if (auto cached = c.cache.take({int(kind), size})) {
     b->buffer = std::move(cached->buffer);
     b->memory = std::move(cached->memory);
     b->mapped = cached->mapped;
@@ -73,7 +48,7 @@ std::shared_ptr<Buffer> Buffer::create(std::shared_ptr<Context> ctx, vk::DeviceS
     // The cap counts what the cache keeps: make room in it first.
     if (c.max_device_bytes) {
       const uint64_t in_use = c.bytes_in_use;  // this request included
-      c.trim_cache(in_use < c.max_device_bytes ? c.max_device_bytes - in_use : 0);
+      (void)c.cache.trim(in_use < c.max_device_bytes ? c.max_device_bytes - in_use : 0);
     }
     using U = vk::BufferUsageFlagBits;
     b->buffer = vk::raii::Buffer(c.device, vk::BufferCreateInfo{
@@ -88,8 +63,8 @@ std::shared_ptr<Buffer> Buffer::create(std::shared_ptr<Context> ctx, vk::DeviceS
       try {
         b->memory = vk::raii::DeviceMemory(c.device, allocation);
       } catch (const vk::SystemError&) {  // what the cache keeps may be what is missing
-        if (!c.bytes_cached) throw;
-        c.trim_cache(0);
+        if (!c.cache.bytes()) throw;
+        (void)c.cache.trim(0);
         b->memory = vk::raii::DeviceMemory(c.device, allocation);
       }
     } catch (const vk::SystemError& e) {
@@ -123,13 +98,8 @@ Buffer::~Buffer() {
     return;
   }
   if (size <= c.cache_limit && c.instance->in_creating_process()) {
-    {
-      std::lock_guard<std::mutex> lock(c.cache_mutex);
-      c.cache.push_back({int(kind), size, std::move(buffer), std::move(memory), mapped});
-      c.bytes_cached += size;
-    }
+    (void)c.cache.put({int(kind), size}, size, {std::move(buffer), std::move(memory), mapped}, c.cache_limit);
     mapped = nullptr;
-    c.trim_cache(c.cache_limit);
     return;
   }
   if (mapped) memory.unmapMemory();

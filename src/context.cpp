@@ -376,13 +376,10 @@ const DeviceInfo& Context::info() const { return impl_->info; }
 uint64_t Context::device_bytes_in_use() const { return impl_->bytes_in_use; }
 uint64_t Context::device_bytes_peak() const { return impl_->bytes_peak; }
 uint64_t Context::live_buffers() const { return impl_->live_buffers; }
-uint64_t Context::device_bytes_cached() const { return impl_->bytes_cached; }
-uint64_t Context::cached_buffers() const {
-  std::lock_guard<std::mutex> lock(impl_->cache_mutex);
-  return impl_->cache.size();
-}
+uint64_t Context::device_bytes_cached() const { return impl_->cache.bytes(); }
+uint64_t Context::cached_buffers() const { return impl_->cache.count(); }
 uint64_t Context::device_allocations() const { return impl_->allocations; }
-void Context::release_cached_buffers() { impl_->trim_cache(0); }
+void Context::release_cached_buffers() { (void)impl_->cache.trim(0); }
 
 bool validation_enabled() { return env_flag("VKNORM_VALIDATION"); }
 

@@ -1,13 +1,13 @@
 #include "vknorm/mat.h"
 
+#include "reuse_cache.h"
+
 #include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <deque>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -23,11 +23,7 @@ namespace vknorm {
 namespace {
 constexpr size_t kPooledMin = size_t(1) << 20, kPoolBytes = size_t(128) << 20, kPoolBlocks = 4;
 
-struct HostPool {
-  std::mutex mutex;
-  std::deque<std::pair<size_t, unsigned char*>> blocks;  // oldest first
-  size_t bytes = 0;
-};
+using HostPool = ReuseCache<size_t, unsigned char*>;  // blocks by size
 HostPool* g_pool = nullptr;
 HostPool& host_pool() {
   // Never destroyed: Mats may be freed during static destruction. A fork()ed child starts a pool of its own
@@ -43,40 +39,18 @@ HostPool& host_pool() {
 }  // namespace
 
 HostMemory::HostMemory(size_t n, bool zeroed) : size(n) {
-  if (n >= kPooledMin) {
-    HostPool& pool = host_pool();
-    std::lock_guard<std::mutex> lock(pool.mutex);
-    for (auto it = pool.blocks.rbegin(); it != pool.blocks.rend(); ++it)
-      if (it->first == n) {
-        data = it->second;
-        pool.bytes -= n;
-        pool.blocks.erase(std::next(it).base());
-        break;
-      }
-  }
+  if (n >= kPooledMin) data = host_pool().take(n).value_or(nullptr);
   if (!data) data = new unsigned char[std::max<size_t>(n, 1)];
   if (zeroed) std::memset(data, 0, n);
 }
 
 HostMemory::~HostMemory() {
   if (!owned) return;
-  if (size >= kPooledMin && size <= kPoolBytes) {
-    HostPool& pool = host_pool();
-    std::vector<unsigned char*> dropped;
-    {
-      std::lock_guard<std::mutex> lock(pool.mutex);
-      pool.blocks.emplace_back(size, data);
-      pool.bytes += size;
-      while (pool.bytes > kPoolBytes || pool.blocks.size() > kPoolBlocks) {
-        pool.bytes -= pool.blocks.front().first;
-        dropped.push_back(pool.blocks.front().second);
-        pool.blocks.pop_front();
-      }
-    }
-    for (unsigned char* p : dropped) delete[] p;
+  if (size < kPooledMin || size > kPoolBytes) {
+    delete[] data;
     return;
   }
-  delete[] data;
+  for (unsigned char* dropped : host_pool().put(size, size, data, kPoolBytes, kPoolBlocks)) delete[] dropped;
 }
 
 size_t ncnn_cstep(int dims, int w, int h, int d, size_t elemsize) {

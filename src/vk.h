@@ -2,16 +2,17 @@
 // Every handle has exactly one owner here; nothing is destroyed by hand.
 #pragma once
 #include <atomic>
-#include <deque>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <mutex>
 #include <optional>
 #include <vector>
 #include <vulkan/vulkan_raii.hpp>
 
 #include "dispatch.h"
+#include "reuse_cache.h"
 #include "vknorm/context.h"
 #include "vknorm/norm.h"
 
@@ -70,18 +71,12 @@ struct Context::Impl {
   // At most VKNORM_BUFFER_CACHE_BYTES (default kBufferCacheBytes), oldest dropped first. Declared after
   // the device: freed before it.
   struct CachedBuffer {
-    int kind = 0;
-    vk::DeviceSize size = 0;
     vk::raii::Buffer buffer = nullptr;
     vk::raii::DeviceMemory memory = nullptr;
     void* mapped = nullptr;
   };
-  std::mutex cache_mutex;
-  std::deque<CachedBuffer> cache;  // oldest first
+  ReuseCache<std::pair<int, vk::DeviceSize>, CachedBuffer> cache;  // by kind and size
   uint64_t cache_limit = 0;
-  std::atomic<uint64_t> bytes_cached{0};
-  // Drops cached buffers, oldest first, until at most `keep` bytes stay cached.
-  void trim_cache(uint64_t keep);
   // Command pools, fences and descriptor/query pools of finished submissions, reused by later ones
   // (pipeline.cpp). Declared last: destroyed before the device.
   std::mutex kit_mutex;
