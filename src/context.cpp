@@ -333,6 +333,9 @@ std::shared_ptr<Context> Context::create(int index) {
   impl->max_device_bytes = env_positive("VKNORM_MAX_DEVICE_BYTES");
   impl->cache_limit = env_count("VKNORM_BUFFER_CACHE_BYTES", "a whole number of bytes (0: keep no freed buffers)")
                           .value_or(kBufferCacheBytes);
+  // A CPU device's work runs on the host's cores: polling there would take one from it.
+  impl->fence_spin_us = env_count("VKNORM_FENCE_SPIN_US", "a whole number of microseconds (0: never poll)")
+                            .value_or(impl->info.type == "cpu" ? 0 : kFenceSpinUs);
 
   std::array<vk::DescriptorSetLayoutBinding, kBindings> bindings;
   for (uint32_t b = 0; b < kBindings; ++b)
@@ -378,6 +381,7 @@ uint64_t Context::device_bytes_peak() const { return impl_->bytes_peak; }
 uint64_t Context::live_buffers() const { return impl_->live_buffers; }
 uint64_t Context::device_bytes_cached() const { return impl_->cache.bytes(); }
 uint64_t Context::cached_buffers() const { return impl_->cache.count(); }
+uint64_t Context::fence_spin_us() const { return impl_->fence_spin_us; }
 uint64_t Context::device_allocations() const { return impl_->allocations; }
 void Context::release_cached_buffers() { (void)impl_->cache.trim(0); }
 

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <stdexcept>
 
@@ -174,7 +175,14 @@ void Submission::submit_and_wait() {
     ctx_.queue.submit(vk::SubmitInfo{.commandBufferCount = 1, .pCommandBuffers = &raw}, *kit_->fence);
   }
   pending_ = true;
-  while (ctx_.device.waitForFences(*kit_->fence, VK_TRUE, 1'000'000'000ull) == vk::Result::eTimeout) {}
+  bool done = false;
+  if (ctx_.fence_spin_us) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(ctx_.fence_spin_us);
+    do done = kit_->fence.getStatus() == vk::Result::eSuccess;
+    while (!done && std::chrono::steady_clock::now() < until);
+  }
+  if (!done)
+    while (ctx_.device.waitForFences(*kit_->fence, VK_TRUE, 1'000'000'000ull) == vk::Result::eTimeout) {}
   pending_ = false;
   submitted_ = true;
 }

@@ -20,6 +20,7 @@ namespace vknorm {
 
 // What a context keeps of the buffers it no longer holds, unless VKNORM_BUFFER_CACHE_BYTES says otherwise.
 constexpr uint64_t kBufferCacheBytes = uint64_t(256) << 20;
+constexpr uint64_t kFenceSpinUs = 1000;  // VKNORM_FENCE_SPIN_US default on GPUs
 
 constexpr uint32_t kBindings = kSlotCount;  // blob, gamma, beta, partials, coefficients, residual, out, sum (dispatch.h)
 
@@ -66,6 +67,8 @@ struct Context::Impl {
   const struct Pipeline& pipeline(const std::string& variant, const struct Specialization& spec);
   std::atomic<uint64_t> bytes_in_use{0}, bytes_peak{0}, live_buffers{0}, allocations{0};
   uint64_t max_device_bytes = 0;  // VKNORM_MAX_DEVICE_BYTES, 0: none
+  // How long a submission polls its fence before blocking on it (Context::fence_spin_us).
+  uint64_t fence_spin_us = 0;
   // Buffers no longer held, kept for the next request of the same kind and size (buffer.cpp): a discrete
   // GPU's driver takes ~0.3 ms to allocate, and fresh host memory faults in page by page on first write.
   // At most VKNORM_BUFFER_CACHE_BYTES (default kBufferCacheBytes), oldest dropped first. Declared after

@@ -388,3 +388,31 @@ def test_buffer_cache_limit_that_is_not_a_number_is_refused(monkeypatch):
     monkeypatch.setenv("VKNORM_BUFFER_CACHE_BYTES", "256MB")
     with pytest.raises(ValueError, match="VKNORM_BUFFER_CACHE_BYTES=256MB: expected a whole number of bytes"):
         _core.Context.create(0)
+
+
+def test_fence_polling_defaults_to_off_on_cpu_devices_and_on_for_gpus():
+    ctx = _core.Context.create(0)
+    assert ctx.fence_spin_us == (0 if ctx.info["type"] == "cpu" else 1000)
+
+
+@pytest.mark.parametrize("spin_us", ["1", "10000000"])
+def test_forwards_are_right_whether_the_wait_ends_polling_or_blocking(monkeypatch, spin_us):
+    # 1 us: the poll gives up and the blocking wait ends it; 10 s: every submission ends while polling.
+    monkeypatch.setenv("VKNORM_FENCE_SPIN_US", spin_us)
+    ctx = _core.Context.create(0)
+    monkeypatch.delenv("VKNORM_FENCE_SPIN_US")
+    assert ctx.fence_spin_us == int(spin_us)
+    layer = layer_on(ctx, "LayerNorm", 256)
+    rng = np.random.default_rng(7)
+    for rows in (3, 197, 1024):
+        x = rng.standard_normal((rows, 256)).astype(np.float32)
+        check_close(layer(x), ref_of(layer, x), FP32_TOL, f"{rows} rows, spin {spin_us} us")
+        v = vknorm.to_device(x, device=ctx)
+        layer.forward_inplace(v)
+        check_close(v.numpy(), ref_of(layer, x), FP32_TOL, f"{rows} rows resident, spin {spin_us} us")
+
+
+def test_fence_polling_time_that_is_not_a_number_is_refused(monkeypatch):
+    monkeypatch.setenv("VKNORM_FENCE_SPIN_US", "1ms")
+    with pytest.raises(ValueError, match="VKNORM_FENCE_SPIN_US=1ms: expected a whole number of microseconds"):
+        _core.Context.create(0)

@@ -72,6 +72,10 @@ class Context {
   uint64_t cached_buffers() const;
   void release_cached_buffers();  // frees every cached buffer now
   uint64_t device_allocations() const;  // device memory allocations made so far (cache misses)
+  // How long a submission polls its fence before it blocks on it, in microseconds: a driver's blocking wait
+  // can wake tens of microseconds after the GPU is done, more than a small forward takes. VKNORM_FENCE_SPIN_US
+  // (0: never poll); default 1000 on GPUs, 0 on CPU devices (their work runs on the cores polling would take).
+  uint64_t fence_spin_us() const;
 
   struct Impl;
   Impl& impl() { return *impl_; }
