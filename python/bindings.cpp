@@ -406,6 +406,19 @@ NB_MODULE(_core, m) {
              return std::make_tuple(out, sum);
            },
            "x"_a, "residual"_a, "write_sum"_a, "option"_a)
+      .def("forward_add_numpy",
+           [](Norm& n, const Array& x, const Array& r, bool write_sum, const Option& opt) {
+             // Both arrays are read where they lie; the results are Mats of their own in numpy's layout.
+             const Mat bx = numpy_view(x), br = numpy_view(r);
+             Mat top = Mat::create_for_overwrite(bx), sum = write_sum ? Mat::create_for_overwrite(bx) : Mat();
+             {
+               ReleaseGil release;
+               n.forward_add(bx, br, top, write_sum ? &sum : nullptr, opt);
+             }
+             return std::make_tuple(top, sum);
+           },
+           "x"_a, "residual"_a, "write_sum"_a, "option"_a,
+           "forward_add on two C-contiguous float32/float16 arrays of one shape (only read): new Mats")
       .def("forward_add_repeated",
            [](Norm& n, const VkMat& x, const VkMat& r, bool write_sum, const Option& opt, int warmup, int reps) {
              DispatchInfo i;

@@ -621,6 +621,71 @@ VkMat Norm::forward_add(const VkMat& x, const VkMat& residual, VkMat* sum, const
   return out;
 }
 
+void Norm::forward_add(const Mat& x, const Mat& residual, Mat& top, Mat* sum, const Option& opt) {
+  check_host_mat(x, "forward_add");
+  check_host_mat(residual, "forward_add (residual)");
+  if (!same_shape(x, residual) || x.elemsize != residual.elemsize || x.elempack != residual.elempack)
+    throw std::invalid_argument("forward_add: x and residual differ in shape, packing or storage (a broadcasting add is "
+                                "not fused)");
+  const std::shared_ptr<Gpu> gpu = gpu_for(nullptr);
+  auto& impl = gpu->ctx->impl();
+  const DeviceFormat fmt = device_format(*gpu->ctx, x, opt);
+  const Mat device = device_layout(x, fmt);
+  const uint64_t bytes = device.bytes();
+  const uint64_t range = impl.info.max_storage_buffer_range;
+  if (range && bytes > range)
+    throw std::invalid_argument("forward_add: " + std::to_string(bytes) + " bytes exceed one storage buffer (" +
+                                std::to_string(range) + " bytes); the fused add takes no pieces");
+  gpu->check_weights(gpu->gamma_data.size(), gpu->beta_data.size());
+  const GroupLayout g = gpu->layout(device.dims, device.w, device.h, device.d, device.c, device.cstep, fmt.elempack);
+  ensure_weights(*gpu);
+  // As forward's top: each output is written where it already holds x's shape and format, else into a new Mat
+  // given to the caller once written. Both inputs are read (into the memory the device reads) before either is
+  // written, so an output may be x or the residual; the two outputs must not share memory.
+  auto output = [&](const Mat& m) {
+    return holds_shape(m, x) && m.elemsize == x.elemsize && m.elempack == x.elempack
+               ? m
+               : Mat::create_for_overwrite(layout_as(x, x.scalar_bytes(), x.elempack));
+  };
+  Mat out = output(top), sum_out = sum ? output(*sum) : Mat();
+  if (sum && out.data() < sum_out.data() + sum_out.bytes() && sum_out.data() < out.data() + out.bytes())
+    throw std::invalid_argument("forward_add: top and sum share memory; give them Mats of their own");
+  // One submission: both inputs in, the fused kernel, both outputs out.
+  using Kind = Buffer::Kind;
+  auto device_buffer = [&] { return Buffer::create(gpu->ctx, bytes, Kind::Device); };
+  const auto xb = device_buffer(), rb = device_buffer(), ob = device_buffer();
+  const auto sb = sum ? device_buffer() : nullptr;
+  auto staging_for = [&](const std::shared_ptr<Buffer>& b) {
+    return !b || impl.direct_host_access ? b : Buffer::create(gpu->ctx, bytes, Kind::Staging);
+  };
+  const auto x_in = staging_for(xb), r_in = staging_for(rb);
+  // Staging of the inputs serves the outputs on the way back.
+  const auto o_back = impl.direct_host_access ? ob : x_in, s_back = !sum || impl.direct_host_access ? sb : r_in;
+  convert_into(x, device, static_cast<unsigned char*>(x_in->mapped));
+  convert_into(residual, device, static_cast<unsigned char*>(r_in->mapped));
+  Workspace ws;
+  Submission s(impl, 3);
+  if (!impl.direct_host_access) s.copy(*x_in, *xb, bytes), s.copy(*r_in, *rb, bytes), s.barrier();
+  const AddBuffers add{rb.get(), ob.get(), sb.get()};
+  s.timestamp(0);
+  DispatchInfo info = record(*gpu, s, *xb, g, fmt.fp16, opt, ws, 0, &add);
+  s.timestamp(1);
+  s.barrier();
+  if (!impl.direct_host_access) {
+    s.copy(*ob, *o_back, bytes);
+    if (sum) s.copy(*sb, *s_back, bytes);
+    s.barrier();
+  }
+  s.submit_and_wait();
+  info.gpu_us = s.gpu_us();
+  convert_into(mapped_source(impl, *o_back, device), out, out.data());
+  if (sum) convert_into(mapped_source(impl, *s_back, device), sum_out, sum_out.data());
+  top = out;
+  if (sum) *sum = sum_out;
+  std::lock_guard<std::mutex> lock(mutex_);
+  last_ = info;
+}
+
 DispatchInfo Norm::forward_add_repeated(const VkMat& x, const VkMat& residual, bool write_sum, const Option& opt,
                                         int warmup, int reps) {
   if (reps < 1 || warmup < 0) throw std::invalid_argument("forward_add_repeated: reps >= 1 and warmup >= 0");

@@ -184,6 +184,37 @@ def test_forward_add_on_vkmats_stays_on_the_device():
     assert np.array_equal(s.download().convert_packing(1).numpy().reshape(64, 512), x + r)
 
 
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("packing", [True, False], ids=["pack4", "pack1"])
+def test_forward_add_on_numpy_gives_what_it_gives_on_vkmats(packing, fp16):
+    # One kernel either way: the numpy call (one submission, arrays read in place) must match bit for bit.
+    rng = np.random.default_rng(6)
+    layer, _, _, _ = make_layer("groupnorm", (12, 5, 7), rng)
+    layer.set_activation("gelu")
+    opt = vknorm.Option(use_fp16_storage=fp16, use_packing_layout=packing)
+    x, r = rng.standard_normal((12, 5, 7)).astype(np.float32), rng.standard_normal((12, 5, 7)).astype(np.float32)
+    y, s = layer.forward_add(x, r, return_sum=True, option=opt)
+    vy, vs = layer.forward_add(vknorm.to_device(x, opt), vknorm.to_device(r, opt), return_sum=True, option=opt)
+    assert y.dtype == s.dtype == np.float32 and y.shape == s.shape == (12, 5, 7)
+    assert np.array_equal(y, vy.numpy(np.float32).reshape(12, 5, 7))
+    assert np.array_equal(s, vs.numpy(np.float32).reshape(12, 5, 7))
+    assert np.array_equal(layer.forward_add(x, r, option=opt), y)  # without the sum: the same y
+
+
+def test_forward_add_on_numpy_of_two_float_types_returns_x_s_type():
+    rng = np.random.default_rng(7)
+    layer, gamma, beta, _ = make_layer("layernorm", (6, 32), rng)
+    x16 = rng.standard_normal((6, 32)).astype(np.float16)
+    r32 = rng.standard_normal((6, 32)).astype(np.float32)
+    y, s = layer.forward_add(x16, r32, return_sum=True)
+    assert y.dtype == s.dtype == np.float16
+    seen = x16.astype(np.float32) + r32  # float32 storage: the residual is not rounded before the add
+    assert np.array_equal(s, seen.astype(np.float16))
+    ref = norm64(seen, "layernorm", gamma, beta)
+    # float16 results: half an ulp of float16 (2^-11 relative) at the output scale, and the kernel's float32 error
+    assert float(np.abs(y.astype(np.float64) - ref).max()) <= 2 ** -11 * float(np.abs(ref).max()) + 1e-5
+
+
 # -------------------------------------------------------------------------------------- the graph rewrite
 
 graph = pytest.importorskip("vknorm.graph", reason="vknorm built without ncnn") if has_graph() else None

@@ -225,6 +225,9 @@ class Norm : public NormParams {
   float activation_alpha = 0.f;
   void set_activation(Activation a, float alpha = 0.f);
   VkMat forward_add(const VkMat& x, const VkMat& residual, VkMat* sum = nullptr, const Option& opt = {});
+  // The same on host Mats, in one submission: x and residual converted straight into the memory the device reads,
+  // top (and *sum) written as forward writes top; an output may be x or the residual, not the other output.
+  void forward_add(const Mat& x, const Mat& residual, Mat& top, Mat* sum = nullptr, const Option& opt = {});
   DispatchInfo forward_add_repeated(const VkMat& x, const VkMat& residual, bool write_sum, const Option& opt,
                                     int warmup, int reps);
 

@@ -311,8 +311,8 @@ class _Norm:
 
     def forward_add(self, x, residual, return_sum: bool = False, device=None, option: Optional[Option] = None):
         """A residual add and this layer in one kernel: returns the activated norm of x + residual (and
-        x + residual itself with return_sum=True) without writing x or residual. numpy arrays (one upload
-        each, results downloaded as float32, or float16 for float16 input) or VkMats (results stay on the
+        x + residual itself with return_sum=True) without writing x or residual. numpy arrays (read where
+        they lie, one submission, results as float32, or float16 for float16 x) or VkMats (results stay on the
         device). x and residual must have one shape (a broadcasting add is not fused)."""
         opt = self._native_option(option)
         if isinstance(x, _core.VkMat) or isinstance(residual, _core.VkMat):
@@ -332,14 +332,16 @@ class _Norm:
             if _is_float16(a):
                 y, s = y.astype(np.float16), s.astype(np.float16)
             return (y, s) if return_sum else y
-        storage = self.option if option is None else option
-        vx, vr = to_device(a, storage, ctx), to_device(r, storage, ctx)
         self._layer.create_pipeline(ctx, opt)
-        y, s = self._layer.forward_add(vx, vr, return_sum, opt)
+        # One submission; both arrays read where they lie (x of one float type and residual of another: both
+        # as float32, the result in x's type).
+        same = _is_float16(a) == _is_float16(r)
+        xa, ra = (_as_input(a), _as_input(r)) if same else (a.astype(np.float32), r.astype(np.float32))
+        y, s = self._layer.forward_add_numpy(xa, ra, return_sum, opt)
         like = np.float16 if _is_float16(a) else np.float32
 
-        def back(v):
-            return v.numpy(like).reshape(a.shape)
+        def back(m):
+            return m.numpy(copy=False).astype(like, copy=False).reshape(a.shape)
 
         return (back(y), back(s)) if return_sum else back(y)
 

@@ -15,6 +15,8 @@
 //   - forward(bottom, top) with top over bottom's memory at another cstep gives forward_inplace's result,
 //     in one piece and in pieces;
 //   - forward_add's sum may name x or the residual (x = x + r);
+//   - forward_add on host Mats gives the VkMat forward_add's result and sum (float32 and float16 storage),
+//     writes outputs that are its inputs where they lie, and refuses a top and sum sharing memory;
 //   - public fields written directly after a forward (gamma_data, activation, eps) take effect at the
 //     next forward, checked as load_param checks them (a wrong weight count named, an Activation value
 //     that is none of the enum's refused);
@@ -292,6 +294,54 @@ int main() {
         report(std::memcmp(y.data(), want_y.data(), y.bytes()) == 0 &&
                    std::memcmp(got_sum.data(), want_sum.data(), got_sum.bytes()) == 0,
                std::string("forward_add writes its sum over ") + (aliased ? "the residual" : "x") + " (x = x + r)");
+      }
+    }
+
+    // ---- forward_add on host Mats: the device path's result, outputs over the inputs, shared outputs refused
+    {
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      load_layernorm(l, 16);
+      l.set_activation(vknorm::Activation::Swish);
+      l.create_pipeline(ctx);
+      const vknorm::Mat xs = ramp(2, 3, 16), rs = ramp(2, 3, 16);
+      vknorm::Option fp16;
+      fp16.use_fp16_storage = true;
+      for (const vknorm::Option& o : {vknorm::Option(), fp16}) {
+        const char* storage = o.use_fp16_storage ? "float16 storage" : "float32 storage";
+        vknorm::VkMat vsum;
+        vknorm::Mat want_y = vknorm::Mat::create(3, 16, 3, 1, 2), want_sum = vknorm::Mat::create(3, 16, 3, 1, 2);
+        l.forward_add(vknorm::VkMat::upload(xs, ctx, o), vknorm::VkMat::upload(rs, ctx, o), &vsum, o).download(want_y);
+        vsum.download(want_sum);  // as float32, as the host forward_add gives them for float32 input
+        vknorm::Mat y, sum;
+        l.forward_add(xs, rs, y, &sum, o);
+        bool same = true;
+        for (int q = 0; q < 2; ++q)
+          same = same && std::memcmp(y.channel(q), want_y.channel(q), 48 * sizeof(float)) == 0 &&
+                 std::memcmp(sum.channel(q), want_sum.channel(q), 48 * sizeof(float)) == 0;
+        report(same, std::string("forward_add on host Mats gives the VkMat forward_add's result and sum, ") + storage);
+        for (int aliased : {0, 1}) {  // y over x and the sum over the residual, or the other way round
+          vknorm::Mat x2 = xs.clone(), r2 = rs.clone();
+          vknorm::Mat& y_into = aliased ? r2 : x2;
+          vknorm::Mat& sum_into = aliased ? x2 : r2;
+          const unsigned char *y_mem = y_into.data(), *sum_mem = sum_into.data();
+          l.forward_add(x2, r2, y_into, &sum_into, o);
+          bool ok = y_into.data() == y_mem && sum_into.data() == sum_mem;  // written where they lie
+          for (int q = 0; q < 2; ++q)
+            ok = ok && std::memcmp(y_into.channel(q), want_y.channel(q), 48 * sizeof(float)) == 0 &&
+                 std::memcmp(sum_into.channel(q), want_sum.channel(q), 48 * sizeof(float)) == 0;
+          report(ok, std::string("host forward_add writes its outputs over its inputs (") +
+                         (aliased ? "y over the residual, sum over x, " : "y over x, sum over the residual, ") +
+                         storage + ")");
+        }
+      }
+      vknorm::Mat shared = xs.clone();
+      const vknorm::Mat before = shared.clone();
+      try {
+        l.forward_add(xs, rs, shared, &shared);
+        report(false, "host forward_add refuses a top and sum that share memory");
+      } catch (const std::invalid_argument&) {
+        report(std::memcmp(shared.data(), before.data(), shared.bytes()) == 0,
+               "host forward_add refuses a top and sum that share memory, writing nothing");
       }
     }
 
