@@ -309,6 +309,22 @@ def test_any_shape_round_trips_through_packing_and_casts(dims, ext, fp16, pack):
     np.testing.assert_array_equal(other.numpy(), x.astype(np.float32) if fp16 else x.astype(np.float16))
 
 
+@pytest.mark.parametrize("shape", [(1 << 21,), (1, 1500, 1100), (4, 1024, 1100)], ids=str)
+def test_large_conversions_of_few_planes_split_within_planes_give_numpys_values(shape):
+    """A large tensor of fewer planes than threads (a dims-1 blob, one channel, four channels packed into one
+    plane) is split within its planes too: every part still lands where it belongs."""
+    x = sample(shape, np.float32, seed=6)
+    m = vknorm.Mat.from_numpy(x)
+    half = m.cast_fp16()
+    np.testing.assert_array_equal(half.numpy(), x.astype(np.float16))
+    np.testing.assert_array_equal(half.cast_fp32().numpy(), x.astype(np.float16).astype(np.float32))
+    if shape[0] % 4 == 0 and len(shape) >= 2:
+        packed = m.convert_packing(4)
+        assert packed.elempack == 4 and packed.c == 1
+        np.testing.assert_array_equal(packed.convert_packing(1).numpy(), x)
+        np.testing.assert_array_equal(packed.cast_fp16().convert_packing(1).numpy(), x.astype(np.float16))
+
+
 @pytest.mark.parametrize("shape", [(52, 150, 151), (1024, 1536), (20, 4, 100, 150)], ids=str)
 def test_large_conversions_split_among_threads_give_numpys_values(shape):
     """Conversions of 4 MiB and more run on several threads, each a run of planes (52 channels do not divide
