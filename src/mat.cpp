@@ -230,7 +230,8 @@ template <typename F>
 void for_parts(int planes, size_t elems, size_t bytes, F&& f) {
   constexpr size_t kPerThread = size_t(2) << 20, kMaxThreads = 8;
   const size_t threads = std::min({usable_cpus(), kMaxThreads, bytes / kPerThread});
-  const size_t per_plane = threads <= size_t(planes) ? 1 : std::min(elems, (threads + planes - 1) / planes);
+  // Fewer planes than threads: each plane in `threads` parts, so that every thread gets as many.
+  const size_t per_plane = threads <= size_t(planes) ? 1 : std::min(elems, threads);
   const size_t parts = size_t(planes) * per_plane;
   auto run = [&](size_t k0, size_t k1) {
     for (size_t k = k0; k < k1; ++k) {
