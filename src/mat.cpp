@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -228,7 +229,14 @@ size_t usable_cpus() {
 // else also within planes (a dims-1 blob, an image of three channels).
 template <typename F>
 void for_parts(int planes, size_t elems, size_t bytes, F&& f) {
-  constexpr size_t kPerThread = size_t(2) << 20, kMaxThreads = 8;
+  static const size_t kPerThread = [] {
+    const char* v = std::getenv("VKNORM_TUNE_CONVERSION_BYTES_PER_THREAD");
+    return v ? size_t(std::strtoull(v, nullptr, 10)) : size_t(2) << 20;
+  }();
+  static const size_t kMaxThreads = [] {
+    const char* v = std::getenv("VKNORM_TUNE_CONVERSION_THREADS");
+    return v ? size_t(std::strtoull(v, nullptr, 10)) : size_t(8);
+  }();
   const size_t threads = std::min({usable_cpus(), kMaxThreads, bytes / kPerThread});
   // Fewer planes than threads: each plane in `threads` parts, so that every thread gets as many.
   const size_t per_plane = threads <= size_t(planes) ? 1 : std::min(elems, threads);
