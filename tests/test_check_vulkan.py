@@ -354,6 +354,32 @@ def test_reference64_groups_as_ncnn():
     np.testing.assert_allclose((y.reshape(3, -1) ** 2).mean(1), 1, rtol=1e-12)
 
 
+
+@pytest.mark.parametrize("shape", [(64,), (6, 64)], ids=["dims1", "dims2"])
+def test_reference64_normalizes_an_instancenorm_of_a_1d_or_2d_blob_as_one_instance(shape):
+    """ncnn's InstanceNorm takes a dims 1-2 blob as one channel: the whole blob is one group (rows are not channels
+    there), with the single gamma/beta pair: (x - mean(x)) / std(x) * gamma + beta over the whole blob, eps 0,
+    within 1e-12 (float64 rounding of values of order 1)."""
+    x = np.random.default_rng(4).standard_normal(shape) * 3 + 2
+    whole = (x - x.mean()) / x.std()
+    np.testing.assert_allclose(vkcheck._reference64(x, "InstanceNorm", 0.0, 0), whole, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(vkcheck._reference64(x, "InstanceNorm", 0.0, 0, gamma=[2.0], beta=[0.5]),
+                               whole * 2.0 + 0.5, rtol=0, atol=1e-12)
+
+
+def test_excess_counts_nan_and_inf_on_both_sides_as_agreement():
+    """Where the float64 reference itself is NaN (a group holding Inf or NaN) or +-Inf, a layer giving the same
+    is not in error: only one side alone NaN or Inf, or Infs of opposite signs, is."""
+    ref = np.array([np.nan, np.inf, -np.inf, 1.0])
+    assert vkcheck._excess(ref.astype(np.float32), ref, 0.0) == 0.0
+    assert vkcheck._excess(ref.astype(np.float32), ref, vkcheck.half_fp16_spacing(ref)) == 0.0
+    flipped = ref.astype(np.float32)
+    flipped[1] = -np.inf
+    assert vkcheck._excess(flipped, ref, 0.0) == math.inf
+    finite = ref.astype(np.float32)
+    finite[0] = 0.0
+    assert vkcheck._excess(finite, ref, 0.0) == math.inf
+
 @needs_graph
 def test_fused_add_of_two_shapes_is_judged_on_ncnns_own_broadcast_sum(tmp_path):
     """A fused add whose inputs differ in shape (rows of 64 plus one value per row: ncnn broadcasts that,

@@ -150,6 +150,18 @@ def test_params_and_options_are_what_ncnn_holds_or_refused(make, match):
         make()
 
 
+def test_int_params_take_exactly_ncnns_32_bit_range():
+    """ncnn holds int params as 32-bit ints: -2^31 and 2^31 - 1 reach the layer's own checks as given; one past
+    either end is refused as not fitting (never wrapped, nor left to the binding's conversion)."""
+    assert vknorm.LayerNorm(affine_size=2 ** 31 - 1).affine_size == 2 ** 31 - 1
+    with pytest.raises(ValueError, match="group must be > 0, got -2147483648"):
+        vknorm.GroupNorm(group=-(2 ** 31), channels=8)
+    for make in (lambda: vknorm.LayerNorm(affine_size=2 ** 31), lambda: vknorm.GroupNorm(group=-(2 ** 31) - 1, channels=8),
+                 lambda: vknorm.InstanceNorm(channels=2 ** 31)):
+        with pytest.raises(ValueError, match="does not fit ncnn's 32-bit int"):
+            make()
+
+
 @pytest.mark.parametrize("device", [-1, False, True, "vulkan:-1", "vulkan:abc", "vulkan:", "gpu"], ids=str)
 def test_a_device_is_cpu_vulkan_vulkan_n_an_index_or_a_context(device):
     with pytest.raises(ValueError, match="device must be"):

@@ -342,3 +342,28 @@ def test_large_conversions_split_among_threads_give_numpys_values(shape):
         plane = int(np.prod(shape[1:]))
         raw = np.frombuffer(narrow.raw(), np.float16).reshape(narrow.c, narrow.cstep)
         assert not raw[:, plane:].any()
+
+
+@pytest.mark.parametrize("convert", ["cast_fp16", "cast_fp32", "convert_packing(1)"])
+def test_cstep_padding_is_zeroed_in_recycled_host_memory(convert):
+    """A conversion writes into host memory that may come back from an earlier Mat (the pool hands out the newest
+    block of the same size, as it was left): every channel's cstep padding, the last one's included, is zeroed,
+    never the bytes some earlier Mat held there."""
+    x = sample((8, 5, 5), np.float32, seed=7)  # planes of 25: float32 cstep 28, float16 cstep 32
+    src = {"cast_fp16": lambda: vknorm.Mat.from_numpy(x),
+           "cast_fp32": lambda: vknorm.Mat.from_numpy(x).cast_fp16(),
+           "convert_packing(1)": lambda: vknorm.Mat.from_numpy(x).convert_packing(4)}[convert]()
+    run = {"cast_fp16": lambda m: m.cast_fp16(), "cast_fp32": lambda m: m.cast_fp32(),
+           "convert_packing(1)": lambda m: m.convert_packing(1)}[convert]
+    out = run(src)
+    nbytes, plane, itemsize = len(out.raw()), 25, 2 if out.elemsize == 2 else 4
+    del out
+    for _ in range(2):
+        dirty = vknorm.Mat.from_numpy(np.full(nbytes // 2, 7.0, np.float16))  # the same size, every byte nonzero
+        assert len(dirty.raw()) == nbytes
+        del dirty
+        out = run(src)
+        raw = np.frombuffer(out.raw(), np.float16 if itemsize == 2 else np.float32).reshape(out.c, out.cstep)
+        assert out.cstep > plane and not raw[:, plane:].any(), raw[:, plane:]
+        np.testing.assert_array_equal(out.numpy(), src.numpy().astype(out.numpy().dtype))
+

@@ -126,6 +126,30 @@ def test_fused_add_on_every_path(op, shape, path, packing, fp16, write_sum):
         assert layer.last_dispatch["path"] == "split"  # reduce (writes the sum) and apply (reads it)
 
 
+@pytest.mark.parametrize("packing", [True, False], ids=["pack4", "pack1"])
+@pytest.mark.parametrize("path", ["auto", "subgroup", "workgroup", "split", "cooperative"])
+def test_float16_fused_add_normalizes_the_sum_as_the_add_layer_stores_it(path, packing):
+    """float16 storage: the norm reads x + r rounded to float16, as ncnn's BinaryOp would have stored it, not the
+    float32 sum. Around 700 the float16 spacing is 0.5, so that rounding moves an element by up to 0.25 against a
+    group std of ~2.8: ~0.09 in y, far above what the layer itself may add. Rows of 250 (not a multiple of 4:
+    scalar float16 loads in pack1) and 8 rows (two pack4 elements). Tolerance: the float16 rounding of y (half a
+    float16 spacing at the float64 value, <= 2^-11 |y|) plus 1e-5 of the output scale for float32 arithmetic,
+    against float64 of the float16-rounded sum."""
+    rng = np.random.default_rng(21)
+    layer, gamma, beta, _ = make_layer("layernorm", (8, 250), rng)
+    x = (700 + 2 * rng.standard_normal((8, 250))).astype(np.float32)
+    r = (2 * rng.standard_normal((8, 250))).astype(np.float32)
+    as_stored = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731
+    seen = as_stored(as_stored(x) + as_stored(r))
+    ref = norm64(seen, "layernorm", gamma, beta)
+    unrounded = norm64(as_stored(x) + as_stored(r), "layernorm", gamma, beta)
+    assert float(np.abs(unrounded - ref).max()) > 0.02  # the case tells the two sums apart
+    opt = vknorm.Option(use_fp16_storage=True, use_packing_layout=packing, path=path)
+    y = layer.forward_add(x, r, option=opt).astype(np.float64)
+    tol = np.abs(ref) * 2.0 ** -11 + 1e-5 * float(np.abs(ref).max())
+    assert (np.abs(y - ref) <= tol).all(), (layer.last_dispatch["path"], float(np.abs(y - ref).max()))
+
+
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("act", ACTS)
 def test_activation_matches_ncnn_cpu_formula_and_float64(act, fp16):
@@ -157,6 +181,23 @@ def test_activation_keeps_inf_and_nan_as_ncnn_cpu():
             y = layer(x, option=vknorm.Option(path=path))
             assert np.isnan(y[1]).all() and np.isnan(cpu[1]).all(), (act, path)
             np.testing.assert_allclose(y[[0, 2]], cpu[[0, 2]], rtol=1e-5, atol=1e-6, err_msg=f"{act} {path}")
+
+
+def test_relu_of_an_output_overflowing_to_minus_inf_is_zero_as_ncnn_cpu():
+    """gamma 3e38 takes every |normalized value| past 1.2 beyond float32's range: -Inf below 0, +Inf above. ReLU
+    gives 0 for -Inf (it is below zero), +Inf stays, leaky ReLU gives -Inf; on every path, as ncnn's CPU layers."""
+    layer = vknorm.LayerNorm(affine_size=8, eps=1e-5)
+    layer.load_model(np.full(8, 3e38, np.float32), np.zeros(8, np.float32))
+    x = np.tile(np.arange(8, dtype=np.float32), (4, 1))  # normalized: -1.53 .. 1.53
+    for act, want_low in (("relu", 0.0), ("leakyrelu", -np.inf)):
+        layer.set_activation(act, 0.1 if act == "leakyrelu" else 0.0)
+        cpu = layer(x, device="cpu")
+        assert (cpu[:, 0] == want_low).all() and (cpu[:, -1] == np.inf).all(), (act, cpu[0])
+        for path in ("auto", "subgroup", "workgroup", "split", "cooperative"):
+            y = layer(x, option=vknorm.Option(path=path))
+            np.testing.assert_array_equal(np.isinf(y), np.isinf(cpu), err_msg=f"{act} {path}")
+            np.testing.assert_array_equal(y[np.isinf(cpu)], cpu[np.isinf(cpu)], err_msg=f"{act} {path}")
+            np.testing.assert_array_equal(y[:, 0], cpu[:, 0], err_msg=f"{act} {path}")
 
 
 def test_forward_add_refuses_what_it_cannot_fuse():
@@ -383,6 +424,22 @@ def test_featmask_decides_what_fuses(add_mask, norm_mask, act_mask, fused_patter
     assert [f["pattern"] for f in fused] == fused_patterns, out
 
 
+def test_an_add_whose_output_another_layer_also_reads_is_not_fused_away():
+    """The add's output read by the norm and, directly (no Split), by another layer: fusing the add into the norm
+    would leave that reader a blob no layer makes. The add stays a layer of its own; only the activation fuses."""
+    text = ("7767517\n6 6\nInput in0 0 1 a\nInput in1 0 1 b\nBinaryOp add 2 1 a b s 0=0\n"
+            "LayerNorm ln 1 1 s y 0=8 1=1e-05 2=0\nGELU g 1 1 y out0\nSigmoid other 1 1 s out1\n")
+    out, fused = fuse(text)
+    assert [f["pattern"] for f in fused] == ["LayerNorm+GELU"]
+    rows = lines_of(out)
+    assert [t[0] for t in rows] == ["Input", "Input", "BinaryOp", "vknorm.LayerNorm", "Sigmoid"]
+    made = set()
+    for t in rows:  # every blob read is made by an earlier layer
+        nb, nt = int(t[2]), int(t[3])
+        assert set(t[4:4 + nb]) <= made, t
+        made |= set(t[4 + nb:4 + nb + nt])
+
+
 def test_norm_output_with_two_readers_keeps_its_activation():
     text = ("7767517\n5 6\nInput in0 0 1 a\nLayerNorm ln 1 1 a y 0=8 1=1e-05 2=0\nSplit sp 1 2 y y1 y2\n"
             "GELU g 1 1 y1 o1\nSigmoid s 1 1 y2 o2\n")
@@ -447,16 +504,18 @@ def write_model(tmp: Path, text: str, weights=b""):
 
 
 @needs_graph
+@pytest.mark.parametrize("r_shape", [(64,), (1, 64)], ids=["dims1-row", "dims2-one-row"])
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
-def test_broadcasting_add_met_at_run_time_is_left_to_ncnn(tmp_path, fp16):
-    # in1 is one row: ncnn's BinaryOp broadcasts it; the fused layer sees different shapes and runs
-    # ncnn's own add first, then the norm (and writes the sum the Split's other reader needs).
+def test_broadcasting_add_met_at_run_time_is_left_to_ncnn(tmp_path, fp16, r_shape):
+    # in1 is one row (a dims-1 blob, or a dims-2 blob of one row: same dims and packing, other h; 15 rows keep
+    # in0 unpacked too): ncnn's BinaryOp broadcasts it; the fused layer sees different shapes and runs ncnn's
+    # own add first, then the norm (and writes the sum the Split's other reader needs).
     w = 64
     p, b = write_model(tmp_path, "7767517\n7 8\nInput in0 0 1 in0\nInput in1 0 1 in1\nBinaryOp add 2 1 in0 in1 s 0=0\n"
                        "Split sp 1 2 s s1 s2\nLayerNorm ln 1 1 s1 y 0=64 1=1e-05 2=0\nGELU g 1 1 y out0\n"
                        "Sigmoid tail 1 1 s2 out1\n")
     rng = np.random.default_rng(2)
-    inputs = {"in0": rng.standard_normal((16, w)).astype(np.float32), "in1": rng.standard_normal(w).astype(np.float32)}
+    inputs = {"in0": rng.standard_normal((15, w)).astype(np.float32), "in1": rng.standard_normal(r_shape).astype(np.float32)}
     ref = run_graph(p, b, inputs, vknorm_layers=False, vulkan=False, outputs=("out0", "out1"))[0]
     before = graph._graph.process_counters()["unfused_adds"]
     got, net = run_graph(p, b, inputs, fp16=fp16, outputs=("out0", "out1"))
@@ -508,6 +567,26 @@ def test_in_a_cpu_net_a_fused_add_norm_activation_is_stock_ncnn_bit_for_bit(tmp_
     assert [f["pattern"] for f in net.fused()] == [f"BinaryOp+{norm}+{act}"], net.fused()
     for k in ("out0", "out1"):
         np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
+
+
+@needs_graph
+@pytest.mark.parametrize("slope", ["0.123456789", "1.0e-7", "-3.3333333"])
+def test_a_leaky_relu_slope_survives_the_rewrite_to_the_last_bit(tmp_path, slope):
+    """The fused layer's slope (-23310=1,v) is the float32 ncnn reads from the ReLU's 0=v, every bit of it: in a CPU
+    net the fused model is stock ncnn bit for bit, negative outputs included (slopes of many digits, tiny, negative)."""
+    text = f"7767517\n3 3\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 y 0=16 1=1e-05 2=0\nReLU act 1 1 y out0 0={slope}\n"
+    out, fused = fuse(text)
+    assert [f["pattern"] for f in fused] == ["LayerNorm+ReLU"]
+    (ln,) = [t for t in lines_of(out) if t[1] == "ln"]
+    (written,) = [p.split("=", 1)[1] for p in ln if p.startswith("-23310=")]
+    count, value = written.split(",")
+    assert count == "1" and np.float32(float(value)) == np.float32(float(slope)), written
+    p, b = write_model(tmp_path, text)
+    x = (np.random.default_rng(4).standard_normal((6, 16)) * 3).astype(np.float32)
+    ref = run_graph(p, b, {"in0": x}, vknorm_layers=False, vulkan=False)[0]["out0"]
+    got, net = run_graph(p, b, {"in0": x}, vulkan=False)
+    assert len(net.fused()) == 1  # half of a normalized row is below 0: through the slope
+    np.testing.assert_array_equal(got["out0"], ref)
 
 
 @needs_graph
