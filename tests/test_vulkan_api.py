@@ -447,3 +447,17 @@ def test_float_input_in_either_byte_order_keeps_its_precision():
             y = ln(x, device=device)
             assert y.dtype == (np.float16 if x.dtype.itemsize == 2 else np.float32), (device, x.dtype, y.dtype)
             np.testing.assert_allclose(y.astype(np.float32), want.astype(np.float32), atol=2e-3)
+
+
+def test_readmes_operator_example_runs_as_written():
+    """README's example of the layers on numpy and device tensors is code users paste: it must run unchanged."""
+    import re
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### The operator on numpy and device tensors", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    x = scope["x"]
+    assert scope["y"].shape == x.shape and scope["s"].shape == x.shape
+    np.testing.assert_allclose(scope["s"], x + x, rtol=0, atol=0)  # the add's value, as BinaryOp stores it
