@@ -219,9 +219,12 @@ for fp16 in (False, True):
                    "chunks": ln.last_dispatch["chunks"], "err": float(np.abs(y - ref).max()) / max(1.0, float(np.abs(ref).max())),
                    "sum_err": float(np.abs(s.astype(np.float32) - s_want).max())})
 # back-to-back forwards over one workspace (forward_repeated: one forward, then warmup + reps more, in place):
-# the first clears the counters, each leaves them zero for the next
+# the first clears the counters, each leaves them zero for the next. The ReLU makes every forward's input
+# differ from the last one's (a norm of a norm alone would not), so a chunk that did not wait for this forward's
+# partials and read the last one's would be seen.
 rep = vknorm.LayerNorm(affine_size=1000, eps=1e-5)
 rep.load_model(np.full(1000, 1.5, np.float32), np.full(1000, 0.25, np.float32))
+rep.set_activation("relu")
 x = (rng.standard_normal((8, 1000)) * 2 + 7).astype(np.float32)
 want = x.copy()
 for _ in range(1 + 2 + 5):
@@ -230,7 +233,8 @@ opt = vknorm.Option(path="cooperative", use_packing_layout=False)
 v = vknorm.to_device(x, opt)
 d = rep._layer.forward_repeated(v, vknorm.Option._of(opt), 2, 5)
 got = v.download().cast_fp32().numpy().reshape(x.shape)
-report.append({"case": "repeated", "path": d["path"], "chunks": d["chunks"], "err": float(np.abs(got - want).max())})
+report.append({"case": "repeated", "path": d["path"], "chunks": d["chunks"],
+               "err": float(np.abs(got - want).max()) / max(1.0, float(np.abs(want).max()))})
 print(json.dumps(report))
 """
 
@@ -262,7 +266,7 @@ def test_forced_cooperative_matches_the_cpu_reference_with_groups_that_wait_on_e
     assert len(planes) == 4 and all(r["chunks"] == 2 for r in planes), planes
     repeated = next(r for r in report if r["case"] == "repeated")
     assert repeated["path"] == "cooperative" and repeated["chunks"] == 2, repeated
-    assert repeated["err"] <= 8 * FP32_TOL, repeated  # 8 forwards, each within the fp32 rule
+    assert repeated["err"] <= 8 * FP32_TOL, repeated  # 8 forwards, each within the fp32 rule (of the output scale)
 
 
 SMALL_WORKGROUPS_SCRIPT = r"""
