@@ -187,6 +187,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("device_bytes_cached", &Context::device_bytes_cached)
       .def_prop_ro("cached_buffers", &Context::cached_buffers)
       .def_prop_ro("fence_spin_us", &Context::fence_spin_us)
+      .def_prop_ro("host_reads_cached", &Context::host_reads_cached)
       .def_prop_ro("device_allocations", &Context::device_allocations)
       .def("release_cached_buffers", &Context::release_cached_buffers);
 

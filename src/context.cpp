@@ -328,8 +328,11 @@ std::shared_ptr<Context> Context::create(int index) {
       }
   }
   auto cached = [&](uint32_t type) { return bool(mp.memoryTypes[type].propertyFlags & M::eHostCached); };
-  impl->device_memory_cached = cached(impl->device_memory_type);
-  impl->staging_memory_cached = cached(impl->staging_memory_type);
+  // VKNORM_TUNE_UNCACHED_MAPPING=1: read results as from uncached memory (copied out first) whatever the device
+  // maps, so that path runs where no device needs it (tests on lavapipe).
+  const bool uncached = env_flag("VKNORM_TUNE_UNCACHED_MAPPING");
+  impl->device_memory_cached = !uncached && cached(impl->device_memory_type);
+  impl->staging_memory_cached = !uncached && cached(impl->staging_memory_type);
   impl->max_device_bytes = env_positive("VKNORM_MAX_DEVICE_BYTES");
   impl->cache_limit = env_count("VKNORM_BUFFER_CACHE_BYTES", "a whole number of bytes (0: keep no freed buffers)")
                           .value_or(kBufferCacheBytes);
@@ -382,6 +385,9 @@ uint64_t Context::live_buffers() const { return impl_->live_buffers; }
 uint64_t Context::device_bytes_cached() const { return impl_->cache.bytes(); }
 uint64_t Context::cached_buffers() const { return impl_->cache.count(); }
 uint64_t Context::fence_spin_us() const { return impl_->fence_spin_us; }
+bool Context::host_reads_cached() const {
+  return impl_->direct_host_access ? impl_->device_memory_cached : impl_->staging_memory_cached;
+}
 uint64_t Context::device_allocations() const { return impl_->allocations; }
 void Context::release_cached_buffers() { (void)impl_->cache.trim(0); }
 

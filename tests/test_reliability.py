@@ -416,3 +416,31 @@ def test_fence_polling_time_that_is_not_a_number_is_refused(monkeypatch):
     monkeypatch.setenv("VKNORM_FENCE_SPIN_US", "1ms")
     with pytest.raises(ValueError, match="VKNORM_FENCE_SPIN_US=1ms: expected a whole number of microseconds"):
         _core.Context.create(0)
+
+
+def test_results_read_from_uncached_mapped_memory_are_copied_out_and_right(monkeypatch):
+    """Where the host maps memory uncached (write-combined, some integrated GPUs), a result is copied out in one go
+    before it is converted. VKNORM_TUNE_UNCACHED_MAPPING=1 takes that path on any device: every way a result comes
+    back (numpy forward whole and in pieces, forward_add with its sum, VkMat.numpy, download) gives exactly what a
+    context reading it in place gives."""
+    plain = _core.Context.create(0)
+    monkeypatch.setenv("VKNORM_TUNE_UNCACHED_MAPPING", "1")
+    uncached = _core.Context.create(0)
+    monkeypatch.delenv("VKNORM_TUNE_UNCACHED_MAPPING")
+    assert not uncached.host_reads_cached
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((24, 8, 96)).astype(np.float32)
+    r = rng.standard_normal((24, 8, 96)).astype(np.float32)
+    results = []
+    for ctx in (plain, uncached):
+        layer = layer_on(ctx, "LayerNorm", 96)
+        out = {"forward": layer(x), "forward fp16": layer(x, option=vknorm.Option(use_fp16_storage=True))}
+        out["forward_add"], out["sum"] = layer.forward_add(x, r, return_sum=True)
+        v = vknorm.to_device(x, device=ctx)
+        out["VkMat.numpy"] = v.numpy()
+        out["download"] = v.download().convert_packing(1).numpy()
+        results.append(out)
+    for k in results[0]:
+        np.testing.assert_array_equal(results[1][k], results[0][k], err_msg=k)
+    check_close(results[1]["forward"], ref_of(layer, x), FP32_TOL, "uncached")
+

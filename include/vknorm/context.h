@@ -76,6 +76,10 @@ class Context {
   // can wake tens of microseconds after the GPU is done, more than a small forward takes. VKNORM_FENCE_SPIN_US
   // (0: never poll); default 1000 on GPUs, 0 on CPU devices (their work runs on the cores polling would take).
   uint64_t fence_spin_us() const;
+  // Whether the host memory results are read from (staging, or the device memory itself where the host maps it)
+  // is cached: where it is not (some integrated GPUs map theirs write-combined), a result is copied out in one go
+  // before it is converted, since reading such memory element by element is many times slower.
+  bool host_reads_cached() const;
 
   struct Impl;
   Impl& impl() { return *impl_; }
