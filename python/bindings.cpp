@@ -62,6 +62,11 @@ Mat numpy_view(const Array& a) {
   const bool f16 = a.dtype().code == uint8_t(nb::dlpack::dtype_code::Float) && a.dtype().bits == 16;
   const bool f32 = a.dtype() == nb::dtype<float>();
   if (!f16 && !f32) throw std::invalid_argument("expected float32 or float16 data");
+  // Read as float / uint16_t: an array at an odd address (np.frombuffer(buf, offset=1)) is copied first by the
+  // layers; here it is refused rather than read through misaligned pointers.
+  if (reinterpret_cast<uintptr_t>(a.data()) % (f16 ? 2 : 4) != 0)
+    throw std::invalid_argument(std::string("the array's data is not aligned to its ") + (f16 ? "2" : "4") +
+                                "-byte scalars; np.require(a, requirements='CA') gives an aligned copy");
   std::vector<int64_t> dims(nd);
   for (size_t i = 0; i < nd; ++i) dims[i] = int64_t(a.shape(i));
   const std::array<int, 4> shape = ncnn_extents(dims);

@@ -367,3 +367,22 @@ def test_cstep_padding_is_zeroed_in_recycled_host_memory(convert):
         assert out.cstep > plane and not raw[:, plane:].any(), raw[:, plane:]
         np.testing.assert_array_equal(out.numpy(), src.numpy().astype(out.numpy().dtype))
 
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+def test_arrays_at_misaligned_addresses_are_copied_by_the_layers_and_refused_by_the_core(dtype):
+    """np.frombuffer(buf, offset=1) makes an array whose scalars straddle their natural alignment. The layers take
+    an aligned copy; the low-level Mat.from_numpy / to-Mat conversions refuse it by name rather than read it
+    through misaligned pointers."""
+    n = 4 * 64
+    size = np.dtype(dtype).itemsize
+    values = sample((4, 64), dtype, seed=9)
+    buf = bytearray(n * size + 1)
+    odd = np.frombuffer(buf, dtype=dtype, count=n, offset=1).reshape(4, 64)
+    odd[...] = values
+    assert not odd.flags.aligned
+    with pytest.raises(ValueError, match=f"not aligned to its {size}-byte scalars"):
+        vknorm.Mat.from_numpy(odd)
+    layer = vknorm.LayerNorm(affine_size=64, eps=1e-5, affine=False)
+    np.testing.assert_array_equal(layer(odd), layer(values))
+    np.testing.assert_array_equal(layer(odd, device="cpu"), layer(values, device="cpu"))

@@ -150,8 +150,8 @@ def _is_float16(a: np.ndarray) -> bool:
 
 
 def _as_input(a: np.ndarray) -> np.ndarray:
-    """float16 or float32 in native byte order and contiguous: a itself where it already is (only read)."""
-    return np.ascontiguousarray(a, dtype=np.float16 if _is_float16(a) else np.float32)
+    """float16 or float32 in native byte order, contiguous and aligned: a itself where it already is (only read)."""
+    return np.require(a, dtype=np.float16 if _is_float16(a) else np.float32, requirements="CA")
 
 
 def _param_int(pid, v) -> int:
