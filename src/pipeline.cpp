@@ -177,9 +177,16 @@ void Submission::submit_and_wait() {
   pending_ = true;
   bool done = false;
   if (ctx_.fence_spin_us) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(ctx_.fence_spin_us);
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point now = Clock::now();
+    // A time longer than the clock can add to now (VKNORM_FENCE_SPIN_US takes up to 2^64 - 1) polls until done:
+    // added as it is, it would wrap round to a deadline already past.
+    const auto room = std::chrono::duration_cast<std::chrono::microseconds>(Clock::time_point::max() - now).count();
+    const Clock::time_point until = ctx_.fence_spin_us >= uint64_t(room)
+                                        ? Clock::time_point::max()
+                                        : now + std::chrono::microseconds(int64_t(ctx_.fence_spin_us));
     do done = kit_->fence.getStatus() == vk::Result::eSuccess;
-    while (!done && std::chrono::steady_clock::now() < until);
+    while (!done && Clock::now() < until);
   }
   if (!done)
     while (ctx_.device.waitForFences(*kit_->fence, VK_TRUE, 1'000'000'000ull) == vk::Result::eTimeout) {}

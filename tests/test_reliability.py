@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import zlib
 from pathlib import Path
 
@@ -444,3 +445,27 @@ def test_results_read_from_uncached_mapped_memory_are_copied_out_and_right(monke
         np.testing.assert_array_equal(results[1][k], results[0][k], err_msg=k)
     check_close(results[1]["forward"], ref_of(layer, x), FP32_TOL, "uncached")
 
+
+@pytest.mark.parametrize("spin_us", ["10000000", str(2 ** 63 - 1), str(2 ** 64 - 1)], ids=["10s", "2^63-1", "2^64-1"])
+def test_a_fence_polling_time_past_the_clocks_range_polls_until_done(monkeypatch, spin_us):
+    """VKNORM_FENCE_SPIN_US takes any whole number up to 2^64 - 1: a time longer than the steady clock can add to
+    now polls until the submission is done, as 10 s does, never wrapping round to a deadline already past (that
+    would block at once: no polling at all). Told apart by the calling thread's CPU time over ~30-60 ms of
+    resident forwards on lavapipe: polling spends most of the wall time on that thread (>= 25%; ~95% measured),
+    blocking almost none (< 10%; ~1% measured, the control with 0)."""
+
+    def busy_share(spin):
+        monkeypatch.setenv("VKNORM_FENCE_SPIN_US", spin)
+        ctx = _core.Context.create(0)
+        monkeypatch.delenv("VKNORM_FENCE_SPIN_US")
+        assert ctx.fence_spin_us == int(spin)
+        layer = vknorm.LayerNorm(affine_size=4096, eps=1e-5, affine=False, device=ctx)
+        v = vknorm.to_device(np.random.default_rng(3).standard_normal((512, 4096)).astype(np.float32), device=ctx)
+        layer.forward_inplace(v)  # pipelines built outside the measurement
+        wall, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(8):
+            layer.forward_inplace(v)
+        return (time.thread_time() - cpu) / (time.perf_counter() - wall)
+
+    assert busy_share("0") < 0.1  # the control: blocking waits take no CPU time of this thread
+    assert busy_share(spin_us) >= 0.25

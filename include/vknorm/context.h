@@ -74,7 +74,8 @@ class Context {
   uint64_t device_allocations() const;  // device memory allocations made so far (cache misses)
   // How long a submission polls its fence before it blocks on it, in microseconds: a driver's blocking wait
   // can wake tens of microseconds after the GPU is done, more than a small forward takes. VKNORM_FENCE_SPIN_US
-  // (0: never poll); default 1000 on GPUs, 0 on CPU devices (their work runs on the cores polling would take).
+  // (0: never poll; up to 2^64 - 1, a time past the steady clock's range polling until the work is done);
+  // default 1000 on GPUs, 0 on CPU devices (their work runs on the cores polling would take).
   uint64_t fence_spin_us() const;
   // Whether the host memory results are read from (staging, or the device memory itself where the host maps it)
   // is cached: where it is not (some integrated GPUs map theirs write-combined), a result is copied out in one go
