@@ -1,6 +1,7 @@
 #include "vknorm/mat.h"
 
 #include "reuse_cache.h"
+#include "dispatch.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -229,15 +230,14 @@ size_t usable_cpus() {
 // else also within planes (a dims-1 blob, an image of three channels).
 template <typename F>
 void for_parts(int planes, size_t elems, size_t bytes, F&& f) {
-  static const size_t kPerThread = [] {
-    const char* v = std::getenv("VKNORM_TUNE_CONVERSION_BYTES_PER_THREAD");
-    return v ? size_t(std::strtoull(v, nullptr, 10)) : size_t(2) << 20;
+  // Measurement knobs, read once: whole numbers, else refused by name (a conversion never divides by 0 bytes).
+  static const uint64_t kPerThread = [] {
+    const uint64_t n = env_positive("VKNORM_TUNE_CONVERSION_BYTES_PER_THREAD");
+    return n ? n : uint64_t(2) << 20;
   }();
-  static const size_t kMaxThreads = [] {
-    const char* v = std::getenv("VKNORM_TUNE_CONVERSION_THREADS");
-    return v ? size_t(std::strtoull(v, nullptr, 10)) : size_t(8);
-  }();
-  const size_t threads = std::min({usable_cpus(), kMaxThreads, bytes / kPerThread});
+  static const uint64_t kMaxThreads =
+      env_count("VKNORM_TUNE_CONVERSION_THREADS", "a whole number of threads (0 or 1: one)").value_or(8);
+  const size_t threads = size_t(std::min<uint64_t>({usable_cpus(), kMaxThreads, bytes / kPerThread}));
   // Fewer planes than threads: each plane in `threads` parts, so that every thread gets as many.
   const size_t per_plane = threads <= size_t(planes) ? 1 : std::min(elems, threads);
   const size_t parts = size_t(planes) * per_plane;

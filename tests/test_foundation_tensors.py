@@ -386,3 +386,47 @@ def test_arrays_at_misaligned_addresses_are_copied_by_the_layers_and_refused_by_
     layer = vknorm.LayerNorm(affine_size=64, eps=1e-5, affine=False)
     np.testing.assert_array_equal(layer(odd), layer(values))
     np.testing.assert_array_equal(layer(odd, device="cpu"), layer(values, device="cpu"))
+
+
+_CONVERSIONS = """
+import numpy as np, vknorm
+rng = np.random.default_rng(8)
+for shape in [(1 << 21,), (4, 300, 1100), (3, 7)]:
+    x = rng.standard_normal(shape).astype(np.float32)
+    m = vknorm.Mat.from_numpy(x)
+    assert np.array_equal(m.cast_fp16().numpy(), x.astype(np.float16)), shape
+    if len(shape) == 3:
+        assert np.array_equal(m.convert_packing(4).cast_fp16().convert_packing(1).numpy(), x.astype(np.float16))
+print("converted")
+"""
+
+
+@pytest.mark.parametrize("knob, value, refused", [
+    ("VKNORM_TUNE_CONVERSION_THREADS", "0", False),  # 0 and 1: one thread
+    ("VKNORM_TUNE_CONVERSION_THREADS", "1", False),
+    ("VKNORM_TUNE_CONVERSION_THREADS", str(2 ** 64 - 1), False),  # capped by the CPUs there are
+    ("VKNORM_TUNE_CONVERSION_THREADS", "eight", True),
+    ("VKNORM_TUNE_CONVERSION_THREADS", "-1", True),
+    ("VKNORM_TUNE_CONVERSION_BYTES_PER_THREAD", "1", False),  # every conversion split, however small
+    ("VKNORM_TUNE_CONVERSION_BYTES_PER_THREAD", str(2 ** 64 - 1), False),  # none split
+    ("VKNORM_TUNE_CONVERSION_BYTES_PER_THREAD", "0", True),
+    ("VKNORM_TUNE_CONVERSION_BYTES_PER_THREAD", "2MiB", True),
+    ("VKNORM_TUNE_CONVERSION_BYTES_PER_THREAD", "-1", True),
+    ("VKNORM_TUNE_CONVERSION_BYTES_PER_THREAD", "1" + "0" * 20, True),  # past 64 bits
+], ids=lambda v: v.split("_")[-1] if str(v).startswith("VKNORM") else str(v)[:8])
+def test_conversion_tuning_knobs_give_numpys_values_or_are_refused_by_name(knob, value, refused):
+    """The host conversion knobs (read once per process) take whole numbers: any such value converts exactly as
+    numpy does (dims 1, pack4 <-> pack1 with a float16 cast, a tensor too small to split); anything else (words,
+    signs, units, 0 bytes per thread, past 64 bits) is refused with a ValueError naming the knob, never a crash
+    of the process (0 bytes per thread was a division by zero: SIGFPE)."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, **{knob: value})
+    code = _CONVERSIONS if not refused else (
+        "import numpy as np, vknorm, pytest\n"
+        f"with pytest.raises(ValueError, match='{knob}={value}'):\n"
+        "    vknorm.Mat.from_numpy(np.ones((1 << 21,), np.float32)).cast_fp16()\n"
+        "print('converted')\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "converted" in proc.stdout, (proc.returncode, proc.stdout, proc.stderr[-2000:])
