@@ -627,6 +627,8 @@ void Norm::forward_add(const Mat& x, const Mat& residual, Mat& top, Mat* sum, co
   if (!same_shape(x, residual) || x.elemsize != residual.elemsize || x.elempack != residual.elempack)
     throw std::invalid_argument("forward_add: x and residual differ in shape, packing or storage (a broadcasting add is "
                                 "not fused)");
+  // One Mat as both outputs: however each is allocated, the sum (assigned last) would take the result's place.
+  if (sum == &top) throw std::invalid_argument("forward_add: top and sum are one Mat; give them Mats of their own");
   const std::shared_ptr<Gpu> gpu = gpu_for(nullptr);
   auto& impl = gpu->ctx->impl();
   const DeviceFormat fmt = device_format(*gpu->ctx, x, opt);

@@ -243,4 +243,4 @@ def test_cpp_api_promises_no_example_shows(installed):
                           env=dict(os.environ, VKNORM_VALIDATION="1"))
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and not any(ln.startswith("FAIL") for ln in lines), proc.stdout + proc.stderr
-    assert sum(ln.startswith("ok: ") for ln in lines) == 47, proc.stdout
+    assert sum(ln.startswith("ok: ") for ln in lines) == 48, proc.stdout

@@ -16,7 +16,8 @@
 //     in one piece and in pieces;
 //   - forward_add's sum may name x or the residual (x = x + r);
 //   - forward_add on host Mats gives the VkMat forward_add's result and sum (float32 and float16 storage),
-//     writes outputs that are its inputs where they lie, and refuses a top and sum sharing memory;
+//     writes outputs that are its inputs where they lie, and refuses a top and sum sharing memory (one Mat
+//     named as both included, also where it is empty);
 //   - public fields written directly after a forward (gamma_data, activation, eps) take effect at the
 //     next forward, checked as load_param checks them (a wrong weight count named, an Activation value
 //     that is none of the enum's refused);
@@ -334,14 +335,23 @@ int main() {
                          storage + ")");
         }
       }
-      vknorm::Mat shared = xs.clone();
+      vknorm::Mat shared = xs.clone(), alias = shared;  // two Mats, one memory (a shallow copy)
       const vknorm::Mat before = shared.clone();
       try {
-        l.forward_add(xs, rs, shared, &shared);
+        l.forward_add(xs, rs, shared, &alias);
         report(false, "host forward_add refuses a top and sum that share memory");
       } catch (const std::invalid_argument&) {
         report(std::memcmp(shared.data(), before.data(), shared.bytes()) == 0,
                "host forward_add refuses a top and sum that share memory, writing nothing");
+      }
+      // One Mat named as both outputs, empty (each output would get memory of its own and the sum, assigned
+      // last, would silently take the result's place): refused as well, the Mat left empty.
+      vknorm::Mat both;
+      try {
+        l.forward_add(xs, rs, both, &both);
+        report(false, "host forward_add refuses one empty Mat as both top and sum (it held the sum, not the result)");
+      } catch (const std::invalid_argument&) {
+        report(both.empty(), "host forward_add refuses one empty Mat as both top and sum, leaving it empty");
       }
     }
 
