@@ -580,6 +580,16 @@ void Norm::set_activation(Activation a, float alpha) {
 }
 
 namespace {
+// The fused add takes no pieces: each of its blobs must fit one binding (as the norms plan them: the device's
+// range, or VKNORM_MAX_BUFFER_BYTES where that is lower).
+void check_fused_add_fits(const Context::Impl& impl, uint64_t bytes) {
+  const BindingLimit limit = binding_limit(impl.info.max_storage_buffer_range);
+  if (bytes > limit.bytes)
+    throw std::invalid_argument("forward_add: " + std::to_string(bytes) + " bytes exceed one storage buffer (" +
+                                std::to_string(limit.bytes) + " bytes, " + limit.why +
+                                "); the fused add takes no pieces");
+}
+
 // The checks every fused add makes before recording: one layout for both inputs, one buffer each.
 GroupLayout add_layout(const Norm::Gpu& gpu, const VkMat& x, const VkMat& r) {
   check_vkmat(x, "forward_add");
@@ -589,10 +599,7 @@ GroupLayout add_layout(const Norm::Gpu& gpu, const VkMat& x, const VkMat& r) {
       x.elempack != r.elempack || x.cstep != r.cstep)
     throw std::invalid_argument("forward_add: x and residual differ in shape, packing or storage (a broadcasting add is "
                                 "not fused)");
-  const uint64_t range = gpu.ctx->impl().info.max_storage_buffer_range;
-  if (range && x.bytes() > range)
-    throw std::invalid_argument("forward_add: " + std::to_string(x.bytes()) + " bytes exceed one storage buffer (" +
-                                std::to_string(range) + " bytes); the fused add takes no pieces");
+  check_fused_add_fits(gpu.ctx->impl(), x.bytes());
   gpu.check_weights(gpu.gamma_data.size(), gpu.beta_data.size());
   return gpu.layout(x.dims, x.w, x.h, x.d, x.c, x.cstep, x.elempack);
 }
@@ -634,10 +641,7 @@ void Norm::forward_add(const Mat& x, const Mat& residual, Mat& top, Mat* sum, co
   const DeviceFormat fmt = device_format(*gpu->ctx, x, opt);
   const Mat device = device_layout(x, fmt);
   const uint64_t bytes = device.bytes();
-  const uint64_t range = impl.info.max_storage_buffer_range;
-  if (range && bytes > range)
-    throw std::invalid_argument("forward_add: " + std::to_string(bytes) + " bytes exceed one storage buffer (" +
-                                std::to_string(range) + " bytes); the fused add takes no pieces");
+  check_fused_add_fits(impl, bytes);
   gpu->check_weights(gpu->gamma_data.size(), gpu->beta_data.size());
   const GroupLayout g = gpu->layout(device.dims, device.w, device.h, device.d, device.c, device.cstep, fmt.elempack);
   ensure_weights(*gpu);
@@ -680,8 +684,12 @@ void Norm::forward_add(const Mat& x, const Mat& residual, Mat& top, Mat* sum, co
   }
   s.submit_and_wait();
   info.gpu_us = s.gpu_us();
-  convert_into(mapped_source(impl, *o_back, device), out, out.data());
-  if (sum) convert_into(mapped_source(impl, *s_back, device), sum_out, sum_out.data());
+  // Both sources first (copies where the host does not cache them): one that cannot be had leaves both outputs
+  // unwritten.
+  const Mat o_source = mapped_source(impl, *o_back, device);
+  const Mat s_source = sum ? mapped_source(impl, *s_back, device) : Mat();
+  convert_into(o_source, out, out.data());
+  if (sum) convert_into(s_source, sum_out, sum_out.data());
   top = out;
   if (sum) *sum = sum_out;
   std::lock_guard<std::mutex> lock(mutex_);

@@ -168,6 +168,11 @@ void Submission::timestamp(uint32_t slot) {
 }
 
 void Submission::submit_and_wait() {
+  // A fence wait makes device writes available, not visible, to the host: mapped results are read after this.
+  using A = vk::AccessFlagBits;
+  using S = vk::PipelineStageFlagBits;
+  vk::MemoryBarrier to_host{.srcAccessMask = A::eShaderWrite | A::eTransferWrite, .dstAccessMask = A::eHostRead};
+  cmd_.pipelineBarrier(S::eComputeShader | S::eTransfer, S::eHost, {}, to_host, {}, {});
   cmd_.end();
   vk::CommandBuffer raw = *cmd_;
   {

@@ -213,6 +213,23 @@ def test_forward_add_refuses_what_it_cannot_fuse():
         layer.set_activation("tanh")
 
 
+def test_forward_add_refuses_blobs_past_one_binding_as_the_norms_plan_it(monkeypatch):
+    # VKNORM_MAX_BUFFER_BYTES makes storage buffers look that small: a norm then runs in pieces, but the fused add
+    # takes none, so a blob past it is refused by name (numpy and VkMats alike), not bound past the limit.
+    layer = vknorm.LayerNorm(affine_size=1000, eps=1e-5)
+    layer.load_model(np.ones(1000), np.zeros(1000))
+    x = np.random.default_rng(8).standard_normal((8, 1000)).astype(np.float32)  # 32000 bytes
+    vx, vr = vknorm.to_device(x), vknorm.to_device(x)
+    monkeypatch.setenv("VKNORM_MAX_BUFFER_BYTES", "16384")
+    with pytest.raises(ValueError, match=r"32000 bytes exceed one storage buffer \(16384 bytes, VKNORM_MAX_BUFFER_BYTES\)"):
+        layer.forward_add(x, x)
+    with pytest.raises(ValueError, match=r"exceed one storage buffer \(16384 bytes, VKNORM_MAX_BUFFER_BYTES\)"):
+        layer.forward_add(vx, vr)
+    y = layer(x)  # the norm alone: in pieces
+    assert layer.last_dispatch["pieces"] > 1
+    assert float(np.abs(y - norm64(x, "layernorm", np.ones(1000), np.zeros(1000))).max()) <= 1e-5 * 4
+
+
 def test_forward_add_on_vkmats_stays_on_the_device():
     rng = np.random.default_rng(5)
     layer, gamma, beta, _ = make_layer("layernorm", (64, 512), rng)
