@@ -432,7 +432,7 @@ constexpr double kUlps = 84;  // the tolerance: kUlps * FLT_EPSILON (2^-23) * ma
 struct Args {
   bool channel_norms = false;
   bool misalign = false, skip_rmsnorm = false, corrupt = false, no_barrier = false, system_loader = false;
-  bool refusals = false, timing = false, cooperative_reuse = false, rebind = false;
+  bool refusals = false, timing = false, cooperative_reuse = false, rebind = false, reload = false;
   int repeat = 1;
 };
 
@@ -710,6 +710,27 @@ int run(const Args& args) {
       check(vkWaitForFences(e.device, 1, &e.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
       return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     };
+    if (args.reload) {  // other weights, recorded into a command buffer never submitted; then the real ones
+      auto other = [](const std::vector<float>& v) {
+        std::vector<float> o(v.size());
+        for (size_t i = 0; i < v.size(); ++i) o[i] = 2.f * v[i] + 1.f;
+        return o;
+      };
+      norm_a.load_model(other(a.gamma), other(a.beta));
+      norm_b.load_model(other(b.gamma), other(b.beta));
+      VkCommandBuffer unused = VK_NULL_HANDLE;
+      check(vkAllocateCommandBuffers(e.device, &cai, &unused), "vkAllocateCommandBuffers");
+      check(vkBeginCommandBuffer(unused, &begin), "vkBeginCommandBuffer");
+      norm_a.record(unused, {storage_buffer, a.offset, a.span()}, 3, a.w, a.h, 1, a.packed_c(), a.cstep, a.elempack, false);
+      norm_b.record(unused, {storage_buffer, b.offset, vknorm::blob_span_bytes(3, b.w, b.h, 1, b.packed_c(), b.cstep, b.elempack, false)},
+                    3, b.w, b.h, 1, b.packed_c(), b.cstep, b.elempack, false, split);
+      check(vkEndCommandBuffer(unused), "vkEndCommandBuffer");
+      vkFreeCommandBuffers(e.device, e.pool, 1, &unused);
+      // the forwards below, at the same blobs, must read these weights, not the ones recorded above
+      norm_a.load_model(a.gamma, a.beta);
+      norm_b.load_model(b.gamma, b.beta);
+      std::printf("weights reloaded after a record\n");
+    }
     vknorm::DispatchInfo da, db;
     for (int r = 0; r < args.repeat; ++r) {
       if (r > 0) between_layers();  // the next forwards read what these wrote
@@ -830,11 +851,12 @@ int main(int argc, char** argv) {
     else if (s == "--timing") args.timing = true;
     else if (s == "--cooperative-reuse") args.cooperative_reuse = true;
     else if (s == "--rebind") args.rebind = true;
+    else if (s == "--reload") args.reload = true;
     else if (s == "--repeat" && i + 1 < argc && std::atoi(argv[i + 1]) >= 1) args.repeat = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "engine_example: unknown argument %s\nusage: engine_example [--channel-norms] [--misalign] "
                            "[--skip-rmsnorm] [--corrupt] [--no-barrier] [--system-loader] [--refusals] [--timing] "
-                           "[--repeat N] [--cooperative-reuse] [--rebind]\n", s.c_str());
+                           "[--repeat N] [--cooperative-reuse] [--rebind] [--reload]\n", s.c_str());
       return 2;
     }
   }

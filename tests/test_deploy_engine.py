@@ -172,6 +172,16 @@ def test_the_same_bytes_recorded_at_another_shape_get_a_descriptor_set_of_their_
 
 # ------------------------------------------------------------------------------ GroupNorm and InstanceNorm
 
+@pytest.mark.parametrize("channel_norms", [False, True], ids=["layernorm-rmsnorm", "groupnorm-instancenorm"])
+def test_load_model_after_a_record_gives_the_next_record_the_new_weights(engine_example, channel_norms):
+    """--reload: both Recorders load other weights (2 * w + 1) and record into a command buffer that is never
+    submitted; then load the real ones. The forwards recorded next, at the same blobs and scratch, read the
+    real weights (a descriptor set cached by the first record names the replaced weights buffer)."""
+    proc = launch(engine_example, "--reload", *(["--channel-norms"] if channel_norms else []))
+    assert "weights reloaded after a record" in proc.stdout, proc.stdout + proc.stderr
+    assert_clean_run(proc)
+
+
 def test_groupnorm_and_instancenorm_recorded_into_the_engines_command_buffer_match_float64(engine_example):
     """--channel-norms: blob A as GroupNorm(12 channels in 6 groups: 2 channels per group, inside pack4 lanes;
     7x5 planes) at |mean| >> std, blob B as InstanceNorm on the split path (3 channels of 1001x3, cstep 3004),
