@@ -200,6 +200,23 @@ def test_relu_of_an_output_overflowing_to_minus_inf_is_zero_as_ncnn_cpu():
             np.testing.assert_array_equal(y[:, 0], cpu[:, 0], err_msg=f"{act} {path}")
 
 
+def test_sigmoid_of_outputs_past_exps_range_is_0_or_1_as_ncnn_cpu():
+    """Normalized outputs times gamma 1000 (|v| from 218 to 1528, where exp(|v|) overflows float32) and 3e38 (+-Inf):
+    sigmoid gives 0 below zero and 1 above on every path, as ncnn's CPU formula 1 / (1 + exp(-v)) does, never
+    Inf / Inf = NaN. Exact: 0 and 1 are what float32 rounds sigmoid to there."""
+    x = np.tile(np.arange(8, dtype=np.float32), (4, 1))  # normalized: -1.53 .. 1.53
+    for g in (1000.0, 3e38):
+        layer = vknorm.LayerNorm(affine_size=8, eps=1e-5)
+        layer.load_model(np.full(8, g, np.float32), np.zeros(8, np.float32))
+        layer.set_activation("sigmoid")
+        cpu = layer(x, device="cpu")
+        np.testing.assert_array_equal(cpu, np.where(np.arange(8) < 4, 0.0, 1.0)[None, :].repeat(4, 0))
+        for path in ("auto", "subgroup", "workgroup", "split", "cooperative"):
+            for fp16 in (False, True):
+                y = layer(x, option=vknorm.Option(path=path, use_fp16_storage=fp16))
+                np.testing.assert_array_equal(y, cpu, err_msg=f"gamma {g} {path} fp16={fp16}")
+
+
 def test_forward_add_refuses_what_it_cannot_fuse():
     layer = vknorm.LayerNorm(affine_size=16, eps=1e-5)
     layer.load_model(np.ones(16), np.zeros(16))
@@ -336,6 +353,22 @@ def test_split_read_before_the_norm_is_left_unfused_and_one_reader_split_goes():
     # the Split of one is gone: the fused layer writes the sum under the name of the Split's other output
     assert [t[0] for t in rows] == ["Input", "Input", "vknorm.LayerNorm", "Sigmoid"]
     assert rows[2][4:8] == ["a", "b", "out", "s1"] and "20=2" in rows[2] and rows[3][4] == "s1"
+
+
+@needs_graph
+def test_two_norms_reading_one_sum_through_a_split_fuse_the_add_once():
+    """add -> Split -> two norms: the add joins the first norm, which writes the sum under the Split's other
+    output; the second norm reads that sum as it is (it is no add's output any more), so the add runs once and
+    no blob is left that nothing reads."""
+    text = ("7767517\n6 8\nInput in0 0 1 a\nInput in1 0 1 b\nBinaryOp add 2 1 a b s 0=0\n"
+            "Split sp 1 2 s s1 s2\nLayerNorm ln1 1 1 s1 out0 0=8 1=1e-05 2=0\n"
+            "LayerNorm ln2 1 1 s2 out1 0=8 1=1e-05 2=0\n")
+    out, fused = fuse(text)
+    assert fused == [{"pattern": "BinaryOp+LayerNorm", "layers": ["add", "ln1"]}]
+    rows = lines_of(out)
+    assert [t[1] for t in rows] == ["in0", "in1", "ln1", "ln2"]
+    assert rows[2][0] == "vknorm.LayerNorm" and rows[2][4:8] == ["a", "b", "out0", "s2"] and "20=2" in rows[2]
+    assert rows[3][0] == "LayerNorm" and rows[3][4:6] == ["s2", "out1"]
 
 
 @needs_graph
@@ -849,23 +882,26 @@ def test_shape_hints_on_the_input_load_and_run_as_in_stock_ncnn(tmp_path, case, 
 
 
 @needs_graph
+@pytest.mark.parametrize("rows", [16, 15], ids=["pack4", "pack1"])
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("fused", [False, True], ids=["norm", "add+norm"])
-def test_a_shape_hint_builds_the_pipeline_the_forward_records_and_no_other(tmp_path, fused):
+def test_a_shape_hint_builds_the_pipeline_the_forward_records_and_no_other(tmp_path, fused, fp16, rows):
     """A hint on the norm's input (ncnnoptimize and pnnx write them) has the layer build its pipeline at load;
-    it must be the variant the forward then records (out of place, or the fused add's), not one more."""
-    hint = "-23330=4,2,64,16,0"
+    it must be the variant the forward then records (out of place, or the fused add's), not one more: in the
+    net's storage too (float16 nets store rows of any count as float16, 15 rows unpacked)."""
+    hint = f"-23330=4,2,64,{rows},0"
     text = (f"7767517\n4 4\nInput in0 0 1 in0 {hint}\nInput in1 0 1 in1 {hint}\n"
             f"BinaryOp add 2 1 in0 in1 s 0=0 {hint}\nLayerNorm ln 1 1 s out0 0=64 1=1e-05 2=0 {hint}\n")
     p, b = write_model(tmp_path, text)
     from vknorm._stdio import quiet_stderr
 
     with quiet_stderr():
-        net = graph.configure(graph.Net(fuse=fused), vulkan=True)
+        net = graph.configure(graph.Net(fuse=fused), vulkan=True, fp16=fp16)
         assert net.load_param(str(p)) == 0 and net.load_model(str(b)) == 0
     (ln,) = net.vknorm_layers()
     assert ln["pipelines"] == 1, ln["variants"]
     rng = np.random.default_rng(10)
-    graph_runs.extract_all(graph, net, {k: rng.standard_normal((16, 64)).astype(np.float32) for k in ("in0", "in1")},
+    graph_runs.extract_all(graph, net, {k: rng.standard_normal((rows, 64)).astype(np.float32) for k in ("in0", "in1")},
                            ("out0",))
     (ln,) = net.vknorm_layers()
     assert ln["pipelines"] == 1 and ln["vulkan_forwards"] == 1, ln["variants"]
