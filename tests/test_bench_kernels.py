@@ -61,6 +61,17 @@ def test_bench_groupnorm_and_instancenorm_shapes_report_channels_planes_and_grou
     assert label in proc.stdout and (tmp_path / "bench.png").stat().st_size > 0
 
 
+def test_bench_groupnorm_takes_one_groups_value_per_channels(tmp_path):
+    """--groups once per --channels: each shape is benchmarked with its own group count (one value: every shape)."""
+    out = tmp_path / "bench.json"
+    proc = vknorm("bench", "--op", "groupnorm", "--channels", "64", "--size", "4x4", "--groups", "32",
+                  "--channels", "48", "--size", "4x4", "--groups", "8", "--dtype", "fp32", *QUICK, "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    groups = {(r["channels"], r["groups"]) for r in json.loads(out.read_text())["results"] if r["impl"] == "vknorm"}
+    assert groups == {(64, 32), (48, 8)}, groups
+    assert "64x4x4/32" in proc.stdout and "48x4x4/8" in proc.stdout
+
+
 @pytest.mark.parametrize("args, message", [
     (["--op", "groupnorm", "--channels", "10", "--size", "4x4", "--groups", "3"], "do not split into 3 groups"),
     (["--op", "groupnorm", "--rows", "3", "--cols", "4"], "--channels and --size"),

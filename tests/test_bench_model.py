@@ -84,6 +84,30 @@ def test_norm_floor_times_the_model_without_its_norms_beside_stock_and_vknorm(tm
     assert bad.returncode == 2 and "unknown model nosuch" in bad.stderr
 
 
+def test_each_implementation_runs_the_net_its_name_says():
+    """ncnn-cpu: stock ncnn on the CPU; ncnn-vulkan: stock ncnn on Vulkan; vknorm-in-graph: vknorm's layers in
+    ncnn's Vulkan graph, the model as it is (nothing fused); vknorm-fused: the same after the graph rewrite
+    (transformer_block: two add -> LayerNorm pairs fused). Their difference is what the report measures."""
+    import numpy as np
+
+    from vknorm._stdio import quiet_stderr
+    from vknorm.model_bench import ModelRunner
+
+    inputs = {"in0": np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)}
+    with quiet_stderr():
+        runners = {impl: ModelRunner(impl, PARAM, BIN, inputs, fp16=False)
+                   for impl in ("ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-fused")}
+        outputs = {impl: r() for impl, r in runners.items()}
+    vulkan = {impl: r.net.opt.use_vulkan_compute for impl, r in runners.items()}
+    assert vulkan == {"ncnn-cpu": False, "ncnn-vulkan": True, "vknorm-in-graph": True, "vknorm-fused": True}
+    assert runners["ncnn-vulkan"].net.vknorm_layers() == [] and runners["ncnn-cpu"].net.vknorm_layers() == []
+    assert runners["vknorm-in-graph"].net.fused() == []
+    assert [f["pattern"] for f in runners["vknorm-fused"].net.fused()] == ["BinaryOp+LayerNorm"] * 2
+    for impl in ("vknorm-in-graph", "vknorm-fused"):
+        assert runners[impl].net.vknorm_counters()["vulkan_forwards"] >= 1, impl
+    assert all(set(o) == set(outputs["ncnn-cpu"]) for o in outputs.values())
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model", "missing.param", BIN, "--input", "in0=16x64"], "no such file"),
     (["--model", PARAM, ".", "--input", "in0=16x64"], "--model .: is a directory, not the weights .bin"),

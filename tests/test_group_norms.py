@@ -353,6 +353,53 @@ def test_weights_of_the_wrong_length_or_missing_raise():
         gn(np.zeros((4, 2, 2), np.float32), device="vulkan")
 
 
+def test_instancenorm_without_affine_takes_channels_0_as_any_number_of_channels():
+    """ncnn's InstanceNorm reads channels (param 0) only for its weights: with affine=0 and channels=0 it
+    normalizes every channel plane of whatever it is given, on the CPU, on every Vulkan path and in an ncnn
+    net (GroupNorm, which splits channels into groups, refuses channels=0 instead). Tolerances as the module's:
+    1e-5 (fp32 storage) and 4e-3 (fp16) x max(1, max|y|) against float64."""
+    inorm = vknorm.InstanceNorm(channels=0, eps=1e-5, affine=False)
+    for shape in ((6, 5, 7), (8, 3, 4), (4, 2, 3, 5)):
+        x = (np.random.default_rng(len(shape)).standard_normal(shape) * 2 + 0.5).astype(np.float32)
+        ref = channel_norm64("InstanceNorm", x, inorm.eps)
+        assert max_abs_err(inorm(x, device="cpu"), ref) <= FP32_TOL * scale(ref), shape
+        for path, packing, fp16 in itertools.product(PATHS, (True, False), (False, True)):
+            xin = x.astype(np.float16) if fp16 else x
+            y = inorm(xin, device="vulkan",
+                      option=vknorm.Option(path=path, use_packing_layout=packing, use_fp16_storage=fp16))
+            ref16 = channel_norm64("InstanceNorm", xin, inorm.eps) if fp16 else ref
+            tol = FP16_TOL if fp16 else FP32_TOL
+            assert max_abs_err(y, ref16) <= tol * scale(ref16), (shape, path, packing, fp16)
+
+
+def test_instancenorm_channels_0_without_affine_runs_in_an_ncnn_net(tmp_path):
+    graph, net, rp, rm, log = graph_net(tmp_path, "InstanceNorm inorm 1 1 in0 out0 0=0 1=1e-05 2=0", b"")
+    assert rp == 0 and rm == 0, log
+    x = np.random.default_rng(5).standard_normal((8, 5, 6)).astype(np.float32)
+    ex = net.create_extractor()
+    ex.input("in0", graph.Mat(x))
+    ret, out = ex.extract("out0")
+    assert ret == 0
+    ref = channel_norm64("InstanceNorm", x, 1e-5)
+    assert max_abs_err(np.array(out), ref) <= FP32_TOL * scale(ref)
+    assert net.vknorm_counters()["vulkan_forwards"] == 1
+
+
+@pytest.mark.parametrize("op", ["GroupNorm", "InstanceNorm"])
+def test_weights_that_are_not_one_dimensional_raise_value_error_naming_the_length(op):
+    """gamma and beta are 1-D arrays of `channels` values: a scalar or a 2-D array of the right count is a
+    ValueError saying so (not the binding's raw TypeError); text is a TypeError."""
+    layer = vknorm.GroupNorm(group=1, channels=4) if op == "GroupNorm" else vknorm.InstanceNorm(channels=4)
+    for gamma, beta in ((np.float32(1.0), np.zeros(4)), (np.ones((2, 2)), np.zeros(4)), (np.ones(4), np.zeros((1, 4)))):
+        with pytest.raises(ValueError, match="must be 1-D of length channels=4"):
+            layer.load_model(gamma, beta)
+    with pytest.raises(TypeError, match="gamma must be numeric"):
+        layer.load_model(["a"] * 4, np.zeros(4))
+    one = vknorm.InstanceNorm(channels=1)
+    with pytest.raises(ValueError, match=r"must be 1-D of length channels=1, got shape \(\)"):
+        one.load_model(np.float32(2.0), np.float32(0.5))
+
+
 # ------------------------------------------------------------------------------ bad input inside an ncnn Net
 
 def graph_net(tmp_path, line: str, weights: bytes, fp16: bool = False):

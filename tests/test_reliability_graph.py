@@ -10,6 +10,9 @@ full device.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -112,3 +115,16 @@ def test_device_memory_limit_needs_tracking_and_a_byte_count():
         graph.set_device_memory_limit(1.5)
     assert set(graph.device_memory()) == {"tracking", "bytes", "blocks", "peak_bytes", "allocations", "refused", "limit"}
     assert np.isscalar(graph.device_memory()["bytes"])
+
+
+def test_a_device_memory_limit_before_tracking_raises_and_sets_nothing():
+    """Without track_device_memory() no allocation is counted, so a limit could never be enforced: setting one is
+    a RuntimeError saying what to call first, and the limit stays 0 (in a fresh process: tracking, once started,
+    stays on)."""
+    code = ("from vknorm import graph\n"
+            "try:\n    graph.set_device_memory_limit(1 << 20)\nexcept RuntimeError as e:\n    print('refused:', e)\n"
+            "m = graph.device_memory()\nprint('tracking', m['tracking'], 'limit', m['limit'])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "refused: set_device_memory_limit: call track_device_memory() first" in proc.stdout, proc.stdout
+    assert "tracking False limit 0" in proc.stdout, proc.stdout
