@@ -106,6 +106,20 @@ def test_groupnorm_takes_ncnns_param_ids_and_defaults():
     assert repr(gn) == "GroupNorm(group=32, channels=320, eps=1e-06, affine=False)"
 
 
+def test_groupnorm_and_instancenorm_from_param_fill_absent_ids_with_ncnns_defaults():
+    # ncnn: GroupNorm group = pd.get(0, 1), channels = pd.get(1, 0), eps = pd.get(2, 0.001f),
+    # affine = pd.get(3, 1); InstanceNorm channels = pd.get(0, 0), eps = pd.get(1, 0.001f), affine = pd.get(2, 1).
+    # eps is stored as a float32, so compared with float32(0.001) exactly.
+    gn = vknorm.GroupNorm.from_param({1: 8})
+    assert (gn.group, gn.channels, gn.affine) == (1, 8, True) and gn.eps == np.float32(0.001)
+    inorm = vknorm.InstanceNorm.from_param({0: 16})
+    assert (inorm.channels, inorm.affine) == (16, True) and inorm.eps == np.float32(0.001)
+    bare = vknorm.InstanceNorm.from_param({2: 0})
+    assert (bare.channels, bare.affine) == (0, False) and bare.eps == np.float32(0.001)
+    for made in (gn, inorm, bare):  # the constructor's defaults are the same
+        assert made.eps == type(made)(**({"channels": made.channels, "affine": made.affine})).eps
+
+
 def test_gamma_and_beta_are_per_channel():
     gn = vknorm.GroupNorm(group=2, channels=4, eps=1e-5)
     gn.load_model([1, 2, 3, 4], [0.5, 0.5, -1, -1])
