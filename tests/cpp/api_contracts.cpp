@@ -235,10 +235,11 @@ int main() {
       vknorm::Norm l(vknorm::NormOp::LayerNorm);
       load_layernorm(l, 5);
       int refused = 0;
-      for (int edit = 0; edit < 2; ++edit) {
+      for (int edit = 0; edit < 3; ++edit) {
         vknorm::Mat m = ramp(8, 3, 5);
         if (edit == 0) m = vknorm::Mat::layout(3, 5, 3, 1, 8);  // no memory
         if (edit == 1) m.cstep = 4096;                          // past its memory
+        if (edit == 2) m.cstep = 5;  // within its memory, but channels of 15 elements would overlap
         for (int call = 0; call < 5; ++call) {
           try {
             vknorm::Mat top;
@@ -252,8 +253,9 @@ int main() {
           }
         }
       }
-      report(refused == 10, "a Mat without memory, or with fields past it, is refused by forward, forward_inplace, "
-                            "forward_inplace_cpu and upload (" + std::to_string(refused) + " of 10)");
+      report(refused == 15, "a Mat without memory, with fields past it, or with a cstep below a channel's w*h*d, is "
+                            "refused by forward, forward_inplace, forward_inplace_cpu and upload (" +
+                            std::to_string(refused) + " of 15)");
     }
 
     // ---- forward(bottom, top), top over bottom's memory with another cstep (dense channels in, ncnn's out)
