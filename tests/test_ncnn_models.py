@@ -195,6 +195,9 @@ def error_runs(tmp_path_factory):
         "dims_five": (p, b, "--input", "in0=1x2x3x4x5"),
         "dims_word": (p, b, "--input", "in0=abc"),
         "dims_neg": (p, b, "--input", "in0=16x-64"),
+        "dims_twice": (p, b, "--input", "in0=16x64", "--input", "in0=8x64"),
+        "dims_huge": (p, b, "--input", "in0=65536x4097"),  # 2^28 + 2^16 elements: past the 2^28 allowed
+        "no_name": (p, b, "--input", "=16x64"),
         "atol": (p, b, *args, "--atol", "tiny"),
         "seed": (p, b, *args, "--seed", "x"),
         "bad_shape": (p, b, "--input", "in0=16x65"),  # ncnn's MultiHeadAttention dies of SIGFPE here
@@ -224,6 +227,9 @@ def error_runs(tmp_path_factory):
     ("dims_five", ["--input", "malformed DIMS"]),
     ("dims_word", ["--input", "malformed DIMS 'abc'"]),
     ("dims_neg", ["--input", "malformed DIMS"]),
+    ("dims_twice", ["--input 'in0=8x64'", "'in0' given twice"]),
+    ("dims_huge", ["--input", "malformed DIMS '65536x4097'", "268500992 elements", "268435456 allowed"]),
+    ("no_name", ["--input '=16x64'", "NAME=DIMS"]),
     ("atol", ["--atol", "tiny"]),
     ("seed", ["--seed"]),
     ("norm_input_channels", ["--input in0=10x7x7", "GroupNorm 'gn'", "line 6", "as 10 channel(s), its param says 12"]),
@@ -256,7 +262,8 @@ def test_parse_dims():
     assert vkcheck.parse_dims("96x28x28") == (96, 28, 28)
     assert vkcheck.parse_dims("64") == (64,)
     assert vkcheck.parse_dims("4X3x5x8") == (4, 3, 5, 8)
-    for bad in ("", "x", "16x", "x16", "16xx64", "0", "1.5", "-3", "1x2x3x4x5", "16 64", "1e3"):
+    assert vkcheck.parse_dims("16384x16384") == (16384, 16384)  # 2^28 elements: the most one input may have
+    for bad in ("", "x", "16x", "x16", "16xx64", "0", "1.5", "-3", "1x2x3x4x5", "16 64", "1e3", "16384x16385"):
         with pytest.raises(ValueError):
             vkcheck.parse_dims(bad)
 
