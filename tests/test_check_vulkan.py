@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import vknorm
 from vknorm import check as vkcheck
 from availability import has_graph, needs_graph, needs_vulkan
 # the committed models and the CLI error contract, one place
@@ -452,3 +453,24 @@ def test_check_vulkan_times_a_fused_layer_s_whole_kernel():
     assert out["timed"] == {"ln_3": {"residual": False, "write_sum": False},
                             "ln_4": {"residual": True, "write_sum": True},
                             "ln_5": {"residual": True, "write_sum": False}}, out["timed"]
+
+
+@pytest.mark.parametrize("name, act_type, alpha", [("relu", 1, 0.0), ("leakyrelu", 2, 0.1), ("sigmoid", 4, 0.0),
+                                                   ("swish", 7, 0.0), ("gelu", 8, 0.0), ("gelu_fast", 9, 0.0)])
+def test_judge_layer_applies_each_fused_activation_by_ncnns_formula(name, act_type, alpha):
+    """check's float64 reference of a fused layer applies the activation by its ncnn activation_type: 8 is GELU's
+    erf form, 9 its tanh form (ncnn's fast_gelu), which differ by up to ~2e-4 for |y| in 1..3. The layer's own
+    float32 CPU output (ncnn's formulas) against it: float32 arithmetic on |y| <= ~4 errs by a few 1e-7, so
+    within 1e-5; swapping the two GELU forms would exceed that tenfold."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((16, 256)).astype(np.float32)
+    layer = vknorm.LayerNorm(affine_size=256, eps=1e-5, affine=False)
+    layer.set_activation(name, alpha)
+    y = layer(x, device="cpu")
+    f64, judged, ok = vkcheck.judge_layer(y, x, "LayerNorm", 1e-5, 256, None, None, False, vkcheck.ATOL_FP32,
+                                          activation=(act_type, alpha))
+    assert ok and f64 == judged and f64 <= 1e-5, (name, f64)
+    if act_type in (8, 9):  # the case tells the two forms apart
+        other = vkcheck.judge_layer(y, x, "LayerNorm", 1e-5, 256, None, None, False, vkcheck.ATOL_FP32,
+                                    activation=(17 - act_type, 0.0))[0]
+        assert other > 1e-4, other
