@@ -192,6 +192,26 @@ def test_check_vulkan_table_shows_the_sums_fused_layers_wrote(runs):
 
 
 @needs_graph
+def test_check_vulkan_json_rows_name_each_layers_fused_pattern_and_the_blob_judged(runs):
+    """ln_residual_stack --json: each norm's row names the pattern it ran fused in (the "fused" entry listing
+    that layer), "blob" is the blob judged, the fused activation's output (its top in the .param), and
+    "sum_blob" the sum it wrote, present exactly on the rows with a fused BinaryOp add."""
+    res = json.loads(runs[("ln_residual_stack", False)].stdout)
+    tops = {}
+    for line in Path(model_files("ln_residual_stack")[0]).read_text().splitlines()[2:]:
+        t = line.split()
+        nb, nt = int(t[2]), int(t[3])
+        tops[t[1]] = t[4 + nb:4 + nb + nt]
+    by_layer = {name: f for f in res["fused"] for name in f["layers"]}
+    assert len(res["layers"]) == 12
+    for row in res["layers"]:
+        f = by_layer[row["name"]]
+        assert row["fused"] == f["pattern"], (row, f)
+        assert row["blob"] == tops[f["layers"][-1]][0], (row, f)
+        assert (row["sum_blob"] is not None) == f["pattern"].startswith("BinaryOp+"), (row, f)
+
+
+@needs_graph
 def test_check_vulkan_tolerance_can_fail(runs):
     """Negative control: with --atol 0 a kernel whose float32 error is nonzero fails, exit 1."""
     r = runs["atol0"]
