@@ -283,3 +283,21 @@ def test_vknorm_info_without_driver_exits_2_with_one_line(args):
     assert len(err) == 1, f"expected one line on stderr, got:\n{proc.stderr}"
     assert "mesa-vulkan-drivers" in err[0]
     assert proc.stdout.strip() == ""
+
+
+def test_a_command_interrupted_by_ctrl_c_exits_130_without_a_traceback(monkeypatch, capsys):
+    """Ctrl-C during any command: main() returns the shell's 130 for SIGINT and prints nothing (no traceback,
+    no error line), as for a reader that left (141)."""
+    from vknorm import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_demo", interrupted)  # build_parser takes _demo as the demo command's func
+    try:
+        rc = cli.main(["demo"])
+    except KeyboardInterrupt:  # escaping main() would end the test session, not this test
+        rc = "KeyboardInterrupt escaped main()"
+    assert rc == 130
+    out, err = capsys.readouterr()
+    assert out == "" and err == "", (out, err)
