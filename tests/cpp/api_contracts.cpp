@@ -235,11 +235,13 @@ int main() {
       vknorm::Norm l(vknorm::NormOp::LayerNorm);
       load_layernorm(l, 5);
       int refused = 0;
-      for (int edit = 0; edit < 3; ++edit) {
+      for (int edit = 0; edit < 5; ++edit) {
         vknorm::Mat m = ramp(8, 3, 5);
         if (edit == 0) m = vknorm::Mat::layout(3, 5, 3, 1, 8);  // no memory
         if (edit == 1) m.cstep = 4096;                          // past its memory
         if (edit == 2) m.cstep = 5;  // within its memory, but channels of 15 elements would overlap
+        if (edit == 3) m.elempack = 2, m.elemsize = 8, m.c = 4;  // within its memory: pack2, which vknorm has not
+        if (edit == 4) m.elemsize = 8, m.c = 4;                  // within its memory: 8-byte scalars (float64)
         for (int call = 0; call < 5; ++call) {
           try {
             vknorm::Mat top;
@@ -253,9 +255,9 @@ int main() {
           }
         }
       }
-      report(refused == 15, "a Mat without memory, with fields past it, or with a cstep below a channel's w*h*d, is "
-                            "refused by forward, forward_inplace, forward_inplace_cpu and upload (" +
-                            std::to_string(refused) + " of 15)");
+      report(refused == 25, "a Mat without memory, with fields past it, with a cstep below a channel's w*h*d, or "
+                            "with an elempack or scalar size vknorm has not, is refused by forward, forward_inplace, "
+                            "forward_inplace_cpu and upload (" + std::to_string(refused) + " of 25)");
     }
 
     // ---- forward(bottom, top), top over bottom's memory with another cstep (dense channels in, ncnn's out)
