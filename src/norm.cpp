@@ -83,6 +83,19 @@ Mat pieces_copy(const Mat& src, Mat& dst, const Mat& device) {
   return dst;
 }
 
+// Where a host forward writes an output shaped like `like` (as ncnn's Mat::create): `out` itself where it already
+// holds that shape, storage and packing, else a new Mat, given to the caller only once written (a forward that
+// throws leaves its output as it was, not a Mat of unwritten memory).
+Mat output_like(const Mat& out, const Mat& like) {
+  if (holds_shape(out, like) && out.elemsize == like.elemsize && out.elempack == like.elempack) return out;
+  return Mat::create_for_overwrite(layout_as(like, like.scalar_bytes(), like.elempack));
+}
+
+[[noreturn]] void refuse_unfused_add() {
+  throw std::invalid_argument("forward_add: x and residual differ in shape, packing or storage (a broadcasting add is "
+                              "not fused)");
+}
+
 // Mapped memory laid out as `layout`, to convert from: viewed where it lies, or first copied out in one go
 // where the host does not cache it.
 Mat mapped_source(const Context::Impl& impl, const Buffer& b, const Mat& layout) {
@@ -454,12 +467,7 @@ void Norm::forward_inplace(Mat& m, const Option& opt) {
 
 void Norm::forward(const Mat& bottom, Mat& top, const Option& opt) {
   check_host_mat(bottom, "forward (bottom)");
-  // As ncnn's Mat::create: top is kept where it already fits, else allocated as bottom.
-  if (holds_shape(top, bottom) && top.elemsize == bottom.elemsize && top.elempack == bottom.elempack)
-    return forward_host(bottom, top, opt);
-  // A new top replaces the caller's once written: a forward that throws (a shape the layer does not take, too
-  // little device memory) leaves top as it was, not a Mat of unwritten memory.
-  Mat out = Mat::create_for_overwrite(layout_as(bottom, bottom.scalar_bytes(), bottom.elempack));
+  Mat out = output_like(top, bottom);
   forward_host(bottom, out, opt);
   top = out;
 }
@@ -500,8 +508,7 @@ void Norm::forward_host(const Mat& src, Mat& dst, const Option& opt) {
     s.timestamp(0);
     DispatchInfo piece = record(*gpu, s, *blob, p.layout, fmt.fp16, opt, ws, p.first_channel);
     s.timestamp(1);
-    s.barrier();
-    if (!impl.direct_host_access) s.copy(*blob, *staging, p.bytes), s.barrier();
+    if (!impl.direct_host_access) s.barrier(), s.copy(*blob, *staging, p.bytes);
     s.submit_and_wait();
     piece.gpu_us = s.gpu_us();
     if (whole)
@@ -539,7 +546,7 @@ void Norm::forward_inplace(VkMat& v, const Option& opt) {
     s.timestamp(0);
     DispatchInfo piece = record(*gpu, s, piece_buffer ? *piece_buffer : *v.buffer, p.layout, fp16, opt, ws, p.first_channel);
     s.timestamp(1);
-    if (piece_buffer) s.barrier(), s.copy(*piece_buffer, *v.buffer, p.bytes, 0, p.offset), s.barrier();
+    if (piece_buffer) s.barrier(), s.copy(*piece_buffer, *v.buffer, p.bytes, 0, p.offset);
     s.submit_and_wait();
     piece.gpu_us = s.gpu_us();
     accumulate(info, piece, i == 0);
@@ -597,8 +604,7 @@ GroupLayout add_layout(const Norm::Gpu& gpu, const VkMat& x, const VkMat& r) {
   if (x.context() != r.context()) throw std::invalid_argument("forward_add: x and residual live on different devices");
   if (x.dims != r.dims || x.w != r.w || x.h != r.h || x.d != r.d || x.c != r.c || x.elemsize != r.elemsize ||
       x.elempack != r.elempack || x.cstep != r.cstep)
-    throw std::invalid_argument("forward_add: x and residual differ in shape, packing or storage (a broadcasting add is "
-                                "not fused)");
+    refuse_unfused_add();
   check_fused_add_fits(gpu.ctx->impl(), x.bytes());
   gpu.check_weights(gpu.gamma_data.size(), gpu.beta_data.size());
   return gpu.layout(x.dims, x.w, x.h, x.d, x.c, x.cstep, x.elempack);
@@ -632,8 +638,7 @@ void Norm::forward_add(const Mat& x, const Mat& residual, Mat& top, Mat* sum, co
   check_host_mat(x, "forward_add");
   check_host_mat(residual, "forward_add (residual)");
   if (!same_shape(x, residual) || x.elemsize != residual.elemsize || x.elempack != residual.elempack)
-    throw std::invalid_argument("forward_add: x and residual differ in shape, packing or storage (a broadcasting add is "
-                                "not fused)");
+    refuse_unfused_add();
   // One Mat as both outputs: however each is allocated, the sum (assigned last) would take the result's place.
   if (sum == &top) throw std::invalid_argument("forward_add: top and sum are one Mat; give them Mats of their own");
   const std::shared_ptr<Gpu> gpu = gpu_for(nullptr);
@@ -645,15 +650,9 @@ void Norm::forward_add(const Mat& x, const Mat& residual, Mat& top, Mat* sum, co
   gpu->check_weights(gpu->gamma_data.size(), gpu->beta_data.size());
   const GroupLayout g = gpu->layout(device.dims, device.w, device.h, device.d, device.c, device.cstep, fmt.elempack);
   ensure_weights(*gpu);
-  // As forward's top: each output is written where it already holds x's shape and format, else into a new Mat
-  // given to the caller once written. Both inputs are read (into the memory the device reads) before either is
-  // written, so an output may be x or the residual; the two outputs must not share memory.
-  auto output = [&](const Mat& m) {
-    return holds_shape(m, x) && m.elemsize == x.elemsize && m.elempack == x.elempack
-               ? m
-               : Mat::create_for_overwrite(layout_as(x, x.scalar_bytes(), x.elempack));
-  };
-  Mat out = output(top), sum_out = sum ? output(*sum) : Mat();
+  // Both inputs are read (into the memory the device reads) before either output is written, so an output may be
+  // x or the residual; the two outputs must not share memory.
+  Mat out = output_like(top, x), sum_out = sum ? output_like(*sum, x) : Mat();
   if (sum && out.data() < sum_out.data() + sum_out.bytes() && sum_out.data() < out.data() + out.bytes())
     throw std::invalid_argument("forward_add: top and sum share memory; give them Mats of their own");
   // One submission: both inputs in, the fused kernel, both outputs out.
@@ -676,11 +675,10 @@ void Norm::forward_add(const Mat& x, const Mat& residual, Mat& top, Mat* sum, co
   s.timestamp(0);
   DispatchInfo info = record(*gpu, s, *xb, g, fmt.fp16, opt, ws, 0, &add);
   s.timestamp(1);
-  s.barrier();
   if (!impl.direct_host_access) {
+    s.barrier();
     s.copy(*ob, *o_back, bytes);
     if (sum) s.copy(*sb, *s_back, bytes);
-    s.barrier();
   }
   s.submit_and_wait();
   info.gpu_us = s.gpu_us();
@@ -812,7 +810,6 @@ void VkMat::download(Mat& out) const {
     auto staging = Buffer::create(ctx_, stored.bytes(), Buffer::Kind::Staging);
     Submission s(impl, 1);
     s.copy(*buffer, *staging, stored.bytes());
-    s.barrier();
     s.submit_and_wait();
     convert_into(mapped_source(impl, *staging, stored), into, into.data());
   }

@@ -122,12 +122,14 @@ void Submission::copy(const Buffer& src, const Buffer& dst, vk::DeviceSize bytes
   cmd_.copyBuffer(*src.buffer, *dst.buffer, vk::BufferCopy{.srcOffset = src_offset, .dstOffset = dst_offset, .size = bytes});
 }
 
-void Submission::barrier() {
+void Submission::barrier(bool host) {
   using A = vk::AccessFlagBits;
   using S = vk::PipelineStageFlagBits;
   vk::MemoryBarrier b{.srcAccessMask = A::eShaderWrite | A::eTransferWrite,
                       .dstAccessMask = A::eShaderRead | A::eShaderWrite | A::eTransferRead | A::eTransferWrite};
-  cmd_.pipelineBarrier(S::eComputeShader | S::eTransfer, S::eComputeShader | S::eTransfer, {}, b, {}, {});
+  vk::PipelineStageFlags dst = S::eComputeShader | S::eTransfer;
+  if (host) b.dstAccessMask |= A::eHostRead, dst |= S::eHost;
+  cmd_.pipelineBarrier(S::eComputeShader | S::eTransfer, dst, {}, b, {}, {});
 }
 
 void Submission::dispatch(const Pipeline& p, const std::array<const Buffer*, kBindings>& bindings,
@@ -168,11 +170,9 @@ void Submission::timestamp(uint32_t slot) {
 }
 
 void Submission::submit_and_wait() {
-  // A fence wait makes device writes available, not visible, to the host: mapped results are read after this.
-  using A = vk::AccessFlagBits;
-  using S = vk::PipelineStageFlagBits;
-  vk::MemoryBarrier to_host{.srcAccessMask = A::eShaderWrite | A::eTransferWrite, .dstAccessMask = A::eHostRead};
-  cmd_.pipelineBarrier(S::eComputeShader | S::eTransfer, S::eHost, {}, to_host, {}, {});
+  // Every submission ends so: its writes visible to later submissions and to the host (a fence wait makes device
+  // writes available, not visible, to the host, which reads mapped results after it).
+  barrier(true);
   cmd_.end();
   vk::CommandBuffer raw = *cmd_;
   {

@@ -130,7 +130,9 @@ class Submission {
   explicit Submission(Context::Impl& ctx, uint32_t max_dispatches = 4);
   void copy(const Buffer& src, const Buffer& dst, vk::DeviceSize bytes, vk::DeviceSize src_offset = 0,
             vk::DeviceSize dst_offset = 0);
-  void barrier();  // every earlier transfer/shader write is visible to every later access
+  // Every earlier transfer/shader write is visible to every later transfer/shader access (host: and to the host).
+  // submit_and_wait records one with host first: no call site ends a submission with a barrier of its own.
+  void barrier(bool host = false);
   void dispatch(const Pipeline& p, const std::array<const Buffer*, kBindings>& bindings, const PushConstants& pc,
                 uint64_t workgroups);
   void timestamp(uint32_t slot);  // 0 before the dispatches, 1 after
