@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <ncnn/command.h>
 #include <ncnn/datareader.h>
 #include <ncnn/gpu.h>
 #include <ncnn/net.h>
@@ -208,6 +209,53 @@ class NetLock {
   bool writing_ = false;
 };
 
+// Command buffers for Vulkan extracts, kept and reset between them. ncnn's Extractor::extract makes a VkCompute (a
+// command pool, its buffer, a fence) for every extract and destroys it after: 0.43-0.56 ms on the H200's driver,
+// most of what a small model's inference costs there, where resetting one costs microseconds.
+class RecycledCommands {
+ public:
+  // A reset VkCompute of vkdev's (a new one where none is idle).
+  std::unique_ptr<::ncnn::VkCompute> take(const ::ncnn::VulkanDevice* vkdev) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (vkdev == device_ && !idle_.empty()) {
+        std::unique_ptr<::ncnn::VkCompute> cmd = std::move(idle_.back());
+        idle_.pop_back();
+        ++reused_;
+        return cmd;
+      }
+      ++made_;
+    }
+    return std::make_unique<::ncnn::VkCompute>(vkdev);
+  }
+  // How many extracts made a new one, and how many reused one.
+  std::pair<uint64_t, uint64_t> counts() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {made_, reused_};
+  }
+  // Back after its submission completed (one that failed, or never ran, may still be pending or half recorded:
+  // the caller drops it). Reset here, outside the lock; kept where it resets.
+  void give_back(std::unique_ptr<::ncnn::VkCompute> cmd, const ::ncnn::VulkanDevice* vkdev) {
+    // Measurement knob: VKNORM_TUNE_FRESH_COMMAND_BUFFERS=1 keeps none (one made for every extract, as ncnn's).
+    const char* fresh = std::getenv("VKNORM_TUNE_FRESH_COMMAND_BUFFERS");
+    if (fresh && *fresh && std::strcmp(fresh, "0") != 0) return;
+    if (cmd->reset() != 0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (vkdev != device_) {
+      idle_.clear();
+      device_ = vkdev;
+    }
+    if (idle_.size() < kMaxIdle) idle_.push_back(std::move(cmd));
+  }
+
+ private:
+  static constexpr size_t kMaxIdle = 8;  // as many as threads extract at once, about
+  std::mutex mutex_;
+  const ::ncnn::VulkanDevice* device_ = nullptr;
+  std::vector<std::unique_ptr<::ncnn::VkCompute>> idle_;
+  uint64_t made_ = 0, reused_ = 0;
+};
+
 struct Net {
   Net(bool vknorm, bool fuse) : vknorm(vknorm), fuse(vknorm && fuse) {
     if (!vknorm) return;
@@ -314,6 +362,7 @@ struct Net {
     return text ? net.load_param_mem(text->c_str()) : net.load_param(path.c_str());
   }
   ::ncnn::Net net;
+  RecycledCommands commands;  // declared after net: destroyed first (its devices outlive both)
   bool vknorm, fuse;
   std::vector<vknorm::ncnn::FusedPattern> fused;  // what the last load_param fused
   bool param_loaded = false;
@@ -565,7 +614,9 @@ int extract_reserving_download(Extractor& e, const std::string& name, ::ncnn::Ma
   ::ncnn::Option opt = e.owner->net.opt;
   opt.blob_vkallocator = opt.workspace_vkallocator = e.allocators->blob;
   opt.staging_vkallocator = e.allocators->staging;
-  ::ncnn::VkCompute cmd(vkdev);
+  // Taken from the net's recycled ones and given back once its submission completed; dropped on every other way out.
+  std::unique_ptr<::ncnn::VkCompute> recycled = e.owner->commands.take(vkdev);
+  ::ncnn::VkCompute& cmd = *recycled;
   ::ncnn::VkMat gpu;
   if (int r = e.ex->extract(name.c_str(), gpu, cmd)) return r;
   if (gpu.empty()) return e.ex->extract(name.c_str(), out);  // not a Vulkan blob: ncnn's own path
@@ -592,6 +643,7 @@ int extract_reserving_download(Extractor& e, const std::string& name, ::ncnn::Ma
   ::ncnn::Mat host;
   cmd.record_download(gpu, host, opt);
   if (int r = cmd.submit_and_wait()) return r;
+  e.owner->commands.give_back(std::move(recycled), vkdev);
   if (opt.use_packing_layout && host.elempack != 1) {
     ::ncnn::Mat unpacked;
     ::ncnn::convert_packing(host, unpacked, 1, opt);
@@ -1031,7 +1083,13 @@ NB_MODULE(_graph, m) {
              return out;
            })
       .def("vknorm_counters",
-           [](Net& n) { return counters_dict(reading(n, [&] { return vknorm::ncnn::counters(n.net); })); })
+           [](Net& n) {
+             nb::dict d = counters_dict(reading(n, [&] { return vknorm::ncnn::counters(n.net); }));
+             const auto [made, reused] = n.commands.counts();
+             d["command_buffers_made"] = made;
+             d["command_buffers_reused"] = reused;
+             return d;
+           })
       .def("create_extractor",
            [](std::shared_ptr<Net> n) {
              ReleaseGil release;  // never wait for the net's lock holding the GIL: its holder may need it

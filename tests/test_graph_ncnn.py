@@ -633,6 +633,64 @@ def test_pyncnn_s_net_and_extractor_calls_work_as_in_pyncnn(vulkan, fuse):
     assert ex.extract("out0")[0] == 0 and ex.extract("3")[0] == -1
 
 
+@pytest.mark.parametrize("vknorm", [True, False], ids=["vknorm", "stock"])
+def test_vulkan_extracts_reuse_the_nets_command_buffers_and_give_what_fresh_nets_give(vknorm):
+    """ncnn's own extract makes a command pool, buffer and fence every time; a Vulkan Net keeps them for its next
+    extracts (from any of its extractors, threads too), and every result is the one a fresh net gives."""
+    import threading
+
+    param, binp = (os.path.join(graph_runs.DATA, f"transformer_block.ncnn.{ext}") for ext in ("param", "bin"))
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((16, 64)).astype(np.float32) for _ in range(3)]
+
+    def loaded(vulkan=True):
+        net = graph.configure(graph.Net(vknorm=vknorm), vulkan=vulkan)
+        assert net.load_param(param) == 0 and net.load_model(binp) == 0
+        return net
+
+    def run(net, x, blob="out0"):
+        ex = net.create_extractor()
+        assert ex.input("in0", graph.Mat(x)) == 0
+        r, m = ex.extract(blob)
+        assert r == 0
+        return np.array(m)
+
+    want = [run(loaded(), x) for x in xs]  # each from a net of its own: one extract each
+    net = loaded()
+    for i in range(7):
+        assert np.array_equal(run(net, xs[i % 3]), want[i % 3]), i
+    counters = net.vknorm_counters()
+    assert (counters["command_buffers_made"], counters["command_buffers_reused"]) == (1, 6)
+
+    # Several extracts of one extractor (light mode off: the intermediates stay), then another extractor.
+    ex = net.create_extractor()
+    ex.set_light_mode(False)
+    ex.input("in0", graph.Mat(xs[1]))
+    assert ex.extract("3")[0] == 0 and np.array_equal(np.array(ex.extract("out0")[1]), want[1])
+    assert np.array_equal(run(net, xs[2]), want[2])
+
+    wrong = []
+
+    def extracts(t):
+        for i in range(6):
+            if not np.array_equal(run(net, xs[(t + i) % 3]), want[(t + i) % 3]):
+                wrong.append((t, i))
+
+    threads = [threading.Thread(target=extracts, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    counters = net.vknorm_counters()
+    assert not wrong
+    assert counters["command_buffers_made"] <= 1 + 4  # at most one more per thread extracting at once
+    assert counters["command_buffers_made"] + counters["command_buffers_reused"] == 7 + 3 + 24
+
+    cpu = loaded(vulkan=False)  # nothing to record on the host
+    run(cpu, xs[0])
+    assert (cpu.vknorm_counters()["command_buffers_made"], cpu.vknorm_counters()["command_buffers_reused"]) == (0, 0)
+
+
 def test_load_param_mem_refuses_what_load_param_refuses(tmp_path):
     """A garbled text, and a fused model in a net without vknorm's layers (naming the line and the layer)."""
     fused_text = graph._graph.fuse_param(open(os.path.join(graph_runs.DATA, "transformer_block.ncnn.param")).read())[0]
