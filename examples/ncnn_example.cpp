@@ -4,7 +4,8 @@
 // the program changes.
 //
 // Usage:
-//   ncnn_example MODEL.param MODEL.bin DIMS [--stock] [--fp16] [--cpu] [--fuse] [--out FILE] [--dump-input FILE]
+//   ncnn_example MODEL.param MODEL.bin DIMS [--stock] [--fp16] [--cpu] [--fuse] [--runner] [--repeat N]
+//                [--out FILE] [--dump-input FILE]
 //
 //   DIMS          the shape of the input blob "in0" in numpy order, batch dropped: W, HxW, CxHxW or
 //                 CxDxHxW (e.g. 197x768 -> h=197 w=768; 32x14x14 -> c=32 h=14 w=14)
@@ -14,6 +15,10 @@
 //   --cpu         opt.use_vulkan_compute off: ncnn's CPU layers (vknorm's layers run ncnn's own CPU layers)
 //   --fuse        load the .param through vknorm::ncnn::load_param_fused: add -> norm -> activation fused
 //                 into vknorm's layers (not with --stock)
+//   --runner      extract through a vknorm::ncnn::Runner, which keeps one command buffer for every inference
+//                 (ncnn's Extractor::extract makes and destroys a command pool, buffer and fence each call)
+//   --repeat N    N inferences, an extractor each (default 1); each output must equal the first bit for bit.
+//                 Prints the median wall time per inference (and with --runner the command buffers it made).
 //   --out FILE    write the output blob "out0" as raw little-endian float32 in numpy order
 //   --dump-input FILE  write the input as raw float32 in numpy order (to check the pattern below)
 //
@@ -39,6 +44,8 @@
 
 #include <vknorm/ncnn.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -46,6 +53,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -55,13 +63,14 @@ namespace {
 struct Args {
   std::string param_path, bin_path, out_path, input_path;
   std::vector<int> dims;  // numpy order
-  bool stock = false, fp16 = false, cpu = false, fuse = false;
+  bool stock = false, fp16 = false, cpu = false, fuse = false, runner = false;
+  int repeat = 1;
 };
 
 [[noreturn]] void usage_error(const std::string& why) {
   std::cerr << "ncnn_example: " << why << "\n"
-            << "usage: ncnn_example MODEL.param MODEL.bin DIMS [--stock] [--fuse] [--fp16] [--cpu] [--out FILE]"
-               " [--dump-input FILE]\n"
+            << "usage: ncnn_example MODEL.param MODEL.bin DIMS [--stock] [--fuse] [--fp16] [--cpu] [--runner]"
+               " [--repeat N] [--out FILE] [--dump-input FILE]\n"
                "  DIMS: numpy order, batch dropped, e.g. 197x768 (h, w) or 32x14x14 (c, h, w)\n";
   std::exit(2);
 }
@@ -93,6 +102,14 @@ Args parse_args(int argc, char** argv) {
     else if (s == "--fp16") a.fp16 = true;
     else if (s == "--cpu") a.cpu = true;
     else if (s == "--fuse") a.fuse = true;
+    else if (s == "--runner") a.runner = true;
+    else if (s == "--repeat") {
+      const std::string v = value();
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 1 || n > 1000000) usage_error("--repeat needs a count from 1 to 1000000, got '" + v + "'");
+      a.repeat = int(n);
+    }
     else if (s == "--out") a.out_path = value();
     else if (s == "--dump-input") a.input_path = value();
     else if (s == "-h" || s == "--help") usage_error("help");
@@ -238,23 +255,41 @@ int run(const Args& a) {
 
   std::vector<int> shape;
   std::vector<float> y;
-  {
-    ncnn::Extractor ex = net.create_extractor();
+  std::optional<vknorm::ncnn::Runner> runner;
+  if (a.runner) runner.emplace(net);
+  std::vector<double> ms;
+  for (int i = 0; i < a.repeat; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    ncnn::Extractor ex = runner ? runner->create_extractor() : net.create_extractor();
     if (int r = ex.input("in0", in)) {
       std::cerr << "ncnn_example: input in0 failed (" << r << ")\n";
       return 1;
     }
     ncnn::Mat out;
-    if (int r = ex.extract("out0", out)) {
+    if (int r = runner ? runner->extract(ex, "out0", out) : ex.extract("out0", out)) {
       std::cerr << "ncnn_example: extract out0 failed (" << r << ")\n";
       return 1;
     }
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
     if (out.empty() || out.elempack != 1 || out.elemsize != 4) {
       std::cerr << "ncnn_example: out0 is not an elempack-1 float32 blob (elempack " << out.elempack << ", elemsize "
                 << out.elemsize << ")\n";
       return 1;
     }
-    y = from_mat(out, shape);
+    std::vector<float> yi = from_mat(out, shape);
+    if (i > 0 && (yi.size() != y.size() || std::memcmp(yi.data(), y.data(), y.size() * sizeof(float)) != 0)) {
+      std::cerr << "ncnn_example: inference " << i + 1 << " gave another out0 than the first\n";
+      return 1;
+    }
+    y = std::move(yi);
+  }
+  if (a.repeat > 1 || runner) {
+    std::sort(ms.begin(), ms.end());
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.3f", ms[ms.size() / 2]);
+    std::cout << "inferences: " << a.repeat << ", median " << buf << " ms each, every output identical";
+    if (runner) std::cout << "; runner command buffers made: " << runner->command_buffers_made();
+    std::cout << "\n";
   }
 
   // Per layer: how it ran and the pipelines (shader variant / specialization constants) it made.

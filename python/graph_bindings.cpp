@@ -599,12 +599,8 @@ int reserve_upload(const Extractor& e, const ::ncnn::Mat& in) {
   return 0;
 }
 
-// ncnn's extract records the output's download into a staging buffer it allocates inside record_download,
-// and dereferences that allocation when it fails: a crash on a discrete GPU (its blobs are not host-visible,
-// so every output goes through staging) when device memory runs out there. Here the forward is recorded
-// first, the download's destination is allocated and freed into the allocator that record_download takes
-// it from (which keeps it and hands it back), and only then is the download recorded: memory running out
-// is ncnn's -100. What ncnn's extract does to the downloaded Mat follows (unpacking, bfloat16 and int8 casts).
+// The extract recorded into a command buffer the net kept (RecycledCommands), given back once its submission
+// completed; dropped on every other way out (half recorded, or pending on a lost device).
 int extract_reserving_download(Extractor& e, const std::string& name, ::ncnn::Mat& out) {
   // A blob given with input() (an Input, or an intermediate set by hand) is on the host already: ncnn hands it
   // back as given (its device copy may be an older value, made before the input() call).
@@ -614,53 +610,10 @@ int extract_reserving_download(Extractor& e, const std::string& name, ::ncnn::Ma
   ::ncnn::Option opt = e.owner->net.opt;
   opt.blob_vkallocator = opt.workspace_vkallocator = e.allocators->blob;
   opt.staging_vkallocator = e.allocators->staging;
-  // Taken from the net's recycled ones and given back once its submission completed; dropped on every other way out.
-  std::unique_ptr<::ncnn::VkCompute> recycled = e.owner->commands.take(vkdev);
-  ::ncnn::VkCompute& cmd = *recycled;
-  ::ncnn::VkMat gpu;
-  if (int r = e.ex->extract(name.c_str(), gpu, cmd)) return r;
-  if (gpu.empty()) return e.ex->extract(name.c_str(), out);  // not a Vulkan blob: ncnn's own path
-  // record_download's destination: elempack 4 where the packing option allows, cast to float32 on all but
-  // discrete GPUs, int8 kept as int8; from the staging allocator unless blobs are host-visible and cached.
-  const int outer = gpu.dims == 1 ? gpu.w : gpu.dims == 2 ? gpu.h : gpu.c;
-  const int pack = opt.use_packing_layout && (outer * gpu.elempack) % 4 == 0 ? 4 : 1;
-  size_t elemsize = gpu.elemsize / gpu.elempack * pack;
-  if (vkdev->info.type() != 0 && gpu.elemsize != size_t(gpu.elempack)) elemsize = 4u * pack;
-  ::ncnn::VkAllocator* dst_allocator =
-      opt.blob_vkallocator->mappable && opt.blob_vkallocator->cached ? opt.blob_vkallocator : opt.staging_vkallocator;
-  {
-    ::ncnn::VkMat reserve;
-    const int n = outer * gpu.elempack / pack;
-    if (gpu.dims == 1) reserve.create(n, elemsize, pack, dst_allocator);
-    if (gpu.dims == 2) reserve.create(gpu.w, n, elemsize, pack, dst_allocator);
-    if (gpu.dims == 3) reserve.create(gpu.w, gpu.h, n, elemsize, pack, dst_allocator);
-    if (gpu.dims == 4) reserve.create(gpu.w, gpu.h, gpu.d, n, elemsize, pack, dst_allocator);
-    if (reserve.empty()) {
-      NCNN_LOGE("vknorm.graph: out of device memory downloading %s (%zu bytes)", name.c_str(), gpu.total() * gpu.elemsize);
-      return -100;
-    }
-  }
-  ::ncnn::Mat host;
-  cmd.record_download(gpu, host, opt);
-  if (int r = cmd.submit_and_wait()) return r;
-  e.owner->commands.give_back(std::move(recycled), vkdev);
-  if (opt.use_packing_layout && host.elempack != 1) {
-    ::ncnn::Mat unpacked;
-    ::ncnn::convert_packing(host, unpacked, 1, opt);
-    host = unpacked;
-  }
-  if (opt.use_bf16_storage && host.elembits() == 16) {
-    ::ncnn::Mat f32;
-    ::ncnn::cast_bfloat16_to_float32(host, f32, opt);
-    host = f32;
-  } else if (host.elembits() == 8) {
-    ::ncnn::Mat f32;
-    ::ncnn::cast_int8_to_float32(host, f32, opt);
-    host = f32;
-  }
-  if (host.empty()) return -100;
-  out = host;
-  return 0;
+  std::unique_ptr<::ncnn::VkCompute> cmd = e.owner->commands.take(vkdev);
+  const int r = vknorm::ncnn::extract_recorded(*e.ex, name.c_str(), out, *cmd, opt);
+  if (r == 0) e.owner->commands.give_back(std::move(cmd), vkdev);
+  return r;
 }
 
 // Runs f with the net held shared, then the extractor, the GIL released (so no thread waits for either while

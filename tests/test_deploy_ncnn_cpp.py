@@ -132,7 +132,8 @@ CONTRACTS_BUILD = os.path.join(ROOT, "build", "cxx-ncnn-contracts")
 def test_ncnn_layer_contracts_hold(installed):
     """tests/cpp/ncnn_contracts.cpp against the install and this ncnn: a float16 blob reaching a layer's CPU forward
     (a layer kept off Vulkan by featmask bit 4 in a Vulkan net, on a discrete GPU) gives the float32 result of the
-    same values, bit for bit, for each norm and the fused add."""
+    same values, bit for bit, for each norm and the fused add; vknorm::ncnn::Runner gives what ncnn's extract
+    gives from one command buffer (Vulkan float32 and float16, CPU), an input as given, -1 for an unknown blob."""
     env = cmake_env()
     run(["cmake", "-S", os.path.join(ROOT, "tests", "cpp"), "-B", CONTRACTS_BUILD, *generator_args(CONTRACTS_BUILD),
          f"-DCMAKE_PREFIX_PATH={installed}", f"-Dncnn_DIR={NCNN_DIR}", "-DVKNORM_CPP_TESTS_NCNN=ON"],
@@ -140,7 +141,7 @@ def test_ncnn_layer_contracts_hold(installed):
     run(["cmake", "--build", CONTRACTS_BUILD, "--target", "ncnn_contracts"], "build ncnn_contracts", env=env)
     proc = launch(os.path.join(CONTRACTS_BUILD, "ncnn_contracts"), [])
     lines = proc.stdout.strip().splitlines()
-    assert proc.returncode == 0 and len(lines) == 5 and all(l.startswith("ok: ") for l in lines), \
+    assert proc.returncode == 0 and len(lines) == 11 and all(l.startswith("ok: ") for l in lines), \
         proc.stdout + proc.stderr[-2000:]
 
 
@@ -385,10 +386,34 @@ def test_cpu_forward_matches_stock_cpu(cxx_runs, model):
     assert err <= CPU_TOL, (model, err)
 
 
+@pytest.mark.parametrize("flags", [["--fuse"], ["--fuse", "--fp16"], ["--stock"], ["--cpu"]],
+                         ids=["fused_fp32", "fused_fp16", "stock_fp32", "vknorm_cpu"])
+def test_a_runner_keeps_one_command_buffer_and_gives_what_ncnns_extract_gives(example, cxx_runs, tmp_path, flags):
+    """vknorm::ncnn::Runner: repeated inferences, an extractor each, through one kept command buffer (none on the
+    CPU), every output the single ncnn-extract run's bit for bit; under the validation layer."""
+    model, dims = "transformer_block", MODELS["transformer_block"]
+    param, binp = model_files(model)
+    log, out = tmp_path / "validation.log", tmp_path / "out.bin"
+    env = graph_runs.validated_env(str(log), str(tmp_path))
+    env.pop("VKNORM_VALIDATION", None)
+    proc = launch(example, [param, binp, "x".join(map(str, dims)), *flags, "--runner", "--repeat", "4",
+                            "--out", str(out)], env=env)
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("OK"), proc.stdout + proc.stderr[-3000:]
+    made = 0 if "--cpu" in flags else 1
+    assert re.search(rf"^inferences: 4, median [0-9.]+ ms each, every output identical; runner command buffers "
+                     rf"made: {made}$", proc.stdout, re.M), proc.stdout
+    single = {"--fuse": "fused", "--stock": "stock", "--cpu": "vknorm"}[flags[0]] + \
+        ("_cpu" if "--cpu" in flags else "_fp16" if "--fp16" in flags else "_fp32")
+    assert np.array_equal(np.fromfile(out, np.float32), cxx_runs[(model, single)]["out"])
+    if "--cpu" not in flags:
+        assert log.exists() and log.read_text() == ""
+
+
 def test_errors_give_nonzero_exit_codes(example, tmp_path):
     param, binp = model_files("transformer_block")
     bad_args = [[], [param, binp], [param, binp, "16x0"], [param, binp, "1x2x3x4x5"], [param, binp, "16x64", "--nope"],
-                [str(tmp_path / "missing.param"), binp, "16x64"]]
+                [str(tmp_path / "missing.param"), binp, "16x64"], [param, binp, "16x64", "--repeat", "0"],
+                [param, binp, "16x64", "--repeat", "2x"], [param, binp, "16x64", "--repeat"]]
     for args in bad_args:
         proc = launch(example, args, timeout=60)
         assert proc.returncode == 2, (args, proc.returncode, proc.stderr)

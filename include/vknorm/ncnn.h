@@ -18,9 +18,17 @@
 
 #include "vknorm/norm.h"
 
+#include <memory>
+
 namespace ncnn {
 class Net;
 class Layer;
+class Extractor;
+class Mat;
+class Option;
+class VkCompute;
+class VkAllocator;
+class VulkanDevice;
 }  // namespace ncnn
 
 namespace vknorm {
@@ -103,6 +111,53 @@ struct LayerInfo {
   std::vector<std::string> pipelines;  // "<variant>/<specialization...>" of each pipeline made
 };
 bool describe_layer(const ::ncnn::Layer* layer, LayerInfo& out);
+
+// ---- Inference without a command pool per extract ---------------------------------------------------------
+// ncnn's Extractor::extract(name, Mat&) on a Vulkan net makes a command pool, its command buffer and a fence for
+// the call and destroys them after: 0.4-0.6 ms on an H200's driver, most of what a small model's inference costs
+// there. A Runner keeps one set, reset between extracts:
+//
+//   vknorm::ncnn::Runner runner(net);               // after load_model; one per thread, as an Extractor
+//   for (...) {
+//     ncnn::Extractor ex = runner.create_extractor();
+//     ex.input("in0", in);
+//     ncnn::Mat out;
+//     int r = runner.extract(ex, "out0", out);      // what ex.extract("out0", out) gives
+//   }
+//
+// In a CPU net (no Vulkan device) both are ncnn's own. The net must outlive the Runner.
+class Runner {
+ public:
+  explicit Runner(const ::ncnn::Net& net);
+  ~Runner();
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+  // The net's extractor, its device blobs and staging memory from this Runner's allocators (ncnn's Extractor
+  // takes a pair of its device's for each extractor).
+  ::ncnn::Extractor create_extractor() const;
+  // ex.extract(blob, out) recorded into the kept command buffer: out is float32, elempack 1, as ncnn's. An Input
+  // blob goes through ncnn's own extract (given with input(), it comes back as given). ncnn's return codes; after
+  // a failure the command buffer is dropped and the next extract makes another.
+  int extract(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out);
+  // Command buffers made so far: 1 after any number of Vulkan extracts that succeeded.
+  uint64_t command_buffers_made() const { return made_; }
+
+ private:
+  const ::ncnn::Net& net_;
+  const ::ncnn::VulkanDevice* vkdev_ = nullptr;  // null in a CPU net
+  ::ncnn::VkAllocator* blob_allocator_ = nullptr;
+  ::ncnn::VkAllocator* staging_allocator_ = nullptr;
+  std::unique_ptr<::ncnn::VkCompute> cmd_;
+  uint64_t made_ = 0;
+};
+
+// What Runner::extract does with a command buffer of the caller's: ex.extract(blob, VkMat, cmd), the download
+// recorded into cmd, submitted and waited for, then unpacked and cast to float32 as ncnn's extract does. cmd is
+// not reset. opt: the net's options with the VkAllocators the extractor was given (blob_vkallocator,
+// workspace_vkallocator, staging_vkallocator). A blob ncnn computes on the host comes from ncnn's own extract.
+// Device memory running out for the download is ncnn's -100 (ncnn's own extract crashes there).
+int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
+                     const ::ncnn::Option& opt);
 
 }  // namespace ncnn
 }  // namespace vknorm

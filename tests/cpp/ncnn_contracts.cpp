@@ -3,6 +3,10 @@
 //   - the CPU forward takes a float16 blob as ncnn hands it to a layer kept off Vulkan (featmask bit 4) inside a
 //     Vulkan net on a discrete GPU (downloaded as stored; ncnn casts it only on ARM and RISC-V), and gives
 //     exactly what it gives for the same values in float32 -- each norm, and the fused add.
+//   - vknorm::ncnn::Runner gives what ncnn's Extractor::extract gives, bit for bit (Vulkan, float32 and float16
+//     storage; CPU), from one command buffer for all its extracts; an Input blob given with input() comes back as
+//     given; an unknown blob is ncnn's -1.
+#include <gpu.h>
 #include <mat.h>
 #include <net.h>
 #include <vknorm/ncnn.h>
@@ -78,6 +82,49 @@ void float16_input_like_float32(const std::string& what, const std::string& line
                  ", " + std::to_string(r32) + ")");
 }
 
+void runner_like_ncnns_extract(bool vulkan, bool fp16) {
+  const std::string what = std::string("Runner, ") + (vulkan ? fp16 ? "Vulkan float16" : "Vulkan float32" : "CPU");
+  ::ncnn::Net net;
+  net.opt.use_vulkan_compute = vulkan;
+  net.opt.use_fp16_storage = net.opt.use_fp16_packed = fp16;
+  net.opt.use_fp16_arithmetic = false;
+  vknorm::ncnn::register_layers(net);
+  const char* param = "7767517\n3 3\nInput in 0 1 x\nLayerNorm n 1 1 x y 0=4 1=0.001 2=1\nReLU r 1 1 y z\n";
+  std::vector<float> w(8);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f + 0.1f * float(i);
+  if (net.load_param_mem(param) != 0 || net.load_model(reinterpret_cast<const unsigned char*>(w.data())) <= 0)
+    return report(false, what + ": the net did not load");
+  if (vulkan && !net.vulkan_device()) return report(false, what + ": no Vulkan device");
+  const ::ncnn::Mat x = wave(4, 5, 6, 0.3f);
+  ::ncnn::Mat want;
+  {
+    ::ncnn::Extractor ex = net.create_extractor();
+    ex.input("x", x);
+    ex.extract("z", want);
+  }
+  vknorm::ncnn::Runner runner(net);
+  bool same = true;
+  int r = 0;
+  for (int i = 0; i < 3; ++i) {
+    ::ncnn::Extractor ex = runner.create_extractor();
+    ex.input("x", x);
+    ::ncnn::Mat got;
+    r |= runner.extract(ex, "z", got);
+    same = same && same_bits(got, want);
+  }
+  report(r == 0 && same && runner.command_buffers_made() == (vulkan ? 1u : 0u),
+         what + ": three extracts give ncnn's extract bit for bit (returns " + std::to_string(r) +
+             ", command buffers made " + std::to_string(runner.command_buffers_made()) + ")");
+  ::ncnn::Extractor ex = runner.create_extractor();
+  ex.input("x", x);
+  ::ncnn::Mat given, none;
+  const int r_given = runner.extract(ex, "x", given);
+  const int r_none = runner.extract(ex, "no_such_blob", none);
+  report(r_given == 0 && same_bits(given, x) && r_none == -1 && none.empty(),
+         what + ": the given input comes back as given (returns " + std::to_string(r_given) +
+             "), an unknown blob is -1 (returns " + std::to_string(r_none) + ")");
+}
+
 }  // namespace
 
 int main() {
@@ -87,5 +134,9 @@ int main() {
   float16_input_like_float32("InstanceNorm", "InstanceNorm n 1 1 x0 y 0=6 1=0.001 2=1", 1, 1, 6);
   float16_input_like_float32("fused add + LayerNorm + GELU, sum written",
                              "vknorm.LayerNorm n 2 2 x0 x1 y s 0=4 1=0.001 2=1 9=8 20=2", 2, 2, 4);
+  runner_like_ncnns_extract(true, false);
+  runner_like_ncnns_extract(true, true);
+  runner_like_ncnns_extract(false, false);
+  ::ncnn::destroy_gpu_instance();  // the nets are gone: before static destruction
   return failures ? 1 : 0;
 }

@@ -1,0 +1,112 @@
+// Extracting from a Vulkan ncnn net into a command buffer that is kept (include/vknorm/ncnn.h: Runner,
+// extract_recorded).
+#include <ncnn/command.h>
+#include <ncnn/gpu.h>
+#include <ncnn/net.h>
+
+#include "vknorm/ncnn.h"
+
+namespace vknorm {
+namespace ncnn {
+
+int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
+                     const ::ncnn::Option& opt) {
+  ::ncnn::VkMat gpu;
+  if (int r = ex.extract(blob, gpu, cmd)) return r;
+  if (gpu.empty()) return ex.extract(blob, out);  // not a Vulkan blob: ncnn's own path
+  // record_download's destination: elempack 4 where the packing option allows, cast to float32 on all but
+  // discrete GPUs, int8 kept as int8; from the staging allocator unless blobs are host-visible and cached.
+  // ncnn allocates it inside record_download and dereferences a failed allocation (a crash on a discrete GPU,
+  // where every output goes through staging): allocated and freed here first, into the allocator that keeps
+  // it and hands it back to record_download, running out is -100 instead.
+  const ::ncnn::VulkanDevice* vkdev = opt.blob_vkallocator->vkdev;
+  const int outer = gpu.dims == 1 ? gpu.w : gpu.dims == 2 ? gpu.h : gpu.c;
+  const int pack = opt.use_packing_layout && (outer * gpu.elempack) % 4 == 0 ? 4 : 1;
+  size_t elemsize = gpu.elemsize / gpu.elempack * pack;
+  if (vkdev->info.type() != 0 && gpu.elemsize != size_t(gpu.elempack)) elemsize = 4u * pack;
+  ::ncnn::VkAllocator* dst_allocator =
+      opt.blob_vkallocator->mappable && opt.blob_vkallocator->cached ? opt.blob_vkallocator : opt.staging_vkallocator;
+  {
+    ::ncnn::VkMat reserve;
+    const int n = outer * gpu.elempack / pack;
+    if (gpu.dims == 1) reserve.create(n, elemsize, pack, dst_allocator);
+    if (gpu.dims == 2) reserve.create(gpu.w, n, elemsize, pack, dst_allocator);
+    if (gpu.dims == 3) reserve.create(gpu.w, gpu.h, n, elemsize, pack, dst_allocator);
+    if (gpu.dims == 4) reserve.create(gpu.w, gpu.h, gpu.d, n, elemsize, pack, dst_allocator);
+    if (reserve.empty()) {
+      NCNN_LOGE("vknorm: out of device memory downloading %s (%zu bytes)", blob, gpu.total() * gpu.elemsize);
+      return -100;
+    }
+  }
+  ::ncnn::Mat host;
+  cmd.record_download(gpu, host, opt);
+  if (int r = cmd.submit_and_wait()) return r;
+  // What ncnn's extract does to the downloaded Mat: unpacking, bfloat16 and int8 casts.
+  if (opt.use_packing_layout && host.elempack != 1) {
+    ::ncnn::Mat unpacked;
+    ::ncnn::convert_packing(host, unpacked, 1, opt);
+    host = unpacked;
+  }
+  if (opt.use_bf16_storage && host.elembits() == 16) {
+    ::ncnn::Mat f32;
+    ::ncnn::cast_bfloat16_to_float32(host, f32, opt);
+    host = f32;
+  } else if (host.elembits() == 8) {
+    ::ncnn::Mat f32;
+    ::ncnn::cast_int8_to_float32(host, f32, opt);
+    host = f32;
+  }
+  if (host.empty()) return -100;
+  out = host;
+  return 0;
+}
+
+Runner::Runner(const ::ncnn::Net& net) : net_(net) {
+  if (!net.opt.use_vulkan_compute || !net.vulkan_device()) return;
+  vkdev_ = net.vulkan_device();
+  blob_allocator_ = vkdev_->acquire_blob_allocator();
+  staging_allocator_ = vkdev_->acquire_staging_allocator();
+}
+
+Runner::~Runner() {
+  cmd_.reset();  // before its memory's allocators go back
+  if (!vkdev_) return;
+  vkdev_->reclaim_blob_allocator(blob_allocator_);
+  vkdev_->reclaim_staging_allocator(staging_allocator_);
+}
+
+::ncnn::Extractor Runner::create_extractor() const {
+  ::ncnn::Extractor ex = net_.create_extractor();
+  if (vkdev_) {
+    ex.set_blob_vkallocator(blob_allocator_);
+    ex.set_workspace_vkallocator(blob_allocator_);
+    ex.set_staging_vkallocator(staging_allocator_);
+  }
+  return ex;
+}
+
+int Runner::extract(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out) {
+  int producer = -1;
+  bool known = false;
+  for (const ::ncnn::Blob& b : net_.blobs())
+    if (b.name == blob) {
+      known = true;
+      producer = b.producer;
+    }
+  const bool input = producer >= 0 && producer < int(net_.layers().size()) && net_.layers()[size_t(producer)]->type == "Input";
+  if (!vkdev_ || !known || input) return ex.extract(blob, out);  // ncnn's own: no recording (or its error)
+  if (!cmd_) {
+    cmd_ = std::make_unique<::ncnn::VkCompute>(vkdev_);
+    ++made_;
+  }
+  ::ncnn::Option opt = net_.opt;
+  opt.blob_vkallocator = opt.workspace_vkallocator = blob_allocator_;
+  opt.staging_vkallocator = staging_allocator_;
+  const int r = extract_recorded(ex, blob, out, *cmd_, opt);
+  // After a failure it may be half recorded, or pending on a lost device: not reused.
+  if (r != 0 || cmd_->reset() != 0) cmd_.reset();
+  return r;
+}
+
+}  // namespace ncnn
+}  // namespace vknorm
