@@ -17,6 +17,8 @@
 set -uo pipefail
 [ -f /tmp/vknorm-site/vknorm/__init__.py ] || bash tools/gpu_build.sh || exit 1
 export PYTHONPATH=/tmp/vknorm-site:${PYTHONPATH:-} VKNORM_CACHE=/tmp/vkcache VKNORM_VALIDATION=1
+# the build tree tools/gpu_build.sh left: tests/test_deploy_spirv.py checks its SPIR-V and build rules there
+export VKNORM_BUILD_DIR=${VKNORM_BUILD_DIR:-/tmp/vknorm-build}
 layer_deb=$(ls .gpu/layer/vulkan-validationlayers_*.deb 2>/dev/null | tail -1)
 if [ -n "$layer_deb" ]; then
   dpkg -x "$layer_deb" /tmp/vklayer
