@@ -691,6 +691,82 @@ def test_vulkan_extracts_reuse_the_nets_command_buffers_and_give_what_fresh_nets
     assert (cpu.vknorm_counters()["command_buffers_made"], cpu.vknorm_counters()["command_buffers_reused"]) == (0, 0)
 
 
+LAYERNORM_RELU = "7767517\n3 3\nInput in 0 1 x\nLayerNorm n 1 1 x y 0=4 1=0.001 2=1\nReLU r 1 1 y z\n"
+
+
+def small_net(tmp_path, param, weights, vulkan=True):
+    """A Net from a .param text and its weights (float32), options as vknorm's tools set them."""
+    binp = tmp_path / "weights.bin"
+    binp.write_bytes(np.asarray(weights, np.float32).tobytes())
+    net = graph.configure(graph.Net(), vulkan=vulkan)
+    assert net.load_param_mem(param) == 0 and net.load_model(str(binp)) == 0
+    return net
+
+
+def extract_once(net, x, blob="z"):
+    ex = net.create_extractor()
+    assert ex.input("x", graph.Mat(x)) == 0
+    r, m = ex.extract(blob)
+    return r, (np.array(m) if r == 0 else None)
+
+
+def test_a_command_buffer_whose_extract_failed_is_dropped_and_the_next_extract_makes_one(tmp_path):
+    """An extract that fails inside the recorded forward (here: an input whose rows do not match the
+    LayerNorm's affine size, -1) may leave its command buffer half recorded: the Net never hands that one out
+    again. The next extract makes a new one and gives what it gave before the failure, bit for bit."""
+    net = small_net(tmp_path, LAYERNORM_RELU, 0.5 + 0.1 * np.arange(8))
+    x = np.linspace(-2, 2, 6 * 5 * 4, dtype=np.float32).reshape(6, 5, 4)
+    r, want = extract_once(net, x)
+    assert r == 0
+    counts = lambda: (net.vknorm_counters()["command_buffers_made"], net.vknorm_counters()["command_buffers_reused"])
+    assert counts() == (1, 0)
+    assert extract_once(net, np.ones((6, 5, 5), np.float32))[0] == -1  # took the kept one, and failed
+    assert counts() == (1, 1)
+    r, got = extract_once(net, x)
+    assert r == 0 and np.array_equal(got, want)
+    assert counts() == (2, 1)  # a new one: the failed extract's was not given back
+    r, got = extract_once(net, x)
+    assert r == 0 and np.array_equal(got, want) and counts() == (2, 2)
+
+
+@pytest.mark.parametrize("value,kept", [("1", False), ("yes", False), ("0", True), ("", True)])
+def test_fresh_command_buffers_knob_makes_one_for_every_extract(tmp_path, monkeypatch, value, kept):
+    """VKNORM_TUNE_FRESH_COMMAND_BUFFERS (a measurement knob, read at each extract): set to anything but "" or
+    "0", no command buffer is kept, one is made for every extract as in ncnn's own extract; the results are the
+    same either way, bit for bit."""
+    net = small_net(tmp_path, LAYERNORM_RELU, 0.5 + 0.1 * np.arange(8))
+    x = np.linspace(-2, 2, 6 * 5 * 4, dtype=np.float32).reshape(6, 5, 4)
+    monkeypatch.delenv("VKNORM_TUNE_FRESH_COMMAND_BUFFERS", raising=False)
+    r, want = extract_once(net, x)
+    assert r == 0
+    monkeypatch.setenv("VKNORM_TUNE_FRESH_COMMAND_BUFFERS", value)
+    outs = [extract_once(net, x) for _ in range(3)]
+    assert all(r == 0 and np.array_equal(got, want) for r, got in outs)
+    c = net.vknorm_counters()
+    # the first extract (knob unset) kept its buffer: the next one reuses it either way
+    assert (c["command_buffers_made"], c["command_buffers_reused"]) == ((1, 3) if kept else (3, 1))
+
+
+@pytest.mark.parametrize("vknorm", [True, False], ids=["vknorm", "stock"])
+def test_an_int8_blob_from_a_vulkan_net_comes_back_as_float32_as_from_a_cpu_net(tmp_path, vknorm):
+    """ncnn's Quantize runs on the host inside a Vulkan net and gives an int8 blob, which ncnn uploads and the
+    extract downloads as int8: it comes back cast to float32 (ncnn's extract does the same), the quantized
+    values the CPU net gives, exactly (integers)."""
+    param = "7767517\n2 2\nInput in 0 1 x\nQuantize q 1 1 x y 0=1\n"
+    x = ((np.arange(2 * 3 * 8, dtype=np.float32) - 20) / 7).reshape(2, 3, 8)
+    outs = []
+    for vulkan in (False, True):
+        binp = tmp_path / "scale.bin"
+        binp.write_bytes(np.float32(10.0).tobytes())  # scale: x * 10, rounded, clamped to [-127, 127]
+        net = graph.configure(graph.Net(vknorm=vknorm), vulkan=vulkan)
+        assert net.load_param_mem(param) == 0 and net.load_model(str(binp)) == 0
+        r, y = extract_once(net, x, "y")
+        assert r == 0 and y.dtype == np.float32 and y.shape == x.shape
+        outs.append(y)
+    assert np.array_equal(outs[0], np.clip(np.round(x * 10), -127, 127))
+    assert np.array_equal(outs[1], outs[0])
+
+
 def test_load_param_mem_refuses_what_load_param_refuses(tmp_path):
     """A garbled text, and a fused model in a net without vknorm's layers (naming the line and the layer)."""
     fused_text = graph._graph.fuse_param(open(os.path.join(graph_runs.DATA, "transformer_block.ncnn.param")).read())[0]
