@@ -5,7 +5,8 @@
 //     exactly what it gives for the same values in float32 -- each norm, and the fused add.
 //   - vknorm::ncnn::Runner gives what ncnn's Extractor::extract gives, bit for bit (Vulkan, float32 and float16
 //     storage; CPU), from one command buffer for all its extracts; an Input blob given with input() comes back as
-//     given; an unknown blob is ncnn's -1.
+//     given; an unknown blob is ncnn's -1 and costs no command buffer; after a failed extract the next makes a new
+//     command buffer and gives ncnn's result; an int8 blob comes back cast to float32, as from ncnn's extract.
 #include <gpu.h>
 #include <mat.h>
 #include <net.h>
@@ -123,6 +124,63 @@ void runner_like_ncnns_extract(bool vulkan, bool fp16) {
   report(r_given == 0 && same_bits(given, x) && r_none == -1 && none.empty(),
          what + ": the given input comes back as given (returns " + std::to_string(r_given) +
              "), an unknown blob is -1 (returns " + std::to_string(r_none) + ")");
+
+  // Neither of those used the command buffer: the next extract still runs on the first one. Then an extract
+  // that fails in the recorded forward (rows of 5 where the LayerNorm's affine size is 4) drops it: the next
+  // makes another, and gives ncnn's result again.
+  ::ncnn::Mat after_none, after_failure, bad_out;
+  int r_after_none = 0, r_bad = 0, r_after_failure = 0;
+  {
+    ::ncnn::Extractor e = runner.create_extractor();
+    e.input("x", x);
+    r_after_none = runner.extract(e, "z", after_none);
+  }
+  const uint64_t made_after_none = runner.command_buffers_made();
+  {
+    ::ncnn::Extractor e = runner.create_extractor();
+    e.input("x", wave(5, 5, 6, 0.3f));
+    r_bad = runner.extract(e, "z", bad_out);
+  }
+  {
+    ::ncnn::Extractor e = runner.create_extractor();
+    e.input("x", x);
+    r_after_failure = runner.extract(e, "z", after_failure);
+  }
+  const uint64_t made = runner.command_buffers_made();
+  report(r_after_none == 0 && same_bits(after_none, want) && made_after_none == (vulkan ? 1u : 0u) && r_bad != 0 &&
+             r_after_failure == 0 && same_bits(after_failure, want) && made == (vulkan ? 2u : 0u),
+         what + ": an unknown blob costs no command buffer (made " + std::to_string(made_after_none) +
+             "), a failed extract (returns " + std::to_string(r_bad) + ") drops its one and the next extract gives "
+             "ncnn's result from a new one (returns " + std::to_string(r_after_failure) + ", made " +
+             std::to_string(made) + ")");
+}
+
+// An int8 blob (ncnn's Quantize runs on the host inside a Vulkan net; the blob is uploaded as int8 and downloaded as
+// int8) comes back from a Runner cast to float32, as ncnn's extract gives it.
+void runner_casts_int8_blobs_like_ncnns_extract() {
+  const std::string what = "Runner, Vulkan int8 blob";
+  ::ncnn::Net net;
+  net.opt.use_vulkan_compute = true;
+  vknorm::ncnn::register_layers(net);
+  const float scale = 10.f;
+  if (net.load_param_mem("7767517\n2 2\nInput in 0 1 x\nQuantize q 1 1 x y 0=1\n") != 0 ||
+      net.load_model(reinterpret_cast<const unsigned char*>(&scale)) <= 0)
+    return report(false, what + ": the net did not load");
+  if (!net.vulkan_device()) return report(false, what + ": no Vulkan device");
+  const ::ncnn::Mat x = wave(8, 3, 2, 0.1f);
+  ::ncnn::Mat want, got;
+  {
+    ::ncnn::Extractor ex = net.create_extractor();
+    ex.input("x", x);
+    ex.extract("y", want);
+  }
+  vknorm::ncnn::Runner runner(net);
+  ::ncnn::Extractor ex = runner.create_extractor();
+  ex.input("x", x);
+  const int r = runner.extract(ex, "y", got);
+  report(r == 0 && want.elemsize == 4u && same_bits(got, want) && runner.command_buffers_made() == 1u,
+         what + ": float32, ncnn's extract's values bit for bit (returns " + std::to_string(r) + ", elemsize " +
+             std::to_string(got.elemsize) + ")");
 }
 
 }  // namespace
@@ -137,6 +195,7 @@ int main() {
   runner_like_ncnns_extract(true, false);
   runner_like_ncnns_extract(true, true);
   runner_like_ncnns_extract(false, false);
+  runner_casts_int8_blobs_like_ncnns_extract();
   ::ncnn::destroy_gpu_instance();  // the nets are gone: before static destruction
   return failures ? 1 : 0;
 }
