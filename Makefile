@@ -8,7 +8,9 @@ APT_PACKAGES := build-essential cmake libvulkan-dev libvulkan1 glslang-tools spi
                 vulkan-validationlayers vulkan-tools python3-venv
 SOURCES := $(shell find src include shaders cmake python -type f) CMakeLists.txt pyproject.toml
 # ncnn compiled from its pinned source (tools/build_ncnn.sh), cached outside the clone: built once per machine.
-NCNN_PREFIX := $(HOME)/.cache/vknorm/ncnn-1.0.20261020
+# VKNORM_CACHE moves that cache (its sources, build tree and install), as it does for tools/build_ncnn.sh.
+VKNORM_CACHE ?= $(HOME)/.cache/vknorm
+NCNN_PREFIX := $(VKNORM_CACHE)/ncnn-1.0.20261020
 
 .PHONY: demo test setup models clean
 # The main job: the device table; a real ncnn model (a pnnx-made transformer block) checked inside ncnn's

@@ -130,3 +130,17 @@ def test_build_failure_prints_the_log_tail(tmp_path, fake_cmake):
     assert "x.cpp:1: error: it broke" in r.stderr and "it broke" in log.read_text()
     assert "warning: noise" in log.read_text()  # the full build output is kept in the log
     assert not (tmp_path / "prefix" / ".complete").exists()
+
+
+@pytest.mark.parametrize("cache", [None, "/opt/elsewhere/vknorm-cache"])
+def test_make_builds_ncnn_in_the_cache_that_VKNORM_CACHE_names(cache):
+    """`make setup` hands tools/build_ncnn.sh the install prefix inside VKNORM_CACHE (default ~/.cache/vknorm), so
+    the script's sources and build tree and the Makefile's install land in one cache."""
+    env = {k: v for k, v in os.environ.items() if k != "VKNORM_CACHE"}
+    if cache:
+        env["VKNORM_CACHE"] = cache
+    r = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), ".stamps/ncnn"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    expected = f"{cache or Path.home() / '.cache' / 'vknorm'}/ncnn-{VERSION}"
+    assert f'tools/build_ncnn.sh "{expected}"' in r.stdout, r.stdout

@@ -54,9 +54,9 @@ def ncnn_prefix() -> str:
         return os.environ["NCNN_PREFIX"]
     with open(os.path.join(ROOT, "Makefile")) as f:
         m = re.search(r"^NCNN_PREFIX\s*:?=\s*(\S+)", f.read(), re.M)
-    value = m.group(1) if m else "$(HOME)/.cache/vknorm/ncnn-1.0.20261020"
-    if os.environ.get("VKNORM_CACHE"):
-        value = value.replace("$(HOME)/.cache/vknorm", os.environ["VKNORM_CACHE"])
+    value = m.group(1) if m else "$(VKNORM_CACHE)/ncnn-1.0.20261020"
+    cache = os.environ.get("VKNORM_CACHE") or "$(HOME)/.cache/vknorm"
+    value = value.replace("$(VKNORM_CACHE)", cache)
     return value.replace("$(HOME)", os.path.expanduser("~"))
 
 

@@ -75,7 +75,7 @@ def add_parser(sub) -> None:
     p.add_argument("--path", help="force a vknorm path: auto (default)|subgroup|workgroup|split|cooperative "
                    "(one that cannot hold a group falls to the next larger; the report's path says what ran)")
     p.add_argument("--no-packing", action="store_true", help="elempack 1 blobs (default: ncnn's pack4)")
-    p.add_argument("--no-affine", action="store_true", help="layers without gamma/beta (ncnn param 2 affine=0)")
+    p.add_argument("--no-affine", action="store_true", help="layers without gamma/beta (ncnn's affine=0: param 2, GroupNorm's param 3)")
     p.add_argument("--residual", choices=["add", "add+sum"],
                    help="the fused residual add: y = norm(x + r) (3 tensor streams), add+sum also writes x + r "
                         "(4 streams); GB/s and %% copy count every stream; torch runs x + r then the norm")
