@@ -118,6 +118,8 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MAX_PER_UNIT_FULL_TEAMS"))
     caps.cooperative_max_per_unit_full_teams = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_FULL_TEAM_SPILL_ITEMS")) caps.full_team_spill_items = uint32_t(std::atoi(v));
+  if (caps.cpu) caps.few_group_items = 0;  // measured on the H200 only
+  if (const char* v = std::getenv("VKNORM_TUNE_FEW_GROUP_ITEMS")) caps.few_group_items = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE"))
     caps.items_target_cooperative = std::max(1, std::atoi(v));
   // Groups spanning channels, in many chunks: up to 16 on GPUs (plan_dispatch says why); CPU drivers, no more.
@@ -323,6 +325,19 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
     case Path::Auto: {
       if (cooperative_auto && few_large_groups && cooperative(cooperative_auto_workgroups)) return plan;
       uint32_t team = std::min(dev.max_workgroup, team_for_target);
+      // Fewer groups than multiprocessors, per-channel weights, latency-bound: a group per workgroup, each
+      // workgroup on a multiprocessor of its own, where the latency rule's wide team reduces across up to 32
+      // subgroups. The narrowest team down to preferred_workgroup holding the group in few_group_items float32
+      // vec4s each (float16 held as stored: max_items) keeps more loads in flight per invocation and reduces
+      // across fewer subgroups (H200, fp32 / fp16, us: GroupNorm 1280x16x16/32 1024 x 3 5.66 / 512 x 5 4.45 ->
+      // 256 x 10 4.53 / 3.74; 2560x8x8/32 512 x 3 3.98 / 3.70 -> 256 x 5 3.49 / 3.31; 1920x16x16/32 1024 x 4
+      // 6.37 / 512 x 8 4.71 -> 512 x 8 5.32 / 256 x 15 4.27; float32 256 x 15 does not fit the registers). Not
+      // for groups inside pack4 lanes, where narrower teams lost (held float16 teams, below).
+      if (latency_bound && few_groups && g.weights != GroupLayout::ByPosition && !mixed_lanes(g, vec4) &&
+          dev.few_group_items) {
+        const uint32_t most = held ? max_items : dev.few_group_items;
+        while (team / 2 >= dev.preferred_workgroup && items_for(size, team / 2) <= most) team /= 2;
+      }
       // float16 held as stored (H200, 2^25 elements, % of the copy roof): teams of at most max_team_held
       // while max_items each suffice (8192 cols: LayerNorm 41 -> 58 %, RMSNorm 52 -> 62 %: 1024-invocation
       // teams run at their register cap; 16384 cols in 512 x 32 lose: 50 -> 40 %); RMSNorm's small groups in

@@ -9,7 +9,10 @@ GPUs take (measured on an NVIDIA H200, docs/benchmarks) are pinned here on any m
   invocation before the split path; float32 rows keep their plans;
 * RMSNorm's small float16 groups in one subgroup, unless the tensor is latency-bound;
 * GroupNorm/InstanceNorm keep 16 elements per invocation (their few large groups run faster split); a group
-  per workgroup keeps its planes' weights in shared memory in float32 (any storage on CPU drivers).
+  per workgroup keeps its planes' weights in shared memory in float32 (any storage on CPU drivers);
+* fewer such groups than multiprocessors, latency-bound: the narrowest team down to 256 invocations that holds a
+  group in 10 float32 vec4s each (16 float16 held as stored), not the latency rule's wide team; not for groups
+  inside pack4 lanes, nor where the multiprocessor count is unknown, nor on CPU drivers.
 
 The last test runs the held kernels on the real device: holding float16 as stored changes no bit.
 """
@@ -25,7 +28,7 @@ import pytest
 
 from vknorm import _core
 
-from planned import H200_UNKNOWN_RESIDENCY, LAVAPIPE, channels_plan as _channels_plan, no_tuning_knobs, rows_plan as _rows_plan
+from planned import H200 as H200_KNOWN_RESIDENCY, H200_UNKNOWN_RESIDENCY, LAVAPIPE, channels_plan as _channels_plan, no_tuning_knobs, rows_plan as _rows_plan
 
 # The rules below were measured on an H200; these tests pin the fused and split ones (tests/test_cooperative.py
 # the cooperative kernel's, planned where the multiprocessor count is known).
@@ -176,6 +179,34 @@ def test_a_group_per_workgroup_keeps_its_planes_weights_in_shared_memory_float32
     assert not channels_plan("GroupNorm", 1280, 8, 8, 32, False)["plane_weights"]
     assert not rows_plan("LayerNorm", 8192, 4096, False)["plane_weights"]
     assert not channels_plan("InstanceNorm", 512, 7, 7, 512, False)["plane_weights"]
+
+
+def test_few_groups_with_channel_weights_take_the_narrowest_team_holding_10_float32_vec4s_each():
+    # H200, fp32 / fp16, us: GroupNorm 1280x16x16/32 1024 x 3 5.66 / 512 x 5 4.45 -> 256 x 10 4.53 / 3.74;
+    # 2560x8x8/32 512 x 3 3.98 / 3.70 -> 256 x 5 3.49 / 3.31; 1920x16x16/32 1024 x 4 6.37 -> 512 x 8 5.32
+    # (256 x 15 float32 does not fit the registers), float16 512 x 8 4.71 -> 256 x 15 4.27
+    want = {(1280, 16, 16, False): (256, 10), (1280, 16, 16, True): (256, 10), (2560, 8, 8, False): (256, 5),
+            (2560, 8, 8, True): (256, 5), (1920, 16, 16, False): (512, 8), (1920, 16, 16, True): (256, 15)}
+    for (c, h, w, fp16), (team, items) in want.items():
+        p = channels_plan("GroupNorm", c, h, w, 32, fp16, device=H200_KNOWN_RESIDENCY)
+        assert (p["path"], p["team"], p["items"]) == ("workgroup", team, items), (c, h, w, fp16, p)
+    p = channels_plan("InstanceNorm", 64, 64, 64, 64, False, device=H200_KNOWN_RESIDENCY)
+    assert (p["path"], p["team"], p["items"]) == ("workgroup", 512, 8), p
+    # Plans as without the rule elsewhere: groups inside pack4 lanes (320 channels in 32 groups: 10 each), an
+    # unknown multiprocessor count, CPU drivers, and as many groups as multiprocessors (528 channels: 132 items)
+    elsewhere = [("GroupNorm", 320, 16, 16, 32, H200_KNOWN_RESIDENCY), ("GroupNorm", 1280, 16, 16, 32, H200),
+                 ("GroupNorm", 1280, 16, 16, 32, LAVAPIPE), ("InstanceNorm", 528, 24, 24, 528, H200_KNOWN_RESIDENCY)]
+    plans = [channels_plan(op, c, h, w, g, False, device=d) for op, c, h, w, g, d in elsewhere]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VKNORM_TUNE_FEW_GROUP_ITEMS", "0")
+        assert plans == [channels_plan(op, c, h, w, g, False, device=d) for op, c, h, w, g, d in elsewhere]
+    assert plans[1]["team"] == 1024 and plans[2]["team"] <= 64
+
+
+def test_the_few_group_knob_restores_the_wide_teams(monkeypatch):
+    monkeypatch.setenv("VKNORM_TUNE_FEW_GROUP_ITEMS", "0")
+    p = channels_plan("GroupNorm", 1280, 16, 16, 32, False, device=H200_KNOWN_RESIDENCY)
+    assert (p["team"], p["items"]) == (1024, 3), p
 
 
 def test_the_plane_weights_knob_turns_them_off(monkeypatch):
