@@ -22,5 +22,15 @@ def has_graph() -> bool:
     return True
 
 
+def import_graph():
+    """vknorm.graph, or a skip (of the test, or of the module at import) where vknorm was built without ncnn.
+    (pytest.importorskip skips only a missing module: vknorm.graph is there and raises ImportError itself.)"""
+    if not has_graph():
+        pytest.skip("vknorm built without ncnn (make setup builds it)", allow_module_level=True)
+    import vknorm.graph
+
+    return vknorm.graph
+
+
 needs_vulkan = pytest.mark.skipif(not has_vulkan(), reason="no Vulkan device")
 needs_graph = pytest.mark.skipif(not has_graph(), reason="vknorm built without ncnn (make setup builds it)")

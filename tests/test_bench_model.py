@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("vknorm.graph", reason="vknorm built without ncnn (make setup builds it)")
+from availability import import_graph
+
+import_graph()
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 PARAM, BIN = (os.path.join(DATA, "transformer_block.ncnn." + e) for e in ("param", "bin"))

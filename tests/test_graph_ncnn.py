@@ -32,10 +32,11 @@ import pytest
 
 import graph_runs
 import validation_layer
+from availability import import_graph
 
 pytestmark = pytest.mark.timeout(900)
 
-graph = pytest.importorskip("vknorm.graph", reason="vknorm built without ncnn (make setup builds it)")
+graph = import_graph()
 
 
 @pytest.fixture(scope="module")

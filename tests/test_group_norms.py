@@ -16,6 +16,7 @@ import pytest
 
 import vknorm
 from pyncnn_layer import channel_norm_param, run_ncnn_param, vulkan_available
+from availability import import_graph
 from reference import (FP16_TOL, FP32_TOL, LARGE_OFFSET_ABS_TOL, PATHS, channel_count, channel_norm64,
                        make_channel_norm, max_abs_err, scale)
 
@@ -418,7 +419,7 @@ def test_weights_that_are_not_one_dimensional_raise_value_error_naming_the_lengt
 
 def graph_net(tmp_path, line: str, weights: bytes, fp16: bool = False):
     """A vknorm.graph Vulkan net of Input -> one layer; (net, load_param return, load_model return, log)."""
-    graph = pytest.importorskip("vknorm.graph", reason="vknorm built without ncnn")
+    graph = import_graph()
     from vknorm._stdio import quiet_stderr
 
     param, binp = tmp_path / "m.param", tmp_path / "m.bin"
