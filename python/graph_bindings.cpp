@@ -228,6 +228,11 @@ class RecycledCommands {
     }
     return std::make_unique<::ncnn::VkCompute>(vkdev);
   }
+  // Frees the kept ones.
+  void drop() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle_.clear();
+  }
   // How many extracts made a new one, and how many reused one.
   std::pair<uint64_t, uint64_t> counts() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -309,6 +314,7 @@ struct Net {
   }
   void clear() {
     ++generation;
+    commands.drop();  // a cleared net holds nothing on the device (ncnn's instance may go next)
     net.clear();
     fused.clear();
     param_loaded = model_loaded = false;
@@ -554,6 +560,12 @@ struct Extractor {
 
 // The Input blob that `name` depends on and that input() did not set, or "". ncnn's stock layers crash on the
 // empty blob an input left unset becomes (SIGFPE, SIGSEGV); ncnn's CPU net returns -100 there.
+bool has_blob(const ::ncnn::Net& net, const std::string& name) {
+  for (const ::ncnn::Blob& b : net.blobs())
+    if (b.name == name) return true;
+  return false;
+}
+
 std::string missing_input(const ::ncnn::Net& net, const HeldBlobs& held, const std::string& name) {
   const std::vector<::ncnn::Blob>& blobs = net.blobs();
   const std::vector<::ncnn::Layer*>& layers = net.layers();
@@ -654,6 +666,10 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
   std::string why;  // a refused plan's reason
   check_vulkan_process(e.owner->net.opt);
   if (e.stale("extract")) {
+    r = -1;
+  } else if (!has_blob(e.owner->net, name)) {  // ncnn's -1, before anything is recorded: the extractor stays usable
+    NCNN_LOGE("vknorm.graph: extract %s: the net has no blob of that name%s", name.c_str(),
+              e.owner->fuse ? " (a fused net keeps none inside its fused patterns: Net(fuse=False) does)" : "");
     r = -1;
   } else if (e.failed) {
     NCNN_LOGE("vknorm.graph: extract %s: an earlier extract of this extractor failed, leaving ncnn's device "

@@ -86,6 +86,10 @@ Runner::~Runner() {
 }
 
 int Runner::extract(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out) {
+  if (!blob) {
+    NCNN_LOGE("vknorm: Runner::extract: the blob name is null");
+    return -1;
+  }
   int producer = -1;
   bool known = false;
   for (const ::ncnn::Blob& b : net_.blobs())
@@ -95,6 +99,11 @@ int Runner::extract(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out) {
     }
   const bool input = producer >= 0 && producer < int(net_.layers().size()) && net_.layers()[size_t(producer)]->type == "Input";
   if (!vkdev_ || !known || input) return ex.extract(blob, out);  // ncnn's own: no recording (or its error)
+  // The device memory comes from this Runner's allocators whatever made the extractor (one of net's own
+  // create_extractor() has none set, which ncnn's recorded extract would dereference).
+  ex.set_blob_vkallocator(blob_allocator_);
+  ex.set_workspace_vkallocator(blob_allocator_);
+  ex.set_staging_vkallocator(staging_allocator_);
   if (!cmd_) {
     cmd_ = std::make_unique<::ncnn::VkCompute>(vkdev_);
     ++made_;

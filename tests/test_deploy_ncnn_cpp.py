@@ -142,7 +142,7 @@ def test_ncnn_layer_contracts_hold(installed):
     run(["cmake", "--build", CONTRACTS_BUILD, "--target", "ncnn_contracts"], "build ncnn_contracts", env=env)
     proc = launch(os.path.join(CONTRACTS_BUILD, "ncnn_contracts"), [])
     lines = proc.stdout.strip().splitlines()
-    assert proc.returncode == 0 and len(lines) == 15 and all(l.startswith("ok: ") for l in lines), \
+    assert proc.returncode == 0 and len(lines) == 18 and all(l.startswith("ok: ") for l in lines), \
         proc.stdout + proc.stderr[-2000:]
 
 

@@ -730,6 +730,58 @@ def test_a_command_buffer_whose_extract_failed_is_dropped_and_the_next_extract_m
     assert r == 0 and np.array_equal(got, want) and counts() == (2, 2)
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
+@pytest.mark.parametrize("vulkan", [True, False], ids=["vulkan", "cpu"])
+def test_an_unknown_blob_name_is_minus_1_and_the_extractor_goes_on(tmp_path, vulkan, fuse):
+    """A name the net has no blob for (a typo, "", or a blob inside a fused pattern: the LayerNorm's output y,
+    which the fused layer no longer writes) is ncnn's -1 with a message, before anything is recorded: the same
+    extractor then extracts what a fresh one gives, on a Vulkan net as on a CPU net, and no command buffer is
+    spent on it."""
+    from vknorm._stdio import quiet_stderr
+
+    binp = tmp_path / "weights.bin"
+    binp.write_bytes((0.5 + 0.1 * np.arange(8, dtype=np.float32)).tobytes())
+    net = graph.configure(graph.Net(fuse=fuse), vulkan=vulkan)
+    assert net.load_param_mem(LAYERNORM_RELU) == 0 and net.load_model(str(binp)) == 0
+    x = np.linspace(-2, 2, 6 * 5 * 4, dtype=np.float32).reshape(6, 5, 4)
+    r, want = extract_once(net, x)
+    assert r == 0
+    ex = net.create_extractor()
+    assert ex.input("x", graph.Mat(x)) == 0
+    log = []
+    with quiet_stderr(log):
+        for name in ["no_such_blob", ""] + (["y"] if fuse else []):
+            assert ex.extract(name)[0] == -1, name
+    assert any("no_such_blob" in line and "no blob of that name" in line for line in log), log
+    r, got = ex.extract("z")
+    assert r == 0 and np.array_equal(np.array(got), want)
+    if vulkan:
+        assert net.vknorm_counters()["command_buffers_made"] == 1
+
+
+def test_a_cleared_net_holds_no_command_buffer_so_ncnns_instance_can_go_before_it():
+    """clear() frees the command buffers a Vulkan Net kept: destroying ncnn's GPU instance (what the module does
+    at exit) with the cleared net still alive, then dropping the net, is clean (it crashed with them kept)."""
+    code = f"""
+import numpy as np
+from vknorm import graph
+net = graph.configure(graph.Net(), vulkan=True)
+assert net.load_param({os.path.join(graph_runs.DATA, "layernorm_2d.ncnn.param")!r}) == 0
+assert net.load_model({os.path.join(graph_runs.DATA, "layernorm_2d.ncnn.bin")!r}) == 0
+for _ in range(2):
+    ex = net.create_extractor()
+    assert ex.input("in0", graph.Mat(np.ones((8, 6, 10), np.float32))) == 0 and ex.extract("out0")[0] == 0
+    del ex
+assert net.vknorm_counters()["command_buffers_made"] == 1
+net.clear()
+graph._graph.destroy_gpu_instance()
+del net
+print("clean")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "clean", (proc.returncode, proc.stderr[-2000:])
+
+
 @pytest.mark.parametrize("value,kept", [("1", False), ("yes", False), ("0", True), ("", True)])
 def test_fresh_command_buffers_knob_makes_one_for_every_extract(tmp_path, monkeypatch, value, kept):
     """VKNORM_TUNE_FRESH_COMMAND_BUFFERS (a measurement knob, read at each extract): set to anything but "" or

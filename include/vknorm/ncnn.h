@@ -136,8 +136,9 @@ class Runner {
   // takes a pair of its device's for each extractor).
   ::ncnn::Extractor create_extractor() const;
   // ex.extract(blob, out) recorded into the kept command buffer: out is float32, elempack 1, as ncnn's. An Input
-  // blob goes through ncnn's own extract (given with input(), it comes back as given). ncnn's return codes; after
-  // a failure the command buffer is dropped and the next extract makes another.
+  // blob goes through ncnn's own extract (given with input(), it comes back as given). ncnn's return codes (-1
+  // for a null or unknown name); after a failure the command buffer is dropped and the next extract makes
+  // another. ex gets this Runner's device allocators (an extractor of net.create_extractor() works too).
   int extract(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out);
   // Command buffers made so far: 1 after any number of Vulkan extracts that succeeded.
   uint64_t command_buffers_made() const { return made_; }

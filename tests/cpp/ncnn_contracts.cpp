@@ -6,7 +6,8 @@
 //   - vknorm::ncnn::Runner gives what ncnn's Extractor::extract gives, bit for bit (Vulkan, float32 and float16
 //     storage; CPU), from one command buffer for all its extracts; an Input blob given with input() comes back as
 //     given; an unknown blob is ncnn's -1 and costs no command buffer; after a failed extract the next makes a new
-//     command buffer and gives ncnn's result; an int8 blob comes back cast to float32, as from ncnn's extract.
+//     command buffer and gives ncnn's result; an extractor of the net's own create_extractor() works too, a null
+//     blob name is -1; an int8 blob comes back cast to float32, as from ncnn's extract.
 #include <gpu.h>
 #include <mat.h>
 #include <net.h>
@@ -153,6 +154,20 @@ void runner_like_ncnns_extract(bool vulkan, bool fp16) {
              "), a failed extract (returns " + std::to_string(r_bad) + ") drops its one and the next extract gives "
              "ncnn's result from a new one (returns " + std::to_string(r_after_failure) + ", made " +
              std::to_string(made) + ")");
+
+  // An extractor made by the net itself (no device allocators of its own) works through the Runner too, and a
+  // null blob name is -1.
+  ::ncnn::Mat from_net_extractor, null_out;
+  int r_net = 0, r_null = 0;
+  {
+    ::ncnn::Extractor e = net.create_extractor();
+    e.input("x", x);
+    r_net = runner.extract(e, "z", from_net_extractor);
+    r_null = runner.extract(e, nullptr, null_out);
+  }
+  report(r_net == 0 && same_bits(from_net_extractor, want) && r_null == -1 && null_out.empty(),
+         what + ": an extractor of net.create_extractor() gives ncnn's result (returns " + std::to_string(r_net) +
+             "), a null blob name is -1 (returns " + std::to_string(r_null) + ")");
 }
 
 // An int8 blob (ncnn's Quantize runs on the host inside a Vulkan net; the blob is uploaded as int8 and downloaded as
