@@ -75,13 +75,16 @@ Runner::~Runner() {
   vkdev_->reclaim_staging_allocator(staging_allocator_);
 }
 
+void Runner::give_allocators(::ncnn::Extractor& ex) const {
+  if (!vkdev_) return;
+  ex.set_blob_vkallocator(blob_allocator_);
+  ex.set_workspace_vkallocator(blob_allocator_);
+  ex.set_staging_vkallocator(staging_allocator_);
+}
+
 ::ncnn::Extractor Runner::create_extractor() const {
   ::ncnn::Extractor ex = net_.create_extractor();
-  if (vkdev_) {
-    ex.set_blob_vkallocator(blob_allocator_);
-    ex.set_workspace_vkallocator(blob_allocator_);
-    ex.set_staging_vkallocator(staging_allocator_);
-  }
+  give_allocators(ex);
   return ex;
 }
 
@@ -101,9 +104,7 @@ int Runner::extract(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out) {
   if (!vkdev_ || !known || input) return ex.extract(blob, out);  // ncnn's own: no recording (or its error)
   // The device memory comes from this Runner's allocators whatever made the extractor (one of net's own
   // create_extractor() has none set, which ncnn's recorded extract would dereference).
-  ex.set_blob_vkallocator(blob_allocator_);
-  ex.set_workspace_vkallocator(blob_allocator_);
-  ex.set_staging_vkallocator(staging_allocator_);
+  give_allocators(ex);
   if (!cmd_) {
     cmd_ = std::make_unique<::ncnn::VkCompute>(vkdev_);
     ++made_;

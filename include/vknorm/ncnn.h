@@ -144,6 +144,7 @@ class Runner {
   uint64_t command_buffers_made() const { return made_; }
 
  private:
+  void give_allocators(::ncnn::Extractor& ex) const;  // this Runner's device allocators (a Vulkan net's)
   const ::ncnn::Net& net_;
   const ::ncnn::VulkanDevice* vkdev_ = nullptr;  // null in a CPU net
   ::ncnn::VkAllocator* blob_allocator_ = nullptr;
