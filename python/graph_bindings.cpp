@@ -558,14 +558,15 @@ struct Extractor {
   Extractor(Extractor&&) = default;
 };
 
-// The Input blob that `name` depends on and that input() did not set, or "". ncnn's stock layers crash on the
-// empty blob an input left unset becomes (SIGFPE, SIGSEGV); ncnn's CPU net returns -100 there.
+// Whether the net has a blob of that name (ncnn's own lookup, find_blob_index_by_name, is protected).
 bool has_blob(const ::ncnn::Net& net, const std::string& name) {
   for (const ::ncnn::Blob& b : net.blobs())
     if (b.name == name) return true;
   return false;
 }
 
+// The Input blob that `name` depends on and that input() did not set, or "". ncnn's stock layers crash on the
+// empty blob an input left unset becomes (SIGFPE, SIGSEGV); ncnn's CPU net returns -100 there.
 std::string missing_input(const ::ncnn::Net& net, const HeldBlobs& held, const std::string& name) {
   const std::vector<::ncnn::Blob>& blobs = net.blobs();
   const std::vector<::ncnn::Layer*>& layers = net.layers();
