@@ -120,6 +120,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_FULL_TEAM_SPILL_ITEMS")) caps.full_team_spill_items = uint32_t(std::atoi(v));
   if (caps.cpu) caps.few_group_items = 0;  // measured on the H200 only
   if (const char* v = std::getenv("VKNORM_TUNE_FEW_GROUP_ITEMS")) caps.few_group_items = uint32_t(std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_FEW_GROUP_ANY_SIZE")) caps.few_group_any_size = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE"))
     caps.items_target_cooperative = std::max(1, std::atoi(v));
   // Groups spanning channels, in many chunks: up to 16 on GPUs (plan_dispatch says why); CPU drivers, no more.
@@ -185,6 +186,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // GroupNorm 320x64x64/32 fp16 14.3 us split, 87.9 fused with 32 elements per invocation).
   const bool held = fp16 && dev.hold_storage && (vec4 || g.elempack == 4);
   const uint32_t max_items = held && g.weights == GroupLayout::ByPosition ? dev.max_items_held : dev.max_items;
+  uint32_t items_cap = max_items;  // the fused kernel's limit; the few-group rule below may raise it
 
   // | rule                                      | kernel                                         |
   // |-------------------------------------------|------------------------------------------------|
@@ -221,7 +223,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
     plan.plane_weights = dev.plane_weights && (!fp16 || dev.cpu) && !plan.prefetch &&
                          g.weights != GroupLayout::ByPosition && plan.path == Path::Workgroup && plan.wg == team &&
                          g.planes <= kMaxPlaneWeights && g.planes <= plan.wg;  // an invocation per plane loads them
-    return plan.items <= max_items;
+    return plan.items <= items_cap;
   };
   uint32_t target = g.weights != GroupLayout::ByPosition ? dev.items_target_channels
                     : fp16                                ? dev.items_target_fp16
@@ -318,6 +320,27 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   const bool few_groups = g.n_groups < dev.compute_units;
   const bool few_large_groups = few_groups && g.group_size >= dev.cooperative_min_group;
   const uint64_t cooperative_auto_workgroups = uint64_t(dev.cooperative_max_per_unit) * dev.compute_units;
+  // Few groups, each in a full team holding many elements per invocation: a few multiprocessors at their
+  // register cap do all the work. The cooperative kernel spreads each group over chunks, where they fit
+  // few to a multiprocessor (H200, fp32 / fp16, us: GroupNorm 960x32x32/32 1024 x 15 35.6 / 42.5 ->
+  // 8.5 / 8.4, 96x64x64/32 17.0 / 18.4 -> 7.3 / 8.0; InstanceNorm 16x96x96 9.9 / 8.5 -> 6.9 / 6.8,
+  // 32x112x112 12.5 / 9.6 -> 6.9 / 6.8; LayerNorm 64x12288 13.5 / 9.9 -> 8.3 / 8.0; RMSNorm 9.5 / 8.2 ->
+  // 7.9 / 8.4). In more workgroups it loses (GroupNorm 1920x32x32/32 fp16, 480 of them: 9.6 -> 9.9 us),
+  // and with 8 elements each it gains little (RMSNorm 16x8192 fp32 1024 x 8: 7.2 either way).
+  // Float32 vec4s past full_team_spill_items each spill out of the team's registers, and for groups spanning
+  // channels the cooperative kernel wins in more workgroups (fp32: GroupNorm 1920x32x32/32, 1024 x 15:
+  // 15.3 -> 10.3 us in 480 of 128 x 8; 1280x40x40/32, 1024 x 16: 14.1 -> 9.9 in 320 of 128 x 13). Not with
+  // 13 each (InstanceNorm 256x112x112 13.1 -> 14.7), nor for groups of one channel (InstanceNorm
+  // 256x120x120, 1024 x 15: 14.7 -> 15.5).
+  auto full_team_cooperative = [&](uint32_t team, uint32_t items) {
+    if (!cooperative_auto || !few_groups || team != dev.max_workgroup || !dev.full_team_max_items ||
+        items <= dev.full_team_max_items)
+      return false;
+    const bool spills = spans_channels && (vec4 || g.elempack == 4) && !held && dev.full_team_spill_items &&
+                        items > dev.full_team_spill_items;
+    const uint32_t per_unit = spills ? dev.cooperative_max_per_unit : dev.cooperative_max_per_unit_full_teams;
+    return cooperative(uint64_t(per_unit) * dev.compute_units);
+  };
   switch (want) {
     case Path::Cooperative:
       if (cooperative(UINT64_MAX)) return plan;
@@ -325,18 +348,25 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
     case Path::Auto: {
       if (cooperative_auto && few_large_groups && cooperative(cooperative_auto_workgroups)) return plan;
       uint32_t team = std::min(dev.max_workgroup, team_for_target);
-      // Fewer groups than multiprocessors, per-channel weights, latency-bound: a group per workgroup, each
-      // workgroup on a multiprocessor of its own, where the latency rule's wide team reduces across up to 32
-      // subgroups. The narrowest team down to preferred_workgroup holding the group in few_group_items float32
-      // vec4s each (float16 held as stored: max_items) keeps more loads in flight per invocation and reduces
-      // across fewer subgroups (H200, fp32 / fp16, us: GroupNorm 1280x16x16/32 1024 x 3 5.66 / 512 x 5 4.45 ->
-      // 256 x 10 4.53 / 3.74; 2560x8x8/32 512 x 3 3.98 / 3.70 -> 256 x 5 3.49 / 3.31; 1920x16x16/32 1024 x 4
-      // 6.37 / 512 x 8 4.71 -> 512 x 8 5.32 / 256 x 15 4.27; float32 256 x 15 does not fit the registers). Not
-      // for groups inside pack4 lanes, where narrower teams lost (held float16 teams, below).
-      if (latency_bound && few_groups && g.weights != GroupLayout::ByPosition && !mixed_lanes(g, vec4) &&
-          dev.few_group_items) {
-        const uint32_t most = held ? max_items : dev.few_group_items;
+      // Fewer groups than multiprocessors, per-channel weights: a group per workgroup, each workgroup on a
+      // multiprocessor of its own, where the size rules give wide teams (latency-bound: a few elements each;
+      // larger: items_target each, up to 1024) that reduce across up to 32 subgroups. The narrowest team down to
+      // preferred_workgroup that holds the group in at most few_group_items vec4s each (float32, or float16 held
+      // as stored) keeps more loads in flight per invocation and reduces across fewer subgroups; with one
+      // workgroup per multiprocessor nothing else needs its registers. H200, fp32 / fp16, us: GroupNorm
+      // 640x32x32/32 1024 x 5 6.50 / 512 x 10 4.94 -> 256 x 20 5.69 / 4.74; 1280x16x16/32 1024 x 3 5.66 / 512 x 5
+      // 4.45 -> 256 x 10 4.53 / 3.74; 1280x32x32/32 1024 x 10 9.46 / 7.91 -> 512 x 20 8.59 / 6.40; 960x16x16/8
+      // fp32 1024 x 8 10.6 -> 512 x 15 9.2; InstanceNorm 256x96x96 1024 x 9 10.8 / 9.0 -> 512 x 18 8.3 / 6.7.
+      // Float16 teams holding more than 20 each went both ways (GroupNorm 1920x32x32/32 1024 x 15 9.7 -> 512 x 30
+      // 8.0, 256x64x64/32 512 x 16 5.7 -> 256 x 32 9.9; InstanceNorm 320x128x128 1024 x 16 11.8 -> 512 x 32 16.2).
+      // Not for groups inside pack4 lanes, where narrower teams lost (held float16 teams, below), nor where the
+      // full-team rule spreads the group over the cooperative kernel (a handful of groups: InstanceNorm 16x96x96).
+      if ((latency_bound || dev.few_group_any_size) && few_groups && g.weights != GroupLayout::ByPosition &&
+          !mixed_lanes(g, vec4) && dev.few_group_items) {
+        if (full_team_cooperative(team, items_for(size, team))) return plan;
+        const uint32_t most = held ? std::max(dev.max_items, dev.few_group_items) : dev.few_group_items;
         while (team / 2 >= dev.preferred_workgroup && items_for(size, team / 2) <= most) team /= 2;
+        if (team < dev.max_workgroup) items_cap = std::max(items_cap, most);
       }
       // float16 held as stored (H200, 2^25 elements, % of the copy roof): teams of at most max_team_held
       // while max_items each suffice (8192 cols: LayerNorm 41 -> 58 %, RMSNorm 52 -> 62 %: 1024-invocation
@@ -355,25 +385,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
           if (team > cap && items_for(size, cap) <= dev.max_items && fused(cap)) return plan;
       if (held && !centres(op) && !dev.cpu && !latency_bound && size <= dev.small_group) team = std::min(team, subgroup);
       if (!fused(team)) break;
-      // Few groups, each in a full team holding many elements per invocation: a few multiprocessors at their
-      // register cap do all the work. The cooperative kernel spreads each group over chunks, where they fit
-      // few to a multiprocessor (H200, fp32 / fp16, us: GroupNorm 960x32x32/32 1024 x 15 35.6 / 42.5 ->
-      // 8.5 / 8.4, 96x64x64/32 17.0 / 18.4 -> 7.3 / 8.0; InstanceNorm 16x96x96 9.9 / 8.5 -> 6.9 / 6.8,
-      // 32x112x112 12.5 / 9.6 -> 6.9 / 6.8; LayerNorm 64x12288 13.5 / 9.9 -> 8.3 / 8.0; RMSNorm 9.5 / 8.2 ->
-      // 7.9 / 8.4). In more workgroups it loses (GroupNorm 1920x32x32/32 fp16, 480 of them: 9.6 -> 9.9 us),
-      // and with 8 elements each it gains little (RMSNorm 16x8192 fp32 1024 x 8: 7.2 either way).
-      // Float32 vec4s past full_team_spill_items each spill out of the team's registers, and for groups spanning
-      // channels the cooperative kernel wins in more workgroups (fp32: GroupNorm 1920x32x32/32, 1024 x 15:
-      // 15.3 -> 10.3 us in 480 of 128 x 8; 1280x40x40/32, 1024 x 16: 14.1 -> 9.9 in 320 of 128 x 13). Not with
-      // 13 each (InstanceNorm 256x112x112 13.1 -> 14.7), nor for groups of one channel (InstanceNorm
-      // 256x120x120, 1024 x 15: 14.7 -> 15.5).
-      if (cooperative_auto && few_groups && plan.team == dev.max_workgroup && dev.full_team_max_items &&
-          plan.items > dev.full_team_max_items) {
-        const bool spills = spans_channels && (vec4 || g.elempack == 4) && !plan.hold_storage && dev.full_team_spill_items &&
-                            plan.items > dev.full_team_spill_items;
-        const uint32_t per_unit = spills ? dev.cooperative_max_per_unit : dev.cooperative_max_per_unit_full_teams;
-        cooperative(uint64_t(per_unit) * dev.compute_units);  // else stays fused
-      }
+      full_team_cooperative(plan.team, plan.items);  // else stays fused
       return plan;
     }
     case Path::Subgroup:

@@ -50,10 +50,12 @@ struct DeviceCaps {
   // ... and in up to cooperative_max_per_unit for groups spanning channels whose teams hold more float32 vec4s
   // each than this: 1024 invocations share the register file at 64 each, and more spill (0: never)
   uint32_t full_team_spill_items = 13;
-  // Fused, latency-bound, fewer groups than multiprocessors with per-channel weights (GroupNorm, InstanceNorm):
-  // the narrowest team down to preferred_workgroup that holds a group in at most this many float32 vec4s each
-  // (float16 held as stored: max_items); 0: the latency rule's wide teams
-  uint32_t few_group_items = 10;
+  // Fused, fewer groups than multiprocessors with per-channel weights (GroupNorm, InstanceNorm): the narrowest
+  // team down to preferred_workgroup that holds a group in at most this many vec4s each (float32, or float16
+  // held as stored: at least max_items); 0: the size rules' wide teams. Latency-bound tensors only where
+  // few_group_any_size is false.
+  uint32_t few_group_items = 20;
+  bool few_group_any_size = true;
   bool poll_loads = true;                  // its waits poll with plain loads (CPU drivers: atomics)
   uint32_t subgroup_size = 0;    // 0: unknown
   bool subgroup_reduce = false;  // subgroup arithmetic + shuffle usable in compute

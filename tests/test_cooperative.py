@@ -21,6 +21,7 @@ import sys
 
 import pytest
 
+from availability import needs_graph
 from planned import H200, H200_UNKNOWN_RESIDENCY, LAVAPIPE, channels_plan, no_tuning_knobs, rows_plan
 from reference import FP16_TOL, FP32_TOL
 
@@ -304,6 +305,7 @@ INSIDE_NCNN = ["-m", "vknorm", "check", "tests/data/instnorm_block.ncnn.param", 
                "--input", "in0=16x24x24", "--vulkan", "--json"]
 
 
+@needs_graph
 def test_inside_ncnn_graph_with_counters_in_workspace_memory():
     """ncnn's graph (VKNORM_PATH forces the path there): InstanceNorm planes of 576 elements, two chunks each, a
     clear pass zeroing the counters in ncnn's workspace memory before each forward; judged by vknorm check."""
