@@ -9,6 +9,8 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <fstream>
@@ -22,6 +24,7 @@
 #include <unordered_map>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <ncnn/command.h>
@@ -153,6 +156,22 @@ void check_vulkan_process(const ::ncnn::Option& opt) {
         "vknorm.graph: this process was fork()ed from one that had already run an ncnn Vulkan net, whose device does "
         "not survive fork(): start workers with multiprocessing's 'spawn' or 'forkserver' method, or load the net "
         "only after the fork");
+}
+
+// A fork()ed child of a process whose ncnn Vulkan instance exists inherits the instance but not the driver's
+// threads: the exit handler ncnn registered when it made the instance (destroy_gpu_instance) then waits forever for
+// the inherited device to go idle. Such a child leaves at exit() before that handler runs, with exit()'s status:
+// exit handlers run last registered first, and this one is registered in the child. Python's own exit work
+// (atexit functions, finalization, flushing sys.stdout) is done by then. glibc only (on_exit passes the status);
+// elsewhere such a child still has to leave with os._exit, as multiprocessing's fork workers do.
+void leave_before_ncnn_teardown(int status, void*) {
+  std::fflush(nullptr);
+  _exit(status);
+}
+void in_forked_child() {
+#ifdef __GLIBC__
+  if (::ncnn::get_gpu_instance()) on_exit(leave_before_ncnn_teardown, nullptr);
+#endif
 }
 
 // stderr sent to /dev/null for a scope: ncnn notes every layer registered over a built-in one
@@ -813,6 +832,7 @@ void track_device_memory() {
 
 NB_MODULE(_graph, m) {
   vknorm_python::define_leak_warning_switch(m);
+  pthread_atfork(nullptr, nullptr, in_forked_child);
   m.doc() = "ncnn's Vulkan graph with vknorm's norm layers inside (ncnn compiled from source)";
 
   nb::class_<::ncnn::Option>(m, "Option")

@@ -90,6 +90,37 @@ def test_a_forked_child_of_a_process_that_used_vulkan_gets_a_clear_error_not_a_h
     assert "parent: child exit 0" in lines and "parent: still runs True" in lines, proc.stdout
 
 
+@needs_graph
+def test_a_forked_child_of_a_process_that_ran_a_graph_net_exits_with_its_status():
+    """The child inherits ncnn's Vulkan instance but not the driver's threads, and ncnn's exit handler
+    (destroy_gpu_instance) waits for the inherited device to go idle: a child leaving with sys.exit (or the end
+    of its script) hung there. It leaves before that handler, with its status and its output; the parent runs on."""
+    code = GRAPH_SETUP + """
+import os, sys, time
+used = work()
+pid = os.fork()
+if pid == 0:
+    print("child: leaving")  # not flushed by hand: Python's own exit flushes it
+    sys.exit(3)
+for _ in range(600):  # 60 s, then the child counts as hung (and is killed, not left behind)
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("parent: child exit", os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.1)
+else:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    print("parent: child hung")
+print("parent: still runs", work().shape == used.shape)
+"""
+    proc = run_script(code, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert "child: leaving" in lines and "parent: child exit 3" in lines, proc.stdout
+    assert "parent: still runs True" in lines, proc.stdout
+
+
 @needs_vulkan
 def test_a_forked_child_of_a_process_that_never_used_vulkan_runs():
     code = """
