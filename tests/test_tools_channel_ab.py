@@ -1,0 +1,44 @@
+"""tools/channel_ab.py, the A/B of dispatcher settings for GroupNorm/InstanceNorm: each setting's environment applies
+to its own measurements only, every layer and storage gets a row with each setting's plan and time beside the
+copy roof, outputs are compared with the first setting's, and bad arguments are one usage error (exit 2)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from availability import needs_vulkan
+from reference import FP32_TOL
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOL = os.path.join(ROOT, "tools", "channel_ab.py")
+QUICK = ["--rounds", "1", "--reps", "100", "--batches", "1", "--warmup-ms", "1"]
+
+
+def run_tool(*args, timeout=300):
+    env = {k: v for k, v in os.environ.items() if k != "VKNORM_PATH" and not k.startswith("VKNORM_TUNE_")}
+    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@needs_vulkan
+def test_each_setting_plans_and_times_its_own_runs(tmp_path):
+    out = tmp_path / "ab.json"
+    proc = run_tool("--setting", "auto:", "--setting", "split:VKNORM_PATH=split", "gn:64x8x8/4", "in:8x7x7",
+                    "--dtype", "fp32", *QUICK, "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["layer"], r["dtype"]) for r in rows] == [("GroupNorm 64x8x8/4", "fp32"), ("InstanceNorm 8x7x7", "fp32")]
+    for r in rows:
+        assert not r["plans"]["auto"].startswith("split") and r["plans"]["split"].startswith("split"), r
+        assert r["copy_us"] > 0 and all(len(t) == 1 and t[0] > 0 for t in r["us"].values()), r
+        assert r["max_abs_diff"] <= FP32_TOL, r  # the split path normalizes the same groups
+    assert len(proc.stdout.splitlines()) == 2 and "split: " in proc.stdout
+
+
+def test_bad_arguments_are_a_usage_error():
+    for args in (["--setting", "nocolon", "gn:8x4x4/2"], ["--setting", "a:", "gn:8x4x4"], ["--setting", "a:", "in:8x4x4/2"],
+                 ["--setting", "a:", "gn:6x4x4/4"], ["--setting", "a:", "--setting", "a:X=1", "in:8x4x4"],
+                 ["--setting", "a:NOT_AN_ASSIGNMENT", "in:8x4x4"]):
+        proc = run_tool(*args, timeout=60)
+        assert proc.returncode == 2 and "error:" in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
