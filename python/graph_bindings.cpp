@@ -24,7 +24,6 @@
 #include <unordered_map>
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <unistd.h>
 
 #include <ncnn/command.h>
@@ -140,6 +139,35 @@ std::vector<int> ints(const nb::tuple& shape) {
   return r;
 }
 
+// A fork()ed child of a process with ncnn's Vulkan instance inherits the instance but not the driver's threads: the
+// exit handler ncnn registered when it made the instance (destroy_gpu_instance) then waits forever for the inherited
+// device to go idle. The handler below, registered right after ncnn's (exit handlers run last registered first),
+// ends such a child there, with exit()'s status, once Python's own exit work (atexit functions, finalization,
+// flushing sys.stdout) is done. Like os._exit it skips every C exit handler registered before it; in the process
+// that made the instance it does nothing. glibc only (on_exit passes the status); elsewhere such a child leaves
+// with os._exit, as multiprocessing's fork workers do.
+long g_ncnn_instance_pid = 0;
+void leave_forked_child_before_ncnn_teardown(int status, void*) {
+  if (long(getpid()) == g_ncnn_instance_pid) return;
+  std::fflush(nullptr);
+  _exit(status);
+}
+// ncnn's device count, its Vulkan instance made if need be (get_gpu_count makes it) with the handler above
+// registered after ncnn's own. Every path of this module to ncnn's instance starts here.
+int ncnn_gpu_count() {
+  const int n = ::ncnn::get_gpu_count();
+  static const bool registered = [] {
+    g_ncnn_instance_pid = long(getpid());
+#ifdef __GLIBC__
+    return on_exit(leave_forked_child_before_ncnn_teardown, nullptr) == 0;
+#else
+    return false;
+#endif
+  }();
+  (void)registered;
+  return n;
+}
+
 // A Net that owns its ncnn::Net; vknorm=true registers vknorm's layers before anything is loaded, and
 // fuse=true (with vknorm) loads every .param through vknorm's graph rewrite (vknorm::ncnn::fuse_param).
 // ncnn's Vulkan instance belongs to the process that created it: a fork()ed child inherits its handles but
@@ -150,28 +178,14 @@ long& vulkan_pid() {
 }
 void check_vulkan_process(const ::ncnn::Option& opt) {
   if (!opt.use_vulkan_compute) return;
-  if (!vulkan_pid()) vulkan_pid() = long(getpid());
-  else if (vulkan_pid() != long(getpid()))
+  if (!vulkan_pid()) {
+    vulkan_pid() = long(getpid());
+    ncnn_gpu_count();  // ncnn's instance made here, before a load makes it (see ncnn_gpu_count)
+  } else if (vulkan_pid() != long(getpid()))
     throw std::runtime_error(
         "vknorm.graph: this process was fork()ed from one that had already run an ncnn Vulkan net, whose device does "
         "not survive fork(): start workers with multiprocessing's 'spawn' or 'forkserver' method, or load the net "
         "only after the fork");
-}
-
-// A fork()ed child of a process whose ncnn Vulkan instance exists inherits the instance but not the driver's
-// threads: the exit handler ncnn registered when it made the instance (destroy_gpu_instance) then waits forever for
-// the inherited device to go idle. Such a child leaves at exit() before that handler runs, with exit()'s status:
-// exit handlers run last registered first, and this one is registered in the child. Python's own exit work
-// (atexit functions, finalization, flushing sys.stdout) is done by then. glibc only (on_exit passes the status);
-// elsewhere such a child still has to leave with os._exit, as multiprocessing's fork workers do.
-void leave_before_ncnn_teardown(int status, void*) {
-  std::fflush(nullptr);
-  _exit(status);
-}
-void in_forked_child() {
-#ifdef __GLIBC__
-  if (::ncnn::get_gpu_instance()) on_exit(leave_before_ncnn_teardown, nullptr);
-#endif
 }
 
 // stderr sent to /dev/null for a scope: ncnn notes every layer registered over a built-in one
@@ -818,7 +832,7 @@ void VKAPI_CALL counting_free(VkDevice device, VkDeviceMemory memory, const VkAl
 
 // Starts ncnn's Vulkan instance if needed, then counts from here on (again after the instance was recreated).
 void track_device_memory() {
-  if (::ncnn::get_gpu_count() <= 0) throw std::runtime_error("ncnn finds no Vulkan device");
+  if (ncnn_gpu_count() <= 0) throw std::runtime_error("ncnn finds no Vulkan device");
   MemoryTracker& t = tracker();
   std::lock_guard<std::mutex> lock(t.mutex);
   if (::ncnn::vkAllocateMemory == counting_allocate) return;
@@ -832,7 +846,6 @@ void track_device_memory() {
 
 NB_MODULE(_graph, m) {
   vknorm_python::define_leak_warning_switch(m);
-  pthread_atfork(nullptr, nullptr, in_forked_child);
   m.doc() = "ncnn's Vulkan graph with vknorm's norm layers inside (ncnn compiled from source)";
 
   nb::class_<::ncnn::Option>(m, "Option")
@@ -962,7 +975,7 @@ NB_MODULE(_graph, m) {
           nb::rv_policy::reference_internal)
       .def("set_vulkan_device",
            [](Net& n, int index) {
-             const int count = ::ncnn::get_gpu_count();
+             const int count = ncnn_gpu_count();
              if (index < 0 || index >= count)
                throw std::invalid_argument("set_vulkan_device: index " + std::to_string(index) + " out of range (" +
                                            std::to_string(count) + " Vulkan devices)");
@@ -1110,9 +1123,9 @@ NB_MODULE(_graph, m) {
     const auto r = vknorm::ncnn::fuse_param(text);
     return std::make_tuple(r.param, fused_list(r.fused));
   });
-  m.def("gpu_count", [] { return ::ncnn::get_gpu_count(); });
+  m.def("gpu_count", [] { return ncnn_gpu_count(); });
   m.def("gpu_name", [](int i) {
-    const int n = ::ncnn::get_gpu_count();
+    const int n = ncnn_gpu_count();
     if (i < 0 || i >= n) throw std::invalid_argument("gpu index out of range");
     return std::string(::ncnn::get_gpu_info(i).device_name());
   });

@@ -200,7 +200,9 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   // each; in either case only while its chunks fit a few waves (rules and measurements at each below).
   // Auto sizes the team for items_target elements per invocation (items_target_small for groups of at
   // most small_group packed elements or vec4s; latency_items (2, or 4 past teams of latency_team) when the whole tensor needs
-  // fewer than latency_threads invocations: latency-bound, so wide teams and weights loaded early);
+  // fewer than latency_threads invocations: latency-bound, so wide teams and weights loaded early), then,
+  // for fewer groups than multiprocessors with per-channel weights, narrows it while few_group_items suffice
+  // (not for groups inside pack4 lanes, nor a full team the full-team rule sends to the cooperative kernel);
   // a forced path that cannot hold the group moves to the next row down.
   // LayerNorm in workgroup teams reduces its sum and sum of squares together, one team per workgroup
   // so the team may branch on its own into the rare second pass (H200: 1024-16384 cols +1 to +11 points
@@ -351,9 +353,10 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
       // Fewer groups than multiprocessors, per-channel weights: a group per workgroup, each workgroup on a
       // multiprocessor of its own, where the size rules give wide teams (latency-bound: a few elements each;
       // larger: items_target each, up to 1024) that reduce across up to 32 subgroups. The narrowest team down to
-      // preferred_workgroup that holds the group in at most few_group_items vec4s each (float32, or float16 held
-      // as stored) keeps more loads in flight per invocation and reduces across fewer subgroups; with one
-      // workgroup per multiprocessor nothing else needs its registers. H200, fp32 / fp16, us: GroupNorm
+      // preferred_workgroup that holds the group in at most few_group_items elements each (vec4s where it reads
+      // them; float16 held as stored: at least max_items) keeps more loads in flight per invocation and reduces
+      // across fewer subgroups; with one workgroup per multiprocessor nothing else needs its registers. H200,
+      // fp32 / fp16, us (A/Bs, old and new rule interleaved in one process): GroupNorm
       // 640x32x32/32 1024 x 5 6.50 / 512 x 10 4.94 -> 256 x 20 5.69 / 4.74; 1280x16x16/32 1024 x 3 5.66 / 512 x 5
       // 4.45 -> 256 x 10 4.53 / 3.74; 1280x32x32/32 1024 x 10 9.46 / 7.91 -> 512 x 20 8.59 / 6.40; 960x16x16/8
       // fp32 1024 x 8 10.6 -> 512 x 15 9.2; InstanceNorm 256x96x96 1024 x 9 10.8 / 9.0 -> 512 x 18 8.3 / 6.7.
@@ -361,12 +364,15 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
       // 8.0, 256x64x64/32 512 x 16 5.7 -> 256 x 32 9.9; InstanceNorm 320x128x128 1024 x 16 11.8 -> 512 x 32 16.2).
       // Not for groups inside pack4 lanes, where narrower teams lost (held float16 teams, below), nor where the
       // full-team rule spreads the group over the cooperative kernel (a handful of groups: InstanceNorm 16x96x96).
+      bool full_team_tried = false;
       if ((latency_bound || dev.few_group_any_size) && few_groups && g.weights != GroupLayout::ByPosition &&
           !mixed_lanes(g, vec4) && dev.few_group_items) {
-        if (full_team_cooperative(team, items_for(size, team))) return plan;
+        full_team_tried = items_for(size, team) <= items_cap;
+        if (full_team_tried && full_team_cooperative(team, items_for(size, team))) return plan;
+        const uint32_t wide = team;
         const uint32_t most = held ? std::max(dev.max_items, dev.few_group_items) : dev.few_group_items;
         while (team / 2 >= dev.preferred_workgroup && items_for(size, team / 2) <= most) team /= 2;
-        if (team < dev.max_workgroup) items_cap = std::max(items_cap, most);
+        if (team < wide) items_cap = std::max(items_cap, most);
       }
       // float16 held as stored (H200, 2^25 elements, % of the copy roof): teams of at most max_team_held
       // while max_items each suffice (8192 cols: LayerNorm 41 -> 58 %, RMSNorm 52 -> 62 %: 1024-invocation
@@ -385,7 +391,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
           if (team > cap && items_for(size, cap) <= dev.max_items && fused(cap)) return plan;
       if (held && !centres(op) && !dev.cpu && !latency_bound && size <= dev.small_group) team = std::min(team, subgroup);
       if (!fused(team)) break;
-      full_team_cooperative(plan.team, plan.items);  // else stays fused
+      if (!full_team_tried) full_team_cooperative(plan.team, plan.items);  // else stays fused
       return plan;
     }
     case Path::Subgroup:

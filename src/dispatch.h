@@ -51,9 +51,9 @@ struct DeviceCaps {
   // each than this: 1024 invocations share the register file at 64 each, and more spill (0: never)
   uint32_t full_team_spill_items = 13;
   // Fused, fewer groups than multiprocessors with per-channel weights (GroupNorm, InstanceNorm): the narrowest
-  // team down to preferred_workgroup that holds a group in at most this many vec4s each (float32, or float16
-  // held as stored: at least max_items); 0: the size rules' wide teams. Latency-bound tensors only where
-  // few_group_any_size is false.
+  // team down to preferred_workgroup that holds a group in at most this many elements each (vec4s where the
+  // kernel reads them; float16 held as stored: at least max_items); 0: the size rules' wide teams.
+  // Latency-bound tensors only where few_group_any_size is false.
   uint32_t few_group_items = 20;
   bool few_group_any_size = true;
   bool poll_loads = true;                  // its waits poll with plain loads (CPU drivers: atomics)

@@ -1,5 +1,6 @@
 """The Python API across threads and fork(): a fork()ed child of a process that used Vulkan gets a clear
-error instead of a wait that never returns; one graph Extractor (and a Net being reloaded) may be used from
+error instead of a wait that never returns, and one of a process that ran a graph Vulkan net exits with its
+status instead of hanging in ncnn's teardown; one graph Extractor (and a Net being reloaded) may be used from
 several threads; CPU forwards racing load_model see one weight set; an extract whose inputs were not given, or
 whose blobs light mode freed, is an error code, not a crash; a graph Net is quiet on stderr. Each case runs in a child process of its own, so a
 crash or a hang fails the test instead of the run."""
@@ -91,16 +92,18 @@ def test_a_forked_child_of_a_process_that_used_vulkan_gets_a_clear_error_not_a_h
 
 
 @needs_graph
-def test_a_forked_child_of_a_process_that_ran_a_graph_net_exits_with_its_status():
+def test_a_forked_child_of_a_process_that_ran_a_graph_net_exits_with_its_status(tmp_path):
     """The child inherits ncnn's Vulkan instance but not the driver's threads, and ncnn's exit handler
     (destroy_gpu_instance) waits for the inherited device to go idle: a child leaving with sys.exit (or the end
-    of its script) hung there. It leaves before that handler, with its status and its output; the parent runs on."""
+    of its script) hung there. It leaves before that handler, with its status, once Python's own exit work is
+    done (its atexit functions run, its buffered output is written); the parent runs on."""
     code = GRAPH_SETUP + """
-import os, sys, time
+import atexit, os, sys, time
 used = work()
 pid = os.fork()
 if pid == 0:
-    print("child: leaving")  # not flushed by hand: Python's own exit flushes it
+    atexit.register(lambda: print("child: atexit ran"))
+    print("child: leaving")  # block-buffered (stdout is a file): written by Python's own exit
     sys.exit(3)
 for _ in range(600):  # 60 s, then the child counts as hung (and is killed, not left behind)
     done, status = os.waitpid(pid, os.WNOHANG)
@@ -114,11 +117,22 @@ else:
     print("parent: child hung")
 print("parent: still runs", work().shape == used.shape)
 """
-    proc = run_script(code, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.splitlines()
-    assert "child: leaving" in lines and "parent: child exit 3" in lines, proc.stdout
-    assert "parent: still runs True" in lines, proc.stdout
+    out = tmp_path / "stdout.txt"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env["VKNORM_VALIDATION"] = "1"
+    with open(out, "w") as f:  # a file, not a pipe: nothing of the child's output is written before its exit
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=f, stderr=subprocess.PIPE, text=True, env=env,
+                                cwd=ROOT, start_new_session=True)
+        try:
+            _, stderr = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)  # the forked child too
+            proc.communicate()
+            raise
+    lines = out.read_text().splitlines()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "child: leaving" in lines and "child: atexit ran" in lines, lines
+    assert "parent: child exit 3" in lines and "parent: still runs True" in lines, lines
 
 
 @needs_vulkan

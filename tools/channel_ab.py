@@ -49,6 +49,16 @@ def parse_setting(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
+def positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1")
+    return n
+
+
 def label(op: str, c: int, h: int, w: int, g: int) -> str:
     return f"GroupNorm {c}x{h}x{w}/{g}" if op == "gn" else f"InstanceNorm {c}x{h}x{w}"
 
@@ -58,10 +68,10 @@ def main(argv=None) -> int:
     ap.add_argument("layers", nargs="+", type=parse_layer, metavar="LAYER")
     ap.add_argument("--setting", action="append", type=parse_setting, required=True,
                     help="NAME:VAR=VALUE,... (repeat; the first is the baseline)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=positive, default=3)
     ap.add_argument("--dtype", choices=["fp32", "fp16", "both"], default="both")
-    ap.add_argument("--reps", type=int, default=100, help="timed forwards per batch")
-    ap.add_argument("--batches", type=int, default=3, help="batches per measurement (median)")
+    ap.add_argument("--reps", type=positive, default=100, help="timed forwards per batch")
+    ap.add_argument("--batches", type=positive, default=3, help="batches per measurement (median)")
     ap.add_argument("--warmup-ms", type=float, default=150.0)
     ap.add_argument("--json")
     a = ap.parse_args(argv)
