@@ -139,14 +139,15 @@ std::vector<int> ints(const nb::tuple& shape) {
   return r;
 }
 
-// A fork()ed child of a process with ncnn's Vulkan instance inherits the instance but not the driver's threads: the
-// exit handler ncnn registered when it made the instance (destroy_gpu_instance) then waits forever for the inherited
-// device to go idle. The handler below, registered right after ncnn's (exit handlers run last registered first),
-// ends such a child there, with exit()'s status, once Python's own exit work (atexit functions, finalization,
-// flushing sys.stdout) is done. Like os._exit it skips every C exit handler registered before it; in the process
-// that made the instance it does nothing. glibc only (on_exit passes the status); elsewhere such a child leaves
-// with os._exit, as multiprocessing's fork workers do.
-long g_ncnn_instance_pid = 0;
+// ncnn's Vulkan instance belongs to the process that made it: a fork()ed child inherits its handles but not the
+// driver's threads. Its first wait never returns (check_vulkan_process refuses such a child), and so does the exit
+// handler ncnn registered when it made the instance (destroy_gpu_instance waits for the inherited device to go
+// idle). The handler below, registered right after ncnn's (exit handlers run last registered first), ends such a
+// child there, with exit()'s status, once Python's own exit work (atexit functions, finalization, flushing
+// sys.stdout) is done. Like os._exit it skips every C exit handler registered before it; in the process that made
+// the instance it does nothing. glibc only (on_exit passes the status); elsewhere such a child leaves with
+// os._exit, as multiprocessing's fork workers do.
+long g_ncnn_instance_pid = 0;  // the process that made ncnn's instance through this module
 void leave_forked_child_before_ncnn_teardown(int status, void*) {
   if (long(getpid()) == g_ncnn_instance_pid) return;
   std::fflush(nullptr);
@@ -167,25 +168,14 @@ int ncnn_gpu_count() {
   (void)registered;
   return n;
 }
-
-// A Net that owns its ncnn::Net; vknorm=true registers vknorm's layers before anything is loaded, and
-// fuse=true (with vknorm) loads every .param through vknorm's graph rewrite (vknorm::ncnn::fuse_param).
-// ncnn's Vulkan instance belongs to the process that created it: a fork()ed child inherits its handles but
-// not the driver's threads, and its first wait never returns. The pid that first ran a Vulkan net here.
-long& vulkan_pid() {
-  static long pid = 0;
-  return pid;
-}
 void check_vulkan_process(const ::ncnn::Option& opt) {
   if (!opt.use_vulkan_compute) return;
-  if (!vulkan_pid()) {
-    vulkan_pid() = long(getpid());
-    ncnn_gpu_count();  // ncnn's instance made here, before a load makes it (see ncnn_gpu_count)
-  } else if (vulkan_pid() != long(getpid()))
+  ncnn_gpu_count();  // ncnn's instance made here, before a load makes it
+  if (g_ncnn_instance_pid != long(getpid()))
     throw std::runtime_error(
-        "vknorm.graph: this process was fork()ed from one that had already run an ncnn Vulkan net, whose device does "
-        "not survive fork(): start workers with multiprocessing's 'spawn' or 'forkserver' method, or load the net "
-        "only after the fork");
+        "vknorm.graph: this process was fork()ed from one that had already started ncnn's Vulkan instance (ran a "
+        "Vulkan net, or asked for its GPUs), whose device does not survive fork(): start workers with "
+        "multiprocessing's 'spawn' or 'forkserver' method, or load the net only after the fork");
 }
 
 // stderr sent to /dev/null for a scope: ncnn notes every layer registered over a built-in one
@@ -294,6 +284,8 @@ class RecycledCommands {
   uint64_t made_ = 0, reused_ = 0;
 };
 
+// A Net that owns its ncnn::Net; vknorm=true registers vknorm's layers before anything is loaded, and
+// fuse=true (with vknorm) loads every .param through vknorm's graph rewrite (vknorm::ncnn::fuse_param).
 struct Net {
   Net(bool vknorm, bool fuse) : vknorm(vknorm), fuse(vknorm && fuse) {
     if (!vknorm) return;
@@ -591,13 +583,6 @@ struct Extractor {
   Extractor(Extractor&&) = default;
 };
 
-// Whether the net has a blob of that name (ncnn's own lookup, find_blob_index_by_name, is protected).
-bool has_blob(const ::ncnn::Net& net, const std::string& name) {
-  for (const ::ncnn::Blob& b : net.blobs())
-    if (b.name == name) return true;
-  return false;
-}
-
 // The Input blob that `name` depends on and that input() did not set, or "". ncnn's stock layers crash on the
 // empty blob an input left unset becomes (SIGFPE, SIGSEGV); ncnn's CPU net returns -100 there.
 std::string missing_input(const ::ncnn::Net& net, const HeldBlobs& held, const std::string& name) {
@@ -701,7 +686,7 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
   check_vulkan_process(e.owner->net.opt);
   if (e.stale("extract")) {
     r = -1;
-  } else if (!has_blob(e.owner->net, name)) {  // ncnn's -1, before anything is recorded: the extractor stays usable
+  } else if (vknorm::ncnn::blob_index(e.owner->net, name.c_str()) < 0) {  // ncnn's -1, before anything is recorded: the extractor stays usable
     NCNN_LOGE("vknorm.graph: extract %s: the net has no blob of that name%s", name.c_str(),
               e.owner->fuse ? " (a fused net keeps none inside its fused patterns: Net(fuse=False) does)" : "");
     r = -1;

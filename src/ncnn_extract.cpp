@@ -61,6 +61,14 @@ int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, 
   return 0;
 }
 
+int blob_index(const ::ncnn::Net& net, const char* name) {
+  if (!name) return -1;
+  const std::vector<::ncnn::Blob>& blobs = net.blobs();
+  for (size_t i = 0; i < blobs.size(); ++i)
+    if (blobs[i].name == name) return int(i);
+  return -1;
+}
+
 Runner::Runner(const ::ncnn::Net& net) : net_(net) {
   if (!net.opt.use_vulkan_compute || !net.vulkan_device()) return;
   vkdev_ = net.vulkan_device();
@@ -93,15 +101,10 @@ int Runner::extract(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out) {
     NCNN_LOGE("vknorm: Runner::extract: the blob name is null");
     return -1;
   }
-  int producer = -1;
-  bool known = false;
-  for (const ::ncnn::Blob& b : net_.blobs())
-    if (b.name == blob) {
-      known = true;
-      producer = b.producer;
-    }
+  const int index = blob_index(net_, blob);
+  const int producer = index >= 0 ? net_.blobs()[size_t(index)].producer : -1;
   const bool input = producer >= 0 && producer < int(net_.layers().size()) && net_.layers()[size_t(producer)]->type == "Input";
-  if (!vkdev_ || !known || input) return ex.extract(blob, out);  // ncnn's own: no recording (or its error)
+  if (!vkdev_ || index < 0 || input) return ex.extract(blob, out);  // ncnn's own: no recording (or its error)
   // The device memory comes from this Runner's allocators whatever made the extractor (one of net's own
   // create_extractor() has none set, which ncnn's recorded extract would dereference).
   give_allocators(ex);

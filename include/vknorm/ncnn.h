@@ -161,5 +161,9 @@ class Runner {
 int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
                      const ::ncnn::Option& opt);
 
+// The index of the net's blob named `name`, as ncnn's own lookup (protected in ncnn::Net) finds it: the first of
+// that name, or -1 (a null name too).
+int blob_index(const ::ncnn::Net& net, const char* name);
+
 }  // namespace ncnn
 }  // namespace vknorm
