@@ -97,7 +97,14 @@ Buffer::~Buffer() {
     (void)memory.release();
     return;
   }
-  if (size <= c.cache_limit && c.instance->in_creating_process()) {
+  // In a fork()ed child the memory is the parent's: freeing it calls into the driver for a device whose threads
+  // the child does not have (the context leaves the device itself alone there too). The child leaks it instead.
+  if (!c.instance->in_creating_process()) {
+    (void)buffer.release();
+    (void)memory.release();
+    return;
+  }
+  if (size <= c.cache_limit) {
     (void)c.cache.put({int(kind), size}, size, {std::move(buffer), std::move(memory), mapped}, c.cache_limit);
     mapped = nullptr;
     return;

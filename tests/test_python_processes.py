@@ -1,6 +1,6 @@
 """The Python API across threads and fork(): a fork()ed child of a process that used Vulkan gets a clear
-error instead of a wait that never returns, and one of a process that ran a graph Vulkan net exits with its
-status instead of hanging in ncnn's teardown; one graph Extractor (and a Net being reloaded) may be used from
+error instead of a wait that never returns, and exits with its status instead of hanging in the teardown of
+the parent's device (vknorm's or ncnn's); one graph Extractor (and a Net being reloaded) may be used from
 several threads; CPU forwards racing load_model see one weight set; an extract whose inputs were not given, or
 whose blobs light mode freed, is an error code, not a crash; a graph Net is quiet on stderr. Each case runs in a child process of its own, so a
 crash or a hang fails the test instead of the run."""
@@ -91,13 +91,15 @@ def test_a_forked_child_of_a_process_that_used_vulkan_gets_a_clear_error_not_a_h
     assert "parent: child exit 0" in lines and "parent: still runs True" in lines, proc.stdout
 
 
-@needs_graph
-def test_a_forked_child_of_a_process_that_ran_a_graph_net_exits_with_its_status(tmp_path):
-    """The child inherits ncnn's Vulkan instance but not the driver's threads, and ncnn's exit handler
-    (destroy_gpu_instance) waits for the inherited device to go idle: a child leaving with sys.exit (or the end
-    of its script) hung there. It leaves before that handler, with its status, once Python's own exit work is
-    done (its atexit functions run, its buffered output is written); the parent runs on."""
-    code = GRAPH_SETUP + """
+@needs_vulkan
+@pytest.mark.parametrize("setup", ["layer", pytest.param("graph", marks=needs_graph)])
+def test_a_forked_child_of_a_process_that_used_vulkan_exits_with_its_status(setup, tmp_path):
+    """The child inherits the parent's device (vknorm's, or ncnn's instance) but not the driver's threads: what
+    waits on that device at the child's exit hung it (ncnn's exit handler destroy_gpu_instance; freeing the
+    layer's buffers as Python drops them, on NVIDIA). A child leaving with sys.exit (or the end of its script)
+    leaves the parent's device alone and exits with its status, once Python's own exit work is done (its
+    atexit functions run, its buffered output is written); the parent runs on."""
+    code = (LAYER_SETUP if setup == "layer" else GRAPH_SETUP) + """
 import atexit, os, sys, time
 used = work()
 pid = os.fork()
