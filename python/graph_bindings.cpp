@@ -31,6 +31,7 @@
 #include <ncnn/gpu.h>
 #include <ncnn/net.h>
 
+#include "vknorm/context.h"
 #include "vknorm/ncnn.h"
 #include "numpy_shape.h"
 #include "release_gil.h"
@@ -140,34 +141,32 @@ std::vector<int> ints(const nb::tuple& shape) {
 }
 
 // ncnn's Vulkan instance belongs to the process that made it: a fork()ed child inherits its handles but not the
-// driver's threads. Its first wait never returns (check_vulkan_process refuses such a child), and so does the exit
+// driver's threads. Its first wait never returns (check_vulkan_process refuses such a child); so does the exit
 // handler ncnn registered when it made the instance (destroy_gpu_instance waits for the inherited device to go
-// idle). The handler below, registered right after ncnn's (exit handlers run last registered first), ends such a
-// child there, with exit()'s status, once Python's own exit work (atexit functions, finalization, flushing
-// sys.stdout) is done. Like os._exit it skips every C exit handler registered before it; in the process that made
-// the instance it does nothing. glibc only (on_exit passes the status); elsewhere such a child leaves with
-// os._exit, as multiprocessing's fork workers do.
+// idle), which vknorm::arm_forked_child_exit has such a child skip; and freeing the net's device memory there
+// frees the parent's (on NVIDIA the parent's next extract never returned): the objects below that hold any leave
+// it to the child's end (in_forked_child).
 long g_ncnn_instance_pid = 0;  // the process that made ncnn's instance through this module
-void leave_forked_child_before_ncnn_teardown(int status, void*) {
-  if (long(getpid()) == g_ncnn_instance_pid) return;
-  std::fflush(nullptr);
-  _exit(status);
-}
-// ncnn's device count, its Vulkan instance made if need be (get_gpu_count makes it) with the handler above
-// registered after ncnn's own. Every path of this module to ncnn's instance starts here.
+bool in_forked_child() { return g_ncnn_instance_pid && g_ncnn_instance_pid != long(getpid()); }
+// ncnn's device count, its Vulkan instance made if need be (get_gpu_count makes it) and the early exit of forked
+// children armed after it. Every path of this module to ncnn's instance starts here.
 int ncnn_gpu_count() {
   const int n = ::ncnn::get_gpu_count();
-  static const bool registered = [] {
+  static const bool armed = [] {
     g_ncnn_instance_pid = long(getpid());
-#ifdef __GLIBC__
-    return on_exit(leave_forked_child_before_ncnn_teardown, nullptr) == 0;
-#else
-    return false;
-#endif
+    vknorm::arm_forked_child_exit();
+    return true;
   }();
-  (void)registered;
+  (void)armed;
   return n;
 }
+// Deletes, but in a fork()ed child (in_forked_child), where what it holds on the device is the parent's.
+struct DeleteUnlessForked {
+  template <class T>
+  void operator()(T* p) const {
+    if (!in_forked_child()) delete p;
+  }
+};
 void check_vulkan_process(const ::ncnn::Option& opt) {
   if (!opt.use_vulkan_compute) return;
   ncnn_gpu_count();  // ncnn's instance made here, before a load makes it
@@ -250,6 +249,10 @@ class RecycledCommands {
       ++made_;
     }
     return std::make_unique<::ncnn::VkCompute>(vkdev);
+  }
+  ~RecycledCommands() {
+    if (in_forked_child())
+      for (auto& cmd : idle_) (void)cmd.release();  // the parent's command pools and fences
   }
   // Frees the kept ones.
   void drop() {
@@ -392,7 +395,8 @@ struct Net {
     }
     return text ? net.load_param_mem(text->c_str()) : net.load_param(path.c_str());
   }
-  ::ncnn::Net net;
+  std::unique_ptr<::ncnn::Net, DeleteUnlessForked> owned_net{new ::ncnn::Net};
+  ::ncnn::Net& net = *owned_net;
   RecycledCommands commands;  // declared after net: destroyed first (its devices outlive both)
   bool vknorm, fuse;
   std::vector<vknorm::ncnn::FusedPattern> fused;  // what the last load_param fused
@@ -573,6 +577,10 @@ struct Extractor {
   // ncnn's extractor gives its blobs back to the net's allocators: not while the net loads or clears.
   ~Extractor() {
     if (!ex) return;  // moved from
+    if (in_forked_child()) {  // its blobs are in the parent's device memory
+      (void)ex.release();
+      return;
+    }
     std::optional<ReleaseGil> release;
     if (PyGILState_Check()) release.emplace();  // never wait for the net's lock holding the GIL
     std::shared_lock<NetLock> lock(owner->lock);

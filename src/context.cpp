@@ -1,4 +1,5 @@
 #include <dlfcn.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -114,6 +115,23 @@ uint32_t find_memory_type(const vk::PhysicalDeviceMemoryProperties& mp, uint32_t
 
 bool Instance::in_creating_process() const { return long(getpid()) == pid; }
 
+namespace {
+void leave_with_status(int status, void*) {
+  std::fflush(nullptr);
+  _exit(status);
+}
+}  // namespace
+
+void arm_forked_child_exit() {
+#ifdef __GLIBC__
+  // Registered in the child, at the fork: the last exit handler registered, so the first to run (the driver's
+  // register when it loads, or as late as device creation). A fork while another thread registers an exit
+  // handler could leave glibc's lock for them taken in the child; libraries register theirs as they load.
+  static const bool armed = pthread_atfork(nullptr, nullptr, [] { (void)on_exit(leave_with_status, nullptr); }) == 0;
+  (void)armed;
+#endif
+}
+
 void Instance::check_same_process() const {
   if (!in_creating_process())
     throw std::runtime_error(
@@ -140,6 +158,7 @@ std::shared_ptr<Instance> Instance::get() {
   (void)pinned;
   auto inst = std::make_shared<Instance>();  // vk::raii::Context dlopens libvulkan.so, else libvulkan.so.1
   inst->pid = long(getpid());
+  arm_forked_child_exit();  // its children leave before the driver's exit handlers
   try {
     (void)inst->context.enumerateInstanceExtensionProperties();
   } catch (const std::exception&) {

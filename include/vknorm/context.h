@@ -90,6 +90,14 @@ class Context {
   std::unique_ptr<Impl> impl_;
 };
 
+// A process fork()ed from one that runs Vulkan inherits its devices' handles but not the driver's threads: the
+// C exit handlers that the driver and ncnn registered (their teardown waits on those threads, or frees the
+// parent's memory) hang or crash it at exit(). Once armed, a child forked after that leaves at exit() with
+// exit()'s status, stdio flushed, before any C exit handler registered before the fork, as os._exit would
+// (glibc; elsewhere nothing is armed). vknorm arms it when it makes its Vulkan instance; a program that makes
+// ncnn's (or another) instance itself may call it after. Idempotent; the arming process is unaffected.
+void arm_forked_child_exit();
+
 // Validation layer (VKNORM_VALIDATION=1 before the first Vulkan call): messages seen so far.
 bool validation_enabled();
 std::vector<std::string> validation_messages();
