@@ -144,8 +144,8 @@ std::vector<int> ints(const nb::tuple& shape) {
 // driver's threads. Its first wait never returns (check_vulkan_process refuses such a child); so does the exit
 // handler ncnn registered when it made the instance (destroy_gpu_instance waits for the inherited device to go
 // idle), which vknorm::arm_forked_child_exit has such a child skip; and freeing the net's device memory there
-// frees the parent's (on NVIDIA the parent's next extract never returned): the objects below that hold any leave
-// it to the child's end (in_forked_child).
+// frees the parent's (on NVIDIA the parent's next extract never returned): this module owns ncnn's objects that
+// hold any through ForkSafe, which leaves them to such a child's end.
 long g_ncnn_instance_pid = 0;  // the process that made ncnn's instance through this module
 bool in_forked_child() { return g_ncnn_instance_pid && g_ncnn_instance_pid != long(getpid()); }
 // ncnn's device count, its Vulkan instance made if need be (get_gpu_count makes it) and the early exit of forked
@@ -167,6 +167,9 @@ struct DeleteUnlessForked {
     if (!in_forked_child()) delete p;
   }
 };
+// How this module owns ncnn's objects that hold device memory, pipelines or command buffers.
+template <class T>
+using ForkSafe = std::unique_ptr<T, DeleteUnlessForked>;
 void check_vulkan_process(const ::ncnn::Option& opt) {
   if (!opt.use_vulkan_compute) return;
   ncnn_gpu_count();  // ncnn's instance made here, before a load makes it
@@ -237,22 +240,18 @@ class NetLock {
 class RecycledCommands {
  public:
   // A reset VkCompute of vkdev's (a new one where none is idle).
-  std::unique_ptr<::ncnn::VkCompute> take(const ::ncnn::VulkanDevice* vkdev) {
+  ForkSafe<::ncnn::VkCompute> take(const ::ncnn::VulkanDevice* vkdev) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (vkdev == device_ && !idle_.empty()) {
-        std::unique_ptr<::ncnn::VkCompute> cmd = std::move(idle_.back());
+        ForkSafe<::ncnn::VkCompute> cmd = std::move(idle_.back());
         idle_.pop_back();
         ++reused_;
         return cmd;
       }
       ++made_;
     }
-    return std::make_unique<::ncnn::VkCompute>(vkdev);
-  }
-  ~RecycledCommands() {
-    if (in_forked_child())
-      for (auto& cmd : idle_) (void)cmd.release();  // the parent's command pools and fences
+    return ForkSafe<::ncnn::VkCompute>(new ::ncnn::VkCompute(vkdev));
   }
   // Frees the kept ones.
   void drop() {
@@ -266,7 +265,7 @@ class RecycledCommands {
   }
   // Back after its submission completed (one that failed, or never ran, may still be pending or half recorded:
   // the caller drops it). Reset here, outside the lock; kept where it resets.
-  void give_back(std::unique_ptr<::ncnn::VkCompute> cmd, const ::ncnn::VulkanDevice* vkdev) {
+  void give_back(ForkSafe<::ncnn::VkCompute> cmd, const ::ncnn::VulkanDevice* vkdev) {
     // Measurement knob: VKNORM_TUNE_FRESH_COMMAND_BUFFERS=1 keeps none (one made for every extract, as ncnn's).
     const char* fresh = std::getenv("VKNORM_TUNE_FRESH_COMMAND_BUFFERS");
     if (fresh && *fresh && std::strcmp(fresh, "0") != 0) return;
@@ -283,7 +282,7 @@ class RecycledCommands {
   static constexpr size_t kMaxIdle = 8;  // as many as threads extract at once, about
   std::mutex mutex_;
   const ::ncnn::VulkanDevice* device_ = nullptr;
-  std::vector<std::unique_ptr<::ncnn::VkCompute>> idle_;
+  std::vector<ForkSafe<::ncnn::VkCompute>> idle_;
   uint64_t made_ = 0, reused_ = 0;
 };
 
@@ -395,7 +394,7 @@ struct Net {
     }
     return text ? net.load_param_mem(text->c_str()) : net.load_param(path.c_str());
   }
-  std::unique_ptr<::ncnn::Net, DeleteUnlessForked> owned_net{new ::ncnn::Net};
+  ForkSafe<::ncnn::Net> owned_net{new ::ncnn::Net};
   ::ncnn::Net& net = *owned_net;
   RecycledCommands commands;  // declared after net: destroyed first (its devices outlive both)
   bool vknorm, fuse;
@@ -550,7 +549,7 @@ class HostAllocator final : public ::ncnn::Allocator {
 
 struct Extractor {
   std::shared_ptr<Net> owner;  // the net outlives its extractors
-  std::unique_ptr<::ncnn::Extractor> ex;
+  ForkSafe<::ncnn::Extractor> ex;
   std::shared_ptr<Allocators> allocators;  // Vulkan nets; released after ex (declared after it)
   // Host blobs and scratch of this extractor's own, not the net's: Net.clear deletes the net's, and an
   // extractor made before it would free its blobs into them when dropped (a use after free). An output
@@ -576,17 +575,13 @@ struct Extractor {
 
   // ncnn's extractor gives its blobs back to the net's allocators: not while the net loads or clears.
   ~Extractor() {
-    if (!ex) return;  // moved from
-    if (in_forked_child()) {  // its blobs are in the parent's device memory
-      (void)ex.release();
-      return;
-    }
+    if (!ex || in_forked_child()) return;  // moved from; or left alone (ForkSafe), the net's lock not waited for
     std::optional<ReleaseGil> release;
     if (PyGILState_Check()) release.emplace();  // never wait for the net's lock holding the GIL
     std::shared_lock<NetLock> lock(owner->lock);
     ex.reset();
   }
-  Extractor(std::shared_ptr<Net> n, std::unique_ptr<::ncnn::Extractor> e, std::shared_ptr<Allocators> a)
+  Extractor(std::shared_ptr<Net> n, ForkSafe<::ncnn::Extractor> e, std::shared_ptr<Allocators> a)
       : owner(std::move(n)), ex(std::move(e)), allocators(std::move(a)) {}
   Extractor(Extractor&&) = default;
 };
@@ -649,7 +644,7 @@ int extract_reserving_download(Extractor& e, const std::string& name, ::ncnn::Ma
   ::ncnn::Option opt = e.owner->net.opt;
   opt.blob_vkallocator = opt.workspace_vkallocator = e.allocators->blob;
   opt.staging_vkallocator = e.allocators->staging;
-  std::unique_ptr<::ncnn::VkCompute> cmd = e.owner->commands.take(vkdev);
+  ForkSafe<::ncnn::VkCompute> cmd = e.owner->commands.take(vkdev);
   const int r = vknorm::ncnn::extract_recorded(*e.ex, name.c_str(), out, *cmd, opt);
   if (r == 0) e.owner->commands.give_back(std::move(cmd), vkdev);
   return r;
@@ -1092,7 +1087,7 @@ NB_MODULE(_graph, m) {
              std::shared_lock<NetLock> lock(n->lock);
              check_vulkan_process(n->net.opt);
              n->check_runnable();
-             auto ex = std::make_unique<::ncnn::Extractor>(n->net.create_extractor());
+             auto ex = ForkSafe<::ncnn::Extractor>(new ::ncnn::Extractor(n->net.create_extractor()));
              std::shared_ptr<Allocators> allocators;
              if (n->net.opt.use_vulkan_compute && n->net.vulkan_device()) {
                allocators = std::make_shared<Allocators>(n->net.vulkan_device());
