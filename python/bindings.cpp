@@ -142,6 +142,7 @@ nb::dict dispatch_dict(const DispatchInfo& i) {
   r["hold_storage"] = i.hold_storage;
   r["prefetch"] = i.prefetch;
   r["plane_weights"] = i.plane_weights;
+  r["lane_groups"] = i.lane_groups;
   r["gpu_us"] = i.gpu_us;
   r["pieces"] = i.pieces;
   return r;

@@ -22,7 +22,8 @@
 //   11 the split apply pass merges partials itself (norm_apply.comp),
 //   12 a residual add before the norm, 13 an activation after it, 14 its parameter (fusion, below),
 //   15 float16 elements held in registers as stored (fused kernel, see norm_fused.comp),
-//   16 how the cooperative kernel polls, 17 its chunks span planes (norm_cooperative.comp only).
+//   16 (each kernel its own): the cooperative kernel's polls (17: its chunks span planes), the split apply
+//   pass's order, the fused kernel's items of one group inside pack4 lanes (LANE_GROUPS, below).
 #if FP16
 #extension GL_EXT_shader_16bit_storage : require
 #endif
@@ -99,6 +100,13 @@ layout(constant_id = 15) const uint HOLD_STORAGE = 0;
 #define ACT_GELU_FAST 9u
 #define OP_LAYERNORM 0u
 #define OP_RMSNORM 1u
+// pack4, channels per group 2 mod 4 (norm_fused.comp declares it as id 16; 0 in the other kernels): 1 gives each
+// group an item of its own, the (CPG + 2) / 4 planes it touches from lane 0 or 2 of its first one (an item of
+// two groups over CPG / 2 planes otherwise). The other group's lanes are loaded, then neither counted nor
+// stored: half a vec4 (a uvec2 word in float16) is the least either group writes, so no word holds both.
+#ifndef DECLARES_LANE_GROUPS
+const uint LANE_GROUPS = 0u;
+#endif
 #define WG gl_WorkGroupSize.x
 #define TEAM (TEAM_SPEC != 0u ? TEAM_SPEC : p.team)
 #define GROUP_SIZE (GROUP_SIZE_SPEC != 0u ? GROUP_SIZE_SPEC : p.group_size)
@@ -209,20 +217,32 @@ hfp load_held(uint i) {
 #define unpack_held(h) unpack_b(from_held(h))
 // The norm's input for arithmetic.
 afp load_x(uint i) { return unpack_held(load_held(i)); }
+// Stores write the lanes that `lanes` names (LANE_GROUPS, owned_lanes): 0 all of the element, 1 its first two lanes,
+// 2 its last two (a uvec2 word each in float16).
+#if PACK == 4 && FP16
+#define WRITE_LANES(buf, at, v, lanes) if (lanes == 0u) buf[at] = v; else if (lanes == 1u) buf[at].x = v.x; else buf[at].y = v.y;
+#elif PACK == 4
+#define WRITE_LANES(buf, at, v, lanes) if (lanes == 0u) buf[at] = v; else if (lanes == 1u) buf[at].xy = v.xy; else buf[at].zw = v.zw;
+#else
+#define WRITE_LANES(buf, at, v, lanes) buf[at] = v;
+#endif
 // The add's output for its other consumers (RESIDUAL 2): the value load_held returned.
-void store_sum(uint i, hfp v) {
-  if (RESIDUAL == 2u) sum_out[i] = from_held(v);
+void store_sum(uint i, hfp v, uint lanes) {
+  if (RESIDUAL == 2u) { WRITE_LANES(sum_out, i, from_held(v), lanes) }
 }
+void store_sum(uint i, hfp v) { store_sum(i, v, 0u); }
 // The norm's output, already activated: in place, or to binding 6 when the inputs must stay as they are
 // (RESIDUAL 1-3). store_x activates it first.
-void store_activated(uint i, afp v) {
+void store_activated(uint i, afp v, uint lanes) {
 #if OUT_OF_PLACE
-  y_out[i] = pack_b(v);
+  WRITE_LANES(y_out, i, pack_b(v), lanes)
 #elif !READS_BLOB_ONLY
-  x[i] = pack_b(v);
+  WRITE_LANES(x, i, pack_b(v), lanes)
 #endif
 }
-void store_x(uint i, afp v) { store_activated(i, ACT != 0u ? activate(v) : v); }
+void store_activated(uint i, afp v) { store_activated(i, v, 0u); }
+void store_x(uint i, afp v, uint lanes) { store_activated(i, ACT != 0u ? activate(v) : v, lanes); }
+void store_x(uint i, afp v) { store_x(i, v, 0u); }
 
 // A group of one element: y, or NaN where that element x is Inf or NaN, as ncnn's CPU layer gives
 // (x - mean is inf - inf, or NaN). Its deviation x - x is 0 to a compiler that may assume no NaN (SPIR-V
@@ -295,7 +315,15 @@ bool any_above(stat a, stat b) { return a > b; }
 #define GROUP_ELEMS GROUP_SIZE
 #endif
 
+// LANE_GROUPS: the item's group starts at this lane of its first plane (0 or 2), set with the item.
+uint item_first_lane = 0u;
+uint first_plane_of_group(uint g) { return (g * CPG) >> 2; }
+
 uint group_base(uint g) {
+  if (PACK == 4 && LANE_GROUPS != 0u) {
+    item_first_lane = (g * CPG) & 3u;
+    return first_plane_of_group(g) * p.cstep;
+  }
   uint ch = g / p.gpc;
   return ch * PLANES * p.cstep + (g - ch * p.gpc) * GROUP_SIZE;
 }
@@ -305,13 +333,20 @@ uint elem_offset(uint i) { return PLANES == 1u ? i : i + (i / PLANE_SIZE) * (p.c
 // The item's plane that holds element i.
 uint plane_of(uint i) { return PLANES == 1u ? 0u : i / PLANE_SIZE; }
 // The packed channel that holds element i of item g.
-uint channel_of(uint g, uint i) { return (g / p.gpc) * PLANES + plane_of(i); }
+uint channel_of(uint g, uint i) {
+  return (LANE_GROUPS != 0u ? first_plane_of_group(g) : (g / p.gpc) * PLANES) + plane_of(i);
+}
 
 // Group slots (pack4): statistics of the groups an item holds, one per vec4 component. to_slots adds
 // the lanes of element i into their groups' slots; from_slots hands each lane its group's value. With
 // CPG 1 the lanes are the slots. Written per lane, so a NaN stays in its own group.
 #if PACK == 4
-uvec4 lane_slots(uint i) { return (uvec4(4u * plane_of(i)) + uvec4(0u, 1u, 2u, 3u)) / CPG; }
+// LANE_GROUPS: slot 0 for the item's group, 4 (none) for the other group's lanes (before it: wrapped past CPG).
+uvec4 lane_slots(uint i) {
+  uvec4 r = uvec4(4u * plane_of(i)) + uvec4(0u, 1u, 2u, 3u);
+  if (LANE_GROUPS != 0u) return uvec4(4u) * uvec4(greaterThanEqual(r - uvec4(item_first_lane), uvec4(CPG)));
+  return r / CPG;
+}
 // Selects, not a vector indexed by each lane's slot (a dynamically indexed vector may be kept in memory):
 // H200, GroupNorm with groups inside lanes, 96x64x64/32 fp32 36.3 -> 17.0 us, 960x16x16/32 13.5 -> 9.4,
 // 320x16x16/32 6.4 -> 5.0, float16 alike; the per-lane sums add the same values in the same order.
@@ -323,10 +358,12 @@ float slot_value(vec4 st, uint k) { return k == 0u ? st.x : k == 1u ? st.y : k =
 vec4 to_slots(vec4 v, uint i) {
   if (CPG == 1u) return v;
   uvec4 s = lane_slots(i);
+  if (LANE_GROUPS != 0u) return vec4(slot_sum(v, s, 0u), 0.0, 0.0, 0.0);
   return vec4(slot_sum(v, s, 0u), slot_sum(v, s, 1u), slot_sum(v, s, 2u), slot_sum(v, s, 3u));
 }
 vec4 from_slots(vec4 st, uint i) {
   if (CPG == 1u) return st;
+  if (LANE_GROUPS != 0u) return vec4(st.x);  // the other group's lanes are never stored
   uvec4 s = lane_slots(i);
   return vec4(slot_value(st, s.x), slot_value(st, s.y), slot_value(st, s.z), slot_value(st, s.w));
 }
@@ -335,9 +372,16 @@ vec4 lanes_per_slot(uint q) {
   if (CPG == 1u) return vec4(1.0);
   return to_slots(vec4(1.0), q * PLANE_SIZE);
 }
+// LANE_GROUPS: the lanes of the item's element i that its group owns, as stores take them (WRITE_LANES).
+uint owned_lanes(uint i) {
+  if (LANE_GROUPS == 0u) return 0u;
+  bvec4 mine = equal(lane_slots(i), uvec4(0u));
+  return all(mine) ? 0u : mine.x ? 1u : 2u;
+}
 // Each group's first element (the split path's pivot).
 vec4 first_elements(uint base) {
   if (CPG == 1u) return load_x(base);
+  if (LANE_GROUPS != 0u) return vec4(load_x(base)[item_first_lane], 0.0, 0.0, 0.0);
   vec4 r = vec4(0.0);
   for (uint k = 0u; k < 4u; ++k) {
     uint c = k * CPG;  // the slot's first channel, relative to the item
@@ -346,6 +390,7 @@ vec4 first_elements(uint base) {
   return r;
 }
 #else
+uint owned_lanes(uint i) { return 0u; }
 afp to_slots(afp v, uint i) { return v; }
 afp from_slots(afp st, uint i) { return st; }
 float lanes_per_slot(uint q) { return 1.0; }

@@ -9,6 +9,9 @@
 // shifted sum and sum of squares together; var = E[d^2] - E[d]^2 then loses bits only when the shifted
 // mean is large against the std (a pivot far from the mean), and exactly then the team takes ncnn's
 // second pass, sum((d - mean)^2), from its registers.
+// Items of one group inside pack4 lanes (common.glsl, LANE_GROUPS).
+layout(constant_id = 16) const uint LANE_GROUPS = 0;
+#define DECLARES_LANE_GROUPS 1
 #include "common.glsl"
 
 // Cancellation bound for the one-reduction variance: var = E[d^2] - m^2 keeps its relative error
@@ -89,7 +92,7 @@ void main() {
     bool inside = in_range && i < GROUP_SIZE;
     uint i_loaded = inside ? i : 0u;
     hfp hk = load_held(base + elem_offset(i_loaded));
-    if (inside) store_sum(base + elem_offset(i), hk);
+    if (inside) store_sum(base + elem_offset(i), hk, owned_lanes(i));
     if (one_element) xk[k] = unpack_held(hk);
     afp vk = inside ? unpack_held(hk) - from_slots(pivot, i) : afp(0);
 #if HOLDS_BITS
@@ -156,7 +159,7 @@ void main() {
                                       : (AFFINE != 0u && OP == OP_LAYERNORM ? beta_for(g, i) : wfp(0));
       afp y = normalize_one(SHIFTED(k, i) - from_slots(m, i), from_slots(a, i), gw, bw);
       if (one_element) store_activated(base + elem_offset(i), nan_where_not_finite(ACT != 0u ? activate(y) : y, xk[k]));
-      else store_x(base + elem_offset(i), y);
+      else store_x(base + elem_offset(i), y, owned_lanes(i));
     }
   }
 }

@@ -41,6 +41,16 @@ bool reads_vec4(const GroupLayout& g) {
 
 bool mixed_lanes(const GroupLayout& g, bool vec4) { return g.elempack == 4 && !vec4 && g.channels_per_group > 1; }
 
+std::optional<GroupLayout> lane_group_view(const GroupLayout& g) {
+  if (g.elempack != 4 || g.weights != GroupLayout::ByChannel || g.channels_per_group % 4 != 2) return std::nullopt;
+  GroupLayout v = g;
+  v.planes = (g.channels_per_group + 2) / 4;
+  v.group_size = v.planes * g.plane_size();
+  v.n_groups = 2 * g.n_groups;  // an item holds 4 / gcd(channels_per_group, 4) = 2 groups
+  v.gpc = 1;
+  return v;
+}
+
 Path parse_path(const std::string& name) {
   if (name == "auto" || name.empty()) return Path::Auto;
   if (name == "subgroup") return Path::Subgroup;
@@ -151,6 +161,10 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_APPLY_MERGES")) caps.apply_merges = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_HOLD_STORAGE")) caps.hold_storage = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_PLANE_WEIGHTS")) caps.plane_weights = std::atoi(v) != 0;
+  // lavapipe loses with it: GroupNorm 320x32x32/32 fp32 1.5-1.6 -> 2.8-3.6 ms (an invocation's lanes are SIMD
+  // lanes there, and it masks and stores per lane), 960x16x16/32 level within its noise.
+  caps.lane_groups_min_channels = caps.cpu ? 0 : 10;
+  if (const char* v = std::getenv("VKNORM_TUNE_LANE_GROUPS")) caps.lane_groups_min_channels = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_WORKGROUP"))
     caps.preferred_workgroup = std::min(caps.max_workgroup, pow2_floor(std::max(1, std::atoi(v))));
   // Shared memory (maxComputeSharedMemorySize, VKNORM_MAX_SHARED_MEMORY caps it): per invocation the
@@ -170,15 +184,15 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
 // for both in CMakeLists.txt.
 constexpr uint32_t kMaxPlaneWeights = VKNORM_MAX_PLANE_WEIGHTS;
 
-Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16, NormOp op) {
-  Path want = opt.path;
-  if (want == Path::Auto)
-    if (const char* env = std::getenv("VKNORM_PATH")) want = parse_path(env);
+namespace {
 
+// The rules for one layout; lane_groups: g is a lane_group_view, whose elements hold one group's lanes.
+Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp16, NormOp op, bool lane_groups) {
   Plan plan;
   plan.wg = dev.preferred_workgroup;
   plan.subgroup = dev.subgroup_reduce;
   const bool vec4 = reads_vec4(g);
+  const bool mixed = mixed_lanes(g, vec4) && !lane_groups;
   const uint32_t size = vec4 && g.elempack == 1 ? g.group_size / 4 : g.group_size;
   const uint32_t subgroup = dev.subgroup_size ? std::min(dev.subgroup_size, plan.wg) : std::min(32u, plan.wg);
   // float16 elements the fused kernel holds as stored (common.glsl id 15): half the registers each, so
@@ -214,7 +228,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
     plan.wg = std::max(dev.preferred_workgroup, team);
     plan.items = items_for(size, team);
     plan.path = team <= subgroup ? Path::Subgroup : Path::Workgroup;
-    plan.one_reduction = centres(op) && dev.one_reduction && plan.path == Path::Workgroup && !mixed_lanes(g, vec4);
+    plan.one_reduction = centres(op) && dev.one_reduction && plan.path == Path::Workgroup && !mixed;
     if (plan.one_reduction) plan.wg = team;
     plan.hold_storage = held;
     // A group per workgroup with per-channel weights: the weights of each of its planes go to shared memory
@@ -366,7 +380,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
       // full-team rule spreads the group over the cooperative kernel (a handful of groups: InstanceNorm 16x96x96).
       bool full_team_tried = false;
       if ((latency_bound || dev.few_group_any_size) && few_groups && g.weights != GroupLayout::ByPosition &&
-          !mixed_lanes(g, vec4) && dev.few_group_items) {
+          !mixed && dev.few_group_items) {
         full_team_tried = items_for(size, team) <= items_cap;
         if (full_team_tried && full_team_cooperative(team, items_for(size, team))) return plan;
         const uint32_t wide = team;
@@ -386,7 +400,7 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
       // Not for groups inside lanes (pack4, channels per group not a multiple of 4), whose teams also map
       // lanes to groups per element: GroupNorm 320x32x32/32 fp16 512 x 10 10.3 us, 1024 x 5 7.1 (960x16x16/32:
       // 512 x 8 9.2, 1024 x 4 9.5).
-      if (held && !mixed_lanes(g, vec4))
+      if (held && !mixed)
         for (uint32_t cap : {layernorm_rows ? dev.max_team_held_layernorm : dev.max_team_held, dev.max_team_held})
           if (team > cap && items_for(size, cap) <= dev.max_items && fused(cap)) return plan;
       if (held && !centres(op) && !dev.cpu && !latency_bound && size <= dev.small_group) team = std::min(team, subgroup);
@@ -440,18 +454,48 @@ Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& op
   return plan;
 }
 
+}  // namespace
+
+// GroupNorm in pack4 with groups of 2 mod 4 channels, at least lane_groups_min_channels, whose items of two
+// groups run fused: an item per group, where that runs fused too. The items of two groups run in half the
+// workgroups, each mapping lanes to groups per element; an item per group reads the plane it shares with the
+// other group (a fifth more at 10 channels per group, from the cache once the other has read it; every element
+// twice at 2) and reduces one group. H200, fp32 / fp16, us, items of two groups -> of one (interleaved A/B):
+// GroupNorm 320x32x32/32 7.69 / 7.10 -> 5.30 / 5.42, 320x16x16/32 4.84 / 5.03 -> 3.69 / 3.54, 320x8x8/32 4.07 /
+// 3.96 -> 3.60 / 3.52, 960x16x16/32 9.36 / 9.36 -> 4.94 / 5.06, 960x8x8/32 4.24 / 4.44 -> 3.98 / 3.74. Not where
+// the items of two groups go cooperative (960x32x32/32 8.13 / 8.83 -> 8.80 / 10.37 fused, 320x48x48/32 8.01 /
+// 8.71 -> 9.67 / 9.17), nor at 2 channels per group (12x7x7/6 fp32 2.87 -> 3.09).
+Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16, NormOp op) {
+  Path want = opt.path;
+  if (want == Path::Auto)
+    if (const char* env = std::getenv("VKNORM_PATH")) want = parse_path(env);
+  const Plan items = plan_layout(g, dev, want, fp16, op, false);
+  const auto fused = [](const Plan& p) { return p.path == Path::Subgroup || p.path == Path::Workgroup; };
+  const std::optional<GroupLayout> view = lane_group_view(g);
+  if (view && dev.lane_groups_min_channels && g.channels_per_group >= dev.lane_groups_min_channels && fused(items)) {
+    Plan plan = plan_layout(*view, dev, want, fp16, op, true);
+    if (fused(plan)) {
+      plan.lane_groups = true;
+      return plan;
+    }
+  }
+  return items;
+}
+
 std::string variant_name(const std::string& shader, bool fp16, const std::string& layout, bool subgroup,
                          bool out_of_place) {
   return shader + (out_of_place ? "_oop" : "") + "_fp" + (fp16 ? "1" : "0") + "_p" + layout + "_sg" + (subgroup ? "1" : "0");
 }
 
-ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g, bool fp16, const DeviceCaps& dev,
+ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& blob, bool fp16, const DeviceCaps& dev,
                          const Option& opt, const Fusion& fusion) {
   // An empty blob has nothing to plan (the layers refuse it first; the planner divides by these).
-  if (g.n_groups == 0 || g.group_size == 0) throw std::invalid_argument("nothing to normalize: the blob is empty");
+  if (blob.n_groups == 0 || blob.group_size == 0) throw std::invalid_argument("nothing to normalize: the blob is empty");
   ForwardPlan f;
-  f.kernel = plan_dispatch(g, dev, opt, fp16, op);
-  f.layout = g;
+  f.kernel = plan_dispatch(blob, dev, opt, fp16, op);
+  f.layout = blob;
+  // The items the kernels run: the blob's, or an item per group (lane_groups).
+  const GroupLayout g = f.kernel.lane_groups ? *lane_group_view(blob) : blob;
   f.fp16 = fp16;
   const Plan& plan = f.kernel;
   const uint32_t op_id = op == NormOp::RMSNorm ? 1 : 0;
@@ -502,10 +546,10 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& g
     if (plan.vec4 && g.elempack == 1) pc.group_size /= 4, pc.cstep /= 4;  // the kernel counts vec4s
     const bool fixed = dev.specialize_shape;
     const uint32_t early_weights = plan.prefetch ? 1u : plan.plane_weights ? 2u : 0u;  // common.glsl id 4
-    pass("norm_fused", plan.vec4 ? "v4" : pack, plan.subgroup,
-         model({plan.wg, op_id, affine_id, plan.items, early_weights, fixed ? plan.team : 0u,
-                fixed ? pc.group_size : 0u, plan.one_reduction ? 1u : 0u}),
-         plan.fused_workgroups(g), false);
+    std::vector<uint32_t> spec = model({plan.wg, op_id, affine_id, plan.items, early_weights, fixed ? plan.team : 0u,
+                                        fixed ? pc.group_size : 0u, plan.one_reduction ? 1u : 0u});
+    spec.push_back(plan.lane_groups ? 1u : 0u);  // id 16: an item per group inside pack4 lanes
+    pass("norm_fused", plan.vec4 ? "v4" : pack, plan.subgroup, spec, plan.fused_workgroups(g), false);
     return f;
   }
   const uint64_t items = uint64_t(g.n_groups) * plan.n_chunks;
@@ -551,6 +595,7 @@ DispatchInfo dispatch_info(const ForwardPlan& fp) {
   else info.team = plan.reduce_team, info.items = plan.reduce_items, info.chunks = plan.n_chunks;
   info.prefetch = plan.prefetch;
   info.plane_weights = plan.plane_weights;
+  info.lane_groups = plan.lane_groups;
   return info;
 }
 

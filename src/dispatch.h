@@ -69,6 +69,9 @@ struct DeviceCaps {
   // points at 1024-4096 cols); on lavapipe the same within its noise (4096x768 fp16: 8.3-14.3 ms either way)
   bool hold_storage = true;
   bool plane_weights = true;     // fused, per-channel weights, a group per workgroup: loaded per plane up front
+  // fused, pack4 GroupNorm of 2 mod 4 channels per group, at least this many: an item per group
+  // (lane_group_view) where the items of two groups run fused (0: never; CPU drivers)
+  uint32_t lane_groups_min_channels = 10;
 };
 
 struct Plan {
@@ -81,6 +84,7 @@ struct Plan {
   bool one_reduction = false;  // fused LayerNorm: statistics from one team reduction (common.glsl id 7)
   bool plane_weights = false;  // fused, a group per workgroup: each plane's per-channel weights in shared memory
   bool hold_storage = false;   // fused, float16 vec4s: held as stored, unpacked where used (id 15)
+  bool lane_groups = false;    // fused: an item per group of lane_group_view(layout) (norm_fused.comp id 16)
   uint32_t team = 1;       // fused: invocations per group
   uint32_t items = 1;      // fused, cooperative: elements per invocation (registers)
   uint32_t chunk_size = 0, n_chunks = 1;  // split, cooperative: chunks per group
@@ -118,7 +122,9 @@ struct Pass {
   std::vector<uint32_t> specialization;  // constant ids 0..15: workgroup, op, affine, items, prefetch, team, size,
                                          // one reduction, planes, weights, channels per group, apply merges,
                                          // residual, activation, its parameter (float bits), hold storage;
-                                         // the cooperative kernel also 16: how it polls
+                                         // each kernel's own from 16: the cooperative kernel's polls and
+                                         // chunks of planes, the apply pass's order, the fused kernel's
+                                         // items of one group inside pack4 lanes
   PushConstants push{};
   uint32_t workgroup_size = 0;  // local_size_x (specialization[0])
   uint64_t workgroups = 0;      // 1-D; executors fold counts past maxComputeWorkGroupCount[0] into y
@@ -162,6 +168,10 @@ std::string variant_name(const std::string& shader, bool fp16, const std::string
 bool reads_vec4(const GroupLayout& g);
 // pack4 elements whose lanes belong to different groups of an item (kept in group slots).
 bool mixed_lanes(const GroupLayout& g, bool vec4);
+// pack4 GroupNorm whose groups hold 2 mod 4 channels (320 or 960 channels in 32 groups) as an item per group:
+// the (channels_per_group + 2) / 4 planes it touches, from lane 0 or 2 of the first (common.glsl LANE_GROUPS),
+// where the blob's layout has items of two groups over channels_per_group / 2 planes. Nothing for others.
+std::optional<GroupLayout> lane_group_view(const GroupLayout& g);
 
 // A 1-D workgroup count as a grid: x up to maxComputeWorkGroupCount[0], the rest folded into y (the
 // shaders rebuild the linear id, common.glsl). Every executor dispatches through this.

@@ -81,6 +81,7 @@ def test_few_groups_in_full_teams_of_many_elements_go_cooperative():
 
 def test_the_full_team_knob_turns_that_off(monkeypatch):
     monkeypatch.setenv("VKNORM_TUNE_FULL_TEAM_MAX_ITEMS", "0")
+    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "0")  # the fused item of two groups, not one per group
     p = channels_plan("GroupNorm", 960, 32, 32, 32)
     assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 15), p
 

@@ -12,7 +12,9 @@ GPUs take (measured on an NVIDIA H200, docs/benchmarks) are pinned here on any m
   per workgroup keeps its planes' weights in shared memory in float32 (any storage on CPU drivers);
 * fewer such groups than multiprocessors, latency-bound: the narrowest team down to 256 invocations that holds a
   group in 10 float32 vec4s each (16 float16 held as stored), not the latency rule's wide team; not for groups
-  inside pack4 lanes, nor where the multiprocessor count is unknown, nor on CPU drivers.
+  inside pack4 lanes, nor where the multiprocessor count is unknown, nor on CPU drivers;
+* pack4 GroupNorm of 2 mod 4 channels per group, at least 10 (320 or 960 channels in 32 groups): an item per
+  group, not per two, wherever both would run fused (GPUs).
 
 The last test runs the held kernels on the real device: holding float16 as stored changes no bit.
 """
@@ -67,13 +69,52 @@ def test_float16_rows_take_teams_of_at_most_512_while_16_elements_each_suffice()
     assert (p["team"], p["items"]) == (512, 16), p
 
 
-def test_float16_groups_inside_lanes_keep_full_teams():
-    # pack4 GroupNorm whose channels per group are not a multiple of 4: the 512 cap of float16 rows does not
-    # apply (H200, 320x32x32/32: 512 x 10 10.3 us, 1024 x 5 7.1); groups that fill the lanes keep it
+def test_float16_groups_inside_lanes_keep_full_teams(monkeypatch):
+    # pack4 GroupNorm whose channels per group are not a multiple of 4, in items of several groups: the 512 cap of
+    # float16 rows does not apply (H200, 320x32x32/32: 512 x 10 10.3 us, 1024 x 5 7.1); groups that fill the
+    # lanes keep it. (Without the knob 320 channels take an item per group: the next test.)
+    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "0")
     p = channels_plan("GroupNorm", 320, 32, 32, 32, True)
     assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 5), p
     p = channels_plan("GroupNorm", 640, 32, 32, 32, True)
     assert (p["path"], p["team"], p["items"]) == ("workgroup", 512, 10), p
+
+
+def test_groups_of_10_or_more_channels_inside_pack4_lanes_take_an_item_each_where_fused():
+    # pack4 GroupNorm of 2 mod 4 channels per group (>= 10): an item per group (its planes, the other group's
+    # lanes loaded and left alone) wherever the items of two groups would run fused. H200, fp32 / fp16, us:
+    # 320x32x32/32 7.69 / 7.10 -> 5.30 / 5.42, 960x16x16/32 9.36 / 9.36 -> 4.94 / 5.06
+    for fp16 in (False, True):
+        for c, h, w, team, items in ((320, 32, 32, 256, 12), (320, 16, 16, 256, 3), (320, 8, 8, 128, 2),
+                                     (960, 16, 16, 256, 8), (960, 8, 8, 256, 2)):
+            p = channels_plan("GroupNorm", c, h, w, 32, fp16, device=H200_KNOWN_RESIDENCY)
+            assert (p["path"], p["team"], p["items"], p["lane_groups"]) == ("workgroup", team, items, True), (c, h, w, fp16, p)
+        # The items of two groups go cooperative: they stay so (960x32x32/32 fused per group 8.80 / 10.37 against
+        # 8.13 / 8.83; 320x48x48/32 9.67 / 9.17 against 8.01 / 8.71)
+        for c, h, w in ((320, 64, 64), (320, 48, 48), (960, 32, 32), (960, 64, 64)):
+            p = channels_plan("GroupNorm", c, h, w, 32, fp16, device=H200_KNOWN_RESIDENCY)
+            assert (p["path"], p["lane_groups"]) == ("cooperative", False), (c, h, w, fp16, p)
+    # Not at 2 channels per group (each group would read every element of its plane: 12x7x7/6 2.87 -> 3.09 us),
+    # nor groups of odd or whole-element channel counts, nor LayerNorm rows; nor on CPU drivers (lavapipe:
+    # 320x32x32/32 fp32 1.5 -> 2.8-3.6 ms)
+    others = [channels_plan("GroupNorm", 12, 7, 7, 6, False, device=H200_KNOWN_RESIDENCY),
+              channels_plan("GroupNorm", 160, 16, 16, 32, False, device=H200_KNOWN_RESIDENCY),
+              channels_plan("GroupNorm", 384, 32, 32, 32, False, device=H200_KNOWN_RESIDENCY),
+              rows_plan("LayerNorm", 64, 768, False), channels_plan("GroupNorm", 320, 32, 32, 32, False, device=LAVAPIPE)]
+    assert [p["lane_groups"] for p in others] == [False] * 5, others
+    # Forced paths: the fused ones take it where it fits, the split and cooperative ones never
+    for path, want in (("workgroup", True), ("subgroup", True), ("split", False), ("cooperative", False)):
+        p = _channels_plan("GroupNorm", 320, 8, 8, 32, False, H200_KNOWN_RESIDENCY, path=path)
+        assert p["lane_groups"] is want, (path, p)
+
+
+def test_the_lane_groups_knob_sets_the_least_channels_per_group(monkeypatch):
+    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "0")
+    assert not channels_plan("GroupNorm", 320, 16, 16, 32, False, device=H200_KNOWN_RESIDENCY)["lane_groups"]
+    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "2")
+    assert channels_plan("GroupNorm", 12, 7, 7, 6, False, device=H200_KNOWN_RESIDENCY)["lane_groups"]
+    assert channels_plan("GroupNorm", 320, 16, 16, 32, False, device=LAVAPIPE)["lane_groups"]
+    assert not channels_plan("GroupNorm", 20, 7, 7, 4, False, device=LAVAPIPE)["lane_groups"]  # 5 per group: odd
 
 
 def test_float16_rows_hold_up_to_32_elements_before_the_split_path():

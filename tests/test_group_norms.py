@@ -224,6 +224,39 @@ def test_split_path_in_three_passes_and_in_two(case, merges, monkeypatch):
     assert not failures, "\n".join(failures)
 
 
+# ------------------------------------------------------------------------------ an item per group inside lanes
+
+LANE_CASES = [
+    ("GroupNorm", (320, 6, 6), 32),  # 10 channels per group: groups start at lane 0 or 2 of their first element
+    ("GroupNorm", (12, 7, 7), 6),    # 2 per group; a 7x7 plane: cstep (52) > w*h in float32
+    ("GroupNorm", (24, 5, 3), 4),    # 6 per group
+    ("GroupNorm", (60, 9, 9), 2),    # 30 per group, over 8 packed planes each
+]
+
+
+@pytest.mark.parametrize("case", LANE_CASES, ids=case_id)
+def test_groups_inside_pack4_lanes_run_in_items_of_their_own(case, monkeypatch):
+    """pack4 GroupNorm whose groups hold 2 mod 4 channels: GPUs give each group an item of its own (the packed
+    planes it touches; the other group's lanes are loaded, never counted, never stored: each group writes only
+    its half of a shared element). Forced here from 2 channels per group, on any device: every fused path and
+    storage against float64 and the CPU reference, including a large offset (the pivot is the group's own
+    first lane), and the same as the items of two groups within the storage's tolerance."""
+    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "2")
+    layer, x, gamma, beta = make_case(case)
+    failures = every_path(layer, x, gamma, beta, paths=("auto", "subgroup", "workgroup"), packings=(True,))
+    assert layer.last_dispatch["lane_groups"] is True, layer.last_dispatch
+    x = (1e4 + 1e-2 * np.random.default_rng(3).standard_normal(x.shape)).astype(np.float32)
+    ref = channel_norm64(case[0], x, layer.eps, case[2], gamma, beta)
+    y = layer(x, device="vulkan", option=vknorm.Option(path="workgroup"))
+    if not max_abs_err(y, ref) <= LARGE_OFFSET_ABS_TOL:
+        failures.append(f"large offset: {max_abs_err(y, ref):.3e}")
+    assert not failures, "\n".join(failures)
+    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "0")
+    items = layer(x, device="vulkan", option=vknorm.Option(path="workgroup"))
+    assert layer.last_dispatch["lane_groups"] is False
+    assert max_abs_err(y, items) <= FP32_TOL * scale(ref)
+
+
 # ------------------------------------------------------------------------------ large and small groups
 
 LARGE = [
