@@ -158,6 +158,48 @@ def test_groupnorm_and_instancenorm_models_ran_inside_the_graph(runs):
     assert {"sd_resblock", "sd_resblock_c320", "instnorm_block", "instnorm_noaffine"} <= models
 
 
+LANE_GROUPS_SCRIPT = r"""
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import graph_runs
+from vknorm import graph
+param, binp = sys.argv[2], sys.argv[3]
+x = np.random.default_rng(5).standard_normal((320, 8, 8)).astype(np.float32)
+blobs = graph_runs.output_blobs(param) + [n[3] for n in graph_runs.norm_layers(param)]
+cpu, _ = graph_runs.run_net(graph, param, binp, {"in0": x}, blobs, vknorm=False, vulkan=False)
+for fp16 in (False, True):
+    stock, _ = graph_runs.run_net(graph, param, binp, {"in0": x}, blobs, False, True, fp16)
+    vk, info = graph_runs.run_net(graph, param, binp, {"in0": x}, blobs, True, True, fp16)
+    for l in info["layers"]:
+        # "<variant>/<constants>": the fused kernel's 17th constant (id 16) is 1 for an item per group
+        lanes = [v for v in l["variants"] if v.startswith("norm_fused") and v.split("/")[1:][16:] == ["1"]]
+        print("layer", l["name"], fp16, len(lanes), l["vulkan_forwards"], l["cpu_forwards"])
+    for b in blobs:
+        print("err", b, fp16, graph_runs.max_err(vk[b], cpu[b]), graph_runs.max_err(stock[b], cpu[b]))
+"""
+
+
+def test_groups_inside_pack4_lanes_run_an_item_per_group_inside_the_graph(tmp_path):
+    """sd_resblock_c320 (GroupNorm(32) of 320 channels: 10 per group, inside pack4 lanes) in ncnn's Vulkan graph
+    with an item per group, as GPUs plan it (forced here: VKNORM_TUNE_LANE_GROUPS=2), in both storages under
+    validation: every norm ran that kernel on Vulkan, and every norm and output blob is as close to stock CPU
+    float32 as stock ncnn Vulkan's (x 1.5 + 1e-5, float16 + 2e-3, as above)."""
+    param = os.path.join(graph_runs.DATA, "sd_resblock_c320.ncnn.param")
+    binp = os.path.join(graph_runs.DATA, "sd_resblock_c320.ncnn.bin")
+    proc, log = graph_runs.run_validated(tmp_path, LANE_GROUPS_SCRIPT, os.path.dirname(graph_runs.__file__), param, binp,
+                                         env={"VKNORM_TUNE_LANE_GROUPS": "2"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    layers = [ln.split() for ln in proc.stdout.splitlines() if ln.startswith("layer ")]
+    assert len(layers) == 4 and all(int(n) >= 1 and int(v) >= 1 and int(c) == 0 for *_, n, v, c in layers), layers
+    errs = [ln.split() for ln in proc.stdout.splitlines() if ln.startswith("err ")]
+    assert errs
+    for _, blob, fp16, mine, stock in errs:
+        slack = 2e-3 if fp16 == "True" else 1e-5
+        assert float(mine) <= 1.5 * float(stock) + slack, (blob, fp16, mine, stock)
+    assert log.strip() == "", log[:3000]
+
+
 @pytest.mark.parametrize("order", ["pyncnn_first", "graph_first", "pyncnn_first_rtld_global"])
 def test_pyncnn_and_vknorm_graph_in_one_process_keep_their_own_ncnn(order):
     """Two copies of ncnn in one process (pyncnn's and vknorm's): each net gives its own copy's answer —
