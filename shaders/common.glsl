@@ -341,11 +341,14 @@ uint channel_of(uint g, uint i) {
 // the lanes of element i into their groups' slots; from_slots hands each lane its group's value. With
 // CPG 1 the lanes are the slots. Written per lane, so a NaN stays in its own group.
 #if PACK == 4
-// LANE_GROUPS: slot 0 for the item's group, 4 (none) for the other group's lanes (before it: wrapped past CPG).
-uvec4 lane_slots(uint i) {
-  uvec4 r = uvec4(4u * plane_of(i)) + uvec4(0u, 1u, 2u, 3u);
-  if (LANE_GROUPS != 0u) return uvec4(4u) * uvec4(greaterThanEqual(r - uvec4(item_first_lane), uvec4(CPG)));
-  return r / CPG;
+uvec4 lane_slots(uint i) { return (uvec4(4u * plane_of(i)) + uvec4(0u, 1u, 2u, 3u)) / CPG; }
+// LANE_GROUPS: the lanes of the item's element i that its group owns, as stores take them (WRITE_LANES): 0 all
+// four, 1 the first two (its last plane, when it starts at lane 0), 2 the last two (its first plane, when it
+// starts at lane 2). With CPG 2 mod 4 these are the only cases: per plane, not per lane.
+uint owned_lanes(uint i) {
+  if (LANE_GROUPS == 0u) return 0u;
+  uint q = plane_of(i);
+  return item_first_lane != 0u ? (q == 0u ? 2u : 0u) : (q == PLANES - 1u ? 1u : 0u);
 }
 // Selects, not a vector indexed by each lane's slot (a dynamically indexed vector may be kept in memory):
 // H200, GroupNorm with groups inside lanes, 96x64x64/32 fp32 36.3 -> 17.0 us, 960x16x16/32 13.5 -> 9.4,
@@ -357,8 +360,11 @@ float slot_sum(vec4 v, uvec4 s, uint k) {
 float slot_value(vec4 st, uint k) { return k == 0u ? st.x : k == 1u ? st.y : k == 2u ? st.z : st.w; }
 vec4 to_slots(vec4 v, uint i) {
   if (CPG == 1u) return v;
+  if (LANE_GROUPS != 0u) {  // selects: a NaN in the other group's lanes stays there
+    uint o = owned_lanes(i);
+    return vec4((o == 2u ? 0.0 : v.x + v.y) + (o == 1u ? 0.0 : v.z + v.w), 0.0, 0.0, 0.0);
+  }
   uvec4 s = lane_slots(i);
-  if (LANE_GROUPS != 0u) return vec4(slot_sum(v, s, 0u), 0.0, 0.0, 0.0);
   return vec4(slot_sum(v, s, 0u), slot_sum(v, s, 1u), slot_sum(v, s, 2u), slot_sum(v, s, 3u));
 }
 vec4 from_slots(vec4 st, uint i) {
@@ -371,12 +377,6 @@ vec4 from_slots(vec4 st, uint i) {
 vec4 lanes_per_slot(uint q) {
   if (CPG == 1u) return vec4(1.0);
   return to_slots(vec4(1.0), q * PLANE_SIZE);
-}
-// LANE_GROUPS: the lanes of the item's element i that its group owns, as stores take them (WRITE_LANES).
-uint owned_lanes(uint i) {
-  if (LANE_GROUPS == 0u) return 0u;
-  bvec4 mine = equal(lane_slots(i), uvec4(0u));
-  return all(mine) ? 0u : mine.x ? 1u : 2u;
 }
 // Each group's first element (the split path's pivot).
 vec4 first_elements(uint base) {

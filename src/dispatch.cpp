@@ -456,23 +456,27 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
 
 }  // namespace
 
-// GroupNorm in pack4 with groups of 2 mod 4 channels, at least lane_groups_min_channels, whose items of two
-// groups run fused: an item per group, where that runs fused too. The items of two groups run in half the
+// GroupNorm in pack4 with groups of 2 mod 4 channels, at least lane_groups_min_channels: an item per group where
+// that runs fused and the items of two groups run fused too, or cooperative for want of registers (groups
+// below cooperative_min_group that the full-team rule spreads). The items of two groups run in half the
 // workgroups, each mapping lanes to groups per element; an item per group reads the plane it shares with the
 // other group (a fifth more at 10 channels per group, from the cache once the other has read it; every element
-// twice at 2) and reduces one group. H200, fp32 / fp16, us, items of two groups -> of one (interleaved A/B):
-// GroupNorm 320x32x32/32 7.69 / 7.10 -> 5.30 / 5.42, 320x16x16/32 4.84 / 5.03 -> 3.69 / 3.54, 320x8x8/32 4.07 /
-// 3.96 -> 3.60 / 3.52, 960x16x16/32 9.36 / 9.36 -> 4.94 / 5.06, 960x8x8/32 4.24 / 4.44 -> 3.98 / 3.74. Not where
-// the items of two groups go cooperative (960x32x32/32 8.13 / 8.83 -> 8.80 / 10.37 fused, 320x48x48/32 8.01 /
-// 8.71 -> 9.67 / 9.17), nor at 2 channels per group (12x7x7/6 fp32 2.87 -> 3.09).
+// twice at 2) and reduces one group. H200, fp32 / fp16, us, items of two groups -> of one (interleaved A/Bs):
+// GroupNorm 320x32x32/32 7.76 / 7.07 -> 4.93 / 4.83, 320x16x16/32 4.90 / 4.96 -> 3.69 / 3.77, 960x16x16/32
+// 9.34 / 9.36 -> 4.42 / 4.24, 960x8x8/32 4.16 / 4.44 -> 3.92 / 3.63; from the cooperative kernel: 960x24x24/32
+// 7.71 / 8.16 -> 5.45 / 7.59, 320x48x48/32 8.02 / 8.77 -> 7.46 / 8.53, 960x32x32/32 8.32 / 9.04 -> 8.29 / 9.32.
+// Not for few large groups (cooperative at 320x64x64/32 either way), nor at 2 channels per group (12x7x7/6 fp32
+// 2.87 -> 3.09).
 Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16, NormOp op) {
   Path want = opt.path;
   if (want == Path::Auto)
     if (const char* env = std::getenv("VKNORM_PATH")) want = parse_path(env);
   const Plan items = plan_layout(g, dev, want, fp16, op, false);
   const auto fused = [](const Plan& p) { return p.path == Path::Subgroup || p.path == Path::Workgroup; };
+  const bool spread = items.path == Path::Cooperative && want == Path::Auto && g.group_size < dev.cooperative_min_group;
   const std::optional<GroupLayout> view = lane_group_view(g);
-  if (view && dev.lane_groups_min_channels && g.channels_per_group >= dev.lane_groups_min_channels && fused(items)) {
+  if (view && dev.lane_groups_min_channels && g.channels_per_group >= dev.lane_groups_min_channels &&
+      (fused(items) || spread)) {
     Plan plan = plan_layout(*view, dev, want, fp16, op, true);
     if (fused(plan)) {
       plan.lane_groups = true;

@@ -50,10 +50,12 @@ def test_few_large_groups_go_cooperative_where_residency_is_known():
     assert rows_plan("LayerNorm", 8192, 4096)["path"] == "workgroup"
 
 
-def test_few_groups_in_full_teams_of_many_elements_go_cooperative():
+def test_few_groups_in_full_teams_of_many_elements_go_cooperative(monkeypatch):
     # H200: fused, these run a full team (1024 invocations) holding 12-15 elements each on a handful of
     # multiprocessors; cooperative, 2-5x faster (GroupNorm 960x32x32/32 fp32 35.6 -> 8.5 us, InstanceNorm
-    # 32x112x112 12.5 -> 6.9, LayerNorm 64x12288 13.5 -> 8.3)
+    # 32x112x112 12.5 -> 6.9, LayerNorm 64x12288 13.5 -> 8.3). GroupNorm 960x32x32/32 as items of two groups
+    # (30 channels each inside pack4 lanes); its items of one group run fused (tests/test_dispatch_policy.py).
+    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "0")
     for fp16 in (False, True):
         for p in (channels_plan("GroupNorm", 960, 32, 32, 32, fp16), channels_plan("GroupNorm", 96, 64, 64, 32, fp16),
                   channels_plan("InstanceNorm", 32, 112, 112, 32, fp16), channels_plan("InstanceNorm", 16, 96, 96, 16, fp16),
@@ -92,9 +94,11 @@ def test_the_spill_knob_turns_off_the_wider_limit(monkeypatch):
     assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 15), p
 
 
-def test_planes_smaller_than_a_workgroup_s_share_take_smaller_workgroups():
+def test_planes_smaller_than_a_workgroup_s_share_take_smaller_workgroups(monkeypatch):
     # a 1024-element plane is one chunk either way: 128 invocations holding 8 each, not 256 holding 4 (H200,
-    # GroupNorm 1280x32x32/32 forced cooperative, fp32: 13.2 -> 8.9 us; 960x32x32/32 auto: 8.5 -> 8.2)
+    # GroupNorm 1280x32x32/32 forced cooperative, fp32: 13.2 -> 8.9 us; 960x32x32/32 auto: 8.5 -> 8.2, in items
+    # of two groups)
+    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "0")
     for fp16 in (False, True):
         p = channels_plan("GroupNorm", 960, 32, 32, 32, fp16)
         assert (p["path"], p["workgroup_size"], p["items"], p["chunks"]) == ("cooperative", 128, 8, 15), p
