@@ -251,6 +251,16 @@ def test_groups_inside_pack4_lanes_run_in_items_of_their_own(case, monkeypatch):
     if not max_abs_err(y, ref) <= LARGE_OFFSET_ABS_TOL:
         failures.append(f"large offset: {max_abs_err(y, ref):.3e}")
     assert not failures, "\n".join(failures)
+    # A NaN in the element the two groups share (the last channel of one, the first of the other) spoils its
+    # own group only: each sums its own lanes by select, as ncnn's CPU layer keeps it in its group
+    per_group = layer.channels // case[2]
+    for channel in (per_group - 1, per_group):
+        bad = x.copy()
+        bad[channel].reshape(-1)[0] = np.nan
+        cpu = layer(bad, device="cpu")
+        spoiled = layer(bad, device="vulkan", option=vknorm.Option(path="workgroup"))
+        np.testing.assert_array_equal(np.isfinite(spoiled), np.isfinite(cpu), err_msg=f"NaN in channel {channel}")
+        assert 0 < np.isfinite(cpu).sum() < cpu.size
     monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "0")
     items = layer(x, device="vulkan", option=vknorm.Option(path="workgroup"))
     assert layer.last_dispatch["lane_groups"] is False
