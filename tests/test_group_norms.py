@@ -267,6 +267,18 @@ def test_groups_inside_pack4_lanes_run_in_items_of_their_own(case, monkeypatch):
     assert max_abs_err(y, items) <= FP32_TOL * scale(ref)
 
 
+def test_groups_inside_pack4_lanes_run_in_pieces_of_whole_items(monkeypatch):
+    """A blob past the binding limit runs in pieces of whole items of two groups, so every piece's groups start
+    at the lanes they start at in the whole blob: an item per group gives the same bits in pieces."""
+    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "2")
+    layer, x, _, _ = make_case(LANE_CASES[0])
+    whole = layer(x, device="vulkan", option=vknorm.Option(path="workgroup"))
+    monkeypatch.setenv("VKNORM_MAX_BUFFER_BYTES", "8000")  # 2 items of 5 packed 6x6 planes per piece
+    pieces = layer(x, device="vulkan", option=vknorm.Option(path="workgroup"))
+    assert layer.last_dispatch["pieces"] >= 2 and layer.last_dispatch["lane_groups"], layer.last_dispatch
+    np.testing.assert_array_equal(pieces, whole)
+
+
 # ------------------------------------------------------------------------------ large and small groups
 
 LARGE = [
