@@ -12,9 +12,10 @@ GPUs take (measured on an NVIDIA H200, docs/benchmarks) are pinned here on any m
   per workgroup keeps its planes' weights in shared memory in float32 (any storage on CPU drivers);
 * fewer such groups than multiprocessors, latency-bound: the narrowest team down to 256 invocations that holds a
   group in 10 float32 vec4s each (16 float16 held as stored), not the latency rule's wide team; not for groups
-  inside pack4 lanes, nor where the multiprocessor count is unknown, nor on CPU drivers;
+  inside pack4 lanes held as items of several, nor where the multiprocessor count is unknown, nor on CPU drivers;
 * pack4 GroupNorm of 2 mod 4 channels per group, at least 10 (320 or 960 channels in 32 groups): an item per
-  group, not per two, wherever both would run fused (GPUs).
+  group, not per two, where it runs fused and the items of two would run fused, or cooperative for want of
+  registers (GPUs).
 
 The last test runs the held kernels on the real device: holding float16 as stored changes no bit.
 """
