@@ -329,6 +329,7 @@ NB_MODULE(_core, m) {
     std::vector<std::string> variants;
     for (const Pass& pass : fp.passes) variants.push_back(pass.variant);
     r["variants"] = variants;
+    r["counters_bytes"] = fp.counters ? fp.coefs_bytes : 0;  // the cooperative kernel's counters (slot 4)
     return r;
   }, "op"_a, "affine_size"_a, "group"_a, "channels"_a, "dims"_a, "w"_a, "h"_a, "d"_a, "c"_a, "elempack"_a, "fp16"_a,
      "device"_a, "path"_a = "auto");

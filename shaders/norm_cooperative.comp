@@ -13,27 +13,28 @@
 // handed out in the order workgroups run: those a workgroup waits for are running or yet to start,
 // and a slot frees as soon as the item ahead completes.
 //
-// Counters (binding 4, uint): [0] tickets taken, [1 + item] the item's count: +1 when a chunk's
-// partial is published (the item is complete at n_chunks), +1 when a workgroup has seen it complete.
+// Counters (binding 4, uint, COUNTER_STRIDE apart: common.glsl): the tickets taken, then each item's count:
+// +1 when a chunk's partial is published (the item is complete at n_chunks), +1 when a workgroup has seen it
+// complete.
 // They are zero before the dispatch (the executor zeroes them once, or a clear pass does) and zero
 // after it: the last ticket and each item's last count reset them, when no one reads them any more.
 #define COOPERATIVE 1
 #include "common.glsl"
 #include "split_coefs.glsl"
 
-// How a waiting workgroup polls its item's count (spec id 16). 1: plain loads of the volatile counter
+// How a waiting workgroup polls its item's count (spec id 17). 1: plain loads of the volatile counter
 // (GPUs: an atomic per poll from every waiting workgroup saturates the L2's atomic units; H200, LayerNorm
 // 8192x4096: 182 us polling with atomics). 0: atomics (CPU drivers, whose compilers may keep a plain load
 // out of the loop).
-layout(constant_id = 16) const uint POLL_LOADS = 1;
+layout(constant_id = 17) const uint POLL_LOADS = 1;
 // 1: chunks are runs of whole planes (planes smaller than a chunk, too many for one chunk each to be resident
 // at once), each element addressed through its plane; only where a packed element holds one group (pack1, or
 // whole pack4 planes per group), so the group slots are the same in every plane. 0: a chunk lies in one plane.
-layout(constant_id = 17) const uint CHUNK_PLANES = 0;
+layout(constant_id = 18) const uint CHUNK_PLANES = 0;
 // A wait that outlives 2^22 polls gives up and writes NaN for its item (the device did not keep the
 // item's chunks resident together): a visible failure rather than a hung queue. 64 polls per iteration:
 // llvmpipe ends a shader's loops after 65535 iterations.
-#define POLL(seen, g) seen = POLL_LOADS != 0u ? counter[1u + g] : atomicAdd(counter[1u + g], 0u);
+#define POLL(seen, g) seen = POLL_LOADS != 0u ? COUNT(g) : atomicAdd(COUNT(g), 0u);
 #define POLL_4(seen, g) POLL(seen, g) POLL(seen, g) POLL(seen, g) POLL(seen, g)
 #define POLL_16(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g)
 
@@ -104,14 +105,14 @@ void main() {
   if (gl_LocalInvocationIndex == 0u) {
     publish_partial(chunk, g, c, mean, m2, group_pivot);
     memoryBarrierBuffer();
-    uint seen = atomicAdd(counter[1u + g], 1u) + 1u;
+    uint seen = atomicAdd(COUNT(g), 1u) + 1u;
     for (uint k = 0u; k < 65536u && seen < p.n_chunks; ++k) {
       POLL_16(seen, g) POLL_16(seen, g) POLL_16(seen, g) POLL_16(seen, g)
     }
     sh_complete = seen >= p.n_chunks;
     memoryBarrierBuffer();
     // The item's last workgroup past its wait leaves the count zero for the next dispatch.
-    if (atomicAdd(counter[1u + g], 1u) == 2u * p.n_chunks - 1u) counter[1u + g] = 0u;
+    if (atomicAdd(COUNT(g), 1u) == 2u * p.n_chunks - 1u) COUNT(g) = 0u;
   }
   barrier();
   afp group_pivot_kept, group_mean, a;

@@ -72,6 +72,8 @@ struct DeviceCaps {
   // fused, pack4 GroupNorm of 2 mod 4 channels per group, at least this many: an item per group
   // (lane_group_view) where the items of two groups run fused (0: never; CPU drivers)
   uint32_t lane_groups_min_channels = 10;
+  // cooperative: uints from one of its counters to the next (ticket, a count per item; common.glsl)
+  uint32_t counter_stride = 1;
 };
 
 struct Plan {

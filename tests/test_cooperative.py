@@ -5,10 +5,12 @@ other's partial statistics (shaders/norm_cooperative.comp).
   keeps resident (NVIDIA's multiprocessor count), for few large groups (groups too large for the fused kernel
   go split) and for few groups the fused kernel would hold in full teams of many elements each (more of its
   workgroups where float32 full teams would spill); never on CPU drivers; a group's chunks never outnumber the
-  resident workgroups; its workgroups halve, down to 128 invocations, where a channel plane is one chunk anyway.
+  resident workgroups; its workgroups halve, down to 128 invocations, where a channel plane is one chunk anyway;
+  its counters lie a cache line apart.
 * On this machine's lavapipe, in child processes that declare the residency (VKNORM_COOPERATIVE_WORKGROUPS=2
   with LP_NUM_THREADS=2, so both chunks of a group run at once): the forced path against the CPU reference for
-  every op, storage and packing, with groups of two chunks that really wait on each other; the fused residual
+  every op, storage and packing, with groups of two chunks that really wait on each other (counters a line apart
+  and packed); the fused residual
   add and activation; large offsets; squares past float32's range; back-to-back forwards that reuse the counters it leaves zero; and inside
   ncnn's Vulkan graph, where a clear pass zeroes them in ncnn's workspace memory.
 """
@@ -139,6 +141,19 @@ def test_rows_too_large_for_the_fused_kernel_go_split():
         assert rows_plan(op, 1024, 32768)["path"] == "split"
 
 
+def test_counters_lie_a_cache_line_apart(monkeypatch):
+    """The ticket and each item's count 128 bytes apart (32 uints), so that workgroups polling one item's count
+    do not contend with another item's atomics; VKNORM_TUNE_COUNTER_STRIDE packs them (1 uint apart)."""
+    plan = channels_plan("GroupNorm", 320, 64, 64, 32)  # 16 items of two groups (10 channels each: pack4 lanes)
+    assert plan["path"] == "cooperative" and plan["counters_bytes"] == (1 + 16) * 128, plan
+    # a CPU's lines too; pack4: 2 items, each a packed plane of 4 channels' instances
+    plan = channels_plan("InstanceNorm", 8, 30, 30, 8, device=LAVAPIPE, path="cooperative")
+    assert plan["path"] == "cooperative" and plan["counters_bytes"] == (1 + 2) * 128, plan
+    assert channels_plan("GroupNorm", 640, 32, 32, 32)["counters_bytes"] == 0  # fused: no counters
+    monkeypatch.setenv("VKNORM_TUNE_COUNTER_STRIDE", "1")
+    assert channels_plan("GroupNorm", 320, 64, 64, 32)["counters_bytes"] == (1 + 16) * 4
+
+
 def test_never_planned_without_known_residency():
     assert channels_plan("InstanceNorm", 64, 128, 128, 64, device=H200_UNKNOWN_RESIDENCY)["path"] == "workgroup"
     assert rows_plan("LayerNorm", 1024, 32768, device=H200_UNKNOWN_RESIDENCY)["path"] == "split"
@@ -255,8 +270,12 @@ def run_declaring_residency(script, extra_env=None):
     return proc
 
 
-def test_forced_cooperative_matches_the_cpu_reference_with_groups_that_wait_on_each_other():
-    report = json.loads(run_declaring_residency(DEVICE_SCRIPT).stdout.strip().splitlines()[-1])
+@pytest.mark.parametrize("counter_stride", [None, "1"], ids=["counters_a_line_apart", "counters_packed"])
+def test_forced_cooperative_matches_the_cpu_reference_with_groups_that_wait_on_each_other(counter_stride):
+    """Every case, with the counters where the dispatcher puts them (a 128-byte line each) and packed side by side:
+    the spacing moves where workgroups count and poll, never what they compute."""
+    env = {"VKNORM_TUNE_COUNTER_STRIDE": counter_stride} if counter_stride else {}
+    report = json.loads(run_declaring_residency(DEVICE_SCRIPT, env).stdout.strip().splitlines()[-1])
     cases = [r for r in report if r["case"] != "repeated"]
     assert len(cases) == 8 * 4 + 2 + 2
     for r in cases:
