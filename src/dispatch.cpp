@@ -471,8 +471,10 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
 // GroupNorm 320x32x32/32 7.76 / 7.07 -> 4.93 / 4.83, 320x16x16/32 4.90 / 4.96 -> 3.69 / 3.77, 960x16x16/32
 // 9.34 / 9.36 -> 4.42 / 4.24, 960x8x8/32 4.16 / 4.44 -> 3.92 / 3.63; from the cooperative kernel: 960x24x24/32
 // 7.71 / 8.16 -> 5.45 / 7.59, 320x48x48/32 8.02 / 8.77 -> 7.46 / 8.53, 960x32x32/32 8.32 / 9.04 -> 8.29 / 9.32.
-// Not for few large groups (cooperative at 320x64x64/32 either way), nor at 2 channels per group (12x7x7/6 fp32
-// 2.87 -> 3.09).
+// Not for few large groups, which stay cooperative items of two groups: an item per group in a 1024-invocation
+// fused team lost (320x64x64/32 9.24 / 8.46 -> 13.44 / 13.39 us, 960x40x40/32 9.70 / 8.39 -> 13.73 / 12.68), and as
+// cooperative chunks its whole-plane analogue lost too (384x64x64/32: 11.12 / 8.29). Nor at 2 channels per group
+// (12x7x7/6 fp32 2.87 -> 3.09).
 Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16, NormOp op) {
   Path want = opt.path;
   if (want == Path::Auto)
