@@ -473,8 +473,8 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
 // 7.71 / 8.16 -> 5.45 / 7.59, 320x48x48/32 8.02 / 8.77 -> 7.46 / 8.53, 960x32x32/32 8.32 / 9.04 -> 8.29 / 9.32.
 // Not for few large groups, which stay cooperative items of two groups: an item per group in a 1024-invocation
 // fused team lost (320x64x64/32 9.24 / 8.46 -> 13.44 / 13.39 us, 960x40x40/32 9.70 / 8.39 -> 13.73 / 12.68), and as
-// cooperative chunks its whole-plane analogue lost too (384x64x64/32: 11.12 / 8.29). Nor at 2 channels per group
-// (12x7x7/6 fp32 2.87 -> 3.09).
+// cooperative chunks its whole-plane analogue was no faster (384x64x64/32 11.12 / 8.29 against 9.18 / 8.35). Nor at 2
+// channels per group (12x7x7/6 fp32 2.87 -> 3.09).
 Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16, NormOp op) {
   Path want = opt.path;
   if (want == Path::Auto)
