@@ -12,7 +12,8 @@
 //   PACK     1: one group per element, 4: ncnn pack4, each vec4 holds one element of 4 groups
 //            (4 channels, or 4 rows of a 2-D blob) at the same position.
 //   VEC4     with PACK 1: a pack1 blob read as vec4s, 4 consecutive elements of one group per load
-//            (the host passes group_size and cstep in vec4s).
+//            (the host passes group_size and cstep in vec4s); or a pack4 blob whose elements each hold
+//            channels of one group (GroupNorm of whole planes per group, or LANE_GROUPS items).
 //   SUBGROUP 1: team reductions use subgroup operations, 0: shared memory only.
 // Specialization constants (one pipeline per layer and choice), ids 0..6 in every kernel:
 //   0 workgroup size, 1 op, 2 affine, 3 items per invocation and 4 weight prefetch (fused kernel),
@@ -22,8 +23,9 @@
 //   11 the split apply pass merges partials itself (norm_apply.comp),
 //   12 a residual add before the norm, 13 an activation after it, 14 its parameter (fusion, below),
 //   15 float16 elements held in registers as stored (fused kernel, see norm_fused.comp),
-//   16 (each kernel its own): the cooperative kernel's polls (17: its chunks span planes), the split apply
-//   pass's order, the fused kernel's items of one group inside pack4 lanes (LANE_GROUPS, below).
+//   16 (each kernel its own): the cooperative kernel's and its clear's counter stride (then 17 its polls, 18
+//   its chunks spanning planes), the split apply pass's order, the fused kernel's items of one group inside
+//   pack4 lanes (LANE_GROUPS, below).
 #if FP16
 #extension GL_EXT_shader_16bit_storage : require
 #endif
@@ -219,9 +221,9 @@ hfp load_held(uint i) {
 afp load_x(uint i) { return unpack_held(load_held(i)); }
 // Stores write the lanes that `lanes` names (LANE_GROUPS, owned_lanes): 0 all of the element, 1 its first two lanes,
 // 2 its last two (a uvec2 word each in float16).
-#if PACK == 4 && FP16
+#if (PACK == 4 || VEC4) && FP16
 #define WRITE_LANES(buf, at, v, lanes) if (lanes == 0u) buf[at] = v; else if (lanes == 1u) buf[at].x = v.x; else buf[at].y = v.y;
-#elif PACK == 4
+#elif PACK == 4 || VEC4
 #define WRITE_LANES(buf, at, v, lanes) if (lanes == 0u) buf[at] = v; else if (lanes == 1u) buf[at].xy = v.xy; else buf[at].zw = v.zw;
 #else
 #define WRITE_LANES(buf, at, v, lanes) buf[at] = v;
@@ -312,7 +314,7 @@ bool any_above(stat a, stat b) { return a > b; }
 // Elements of one group: a VEC4 element is 4 of the group's; a pack4 item of PLANES planes holds
 // CPG channel planes per group.
 #if VEC4
-#define GROUP_ELEMS (GROUP_SIZE * 4u)
+#define GROUP_ELEMS (LANE_GROUPS != 0u ? CPG * PLANE_SIZE : GROUP_SIZE * 4u)
 #elif PACK == 4
 #define GROUP_ELEMS (CPG * PLANE_SIZE)
 #else
@@ -324,7 +326,7 @@ uint item_first_lane = 0u;
 uint first_plane_of_group(uint g) { return (g * CPG) >> 2; }
 
 uint group_base(uint g) {
-  if (PACK == 4 && LANE_GROUPS != 0u) {
+  if ((PACK == 4 || VEC4 != 0) && LANE_GROUPS != 0u) {
     item_first_lane = (g * CPG) & 3u;
     return first_plane_of_group(g) * p.cstep;
   }
@@ -341,11 +343,7 @@ uint channel_of(uint g, uint i) {
   return (LANE_GROUPS != 0u ? first_plane_of_group(g) : (g / p.gpc) * PLANES) + plane_of(i);
 }
 
-// Group slots (pack4): statistics of the groups an item holds, one per vec4 component. to_slots adds
-// the lanes of element i into their groups' slots; from_slots hands each lane its group's value. With
-// CPG 1 the lanes are the slots. Written per lane, so a NaN stays in its own group.
-#if PACK == 4
-uvec4 lane_slots(uint i) { return (uvec4(4u * plane_of(i)) + uvec4(0u, 1u, 2u, 3u)) / CPG; }
+#if PACK == 4 || VEC4
 // LANE_GROUPS: the lanes of the item's element i that its group owns, as stores take them (WRITE_LANES): 0 all
 // four, 1 the first two (its last plane, when it starts at lane 0), 2 the last two (its first plane, when it
 // starts at lane 2). With CPG 2 mod 4 these are the only cases: per plane, not per lane.
@@ -354,6 +352,15 @@ uint owned_lanes(uint i) {
   uint q = plane_of(i);
   return item_first_lane != 0u ? (q == 0u ? 2u : 0u) : (q == PLANES - 1u ? 1u : 0u);
 }
+#else
+uint owned_lanes(uint i) { return 0u; }
+#endif
+
+// Group slots (pack4): statistics of the groups an item holds, one per vec4 component. to_slots adds
+// the lanes of element i into their groups' slots; from_slots hands each lane its group's value. With
+// CPG 1 the lanes are the slots. Written per lane, so a NaN stays in its own group.
+#if PACK == 4
+uvec4 lane_slots(uint i) { return (uvec4(4u * plane_of(i)) + uvec4(0u, 1u, 2u, 3u)) / CPG; }
 // Selects, not a vector indexed by each lane's slot (a dynamically indexed vector may be kept in memory):
 // H200, GroupNorm with groups inside lanes, 96x64x64/32 fp32 36.3 -> 17.0 us, 960x16x16/32 13.5 -> 9.4,
 // 320x16x16/32 6.4 -> 5.0, float16 alike; the per-lane sums add the same values in the same order.
@@ -394,8 +401,17 @@ vec4 first_elements(uint base) {
   return r;
 }
 #else
-uint owned_lanes(uint i) { return 0u; }
+#if VEC4
+// LANE_GROUPS in vec4 reads: the item is one group, whose statistic to_stat adds across the element; the other
+// group's lanes are zeroed first, by a select (a NaN there stays there).
+afp to_slots(afp v, uint i) {
+  if (LANE_GROUPS == 0u) return v;
+  uint o = owned_lanes(i);
+  return mix(vec4(0.0), v, bvec4(o != 2u, o != 2u, o != 1u, o != 1u));
+}
+#else
 afp to_slots(afp v, uint i) { return v; }
+#endif
 afp from_slots(afp st, uint i) { return st; }
 float lanes_per_slot(uint q) { return 1.0; }
 afp first_elements(uint base) { return load_x(base); }

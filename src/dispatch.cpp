@@ -171,6 +171,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   caps.counter_stride = 32;
   if (const char* v = std::getenv("VKNORM_TUNE_COUNTER_STRIDE")) caps.counter_stride = uint32_t(std::max(1, std::atoi(v)));
   if (const char* v = std::getenv("VKNORM_TUNE_LANE_GROUPS")) caps.lane_groups_min_channels = uint32_t(std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_LANE_GROUPS_VEC4")) caps.lane_groups_vec4 = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_WORKGROUP"))
     caps.preferred_workgroup = std::min(caps.max_workgroup, pow2_floor(std::max(1, std::atoi(v))));
   // Shared memory (maxComputeSharedMemorySize, VKNORM_MAX_SHARED_MEMORY caps it): per invocation the
@@ -197,7 +198,8 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
   Plan plan;
   plan.wg = dev.preferred_workgroup;
   plan.subgroup = dev.subgroup_reduce;
-  const bool vec4 = reads_vec4(g);
+  // An item per group inside pack4 lanes holds one group, as the vec4 reads of whole planes do (lane_groups_vec4).
+  const bool vec4 = reads_vec4(g) || (lane_groups && dev.lane_groups_vec4);
   const bool mixed = mixed_lanes(g, vec4) && !lane_groups;
   const uint32_t size = vec4 && g.elempack == 1 ? g.group_size / 4 : g.group_size;
   const uint32_t subgroup = dev.subgroup_size ? std::min(dev.subgroup_size, plan.wg) : std::min(32u, plan.wg);

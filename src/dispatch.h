@@ -72,6 +72,10 @@ struct DeviceCaps {
   // fused, pack4 GroupNorm of 2 mod 4 channels per group, at least this many: an item per group
   // (lane_group_view) where the items of two groups run fused (0: never; CPU drivers)
   uint32_t lane_groups_min_channels = 10;
+  // ... run in the fused kernel's vec4 variant (one float per statistic, as whole planes) rather than the pack4
+  // slot variant (statistics in vec4 slots). Off until measured: whole planes ran 2.5-3.5x faster in the vec4
+  // variant than in the slot one on the H200 (docs/benchmarks); items per group were measured in the slot one only.
+  bool lane_groups_vec4 = false;
   // cooperative: uints from one of its counters to the next (ticket, a count per item; common.glsl)
   uint32_t counter_stride = 1;
 };

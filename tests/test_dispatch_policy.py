@@ -119,6 +119,21 @@ def test_the_lane_groups_knob_sets_the_least_channels_per_group(monkeypatch):
     assert not channels_plan("GroupNorm", 20, 7, 7, 4, False, device=LAVAPIPE)["lane_groups"]  # 5 per group: odd
 
 
+def test_an_item_per_group_runs_in_the_pack4_slot_variant_unless_the_vec4_knob_says(monkeypatch):
+    """An item per group inside pack4 lanes holds one group, as the vec4 reads of whole planes do: with
+    VKNORM_TUNE_LANE_GROUPS_VEC4=1 it runs in that variant of the fused kernel (one float per statistic), same
+    teams; by default in the pack4 one (statistics in vec4 slots)."""
+    plan = channels_plan("GroupNorm", 320, 32, 32, 32, False, device=H200_KNOWN_RESIDENCY)
+    assert plan["lane_groups"] and not plan["vec4"] and plan["variants"] == ["norm_fused_fp0_p4_sg1"], plan
+    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS_VEC4", "1")
+    vec4 = channels_plan("GroupNorm", 320, 32, 32, 32, False, device=H200_KNOWN_RESIDENCY)
+    assert vec4["lane_groups"] and vec4["vec4"] and vec4["variants"] == ["norm_fused_fp0_pv4_sg1"], vec4
+    assert (vec4["team"], vec4["items"]) == (plan["team"], plan["items"])
+    # items of two groups keep the slot variant
+    two = channels_plan("GroupNorm", 320, 64, 64, 32, False, device=H200_KNOWN_RESIDENCY)
+    assert not two["lane_groups"] and not two["vec4"], two
+
+
 def test_float16_rows_hold_up_to_32_elements_before_the_split_path():
     # 32768 cols in pack4: the fused kernel (1024 x 32) measured 50 % against the split path's 40 % (LayerNorm)
     p = rows_plan("LayerNorm", 1024, 32768, True)
