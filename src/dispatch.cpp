@@ -168,7 +168,6 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   // two interleaved A/Bs, packed -> a line apart, fp32: GroupNorm 1920x32x32/32 10.37 -> 9.82 and 10.33 -> 9.81 us,
   // 320x64x64/32 9.30 -> 9.21 and 9.53 -> 9.19; 960x64x64/32, InstanceNorm 64x128x128 and 32x224x224, 640x16x16/2
   // and float16 level (within 0.1 us).
-  caps.counter_stride = 32;
   if (const char* v = std::getenv("VKNORM_TUNE_COUNTER_STRIDE")) caps.counter_stride = uint32_t(std::max(1, std::atoi(v)));
   if (const char* v = std::getenv("VKNORM_TUNE_LANE_GROUPS")) caps.lane_groups_min_channels = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_LANE_GROUPS_VEC4")) caps.lane_groups_vec4 = std::atoi(v) != 0;

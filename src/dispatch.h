@@ -77,7 +77,7 @@ struct DeviceCaps {
   // variant than in the slot one on the H200 (docs/benchmarks); items per group were measured in the slot one only.
   bool lane_groups_vec4 = false;
   // cooperative: uints from one of its counters to the next (ticket, a count per item; common.glsl)
-  uint32_t counter_stride = 1;
+  uint32_t counter_stride = 32;
 };
 
 struct Plan {
