@@ -221,10 +221,18 @@ hfp load_held(uint i) {
 afp load_x(uint i) { return unpack_held(load_held(i)); }
 // Stores write the lanes that `lanes` names (LANE_GROUPS, owned_lanes): 0 all of the element, 1 its first two lanes,
 // 2 its last two (a uvec2 word each in float16).
-#if (PACK == 4 || VEC4) && FP16
-#define WRITE_LANES(buf, at, v, lanes) if (lanes == 0u) buf[at] = v; else if (lanes == 1u) buf[at].x = v.x; else buf[at].y = v.y;
-#elif PACK == 4 || VEC4
-#define WRITE_LANES(buf, at, v, lanes) if (lanes == 0u) buf[at] = v; else if (lanes == 1u) buf[at].xy = v.xy; else buf[at].zw = v.zw;
+#if PACK == 4 || VEC4
+#if FP16
+#define LANES_01 x  // the uvec2 word of lanes 0-1
+#define LANES_23 y
+#else
+#define LANES_01 xy
+#define LANES_23 zw
+#endif
+#define WRITE_LANES(buf, at, v, lanes)                                         \
+  if (lanes == 0u) buf[at] = v;                                                \
+  else if (lanes == 1u) buf[at].LANES_01 = v.LANES_01;                         \
+  else buf[at].LANES_23 = v.LANES_23;
 #else
 #define WRITE_LANES(buf, at, v, lanes) buf[at] = v;
 #endif
@@ -324,6 +332,9 @@ bool any_above(stat a, stat b) { return a > b; }
 // LANE_GROUPS: the item's group starts at this lane of its first plane (0 or 2), set with the item.
 uint item_first_lane = 0u;
 uint first_plane_of_group(uint g) { return (g * CPG) >> 2; }
+#if PACK == 4 || VEC4
+float group_first_element(uint base) { return load_x(base)[item_first_lane]; }  // LANE_GROUPS: the pivot
+#endif
 
 uint group_base(uint g) {
   if ((PACK == 4 || VEC4 != 0) && LANE_GROUPS != 0u) {
@@ -392,7 +403,7 @@ vec4 lanes_per_slot(uint q) {
 // Each group's first element (the split path's pivot).
 vec4 first_elements(uint base) {
   if (CPG == 1u) return load_x(base);
-  if (LANE_GROUPS != 0u) return vec4(load_x(base)[item_first_lane], 0.0, 0.0, 0.0);
+  if (LANE_GROUPS != 0u) return vec4(group_first_element(base), 0.0, 0.0, 0.0);
   vec4 r = vec4(0.0);
   for (uint k = 0u; k < 4u; ++k) {
     uint c = k * CPG;  // the slot's first channel, relative to the item

@@ -8,5 +8,5 @@
 
 void main() {
   uint j = workgroup_linear() * WG + gl_LocalInvocationID.x;
-  if (j < (p.n_groups + 1u) * COUNTER_STRIDE) counter[j] = 0u;
+  if (j < p.n_groups + 1u) counter[j * COUNTER_STRIDE] = 0u;  // the counters only, not the room between them
 }

@@ -552,7 +552,7 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& b
                dev.specialize_shape ? g.group_size : 0u, 0});
     spec.push_back(dev.counter_stride);
     f.passes.push_back(Pass{variant_name("norm_clear", false, "1", false), spec, pc, plan.wg,
-                            div_up((1 + uint64_t(g.n_groups)) * dev.counter_stride, plan.wg), false, /*clears_counters=*/true});
+                            div_up(1 + uint64_t(g.n_groups), plan.wg), false, /*clears_counters=*/true});
     spec.push_back(dev.poll_loads ? 1u : 0u);
     spec.push_back(plan.chunk_size > g.plane_size() ? 1u : 0u);  // id 18: chunks of whole planes
     pass("norm_cooperative", pack, plan.subgroup, spec, items, true);

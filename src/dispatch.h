@@ -128,9 +128,9 @@ struct Pass {
   std::vector<uint32_t> specialization;  // constant ids 0..15: workgroup, op, affine, items, prefetch, team, size,
                                          // one reduction, planes, weights, channels per group, apply merges,
                                          // residual, activation, its parameter (float bits), hold storage;
-                                         // each kernel's own from 16: the cooperative kernel's polls and
-                                         // chunks of planes, the apply pass's order, the fused kernel's
-                                         // items of one group inside pack4 lanes
+                                         // each kernel's own from 16: the counter stride (cooperative kernel
+                                         // and its clear; then its polls, its chunks of planes), the apply
+                                         // pass's order, the fused kernel's items of one group in pack4 lanes
   PushConstants push{};
   uint32_t workgroup_size = 0;  // local_size_x (specialization[0])
   uint64_t workgroups = 0;      // 1-D; executors fold counts past maxComputeWorkGroupCount[0] into y
