@@ -119,17 +119,17 @@ def test_the_lane_groups_knob_sets_the_least_channels_per_group(monkeypatch):
     assert not channels_plan("GroupNorm", 20, 7, 7, 4, False, device=LAVAPIPE)["lane_groups"]  # 5 per group: odd
 
 
-def test_an_item_per_group_runs_in_the_pack4_slot_variant_unless_the_vec4_knob_says(monkeypatch):
-    """An item per group inside pack4 lanes holds one group, as the vec4 reads of whole planes do: with
-    VKNORM_TUNE_LANE_GROUPS_VEC4=1 it runs in that variant of the fused kernel (one float per statistic), same
-    teams; by default in the pack4 one (statistics in vec4 slots)."""
+def test_an_item_per_group_runs_in_the_vec4_variant_unless_the_knob_says(monkeypatch):
+    """An item per group inside pack4 lanes holds one group, as the vec4 reads of whole planes do, so it runs in
+    that variant of the fused kernel (one float per statistic); VKNORM_TUNE_LANE_GROUPS_VEC4=0 puts it in the
+    pack4 one (statistics in vec4 slots) with the same teams. Items of two groups keep the slot variant."""
     plan = channels_plan("GroupNorm", 320, 32, 32, 32, False, device=H200_KNOWN_RESIDENCY)
-    assert plan["lane_groups"] and not plan["vec4"] and plan["variants"] == ["norm_fused_fp0_p4_sg1"], plan
-    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS_VEC4", "1")
-    vec4 = channels_plan("GroupNorm", 320, 32, 32, 32, False, device=H200_KNOWN_RESIDENCY)
-    assert vec4["lane_groups"] and vec4["vec4"] and vec4["variants"] == ["norm_fused_fp0_pv4_sg1"], vec4
-    assert (vec4["team"], vec4["items"]) == (plan["team"], plan["items"])
-    # items of two groups keep the slot variant
+    assert plan["lane_groups"] and plan["vec4"] and plan["variants"] == ["norm_fused_fp0_pv4_sg1"], plan
+    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS_VEC4", "0")
+    slots = channels_plan("GroupNorm", 320, 32, 32, 32, False, device=H200_KNOWN_RESIDENCY)
+    assert slots["lane_groups"] and not slots["vec4"] and slots["variants"] == ["norm_fused_fp0_p4_sg1"], slots
+    assert (slots["team"], slots["items"]) == (plan["team"], plan["items"])
+    monkeypatch.delenv("VKNORM_TUNE_LANE_GROUPS_VEC4")
     two = channels_plan("GroupNorm", 320, 64, 64, 32, False, device=H200_KNOWN_RESIDENCY)
     assert not two["lane_groups"] and not two["vec4"], two
 
