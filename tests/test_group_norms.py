@@ -193,12 +193,17 @@ def test_groups_of_more_channel_planes_than_the_workgroup_has_invocations(case, 
         assert max_abs_err(y, ref) <= FP32_TOL * scale(ref), (path, packing, layer.last_dispatch, max_abs_err(y, ref))
 
 
-def test_straddling_groups_run_pack4_and_whole_group_elements_read_vec4s():
-    """320 channels / 32 groups packs 10 channels per group across pack4 elements: the pack4 kernel with
-    group slots runs; 24 / 3 groups (8 per group) reads each pack4 element as one group's vec4."""
+def test_straddling_groups_run_pack4_and_whole_group_elements_read_vec4s(monkeypatch):
+    """320 channels / 32 groups packs 10 channels per group across pack4 elements: as items of two groups the
+    pack4 kernel with group slots runs; as an item per group (GPUs) the vec4 one, one group per item. 24 / 3
+    groups (8 per group) reads each pack4 element as one group's vec4."""
     straddle, x, _, _ = make_case(CASES[0])
     straddle(x, device="vulkan")
-    assert straddle.last_dispatch["vec4"] is False and straddle.last_dispatch["dispatches"] == 1
+    assert straddle.last_dispatch["vec4"] is straddle.last_dispatch["lane_groups"], straddle.last_dispatch
+    assert straddle.last_dispatch["dispatches"] == 1
+    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "0")
+    straddle(x, device="vulkan")
+    assert straddle.last_dispatch["vec4"] is False and straddle.last_dispatch["lane_groups"] is False
     whole, x, _, _ = make_case(CASES[3])
     whole(x, device="vulkan")
     assert whole.last_dispatch["vec4"] is True
