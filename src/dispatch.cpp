@@ -163,7 +163,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_PLANE_WEIGHTS")) caps.plane_weights = std::atoi(v) != 0;
   // lavapipe loses with it: GroupNorm 320x32x32/32 fp32 1.5-1.6 -> 2.8-3.6 ms (an invocation's lanes are SIMD
   // lanes there, and it masks and stores per lane), 960x16x16/32 level within its noise.
-  caps.lane_groups_min_channels = caps.cpu ? 0 : 10;
+  caps.lane_groups_min_channels = caps.cpu ? 0 : 6;
   // The cooperative kernel's counters 128 bytes apart, a cache line each (NVIDIA's L2 line; two of a CPU's). H200,
   // two interleaved A/Bs, packed -> a line apart, fp32: GroupNorm 1920x32x32/32 10.37 -> 9.82 and 10.33 -> 9.81 us,
   // 320x64x64/32 9.30 -> 9.21 and 9.53 -> 9.19; 960x64x64/32, InstanceNorm 64x128x128 and 32x224x224, 640x16x16/2
@@ -471,11 +471,16 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
 // twice at 2) and reduces one group. H200, fp32 / fp16, us, items of two groups -> of one (interleaved A/Bs):
 // GroupNorm 320x32x32/32 7.76 / 7.07 -> 4.93 / 4.83, 320x16x16/32 4.90 / 4.96 -> 3.69 / 3.77, 960x16x16/32
 // 9.34 / 9.36 -> 4.42 / 4.24, 960x8x8/32 4.16 / 4.44 -> 3.92 / 3.63; from the cooperative kernel: 960x24x24/32
-// 7.71 / 8.16 -> 5.45 / 7.59, 320x48x48/32 8.02 / 8.77 -> 7.46 / 8.53, 960x32x32/32 8.32 / 9.04 -> 8.29 / 9.32.
+// 7.71 / 8.16 -> 5.45 / 7.59, 320x48x48/32 8.02 / 8.77 -> 7.46 / 8.53, 960x32x32/32 8.32 / 9.04 -> 8.29 / 9.32. At 6
+// channels per group (in the vec4 variant): 192x32x32/32 6.31 / 6.00 -> 4.56 / 4.29, 192x48x48/32 17.57 / 19.18 ->
+// 5.73 / 6.79, 96x32x32/16 6.21 / 5.83 -> 4.66 / 4.01, 192x16x16/32 3.49 / 3.50 -> 3.42 / 3.36; from the cooperative
+// kernel: 192x64x64/32 8.04 / 8.56 -> 8.16 / 7.62.
 // Not for few large groups, which stay cooperative items of two groups: an item per group in a 1024-invocation
-// fused team lost (320x64x64/32 9.24 / 8.46 -> 13.44 / 13.39 us, 960x40x40/32 9.70 / 8.39 -> 13.73 / 12.68), and as
+// fused team lost (vec4 variant: 320x64x64/32 9.23 / 8.45 -> 12.95 / 9.98 us, 960x40x40/32 9.69 / 8.45 -> 12.57 /
+// 10.50), and as
 // cooperative chunks its whole-plane analogue was no faster (384x64x64/32 11.12 / 8.29 against 9.18 / 8.35). Nor at 2
-// channels per group (12x7x7/6 fp32 2.87 -> 3.09).
+// channels per group, where each group reads every element of its planes (12x7x7/6 fp32 2.85 -> 2.97, 64x32x32/32
+// 3.52 -> 4.00, 128x16x16/64 3.21 -> 3.29).
 Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16, NormOp op) {
   Path want = opt.path;
   if (want == Path::Auto)
