@@ -221,7 +221,7 @@ hfp load_held(uint i) {
 afp load_x(uint i) { return unpack_held(load_held(i)); }
 // Stores write the lanes that `lanes` names (LANE_GROUPS, owned_lanes): 0 all of the element, 1 its first two lanes,
 // 2 its last two (a uvec2 word each in float16).
-#if PACK == 4 || VEC4
+#if VEC4
 #if FP16
 #define LANES_01 x  // the uvec2 word of lanes 0-1
 #define LANES_23 y
@@ -332,12 +332,12 @@ bool any_above(stat a, stat b) { return a > b; }
 // LANE_GROUPS: the item's group starts at this lane of its first plane (0 or 2), set with the item.
 uint item_first_lane = 0u;
 uint first_plane_of_group(uint g) { return (g * CPG) >> 2; }
-#if PACK == 4 || VEC4
+#if VEC4
 float group_first_element(uint base) { return load_x(base)[item_first_lane]; }  // LANE_GROUPS: the pivot
 #endif
 
 uint group_base(uint g) {
-  if ((PACK == 4 || VEC4 != 0) && LANE_GROUPS != 0u) {
+  if (VEC4 != 0 && LANE_GROUPS != 0u) {
     item_first_lane = (g * CPG) & 3u;
     return first_plane_of_group(g) * p.cstep;
   }
@@ -354,7 +354,7 @@ uint channel_of(uint g, uint i) {
   return (LANE_GROUPS != 0u ? first_plane_of_group(g) : (g / p.gpc) * PLANES) + plane_of(i);
 }
 
-#if PACK == 4 || VEC4
+#if VEC4
 // LANE_GROUPS: the lanes of the item's element i that its group owns, as stores take them (WRITE_LANES): 0 all
 // four, 1 the first two (its last plane, when it starts at lane 0), 2 the last two (its first plane, when it
 // starts at lane 2). With CPG 2 mod 4 these are the only cases: per plane, not per lane.
@@ -382,16 +382,11 @@ float slot_sum(vec4 v, uvec4 s, uint k) {
 float slot_value(vec4 st, uint k) { return k == 0u ? st.x : k == 1u ? st.y : k == 2u ? st.z : st.w; }
 vec4 to_slots(vec4 v, uint i) {
   if (CPG == 1u) return v;
-  if (LANE_GROUPS != 0u) {  // selects: a NaN in the other group's lanes stays there
-    uint o = owned_lanes(i);
-    return vec4((o == 2u ? 0.0 : v.x + v.y) + (o == 1u ? 0.0 : v.z + v.w), 0.0, 0.0, 0.0);
-  }
   uvec4 s = lane_slots(i);
   return vec4(slot_sum(v, s, 0u), slot_sum(v, s, 1u), slot_sum(v, s, 2u), slot_sum(v, s, 3u));
 }
 vec4 from_slots(vec4 st, uint i) {
   if (CPG == 1u) return st;
-  if (LANE_GROUPS != 0u) return vec4(st.x);  // the other group's lanes are never stored
   uvec4 s = lane_slots(i);
   return vec4(slot_value(st, s.x), slot_value(st, s.y), slot_value(st, s.z), slot_value(st, s.w));
 }
@@ -403,7 +398,6 @@ vec4 lanes_per_slot(uint q) {
 // Each group's first element (the split path's pivot).
 vec4 first_elements(uint base) {
   if (CPG == 1u) return load_x(base);
-  if (LANE_GROUPS != 0u) return vec4(group_first_element(base), 0.0, 0.0, 0.0);
   vec4 r = vec4(0.0);
   for (uint k = 0u; k < 4u; ++k) {
     uint c = k * CPG;  // the slot's first channel, relative to the item

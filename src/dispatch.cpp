@@ -170,7 +170,6 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   // and float16 level (within 0.1 us).
   if (const char* v = std::getenv("VKNORM_TUNE_COUNTER_STRIDE")) caps.counter_stride = uint32_t(std::max(1, std::atoi(v)));
   if (const char* v = std::getenv("VKNORM_TUNE_LANE_GROUPS")) caps.lane_groups_min_channels = uint32_t(std::atoi(v));
-  if (const char* v = std::getenv("VKNORM_TUNE_LANE_GROUPS_VEC4")) caps.lane_groups_vec4 = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_WORKGROUP"))
     caps.preferred_workgroup = std::min(caps.max_workgroup, pow2_floor(std::max(1, std::atoi(v))));
   // Shared memory (maxComputeSharedMemorySize, VKNORM_MAX_SHARED_MEMORY caps it): per invocation the
@@ -197,9 +196,12 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
   Plan plan;
   plan.wg = dev.preferred_workgroup;
   plan.subgroup = dev.subgroup_reduce;
-  // An item per group inside pack4 lanes holds one group, as the vec4 reads of whole planes do (lane_groups_vec4).
-  const bool vec4 = reads_vec4(g) || (lane_groups && dev.lane_groups_vec4);
-  const bool mixed = mixed_lanes(g, vec4) && !lane_groups;
+  // An item per group inside pack4 lanes holds one group, as the vec4 reads of whole planes do: the fused kernel's
+  // vec4 variant, one float per statistic (the pack4 one, statistics in vec4 slots, was slower: H200, fp32 / fp16,
+  // us, GroupNorm 960x32x32/32 8.03 / 9.27 -> 7.87 / 8.45, 320x48x48/32 7.68 / 7.80 -> 7.58 / 7.16, 960x8x8/32
+  // 3.86 / 3.76 -> 3.46 / 3.37; 320x32x32/32 5.04 / 4.80 -> 5.19 / 4.51).
+  const bool vec4 = reads_vec4(g) || lane_groups;
+  const bool mixed = mixed_lanes(g, vec4);
   const uint32_t size = vec4 && g.elempack == 1 ? g.group_size / 4 : g.group_size;
   const uint32_t subgroup = dev.subgroup_size ? std::min(dev.subgroup_size, plan.wg) : std::min(32u, plan.wg);
   // float16 elements the fused kernel holds as stored (common.glsl id 15): half the registers each, so

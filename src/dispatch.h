@@ -70,13 +70,8 @@ struct DeviceCaps {
   bool hold_storage = true;
   bool plane_weights = true;     // fused, per-channel weights, a group per workgroup: loaded per plane up front
   // fused, pack4 GroupNorm of 2 mod 4 channels per group, at least this many: an item per group
-  // (lane_group_view) where the items of two groups run fused (0: never; CPU drivers)
+  // (lane_group_view, the fused kernel's vec4 variant) where the items of two groups run fused (0: never; CPU drivers)
   uint32_t lane_groups_min_channels = 6;
-  // ... run in the fused kernel's vec4 variant (one float per statistic, as whole planes), not the pack4 slot
-  // variant (statistics in vec4 slots). H200, slot -> vec4, fp32 / fp16, us: GroupNorm 960x32x32/32 8.03 / 9.27 ->
-  // 7.87 / 8.45, 320x48x48/32 7.68 / 7.80 -> 7.58 / 7.16, 960x8x8/32 3.86 / 3.76 -> 3.46 / 3.37, 320x32x32/32
-  // 5.04 / 4.80 -> 5.19 / 4.51 (docs/benchmarks).
-  bool lane_groups_vec4 = true;
   // cooperative: uints from one of its counters to the next (ticket, a count per item; common.glsl)
   uint32_t counter_stride = 32;
 };

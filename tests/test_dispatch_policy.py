@@ -123,17 +123,12 @@ def test_the_lane_groups_knob_sets_the_least_channels_per_group(monkeypatch):
     assert not channels_plan("GroupNorm", 20, 7, 7, 4, False, device=LAVAPIPE)["lane_groups"]  # 5 per group: odd
 
 
-def test_an_item_per_group_runs_in_the_vec4_variant_unless_the_knob_says(monkeypatch):
+def test_an_item_per_group_runs_in_the_vec4_variant():
     """An item per group inside pack4 lanes holds one group, as the vec4 reads of whole planes do, so it runs in
-    that variant of the fused kernel (one float per statistic); VKNORM_TUNE_LANE_GROUPS_VEC4=0 puts it in the
-    pack4 one (statistics in vec4 slots) with the same teams. Items of two groups keep the slot variant."""
+    that variant of the fused kernel (one float per statistic); items of two groups keep the pack4 one
+    (statistics in vec4 slots)."""
     plan = channels_plan("GroupNorm", 320, 32, 32, 32, False, device=H200_KNOWN_RESIDENCY)
     assert plan["lane_groups"] and plan["vec4"] and plan["variants"] == ["norm_fused_fp0_pv4_sg1"], plan
-    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS_VEC4", "0")
-    slots = channels_plan("GroupNorm", 320, 32, 32, 32, False, device=H200_KNOWN_RESIDENCY)
-    assert slots["lane_groups"] and not slots["vec4"] and slots["variants"] == ["norm_fused_fp0_p4_sg1"], slots
-    assert (slots["team"], slots["items"]) == (plan["team"], plan["items"])
-    monkeypatch.delenv("VKNORM_TUNE_LANE_GROUPS_VEC4")
     two = channels_plan("GroupNorm", 320, 64, 64, 32, False, device=H200_KNOWN_RESIDENCY)
     assert not two["lane_groups"] and not two["vec4"], two
 

@@ -126,17 +126,14 @@ def test_fused_add_on_every_path(op, shape, path, packing, fp16, write_sum):
         assert layer.last_dispatch["path"] == "split"  # reduce (writes the sum) and apply (reads it)
 
 
-@pytest.mark.parametrize("variant", ["0", "1"], ids=["pack4_slots", "vec4"])
 @pytest.mark.parametrize("write_sum", [False, True], ids=["add", "add+sum"])
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("shape", [(40, 6, 6), (24, 5, 5), (120, 3, 3)], ids=lambda s: "x".join(map(str, s)))
-def test_fused_add_with_groups_inside_pack4_lanes_in_items_of_their_own(shape, fp16, write_sum, variant, monkeypatch):
+def test_fused_add_with_groups_inside_pack4_lanes_in_items_of_their_own(shape, fp16, write_sum, monkeypatch):
     """GroupNorm(4) of 10, 6 and 30 channels per group in pack4, each group an item of its own (forced from 2
-    channels per group on any device), in either variant of the fused kernel (statistics in vec4 slots, or one
-    float each): the sum and the output written in halves of the elements the two groups share, each exactly as
-    the whole-element stores would write them."""
+    channels per group on any device) in the fused kernel's vec4 variant: the sum and the output written in
+    halves of the elements the two groups share, each exactly as the whole-element stores would write them."""
     monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "2")
-    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS_VEC4", variant)
     rng = np.random.default_rng(shape[0])
     layer, gamma, beta, group = make_layer("groupnorm", shape, rng)
     layer.set_activation("swish")
@@ -144,7 +141,7 @@ def test_fused_add_with_groups_inside_pack4_lanes_in_items_of_their_own(shape, f
     r = rng.standard_normal(shape).astype(np.float32)
     out = layer.forward_add(x, r, return_sum=write_sum, option=vknorm.Option(use_fp16_storage=fp16))
     assert layer.last_dispatch["lane_groups"] is True, layer.last_dispatch
-    assert layer.last_dispatch["vec4"] is (variant == "1"), layer.last_dispatch
+    assert layer.last_dispatch["vec4"] is True, layer.last_dispatch
     y, s = out if write_sum else (out, None)
     as_stored = (lambda a: a.astype(np.float16).astype(np.float32)) if fp16 else (lambda a: a)  # noqa: E731
     seen = as_stored(as_stored(x) + as_stored(r))

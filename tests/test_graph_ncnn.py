@@ -181,21 +181,19 @@ for fp16 in (False, True):
 """
 
 
-@pytest.mark.parametrize("variant", ["0", "1"], ids=["pack4_slots", "vec4"])
-def test_groups_inside_pack4_lanes_run_an_item_per_group_inside_the_graph(tmp_path, variant):
+def test_groups_inside_pack4_lanes_run_an_item_per_group_inside_the_graph(tmp_path):
     """sd_resblock_c320 (GroupNorm(32) of 320 channels: 10 per group, inside pack4 lanes) in ncnn's Vulkan graph
-    with an item per group, as GPUs plan it (forced here: VKNORM_TUNE_LANE_GROUPS=2), in either variant of the
-    fused kernel (VKNORM_TUNE_LANE_GROUPS_VEC4), in both storages under validation: every norm ran that kernel
-    on Vulkan, and every norm and output blob is as close to stock CPU float32 as stock ncnn Vulkan's (x 1.5 +
+    with an item per group, as GPUs plan it (forced here: VKNORM_TUNE_LANE_GROUPS=2), in both storages under
+    validation: every norm ran the fused kernel's vec4 variant with an item per group on Vulkan, and every norm and output blob is as close to stock CPU float32 as stock ncnn Vulkan's (x 1.5 +
     1e-5, float16 + 2e-3, as above)."""
     param = os.path.join(graph_runs.DATA, "sd_resblock_c320.ncnn.param")
     binp = os.path.join(graph_runs.DATA, "sd_resblock_c320.ncnn.bin")
     proc, log = graph_runs.run_validated(tmp_path, LANE_GROUPS_SCRIPT, os.path.dirname(graph_runs.__file__), param, binp,
-                                         env={"VKNORM_TUNE_LANE_GROUPS": "2", "VKNORM_TUNE_LANE_GROUPS_VEC4": variant})
+                                         env={"VKNORM_TUNE_LANE_GROUPS": "2"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     layers = [ln.split() for ln in proc.stdout.splitlines() if ln.startswith("layer ")]
     assert len(layers) == 4 and all(int(n) >= 1 and int(v) >= 1 and int(c) == 0 for *_, n, _, v, c in layers), layers
-    assert all(int(vec4) == (int(n) if variant == "1" else 0) for *_, n, vec4, _, _ in layers), layers
+    assert all(int(vec4) == int(n) for *_, n, vec4, _, _ in layers), layers
     errs = [ln.split() for ln in proc.stdout.splitlines() if ln.startswith("err ")]
     assert errs
     for _, blob, fp16, mine, stock in errs:

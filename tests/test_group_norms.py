@@ -239,26 +239,19 @@ LANE_CASES = [
 ]
 
 
-# The fused kernel's two variants for an item per group: the pack4 one (statistics in vec4 slots, the group's in
-# the first) and the vec4 one (one float per statistic, as for groups of whole planes).
-LANE_VARIANTS = pytest.mark.parametrize("variant", ["0", "1"], ids=["pack4_slots", "vec4"])
-
-
-@LANE_VARIANTS
 @pytest.mark.parametrize("case", LANE_CASES, ids=case_id)
-def test_groups_inside_pack4_lanes_run_in_items_of_their_own(case, variant, monkeypatch):
+def test_groups_inside_pack4_lanes_run_in_items_of_their_own(case, monkeypatch):
     """pack4 GroupNorm whose groups hold 2 mod 4 channels: GPUs give each group an item of its own (the packed
     planes it touches; the other group's lanes are loaded, never counted, never stored: each group writes only
-    its half of a shared element). Forced here from 2 channels per group, on any device, in either variant of
-    the fused kernel: every fused path and storage against float64 and the CPU reference, including a large
+    its half of a shared element), in the fused kernel's vec4 variant (one float per statistic). Forced here from 2
+    channels per group, on any device: every fused path and storage against float64 and the CPU reference, including a large
     offset (the pivot is the group's own first lane), and the same as the items of two groups within the
     storage's tolerance."""
     monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "2")
-    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS_VEC4", variant)
     layer, x, gamma, beta = make_case(case)
     failures = every_path(layer, x, gamma, beta, paths=("auto", "subgroup", "workgroup"), packings=(True,))
     assert layer.last_dispatch["lane_groups"] is True, layer.last_dispatch
-    assert layer.last_dispatch["vec4"] is (variant == "1"), layer.last_dispatch
+    assert layer.last_dispatch["vec4"] is True, layer.last_dispatch
     x = (1e4 + 1e-2 * np.random.default_rng(3).standard_normal(x.shape)).astype(np.float32)
     ref = channel_norm64(case[0], x, layer.eps, case[2], gamma, beta)
     y = layer(x, device="vulkan", option=vknorm.Option(path="workgroup"))
@@ -281,12 +274,10 @@ def test_groups_inside_pack4_lanes_run_in_items_of_their_own(case, variant, monk
     assert max_abs_err(y, items) <= FP32_TOL * scale(ref)
 
 
-@LANE_VARIANTS
-def test_groups_inside_pack4_lanes_run_in_pieces_of_whole_items(variant, monkeypatch):
+def test_groups_inside_pack4_lanes_run_in_pieces_of_whole_items(monkeypatch):
     """A blob past the binding limit runs in pieces of whole items of two groups, so every piece's groups start
     at the lanes they start at in the whole blob: an item per group gives the same bits in pieces."""
     monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "2")
-    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS_VEC4", variant)
     layer, x, _, _ = make_case(LANE_CASES[0])
     whole = layer(x, device="vulkan", option=vknorm.Option(path="workgroup"))
     monkeypatch.setenv("VKNORM_MAX_BUFFER_BYTES", "8000")  # 2 items of 5 packed 6x6 planes per piece
