@@ -479,10 +479,9 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
 // kernel: 192x64x64/32 8.04 / 8.56 -> 8.16 / 7.62.
 // Not for few large groups, which stay cooperative items of two groups: an item per group in a 1024-invocation
 // fused team lost (vec4 variant: 320x64x64/32 9.23 / 8.45 -> 12.95 / 9.98 us, 960x40x40/32 9.69 / 8.45 -> 12.57 /
-// 10.50), and as
-// cooperative chunks its whole-plane analogue was no faster (384x64x64/32 11.12 / 8.29 against 9.18 / 8.35). Nor at 2
-// channels per group, where each group reads every element of its planes (12x7x7/6 fp32 2.85 -> 2.97, 64x32x32/32
-// 3.52 -> 4.00, 128x16x16/64 3.21 -> 3.29).
+// 10.50), and as cooperative chunks its whole-plane analogue was no faster (384x64x64/32 11.12 / 8.29 against
+// 9.18 / 8.35). Nor at 2 channels per group, where each group reads every element of its planes (12x7x7/6 fp32
+// 2.85 -> 2.97, 64x32x32/32 3.52 -> 4.00, 128x16x16/64 3.21 -> 3.29).
 Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16, NormOp op) {
   Path want = opt.path;
   if (want == Path::Auto)

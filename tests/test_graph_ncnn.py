@@ -184,8 +184,9 @@ for fp16 in (False, True):
 def test_groups_inside_pack4_lanes_run_an_item_per_group_inside_the_graph(tmp_path):
     """sd_resblock_c320 (GroupNorm(32) of 320 channels: 10 per group, inside pack4 lanes) in ncnn's Vulkan graph
     with an item per group, as GPUs plan it (forced here: VKNORM_TUNE_LANE_GROUPS=2), in both storages under
-    validation: every norm ran the fused kernel's vec4 variant with an item per group on Vulkan, and every norm and output blob is as close to stock CPU float32 as stock ncnn Vulkan's (x 1.5 +
-    1e-5, float16 + 2e-3, as above)."""
+    validation: every norm ran the fused kernel's vec4 variant with an item per group on Vulkan, and every norm
+    and output blob is as close to stock CPU float32 as stock ncnn Vulkan's (x 1.5 + 1e-5, float16 + 2e-3, as
+    above)."""
     param = os.path.join(graph_runs.DATA, "sd_resblock_c320.ncnn.param")
     binp = os.path.join(graph_runs.DATA, "sd_resblock_c320.ncnn.bin")
     proc, log = graph_runs.run_validated(tmp_path, LANE_GROUPS_SCRIPT, os.path.dirname(graph_runs.__file__), param, binp,

@@ -243,10 +243,10 @@ LANE_CASES = [
 def test_groups_inside_pack4_lanes_run_in_items_of_their_own(case, monkeypatch):
     """pack4 GroupNorm whose groups hold 2 mod 4 channels: GPUs give each group an item of its own (the packed
     planes it touches; the other group's lanes are loaded, never counted, never stored: each group writes only
-    its half of a shared element), in the fused kernel's vec4 variant (one float per statistic). Forced here from 2
-    channels per group, on any device: every fused path and storage against float64 and the CPU reference, including a large
-    offset (the pivot is the group's own first lane), and the same as the items of two groups within the
-    storage's tolerance."""
+    its half of a shared element), in the fused kernel's vec4 variant (one float per statistic). Forced here from
+    2 channels per group, on any device: every fused path and storage against float64 and the CPU reference,
+    including a large offset (the pivot is the group's own first lane), and the same as the items of two groups
+    within the storage's tolerance."""
     monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "2")
     layer, x, gamma, beta = make_case(case)
     failures = every_path(layer, x, gamma, beta, paths=("auto", "subgroup", "workgroup"), packings=(True,))
