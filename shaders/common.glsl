@@ -332,9 +332,6 @@ bool any_above(stat a, stat b) { return a > b; }
 // LANE_GROUPS: the item's group starts at this lane of its first plane (0 or 2), set with the item.
 uint item_first_lane = 0u;
 uint first_plane_of_group(uint g) { return (g * CPG) >> 2; }
-#if VEC4
-float group_first_element(uint base) { return load_x(base)[item_first_lane]; }  // LANE_GROUPS: the pivot
-#endif
 
 uint group_base(uint g) {
   if (VEC4 != 0 && LANE_GROUPS != 0u) {

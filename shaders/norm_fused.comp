@@ -29,7 +29,7 @@ const float kMaxSquarable = 1.0e19;
 // A pack4 item holding several groups takes each group's first element (one per slot).
 afp group_pivot(uint base) {
 #if VEC4
-  if (LANE_GROUPS != 0u) return vec4(group_first_element(base));
+  if (LANE_GROUPS != 0u) return vec4(load_x(base)[item_first_lane]);  // the group's first lane
   vec4 f = load_x(base);
   precise float pv = (0.25 * f.x + 0.25 * f.y) + (0.25 * f.z + 0.25 * f.w);
   return vec4(pv);
