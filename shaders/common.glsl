@@ -282,10 +282,10 @@ layout(binding = 2) readonly buffer Beta { float beta[]; };
 #if COOPERATIVE
 layout(binding = 3) coherent buffer Partials { afp partial[]; };
 layout(binding = 4) volatile buffer Counters { uint counter[]; };  // volatile: coherent, and every read a load (norm_cooperative.comp)
-// Uints from one counter to the next (the ticket, then a count per item): a cache line each on GPUs, so that
-// workgroups polling one item's count do not contend with another item's atomics (dispatch.cpp counter_stride).
+// Uints from one item's count to the next: a cache line each on GPUs, so that workgroups polling one item's
+// count do not contend with another item's atomics (dispatch.cpp counter_stride).
 layout(constant_id = 16) const uint COUNTER_STRIDE = 1;
-#define COUNT(g) counter[(1u + (g)) * COUNTER_STRIDE]
+#define COUNT(g) counter[(g) * COUNTER_STRIDE]
 #else
 layout(binding = 3) buffer Partials { afp partial[]; };  // [mean of n_items][M2 of n_items][pivot of n_groups]
 layout(binding = 4) buffer Coefs { afp coef[]; };        // [pivot, shifted mean, a] per group

@@ -8,5 +8,7 @@
 
 void main() {
   uint j = workgroup_linear() * WG + gl_LocalInvocationID.x;
-  if (j < p.n_groups + 1u) counter[j * COUNTER_STRIDE] = 0u;  // the counters only, not the room between them
+  // The items' counts (not the room between them), then the chunks' claims (packed).
+  if (j < p.n_groups) counter[j * COUNTER_STRIDE] = 0u;
+  else if (j < p.n_groups + p.n_groups * p.n_chunks) counter[p.n_groups * COUNTER_STRIDE + (j - p.n_groups)] = 0u;
 }

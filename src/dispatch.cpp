@@ -110,11 +110,12 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   caps.apply_merges = !caps.cpu;
   caps.apply_last_first = !caps.cpu;
   // The cooperative kernel waits for the other chunks of its item: every SM keeps at least one of its
-  // workgroups resident, and half of them leaves room for another kernel running beside it.
+  // workgroups resident, and half of them leaves room for another kernel running beside it, so that an
+  // item's chunks run at once and no wait runs long enough for its workgroup to take the others over.
   caps.compute_units = info.compute_units;
   caps.cooperative_workgroups = caps.cpu ? 0 : info.compute_units / 2;
   // Declares how many workgroups the device keeps resident, where vknorm cannot tell (any device; tests
-  // run lavapipe with as many threads: LP_NUM_THREADS).
+  // run lavapipe with as many threads: LP_NUM_THREADS, and with more, which the kernel survives slowly).
   if (const auto n = env_count("VKNORM_COOPERATIVE_WORKGROUPS", "a whole number of workgroups (0: no cooperative kernel)"))
     caps.cooperative_workgroups = uint32_t(std::min<uint64_t>(*n, UINT32_MAX));
   caps.poll_loads = !caps.cpu;
@@ -545,10 +546,10 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& b
   if (plan.path == Path::Cooperative) {
     const uint64_t items = uint64_t(g.n_groups) * plan.n_chunks;
     if ((2 * items + g.n_groups) * g.elempack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
-    // Partials as the split path's; slot 4: [ticket, a count per item], counter_stride uints apart
-    // (norm_cooperative.comp, norm_clear.comp).
+    // Partials as the split path's; slot 4: a count per item, counter_stride uints apart, then a claim per
+    // chunk (norm_cooperative.comp, norm_clear.comp).
     f.partials_bytes = (2 * items + g.n_groups) * g.elempack * sizeof(float);
-    f.coefs_bytes = (1 + uint64_t(g.n_groups)) * dev.counter_stride * sizeof(uint32_t);
+    f.coefs_bytes = (uint64_t(g.n_groups) * dev.counter_stride + items) * sizeof(uint32_t);
     f.counters = true;
     pc.team = plan.wg;
     // Every constant a kernel declares gets a value (ncnn checks the count): ids 0-15, 16 the counter stride
@@ -558,7 +559,7 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& b
                dev.specialize_shape ? g.group_size : 0u, 0});
     spec.push_back(dev.counter_stride);
     f.passes.push_back(Pass{variant_name("norm_clear", false, "1", false), spec, pc, plan.wg,
-                            div_up(1 + uint64_t(g.n_groups), plan.wg), false, /*clears_counters=*/true});
+                            div_up(g.n_groups + items, plan.wg), false, /*clears_counters=*/true});
     spec.push_back(dev.poll_loads ? 1u : 0u);
     spec.push_back(plan.chunk_size > g.plane_size() ? 1u : 0u);  // id 18: chunks of whole planes
     pass("norm_cooperative", pack, plan.subgroup, spec, items, true);

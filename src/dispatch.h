@@ -29,9 +29,11 @@ struct DeviceCaps {
   uint32_t latency_items = 2;          // ... with this many elements per invocation,
   uint32_t latency_team = 256;         // ... twice as many where the team would be wider than this
   uint32_t min_team = 1;               // smallest team for groups at least this large (CPU: a subgroup)
-  // The cooperative kernel (norm_cooperative.comp): workgroups of one item that may wait on each other,
-  // all resident at once with room to spare (half the device's multiprocessors); 0: unknown, the kernel
-  // is never planned (CPU drivers run a workgroup to its end before starting the next).
+  // The cooperative kernel (norm_cooperative.comp): at most this many chunks per item, so that an item's
+  // workgroups run at once with room to spare (half the device's multiprocessors) and their waits stay short
+  // (a chunk whose workgroup has not started is taken over by one that waits: this is speed, not safety);
+  // 0: unknown, planned only when forced, in items of one chunk (CPU drivers run a workgroup to its end
+  // before starting the next).
   uint32_t cooperative_workgroups = 0;
   uint32_t compute_units = 0;              // DeviceInfo::compute_units (0: unknown)
   uint32_t cooperative_min_group = 16384;  // auto: few groups of at least this many packed elements go cooperative
@@ -72,7 +74,7 @@ struct DeviceCaps {
   // fused, pack4 GroupNorm of 2 mod 4 channels per group, at least this many: an item per group
   // (lane_group_view, the fused kernel's vec4 variant) where the items of two groups run fused (0: never; CPU drivers)
   uint32_t lane_groups_min_channels = 6;
-  // cooperative: uints from one of its counters to the next (ticket, a count per item; common.glsl)
+  // cooperative: uints from one item's count to the next (common.glsl)
   uint32_t counter_stride = 32;
 };
 

@@ -10,7 +10,8 @@ other's partial statistics (shaders/norm_cooperative.comp).
 * On this machine's lavapipe, in child processes that declare the residency (VKNORM_COOPERATIVE_WORKGROUPS=2
   with LP_NUM_THREADS=2, so both chunks of a group run at once): the forced path against the CPU reference for
   every op, storage and packing, with groups of two chunks that really wait on each other (counters a line apart
-  and packed); the fused residual
+  and packed), and with more chunks per group than run at once (8 declared), whose waiting workgroups take over
+  the chunks that have not started; the fused residual
   add and activation; large offsets; squares past float32's range; back-to-back forwards that reuse the counters it leaves zero; and inside
   ncnn's Vulkan graph, where a clear pass zeroes them in ncnn's workspace memory.
 """
@@ -142,16 +143,18 @@ def test_rows_too_large_for_the_fused_kernel_go_split():
 
 
 def test_counters_lie_a_cache_line_apart(monkeypatch):
-    """The ticket and each item's count 128 bytes apart (32 uints), so that workgroups polling one item's count
-    do not contend with another item's atomics; VKNORM_TUNE_COUNTER_STRIDE packs them (1 uint apart)."""
+    """Each item's count 128 bytes (32 uints) from the next, so that workgroups polling one item's count do not
+    contend with another item's atomics, then a claim per chunk, packed; VKNORM_TUNE_COUNTER_STRIDE packs the
+    counts too (1 uint apart)."""
     plan = channels_plan("GroupNorm", 320, 64, 64, 32)  # 16 items of two groups (10 channels each: pack4 lanes)
-    assert plan["path"] == "cooperative" and plan["counters_bytes"] == (1 + 16) * 128, plan
-    # a CPU's lines too; pack4: 2 items, each a packed plane of 4 channels' instances
+    assert plan["path"] == "cooperative" and plan["chunks"] == 5, plan
+    assert plan["counters_bytes"] == 16 * 128 + 16 * 5 * 4, plan
+    # a CPU's lines too; pack4: 2 items, each a packed plane of 4 channels' instances, in one chunk
     plan = channels_plan("InstanceNorm", 8, 30, 30, 8, device=LAVAPIPE, path="cooperative")
-    assert plan["path"] == "cooperative" and plan["counters_bytes"] == (1 + 2) * 128, plan
+    assert plan["path"] == "cooperative" and plan["counters_bytes"] == 2 * 128 + 2 * plan["chunks"] * 4, plan
     assert channels_plan("GroupNorm", 640, 32, 32, 32)["counters_bytes"] == 0  # fused: no counters
     monkeypatch.setenv("VKNORM_TUNE_COUNTER_STRIDE", "1")
-    assert channels_plan("GroupNorm", 320, 64, 64, 32)["counters_bytes"] == (1 + 16) * 4
+    assert channels_plan("GroupNorm", 320, 64, 64, 32)["counters_bytes"] == 16 * 4 + 16 * 5 * 4
 
 
 def test_never_planned_without_known_residency():
@@ -294,6 +297,23 @@ def test_forced_cooperative_matches_the_cpu_reference_with_groups_that_wait_on_e
     assert repeated["err"] <= 8 * FP32_TOL, repeated  # 8 forwards, each within the fp32 rule (of the output scale)
 
 
+def test_forced_cooperative_with_more_chunks_than_run_at_once_matches_the_cpu_reference():
+    """8 resident workgroups declared where lavapipe runs 2 at once: items of up to 8 chunks, whose first workgroups
+    wait on chunks that cannot start before they end. A workgroup whose wait runs long claims the chunks no
+    workgroup has started and reduces and normalizes them itself; a workgroup that finds its chunk claimed leaves.
+    Every case, the fused add and its sum and back-to-back forwards (the claims left zero) as with all chunks
+    running at once (a wait on chunks that never start would have written NaN)."""
+    report = json.loads(run_declaring_residency(DEVICE_SCRIPT, {"VKNORM_COOPERATIVE_WORKGROUPS": "8"})
+                        .stdout.strip().splitlines()[-1])
+    for r in report:
+        assert r["path"] == "cooperative", r
+        tol = 8 * FP32_TOL if r["case"] == "repeated" else FP16_TOL if r["fp16"] else FP32_TOL
+        assert r["err"] <= tol, r
+        assert r.get("sum_err", 0.0) == 0.0, r
+    # most cases run items of 4-8 chunks, twice or more the workgroups that run at once
+    assert sum(r["chunks"] >= 4 for r in report) >= 24, [(r["case"], r["chunks"]) for r in report]
+
+
 SMALL_WORKGROUPS_SCRIPT = r"""
 import json
 import numpy as np
@@ -344,8 +364,9 @@ def test_inside_ncnn_graph_with_counters_in_workspace_memory():
 
 def test_forced_cooperative_past_the_workgroup_count_limit_leaves_no_chunk_to_a_second_workgroup():
     """More chunks than a dispatch's x dimension holds (lavapipe: 65,535): the grid folds into rows of whole
-    x extents, so workgroups past the last chunk run too. They must take no ticket: the last ticket resets the
-    count, and they re-normalized chunks 0, 1, ... in place (2,300 of 65,600 channels wrong, error 0.15)."""
+    x extents, so workgroups past the last chunk run too. They must take no chunk (when they took tickets after
+    the last ticket had reset the count, they re-normalized chunks 0, 1, ... in place: 2,300 of 65,600 channels
+    wrong, error 0.15)."""
     import numpy as np
 
     import vknorm

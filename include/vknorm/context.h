@@ -23,7 +23,7 @@ struct DeviceInfo {
   bool float16_arithmetic = false;        // shaderFloat16
   uint32_t max_shared_memory = 0;
   // Multiprocessors, where the device reports them (NVIDIA: VK_NV_shader_sm_builtins); 0: unknown. Each
-  // keeps at least one workgroup resident, which the cooperative kernel relies on.
+  // keeps at least one workgroup resident: the dispatcher sizes the cooperative kernel's items by them.
   uint32_t compute_units = 0;
   uint32_t max_workgroup_invocations = 0;
   uint32_t max_workgroup_size_x = 0;
