@@ -108,9 +108,9 @@ void normalize_claimed(uint g, uint c, uint base, afp group_pivot, afp group_mea
   }
 }
 
-// The workgroup of a chunk id is done with its item (lane 0): the item's last one resets its counters.
+// The workgroup of a chunk id is done with its item (lane 0, after a memory barrier): the item's last one resets
+// its counters.
 void leave_item(uint g) {
-  memoryBarrierBuffer();
   if (atomicAdd(COUNT(g), 1u) == 2u * p.n_chunks - 1u) {
     COUNT(g) = 0u;
     for (uint c = 0u; c < p.n_chunks; ++c) CLAIM(g * p.n_chunks + c) = 0u;
@@ -155,7 +155,10 @@ void main() {
   afp mean = team_sum(to_slots(s, begin)) / at_least_one(n);  // LayerNorm: shifted mean; RMSNorm: mean of squares
   barrier();
   if (sh_taken != 0u) {  // taken by a workgroup that waited on it
-    if (gl_LocalInvocationIndex == 0u) leave_item(g);
+    if (gl_LocalInvocationIndex == 0u) {
+      memoryBarrierBuffer();
+      leave_item(g);
+    }
     return;
   }
   afp m2 = afp(0);
@@ -193,8 +196,11 @@ void main() {
       for (uint k = 0u; k < POLL_ITERATIONS && seen < p.n_chunks; ++k) {
         POLL_16(seen, g) POLL_16(seen, g) POLL_16(seen, g) POLL_16(seen, g)
       }
-      sh_state = seen >= p.n_chunks ? COMPLETE : claim_unstarted(g, chunk);
+      bool complete = seen >= p.n_chunks;
+      sh_state = complete ? COMPLETE : claim_unstarted(g, chunk);
       memoryBarrierBuffer();
+      // Without chunks of others to normalize, done with the item's counters now; else once they are written.
+      if (complete && !claimed_others) leave_item(g);
     }
     barrier();
     state = sh_state;
@@ -205,8 +211,6 @@ void main() {
       claimed_others = true;
     }
   }
-  // Without chunks of others to normalize, done with the item's counters now; else once they are written.
-  if (gl_LocalInvocationIndex == 0u && !claimed_others) leave_item(g);
   afp group_pivot_kept, group_mean, a;
   uint width = 1u;  // lanes that merge the partials: the item's chunks, rounded up to a power of two
   while (width < min(p.n_chunks, WG)) width <<= 1;
@@ -216,7 +220,10 @@ void main() {
     for (uint other = 0u; other < p.n_chunks; ++other)
       if (other != c && CLAIM(g * p.n_chunks + other) == chunk + 1u)
         normalize_claimed(g, other, base, group_pivot, group_mean, a);
-    if (gl_LocalInvocationIndex == 0u) leave_item(g);
+    if (gl_LocalInvocationIndex == 0u) {
+      memoryBarrierBuffer();
+      leave_item(g);
+    }
   }
 
   wfp chunk_gamma = chunk_weights ? sh_chunk_gamma : wfp(1);  // written before the barriers above
