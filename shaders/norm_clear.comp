@@ -8,7 +8,7 @@
 
 void main() {
   uint j = workgroup_linear() * WG + gl_LocalInvocationID.x;
-  // The items' counts (not the room between them), then the chunks' claims (packed).
+  // The items' counts (not the room between them), then the chunks' claims and the items' done counts (packed).
   if (j < p.n_groups) counter[j * COUNTER_STRIDE] = 0u;
-  else if (j < p.n_groups + p.n_groups * p.n_chunks) counter[p.n_groups * COUNTER_STRIDE + (j - p.n_groups)] = 0u;
+  else if (j < p.n_groups * (p.n_chunks + 2u)) counter[p.n_groups * COUNTER_STRIDE + (j - p.n_groups)] = 0u;
 }

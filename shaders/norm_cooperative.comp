@@ -16,11 +16,12 @@
 // (DeviceCaps::cooperative_workgroups), so that none waits long; a claim instead of a ticket taken before any
 // load (one atomic on one counter for every workgroup) saves 0.4-1.2 us on the H200.
 //
-// Counters (binding 4, uint; common.glsl): each item's count, COUNTER_STRIDE apart: +1 when a chunk's partial is
-// published (the item is complete at n_chunks), +1 when the workgroup of each chunk id is done with the wait or
-// leaves; then each chunk's claim (0, or 1 + the id of the workgroup that took it), packed.
-// They are zero before the dispatch (the executor zeroes them once, or a clear pass does) and zero after it:
-// each item's last count resets its count and claims, when no one reads them any more.
+// Counters (binding 4, uint; common.glsl): each item's count of published partials, COUNTER_STRIDE apart (the
+// item is complete at n_chunks); then, packed, each chunk's claim (0, or 1 + the id of the workgroup that took
+// it) and each item's count of the workgroups done with it (a workgroup whose chunk was taken is done before the
+// item is complete, so this is a count of its own). They are zero before the dispatch (the executor zeroes them
+// once, or a clear pass does) and zero after it: each item's last workgroup resets them, when no one reads
+// them any more.
 #define COOPERATIVE 1
 #include "common.glsl"
 #include "split_coefs.glsl"
@@ -43,6 +44,7 @@ layout(constant_id = 18) const uint CHUNK_PLANES = 0;
 #define POLL_16(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g)
 const uint POLL_ITERATIONS = 64u, WAIT_ROUNDS = 1024u;
 #define CLAIM(chunk) counter[p.n_groups * COUNTER_STRIDE + (chunk)]
+#define DONE(g) counter[p.n_groups * COUNTER_STRIDE + p.n_groups * p.n_chunks + (g)]
 const uint COMPLETE = 0xffffffffu, NONE = 0xfffffffeu;  // a round's outcome, or the chunk it claimed
 
 shared uint sh_taken, sh_state;
@@ -110,11 +112,11 @@ void normalize_claimed(uint g, uint c, uint base, afp group_pivot, afp group_mea
 }
 
 // The workgroup of a chunk id is done with its item (lane 0, after a memory barrier). The item's last one resets
-// its count, and returns true: its workgroup then resets the claims (reset_claims), every lane a few of them (one
-// invocation storing them one by one cost 0.6 us at 40 chunks per item on the H200).
+// its counts, and returns true: its workgroup then resets the claims (reset_claims), every lane a few of them.
 bool leave_item(uint g) {
-  if (atomicAdd(COUNT(g), 1u) != 2u * p.n_chunks - 1u) return false;
+  if (atomicAdd(DONE(g), 1u) != p.n_chunks - 1u) return false;
   COUNT(g) = 0u;
+  DONE(g) = 0u;
   return true;
 }
 void reset_claims(uint g) {
