@@ -2,17 +2,22 @@
 // matching add -> norm -> activation run as one vknorm layer out. Only layer lines change; weights keep
 // their order, so the .bin stays as it is (the removed layers, BinaryOp, Split and the activations, have none).
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
 #include <map>
+#include <memory>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include <ncnn/datareader.h>
 #include <ncnn/net.h>
+#include <ncnn/paramdict.h>
 
 #include "vknorm/ncnn.h"
 
@@ -26,6 +31,10 @@ struct Line {
   int line_no = 0;
   double pos = 0;  // where it is emitted: its own index, or just after the fused layer it moved behind
   bool removed = false;
+  // ncnn's reading of `params` (read_params), made on first use; reset wherever params change.
+  mutable std::shared_ptr<const ::ncnn::ParamDict> read;
+  mutable bool read_done = false;
+  void params_changed() { read.reset(), read_done = false; }
 };
 
 [[noreturn]] void bad(int line_no, const std::string& what) {
@@ -49,6 +58,19 @@ std::vector<std::string> split_ws(const std::string& s) {
   return out;
 }
 
+// The blobs ncnn's Net::load_param makes for these lines: one per top (a name used again gets another), one per
+// bottom whose name no earlier line used (parse refuses those).
+size_t ncnn_blob_count(const std::vector<const Line*>& lines) {
+  std::set<std::string> named;
+  size_t blobs = 0;
+  for (const Line* line : lines) {
+    const Line& l = *line;
+    for (const std::string& b : l.bottoms) blobs += named.insert(b).second;
+    for (const std::string& t : l.tops) named.insert(t), ++blobs;
+  }
+  return blobs;
+}
+
 std::vector<Line> parse(const std::string& text) {
   std::istringstream in(text);
   std::string raw;
@@ -68,8 +90,9 @@ std::vector<Line> parse(const std::string& text) {
   auto counts = next_tokens();
   if (counts.empty()) bad(line_no + 1, "expected 'layer_count blob_count', the file ends after the magic number");
   if (counts.size() != 2) bad(line_no, "expected 'layer_count blob_count'");
+  const int header_line = line_no;
   const int layer_count = parse_int(counts[0], line_no, "a layer count");
-  parse_int(counts[1], line_no, "a blob count");
+  const int blob_count = parse_int(counts[1], line_no, "a blob count");
   std::vector<Line> lines;
   for (auto t = next_tokens(); !t.empty(); t = next_tokens()) {
     if (t.size() < 4) bad(line_no, "expected 'type name bottom_count top_count ...', got '" + raw + "'");
@@ -90,32 +113,89 @@ std::vector<Line> parse(const std::string& text) {
     lines.push_back(std::move(l));
   }
   if (int(lines.size()) != layer_count)
-    throw std::invalid_argument("the header says " + std::to_string(layer_count) + " layers, the file has " +
-                                std::to_string(lines.size()));
+    bad(header_line, "the header says " + std::to_string(layer_count) + " layers, the file has " +
+                         std::to_string(lines.size()));
+  std::set<std::string> named;
+  std::vector<const Line*> all;
+  for (const Line& l : lines) {
+    for (const std::string& b : l.bottoms)
+      if (!named.count(b))
+        bad(l.line_no, "layer " + l.name + " (" + l.type + ") reads blob '" + b + "', which no earlier layer produces");
+    named.insert(l.tops.begin(), l.tops.end());
+    all.push_back(&l);
+  }
+  // ncnn gives every top a blob of its own (a name used again included), and refuses a model with more of them
+  // than the header declares (fewer are left unused).
+  if (const size_t blobs = ncnn_blob_count(all); blobs > size_t(std::max(blob_count, 0)))
+    bad(header_line, "the header says " + std::to_string(blob_count) + " blobs, the layers produce " +
+                         std::to_string(blobs));
   return lines;
 }
 
-// A param's value text by id (arrays: id -23300 - k), or "" when absent.
-std::string param(const Line& l, int id) {
-  const std::string key = std::to_string(id) + "=";
-  for (const std::string& p : l.params)
-    if (p.compare(0, key.size(), key) == 0) return p.substr(key.size());
-  return "";
+// The id ncnn reads from one param ("00=1" and "+0=1" are id 0; -23300-k=n,... is id k's array), or -1 where it
+// reads none (ncnn refuses such a line).
+int param_id(const std::string& p) {
+  size_t n = 0;
+  while (n < p.size() && n < 15 && (p[n] == '-' || p[n] == '+' || std::isdigit(static_cast<unsigned char>(p[n])))) ++n;
+  if (n == p.size() || p[n] != '=') return -1;
+  size_t i = (p[0] == '-' || p[0] == '+') ? 1 : 0;
+  if (i == n) return -1;
+  long long v = 0;
+  for (; i < n; ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(p[i]))) return -1;
+    v = v * 10 + (p[i] - '0');
+    if (v > (1ll << 32)) return -1;
+  }
+  if (p[0] == '-') v = -v;
+  if (v <= -23300) v = -(v + 23300);
+  return v >= 0 && v < NCNN_MAX_PARAM_COUNT ? int(v) : -1;
 }
-// A param (int or float) as the matcher needs it; false where the text is not such a number whole (ncnn still
-// loads such a line, reading the value its own way: the layer is then left as it is, never guessed at).
+
+// ncnn's own ParamDict reads the line's params: ids as numbers, the last of an id given twice winning, values
+// typed as ncnn types them. Null where ncnn would not load the line (the model then fails in ncnn, fused or not,
+// and the line is left as it is) or where the rewrite's tokens may not be ncnn's items (a quoted string, which
+// may hold spaces).
+struct LineParams : ::ncnn::ParamDict {
+  using ::ncnn::ParamDict::load_param;
+};
+const ::ncnn::ParamDict* read_params(const Line& l) {
+  if (l.read_done) return l.read.get();
+  l.read_done = true;
+  std::string text;
+  for (const std::string& p : l.params) {
+    if (p.find('"') != std::string::npos || param_id(p) < 0) return nullptr;
+    text += p + " ";
+  }
+  auto pd = std::make_shared<LineParams>();
+  const unsigned char* mem = reinterpret_cast<const unsigned char*>(text.c_str());
+  if (pd->load_param(::ncnn::DataReaderFromMemory(mem)) != 0) return nullptr;
+  l.read = std::move(pd);
+  return l.read.get();
+}
+
+// A scalar param as ncnn's layers read it (an int from an int, a float from either); false where ncnn reads it
+// otherwise (a float given for an int, an array, a string: ncnn then takes the default or refuses the line) or
+// does not read the line: the pattern is left as it is, never guessed at.
 template <class T>
 bool exact_param(const Line& l, int id, T def, T& out) {
-  const std::string v = param(l, id);
-  if (v.empty()) return out = def, true;
-  try {
-    size_t used = 0;
-    if constexpr (std::is_same_v<T, int>) out = std::stoi(v, &used);
-    else out = std::stof(v, &used);
-    return used == v.size();
-  } catch (const std::exception&) {
-    return false;
+  const ::ncnn::ParamDict* pd = read_params(l);
+  if (!pd) return false;
+  const int type = pd->type(id);
+  if (type == 0) return out = def, true;
+  if constexpr (std::is_same_v<T, int>) {
+    if (type != 2) return false;
+  } else {
+    if (type != 2 && type != 3) return false;
   }
+  out = pd->get(id, def);
+  return true;
+}
+
+// Removes every param ncnn would read as `id`, in any spelling.
+void erase_param(Line& l, int id) {
+  l.params.erase(std::remove_if(l.params.begin(), l.params.end(), [&](const std::string& p) { return param_id(p) == id; }),
+                 l.params.end());
+  l.params_changed();
 }
 
 bool is_norm(const std::string& type) {
@@ -126,42 +206,65 @@ NormOp norm_op(const std::string& type) {
                                                  : type == "GroupNorm" ? NormOp::GroupNorm : NormOp::InstanceNorm;
 }
 
-// A two-input add of blobs (no scalar): what the fused kernel can read as x + residual.
-bool is_plain_add(const Line& l) {
-  int op = -1, with_scalar = -1;
-  return l.type == "BinaryOp" && l.bottoms.size() == 2 && l.tops.size() == 1 && exact_param(l, 0, 0, op) &&
-         op == 0 && exact_param(l, 1, 0, with_scalar) && with_scalar == 0;
+// ncnn's shape hints (id 30, written -23330=n,v1,...,vn by ncnnoptimize and pnnx): a run of 4 or 5 values per
+// top. A line whose tops change must keep one run per top, or ncnn refuses the whole model ("invalid shape hints").
+// False where ncnn refuses the line's hints (the pattern is then left as it is, for ncnn to say so); else `v` holds
+// the values ncnn reads, none where there are none or ncnn ignores them.
+bool shape_hints(const Line& l, std::vector<int>& v) {
+  v.clear();
+  const ::ncnn::ParamDict* pd = read_params(l);
+  if (!pd) return false;
+  const int type = pd->type(30);
+  if (type == 0) return true;
+  if (type != 4 && type != 5) return false;
+  const ::ncnn::Mat m = pd->get(30, ::ncnn::Mat());
+  if (m.empty() || l.tops.empty()) return true;
+  const size_t tops = l.tops.size(), n = size_t(m.w);
+  if (n % tops || (n / tops != 4 && n / tops != 5)) return false;
+  const int* p = m;
+  const size_t step = n / tops;
+  for (size_t t = 0; t < tops; ++t) {  // each run as ncnn checks it: dims 0-4, extents >= 0, a size that fits
+    const int* r = p + t * step;
+    const int dims = r[0];
+    if (dims < 0 || dims > 4 || (dims == 4 && step != 5)) return false;
+    if (dims == 0) continue;
+    const int w = r[1], h = dims >= 2 ? r[2] : 1, d = dims == 4 ? r[3] : 1, c = dims >= 3 ? r[step - 1] : 1;
+    if (w < 0 || h < 0 || d < 0 || c < 0) return false;
+    const size_t limit = (SIZE_MAX - 15) / 4;
+    size_t size = size_t(w);
+    if (size > limit || (h != 0 && size > limit / size_t(h))) return false;
+    size *= size_t(h);
+    if (d != 0 && size > limit / size_t(d)) return false;
+    size = (size * 4 + 15) / 16 * 16 / 4;
+    if (c != 0 && size > (SIZE_MAX / 4) / size_t(c)) return false;
+  }
+  v.assign(p, p + n);
+  return true;
 }
-
-// ncnn's shape hints (-23330=n,v1,...,vn: n / top_count values per top, written by ncnnoptimize and pnnx). A line
-// whose tops change must keep one run per top, or ncnn refuses the whole model ("invalid shape hints").
-const std::string kShapeHints = std::to_string(-23330) + "=";
-std::vector<std::string> shape_hints(const Line& l) {  // the values, or none when absent or malformed
-  for (const std::string& p : l.params)
-    if (p.compare(0, kShapeHints.size(), kShapeHints) == 0) {
-      std::vector<std::string> v;
-      std::istringstream in(p.substr(kShapeHints.size()));
-      for (std::string t; std::getline(in, t, ',');) v.push_back(t);
-      if (v.empty() || v[0] != std::to_string(v.size() - 1) || l.tops.empty() || (v.size() - 1) % l.tops.size())
-        return {};
-      return std::vector<std::string>(v.begin() + 1, v.end());
-    }
-  return {};
+// Whether ncnn loads the line's params (its shape hints included): a layer fused away must be one ncnn would have
+// loaded, or the fused model would load where the stock one fails.
+bool ncnn_reads(const Line& l) {
+  std::vector<int> hints;
+  return shape_hints(l, hints);
 }
-void set_shape_hints(Line& l, const std::vector<std::string>& v) {  // none: the line carries no hints
-  for (auto it = l.params.begin(); it != l.params.end(); ++it)
-    if (it->compare(0, kShapeHints.size(), kShapeHints) == 0) {
-      l.params.erase(it);
-      break;
-    }
+void set_shape_hints(Line& l, const std::vector<int>& v) {  // none: the line carries no hints
+  erase_param(l, 30);
   if (v.empty()) return;
-  std::string p = kShapeHints + std::to_string(v.size());
-  for (const std::string& x : v) p += "," + x;
+  std::string p = std::to_string(-23330) + "=" + std::to_string(v.size());
+  for (int x : v) p += "," + std::to_string(x);
   l.params.push_back(p);
 }
 
+// A two-input add of blobs (no scalar): what the fused kernel can read as x + residual.
+bool is_plain_add(const Line& l) {
+  int op = -1, with_scalar = -1;
+  return l.type == "BinaryOp" && l.bottoms.size() == 2 && l.tops.size() == 1 && ncnn_reads(l) && exact_param(l, 0, 0, op) &&
+         op == 0 && exact_param(l, 1, 0, with_scalar) && with_scalar == 0;
+}
+
 bool activation_of(const Line& l, Activation& a, float& alpha) {
-  if (l.bottoms.size() != 1 || l.tops.size() != 1) return false;
+  const bool activation = l.type == "ReLU" || l.type == "Sigmoid" || l.type == "Swish" || l.type == "GELU";
+  if (!activation || l.bottoms.size() != 1 || l.tops.size() != 1 || !ncnn_reads(l)) return false;
   alpha = 0.f;
   if (l.type == "ReLU") {
     if (!exact_param(l, 0, 0.f, alpha)) return false;
@@ -192,20 +295,19 @@ void erase_one(std::vector<int>& v, int x) {
 
 FuseResult fuse_param(const std::string& text) {
   std::vector<Line> L = parse(text);
+  // ncnn resolves a bottom to the first blob of that name: a name given to a second top (ncnn loads such a
+  // model) names a blob no layer can read. Layers writing such a name are left as they are.
   std::map<std::string, int> producer;
+  std::set<std::string> named_twice;
   std::map<std::string, std::vector<int>> consumers;
   for (int i = 0; i < int(L.size()); ++i) {
-    for (const std::string& b : L[i].bottoms) {
-      if (!producer.count(b))
-        bad(L[i].line_no, "layer " + L[i].name + " (" + L[i].type + ") reads blob '" + b +
-                              "', which no earlier layer produces");
-      consumers[b].push_back(i);
-    }
-    for (const std::string& t : L[i].tops) {
-      if (producer.count(t)) bad(L[i].line_no, "blob '" + t + "' is produced twice (again by layer " + L[i].name + ")");
-      producer[t] = i;
-    }
+    for (const std::string& b : L[i].bottoms) consumers[b].push_back(i);  // (parse: each produced earlier)
+    for (const std::string& t : L[i].tops)
+      if (!producer.emplace(t, i).second) named_twice.insert(t);
   }
+  auto writes_unique_names = [&](const Line& l) {
+    return std::none_of(l.tops.begin(), l.tops.end(), [&](const std::string& t) { return named_twice.count(t) > 0; });
+  };
   // featmask (param 31) picks per layer what runs where (bit 4: off Vulkan): an add or activation joins a norm
   // only with the same featmask, so none changes where it runs.
   auto same_featmask = [](const Line& a, const Line& b) {
@@ -216,21 +318,26 @@ FuseResult fuse_param(const std::string& text) {
   FuseResult result;
   for (int n = 0; n < int(L.size()); ++n) {
     Line& N = L[n];
-    if (N.removed || !is_norm(N.type) || N.bottoms.size() != 1 || N.tops.size() != 1) continue;
+    std::vector<int> hint;  // the norm's shape hint, given to every top of the fused layer
+    if (N.removed || !is_norm(N.type) || N.bottoms.size() != 1 || N.tops.size() != 1 || !shape_hints(N, hint) ||
+        !writes_unique_names(N))
+      continue;
     // Epilogue: an activation that is the only reader of the norm's output.
     int act = -1;
     Activation a = Activation::None;
     float alpha = 0.f;
     if (const auto& c = consumers[N.tops[0]]; c.size() == 1 && activation_of(L[c[0]], a, alpha) &&
-                                               same_featmask(L[c[0]], N))
+                                               same_featmask(L[c[0]], N) && writes_unique_names(L[c[0]]))
       act = c[0];
     // Prologue: the add that feeds it, directly or through a Split read only after the norm.
     int add = -1, split = -1;
+    std::vector<int> split_hints;
     const std::string b = N.bottoms[0];
     const int P = producer.at(b);
-    if (is_plain_add(L[P]) && consumers[b].size() == 1 && same_featmask(L[P], N)) {
+    if (is_plain_add(L[P]) && consumers[b].size() == 1 && same_featmask(L[P], N) && writes_unique_names(L[P])) {
       add = P;
-    } else if (L[P].type == "Split" && L[P].bottoms.size() == 1) {
+    } else if (L[P].type == "Split" && L[P].bottoms.size() == 1 && writes_unique_names(L[P]) &&
+               shape_hints(L[P], split_hints)) {
       const std::string& s = L[P].bottoms[0];
       const int Q = producer.at(s);
       bool read_later = true;
@@ -239,7 +346,7 @@ FuseResult fuse_param(const std::string& text) {
           if (t != b && L[c].pos <= N.pos) read_later = false;
       // b itself read by the norm alone: the fused layer writes no blob named b for another reader
       if (is_plain_add(L[Q]) && consumers[s].size() == 1 && consumers[b].size() == 1 && read_later &&
-          same_featmask(L[Q], N))
+          same_featmask(L[Q], N) && writes_unique_names(L[Q]))
         add = Q, split = P;
     }
     if (add < 0 && act < 0) continue;
@@ -248,13 +355,9 @@ FuseResult fuse_param(const std::string& text) {
     Line F = N;
     F.type = fused_name(norm_op(N.type));
     // ncnn's norms ignore the ids the fused layer reads (activation, its params, residual): drop any on the
-    // line, so the fused layer does what the stock one did plus the fusion, and nothing else.
-    for (int id : {kParamActivation, kParamActivationParams, -23300 - kParamActivationParams, kParamResidual}) {
-      const std::string key = std::to_string(id) + "=";
-      F.params.erase(std::remove_if(F.params.begin(), F.params.end(),
-                                    [&](const std::string& p) { return p.compare(0, key.size(), key) == 0; }),
-                     F.params.end());
-    }
+    // line, in whatever spelling ncnn reads as those ids, so the fused layer does what the stock one did plus the
+    // fusion, and nothing else.
+    for (int id : {kParamActivation, kParamActivationParams, kParamResidual}) erase_param(F, id);
     if (add >= 0) fp.pattern = "BinaryOp+", fp.layers.push_back(L[add].name);
     fp.pattern += N.type;
     fp.layers.push_back(N.name);
@@ -268,7 +371,7 @@ FuseResult fuse_param(const std::string& text) {
       if (split >= 0) {
         Line& S = L[split];
         const std::string s = S.bottoms[0];
-        std::vector<std::string> hints = shape_hints(S);
+        std::vector<int>& hints = split_hints;
         const size_t per_top = hints.size() / S.tops.size();
         for (size_t t = 0; t < S.tops.size(); ++t)
           if (S.tops[t] == b) {
@@ -305,9 +408,9 @@ FuseResult fuse_param(const std::string& text) {
       }
     }
     if (residual != Fusion::None) F.params.push_back(std::to_string(kParamResidual) + "=" + std::to_string(residual));
+    F.params_changed();
     // Every top of the fused layer (its output, the sum) has the norm's shape: the norm's hint for each.
-    const std::vector<std::string> hint = shape_hints(N);
-    std::vector<std::string> hints;
+    std::vector<int> hints;
     for (size_t t = 0; t < F.tops.size() && !hint.empty(); ++t) hints.insert(hints.end(), hint.begin(), hint.end());
     set_shape_hints(F, hints);
     L[n] = F;
@@ -321,13 +424,8 @@ FuseResult fuse_param(const std::string& text) {
     if (auto it = after.find(i); it != after.end())
       for (int j : it->second) out.push_back(&L[j]);
   }
-  std::map<std::string, bool> blobs;
-  for (const Line* l : out) {
-    for (const auto& x : l->bottoms) blobs[x] = true;
-    for (const auto& x : l->tops) blobs[x] = true;
-  }
   std::ostringstream os;
-  os << "7767517\n" << out.size() << " " << blobs.size() << "\n";
+  os << "7767517\n" << out.size() << " " << ncnn_blob_count(out) << "\n";
   for (const Line* l : out) {
     // ncnn's column layout; names of any length (ncnn reads up to 255 characters)
     os << std::left << std::setw(24) << l->type << " " << std::setw(24) << l->name << " " << l->bottoms.size() << " "

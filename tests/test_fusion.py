@@ -477,6 +477,8 @@ def test_layer_names_of_any_length_survive_the_rewrite(tmp_path):
 @pytest.mark.parametrize("add_line", [
     "BinaryOp add 1 1 a s 0=0 1=1 2=1.0",  # a scalar add
     "BinaryOp add 2 1 a b s 0=2",         # a multiply
+    "BinaryOp add 2 1 a b s 0=0,0",       # an array where ncnn reads an int: it takes its default, not the array
+    "BinaryOp add 2 1 a b s 0=0x0",       # a value ncnn cannot read: ncnn refuses the line, fused or not
 ])
 def test_adds_that_are_not_plain_stay(add_line):
     nin = 1 if " 1 1 " in add_line else 2
@@ -528,7 +530,10 @@ def test_norm_output_with_two_readers_keeps_its_activation():
 @pytest.mark.parametrize("text,needle", [
     ("", "line 1: expected ncnn's magic number 7767517"),
     ("7767517\n2\n", "line 2: expected 'layer_count blob_count'"),
-    ("7767517\n2 2\nInput in0 0 1 a\n", "the header says 2 layers, the file has 1"),
+    ("7767517\n2 2\nInput in0 0 1 a\n", "line 2: the header says 2 layers, the file has 1"),
+    # ncnn counts a blob for every top (a name used again included) and refuses more than the header declares
+    ("7767517\n2 1\nInput in0 0 1 a\nReLU r 1 1 a b\n", "line 2: the header says 1 blobs, the layers produce 2"),
+    ("7767517\n2 1\nInput in0 0 1 a\nReLU r 1 1 a a\n", "line 2: the header says 1 blobs, the layers produce 2"),
     ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln 1 1 zz y 0=8\n", "line 4: layer ln (LayerNorm) reads blob 'zz'"),
     ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln x 1 a y\n", "line 4: expected layer ln's bottom count, got 'x'"),
     ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln 1 1 a y junk\n", "line 4: layer ln: param 'junk' is not id=value"),
@@ -747,6 +752,9 @@ def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00garbage")
     magic_only = tmp_path / "magic_only.param"
     magic_only.write_text("7767517\n")
+    few_blobs = tmp_path / "few_blobs.param"  # a header declaring fewer blobs than the layers make
+    magic, counts, body = p.read_text().split("\n", 2)
+    few_blobs.write_text(f"{magic}\n{counts.split()[0]} 3\n{body}")
     (tmp_path / "adir").mkdir()
     for args, needle in [
         ((tmp_path / "missing.param", b), "no such file"),
@@ -755,6 +763,7 @@ def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
         ((p, tmp_path / "adir"), "is a directory, not the weights .bin"),
         ((magic_only, b), "line 2: expected 'layer_count blob_count', the file ends after the magic number"),
         ((garbled, b), "reads blob 'nowhere', which no earlier layer produces"),
+        ((few_blobs, b), "line 2: the header says 3 blobs, the layers produce"),
         ((binary, b), "not a text .param"),
         ((p, short), "the fused model does not load (the weights in"),
     ]:
@@ -868,18 +877,26 @@ def test_a_split_output_the_norm_shares_with_another_reader_is_not_fused_away(tm
     assert float(np.abs(got["out0"] - ref["out0"]).max()) <= 1e-5 * max(1.0, float(np.abs(ref["out0"]).max()))
 
 
-@pytest.mark.parametrize("stray", ["9=1", "20=2", "10=0.5", "-23310=1,0.5"])
+def ncnn_param_id(p: str) -> int:
+    """The id ncnn's ParamDict reads from id=value: a number ("09" and "+9" are 9), -23300-k an array of id k."""
+    i = int(p.split("=", 1)[0])
+    return -(i + 23300) if i <= -23300 else i
+
+
+@pytest.mark.parametrize("stray", ["9=1", "20=2", "10=0.5", "-23310=1,0.5",
+                                   "09=1", "+20=2", "-23309=1,2", "010=0.5", "9=1 9=2"])
 def test_ids_stock_norms_ignore_do_not_become_fusion_params(stray):
-    """A norm line carrying ids 9, 10 or 20 (stock ncnn's norms ignore them) keeps meaning what it meant: the
-    fused layer's activation and residual params are the rewrite's alone."""
+    """A norm line carrying ids 9, 10 or 20 (stock ncnn's norms ignore them), in any spelling ncnn reads as those
+    ids, keeps meaning what it meant: the fused layer's activation and residual params are the rewrite's alone."""
+    fusion_ids = lambda params: [p for p in params if ncnn_param_id(p) in (9, 10, 20)]
     add_then_norm = ("7767517\n4 4\nInput in0 0 1 a\nInput in1 0 1 b\nBinaryOp add 2 1 a b s 0=0\n"
                      f"LayerNorm ln 1 1 s out0 0=16 1=1e-05 2=0 {stray}\n")
     ln = next(t for t in lines_of(fuse(add_then_norm)[0]) if t[1] == "ln")
-    assert ln[0] == "vknorm.LayerNorm" and [p for p in ln[8:] if p.split("=")[0] in ("9", "10", "-23310", "20")] == ["20=1"], ln
+    assert ln[0] == "vknorm.LayerNorm" and fusion_ids(ln[8:]) == ["20=1"], ln
     norm_then_act = ("7767517\n3 3\nInput in0 0 1 a\nLayerNorm ln 1 1 a y 0=16 1=1e-05 2=0 " + stray +
                      "\nSigmoid act 1 1 y out0\n")
     ln = next(t for t in lines_of(fuse(norm_then_act)[0]) if t[1] == "ln")
-    assert ln[0] == "vknorm.LayerNorm" and [p for p in ln[6:] if p.split("=")[0] in ("9", "10", "-23310", "20")] == ["9=4"], ln
+    assert ln[0] == "vknorm.LayerNorm" and fusion_ids(ln[6:]) == ["9=4"], ln
 
 
 @needs_graph
@@ -943,3 +960,89 @@ def test_loading_a_directory_as_a_param_is_cannot_read(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "load -1" in proc.stdout, proc.stdout + proc.stderr
     assert f"cannot read {tmp_path}" in proc.stderr and "magic" not in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------------------------------ params as ncnn reads them
+
+ADD_LN_SWISH = ("7767517\n5 5\nInput in0 0 1 in0\nInput in1 0 1 in1\nBinaryOp add 2 1 in0 in1 s {op}\n"
+                "LayerNorm ln 1 1 s y 0=16 1=1e-5 2=1\nSwish act 1 1 y out0\n")
+
+
+@needs_graph
+@pytest.mark.parametrize("op,is_add", [
+    ("00=1", False),     # id 00 is id 0: a subtract
+    ("+0=1", False),     # so is +0
+    ("0=0 0=2", False),  # an id given twice: the last wins, a multiply
+    ("0=2 0=0", True),   # the last says add
+    ("00=0", True),
+], ids=["00=1", "+0=1", "0=0 0=2", "0=2 0=0", "00=0"])
+def test_a_binaryop_is_fused_only_where_ncnn_reads_it_as_an_add(tmp_path, op, is_add):
+    """ncnn's ParamDict reads a param's id as a number and lets the last of an id given twice win: the rewrite
+    reads the BinaryOp the same way, so a subtract or multiply spelled so is never fused as an add, and the model
+    gives what stock ncnn gives."""
+    text = ADD_LN_SWISH.format(op=op)
+    _, fused = fuse(text)
+    assert [f["pattern"] for f in fused] == ["BinaryOp+LayerNorm+Swish" if is_add else "LayerNorm+Swish"]
+    weights = np.concatenate([np.ones(16), np.zeros(16)]).astype(np.float32).tobytes()
+    p, b = write_model(tmp_path, text, weights)
+    rng = np.random.default_rng(5)
+    inputs = {"in0": rng.standard_normal((8, 16)).astype(np.float32),
+              "in1": (rng.standard_normal((8, 16)) * 3 + 2).astype(np.float32)}
+    ref = run_graph(p, b, inputs, vknorm_layers=False, vulkan=False)[0]["out0"]
+    got, net = run_graph(p, b, inputs)
+    assert len(net.fused()) == 1
+    assert float(np.abs(got["out0"] - ref).max()) <= 1e-5 * max(1.0, float(np.abs(ref).max()))
+
+
+@needs_graph
+@pytest.mark.parametrize("relu", ["0=0 0=0.5", "00=0.5", "+0=0.5"])
+def test_a_relu_slope_is_the_one_ncnn_reads(tmp_path, relu):
+    """A ReLU's slope given twice (the last wins) or under a zero-padded or signed id is the slope ncnn's ReLU reads:
+    the fused layer is a LeakyReLU of that slope, bit for bit stock ncnn in a CPU net."""
+    text = f"7767517\n3 3\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 y 0=16 1=1e-05 2=0\nReLU act 1 1 y out0 {relu}\n"
+    out, fused = fuse(text)
+    assert [f["pattern"] for f in fused] == ["LayerNorm+ReLU"]
+    (ln,) = [t for t in lines_of(out) if t[1] == "ln"]
+    assert "9=2" in ln and [float(p.split(",")[1]) for p in ln if p.startswith("-23310=")] == [0.5], ln
+    p, b = write_model(tmp_path, text)
+    x = (np.random.default_rng(4).standard_normal((6, 16)) * 3).astype(np.float32)
+    ref = run_graph(p, b, {"in0": x}, vknorm_layers=False, vulkan=False)[0]["out0"]
+    assert (ref < 0).any()  # the slope is taken
+    np.testing.assert_array_equal(run_graph(p, b, {"in0": x}, vulkan=False)[0]["out0"], ref)
+    got = run_graph(p, b, {"in0": x})[0]["out0"]
+    assert float(np.abs(got - ref).max()) <= 1e-5 * max(1.0, float(np.abs(ref).max()))
+
+
+@needs_graph
+def test_a_top_named_again_is_left_unfused_and_the_model_loads_fused_or_not(tmp_path):
+    """ncnn loads a model whose last layer writes a name already taken (Swish act 1 1 y y: a second blob named y,
+    which no bottom or extract can reach, since ncnn finds a name's first blob). The rewrite leaves the layers
+    writing such a name as they are: fused and unfused nets load it and give what stock ncnn gives."""
+    text = ("7767517\n5 6\nInput in0 0 1 in0\nInput in1 0 1 in1\nBinaryOp add 2 1 in0 in1 s 0=0\n"
+            "LayerNorm ln 1 1 s y 0=16 1=1e-5 2=1\nSwish act 1 1 y y\n")
+    out, fused = fuse(text)
+    assert fused == [] and [t[0] for t in lines_of(out)] == ["Input", "Input", "BinaryOp", "LayerNorm", "Swish"]
+    assert out.splitlines()[1].split() == ["5", "5"]  # ncnn's count: a blob for each top, y twice
+    weights = np.concatenate([np.ones(16), np.zeros(16)]).astype(np.float32).tobytes()
+    p, b = write_model(tmp_path, text, weights)
+    rng = np.random.default_rng(6)
+    inputs = {k: rng.standard_normal((8, 16)).astype(np.float32) for k in ("in0", "in1")}
+    ref = run_graph(p, b, inputs, vknorm_layers=False, vulkan=False, outputs=("y",))[0]["y"]
+    for fuse_ in (True, False):
+        got = run_graph(p, b, inputs, fuse_=fuse_, outputs=("y",))[0]["y"]
+        assert float(np.abs(got - ref).max()) <= 1e-5 * max(1.0, float(np.abs(ref).max())), fuse_
+
+
+@needs_graph
+def test_a_header_declaring_fewer_blobs_than_the_layers_make_is_refused_fused_or_not(tmp_path):
+    from vknorm._stdio import quiet_stderr
+
+    text = ("7767517\n4 3\nInput in0 0 1 in0\nInput in1 0 1 in1\nBinaryOp add 2 1 in0 in1 s 0=0\n"
+            "LayerNorm ln 1 1 s out0 0=16 1=1e-5 2=0\n")
+    p, _ = write_model(tmp_path, text)
+    for fuse_ in (True, False):
+        log: list = []
+        with quiet_stderr(log):
+            assert graph.Net(fuse=fuse_).load_param(str(p)) != 0
+        if fuse_:
+            assert any("line 2: the header says 3 blobs, the layers produce 4" in ln for ln in log), log

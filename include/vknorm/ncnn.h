@@ -66,8 +66,12 @@ struct FuseResult {
 //    layer then writes the sum);
 //  - epilogue: a ReLU (with its slope: leaky ReLU), Sigmoid, Swish or GELU that is the norm output's only
 //    consumer.
-// Anything else is left as it is. Throws std::invalid_argument naming the line on a malformed .param or
-// on a blob read before any layer produces it.
+// Params are read as ncnn's ParamDict reads them (an id is a number: 00=1 and +0=1 are id 0; of an id given twice
+// the last wins); a layer whose params ncnn would read otherwise than as those values (a float for an int, an
+// array), or not at all, and a layer writing a blob name another top already took, are left as they are.
+// Anything else is left as it is. Throws std::invalid_argument naming the line on a malformed .param, on a blob
+// read before any layer produces it, or on a header declaring fewer blobs than the layers make (ncnn's count:
+// one per top).
 FuseResult fuse_param(const std::string& param_text);
 // Reads `param_path`, fuses it and loads it into `net` (register_layers first). Returns ncnn's
 // load_param code, -1 when the file cannot be read or parsed (logged); `fused` receives what was fused (empty
