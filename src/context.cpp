@@ -116,6 +116,15 @@ uint32_t find_memory_type(const vk::PhysicalDeviceMemoryProperties& mp, uint32_t
 bool Instance::in_creating_process() const { return long(getpid()) == pid; }
 
 namespace {
+// Set by an exit handler registered once the first device exists, so that it runs before the teardown of what
+// the driver and layers registered up to then (handlers run in reverse order): an object destroyed after it, a
+// static made before the first Vulkan call, finds them gone.
+std::atomic<bool> g_exit_passed_driver{false};
+}  // namespace
+
+bool Instance::destroys_handles() const { return in_creating_process() && !g_exit_passed_driver; }
+
+namespace {
 void leave_with_status(int status, void*) {
   std::fflush(nullptr);
   _exit(status);
@@ -244,10 +253,16 @@ int default_device_index() {
 Context::Context(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Context::~Context() {
   // In a fork()ed child the device's handles are the parent's: destroying them waits on driver threads the
-  // child does not have (a hang at its exit). The child leaves them to the process's end instead.
-  if (impl_ && impl_->instance && !impl_->instance->in_creating_process()) {
-    new std::shared_ptr<Instance>(impl_->instance);  // nor may the instance go: its destruction waits too
-    (void)impl_.release();
+  // child does not have (a hang at its exit). The child leaves them to the process's end instead, and so does a
+  // process whose exit has passed the driver's teardown (a context held by a static made before any Vulkan call:
+  // destroying it then crashed in the validation layer).
+  // The instance it holds stays too (its destruction waits as well). Kept in a list that is never destroyed, so
+  // that leak checkers see it as reachable.
+  if (impl_ && impl_->instance && !impl_->instance->destroys_handles()) {
+    static auto* kept = new std::vector<Impl*>;
+    static auto* kept_mutex = new std::mutex;
+    std::lock_guard<std::mutex> lock(*kept_mutex);
+    kept->push_back(impl_.release());
   }
 }
 
@@ -324,6 +339,8 @@ std::shared_ptr<Context> Context::create(int index) {
                            .enabledExtensionCount = uint32_t(extensions.size()),
                            .ppEnabledExtensionNames = extensions.data()};
   impl->device = vk::raii::Device(pd, dci);
+  static const bool exit_marked = (std::atexit([] { g_exit_passed_driver = true; }), true);
+  (void)exit_marked;
   impl->queue = impl->device.getQueue(impl->queue_family, 0);
   impl->fp16_storage = want16;
   const auto& ops = impl->info.subgroup_ops;

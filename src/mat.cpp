@@ -64,6 +64,9 @@ Mat Mat::layout(int dims, int w, int h, int d, int c, size_t scalar_bytes, int e
   if (dims < 1 || dims > 4) throw std::invalid_argument("Mat: dims must be 1-4, got " + std::to_string(dims));
   if (scalar_bytes != 2 && scalar_bytes != 4) throw std::invalid_argument("Mat: scalar size must be 2 or 4 bytes");
   if (elempack != 1 && elempack != 4) throw std::invalid_argument("Mat: elempack must be 1 or 4");
+  if (dims == 1 && elempack != 1)
+    throw std::invalid_argument("Mat: elempack 4 packs channels (dims 3/4) or rows (dims 2); a dims-1 blob is unpacked, "
+                                "got elempack " + std::to_string(elempack));
   if (w < 0 || (dims >= 2 && h < 0) || (dims == 4 && d < 0) || (dims >= 3 && c < 0))
     throw std::invalid_argument("Mat: extents must be >= 0");
   // The allocation, cstep padding included, must not wrap size_t (its bytes would read as a small Mat).
@@ -122,12 +125,14 @@ Mat layout_as(const Mat& m, size_t scalar_bytes, int elempack) {
 }
 
 Mat converted(const Mat& m, size_t scalar_bytes, int elempack) {
+  check_host_mat(m, "converted");
   Mat out = Mat::create_for_overwrite(layout_as(m, scalar_bytes, elempack));
   convert_into(m, out, out.data());
   return out;
 }
 
 Mat convert_packing(const Mat& src, int elempack) {
+  check_host_mat(src, "convert_packing");
   if (src.elempack == elempack) return src;
   if (elempack != 1 && elempack != 4) throw std::invalid_argument("convert_packing: elempack must be 1 or 4");
   const int outer = src.unpacked_outer();
@@ -319,14 +324,35 @@ bool same_shape(const Mat& a, const Mat& b) {
          (a.dims == 2 || (a.h == b.h && a.d == b.d));
 }
 
+namespace {
+// Fields a Mat::layout could have made: dims 1-4, extents >= 1 (1 past its dims), elempack 1 or 4 (1 for dims 1),
+// 2- or 4-byte scalars. Negative extents are refused here, before their product (which can wrap to a small
+// positive size) is compared with the memory.
+bool valid_fields(const Mat& m) {
+  return m.dims >= 1 && m.dims <= 4 && m.w >= 1 && m.h >= 1 && m.d >= 1 && m.c >= 1 && (m.dims >= 2 || m.h == 1) &&
+         (m.dims == 4 || m.d == 1) && (m.dims >= 3 || m.c == 1) && (m.elempack == 1 || (m.elempack == 4 && m.dims >= 2)) &&
+         (m.elemsize == 2u * size_t(m.elempack) || m.elemsize == 4u * size_t(m.elempack));
+}
+}  // namespace
+
 bool holds_shape(const Mat& out, const Mat& a) {
-  return out.data() && same_shape(out, a) && (out.scalar_bytes() == 2 || out.scalar_bytes() == 4) &&
-         (out.elempack == 1 || out.elempack == 4) &&
-         out.cstep >= (out.dims >= 3 ? out.outer_elems() : size_t(out.w) * out.h) && out.bytes() <= out.capacity();
+  if (!out.data() || !valid_fields(out) || !same_shape(out, a)) return false;
+  // The extents are positive and bounded by int: their products below cannot wrap, the bytes spanned may.
+  size_t bytes = 0;
+  return out.cstep >= (out.dims >= 3 ? out.outer_elems() : size_t(out.w) * out.h) &&
+         !__builtin_mul_overflow(out.cstep, size_t(out.dims >= 3 ? out.c : 1), &bytes) &&
+         !__builtin_mul_overflow(bytes, out.elemsize, &bytes) && bytes <= out.capacity();
 }
 
 void check_host_mat(const Mat& m, const char* what) {
   if (m.empty()) throw std::invalid_argument(std::string(what) + ": empty input");
+  if (!valid_fields(m))
+    throw std::invalid_argument(std::string(what) + ": the Mat's fields (dims " + std::to_string(m.dims) + ", w " +
+                                std::to_string(m.w) + ", h " + std::to_string(m.h) + ", d " + std::to_string(m.d) +
+                                ", c " + std::to_string(m.c) + ", elemsize " + std::to_string(m.elemsize) +
+                                ", elempack " + std::to_string(m.elempack) +
+                                ") are no blob's: dims 1-4 with extents >= 1 (1 past its dims), elempack 1 or 4 "
+                                "(4 only for dims 2-4) of 2- or 4-byte scalars");
   if (!holds_shape(m, m))
     throw std::invalid_argument(std::string(what) + ": the Mat has no memory (a Mat::layout), or its fields (elemsize " +
                                 std::to_string(m.elemsize) + ", elempack " + std::to_string(m.elempack) + ", cstep " +
@@ -335,7 +361,9 @@ void check_host_mat(const Mat& m, const char* what) {
 }
 
 void convert_into(const Mat& src, const Mat& format, unsigned char* out) {
-  if (!same_shape(src, format) || src.empty() || !out)
+  check_host_mat(src, "convert_into");
+  if (!valid_fields(format) || format.cstep < (format.dims >= 3 ? format.outer_elems() : size_t(format.w) * format.h) ||
+      !same_shape(src, format) || !out)
     throw std::invalid_argument("convert_into: the destination must describe the source's shape");
   if (src.is_fp16() == format.is_fp16())
     src.is_fp16() ? transcode<uint16_t, uint16_t>(src, format, out) : transcode<uint32_t, uint32_t>(src, format, out);
@@ -345,8 +373,14 @@ void convert_into(const Mat& src, const Mat& format, unsigned char* out) {
     transcode<uint16_t, float>(src, format, out);
 }
 
-Mat cast_fp16(const Mat& src) { return src.is_fp16() ? src : converted(src, 2, src.elempack); }
+Mat cast_fp16(const Mat& src) {
+  check_host_mat(src, "cast_fp16");
+  return src.is_fp16() ? src : converted(src, 2, src.elempack);
+}
 
-Mat cast_fp32(const Mat& src) { return src.is_fp16() ? converted(src, 4, src.elempack) : src; }
+Mat cast_fp32(const Mat& src) {
+  check_host_mat(src, "cast_fp32");
+  return src.is_fp16() ? converted(src, 4, src.elempack) : src;
+}
 
 }  // namespace vknorm

@@ -117,15 +117,23 @@ std::string describe_blob(int dims, int w, int h, int d, int c, size_t elemsize,
 // past it).
 void check_vkmat(const VkMat& v, const char* what) {
   if (!v.buffer || v.dims == 0) throw std::invalid_argument(std::string(what) + ": empty VkMat");
+  // `buffer` is public too: one taken from a VkMat of another context (or a VkMat assembled field by field, which
+  // has none) would be bound on a device it does not belong to.
+  if (v.buffer->ctx != v.context())
+    throw std::invalid_argument(std::string(what) + ": the VkMat's buffer lives on another Vulkan context than the VkMat " +
+                                (v.context() ? "(a buffer taken from a VkMat of another context)"
+                                             : "(a VkMat assembled field by field has no context: make it with "
+                                               "VkMat::upload or VkMat::create_like, or copy a whole VkMat)"));
   auto blob = [&] {
     return std::string(what) + ": VkMat " + describe_blob(v.dims, v.w, v.h, v.d, v.c, v.elemsize, std::max(v.elempack, 1));
   };
   if (v.dims < 1 || v.dims > 4 || v.w < 1 || v.h < 1 || v.d < 1 || v.c < 1 || (v.dims < 4 && v.d != 1) ||
       (v.dims < 3 && v.c != 1) || (v.dims < 2 && v.h != 1))
     throw std::invalid_argument(blob() + ": dims 1-4 with extents >= 1 (and 1 past its dims)");
-  if ((v.elempack != 1 && v.elempack != 4) || (v.elemsize != 4u * v.elempack && v.elemsize != 2u * v.elempack))
+  if ((v.elempack != 1 && v.elempack != 4) || (v.elemsize != 4u * v.elempack && v.elemsize != 2u * v.elempack) ||
+      (v.dims == 1 && v.elempack != 1))
     throw std::invalid_argument(blob() + ", elemsize " + std::to_string(v.elemsize) +
-                                ": elempack 1 or 4 of float32 or float16 scalars");
+                                ": elempack 1 or 4 (4 only for dims 2-4) of float32 or float16 scalars");
   const uint64_t plane = uint64_t(v.w) * uint64_t(v.h) * uint64_t(v.d);
   if (v.cstep < plane)
     throw std::invalid_argument(blob() + ": cstep " + std::to_string(v.cstep) + " is less than a channel's " +

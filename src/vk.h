@@ -34,6 +34,10 @@ struct Instance {
   long pid = 0;  // the process that created it: a fork()ed child inherits the handles, not the driver's threads
   static std::shared_ptr<Instance> get();
   bool in_creating_process() const;
+  // Whether Vulkan handles may be destroyed now: in the creating process, and not after its exit() has reached the
+  // handlers registered before the first device was made (by then the driver and layers loaded with the instance
+  // may have torn themselves down: a static layer or context is left to the process's end instead).
+  bool destroys_handles() const;
   // std::runtime_error in a process fork()ed from the one that created this instance (its waits would
   // never return there).
   void check_same_process() const;

@@ -220,27 +220,46 @@ if __name__ == "__main__":
 CPP_TESTS_BUILD = os.path.join(ROOT, "build", "cxx-tests" + (f"-{_WORKER}" if _WORKER else ""))
 
 
-def test_cpp_api_promises_no_example_shows(installed):
+@pytest.fixture(scope="module")
+def cpp_tests(installed):
+    """tests/cpp configured from scratch against the installed package, built; its build directory."""
+    env = cmake_env()
+    shutil.rmtree(CPP_TESTS_BUILD, ignore_errors=True)
+    run(["cmake", "-S", os.path.join(ROOT, "tests", "cpp"), "-B", CPP_TESTS_BUILD, *generator_args(CPP_TESTS_BUILD),
+         f"-DCMAKE_PREFIX_PATH={PREFIX}"], "configure tests/cpp", env=env)
+    run(["cmake", "--build", CPP_TESTS_BUILD], "build tests/cpp", env=env)
+    return CPP_TESTS_BUILD
+
+
+def test_cpp_api_promises_no_example_shows(cpp_tests):
     """tests/cpp/api_contracts.cpp against the installed package: load_param after create_pipeline(ctx)
     keeps the layer on ctx; forward_inplace(Mat&) writes into the Mat's own storage (shared by its shallow
     copies) also where the device needs a converted copy (pack4, float16 storage), and so does
     forward_inplace_cpu (also on a float16 Mat::external whose dense cstep is not ncnn's); forward(bottom, top) leaves bottom as it was, allocates top or writes a fitting one
     (dense channels) where it lies, also over bottom's own memory at another cstep (in pieces too), and leaves
     top as it was when it throws; a host
-    Mat without memory or with fields past it is refused by forward, forward_inplace, forward_inplace_cpu and upload;
+    Mat without memory or with fields past it is refused by forward, forward_inplace, forward_inplace_cpu and upload,
+    and by the conversions (cast_fp16, cast_fp32, convert_packing, converted, convert_into); negative extents and
+    elempack 4 on a dims-1 Mat are refused;
     download(Mat&) converts into the caller's Mat; forward_add's sum may be written over x or the residual;
     public fields written directly after a forward take effect (checked: wrong weight counts named, unknown
-    activations refused) at the next one; a VkMat whose fields were edited past its buffer is refused; Mat::create and blob_span_bytes refuse
+    activations refused) at the next one; a VkMat whose fields were edited past its buffer, or whose buffer is
+    not its context's, is refused; Mat::create and blob_span_bytes refuse
     sizes that are negative or wrap 64 bits. Each check prints ok or FAIL. It makes a
     context of its own beside the default one and exits cleanly under the validation layer (the default
     context, released after the layer's own teardown, crashed it at exit: SIGSEGV)."""
-    env = cmake_env()
-    shutil.rmtree(CPP_TESTS_BUILD, ignore_errors=True)
-    run(["cmake", "-S", os.path.join(ROOT, "tests", "cpp"), "-B", CPP_TESTS_BUILD, *generator_args(CPP_TESTS_BUILD),
-         f"-DCMAKE_PREFIX_PATH={PREFIX}"], "configure tests/cpp", env=env)
-    run(["cmake", "--build", CPP_TESTS_BUILD], "build tests/cpp", env=env)
-    proc = subprocess.run([os.path.join(CPP_TESTS_BUILD, "api_contracts")], capture_output=True, text=True, timeout=300,
+    proc = subprocess.run([os.path.join(cpp_tests, "api_contracts")], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, VKNORM_VALIDATION="1"))
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and not any(ln.startswith("FAIL") for ln in lines), proc.stdout + proc.stderr
-    assert sum(ln.startswith("ok: ") for ln in lines) == 48, proc.stdout
+    assert sum(ln.startswith("ok: ") for ln in lines) == 52, proc.stdout
+
+
+def test_layers_and_contexts_held_by_statics_at_exit_leave_cleanly_under_validation(cpp_tests):
+    """tests/cpp/static_exit.cpp: a function-local static layer made before the first Vulkan call and a
+    namespace-scope context (with a VkMat) are destroyed after the driver and the validation layer tore
+    themselves down. vknorm leaves their device to the process's end then: the process exits with main's
+    status (it crashed there: SIGSEGV in the validation layer)."""
+    proc = subprocess.run([os.path.join(cpp_tests, "static_exit")], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, VKNORM_VALIDATION="1"))
+    assert proc.returncode == 0 and proc.stdout.startswith("ok: "), (proc.returncode, proc.stdout, proc.stderr)

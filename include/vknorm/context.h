@@ -48,6 +48,11 @@ std::vector<DeviceInfo> enumerate_devices();
 // discrete > integrated > virtual > cpu.
 int default_device_index();
 
+// At process exit: a Context still held when exit() runs (by a static or global layer, VkMat or context) is
+// destroyed with the statics. One made before the first Vulkan call is destroyed after the driver and the
+// validation layer have torn themselves down: vknorm then leaves its device and buffers to the process's end
+// (nothing freed, nothing for the validation layer to check). Drop such objects, or call the layer's
+// destroy_pipeline(), before main returns to have the device destroyed (and checked) in order.
 class Context {
  public:
   // index < 0: default_device_index().

@@ -32,7 +32,8 @@ class Mat {
   size_t cstep = 0;                // packed elements between channels
 
   Mat() = default;
-  // Shape in ncnn order; h/d/c default to 1 for lower dims. scalar_bytes is 4 (float32) or 2 (float16).
+  // Shape in ncnn order; h/d/c default to 1 for lower dims. scalar_bytes is 4 (float32) or 2 (float16); elempack 4
+  // only for dims 2-4 (a dims-1 blob is unpacked). Throws std::invalid_argument otherwise, or for negative extents.
   static Mat create(int dims, int w, int h, int d, int c, size_t scalar_bytes = 4, int elempack = 1);
   // Memory for `layout`'s fields (its cstep as given), not zeroed (as make_shared_for_overwrite): for a Mat every
   // byte of which is written next, as convert_into writes its destination, padding included.
@@ -78,7 +79,8 @@ bool same_shape(const Mat& a, const Mat& b);
 // `out` can take a's shape where it is: it has memory, a's extents, and a cstep that holds its planes.
 bool holds_shape(const Mat& out, const Mat& a);
 // Throws std::invalid_argument, naming `what`, unless m is a Mat with elements that holds them (holds_shape(m, m)):
-// a Mat::layout has no memory, and fields edited past the memory would be read beyond it.
+// a Mat::layout has no memory, and fields edited past the memory would be read beyond it (negative extents, whose
+// product may wrap to a small size, and elempack 4 on a dims-1 Mat are refused too).
 void check_host_mat(const Mat& m, const char* what);
 
 // m's shape in another storage (2- or 4-byte scalars) and packing (1, or 4 where the outer extent divides by 4):
@@ -87,6 +89,7 @@ Mat layout_as(const Mat& m, size_t scalar_bytes, int elempack);
 // m converted to that layout in one pass, into memory of its own (convert_packing and the casts are this).
 Mat converted(const Mat& m, size_t scalar_bytes, int elempack);
 
+// The conversions below throw std::invalid_argument for a source check_host_mat refuses.
 // Repack to elempack 1 or 4 (4 only when the outer extent divides by 4), as ncnn's convert_packing.
 Mat convert_packing(const Mat& src, int elempack);
 // float32 <-> float16 storage (round to nearest even), layout unchanged.

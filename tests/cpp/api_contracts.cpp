@@ -22,6 +22,11 @@
 //     next forward, checked as load_param checks them (a wrong weight count named, an Activation value
 //     that is none of the enum's refused);
 //   - a VkMat whose public fields were edited to describe more than its buffer is refused, not run past it;
+//   - a VkMat whose buffer is not its context's (assembled field by field, or given another context's buffer) is
+//     refused by forward_inplace, forward_add and download;
+//   - the conversions (cast_fp16, cast_fp32, convert_packing, converted, convert_into) refuse a Mat without memory
+//     or with fields past it, as the layers do; extents edited negative (a product that wraps to a small size) and
+//     elempack 4 on a dims-1 Mat are refused;
 //   - Mat::create refuses negative extents and a size that wraps 64 bits; so does blob_span_bytes.
 #include <vknorm/norm.h>
 #include <vknorm/recorder.h>
@@ -260,6 +265,72 @@ int main() {
                             "forward_inplace_cpu and upload (" + std::to_string(refused) + " of 25)");
     }
 
+    // ---- the conversions refuse what the layers refuse
+    {
+      int refused = 0;
+      for (int edit = 0; edit < 3; ++edit) {
+        vknorm::Mat m = ramp(8, 4, 8);  // cstep 32: 1024 bytes
+        if (edit == 0) m = vknorm::Mat::layout(3, 8, 4, 1, 8);  // no memory
+        if (edit == 1) m.cstep = 40;                            // 1280 bytes described
+        if (edit == 2) m.c = 9;                                 // one channel past the memory
+        std::vector<unsigned char> into(4096);
+        for (int call = 0; call < 5; ++call) {
+          try {
+            if (call == 0) (void)vknorm::cast_fp16(m);
+            if (call == 1) (void)vknorm::cast_fp32(m);
+            if (call == 2) (void)vknorm::convert_packing(m, 4);
+            if (call == 3) (void)vknorm::converted(m, 2, 1);
+            if (call == 4) vknorm::convert_into(m, vknorm::Mat::layout(3, 8, 4, 1, m.c), into.data());
+          } catch (const std::invalid_argument&) {
+            ++refused;
+          }
+        }
+      }
+      report(refused == 15, "cast_fp16, cast_fp32, convert_packing, converted and convert_into refuse a Mat without "
+                            "memory or with fields past it (" + std::to_string(refused) + " of 15)");
+    }
+    {
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      load_layernorm(l, 4);
+      vknorm::Mat m = ramp(2, 4, 8);
+      m.w = -2, m.h = -2;  // size_t(-2) * -2 wraps to 4 elements a channel
+      int refused = 0;
+      for (int call = 0; call < 4; ++call) {
+        try {
+          if (call == 0) vknorm::check_host_mat(m, "check_host_mat");
+          if (call == 1) l.forward_inplace_cpu(m);
+          if (call == 2) l.forward_inplace(m);
+          if (call == 3) (void)vknorm::cast_fp16(m);
+        } catch (const std::invalid_argument&) {
+          ++refused;
+        }
+      }
+      report(refused == 4, "a Mat whose extents were edited negative is refused by check_host_mat, forward_inplace_cpu, "
+                           "forward_inplace and cast_fp16 (" + std::to_string(refused) + " of 4)");
+    }
+    {
+      int refused = 0;
+      try {
+        (void)vknorm::Mat::create(1, 8, 1, 1, 1, 4, 4);
+      } catch (const std::invalid_argument&) {
+        ++refused;
+      }
+      vknorm::Mat m = vknorm::Mat::create(1, 8, 1, 1, 1);  // 32 bytes
+      m.elempack = 4, m.elemsize = 16, m.w = 2, m.cstep = 2;  // the same 32 bytes, packed
+      try {
+        vknorm::check_host_mat(m, "check_host_mat");
+      } catch (const std::invalid_argument&) {
+        ++refused;
+      }
+      try {
+        (void)vknorm::convert_packing(m, 1);
+      } catch (const std::invalid_argument&) {
+        ++refused;
+      }
+      report(refused == 3, "elempack 4 on a dims-1 Mat (pack4 packs channels or rows) is refused by Mat::create, "
+                           "check_host_mat and convert_packing (" + std::to_string(refused) + " of 3)");
+    }
+
     // ---- forward(bottom, top), top over bottom's memory with another cstep (dense channels in, ncnn's out)
     for (bool pieces : {false, true}) {
       vknorm::Norm l(vknorm::NormOp::LayerNorm);
@@ -458,6 +529,33 @@ int main() {
       }
       report(refused == 7, "a VkMat whose fields no longer fit its buffer is refused by forward_inplace and download (" +
                                std::to_string(refused) + " of 7)");
+    }
+
+    // ---- a VkMat whose buffer is not its context's
+    {
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      load_layernorm(l, 16);
+      const vknorm::VkMat v = vknorm::VkMat::upload(ramp(2, 3, 16), ctx);
+      vknorm::VkMat assembled;  // fields copied one by one, the buffer shared: no context of its own
+      assembled.dims = v.dims, assembled.w = v.w, assembled.h = v.h, assembled.d = v.d, assembled.c = v.c;
+      assembled.elemsize = v.elemsize, assembled.elempack = v.elempack, assembled.cstep = v.cstep;
+      assembled.buffer = v.buffer;
+      vknorm::VkMat swapped = vknorm::VkMat::upload(ramp(2, 3, 16), nullptr);  // on the default context
+      swapped.buffer = v.buffer;                                                // ctx's buffer
+      int refused = 0;
+      for (vknorm::VkMat* m : {&assembled, &swapped}) {
+        for (int call = 0; call < 3; ++call) {
+          try {
+            if (call == 0) l.forward_inplace(*m);
+            if (call == 1) (void)m->download();
+            if (call == 2) (void)l.forward_add(*m, *m);
+          } catch (const std::invalid_argument&) {
+            ++refused;
+          }
+        }
+      }
+      report(refused == 6, "a VkMat whose buffer is not its context's is refused by forward_inplace, download and "
+                           "forward_add (" + std::to_string(refused) + " of 6)");
     }
 
     // ---- refused sizes
