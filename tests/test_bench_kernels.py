@@ -98,6 +98,10 @@ def test_bench_groupnorm_takes_one_groups_value_per_channels(tmp_path):
     (["--op", "groupnorm", "--channels", "3000000000", "--size", "1x1", "--groups", "1"], "every dimension"),
     (["--rows", "8", "--cols", "8", "--json", "same.png", "--plot", "same.png"], "name the same file"),
     (["--rows", "8", "--cols", "8", "--plot", "sweep"], "no file extension"),
+    (["--rows", "8", "--cols", "8", "--json", ""], "--json: empty file name"),  # not a sweep that writes nothing
+    (["--rows", "8", "--cols", "8", "--plot", ""], "--plot: empty file name"),
+    (["--rows", "8", "--cols", "8", "--path", ""], "--path: path must be one of auto"),
+    (["--rows", "8", "--cols", "8", "--path", "AUTO"], "--path: path must be one of auto"),
 ])
 def test_bench_bad_input_is_one_line_and_exit_2(args, message):
     proc = vknorm("bench", *args)

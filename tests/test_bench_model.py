@@ -113,6 +113,7 @@ def test_each_implementation_runs_the_net_its_name_says():
 @pytest.mark.parametrize("args, message", [
     (["--model", "missing.param", BIN, "--input", "in0=16x64"], "no such file"),
     (["--model", PARAM, ".", "--input", "in0=16x64"], "--model .: is a directory, not the weights .bin"),
+    (["--model", "/dev/zero", BIN, "--input", "in0=16x64"], "--model /dev/zero: a device, not the model .param"),
     (["--model", PARAM, BIN], "--input"),
     (["--model", PARAM, BIN, "--input", "in0=16xx64"], "malformed"),
     (["--model", PARAM, BIN, "--input", "in0=16x64", "--iters", "0"], "--iters"),

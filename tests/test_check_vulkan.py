@@ -278,6 +278,37 @@ def test_check_vulkan_error_path(error_runs, case, needles):
     assert_one_line_error(error_runs[case], *needles)
 
 
+def _limit_memory():  # a regression that reads /dev/zero whole then fails at 4 GiB instead of filling the machine
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+@pytest.mark.parametrize("command", ["check", "check --vulkan", "optimize"])
+@pytest.mark.parametrize("which", ["param", "bin"])
+def test_a_model_file_that_is_not_a_regular_file_is_one_line_and_exit_2_at_once(tmp_path, command, which):
+    """A named pipe would wait for a writer forever, /dev/zero read without end, a directory fails to read:
+    each is refused before a byte is read, naming the file and what it is, for check and optimize alike."""
+    if "--vulkan" in command and not has_graph():
+        pytest.skip("vknorm built without ncnn")
+    fifo = tmp_path / "model.fifo"
+    os.mkfifo(fifo)
+    p, b = model_files("layernorm_2d")
+    out = tmp_path / "out"
+    for path, kind in ((fifo, "a named pipe"), ("/dev/zero", "a device"), (tmp_path, "is a directory")):
+        files = (path, b) if which == "param" else (p, path)
+        cmd = command.split()
+        tail = [out.with_suffix(".param"), out.with_suffix(".bin")] if cmd[0] == "optimize" else ["--input", "in0=8x6x10"]
+        r = subprocess.run([sys.executable, "-m", "vknorm", cmd[0], *map(str, files), *map(str, tail), *cmd[1:]],
+                           capture_output=True, text=True, timeout=60, preexec_fn=_limit_memory,
+                           env=dict(os.environ, VKNORM_VALIDATION="1"))
+        lines = r.stderr.strip("\n").split("\n")
+        assert r.returncode == 2 and len(lines) == 1, (path, r.returncode, r.stderr[-2000:])
+        assert lines[0].startswith(f"vknorm {cmd[0]}: error: {path}: {kind}, not the "), lines[0]
+        assert (".param" if which == "param" else ".bin") in lines[0].split(", not the ", 1)[1], lines[0]
+        assert r.stdout == "" and not list(tmp_path.glob("out*")), r.stdout
+
+
 NO_GRAPH = ("import sys\n"
             "sys.modules['vknorm._graph'] = None  # as if vknorm were built without ncnn\n"
             "from vknorm.cli import main\n"

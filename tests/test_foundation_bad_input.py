@@ -3,6 +3,10 @@ Vulkan alike. (No Vulkan driver: tests/test_foundation_runtime.py, in a subproce
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -253,3 +257,128 @@ def test_a_vkmat_cannot_run_on_the_cpu_and_mats_are_not_numpy():
         ln(vk)
     with pytest.raises(TypeError):
         vknorm.to_device(np.ones((2, 4), np.int32))
+
+
+def test_a_host_mat_is_refused_with_advice_that_works():
+    """A vknorm.Mat is host memory: every call names what takes it (its numpy view, or a VkMat made from that),
+    never forward_inplace, which refuses a Mat too."""
+    ln = ln_with_weights(4)
+    x = np.random.default_rng(2).standard_normal((2, 4)).astype(np.float32)
+    mat = vknorm.Mat.from_numpy(x.copy())
+    for call in (lambda: ln(mat), lambda: ln.forward_inplace(mat), lambda: ln.forward_add(mat, mat),
+                 lambda: vknorm.to_device(mat)):
+        with pytest.raises(TypeError, match="got a Mat") as e:
+            call()
+        advice = str(e.value).split("got a Mat", 1)[1]
+        assert "m.numpy()" in advice and "forward_inplace" not in advice, str(e.value)
+    want = ln(x, device="cpu")
+    np.testing.assert_allclose(ln(mat.numpy()), want, atol=1e-5)  # the advice, followed
+    v = vknorm.to_device(mat.numpy())
+    ln.forward_inplace(v)
+    np.testing.assert_allclose(v.numpy(), want, atol=1e-5)
+
+
+def test_a_vkmat_given_to_a_numpy_only_call_is_pointed_at_the_calls_that_take_it():
+    ln = ln_with_weights(4)
+    v = vknorm.to_device(np.ones((2, 4), np.float32))
+    with pytest.raises(TypeError, match=r"forward_inplace\(v\) or forward_add\(v, r\)"):
+        ln(v)
+    with pytest.raises(TypeError, match="on the device already"):
+        vknorm.to_device(v)
+
+
+# ------------------------------------------------------------------------------ device= with VkMats
+
+def _vkmat_calls(ln):
+    return {"forward_inplace": lambda v, device: ln.forward_inplace(v, device=device),
+            "forward_add": lambda v, device: ln.forward_add(v, v, device=device)}
+
+
+@pytest.mark.parametrize("call", ["forward_inplace", "forward_add"])
+@pytest.mark.parametrize("device", ["garbage", "gpu", -1, True, "vulkan:abc", 2.0], ids=repr)
+def test_an_invalid_device_with_a_vkmat_is_refused_not_ignored(call, device):
+    ln = ln_with_weights(4)
+    v = vknorm.to_device(np.ones((2, 4), np.float32))
+    with pytest.raises(ValueError, match=f"LayerNorm.{call}: device must be"):
+        _vkmat_calls(ln)[call](v, device)
+    np.testing.assert_array_equal(v.numpy(), 1.0)  # refused before it ran
+
+
+@pytest.mark.parametrize("call", ["forward_inplace", "forward_add"])
+def test_a_device_other_than_the_vkmats_own_is_refused_naming_both(call):
+    ln = ln_with_weights(4)
+    v = vknorm.to_device(np.ones((2, 4), np.float32))
+    have = v.context.info["index"]
+    count = len(vknorm.devices())
+    with pytest.raises(ValueError, match=f"device index {count} out of range"):
+        _vkmat_calls(ln)[call](v, count)
+    with pytest.raises(ValueError, match=f"device='vulkan:{count}'"):
+        _vkmat_calls(ln)[call](v, f"vulkan:{count}")
+    if count > 1:  # a real other device
+        other = (have + 1) % count
+        with pytest.raises(ValueError, match=f"is device {other}, but the VkMat lives on device {have}"):
+            _vkmat_calls(ln)[call](v, other)
+    with pytest.raises(ValueError, match="a Context other than the one the VkMat lives on"):
+        _vkmat_calls(ln)[call](v, vknorm.Context.create(have))  # the same GPU, another context: not its buffers
+    np.testing.assert_array_equal(v.numpy(), 1.0)
+
+
+@pytest.mark.parametrize("call", ["forward_inplace", "forward_add"])
+def test_a_device_naming_the_vkmats_own_runs_as_without_one(call):
+    ln = ln_with_weights(4)
+    x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+    v0 = vknorm.to_device(x)
+    index = v0.context.info["index"]
+    want = _vkmat_calls(ln)[call](v0, None).numpy()
+    for device in ("vulkan", f"vulkan:{index}", index, np.int64(index), v0.context):
+        v = vknorm.to_device(x)
+        np.testing.assert_array_equal(_vkmat_calls(ln)[call](v, device).numpy(), want)
+
+
+# ------------------------------------------------------------------------------ messages name the layer
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: vknorm.LayerNorm(4).load_param({1: "a"}), "LayerNorm.load_param: param 1 (eps) must be a number, got 'a'"),
+    (lambda: vknorm.GroupNorm(2, 8).load_param({2: None}), "GroupNorm.load_param: param 2 (eps) must be a number"),
+    (lambda: vknorm.RMSNorm(4).load_param({0: "a"}), "RMSNorm.load_param: param 0 (affine_size)='a' is not an integer"),
+    (lambda: vknorm.InstanceNorm(4, eps="1e-5"), "InstanceNorm: param 1 (eps) must be a number, got '1e-5'"),
+    (lambda: vknorm.LayerNorm(4).set_activation("leakyrelu", "a"),
+     "LayerNorm.set_activation: alpha must be a finite number, got 'a'"),
+    (lambda: vknorm.RMSNorm(4).set_activation("leakyrelu", math.nan), "RMSNorm.set_activation: alpha must be a finite"),
+    (lambda: vknorm.LayerNorm(4).set_activation("tanh"), "LayerNorm.set_activation: activation 'tanh'"),
+], ids=["eps-str", "eps-none", "int-str", "ctor-eps-str", "alpha-str", "alpha-nan", "activation"])
+def test_a_bad_param_or_activation_names_the_layer_the_param_and_the_value(call, message):
+    """Not float()'s bare "could not convert string to float: 'a'"."""
+    with pytest.raises(ValueError) as e:
+        call()
+    assert message in str(e.value), str(e.value)
+
+
+# ------------------------------------------------------------------------------ the host path layer (pyncnn)
+
+HOST_LAYER_REFUSES = """
+import sys
+import numpy as np, ncnn, vknorm.ncnn
+net = ncnn.Net()
+reg = vknorm.ncnn.register(net)
+assert net.load_param(sys.argv[1]) == 0 and net.load_model(sys.argv[2]) == 0
+ex = net.create_extractor()
+ex.input("in0", ncnn.Mat(np.ones((8, 6, 11), np.float32)))  # w 11; the model's LayerNorm takes 10
+ret, _ = ex.extract("out0")
+(name, e), = reg.errors()
+print(ret, name, type(e).__name__, e)
+"""
+
+
+def test_a_host_path_layer_that_refused_its_input_keeps_the_error_and_leaks_nothing_at_exit():
+    """The kept exception must not keep its traceback: its frames hold the layer, which pyncnn holds from C++,
+    and nanobind then reports leaked instances at exit."""
+    pytest.importorskip("ncnn")
+    data = Path(__file__).parent / "data"
+    r = subprocess.run([sys.executable, "-c", HOST_LAYER_REFUSES, str(data / "layernorm_2d.ncnn.param"),
+                        str(data / "layernorm_2d.ncnn.bin")], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, VKNORM_VALIDATION="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    ret, name, kind, message = r.stdout.split(" ", 3)
+    assert (ret, name, kind) == ("-1", "ln_1", "ValueError") and "affine_size 60" in message, r.stdout
+    assert "leaked" not in r.stderr, r.stderr[-3000:]

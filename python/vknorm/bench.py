@@ -216,6 +216,8 @@ def _check_output_path(flag: str, path) -> None:
 
     if path is None:
         return
+    if not path:  # `--json ''` would otherwise run the whole sweep and write nothing
+        raise UsageError(f"{flag}: empty file name; name a file")
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path}: a directory; name a file")
     parent = os.path.dirname(os.path.realpath(path))  # where a symbolic link's target would be written
@@ -454,7 +456,7 @@ def run_model(args) -> int:
 
 
 def run(args) -> int:
-    from . import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, _core, device_info, to_device
+    from . import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, device_info, to_device
     from .cli import UsageError
 
     other_mode = [f"--{dest.replace('_', '-')}" for dest, default in (SWEEP_ONLY if args.model else MODEL_ONLY).items()
@@ -486,9 +488,9 @@ def run(args) -> int:
     if unknown:
         raise UsageError(f"--compare: unknown {', '.join(sorted(unknown))} (choose from {', '.join(IMPLS)})")
     try:
-        _core.parse_path(args.path)
+        Option(path=args.path)  # as each measurement builds it: any path it refuses ('' among them) is refused here
     except ValueError as e:
-        raise UsageError(f"--path: {e}")
+        raise UsageError(f"--path: {e}") from None
     ops = ["layernorm", "rmsnorm"] if args.op == "both" else [args.op]
     dtypes = ["fp32", "fp16"] if args.dtype == "both" else [args.dtype]
     channel_op = args.op in CHANNEL_OPS

@@ -41,6 +41,7 @@ import json
 import math
 import os
 import re
+import stat
 import struct
 import sys
 from typing import Dict, List, Optional, Tuple
@@ -202,24 +203,44 @@ _TOKEN = re.compile(r'"[^"]*"|\S+')
 _PARAM = re.compile(r'(-?[0-9]+)=(.+)', re.S)
 
 
-def require_file(path: str, what: str) -> None:
-    """UsageError unless path is a readable file (what: "model .param", "weights .bin")."""
-    if os.path.isdir(path):
+def _require_regular(path: str, mode: int, what: str) -> None:
+    if stat.S_ISDIR(mode):
         raise UsageError(f"{path}: is a directory, not the {what}")
-    if not os.path.isfile(path):
-        raise UsageError(f"{path}: no such file ({what})")
+    if not stat.S_ISREG(mode):  # /dev/zero reads without end, a named pipe waits for a writer: refuse both up front
+        kind = ("a named pipe" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise UsageError(f"{path}: {kind}, not the {what} (name a regular file)")
+
+
+def require_file(path: str, what: str) -> None:
+    """UsageError unless path is a regular file (what: "model .param", "weights .bin")."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise UsageError(f"{path}: no such file ({what})") from None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    except ValueError:  # a NUL in the name
+        raise UsageError(f"{path!r}: not a file name ({what})") from None
+    _require_regular(path, mode, what)
 
 
 def _read_file(path: str, what: str) -> bytes:
+    """The whole of a regular file (UsageError for anything else, before reading a byte of it)."""
+    require_file(path, what)
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        # O_NONBLOCK: should a pipe replace the file after the check, open() returns instead of waiting
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file ({what})") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path}: is a directory, not the {what}") from None
     except OSError as e:
         raise UsageError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        _require_regular(path, os.fstat(fd).st_mode, what)
+        try:
+            return f.read()
+        except OSError as e:
+            raise UsageError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
 
 
 def parse_param(path: str) -> Model:

@@ -87,10 +87,21 @@ def _vulkan_available() -> bool:
     return _vulkan_seen
 
 
-def _check_array(x) -> np.ndarray:
-    """numpy in the shapes pyncnn uses: (w), (h, w), (c, h, w), (c, d, h, w); float16/32/64."""
-    if isinstance(x, (_core.Mat, _core.VkMat)):
-        raise TypeError("expected a numpy array here; use forward_inplace for Mat / VkMat")
+_MAT_ADVICE = ("a vknorm.Mat is host memory in ncnn's layout: pass m.numpy() (a numpy array), or "
+               "vknorm.to_device(m.numpy()) for a VkMat that stays on the device")
+_VKMAT_ADVICE = ("a VkMat runs with forward_inplace(v) or forward_add(v, r), its results staying on the device; "
+                 "v.numpy() downloads it")
+
+
+def _check_array(x, where: str) -> np.ndarray:
+    """numpy in the shapes pyncnn uses: (w), (h, w), (c, h, w), (c, d, h, w); float16/32/64. where: the call,
+    for the messages."""
+    if isinstance(x, _core.Mat):
+        raise TypeError(f"{where} needs a numpy array, got a Mat: {_MAT_ADVICE}")
+    if isinstance(x, _core.VkMat):
+        raise TypeError(f"{where} needs a numpy array, got a VkMat: "
+                        + ("it is on the device already (v.numpy() downloads it)" if where == "to_device"
+                           else _VKMAT_ADVICE))
     a = np.asarray(x)
     if a.dtype.kind not in "f":
         raise TypeError(f"expected floating point data (float32 or float16), got dtype {a.dtype}")
@@ -118,26 +129,64 @@ def release_indexed_contexts() -> None:
     _indexed_contexts.clear()
 
 
+def _parse_device(device, where: str = ""):
+    """A device argument (not None) as "cpu", "vulkan" (the default device), a device index or a Context;
+    ValueError for anything else (where: "LayerNorm.forward_inplace: ", for the message)."""
+    if isinstance(device, _core.Context):
+        return device
+    if isinstance(device, numbers.Integral) and not isinstance(device, (bool, np.bool_)) and device >= 0:
+        return int(device)
+    if isinstance(device, str):
+        if device in ("cpu", "vulkan"):
+            return device
+        if device.startswith("vulkan:") and device[7:].isdigit():
+            return int(device[7:])
+    raise ValueError(f"{where}device must be 'cpu', 'vulkan', 'vulkan:N', an index N >= 0 or a Context, "
+                     f"got {device!r}")
+
+
 def _context_for(device) -> Optional[_core.Context]:
     """None for the CPU reference, else the Vulkan context the call should run on."""
     if device is None:
         return _core.Context.default() if _vulkan_available() else None
-    if isinstance(device, _core.Context):
-        return device
-    if isinstance(device, numbers.Integral) and not isinstance(device, bool) and device >= 0:
-        return _indexed_context(int(device))
-    if device == "cpu":
+    d = _parse_device(device)
+    if d == "cpu":
         return None
-    if device == "vulkan":
+    if d == "vulkan":
         return _core.Context.default()
-    if isinstance(device, str) and device.startswith("vulkan:") and device[7:].isdigit():
-        return _indexed_context(int(device[7:]))
-    raise ValueError(f"device must be 'cpu', 'vulkan', 'vulkan:N', an index N >= 0 or a Context, got {device!r}")
+    return d if isinstance(d, _core.Context) else _indexed_context(d)
+
+
+def _check_vkmat_device(device, mats, where: str) -> None:
+    """A VkMat runs on the context it lives on; a call's device=, when given, must be a valid device naming
+    that one (ignoring it once let device='garbage' or another GPU's index pass unnoticed)."""
+    if device is None:
+        return
+    d = _parse_device(device, f"{where}: ")
+    if d == "cpu":
+        raise ValueError(f"{where}: a VkMat lives on a Vulkan device; device='cpu' cannot run it")
+    for v in mats:
+        ctx = v.context
+        if isinstance(d, _core.Context):
+            if d is not ctx:
+                raise ValueError(f"{where}: device= is a Context other than the one the VkMat lives on "
+                                 f"({ctx.info['name']}); a VkMat runs where it lives (omit device=, or upload "
+                                 "with to_device(..., device=that context))")
+            continue
+        want = _core.default_device_index() if d == "vulkan" else d
+        have = int(ctx.info["index"])
+        if want != have:
+            count = len(_core.devices())
+            if want >= count:
+                raise ValueError(f"{where}: device={device!r}: device index {want} out of range ({count} devices)")
+            raise ValueError(f"{where}: device={device!r} is device {want}, but the VkMat lives on device {have} "
+                             f"({ctx.info['name']}); a VkMat runs where it lives (omit device=, or upload the "
+                             "data to the device wanted with to_device(x, device=...))")
 
 
 def to_device(x, option: Optional[Option] = None, device=None) -> _core.VkMat:
     """Upload a numpy array as a VkMat in the Option's storage and packing."""
-    a = _check_array(x)
+    a = _check_array(x, "to_device")
     ctx = _context_for("vulkan" if device is None else device)
     if ctx is None:
         raise ValueError("to_device needs a Vulkan device, not 'cpu'")
@@ -154,18 +203,27 @@ def _as_input(a: np.ndarray) -> np.ndarray:
     return np.require(a, dtype=np.float16 if _is_float16(a) else np.float32, requirements="CA")
 
 
-def _param_int(pid, v) -> int:
+def _param_int(pid, v, where: str = "", name: str = "") -> int:
     """An int param as ncnn's ParamDict holds it (32-bit); ValueError otherwise (3.7 is not 3), not a C++
-    bad_cast."""
+    bad_cast. where ("LayerNorm.load_param: ") and name ("affine_size") go into the message."""
+    label = f"{where}param {pid}" + (f" ({name})" if name else "")
     try:
         i = int(v) if isinstance(v, numbers.Real) else None
     except (OverflowError, ValueError):  # int(inf), int(nan)
         i = None
     if i is None or i != v:
-        raise ValueError(f"param {pid}={v!r} is not an integer") from None
+        raise ValueError(f"{label}={v!r} is not an integer") from None
     if not -(1 << 31) <= i < (1 << 31):
-        raise ValueError(f"param {pid}={v!r} does not fit ncnn's 32-bit int")
+        raise ValueError(f"{label}={v!r} does not fit ncnn's 32-bit int")
     return i
+
+
+def _param_float(pid, v, where: str, name: str) -> float:
+    """A float param (eps): a real number (its range is the core's to check); ValueError naming it otherwise,
+    not float()'s bare "could not convert string to float"."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise ValueError(f"{where}param {pid} ({name}) must be a number, got {v!r}")
+    return float(v)
 
 
 class _Norm:
@@ -183,12 +241,14 @@ class _Norm:
             Option._of(option)  # TypeError for anything but a vknorm.Option
         self.option = Option() if option is None else option
         self.device = device
+        where = f"{type(self).__name__}: "
         params = {}
         for pid, name, _ in self._params:
             v = values[name]
             if name == "affine" and not (isinstance(v, (bool, np.bool_)) or v in (0, 1)):
-                raise ValueError(f"affine must be True/False (or 1/0), got {v!r}")
-            params[pid] = float(v) if name == "eps" else int(bool(v)) if name == "affine" else _param_int(pid, v)
+                raise ValueError(f"{where}affine must be True/False (or 1/0), got {v!r}")
+            params[pid] = (_param_float(pid, v, where, name) if name == "eps" else int(bool(v)) if name == "affine"
+                           else _param_int(pid, v, where, name))
         self.load_param(params)
 
     @classmethod
@@ -202,7 +262,7 @@ class _Norm:
         values = {name: params.get(pid, default) for pid, name, default in cls._params}
         for pid, name, _ in cls._params:
             if name not in ("eps", "affine"):
-                values[name] = _param_int(pid, values[name])
+                values[name] = _param_int(pid, values[name], f"{cls.__name__}.from_param: ", name)
         return cls(**values, **kwargs)  # the constructor refuses an affine other than 0/1, as the in-graph layer does
 
     # ncnn's parameters, read-only: load_param / the constructor set them.
@@ -212,9 +272,14 @@ class _Norm:
 
     def load_param(self, params: Mapping[int, Union[int, float]]) -> None:
         # eps is checked in the core, after affine_size, in load_param's order (a NaN or Inf eps included)
-        eps_id = next(pid for pid, name, _ in self._params if name == "eps")
-        self._layer.load_param({_param_int("id", k): (float(v) if k == eps_id else _param_int(k, v))
-                                for k, v in params.items()})
+        where = f"{type(self).__name__}.load_param: "
+        names = {pid: name for pid, name, _ in self._params}
+        native = {}
+        for k, v in params.items():
+            pid = _param_int("id", k, where)
+            name = names.get(pid, "")
+            native[pid] = _param_float(pid, v, where, name) if name == "eps" else _param_int(pid, v, where, name)
+        self._layer.load_param(native)
 
     _weight_count_name = "affine_size"
 
@@ -261,7 +326,7 @@ class _Norm:
 
     def __call__(self, x, device=None, option: Optional[Option] = None) -> np.ndarray:
         """Normalize x into a new array (x is only read); returns float32 (float16 for float16 input)."""
-        a = _check_array(x)
+        a = _check_array(x, f"{type(self).__name__}()")
         ctx = _context_for(device if device is not None else self.device)
         if ctx is None:  # ncnn's CPU algorithm, on a Mat of its own
             mat = _core.Mat.from_numpy(_as_input(a))
@@ -276,15 +341,18 @@ class _Norm:
         return self(x, device=device, option=option)
 
     def forward_inplace(self, x, device=None, option: Optional[Option] = None):
-        """In place on a writable numpy array, or on a VkMat (no host round trip)."""
+        """In place on a writable numpy array, or on a VkMat (no host round trip). A VkMat runs on the device it
+        lives on: device=, if given, must name that device (ValueError otherwise)."""
+        where = f"{type(self).__name__}.forward_inplace"
         if isinstance(x, _core.VkMat):
-            if device == "cpu":
-                raise ValueError("a VkMat lives on a Vulkan device; device='cpu' cannot run it")
+            _check_vkmat_device(device, (x,), where)
             self._layer.forward_inplace(x, self._native_option(option))
             return x
+        if isinstance(x, _core.Mat):
+            raise TypeError(f"{where} needs a numpy array or a VkMat, got a Mat: {_MAT_ADVICE}")
         if not isinstance(x, np.ndarray):
-            raise TypeError(f"forward_inplace needs a numpy array or a VkMat, got {type(x).__name__}")
-        a = _check_array(x)
+            raise TypeError(f"{where} needs a numpy array or a VkMat, got {type(x).__name__}")
+        a = _check_array(x, where)
         if not a.flags.writeable:
             raise ValueError("forward_inplace needs a writable array")
         y = self(a, device=device, option=option)
@@ -298,11 +366,12 @@ class _Norm:
         """Apply an activation to every output of this layer, in the same kernel: "relu", "leakyrelu"
         (alpha: its slope), "sigmoid", "swish" (x * sigmoid(x)), "gelu" (erf form), "gelu_fast" (tanh form),
         or None."""
+        where = f"{type(self).__name__}.set_activation: "
         name = "none" if activation is None else str(activation).lower()
         if name not in self.ACTIVATIONS:
-            raise ValueError(f"activation {activation!r}: expected one of {', '.join(self.ACTIVATIONS)} or None")
-        if not math.isfinite(float(alpha)):
-            raise ValueError(f"alpha must be finite, got {alpha}")
+            raise ValueError(f"{where}activation {activation!r}: expected one of {', '.join(self.ACTIVATIONS)} or None")
+        if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha):
+            raise ValueError(f"{where}alpha must be a finite number, got {alpha!r}")
         self._layer.set_activation(self.ACTIVATIONS[name], float(alpha))
 
     @property
@@ -313,16 +382,17 @@ class _Norm:
         """A residual add and this layer in one kernel: returns the activated norm of x + residual (and
         x + residual itself with return_sum=True) without writing x or residual. numpy arrays (read where
         they lie, one submission, results as float32, or float16 for float16 x) or VkMats (results stay on the
-        device). x and residual must have one shape (a broadcasting add is not fused)."""
+        device). x and residual must have one shape (a broadcasting add is not fused). VkMats run on the device
+        they live on: device=, if given, must name that device (ValueError otherwise)."""
+        where = f"{type(self).__name__}.forward_add"
         opt = self._native_option(option)
         if isinstance(x, _core.VkMat) or isinstance(residual, _core.VkMat):
             if not (isinstance(x, _core.VkMat) and isinstance(residual, _core.VkMat)):
-                raise TypeError("forward_add: x and residual must both be VkMats or both numpy arrays")
-            if device == "cpu":
-                raise ValueError("VkMats live on a Vulkan device; device='cpu' cannot run them")
+                raise TypeError(f"{where}: x and residual must both be VkMats or both numpy arrays")
+            _check_vkmat_device(device, (x, residual), where)
             y, s = self._layer.forward_add(x, residual, return_sum, opt)
             return (y, s) if return_sum else y
-        a, r = _check_array(x), _check_array(residual)
+        a, r = _check_array(x, where), _check_array(residual, where)
         if a.shape != r.shape:
             raise ValueError(f"forward_add: x {a.shape} and residual {r.shape} differ in shape (no broadcasting)")
         ctx = _context_for(device if device is not None else self.device)

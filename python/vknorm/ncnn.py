@@ -58,7 +58,8 @@ class VknormLayer(_ncnn.Layer):
 
     After each forward: ``last_shape`` (numpy order), ``last_gpu_us`` (GPU time of the dispatch, from
     Vulkan timestamps), ``last_dispatch`` (vknorm's dispatch record), ``calls``. ``norm`` is the
-    vknorm layer built from ncnn's params; ``error`` holds the exception of a failed callback.
+    vknorm layer built from ncnn's params; ``error`` holds the exception of a failed callback (type and message;
+    its traceback is dropped).
     """
 
     def __init__(self, op: str, option: Option, device=None):
@@ -77,7 +78,16 @@ class VknormLayer(_ncnn.Layer):
 
     def _fail(self, e: BaseException, code: int = -1) -> int:
         """Keep the exception and say it on stderr in one line, as ncnn's own layers log theirs: ncnn itself
-        only reports the failing return code."""
+        only reports the failing return code. The exception is kept without its traceback: the traceback's frames
+        hold this layer, which pyncnn holds from C++, and the cycle would outlive the interpreter (nanobind then
+        reports leaked instances at exit)."""
+        seen, todo = set(), [e]
+        while todo:  # the chained ones too (raise ... from, raised while handling another)
+            x = todo.pop()
+            if x is not None and id(x) not in seen:
+                seen.add(id(x))
+                x.__traceback__ = None
+                todo += [x.__cause__, x.__context__]
         self.error = e
         print(f"vknorm {self.type or self.op} {self.name}: {e}", file=sys.stderr)
         return code
