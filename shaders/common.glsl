@@ -282,8 +282,8 @@ layout(binding = 2) readonly buffer Beta { float beta[]; };
 #if COOPERATIVE
 layout(binding = 3) coherent buffer Partials { afp partial[]; };
 layout(binding = 4) volatile buffer Counters { uint counter[]; };  // volatile: coherent, and every read a load (norm_cooperative.comp)
-// Uints from one item's count to the next: a cache line each on GPUs, so that workgroups polling one item's
-// count do not contend with another item's atomics (dispatch.cpp counter_stride).
+// Uints from one item's counters to the next (at least 2: norm_cooperative.comp): a cache line each on GPUs, so
+// that workgroups polling one item's count do not contend with another item's atomics (dispatch.cpp counter_stride).
 layout(constant_id = 16) const uint COUNTER_STRIDE = 1;
 #define COUNT(g) counter[(g) * COUNTER_STRIDE]
 #else

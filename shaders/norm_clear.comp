@@ -8,7 +8,11 @@
 
 void main() {
   uint j = workgroup_linear() * WG + gl_LocalInvocationID.x;
-  // The items' counts (not the room between them), then the chunks' claims and the items' done counts (packed).
-  if (j < p.n_groups) counter[j * COUNTER_STRIDE] = 0u;
-  else if (j < p.n_groups * (p.n_chunks + 2u)) counter[p.n_groups * COUNTER_STRIDE + (j - p.n_groups)] = 0u;
+  // Each item's two counts (not the room after them), then the chunks' claims (packed).
+  if (j < p.n_groups) {
+    counter[j * COUNTER_STRIDE] = 0u;
+    counter[j * COUNTER_STRIDE + 1u] = 0u;
+  } else if (j < p.n_groups * (p.n_chunks + 1u)) {
+    counter[p.n_groups * COUNTER_STRIDE + (j - p.n_groups)] = 0u;
+  }
 }

@@ -16,10 +16,10 @@
 // (DeviceCaps::cooperative_workgroups), so that none waits long; a claim instead of a ticket taken before any
 // load (one atomic on one counter for every workgroup) saves 0.4-1.2 us on the H200.
 //
-// Counters (binding 4, uint; common.glsl): each item's count of published partials, COUNTER_STRIDE apart (the
-// item is complete at n_chunks); then, packed, each chunk's claim (0, or 1 + the id of the workgroup that took
-// it) and each item's count of the workgroups done with it (a workgroup whose chunk was taken is done before the
-// item is complete, so this is a count of its own). They are zero before the dispatch (the executor zeroes them
+// Counters (binding 4, uint; common.glsl): per item, COUNTER_STRIDE apart, its count of published partials (the
+// item is complete at n_chunks) and, next to it, its count of the workgroups done with it (a workgroup whose chunk
+// was taken is done before the item is complete, so this is a count of its own); then, packed, each chunk's claim
+// (0, or 1 + the id of the workgroup that took it). They are zero before the dispatch (the executor zeroes them
 // once, or a clear pass does) and zero after it: each item's last workgroup resets them, when no one reads
 // them any more.
 #define COOPERATIVE 1
@@ -44,7 +44,7 @@ layout(constant_id = 18) const uint CHUNK_PLANES = 0;
 #define POLL_16(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g)
 const uint POLL_ITERATIONS = 64u, WAIT_ROUNDS = 1024u;
 #define CLAIM(chunk) counter[p.n_groups * COUNTER_STRIDE + (chunk)]
-#define DONE(g) counter[p.n_groups * COUNTER_STRIDE + p.n_groups * p.n_chunks + (g)]
+#define DONE(g) counter[(g) * COUNTER_STRIDE + 1u]
 const uint COMPLETE = 0xffffffffu, NONE = 0xfffffffeu;  // a round's outcome, or the chunk it claimed
 
 shared uint sh_taken, sh_state;

@@ -169,7 +169,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   // two interleaved A/Bs, packed -> a line apart, fp32: GroupNorm 1920x32x32/32 10.37 -> 9.82 and 10.33 -> 9.81 us,
   // 320x64x64/32 9.30 -> 9.21 and 9.53 -> 9.19; 960x64x64/32, InstanceNorm 64x128x128 and 32x224x224, 640x16x16/2
   // and float16 level (within 0.1 us).
-  if (const char* v = std::getenv("VKNORM_TUNE_COUNTER_STRIDE")) caps.counter_stride = uint32_t(std::max(1, std::atoi(v)));
+  if (const char* v = std::getenv("VKNORM_TUNE_COUNTER_STRIDE")) caps.counter_stride = uint32_t(std::max(2, std::atoi(v)));
   if (const char* v = std::getenv("VKNORM_TUNE_LANE_GROUPS")) caps.lane_groups_min_channels = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_WORKGROUP"))
     caps.preferred_workgroup = std::min(caps.max_workgroup, pow2_floor(std::max(1, std::atoi(v))));
@@ -546,10 +546,10 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& b
   if (plan.path == Path::Cooperative) {
     const uint64_t items = uint64_t(g.n_groups) * plan.n_chunks;
     if ((2 * items + g.n_groups) * g.elempack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
-    // Partials as the split path's; slot 4: a count per item, counter_stride uints apart, then a claim per
-    // chunk and a done count per item (norm_cooperative.comp, norm_clear.comp).
+    // Partials as the split path's; slot 4: two counts per item, counter_stride uints apart, then a claim per
+    // chunk (norm_cooperative.comp, norm_clear.comp).
     f.partials_bytes = (2 * items + g.n_groups) * g.elempack * sizeof(float);
-    f.coefs_bytes = (uint64_t(g.n_groups) * dev.counter_stride + items + g.n_groups) * sizeof(uint32_t);
+    f.coefs_bytes = (uint64_t(g.n_groups) * dev.counter_stride + items) * sizeof(uint32_t);
     f.counters = true;
     pc.team = plan.wg;
     // Every constant a kernel declares gets a value (ncnn checks the count): ids 0-15, 16 the counter stride
@@ -559,7 +559,7 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& b
                dev.specialize_shape ? g.group_size : 0u, 0});
     spec.push_back(dev.counter_stride);
     f.passes.push_back(Pass{variant_name("norm_clear", false, "1", false), spec, pc, plan.wg,
-                            div_up(2 * uint64_t(g.n_groups) + items, plan.wg), false, /*clears_counters=*/true});
+                            div_up(g.n_groups + items, plan.wg), false, /*clears_counters=*/true});
     spec.push_back(dev.poll_loads ? 1u : 0u);
     spec.push_back(plan.chunk_size > g.plane_size() ? 1u : 0u);  // id 18: chunks of whole planes
     pass("norm_cooperative", pack, plan.subgroup, spec, items, true);

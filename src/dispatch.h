@@ -74,7 +74,7 @@ struct DeviceCaps {
   // fused, pack4 GroupNorm of 2 mod 4 channels per group, at least this many: an item per group
   // (lane_group_view, the fused kernel's vec4 variant) where the items of two groups run fused (0: never; CPU drivers)
   uint32_t lane_groups_min_channels = 6;
-  // cooperative: uints from one item's count to the next (common.glsl)
+  // cooperative: uints from one item's counters to the next, at least its two counts (common.glsl)
   uint32_t counter_stride = 32;
 };
 

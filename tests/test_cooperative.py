@@ -143,18 +143,18 @@ def test_rows_too_large_for_the_fused_kernel_go_split():
 
 
 def test_counters_lie_a_cache_line_apart(monkeypatch):
-    """Each item's count 128 bytes (32 uints) from the next, so that workgroups polling one item's count do not
-    contend with another item's atomics, then a claim per chunk and a done count per item, packed;
-    VKNORM_TUNE_COUNTER_STRIDE packs the counts too (1 uint apart)."""
+    """Each item's two counts (partials published, workgroups done) 128 bytes (32 uints) from the next item's, so
+    that workgroups polling one item's count do not contend with another item's atomics, then a claim per chunk,
+    packed; VKNORM_TUNE_COUNTER_STRIDE packs the counts too (1 or 2: 2 uints apart)."""
     plan = channels_plan("GroupNorm", 320, 64, 64, 32)  # 16 items of two groups (10 channels each: pack4 lanes)
     assert plan["path"] == "cooperative" and plan["chunks"] == 5, plan
-    assert plan["counters_bytes"] == 16 * 128 + 16 * 5 * 4 + 16 * 4, plan
+    assert plan["counters_bytes"] == 16 * 128 + 16 * 5 * 4, plan
     # a CPU's lines too; pack4: 2 items, each a packed plane of 4 channels' instances, in one chunk
     plan = channels_plan("InstanceNorm", 8, 30, 30, 8, device=LAVAPIPE, path="cooperative")
-    assert plan["path"] == "cooperative" and plan["counters_bytes"] == 2 * 128 + 2 * plan["chunks"] * 4 + 2 * 4, plan
+    assert plan["path"] == "cooperative" and plan["counters_bytes"] == 2 * 128 + 2 * plan["chunks"] * 4, plan
     assert channels_plan("GroupNorm", 640, 32, 32, 32)["counters_bytes"] == 0  # fused: no counters
     monkeypatch.setenv("VKNORM_TUNE_COUNTER_STRIDE", "1")
-    assert channels_plan("GroupNorm", 320, 64, 64, 32)["counters_bytes"] == 16 * 4 + 16 * 5 * 4 + 16 * 4
+    assert channels_plan("GroupNorm", 320, 64, 64, 32)["counters_bytes"] == 16 * 2 * 4 + 16 * 5 * 4
 
 
 def test_never_planned_without_known_residency():
