@@ -42,7 +42,7 @@ layout(constant_id = 18) const uint CHUNK_PLANES = 0;
 #define POLL(seen, g) seen = POLL_LOADS != 0u ? COUNT(g) : atomicAdd(COUNT(g), 0u);
 #define POLL_4(seen, g) POLL(seen, g) POLL(seen, g) POLL(seen, g) POLL(seen, g)
 #define POLL_16(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g)
-const uint POLL_ITERATIONS = 64u, WAIT_ROUNDS = 1024u;
+const uint POLL_ITERATIONS = 1u << 6, WAIT_ROUNDS = 1u << 10;  // 2^12 polls a round, 2^22 in all
 #define CLAIM(chunk) counter[p.n_groups * COUNTER_STRIDE + (chunk)]
 #define DONE(g) counter[(g) * COUNTER_STRIDE + 1u]
 const uint COMPLETE = 0xffffffffu, NONE = 0xfffffffeu;  // a round's outcome, or the chunk it claimed
