@@ -12,9 +12,11 @@
 // whose wait runs long claims the item's chunks that no workgroup has started yet and reduces them itself,
 // streaming them from x, then normalizes them once the item is complete. A workgroup that finds its chunk
 // claimed leaves at once. Every chunk is then published by a running workgroup, whatever the device runs
-// together. The dispatcher still plans items of at most as many chunks as the device keeps workgroups resident
-// (DeviceCaps::cooperative_workgroups), so that none waits long; a claim instead of a ticket taken before any
-// load (one atomic on one counter for every workgroup) saves 0.4-1.2 us on the H200.
+// together (a ticket taken before any load, as before, left items of NaN or untouched inputs where chunks could
+// not all run at once). The dispatcher still plans items of at most as many chunks as the device keeps
+// workgroups resident (DeviceCaps::cooperative_workgroups), so that none waits long. H200: level with the
+// ticket (-5 to +2 %), but the take-over code costs registers (GroupNorm 1280x40x40/32 fp32: 94 -> 123, 9 %
+// slower; docs/benchmarks).
 //
 // Counters (binding 4, uint; common.glsl): per item, COUNTER_STRIDE apart, its count of published partials (the
 // item is complete at n_chunks) and, next to it, its count of the workgroups done with it (a workgroup whose chunk
@@ -143,8 +145,8 @@ void main() {
   afp pivot = from_slots(group_pivot, begin);
 
   // The chunk, held as stored; loads never behind a branch (see norm_fused.comp): an index past the
-  // chunk loads its first element and never uses it. A chunk another workgroup claimed first has been
-  // reduced from x by then; its sums stored here are the same values.
+  // chunk loads its first element and never uses it. A chunk another workgroup claimed first is reduced from
+  // x there; the sums stored here are the same values.
   hfp h[ITEMS];
   afp s = afp(0);
   for (uint k = 0u; k < ITEMS; ++k) {
