@@ -66,6 +66,13 @@ uint claim_unstarted(uint g, uint me) {
   return NONE;
 }
 
+// Publishes chunk c's partial and counts it (lane 0); returns the item's count with it.
+uint publish_counted(uint g, uint c, afp mean, afp m2, afp group_pivot) {
+  publish_partial(g * p.n_chunks + c, g, c, mean, m2, group_pivot);
+  memoryBarrierBuffer();
+  return atomicAdd(COUNT(g), 1u) + 1u;
+}
+
 // Reduces chunk c of item g from x (nothing of the item is written before it is complete) and publishes its
 // partial as its own workgroup would have. Uniform control flow.
 void reduce_claimed(uint g, uint c, uint base, afp group_pivot) {
@@ -91,11 +98,7 @@ void reduce_claimed(uint g, uint c, uint base, afp group_pivot) {
     }
     m2 = team_sum(to_slots(q, begin));
   }
-  if (gl_LocalInvocationIndex == 0u) {
-    publish_partial(g * p.n_chunks + c, g, c, mean, m2, group_pivot);
-    memoryBarrierBuffer();
-    atomicAdd(COUNT(g), 1u);
-  }
+  if (gl_LocalInvocationIndex == 0u) publish_counted(g, c, mean, m2, group_pivot);
 }
 
 // Normalizes chunk c of item g from x, with the item's coefficients as group slots.
@@ -123,6 +126,16 @@ bool leave_item(uint g) {
 }
 void reset_claims(uint g) {
   for (uint c = gl_LocalInvocationID.x; c < p.n_chunks; c += WG) CLAIM(g * p.n_chunks + c) = 0u;
+}
+// The same for the whole workgroup, apart from a wait (its chunk taken, or chunks of others normalized): the wait
+// itself leaves inside its last round, sparing this memory barrier and workgroup barrier.
+void leave_item_and_reset(uint g) {
+  if (gl_LocalInvocationIndex == 0u) {
+    memoryBarrierBuffer();
+    sh_last = leave_item(g);
+  }
+  barrier();
+  if (sh_last) reset_claims(g);
 }
 
 void main() {
@@ -163,12 +176,7 @@ void main() {
   afp mean = team_sum(to_slots(s, begin)) / at_least_one(n);  // LayerNorm: shifted mean; RMSNorm: mean of squares
   barrier();
   if (sh_taken != 0u) {  // taken by a workgroup that waited on it
-    if (gl_LocalInvocationIndex == 0u) {
-      memoryBarrierBuffer();
-      sh_last = leave_item(g);
-    }
-    barrier();
-    if (sh_last) reset_claims(g);
+    leave_item_and_reset(g);
     return;
   }
   afp m2 = afp(0);
@@ -194,11 +202,7 @@ void main() {
   // Publish, then wait for the item's other chunks: one invocation polls, the rest wait at the barrier; after
   // each round without the item complete, the workgroup reduces a chunk no one has started, if one is left.
   uint seen = 0u;
-  if (gl_LocalInvocationIndex == 0u) {
-    publish_partial(chunk, g, c, mean, m2, group_pivot);
-    memoryBarrierBuffer();
-    seen = atomicAdd(COUNT(g), 1u) + 1u;
-  }
+  if (gl_LocalInvocationIndex == 0u) seen = publish_counted(g, c, mean, m2, group_pivot);
   uint state = NONE;
   bool claimed_others = false, last = false;
   for (uint round = 0u; round < WAIT_ROUNDS; ++round) {
@@ -234,12 +238,7 @@ void main() {
     for (uint other = 0u; other < p.n_chunks; ++other)
       if (other != c && CLAIM(g * p.n_chunks + other) == chunk + 1u)
         normalize_claimed(g, other, base, group_pivot, group_mean, a);
-    if (gl_LocalInvocationIndex == 0u) {
-      memoryBarrierBuffer();
-      sh_last = leave_item(g);
-    }
-    barrier();
-    if (sh_last) reset_claims(g);
+    leave_item_and_reset(g);
   }
 
   wfp chunk_gamma = chunk_weights ? sh_chunk_gamma : wfp(1);  // written before the barriers above

@@ -58,19 +58,6 @@ std::vector<std::string> split_ws(const std::string& s) {
   return out;
 }
 
-// The blobs ncnn's Net::load_param makes for these lines: one per top (a name used again gets another), one per
-// bottom whose name no earlier line used (parse refuses those).
-size_t ncnn_blob_count(const std::vector<const Line*>& lines) {
-  std::set<std::string> named;
-  size_t blobs = 0;
-  for (const Line* line : lines) {
-    const Line& l = *line;
-    for (const std::string& b : l.bottoms) blobs += named.insert(b).second;
-    for (const std::string& t : l.tops) named.insert(t), ++blobs;
-  }
-  return blobs;
-}
-
 std::vector<Line> parse(const std::string& text) {
   std::istringstream in(text);
   std::string raw;
@@ -115,18 +102,18 @@ std::vector<Line> parse(const std::string& text) {
   if (int(lines.size()) != layer_count)
     bad(header_line, "the header says " + std::to_string(layer_count) + " layers, the file has " +
                          std::to_string(lines.size()));
+  // ncnn gives every top a blob of its own (a name used again included), and refuses a model with more of them
+  // than the header declares (fewer are left unused); every bottom must name an earlier top.
   std::set<std::string> named;
-  std::vector<const Line*> all;
+  size_t blobs = 0;
   for (const Line& l : lines) {
     for (const std::string& b : l.bottoms)
       if (!named.count(b))
         bad(l.line_no, "layer " + l.name + " (" + l.type + ") reads blob '" + b + "', which no earlier layer produces");
     named.insert(l.tops.begin(), l.tops.end());
-    all.push_back(&l);
+    blobs += l.tops.size();
   }
-  // ncnn gives every top a blob of its own (a name used again included), and refuses a model with more of them
-  // than the header declares (fewer are left unused).
-  if (const size_t blobs = ncnn_blob_count(all); blobs > size_t(std::max(blob_count, 0)))
+  if (blobs > size_t(std::max(blob_count, 0)))
     bad(header_line, "the header says " + std::to_string(blob_count) + " blobs, the layers produce " +
                          std::to_string(blobs));
   return lines;
@@ -371,15 +358,15 @@ FuseResult fuse_param(const std::string& text) {
       if (split >= 0) {
         Line& S = L[split];
         const std::string s = S.bottoms[0];
-        std::vector<int>& hints = split_hints;
-        const size_t per_top = hints.size() / S.tops.size();
+        const size_t per_top = split_hints.size() / S.tops.size();  // read where the Split was matched
         for (size_t t = 0; t < S.tops.size(); ++t)
           if (S.tops[t] == b) {
             S.tops.erase(S.tops.begin() + long(t));
-            if (per_top) hints.erase(hints.begin() + long(t * per_top), hints.begin() + long((t + 1) * per_top));
+            if (per_top)
+              split_hints.erase(split_hints.begin() + long(t * per_top), split_hints.begin() + long((t + 1) * per_top));
             break;
           }
-        set_shape_hints(S, hints);
+        set_shape_hints(S, split_hints);
         S.removed = true;
         if (S.tops.size() == 1) {
           // A Split of one: the fused layer writes the sum under that top's name, which its readers read
@@ -419,13 +406,14 @@ FuseResult fuse_param(const std::string& text) {
 
   // Emit: kept lines in order, each moved Split right after the fused layer it reads.
   std::vector<const Line*> out;
+  size_t blobs = 0;  // a blob per top, as parse counts them (producers stay ahead of their readers)
   for (int i = 0; i < int(L.size()); ++i) {
-    if (!L[i].removed) out.push_back(&L[i]);
+    if (!L[i].removed) out.push_back(&L[i]), blobs += L[i].tops.size();
     if (auto it = after.find(i); it != after.end())
-      for (int j : it->second) out.push_back(&L[j]);
+      for (int j : it->second) out.push_back(&L[j]), blobs += L[j].tops.size();
   }
   std::ostringstream os;
-  os << "7767517\n" << out.size() << " " << ncnn_blob_count(out) << "\n";
+  os << "7767517\n" << out.size() << " " << blobs << "\n";
   for (const Line* l : out) {
     // ncnn's column layout; names of any length (ncnn reads up to 255 characters)
     os << std::left << std::setw(24) << l->type << " " << std::setw(24) << l->name << " " << l->bottoms.size() << " "
