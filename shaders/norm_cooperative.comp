@@ -14,9 +14,9 @@
 // claimed leaves at once. Every chunk is then published by a running workgroup, whatever the device runs
 // together (a ticket taken before any load, as before, left items of NaN or untouched inputs where chunks could
 // not all run at once). The dispatcher still plans items of at most as many chunks as the device keeps
-// workgroups resident (DeviceCaps::cooperative_workgroups), so that none waits long. H200: level with the
-// ticket (-5 to +2 %), but the take-over code costs registers (GroupNorm 1280x40x40/32 fp32: 94 -> 123, 9 %
-// slower; docs/benchmarks).
+// workgroups resident (DeviceCaps::cooperative_workgroups), so that none waits long. The take-over runs apart
+// from the main path (take_over), which keeps the registers of a kernel without it. H200: level with the ticket
+// or faster (docs/benchmarks).
 //
 // Counters (binding 4, uint; common.glsl): per item, COUNTER_STRIDE apart, its count of published partials (the
 // item is complete at n_chunks) and, next to it, its count of the workgroups done with it (a workgroup whose chunk
@@ -138,6 +138,49 @@ void leave_item_and_reset(uint g) {
   if (sh_last) reset_claims(g);
 }
 
+// Lanes that merge an item's partials: its chunks, rounded up to a power of two.
+uint merge_width() {
+  uint width = 1u;
+  while (width < min(p.n_chunks, WG)) width <<= 1;
+  return width;
+}
+
+// The wait of the workgroup of this id, once it has claimed chunk `claimed` of its item, which no workgroup had
+// started. Its own chunk's registers are dropped: until the item is complete nothing of it is written, so that
+// chunk is read again from x, like every chunk this workgroup claims. It reduces and publishes what it claimed,
+// goes on polling (and claiming) from round `round`, then normalizes all of them. Kept apart from main so that
+// the main path's held chunk is not held through this code (H200, GroupNorm 1280x40x40/32 fp32: 123 registers
+// per invocation with it inside the wait loop, 96 apart; 10.9 -> 10.0 us).
+void take_over(uint claimed, uint round) {
+  uint chunk = workgroup_linear();
+  uint g = chunk / p.n_chunks;
+  uint base = group_base(g);
+  barrier();  // every lane has read sh_state
+  afp group_pivot = OP == OP_LAYERNORM ? first_elements(base) : afp(0);  // the item is not complete: x is intact
+  uint state = claimed;
+  uint seen = 0u;
+  // Every chunk claimed is reduced: the first round here always runs, and the last claims none.
+  for (; round <= WAIT_ROUNDS && state != COMPLETE; ++round) {
+    if (state != NONE) reduce_claimed(g, state, base, group_pivot);
+    if (gl_LocalInvocationIndex == 0u) {
+      for (uint k = 0u; k < POLL_ITERATIONS && seen < p.n_chunks; ++k) {
+        POLL_16(seen, g) POLL_16(seen, g) POLL_16(seen, g) POLL_16(seen, g)
+      }
+      sh_state = seen >= p.n_chunks ? COMPLETE : round < WAIT_ROUNDS ? claim_unstarted(g, chunk) : NONE;
+      memoryBarrierBuffer();
+    }
+    barrier();
+    state = sh_state;
+    barrier();  // sh_state is free for the next round
+  }
+  afp group_pivot_kept, group_mean, a;
+  item_coefs(g, true, true, merge_width(), group_pivot_kept, group_mean, a);
+  if (state != COMPLETE) a = afp(uintBitsToFloat(0x7fc00000u));
+  for (uint c = 0u; c < p.n_chunks; ++c)  // this workgroup's own chunk among them
+    if (CLAIM(g * p.n_chunks + c) == chunk + 1u) normalize_claimed(g, c, base, group_pivot, group_mean, a);
+  leave_item_and_reset(g);
+}
+
 void main() {
   uint n_items = p.n_groups * p.n_chunks;
   // A grid folded past the x limit (common.glsl) has workgroups beyond the last chunk: they have no chunk.
@@ -199,13 +242,14 @@ void main() {
     sh_chunk_beta = OP == OP_LAYERNORM ? beta_for(g, begin) : wfp(0);
   }
 
-  // Publish, then wait for the item's other chunks: one invocation polls, the rest wait at the barrier; after
-  // each round without the item complete, the workgroup reduces a chunk no one has started, if one is left.
+  // Publish, then wait for the item's other chunks: one invocation polls, the rest wait at the barrier. A round
+  // without the item complete tries to claim a chunk no one has started; one claimed, the workgroup goes on in
+  // take_over, which no longer needs this chunk's registers.
   uint seen = 0u;
   if (gl_LocalInvocationIndex == 0u) seen = publish_counted(g, c, mean, m2, group_pivot);
-  uint state = NONE;
-  bool claimed_others = false, last = false;
-  for (uint round = 0u; round < WAIT_ROUNDS; ++round) {
+  uint state = NONE, round = 0u;
+  bool last = false;
+  for (; round < WAIT_ROUNDS; ++round) {
     if (gl_LocalInvocationIndex == 0u) {
       for (uint k = 0u; k < POLL_ITERATIONS && seen < p.n_chunks; ++k) {
         POLL_16(seen, g) POLL_16(seen, g) POLL_16(seen, g) POLL_16(seen, g)
@@ -213,33 +257,24 @@ void main() {
       bool complete = seen >= p.n_chunks;
       sh_state = complete ? COMPLETE : claim_unstarted(g, chunk);
       memoryBarrierBuffer();
-      // Without chunks of others to normalize, done with the item's counters now; else once they are written.
-      sh_last = complete && !claimed_others && leave_item(g);
+      sh_last = complete && leave_item(g);  // done with the item's counters
     }
     barrier();
     state = sh_state;
-    if (state == COMPLETE) {
+    if (state != NONE) {
       last = sh_last;
       break;
     }
     barrier();  // sh_state is free for the next round
-    if (state != NONE) {
-      reduce_claimed(g, state, base, group_pivot);
-      claimed_others = true;
-    }
+  }
+  if (state != COMPLETE && state != NONE) {
+    take_over(state, round + 1u);
+    return;
   }
   if (last) reset_claims(g);
   afp group_pivot_kept, group_mean, a;
-  uint width = 1u;  // lanes that merge the partials: the item's chunks, rounded up to a power of two
-  while (width < min(p.n_chunks, WG)) width <<= 1;
-  item_coefs(g, true, true, width, group_pivot_kept, group_mean, a);
+  item_coefs(g, true, true, merge_width(), group_pivot_kept, group_mean, a);
   if (state != COMPLETE) a = afp(uintBitsToFloat(0x7fc00000u));
-  if (claimed_others) {
-    for (uint other = 0u; other < p.n_chunks; ++other)
-      if (other != c && CLAIM(g * p.n_chunks + other) == chunk + 1u)
-        normalize_claimed(g, other, base, group_pivot, group_mean, a);
-    leave_item_and_reset(g);
-  }
 
   wfp chunk_gamma = chunk_weights ? sh_chunk_gamma : wfp(1);  // written before the barriers above
   wfp chunk_beta = chunk_weights ? sh_chunk_beta : wfp(0);
