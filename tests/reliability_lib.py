@@ -687,14 +687,23 @@ def explain_mismatch_vulkan(param: str, bin_: str, dims: str, seed: int = 0, fp1
 
 
 def explain_failing(worker: "CheckWorker", res: dict, param: str, bin_: str, dims: str, vulkan: bool) -> dict:
-    """{failing layer: its explain record} for an exit-1 case, run in a forked child of the worker."""
-    failing = {r["name"] for r in json_from_stdout(res["stdout"])["layers"] if not r["ok"]}
+    """{failing layer: its explain record} for an exit-1 case, run in a forked child of the worker. A model
+    output past its bound (--vulkan) is one more record, "model outputs": explained only where a norm's input or
+    output left float32's range (overflow), which no two float32 runs keep alike."""
+    report = json_from_stdout(res["stdout"])
+    failing = {r["name"] for r in report["layers"] if not r["ok"]}
     fn = "explain_mismatch_vulkan" if vulkan else "explain_mismatch"
     ans = worker.call(fn, {"param": param, "bin_": bin_, "dims": dims})
     why = {e["layer"]: e for e in ans.get("result", [])}
-    return {n: why.get(n, {"layer": n, "explained": False, "overflow": False, "self_consistent": False,
-                           "ncnn_nondeterministic": False, "why_not": ans.get("error") or ans.get("signal")})
-            for n in failing}
+    out = {n: why.get(n, {"layer": n, "explained": False, "overflow": False, "self_consistent": False,
+                          "ncnn_nondeterministic": False, "why_not": ans.get("error") or ans.get("signal")})
+           for n in failing}
+    if report.get("outputs_ok") is False:
+        over = any(e.get("overflow") for e in why.values())
+        out["model outputs"] = {"layer": "model outputs", "explained": over, "overflow": over,
+                                "self_consistent": False, "ncnn_nondeterministic": False,
+                                "outputs": report.get("outputs"), "ncnn_outputs": report.get("ncnn_outputs")}
+    return out
 
 
 def param_bitflips(stride: int = 5, timeout: float = 60.0, vulkan: bool = False) -> dict:

@@ -120,8 +120,12 @@ def test_check_vulkan_passes_on_committed_model(runs, name, fp16):
         assert x["gpu_us"] > 0, x
         assert x["group_size"] * x["groups"] == int(np.prod(x["shape"])), x
         assert x["vulkan_forwards"] > 0 and x["cpu_forwards"] == 0, x
-    assert set(res["outputs"]) == set(res["ncnn_outputs"]) == {"out0"}
+    assert set(res["outputs"]) == set(res["ncnn_outputs"]) == set(res["output_bounds"]) == {"out0"}
     assert all(isinstance(v, float) for v in (*res["outputs"].values(), *res["ncnn_outputs"].values()))
+    # the model output is judged too: within twice stock Vulkan's error + atol at the output's scale
+    assert res["outputs_ok"] is True
+    assert res["outputs"]["out0"] <= res["output_bounds"]["out0"], res
+    assert res["output_bounds"]["out0"] >= 2 * res["ncnn_outputs"]["out0"] + res["atol"], res
     assert set(res["model_ms"]) == {"ncnn_vulkan", "vknorm"} and all(v > 0 for v in res["model_ms"].values())
     assert res["timing_rounds"] >= 3
     assert res.get("validation_messages", 0) == 0
@@ -165,8 +169,10 @@ def test_check_vulkan_table(runs, key, fp16):
         assert row[:5] == [name, "LayerNorm", "16x64", "64", "16"], row
         assert len(row) == len(header.split()), row  # no FAIL
         assert float(row[-1]) > 0  # gpu_us
+    assert next(ln for ln in lines if ln.startswith("output")).split() == ["output", "vknorm_err", "ncnn_vk_err", "bound"]
     out = next(ln for ln in lines if ln.startswith("out0")).split()
-    assert len(out) == 3 and all(float(v) >= 0 for v in out[1:])
+    assert len(out) == 4 and all(float(v) >= 0 for v in out[1:])  # no FAIL
+    assert float(out[1]) <= float(out[3])
     assert any(ln.startswith("model wall ms/inference") and "ncnn Vulkan" in ln and "vknorm" in ln for ln in lines)
     assert any(ln.startswith("device: ") for ln in lines)
     assert "host round trips: 0" in lines
@@ -223,6 +229,47 @@ def test_check_vulkan_tolerance_can_fail(runs):
     assert res["ok"] is False and res["atol"] == 0
     assert any(x["judged_err"] > 0 and x["ok"] is False for x in res["layers"]), res["layers"]
     assert res["host_round_trips"] == 0  # failing on error alone
+
+
+# The check's own judgement of the model outputs, with the bound made 0 (any difference from the CPU run fails),
+# in the CLI's forked child as a user runs it.
+ZERO_OUTPUT_BOUND = ("import sys\n"
+                     "import vknorm.check\n"
+                     "vknorm.check.output_bound = lambda ref, ncnn_err, atol: 0.0\n"
+                     "from vknorm.cli import main\n"
+                     "raise SystemExit(main(['check'] + sys.argv[1:]))\n")
+
+
+@needs_graph
+@pytest.mark.parametrize("json_out", [True, False], ids=["json", "text"])
+def test_check_vulkan_fails_a_model_output_past_its_bound_even_where_every_layer_passes(json_out):
+    """Each layer is judged on the input it saw, so a wrong layer upstream of a norm, or a fusion that feeds a
+    norm the wrong blob, can leave every row "ok": the model outputs are judged as well, and one past its bound
+    fails the check (exit 1), named in the verdict."""
+    p, b = model_files("transformer_block")
+    r = cli(p, b, "--input", "in0=16x64", "--vulkan", *(["--json"] if json_out else []), python_code=ZERO_OUTPUT_BOUND)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    if json_out:
+        res = json.loads(r.stdout)
+        assert all(x["ok"] for x in res["layers"]) and res["host_round_trips"] == 0, res["layers"]
+        assert res["outputs"]["out0"] > 0 and res["output_bounds"]["out0"] == 0.0
+        assert res["outputs_ok"] is False and res["ok"] is False
+    else:
+        lines = r.stdout.splitlines()
+        assert next(ln for ln in lines if ln.startswith("out0")).split()[-1] == "FAIL"
+        assert lines[-1].startswith("FAIL: 0 of 3 norm layers") and lines[-1].endswith("model outputs past their bound: out0")
+
+
+def test_output_bound_is_twice_stock_vulkans_error_plus_atol_at_the_outputs_scale():
+    ref = np.array([[0.5, -40.0], [np.nan, np.inf]], dtype=np.float32)  # scale 40: the largest finite magnitude
+    assert vkcheck.output_bound(ref, 1e-3, 1e-4) == pytest.approx(2e-3 + 40 * 1e-4)
+    small = np.array([0.25, -0.5], dtype=np.float32)  # scale at least 1
+    assert vkcheck.output_bound(small, 0.0, 1e-3) == pytest.approx(1e-3)
+    assert vkcheck.output_bound(small, math.inf, 1e-3) == math.inf  # stock's own output not finite: not judged
+    # the JSON values: None is a non-finite error (fails) or bound (not judged)
+    assert vkcheck._output_within(1e-3, 2e-3) and not vkcheck._output_within(3e-3, 2e-3)
+    assert not vkcheck._output_within(None, 2e-3) and vkcheck._output_within(None, None)
 
 
 # ------------------------------------------------------------------------------------ error paths
