@@ -379,8 +379,17 @@ struct Net {
       std::istringstream mem;
       std::istream* in = text ? static_cast<std::istream*>(&(mem = std::istringstream(*text)))
                               : static_cast<std::istream*>(&(file = std::ifstream(path)));
+      // Only a file that begins as a text .param is scanned: the weights given as the .param would be read
+      // whole as one line (ncnn's own load_param refuses them from their first bytes).
+      char head[64];
+      in->read(head, sizeof head);
+      const std::string begins(head, size_t(in->gcount()));
+      const size_t first = begins.find_first_not_of(" \t\r\n");
+      const bool text_param = first == std::string::npos || begins.compare(first, 7, "7767517") == 0;
+      in->clear();
+      in->seekg(0);
       int line_no = 0;
-      for (std::string line; std::getline(*in, line);) {
+      for (std::string line; text_param && std::getline(*in, line);) {
         ++line_no;
         std::istringstream words(line);
         std::string type, name;

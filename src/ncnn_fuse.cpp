@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -71,9 +72,15 @@ std::vector<Line> parse(const std::string& text) {
     return {};
   };
   auto magic = next_tokens();
-  if (magic.size() != 1 || magic[0] != "7767517")
+  if (magic.size() != 1 || magic[0] != "7767517") {
+    const bool binary = !magic.empty() && std::any_of(magic[0].begin(), magic[0].end(), [](char c) {
+      return !std::isprint(static_cast<unsigned char>(c));
+    });
     bad(line_no ? line_no : 1, "expected ncnn's magic number 7767517 (a text .param)" +
-                                   (magic.empty() ? std::string(", the file is empty") : ", got '" + magic[0] + "'"));
+                                   std::string(magic.empty() ? ", the file is empty"
+                                               : binary  ? ", got binary data (the weights .bin?)"
+                                                         : ", got '" + magic[0] + "'"));
+  }
   auto counts = next_tokens();
   if (counts.empty()) bad(line_no + 1, "expected 'layer_count blob_count', the file ends after the magic number");
   if (counts.size() != 2) bad(line_no, "expected 'layer_count blob_count'");
@@ -445,14 +452,27 @@ int load_fused_text(::ncnn::Net& net, const std::string& text, const char* origi
 
 int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<FusedPattern>* fused) {
   std::ifstream f(param_path, std::ios::binary);
-  std::stringstream text;
-  // A directory opens as a stream whose first read fails: that is "cannot read", not an empty .param.
-  if (!f || !(text << f.rdbuf()) || f.bad()) {
+  // The first bytes, and the rest only where they can begin a text .param (its magic number first): the
+  // weights given as the .param are refused from those bytes, not read whole.
+  std::string text(64, '\0');
+  f.read(&text[0], std::streamsize(text.size()));
+  text.resize(size_t(f.gcount()));
+  // A directory opens as a stream whose first read fails (libstdc++: badbit): "cannot read", not an empty .param.
+  bool unreadable = f.bad() || (text.empty() && !f.eof());
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (!unreadable && f && (first == std::string::npos || text.compare(first, 7, "7767517") == 0)) {
+    try {
+      text.append(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    } catch (const std::exception&) {  // a read error past the first bytes
+      unreadable = true;
+    }
+  }
+  if (unreadable) {
     if (fused) fused->clear();
     NCNN_LOGE("vknorm: cannot read %s", param_path);
     return -1;
   }
-  return load_fused_text(net, text.str(), param_path, fused);
+  return load_fused_text(net, text, param_path, fused);
 }
 
 int load_param_mem_fused(::ncnn::Net& net, const char* param_text, std::vector<FusedPattern>* fused) {

@@ -356,6 +356,35 @@ def test_a_model_file_that_is_not_a_regular_file_is_one_line_and_exit_2_at_once(
         assert r.stdout == "" and not list(tmp_path.glob("out*")), r.stdout
 
 
+def sparse_weights_file(path: Path, size: int = 8 << 30) -> Path:
+    """A .bin-like file of `size` bytes (floats first, then a hole): more than the memory the commands get."""
+    path.write_bytes(np.random.default_rng(0).standard_normal(64).astype(np.float32).tobytes())
+    os.truncate(path, size)
+    return path
+
+
+@pytest.mark.parametrize("command", ["check", "check --vulkan", "optimize", "bench --model"])
+def test_weights_given_as_the_param_are_refused_from_their_first_bytes(tmp_path, command):
+    """The arguments swapped (an 8 GiB .bin as the .param): one line and exit 2 within a 4 GiB address space,
+    at once, where the whole file used to be read first (out of memory, or "out of memory: try smaller
+    shapes" from check)."""
+    if "--vulkan" in command and not has_graph():
+        pytest.skip("vknorm built without ncnn")
+    big = sparse_weights_file(tmp_path / "weights.bin")
+    p, b = model_files("layernorm_2d")
+    cmd = command.split()
+    tail = ([tmp_path / "out.param", tmp_path / "out.bin"] if cmd[0] == "optimize"
+            else ["--input", "in0=8x6x10", "--iters", "1"] if cmd[0] == "bench" else ["--input", "in0=8x6x10"])
+    r = subprocess.run([sys.executable, "-m", "vknorm", *cmd[:1], *cmd[1:], *map(str, (big, b)), *map(str, tail)],
+                       capture_output=True, text=True, timeout=60, preexec_fn=_limit_memory,
+                       env=dict(os.environ, VKNORM_VALIDATION="1"))
+    lines = r.stderr.strip("\n").split("\n")
+    assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr[-2000:])
+    assert lines[0].startswith(f"vknorm {cmd[0]}: error: {big}: not a"), lines[0]
+    assert "binary" in lines[0] or "not UTF-8" in lines[0], lines[0]
+    assert r.stdout == "" and not list(tmp_path.glob("out*")), r.stdout
+
+
 NO_GRAPH = ("import sys\n"
             "sys.modules['vknorm._graph'] = None  # as if vknorm were built without ncnn\n"
             "from vknorm.cli import main\n"

@@ -227,8 +227,22 @@ def require_file(path: str, what: str) -> None:
     _require_regular(path, mode, what)
 
 
-def _read_file(path: str, what: str) -> bytes:
-    """The whole of a regular file (UsageError for anything else, before reading a byte of it)."""
+# How much of a .param is read before its magic number is looked for: a weights file given as the .param (the
+# arguments swapped) is refused after these bytes instead of read whole.
+PARAM_HEAD_BYTES = 64
+
+
+def _starts_as_text_param(head: bytes) -> bool:
+    """Whether a .param's first bytes can begin ncnn's text .param (its magic number first), or are too few to
+    tell (blank lines only)."""
+    text = head.lstrip()
+    return not text or text.startswith(str(MAGIC).encode()) and (len(text) == len(str(MAGIC))
+                                                                  or text[len(str(MAGIC)):][:1].isspace())
+
+
+def _read_file(path: str, what: str, head_check=None) -> bytes:
+    """The whole of a regular file (UsageError for anything else, before reading a byte of it). head_check:
+    read the rest only where it accepts the first PARAM_HEAD_BYTES (else those alone are returned)."""
     require_file(path, what)
     try:
         # O_NONBLOCK: should a pipe replace the file after the check, open() returns instead of waiting
@@ -240,14 +254,23 @@ def _read_file(path: str, what: str) -> bytes:
     with os.fdopen(fd, "rb") as f:
         _require_regular(path, os.fstat(fd).st_mode, what)
         try:
-            return f.read()
+            if head_check is None:
+                return f.read()
+            head = f.read(PARAM_HEAD_BYTES)
+            return head + f.read() if head_check(head) else head
         except OSError as e:
             raise UsageError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
 
 
+def read_param_bytes(path: str) -> bytes:
+    """A .param's bytes: the whole file where it starts as ncnn's text .param does, else its first bytes,
+    which parse_param refuses."""
+    return _read_file(path, "model .param", head_check=_starts_as_text_param)
+
+
 def parse_param(path: str) -> Model:
     """Read and validate an ncnn text .param (UsageError naming the file and line when it is garbled)."""
-    raw = _read_file(path, "model .param")
+    raw = read_param_bytes(path)
 
     def bad(msg: str, line: Optional[int] = None) -> UsageError:
         where = f"{path}: line {line}: " if line else f"{path}: "

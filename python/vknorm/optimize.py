@@ -39,10 +39,10 @@ def add_parser(sub) -> None:
 
 
 def _read_text(path: str) -> str:
-    from .check import _read_file
+    from .check import read_param_bytes
     from .cli import UsageError
 
-    data = _read_file(path, "model .param")
+    data = read_param_bytes(path)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
