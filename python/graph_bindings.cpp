@@ -379,21 +379,23 @@ struct Net {
       std::istringstream mem;
       std::istream* in = text ? static_cast<std::istream*>(&(mem = std::istringstream(*text)))
                               : static_cast<std::istream*>(&(file = std::ifstream(path)));
-      // Only a file that begins as a text .param is scanned: the weights given as the .param would be read
-      // whole as one line (ncnn's own load_param refuses them from their first bytes).
-      char head[64];
-      in->read(head, sizeof head);
-      const std::string begins(head, size_t(in->gcount()));
-      const size_t first = begins.find_first_not_of(" \t\r\n");
-      const bool text_param = first == std::string::npos || begins.compare(first, 7, "7767517") == 0;
-      in->clear();
-      in->seekg(0);
+      // A text .param's lines are short: the scan ends at a line past 64 KiB, or at a first token that is not
+      // the magic number (the weights given as the .param: ncnn's load_param refuses them from their first
+      // bytes), instead of reading such a file whole.
+      std::vector<char> line(1 << 16);
       int line_no = 0;
-      for (std::string line; text_param && std::getline(*in, line);) {
+      bool magic_seen = false;
+      while (in->getline(line.data(), std::streamsize(line.size()))) {
         ++line_no;
-        std::istringstream words(line);
+        std::istringstream words(line.data());
         std::string type, name;
-        if (words >> type >> name && type.rfind("vknorm.", 0) == 0) {
+        if (!(words >> type)) continue;  // a blank line
+        if (!magic_seen) {
+          if (type != "7767517") break;
+          magic_seen = true;
+          continue;
+        }
+        if (words >> name && type.rfind("vknorm.", 0) == 0) {
           NCNN_LOGE("%s line %d: layer %s is %s, a fused vknorm layer: load this model with vknorm's layers "
                     "registered (vknorm.graph.Net(), vknorm::ncnn::register_layers)", path.c_str(), line_no,
                     name.c_str(), type.c_str());

@@ -39,8 +39,8 @@ layout(constant_id = 17) const uint POLL_LOADS = 1;
 layout(constant_id = 18) const uint CHUNK_PLANES = 0;
 // A wait polls its item's count in rounds of 4096 (64 per iteration: llvmpipe ends a shader's loops after 65535
 // iterations), trying after each round to claim a chunk no workgroup has started. One that outlives 1024 rounds
-// (a workgroup that claimed a chunk never published it) gives up and writes NaN for its item: a visible failure
-// rather than a hung queue.
+// (1025 where it took chunks over; a workgroup that claimed a chunk never published it) gives up and writes NaN
+// for its item: a visible failure rather than a hung queue. Its item's counters are then left as they are.
 #define POLL(seen, g) seen = POLL_LOADS != 0u ? COUNT(g) : atomicAdd(COUNT(g), 0u);
 #define POLL_4(seen, g) POLL(seen, g) POLL(seen, g) POLL(seen, g) POLL(seen, g)
 #define POLL_16(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g)

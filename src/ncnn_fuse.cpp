@@ -74,7 +74,7 @@ std::vector<Line> parse(const std::string& text) {
   auto magic = next_tokens();
   if (magic.size() != 1 || magic[0] != "7767517") {
     const bool binary = !magic.empty() && std::any_of(magic[0].begin(), magic[0].end(), [](char c) {
-      return !std::isprint(static_cast<unsigned char>(c));
+      return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;  // control characters: not text
     });
     bad(line_no ? line_no : 1, "expected ncnn's magic number 7767517 (a text .param)" +
                                    std::string(magic.empty() ? ", the file is empty"
@@ -452,15 +452,27 @@ int load_fused_text(::ncnn::Net& net, const std::string& text, const char* origi
 
 int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<FusedPattern>* fused) {
   std::ifstream f(param_path, std::ios::binary);
-  // The first bytes, and the rest only where they can begin a text .param (its magic number first): the
-  // weights given as the .param are refused from those bytes, not read whole.
-  std::string text(64, '\0');
-  f.read(&text[0], std::streamsize(text.size()));
-  text.resize(size_t(f.gcount()));
-  // A directory opens as a stream whose first read fails (libstdc++: badbit): "cannot read", not an empty .param.
-  bool unreadable = f.bad() || (text.empty() && !f.eof());
-  const size_t first = text.find_first_not_of(" \t\r\n");
-  if (!unreadable && f && (first == std::string::npos || text.compare(first, 7, "7767517") == 0)) {
+  // Blocks up to the first token's first 8 bytes, and the rest only where that token is ncnn's magic number:
+  // the weights given as the .param are refused from their first bytes, not read whole.
+  std::string text;
+  bool unreadable = !f.is_open(), magic_first = true;
+  auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  while (!unreadable) {
+    char block[64];
+    f.read(block, sizeof block);
+    text.append(block, size_t(f.gcount()));
+    if (f.bad()) {  // a directory (libstdc++: badbit at its first read), or a read error
+      unreadable = true;
+    } else {
+      const size_t first = size_t(std::find_if_not(text.begin(), text.end(), space) - text.begin());
+      if (first < text.size() && text.size() - first > 7) {
+        magic_first = text.compare(first, 7, "7767517") == 0 && space(text[first + 7]);
+        break;
+      }
+      if (!f) break;  // the end of the file: all of it is read
+    }
+  }
+  if (!unreadable && f && magic_first) {
     try {
       text.append(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
     } catch (const std::exception&) {  // a read error past the first bytes

@@ -702,7 +702,8 @@ def explain_failing(worker: "CheckWorker", res: dict, param: str, bin_: str, dim
         over = any(e.get("overflow") for e in why.values())
         out["model outputs"] = {"layer": "model outputs", "explained": over, "overflow": over,
                                 "self_consistent": False, "ncnn_nondeterministic": False,
-                                "outputs": report.get("outputs"), "ncnn_outputs": report.get("ncnn_outputs")}
+                                "judgements": report.get("output_judgements"),
+                                "why_not": None if "result" in ans else ans.get("error") or ans.get("signal")}
     return out
 
 

@@ -986,6 +986,26 @@ def test_loading_the_weights_as_the_param_is_refused_from_their_first_bytes(tmp_
         proc.stderr
 
 
+@needs_graph
+@pytest.mark.parametrize("lead", ["\n" * 58, " " * 63, "\n" * 70, "\f\v\t\r\n"], ids=["58nl", "63sp", "70nl", "fvtrn"])
+def test_a_param_whose_magic_number_comes_after_blank_space_loads_as_ncnn_loads_it(tmp_path, lead):
+    """The first bytes looked at before reading on are not a fixed 64: blank space before the magic number (up
+    to and past 64 bytes, any of C's white-space characters) reads on to the token, in every reader."""
+    from vknorm import check
+
+    p, b = DATA / "transformer_block.ncnn.param", DATA / "transformer_block.ncnn.bin"
+    lead_p = tmp_path / "lead.param"
+    lead_p.write_text(lead + Path(p).read_text())
+    assert len(check.parse_param(str(lead_p)).norms) == 3
+    code = ("import sys\nfrom vknorm import graph\n"
+            "for kw in ({}, {'fuse': False}, {'vknorm': False}):\n"
+            "    net = graph.configure(graph.Net(**kw), vulkan=False)\n"
+            "    print('load', net.load_param(sys.argv[1]), net.load_model(sys.argv[2]), flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(lead_p), str(b)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout.split("\n")[:3] == ["load 0 0"] * 3, proc.stdout + proc.stderr
+
+
 # ------------------------------------------------------------------------------------------ params as ncnn reads them
 
 ADD_LN_SWISH = ("7767517\n5 5\nInput in0 0 1 in0\nInput in1 0 1 in1\nBinaryOp add 2 1 in0 in1 s {op}\n"
