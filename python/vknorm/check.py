@@ -92,7 +92,8 @@ VULKAN_HELP = (
     "input already differs by the stock Vulkan layers upstream), no vknorm layer ran on the host "
     "(host_round_trips 0; layers the model keeps off Vulkan with featmask 31=16 excepted), and each model "
     "output's error against the CPU run is at most twice stock ncnn Vulkan's plus --atol times the output's "
-    "largest magnitude (at least 1): what shows a wrong fusion or layer that each layer's own judgement cannot. "
+    "largest magnitude (at least 1), on the elements where stock's output is as finite as the CPU's: what "
+    "shows a wrong fusion or layer that each layer's own judgement cannot. "
     "The rule applied is printed."
 )
 
