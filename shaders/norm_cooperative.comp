@@ -66,6 +66,16 @@ uint claim_unstarted(uint g, uint me) {
   return NONE;
 }
 
+// One round of item g's wait (lane 0): polls its count until the item is complete or a round of polls has gone,
+// then, where the item is not complete and may_claim, claims a chunk no workgroup has started. Returns COMPLETE,
+// the chunk claimed, or NONE; `seen` keeps the count last read.
+uint wait_round(uint g, uint chunk, inout uint seen, bool may_claim) {
+  for (uint k = 0u; k < POLL_ITERATIONS && seen < p.n_chunks; ++k) {
+    POLL_16(seen, g) POLL_16(seen, g) POLL_16(seen, g) POLL_16(seen, g)
+  }
+  return seen >= p.n_chunks ? COMPLETE : may_claim ? claim_unstarted(g, chunk) : NONE;
+}
+
 // Publishes chunk c's partial and counts it (lane 0); returns the item's count with it.
 uint publish_counted(uint g, uint c, afp mean, afp m2, afp group_pivot) {
   publish_partial(g * p.n_chunks + c, g, c, mean, m2, group_pivot);
@@ -163,10 +173,7 @@ void take_over(uint claimed, uint round) {
   for (; round <= WAIT_ROUNDS && state != COMPLETE; ++round) {
     if (state != NONE) reduce_claimed(g, state, base, group_pivot);
     if (gl_LocalInvocationIndex == 0u) {
-      for (uint k = 0u; k < POLL_ITERATIONS && seen < p.n_chunks; ++k) {
-        POLL_16(seen, g) POLL_16(seen, g) POLL_16(seen, g) POLL_16(seen, g)
-      }
-      sh_state = seen >= p.n_chunks ? COMPLETE : round < WAIT_ROUNDS ? claim_unstarted(g, chunk) : NONE;
+      sh_state = wait_round(g, chunk, seen, round < WAIT_ROUNDS);
       memoryBarrierBuffer();
     }
     barrier();
@@ -251,13 +258,9 @@ void main() {
   bool last = false;
   for (; round < WAIT_ROUNDS; ++round) {
     if (gl_LocalInvocationIndex == 0u) {
-      for (uint k = 0u; k < POLL_ITERATIONS && seen < p.n_chunks; ++k) {
-        POLL_16(seen, g) POLL_16(seen, g) POLL_16(seen, g) POLL_16(seen, g)
-      }
-      bool complete = seen >= p.n_chunks;
-      sh_state = complete ? COMPLETE : claim_unstarted(g, chunk);
+      sh_state = wait_round(g, chunk, seen, true);
       memoryBarrierBuffer();
-      sh_last = complete && leave_item(g);  // done with the item's counters
+      sh_last = sh_state == COMPLETE && leave_item(g);  // done with the item's counters
     }
     barrier();
     state = sh_state;

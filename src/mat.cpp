@@ -324,15 +324,16 @@ bool same_shape(const Mat& a, const Mat& b) {
          (a.dims == 2 || (a.h == b.h && a.d == b.d));
 }
 
-namespace {
-// Fields a Mat::layout could have made: dims 1-4, extents >= 1 (1 past its dims), elempack 1 or 4 (1 for dims 1),
-// 2- or 4-byte scalars. Negative extents are refused here, before their product (which can wrap to a small
-// positive size) is compared with the memory.
-bool valid_fields(const Mat& m) {
-  return m.dims >= 1 && m.dims <= 4 && m.w >= 1 && m.h >= 1 && m.d >= 1 && m.c >= 1 && (m.dims >= 2 || m.h == 1) &&
-         (m.dims == 4 || m.d == 1) && (m.dims >= 3 || m.c == 1) && (m.elempack == 1 || (m.elempack == 4 && m.dims >= 2)) &&
-         (m.elemsize == 2u * size_t(m.elempack) || m.elemsize == 4u * size_t(m.elempack));
+bool valid_blob_fields(int dims, int w, int h, int d, int c, size_t elemsize, int elempack) {
+  return dims >= 1 && dims <= 4 && w >= 1 && h >= 1 && d >= 1 && c >= 1 && (dims >= 2 || h == 1) &&
+         (dims == 4 || d == 1) && (dims >= 3 || c == 1) && (elempack == 1 || (elempack == 4 && dims >= 2)) &&
+         (elemsize == 2u * size_t(elempack) || elemsize == 4u * size_t(elempack));
 }
+
+namespace {
+// Negative extents are refused here, before their product (which can wrap to a small positive size) is compared
+// with the memory.
+bool valid_fields(const Mat& m) { return valid_blob_fields(m.dims, m.w, m.h, m.d, m.c, m.elemsize, m.elempack); }
 }  // namespace
 
 bool holds_shape(const Mat& out, const Mat& a) {

@@ -32,10 +32,6 @@ struct Line {
   int line_no = 0;
   double pos = 0;  // where it is emitted: its own index, or just after the fused layer it moved behind
   bool removed = false;
-  // ncnn's reading of `params` (read_params), made on first use; reset wherever params change.
-  mutable std::shared_ptr<const ::ncnn::ParamDict> read;
-  mutable bool read_done = false;
-  void params_changed() { read.reset(), read_done = false; }
 };
 
 [[noreturn]] void bad(int line_no, const std::string& what) {
@@ -152,19 +148,16 @@ int param_id(const std::string& p) {
 struct LineParams : ::ncnn::ParamDict {
   using ::ncnn::ParamDict::load_param;
 };
-const ::ncnn::ParamDict* read_params(const Line& l) {
-  if (l.read_done) return l.read.get();
-  l.read_done = true;
+std::unique_ptr<const ::ncnn::ParamDict> read_params(const Line& l) {
   std::string text;
   for (const std::string& p : l.params) {
     if (p.find('"') != std::string::npos || param_id(p) < 0) return nullptr;
     text += p + " ";
   }
-  auto pd = std::make_shared<LineParams>();
+  auto pd = std::make_unique<LineParams>();
   const unsigned char* mem = reinterpret_cast<const unsigned char*>(text.c_str());
   if (pd->load_param(::ncnn::DataReaderFromMemory(mem)) != 0) return nullptr;
-  l.read = std::move(pd);
-  return l.read.get();
+  return pd;
 }
 
 // A scalar param as ncnn's layers read it (an int from an int, a float from either); false where ncnn reads it
@@ -172,7 +165,7 @@ const ::ncnn::ParamDict* read_params(const Line& l) {
 // does not read the line: the pattern is left as it is, never guessed at.
 template <class T>
 bool exact_param(const Line& l, int id, T def, T& out) {
-  const ::ncnn::ParamDict* pd = read_params(l);
+  const auto pd = read_params(l);
   if (!pd) return false;
   const int type = pd->type(id);
   if (type == 0) return out = def, true;
@@ -189,7 +182,6 @@ bool exact_param(const Line& l, int id, T def, T& out) {
 void erase_param(Line& l, int id) {
   l.params.erase(std::remove_if(l.params.begin(), l.params.end(), [&](const std::string& p) { return param_id(p) == id; }),
                  l.params.end());
-  l.params_changed();
 }
 
 bool is_norm(const std::string& type) {
@@ -206,7 +198,7 @@ NormOp norm_op(const std::string& type) {
 // the values ncnn reads, none where there are none or ncnn ignores them.
 bool shape_hints(const Line& l, std::vector<int>& v) {
   v.clear();
-  const ::ncnn::ParamDict* pd = read_params(l);
+  const auto pd = read_params(l);
   if (!pd) return false;
   const int type = pd->type(30);
   if (type == 0) return true;
@@ -402,7 +394,6 @@ FuseResult fuse_param(const std::string& text) {
       }
     }
     if (residual != Fusion::None) F.params.push_back(std::to_string(kParamResidual) + "=" + std::to_string(residual));
-    F.params_changed();
     // Every top of the fused layer (its output, the sum) has the norm's shape: the norm's hint for each.
     std::vector<int> hints;
     for (size_t t = 0; t < F.tops.size() && !hint.empty(); ++t) hints.insert(hints.end(), hint.begin(), hint.end());

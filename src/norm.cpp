@@ -127,13 +127,10 @@ void check_vkmat(const VkMat& v, const char* what) {
   auto blob = [&] {
     return std::string(what) + ": VkMat " + describe_blob(v.dims, v.w, v.h, v.d, v.c, v.elemsize, std::max(v.elempack, 1));
   };
-  if (v.dims < 1 || v.dims > 4 || v.w < 1 || v.h < 1 || v.d < 1 || v.c < 1 || (v.dims < 4 && v.d != 1) ||
-      (v.dims < 3 && v.c != 1) || (v.dims < 2 && v.h != 1))
-    throw std::invalid_argument(blob() + ": dims 1-4 with extents >= 1 (and 1 past its dims)");
-  if ((v.elempack != 1 && v.elempack != 4) || (v.elemsize != 4u * v.elempack && v.elemsize != 2u * v.elempack) ||
-      (v.dims == 1 && v.elempack != 1))
+  if (!valid_blob_fields(v.dims, v.w, v.h, v.d, v.c, v.elemsize, v.elempack))
     throw std::invalid_argument(blob() + ", elemsize " + std::to_string(v.elemsize) +
-                                ": elempack 1 or 4 (4 only for dims 2-4) of float32 or float16 scalars");
+                                ": dims 1-4 with extents >= 1 (and 1 past its dims), elempack 1 or 4 (4 only for "
+                                "dims 2-4) of float32 or float16 scalars");
   const uint64_t plane = uint64_t(v.w) * uint64_t(v.h) * uint64_t(v.d);
   if (v.cstep < plane)
     throw std::invalid_argument(blob() + ": cstep " + std::to_string(v.cstep) + " is less than a channel's " +

@@ -78,6 +78,9 @@ size_t ncnn_cstep(int dims, int w, int h, int d, size_t elemsize);
 bool same_shape(const Mat& a, const Mat& b);
 // `out` can take a's shape where it is: it has memory, a's extents, and a cstep that holds its planes.
 bool holds_shape(const Mat& out, const Mat& a);
+// Whether these are a blob's fields, as Mat::layout makes them: dims 1-4, extents >= 1 (1 past its dims), elempack
+// 1 or 4 (4 only for dims 2-4), 2- or 4-byte scalars. The host checks of Mat and VkMat both apply it.
+bool valid_blob_fields(int dims, int w, int h, int d, int c, size_t elemsize, int elempack);
 // Throws std::invalid_argument, naming `what`, unless m is a Mat with elements that holds them (holds_shape(m, m)):
 // a Mat::layout has no memory, and fields edited past the memory would be read beyond it (negative extents, whose
 // product may wrap to a small size, and elempack 4 on a dims-1 Mat are refused too).
