@@ -21,6 +21,7 @@
 //
 // Usage: engine_example [--channel-norms] [--misalign] [--skip-rmsnorm] [--corrupt] [--no-barrier]
 //                       [--system-loader] [--refusals] [--timing] [--repeat N] [--cooperative-reuse] [--rebind]
+//                       [--reload] [--give-up-first]
 //   --channel-norms  blobs A and B as GroupNorm and InstanceNorm (above); every flag but --rebind works with it
 //                    (a channel norm's channel count is fixed: --cooperative-reuse then records all of B twice)
 //   --misalign       put blob B at an offset that is not a multiple of minStorageBufferOffsetAlignment:
@@ -44,6 +45,10 @@
 //                    Recorder, Option::path
 //                    cooperative: its first 2 channels, then its last one; the second reuses the first's
 //                    scratch at another layout
+//   --give-up-first  B is a LayerNorm (InstanceNorm with --channel-norms), recorded with Option::path cooperative
+//                    after a forward of its Recorder over the same blob whose waits all gave up
+//                    (VKNORM_TUNE_WAIT_ROUNDS=0: its output NaN); the engine then uploads B again. The second
+//                    forward skips its clear pass, trusting the first to have left the counters zero
 //   --rebind         a second frame after the first completed and the Recorders released their descriptor
 //                    sets, as an engine's next inference whose allocator hands out B's bytes again at other
 //                    shapes: B's channels 0 and 2 (a blob of cstep 2 x 3004), then all three, then channel 1.
@@ -433,6 +438,7 @@ struct Args {
   bool channel_norms = false;
   bool misalign = false, skip_rmsnorm = false, corrupt = false, no_barrier = false, system_loader = false;
   bool refusals = false, timing = false, cooperative_reuse = false, rebind = false, reload = false;
+  bool give_up_first = false;
   int repeat = 1;
 };
 
@@ -585,9 +591,10 @@ int run(const Args& args) {
   using vknorm::NormOp;
   Blob a = args.channel_norms ? Blob(channel_norm(NormOp::GroupNorm, 6, 12, eps_a), 12, 5, 7, 4)
                               : Blob(row_norm(NormOp::LayerNorm, 768, eps_a), 8, 5, 768, 4);
-  // --cooperative-reuse: B as a LayerNorm, whose partials (unlike RMSNorm's) are nonzero words throughout
+  // --cooperative-reuse, --give-up-first: B as a LayerNorm, whose partials (unlike RMSNorm's) are nonzero words
+  // throughout
   Blob b = args.channel_norms ? Blob(channel_norm(NormOp::InstanceNorm, 1, 3, eps_b), 3, 3, 1001, 1)
-                              : Blob(row_norm(args.cooperative_reuse ? NormOp::LayerNorm : NormOp::RMSNorm, 3003, eps_b),
+                              : Blob(row_norm(args.cooperative_reuse || args.give_up_first ? NormOp::LayerNorm : NormOp::RMSNorm, 3003, eps_b),
                                      3, 3, 1001, 1);
   for (Blob* blob : {&a, &b}) {
     blob->x.assign(size_t(blob->c) * blob->cstep1, 0.f);
@@ -743,6 +750,19 @@ int run(const Args& args) {
       } else if (args.cooperative_reuse) {
         record_b(0, b.packed_c() - 1, cooperative);
         db = record_b(b.packed_c() - 1, 1, cooperative);
+      } else if (args.give_up_first) {
+        {
+          const ScopedEnv give_up("VKNORM_TUNE_WAIT_ROUNDS", "0");
+          record_b(0, b.packed_c(), cooperative);
+        }
+        // the engine writes B's input again over the NaN, after vknorm's writes
+        barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+        const VkBufferCopy blob_b{b.offset, b.offset, b.span()};
+        vkCmdCopyBuffer(cmd, upload_buffer, storage_buffer, 1, &blob_b);
+        barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+        db = record_b(0, b.packed_c(), cooperative);
       } else {
         db = record_b(0, b.packed_c(), split);
       }
@@ -799,7 +819,10 @@ int run(const Args& args) {
     else
       std::printf("B %s dims=3 c=%d h=%d w=%d float32 pack%d (cstep %zu), Option::path %s: path %s, %d dispatch(es) x %d\n",
                   vknorm::op_name(b.p.op), b.c, b.h, b.w, b.elempack, b.cstep,
-                  args.cooperative_reuse ? "cooperative (2 forwards)" : args.rebind ? "split (2 frames)" : "split",
+                  args.cooperative_reuse ? "cooperative (2 forwards)"
+                  : args.give_up_first   ? "cooperative (after a forward that gave up)"
+                  : args.rebind          ? "split (2 frames)"
+                                         : "split",
                   vknorm::path_name(db.path), db.dispatches, args.repeat);
 
     // ---- check
@@ -852,13 +875,19 @@ int main(int argc, char** argv) {
     else if (s == "--cooperative-reuse") args.cooperative_reuse = true;
     else if (s == "--rebind") args.rebind = true;
     else if (s == "--reload") args.reload = true;
+    else if (s == "--give-up-first") args.give_up_first = true;
     else if (s == "--repeat" && i + 1 < argc && std::atoi(argv[i + 1]) >= 1) args.repeat = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "engine_example: unknown argument %s\nusage: engine_example [--channel-norms] [--misalign] "
                            "[--skip-rmsnorm] [--corrupt] [--no-barrier] [--system-loader] [--refusals] [--timing] "
-                           "[--repeat N] [--cooperative-reuse] [--rebind] [--reload]\n", s.c_str());
+                           "[--repeat N] [--cooperative-reuse] [--rebind] [--reload] [--give-up-first]\n", s.c_str());
       return 2;
     }
+  }
+  if (args.give_up_first && (args.cooperative_reuse || args.rebind)) {
+    std::fprintf(stderr, "engine_example: --give-up-first records all of B after one forward: not with --cooperative-reuse "
+                         "or --rebind\n");
+    return 2;
   }
   if (args.channel_norms && args.rebind) {
     std::fprintf(stderr, "engine_example: --rebind records parts of B's channels, which a channel norm cannot take\n");

@@ -38,13 +38,16 @@ layout(constant_id = 17) const uint POLL_LOADS = 1;
 // whole pack4 planes per group), so the group slots are the same in every plane. 0: a chunk lies in one plane.
 layout(constant_id = 18) const uint CHUNK_PLANES = 0;
 // A wait polls its item's count in rounds of 4096 (64 per iteration: llvmpipe ends a shader's loops after 65535
-// iterations), trying after each round to claim a chunk no workgroup has started. One that outlives 1024 rounds
-// (1025 where it took chunks over; a workgroup that claimed a chunk never published it) gives up and writes NaN
-// for its item: a visible failure rather than a hung queue. Its item's counters are then left as they are.
+// iterations), trying after each round to claim a chunk no workgroup has started. One that outlives WAIT_ROUNDS
+// rounds (one more where it took chunks over; a workgroup that claimed a chunk never published it) gives up and
+// writes NaN for its item: a visible failure rather than a hung queue. It still leaves the item, so the item's
+// last workgroup zeroes the counters as always: the next forward, which takes them for zero, is not misled.
+// 1024 (2^22 polls); the dispatcher sets 0 only to test giving up (VKNORM_TUNE_WAIT_ROUNDS).
+layout(constant_id = 19) const uint WAIT_ROUNDS = 1024;
 #define POLL(seen, g) seen = POLL_LOADS != 0u ? COUNT(g) : atomicAdd(COUNT(g), 0u);
 #define POLL_4(seen, g) POLL(seen, g) POLL(seen, g) POLL(seen, g) POLL(seen, g)
 #define POLL_16(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g)
-const uint POLL_ITERATIONS = 1u << 6, WAIT_ROUNDS = 1u << 10;  // 2^12 polls a round, 2^22 in all
+const uint POLL_ITERATIONS = 1u << 6;  // 2^12 polls a round
 #define CLAIM(chunk) counter[p.n_groups * COUNTER_STRIDE + (chunk)]
 #define DONE(g) counter[(g) * COUNTER_STRIDE + 1u]
 const uint COMPLETE = 0xffffffffu, NONE = 0xfffffffeu;  // a round's outcome, or the chunk it claimed
@@ -275,6 +278,7 @@ void main() {
     return;
   }
   if (last) reset_claims(g);
+  if (state == NONE) leave_item_and_reset(g);  // gave up: its item comes out NaN, its counters zero as always
   afp group_pivot_kept, group_mean, a;
   item_coefs(g, true, true, merge_width(), group_pivot_kept, group_mean, a);
   if (state != COMPLETE) a = afp(uintBitsToFloat(0x7fc00000u));

@@ -120,6 +120,8 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
     caps.cooperative_workgroups = uint32_t(std::min<uint64_t>(*n, UINT32_MAX));
   caps.poll_loads = !caps.cpu;
   if (const char* v = std::getenv("VKNORM_TUNE_POLL_LOADS")) caps.poll_loads = std::atoi(v) != 0;
+  // 0: every wait gives up at once (its item NaN): how tests reach the path that otherwise needs a stalled device.
+  if (const char* v = std::getenv("VKNORM_TUNE_WAIT_ROUNDS")) caps.wait_rounds = uint32_t(std::max(0, std::atoi(v)));
   if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MIN_GROUP")) caps.cooperative_min_group = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MAX_PER_UNIT")) caps.cooperative_max_per_unit = uint32_t(std::atoi(v));
   if (caps.cpu) caps.cooperative_min_workgroup = caps.preferred_workgroup;
@@ -553,7 +555,7 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& b
     f.counters = true;
     pc.team = plan.wg;
     // Every constant a kernel declares gets a value (ncnn checks the count): ids 0-15, 16 the counter stride
-    // (both kernels), and the cooperative kernel's 17-18.
+    // (both kernels), and the cooperative kernel's 17-19.
     std::vector<uint32_t> spec =
         model({plan.wg, op_id, affine_id, plan.items, plan.prefetch ? 1u : 0u, plan.wg,
                dev.specialize_shape ? g.group_size : 0u, 0});
@@ -562,6 +564,7 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& b
                             div_up(g.n_groups + items, plan.wg), false, /*clears_counters=*/true});
     spec.push_back(dev.poll_loads ? 1u : 0u);
     spec.push_back(plan.chunk_size > g.plane_size() ? 1u : 0u);  // id 18: chunks of whole planes
+    spec.push_back(dev.wait_rounds);                              // id 19
     pass("norm_cooperative", pack, plan.subgroup, spec, items, true);
     return f;
   }

@@ -59,6 +59,7 @@ struct DeviceCaps {
   uint32_t few_group_items = 20;
   bool few_group_any_size = true;
   bool poll_loads = true;                  // its waits poll with plain loads (CPU drivers: atomics)
+  uint32_t wait_rounds = 1024;             // its waits give up after this many rounds of 4096 polls
   uint32_t subgroup_size = 0;    // 0: unknown
   bool subgroup_reduce = false;  // subgroup arithmetic + shuffle usable in compute
   bool cpu = false;              // a CPU implementation (lavapipe)

@@ -12,7 +12,8 @@ other's partial statistics (shaders/norm_cooperative.comp).
   every op, storage and packing, with groups of two chunks that really wait on each other (counters a line apart
   and packed), and with more chunks per group than run at once (8 declared), whose waiting workgroups take over
   the chunks that have not started; the fused residual
-  add and activation; large offsets; squares past float32's range; back-to-back forwards that reuse the counters it leaves zero; and inside
+  add and activation; large offsets; squares past float32's range; back-to-back forwards that reuse the counters it leaves zero,
+  a wait that gives up included (its item NaN); and inside
   ncnn's Vulkan graph, where a clear pass zeroes them in ncnn's workspace memory.
 """
 from __future__ import annotations
@@ -312,6 +313,46 @@ def test_forced_cooperative_with_more_chunks_than_run_at_once_matches_the_cpu_re
         assert r.get("sum_err", 0.0) == 0.0, r
     # most cases run items of 4-8 chunks, twice or more the workgroups that run at once
     assert sum(r["chunks"] >= 4 for r in report) >= 24, [(r["case"], r["chunks"]) for r in report]
+
+
+GIVE_UP_SCRIPT = r"""
+import json, os
+import numpy as np
+import vknorm
+rng = np.random.default_rng(21)
+report = []
+layers = [("LayerNorm 8x1000", vknorm.LayerNorm(affine_size=1000, eps=1e-5), 1000, (8, 1000)),
+          ("GroupNorm 32x20x20/4", vknorm.GroupNorm(group=4, channels=32, eps=1e-5), 32, (32, 20, 20))]
+for name, layer, n, shape in layers:
+    layer.load_model(rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32))
+    for fp16 in (False, True):
+        opt = vknorm.Option(path="cooperative", use_fp16_storage=fp16)
+        first, second = (rng.standard_normal(shape).astype(np.float32) * k + k for k in (1, 3))
+        os.environ["VKNORM_TUNE_WAIT_ROUNDS"] = "0"  # every wait gives up at once
+        y1 = layer(first, device="vulkan", option=opt)
+        gave_up = dict(layer.last_dispatch)
+        del os.environ["VKNORM_TUNE_WAIT_ROUNDS"]
+        y2 = layer(second, device="vulkan", option=opt)
+        ref = layer(second, device="cpu")
+        report.append({"case": name, "fp16": fp16, "path": gave_up["path"], "chunks": gave_up["chunks"],
+                       "nan_first": int(np.isnan(y1).sum()), "size": int(y1.size),
+                       "path_next": layer.last_dispatch["path"],
+                       "err_next": float(np.abs(y2 - ref).max()) / max(1.0, float(np.abs(ref).max()))})
+print(json.dumps(report))
+"""
+
+
+def test_a_wait_that_gives_up_writes_nan_and_the_next_forward_is_right():
+    """A wait that outlives its poll budget (a claimed chunk never published: a stalled device) writes NaN for its
+    item, a visible failure rather than a hang; the layer's next forward is right. The poll budget is set to 0
+    rounds for the first forward (VKNORM_TUNE_WAIT_ROUNDS), where a real give-up needs a device that stalls. (A
+    forward over the scratch of one that gave up, its clear pass skipped: test_deploy_engine.py, --give-up-first.)"""
+    report = json.loads(run_declaring_residency(GIVE_UP_SCRIPT).stdout.strip().splitlines()[-1])
+    assert len(report) == 4
+    for r in report:
+        assert r["path"] == r["path_next"] == "cooperative" and r["chunks"] == 2, r
+        assert r["nan_first"] == r["size"], r  # every item waits on its other chunk, so every element is NaN
+        assert r["err_next"] <= (FP16_TOL if r["fp16"] else FP32_TOL), r
 
 
 SMALL_WORKGROUPS_SCRIPT = r"""

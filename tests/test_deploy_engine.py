@@ -156,6 +156,20 @@ def test_cooperative_forwards_of_one_recorder_at_another_layout_clear_its_scratc
     assert "descriptor sets cached: LayerNorm 1, LayerNorm (B) 2" in proc.stdout, proc.stdout
 
 
+@pytest.mark.parametrize("channel_norms", [False, True], ids=["layernorm", "instancenorm"])
+def test_a_forward_after_one_whose_waits_gave_up_finds_the_counters_zero(engine_example, channel_norms):
+    """--give-up-first: B (a LayerNorm, or InstanceNorm) recorded cooperative after a forward of its Recorder over
+    the same blob and scratch whose waits all gave up (VKNORM_TUNE_WAIT_ROUNDS=0, as a stalled device would
+    make them: NaN out); the engine uploads B again between the two. The Recorder skips the second forward's
+    clear pass, so it is right only if the forward that gave up left the counters zero. When it left them as
+    they were, every chunk found itself claimed and left: B came back as its input."""
+    proc = launch(engine_example, "--give-up-first", *(["--channel-norms"] if channel_norms else []),
+                  extra_env=TWO_RESIDENT_WORKGROUPS)
+    assert_clean_run(proc)
+    assert re.search(r"^B (LayerNorm|InstanceNorm) .*cooperative \(after a forward that gave up\): path cooperative, "
+                     r"1 dispatch\(es\) x 1$", proc.stdout, re.M), proc.stdout
+
+
 def test_the_same_bytes_recorded_at_another_shape_get_a_descriptor_set_of_their_own(engine_example):
     """A second frame after release_descriptors(), as an engine's next inference whose allocator hands out blob
     B's bytes again: B's channels 0 and 2 as a blob of twice the cstep (2 groups), then all of B (3 groups), at
