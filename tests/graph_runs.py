@@ -232,7 +232,8 @@ def large_offset_case(graph, tmp: str) -> list:
             vk, info = run_net(graph, param, binp, {"in0": x}, ["out0"], True, True, False, packing)
             stock, _ = run_net(graph, param, binp, {"in0": x}, ["out0"], False, True, False, packing)
             out.append({"type": ltype, "packing": packing, "vknorm_vs_f64": max_err(vk["out0"], ref),
-                        "stock_vs_f64": max_err(stock["out0"], ref), "counters": info["counters"]})
+                        "stock_vs_f64": max_err(stock["out0"], ref), "counters": info["counters"],
+                        "scale": max(1.0, float(np.abs(ref).max()))})
     return out
 
 

@@ -64,8 +64,8 @@ def lifetime(n: int = 10_000, seed: int = 0, warmup: int = 1_000, check_every: i
             layers[(op, w)] = (layer, gamma, beta)
     options = (vknorm.Option(), vknorm.Option(use_fp16_storage=True))
     steady = None
-    worst_checked = 0.0
-    checked = 0
+    worst_checked = {False: 0.0, True: 0.0}  # by float16 storage
+    checked = {False: 0, True: 0}
     drift = 0  # forwards after which device memory differed from the steady state
     t0 = time.perf_counter()
     rss_warm = None
@@ -88,8 +88,8 @@ def lifetime(n: int = 10_000, seed: int = 0, warmup: int = 1_000, check_every: i
             y = layer(x, option=opt)
         if i % check_every == 0:
             ref = norm64(op, x, w, 1e-5, True, gamma, beta if op == "LayerNorm" else None)
-            worst_checked = max(worst_checked, max_abs_err(y, ref) / scale(ref))
-            checked += 1
+            worst_checked[fp16] = max(worst_checked[fp16], max_abs_err(y, ref) / scale(ref))
+            checked[fp16] += 1
         now = (ctx.device_bytes_in_use, ctx.live_buffers)
         if i + 1 == warmup:  # every layer has run (and holds its weights) long before this
             gc.collect()
@@ -115,7 +115,9 @@ def lifetime(n: int = 10_000, seed: int = 0, warmup: int = 1_000, check_every: i
         "peak_bytes": peak, "drift_forwards": drift,
         "rss_warm": rss_warm, "rss_end": rss_end,
         "rss_growth": (rss_end - rss_warm) / rss_warm if rss_warm else None,
-        "checked": checked, "worst_rel_err": worst_checked,
+        "checked": checked[False] + checked[True], "worst_rel_err": max(worst_checked.values()),
+        "checked_fp32": checked[False], "worst_rel_err_fp32": worst_checked[False],
+        "checked_fp16": checked[True], "worst_rel_err_fp16": worst_checked[True],
     }
 
 

@@ -89,7 +89,9 @@ def test_norm_floor_times_the_model_without_its_norms_beside_stock_and_vknorm(tm
 def test_each_implementation_runs_the_net_its_name_says():
     """ncnn-cpu: stock ncnn on the CPU; ncnn-vulkan: stock ncnn on Vulkan; vknorm-in-graph: vknorm's layers in
     ncnn's Vulkan graph, the model as it is (nothing fused); vknorm-fused: the same after the graph rewrite
-    (transformer_block: two add -> LayerNorm pairs fused). Their difference is what the report measures."""
+    (transformer_block: two add -> LayerNorm pairs fused). Their difference is what the report measures, so each
+    computes the model: every output within the model-output rule of `vknorm check --vulkan` (2x stock ncnn
+    Vulkan's max |error| against the CPU run, + 1e-4 x max(1, max |CPU output|))."""
     import numpy as np
 
     from vknorm._stdio import quiet_stderr
@@ -108,6 +110,10 @@ def test_each_implementation_runs_the_net_its_name_says():
     for impl in ("vknorm-in-graph", "vknorm-fused"):
         assert runners[impl].net.vknorm_counters()["vulkan_forwards"] >= 1, impl
     assert all(set(o) == set(outputs["ncnn-cpu"]) for o in outputs.values())
+    for name, cpu in outputs["ncnn-cpu"].items():
+        err = {impl: float(np.abs(np.asarray(o[name], np.float64) - cpu).max()) for impl, o in outputs.items()}
+        bound = 2 * err["ncnn-vulkan"] + 1e-4 * max(1.0, float(np.abs(cpu).max()))
+        assert err["vknorm-in-graph"] <= bound and err["vknorm-fused"] <= bound, (name, err, bound)
 
 
 @pytest.mark.parametrize("args, message", [

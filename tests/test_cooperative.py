@@ -12,7 +12,8 @@ other's partial statistics (shaders/norm_cooperative.comp).
   every op, storage and packing, with groups of two chunks that really wait on each other (counters a line apart
   and packed), and with more chunks per group than run at once (8 declared), whose waiting workgroups take over
   the chunks that have not started; the fused residual
-  add and activation; large offsets; squares past float32's range; back-to-back forwards that reuse the counters it leaves zero,
+  add and activation; large offsets; squares past float32's range; pivots far from a group's bulk, eps = 0 and
+  NaN/Inf in one group (the precision cases of the other paths); back-to-back forwards that reuse the counters it leaves zero,
   a wait that gives up included (its item NaN); and inside
   ncnn's Vulkan graph, where a clear pass zeroes them in ncnn's workspace memory.
 """
@@ -264,12 +265,12 @@ print(json.dumps(report))
 """
 
 
-def run_declaring_residency(script, extra_env=None):
+def run_declaring_residency(script, extra_env=None, cwd=None):
     # the fewest elements per invocation: groups of 1000 split in two chunks on any device (GPU workgroups are wider)
     env = dict(os.environ, VKNORM_COOPERATIVE_WORKGROUPS="2", LP_NUM_THREADS="2", VKNORM_VALIDATION="1",
                VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE="1")
     env.update(extra_env or {})
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -313,6 +314,80 @@ def test_forced_cooperative_with_more_chunks_than_run_at_once_matches_the_cpu_re
         assert r.get("sum_err", 0.0) == 0.0, r
     # most cases run items of 4-8 chunks, twice or more the workgroups that run at once
     assert sum(r["chunks"] >= 4 for r in report) >= 24, [(r["case"], r["chunks"]) for r in report]
+
+
+PRECISION_SCRIPT = r"""
+import json, sys
+import numpy as np
+import vknorm
+sys.path.insert(0, "tests")
+from reference import FP32_TOL, make_layer, max_abs_err, norm64, scale
+rng = np.random.default_rng(8)
+size = 1500  # two chunks per group
+report = []
+def run(layer, x, pack):
+    y = layer(x, device="vulkan", option=vknorm.Option(path="cooperative", use_packing_layout=pack))
+    return y, layer.last_dispatch
+def judged(case, pack, d, err, bound, **extra):
+    report.append(dict(case=case, pack=pack, path=d["path"], chunks=d["chunks"], err=err, bound=bound, **extra))
+for pack in (True, False):
+    # pivots far from the group's bulk: the first element, or the first four, a massive activation
+    for first in (1, 4):
+        x = rng.standard_normal((8, size)).astype(np.float32)
+        x[:, :first] = 1000.0
+        layer = make_layer("LayerNorm", size, 1e-5, False)
+        ref = norm64("LayerNorm", x, size, 1e-5, False)
+        y, d = run(layer, x, pack)
+        judged(f"massive pivot x{first}", pack, d, max_abs_err(y, ref), FP32_TOL * scale(ref))
+    # eps = 0 on groups that are not constant, against float64 and the CPU reference
+    for op in ("LayerNorm", "RMSNorm"):
+        x = (rng.standard_normal((8, size)) * rng.uniform(0.01, 10, (8, 1)) + rng.uniform(-5, 5, (8, 1))).astype(np.float32)
+        gamma = rng.uniform(0.5, 1.5, size).astype(np.float32)
+        beta = rng.uniform(-1, 1, size).astype(np.float32)
+        layer = make_layer(op, size, 0.0, True, gamma, beta)
+        y, d = run(layer, x, pack)
+        for label, r in (("float64", norm64(op, x, size, 0.0, True, gamma, beta)), ("cpu", layer(x, device="cpu"))):
+            judged(f"{op} eps=0 vs {label}", pack, d, max_abs_err(y, r), FP32_TOL * scale(r))
+    # NaN / Inf in one group, at its pivot and in its second chunk: that group as the CPU reference has it,
+    # every other group untouched
+    for op in ("LayerNorm", "RMSNorm"):
+        base = rng.standard_normal((8, size)).astype(np.float32)
+        gamma = rng.uniform(0.5, 1.5, size).astype(np.float32)
+        beta = rng.uniform(-1, 1, size).astype(np.float32)
+        layer = make_layer(op, size, 1e-5, True, gamma, beta)
+        others = [r for r in range(8) if r != 5]
+        ref_others = norm64(op, base[others], size, 1e-5, True, gamma, beta)
+        for value in (np.nan, np.inf, -np.inf):
+            for pos in (0, size - 7):
+                x = base.copy()
+                x[5, pos] = value
+                cpu = layer(x, device="cpu")
+                y, d = run(layer, x, pack)
+                cpu_nan, vk_nan = np.isnan(cpu[5]), np.isnan(y[5])
+                finite_err = max_abs_err(y[5][~cpu_nan], cpu[5][~cpu_nan]) if (~cpu_nan).any() else 0.0
+                judged(f"{op} {value} at {pos}", pack, d, max_abs_err(y[others], ref_others),
+                       FP32_TOL * scale(ref_others), same_nan=bool(np.array_equal(cpu_nan, vk_nan)),
+                       cpu_nan=int(cpu_nan.sum()), finite_err=finite_err)
+print(json.dumps(report))
+"""
+
+
+def test_forced_cooperative_keeps_the_precision_cases_of_the_other_paths():
+    """What test_vulkan_precision.py holds the other paths to, on the cooperative kernel with groups of two chunks
+    that wait on each other: pivots far from the group's bulk (a massive activation first, or four), eps = 0 on
+    groups that are not constant (against float64 and the CPU reference), and NaN / Inf in one group (at its
+    pivot, and in its second chunk): that group NaN exactly where the CPU reference has NaN and its finite values
+    the reference's, every other group within the fp32 rule."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    report = json.loads(run_declaring_residency(PRECISION_SCRIPT, cwd=root).stdout.strip().splitlines()[-1])
+    assert len(report) == 2 * (2 + 4 + 12)
+    for r in report:
+        assert (r["path"], r["chunks"]) == ("cooperative", 2), r
+        assert r["err"] <= r["bound"], r
+        if "same_nan" in r:
+            assert r["same_nan"] and r["finite_err"] <= 1e-5, r
+    # the poisoned group: all NaN for LayerNorm and for NaN (the CPU reference's behaviour, asserted, not assumed)
+    assert all(r["cpu_nan"] == 1500 for r in report if "same_nan" in r and ("LayerNorm" in r["case"] or "nan" in r["case"]))
 
 
 GIVE_UP_SCRIPT = r"""

@@ -33,6 +33,7 @@ import pytest
 import graph_runs
 import validation_layer
 from availability import import_graph
+from reference import FP32_TOL
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -132,14 +133,14 @@ def test_every_model_output_is_as_close_to_stock_cpu_as_stock_ncnn_vulkan(runs):
 
 
 def test_large_offset_groups_stay_exact_through_ncnn(runs):
-    """1e4 + N(0, 1e-2) groups (LayerNorm rows, GroupNorm groups straddling pack4): vknorm within 1e-3 of
-    float64 (as on its own path); stock ncnn's Vulkan layer, measured beside it, is far off (its sums lose
-    the small deviations)."""
+    """1e4 + N(0, 1e-2) groups (LayerNorm rows, GroupNorm groups straddling pack4): vknorm within the float32
+    rule of float64 (as on its own path); stock ncnn's Vulkan layer, measured beside it, is far off (its sums
+    lose the small deviations)."""
     cases = runs["large_offset"]
     assert {c["type"] for c in cases} == {"LayerNorm", "GroupNorm"} and len(cases) == 4
     for case in cases:
         assert case["counters"]["cpu_forwards"] == 0 and case["counters"]["vulkan_forwards"] == 1
-        assert case["vknorm_vs_f64"] <= 1e-3, case
+        assert case["vknorm_vs_f64"] <= FP32_TOL * case["scale"], case
     for t in ("LayerNorm", "GroupNorm"):  # the case is hard: stock ncnn loses it
         assert max(c["stock_vs_f64"] for c in cases if c["type"] == t) > 1e-2, cases
 
@@ -206,7 +207,9 @@ def test_groups_inside_pack4_lanes_run_an_item_per_group_inside_the_graph(tmp_pa
 @pytest.mark.parametrize("order", ["pyncnn_first", "graph_first", "pyncnn_first_rtld_global"])
 def test_pyncnn_and_vknorm_graph_in_one_process_keep_their_own_ncnn(order):
     """Two copies of ncnn in one process (pyncnn's and vknorm's): each net gives its own copy's answer —
-    even when pyncnn is loaded RTLD_GLOBAL, vknorm's module exports no ncnn symbol to interpose."""
+    even when pyncnn is loaded RTLD_GLOBAL, vknorm's module exports no ncnn symbol to interpose. The answers
+    agree (the same CPU algorithm), so what ran is checked too: vknorm's layers in the vknorm=True net (its CPU
+    forwards counted), none in the vknorm=False one."""
     param, binp = (os.path.join(graph_runs.DATA, "transformer_block.ncnn." + e) for e in ("param", "bin"))
     code = f"""
 import os, sys, numpy as np
@@ -229,11 +232,16 @@ for mod, kw in ((ncnn, {{}}), (graph, {{"vknorm": False}}), (graph, {{"vknorm": 
     r, out = ex.extract("out0")
     assert r == 0
     outs.append(np.array(out))
+    if mod is graph:
+        print("vknorm" if kw["vknorm"] else "stock", len(net.vknorm_layers()), net.vknorm_counters()["cpu_forwards"])
 print(max(float(np.abs(o - outs[0]).max()) for o in outs))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert float(proc.stdout.strip().splitlines()[-1]) <= 1e-5
+    lines = proc.stdout.strip().splitlines()
+    assert float(lines[-1]) <= 1e-5
+    ran = {ln.split()[0]: (int(ln.split()[1]), int(ln.split()[2])) for ln in lines[:-1]}
+    assert ran["stock"] == (0, 0) and ran["vknorm"][0] == 3 and ran["vknorm"][1] >= 3, ran  # transformer_block: 3 LayerNorms
 
 
 def test_vknorm_graph_module_exports_no_ncnn_symbols():

@@ -17,7 +17,7 @@ import pytest
 import vknorm
 from pyncnn_layer import channel_norm_param, run_ncnn_param, vulkan_available
 from availability import import_graph
-from reference import (FP16_TOL, FP32_TOL, LARGE_OFFSET_ABS_TOL, PATHS, channel_count, channel_norm64,
+from reference import (FP16_TOL, FP32_TOL, PATHS, channel_count, channel_norm64,
                        make_channel_norm, max_abs_err, scale)
 
 # (op, numpy shape, group): the layouts of the group model that break naive kernels.
@@ -224,7 +224,7 @@ def test_split_path_in_three_passes_and_in_two(case, merges, monkeypatch):
     ref = channel_norm64(case[0], x, layer.eps, max(case[2], 1), gamma, beta)
     for packing in (True, False):
         y = layer(x, device="vulkan", option=vknorm.Option(path="split", use_packing_layout=packing))
-        if not max_abs_err(y, ref) <= LARGE_OFFSET_ABS_TOL:
+        if not max_abs_err(y, ref) <= FP32_TOL * scale(ref):
             failures.append(f"large offset, packing={packing}: {max_abs_err(y, ref):.3e}")
     assert not failures, "\n".join(failures)
 
@@ -255,7 +255,7 @@ def test_groups_inside_pack4_lanes_run_in_items_of_their_own(case, monkeypatch):
     x = (1e4 + 1e-2 * np.random.default_rng(3).standard_normal(x.shape)).astype(np.float32)
     ref = channel_norm64(case[0], x, layer.eps, case[2], gamma, beta)
     y = layer(x, device="vulkan", option=vknorm.Option(path="workgroup"))
-    if not max_abs_err(y, ref) <= LARGE_OFFSET_ABS_TOL:
+    if not max_abs_err(y, ref) <= FP32_TOL * scale(ref):
         failures.append(f"large offset: {max_abs_err(y, ref):.3e}")
     assert not failures, "\n".join(failures)
     # A NaN in the element the two groups share (the last channel of one, the first of the other) spoils its
@@ -315,9 +315,9 @@ def test_exact_when_the_mean_is_far_larger_than_the_std(case):
     ref = channel_norm64(case[0], x, layer.eps, max(case[2], 1), gamma, beta)
     for path, packing in itertools.product(PATHS, (True, False)):
         y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))
-        assert max_abs_err(y, ref) <= LARGE_OFFSET_ABS_TOL, (path, packing, max_abs_err(y, ref))
+        assert max_abs_err(y, ref) <= FP32_TOL * scale(ref), (path, packing, max_abs_err(y, ref))
     ncnn_err = max_abs_err(run_ncnn_param(ncnn_param(layer), ncnn_bin(gamma, beta), x), ref)
-    assert ncnn_err > 10 * LARGE_OFFSET_ABS_TOL  # ncnn's CPU float32 order cannot do this: the case is hard
+    assert ncnn_err > 100 * FP32_TOL * scale(ref)  # ncnn's CPU float32 order cannot do this: the case is hard
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[8]], ids=case_id)
@@ -344,6 +344,7 @@ def test_nan_and_inf_spoil_their_own_group_as_ncnns_cpu_layer_does(case, bad):
     for path, packing in itertools.product(PATHS, (True, False)):
         y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))
         np.testing.assert_array_equal(np.isfinite(y), ok, err_msg=f"{path} {packing}")
+        # against ncnn's float32 algorithm, itself within the rule of float64: twice the rule between the two
         assert max_abs_err(y[ok], cpu[ok]) <= 2 * FP32_TOL * scale(cpu[ok])
 
 
@@ -389,7 +390,7 @@ def test_a_packed_item_past_one_buffer_is_refused_as_such_and_runs_unpacked(monk
                                          r"without the packing layout its groups are 4 times smaller"):
         inorm(x, device="vulkan", option=vknorm.Option(use_packing_layout=True))
     y = inorm(x, device="vulkan", option=vknorm.Option(use_packing_layout=False))
-    assert max_abs_err(y, inorm(x, device="cpu")) <= 2 * FP32_TOL * scale(y)
+    assert max_abs_err(y, inorm(x, device="cpu")) <= 2 * FP32_TOL * scale(y)  # both within the rule of float64
 
 
 @pytest.mark.parametrize("make,match", [
@@ -521,7 +522,9 @@ def test_in_graph_short_bin_and_wrong_channels_fail_with_ncnns_return_codes(tmp_
         ex.input("in0", graph.Mat(np.ones((12, 4, 4), np.float32)))
         ret, _ = ex.extract("out0")
     assert ret != 0 and any("GroupNorm gn: the input has 12 channels, the layer 8" in ln for ln in log), log
-    ex = net.create_extractor()  # the net still works on a right-sized input
-    ex.input("in0", graph.Mat(np.random.default_rng(0).standard_normal((8, 4, 4)).astype(np.float32)))
+    ex = net.create_extractor()  # the net still works on a right-sized input (float32 storage: the fp32 rule)
+    x = np.random.default_rng(0).standard_normal((8, 4, 4)).astype(np.float32)
+    ex.input("in0", graph.Mat(x))
     ret, out = ex.extract("out0")
-    assert ret == 0 and np.isfinite(np.array(out)).all()
+    ref = channel_norm64("GroupNorm", x, 1e-5, 4, np.ones(8), np.ones(8))  # the .bin: gamma, then beta, all ones
+    assert ret == 0 and max_abs_err(np.array(out), ref) <= FP32_TOL * scale(ref)

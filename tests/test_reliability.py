@@ -107,7 +107,9 @@ def test_10000_forwards_device_memory_returns_to_baseline_and_rss_stays_flat():
     assert (r["after_loop_bytes"], r["after_loop_buffers"]) == (r["steady_bytes"], r["steady_buffers"]), r
     assert (r["after_drop_bytes"], r["after_drop_buffers"]) == (0, 0), r
     assert r["rss_growth"] <= 0.05, f"RSS grew {100 * r['rss_growth']:.1f}% after warm-up: {r}"
-    assert r["checked"] >= 100 and r["worst_rel_err"] <= FP16_TOL, r
+    # each storage against its own rule (about half the checked forwards each)
+    assert r["checked_fp32"] >= 40 and r["worst_rel_err_fp32"] <= FP32_TOL, r
+    assert r["checked_fp16"] >= 40 and r["worst_rel_err_fp16"] <= FP16_TOL, r
 
 
 # ============================================================================ concurrency
