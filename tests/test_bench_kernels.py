@@ -102,6 +102,12 @@ def test_bench_groupnorm_takes_one_groups_value_per_channels(tmp_path):
     (["--rows", "8", "--cols", "8", "--plot", ""], "--plot: empty file name"),
     (["--rows", "8", "--cols", "8", "--path", ""], "--path: path must be one of auto"),
     (["--rows", "8", "--cols", "8", "--path", "AUTO"], "--path: path must be one of auto"),
+    # a file open() cannot create though its directory is there and writable: known before the run, not after it
+    (["--rows", "8", "--cols", "8", "--json", "/proc/vknorm-report.json"], "cannot be written (No such file"),
+    # flags of the default LayerNorm/RMSNorm sweep where another sweep runs: refused, not ignored
+    (["--rows", "8", "--cols", "8", "--elements", "64"], "--elements: for the default sweep, not the shapes"),
+    (["--rows", "8", "--cols", "8", "--no-latency"], "--no-latency: for the default sweep, not the shapes"),
+    (["--op", "groupnorm", "--elements", "64"], "--elements: for the default LayerNorm/RMSNorm sweep, not --op"),
 ])
 def test_bench_bad_input_is_one_line_and_exit_2(args, message):
     proc = vknorm("bench", *args)
@@ -216,6 +222,19 @@ def test_the_torch_comparison_runs_the_fused_add_and_activation_too(tmp_path, ac
     assert seen["rc"] == 0 and seen["torch_ops"] == sorted(["add", "layer_norm", op_name]), seen
     torch_row = next(r for r in json.loads(out.read_text())["results"] if r["impl"] == "torch")
     assert torch_row["dispatches"] == 3 and torch_row["streams"] == 3, torch_row
+
+
+def test_the_ncnn_comparison_is_skipped_with_a_reason_where_the_kernel_fuses_more_than_a_norm(tmp_path):
+    """ncnn has no layer that fuses a residual add or an activation: its column would not be the fused kernel's
+    counterpart, so it is left out, and stderr says so (as for a missing torch)."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-c", COMPARE_SCRIPT, "bench", "--rows", "8", "--cols", "64", "--dtype",
+                           "fp32", *QUICK, "--compare", "ncnn", "--residual", "add", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["rc"] == 0 and seen["ncnn_packing"] == [], seen  # no ncnn net was even loaded
+    assert "ncnn has no layer that fuses --residual/--activation: skipping the ncnn comparison" in proc.stderr
+    assert {r["impl"] for r in json.loads(out.read_text())["results"]} == {"vknorm"}
 
 
 @pytest.mark.parametrize("packing", [True, False])

@@ -127,6 +127,12 @@ def test_each_implementation_runs_the_net_its_name_says():
     (["--model", PARAM, BIN, "--input", "in0=16x64", "--cols", "64", "--dtype", "fp16"],
      "--cols, --dtype go with the kernel sweep, not --model"),
     (["--model", PARAM, BIN, "--input", "nosuch=16x64", "--iters", "1"], "input"),
+    # a sweep flag at its default value is still given: refused, not ignored
+    (["--model", PARAM, BIN, "--input", "in0=16x64", "--reps", "100"], "--reps goes with the kernel sweep"),
+    (["--model", PARAM, BIN, "--input", "in0=16x64", "--dtype", "both"], "--dtype goes with the kernel sweep"),
+    # the report over the model it times
+    (["--model", PARAM, BIN, "--input", "in0=16x64", "--json", PARAM], "is the model's .param: the report would"),
+    (["--model", PARAM, BIN, "--input", "in0=16x64", "--json", BIN], "is its .bin: the report would overwrite"),
 ])
 def test_bench_model_bad_input_is_one_line_and_exit_2(args, message):
     proc = vknorm("bench", *args)

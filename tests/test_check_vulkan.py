@@ -303,6 +303,9 @@ def error_runs(tmp_path_factory):
     # stock ncnn runs it; vknorm's layer refuses the input at its forward, logging why
     (tmp / "refused.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nInstanceNorm in_0 1 1 in0 out0 0=64 1=1e-5 2=0\n")
     (tmp / "empty.bin").write_bytes(b"")
+    # inputs whose add does not broadcast: stock ncnn gives 24x64 on the CPU, 12x64 on Vulkan
+    (tmp / "two.param").write_text("7767517\n4 4\nInput a 0 1 a\nInput b 0 1 b\nBinaryOp add 2 1 a b s 0=0\n"
+                                   "LayerNorm ln 1 1 s out0 0=64 1=1e-5 2=0\n")
     args = ("--input", "in0=16x64", "--vulkan")
     jobs = {
         "missing_param": (tmp / "nope.param", b, *args),
@@ -318,6 +321,7 @@ def error_runs(tmp_path_factory):
         "bad_shape": (p, b, "--input", "in0=16x65", "--vulkan"),  # ncnn's MultiHeadAttention: SIGFPE
         "bad_shape_3d": (p, b, "--input", "in0=2x16x64", "--vulkan"),
         "layer_refuses": (tmp / "refused.param", tmp / "empty.bin", "--input", "in0=64", "--vulkan"),
+        "shapes_disagree": (tmp / "two.param", tmp / "empty.bin", "--input", "a=8x64", "--input", "b=3x64", "--vulkan"),
     }
     return cli_many(jobs)
 
@@ -338,6 +342,7 @@ def error_runs(tmp_path_factory):
     ("bad_shape_3d", ["--input in0=2x16x64"]),
     ("layer_refuses", ["a vknorm layer refused the model", "extracting blob 'out0'",
                        "vknorm InstanceNorm in_0: a dims-1 input is one channel", "as one instance"]),
+    ("shapes_disagree", ["from stock ncnn's CPU run and", "from its Vulkan run: do the --input shapes match"]),
 ])
 def test_check_vulkan_error_path(error_runs, case, needles):
     assert_one_line_error(error_runs[case], *needles)
@@ -527,6 +532,20 @@ def test_excess_counts_nan_and_inf_on_both_sides_as_agreement():
     assert vkcheck._excess(finite, ref, 0.0) == math.inf
 
 @needs_graph
+def test_outputs_the_reference_run_leaves_nan_are_named_in_a_warning(tmp_path):
+    """Weights of NaN (or inf) make stock ncnn's CPU run NaN too; vknorm's run agrees there and passes, so
+    the report says which blobs that "ok" covers, in both engines; inf - inf in the comparison warns nothing."""
+    (tmp_path / "m.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 out0 0=64 1=1e-5 2=1\n")
+    for name, value in (("nan", np.nan), ("inf", np.inf)):
+        (tmp_path / f"{name}.bin").write_bytes(np.full(64, value, np.float32).tobytes() + np.zeros(64, np.float32).tobytes())
+        for engine in ([], ["--vulkan"]):
+            r = cli(tmp_path / "m.param", tmp_path / f"{name}.bin", "--input", "in0=4x64", *engine)
+            assert r.returncode == 0 and r.stderr == "", (name, engine, r.stderr[-2000:])
+            warnings = [ln for ln in r.stdout.splitlines() if ln.startswith("warning:")]
+            assert warnings == ["warning: blob 'out0': 256 of 256 values are NaN/inf in stock ncnn's CPU run itself (the "
+                                "weights? the inputs?); where the other runs have them too they count as equal"], r.stdout
+
+
 def test_fused_add_of_two_shapes_is_judged_on_ncnns_own_broadcast_sum(tmp_path):
     """A fused add whose inputs differ in shape (rows of 64 plus one value per row: ncnn broadcasts that,
     numpy does not) runs through ncnn's Vulkan BinaryOp inside the fused layer; the check rebuilds the sum

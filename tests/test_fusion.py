@@ -755,6 +755,8 @@ def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
     few_blobs = tmp_path / "few_blobs.param"  # a header declaring fewer blobs than the layers make
     magic, counts, body = p.read_text().split("\n", 2)
     few_blobs.write_text(f"{magic}\n{counts.split()[0]} 3\n{body}")
+    twice = tmp_path / "twice.param"  # two layers of one name: ncnn loads it, check and bench refuse it
+    twice.write_text(p.read_text().replace("LayerNorm                ln_4", "LayerNorm                ln_3"))
     (tmp_path / "adir").mkdir()
     for args, needle in [
         ((tmp_path / "missing.param", b), "no such file"),
@@ -764,6 +766,7 @@ def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
         ((magic_only, b), "line 2: expected 'layer_count blob_count', the file ends after the magic number"),
         ((garbled, b), "reads blob 'nowhere', which no earlier layer produces"),
         ((few_blobs, b), "line 2: the header says 3 blobs, the layers produce"),
+        ((twice, b), "line 9: layer name 'ln_3' used twice"),
         ((binary, b), "not a text .param"),
         ((p, short), "the fused model does not load (the weights in"),
     ]:
@@ -821,7 +824,10 @@ def test_optimize_refuses_outputs_it_would_clobber_and_writes_files_as_open_woul
     os.mkfifo(fifo)
     ok = tmp_path / "ok.param"
     for outs, needle in [((ok, tmp_path / "adir"), "a directory"), ((tmp_path / "adir", ok), "a directory"),
-                         ((ok, fifo), "not a regular file"), ((ok, ok), "the same file")]:
+                         ((ok, fifo), "not a regular file"), ((ok, ok), "the same file"),
+                         # a link into /dev or /proc: never replaced (/dev/stdout was, by a file holding the model)
+                         ((Path("/dev/stdout"), tmp_path / "o.bin"), "/dev/stdout: not a regular file"),
+                         ((ok, Path("/proc/vknorm.bin")), "/proc/vknorm.bin: not a regular file")]:
         r = optimize(p, b, *outs)
         assert r.returncode == 2, (outs, r.stdout, r.stderr)
         lines = r.stderr.strip().splitlines()
@@ -835,6 +841,13 @@ def test_optimize_refuses_outputs_it_would_clobber_and_writes_files_as_open_woul
     assert r.returncode == 0, r.stderr
     for f in (ok, tmp_path / "ok.bin"):
         assert stat.S_IMODE(f.stat().st_mode) == 0o640, oct(f.stat().st_mode)
+    # a symbolic link as an output is written through: the link stays, its target holds the model
+    target, link = tmp_path / "target.param", tmp_path / "link.param"
+    target.write_text("old")
+    link.symlink_to(target)
+    r = optimize(p, b, link, tmp_path / "ok.bin")
+    assert r.returncode == 0, r.stderr
+    assert link.is_symlink() and "vknorm.LayerNorm" in target.read_text()
 
 
 @needs_graph

@@ -87,7 +87,9 @@ def add_parser(sub) -> None:
     m.add_argument("--input", action="append", metavar="NAME=DIMS", help="a model input, e.g. in0=197x768")
     m.add_argument("--fp16", action="store_true", help="float16 storage in every net (ncnn's CPU one too)")
     m.add_argument("--iters", type=int, help="timed inferences per implementation (median; default 30)")
-    p.set_defaults(func=run, **SWEEP_ONLY, **MODEL_ONLY)
+    # None until run() fills in the defaults: a flag given at its default value is still a flag given
+    p.set_defaults(func=run, **{dest: False if default is False else None
+                                for dest, default in {**SWEEP_ONLY, **MODEL_ONLY}.items()})
 
 
 def _available_host_memory() -> Optional[int]:
@@ -225,6 +227,15 @@ def _check_output_path(flag: str, path) -> None:
         raise UsageError(f"{flag} {path}: no such directory {parent!r}")
     if not os.access(parent, os.W_OK):
         raise UsageError(f"{flag} {path}: directory {parent!r} is not writable")
+    existed = os.path.lexists(path)
+    try:  # what access() cannot tell (/proc, read-only mounts, a file root may not open): opened, nothing written
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot be written ({e.strerror})") from None
+    finally:
+        if not existed and os.path.lexists(path):
+            os.unlink(path)
     if flag == "--plot":
         ext = os.path.splitext(path)[1].lstrip(".").lower()
         try:
@@ -459,13 +470,22 @@ def run(args) -> int:
     from . import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, device_info, to_device
     from .cli import UsageError
 
-    other_mode = [f"--{dest.replace('_', '-')}" for dest, default in (SWEEP_ONLY if args.model else MODEL_ONLY).items()
-                  if getattr(args, dest) != default]
+    given = lambda dest: getattr(args, dest) not in (None, False)  # noqa: E731
+    other_mode = [f"--{dest.replace('_', '-')}" for dest in (SWEEP_ONLY if args.model else MODEL_ONLY) if given(dest)]
     if other_mode:
         verb = "goes" if len(other_mode) == 1 else "go"
         raise UsageError(f"{', '.join(other_mode)} {verb} with "
                          + ("the kernel sweep, not --model (the model's layers and --input shapes decide there)"
                             if args.model else "--model (the kernel sweep takes --dtype, --reps and --batches)"))
+    # --elements and --no-latency shape the default LayerNorm/RMSNorm sweep; refused where another one runs
+    default_sweep = [f"--{dest.replace('_', '-')}" for dest in ("elements", "no_latency") if given(dest)]
+    if default_sweep and (given("rows") or given("cols")):
+        raise UsageError(f"{', '.join(default_sweep)}: for the default sweep, not the shapes --rows/--cols give")
+    if default_sweep and args.op in CHANNEL_OPS:
+        raise UsageError(f"{', '.join(default_sweep)}: for the default LayerNorm/RMSNorm sweep, not --op {args.op}")
+    for dest, default in {**SWEEP_ONLY, **MODEL_ONLY}.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, list(default) if isinstance(default, list) else default)
     if args.elements < 1:
         raise UsageError(f"--elements must be >= 1, got {args.elements}")
     if args.warmup_ms is None:
@@ -476,6 +496,10 @@ def run(args) -> int:
         _check_output_path(flag, path)
     if args.json and args.plot and os.path.realpath(args.json) == os.path.realpath(args.plot):
         raise UsageError(f"--json and --plot name the same file {args.plot!r}: the plot would overwrite the JSON")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        for what, model_file in zip(("the model's .param", "its .bin"), args.model or []):
+            if path and os.path.realpath(path) == os.path.realpath(model_file):
+                raise UsageError(f"{flag} {path} is {what}: the report would overwrite the model; name another file")
     if args.model:
         return run_model(args)
 
@@ -508,6 +532,11 @@ def run(args) -> int:
         if why:
             print(f"vknorm bench: {why}: skipping the torch comparison", file=sys.stderr)
             compare.discard("torch")
+    if "ncnn" in compare and (args.residual or args.activation):
+        # ncnn's layer alone is not the fused kernel's counterpart
+        print("vknorm bench: ncnn has no layer that fuses --residual/--activation: skipping the ncnn comparison",
+              file=sys.stderr)
+        compare.discard("ncnn")
     if "ncnn" in compare:
         try:
             import ncnn  # noqa: F401
@@ -570,8 +599,7 @@ def run(args) -> int:
                         add("copy", copy_us, 1)
                         add("copy_buffer", copybuf_us, 1)
                     del vkmat, residual
-                    # ncnn's layer alone is not the fused kernel's counterpart: no ncnn figure with --residual.
-                    if "ncnn" in compare and kind == "sweep" and not args.residual and not args.activation:
+                    if "ncnn" in compare and kind == "sweep":
                         add("ncnn", _bench_ncnn(op, rows, cols, fp16, x, affine, cshape, not args.no_packing), None,
                             method="chain difference, wall clock")
                     if "torch" in compare:

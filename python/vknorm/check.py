@@ -278,8 +278,9 @@ def read_param_bytes(path: str) -> bytes:
     return _read_file(path, "model .param", head_check=_starts_as_text_param)
 
 
-def parse_param(path: str) -> Model:
-    """Read and validate an ncnn text .param (UsageError naming the file and line when it is garbled)."""
+def parse_param(path: str, allow_fused: bool = False) -> Model:
+    """Read and validate an ncnn text .param (UsageError naming the file and line when it is garbled).
+    allow_fused: take vknorm's fused layer types (vknorm optimize's output) as any other layer."""
     raw = read_param_bytes(path)
 
     def bad(msg: str, line: Optional[int] = None) -> UsageError:
@@ -318,7 +319,7 @@ def parse_param(path: str) -> Model:
         if len(tok) < 4 or not tok[2].isdigit() or not tok[3].isdigit():
             raise bad(f"garbled layer line (expected 'type name bottom_count top_count ...'): {ln[:60]!r}", n)
         type_, name = tok[0], tok[1]
-        if type_.startswith("vknorm."):  # stock ncnn, which check and bench --model run beside vknorm, cannot
+        if type_.startswith("vknorm.") and not allow_fused:  # stock ncnn, which check and bench --model run beside vknorm, cannot
             raise bad(f"layer {name!r} is {type_}, written by vknorm optimize: stock ncnn cannot run a fused "
                       f"model, so give the model from before vknorm optimize (check --vulkan and bench --model "
                       f"fuse it themselves as vknorm.graph does)", n)
@@ -505,8 +506,23 @@ def _abs_diff(a, b):
     a = a.astype(np.float64)
     b = b.astype(np.float64)
     same = (a == b) | (np.isnan(a) & np.isnan(b))
-    d = np.where(same, 0.0, np.abs(a - b))
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, made inf below
+        d = np.where(same, 0.0, np.abs(a - b))
     return np.where(np.isnan(d), np.inf, d)
+
+
+def _nonfinite_warnings(ref: dict, blobs: List[str]) -> List[str]:
+    """Blobs that stock ncnn's CPU run itself leaves NaN/inf (bad weights or inputs): where another run has
+    them too they count as equal, so an "ok" there says nothing of those values; the report says so."""
+    import numpy as np
+
+    out = []
+    for b in dict.fromkeys(blobs):
+        bad = int(np.count_nonzero(~np.isfinite(ref[b])))
+        if bad:
+            out.append(f"blob {b!r}: {bad} of {ref[b].size} values are NaN/inf in stock ncnn's CPU run itself (the "
+                       "weights? the inputs?); where the other runs have them too they count as equal")
+    return out
 
 
 def max_abs_err(a, b) -> float:
@@ -612,6 +628,7 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
                   for name in model.inputs}
         norm_blobs = [layer.tops[0] for layer in model.norms]
         ref = _extract(stock, inputs, norm_blobs + outputs, "stock")
+        result["warnings"] += _nonfinite_warnings(ref, norm_blobs + outputs)
     finally:
         with vkncnn.quiet_stderr():  # ncnn may complain here about a forward that failed ("pool allocator ...")
             stock.clear()
@@ -1000,8 +1017,8 @@ def _output_ok(result: dict, name: str) -> bool:
     return result.get("output_judgements", {}).get(name, {}).get("ok", True)
 
 
-def _finite_or_none(v: float) -> Optional[float]:
-    return v if math.isfinite(v) else None
+def _finite_or_none(v: Optional[float]) -> Optional[float]:
+    return v if v is not None and math.isfinite(v) else None
 
 
 def _fused_blobs(graph, model: Model, fused: List[dict]) -> Dict[str, dict]:
@@ -1105,10 +1122,20 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
         blobs = list(dict.fromkeys(vk_blobs + [layer.bottoms[0] for layer in model.norms]
                                    + [layer.tops[0] for layer in model.norms]))
         ref = _graph_extract(graph, cpu, inputs, blobs, "ncnn CPU")
+        result["warnings"] += _nonfinite_warnings(ref, [layer.tops[0] for layer in model.norms] + outputs)
         stock = _graph_load(graph, model, bin_path, len(data), vknorm=False, vulkan=True, fp16=fp16,
                             label="ncnn Vulkan")
         nets.append(stock)
         got_stock = _graph_extract(graph, stock, inputs, blobs, "ncnn Vulkan")
+        # Stock ncnn's two runs agree on every blob's shape, or the --input shapes do not fit the model (ncnn
+        # checks few of them: a BinaryOp of shapes that do not broadcast gives one shape on the CPU, another
+        # on Vulkan), and there is nothing to judge vknorm against.
+        for b in blobs:
+            if ref[b].shape != got_stock[b].shape:
+                dims = lambda a: "x".join(map(str, a.shape)) or "a scalar"  # noqa: E731
+                raise UsageError(f"blob {b!r} comes out {dims(ref[b])} from stock ncnn's CPU run and "
+                                 f"{dims(got_stock[b])} from its Vulkan run: do the --input shapes match what the "
+                                 "model takes?")
         got = _graph_extract(graph, vk, inputs, vk_blobs, "vknorm Vulkan")
         infos = {i["name"]: i for i in vk.vknorm_layers()}
 

@@ -12,7 +12,8 @@ their order, so OUT.bin is IN.bin. vknorm.graph.Net() does the same rewrite at l
 (Net(fuse=False) turns it off); this command writes it down.
 
 Nothing is written unless everything succeeds: the fused model is loaded once (CPU net) before the two
-files are moved into place.
+files are moved into place. An output may be its own input (IN.param as OUT.param: fused in place), never
+the other one; a symbolic link as an output is written through.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
     """Fuse param/bin into out_param/out_bin (atomically, both or neither). Returns what was fused and
     warnings (a .bin longer than the model reads: one for another model?); UsageError on a missing, garbled
     or inconsistent input (a .bin shorter than the model reads among them)."""
-    from .check import require_file, trailing_bytes_warning
+    from .check import parse_param, require_file, trailing_bytes_warning
     from .cli import UsageError
 
     text = _read_text(param)
@@ -68,17 +69,22 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
         fused_text, fused = graph._graph.fuse_param(text)
     except ValueError as e:
         raise UsageError(f"{param}: {e}") from None
+    parse_param(param, allow_fused=True)  # what the rewrite lets through, refused as check and bench refuse it
 
     _check_targets(out_param, out_bin, param, bin_path)
     staged = []
     try:
         for target, write in ((out_param, lambda f: f.write(fused_text.encode())),
                               (out_bin, lambda f: _copy_into(bin_path, f))):
-            d = os.path.dirname(os.path.abspath(target))
+            real = os.path.realpath(target)  # a symbolic link is written through, not replaced
+            d = os.path.dirname(real)
             if not os.path.isdir(d):
-                raise UsageError(f"{target}: no such directory {d!r}")
-            fd, tmp = tempfile.mkstemp(prefix=".vknorm-optimize-", dir=d)
-            staged.append((tmp, target))
+                raise UsageError(f"{target}: no such directory {os.path.dirname(os.path.abspath(target))!r}")
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=".vknorm-optimize-", dir=d)
+            except OSError as e:
+                raise UsageError(f"{target}: cannot be written ({e.strerror})") from None
+            staged.append((tmp, real))
             os.fchmod(fd, 0o666 & ~_umask())  # as open() would create it (mkstemp makes 0600)
             with os.fdopen(fd, "wb") as f:
                 write(f)
@@ -101,8 +107,11 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
             raise UsageError(f"{param}: the fused model does not load ({what}){why}")
         warnings = [trailing_bytes_warning(bin_path, size - read, param) + "; OUT.bin is IN.bin as it is"] \
             if read < size else []
-        for tmp, target in staged:
-            os.replace(tmp, target)
+        for i, (tmp, real) in enumerate(staged):
+            try:
+                os.replace(tmp, real)
+            except OSError as e:
+                raise UsageError(f"{(out_param, out_bin)[i]}: cannot be written ({e.strerror})") from None
         staged = []
     finally:
         for tmp, _ in staged:
@@ -120,6 +129,9 @@ def _check_targets(out_param: str, out_bin: str, in_param: str, in_bin: str) -> 
     from .cli import UsageError
 
     same = lambda a, b: os.path.realpath(a) == os.path.realpath(b)  # noqa: E731
+    for flag, target in (("OUT.param", out_param), ("OUT.bin", out_bin)):
+        if not target:
+            raise UsageError(f"{flag}: empty file name; name a file")
     if same(out_param, out_bin):
         raise UsageError(f"OUT.param and OUT.bin are the same file ({out_param}): name two files")
     if same(out_param, in_bin):
@@ -127,8 +139,11 @@ def _check_targets(out_param: str, out_bin: str, in_param: str, in_bin: str) -> 
     if same(out_bin, in_param):
         raise UsageError(f"OUT.bin {out_bin} is the input IN.param: it would replace the param text with the weights")
     for target in (out_param, out_bin):
-        if os.path.lexists(target) and not os.path.isfile(target):
-            kind = "a directory" if os.path.isdir(target) else "not a regular file"
+        real = os.path.realpath(target)  # what is written: a symbolic link's target
+        special = tuple(d + "/" for d in ("/dev", "/proc", "/sys"))  # /dev/stdout too, wherever it leads
+        if os.path.lexists(real) and not os.path.isfile(real) or any(
+                p.startswith(special) for p in (real, os.path.abspath(target))):
+            kind = "a directory" if os.path.isdir(real) else "not a regular file"
             raise UsageError(f"{target}: {kind}; name a file to write (it is replaced whole)")
 
 
