@@ -131,6 +131,9 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_COOPERATIVE_MAX_PER_UNIT_FULL_TEAMS"))
     caps.cooperative_max_per_unit_full_teams = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_FULL_TEAM_SPILL_ITEMS")) caps.full_team_spill_items = uint32_t(std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_MANY_PLANES")) caps.many_planes = uint32_t(std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_FULL_TEAM_SPILL_ITEMS_HELD"))
+    caps.full_team_spill_items_held = uint32_t(std::atoi(v));
   if (caps.cpu) caps.few_group_items = 0;  // measured on the H200 only
   if (const char* v = std::getenv("VKNORM_TUNE_FEW_GROUP_ITEMS")) caps.few_group_items = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_FEW_GROUP_ANY_SIZE")) caps.few_group_any_size = std::atoi(v) != 0;
@@ -347,6 +350,17 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
   // row, 32 workgroups: 7.1-7.6 us cooperative, 10.3-11.2 split).
   const bool few_groups = g.n_groups < dev.compute_units;
   const bool few_large_groups = few_groups && g.group_size >= dev.cooperative_min_group;
+  // ... and for few pack4 groups spanning many small channel planes, which the fused kernel (a group per
+  // workgroup) runs far below its speed on fewer, larger planes (H200, fp32 / fp16, us, fused -> cooperative:
+  // GroupNorm 1280x16x16/8, 40 planes of 256, 512 x 20: 15.4 / 17.9 -> 7.7 / 7.6; 512x16x16/4, 32 planes:
+  // 9.6 / 8.7 -> 6.7 / 6.7; 320x20x20/4, 20 planes of 400: 9.3 / 7.9 -> 7.0 / 7.2; 1280x24x24/16, 20 of 576:
+  // 10.0 / 8.7 -> 7.9 / 8.3; 512x8x8/1, 128 planes of 64: 9.6 / 8.5 -> 6.7 / 6.8). Not fewer planes
+  // (512x32x32/16, 8 planes of 1024: 6.9 / 5.8 -> 7.1 / 7.8), nor fewer elements (640x16x16/8, 20 planes of
+  // 256: 5.4 / 4.6 -> 6.9 / 6.9), in float16 fewer than 7680 (384x16x16/4, 24 of 256: 5.8 -> 6.7; 768x12x12/4,
+  // 48 of 144: 7.1 -> 7.3; but 960x16x16/8, 30 of 256: 7.7 -> 7.1).
+  const uint32_t many_planes_min_group = fp16 ? dev.many_planes_min_group_fp16 : dev.many_planes_min_group;
+  const bool few_many_plane_groups = few_groups && spans_channels && g.elempack == 4 && dev.many_planes &&
+                                     g.planes >= dev.many_planes && g.group_size >= many_planes_min_group;
   const uint64_t cooperative_auto_workgroups = uint64_t(dev.cooperative_max_per_unit) * dev.compute_units;
   // Few groups, each in a full team holding many elements per invocation: a few multiprocessors at their
   // register cap do all the work. The cooperative kernel spreads each group over chunks, where they fit
@@ -359,13 +373,15 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
   // channels the cooperative kernel wins in more workgroups (fp32: GroupNorm 1920x32x32/32, 1024 x 15:
   // 15.3 -> 10.3 us in 480 of 128 x 8; 1280x40x40/32, 1024 x 16: 14.1 -> 9.9 in 320 of 128 x 13). Not with
   // 13 each (InstanceNorm 256x112x112 13.1 -> 14.7), nor for groups of one channel (InstanceNorm
-  // 256x120x120, 1024 x 15: 14.7 -> 15.5).
+  // 256x120x120, 1024 x 15: 14.7 -> 15.5). Float16 held as stored, past 15 each: GroupNorm 1280x40x40/32, 1024 x
+  // 16: 10.4 -> 8.9 us in 320 of 128 x 13; at 15 level (1920x32x32/32 9.7 -> 9.5), 8-10 lose (1280x32x32/32 6.5
+  // -> 9.0, 640x40x40/32 6.5 -> 7.9).
   auto full_team_cooperative = [&](uint32_t team, uint32_t items) {
     if (!cooperative_auto || !few_groups || team != dev.max_workgroup || !dev.full_team_max_items ||
         items <= dev.full_team_max_items)
       return false;
-    const bool spills = spans_channels && (vec4 || g.elempack == 4) && !held && dev.full_team_spill_items &&
-                        items > dev.full_team_spill_items;
+    const uint32_t spill_items = held ? dev.full_team_spill_items_held : dev.full_team_spill_items;
+    const bool spills = spans_channels && (vec4 || g.elempack == 4) && spill_items && items > spill_items;
     const uint32_t per_unit = spills ? dev.cooperative_max_per_unit : dev.cooperative_max_per_unit_full_teams;
     return cooperative(uint64_t(per_unit) * dev.compute_units);
   };
@@ -374,7 +390,8 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
       if (cooperative(UINT64_MAX)) return plan;
       break;
     case Path::Auto: {
-      if (cooperative_auto && few_large_groups && cooperative(cooperative_auto_workgroups)) return plan;
+      if (cooperative_auto && (few_large_groups || few_many_plane_groups) && cooperative(cooperative_auto_workgroups))
+        return plan;
       uint32_t team = std::min(dev.max_workgroup, team_for_target);
       // Fewer groups than multiprocessors, per-channel weights: a group per workgroup, each workgroup on a
       // multiprocessor of its own, where the size rules give wide teams (latency-bound: a few elements each;

@@ -37,6 +37,9 @@ struct DeviceCaps {
   uint32_t cooperative_workgroups = 0;
   uint32_t compute_units = 0;              // DeviceInfo::compute_units (0: unknown)
   uint32_t cooperative_min_group = 16384;  // auto: few groups of at least this many packed elements go cooperative
+  // ... and few pack4 groups spanning channels over at least many_planes packed planes, of at least
+  // many_planes_min_group packed elements (float16: _fp16) (many_planes 0: never)
+  uint32_t many_planes = 20, many_planes_min_group = 6144, many_planes_min_group_fp16 = 7680;
   uint32_t items_target_cooperative = 8;   // elements each of its invocations holds, at least
   uint32_t items_target_cooperative_channels = 16;  // ... up to this many for groups spanning channels, in many
                                                     // chunks (GPUs; CPU drivers: items_target_cooperative)
@@ -52,6 +55,8 @@ struct DeviceCaps {
   // ... and in up to cooperative_max_per_unit for groups spanning channels whose teams hold more float32 vec4s
   // each than this: 1024 invocations share the register file at 64 each, and more spill (0: never)
   uint32_t full_team_spill_items = 13;
+  // ... the same for float16 held as stored, two to a register: past 15 vec4s each (0: never)
+  uint32_t full_team_spill_items_held = 15;
   // Fused, fewer groups than multiprocessors with per-channel weights (GroupNorm, InstanceNorm): the narrowest
   // team down to preferred_workgroup that holds a group in at most this many elements each (vec4s where the
   // kernel reads them; float16 held as stored: at least max_items); 0: the size rules' wide teams.

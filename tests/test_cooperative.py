@@ -71,9 +71,11 @@ def test_few_groups_in_full_teams_of_many_elements_go_cooperative(monkeypatch):
     p = channels_plan("GroupNorm", 1920, 32, 32, 32, True)
     assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 15), p
     # ... unless float32 vec4s past the register cap would spill there, for groups spanning channels: up to 4
-    # per multiprocessor (fp32 15.3 -> 10.3 us; 1280x40x40/32, 1024 x 16: 14.1 -> 9.9)
-    for shape, chunks in (((1920, 32, 32, 32), 15), ((1280, 40, 40, 32), 10)):
-        p = channels_plan("GroupNorm", *shape)
+    # per multiprocessor (fp32 15.3 -> 10.3 us; 1280x40x40/32, 1024 x 16: 14.1 -> 9.9), or float16 ones held as
+    # stored past 15 each (1280x40x40/32 fp16, 1024 x 16: 10.4 -> 8.9)
+    for shape, fp16, chunks in (((1920, 32, 32, 32), False, 15), ((1280, 40, 40, 32), False, 10),
+                                ((1280, 40, 40, 32), True, 10)):
+        p = channels_plan("GroupNorm", *shape, fp16)
         assert (p["path"], p["chunks"]) == ("cooperative", chunks), p
     # 13 each still fit (InstanceNorm 256x112x112 fp32: 13.1 us fused, 14.7 cooperative); groups of one channel
     # stay fused past that (InstanceNorm 256x120x120, 1024 x 15: 14.7 fused, 15.5 cooperative)
@@ -84,6 +86,25 @@ def test_few_groups_in_full_teams_of_many_elements_go_cooperative(monkeypatch):
     # nor at 8 elements each (RMSNorm 16x8192 fp32 1024 x 8: 7.2 us either way)
     p = rows_plan("RMSNorm", 16, 8192)
     assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 8), p
+
+
+def test_few_groups_of_many_small_channel_planes_go_cooperative(monkeypatch):
+    # H200, fp32 / fp16: the fused kernel (a group per workgroup) is far from its speed on groups spanning 20 or
+    # more packed planes of a few hundred elements (GroupNorm 1280x16x16/8, 40 planes of 256: 15.4 / 17.9 us
+    # fused, 7.7 / 7.6 cooperative; 512x8x8/1, 128 planes of 64: 9.6 / 8.5 -> 6.7 / 6.8)
+    for shape in ((1280, 16, 16, 8), (512, 8, 8, 1), (320, 20, 20, 4), (1280, 24, 24, 16), (960, 16, 16, 8)):
+        for fp16 in (False, True):
+            p = channels_plan("GroupNorm", *shape, fp16)
+            assert (p["path"], p["dispatches"]) == ("cooperative", 1), (shape, fp16, p)
+    # not for fewer planes (512x32x32/16, 8 of 1024: 6.9 / 5.8 fused, 7.1 / 7.8 cooperative) or fewer elements
+    # (640x16x16/8, 20 of 256: 5.4 / 4.6 against 6.9 / 6.9), in float16 below 7680 of them (384x16x16/4, 24 planes
+    # of 256: 5.8 fused, 6.7 cooperative; float32 6.9 / 6.8)
+    for shape, fp16 in (((512, 32, 32, 16), False), ((512, 32, 32, 16), True), ((640, 16, 16, 8), False),
+                        ((640, 16, 16, 8), True), ((384, 16, 16, 4), True)):
+        assert channels_plan("GroupNorm", *shape, fp16)["path"] == "workgroup", (shape, fp16)
+    assert channels_plan("GroupNorm", 384, 16, 16, 4)["path"] == "cooperative"
+    monkeypatch.setenv("VKNORM_TUNE_MANY_PLANES", "0")  # the knob turns it off
+    assert channels_plan("GroupNorm", 1280, 16, 16, 8)["path"] == "workgroup"
 
 
 def test_the_full_team_knob_turns_that_off(monkeypatch):
@@ -97,6 +118,9 @@ def test_the_spill_knob_turns_off_the_wider_limit(monkeypatch):
     monkeypatch.setenv("VKNORM_TUNE_FULL_TEAM_SPILL_ITEMS", "0")
     p = channels_plan("GroupNorm", 1920, 32, 32, 32)
     assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 15), p
+    monkeypatch.setenv("VKNORM_TUNE_FULL_TEAM_SPILL_ITEMS_HELD", "0")
+    p = channels_plan("GroupNorm", 1280, 40, 40, 32, True)
+    assert (p["path"], p["team"], p["items"]) == ("workgroup", 1024, 16), p
 
 
 def test_planes_smaller_than_a_workgroup_s_share_take_smaller_workgroups(monkeypatch):
