@@ -47,8 +47,9 @@
 //                    scratch at another layout
 //   --give-up-first  B is a LayerNorm (InstanceNorm with --channel-norms), recorded with Option::path cooperative
 //                    after a forward of its Recorder over the same blob whose waits all gave up
-//                    (VKNORM_TUNE_WAIT_ROUNDS=0: its output NaN); the engine then uploads B again. The second
-//                    forward skips its clear pass, trusting the first to have left the counters zero
+//                    (VKNORM_TUNE_WAIT_ROUNDS=0: its output NaN, copied aside and counted); the engine then
+//                    uploads B again. The second forward skips its clear pass, trusting the first to have left
+//                    the counters zero
 //   --rebind         a second frame after the first completed and the Recorders released their descriptor
 //                    sets, as an engine's next inference whose allocator hands out B's bytes again at other
 //                    shapes: B's channels 0 and 2 (a blob of cstep 2 x 3004), then all three, then channel 1.
@@ -739,6 +740,7 @@ int run(const Args& args) {
       std::printf("weights reloaded after a record\n");
     }
     vknorm::DispatchInfo da, db;
+    Engine::Buffer gave_up;  // --give-up-first: what the forward whose waits gave up wrote
     for (int r = 0; r < args.repeat; ++r) {
       if (r > 0) between_layers();  // the next forwards read what these wrote
       da = norm_a.record(cmd, {storage_buffer, a.offset, a.span()}, 3, a.w, a.h, 1, a.packed_c(), a.cstep, a.elempack, false);
@@ -755,8 +757,16 @@ int run(const Args& args) {
           const ScopedEnv give_up("VKNORM_TUNE_WAIT_ROUNDS", "0");
           record_b(0, b.packed_c(), cooperative);
         }
-        // the engine writes B's input again over the NaN, after vknorm's writes
+        // what that forward wrote, copied aside; then the engine writes B's input again over it
         barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+        gave_up = e.buffer(b.span(), VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                           VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+        const VkBufferCopy aside{b.offset, 0, b.span()};
+        vkCmdCopyBuffer(cmd, storage_buffer, gave_up.buffer, 1, &aside);
+        barrier(cmd, gave_up.buffer, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+        barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT,
                 VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
         const VkBufferCopy blob_b{b.offset, b.offset, b.span()};
         vkCmdCopyBuffer(cmd, upload_buffer, storage_buffer, 1, &blob_b);
@@ -770,6 +780,13 @@ int run(const Args& args) {
     std::printf("descriptor sets cached: %s %zu, %s%s %zu\n", vknorm::op_name(a.p.op), norm_a.cached_descriptor_sets(),
                 vknorm::op_name(b.p.op), b.p.op == a.p.op ? " (B)" : "", norm_b.cached_descriptor_sets());
     const double wall_us = copy_back_and_submit();
+    if (gave_up.mapped) {  // B pack1: channel planes cstep apart
+      const float* y = static_cast<const float*>(gave_up.mapped);
+      size_t nan = 0, n = 0;
+      for (int q = 0; q < b.c; ++q)
+        for (int i = 0; i < b.w * b.h; ++i, ++n) nan += std::isnan(y[size_t(q) * b.cstep + i]);
+      std::printf("B after the forward whose waits gave up: %zu of %zu values NaN\n", nan, n);
+    }
     if (args.timing) {
       auto print = [](const char* what, const std::vector<double>& t) {
         std::printf("gpu time %s (us):", what);
@@ -884,9 +901,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (args.give_up_first && (args.cooperative_reuse || args.rebind)) {
-    std::fprintf(stderr, "engine_example: --give-up-first records all of B after one forward: not with --cooperative-reuse "
-                         "or --rebind\n");
+  if (args.give_up_first && (args.cooperative_reuse || args.rebind || args.repeat > 1)) {
+    std::fprintf(stderr, "engine_example: --give-up-first records all of B after one forward: not with --cooperative-reuse, "
+                         "--rebind or --repeat\n");
     return 2;
   }
   if (args.channel_norms && args.rebind) {

@@ -140,9 +140,12 @@ bool leave_item(uint g) {
 void reset_claims(uint g) {
   for (uint c = gl_LocalInvocationID.x; c < p.n_chunks; c += WG) CLAIM(g * p.n_chunks + c) = 0u;
 }
-// The same for the whole workgroup, apart from a wait (its chunk taken, or chunks of others normalized): the wait
-// itself leaves inside its last round, sparing this memory barrier and workgroup barrier.
+// The same for the whole workgroup, apart from a wait (its chunk taken, chunks of others normalized, or a wait
+// given up): the wait itself leaves inside its last round, sparing these barriers. The first barrier keeps every
+// lane's reads of the claims (take_over's normalize loop) before the leave: once left, the item's last workgroup
+// may zero them, and a lane still reading would skip its share of a chunk.
 void leave_item_and_reset(uint g) {
+  barrier();
   if (gl_LocalInvocationIndex == 0u) {
     memoryBarrierBuffer();
     sh_last = leave_item(g);

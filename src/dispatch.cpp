@@ -325,7 +325,7 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
     }
     // More planes than resident workgroups (GroupNorm(2, 640) on 16x16: 80 planes of 256 per group): chunks of
     // the fewest whole planes that fit, where a packed element holds one group (pack1, or pack4 groups of whole
-    // planes), so its group slots are the same in every plane (norm_cooperative.comp, id 17). H200, fp32 / fp16:
+    // planes), so its group slots are the same in every plane (norm_cooperative.comp, id 18). H200, fp32 / fp16:
     // GroupNorm 640x16x16/2 11.7 / 12.5 -> 7.2 / 7.0 us, 640x32x32/2 11.6 / 12.4 -> 8.6 / 8.9 (split before).
     if (g.planes > limit && (g.elempack == 1 || g.channels_per_group % 4 == 0)) {
       const uint32_t planes_per_chunk = uint32_t(div_up(g.planes, limit));
@@ -359,8 +359,10 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
   // 256: 5.4 / 4.6 -> 6.9 / 6.9), in float16 fewer than 7680 (384x16x16/4, 24 of 256: 5.8 -> 6.7; 768x12x12/4,
   // 48 of 144: 7.1 -> 7.3; but 960x16x16/8, 30 of 256: 7.7 -> 7.1).
   const uint32_t many_planes_min_group = fp16 ? dev.many_planes_min_group_fp16 : dev.many_planes_min_group;
-  const bool few_many_plane_groups = few_groups && spans_channels && g.elempack == 4 && dev.many_planes &&
-                                     g.planes >= dev.many_planes && g.group_size >= many_planes_min_group;
+  // Measured on groups of whole packed planes only (channels a multiple of 4), not inside pack4 lanes.
+  const bool few_many_plane_groups = few_groups && spans_channels && g.elempack == 4 && g.channels_per_group % 4 == 0 &&
+                                     dev.many_planes && g.planes >= dev.many_planes &&
+                                     g.group_size >= many_planes_min_group;
   const uint64_t cooperative_auto_workgroups = uint64_t(dev.cooperative_max_per_unit) * dev.compute_units;
   // Few groups, each in a full team holding many elements per invocation: a few multiprocessors at their
   // register cap do all the work. The cooperative kernel spreads each group over chunks, where they fit

@@ -37,8 +37,8 @@ struct DeviceCaps {
   uint32_t cooperative_workgroups = 0;
   uint32_t compute_units = 0;              // DeviceInfo::compute_units (0: unknown)
   uint32_t cooperative_min_group = 16384;  // auto: few groups of at least this many packed elements go cooperative
-  // ... and few pack4 groups spanning channels over at least many_planes packed planes, of at least
-  // many_planes_min_group packed elements (float16: _fp16) (many_planes 0: never)
+  // ... and few pack4 groups of whole packed planes (channels a multiple of 4) over at least many_planes of them,
+  // of at least many_planes_min_group packed elements (float16: _fp16) (many_planes 0: never)
   uint32_t many_planes = 20, many_planes_min_group = 6144, many_planes_min_group_fp16 = 7680;
   uint32_t items_target_cooperative = 8;   // elements each of its invocations holds, at least
   uint32_t items_target_cooperative_channels = 16;  // ... up to this many for groups spanning channels, in many
@@ -133,7 +133,8 @@ struct Pass {
                                          // one reduction, planes, weights, channels per group, apply merges,
                                          // residual, activation, its parameter (float bits), hold storage;
                                          // each kernel's own from 16: the counter stride (cooperative kernel
-                                         // and its clear; then its polls, its chunks of planes), the apply
+                                         // and its clear; then its polls, its chunks of planes, its wait
+                                         // rounds), the apply
                                          // pass's order, the fused kernel's items of one group in pack4 lanes
   PushConstants push{};
   uint32_t workgroup_size = 0;  // local_size_x (specialization[0])

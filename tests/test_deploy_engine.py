@@ -160,12 +160,14 @@ def test_cooperative_forwards_of_one_recorder_at_another_layout_clear_its_scratc
 def test_a_forward_after_one_whose_waits_gave_up_finds_the_counters_zero(engine_example, channel_norms):
     """--give-up-first: B (a LayerNorm, or InstanceNorm) recorded cooperative after a forward of its Recorder over
     the same blob and scratch whose waits all gave up (VKNORM_TUNE_WAIT_ROUNDS=0, as a stalled device would
-    make them: NaN out); the engine uploads B again between the two. The Recorder skips the second forward's
+    make them: every value NaN, copied aside and counted); the engine uploads B again between the two. The Recorder skips the second forward's
     clear pass, so it is right only if the forward that gave up left the counters zero. When it left them as
     they were, every chunk found itself claimed and left: B came back as its input."""
     proc = launch(engine_example, "--give-up-first", *(["--channel-norms"] if channel_norms else []),
                   extra_env=TWO_RESIDENT_WORKGROUPS)
     assert_clean_run(proc)
+    m = re.search(r"^B after the forward whose waits gave up: (\d+) of (\d+) values NaN$", proc.stdout, re.M)
+    assert m and int(m.group(1)) == int(m.group(2)) == 9009, proc.stdout  # 3 x 3 x 1001: every value given up
     assert re.search(r"^B (LayerNorm|InstanceNorm) .*cooperative \(after a forward that gave up\): path cooperative, "
                      r"1 dispatch\(es\) x 1$", proc.stdout, re.M), proc.stdout
 

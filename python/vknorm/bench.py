@@ -227,15 +227,20 @@ def _check_output_path(flag: str, path) -> None:
         raise UsageError(f"{flag} {path}: no such directory {parent!r}")
     if not os.access(parent, os.W_OK):
         raise UsageError(f"{flag} {path}: directory {parent!r} is not writable")
-    existed = os.path.lexists(path)
-    try:  # what access() cannot tell (/proc, read-only mounts, a file root may not open): opened, nothing written
-        with open(path, "ab"):
+    # What access() cannot tell (/proc, read-only mounts, a file root may not open): a regular file, or none yet,
+    # opened and closed with nothing written (a FIFO or a device is left to the write itself: opening one blocks
+    # or is seen by its reader). A symbolic link's target is what is opened, and removed again if it was new.
+    real = os.path.realpath(path)
+    existed = os.path.exists(real)
+    if existed and not os.path.isfile(real):
+        return
+    try:
+        with open(real, "ab"):
             pass
     except OSError as e:
         raise UsageError(f"{flag} {path}: cannot be written ({e.strerror})") from None
-    finally:
-        if not existed and os.path.lexists(path):
-            os.unlink(path)
+    if not existed:
+        os.unlink(real)
     if flag == "--plot":
         ext = os.path.splitext(path)[1].lstrip(".").lower()
         try:
@@ -470,7 +475,7 @@ def run(args) -> int:
     from . import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, device_info, to_device
     from .cli import UsageError
 
-    given = lambda dest: getattr(args, dest) not in (None, False)  # noqa: E731
+    given = lambda dest: getattr(args, dest) is not None and getattr(args, dest) is not False  # noqa: E731 (0 is given)
     other_mode = [f"--{dest.replace('_', '-')}" for dest in (SWEEP_ONLY if args.model else MODEL_ONLY) if given(dest)]
     if other_mode:
         verb = "goes" if len(other_mode) == 1 else "go"
@@ -493,13 +498,13 @@ def run(args) -> int:
     if not 0 <= args.warmup_ms <= 60000:
         raise UsageError("--warmup-ms must be 0..60000")
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        _check_output_path(flag, path)
-    if args.json and args.plot and os.path.realpath(args.json) == os.path.realpath(args.plot):
-        raise UsageError(f"--json and --plot name the same file {args.plot!r}: the plot would overwrite the JSON")
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
         for what, model_file in zip(("the model's .param", "its .bin"), args.model or []):
             if path and os.path.realpath(path) == os.path.realpath(model_file):
                 raise UsageError(f"{flag} {path} is {what}: the report would overwrite the model; name another file")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        _check_output_path(flag, path)
+    if args.json and args.plot and os.path.realpath(args.json) == os.path.realpath(args.plot):
+        raise UsageError(f"--json and --plot name the same file {args.plot!r}: the plot would overwrite the JSON")
     if args.model:
         return run_model(args)
 

@@ -79,7 +79,7 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
             real = os.path.realpath(target)  # a symbolic link is written through, not replaced
             d = os.path.dirname(real)
             if not os.path.isdir(d):
-                raise UsageError(f"{target}: no such directory {os.path.dirname(os.path.abspath(target))!r}")
+                raise UsageError(f"{target}: no such directory {d!r}")
             try:
                 fd, tmp = tempfile.mkstemp(prefix=".vknorm-optimize-", dir=d)
             except OSError as e:
@@ -140,9 +140,10 @@ def _check_targets(out_param: str, out_bin: str, in_param: str, in_bin: str) -> 
         raise UsageError(f"OUT.bin {out_bin} is the input IN.param: it would replace the param text with the weights")
     for target in (out_param, out_bin):
         real = os.path.realpath(target)  # what is written: a symbolic link's target
-        special = tuple(d + "/" for d in ("/dev", "/proc", "/sys"))  # /dev/stdout too, wherever it leads
-        if os.path.lexists(real) and not os.path.isfile(real) or any(
-                p.startswith(special) for p in (real, os.path.abspath(target))):
+        # device and process files (/dev/stdout too, wherever it leads; /dev/shm holds files like any directory)
+        special = any(os.path.dirname(p) == "/dev" or p.startswith(("/proc/", "/sys/"))
+                      for p in (real, os.path.abspath(target)))
+        if os.path.lexists(real) and not os.path.isfile(real) or special:
             kind = "a directory" if os.path.isdir(real) else "not a regular file"
             raise UsageError(f"{target}: {kind}; name a file to write (it is replaced whole)")
 
