@@ -475,7 +475,10 @@ def run(args) -> int:
     from . import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, device_info, to_device
     from .cli import UsageError
 
-    given = lambda dest: getattr(args, dest) is not None and getattr(args, dest) is not False  # noqa: E731 (0 is given)
+    def given(dest: str) -> bool:  # flags are None (store_true ones False) until filled in below; 0 is given
+        value = getattr(args, dest)
+        return value is not None and value is not False
+
     other_mode = [f"--{dest.replace('_', '-')}" for dest in (SWEEP_ONLY if args.model else MODEL_ONLY) if given(dest)]
     if other_mode:
         verb = "goes" if len(other_mode) == 1 else "go"
@@ -501,7 +504,6 @@ def run(args) -> int:
         for what, model_file in zip(("the model's .param", "its .bin"), args.model or []):
             if path and os.path.realpath(path) == os.path.realpath(model_file):
                 raise UsageError(f"{flag} {path} is {what}: the report would overwrite the model; name another file")
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
         _check_output_path(flag, path)
     if args.json and args.plot and os.path.realpath(args.json) == os.path.realpath(args.plot):
         raise UsageError(f"--json and --plot name the same file {args.plot!r}: the plot would overwrite the JSON")

@@ -39,13 +39,14 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _read_text(path: str) -> str:
+def _read_param(path: str) -> Tuple[bytes, str]:
+    """The .param's bytes and its text."""
     from .check import read_param_bytes
     from .cli import UsageError
 
     data = read_param_bytes(path)
     try:
-        return data.decode("utf-8")
+        return data, data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: not a text .param (byte {e.start} is not UTF-8; binary .param.bin is not supported)") \
             from None
@@ -58,7 +59,7 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
     from .check import parse_param, require_file, trailing_bytes_warning
     from .cli import UsageError
 
-    text = _read_text(param)
+    data, text = _read_param(param)
     require_file(bin_path, "weights .bin")
     size = os.path.getsize(bin_path)
     try:
@@ -69,14 +70,14 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
         fused_text, fused = graph._graph.fuse_param(text)
     except ValueError as e:
         raise UsageError(f"{param}: {e}") from None
-    parse_param(param, allow_fused=True)  # what the rewrite lets through, refused as check and bench refuse it
+    # what the rewrite lets through, refused as check and bench refuse it
+    parse_param(param, allow_fused=True, raw=data)
 
-    _check_targets(out_param, out_bin, param, bin_path)
+    reals = _check_targets(out_param, out_bin, param, bin_path)
     staged = []
     try:
-        for target, write in ((out_param, lambda f: f.write(fused_text.encode())),
-                              (out_bin, lambda f: _copy_into(bin_path, f))):
-            real = os.path.realpath(target)  # a symbolic link is written through, not replaced
+        for target, real, write in ((out_param, reals[0], lambda f: f.write(fused_text.encode())),
+                                    (out_bin, reals[1], lambda f: _copy_into(bin_path, f))):
             d = os.path.dirname(real)
             if not os.path.isdir(d):
                 raise UsageError(f"{target}: no such directory {d!r}")
@@ -122,10 +123,11 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
     return fused, warnings
 
 
-def _check_targets(out_param: str, out_bin: str, in_param: str, in_bin: str) -> None:
+def _check_targets(out_param: str, out_bin: str, in_param: str, in_bin: str) -> Tuple[str, str]:
     """Both outputs are new or regular files, and two different ones: what is there is replaced whole at the
     end, so a directory, a device (/dev/null) or one file named twice is refused before anything is written.
-    An output may replace its own input (IN.param by OUT.param, in place), never the other one."""
+    An output may replace its own input (IN.param by OUT.param, in place), never the other one. Returns the
+    paths to write: each output's real path (a symbolic link is written through)."""
     from .cli import UsageError
 
     same = lambda a, b: os.path.realpath(a) == os.path.realpath(b)  # noqa: E731
@@ -138,14 +140,15 @@ def _check_targets(out_param: str, out_bin: str, in_param: str, in_bin: str) -> 
         raise UsageError(f"OUT.param {out_param} is the input IN.bin: it would replace the weights with the param text")
     if same(out_bin, in_param):
         raise UsageError(f"OUT.bin {out_bin} is the input IN.param: it would replace the param text with the weights")
-    for target in (out_param, out_bin):
-        real = os.path.realpath(target)  # what is written: a symbolic link's target
+    reals = (os.path.realpath(out_param), os.path.realpath(out_bin))  # what is written: a symbolic link's target
+    for target, real in zip((out_param, out_bin), reals):
         # device and process files (/dev/stdout too, wherever it leads; /dev/shm holds files like any directory)
         special = any(os.path.dirname(p) == "/dev" or p.startswith(("/proc/", "/sys/"))
                       for p in (real, os.path.abspath(target)))
         if os.path.lexists(real) and not os.path.isfile(real) or special:
             kind = "a directory" if os.path.isdir(real) else "not a regular file"
             raise UsageError(f"{target}: {kind}; name a file to write (it is replaced whole)")
+    return reals
 
 
 def _umask() -> int:
