@@ -228,13 +228,23 @@ def test_bad_vknorm_device_gives_a_clear_python_error(value):
 
 
 @pytest.mark.parametrize("value", ["99", "no-such-gpu"])
-def test_vknorm_info_with_bad_vknorm_device_exits_2_with_one_line(value):
-    """cli.py: errors the user can fix print one line and exit 2 (no traceback)."""
-    proc = run(vknorm_cli() + ["info"], {"VKNORM_DEVICE": value})
+@pytest.mark.parametrize("json_out", [False, True], ids=["table", "json"])
+def test_vknorm_info_with_bad_vknorm_device_lists_the_devices_then_exits_2_with_one_line(value, json_out):
+    """The error says `vknorm info` lists the devices: so it does, with no default marked, and then fails as
+    every command does with a VKNORM_DEVICE that names none (one line, exit 2, no traceback)."""
+    proc = run(vknorm_cli() + ["info"] + (["--json"] if json_out else []), {"VKNORM_DEVICE": value})
     err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, f"exit {proc.returncode}, stderr:\n{proc.stderr}"
-    assert len(err) == 1 and "VKNORM_DEVICE" in err[0], proc.stderr
+    assert len(err) == 1 and "VKNORM_DEVICE" in err[0] and "vknorm info lists them" in err[0], proc.stderr
     assert "Traceback" not in proc.stderr
+    if json_out:
+        data = json.loads(proc.stdout)
+        assert data["default"] is None
+        assert [d["name"] for d in data["devices"]] == [d["name"] for d in vknorm.devices()]
+    else:
+        for d in vknorm.devices():
+            assert f"  [{d['index']}] {d['name']}" in proc.stdout, proc.stdout
+        assert "* [" not in proc.stdout, "a default marked although VKNORM_DEVICE picks none"
 
 
 # ------------------------------------------------------------------------------ no Vulkan driver

@@ -62,9 +62,10 @@ def add_parser(sub) -> None:
                         "without, the default shapes' own)")
     p.add_argument("--dtype", choices=["fp32", "fp16", "both"], help="default both")
     p.add_argument("--compare",
-                   help="comma list of ncnn, copy, torch (the default; '' for vknorm alone); unavailable ones are skipped")
+                   help="comma list of ncnn, copy, torch (the default; '' for vknorm alone); unavailable ones are skipped; "
+                        "ncnn (timed by wall clock over chains of layers) not at the default sweep's latency shapes")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
-    p.add_argument("--plot", metavar="FILE", help="draw GB/s against cols per implementation (PNG/SVG)")
+    p.add_argument("--plot", metavar="FILE", help="draw GB/s against cols per implementation (any format matplotlib writes: .png, .svg, .pdf, ...)")
     p.add_argument("--elements", type=int, help="rows*cols of the default sweep (2^25)")
     p.add_argument("--no-latency", action="store_true", help="skip the latency shapes of the default sweep")
     p.add_argument("--reps", type=int, help="timed forwards per batch (>= 100, default 100)")

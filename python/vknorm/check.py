@@ -104,8 +104,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="run an ncnn model stock and with vknorm; compare every norm layer's output",
         description="Run an ncnn model (.param + .bin) twice in pyncnn on the same seeded random inputs, "
                     "stock and with vknorm's Vulkan LayerNorm/RMSNorm/GroupNorm/InstanceNorm, and compare every norm "
-                    "output and every model output. Exit 0: every vknorm layer passes; 1: one does not; "
-                    "2: bad files or flags. --vulkan: vknorm inside ncnn's Vulkan graph instead, three runs "
+                    "output and every model output. Exit 0: every vknorm layer passes; 1: one does not, or (--vulkan) "
+                    "a model output is past its bound or a blob went through the host; 2: bad files or flags. --vulkan: vknorm inside ncnn's Vulkan graph instead, three runs "
                     "in one ncnn (see --vulkan). " + RULE_HELP,
         epilog=_DIMS_HELP + ".",
     )

@@ -20,9 +20,14 @@ def _info(args) -> int:
     devs = _core.devices()
     if not devs:
         raise UsageError("no Vulkan device found: install mesa-vulkan-drivers (CPU) or a GPU driver")
-    default = _core.default_device_index()
+    try:
+        default, bad_choice = _core.default_device_index(), None
+    except ValueError as e:  # VKNORM_DEVICE names no device: the list is what the user needs to fix it
+        default, bad_choice = None, e
     if args.json:
         print(json.dumps({"default": default, "devices": devs}, indent=2))
+        if bad_choice:
+            raise UsageError(str(bad_choice))
         return 0
     for d in devs:
         mark = "*" if d["index"] == default else " "
@@ -42,6 +47,8 @@ def _info(args) -> int:
         for k, v in rows:
             print(f"      {k:<27}{v}")
     print("  (* = default device; VKNORM_DEVICE=index|name picks another)")
+    if bad_choice:
+        raise UsageError(str(bad_choice))
     return 0
 
 
