@@ -56,6 +56,7 @@ HostMemory::~HostMemory() {
 }
 
 size_t ncnn_cstep(int dims, int w, int h, int d, size_t elemsize) {
+  if (elemsize == 0) throw std::invalid_argument("ncnn_cstep: elemsize must be > 0");
   const size_t plane = size_t(w) * (dims >= 2 ? h : 1) * (dims == 4 ? d : 1);
   return ((plane * elemsize + 15) / 16 * 16) / elemsize;
 }
@@ -120,6 +121,11 @@ Mat Mat::clone() const {
 }
 
 Mat layout_as(const Mat& m, size_t scalar_bytes, int elempack) {
+  if (elempack != 1 && elempack != 4)
+    throw std::invalid_argument("layout_as: elempack must be 1 or 4, got " + std::to_string(elempack));
+  if (m.unpacked_outer() % elempack != 0)
+    throw std::invalid_argument("layout_as: cannot pack " + std::to_string(m.unpacked_outer()) + " channels/rows by " +
+                                std::to_string(elempack));
   const int outer = m.unpacked_outer() / elempack;
   return Mat::layout(m.dims, m.w, m.dims == 2 ? outer : m.h, m.d, m.dims >= 3 ? outer : 1, scalar_bytes, elempack);
 }

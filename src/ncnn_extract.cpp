@@ -14,6 +14,13 @@ int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, 
   ::ncnn::VkMat gpu;
   if (int r = ex.extract(blob, gpu, cmd)) return r;
   if (gpu.empty()) return ex.extract(blob, out);  // not a Vulkan blob: ncnn's own path
+  // A net's own Option has none (the extractor takes them from the device), but the download needs them.
+  if (!opt.blob_vkallocator || !opt.staging_vkallocator) {
+    NCNN_LOGE("vknorm: extract_recorded(%s): opt.%s is null: pass the VkAllocators the extractor was given "
+              "(ex.set_blob_vkallocator / set_staging_vkallocator), as vknorm::ncnn::Runner does",
+              blob, opt.blob_vkallocator ? "staging_vkallocator" : "blob_vkallocator");
+    return -1;
+  }
   // record_download's destination: elempack 4 where the packing option allows, cast to float32 on all but
   // discrete GPUs, int8 kept as int8; from the staging allocator unless blobs are host-visible and cached.
   // ncnn allocates it inside record_download and dereferences a failed allocation (a crash on a discrete GPU,

@@ -359,8 +359,16 @@ void Norm::load_model(std::vector<float> gamma, std::vector<float> beta) {
 void Norm::create_pipeline(std::shared_ptr<Context> ctx, const Option&) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!ctx) ctx = Context::default_context();
-  if (gpu_ && gpu_->ctx == ctx) return;
-  gpu_ = make_gpu(*this, std::move(ctx));
+  if (!gpu_ || gpu_->ctx != ctx || !mirrors(*gpu_, *this)) gpu_ = make_gpu(*this, std::move(ctx));
+  // The weights go up now, as in ncnn's create_pipeline, where they are all there; else the first forward
+  // uploads them or says what is missing.
+  bool complete = true;
+  try {
+    gpu_->check_weights(gpu_->gamma_data.size(), gpu_->beta_data.size());
+  } catch (const std::invalid_argument&) {
+    complete = false;
+  }
+  if (complete) ensure_weights(*gpu_);
 }
 
 void Norm::destroy_pipeline() {

@@ -9,7 +9,12 @@
 #include <mutex>
 #include <optional>
 #include <vector>
+// Vulkan-Hpp in a namespace of vknorm's own: its classes are inline, emitted as weak symbols in every object that
+// uses them, and an application that compiles Vulkan-Hpp itself (another version, other macros) would otherwise
+// share them with vknorm under whichever definition the linker keeps. recorder.cpp has a namespace of its own too.
+#define VULKAN_HPP_NAMESPACE vknorm_vk
 #include <vulkan/vulkan_raii.hpp>
+namespace vk = vknorm_vk;
 
 #include "dispatch.h"
 #include "reuse_cache.h"

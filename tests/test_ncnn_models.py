@@ -203,6 +203,12 @@ def error_runs(tmp_path_factory):
         "bad_shape": (p, b, "--input", "in0=16x65"),  # ncnn's MultiHeadAttention dies of SIGFPE here
         "norm_input_channels": (tmp / "gn.param", tmp / "empty.bin", "--input", "in0=10x7x7"),
         "norm_weight_channels": (tmp / "in.param", tmp / "empty.bin", "--input", "in0=6x5x5"),
+        # Layers whose weights ncnn indexes by the input's size: 128 values for an InnerProduct of 64 inputs
+        # (stock ncnn reads past its weights: NaN, and the check passed), 16 channels for a Convolution of 8
+        # (SIGSEGV), 16 for a depthwise convolution of 32 behind a Split
+        "weights_values": (*model_files("layernorm_1d"), "--input", "in0=128"),
+        "weights_channels": (*model_files("norm_variants"), "--input", "in0=16x6x10"),
+        "weights_depthwise": (*model_files("convnext_block"), "--input", "in0=16x14x14"),
     }
     return tmp, cli_many(jobs)
 
@@ -234,9 +240,50 @@ def error_runs(tmp_path_factory):
     ("seed", ["--seed"]),
     ("norm_input_channels", ["--input in0=10x7x7", "GroupNorm 'gn'", "line 6", "as 10 channel(s), its param says 12"]),
     ("norm_weight_channels", ["--input in0=6x5x5", "InstanceNorm 'in'", "line 4", "as 6 channel(s), its param says 4"]),
+    ("weights_values", ["--input in0=128", "InnerProduct 'linear_1'", "line 4", "take 64 input values",
+                        "this shape gives 128"]),
+    ("weights_channels", ["--input in0=16x6x10", "Convolution 'conv_0'", "take 8 input channels",
+                          "this shape gives 16"]),
+    ("weights_depthwise", ["--input in0=16x14x14", "ConvolutionDepthWise", "take 32 input channels",
+                           "this shape gives 16"]),
 ])
 def test_check_error_path(error_runs, case, needles):
     assert_one_line_error(error_runs[1][case], *needles)
+
+
+@pytest.mark.parametrize("line, shape, refused", [
+    # InnerProduct of 64 inputs (weight_data_size 4096 for 64 outputs): rows of 64, or 64 values in all
+    ("InnerProduct fc 1 1 x y 0=64 1=1 2=4096", (64,), False),
+    ("InnerProduct fc 1 1 x y 0=64 1=1 2=4096", (5, 64), False),
+    ("InnerProduct fc 1 1 x y 0=64 1=1 2=4096", (2, 32), False),
+    ("InnerProduct fc 1 1 x y 0=64 1=1 2=4096", (4, 4, 4), False),
+    ("InnerProduct fc 1 1 x y 0=64 1=1 2=4096", (128,), True),
+    ("InnerProduct fc 1 1 x y 0=64 1=1 2=4096", (3, 3, 64), True),
+    # Convolution of 8 inputs channels (6=576: 3x3 kernels, 8 outputs); kernel_h defaults to kernel_w
+    ("Convolution c 1 1 x y 0=8 1=3 11=3 6=576", (8, 6, 10), False),
+    ("Convolution c 1 1 x y 0=8 1=3 6=576", (8, 6, 10), False),
+    ("Convolution c 1 1 x y 0=8 1=3 6=576", (4, 6, 10), True),
+    ("Convolution c 1 1 x y 0=8 1=3 6=576", (8, 60), False),  # dims 2: not judged
+    # depthwise: 32 channels in groups of one (6=1568: 7x7 x 32), and grouped, 2 channels each (6=3136)
+    ("ConvolutionDepthWise d 1 1 x y 0=32 1=7 6=1568 7=32", (32, 14, 14), False),
+    ("ConvolutionDepthWise d 1 1 x y 0=32 1=7 6=1568 7=32", (16, 14, 14), True),
+    ("ConvolutionDepthWise d 1 1 x y 0=32 1=7 6=3136 7=16", (32, 14, 14), False),
+    # params ncnn itself refuses at load are left to it
+    ("InnerProduct fc 1 1 x y 0=0 2=4096", (3,), False),
+    ("Convolution c 1 1 x y 0=8 1=3 6=100", (4, 6, 10), False),
+    ("Convolution c 1 1 x y 0=8 1=3 6=576 19=1", (4, 6, 10), False),  # dynamic weights: a second input
+])
+def test_check_refuses_an_input_shape_that_a_layers_weights_do_not_take(tmp_path, line, shape, refused):
+    """Stock ncnn indexes an InnerProduct's or a convolution's weights by its input blob's size: any other size
+    reads past its weights or short of them, never an error. check and bench --model refuse such an --input
+    shape before running, for layers the input reaches through shape-keeping layers."""
+    path = tmp_path / "m.param"
+    path.write_text(f"7767517\n3 3\nInput in0 0 1 in0\nReLU r 1 1 in0 x\n{line}\n")
+    if refused:
+        with pytest.raises(vkcheck.UsageError, match="its weights take"):
+            vkcheck.parse_model_inputs(str(path), {"in0": shape})
+    else:
+        vkcheck.parse_model_inputs(str(path), {"in0": shape})
 
 
 def test_check_survives_a_crashing_shape(error_runs):

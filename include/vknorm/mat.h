@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace vknorm {
@@ -32,6 +33,14 @@ class Mat {
   size_t cstep = 0;                // packed elements between channels
 
   Mat() = default;
+  Mat(const Mat&) = default;
+  Mat& operator=(const Mat&) = default;
+  // A moved-from Mat is empty (dims 0, no memory), not a shape whose memory went elsewhere.
+  Mat(Mat&& o) noexcept { take(o); }
+  Mat& operator=(Mat&& o) noexcept {
+    if (this != &o) take(o);
+    return *this;
+  }
   // Shape in ncnn order; h/d/c default to 1 for lower dims. scalar_bytes is 4 (float32) or 2 (float16); elempack 4
   // only for dims 2-4 (a dims-1 blob is unpacked). Throws std::invalid_argument otherwise, or for negative extents.
   static Mat create(int dims, int w, int h, int d, int c, size_t scalar_bytes = 4, int elempack = 1);
@@ -67,6 +76,13 @@ class Mat {
   std::shared_ptr<const void> storage() const { return storage_; }
 
  private:
+  void take(Mat& o) noexcept {
+    dims = std::exchange(o.dims, 0), w = std::exchange(o.w, 0), h = std::exchange(o.h, 0);
+    d = std::exchange(o.d, 0), c = std::exchange(o.c, 0), elemsize = std::exchange(o.elemsize, 0);
+    elempack = std::exchange(o.elempack, 1), cstep = std::exchange(o.cstep, 0);
+    storage_ = std::move(o.storage_);
+    o.storage_.reset();
+  }
   std::shared_ptr<HostMemory> storage_;
 };
 

@@ -5,6 +5,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "vknorm/context.h"
@@ -185,7 +186,9 @@ class Norm : public NormParams {
   void load_param(const ParamDict& pd);
   // affine: gamma (and beta, all but RMSNorm) of affine_size values, or channels for GroupNorm/InstanceNorm.
   void load_model(std::vector<float> gamma, std::vector<float> beta = {});
-  // Builds the pipelines this device needs (also done lazily on first forward).
+  // Takes the device (ctx; the default context when null) and uploads the weights there, where load_model has
+  // given them all (else the first forward does, or says what is missing). Pipelines depend on the blob's shape:
+  // each is built at the first forward of its shape and kept by the context.
   void create_pipeline(std::shared_ptr<Context> ctx, const Option& opt = {});
   void destroy_pipeline();
 
@@ -267,6 +270,16 @@ class VkMat {
   int elempack = 1;
   size_t cstep = 0;
 
+  VkMat() = default;
+  VkMat(const VkMat&) = default;
+  VkMat& operator=(const VkMat&) = default;
+  // A moved-from VkMat is empty (dims 0, no buffer), as a moved-from Mat.
+  VkMat(VkMat&& o) noexcept { take(o); }
+  VkMat& operator=(VkMat&& o) noexcept {
+    if (this != &o) take(o);
+    return *this;
+  }
+
   // Converts to the Option's storage and packing, then copies to the device.
   static VkMat upload(const Mat& m, std::shared_ptr<Context> ctx, const Option& opt = {});
   Mat download() const;  // as stored (packing and storage of the VkMat)
@@ -282,6 +295,13 @@ class VkMat {
   std::shared_ptr<Buffer> buffer;
 
  private:
+  void take(VkMat& o) noexcept {
+    dims = std::exchange(o.dims, 0), w = std::exchange(o.w, 0), h = std::exchange(o.h, 0);
+    d = std::exchange(o.d, 0), c = std::exchange(o.c, 0), elemsize = std::exchange(o.elemsize, 0);
+    elempack = std::exchange(o.elempack, 1), cstep = std::exchange(o.cstep, 0);
+    buffer = std::move(o.buffer), ctx_ = std::move(o.ctx_);
+    o.buffer.reset(), o.ctx_.reset();
+  }
   std::shared_ptr<Context> ctx_;
   friend class Norm;
 };

@@ -554,7 +554,7 @@ def parse_model_inputs(param_path: str, input_specs: Dict[str, Tuple[int, ...]])
     if missing:
         raise UsageError(f"--input: no shape for the model's input {missing[0]!r}; give --input "
                          f"{missing[0]}=DIMS ({_DIMS_HELP})")
-    _check_norms_on_inputs(model, input_specs)
+    _check_layers_on_inputs(model, input_specs)
     return model
 
 
@@ -564,12 +564,55 @@ _SHAPE_KEEPING = {"Split", "ReLU", "Sigmoid", "Swish", "GELU", "TanH", "Clip", "
                   "Threshold", "PReLU", "Erf", "Softplus"}
 
 
-def _check_norms_on_inputs(model: Model, input_specs: Dict[str, Tuple[int, ...]]) -> None:
-    """A norm that stock ncnn would run past its blob, fed the --input shape (directly, or through Splits and
-    element-wise layers), is refused first, naming the layer and both sizes (UsageError). Stock ncnn runs
-    before vknorm: its GroupNorm reads as many channels as its param says (fewer in the blob: it hangs or
-    crashes), and its InstanceNorm with weights reads a gamma per channel of the blob (more channels than its
-    param: past gamma). Other mismatches are vknorm's layers' to report when they run."""
+def _int_param(layer: Layer, pid: int, default: int) -> Optional[int]:
+    """An integer param as ncnn reads it, None where it is not one (ncnn then refuses or defaults: not judged)."""
+    text = layer.params.get(pid)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _weights_read(layer: Layer, shape: Tuple[int, ...]) -> Optional[Tuple[int, int, str]]:
+    """For a layer with weights that ncnn indexes by its input's size: (what the weights take, what the blob of
+    this shape gives, in what), or None where they agree or the layer is not one of these. InnerProduct takes
+    weight_data_size / num_output values per row of a dims-2 blob, or the whole blob flattened; Convolution and
+    ConvolutionDepthWise, on a dims-3 blob, weight_data_size / (kernel_w * kernel_h * num_output) channels
+    (times group for the depthwise). ncnn's CPU layers index their weights by the blob, so any other size reads
+    past them or misses some: garbage, NaN or a crash, never an error."""
+    num_output = _int_param(layer, 0, 0)
+    if layer.type == "InnerProduct":
+        size = _int_param(layer, 2, 0)
+        if not num_output or not size or num_output <= 0 or size <= 0 or size % num_output:
+            return None  # ncnn refuses the load itself
+        takes = size // num_output
+        gives = shape[-1] if len(shape) == 2 and shape[-1] == takes else math.prod(shape)
+        return None if gives == takes else (takes, gives, "values")
+    if layer.type in ("Convolution", "ConvolutionDepthWise") and len(shape) == 3 and _int_param(layer, 19, 0) == 0:
+        # (19=1: dynamic weights, a second input, which the params do not describe)
+        kernel_w = _int_param(layer, 1, 0)
+        kernel_h = _int_param(layer, 11, kernel_w or 0)
+        size = _int_param(layer, 6, 0)
+        group = _int_param(layer, 7, 1) if layer.type == "ConvolutionDepthWise" else 1
+        if None in (num_output, kernel_w, kernel_h, size, group) or min(num_output, kernel_w, kernel_h, size, group) <= 0:
+            return None
+        per_channel = kernel_w * kernel_h * num_output
+        if (size * group) % per_channel:
+            return None
+        takes = size * group // per_channel
+        return None if shape[0] == takes else (takes, shape[0], "channels")
+    return None
+
+
+def _check_layers_on_inputs(model: Model, input_specs: Dict[str, Tuple[int, ...]]) -> None:
+    """A layer that stock ncnn would run past its blob or its weights, fed the --input shape (directly, or
+    through Splits and element-wise layers), is refused first, naming the layer and both sizes (UsageError).
+    Stock ncnn runs before vknorm: its GroupNorm reads as many channels as its param says (fewer in the blob: it
+    hangs or crashes), its InstanceNorm with weights reads a gamma per channel of the blob (more channels than
+    its param: past gamma), and an InnerProduct or Convolution reads its weights by the blob's size
+    (_weights_read). Other mismatches are vknorm's layers' to report when they run."""
     from .layers import GroupNorm, InstanceNorm
 
     source = {name: name for name in input_specs}  # blob -> the input whose shape it has
@@ -577,20 +620,27 @@ def _check_norms_on_inputs(model: Model, input_specs: Dict[str, Tuple[int, ...]]
         if not layer.bottoms or layer.bottoms[0] not in source:
             continue
         given = source[layer.bottoms[0]]
+        shape = input_specs[given]
+        dims = "x".join(map(str, shape))
+        where = f"{layer.type} {layer.name!r} ({model.path} line {layer.line})"
         if layer.type in _SHAPE_KEEPING and len(layer.bottoms) == 1:
             source.update((t, given) for t in layer.tops)
         elif layer.type in ("GroupNorm", "InstanceNorm"):
             norm = layer.norm
-            shape = input_specs[given]
             # the blob's channels as ncnn's layer counts them (numpy order): GroupNorm's are w, the rows or c, the
             # outermost extent in every dims; InstanceNorm's c, a dims 1-2 blob being one channel
             has = 1 if isinstance(norm, InstanceNorm) and len(shape) <= 2 else shape[0]
             past = has < norm.channels if isinstance(norm, GroupNorm) else (norm.affine and has > norm.channels)
             if past:
-                dims = "x".join(map(str, shape))
-                raise UsageError(f"--input {given}={dims}: {layer.type} {layer.name!r} ({model.path} line {layer.line}) "
-                                 f"reads it as {has} channel(s), its param says {norm.channels}: stock ncnn would read "
-                                 f"past the blob")
+                raise UsageError(f"--input {given}={dims}: {where} reads it as {has} channel(s), its param says "
+                                 f"{norm.channels}: stock ncnn would read past the blob")
+        elif layer.type in ("InnerProduct", "Convolution", "ConvolutionDepthWise"):
+            wrong = _weights_read(layer, shape)
+            if wrong:
+                takes, gives, what = wrong
+                per_row = " (per row of a 2-dims input, or in all)" if layer.type == "InnerProduct" else ""
+                raise UsageError(f"--input {given}={dims}: {where}: its weights take {takes} input {what}{per_row}, "
+                                 f"this shape gives {gives}: stock ncnn would read past or short of them")
 
 
 def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]], fp16: bool = False,

@@ -27,7 +27,11 @@
 //   - the conversions (cast_fp16, cast_fp32, convert_packing, converted, convert_into) refuse a Mat without memory
 //     or with fields past it, as the layers do; extents edited negative (a product that wraps to a small size) and
 //     elempack 4 on a dims-1 Mat are refused;
-//   - Mat::create refuses negative extents and a size that wraps 64 bits; so does blob_span_bytes.
+//   - Mat::create refuses negative extents and a size that wraps 64 bits; so does blob_span_bytes;
+//   - layout_as / converted refuse a packing other than 1 or 4 or one the channels do not divide by, ncnn_cstep
+//     an element size of 0;
+//   - a moved-from Mat or VkMat is empty (dims 0, no memory), not a shape whose memory went elsewhere;
+//   - create_pipeline uploads the weights load_model gave (and leaves weights not yet given to the first forward).
 #include <vknorm/norm.h>
 #include <vknorm/recorder.h>
 
@@ -576,6 +580,68 @@ int main() {
       report(false, "blob_span_bytes refuses a size past 64 bits");
     } catch (const std::invalid_argument&) {
       report(true, "blob_span_bytes refuses a size past 64 bits");
+    }
+
+    // ---- bad packing and element sizes are refused, not divided by
+    for (int pack : {0, 3}) {
+      try {
+        vknorm::layout_as(ramp(8, 2, 4), 4, pack);
+        report(false, "layout_as refuses elempack " + std::to_string(pack));
+      } catch (const std::invalid_argument&) {
+        report(true, "layout_as refuses elempack " + std::to_string(pack));
+      }
+    }
+    try {
+      vknorm::converted(ramp(6, 2, 4), 4, 4);
+      report(false, "converted refuses packing 6 channels by 4");
+    } catch (const std::invalid_argument&) {
+      report(true, "converted refuses packing 6 channels by 4");
+    }
+    try {
+      vknorm::ncnn_cstep(3, 4, 4, 1, 0);
+      report(false, "ncnn_cstep refuses elemsize 0");
+    } catch (const std::invalid_argument&) {
+      report(true, "ncnn_cstep refuses elemsize 0");
+    }
+
+    // ---- a moved-from Mat or VkMat is empty, not a shape without memory
+    {
+      vknorm::Mat a = ramp(2, 3, 16);
+      vknorm::Mat b = std::move(a);
+      vknorm::Mat c;
+      c = std::move(b);
+      report(a.empty() && a.dims == 0 && a.data() == nullptr && a.bytes() == 0 && b.empty() && b.bytes() == 0 &&
+                 !c.empty() && c.data() != nullptr && c.c == 2,
+             "a moved-from Mat is empty (construction and assignment)");
+      vknorm::VkMat d = vknorm::VkMat::upload(c, ctx);
+      vknorm::VkMat e = std::move(d);
+      vknorm::VkMat f;
+      f = std::move(e);
+      report(d.dims == 0 && !d.buffer && !d.context() && e.dims == 0 && !e.buffer && f.dims == 3 && f.buffer &&
+                 f.context() == ctx,
+             "a moved-from VkMat is empty (construction and assignment)");
+    }
+
+    // ---- create_pipeline uploads the weights (ncnn's order: load_param, load_model, create_pipeline)
+    {
+      auto own = vknorm::Context::create();
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      vknorm::ParamDict p;
+      p.set(0, 16);
+      p.set(2, 1);
+      l.load_param(p);
+      const uint64_t before = own->live_buffers();
+      l.create_pipeline(own);
+      const uint64_t without_weights = own->live_buffers();
+      l.load_model(std::vector<float>(16, 2.f), std::vector<float>(16, 1.f));
+      l.create_pipeline(own);
+      const uint64_t with_weights = own->live_buffers();
+      vknorm::Mat m = ramp(1, 2, 16);
+      l.forward_inplace(m);
+      report(without_weights == before && with_weights > before && own->live_buffers() >= with_weights &&
+                 std::fabs(reinterpret_cast<const float*>(m.data())[0] - 1.f) < 4.f,
+             "create_pipeline uploads complete weights, and leaves missing ones to the first forward (buffers " +
+                 std::to_string(before) + " -> " + std::to_string(without_weights) + " -> " + std::to_string(with_weights) + ")");
     }
   } catch (const vknorm::VulkanUnavailable& e) {
     std::printf("no Vulkan device: %s\n", e.what());

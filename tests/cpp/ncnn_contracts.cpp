@@ -7,7 +7,8 @@
 //     storage; CPU), from one command buffer for all its extracts; an Input blob given with input() comes back as
 //     given; an unknown blob is ncnn's -1 and costs no command buffer; after a failed extract the next makes a new
 //     command buffer and gives ncnn's result; an extractor of the net's own create_extractor() works too, a null
-//     blob name is -1; an int8 blob comes back cast to float32, as from ncnn's extract.
+//     blob name is -1; an int8 blob comes back cast to float32, as from ncnn's extract; extract_recorded given an
+//     Option without VkAllocators (the net's own) is -1.
 #include <gpu.h>
 #include <mat.h>
 #include <net.h>
@@ -168,6 +169,30 @@ void runner_like_ncnns_extract(bool vulkan, bool fp16) {
   report(r_net == 0 && same_bits(from_net_extractor, want) && r_null == -1 && null_out.empty(),
          what + ": an extractor of net.create_extractor() gives ncnn's result (returns " + std::to_string(r_net) +
              "), a null blob name is -1 (returns " + std::to_string(r_null) + ")");
+
+  // extract_recorded given the net's own Option, whose VkAllocators are null (the extractor takes its own from the
+  // device): -1 with a message, where it dereferenced them.
+  if (vulkan) {
+    const ::ncnn::VulkanDevice* vkdev = net.vulkan_device();
+    ::ncnn::VkAllocator* blob_allocator = vkdev->acquire_blob_allocator();
+    ::ncnn::VkAllocator* staging_allocator = vkdev->acquire_staging_allocator();
+    int r_opt = 0;
+    ::ncnn::Mat out;
+    {
+      ::ncnn::VkCompute cmd(vkdev);
+      ::ncnn::Extractor e = net.create_extractor();
+      e.set_blob_vkallocator(blob_allocator);  // ncnn's own VkMat extract needs them
+      e.set_workspace_vkallocator(blob_allocator);
+      e.set_staging_vkallocator(staging_allocator);
+      e.input("x", x);
+      r_opt = vknorm::ncnn::extract_recorded(e, "z", out, cmd, net.opt);
+    }
+    vkdev->reclaim_blob_allocator(blob_allocator);
+    vkdev->reclaim_staging_allocator(staging_allocator);
+    report(r_opt == -1 && out.empty() && !net.opt.blob_vkallocator,
+           what + ": extract_recorded with the net's own opt (no VkAllocators) is -1 (returns " +
+               std::to_string(r_opt) + ")");
+  }
 }
 
 // An int8 blob (ncnn's Quantize runs on the host inside a Vulkan net; the blob is uploaded as int8 and downloaded as
