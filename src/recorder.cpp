@@ -73,11 +73,17 @@ struct Borrowed {
   explicit Borrowed(const VulkanHandles& h)
       : loader(h.get_instance_proc_addr ? reinterpret_cast<PFN_vkGetInstanceProcAddr>(h.get_instance_proc_addr)
                                         : system_loader()) {
-    instance = vk::raii::Instance(loader, h.instance);
-    physical = vk::raii::PhysicalDevice(instance, h.physical_device);
-    device = vk::raii::Device(physical, h.device);
+    try {
+      instance = vk::raii::Instance(loader, h.instance);
+      physical = vk::raii::PhysicalDevice(instance, h.physical_device);
+      device = vk::raii::Device(physical, h.device);  // allocates its dispatch table: may throw bad_alloc
+    } catch (...) {
+      release();  // the members' destructors would destroy the caller's instance
+      throw;
+    }
   }
-  ~Borrowed() {
+  ~Borrowed() { release(); }
+  void release() {
     (void)device.release();
     (void)physical.release();
     (void)instance.release();

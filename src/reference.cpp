@@ -1,5 +1,6 @@
 // The group model and ncnn's CPU algorithm, the reference every Vulkan path is checked against.
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -12,7 +13,11 @@ namespace vknorm {
 
 int ParamDict::get(int id, int def) const {
   if (auto it = ints_.find(id); it != ints_.end()) return it->second;
-  if (auto it = floats_.find(id); it != floats_.end()) return int(it->second);
+  if (auto it = floats_.find(id); it != floats_.end()) {  // as a C cast would, without its undefined cases
+    const float f = it->second;
+    if (!(f > -2147483904.f && f < 2147483648.f)) return f > 0 ? INT32_MAX : INT32_MIN;  // NaN: INT32_MIN
+    return int(f);
+  }
   return def;
 }
 
@@ -44,7 +49,7 @@ GroupLayout group_layout(int dims, int w, int h, int d, int c, size_t cstep, int
     case 4:  // affine_size == w: rows; == w*h: depth slices; else the whole channel
       channels = c, step = cstep;
       if (affine_size == w) size = w, gpc = uint64_t(h) * d;
-      else if (affine_size == w * h) size = uint64_t(w) * h, gpc = d;
+      else if (int64_t(affine_size) == int64_t(w) * h) size = uint64_t(w) * h, gpc = d;
       else size = uint64_t(w) * h * d;
       trailing = "d=" + std::to_string(d) + ", h=" + std::to_string(h) + ", w=" + std::to_string(w);
       break;

@@ -19,7 +19,7 @@ class ParamDict {
  public:
   void set(int id, int v) { ints_[id] = v; floats_.erase(id); }
   void set(int id, float v) { floats_[id] = v; ints_.erase(id); }
-  int get(int id, int def) const;
+  int get(int id, int def) const;  // a float set here: truncated, saturated at int's range (NaN: INT_MIN)
   float get(int id, float def) const;
   bool has(int id) const { return ints_.count(id) || floats_.count(id); }
 

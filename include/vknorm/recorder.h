@@ -27,7 +27,9 @@
 //
 // Requirements on the caller's objects
 // - The device has a queue family with compute; `cmd` is a primary or secondary command buffer in the
-//   recording state, outside a render pass, for a queue family with compute.
+//   recording state, outside a render pass, for a queue family with compute: the same family for every
+//   command buffer one Recorder records into (its weights and scratch are VK_SHARING_MODE_EXCLUSIVE buffers,
+//   which another family may use only after a queue family ownership transfer).
 // - The blob's VkBuffer was created with VK_BUFFER_USAGE_STORAGE_BUFFER_BIT. BufferRef::offset is a
 //   multiple of VkPhysicalDeviceLimits::minStorageBufferOffsetAlignment; range, the bytes the caller
 //   owns from there, must cover the blob (blob_span_bytes; kWholeSize: not checked).
