@@ -137,6 +137,8 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (caps.cpu) caps.few_group_items = 0;  // measured on the H200 only
   if (const char* v = std::getenv("VKNORM_TUNE_FEW_GROUP_ITEMS")) caps.few_group_items = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_FEW_GROUP_ANY_SIZE")) caps.few_group_any_size = std::atoi(v) != 0;
+  if (const char* v = std::getenv("VKNORM_TUNE_FEW_GROUP_MIN_TEAM"))
+    caps.few_group_min_team = pow2_floor(std::max(1, std::atoi(v)));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE"))
     caps.items_target_cooperative = std::max(1, std::atoi(v));
   // Groups spanning channels, in many chunks: up to 16 on GPUs (plan_dispatch says why); CPU drivers, no more.
@@ -398,7 +400,7 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
       // Fewer groups than multiprocessors, per-channel weights: a group per workgroup, each workgroup on a
       // multiprocessor of its own, where the size rules give wide teams (latency-bound: a few elements each;
       // larger: items_target each, up to 1024) that reduce across up to 32 subgroups. The narrowest team down to
-      // preferred_workgroup that holds the group in at most few_group_items elements each (vec4s where it reads
+      // few_group_min_team (128) that holds the group in at most few_group_items elements each (vec4s where it reads
       // them; float16 held as stored: at least max_items) keeps more loads in flight per invocation and reduces
       // across fewer subgroups; with one workgroup per multiprocessor nothing else needs its registers. H200,
       // fp32 / fp16, us (A/Bs, old and new rule interleaved in one process): GroupNorm
@@ -407,6 +409,10 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
       // fp32 1024 x 8 10.6 -> 512 x 15 9.2; InstanceNorm 256x96x96 1024 x 9 10.8 / 9.0 -> 512 x 18 8.3 / 6.7.
       // Float16 teams holding more than 20 each went both ways (GroupNorm 1920x32x32/32 1024 x 15 9.7 -> 512 x 30
       // 8.0, 256x64x64/32 512 x 16 5.7 -> 256 x 32 9.9; InstanceNorm 320x128x128 1024 x 16 11.8 -> 512 x 32 16.2).
+      // Teams of 128 rather than 256, where they hold the group (A/B, fp32 / fp16, us): GroupNorm 1280x16x16/32
+      // 256 x 10 4.57 / 3.84 -> 128 x 20 4.09 / 3.81, 1280x8x8/32 3.30 / 3.21 -> 3.20 / 3.14, 32x40x40/32 3.76 /
+      // 3.53 -> 3.57 / 3.43; InstanceNorm 128x32x32 3.60 / 3.48 -> 3.41 / 3.29; none slower (64 lost: 2560x8x8/32
+      // fp16 128 x 10 3.26, 64 x 20 3.72).
       // Not for groups inside pack4 lanes, where narrower teams lost (held float16 teams, below), nor where the
       // full-team rule spreads the group over the cooperative kernel (a handful of groups: InstanceNorm 16x96x96).
       bool full_team_tried = false;
@@ -416,7 +422,10 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
         if (full_team_tried && full_team_cooperative(team, items_for(size, team))) return plan;
         const uint32_t wide = team;
         const uint32_t most = held ? std::max(dev.max_items, dev.few_group_items) : dev.few_group_items;
-        while (team / 2 >= dev.preferred_workgroup && items_for(size, team / 2) <= most) team /= 2;
+        // Below preferred_workgroup only for whole planes: lanes of groups lost there (320x16x16/32 fp32 256 x 3
+        // 3.60 -> 128 x 6 3.70 us).
+        const uint32_t narrowest = lane_groups ? dev.preferred_workgroup : dev.few_group_min_team;
+        while (team / 2 >= narrowest && items_for(size, team / 2) <= most) team /= 2;
         if (team < wide) items_cap = std::max(items_cap, most);
       }
       // float16 held as stored (H200, 2^25 elements, % of the copy roof): teams of at most max_team_held

@@ -58,10 +58,11 @@ struct DeviceCaps {
   // ... the same for float16 held as stored, two to a register: past 15 vec4s each (0: never)
   uint32_t full_team_spill_items_held = 15;
   // Fused, fewer groups than multiprocessors with per-channel weights (GroupNorm, InstanceNorm): the narrowest
-  // team down to preferred_workgroup that holds a group in at most this many elements each (vec4s where the
+  // team down to few_group_min_team that holds a group in at most this many elements each (vec4s where the
   // kernel reads them; float16 held as stored: at least max_items); 0: the size rules' wide teams.
   // Latency-bound tensors only where few_group_any_size is false.
   uint32_t few_group_items = 20;
+  uint32_t few_group_min_team = 128;
   bool few_group_any_size = true;
   bool poll_loads = true;                  // its waits poll with plain loads (CPU drivers: atomics)
   uint32_t wait_rounds = 1024;             // its waits give up after this many rounds of 4096 polls

@@ -240,21 +240,27 @@ def test_a_group_per_workgroup_keeps_its_planes_weights_in_shared_memory_float32
 
 def test_few_groups_with_channel_weights_take_the_narrowest_team_holding_20_vec4s_each():
     # H200, fp32 / fp16, us: GroupNorm 640x32x32/32 1024 x 5 6.50 / 512 x 10 4.94 -> 256 x 20 5.69 / 4.74;
-    # 1280x16x16/32 1024 x 3 5.66 / 512 x 5 4.45 -> 256 x 10 4.53 / 3.74; 1920x16x16/32 512 x 8 5.29 -> 256 x 15
-    # 4.83; 1280x32x32/32 1024 x 10 9.46 / 7.91 -> 512 x 20 8.59 / 6.40. Not past 20 each, float16 held as
-    # stored too (256x64x64/32 fp16 512 x 16 5.7 us, 256 x 32 9.9; 1920x32x32/32 keeps 1024 x 15)
-    want = {(1280, 16, 16, False): (256, 10), (1280, 16, 16, True): (256, 10), (2560, 8, 8, False): (256, 5),
-            (2560, 8, 8, True): (256, 5), (1920, 16, 16, False): (256, 15), (1920, 16, 16, True): (256, 15),
+    # 1280x16x16/32 1024 x 3 5.66 / 512 x 5 4.45 -> 256 x 10 4.53 / 3.74 -> 128 x 20 4.09 / 3.81; 1920x16x16/32
+    # 512 x 8 5.29 -> 256 x 15 4.83; 1280x32x32/32 1024 x 10 9.46 / 7.91 -> 512 x 20 8.59 / 6.40; 2560x8x8/32
+    # 256 x 5 3.56 / 3.45 -> 128 x 10 3.51 / 3.33. Not past 20 each, float16 held as stored too (256x64x64/32
+    # fp16 512 x 16 5.7 us, 256 x 32 9.9; 1920x32x32/32 keeps 1024 x 15); down to teams of 128
+    want = {(1280, 16, 16, False): (128, 20), (1280, 16, 16, True): (128, 20), (2560, 8, 8, False): (128, 10),
+            (2560, 8, 8, True): (128, 10), (1920, 16, 16, False): (256, 15), (1920, 16, 16, True): (256, 15),
+            (1280, 8, 8, False): (128, 5), (1280, 8, 8, True): (128, 5), (640, 8, 8, False): (128, 3),
             (640, 32, 32, False): (256, 20), (640, 32, 32, True): (256, 20), (1280, 32, 32, False): (512, 20),
             (1280, 32, 32, True): (512, 20), (1920, 32, 32, True): (1024, 15), (256, 64, 64, True): (512, 16)}
     for (c, h, w, fp16), (team, items) in want.items():
         p = channels_plan("GroupNorm", c, h, w, 32, fp16, device=H200_KNOWN_RESIDENCY)
         assert (p["path"], p["team"], p["items"]) == ("workgroup", team, items), (c, h, w, fp16, p)
-    p = channels_plan("InstanceNorm", 64, 64, 64, 64, False, device=H200_KNOWN_RESIDENCY)
-    assert (p["path"], p["team"], p["items"]) == ("workgroup", 256, 16), p
+    for c, h, team, items in ((64, 64, 256, 16), (256, 32, 128, 8), (64, 28, 128, 7)):
+        p = channels_plan("InstanceNorm", c, h, h, c, False, device=H200_KNOWN_RESIDENCY)
+        assert (p["path"], p["team"], p["items"]) == ("workgroup", team, items), (c, h, p)
     # float32 groups that even 512 invocations would hold in more than 20 each keep the full team, which then
     # goes cooperative (1920x32x32/32 fp32: 512 x 30 12.1 us, cooperative 10.3)
     assert channels_plan("GroupNorm", 1920, 32, 32, 32, False, device=H200_KNOWN_RESIDENCY)["path"] == "cooperative"
+    # Groups inside pack4 lanes narrow to 256 at most (320x16x16/32 fp32: 256 x 3 3.60 us, 128 x 6 3.70)
+    p = channels_plan("GroupNorm", 320, 16, 16, 32, False, device=H200_KNOWN_RESIDENCY)
+    assert (p["team"], p["items"]) == (256, 3), p
     # Plans as without the rule elsewhere: groups inside pack4 lanes (320 channels in 32 groups: 10 each), an
     # unknown multiprocessor count, CPU drivers, and as many groups as multiprocessors (528 channels: 132 items)
     elsewhere = [("GroupNorm", 320, 16, 16, 32, H200_KNOWN_RESIDENCY), ("GroupNorm", 1280, 16, 16, 32, H200),
@@ -272,6 +278,9 @@ def test_the_few_group_knobs_restore_the_wide_teams(monkeypatch):
     # latency-bound tensors only: 640x32x32/32 (32 x 640 invocations at 8 each) keeps the size rule's team
     p = channels_plan("GroupNorm", 640, 32, 32, 32, False, device=H200_KNOWN_RESIDENCY)
     assert (p["team"], p["items"]) == (1024, 5), p
+    p = channels_plan("GroupNorm", 1280, 16, 16, 32, False, device=H200_KNOWN_RESIDENCY)
+    assert (p["team"], p["items"]) == (128, 20), p
+    monkeypatch.setenv("VKNORM_TUNE_FEW_GROUP_MIN_TEAM", "256")
     p = channels_plan("GroupNorm", 1280, 16, 16, 32, False, device=H200_KNOWN_RESIDENCY)
     assert (p["team"], p["items"]) == (256, 10), p
     monkeypatch.setenv("VKNORM_TUNE_FEW_GROUP_ITEMS", "0")
