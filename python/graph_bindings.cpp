@@ -75,6 +75,11 @@ nb::dict counters_dict(const vknorm::ncnn::Counters& c) {
   return m;
 }
 
+// A path with a NUL in it names another file in C (what precedes the NUL): Python's open() refuses it too.
+void refuse_nul(const std::string& path) {
+  if (path.find('\0') != std::string::npos) throw std::invalid_argument("embedded null byte in the path");
+}
+
 nb::ndarray<nb::numpy, float> mat_to_numpy(const ::ncnn::Mat& m) {
   if (m.empty()) throw std::invalid_argument("Mat is empty");
   if (m.elempack != 1 || m.elemsize != 4) throw std::invalid_argument("Mat: only elempack-1 float32 Mats convert to numpy");
@@ -574,10 +579,16 @@ struct Extractor {
   // extracted before comes back after light mode freed its device copy (pyncnn's behaviour).
   std::map<std::string, ::ncnn::Mat> downloaded;
   bool failed = false;  // a Vulkan extract failed (extractor_extract)
+  bool cleared = false;  // clear() or the end of its with block: ncnn's extractor holds no blobs any more
   uint64_t generation = 0;                                             // the net's, when this was made
 
   // Whether the net was loaded or cleared since this extractor was made (logged; the caller returns -1).
   bool stale(const char* call) const {
+    if (cleared) {
+      NCNN_LOGE("vknorm.graph: Extractor.%s: this extractor was cleared (clear(), or the end of its with block); "
+                "create a new one", call);
+      return true;
+    }
     if (generation == owner->generation) return false;
     NCNN_LOGE("vknorm.graph: Extractor.%s: the net was loaded or cleared after this extractor was created; "
               "create a new one", call);
@@ -771,6 +782,7 @@ void extractor_clear(Extractor& e) {
     e.held.clear();
     e.downloaded.clear();
     e.failed = false;
+    e.cleared = true;
   });
 }
 
@@ -881,6 +893,18 @@ NB_MODULE(_graph, m) {
       // the rest is a TypeError that names the dtype.
       .def("__init__",
            [](::ncnn::Mat* self, nb::handle obj) {
+             // An integer of another type (numpy's, anything operator.index takes): Mat(w), as for a Python int
+             if (!PyBool_Check(obj.ptr())) {
+               if (PyObject* index = PyNumber_Index(obj.ptr())) {
+                 const nb::object w = nb::steal(index);
+                 const long long n = PyLong_AsLongLong(w.ptr());
+                 if (n == -1 && PyErr_Occurred()) PyErr_Clear();
+                 if (n < 1 || n > 0x7fffffff) throw std::invalid_argument("Mat: every dimension must be 1..2^31-1");
+                 new (self) ::ncnn::Mat(mat_of_shape({int(n)}));
+                 return;
+               }
+               PyErr_Clear();  // not an integer: an array, or a TypeError below
+             }
              nb::module_ np = nb::module_::import_("numpy");
              nb::object a = np.attr("asarray")(obj);
              const nb::object dtype = a.attr("dtype");
@@ -916,7 +940,18 @@ NB_MODULE(_graph, m) {
       .def("reshape", [](const ::ncnn::Mat& mat, int w, int h, int d, int c) { return reshaped(mat, {w, h, d, c}); },
            "w"_a, "h"_a, "d"_a, "c"_a)
       .def("numpy", &mat_to_numpy)
-      .def("__array__", [](const ::ncnn::Mat& mat, nb::handle, nb::handle) { return mat_to_numpy(mat); },
+      // numpy's protocol: always a copy (ncnn's memory may be packed or float16), so copy=False, which asks for
+      // the Mat's own memory, is numpy 2's ValueError rather than a copy that writes do not reach
+      .def("__array__",
+           [](const ::ncnn::Mat& mat, nb::handle dtype, nb::handle copy) {
+             if (copy.ptr() == Py_False)
+               throw std::invalid_argument("Mat: copy=False: a vknorm.graph.Mat converts to numpy as a copy (ncnn's "
+                                           "memory may be packed or float16); writes to it do not reach the Mat. "
+                                           "Use np.array(mat), and Mat(array) for a Mat of new values");
+             nb::object a = nb::cast(mat_to_numpy(mat));
+             if (dtype.is_valid() && !dtype.is_none()) a = a.attr("astype")(dtype);
+             return a;
+           },
            "dtype"_a = nb::none(), "copy"_a = nb::none());
 
   // Each call holds the net shared, then the extractor, with the GIL released (so no thread waits for
@@ -986,7 +1021,11 @@ NB_MODULE(_graph, m) {
            },
            "index"_a)
       .def("load_param",
-           [](Net& n, const std::string& path) { return loading(n, [&] { return n.load_param(path); }); }, "path"_a)
+           [](Net& n, const std::string& path) {
+             refuse_nul(path);
+             return loading(n, [&] { return n.load_param(path); });
+           },
+           "path"_a)
       .def("load_param_mem",
            [](Net& n, const std::string& text) { return loading(n, [&] { return n.load_param_mem(text); }); },
            "mem"_a)
@@ -997,7 +1036,11 @@ NB_MODULE(_graph, m) {
            },
            "mem"_a)
       .def("load_model",
-           [](Net& n, const std::string& path) { return loading(n, [&] { return n.load_model(path); }); }, "path"_a)
+           [](Net& n, const std::string& path) {
+             refuse_nul(path);
+             return loading(n, [&] { return n.load_model(path); });
+           },
+           "path"_a)
       .def_prop_ro("model_bytes_read",
                    [](Net& n) { return reading(n, [&] { return n.model_bytes_read; }); })
       .def("input_names",

@@ -300,6 +300,9 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
       return wg;
     };
     auto take = [&](uint32_t wg, uint32_t chunk_size, uint32_t n_chunks, bool chunk_weights) {
+      // Whole subgroups only: a workgroup narrower than the subgroup (Option.max_workgroup_size below it) holding
+      // more than 32 elements each came out wrong on lavapipe (LayerNorm 1x33, workgroups of 1: errors of 0.6).
+      if (dev.subgroup_size && wg % dev.subgroup_size != 0) return false;
       plan.path = Path::Cooperative;
       plan.wg = plan.team = wg;
       plan.subgroup = dev.subgroup_reduce;

@@ -817,6 +817,8 @@ void VkMat::download(Mat& out) const {
   // A new Mat reaches the caller only once written (a failed download leaves out as it was).
   Mat into = holds_shape(out, stored) ? out : Mat::create_for_overwrite(stored);
   auto& impl = ctx_->impl();
+  // In a fork()ed child too, where a mapped read would need no device call to look as if it worked.
+  impl.instance->check_same_process();
   if (impl.direct_host_access) {
     convert_into(mapped_source(impl, *buffer, stored), into, into.data());
   } else {

@@ -485,6 +485,24 @@ def test_forced_cooperative_in_smaller_workgroups_matches_the_cpu_reference():
         assert r["err"] <= (FP16_TOL if r["fp16"] else FP32_TOL), r
 
 
+@pytest.mark.parametrize("workgroup, cols", [(1, 33), (1, 48), (2, 66), (4, 129), (4, 256)])
+def test_forced_cooperative_in_workgroups_narrower_than_a_subgroup_runs_another_path_and_matches(workgroup, cols):
+    """The cooperative kernel runs whole subgroups: Option.max_workgroup_size below the device's subgroup size
+    (lavapipe: 8) gives the forced path to the next one down. There, workgroups of 1-4 holding more than 32
+    elements each came out wrong (LayerNorm 1x33: errors of 0.6), with no error."""
+    import numpy as np
+    import vknorm
+
+    subgroup = vknorm.device_info()["subgroup_size"]
+    ln = vknorm.LayerNorm(cols, affine=False)
+    x = np.random.default_rng(cols).standard_normal((4, cols)).astype(np.float32)
+    y = ln(x, option=vknorm.Option(path="cooperative", max_workgroup_size=workgroup))
+    ran = ln.last_dispatch
+    assert ran["path"] != "cooperative" or ran["workgroup_size"] % subgroup == 0, ran
+    ref = ln(x, device="cpu")
+    assert float(np.abs(y - ref).max()) <= FP32_TOL * max(1.0, float(np.abs(ref).max())), ran
+
+
 INSIDE_NCNN = ["-m", "vknorm", "check", "tests/data/instnorm_block.ncnn.param", "tests/data/instnorm_block.ncnn.bin",
                "--input", "in0=16x24x24", "--vulkan", "--json"]
 

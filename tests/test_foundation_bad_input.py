@@ -172,6 +172,26 @@ def test_a_device_is_cpu_vulkan_vulkan_n_an_index_or_a_context(device):
         ln_with_weights(4)(np.ones((1, 4), np.float32), device=device)
 
 
+@pytest.mark.parametrize("field, value, error", [
+    ("max_workgroup_size", -5, ValueError), ("max_workgroup_size", "3", ValueError),
+    ("max_workgroup_size", 2 ** 40, ValueError), ("path", "fast", ValueError), ("use_fp16", True, AttributeError),
+], ids=["negative-wg", "str-wg", "huge-wg", "path", "misspelt"])
+def test_an_options_fields_set_after_construction_are_checked_as_the_constructor_checks_them(field, value, error):
+    """ncnn style (opt.field = value): a value the constructor refuses is refused when set later too, and a misspelt
+    field is an AttributeError, not an attribute that no call reads. The option keeps its earlier values."""
+    o = vknorm.Option(path="split", max_workgroup_size=64)
+    with pytest.raises(error, match="max_workgroup_size|path must be|no field 'use_fp16'"):
+        setattr(o, field, value)
+    assert (o.path, o.max_workgroup_size) == ("split", 64)
+    o.max_workgroup_size, o.use_fp16_storage = np.int64(128), 1
+    assert (o.max_workgroup_size, o.use_fp16_storage) == (128, True) and type(o.max_workgroup_size) is int
+
+
+def test_unknown_param_ids_of_mixed_types_are_named():
+    with pytest.raises(ValueError, match=r"unknown param ids \['a', 5\]"):
+        vknorm.LayerNorm.from_param({"a": 1, 5: 2})
+
+
 @pytest.mark.parametrize("option", ["fp16", {"use_fp16_storage": True}, 1], ids=str)
 def test_an_option_that_is_not_a_vknorm_option_is_a_type_error(option):
     with pytest.raises(TypeError, match="option must be a vknorm.Option"):

@@ -925,8 +925,49 @@ def test_mat_shape_constructors_as_pyncnn_and_a_single_value_refused():
             graph.Mat(bad)
     with pytest.raises(TypeError, match="1 to 4 dimensions"):
         graph.Mat((1, 2, 3, 4, 5))
-    with pytest.raises(ValueError, match="every dimension must be"):
-        graph.Mat(0)
+    for bad in (0, np.int64(0), np.int64(2 ** 31)):
+        with pytest.raises(ValueError, match="every dimension must be"):
+            graph.Mat(bad)
+    # an integer of numpy's (np.prod(shape), arr.size) is a w as a Python int is
+    for w in (np.int64(5), np.int32(5), np.uint8(5), np.array(5)):
+        made = np.array(graph.Mat(w))
+        assert made.shape == (5,) and not made.any(), type(w)
+
+
+def test_mat_to_numpy_is_a_copy_and_copy_false_says_so():
+    """numpy's __array__ protocol: the Mat converts as a copy (ncnn's memory may be packed or float16), in the
+    dtype asked for; copy=False, which asks for the Mat's own memory, is numpy 2's ValueError, not a copy that
+    writes are lost in (pyncnn code filling a Mat through np.asarray)."""
+    m = graph.Mat(np.arange(6, dtype=np.float32).reshape(2, 3))
+    a = np.asarray(m)
+    a[:] = 5
+    assert np.array_equal(np.array(m), np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert np.array(m, dtype=np.float64).dtype == np.float64
+    with pytest.raises(ValueError, match="copy=False"):
+        np.array(m, copy=False)
+
+
+def test_paths_with_a_nul_byte_are_refused_as_python_s_open_refuses_them():
+    """In C the path would end at the NUL and load another file (here, the model that precedes it)."""
+    net = graph.Net()
+    for load, ext in ((net.load_param, "param"), (net.load_model, "bin")):
+        with pytest.raises(ValueError, match="embedded null byte"):
+            load(os.path.join(graph_runs.DATA, "transformer_block.ncnn." + ext) + "\0.other")
+
+
+def test_an_extractor_used_after_clear_says_so():
+    """ncnn's Extractor.clear() (and the end of a with block) drops its blobs: an input or extract after it is -1,
+    with a message saying why (it was -1 alone, and the next extract blamed a missing input)."""
+    script = (f"import numpy as np\nfrom vknorm import graph\nnet = graph.Net()\n"
+              f"net.load_param({os.path.join(graph_runs.DATA, 'transformer_block.ncnn.param')!r})\n"
+              f"net.load_model({os.path.join(graph_runs.DATA, 'transformer_block.ncnn.bin')!r})\n"
+              "with net.create_extractor() as ex:\n    pass\n"
+              "x = graph.Mat(np.ones((16, 64), np.float32))\n"
+              "print(ex.input('in0', x), ex.extract('out0')[0])\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["-1", "-1"], proc.stdout
+    assert proc.stderr.count("this extractor was cleared") == 2, proc.stderr[-2000:]
 
 
 FEATMASK_NORMS = {

@@ -397,6 +397,20 @@ def test_register_rejects_wrong_arguments():
             vkncnn.register(ncnn.Net(), device=device)
 
 
+def test_register_after_load_param_is_refused_not_a_silent_stock_run():
+    """The net's layers are made at load_param: registering after it changed none of them, and the model ran
+    stock with an empty Registration. Refused, saying when to call it; after net.clear() it works."""
+    p, b = model_files("layernorm_1d")
+    net = _new_net()
+    assert net.load_param(p) == 0
+    with pytest.raises(RuntimeError, match="before load_param"):
+        vkncnn.register(net)
+    net.clear()
+    reg = vkncnn.register(net)
+    assert net.load_param(p) == 0 and net.load_model(b) == 0
+    assert [layer.name for layer in reg.layers] == ["ln_0"], reg
+
+
 def test_a_failing_host_path_layer_says_why_in_one_line(capfd):
     """ncnn reports only a layer's return code; the layer says its reason on stderr, as ncnn's own do."""
     p, b = model_files("layernorm_2d")

@@ -27,19 +27,33 @@ class Option:
     max_workgroup_size: cap on invocations per workgroup, rounded down to a power of two (0: the device's choice).
     """
 
+    _FIELDS = ("use_fp16_storage", "use_packing_layout", "path", "use_subgroup_ops", "max_workgroup_size")
+
     def __init__(self, use_fp16_storage: bool = False, use_packing_layout: bool = True, path: str = "auto",
                  use_subgroup_ops: bool = True, max_workgroup_size: int = 0):
-        if path not in _PATHS:
-            raise ValueError(f"path must be one of {', '.join(_PATHS)}, got {path!r}")
-        if (not isinstance(max_workgroup_size, numbers.Integral) or isinstance(max_workgroup_size, bool)
-                or not 0 <= max_workgroup_size < (1 << 31)):
-            raise ValueError(f"max_workgroup_size must be an integer 0..2^31-1 (0: the device's choice), "
-                             f"got {max_workgroup_size!r}")
-        self.use_fp16_storage = bool(use_fp16_storage)
-        self.use_packing_layout = bool(use_packing_layout)
         self.path = path
-        self.use_subgroup_ops = bool(use_subgroup_ops)
-        self.max_workgroup_size = int(max_workgroup_size)
+        self.max_workgroup_size = max_workgroup_size
+        self.use_fp16_storage = use_fp16_storage
+        self.use_packing_layout = use_packing_layout
+        self.use_subgroup_ops = use_subgroup_ops
+
+    def __setattr__(self, name, value):
+        """Every field checked as the constructor checks it, also when set later (ncnn style); a misspelt
+        field is an AttributeError, not a new attribute no call reads."""
+        if name == "path":
+            if value not in _PATHS:
+                raise ValueError(f"path must be one of {', '.join(_PATHS)}, got {value!r}")
+        elif name == "max_workgroup_size":
+            if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
+                    or not 0 <= value < (1 << 31)):
+                raise ValueError(f"max_workgroup_size must be an integer 0..2^31-1 (0: the device's choice), "
+                                 f"got {value!r}")
+            value = int(value)
+        elif name in self._FIELDS:
+            value = bool(value)
+        else:
+            raise AttributeError(f"vknorm.Option has no field {name!r} (its fields: {', '.join(self._FIELDS)})")
+        object.__setattr__(self, name, value)
 
     def _native(self) -> _core.Option:
         o = _core.Option()
@@ -258,7 +272,7 @@ class _Norm:
         unknown = set(params) - known
         if unknown:
             names = ", ".join(f"{pid} {name}" for pid, name, _ in cls._params)
-            raise ValueError(f"unknown param ids {sorted(unknown)}: {cls.__name__} takes {names}")
+            raise ValueError(f"unknown param ids {sorted(unknown, key=repr)}: {cls.__name__} takes {names}")
         values = {name: params.get(pid, default) for pid, name, default in cls._params}
         for pid, name, _ in cls._params:
             if name not in ("eps", "affine"):

@@ -219,6 +219,9 @@ def register(net, option: Optional[Option] = None, *, device=None, types=tuple(T
     """
     if not isinstance(net, _ncnn.Net):
         raise TypeError(f"register needs an ncnn.Net (pyncnn), got {type(net).__name__}")
+    if len(net.layers()):  # its layers were made at load_param: registering now would change none of them
+        raise RuntimeError("register(net) after net.load_param: the net's layers are made already, stock; call "
+                           "register before load_param (or net.clear() first)")
     unknown = [t for t in types if t not in TYPES]
     if unknown or not types:
         raise ValueError(f"types must be among {', '.join(TYPES)}, got {list(types)!r}")
