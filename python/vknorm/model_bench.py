@@ -95,6 +95,11 @@ class ModelRunner:
             self.net = graph.configure(graph.Net(vknorm=vk, fuse=impl == "vknorm-fused"), vulkan=impl != "ncnn-cpu",
                                        fp16=fp16)
         if self.net.load_param(param) != 0 or self.net.load_model(binp) != 0:
+            bad = self.registration.errors() if impl == "vknorm-host" else []
+            if bad:  # a vknorm layer refused its params, weights or device (out of memory): its own reason
+                name, e = bad[0]
+                raise RuntimeError(f"{impl}: vknorm layer {name!r} could not load: {type(e).__name__}: "
+                                   f"{(str(e).splitlines() or [''])[0]}")
             raise RuntimeError(f"{impl}: ncnn could not load {param} / {binp}")
         self.outputs = list(self.net.output_names())  # every blob no layer consumes
 
