@@ -9,6 +9,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <condition_variable>
@@ -93,16 +94,37 @@ nb::ndarray<nb::numpy, float> mat_to_numpy(const ::ncnn::Mat& m) {
 }
 
 // A shape given as a tuple: 1 to 4 ints (TypeError otherwise, as for any other argument of the wrong type).
+// An integer as operator.index takes it (Python's, numpy's: Mat(arr.size)), never a bool; none otherwise.
+std::optional<long long> as_index(nb::handle v) {
+  if (PyBool_Check(v.ptr())) return std::nullopt;
+  PyObject* index = PyNumber_Index(v.ptr());
+  if (!index) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  long long n = PyLong_AsLongLong(index);
+  Py_DECREF(index);
+  if (n == -1 && PyErr_Occurred()) {  // past long long: out of any range below
+    PyErr_Clear();
+    n = LLONG_MAX;
+  }
+  return n;
+}
+
+int dimension(long long n) {
+  if (n < 1 || n > 0x7fffffff) throw std::invalid_argument("Mat: every dimension must be 1..2^31-1");
+  return int(n);
+}
+
 std::vector<int> ints(const nb::tuple& shape) {
   if (shape.size() < 1 || shape.size() > 4)
     throw nb::type_error(("Mat: a shape has 1 to 4 dimensions (w, h, d, c order), got " +
                           std::to_string(shape.size())).c_str());
   std::vector<int> r;
   for (nb::handle v : shape) {
-    if (!nb::isinstance<nb::int_>(v)) throw nb::type_error("Mat: a shape's dimensions are ints");
-    const long long n = nb::cast<long long>(v);
-    if (n < 1 || n > 0x7fffffff) throw std::invalid_argument("Mat: every dimension must be 1..2^31-1");
-    r.push_back(int(n));
+    const std::optional<long long> n = as_index(v);
+    if (!n) throw nb::type_error("Mat: a shape's dimensions are ints");
+    r.push_back(dimension(*n));
   }
   return r;
 }
@@ -893,17 +915,10 @@ NB_MODULE(_graph, m) {
       // the rest is a TypeError that names the dtype.
       .def("__init__",
            [](::ncnn::Mat* self, nb::handle obj) {
-             // An integer of another type (numpy's, anything operator.index takes): Mat(w), as for a Python int
-             if (!PyBool_Check(obj.ptr())) {
-               if (PyObject* index = PyNumber_Index(obj.ptr())) {
-                 const nb::object w = nb::steal(index);
-                 const long long n = PyLong_AsLongLong(w.ptr());
-                 if (n == -1 && PyErr_Occurred()) PyErr_Clear();
-                 if (n < 1 || n > 0x7fffffff) throw std::invalid_argument("Mat: every dimension must be 1..2^31-1");
-                 new (self) ::ncnn::Mat(mat_of_shape({int(n)}));
-                 return;
-               }
-               PyErr_Clear();  // not an integer: an array, or a TypeError below
+             // An integer of another type (numpy's): Mat(w), as for a Python int
+             if (const std::optional<long long> w = as_index(obj)) {
+               new (self) ::ncnn::Mat(mat_of_shape({dimension(*w)}));
+               return;
              }
              nb::module_ np = nb::module_::import_("numpy");
              nb::object a = np.attr("asarray")(obj);

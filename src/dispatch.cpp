@@ -427,7 +427,8 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
         const uint32_t most = held ? std::max(dev.max_items, dev.few_group_items) : dev.few_group_items;
         // Below preferred_workgroup only for whole planes: lanes of groups lost there (320x16x16/32 fp32 256 x 3
         // 3.60 -> 128 x 6 3.70 us).
-        const uint32_t narrowest = lane_groups ? dev.preferred_workgroup : dev.few_group_min_team;
+        const uint32_t narrowest =
+            lane_groups ? dev.preferred_workgroup : std::min(dev.preferred_workgroup, dev.few_group_min_team);
         while (team / 2 >= narrowest && items_for(size, team / 2) <= most) team /= 2;
         if (team < wide) items_cap = std::max(items_cap, most);
       }

@@ -11,14 +11,24 @@ namespace ncnn {
 
 int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
                      const ::ncnn::Option& opt) {
+  // A net's own Option has no VkAllocators (an extractor takes its own from the device), but the download needs
+  // the blob allocator, and the staging one unless blobs are host-visible and cached. Refused before the extract,
+  // which would record the forward into cmd and leave the extractor holding blobs that never ran.
+  if (opt.use_vulkan_compute) {
+    const bool direct = opt.blob_vkallocator && opt.blob_vkallocator->mappable && opt.blob_vkallocator->cached;
+    if (!opt.blob_vkallocator || (!direct && !opt.staging_vkallocator)) {
+      NCNN_LOGE("vknorm: extract_recorded(%s): opt.%s is null: pass the VkAllocators the extractor was given "
+                "(ex.set_blob_vkallocator / set_staging_vkallocator), as vknorm::ncnn::Runner does",
+                blob ? blob : "null", opt.blob_vkallocator ? "staging_vkallocator" : "blob_vkallocator");
+      return -1;
+    }
+  }
   ::ncnn::VkMat gpu;
   if (int r = ex.extract(blob, gpu, cmd)) return r;
   if (gpu.empty()) return ex.extract(blob, out);  // not a Vulkan blob: ncnn's own path
-  // A net's own Option has none (the extractor takes them from the device), but the download needs them.
-  if (!opt.blob_vkallocator || !opt.staging_vkallocator) {
-    NCNN_LOGE("vknorm: extract_recorded(%s): opt.%s is null: pass the VkAllocators the extractor was given "
-              "(ex.set_blob_vkallocator / set_staging_vkallocator), as vknorm::ncnn::Runner does",
-              blob, opt.blob_vkallocator ? "staging_vkallocator" : "blob_vkallocator");
+  if (!opt.blob_vkallocator) {  // an opt whose use_vulkan_compute is off, for a Vulkan net's blob
+    NCNN_LOGE("vknorm: extract_recorded(%s): opt.blob_vkallocator is null: pass the net's options with the "
+              "VkAllocators the extractor was given", blob);
     return -1;
   }
   // record_download's destination: elempack 4 where the packing option allows, cast to float32 on all but
@@ -33,6 +43,11 @@ int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, 
   if (vkdev->info.type() != 0 && gpu.elemsize != size_t(gpu.elempack)) elemsize = 4u * pack;
   ::ncnn::VkAllocator* dst_allocator =
       opt.blob_vkallocator->mappable && opt.blob_vkallocator->cached ? opt.blob_vkallocator : opt.staging_vkallocator;
+  if (!dst_allocator) {
+    NCNN_LOGE("vknorm: extract_recorded(%s): opt.staging_vkallocator is null: pass the one the extractor was given",
+              blob);
+    return -1;
+  }
   {
     ::ncnn::VkMat reserve;
     const int n = outer * gpu.elempack / pack;

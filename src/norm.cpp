@@ -361,13 +361,10 @@ void Norm::create_pipeline(std::shared_ptr<Context> ctx, const Option&) {
   if (!ctx) ctx = Context::default_context();
   if (!gpu_ || gpu_->ctx != ctx || !mirrors(*gpu_, *this)) gpu_ = make_gpu(*this, std::move(ctx));
   // The weights go up now, as in ncnn's create_pipeline, where they are all there; else the first forward
-  // uploads them or says what is missing.
-  bool complete = true;
-  try {
-    gpu_->check_weights(gpu_->gamma_data.size(), gpu_->beta_data.size());
-  } catch (const std::invalid_argument&) {
-    complete = false;
-  }
+  // uploads them or says what is missing (check_weights).
+  const Gpu& g = *gpu_;
+  const bool complete = !g.affine || (g.gamma_data.size() == g.weight_count() &&
+                                      (!centres(g.op) || g.beta_data.size() == g.weight_count()));
   if (complete) ensure_weights(*gpu_);
 }
 

@@ -4,8 +4,8 @@
 //
 // This file's Vulkan-Hpp lives in a namespace of its own, built without Vulkan-Hpp's dynamic loader tool,
 // so that vk::raii::Context can start from the caller's vkGetInstanceProcAddr. A separate namespace keeps
-// it apart from the vk:: classes the rest of the library compiles with the tool on (src/vk.h): the two
-// definitions of vk::raii::Context differ, and sharing a name would break the one-definition rule.
+// it apart from the classes the rest of the library compiles with the tool on (src/vk.h, namespace vknorm_vk):
+// the two definitions of vk::raii::Context differ, and sharing a name would break the one-definition rule.
 #define VULKAN_HPP_NAMESPACE vknorm_vkhpp
 #define VULKAN_HPP_ENABLE_DYNAMIC_LOADER_TOOL 0
 #include <vulkan/vulkan_raii.hpp>

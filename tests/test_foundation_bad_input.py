@@ -188,8 +188,10 @@ def test_an_options_fields_set_after_construction_are_checked_as_the_constructor
 
 
 def test_unknown_param_ids_of_mixed_types_are_named():
-    with pytest.raises(ValueError, match=r"unknown param ids \['a', 5\]"):
+    with pytest.raises(ValueError, match=r"unknown param ids \[5, 'a'\]"):
         vknorm.LayerNorm.from_param({"a": 1, 5: 2})
+    with pytest.raises(ValueError, match=r"unknown param ids \[9, 10\]"):  # numbers in numeric order
+        vknorm.LayerNorm.from_param({10: 1, 9: 2})
 
 
 @pytest.mark.parametrize("option", ["fp16", {"use_fp16_storage": True}, 1], ids=str)

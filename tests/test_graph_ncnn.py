@@ -932,6 +932,10 @@ def test_mat_shape_constructors_as_pyncnn_and_a_single_value_refused():
     for w in (np.int64(5), np.int32(5), np.uint8(5), np.array(5)):
         made = np.array(graph.Mat(w))
         assert made.shape == (5,) and not made.any(), type(w)
+    assert np.array(graph.Mat((np.int64(5), 3))).shape == (3, 5)
+    assert np.array(graph.Mat(np.int64(5), np.int32(3))).shape == (3, 5)
+    with pytest.raises(TypeError, match="dimensions are ints"):
+        graph.Mat((5, True))
 
 
 def test_mat_to_numpy_is_a_copy_and_copy_false_says_so():

@@ -272,10 +272,18 @@ def test_check_error_path(error_runs, case, needles):
     ("InnerProduct fc 1 1 x y 0=0 2=4096", (3,), False),
     ("Convolution c 1 1 x y 0=8 1=3 6=100", (4, 6, 10), False),
     ("Convolution c 1 1 x y 0=8 1=3 6=576 19=1", (4, 6, 10), False),  # dynamic weights: a second input
+    # a weight per channel (the outermost extent: c, the rows, or w of a dims-1 blob)
+    ("BatchNorm b 1 1 x y 0=8", (8, 6, 10), False),
+    ("BatchNorm b 1 1 x y 0=8", (8, 60), False),
+    ("BatchNorm b 1 1 x y 0=8", (16, 6, 10), True),
+    ("BatchNorm b 1 1 x y 0=8", (4, 60), True),
+    ("PReLU p 1 1 x y 0=8", (8, 6, 10), False),
+    ("PReLU p 1 1 x y 0=8", (12, 6, 10), True),
+    ("PReLU p 1 1 x y 0=1", (12, 6, 10), False),  # one slope for every channel
 ])
 def test_check_refuses_an_input_shape_that_a_layers_weights_do_not_take(tmp_path, line, shape, refused):
-    """Stock ncnn indexes an InnerProduct's or a convolution's weights by its input blob's size: any other size
-    reads past its weights or short of them, never an error. check and bench --model refuse such an --input
+    """Stock ncnn indexes an InnerProduct's, a convolution's, BatchNorm's or PReLU's weights by its input blob's
+    size: any other size reads past its weights or short of them, never an error. check and bench --model refuse such an --input
     shape before running, for layers the input reaches through shape-keeping layers."""
     path = tmp_path / "m.param"
     path.write_text(f"7767517\n3 3\nInput in0 0 1 in0\nReLU r 1 1 in0 x\n{line}\n")

@@ -160,8 +160,9 @@ class Runner {
 // What Runner::extract does with a command buffer of the caller's: ex.extract(blob, VkMat, cmd), the download
 // recorded into cmd, submitted and waited for, then unpacked and cast to float32 as ncnn's extract does. cmd is
 // not reset. opt: the net's options with the VkAllocators the extractor was given (blob_vkallocator,
-// workspace_vkallocator, staging_vkallocator; a null blob or staging allocator, as in the net's own opt, is -1
-// with a message). A blob ncnn computes on the host comes from ncnn's own extract.
+// workspace_vkallocator, staging_vkallocator; a null blob allocator, or a null staging one where blobs are not
+// host-visible and cached, as in the net's own opt, is -1 with a message, before anything is recorded). A blob
+// ncnn computes on the host comes from ncnn's own extract.
 // Device memory running out for the download is ncnn's -100 (ncnn's own extract crashes there).
 int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
                      const ::ncnn::Option& opt);

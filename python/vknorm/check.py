@@ -580,8 +580,9 @@ def _weights_read(layer: Layer, shape: Tuple[int, ...]) -> Optional[Tuple[int, i
     this shape gives, in what), or None where they agree or the layer is not one of these. InnerProduct takes
     weight_data_size / num_output values per row of a dims-2 blob, or the whole blob flattened; Convolution and
     ConvolutionDepthWise, on a dims-3 blob, weight_data_size / (kernel_w * kernel_h * num_output) channels
-    (times group for the depthwise). ncnn's CPU layers index their weights by the blob, so any other size reads
-    past them or misses some: garbage, NaN or a crash, never an error."""
+    (times group for the depthwise); BatchNorm, and PReLU of more than one slope, a value per channel (param 0).
+    ncnn's CPU layers index their weights by the blob, so any other size reads past them or misses some:
+    garbage, NaN or a crash, never an error."""
     num_output = _int_param(layer, 0, 0)
     if layer.type == "InnerProduct":
         size = _int_param(layer, 2, 0)
@@ -590,6 +591,11 @@ def _weights_read(layer: Layer, shape: Tuple[int, ...]) -> Optional[Tuple[int, i
         takes = size // num_output
         gives = shape[-1] if len(shape) == 2 and shape[-1] == takes else math.prod(shape)
         return None if gives == takes else (takes, gives, "values")
+    if layer.type in ("BatchNorm", "PReLU"):  # a weight per channel (ncnn's: w, h or c, the outermost extent)
+        count = _int_param(layer, 0, 0)
+        if count is None or count <= (1 if layer.type == "PReLU" else 0):
+            return None  # PReLU's one slope serves every channel
+        return None if shape[0] == count else (count, shape[0], "channels")
     if layer.type in ("Convolution", "ConvolutionDepthWise") and len(shape) == 3 and _int_param(layer, 19, 0) == 0:
         # (19=1: dynamic weights, a second input, which the params do not describe)
         kernel_w = _int_param(layer, 1, 0)
@@ -611,8 +617,8 @@ def _check_layers_on_inputs(model: Model, input_specs: Dict[str, Tuple[int, ...]
     through Splits and element-wise layers), is refused first, naming the layer and both sizes (UsageError).
     Stock ncnn runs before vknorm: its GroupNorm reads as many channels as its param says (fewer in the blob: it
     hangs or crashes), its InstanceNorm with weights reads a gamma per channel of the blob (more channels than
-    its param: past gamma), and an InnerProduct or Convolution reads its weights by the blob's size
-    (_weights_read). Other mismatches are vknorm's layers' to report when they run."""
+    its param: past gamma), and an InnerProduct, a convolution, BatchNorm or PReLU reads its weights by the blob's
+    size (_weights_read). Other mismatches are vknorm's layers' to report when they run."""
     from .layers import GroupNorm, InstanceNorm
 
     source = {name: name for name in input_specs}  # blob -> the input whose shape it has
@@ -634,7 +640,7 @@ def _check_layers_on_inputs(model: Model, input_specs: Dict[str, Tuple[int, ...]
             if past:
                 raise UsageError(f"--input {given}={dims}: {where} reads it as {has} channel(s), its param says "
                                  f"{norm.channels}: stock ncnn would read past the blob")
-        elif layer.type in ("InnerProduct", "Convolution", "ConvolutionDepthWise"):
+        if layer.type in ("InnerProduct", "Convolution", "ConvolutionDepthWise", "BatchNorm", "PReLU"):
             wrong = _weights_read(layer, shape)
             if wrong:
                 takes, gives, what = wrong
