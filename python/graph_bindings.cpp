@@ -9,6 +9,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -601,12 +602,14 @@ struct Extractor {
   // extracted before comes back after light mode freed its device copy (pyncnn's behaviour).
   std::map<std::string, ::ncnn::Mat> downloaded;
   bool failed = false;  // a Vulkan extract failed (extractor_extract)
-  bool cleared = false;  // clear() or the end of its with block: ncnn's extractor holds no blobs any more
+  // clear() or the end of its with block: ncnn's extractor holds no blobs any more (atomic: blob_name reads it
+  // under the net's lock alone)
+  std::unique_ptr<std::atomic<bool>> cleared = std::make_unique<std::atomic<bool>>(false);
   uint64_t generation = 0;                                             // the net's, when this was made
 
   // Whether the net was loaded or cleared since this extractor was made (logged; the caller returns -1).
   bool stale(const char* call) const {
-    if (cleared) {
+    if (*cleared) {
       NCNN_LOGE("vknorm.graph: Extractor.%s: this extractor was cleared (clear(), or the end of its with block); "
                 "create a new one", call);
       return true;
@@ -804,7 +807,7 @@ void extractor_clear(Extractor& e) {
     e.held.clear();
     e.downloaded.clear();
     e.failed = false;
-    e.cleared = true;
+    *e.cleared = true;
   });
 }
 
