@@ -292,17 +292,19 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
     // 128 x 13 9.9, 1920x40x40/32 16.0 -> 11.7). Not where that only makes more chunks (960x64x64/32, 4096:
     // 256 x 16 13.5 / 11.0, 128 x 16 14.2 / 11.5), nor 64-invocation ones (1280x32x32/32 11.0 / 8.4).
     const uint32_t share_items = spans_channels ? dev.items_target_cooperative_channels : dev.items_target_cooperative;
+    // The kernel's workgroups are whole subgroups, with or without subgroup reductions: one narrower than the
+    // subgroup (Option.max_workgroup_size below it) holding more than 32 elements each came out wrong on lavapipe
+    // (LayerNorm 1x33, workgroups of 1: errors of 0.6).
+    auto whole_subgroups = [&](uint32_t wg) { return !dev.subgroup_size || wg % dev.subgroup_size == 0; };
     auto workgroup_for = [&](uint64_t chunk) {
       uint32_t wg = dev.preferred_workgroup;
       while (wg / 2 >= dev.cooperative_min_workgroup && chunk <= uint64_t(wg / 2) * share_items &&
-             (!dev.subgroup_reduce || (wg / 2) % dev.subgroup_size == 0))
+             whole_subgroups(wg / 2))
         wg /= 2;
       return wg;
     };
     auto take = [&](uint32_t wg, uint32_t chunk_size, uint32_t n_chunks, bool chunk_weights) {
-      // Whole subgroups only: a workgroup narrower than the subgroup (Option.max_workgroup_size below it) holding
-      // more than 32 elements each came out wrong on lavapipe (LayerNorm 1x33, workgroups of 1: errors of 0.6).
-      if (dev.subgroup_size && wg % dev.subgroup_size != 0) return false;
+      if (!whole_subgroups(wg)) return false;
       plan.path = Path::Cooperative;
       plan.wg = plan.team = wg;
       plan.subgroup = dev.subgroup_reduce;

@@ -9,28 +9,32 @@
 namespace vknorm {
 namespace ncnn {
 
+namespace {
+
+// Where record_download puts a download (blobs host-visible and cached: the blob allocator, else staging); null
+// where opt lacks it, logged. A net's own Option has no VkAllocators (an extractor takes its own from the device).
+::ncnn::VkAllocator* download_allocator(const ::ncnn::Option& opt, const char* blob) {
+  const ::ncnn::VkAllocator* b = opt.blob_vkallocator;
+  ::ncnn::VkAllocator* dst = b && b->mappable && b->cached ? opt.blob_vkallocator : opt.staging_vkallocator;
+  if (!b || !dst)
+    NCNN_LOGE("vknorm: extract_recorded(%s): opt.%s is null: pass the net's options with the VkAllocators the "
+              "extractor was given (ex.set_blob_vkallocator / set_staging_vkallocator), as vknorm::ncnn::Runner does",
+              blob ? blob : "null", b ? "staging_vkallocator" : "blob_vkallocator");
+  return b ? dst : nullptr;
+}
+
+}  // namespace
+
 int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
                      const ::ncnn::Option& opt) {
-  // A net's own Option has no VkAllocators (an extractor takes its own from the device), but the download needs
-  // the blob allocator, and the staging one unless blobs are host-visible and cached. Refused before the extract,
-  // which would record the forward into cmd and leave the extractor holding blobs that never ran.
-  if (opt.use_vulkan_compute) {
-    const bool direct = opt.blob_vkallocator && opt.blob_vkallocator->mappable && opt.blob_vkallocator->cached;
-    if (!opt.blob_vkallocator || (!direct && !opt.staging_vkallocator)) {
-      NCNN_LOGE("vknorm: extract_recorded(%s): opt.%s is null: pass the VkAllocators the extractor was given "
-                "(ex.set_blob_vkallocator / set_staging_vkallocator), as vknorm::ncnn::Runner does",
-                blob ? blob : "null", opt.blob_vkallocator ? "staging_vkallocator" : "blob_vkallocator");
-      return -1;
-    }
-  }
+  // Refused before the extract, which would record the forward into cmd and leave the extractor holding blobs
+  // that never ran; and after it, for an opt whose use_vulkan_compute is off given a Vulkan net's blob.
+  if (opt.use_vulkan_compute && !download_allocator(opt, blob)) return -1;
   ::ncnn::VkMat gpu;
   if (int r = ex.extract(blob, gpu, cmd)) return r;
   if (gpu.empty()) return ex.extract(blob, out);  // not a Vulkan blob: ncnn's own path
-  if (!opt.blob_vkallocator) {  // an opt whose use_vulkan_compute is off, for a Vulkan net's blob
-    NCNN_LOGE("vknorm: extract_recorded(%s): opt.blob_vkallocator is null: pass the net's options with the "
-              "VkAllocators the extractor was given", blob);
-    return -1;
-  }
+  ::ncnn::VkAllocator* dst_allocator = download_allocator(opt, blob);
+  if (!dst_allocator) return -1;
   // record_download's destination: elempack 4 where the packing option allows, cast to float32 on all but
   // discrete GPUs, int8 kept as int8; from the staging allocator unless blobs are host-visible and cached.
   // ncnn allocates it inside record_download and dereferences a failed allocation (a crash on a discrete GPU,
@@ -41,13 +45,6 @@ int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, 
   const int pack = opt.use_packing_layout && (outer * gpu.elempack) % 4 == 0 ? 4 : 1;
   size_t elemsize = gpu.elemsize / gpu.elempack * pack;
   if (vkdev->info.type() != 0 && gpu.elemsize != size_t(gpu.elempack)) elemsize = 4u * pack;
-  ::ncnn::VkAllocator* dst_allocator =
-      opt.blob_vkallocator->mappable && opt.blob_vkallocator->cached ? opt.blob_vkallocator : opt.staging_vkallocator;
-  if (!dst_allocator) {
-    NCNN_LOGE("vknorm: extract_recorded(%s): opt.staging_vkallocator is null: pass the one the extractor was given",
-              blob);
-    return -1;
-  }
   {
     ::ncnn::VkMat reserve;
     const int n = outer * gpu.elempack / pack;

@@ -362,10 +362,7 @@ void Norm::create_pipeline(std::shared_ptr<Context> ctx, const Option&) {
   if (!gpu_ || gpu_->ctx != ctx || !mirrors(*gpu_, *this)) gpu_ = make_gpu(*this, std::move(ctx));
   // The weights go up now, as in ncnn's create_pipeline, where they are all there; else the first forward
   // uploads them or says what is missing (check_weights).
-  const Gpu& g = *gpu_;
-  const bool complete = !g.affine || (g.gamma_data.size() == g.weight_count() &&
-                                      (!centres(g.op) || g.beta_data.size() == g.weight_count()));
-  if (complete) ensure_weights(*gpu_);
+  if (gpu_->weights_complete(gpu_->gamma_data.size(), gpu_->beta_data.size())) ensure_weights(*gpu_);
 }
 
 void Norm::destroy_pipeline() {

@@ -227,7 +227,7 @@ void NormParams::check() const {
 }
 
 void NormParams::check_weights(size_t gamma_count, size_t beta_count) const {
-  if (!affine || (gamma_count == weight_count() && (!centres(op) || beta_count == weight_count()))) return;
+  if (weights_complete(gamma_count, beta_count)) return;
   const std::string layer = op_name(op);
   if (gamma_count == 0 && beta_count == 0)
     throw std::invalid_argument(layer + ": affine=1 but no weights loaded: call load_model first");

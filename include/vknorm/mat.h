@@ -24,6 +24,15 @@ struct HostMemory {
   bool owned = true;
 };
 
+// A blob's shape fields (dims .. cstep, public in Mat and VkMat) moved from `from` to `to`, `from` left with a
+// default-made blob's: what the move operations of both share (their memory moves beside, leaving none).
+template <class Blob>
+void move_blob_fields(Blob& to, Blob& from) noexcept {
+  to.dims = std::exchange(from.dims, 0), to.w = std::exchange(from.w, 0), to.h = std::exchange(from.h, 0);
+  to.d = std::exchange(from.d, 0), to.c = std::exchange(from.c, 0), to.elemsize = std::exchange(from.elemsize, 0);
+  to.elempack = std::exchange(from.elempack, 1), to.cstep = std::exchange(from.cstep, 0);
+}
+
 class Mat {
  public:
   int dims = 0;
@@ -77,11 +86,8 @@ class Mat {
 
  private:
   void take(Mat& o) noexcept {
-    dims = std::exchange(o.dims, 0), w = std::exchange(o.w, 0), h = std::exchange(o.h, 0);
-    d = std::exchange(o.d, 0), c = std::exchange(o.c, 0), elemsize = std::exchange(o.elemsize, 0);
-    elempack = std::exchange(o.elempack, 1), cstep = std::exchange(o.cstep, 0);
+    move_blob_fields(*this, o);
     storage_ = std::move(o.storage_);
-    o.storage_.reset();
   }
   std::shared_ptr<HostMemory> storage_;
 };

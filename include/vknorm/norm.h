@@ -125,7 +125,11 @@ struct NormParams {
   bool per_channel() const { return op == NormOp::GroupNorm || op == NormOp::InstanceNorm; }
   // Floats in gamma (and beta): affine_size, or channels.
   size_t weight_count() const { return size_t(per_channel() ? channels : affine_size); }
-  // Throws std::invalid_argument unless gamma (and beta, all but RMSNorm) hold weight_count() floats.
+  // Whether gamma (and beta, all but RMSNorm) of these counts are the weights these params take (or none are).
+  bool weights_complete(size_t gamma_count, size_t beta_count) const {
+    return !affine || (gamma_count == weight_count() && (!centres(op) || beta_count == weight_count()));
+  }
+  // Throws std::invalid_argument, saying what is missing, unless weights_complete.
   void check_weights(size_t gamma_count, size_t beta_count) const;
   // The groups of a blob of this shape (packed as given).
   GroupLayout layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack) const {
@@ -296,11 +300,8 @@ class VkMat {
 
  private:
   void take(VkMat& o) noexcept {
-    dims = std::exchange(o.dims, 0), w = std::exchange(o.w, 0), h = std::exchange(o.h, 0);
-    d = std::exchange(o.d, 0), c = std::exchange(o.c, 0), elemsize = std::exchange(o.elemsize, 0);
-    elempack = std::exchange(o.elempack, 1), cstep = std::exchange(o.cstep, 0);
+    move_blob_fields(*this, o);
     buffer = std::move(o.buffer), ctx_ = std::move(o.ctx_);
-    o.buffer.reset(), o.ctx_.reset();
   }
   std::shared_ptr<Context> ctx_;
   friend class Norm;
