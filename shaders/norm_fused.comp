@@ -22,6 +22,9 @@ const float kMaxShiftRatio = 4.0;
 // of deviations give the CPU reference's inf variance (a = 0), not a NaN. Compared as a finite bound, as
 // drivers need not keep NaN semantics in comparisons.
 const float kMaxSquarable = 1.0e19;
+// Squares about the pivot exceed squares about the mean by n * mean^2: their sum can pass FLT_MAX (inf, so
+// a = 0) where the deviations' own sum, the second pass's, still fits (a pivot 1e17 from the rest of 8192).
+const float kMaxSumOfSquares = 3.0e38;
 
 // The pivot: the mean of the group's first 4 elements (the first one for smaller groups), in pairs
 // scaled first so a constant group gives its own value exactly and none overflows. `precise`: a
@@ -128,7 +131,7 @@ void main() {
       var = sum_sq / n - mean * mean;
       // Negative or NaN var: the comparison is true or false, and a NaN stays NaN either way.
       second_pass = !team_may_branch() || any_above(mean * mean, kMaxShiftRatio * var) ||
-                    any_above(abs(mean), stat(kMaxSquarable));
+                    any_above(abs(mean), stat(kMaxSquarable)) || any_above(sum_sq, stat(kMaxSumOfSquares));
     } else {
       mean = team_sum(to_stat(s)) / n;
     }

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import vknorm
-from reference import (FP32_TOL, PATHS, check_dispatch, layernorm_from_stats, make_layer, max_abs_err, norm64, scale,
-                       stats_raw_sums_f32, stats_running_mean_f32, stats_shifted_one_reduction_f32,
+from reference import (FP32_TOL, PATHS, channel_norm64, check_dispatch, layernorm_from_stats, make_channel_norm,
+                       make_layer, max_abs_err, norm64, scale, stats_raw_sums_f32, stats_running_mean_f32, stats_shifted_one_reduction_f32,
                        stats_two_pass_f32)
 
 OFFSETS = [(1e4, 1e-2), (-3e3, 1.0)]
@@ -289,6 +289,43 @@ def test_a_group_whose_squares_overflow_float32_gives_the_cpu_reference_s_zeros_
             err = max_abs_err(y[others], ref_others)
             if not err <= bound:
                 failures.append(f"{what}: other groups {err:.3e} > {bound:.3e}")
+    assert not failures, "\n".join(failures)
+
+
+# Squares about the pivot (the mean of a group's first 4 elements) exceed squares about the mean by n * (mean -
+# pivot)^2. With the pivot 2a away from the other 8188 of 8192 elements, their sum passes float32's range from a ~
+# 1e17 while the squared deviations from the mean sum to ~16 a^2: the variance is finite, the first 4 elements
+# normalize to ~45 and ncnn's CPU layer, which squares deviations from the mean, gives them.
+@pytest.mark.parametrize("a", [1.1e17, 2e17])
+@pytest.mark.parametrize("op", ["LayerNorm", "GroupNorm", "InstanceNorm"])
+def test_a_group_whose_squares_about_the_pivot_overflow_but_whose_variance_fits_is_normalized_on_every_path(op, a):
+    rng = np.random.default_rng(8)
+    if op == "LayerNorm":
+        x = rng.standard_normal((8, 8192)).astype(np.float32)
+        big = x[2]                         # a view: one row of 8192
+        layer = make_layer("LayerNorm", 8192, 1e-5, False)
+    else:
+        x = rng.standard_normal((8, 64, 128) if op == "InstanceNorm" else (8, 64, 64)).astype(np.float32)
+        big = x[2:4].reshape(-1) if op == "GroupNorm" else x[2].reshape(-1)  # GroupNorm(4, 8): channels 2-3
+        layer = make_channel_norm(op, 8, 1e-5, False, group=4)
+    assert big.size == 8192 and np.shares_memory(big, x)
+    big[:4], big[4:] = a, -a
+    first = int(np.argmax(x.reshape(-1) == np.float32(a)))  # the group's first element, normalized to ~45
+    ref = (norm64("LayerNorm", x, 8192, 1e-5, False) if op == "LayerNorm" else channel_norm64(op, x, 1e-5, group=4))
+    assert np.isfinite(ref).all() and np.abs(ref).max() > 40
+    cpu = layer(x, device="cpu")
+    assert np.isfinite(cpu).all() and np.abs(cpu).max() > 40, "CPU reference (ncnn's formula): finite, not zeros"
+    bound = FP32_TOL * scale(ref)
+    failures = []
+    for path in PATHS + ("cooperative",):
+        for packing in (False, True):
+            y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))
+            d = layer.last_dispatch
+            err = max_abs_err(y, ref)
+            if not err <= bound:
+                failures.append(f"path={path} ({d['path']}, one_reduction={d.get('one_reduction')}) "
+                                f"packing={packing}: max error {err:.3e} > {bound:.3e}; the group's first element "
+                                f"{y.reshape(-1)[first]:.4g}, float64 {ref.reshape(-1)[first]:.4g}")
     assert not failures, "\n".join(failures)
 
 
