@@ -294,7 +294,10 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
     const uint32_t share_items = spans_channels ? dev.items_target_cooperative_channels : dev.items_target_cooperative;
     // The kernel's workgroups are whole subgroups, with or without subgroup reductions: one narrower than the
     // subgroup (Option.max_workgroup_size below it) holding more than 32 elements each came out wrong on lavapipe
-    // (LayerNorm 1x33, workgroups of 1: errors of 0.6).
+    // (LayerNorm 1x40, workgroups of 1: only each invocation's first element stored). A driver fault, by every
+    // sign: the loops after the take-over's branch ran one iteration although no workgroup took that branch, and
+    // without the call there (everything else the same) the results were right. Only where the workgroup is
+    // narrower than llvmpipe's 8-wide vectors and loops of more than 32 are not unrolled.
     auto whole_subgroups = [&](uint32_t wg) { return !dev.subgroup_size || wg % dev.subgroup_size == 0; };
     auto workgroup_for = [&](uint64_t chunk) {
       uint32_t wg = dev.preferred_workgroup;
