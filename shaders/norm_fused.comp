@@ -18,12 +18,12 @@ layout(constant_id = 16) const uint LANE_GROUPS = 0;
 // within ~(1 + 3 * 4) roundings when m^2 <= 4 var. Beyond it (rare: the pivot averages 4 elements,
 // so m^2 / var ~ z^2 / 4) the second pass runs.
 const float kMaxShiftRatio = 4.0;
-// Past sqrt(FLT_MAX) the shifted mean's square overflows and var = inf - inf: the second pass, whose squares
-// of deviations give the CPU reference's inf variance (a = 0), not a NaN. Compared as a finite bound, as
-// drivers need not keep NaN semantics in comparisons.
-const float kMaxSquarable = 1.0e19;
-// Squares about the pivot exceed squares about the mean by n * mean^2: their sum can pass FLT_MAX (inf, so
-// a = 0) where the deviations' own sum, the second pass's, still fits (a pivot 1e17 from the rest of 8192).
+// Squares about the pivot exceed squares about the mean by n * mean^2 (mean: the shifted mean). Where their sum
+// nears FLT_MAX the second pass runs, squaring deviations from the mean: it gives the CPU reference's inf variance
+// (a = 0) where that overflows too, and a finite one where only the squares about the pivot did (a pivot 1e17
+// from the other 8188 of 8192 elements). This also catches a shifted mean past sqrt(FLT_MAX), whose square would
+// make var = inf - inf (sum_sq >= n * mean^2). Compared as a finite bound, as drivers need not keep NaN
+// semantics in comparisons.
 const float kMaxSumOfSquares = 3.0e38;
 
 // The pivot: the mean of the group's first 4 elements (the first one for smaller groups), in pairs
@@ -131,7 +131,7 @@ void main() {
       var = sum_sq / n - mean * mean;
       // Negative or NaN var: the comparison is true or false, and a NaN stays NaN either way.
       second_pass = !team_may_branch() || any_above(mean * mean, kMaxShiftRatio * var) ||
-                    any_above(abs(mean), stat(kMaxSquarable)) || any_above(sum_sq, stat(kMaxSumOfSquares));
+                    any_above(sum_sq, stat(kMaxSumOfSquares));
     } else {
       mean = team_sum(to_stat(s)) / n;
     }
