@@ -60,7 +60,6 @@ function(vknorm_compile_shaders target outdir)
           add_custom_command(OUTPUT ${spv}
             COMMAND ${GLSLANG_VALIDATOR} -V --quiet --target-env ${env} -DFP16=${fp16} ${pack_defs} -DSUBGROUP=${sg}
                     -DOUT_OF_PLACE=${oop}
-                    -DMAX_PLANE_WEIGHTS=${VKNORM_MAX_PLANE_WEIGHTS}u
                     -I${VKNORM_SHADER_DIR} -o ${spv} ${VKNORM_SHADER_DIR}/${shader}.comp
             ${val_cmds}
             DEPENDS ${VKNORM_SHADER_DIR}/${shader}.comp ${includes}

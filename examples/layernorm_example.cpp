@@ -10,7 +10,9 @@
 //                  GroupNorm gn0 1 1 in0 out0 0=32 1=320 2=1.000000e-05 3=1
 //                (ncnn's param ids per type). A missing key takes ncnn's default.
 //   MODEL.bin    raw little-endian float32: gamma then beta (all but RMSNorm), affine_size or channels
-//                values each (what ncnn's load_model reads; with affine=0 nothing is read).
+//                values each (what ncnn's load_model reads; with affine=0 nothing is read), read from its
+//                first byte: that layer's weights alone, not a whole model's .bin (whose earlier layers'
+//                weights come first).
 //   Without files: LayerNorm, affine_size 64, eps 1e-5, affine 1 and pseudo-random weights.
 //
 //   --h N, --c N      input shape (c, h, w) in numpy order, a dims-3 Mat; defaults 16 and 4; w is

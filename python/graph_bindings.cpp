@@ -3,6 +3,7 @@
 // create_extractor, input, extract, Mat). python/vknorm/graph.py is the public face.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -982,6 +983,23 @@ NB_MODULE(_graph, m) {
              return name.empty() ? -1 : extractor_input(e, name, in);
            },
            "blob_index"_a, "mat"_a)
+      // Last, for what the two above do not take: one line naming the type (nanobind's own error lists every
+      // overload), and the wrap a numpy array or a pyncnn Mat needs.
+      .def("input",
+           [](Extractor&, nb::handle blob, nb::handle mat) -> int {
+             auto type_of = [](nb::handle h) {  // module-qualified: numpy.ndarray, ncnn.ncnn.Mat
+               const nb::handle t = h.type();
+               const std::string module = nb::hasattr(t, "__module__") ? nb::str(t.attr("__module__")).c_str() : "";
+               const std::string name = nb::type_name(t).c_str();
+               return module.empty() || module == "builtins" || name.rfind(module, 0) == 0 ? name : module + "." + name;
+             };
+             if (!nb::isinstance<nb::str>(blob) && !nb::isinstance<nb::int_>(blob))
+               throw nb::type_error(("Extractor.input: the blob is a name (str) or an index (int), got " +
+                                     type_of(blob)).c_str());
+             throw nb::type_error(("Extractor.input: the input must be a vknorm.graph.Mat, got " + type_of(mat) +
+                                   ": wrap it, vknorm.graph.Mat(np.asarray(x))").c_str());
+           },
+           "blob"_a, "mat"_a)
       // type: pyncnn's; 0 (the blob unpacked to float32) is the one this module gives
       .def("extract",
            [](Extractor& e, const std::string& name, int type) {
@@ -1010,8 +1028,15 @@ NB_MODULE(_graph, m) {
       .def("clear", &extractor_clear);
 
   nb::class_<Net>(m, "Net")
-      .def("__init__", [](Net* self, bool vknorm, bool fuse) { new (self) Net(vknorm, fuse); }, "vknorm"_a = true,
-           "fuse"_a = true)
+      .def("__init__",
+           [](Net* self, bool vknorm, std::optional<bool> fuse) {
+             // fuse defaults to on with vknorm's layers; asked for without them it would be silently off
+             if (!vknorm && fuse.value_or(false))
+               throw nb::value_error("Net(vknorm=False, fuse=True): fusion rewrites models into vknorm's layers, "
+                                     "which a stock net does not have");
+             new (self) Net(vknorm, fuse.value_or(true));
+           },
+           "vknorm"_a = true, "fuse"_a = nb::none())
       .def_ro("vknorm", &Net::vknorm)
       .def_ro("fuse", &Net::fuse)
       .def("fused", [](const Net& n) {

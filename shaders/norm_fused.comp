@@ -56,11 +56,12 @@ const bool kHold = HOLD_STORAGE != 0u;
 #define SHIFTED(k, i) v[k]
 #endif
 
-// PREFETCH_WEIGHTS 2 (per-channel weights, a group per workgroup, at most MAX_PLANE_WEIGHTS planes: the
-// build defines it, for the dispatcher too): the weights of each of the group's planes, loaded up front by
-// one invocation per plane, read by the store loop after the reduction's barriers (instead of loads issued
-// only then).
-shared wfp sh_plane_gamma[MAX_PLANE_WEIGHTS], sh_plane_beta[MAX_PLANE_WEIGHTS];
+// PREFETCH_WEIGHTS 2 (per-channel weights, a group per workgroup, an invocation per plane): the weights of
+// each of the group's planes, loaded up front by one invocation per plane, read by the store loop after the
+// reduction's barriers (instead of loads issued only then). Sized by the plan, so that a kernel without them
+// holds one of each (shared memory is the device's to budget: src/dispatch.cpp device_caps).
+const uint PLANE_WEIGHT_SLOTS = PREFETCH_WEIGHTS == 2u ? PLANES : 1u;
+shared wfp sh_plane_gamma[PLANE_WEIGHT_SLOTS], sh_plane_beta[PLANE_WEIGHT_SLOTS];
 
 void main() {
   uint g = team_item();

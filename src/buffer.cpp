@@ -7,7 +7,11 @@
 namespace vknorm {
 
 namespace {
-std::string mib(uint64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }
+// One decimal: 605184 bytes are 0.6 MiB, not 1.
+std::string mib(uint64_t bytes) {
+  const uint64_t tenths = (bytes * 10 + (1 << 19)) >> 20;
+  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " MiB";
+}
 }  // namespace
 
 std::shared_ptr<Buffer> Buffer::create(std::shared_ptr<Context> ctx, vk::DeviceSize size, Kind kind) {

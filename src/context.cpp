@@ -208,7 +208,7 @@ std::shared_ptr<Instance> Instance::get() {
   try {
     inst->instance = vk::raii::Instance(inst->context, ci);
   } catch (const vk::SystemError& e) {
-    throw VulkanUnavailable(std::string(kInstallHint) + " (vkCreateInstance: " + e.what() + ")");
+    throw VulkanUnavailable(std::string(kInstallHint) + " (" + e.what() + ")");  // what(): "vkCreateInstance: ..."
   }
   if (inst->validation) inst->messenger.emplace(inst->instance, mi);
   current = inst;

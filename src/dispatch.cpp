@@ -15,6 +15,12 @@
 namespace vknorm {
 namespace {
 
+// Shared memory a workgroup declares besides its per-invocation arrays (16 B per value, vec4 at most):
+// norm_fused.comp's two plane-weight slots where it keeps no plane's weights; norm_cooperative.comp's claim
+// words and chunk weights (44 B, rounded up).
+constexpr uint32_t kFusedSharedFixed = 2 * 16;
+constexpr uint32_t kCooperativeSharedFixed = 64;
+
 // Split path: chunks of at least this many elements, and enough (group, chunk) items to fill a GPU.
 constexpr uint32_t kMinChunk = 1024;
 constexpr uint64_t kTargetItems = 1024;
@@ -181,10 +187,13 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_WORKGROUP"))
     caps.preferred_workgroup = std::min(caps.max_workgroup, pow2_floor(std::max(1, std::atoi(v))));
   // Shared memory (maxComputeSharedMemorySize, VKNORM_MAX_SHARED_MEMORY caps it): per invocation the
-  // fused kernel and norm_reduce hold one stat (vec4 at most: 16 B, common.glsl team_scratch);
-  // norm_finalize and norm_apply 3 afp (48 B, 64 B budgeted), at the split path's workgroup, preferred_workgroup.
-  const uint32_t shared = std::max<uint32_t>(info.max_shared_memory, 64);
-  caps.max_workgroup = std::min(caps.max_workgroup, pow2_floor(shared / 16));
+  // fused kernel and norm_reduce hold one stat (vec4 at most: 16 B, common.glsl team_scratch), the fused kernel
+  // also one weight slot of each kind (kFusedSharedFixed; with plane_weights a slot per plane, budgeted by that
+  // rule); norm_finalize and norm_apply 3 afp (48 B, 64 B budgeted), at the split path's workgroup,
+  // preferred_workgroup; the cooperative kernel as those, plus a few values (kCooperativeSharedFixed).
+  const uint32_t shared = std::max<uint32_t>(info.max_shared_memory, 64 + kFusedSharedFixed);
+  caps.max_shared = shared;
+  caps.max_workgroup = std::min(caps.max_workgroup, pow2_floor((shared - kFusedSharedFixed) / 16));
   caps.preferred_workgroup = std::min(caps.preferred_workgroup, pow2_floor(shared / 64));
   caps.subgroup_size = info.subgroup_size;
   // Subgroups of >= 2 invocations: team_sum2 keeps two values per subgroup in a workgroup-sized array.
@@ -193,8 +202,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   return caps;
 }
 
-// Planes whose weights norm_fused.comp keeps in shared memory (plane_weights): the size of its arrays, set
-// for both in CMakeLists.txt.
+// Planes whose weights norm_fused.comp keeps in shared memory (plane_weights), at most (CMakeLists.txt).
 constexpr uint32_t kMaxPlaneWeights = VKNORM_MAX_PLANE_WEIGHTS;
 
 namespace {
@@ -255,7 +263,8 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
     // 6.55 us, 256x64x64/32 8.15 -> 7.79; float16 mixed: 640x32x32/32 4.94 -> 4.79, 256x64x64/32 5.65 -> 5.95).
     plan.plane_weights = dev.plane_weights && (!fp16 || dev.cpu) && !plan.prefetch &&
                          g.weights != GroupLayout::ByPosition && plan.path == Path::Workgroup && plan.wg == team &&
-                         g.planes <= kMaxPlaneWeights && g.planes <= plan.wg;  // an invocation per plane loads them
+                         g.planes <= kMaxPlaneWeights && g.planes <= plan.wg &&  // an invocation per plane loads them
+                         uint64_t(plan.wg) * 16 + uint64_t(g.planes) * 2 * 16 <= dev.max_shared;
     return plan.items <= items_cap;
   };
   uint32_t target = g.weights != GroupLayout::ByPosition ? dev.items_target_channels
@@ -299,15 +308,18 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
     // without the call there (everything else the same) the results were right. Only where the workgroup is
     // narrower than llvmpipe's 8-wide vectors and loops of more than 32 are not unrolled.
     auto whole_subgroups = [&](uint32_t wg) { return !dev.subgroup_size || wg % dev.subgroup_size == 0; };
+    // Its shared memory: the split passes' 64 B per invocation and its own few values.
+    auto shared_fits = [&](uint32_t wg) { return uint64_t(wg) * 64 + kCooperativeSharedFixed <= dev.max_shared; };
     auto workgroup_for = [&](uint64_t chunk) {
       uint32_t wg = dev.preferred_workgroup;
-      while (wg / 2 >= dev.cooperative_min_workgroup && chunk <= uint64_t(wg / 2) * share_items &&
-             whole_subgroups(wg / 2))
+      while (wg / 2 >= 1 && whole_subgroups(wg / 2) &&
+             (!shared_fits(wg) ||
+              (wg / 2 >= dev.cooperative_min_workgroup && chunk <= uint64_t(wg / 2) * share_items)))
         wg /= 2;
       return wg;
     };
     auto take = [&](uint32_t wg, uint32_t chunk_size, uint32_t n_chunks, bool chunk_weights) {
-      if (!whole_subgroups(wg)) return false;
+      if (!whole_subgroups(wg) || !shared_fits(wg)) return false;
       plan.path = Path::Cooperative;
       plan.wg = plan.team = wg;
       plan.subgroup = dev.subgroup_reduce;

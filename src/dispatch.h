@@ -14,6 +14,7 @@ namespace vknorm {
 
 struct DeviceCaps {
   uint32_t max_workgroup = 256;        // invocations, after device limits and Option caps
+  uint32_t max_shared = 16384;         // bytes of shared memory a workgroup may declare (device_caps)
   uint32_t preferred_workgroup = 256;  // for many small teams and the split passes
   uint32_t max_items = 16;             // elements one invocation holds in the fused kernel
   uint32_t max_items_held = 32;        // the same for float16 elements held as stored (half the registers)

@@ -169,7 +169,11 @@ GroupLayout channel_group_layout(int dims, int w, int h, int d, int c, size_t cs
   }
   if (channels > 0 && in_channels != uint64_t(channels))
     throw std::invalid_argument(layer + ": the input has " + std::to_string(in_channels) + " " + what + ", the layer " +
-                                std::to_string(channels));
+                                std::to_string(channels) +
+                                // a torch-style N x C x H x W array read as ncnn's c x d x h x w
+                                (dims == 4 && uint64_t(d) == uint64_t(channels)
+                                     ? " (a 4-D input is c x d x h x w, as in ncnn; drop a leading batch axis)"
+                                     : ""));
   if (!instance && channels <= 0)
     throw std::invalid_argument(layer + ": channels=0 cannot split an input of " + std::to_string(in_channels) + " " +
                                 what + " into groups");

@@ -4,7 +4,8 @@
   synchronization validation) wraps every Vulkan call this process makes.
 * The layer reads tests/validation_layer.py's settings (notices about the layer's own age filtered).
 * Every test starts with an empty validation log and fails if any message (warning or error) was
-  reported while it ran (hook wrappers below; every validation message counts as a failure).
+  reported while it ran (hook wrappers below; every validation message counts as a failure). Python child
+  processes the tests start exit with status 86 on any message (tests/child_site/sitecustomize.py).
 * pytest.ini at the repository root gives every test a 300 s timeout (pytest-timeout); the marker
   ``@pytest.mark.timeout(N)`` tightens it per test.
 """
@@ -14,6 +15,9 @@ import os
 import sys
 
 os.environ.setdefault("VKNORM_VALIDATION", "1")
+# Python children the tests start fail (exit 86) on validation messages too (tests/child_site/sitecustomize.py).
+CHILD_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child_site")
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (CHILD_SITE, os.environ.get("PYTHONPATH")) if p)
 
 import pytest  # noqa: E402
 

@@ -66,36 +66,6 @@ SCRUB = ("VKNORM_NO_SUBGROUP", "VKNORM_SUBGROUP_SIZE", "VKNORM_MAX_SHARED_MEMORY
 FP16_WARNING = "vknorm: float16 storage is not supported on this device; using float32 storage"
 
 
-# ---------------------------------------------------------------- shared memory the shaders declare
-
-SHARED_DECL = re.compile(r"^\s*shared\s+(\w+)\s+(\w+)\s*\[([^\]]*)\]\s*;", re.M)
-TYPE_BYTES = {"float": 4, "uint": 4, "int": 4, "vec4": 16, "afp": 16, "stat": 16}  # afp, stat: vec4 at most (common.glsl)
-
-
-def shared_bytes_per_invocation() -> dict:
-    """Shader -> worst-case shared bytes per workgroup invocation, read from the GLSL declarations.
-
-    Every array must be sized gl_WorkGroupSize.x (what the dispatcher's budget assumes); the .glsl files a
-    shader includes count with it.
-    """
-    def decls(path):
-        with open(path) as f:
-            text = f.read()
-        out = 0
-        for typ, name, size in SHARED_DECL.findall(text):
-            assert size.strip() == "gl_WorkGroupSize.x", f"{path}: shared {name}[{size}] is not per invocation"
-            assert typ in TYPE_BYTES, f"{path}: shared type {typ} unknown to this test: add it to TYPE_BYTES"
-            out += TYPE_BYTES[typ]
-        return out
-
-    def with_includes(name):  # the shader and every .glsl it includes (common.glsl among them)
-        with open(os.path.join(SHADERS, name)) as f:
-            included = re.findall(r'#include "([^"]+)"', f.read())
-        return decls(os.path.join(SHADERS, name)) + sum(decls(os.path.join(SHADERS, i)) for i in included)
-
-    return {name[:-5]: with_includes(name) for name in sorted(os.listdir(SHADERS)) if name.endswith(".comp")}
-
-
 # ---------------------------------------------------------------- the parity run (in the profile's process)
 
 def run_parity(option_fields: dict, every: int) -> dict:
@@ -103,11 +73,12 @@ def run_parity(option_fields: dict, every: int) -> dict:
 
     import vknorm
     from vknorm import _core
+    from planned import dispatch_shared, shared_bytes
     from reference import (FP16_TOL, FP32_TOL, PATHS, all_cases, case_data, case_name, check_dispatch, group_size,
                            make_layer, max_abs_err, norm64, scale)
 
     device = vknorm.device_info()
-    per_inv = shared_bytes_per_invocation()
+    per_shader = shared_bytes()
     failures, dispatches = [], []
     checked = 0
     cases = all_cases()
@@ -140,9 +111,8 @@ def run_parity(option_fields: dict, every: int) -> dict:
                     problem = check_dispatch(info, path, gs, device)
                     if problem:
                         failures.append(f"{what}: {problem}")
-                    shaders = ("norm_reduce", "norm_finalize", "norm_apply") if info["path"] == "split" else ("norm_fused",)
                     dispatches.append({"path": info["path"], "wg": info["workgroup_size"], "subgroup": info["subgroup"],
-                                       "shared": info["workgroup_size"] * max(per_inv[s] for s in shaders)})
+                                       "shared": dispatch_shared(per_shader, info)})
         # fp16 storage requested with float32 input: either float16 on the device (values are fp16 values)
         # or, where the device has none, exactly the float32-storage result.
         y32 = layer(x, device="vulkan", option=vknorm.Option(**option_fields))
@@ -204,6 +174,8 @@ def subgroup_size_range() -> tuple:
 
 if "pytest" in sys.modules:
     import pytest
+
+    from planned import shared_bytes
 
     pytestmark = pytest.mark.timeout(600)  # the module fixture runs every profile (~1 min on 2 cores)
 
@@ -296,13 +268,26 @@ if "pytest" in sys.modules:
             assert max(s["wgs"]) <= 32 and min(s["wgs"]) <= 8, s["wgs"]
 
     def test_shared_memory_budget_matches_the_shaders():
-        """The dispatcher budgets 16 B per invocation (fused, reduce) and 64 B (finalize, and apply, which
-        merges partials as finalize does) at the split path's workgroup: the shaders' shared declarations
-        must stay within that (dispatch.cpp device_caps)."""
-        per = shared_bytes_per_invocation()
-        assert per["norm_finalize"] <= 64 and per["norm_apply"] <= 64, per
-        for shader in ("norm_fused", "norm_reduce"):
-            assert per[shader] <= 16, per
+        """The dispatcher budgets, per invocation, 16 B (fused, reduce) and 64 B (finalize, apply, which merges
+        partials as finalize does, and the cooperative kernel), and besides that 32 B for the fused kernel (one
+        slot of each plane weight, kFusedSharedFixed) and 64 B for the cooperative kernel
+        (kCooperativeSharedFixed): the shaders' shared declarations must stay within that (dispatch.cpp)."""
+        per = shared_bytes()
+        budget = {"norm_fused": (16, 32), "norm_reduce": (16, 0), "norm_finalize": (64, 0), "norm_apply": (64, 0),
+                  "norm_cooperative": (64, 64), "norm_clear": (16, 0), "copy": (0, 0)}
+        assert set(per) == set(budget), per
+        for shader, (per_invocation, fixed) in budget.items():
+            assert per[shader][0] <= per_invocation and per[shader][1] <= fixed, (shader, per[shader])
+
+    def test_the_shared_memory_count_sees_every_declaration(tmp_path):
+        """The count itself: a scalar, a comma list and a fixed-size array are counted or refused, never skipped
+        (a comma list of fixed arrays went uncounted once)."""
+        (tmp_path / "a.comp").write_text("shared vec4 x[gl_WorkGroupSize.x];\nshared uint s, t;\nshared bool b;\n"
+                                         "shared wfp g[PLANE_WEIGHT_SLOTS], h[PLANE_WEIGHT_SLOTS];\n")
+        assert shared_bytes(str(tmp_path)) == {"a": (16, 4 + 4 + 4 + 16 + 16)}
+        (tmp_path / "a.comp").write_text("shared vec4 x[64];\n")
+        with pytest.raises(AssertionError, match="a size unknown to this test"):
+            shared_bytes(str(tmp_path))
 
     @pytest.mark.parametrize("name,cap", [("wg_128", 128), ("wg_16", 16), ("wg_8", 8)])
     def test_max_workgroup_invocations(profile_runs, name, cap):

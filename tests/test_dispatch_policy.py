@@ -31,7 +31,7 @@ import pytest
 
 from vknorm import _core
 
-from planned import H200 as H200_KNOWN_RESIDENCY, H200_UNKNOWN_RESIDENCY, LAVAPIPE, channels_plan as _channels_plan, no_tuning_knobs, rows_plan as _rows_plan
+from planned import H200 as H200_KNOWN_RESIDENCY, H200_UNKNOWN_RESIDENCY, LAVAPIPE, channels_plan as _channels_plan, no_tuning_knobs, rows_plan as _rows_plan, shared_bytes
 
 # The rules below were measured on an H200; these tests pin the fused and split ones (tests/test_cooperative.py
 # the cooperative kernel's, planned where the multiprocessor count is known).
@@ -45,6 +45,45 @@ def rows_plan(op, rows, cols, fp16, device=H200, pack=4):
 
 def channels_plan(op, c, h, w, group, fp16, device=H200):
     return _channels_plan(op, c, h, w, group, fp16, device)
+
+
+def declared_shared(plan, per_shader, planes):
+    """Shared bytes the plan's largest kernel declares: per invocation, fixed, and a slot of each plane weight
+    per plane where the fused kernel keeps them (plane_weights)."""
+    shaders = {"split": ("norm_reduce", "norm_finalize", "norm_apply"),
+               "cooperative": ("norm_cooperative",)}.get(plan["path"], ("norm_fused",))
+    wg = plan["workgroup_size"]
+    total = max(wg * per_shader[k][0] + per_shader[k][1] for k in shaders)
+    return total + (2 * 16 * (planes - 1) if plan["plane_weights"] else 0)
+
+
+@pytest.mark.parametrize("shared", [16384, 32768, 49152])
+def test_no_plan_declares_more_shared_memory_than_the_device_has(no_tuning_knobs, shared):
+    """A GPU with 16 KB (Vulkan's minimum), 32 KB or 48 KB of shared memory and 132 multiprocessors: every plan
+    of a grid (rows up to 1024-wide fused teams, few GroupNorm/InstanceNorm groups in teams that keep their planes'
+    weights, the cooperative kernel) declares at most that, counted from the shaders' declarations. At 16 KB a
+    1024-wide fused team (16 KB of reductions besides its weight slots) and a 256-wide cooperative workgroup
+    (16 KB besides its own values) did not fit."""
+    per_shader = shared_bytes()
+    device = dict(H200_KNOWN_RESIDENCY, max_shared_memory=shared)
+    seen = set()
+    for rows, cols in ((2048, 16384), (1024, 32768), (64, 65536), (8, 1 << 20), (32768, 1024)):
+        for fp16 in (False, True):
+            plan = rows_plan("LayerNorm", rows, cols, fp16, device)
+            seen.add(plan["path"])
+            assert declared_shared(plan, per_shader, 1) <= shared, (rows, cols, fp16, plan)
+    for op, c, h, w, group in (("GroupNorm", 320, 64, 64, 32), ("GroupNorm", 1280, 16, 16, 32),
+                               ("GroupNorm", 1280, 8, 8, 32), ("GroupNorm", 640, 32, 32, 32),
+                               ("GroupNorm", 256, 32, 32, 1), ("InstanceNorm", 64, 128, 128, 64),
+                               ("InstanceNorm", 256, 32, 32, 256)):
+        cpg = c // group
+        planes = cpg // 4 if cpg % 4 == 0 else (cpg + 2) // 4 + 1  # pack4 planes of one group (or its item)
+        for fp16 in (False, True):
+            plan = channels_plan(op, c, h, w, group, fp16, device)
+            seen.add(plan["path"] + (" plane weights" if plan["plane_weights"] else ""))
+            assert declared_shared(plan, per_shader, planes) <= shared, (op, c, h, w, group, fp16, plan)
+    # the grid reaches each kind of plan (at 16 KB no group keeps its planes' weights: its plans take other teams)
+    assert {"workgroup", "cooperative"} | ({"workgroup plane weights"} if shared > 16384 else set()) <= seen, seen
 
 
 def test_float16_that_travels_as_uvec2_is_held_as_stored_float32_never():

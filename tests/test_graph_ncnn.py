@@ -951,6 +951,28 @@ def test_mat_to_numpy_is_a_copy_and_copy_false_says_so():
         np.array(m, copy=False)
 
 
+def test_an_input_that_is_not_a_graph_mat_and_fusion_without_vknorm_are_one_line_errors():
+    """A numpy array or a pyncnn Mat given to Extractor.input: a TypeError naming what was given and the wrap it
+    needs (not nanobind's list of overloads). Net(vknorm=False, fuse=True): fusion makes vknorm's layers, which
+    a stock net does not have; a ValueError, not a net that silently does not fuse."""
+    net = graph.Net()
+    param, binp = (os.path.join(graph_runs.DATA, "transformer_block.ncnn." + e) for e in ("param", "bin"))
+    assert net.load_param(param) == 0 and net.load_model(binp) == 0
+    ex = net.create_extractor()
+    with pytest.raises(TypeError) as e:
+        ex.input("in0", np.zeros(4, np.float32))
+    assert str(e.value) == ("Extractor.input: the input must be a vknorm.graph.Mat, got numpy.ndarray: wrap it, "
+                            "vknorm.graph.Mat(np.asarray(x))")
+    with pytest.raises(TypeError, match="the blob is a name \\(str\\) or an index \\(int\\), got float"):
+        ex.input(1.5, graph.Mat(np.zeros(4, np.float32)))
+    x = graph.Mat(np.zeros((16, 64), np.float32))
+    assert ex.input("in0", x) == 0 and ex.input(0, x) == 0
+    with pytest.raises(ValueError, match="Net\\(vknorm=False, fuse=True\\)"):
+        graph.Net(vknorm=False, fuse=True)
+    assert graph.Net(vknorm=False).fuse is False and graph.Net(vknorm=False, fuse=False).fuse is False
+    assert graph.Net().fuse is True and graph.Net(fuse=False).fuse is False
+
+
 def test_paths_with_a_nul_byte_are_refused_as_python_s_open_refuses_them():
     """In C the path would end at the NUL and load another file (here, the model that precedes it)."""
     net = graph.Net()

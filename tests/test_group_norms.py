@@ -416,6 +416,12 @@ def test_an_input_with_other_channels_than_the_layer_raises_on_every_device():
     inorm = make_channel_norm("InstanceNorm", 6, 1e-5, True, np.ones(6), np.zeros(6))
     with pytest.raises(ValueError, match="InstanceNorm: the input has 4 channels, the layer 6"):
         inorm(np.zeros((4, 3, 3), np.float32), device="vulkan")
+    # a torch-style batch of one (1 x 8 x 4 x 4) is ncnn's c x d x h x w of 1 channel: the message says so
+    for device in ("cpu", "vulkan"):
+        with pytest.raises(ValueError, match=r"the input has 1 channels, the layer 8 \(a 4-D input is c x d x h x w"):
+            gn(np.zeros((1, 8, 4, 4), np.float32), device=device)
+    with pytest.raises(ValueError, match=r"the input has 2 channels, the layer 8$"):  # no batch hint: d is not 8
+        gn(np.zeros((2, 4, 4, 4), np.float32))
     gn0 = vknorm.GroupNorm(group=2, channels=0, affine=False)
     with pytest.raises(ValueError, match="channels=0 cannot split"):
         gn0(np.zeros((4, 3, 3), np.float32), device="vulkan")

@@ -29,7 +29,7 @@ from availability import needs_vulkan  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data"
 ROOT = DATA.parent.parent
 
-# model -> its input's DIMS (ncnn order, batch dropped)
+# model -> its input's DIMS (numpy order, batch dropped)
 MODELS = {k: v for k, v in json.loads((DATA / "models.json").read_text()).items() if not k.startswith("_")}
 
 

@@ -69,7 +69,7 @@ ATOL_VULKAN_FP16 = ATOL_FP16  # the former name of the --vulkan default; one rul
 MAGIC = 7767517
 MAX_INPUT_ELEMENTS = 1 << 28  # 1 GiB of float32 per input: anything larger is a typo
 
-_DIMS_HELP = "DIMS in ncnn order without batch: 197x192 (h x w), 96x28x28 (c x h x w), 4x3x5x8 (c x d x h x w), 64 (w)"
+_DIMS_HELP = "DIMS in numpy/pnnx order without batch: 197x192 (h x w), 96x28x28 (c x h x w), 4x3x5x8 (c x d x h x w), 64 (w)"
 
 
 RULE_HELP = (
