@@ -143,6 +143,7 @@ nb::dict dispatch_dict(const DispatchInfo& i) {
   r["prefetch"] = i.prefetch;
   r["plane_weights"] = i.plane_weights;
   r["lane_groups"] = i.lane_groups;
+  r["apply_last_first"] = i.apply_last_first;
   r["gpu_us"] = i.gpu_us;
   r["pieces"] = i.pieces;
   return r;

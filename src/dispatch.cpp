@@ -670,6 +670,8 @@ DispatchInfo dispatch_info(const ForwardPlan& fp) {
   else info.team = plan.reduce_team, info.items = plan.reduce_items, info.chunks = plan.n_chunks;
   info.prefetch = plan.prefetch;
   info.plane_weights = plan.plane_weights;
+  for (const Pass& p : fp.passes)  // norm_apply.comp's id 16, the last of its constants
+    if (p.variant.rfind("norm_apply", 0) == 0) info.apply_last_first = p.specialization.back() != 0;
   info.lane_groups = plan.lane_groups;
   return info;
 }

@@ -21,7 +21,8 @@ PATH_RANK = {"subgroup": 0, "workgroup": 1, "split": 2, "cooperative": 2}  # aut
 # The tolerances, relative to max(1, max|y|). fp32 storage: 1e-5, 84 float32 ulps (2^-23): the roundings of
 # reductions over up to 2^16 elements and of the affine step (the kernels measure a few ulps). fp16 storage:
 # one float16 output rounding plus the float16 input's, where the reference saw the input before float16 storage
-# rounded it (2^-11 each, scaled by |x| / std). Inputs far from zero (|mean| >> std) are held to the same float32
+# rounded it (2^-11 each, scaled by |x| / std); where it saw the float16 input itself, storage_rule: the output's
+# rounding and the float32 rule, nothing more. Inputs far from zero (|mean| >> std) are held to the same float32
 # rule: the kernels reduce about a pivot, so the offset costs them no precision.
 FP32_TOL = 1e-5
 FP16_TOL = 4e-3
@@ -33,6 +34,22 @@ def half_fp16_spacing(ref) -> np.ndarray:
     a = np.abs(np.asarray(ref, np.float64))
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(np.isfinite(a), np.exp2(np.floor(np.log2(np.maximum(a, 2.0 ** -14))) - 11.0), np.inf)
+
+
+def storage_rule(y, ref, fp16: bool) -> tuple:
+    """(error, bound) of the storage's rule against a float64 reference computed from the very input the kernel
+    read (for float16 storage: the float16 values). float32: max |y - ref| <= FP32_TOL x scale(ref). float16:
+    what the output's own rounding to float16 cannot explain, max(|y - ref| - half_fp16_spacing(ref)), within the
+    same float32 rule: the kernels compute in float32 from float16 inputs, so storage costs only that rounding (a
+    float16 accumulation fails it: test_vulkan_precision). NaN anywhere is an infinite error."""
+    if not fp16:
+        return max_abs_err(y, ref), FP32_TOL * scale(ref)
+    y64, ref64 = np.asarray(y, np.float64), np.asarray(ref, np.float64)
+    with np.errstate(invalid="ignore"):
+        d = np.where(y64 == ref64, 0.0, np.abs(y64 - ref64))  # equal infinities: no error
+    if np.isnan(d).any():
+        return float("inf"), FP32_TOL * scale(ref)
+    return max(0.0, float((d - half_fp16_spacing(ref)).max(initial=0.0))), FP32_TOL * scale(ref)
 
 
 def group_size(shape, affine_size: int) -> int:

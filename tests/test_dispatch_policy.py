@@ -381,7 +381,7 @@ def run(layer, x, add=False, storages=(False, True)):
             out.append(layer(x, option=opt))
             d = layer.last_dispatch
             dispatched.append({"op": type(layer).__name__, "items": d["items"], "hold_storage": d["hold_storage"],
-                               "plane_weights": d["plane_weights"]})
+                               "plane_weights": d["plane_weights"], "apply_last_first": d["apply_last_first"]})
             if add:
                 y, s = layer.forward_add(x, x[::-1].copy(), return_sum=True, option=opt)
                 out.extend([y, s])
@@ -477,8 +477,14 @@ def test_the_split_apply_pass_last_to_first_changes_no_bit(tmp_path):
     reduce pass left in the L2) against first to last, on this machine's device: LayerNorm and RMSNorm, both
     storages and packings, with the fused residual add and its sum (and the per-channel norms, whose apply
     pass works chunk by chunk either way)."""
-    runs = {v: run_script_under(SPLIT_SCRIPT, "VKNORM_TUNE_APPLY_LAST_FIRST", v, tmp_path, VKNORM_PATH="split")[0]
-            for v in ("0", "1")}
+    runs = {}
+    for v in ("0", "1"):
+        runs[v], dispatched = run_script_under(SPLIT_SCRIPT, "VKNORM_TUNE_APPLY_LAST_FIRST", v, tmp_path,
+                                               VKNORM_PATH="split")
+        order = {(d["op"], d["apply_last_first"]) for d in dispatched}
+        # the rows' apply pass takes the knob; the per-channel norms' goes chunk by chunk either way
+        assert order == {("LayerNorm", v == "1"), ("RMSNorm", v == "1"), ("GroupNorm", False),
+                         ("InstanceNorm", False)}, (v, order)
     assert_bit_identical(runs["0"], runs["1"])
 
 

@@ -17,8 +17,8 @@ import pytest
 import vknorm
 from pyncnn_layer import channel_norm_param, run_ncnn_param, vulkan_available
 from availability import import_graph
-from reference import (FP16_TOL, FP32_TOL, PATHS, channel_count, channel_norm64,
-                       make_channel_norm, max_abs_err, scale)
+from reference import (FP16_TOL, FP32_TOL, PATHS, channel_count, channel_norm64, make_channel_norm, max_abs_err,
+                       scale, storage_rule)
 
 # (op, numpy shape, group): the layouts of the group model that break naive kernels.
 CASES = [
@@ -82,9 +82,9 @@ def every_path(layer, x, gamma, beta, storages=("fp32", "fp16"), paths=PATHS, pa
             y = layer(xin, device="vulkan", option=opt)
             ran = layer.last_dispatch
             what = f"{op}{x.shape} {storage} path={path} packing={packing} ran {ran['path']}"
-            err, bound = max_abs_err(y, ref), tol * scale(ref)
+            err, bound = storage_rule(y, ref, storage == "fp16")
             if y.shape != x.shape or not err <= bound:
-                failures.append(f"{what}: vs float64 {err:.3e} > {bound:.3e}")
+                failures.append(f"{what}: vs float64 {err:.3e} > {bound:.3e} (the storage rule)")
             err, bound = max_abs_err(y, cpu), tol * scale(cpu) + cpu_err
             if not err <= bound:
                 failures.append(f"{what}: vs CPU reference {err:.3e} > {bound:.3e}")
@@ -158,17 +158,23 @@ def test_every_path_packing_and_storage_matches_float64_and_the_cpu_reference(ca
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.skipif(not vulkan_available(), reason="pyncnn sees no Vulkan device")
 @pytest.mark.parametrize("case", [c for c in CASES if len(c[1]) >= 3], ids=case_id)
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
-def test_vulkan_is_as_close_to_float64_as_ncnns_own_vulkan_layer(case, fp16):
+def test_vulkan_and_ncnns_own_vulkan_layer_are_both_within_the_storage_rule_of_float64(case, fp16):
+    """Parity with ncnn's Vulkan GroupNorm/InstanceNorm (pyncnn, same device): its output and vknorm's both
+    within the storage's rule of the same float64 reference, so within twice it of each other. ncnn's layer
+    passing the rule is what says the reference's meaning (eps, groups, per-channel weights) is ncnn's
+    (lavapipe: ncnn 1.0e-7 / 6.3e-4, vknorm 1.2e-7 / 4.6e-4 of the scale at most, fp32 / fp16)."""
+    assert vulkan_available(), "pyncnn sees no Vulkan device where vknorm sees one"
     layer, x, gamma, beta = make_case(case)
     xin = x.astype(np.float16) if fp16 else x
     ref = channel_norm64(case[0], xin, layer.eps, max(case[2], 1), gamma, beta)
     ours = layer(xin, device="vulkan", option=vknorm.Option(use_fp16_storage=fp16))
     theirs = run_ncnn_param(ncnn_param(layer), ncnn_bin(gamma, beta), xin.astype(np.float32), vulkan=True, fp16=fp16)
     tol = (FP16_TOL if fp16 else FP32_TOL) * scale(ref)
-    assert max_abs_err(ours, ref) <= max(tol, max_abs_err(theirs, ref)), (max_abs_err(ours, ref), max_abs_err(theirs, ref))
+    assert max_abs_err(ours, ref) <= tol, ("vknorm", max_abs_err(ours, ref), tol)
+    assert max_abs_err(theirs, ref) <= tol, ("ncnn's Vulkan layer", max_abs_err(theirs, ref), tol)
+    assert max_abs_err(ours, theirs) <= 2 * tol
 
 
 # Groups spanning more channel planes than a small workgroup has invocations: the fused kernel loads each
@@ -452,8 +458,8 @@ def test_instancenorm_without_affine_takes_channels_0_as_any_number_of_channels(
             y = inorm(xin, device="vulkan",
                       option=vknorm.Option(path=path, use_packing_layout=packing, use_fp16_storage=fp16))
             ref16 = channel_norm64("InstanceNorm", xin, inorm.eps) if fp16 else ref
-            tol = FP16_TOL if fp16 else FP32_TOL
-            assert max_abs_err(y, ref16) <= tol * scale(ref16), (shape, path, packing, fp16)
+            err, bound = storage_rule(y, ref16, fp16)
+            assert err <= bound, (shape, path, packing, fp16, err, bound)
 
 
 def test_instancenorm_channels_0_without_affine_runs_in_an_ncnn_net(tmp_path):

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import vknorm
-from reference import (FP32_TOL, PATHS, channel_norm64, check_dispatch, layernorm_from_stats, make_channel_norm,
-                       make_layer, max_abs_err, norm64, scale, stats_raw_sums_f32, stats_running_mean_f32, stats_shifted_one_reduction_f32,
-                       stats_two_pass_f32)
+from reference import (FP16_TOL, FP32_TOL, PATHS, channel_norm64, check_dispatch, layernorm_from_stats,
+                       make_channel_norm, make_layer, max_abs_err, norm64, scale, stats_raw_sums_f32,
+                       stats_running_mean_f32, stats_shifted_one_reduction_f32, stats_two_pass_f32, storage_rule)
 
 OFFSETS = [(1e4, 1e-2), (-3e3, 1.0)]
 OFFSET_SIZES = [768, 65537]
@@ -80,6 +80,36 @@ def test_reductions_without_a_pivot_fail_the_large_offset_check(dist, size):
         mean, var = stats(x)
         err = max_abs_err(layernorm_from_stats(x, mean, var, 1e-5), ref)
         assert err > bound, f"{what} unexpectedly within tolerance ({err:.3e} <= {bound:.3e})"
+
+
+@pytest.mark.parametrize("size", [64, 768, 4096])
+def test_the_float16_rule_passes_float32_accumulation_and_fails_float16_accumulation(size):
+    """The float16 storage rule (reference.storage_rule: past the output's own rounding, the float32 rule): a
+    numpy kernel that reads float16, accumulates in float32 and rounds its output to float16 passes it; the same
+    with its sums kept in float16 (one rounding per element added) fails it, even on groups of 64, where it
+    stays within FP16_TOL (4e-3 of the scale), the tolerance used where a reference saw the unrounded input."""
+    x16 = (np.random.default_rng(size).standard_normal((8, size)) * 2 + 1).astype(np.float16)
+    ref = norm64("LayerNorm", x16, size, 1e-5, False)
+
+    def kernel(acc):
+        x = x16.astype(acc)
+        sq, s = acc(0), np.zeros(8, acc)
+        for k in range(size):  # one add at a time, in the accumulator's precision
+            s = (s + x[:, k]).astype(acc)
+        mean = (s / acc(size)).astype(acc)[:, None]
+        d = (x - mean).astype(acc)
+        for k in range(size):
+            sq = (sq + d[:, k] * d[:, k]).astype(acc)
+        var = (sq / acc(size)).astype(acc)[:, None]
+        return (d.astype(np.float32) / np.sqrt(var.astype(np.float32) + np.float32(1e-5))).astype(np.float16)
+
+    err32, bound = storage_rule(kernel(np.float32), ref, True)
+    assert err32 <= bound, (err32, bound)
+    y16 = kernel(np.float16)
+    err16, _ = storage_rule(y16, ref, True)
+    assert err16 > bound, f"float16 accumulation passed the float16 rule ({err16:.3e} <= {bound:.3e})"
+    if size == 64:
+        assert max_abs_err(y16, ref) <= FP16_TOL * scale(ref)
 
 
 def failures_on_every_path(layer, x, ref, bound, check_dispatch_info=None) -> list:
@@ -345,6 +375,9 @@ def test_channel_norms_whose_squares_overflow_float32_give_the_cpu_reference_s_z
             x[3, 0, 0], x[3, 4, 4] = 3e19, -3e19
         cpu = layer(x, device="cpu")
         assert not np.isnan(cpu).any()
+        # the overflowing groups (every one with 1e20 first; the one with channel 3 otherwise) are exactly 0
+        big = slice(None) if pattern == "1e20 first" else (slice(2, 4) if op == "GroupNorm" else 3)
+        assert not cpu[big].any(), "CPU reference: an infinite variance should leave 0 (no affine)"
         for path in PATHS:
             for packing in (False, True):
                 y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))

@@ -155,6 +155,7 @@ struct DispatchInfo {  // what the last forward did
   bool prefetch = false;       // weights loaded early: with x (fused), during the wait (cooperative)
   bool plane_weights = false;  // fused, a group per workgroup: per-channel weights in shared memory up front
   bool lane_groups = false;    // fused, pack4 GroupNorm of 2 mod 4 channels per group: an item per group
+  bool apply_last_first = false;  // split, rows: the apply pass walks each row's elements last to first
   double gpu_us = 0;  // from timestamp queries; 0 when the device has none
   int pieces = 1;     // submissions the blob was split into (plan_pieces); 1: processed whole
 };
