@@ -331,6 +331,8 @@ NB_MODULE(_core, m) {
     for (const Pass& pass : fp.passes) variants.push_back(pass.variant);
     r["variants"] = variants;
     r["counters_bytes"] = fp.counters ? fp.coefs_bytes : 0;  // the cooperative kernel's counters (slot 4)
+    // channel planes one item spans (constant id 8 of the kernel, the last pass): what plane weights hold
+    r["planes"] = fp.passes.empty() ? 0u : fp.passes.back().specialization.at(8);
     return r;
   }, "op"_a, "affine_size"_a, "group"_a, "channels"_a, "dims"_a, "w"_a, "h"_a, "d"_a, "c"_a, "elempack"_a, "fp16"_a,
      "device"_a, "path"_a = "auto");

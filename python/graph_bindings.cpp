@@ -983,23 +983,30 @@ NB_MODULE(_graph, m) {
              return name.empty() ? -1 : extractor_input(e, name, in);
            },
            "blob_index"_a, "mat"_a)
-      // Last, for what the two above do not take: one line naming the type (nanobind's own error lists every
-      // overload), and the wrap a numpy array or a pyncnn Mat needs.
+      // Last, for what the two above do not take. nanobind tries every overload without conversions first, so
+      // this one also meets index types the int overload would have converted (numpy integers): those go on as an
+      // index. Anything else is one line naming the type (nanobind's own error lists every overload), with the wrap
+      // a numpy array or a pyncnn Mat needs.
       .def("input",
-           [](Extractor&, nb::handle blob, nb::handle mat) -> int {
+           [](Extractor& e, nb::handle blob, nb::handle mat) -> int {
              auto type_of = [](nb::handle h) {  // module-qualified: numpy.ndarray, ncnn.ncnn.Mat
                const nb::handle t = h.type();
                const std::string module = nb::hasattr(t, "__module__") ? nb::str(t.attr("__module__")).c_str() : "";
                const std::string name = nb::type_name(t).c_str();
                return module.empty() || module == "builtins" || name.rfind(module, 0) == 0 ? name : module + "." + name;
              };
-             if (!nb::isinstance<nb::str>(blob) && !nb::isinstance<nb::int_>(blob))
+             if (!nb::isinstance<::ncnn::Mat>(mat))
+               throw nb::type_error(("Extractor.input: the input must be a vknorm.graph.Mat, got " + type_of(mat) +
+                                     ": wrap it, vknorm.graph.Mat(np.asarray(x))").c_str());
+             if (nb::isinstance<nb::str>(blob) || !PyIndex_Check(blob.ptr()) || PyBool_Check(blob.ptr()))
                throw nb::type_error(("Extractor.input: the blob is a name (str) or an index (int), got " +
                                      type_of(blob)).c_str());
-             throw nb::type_error(("Extractor.input: the input must be a vknorm.graph.Mat, got " + type_of(mat) +
-                                   ": wrap it, vknorm.graph.Mat(np.asarray(x))").c_str());
+             const Py_ssize_t index = PyNumber_AsSsize_t(blob.ptr(), nullptr);  // saturates; no error
+             const int i = int(std::clamp<Py_ssize_t>(index, INT_MIN, INT_MAX));  // out of range either way: said
+             const std::string name = blob_name(e, i, "input");
+             return name.empty() ? -1 : extractor_input(e, name, nb::cast<const ::ncnn::Mat&>(mat));
            },
-           "blob"_a, "mat"_a)
+           "blob_name"_a.none(), "mat"_a.none())
       // type: pyncnn's; 0 (the blob unpacked to float32) is the one this module gives
       .def("extract",
            [](Extractor& e, const std::string& name, int type) {

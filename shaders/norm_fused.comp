@@ -20,7 +20,7 @@ layout(constant_id = 16) const uint LANE_GROUPS = 0;
 const float kMaxShiftRatio = 4.0;
 // Squares about the pivot exceed squares about the mean by n * mean^2 (mean: the shifted mean). Where their sum
 // nears FLT_MAX the second pass runs, squaring deviations from the mean: it gives the CPU reference's inf variance
-// (a = 0) where that overflows too, and a finite one where only the squares about the pivot did (a pivot 1e17
+// (a = 0) where that overflows too, and a finite one where only the squares about the pivot did (a pivot 2.2e17
 // from the other 8188 of 8192 elements). This also catches a shifted mean past sqrt(FLT_MAX), whose square would
 // make var = inf - inf (sum_sq >= n * mean^2). Compared as a finite bound, as drivers need not keep NaN
 // semantics in comparisons.

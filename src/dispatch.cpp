@@ -189,8 +189,8 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   // Shared memory (maxComputeSharedMemorySize, VKNORM_MAX_SHARED_MEMORY caps it): per invocation the
   // fused kernel and norm_reduce hold one stat (vec4 at most: 16 B, common.glsl team_scratch), the fused kernel
   // also one weight slot of each kind (kFusedSharedFixed; with plane_weights a slot per plane, budgeted by that
-  // rule); norm_finalize and norm_apply 3 afp (48 B, 64 B budgeted), at the split path's workgroup,
-  // preferred_workgroup; the cooperative kernel as those, plus a few values (kCooperativeSharedFixed).
+  // rule); norm_finalize and norm_apply a stat and 3 afp (64 B: the whole budget), at the split path's
+  // workgroup, preferred_workgroup; the cooperative kernel as those, plus a few values (kCooperativeSharedFixed).
   const uint32_t shared = std::max<uint32_t>(info.max_shared_memory, 64 + kFusedSharedFixed);
   caps.max_shared = shared;
   caps.max_workgroup = std::min(caps.max_workgroup, pow2_floor((shared - kFusedSharedFixed) / 16));

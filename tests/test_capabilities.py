@@ -282,8 +282,9 @@ if "pytest" in sys.modules:
     def test_the_shared_memory_count_sees_every_declaration(tmp_path):
         """The count itself: a scalar, a comma list and a fixed-size array are counted or refused, never skipped
         (a comma list of fixed arrays went uncounted once)."""
-        (tmp_path / "a.comp").write_text("shared vec4 x[gl_WorkGroupSize.x];\nshared uint s, t;\nshared bool b;\n"
-                                         "shared wfp g[PLANE_WEIGHT_SLOTS], h[PLANE_WEIGHT_SLOTS];\n")
+        (tmp_path / "a.comp").write_text("shared vec4 x[gl_WorkGroupSize.x];\nshared uint s, t; shared bool b;\n"
+                                         "shared wfp g[PLANE_WEIGHT_SLOTS], h[PLANE_WEIGHT_SLOTS];\n"
+                                         "// shared memory in a comment\n")
         assert shared_bytes(str(tmp_path)) == {"a": (16, 4 + 4 + 4 + 16 + 16)}
         (tmp_path / "a.comp").write_text("shared vec4 x[64];\n")
         with pytest.raises(AssertionError, match="a size unknown to this test"):

@@ -965,8 +965,17 @@ def test_an_input_that_is_not_a_graph_mat_and_fusion_without_vknorm_are_one_line
                             "vknorm.graph.Mat(np.asarray(x))")
     with pytest.raises(TypeError, match="the blob is a name \\(str\\) or an index \\(int\\), got float"):
         ex.input(1.5, graph.Mat(np.zeros(4, np.float32)))
+    import ncnn as pyncnn  # pyncnn beside vknorm.graph in one process: test_pyncnn_and_vknorm_graph_in_one_process
+    with pytest.raises(TypeError, match="must be a vknorm.graph.Mat, got NoneType"):
+        ex.input("in0", None)
+    with pytest.raises(TypeError, match="must be a vknorm.graph.Mat, got ncnn.ncnn.Mat"):
+        ex.input(0, pyncnn.Mat(np.zeros((16, 64), np.float32)))
     x = graph.Mat(np.zeros((16, 64), np.float32))
-    assert ex.input("in0", x) == 0 and ex.input(0, x) == 0
+    assert ex.input("in0", x) == 0 and ex.input(0, x) == 0 and ex.input(np.int64(0), x) == 0  # as pyncnn takes them
+    assert ex.input(blob_name="in0", mat=x) == 0 and ex.input(blob_index=0, mat=x) == 0
+    for bad in (True, 1.5, None):
+        with pytest.raises(TypeError, match="the blob is a name"):
+            ex.input(bad, x)
     with pytest.raises(ValueError, match="Net\\(vknorm=False, fuse=True\\)"):
         graph.Net(vknorm=False, fuse=True)
     assert graph.Net(vknorm=False).fuse is False and graph.Net(vknorm=False, fuse=False).fuse is False

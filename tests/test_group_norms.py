@@ -2,10 +2,11 @@
 against ncnn's CPU layers, every Vulkan path against float64 and ncnn's Vulkan layers, the layouts that
 break naive kernels, numerics and bad input.
 
-Tolerances: fp32 storage max abs error <= 1e-5 * max(1, max|y|) against float64; fp16 storage <= 4e-3 *
-max(1, max|y|) against float64 of the float16-rounded input (reference.py). The CPU reference follows
-ncnn's float32 order, so it is held to ncnn's CPU layer within 16 float32 roundings of max|y| (pyncnn's
-x86 layers sum in SIMD lanes).
+Tolerances: fp32 storage max abs error <= 1e-5 * max(1, max|y|) against float64; fp16 storage, against float64
+of the float16-rounded input, what the output's own rounding to float16 cannot explain <= 1e-5 * max(1, max|y|)
+(reference.storage_rule; ncnn's own layers and the CPU reference, rounded to float16 themselves, within 4e-3).
+The CPU reference follows ncnn's float32 order, so it is held to ncnn's CPU layer within 16 float32 roundings of
+max|y| (pyncnn's x86 layers sum in SIMD lanes).
 """
 from __future__ import annotations
 
@@ -160,21 +161,23 @@ def test_every_path_packing_and_storage_matches_float64_and_the_cpu_reference(ca
 
 @pytest.mark.parametrize("case", [c for c in CASES if len(c[1]) >= 3], ids=case_id)
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
-def test_vulkan_and_ncnns_own_vulkan_layer_are_both_within_the_storage_rule_of_float64(case, fp16):
-    """Parity with ncnn's Vulkan GroupNorm/InstanceNorm (pyncnn, same device): its output and vknorm's both
-    within the storage's rule of the same float64 reference, so within twice it of each other. ncnn's layer
-    passing the rule is what says the reference's meaning (eps, groups, per-channel weights) is ncnn's
-    (lavapipe: ncnn 1.0e-7 / 6.3e-4, vknorm 1.2e-7 / 4.6e-4 of the scale at most, fp32 / fp16)."""
+def test_vulkan_and_ncnns_own_vulkan_layer_both_match_float64(case, fp16):
+    """Parity with ncnn's Vulkan GroupNorm/InstanceNorm (pyncnn, same device), against the same float64
+    reference: vknorm by the storage rule, ncnn's layer within its tolerance (float32: the same 1e-5; float16:
+    4e-3 of the scale, its arithmetic may be float16), so the two within the sum of each other. ncnn's layer
+    passing is what says the reference's meaning (eps, groups, per-channel weights) is ncnn's (lavapipe: ncnn
+    1.0e-7 / 6.3e-4, vknorm 1.2e-7 / 4.6e-4 of the scale at most, fp32 / fp16)."""
     assert vulkan_available(), "pyncnn sees no Vulkan device where vknorm sees one"
     layer, x, gamma, beta = make_case(case)
     xin = x.astype(np.float16) if fp16 else x
     ref = channel_norm64(case[0], xin, layer.eps, max(case[2], 1), gamma, beta)
     ours = layer(xin, device="vulkan", option=vknorm.Option(use_fp16_storage=fp16))
     theirs = run_ncnn_param(ncnn_param(layer), ncnn_bin(gamma, beta), xin.astype(np.float32), vulkan=True, fp16=fp16)
+    err, bound = storage_rule(ours, ref, fp16)
+    assert err <= bound, ("vknorm", err, bound)
     tol = (FP16_TOL if fp16 else FP32_TOL) * scale(ref)
-    assert max_abs_err(ours, ref) <= tol, ("vknorm", max_abs_err(ours, ref), tol)
     assert max_abs_err(theirs, ref) <= tol, ("ncnn's Vulkan layer", max_abs_err(theirs, ref), tol)
-    assert max_abs_err(ours, theirs) <= 2 * tol
+    assert max_abs_err(ours, theirs) <= tol + max_abs_err(ours, ref)
 
 
 # Groups spanning more channel planes than a small workgroup has invocations: the fused kernel loads each
@@ -447,7 +450,7 @@ def test_instancenorm_without_affine_takes_channels_0_as_any_number_of_channels(
     """ncnn's InstanceNorm reads channels (param 0) only for its weights: with affine=0 and channels=0 it
     normalizes every channel plane of whatever it is given, on the CPU, on every Vulkan path and in an ncnn
     net (GroupNorm, which splits channels into groups, refuses channels=0 instead). Tolerances as the module's:
-    1e-5 (fp32 storage) and 4e-3 (fp16) x max(1, max|y|) against float64."""
+    the storage rule against float64 of the input the kernel read."""
     inorm = vknorm.InstanceNorm(channels=0, eps=1e-5, affine=False)
     for shape in ((6, 5, 7), (8, 3, 4), (4, 2, 3, 5)):
         x = (np.random.default_rng(len(shape)).standard_normal(shape) * 2 + 0.5).astype(np.float32)

@@ -296,10 +296,10 @@ def test_check_refuses_an_input_shape_that_a_layers_weights_do_not_take(tmp_path
 
 def test_check_survives_a_crashing_shape(error_runs):
     """ncnn's MultiHeadAttention dies of SIGFPE on this shape: check runs ncnn in a child process, so that is one
-    line naming the crash and the shape, exit 2, never a signal, a traceback or a verdict on garbage."""
+    line naming the crash and the shape, exit 2, never a signal, a traceback or a verdict on garbage (x86:
+    SIGFPE; where integer division by zero does not trap, whatever ncnn then does)."""
     r = error_runs[1]["bad_shape"]
     assert_one_line_error(r, "--input in0=16x65")
-    assert "SIGFPE" in r.stderr, r.stderr
 
 
 def test_model_without_norm_layers(tmp_path):
