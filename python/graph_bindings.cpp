@@ -998,11 +998,11 @@ NB_MODULE(_graph, m) {
              if (!nb::isinstance<::ncnn::Mat>(mat))
                throw nb::type_error(("Extractor.input: the input must be a vknorm.graph.Mat, got " + type_of(mat) +
                                      ": wrap it, vknorm.graph.Mat(np.asarray(x))").c_str());
-             if (nb::isinstance<nb::str>(blob) || !PyIndex_Check(blob.ptr()) || PyBool_Check(blob.ptr()))
+             const std::optional<long long> index = as_index(blob);
+             if (!index)
                throw nb::type_error(("Extractor.input: the blob is a name (str) or an index (int), got " +
                                      type_of(blob)).c_str());
-             const Py_ssize_t index = PyNumber_AsSsize_t(blob.ptr(), nullptr);  // saturates; no error
-             const int i = int(std::clamp<Py_ssize_t>(index, INT_MIN, INT_MAX));  // out of range either way: said
+             const int i = int(std::clamp<long long>(*index, INT_MIN, INT_MAX));  // out of range either way: said
              const std::string name = blob_name(e, i, "input");
              return name.empty() ? -1 : extractor_input(e, name, nb::cast<const ::ncnn::Mat&>(mat));
            },

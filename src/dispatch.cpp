@@ -202,8 +202,9 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   return caps;
 }
 
-// Planes whose weights norm_fused.comp keeps in shared memory (plane_weights), at most (CMakeLists.txt).
-constexpr uint32_t kMaxPlaneWeights = VKNORM_MAX_PLANE_WEIGHTS;
+// Planes whose weights norm_fused.comp keeps in shared memory (plane_weights), at most: the rule's measured
+// range (its arrays are sized by the plan, its shared memory budgeted there).
+constexpr uint32_t kMaxPlaneWeights = 64;
 
 namespace {
 

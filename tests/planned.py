@@ -86,10 +86,14 @@ def shared_bytes(shaders_dir: str = SHADERS) -> dict:
     return {name[:-5]: with_includes(name) for name in sorted(os.listdir(shaders_dir)) if name.endswith(".comp")}
 
 
-def dispatch_shared(per_shader: dict, info: dict) -> int:
-    """Shared bytes the largest kernel of a forward declares (last_dispatch; no plane weights)."""
-    assert not info.get("plane_weights"), "plane weights add a slot per plane: not counted here"
+def declared_shared(per_shader: dict, plan: dict) -> int:
+    """Shared bytes the largest kernel of a plan (plan_for_device, or a last_dispatch) declares: per invocation,
+    fixed, and where the fused kernel keeps its planes' weights, a slot of each per plane of its item (the
+    plan's "planes", which only plan_for_device reports)."""
     shaders = {"split": ("norm_reduce", "norm_finalize", "norm_apply"),
-               "cooperative": ("norm_cooperative",)}.get(info["path"], ("norm_fused",))
-    wg = info["workgroup_size"]
-    return max(wg * per_shader[s][0] + per_shader[s][1] for s in shaders)
+               "cooperative": ("norm_cooperative",)}.get(plan["path"], ("norm_fused",))
+    total = max(plan["workgroup_size"] * per_shader[s][0] + per_shader[s][1] for s in shaders)
+    if plan["plane_weights"]:
+        assert "planes" in plan, "plane weights add a slot per plane: plan it with plan_for_device"
+        total += 2 * 16 * (plan["planes"] - 1)
+    return total

@@ -172,18 +172,18 @@ def make_layer(op: str, affine_size: int, eps: float, affine: bool, gamma=None, 
 
 # ---------------------------------------------------------------- reductions that must NOT be used
 
-def _tree_sum_f32(a: np.ndarray) -> np.ndarray:
-    """Pairwise (GPU-style tree) float32 sum over the last axis, every addition rounded to float32."""
-    a = np.asarray(a, np.float32)
+def _tree_sum(a: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """Pairwise (GPU-style tree) sum over the last axis, every addition rounded to dtype."""
+    a = np.asarray(a, dtype)
     n = a.shape[-1]
     p = 1
     while p < n:
         p *= 2
-    buf = np.zeros(a.shape[:-1] + (p,), np.float32)
+    buf = np.zeros(a.shape[:-1] + (p,), dtype)
     buf[..., :n] = a
     while buf.shape[-1] > 1:
         half = buf.shape[-1] // 2
-        buf = (buf[..., :half] + buf[..., half:]).astype(np.float32)
+        buf = (buf[..., :half] + buf[..., half:]).astype(dtype)
     return buf[..., 0]
 
 
@@ -191,20 +191,20 @@ def stats_raw_sums_f32(rows: np.ndarray):
     """mean, var from a float32 sum and sum of squares (tree-reduced): var = E[x^2] - mean^2."""
     rows = np.asarray(rows, np.float32)
     n = np.float32(rows.shape[-1])
-    s1 = _tree_sum_f32(rows)
-    s2 = _tree_sum_f32(rows * rows)
+    s1 = _tree_sum(rows)
+    s2 = _tree_sum(rows * rows)
     mean = (s1 / n).astype(np.float32)
     var = (s2 / n - mean * mean).astype(np.float32)
     return mean, var
 
 
-def stats_two_pass_f32(rows: np.ndarray):
-    """mean, var in two float32 passes (tree-reduced) without a pivot: the mean, then squares about it."""
-    rows = np.asarray(rows, np.float32)
-    n = np.float32(rows.shape[-1])
-    mean = (_tree_sum_f32(rows) / n).astype(np.float32)
-    d = (rows - mean[:, None]).astype(np.float32)
-    return mean, (_tree_sum_f32(d * d) / n).astype(np.float32)
+def stats_two_pass(rows: np.ndarray, dtype=np.float32):
+    """mean, var in two passes (tree-reduced, in dtype) without a pivot: the mean, then squares about it."""
+    rows = np.asarray(rows, dtype)
+    n = dtype(rows.shape[-1])
+    mean = (_tree_sum(rows, dtype) / n).astype(dtype)
+    d = (rows - mean[:, None]).astype(dtype)
+    return mean, (_tree_sum(d * d, dtype) / n).astype(dtype)
 
 
 def stats_shifted_one_reduction_f32(rows: np.ndarray):
@@ -215,8 +215,8 @@ def stats_shifted_one_reduction_f32(rows: np.ndarray):
     q = np.float32(0.25)
     pivot = (q * rows[:, 0] + q * rows[:, 1]) + (q * rows[:, 2] + q * rows[:, 3])
     d = (rows - pivot[:, None]).astype(np.float32)
-    m = (_tree_sum_f32(d) / n).astype(np.float32)
-    var = (_tree_sum_f32(d * d) / n - m * m).astype(np.float32)
+    m = (_tree_sum(d) / n).astype(np.float32)
+    var = (_tree_sum(d * d) / n - m * m).astype(np.float32)
     return (pivot + m).astype(np.float32), var
 
 

@@ -73,7 +73,7 @@ def run_parity(option_fields: dict, every: int) -> dict:
 
     import vknorm
     from vknorm import _core
-    from planned import dispatch_shared, shared_bytes
+    from planned import declared_shared, shared_bytes
     from reference import (FP16_TOL, FP32_TOL, PATHS, all_cases, case_data, case_name, check_dispatch, group_size,
                            make_layer, max_abs_err, norm64, scale)
 
@@ -112,7 +112,7 @@ def run_parity(option_fields: dict, every: int) -> dict:
                     if problem:
                         failures.append(f"{what}: {problem}")
                     dispatches.append({"path": info["path"], "wg": info["workgroup_size"], "subgroup": info["subgroup"],
-                                       "shared": dispatch_shared(per_shader, info)})
+                                       "shared": declared_shared(per_shader, info)})
         # fp16 storage requested with float32 input: either float16 on the device (values are fp16 values)
         # or, where the device has none, exactly the float32-storage result.
         y32 = layer(x, device="vulkan", option=vknorm.Option(**option_fields))

@@ -31,7 +31,8 @@ import pytest
 
 from vknorm import _core
 
-from planned import H200 as H200_KNOWN_RESIDENCY, H200_UNKNOWN_RESIDENCY, LAVAPIPE, channels_plan as _channels_plan, no_tuning_knobs, rows_plan as _rows_plan, shared_bytes
+from planned import H200 as H200_KNOWN_RESIDENCY, H200_UNKNOWN_RESIDENCY, LAVAPIPE, channels_plan as _channels_plan
+from planned import declared_shared, no_tuning_knobs, rows_plan as _rows_plan, shared_bytes
 
 # The rules below were measured on an H200; these tests pin the fused and split ones (tests/test_cooperative.py
 # the cooperative kernel's, planned where the multiprocessor count is known).
@@ -45,16 +46,6 @@ def rows_plan(op, rows, cols, fp16, device=H200, pack=4):
 
 def channels_plan(op, c, h, w, group, fp16, device=H200):
     return _channels_plan(op, c, h, w, group, fp16, device)
-
-
-def declared_shared(plan, per_shader):
-    """Shared bytes the plan's largest kernel declares: per invocation, fixed, and a slot of each plane weight
-    per plane of its item where the fused kernel keeps them (plane_weights)."""
-    shaders = {"split": ("norm_reduce", "norm_finalize", "norm_apply"),
-               "cooperative": ("norm_cooperative",)}.get(plan["path"], ("norm_fused",))
-    wg = plan["workgroup_size"]
-    total = max(wg * per_shader[k][0] + per_shader[k][1] for k in shaders)
-    return total + (2 * 16 * (plan["planes"] - 1) if plan["plane_weights"] else 0)
 
 
 @pytest.mark.parametrize("shared", [16384, 32768, 49152])
@@ -71,7 +62,7 @@ def test_no_plan_declares_more_shared_memory_than_the_device_has(no_tuning_knobs
         for fp16 in (False, True):
             plan = rows_plan("LayerNorm", rows, cols, fp16, device)
             seen.add(plan["path"])
-            assert declared_shared(plan, per_shader) <= shared, (rows, cols, fp16, plan)
+            assert declared_shared(per_shader, plan) <= shared, (rows, cols, fp16, plan)
     for op, c, h, w, group in (("GroupNorm", 320, 64, 64, 32), ("GroupNorm", 1280, 16, 16, 32),
                                ("GroupNorm", 1280, 8, 8, 32), ("GroupNorm", 640, 32, 32, 32),
                                ("GroupNorm", 256, 32, 32, 1), ("InstanceNorm", 64, 128, 128, 64),
@@ -79,7 +70,7 @@ def test_no_plan_declares_more_shared_memory_than_the_device_has(no_tuning_knobs
         for fp16 in (False, True):
             plan = channels_plan(op, c, h, w, group, fp16, device)
             seen.add(plan["path"] + (" plane weights" if plan["plane_weights"] else ""))
-            assert declared_shared(plan, per_shader) <= shared, (op, c, h, w, group, fp16, plan)
+            assert declared_shared(per_shader, plan) <= shared, (op, c, h, w, group, fp16, plan)
     # the grid reaches each kind of plan (at 16 KB no group keeps its planes' weights: its plans take other teams)
     assert {"workgroup", "cooperative"} | ({"workgroup plane weights"} if shared > 16384 else set()) <= seen, seen
 

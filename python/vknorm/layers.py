@@ -272,7 +272,8 @@ class _Norm:
         unknown = set(params) - known
         if unknown:
             names = ", ".join(f"{pid} {name}" for pid, name, _ in cls._params)
-            raise ValueError(f"unknown param ids {sorted(unknown, key=lambda k: (not isinstance(k, int), k if isinstance(k, int) else repr(k)))}: {cls.__name__} takes {names}")
+            in_order = sorted(unknown, key=lambda k: (0, k, "") if isinstance(k, int) else (1, 0, repr(k)))  # ints first
+            raise ValueError(f"unknown param ids {in_order}: {cls.__name__} takes {names}")
         values = {name: params.get(pid, default) for pid, name, default in cls._params}
         for pid, name, _ in cls._params:
             if name not in ("eps", "affine"):
