@@ -52,6 +52,100 @@ def storage_rule(y, ref, fp16: bool) -> tuple:
     return max(0.0, float((d - half_fp16_spacing(ref)).max(initial=0.0))), FP32_TOL * scale(ref)
 
 
+# ---------------------------------------------------------------- against ncnn's own float32 layers
+
+F32_UNIT_ROUNDOFF = 2.0 ** -24
+
+
+def _gamma_n(k) -> np.ndarray:
+    """Higham's gamma_k = k u / (1 - k u): the relative error bound of k chained float32 roundings, in
+    particular of a sum of k + 1 terms in any order (relative to the sum of the terms' magnitudes)."""
+    k = np.asarray(k, np.float64) * F32_UNIT_ROUNDOFF
+    return k / (1.0 - k)
+
+
+def _two_pass_float32_error(rows, eps: float, g, b, rms: bool, squares_in_fp16: bool) -> np.ndarray:
+    """ncnn_float32_error's bound for groups as rows, with |gamma| and |beta| per element (g, b broadcast)."""
+    n = rows.shape[1]
+    u = F32_UNIT_ROUNDOFF
+    eps64 = float(np.float32(eps))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        m2 = (rows * rows).mean(axis=1, keepdims=True)
+        if rms:
+            mean = dmean = 0.0
+            var, dvar = m2, _gamma_n(n + 2) * m2
+        else:
+            mean = rows.mean(axis=1, keepdims=True)
+            magnitude = np.abs(rows)
+            dmean = _gamma_n(n + 2) * (magnitude.mean(axis=1, keepdims=True) + magnitude.max(axis=1, keepdims=True))
+            var = ((rows - mean) ** 2).mean(axis=1, keepdims=True)
+            dvar = _gamma_n(n + 3) * (m2 + mean * mean) + dmean * dmean
+        if squares_in_fp16:
+            dvar = dvar + 2.0 ** -11 * (var + dvar) + 2.0 ** -25
+        a = 1.0 / np.sqrt(var + eps64)
+        low = var + eps64 - dvar  # the smallest variance the computed one may stand for
+        da = np.where(low > 0, 1.0 / np.sqrt(np.where(low > 0, low, 1.0)) - a, np.inf) + 4 * u * a
+        err = g * (np.abs(rows - mean) * da + dmean * (a + da))
+        return err + 4 * u * (g * (a + da) * (np.abs(rows) + np.abs(mean) + dmean) + b)
+
+
+def ncnn_float32_error(op: str, x, affine_size: int, eps: float, affine: bool, gamma=None, beta=None,
+                       squares_in_fp16: bool = False) -> np.ndarray:
+    """Per element, the most a float32 LayerNorm/RMSNorm computed as ncnn computes it may differ from float64 of
+    the same input and weights, whatever order its sums take (ncnn's CPU and Vulkan layers sum differently):
+    LayerNorm mean = sum/n (its Vulkan subgroup reduction sums x - x[0]), var = sum((x - mean)^2)/n,
+    a = 1/sqrt(var + eps), y = (x*a - mean*a)*gamma + beta; RMSNorm ms = sum(x*x)/n, y = x*a*gamma.
+    ``squares_in_fp16``: ncnn's Vulkan layers with float16 storage may store each square in float16 before
+    summing it (their multi-pass reduction does). From the a-priori bound of each step, in float64:
+    - the mean's error dmean <= gamma_{n+2} (mean|x| + max|x|) (terms up to |x| + |x[0]|);
+    - the variance's dvar <= gamma_{n+3} (mean(x^2) + mean^2) + dmean^2 (squares about the computed mean sum
+      to var + dmean^2 exactly); RMSNorm's dms <= gamma_{n+2} mean(x^2); float16 squares add 2^-11 of that
+      mean square and 2^-25 (float16's subnormal spacing);
+    - a's error: what dvar moves 1/sqrt(var + eps) by, plus 4 roundings (eps, sqrt, division, the product);
+    - y's: |gamma| (|x - mean| da + dmean (a + da)) + 4 roundings of each term's magnitude.
+    A bound, not an estimate: ncnn's results sit well inside it, and another formula (an n - 1 variance, eps
+    outside the root) outside it in groups small enough for its difference to pass n roundings."""
+    x64 = np.asarray(x, np.float64)
+    rows = x64.reshape(-1, group_size(x64.shape, affine_size))
+    g = np.abs(np.asarray(gamma, np.float64))[None, :] if affine else 1.0
+    b = np.abs(np.asarray(beta, np.float64))[None, :] if affine and beta is not None else 0.0
+    return _two_pass_float32_error(rows, eps, g, b, op == "RMSNorm", squares_in_fp16).reshape(x64.shape)
+
+
+def ncnn_channel_float32_error(op: str, x, eps: float, group: int = 1, gamma=None, beta=None) -> np.ndarray:
+    """ncnn_float32_error for GroupNorm (``group`` groups of consecutive channels) and InstanceNorm (a group per
+    channel), numpy order, gamma/beta per channel: ncnn's CPU layers take the same steps (two passes, then
+    a = gamma/sqrt(var + eps), b = beta - mean*a, y = x*a + b)."""
+    x64 = np.asarray(x, np.float64)
+    c = channel_count(op, x64.shape)
+    groups = c if op == "InstanceNorm" else int(group)
+    per_channel = x64.size // c
+    def per_element(w):
+        return np.repeat(np.abs(np.asarray(w, np.float64)), per_channel).reshape(groups, -1)
+    g = per_element(gamma) if gamma is not None else 1.0
+    b = per_element(beta) if beta is not None else 0.0
+    return _two_pass_float32_error(x64.reshape(groups, -1), eps, g, b, False, False).reshape(x64.shape)
+
+
+def ncnn_rule(ours, theirs, their_error, ours_fp16: bool = False, theirs_fp16: bool = False) -> tuple:
+    """(excess, bound) of vknorm's output against an ncnn layer's output on the same input: what ncnn's own float32
+    error (ncnn_float32_error, plus any shift of its weights) and the float16 rounding of each side's stored
+    output cannot explain, max(|ours - theirs| - their_error - half_fp16_spacing of each float16 output), within
+    vknorm's float32 rule, FP32_TOL x scale(theirs). NaN on one side only is an infinite excess."""
+    y64, t64 = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    with np.errstate(invalid="ignore"):
+        d = np.where(y64 == t64, 0.0, np.abs(y64 - t64))  # equal values, infinities and NaN-free: no difference
+    d = np.where(np.isnan(y64) & np.isnan(t64), 0.0, d)
+    if np.isnan(d).any():
+        return float("inf"), FP32_TOL * scale(theirs)
+    slack = np.asarray(their_error, np.float64)
+    if ours_fp16:
+        slack = slack + half_fp16_spacing(y64)
+    if theirs_fp16:
+        slack = slack + half_fp16_spacing(t64)
+    return max(0.0, float((d - slack).max(initial=0.0))), FP32_TOL * scale(theirs)
+
+
 def group_size(shape, affine_size: int) -> int:
     """Elements per group for a numpy-order shape under ncnn's rules."""
     shape = tuple(int(s) for s in shape)

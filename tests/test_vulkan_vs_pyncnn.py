@@ -1,14 +1,16 @@
-"""vknorm on Vulkan vs pyncnn's own LayerNorm/RMSNorm — on ncnn's Vulkan path
-(lavapipe) and on its CPU path, fp32 and fp16 — for every ncnn test case and a few model-sized blobs.
+"""vknorm on Vulkan vs pyncnn's own LayerNorm/RMSNorm -- on ncnn's Vulkan path (lavapipe) and on its CPU path,
+fp32 and fp16 -- for every ncnn test case and a few model-sized blobs.
 
-ncnn is an independent implementation with its own (different) summation orders, so the comparison
-tolerance is looser than the float64 one:
-  fp32:          max abs error <= 1e-4 * max(1, max|y_ncnn|)
-  fp16 storage:  max abs error <= 1e-2 * max(1, max|y_ncnn|)   (both sides round input and output to fp16;
-                 ncnn's Vulkan fp16 path also rounds gamma/beta to fp16)
-The fp16 comparison with ncnn's CPU path feeds it the fp16-rounded input (x86 ncnn has no fp16 storage
-for these layers). ncnn runs RMSNORM_GPU_SKIPPED_CASES with TEST_LAYER_DISABLE_GPU_TESTING, so those are
-compared with ncnn's CPU path only.
+ncnn is an independent float32 implementation that sums in its own orders, so the two differ by ncnn's own
+rounding as well as vknorm's. The rule (reference.ncnn_rule), per element: |vknorm - ncnn| less the a-priori
+bound of ncnn's float32 error on that input (reference.ncnn_float32_error: the sums' error bounds for groups
+of n elements, then the coefficient and affine steps), less half a float16 spacing for each side whose output
+is stored in float16, within vknorm's float32 rule, 1e-5 x max(1, max|y_ncnn|). Where ncnn's float16 path
+rounds gamma/beta to float16 (its Vulkan layer), the exact shift that makes in float64 is part of its error.
+Every comparison first checks that the bound holds for ncnn itself against float64 of the same input.
+The fp16 comparison with ncnn's CPU path feeds it the fp16-rounded input (x86 ncnn has no fp16 storage for
+these layers). ncnn runs RMSNORM_GPU_SKIPPED_CASES with TEST_LAYER_DISABLE_GPU_TESTING, so those are compared
+with ncnn's CPU path only. A negative control shows the rule tells a different formula apart.
 """
 from __future__ import annotations
 
@@ -18,11 +20,25 @@ import pytest
 import ncnn_cases
 import vknorm
 from pyncnn_layer import run_ncnn_layer, vulkan_available
-from reference import PATHS, all_cases, case_data, case_name, make_layer, max_abs_err, scale
+from reference import (PATHS, all_cases, case_data, case_name, group_size, make_layer, ncnn_float32_error, ncnn_rule,
+                       norm64)
 
-NCNN_FP32_TOL = 1e-4
-NCNN_FP16_TOL = 1e-2
 CASES = all_cases()
+
+
+def fp16_weights(gamma, beta):
+    return tuple(None if w is None else np.asarray(w, np.float16).astype(np.float32) for w in (gamma, beta))
+
+
+def ncnn_error(op, x, affine_size, eps, affine, gamma, beta, vulkan_fp16: bool) -> np.ndarray:
+    """The bound of ncnn's error against float64 of (x, gamma, beta), per element. ncnn's Vulkan layer with
+    float16 storage holds gamma/beta and each square in float16: its float64 result moves by the weights'
+    rounding (computed exactly here) and its variance by the squares'."""
+    if not vulkan_fp16 or not affine:
+        return ncnn_float32_error(op, x, affine_size, eps, affine, gamma, beta, squares_in_fp16=vulkan_fp16)
+    g16, b16 = fp16_weights(gamma, beta)
+    shift = np.abs(norm64(op, x, affine_size, eps, affine, g16, b16) - norm64(op, x, affine_size, eps, affine, gamma, beta))
+    return ncnn_float32_error(op, x, affine_size, eps, affine, g16, b16, squares_in_fp16=True) + shift
 
 
 def gpu_skipped(op, case) -> bool:
@@ -44,26 +60,33 @@ def ncnn_results():
             "layer": make_layer(op, *args),
             "cpu32": run_ncnn_layer(op, x, *args, vulkan=False),
             "cpu16": run_ncnn_layer(op, x16.astype(np.float32), *args, vulkan=False),
+            "cpu32_error": ncnn_error(op, x, *args, vulkan_fp16=False),
+            "cpu16_error": ncnn_error(op, x16, *args, vulkan_fp16=False),
         }
         if not gpu_skipped(op, case):
             r["vk32"] = run_ncnn_layer(op, x, *args, vulkan=True, fp16=False)
             r["vk16"] = run_ncnn_layer(op, x, *args, vulkan=True, fp16=True)
+            r["vk32_error"] = r["cpu32_error"]
+            r["vk16_error"] = ncnn_error(op, x16, *args, vulkan_fp16=True)
         out.append(r)
     return out
 
 
-def compare(results, key: str, fp16: bool, tol: float):
+def compare(results, key: str, fp16: bool):
     failures = []
     compared = 0
     for r in results:
         if key not in r:
             continue
-        theirs = r[key]
+        theirs, their_error = r[key], r[key + "_error"]
+        f64 = norm64(r["op"], r["x16"] if key.endswith("16") else r["x"], *r["args"])
+        if ncnn_rule(f64, theirs, their_error, theirs_fp16=key == "vk16")[0] > 0:  # the bound must hold for ncnn
+            failures.append(f"{case_name(r['op'], r['case'])}: ncnn's own error passes its derived bound")
         for path in PATHS:
             for packing in (False, True):
                 opt = vknorm.Option(use_fp16_storage=fp16, use_packing_layout=packing, path=path)
                 ours = r["layer"](r["x16"] if fp16 else r["x"], device="vulkan", option=opt)
-                err, bound = max_abs_err(ours, theirs), tol * scale(theirs)
+                err, bound = ncnn_rule(ours, theirs, their_error, ours_fp16=fp16, theirs_fp16=key == "vk16")
                 compared += 1
                 if not err <= bound:
                     failures.append(f"{case_name(r['op'], r['case'])} path={path} packing={packing}: "
@@ -73,19 +96,19 @@ def compare(results, key: str, fp16: bool, tol: float):
 
 
 def test_fp32_matches_ncnn_vulkan_layer(ncnn_results):
-    compare(ncnn_results, "vk32", fp16=False, tol=NCNN_FP32_TOL)
+    compare(ncnn_results, "vk32", fp16=False)
 
 
 def test_fp16_storage_matches_ncnn_vulkan_layer_with_fp16_storage(ncnn_results):
-    compare(ncnn_results, "vk16", fp16=True, tol=NCNN_FP16_TOL)
+    compare(ncnn_results, "vk16", fp16=True)
 
 
 def test_fp32_matches_ncnn_cpu_layer(ncnn_results):
-    compare(ncnn_results, "cpu32", fp16=False, tol=NCNN_FP32_TOL)
+    compare(ncnn_results, "cpu32", fp16=False)
 
 
 def test_fp16_storage_matches_ncnn_cpu_layer_on_the_fp16_rounded_input(ncnn_results):
-    compare(ncnn_results, "cpu16", fp16=True, tol=NCNN_FP16_TOL)
+    compare(ncnn_results, "cpu16", fp16=True)
 
 
 MODEL_BLOBS = [
@@ -103,16 +126,53 @@ def test_model_sized_blobs_match_ncnn_vulkan_and_cpu(op, shape, affine_size):
     layer = make_layer(op, affine_size, 1e-5, True, gamma, beta)
     args = (affine_size, 1e-5, 1, gamma, beta)
     failures = []
-    for fp16, tol in ((False, NCNN_FP32_TOL), (True, NCNN_FP16_TOL)):
+    for fp16 in (False, True):
         xin = x.astype(np.float16) if fp16 else x
-        refs = {
-            "ncnn vulkan": run_ncnn_layer(op, x, *args, vulkan=True, fp16=fp16),
-            "ncnn cpu": run_ncnn_layer(op, xin.astype(np.float32), *args, vulkan=False),
+        refs = {  # ncnn's output, whether it is stored in float16, the bound of its error
+            "ncnn vulkan": (run_ncnn_layer(op, x, *args, vulkan=True, fp16=fp16), fp16,
+                            ncnn_error(op, xin, *args, vulkan_fp16=fp16)),
+            "ncnn cpu": (run_ncnn_layer(op, xin.astype(np.float32), *args, vulkan=False), False,
+                         ncnn_error(op, xin, *args, vulkan_fp16=False)),
         }
+        f64 = norm64(op, xin, *args)
+        for name, (theirs, theirs_fp16, their_error) in refs.items():  # the bound must hold for ncnn
+            if ncnn_rule(f64, theirs, their_error, theirs_fp16=theirs_fp16)[0] > 0:
+                failures.append(f"fp16={fp16}: {name}'s own error passes its derived bound")
         for packing in (False, True):
             ours = layer(xin, device="vulkan", option=vknorm.Option(use_fp16_storage=fp16, use_packing_layout=packing))
-            for name, theirs in refs.items():
-                err, bound = max_abs_err(ours, theirs), tol * scale(theirs)
+            for name, (theirs, theirs_fp16, their_error) in refs.items():
+                err, bound = ncnn_rule(ours, theirs, their_error, ours_fp16=fp16, theirs_fp16=theirs_fp16)
                 if not err <= bound:
                     failures.append(f"fp16={fp16} packing={packing} vs {name}: {err:.3e} > {bound:.3e}")
     assert not failures, "\n".join(failures)
+
+
+def test_the_rule_tells_another_formula_from_ncnn(ncnn_results):
+    """Negative control: LayerNorm with an n - 1 variance (torch.var's default) in float64 -- closer to ncnn
+    than any float32 kernel could be, but another formula -- fails the rule against ncnn's CPU layer in every
+    ncnn case whose groups are small enough for the difference (about |y| / 2n) to pass the sums' error bound
+    (n <= 256), and float64 of ncnn's own formula passes it everywhere."""
+    failed = judged = 0
+    for r in ncnn_results:
+        if r["op"] != "LayerNorm":
+            continue
+        x, (affine_size, eps, affine, gamma, beta) = r["x"], r["args"]
+        honest = norm64("LayerNorm", x, affine_size, eps, affine, gamma, beta)
+        assert ncnn_rule(honest, r["cpu32"], r["cpu32_error"])[0] == 0.0, case_name(r["op"], r["case"])
+        if group_size(x.shape, affine_size) > 256:
+            continue
+        judged += 1
+        err, bound = ncnn_rule(unbiased_layernorm64(x, affine_size, eps, affine, gamma, beta), r["cpu32"],
+                               r["cpu32_error"])
+        failed += err > bound
+    assert judged >= 10 and failed == judged, (failed, judged)
+
+
+def unbiased_layernorm64(x, affine_size, eps, affine, gamma, beta) -> np.ndarray:
+    """LayerNorm in float64 with the variance divided by n - 1: the negative control's other formula."""
+    x64 = np.asarray(x, np.float64)
+    rows = x64.reshape(-1, group_size(x64.shape, affine_size))
+    y = (rows - rows.mean(axis=1, keepdims=True)) / np.sqrt(rows.var(axis=1, ddof=1, keepdims=True) + float(np.float32(eps)))
+    if affine:
+        y = y * np.asarray(gamma, np.float64) + np.asarray(beta, np.float64)
+    return y.reshape(x64.shape)
