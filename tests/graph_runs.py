@@ -189,6 +189,7 @@ def measure_model(graph, name: str, dims) -> list:
                 layers.append({"name": lname, "type": ltype, "shape": list(xin.shape),
                                "vknorm_vs_cpu": max_err(vk[top], cpu[top]),
                                "stock_vs_cpu": max_err(stock[top], cpu[top]),
+                               "cpu_max": float(np.abs(cpu[top]).max()),
                                "vknorm_vs_f64": float(err64.max()),
                                "vknorm_excess_f64": float(np.max(err64 - storage)),
                                "ref_max": float(np.abs(ref).max()),
@@ -197,6 +198,7 @@ def measure_model(graph, name: str, dims) -> list:
             results.append({"model": name, "fp16": fp16, "packing": packing, "layers": layers,
                             "outputs": [{"name": o, "vknorm_vs_cpu": max_err(vk[o], cpu[o]),
                                          "stock_vs_cpu": max_err(stock[o], cpu[o]),
+                                         "cpu_max": float(np.abs(cpu[o]).max()),
                                          "vknorm_vs_stock": max_err(vk[o], stock[o])} for o in outputs],
                             "counters": info["counters"]})
     return results
