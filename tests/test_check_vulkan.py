@@ -474,14 +474,24 @@ def test_check_without_vulkan_keeps_todays_output():
 
 
 def test_excess_over_float16_rounding():
-    """The fp16 rule's arithmetic: float16 rounding of the output is not the kernel's error; more is."""
+    """The fp16 rule's arithmetic: float16 rounding of the output is not the kernel's error; more is. The
+    allowance is half the float16 spacing at the output's value: rounding never moves a value into a lower
+    binade, so that covers the rounding also at a binade's edge, where the spacing at the float64 value would
+    be half as large (a false failure) or twice as large (a missed error)."""
     ref = np.concatenate([np.linspace(-4, 4, 1001), [1e-6, -3e-5, 6e-5, 1000.3, 65000.0]])
     y16 = ref.astype(np.float16).astype(np.float32)
-    assert vkcheck._excess(y16, ref, vkcheck.half_fp16_spacing(ref)) == 0.0
+    assert vkcheck._excess(y16, ref, vkcheck.half_fp16_spacing(y16)) == 0.0
     assert vkcheck._excess(y16, ref, 0.0) > 0
     bad = y16.copy()
     bad[10] += 0.01
-    assert 0.005 < vkcheck._excess(bad, ref, vkcheck.half_fp16_spacing(ref)) <= 0.01 + 1e-9
+    assert 0.005 < vkcheck._excess(bad, ref, vkcheck.half_fp16_spacing(bad)) <= 0.01 + 1e-9
+    below_edge = np.array([2.0 ** -6 - 2.0 ** -30])  # a float32 value just above it rounds up to 2^-6
+    up = np.array([2.0 ** -6], np.float32)
+    assert vkcheck._excess(up, below_edge, vkcheck.half_fp16_spacing(up)) == 0.0
+    above_edge = np.array([1 + 1e-7])  # an output 2.4e-4 below, in [0.5, 1): past half its own spacing (2^-12)
+    low = np.array([1 - 2.0 ** -12 - 2e-6], np.float32)
+    assert vkcheck._excess(low, above_edge, vkcheck.half_fp16_spacing(low)) > 1e-6
+    assert vkcheck._excess(low, above_edge, vkcheck.half_fp16_spacing(above_edge)) == 0.0  # the spacing at ref: missed
     # half the spacing of |ref|'s own binade, not 2^-11 |ref|: at 1.999 (spacing 2^-10) an error of 6e-4 is
     # more than rounding explains (half a spacing: 4.88e-4), though under 2^-11 * 1.999 = 9.8e-4
     near_two = np.array([1.999])

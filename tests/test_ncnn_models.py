@@ -27,8 +27,8 @@ ncnn = pytest.importorskip("ncnn")
 vkncnn = pytest.importorskip("vknorm.ncnn")
 from vknorm import check as vkcheck  # noqa: E402
 from availability import needs_vulkan  # noqa: E402
-from reference import (ncnn_channel_float32_error, ncnn_float32_error, ncnn_rule, norm64,  # noqa: E402
-                       storage_rule)
+from reference import (channel_norm64, ncnn_channel_float32_error, ncnn_float32_error, ncnn_rule,  # noqa: E402
+                       norm64, storage_rule)
 
 DATA = Path(__file__).resolve().parent / "data"
 ROOT = DATA.parent.parent
@@ -370,20 +370,25 @@ def _run(name: str, x: np.ndarray, blobs, option=None, register=True, vulkan=Fal
     return out, records
 
 
-def ncnn_bound(op: str, norm, x) -> np.ndarray:
-    """The bound of ncnn's float32 layer's error on x with the weights of vknorm's layer (reference.py)."""
+def ncnn_bound(op: str, norm, x) -> tuple:
+    """float64 of the layer on x with the weights of vknorm's layer, and the bound of ncnn's float32 layer's error
+    against it (reference.py)."""
     gamma = norm.gamma if norm.affine else None
     beta = norm.beta if norm.affine and op != "RMSNorm" else None
     if op in ("LayerNorm", "RMSNorm"):
-        return ncnn_float32_error(op, x, norm.affine_size, norm.eps, norm.affine, gamma, beta)
-    return ncnn_channel_float32_error(op, x, norm.eps, getattr(norm, "group", 1), gamma, beta)
+        return (norm64(op, x, norm.affine_size, norm.eps, norm.affine, gamma, beta),
+                ncnn_float32_error(op, x, norm.affine_size, norm.eps, norm.affine, gamma, beta))
+    group = getattr(norm, "group", 1)
+    return (channel_norm64(op, x, norm.eps, group, gamma, beta),
+            ncnn_channel_float32_error(op, x, norm.eps, group, gamma, beta))
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_register_matches_stock_ncnn(name):
     """Each registered layer, in the graph, gives exactly what its vknorm operator gives on the blob it received;
     that operator on the blob stock ncnn's layer received matches stock's output within reference.ncnn_rule
-    (ncnn's derived float32 error + vknorm's float32 rule); the model output is within `vknorm check`'s output
+    (ncnn's derived float32 error + vknorm's float32 rule; the bound first checked to hold for stock's output
+    against float64); the model output is within `vknorm check`'s output
     rule: twice stock ncnn Vulkan's difference from the CPU run + its atol at the output's scale."""
     dims = tuple(int(d) for d in MODELS[name].split("x"))
     x = np.random.default_rng(1).standard_normal(dims, dtype=np.float32)
@@ -397,8 +402,9 @@ def test_register_matches_stock_ncnn(name):
         norm = operators[lname]
         in_graph = norm(mine[bottom], device="vulkan")
         assert np.array_equal(mine[top], in_graph), (lname, "the graph's output is not the operator's")
-        ours = norm(stock[bottom], device="vulkan")
-        err, bound = ncnn_rule(ours, stock[top], ncnn_bound(op, norm, stock[bottom]))
+        ref, their_error = ncnn_bound(op, norm, stock[bottom])
+        assert ncnn_rule(ref, stock[top], their_error)[0] == 0.0, (lname, "ncnn's own error passes its bound")
+        err, bound = ncnn_rule(norm(stock[bottom], device="vulkan"), stock[top], their_error)
         assert err <= bound, (lname, err, bound)
     judged = vkcheck.judge_output(stock["out0"], mine["out0"], stock_vulkan["out0"], vkcheck.ATOL_FP32)
     assert judged["ok"] and judged["unjudged"] == 0, judged

@@ -20,8 +20,8 @@ import pytest
 import ncnn_cases
 import vknorm
 from pyncnn_layer import run_ncnn_layer, vulkan_available
-from reference import (PATHS, all_cases, case_data, case_name, group_size, make_layer, ncnn_float32_error, ncnn_rule,
-                       norm64)
+from reference import (PATHS, all_cases, case_data, case_name, group_size, layernorm_from_stats, make_layer,
+                       ncnn_float32_error, ncnn_rule, norm64, stats_raw_sums_f32)
 
 CASES = all_cases()
 
@@ -65,7 +65,7 @@ def ncnn_results():
         }
         if not gpu_skipped(op, case):
             r["vk32"] = run_ncnn_layer(op, x, *args, vulkan=True, fp16=False)
-            r["vk16"] = run_ncnn_layer(op, x, *args, vulkan=True, fp16=True)
+            r["vk16"] = run_ncnn_layer(op, x16.astype(np.float32), *args, vulkan=True, fp16=True)  # exact in float16
             r["vk32_error"] = r["cpu32_error"]
             r["vk16_error"] = ncnn_error(op, x16, *args, vulkan_fp16=True)
         out.append(r)
@@ -129,7 +129,7 @@ def test_model_sized_blobs_match_ncnn_vulkan_and_cpu(op, shape, affine_size):
     for fp16 in (False, True):
         xin = x.astype(np.float16) if fp16 else x
         refs = {  # ncnn's output, whether it is stored in float16, the bound of its error
-            "ncnn vulkan": (run_ncnn_layer(op, x, *args, vulkan=True, fp16=fp16), fp16,
+            "ncnn vulkan": (run_ncnn_layer(op, xin.astype(np.float32), *args, vulkan=True, fp16=fp16), fp16,
                             ncnn_error(op, xin, *args, vulkan_fp16=fp16)),
             "ncnn cpu": (run_ncnn_layer(op, xin.astype(np.float32), *args, vulkan=False), False,
                          ncnn_error(op, xin, *args, vulkan_fp16=False)),
@@ -148,24 +148,42 @@ def test_model_sized_blobs_match_ncnn_vulkan_and_cpu(op, shape, affine_size):
 
 
 def test_the_rule_tells_another_formula_from_ncnn(ncnn_results):
-    """Negative control: LayerNorm with an n - 1 variance (torch.var's default) in float64 -- closer to ncnn
-    than any float32 kernel could be, but another formula -- fails the rule against ncnn's CPU layer in every
-    ncnn case whose groups are small enough for the difference (about |y| / 2n) to pass the sums' error bound
-    (n <= 256), and float64 of ncnn's own formula passes it everywhere."""
-    failed = judged = 0
+    """Negative control: LayerNorm with an n - 1 variance (torch.var's default) in float64 -- closer to ncnn than
+    any float32 kernel could be, but another formula -- fails the rule against ncnn's CPU layer in every ncnn
+    case (its groups are small, so the difference, about |y| / 2n, passes the sums' error bound), and float64
+    of ncnn's own formula passes it everywhere."""
+    judged = failed = 0
     for r in ncnn_results:
         if r["op"] != "LayerNorm":
             continue
         x, (affine_size, eps, affine, gamma, beta) = r["x"], r["args"]
         honest = norm64("LayerNorm", x, affine_size, eps, affine, gamma, beta)
         assert ncnn_rule(honest, r["cpu32"], r["cpu32_error"])[0] == 0.0, case_name(r["op"], r["case"])
-        if group_size(x.shape, affine_size) > 256:
-            continue
-        judged += 1
         err, bound = ncnn_rule(unbiased_layernorm64(x, affine_size, eps, affine, gamma, beta), r["cpu32"],
                                r["cpu32_error"])
+        judged += 1
         failed += err > bound
     assert judged >= 10 and failed == judged, (failed, judged)
+
+
+def test_the_rule_tells_a_float32_one_pass_kernel_from_ncnn_far_from_zero():
+    """Negative control where |mean| >> std: rows of 768 at 1000 + U(-1.2, 1.2). A float32 kernel taking
+    var = E[x^2] - mean^2 (tree-reduced sums) loses the variance to cancellation and fails the rule against
+    ncnn's two-pass CPU layer; float64 and vknorm pass it. The bound stays finite and below the one-pass
+    kernel's error there (its variance term is relative to var, not to mean^2)."""
+    rng = np.random.default_rng(11)
+    x = (1000 + rng.uniform(-1.2, 1.2, (8, 768))).astype(np.float32)
+    args = (768, 1e-5, 0, None, None)
+    theirs = run_ncnn_layer("LayerNorm", x, *args, vulkan=False)
+    their_error = ncnn_error("LayerNorm", x, *args, vulkan_fp16=False)
+    assert np.isfinite(their_error).all()
+    assert ncnn_rule(norm64("LayerNorm", x, *args), theirs, their_error)[0] == 0.0
+    ours = make_layer("LayerNorm", *args)(x, device="vulkan")
+    err, bound = ncnn_rule(ours, theirs, their_error)
+    assert err <= bound, (err, bound)
+    one_pass = layernorm_from_stats(x, *stats_raw_sums_f32(x), 1e-5)
+    err, bound = ncnn_rule(one_pass, theirs, their_error)
+    assert err > bound, (err, bound)
 
 
 def unbiased_layernorm64(x, affine_size, eps, affine, gamma, beta) -> np.ndarray:

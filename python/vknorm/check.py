@@ -15,7 +15,7 @@ problem with the files or flags (one line on stderr).
 Pass rule, the same for both engines (judge_layer): each vknorm layer against float64 computed from the
 input it saw in the vknorm run, with its own params and weights (the stock run's input can already differ
 by what ran upstream, which is not that layer's doing): fp32, max abs error within --atol (1e-4); fp16, the
-input rounded to float16 first and half the float16 spacing at the float64 value allowed for the output
+input rounded to float16 first and half the float16 spacing at the output's value allowed for the output
 rounding, the rest
 within --atol (1e-3). --vulkan also fails a vknorm layer that ran on the host.
 
@@ -77,7 +77,7 @@ RULE_HELP = (
     "the very input that layer saw in the vknorm run, with its params and weights (the stock run's input can "
     "already differ by what ran upstream, which is not that layer's doing): fp32: max abs error <= --atol "
     "(default 1e-4); fp16: the input rounded to float16 first, and the max abs error less float16 output "
-    "rounding (half the float16 spacing at the float64 value) <= --atol (default 1e-3)."
+    "rounding (half the float16 spacing at the output's value) <= --atol (default 1e-3)."
 )
 
 VULKAN_HELP = (
@@ -769,7 +769,7 @@ def _rule(fp16: bool, atol: float, vulkan: bool = True) -> str:
             f"against the CPU run + atol x max(1, max |CPU output|)" if vulkan else "")
     if fp16:
         return (f"fp16: each vknorm layer's max |y - float64 of the float16-rounded input it saw| less float16 "
-                f"output rounding (half the float16 spacing at the float64 value) <= atol {atol:g}{tail}")
+                f"output rounding (half the float16 spacing at the output's value) <= atol {atol:g}{tail}")
     return f"fp32: each vknorm layer's max |y - float64 of the input it saw| <= atol {atol:g}{tail}"
 
 
@@ -980,7 +980,7 @@ def half_fp16_spacing(ref):
 
 
 def _excess(y, ref, rounding=0.0) -> float:
-    """max(|y - ref| - rounding, 0): the error that output storage (float16: rounding = half_fp16_spacing(ref);
+    """max(|y - ref| - rounding, 0): the error that output storage (float16: rounding = half_fp16_spacing(y);
     float32: 0) does not explain; inf when shapes differ or one side alone is NaN/inf."""
     import numpy as np
 
@@ -1021,7 +1021,8 @@ def judge_layer(y, x_seen, op: str, eps: float, affine_size: int, gamma, beta, f
     computed from x_seen, the very input that layer received in the vknorm run, with the layer's own eps,
     affine_size (GroupNorm: group) and weights (judging against the stock run instead would charge the layer with whatever
     ran upstream). fp32: max |y - ref| <= atol. fp16 storage: x_seen rounded to float16 first (what the
-    layer uploads), and half a float16 spacing of |ref| allowed for the output rounding; the excess <= atol.
+    layer uploads), and half a float16 spacing at y allowed for the output rounding (rounding moved y from the
+    kernel's float32 value by at most that: never into a lower binade); the excess <= atol.
     A fused layer's activation (activation_type, alpha) is applied to the float64 reference.
     Returns (f64_abs_err, judged_err, ok); an error is inf when shapes differ or one side alone is NaN/inf."""
     import numpy as np
@@ -1030,7 +1031,7 @@ def judge_layer(y, x_seen, op: str, eps: float, affine_size: int, gamma, beta, f
         xin = np.asarray(x_seen).astype(np.float16).astype(np.float32) if fp16 else x_seen
     ref64 = _activation64(_reference64(xin, op, eps, affine_size, gamma, beta, group), *activation)
     f64 = _excess(y, ref64, 0.0)
-    judged = _excess(y, ref64, half_fp16_spacing(ref64)) if fp16 else f64
+    judged = _excess(y, ref64, half_fp16_spacing(y)) if fp16 else f64
     return f64, judged, bool(math.isfinite(judged) and judged <= atol)
 
 
