@@ -538,7 +538,13 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
 Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16, NormOp op) {
   Path want = opt.path;
   if (want == Path::Auto)
-    if (const char* env = std::getenv("VKNORM_PATH")) want = parse_path(env);
+    if (const char* env = std::getenv("VKNORM_PATH")) {
+      try {
+        want = parse_path(env);
+      } catch (const std::invalid_argument& e) {  // set long ago, perhaps: name where the value comes from
+        throw std::invalid_argument(std::string("VKNORM_PATH=") + env + ": " + e.what());
+      }
+    }
   const Plan items = plan_layout(g, dev, want, fp16, op, false);
   const auto fused = [](const Plan& p) { return p.path == Path::Subgroup || p.path == Path::Workgroup; };
   const bool spread = items.path == Path::Cooperative && want == Path::Auto && g.group_size < dev.cooperative_min_group;

@@ -30,7 +30,7 @@ def test_bench_sweep_reports_vknorm_and_the_copy_roof_per_shape_as_json(tmp_path
     seen = {}
     for r in report["results"]:
         assert r["affine"] is affine, r
-        assert r["gpu_us"] > 0 and r["gbps"] >= 0, r  # tiny shapes round to 0.0 GB/s
+        assert r["gpu_us"] > 0 and r["gbps"] > 0, r  # to 4 significant digits: tiny shapes are not 0
         seen.setdefault((r["op"], r["dtype"], r["rows"], r["cols"]), set()).add(r["impl"])
         if r["impl"] == "vknorm":
             assert r["path"] in ("subgroup", "workgroup", "split", "cooperative") and r["dispatches"] >= 1, r
@@ -109,12 +109,40 @@ def test_bench_groupnorm_takes_one_groups_value_per_channels(tmp_path):
     (["--rows", "8", "--cols", "8", "--elements", "64"], "--elements: for the default sweep, not the shapes"),
     (["--rows", "8", "--cols", "8", "--no-latency"], "--no-latency: for the default sweep, not the shapes"),
     (["--op", "groupnorm", "--elements", "64"], "--elements: for the default LayerNorm/RMSNorm sweep, not --op"),
+    # argparse's own errors, one line too, said by bench
+    (["--op", "nosuch"], "vknorm bench: error: argument --op: invalid choice: 'nosuch'"),
+    (["--rows", "x"], "vknorm bench: error: argument --rows: invalid int value: 'x'"),
+    (["--model", "only.param"], "vknorm bench: error: argument --model: expected 2 arguments"),
+    (["--rows", "8", "--cols", "8", "stray"], "vknorm bench: error: unrecognized arguments: stray"),
 ])
 def test_bench_bad_input_is_one_line_and_exit_2(args, message):
     proc = vknorm("bench", *args)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_float16_on_a_device_without_16_bit_storage_is_refused_or_skipped_not_mislabelled(tmp_path):
+    """float16 storage would run as float32 there (VKNORM_NO_FP16_STORAGE=1: as if the device lacked it): asked for
+    alone it is a one-line error; in the default --dtype both it is skipped, said once, and no fp16 row is made."""
+    env = dict(os.environ, VKNORM_NO_FP16_STORAGE="1")
+    run = [sys.executable, "-m", "vknorm", "bench", "--rows", "2", "--cols", "64", *QUICK, "--compare", ""]
+    proc = subprocess.run([*run, "--dtype", "fp16"], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--dtype fp16:" in proc.stderr and "no 16-bit storage" in proc.stderr, proc.stderr
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([*run, "--json", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.count("no 16-bit storage: skipping fp16") == 1, proc.stderr
+    assert {r["dtype"] for r in json.loads(out.read_text())["results"]} == {"fp32"}
+
+
+def test_json_to_stdout_replaces_the_table():
+    proc = vknorm("bench", "--rows", "2", "--cols", "64", "--dtype", "fp32", *QUICK, "--compare", "", "--json", "-")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)  # the whole of stdout: no table around it
+    assert [(r["impl"], r["rows"], r["cols"]) for r in report["results"]] == [("vknorm", 2, 64)]
+    assert not os.path.exists("-")
 
 
 def test_a_report_that_cannot_be_written_is_one_error_line(tmp_path):
@@ -128,6 +156,7 @@ def test_a_report_that_cannot_be_written_is_one_error_line(tmp_path):
         assert "Traceback" not in proc.stderr
         errors = [ln for ln in proc.stderr.splitlines() if "error" in ln]
         assert len(errors) == 1 and errors[0].startswith("vknorm bench: error:") and message in errors[0], proc.stderr
+        assert str(target) in errors[0], errors  # the file named
 
 
 def test_bench_a_shape_too_large_for_memory_is_one_error_line_before_any_input_is_made():

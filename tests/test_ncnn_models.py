@@ -119,6 +119,15 @@ def test_check_passes_on_committed_model(cli_runs, name, fp16):
     assert res.get("validation_messages", 0) == 0
 
 
+def test_check_fp16_on_a_device_without_16_bit_storage_is_one_line_and_exit_2():
+    """vknorm's layers would store float32 there (VKNORM_NO_FP16_STORAGE=1: as if the device lacked 16-bit
+    storage): judged by the float16 rule and labelled fp16, the run would say what did not happen."""
+    r = cli(*model_files("layernorm_2d"), "--input", "in0=8x6x10", "--fp16",
+            env_extra={"VKNORM_NO_FP16_STORAGE": "1"})
+    line = assert_one_line_error(r, "--fp16:", "has no 16-bit storage")
+    assert "--vulkan" in line  # what to run instead
+
+
 def test_check_json_schema(cli_runs):
     res = json.loads(cli_runs[("transformer_block", False)].stdout)
     assert {"ok", "device", "layers", "outputs"} <= set(res)

@@ -64,7 +64,7 @@ def add_parser(sub) -> None:
     p.add_argument("--compare",
                    help="comma list of ncnn, copy, torch (the default; '' for vknorm alone); unavailable ones are skipped; "
                         "ncnn (timed by wall clock over chains of layers) not at the default sweep's latency shapes")
-    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-': to stdout, instead of the table)")
     p.add_argument("--plot", metavar="FILE", help="draw GB/s against cols per implementation (any format matplotlib writes: .png, .svg, .pdf, ...)")
     p.add_argument("--elements", type=int, help="rows*cols of the default sweep (2^25)")
     p.add_argument("--no-latency", action="store_true", help="skip the latency shapes of the default sweep")
@@ -190,34 +190,58 @@ def _shapes(args):
 
 
 class _Progress:
+    """The sweep's progress on stderr where a person watches it (a terminal), as with --model; not into logs."""
+
     def __init__(self, total: int):
+        self._n, self._total, self._shown = 0, total, sys.stderr.isatty()
         try:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True)
+            self._bar = tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True, disable=not self._shown)
         except ImportError:
-            self._bar, self._n, self._total = None, 0, total
+            self._bar = None
 
-    def step(self, label: str) -> None:
+    def start(self, label: str) -> None:
+        """A measurement begins: its label shows while it runs (the count moves when it is done)."""
         if self._bar is not None:
             self._bar.set_description(label)
+        elif self._shown:
+            print(f"\r[{self._n}/{self._total}] {label:<40}", end="", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self._bar is not None:
             self._bar.update(1)
         else:
             self._n += 1
-            print(f"\r[{self._n}/{self._total}] {label:<40}", end="", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        else:
+        elif self._shown:
             print(file=sys.stderr)
+
+
+def write_json(report: dict, path) -> None:
+    """The report as JSON to the --json file, or to stdout for '-'; a write that fails names the file."""
+    from .cli import UsageError
+
+    if not path:
+        return
+    if path == "-":
+        print(json.dumps(report, indent=1))
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1)
+    except OSError as e:
+        raise UsageError(f"--json {path}: {e.strerror or e}") from None
 
 
 def _check_output_path(flag: str, path) -> None:
     """Before the run, not after it: a report that cannot be written is a one-line error up front."""
     from .cli import UsageError
 
-    if path is None:
+    if path is None or (flag == "--json" and path == "-"):
         return
     if not path:  # `--json ''` would otherwise run the whole sweep and write nothing
         raise UsageError(f"{flag}: empty file name; name a file")
@@ -465,10 +489,9 @@ def run_model(args) -> int:
                               "vknorm bench --model")
     else:
         report = bench()
-    print(format_table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    if args.json != "-":
+        print(format_table(report))
+    write_json(report, args.json)
     return 0
 
 
@@ -535,6 +558,12 @@ def run(args) -> int:
         _check_host_memory(f"{rows}x{cols}" if cshape is None else _shape_label(args.op, cshape),
                            rows * cols * 4 * (2 if args.residual else 1))
     info = device_info()
+    if "fp16" in dtypes and not info["storage_16bit"]:  # float16 would run as float32 storage: not what is asked
+        if args.dtype == "fp16":
+            raise UsageError(f"--dtype fp16: {info['name']} has no 16-bit storage (float16 would run as float32 "
+                             "storage)")
+        print(f"vknorm bench: {info['name']} has no 16-bit storage: skipping fp16", file=sys.stderr)
+        dtypes = ["fp32"]
     if "torch" in compare:
         why = _torch_unavailable()
         if why:
@@ -561,7 +590,7 @@ def run(args) -> int:
                 fp16 = dtype == "fp16"
                 for rows, cols, kind, cshape in shapes:
                     label = f"{rows}x{cols}" if cshape is None else _shape_label(op, cshape)
-                    progress.step(f"{op} {dtype} {label}")
+                    progress.start(f"{op} {dtype} {label}")
                     affine = not args.no_affine
                     option = Option(use_fp16_storage=fp16, use_packing_layout=not args.no_packing, path=args.path)
                     if cshape is None:
@@ -599,7 +628,7 @@ def run(args) -> int:
                         if t is None or t <= 0:
                             return
                         results.append({**base, "impl": impl, "gpu_us": round(t, 3),
-                                        "gbps": round(n_streams * nbytes / (t * 1e3), 1), "streams": n_streams,
+                                        "gbps": float(f"{n_streams * nbytes / (t * 1e3):.4g}"), "streams": n_streams,
                                         "dispatches": dispatches, **extra})
 
                     add("vknorm", us, disp["dispatches"], streams, path=disp["path"], team=disp["team"], items=disp["items"])
@@ -614,6 +643,7 @@ def run(args) -> int:
                         add("torch", _bench_torch(op, rows, cols, fp16, args.reps, affine, cshape, bool(args.residual),
                                                   args.activation),
                             1 + bool(args.residual) + bool(args.activation), streams, method="CUDA events")
+                    progress.done()
     finally:  # an error mid-sweep ends the bar first, so its one line stands alone
         progress.close()
     report = {
@@ -625,10 +655,9 @@ def run(args) -> int:
         "warmup_ms": args.warmup_ms,
         "results": results,
     }
-    print_table(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    if args.json != "-":
+        print_table(report)
+    write_json(report, args.json)
     if args.plot:
         plot(report, args.plot)
     return 0
@@ -637,6 +666,11 @@ def run(args) -> int:
 def _shape_label(op: str, shape) -> str:
     c, h, w, g = shape
     return f"{c}x{h}x{w}" + (f"/{g}" if op == "groupnorm" else "")
+
+
+def _gbps_text(gbps: float) -> str:
+    """GB/s to about three digits: tiny shapes' fractions are not printed as 0."""
+    return f"{gbps:.0f}" if gbps >= 100 else f"{gbps:.1f}" if gbps >= 1 else f"{gbps:.3g}"
 
 
 def print_table(report: dict) -> None:
@@ -651,13 +685,12 @@ def print_table(report: dict) -> None:
         v = impls.get("vknorm")
         if v is None:
             continue
-        # from the times: GB/s is rounded, to 0 for tiny shapes
         # % of the copy roof by bandwidth: a fused add moves 3 or 4 tensor streams, a copy 2
         pct = (f"{100 * (v.get('streams', 2) / v['gpu_us']) / (2 / impls['copy']['gpu_us']):.0f}"
                if "copy" in impls else "-")
         xn = f"{impls['ncnn']['gpu_us'] / v['gpu_us']:.2f}" if "ncnn" in impls else "-"
         xt = f"{impls['torch']['gpu_us'] / v['gpu_us']:.2f}" if "torch" in impls else "-"
-        print(f"{op:<12} {dtype:<5} {shape:>16} {v['gpu_us']:>10.1f} {v['gbps']:>7.0f} {pct:>7} {xn:>7} {xt:>8}  "
+        print(f"{op:<12} {dtype:<5} {shape:>16} {v['gpu_us']:>10.1f} {_gbps_text(v['gbps']):>7} {pct:>7} {xn:>7} {xt:>8}  "
               f"{v['path']} ({v['dispatches']} dispatch)")
 
 

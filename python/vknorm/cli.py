@@ -14,6 +14,15 @@ class UsageError(Exception):
     """A problem with the command line or its files: one line, exit 2."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's own errors (an invalid choice, a value that is not a number, a missing argument) as one line,
+    exit 2, as the commands' other errors are; --help still prints the whole usage. Subcommands' parsers are
+    made of this class too (argparse gives them the parent's)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _info(args) -> int:
     from . import _core
 
@@ -73,7 +82,7 @@ def _demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vknorm", description="Fast, exact LayerNorm, RMSNorm, GroupNorm and InstanceNorm on Vulkan")
+    p = OneLineParser(prog="vknorm", description="Fast, exact LayerNorm, RMSNorm, GroupNorm and InstanceNorm on Vulkan")
     sub = p.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="list Vulkan devices and their capabilities")
     info.add_argument("--json", action="store_true", help="print JSON")
@@ -86,12 +95,15 @@ def build_parser() -> argparse.ArgumentParser:
         except ImportError:
             continue
         mod.add_parser(sub)
+    p.commands = sub.choices  # name -> its parser: main() says its errors there
     return p
 
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the subcommand, whose usage it is, not by the top-level parser
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     from . import _core
 
     try:
