@@ -267,6 +267,14 @@ def test_the_ncnn_comparison_is_skipped_with_a_reason_where_the_kernel_fuses_mor
     assert {r["impl"] for r in json.loads(out.read_text())["results"]} == {"vknorm"}
 
 
+def test_the_table_says_what_a_fused_run_fused():
+    proc = vknorm("bench", "--rows", "2", "--cols", "64", "--dtype", "fp32", *QUICK, "--compare", "",
+                  "--residual", "add+sum", "--activation", "swish")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = next(ln for ln in proc.stdout.splitlines() if ln.startswith("layernorm"))
+    assert row.endswith("fused add+sum + swish"), row
+
+
 @pytest.mark.parametrize("packing", [True, False])
 def test_the_ncnn_comparison_runs_the_packing_vknorm_runs(tmp_path, packing):
     out = tmp_path / "bench.json"

@@ -66,9 +66,9 @@ def add_parser(sub) -> None:
                         "ncnn (timed by wall clock over chains of layers) not at the default sweep's latency shapes")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-': to stdout, instead of the table)")
     p.add_argument("--plot", metavar="FILE", help="draw GB/s against cols per implementation (any format matplotlib writes: .png, .svg, .pdf, ...)")
-    p.add_argument("--elements", type=int, help="rows*cols of the default sweep (2^25)")
+    p.add_argument("--elements", type=int, help="rows*cols of the default sweep (2^25; rows = max(1, N / cols))")
     p.add_argument("--no-latency", action="store_true", help="skip the latency shapes of the default sweep")
-    p.add_argument("--reps", type=int, help="timed forwards per batch (>= 100, default 100)")
+    p.add_argument("--reps", type=int, help="timed forwards per batch (100..1000000, default 100)")
     p.add_argument("--batches", type=int, help="batches per measurement (default 5); the median is reported")
     p.add_argument("--warmup-ms", type=float, default=None,
                    help="GPU work right before each timed batch (default 150); with --model, warm-up per "
@@ -690,8 +690,9 @@ def print_table(report: dict) -> None:
                if "copy" in impls else "-")
         xn = f"{impls['ncnn']['gpu_us'] / v['gpu_us']:.2f}" if "ncnn" in impls else "-"
         xt = f"{impls['torch']['gpu_us'] / v['gpu_us']:.2f}" if "torch" in impls else "-"
+        fused = [v[k] for k in ("residual", "activation") if v.get(k, "none") != "none"]
         print(f"{op:<12} {dtype:<5} {shape:>16} {v['gpu_us']:>10.1f} {_gbps_text(v['gbps']):>7} {pct:>7} {xn:>7} {xt:>8}  "
-              f"{v['path']} ({v['dispatches']} dispatch)")
+              f"{v['path']} ({v['dispatches']} dispatch)" + (f", fused {' + '.join(fused)}" if fused else ""))
 
 
 def plot(report: dict, path: str) -> None:

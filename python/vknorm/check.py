@@ -112,7 +112,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("param", metavar="MODEL.param", help="ncnn text .param")
     p.add_argument("bin", metavar="MODEL.bin", help="ncnn .bin weights")
     p.add_argument("--input", action="append", default=[], metavar="NAME=DIMS",
-                   help="an input blob and its shape (repeat for each input); " + _DIMS_HELP)
+                   help="an input blob and its shape (repeat for each input; DIMS: below)")
     p.add_argument("--fp16", action="store_true",
                    help="vknorm layers use float16 storage (default tolerance 1e-3, after the float16 "
                         "rounding of input and output: see the pass rule above); with --vulkan: float16 "
@@ -1411,8 +1411,9 @@ def format_text_vulkan(result: dict) -> str:
     if result.get("fused"):
         lines.append(f"fused ({len(result['fused'])}): " + "; ".join(
             f"{f['pattern']} ({', '.join(f['layers'])})" for f in result["fused"]))
-        lines.append("a fused layer is judged on its output blob (the activation's, when one was fused) from the sum "
-                     "it read" + ("; sum_err: max |the sum it wrote for the add's other consumers - the add's value| "
+        adds = any(f["pattern"].startswith("BinaryOp") for f in result["fused"])
+        lines.append("a fused layer is judged on its output blob (the activation's, when one was fused) from "
+                     + ("the sum it read (an add fused) or " if adds else "") + "the input it read" + ("; sum_err: max |the sum it wrote for the add's other consumers - the add's value| "
                                   "(must be 0)" if writes_sums else ""))
         bad_sums = [r["name"] for r in result["layers"] if r.get("sum_blob") and r.get("sum_err") != 0]
         if bad_sums:
