@@ -93,6 +93,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   // are memory there anyway. GPUs: 256 by default, up to 1024 for one large group per workgroup,
   // and few enough registers per invocation to keep occupancy.
   uint32_t limit = std::min(info.max_workgroup_invocations, info.max_workgroup_size_x);
+  caps.full_team = pow2_floor(std::min<uint32_t>(limit, caps.cpu ? 64 : 1024));
   if (opt.max_workgroup_size > 0) limit = std::min<uint32_t>(limit, uint32_t(opt.max_workgroup_size));
   caps.max_workgroup = pow2_floor(std::min<uint32_t>(limit, caps.cpu ? 64 : 1024));  // reductions halve
   caps.preferred_workgroup = std::min<uint32_t>(caps.max_workgroup, caps.cpu ? 64 : 256);
@@ -402,7 +403,7 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
   // 16: 10.4 -> 8.9 us in 320 of 128 x 13; at 15 level (1920x32x32/32 9.7 -> 9.5), 8-10 lose (1280x32x32/32 6.5
   // -> 9.0, 640x40x40/32 6.5 -> 7.9).
   auto full_team_cooperative = [&](uint32_t team, uint32_t items) {
-    if (!cooperative_auto || !few_groups || team != dev.max_workgroup || !dev.full_team_max_items ||
+    if (!cooperative_auto || !few_groups || team != dev.full_team || !dev.full_team_max_items ||
         items <= dev.full_team_max_items)
       return false;
     const uint32_t spill_items = held ? dev.full_team_spill_items_held : dev.full_team_spill_items;
@@ -441,14 +442,15 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
           !mixed && dev.few_group_items) {
         full_team_tried = items_for(size, team) <= items_cap;
         if (full_team_tried && full_team_cooperative(team, items_for(size, team))) return plan;
-        const uint32_t wide = team;
         const uint32_t most = held ? std::max(dev.max_items, dev.few_group_items) : dev.few_group_items;
         // Below preferred_workgroup only for whole planes: lanes of groups lost there (320x16x16/32 fp32 256 x 3
         // 3.60 -> 128 x 6 3.70 us).
         const uint32_t narrowest =
             lane_groups ? dev.preferred_workgroup : std::min(dev.preferred_workgroup, dev.few_group_min_team);
         while (team / 2 >= narrowest && items_for(size, team / 2) <= most) team /= 2;
-        if (team < wide) items_cap = std::max(items_cap, most);
+        // Narrower than the team the group would take on a device that caps no team (a 16 KB one caps them at 512,
+        // or Option.max_workgroup_size): as narrowed, `most` each.
+        if (team < std::min(dev.full_team, team_for_target)) items_cap = std::max(items_cap, most);
       }
       // float16 held as stored (H200, 2^25 elements, % of the copy roof): teams of at most max_team_held
       // while max_items each suffice (8192 cols: LayerNorm 41 -> 58 %, RMSNorm 52 -> 62 %: 1024-invocation
@@ -466,7 +468,16 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
         for (uint32_t cap : {layernorm_rows ? dev.max_team_held_layernorm : dev.max_team_held, dev.max_team_held})
           if (team > cap && items_for(size, cap) <= dev.max_items && fused(cap)) return plan;
       if (held && !centres(op) && !dev.cpu && !latency_bound && size <= dev.small_group) team = std::min(team, subgroup);
-      if (!fused(team)) break;
+      // Few groups that no team holds: cooperative rather than split where it runs them in a few waves (H200: one
+      // row of 65536, 32 workgroups, 7.1-7.6 us cooperative, 10.3-11.2 split; GroupNorm 320x64x64/32 11.4 against
+      // 14.6). Groups past cooperative_min_group went there above; this takes those below it that a device with
+      // narrower teams cannot hold (16 KB of shared memory: teams of 512), which the full-team rule sends there
+      // from 1024-wide teams. Emulated on the H200 (VKNORM_MAX_SHARED_MEMORY=16384), fp32 / fp16, us: GroupNorm
+      // 1920x32x32/32 split -> cooperative in teams of 128.
+      if (!fused(team)) {
+        if (cooperative_auto && few_groups && cooperative(cooperative_auto_workgroups)) return plan;
+        break;
+      }
       if (!full_team_tried) full_team_cooperative(plan.team, plan.items);  // else stays fused
       return plan;
     }

@@ -48,10 +48,14 @@ struct DeviceCaps {
   // Its workgroups are preferred_workgroup invocations, halved down to this many while a channel plane still
   // fits the smaller one at its items target (CPU drivers: preferred_workgroup, never halved)
   uint32_t cooperative_min_workgroup = 128;
-  // auto: a fused plan of fewer groups than multiprocessors in full teams (max_workgroup) holding more than
+  // auto: a fused plan of fewer groups than multiprocessors in full teams (full_team) holding more than
   // this many elements each goes cooperative, in at most cooperative_max_per_unit_full_teams workgroups per
   // multiprocessor (0: never)
   uint32_t full_team_max_items = 8;
+  // The widest team the device's invocation limits allow (at most 1024): a full team shares a multiprocessor's
+  // register file among that many invocations. A narrower max_workgroup (shared memory, Option's cap) does not
+  // make a narrower team full.
+  uint32_t full_team = 1024;
   uint32_t cooperative_max_per_unit_full_teams = 2;
   // ... and in up to cooperative_max_per_unit for groups spanning channels whose teams hold more float32 vec4s
   // each than this: 1024 invocations share the register file at 64 each, and more spill (0: never)

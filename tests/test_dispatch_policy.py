@@ -301,6 +301,28 @@ def test_few_groups_with_channel_weights_take_the_narrowest_team_holding_20_vec4
     assert plans[1]["team"] == 1024 and plans[2]["team"] <= 64 and plans[4]["team"] == 1024
 
 
+def test_teams_capped_at_512_by_16_kb_of_shared_memory_plan_few_groups_as_the_uncapped_device():
+    """16 KB of shared memory caps teams at 512 invocations, which are not full teams: the few-group rule narrows
+    them as it does on the H200 (not to the cooperative kernel as if 512 were the register-bound full team), and
+    few groups that no team then holds go cooperative rather than split. Emulated on the H200
+    (VKNORM_MAX_SHARED_MEMORY=16384), fp32 / fp16, us: GroupNorm 640x32x32/32 7.5 / 8.3 -> 5.7 / 4.8,
+    960x32x32/32 12.4 / 11.9 -> 8.2 / 7.8, 1280x32x32/32 13.4 / 12.7 -> 8.6 / 6.3, 1920x32x32/32 13.7 / 12.9 ->
+    9.5 / 9.4, 1280x40x40/32 14.4 / 13.7 -> 10.0 / 8.9, 64x48x48/8 6.8 / 7.4 -> 5.1 / 4.6 (lost: a group or two,
+    64x32x32/2 6.9 / 7.7 -> 9.2 / 8.0, 12x56x56/1 10.8 / 10.5 -> 11.4 / 12.3)."""
+    small = dict(H200_KNOWN_RESIDENCY, max_shared_memory=16384)
+    for fp16 in (False, True):
+        for c, h in ((640, 32), (960, 32), (1280, 32)):  # the H200's own plans
+            mine = channels_plan("GroupNorm", c, h, h, 32, fp16, device=small)
+            theirs = channels_plan("GroupNorm", c, h, h, 32, fp16, device=H200_KNOWN_RESIDENCY)
+            assert (mine["path"], mine["team"], mine["items"]) == (theirs["path"], theirs["team"], theirs["items"])
+            assert mine["path"] == "workgroup" and mine["team"] <= 512, mine
+        for c, h in ((1920, 32), (1280, 40)):  # no team of 512 holds them
+            assert channels_plan("GroupNorm", c, h, h, 32, fp16, device=small)["path"] == "cooperative"
+    # where the multiprocessor count is unknown (no cooperative kernel planned), still split
+    unknown = dict(H200, max_shared_memory=16384)
+    assert channels_plan("GroupNorm", 1920, 32, 32, 32, False, device=unknown)["path"] == "split"
+
+
 def test_the_few_group_knobs_restore_the_wide_teams(monkeypatch):
     monkeypatch.setenv("VKNORM_TUNE_FEW_GROUP_ANY_SIZE", "0")
     # latency-bound tensors only: 640x32x32/32 (32 x 640 invocations at 8 each) keeps the size rule's team
