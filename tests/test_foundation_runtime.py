@@ -154,6 +154,15 @@ def test_vknorm_info_into_a_pipe_its_reader_closed_stops_quietly():
     assert proc.returncode == 141 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize("args", [["info"], ["info", "--json"]], ids=["text", "json"])
+def test_vknorm_info_onto_a_full_disk_is_one_line_naming_standard_output(args):
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(vknorm_cli() + args, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0] == "vknorm info: error: writing standard output: No space left on device", lines
+
+
 def test_python_m_vknorm_runs_the_same_cli():
     proc = run([sys.executable, "-m", "vknorm", "info", "--json"])
     assert proc.returncode == 0, proc.stderr

@@ -127,5 +127,7 @@ def main(argv=None) -> int:
             pass
         return 141
     except OSError as e:  # a file the command writes (--json, --plot) cannot be written: disk full, a dangling link
-        print(f"vknorm {args.command}: error: {e}", file=sys.stderr)
+        # without a file name: the report on standard output (`--json > /dev/full`)
+        where = e.filename if e.filename is not None else "standard output"
+        print(f"vknorm {args.command}: error: writing {where}: {e.strerror or e}", file=sys.stderr)
         return 2
