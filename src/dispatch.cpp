@@ -448,8 +448,10 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
         const uint32_t narrowest =
             lane_groups ? dev.preferred_workgroup : std::min(dev.preferred_workgroup, dev.few_group_min_team);
         while (team / 2 >= narrowest && items_for(size, team / 2) <= most) team /= 2;
-        // Narrower than the team the group would take on a device that caps no team (a 16 KB one caps them at 512,
-        // or Option.max_workgroup_size): as narrowed, `most` each.
+        // Narrower than the team the group would take where nothing caps teams (16 KB of shared memory caps them at
+        // 512, as Option.max_workgroup_size may): as narrowed, `most` each. H200 with teams capped at 512, fp32 /
+        // fp16, us: GroupNorm 1280x32x32/32 cooperative 13.4 / 12.7 -> 512 x 20 8.6 / 6.3; lost: one group of 12
+        // channels, 12x56x56/1, split 10.8 / 10.5 -> 512 x 19 11.4 / 12.3.
         if (team < std::min(dev.full_team, team_for_target)) items_cap = std::max(items_cap, most);
       }
       // float16 held as stored (H200, 2^25 elements, % of the copy roof): teams of at most max_team_held
@@ -471,9 +473,10 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
       // Few groups that no team holds: cooperative rather than split where it runs them in a few waves (H200: one
       // row of 65536, 32 workgroups, 7.1-7.6 us cooperative, 10.3-11.2 split; GroupNorm 320x64x64/32 11.4 against
       // 14.6). Groups past cooperative_min_group went there above; this takes those below it that a device with
-      // narrower teams cannot hold (16 KB of shared memory: teams of 512), which the full-team rule sends there
-      // from 1024-wide teams. Emulated on the H200 (VKNORM_MAX_SHARED_MEMORY=16384), fp32 / fp16, us: GroupNorm
-      // 1920x32x32/32 split -> cooperative in teams of 128.
+      // narrower teams cannot hold (teams capped at 512: 16 KB of shared memory, or Option.max_workgroup_size),
+      // which the full-team rule sends there from 1024-wide teams. H200 with teams capped at 512
+      // (VKNORM_MAX_SHARED_MEMORY=16384), fp32 / fp16, us: GroupNorm 1920x32x32/32 split 13.7 / 12.9 ->
+      // cooperative in teams of 128 9.5 / 9.4, 1280x40x40/32 14.4 / 13.7 -> 10.0 / 8.9.
       if (!fused(team)) {
         if (cooperative_auto && few_groups && cooperative(cooperative_auto_workgroups)) return plan;
         break;

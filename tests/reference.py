@@ -81,8 +81,9 @@ def storage_rule(y, ref, fp16: bool) -> tuple:
 F32_UNIT_ROUNDOFF = 2.0 ** -24
 
 
-# 1/sqrt(var + eps) in ulps: eps's addition, then 1/sqrt, which Vulkan allows ~7 ulps (2.5 for 1/x after 2 for
-# inversesqrt) and ncnn's x86 packed path takes from an rsqrt estimate and Newton steps; a GroupNorm's gamma product.
+# 1/sqrt(var + eps) in ulps: eps's addition (0.5); sqrt, which Vulkan may take as 1/inversesqrt (2 + 2.5); the 1/x
+# after it (2.5); a GroupNorm's gamma product (0.5): 8 at most (ncnn's x86 packed path, an rsqrt estimate and Newton
+# steps, a few). Twice that, for a bound that no conformant driver's rounding of the steps passes.
 A_ROUNDINGS = 16
 
 

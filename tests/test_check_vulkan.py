@@ -485,13 +485,18 @@ def test_excess_over_float16_rounding():
     bad = y16.copy()
     bad[10] += 0.01
     assert 0.005 < vkcheck._excess(bad, ref, vkcheck.half_fp16_spacing(bad)) <= 0.01 + 1e-9
-    below_edge = np.array([2.0 ** -6 - 2.0 ** -30])  # a float32 value just above it rounds up to 2^-6
+    # just below 2^-6 (float16 spacing 2^-17 there), a kernel's exact value rounds up to 2^-6 (spacing 2^-16): a
+    # move of 0.75 x 2^-17, more than half the spacing at the reference, within half the spacing at the output
+    below_edge = np.array([2.0 ** -6 - 1.5 * 2.0 ** -18])
     up = np.array([2.0 ** -6], np.float32)
     assert vkcheck._excess(up, below_edge, vkcheck.half_fp16_spacing(up)) == 0.0
-    above_edge = np.array([1 + 1e-7])  # an output 2.4e-4 below, in [0.5, 1): past half its own spacing (2^-12)
-    low = np.array([1 - 2.0 ** -12 - 2e-6], np.float32)
-    assert vkcheck._excess(low, above_edge, vkcheck.half_fp16_spacing(low)) > 1e-6
-    assert vkcheck._excess(low, above_edge, vkcheck.half_fp16_spacing(above_edge)) == 0.0  # the spacing at ref: missed
+    assert vkcheck._excess(up, below_edge, vkcheck.half_fp16_spacing(below_edge)) > 0  # the spacing at ref: fails
+    # at 1.0, the float16 value below it (1 - 2^-11) is not a rounding of any value within 2^-12 of 1: a kernel
+    # error of at least 2^-12, which half the spacing at the reference (2^-11) would hide
+    one = np.array([1.0])
+    below = np.array([1 - 2.0 ** -11], np.float32)
+    assert vkcheck._excess(below, one, vkcheck.half_fp16_spacing(below)) == 2.0 ** -12
+    assert vkcheck._excess(below, one, vkcheck.half_fp16_spacing(one)) == 0.0  # the spacing at ref: missed
     # half the spacing of |ref|'s own binade, not 2^-11 |ref|: at 1.999 (spacing 2^-10) an error of 6e-4 is
     # more than rounding explains (half a spacing: 4.88e-4), though under 2^-11 * 1.999 = 9.8e-4
     near_two = np.array([1.999])

@@ -163,6 +163,18 @@ def test_vknorm_info_onto_a_full_disk_is_one_line_naming_standard_output(args):
     assert lines[0] == "vknorm info: error: writing standard output: No space left on device", lines
 
 
+@pytest.mark.parametrize("args, line", [
+    (["info", "--bogus"], "vknorm info: error: unrecognized arguments: --bogus (see vknorm info --help)"),
+    (["--bogus", "info"], "vknorm: error: unrecognized arguments: --bogus (see vknorm --help)"),
+    (["nosuch"], "vknorm: error: argument command: invalid choice: 'nosuch'"),
+])
+def test_usage_errors_are_one_line_from_the_parser_they_were_given_to(args, line):
+    proc = subprocess.run(vknorm_cli() + args, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(line), proc.stderr
+
+
 def test_python_m_vknorm_runs_the_same_cli():
     proc = run([sys.executable, "-m", "vknorm", "info", "--json"])
     assert proc.returncode == 0, proc.stderr

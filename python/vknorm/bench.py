@@ -213,6 +213,8 @@ class _Progress:
             self._bar.update(1)
         else:
             self._n += 1
+            if self._shown:
+                print(f"\r[{self._n}/{self._total}]", end="", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -437,9 +439,6 @@ def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: b
 
 
 def run_model(args) -> int:
-    import json
-    import os
-
     from .check import parse_inputs, parse_model_inputs, require_file
     from .cli import UsageError
     from .model_bench import format_table, run_model_bench

@@ -101,9 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args, extra = parser.parse_known_args(argv)
-    if extra:  # said by the subcommand, whose usage it is, not by the top-level parser
-        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # said by the parser they were given to: the subcommand's, unless they came before its name
+        before = argv[:argv.index(args.command)] if args.command in argv else []
+        owner = parser if any(e in before for e in extra) else parser.commands[args.command]
+        owner.error(f"unrecognized arguments: {' '.join(extra)}")
     from . import _core
 
     try:
