@@ -121,6 +121,7 @@ def test_each_implementation_runs_the_net_its_name_says():
     (["--model", PARAM, ".", "--input", "in0=16x64"], "--model .: is a directory, not the weights .bin"),
     (["--model", "/dev/zero", BIN, "--input", "in0=16x64"], "--model /dev/zero: a device, not the model .param"),
     (["--model", PARAM, BIN], "--input"),
+    (["--model", PARAM, PARAM, "--input", "in0=16x64"], "the weights .bin is the model .param itself"),
     (["--model", PARAM, BIN, "--input", "in0=16xx64"], "malformed"),
     (["--model", PARAM, BIN, "--input", "in0=16x64", "--iters", "0"], "--iters"),
     (["--model", PARAM, BIN, "--input", "in0=16x64", "--warmup-ms", "-1"], "--warmup-ms"),

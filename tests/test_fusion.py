@@ -793,8 +793,9 @@ def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
         ((garbled, b), "reads blob 'nowhere', which no earlier layer produces"),
         ((few_blobs, b), "line 2: the header says 3 blobs, the layers produce"),
         ((twice, b), "line 9: layer name 'ln_3' used twice"),
-        ((binary, b), "not a text .param"),
-        ((p, short), "the fused model does not load (the weights in"),
+        ((binary, b), "binary.param: not an ncnn text .param (binary data"),  # as check says it
+        ((p, p), "the weights .bin is the model .param itself"),
+        ((p, short), f"{short}: the fused model of {p} does not load (the weights, "),
     ]:
         out_p, out_b = tmp_path / "o.param", tmp_path / "o.bin"
         r = optimize(*args, out_p, out_b)

@@ -439,7 +439,7 @@ def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: b
 
 
 def run_model(args) -> int:
-    from .check import parse_inputs, parse_model_inputs, require_file
+    from .check import parse_inputs, parse_model_inputs, require_distinct, require_file
     from .cli import UsageError
     from .model_bench import format_table, run_model_bench
 
@@ -449,6 +449,7 @@ def run_model(args) -> int:
             require_file(path, what)
         except UsageError as e:
             raise UsageError(f"--model {e}") from None
+    require_distinct(param, binp)
     if not args.input:
         raise UsageError("--model needs at least one --input NAME=DIMS")
     if not 1 <= args.iters <= 100000:

@@ -228,6 +228,17 @@ def require_file(path: str, what: str) -> None:
     _require_regular(path, mode, what)
 
 
+def require_distinct(param_path: str, bin_path: str) -> None:
+    """UsageError where the weights .bin named is the .param itself (a slip when typing the two): said as such, not
+    as weights too short for the model."""
+    try:
+        same = os.path.samefile(param_path, bin_path)
+    except (OSError, ValueError):  # a missing or unreadable one is said by the checks that follow
+        return
+    if same:
+        raise UsageError(f"{bin_path}: the weights .bin is the model .param itself; give the model's .bin")
+
+
 # A .param is read in blocks of this many bytes up to its first token, and on only where that token is ncnn's
 # magic number: a weights file given as the .param (the arguments swapped) is refused from its first bytes
 # instead of read whole.
@@ -538,6 +549,7 @@ def max_abs_err(a, b) -> float:
 def _prepare(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]]) -> Tuple[Model, bytes]:
     """Parse the .param, match the --input names to its inputs, read the .bin (UsageError otherwise)."""
     model = parse_model_inputs(param_path, input_specs)
+    require_distinct(param_path, bin_path)
     data = _read_file(bin_path, "model .bin")
     return model, data
 

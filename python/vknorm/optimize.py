@@ -48,19 +48,20 @@ def _read_param(path: str) -> Tuple[bytes, str]:
     try:
         return data, data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UsageError(f"{path}: not a text .param (byte {e.start} is not UTF-8; binary .param.bin is not supported)") \
-            from None
+        raise UsageError(f"{path}: not an ncnn text .param (binary data: byte {e.start} is not UTF-8; a binary "
+                         ".param.bin is not supported)") from None
 
 
 def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple[List[dict], List[str]]:
     """Fuse param/bin into out_param/out_bin (atomically, both or neither). Returns what was fused and
     warnings (a .bin longer than the model reads: one for another model?); UsageError on a missing, garbled
     or inconsistent input (a .bin shorter than the model reads among them)."""
-    from .check import parse_param, require_file, trailing_bytes_warning
+    from .check import parse_param, require_distinct, require_file, trailing_bytes_warning
     from .cli import UsageError
 
     data, text = _read_param(param)
     require_file(bin_path, "weights .bin")
+    require_distinct(param, bin_path)
     size = os.path.getsize(bin_path)
     try:
         from . import graph
@@ -100,12 +101,12 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
         net.clear()
         if param_ret != 0 or bin_ret != 0:
             why = f": {log[-1]}" if log else ""
-            what = "its layers" if param_ret != 0 else f"the weights in {bin_path}"
-            if param_ret == 0 and read < size:
-                what += f", {size} bytes; a .bin for another .param?"
-            elif param_ret == 0:
-                what += f", {size} bytes: too few for the model?"
-            raise UsageError(f"{param}: the fused model does not load ({what}){why}")
+            model = "the fused model" if fused else "the model"
+            if param_ret != 0:
+                raise UsageError(f"{param}: {model} does not load (its layers){why}")
+            # the weights: named first, as the file to fix
+            hint = "a .bin for another .param?" if read < size else "too few for the model?"
+            raise UsageError(f"{bin_path}: {model} of {param} does not load (the weights, {size} bytes; {hint}){why}")
         warnings = [trailing_bytes_warning(bin_path, size - read, param) + "; OUT.bin is IN.bin as it is"] \
             if read < size else []
         for i, (tmp, real) in enumerate(staged):
