@@ -43,7 +43,7 @@ def finite_scale(ref) -> float:
     return max(1.0, float(a.max())) if a.size else 1.0
 
 
-def _excess(d, slack) -> float:
+def _excess_over_slack(d, slack) -> float:
     """max(d - slack, 0) over all elements, NaN (inf - inf: an infinite value and an infinite allowance) counting
     as infinite."""
     e = np.asarray(d - slack, np.float64)
@@ -73,7 +73,7 @@ def storage_rule(y, ref, fp16: bool) -> tuple:
     y64, ref64 = np.asarray(y, np.float64), np.asarray(ref, np.float64)
     if np.isnan(y64).any() or np.isnan(ref64).any():
         return float("inf"), FP32_TOL * finite_scale(ref)
-    return _excess(_difference(y64, ref64), half_fp16_spacing(y64)), FP32_TOL * finite_scale(ref)
+    return _excess_over_slack(_difference(y64, ref64), half_fp16_spacing(y64)), FP32_TOL * finite_scale(ref)
 
 
 # ---------------------------------------------------------------- against ncnn's own float32 layers
@@ -172,7 +172,7 @@ def ncnn_rule(ours, theirs, their_error, ours_fp16: bool = False, theirs_fp16: b
         slack = slack + half_fp16_spacing(y64)
     if theirs_fp16:
         slack = slack + half_fp16_spacing(t64)
-    return _excess(_difference(y64, t64), slack), FP32_TOL * finite_scale(theirs)
+    return _excess_over_slack(_difference(y64, t64), slack), FP32_TOL * finite_scale(theirs)
 
 
 def group_size(shape, affine_size: int) -> int:
