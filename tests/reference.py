@@ -200,11 +200,12 @@ def n_groups(shape, affine_size: int) -> int:
     return int(np.prod(shape)) // group_size(shape, affine_size)
 
 
-def norm64(op: str, x, affine_size: int, eps: float, affine: bool, gamma=None, beta=None) -> np.ndarray:
+def norm64(op: str, x, affine_size: int, eps: float, affine: bool, gamma=None, beta=None, ddof: int = 0) -> np.ndarray:
     """LayerNorm / RMSNorm in float64: two-pass mean and variance, y = (x - mean)/sqrt(var + eps)*gamma + beta.
 
     ``x``, ``gamma``, ``beta`` are taken at the values they hold (float16/float32 are widened
-    exactly); ``eps`` is rounded to float32 first, as ncnn stores it.
+    exactly); ``eps`` is rounded to float32 first, as ncnn stores it. ``ddof=1``: LayerNorm's variance divided
+    by n - 1 (torch.var's default), another formula for negative controls.
     """
     x64 = np.asarray(x).astype(np.float64)
     gs = group_size(x64.shape, affine_size)
@@ -213,7 +214,7 @@ def norm64(op: str, x, affine_size: int, eps: float, affine: bool, gamma=None, b
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         if op == "LayerNorm":
             mean = rows.mean(axis=1, keepdims=True)
-            var = ((rows - mean) ** 2).mean(axis=1, keepdims=True)
+            var = ((rows - mean) ** 2).sum(axis=1, keepdims=True) / (rows.shape[1] - ddof)
             y = (rows - mean) / np.sqrt(var + eps64)
         elif op == "RMSNorm":
             ms = (rows * rows).mean(axis=1, keepdims=True)

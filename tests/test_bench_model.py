@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from availability import import_graph
+from vknorm import check as vkcheck
 
 import_graph()
 
@@ -112,7 +113,7 @@ def test_each_implementation_runs_the_net_its_name_says():
     assert all(set(o) == set(outputs["ncnn-cpu"]) for o in outputs.values())
     for name, cpu in outputs["ncnn-cpu"].items():
         err = {impl: float(np.abs(np.asarray(o[name], np.float64) - cpu).max()) for impl, o in outputs.items()}
-        bound = 2 * err["ncnn-vulkan"] + 1e-4 * max(1.0, float(np.abs(cpu).max()))
+        bound = vkcheck.output_bound(np.asarray(cpu, np.float64), err["ncnn-vulkan"], vkcheck.ATOL_FP32)
         assert err["vknorm-in-graph"] <= bound and err["vknorm-fused"] <= bound, (name, err, bound)
 
 

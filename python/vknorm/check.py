@@ -682,10 +682,12 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
               "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
               "atol": atol, "warnings": [], "rule": _rule(fp16, atol, vulkan=False)}
 
-    if fp16 and model.norms and not device_info()["storage_16bit"]:
-        # vknorm's layers would store float32 there: judged by the float16 rule, the run would be mislabelled
-        raise UsageError(f"--fp16: {device_info()['name']} has no 16-bit storage (vknorm's layers would store "
-                         "float32); check without --fp16, or with --vulkan to run ncnn's own float16 choice")
+    if fp16 and model.norms:
+        device = device_info()
+        if not device["storage_16bit"]:
+            # vknorm's layers would store float32 there: judged by the float16 rule, the run would be mislabelled
+            raise UsageError(f"--fp16: {device['name']} has no 16-bit storage (vknorm's layers would store float32); "
+                             "check without --fp16, or with --vulkan to run ncnn's own float16 choice")
     stock = _new_net(ncnn)
     try:
         result["warnings"] += _load(stock, model, bin_path, data, "stock")
