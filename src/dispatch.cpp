@@ -146,6 +146,8 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = std::getenv("VKNORM_TUNE_FEW_GROUP_ANY_SIZE")) caps.few_group_any_size = std::atoi(v) != 0;
   if (const char* v = std::getenv("VKNORM_TUNE_FEW_GROUP_MIN_TEAM"))
     caps.few_group_min_team = pow2_floor(std::max(1, std::atoi(v)));
+  if (const char* v = std::getenv("VKNORM_TUNE_FEW_WIDE_TEAM_GROUPS")) caps.few_wide_team_groups = uint32_t(std::atoi(v));
+  if (const char* v = std::getenv("VKNORM_TUNE_FEW_WIDE_TEAM_ITEMS")) caps.few_wide_team_items = uint32_t(std::atoi(v));
   if (const char* v = std::getenv("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE"))
     caps.items_target_cooperative = std::max(1, std::atoi(v));
   // Groups spanning channels, in many chunks: up to 16 on GPUs (plan_dispatch says why); CPU drivers, no more.
@@ -448,10 +450,25 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
         const uint32_t narrowest =
             lane_groups ? dev.preferred_workgroup : std::min(dev.preferred_workgroup, dev.few_group_min_team);
         while (team / 2 >= narrowest && items_for(size, team / 2) <= most) team /= 2;
+        // A handful of float32 groups that still take a team wider than preferred_workgroup, many elements each: a
+        // few multiprocessors each load a large group, where the cooperative kernel spreads it over many. H200, us,
+        // fused -> cooperative, 512 x 16: GroupNorm 64x32x32/2 9.14 -> 6.88, 128x32x32/4 9.15 -> 6.93, 256x32x32/8
+        // 9.43 -> 6.98, 320x28x28/8 9.35 -> 7.18; 512 x 13-14: 96x24x24/2 8.30 -> 6.77, 32x28x28/1 7.33 -> 6.56,
+        // 64x56x56/8 7.50 -> 7.24. Not 12 each (48x32x32/2 6.64 -> 6.81, 960x14x14/8 6.93 -> 7.15), nor from 16
+        // groups (512x32x32/16 6.91 against 7.11), nor teams of 256 (32x32x32/2 256 x 16 4.47 against 6.60;
+        // InstanceNorm 32x64x64 4.81 against 6.86), nor float16 held as stored, level or faster fused (64x32x32/2,
+        // 128x32x32/4, 256x32x32/8: 7.96-8.08 against 7.70-7.81; GroupNorm 512x7x7/1 512 x 13 6.42 against 6.84).
+        // Teams capped at 512 (VKNORM_MAX_SHARED_MEMORY=16384) gain most: GroupNorm 12x56x56/1 512 x 19 11.44 ->
+        // 7.02, 64x48x48/4 11.37 -> 6.93, InstanceNorm 16x96x96 512 x 18 7.29 -> 6.84. Measured on groups of whole
+        // packed planes and InstanceNorm, not on groups inside pack4 lanes.
+        if (cooperative_auto && !held && !lane_groups && team > dev.preferred_workgroup &&
+            items_for(size, team) > dev.few_wide_team_items && g.n_groups <= dev.few_wide_team_groups &&
+            cooperative(cooperative_auto_workgroups))
+          return plan;
         // Narrower than the team the group would take where nothing caps teams (16 KB of shared memory caps them at
         // 512, as Option.max_workgroup_size may): as narrowed, `most` each. H200 with teams capped at 512, fp32 /
         // fp16, us: GroupNorm 1280x32x32/32 cooperative 13.4 / 12.7 -> 512 x 20 8.6 / 6.3; lost: one group of 12
-        // channels, 12x56x56/1, split 10.8 / 10.5 -> 512 x 19 11.4 / 12.3.
+        // channels, 12x56x56/1, split 10.8 / 10.5 -> 512 x 19 11.4 / 12.3 (float32 since cooperative, above: 7.0).
         if (team < std::min(dev.full_team, team_for_target)) items_cap = std::max(items_cap, most);
       }
       // float16 held as stored (H200, 2^25 elements, % of the copy roof): teams of at most max_team_held

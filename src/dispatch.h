@@ -69,6 +69,10 @@ struct DeviceCaps {
   uint32_t few_group_items = 20;
   uint32_t few_group_min_team = 128;
   bool few_group_any_size = true;
+  // ... and where that narrowest team is still wider than preferred_workgroup and holds more than
+  // few_wide_team_items float32 elements each (vec4s where it reads them; not float16 held as stored), at most
+  // few_wide_team_groups groups go cooperative instead (0: never)
+  uint32_t few_wide_team_groups = 8, few_wide_team_items = 12;
   bool poll_loads = true;                  // its waits poll with plain loads (CPU drivers: atomics)
   uint32_t wait_rounds = 1024;             // its waits give up after this many rounds of 4096 polls
   uint32_t subgroup_size = 0;    // 0: unknown

@@ -104,6 +104,9 @@ def test_few_groups_of_many_small_channel_planes_go_cooperative(monkeypatch):
         assert channels_plan("GroupNorm", *shape, fp16)["path"] == "workgroup", (shape, fp16)
     assert channels_plan("GroupNorm", 384, 16, 16, 4)["path"] == "cooperative"
     monkeypatch.setenv("VKNORM_TUNE_MANY_PLANES", "0")  # the knob turns it off
+    assert channels_plan("GroupNorm", 1280, 16, 16, 8, True)["path"] == "workgroup"
+    # (float32's 8 groups of 512 x 20 then go cooperative by the few-wide-teams rule, tests/test_dispatch_policy.py)
+    monkeypatch.setenv("VKNORM_TUNE_FEW_WIDE_TEAM_GROUPS", "0")
     assert channels_plan("GroupNorm", 1280, 16, 16, 8)["path"] == "workgroup"
 
 
