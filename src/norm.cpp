@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <stdexcept>
 
 #include "dispatch.h"
@@ -169,15 +170,20 @@ Run plan_run(const Norm::Gpu& gpu, const GroupLayout& g, size_t elemsize, uint64
   const uint64_t max_buffer = limit.bytes;
   const std::string buffer_why = limit.why == std::string("maxStorageBufferRange") ? "the device's maxStorageBufferRange" : limit.why;
   const uint64_t group_bytes = uint64_t(g.group_size) * elemsize;
+  // A pack4 item holds 4 / gcd(channels per group, 4) groups: unpacked, each is that many times smaller (a group
+  // of 4 or more whole channels is the item itself).
+  const uint32_t groups_per_item = g.elempack == 4 ? 4 / std::gcd(g.channels_per_group, 4u) : 1;
   if (group_bytes > max_buffer || g.group_size > kMaxPieceElements)
     throw std::invalid_argument(
-        std::string("vknorm: ") + (g.elempack == 4 ? "a pack4 item (4 channels or rows stored interleaved) of " : "a group of ") +
+        std::string(op_name(gpu.op)) + ": " + (g.elempack == 4 ? "a pack4 item (4 channels or rows stored interleaved) of " : "a group of ") +
         what + " is " + std::to_string(group_bytes) + " bytes (" + std::to_string(g.group_size) +
         " packed elements of " + std::to_string(elemsize) + " bytes), more than one storage buffer can hold on " +
         info.name + " (" + std::to_string(std::min<uint64_t>(max_buffer, kMaxPieceElements * elemsize)) + " bytes: " +
         (group_bytes > max_buffer ? buffer_why : std::string("2^31 elements, 32-bit indexing")) +
         "); a group is normalized whole, so this tensor cannot be processed in pieces" +
-        (g.elempack == 4 ? std::string(" (without the packing layout its groups are 4 times smaller)") : std::string()));
+        (groups_per_item > 1 ? " (without the packing layout its groups are " + std::to_string(groups_per_item) +
+                                   " times smaller)"
+                             : std::string()));
 
   // Free memory as vknorm counts it: VKNORM_MAX_DEVICE_BYTES, else the device-local heap, less what
   // vknorm holds now (weights included: they are uploaded before planning).

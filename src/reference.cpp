@@ -12,12 +12,8 @@
 namespace vknorm {
 
 int ParamDict::get(int id, int def) const {
+  // As ncnn's: a float where an int is read counts as not given (a .param's "0=16.0" is affine_size 0 there).
   if (auto it = ints_.find(id); it != ints_.end()) return it->second;
-  if (auto it = floats_.find(id); it != floats_.end()) {  // as a C cast would, without its undefined cases
-    const float f = it->second;
-    if (!(f > -2147483904.f && f < 2147483648.f)) return f > 0 ? INT32_MAX : INT32_MIN;  // NaN: INT32_MIN
-    return int(f);
-  }
   return def;
 }
 
@@ -205,7 +201,11 @@ GroupLayout norm_layout(NormOp op, int affine_size, int group, int channels, boo
   if (op == NormOp::GroupNorm || op == NormOp::InstanceNorm)
     return channel_group_layout(dims, w, h, d, c, cstep, elempack, channels, group, op == NormOp::InstanceNorm,
                                 op_name(op));
-  return group_layout(dims, w, h, d, c, cstep, elempack, affine_size, affine);
+  try {
+    return group_layout(dims, w, h, d, c, cstep, elempack, affine_size, affine);
+  } catch (const std::invalid_argument& e) {  // named as the channel norms' messages are
+    throw std::invalid_argument(std::string(op_name(op)) + ": " + e.what());
+  }
 }
 
 std::string NormParams::describe() const {

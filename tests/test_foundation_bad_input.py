@@ -154,6 +154,41 @@ def test_params_and_options_are_what_ncnn_holds_or_refused(make, match):
         make()
 
 
+def test_a_float_for_an_int_param_is_refused_as_ncnn_would_read_it_as_not_given():
+    """ncnn's ParamDict reads a float where a layer asks for an int as not given (a .param's 0=16.0 is affine_size
+    0 there), so 16.0 is not taken as 16 either: refused, saying why, in every entry point."""
+    for call in (lambda: vknorm.LayerNorm.from_param({0: 16.0, 1: 1e-5, 2: 0}),
+                 lambda: vknorm.LayerNorm(8).load_param({0: 16.0}), lambda: vknorm.GroupNorm(group=2.0, channels=8),
+                 lambda: vknorm.InstanceNorm.from_param({0: 8, 2: 1.0})):
+        with pytest.raises(ValueError, match=r"is not an integer \(a float: ncnn would read it as not given"):
+            call()
+
+
+def test_from_param_reads_affine_as_ncnn_does_weights_unless_0():
+    """The ncnn-id entry point reads a .param's affine as ncnn's layers do (2=2 loads weights there); the keyword
+    constructor, a Python flag, still takes True/False or 1/0 only."""
+    assert vknorm.LayerNorm.from_param({0: 8, 2: 2}).affine is True
+    assert vknorm.GroupNorm.from_param({0: 2, 1: 8, 3: -1}).affine is True
+    assert vknorm.RMSNorm.from_param({0: 8, 2: 0}).affine is False
+    with pytest.raises(ValueError, match="affine must be True/False"):
+        vknorm.LayerNorm(affine_size=8, affine=2)
+
+
+def test_load_param_refuses_ids_the_layer_does_not_take_as_from_param_does():
+    with pytest.raises(ValueError, match=r"LayerNorm.load_param: unknown param id 9: LayerNorm takes 0 affine_size, "
+                                         r"1 eps, 2 affine \(a fused activation: set_activation\)"):
+        vknorm.LayerNorm(8).load_param({0: 3, 1: 1e-5, 9: 4})
+    with pytest.raises(ValueError, match=r"unknown param id 20: .*forward_add"):
+        vknorm.LayerNorm(8).load_param({20: 1})
+    with pytest.raises(ValueError, match=r"GroupNorm.load_param: unknown param id 4: GroupNorm takes 0 group"):
+        vknorm.GroupNorm(2, 8).load_param({4: 1})
+
+
+def test_an_eps_past_float32_is_refused_as_given_not_as_the_inf_it_becomes():
+    with pytest.raises(ValueError, match=r"param 1 \(eps\)=1e\+40 does not fit ncnn's float32"):
+        vknorm.LayerNorm(8, eps=1e40)
+
+
 def test_int_params_take_exactly_ncnns_32_bit_range():
     """ncnn holds int params as 32-bit ints: -2^31 and 2^31 - 1 reach the layer's own checks as given; one past
     either end is refused as not fitting (never wrapped, nor left to the binding's conversion)."""
@@ -172,15 +207,57 @@ def test_a_device_is_cpu_vulkan_vulkan_n_an_index_or_a_context(device):
         ln_with_weights(4)(np.ones((1, 4), np.float32), device=device)
 
 
+@pytest.mark.parametrize("device", ["garbage", -1, "vulkan:x", True])
+def test_a_layers_device_is_checked_when_the_layer_is_made(device):
+    with pytest.raises(ValueError, match=r"LayerNorm: device must be"):
+        vknorm.LayerNorm(4, affine=False, device=device)
+
+
+def test_a_layer_made_for_the_cpu_refuses_a_vkmat_rather_than_running_it_on_the_gpu():
+    """The layer's device= holds for VkMats as a call's does: a VkMat runs where it lives, so a layer made for the
+    CPU says it cannot run one (not a silent GPU run), and one made for the VkMat's device runs it."""
+    x = np.random.default_rng(2).standard_normal((3, 8)).astype(np.float32)
+    cpu_layer = vknorm.LayerNorm(8, affine=False, device="cpu")
+    for call in (lambda v: cpu_layer.forward_inplace(v), lambda v: cpu_layer.forward_add(v, v)):
+        with pytest.raises(ValueError, match="device='cpu' cannot run it"):
+            call(vknorm.to_device(x))
+    here = vknorm.LayerNorm(8, affine=False, device="vulkan")
+    assert np.array_equal(here.forward_inplace(vknorm.to_device(x)).numpy(), here(x))
+
+
+@pytest.mark.parametrize("value", ["false", "yes", 2, None, 0.5])
+def test_an_options_flags_are_true_or_false_not_any_truthy_value(value):
+    """Option(use_fp16_storage="false") is not float16 storage by accident."""
+    for field in ("use_fp16_storage", "use_packing_layout", "use_subgroup_ops"):
+        with pytest.raises(ValueError, match=f"{field} must be True or False"):
+            vknorm.Option(**{field: value})
+
+
+def test_a_shape_past_ncnns_int_sizes_is_refused_before_any_copy_of_the_array():
+    """A broadcast view takes no memory: the check comes before the contiguous copy (8 GiB here) is made."""
+    view = np.broadcast_to(np.float32(0), (2 ** 31,))
+    layer = vknorm.LayerNorm(8, affine=False)
+    for call in (lambda: layer(view), lambda: layer(view, device="cpu"), lambda: vknorm.to_device(view)):
+        with pytest.raises(ValueError, match=r"every dimension must be 1..2\^31-1"):
+            call()
+
+
+def test_forward_add_return_sum_is_a_flag():
+    x = np.ones((2, 8), np.float32)
+    with pytest.raises(TypeError, match="LayerNorm.forward_add: return_sum must be True or False, got 'no'"):
+        vknorm.LayerNorm(8, affine=False).forward_add(x, x, return_sum="no")
+
+
 @pytest.mark.parametrize("field, value, error", [
     ("max_workgroup_size", -5, ValueError), ("max_workgroup_size", "3", ValueError),
     ("max_workgroup_size", 2 ** 40, ValueError), ("path", "fast", ValueError), ("use_fp16", True, AttributeError),
-], ids=["negative-wg", "str-wg", "huge-wg", "path", "misspelt"])
+    ("use_packing_layout", "no", ValueError),
+], ids=["negative-wg", "str-wg", "huge-wg", "path", "misspelt", "str-flag"])
 def test_an_options_fields_set_after_construction_are_checked_as_the_constructor_checks_them(field, value, error):
     """ncnn style (opt.field = value): a value the constructor refuses is refused when set later too, and a misspelt
     field is an AttributeError, not an attribute that no call reads. The option keeps its earlier values."""
     o = vknorm.Option(path="split", max_workgroup_size=64)
-    with pytest.raises(error, match="max_workgroup_size|path must be|no field 'use_fp16'"):
+    with pytest.raises(error, match="max_workgroup_size|path must be|no field 'use_fp16'|use_packing_layout must be"):
         setattr(o, field, value)
     assert (o.path, o.max_workgroup_size) == ("split", 64)
     o.max_workgroup_size, o.use_fp16_storage = np.int64(128), 1

@@ -183,7 +183,7 @@ def test_float16_fused_add_normalizes_the_sum_as_the_add_layer_stores_it(path, p
 def test_activation_matches_ncnn_cpu_formula_and_float64(act, fp16):
     rng = np.random.default_rng(3)
     layer, gamma, beta, _ = make_layer("layernorm", (33, 256), rng)
-    layer.set_activation(act, 0.1)
+    layer.set_activation(act, 0.1 if act == "leakyrelu" else 0.0)
     assert layer.activation == act
     x = (rng.standard_normal((33, 256)) * 2).astype(np.float32)
     y = layer(x, option=vknorm.Option(use_fp16_storage=fp16))
@@ -193,6 +193,22 @@ def test_activation_matches_ncnn_cpu_formula_and_float64(act, fp16):
     err, bound = storage_rule(y, ref, fp16)
     assert err <= bound, (err, bound)
     assert float(np.abs(cpu - act64(norm64(x, "layernorm", gamma, beta), act)).max()) <= FP32_TOL * float(np.abs(ref).max())
+
+
+def test_relu_with_a_slope_is_the_leaky_one_and_only_the_relus_take_a_slope():
+    """As ncnn's ReLU 0=slope: a slope given to relu is kept (not dropped); an alpha for an activation without
+    one is refused rather than ignored."""
+    layer = vknorm.LayerNorm(affine_size=16, eps=1e-5, affine=False)
+    x = np.random.default_rng(5).standard_normal((4, 16)).astype(np.float32)
+    layer.set_activation("relu", 0.5)
+    assert layer.activation == "leakyrelu"
+    ref = act64(norm64(x, "layernorm", np.ones(16), np.zeros(16)), "leakyrelu", alpha=0.5)
+    err, bound = storage_rule(layer(x), ref, False)
+    assert err <= bound and float(ref.min()) < -0.1, (err, bound)  # negative outputs kept, at half their value
+    for act in ("sigmoid", "swish", "gelu", "gelu_fast", None):
+        with pytest.raises(ValueError, match="takes no alpha"):
+            layer.set_activation(act, 0.5)
+    assert layer.activation == "leakyrelu"  # a refused call changes nothing
 
 
 def test_activation_keeps_inf_and_nan_as_ncnn_cpu():

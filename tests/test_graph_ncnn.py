@@ -761,6 +761,24 @@ def extract_once(net, x, blob="z"):
     return r, (np.array(m) if r == 0 else None)
 
 
+@pytest.mark.parametrize("vulkan", [False, True], ids=["cpu", "vulkan"])
+def test_any_nonzero_affine_param_means_weights_as_in_stock_ncnn(tmp_path, vulkan):
+    """ncnn's layers load weights unless affine is 0, so a .param's 2=2 runs in stock ncnn: vknorm's layers read it
+    the same way (the net loads, and gives what 2=1 gives, bit for bit), rather than refusing a model stock runs."""
+    x = np.linspace(-2, 2, 6 * 5 * 4, dtype=np.float32).reshape(6, 5, 4)
+    weights = 0.5 + 0.1 * np.arange(8)
+    outputs = []
+    for affine in (1, 2):
+        (tmp_path / str(affine)).mkdir()
+        net = small_net(tmp_path / str(affine), LAYERNORM_RELU.replace("2=1", f"2={affine}"), weights, vulkan)
+        r, y = extract_once(net, x)
+        assert r == 0, affine
+        outputs.append(y)
+    assert np.array_equal(outputs[0], outputs[1])
+    assert not np.array_equal(outputs[0], extract_once(small_net(tmp_path, LAYERNORM_RELU.replace("2=1", "2=0"),
+                                                                 [], vulkan), x)[1])  # the weights do matter
+
+
 def test_a_command_buffer_whose_extract_failed_is_dropped_and_the_next_extract_makes_one(tmp_path):
     """An extract that fails inside the recorded forward (here: an input whose rows do not match the
     LayerNorm's affine size, -1) may leave its command buffer half recorded: the Net never hands that one out

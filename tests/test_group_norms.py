@@ -402,6 +402,22 @@ def test_a_packed_item_past_one_buffer_is_refused_as_such_and_runs_unpacked(monk
     assert max_abs_err(y, inorm(x, device="cpu")) <= 2 * FP32_TOL * scale(y)  # both within the rule of float64
 
 
+def test_a_group_of_whole_channels_past_one_buffer_names_the_layer_and_promises_no_smaller_unpacked_groups(monkeypatch):
+    """A GroupNorm group of 4 or more channels is its pack4 item: unpacked, it is as large, so the message does not
+    suggest turning the packing layout off (it did), and it names the layer."""
+    monkeypatch.setenv("VKNORM_MAX_BUFFER_BYTES", "65536")
+    x = np.random.default_rng(3).standard_normal((4, 64, 128)).astype(np.float32)
+    gn = vknorm.GroupNorm(group=1, channels=4, affine=False)
+    for packing in (True, False):
+        with pytest.raises(ValueError, match=r"^GroupNorm: a .*131072 bytes") as e:
+            gn(x, device="vulkan", option=vknorm.Option(use_packing_layout=packing))
+        assert "smaller" not in str(e.value), str(e.value)
+    # 2 channels per group: a pack4 item holds two groups, each half as large unpacked
+    with pytest.raises(ValueError, match=r"without the packing layout its groups are 2 times smaller"):
+        vknorm.GroupNorm(group=2, channels=4, affine=False)(np.random.default_rng(3).standard_normal(
+            (4, 64, 256)).astype(np.float32), device="vulkan")
+
+
 @pytest.mark.parametrize("make,match", [
     (lambda: vknorm.GroupNorm(group=3, channels=10), "do not divide into group=3"),
     (lambda: vknorm.GroupNorm(group=0, channels=8), "group must be > 0"),

@@ -19,7 +19,7 @@ class ParamDict {
  public:
   void set(int id, int v) { ints_[id] = v; floats_.erase(id); }
   void set(int id, float v) { floats_[id] = v; ints_.erase(id); }
-  int get(int id, int def) const;  // a float set here: truncated, saturated at int's range (NaN: INT_MIN)
+  int get(int id, int def) const;  // a float set here: def, as ncnn's ParamDict (its type is float)
   float get(int id, float def) const;
   bool has(int id) const { return ints_.count(id) || floats_.count(id); }
 
@@ -115,7 +115,7 @@ struct NormParams {
     else if (op == NormOp::InstanceNorm) p.channels = pd.get(0, 0);
     else p.affine_size = pd.get(0, 0);
     p.eps = pd.get(eps_id, 0.001f);
-    p.affine = pd.get(eps_id + 1, 1);
+    p.affine = pd.get(eps_id + 1, 1) != 0;  // as ncnn's layers read it: weights unless 0 (2=2 runs there)
     p.check();
     return p;
   }

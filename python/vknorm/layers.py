@@ -49,7 +49,9 @@ class Option:
                 raise ValueError(f"max_workgroup_size must be an integer 0..2^31-1 (0: the device's choice), "
                                  f"got {value!r}")
             value = int(value)
-        elif name in self._FIELDS:
+        elif name in self._FIELDS:  # a flag: True/False or 1/0 ("false" is not False)
+            if not (isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1))):
+                raise ValueError(f"{name} must be True or False (or 1/0), got {value!r}")
             value = bool(value)
         else:
             raise AttributeError(f"vknorm.Option has no field {name!r} (its fields: {', '.join(self._FIELDS)})")
@@ -107,6 +109,9 @@ _VKMAT_ADVICE = ("a VkMat runs with forward_inplace(v) or forward_add(v, r), its
                  "v.numpy() downloads it")
 
 
+_MAX_EXTENT = (1 << 31) - 1
+
+
 def _check_array(x, where: str) -> np.ndarray:
     """numpy in the shapes pyncnn uses: (w), (h, w), (c, h, w), (c, d, h, w); float16/32/64. where: the call,
     for the messages."""
@@ -118,11 +123,14 @@ def _check_array(x, where: str) -> np.ndarray:
                            else _VKMAT_ADVICE))
     a = np.asarray(x)
     if a.dtype.kind not in "f":
-        raise TypeError(f"expected floating point data (float32 or float16), got dtype {a.dtype}")
+        raise TypeError(f"{where}: expected floating point data (float32 or float16), got dtype {a.dtype}")
     if a.ndim < 1 or a.ndim > 4:
-        raise ValueError(f"expected 1-4 dims ((w), (h, w), (c, h, w) or (c, d, h, w)), got {a.ndim} dims {a.shape}")
+        raise ValueError(f"{where}: expected 1-4 dims ((w), (h, w), (c, h, w) or (c, d, h, w)), got {a.ndim} dims "
+                         f"{a.shape}")
     if a.size == 0:
-        raise ValueError(f"empty array of shape {a.shape}")
+        raise ValueError(f"{where}: empty array of shape {a.shape}")
+    if max(a.shape) > _MAX_EXTENT:  # before any copy of it (a broadcast view may be far larger than its memory)
+        raise ValueError(f"{where}: every dimension must be 1..2^31-1 (ncnn's Mat sizes are int), got shape {a.shape}")
     return a
 
 
@@ -218,15 +226,15 @@ def _as_input(a: np.ndarray) -> np.ndarray:
 
 
 def _param_int(pid, v, where: str = "", name: str = "") -> int:
-    """An int param as ncnn's ParamDict holds it (32-bit); ValueError otherwise (3.7 is not 3), not a C++
-    bad_cast. where ("LayerNorm.load_param: ") and name ("affine_size") go into the message."""
+    """An int param as ncnn's ParamDict holds it (32-bit); ValueError otherwise, not a C++ bad_cast: 3.7 is not 3,
+    and 16.0 is not 16 either (ncnn's ParamDict reads a float where it expects an int as not given, so a .param's
+    "0=16.0" is affine_size 0 there). where ("LayerNorm.load_param: ") and name ("affine_size") go into the message."""
     label = f"{where}param {pid}" + (f" ({name})" if name else "")
-    try:
-        i = int(v) if isinstance(v, numbers.Real) else None
-    except (OverflowError, ValueError):  # int(inf), int(nan)
-        i = None
-    if i is None or i != v:
-        raise ValueError(f"{label}={v!r} is not an integer") from None
+    if not isinstance(v, numbers.Integral):
+        hint = (" (a float: ncnn would read it as not given; write it without a decimal point)"
+                if isinstance(v, numbers.Real) and math.isfinite(v) and v == int(v) else "")
+        raise ValueError(f"{label}={v!r} is not an integer{hint}") from None
+    i = int(v)
     if not -(1 << 31) <= i < (1 << 31):
         raise ValueError(f"{label}={v!r} does not fit ncnn's 32-bit int")
     return i
@@ -237,6 +245,10 @@ def _param_float(pid, v, where: str, name: str) -> float:
     not float()'s bare "could not convert string to float"."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise ValueError(f"{where}param {pid} ({name}) must be a number, got {v!r}")
+    with np.errstate(over="ignore"):
+        overflows = math.isfinite(v) and not math.isfinite(np.float32(v))
+    if overflows:  # said as given, not as the inf it would become
+        raise ValueError(f"{where}param {pid} ({name})={v!r} does not fit ncnn's float32")
     return float(v)
 
 
@@ -254,8 +266,10 @@ class _Norm:
         if option is not None:
             Option._of(option)  # TypeError for anything but a vknorm.Option
         self.option = Option() if option is None else option
-        self.device = device
         where = f"{type(self).__name__}: "
+        if device is not None:
+            _parse_device(device, where)  # ValueError now, not at the first forward
+        self.device = device
         params = {}
         for pid, name, _ in self._params:
             v = values[name]
@@ -276,9 +290,11 @@ class _Norm:
             raise ValueError(f"unknown param ids {in_order}: {cls.__name__} takes {names}")
         values = {name: params.get(pid, default) for pid, name, default in cls._params}
         for pid, name, _ in cls._params:
-            if name not in ("eps", "affine"):
+            if name != "eps":
                 values[name] = _param_int(pid, values[name], f"{cls.__name__}.from_param: ", name)
-        return cls(**values, **kwargs)  # the constructor refuses an affine other than 0/1, as the in-graph layer does
+            if name == "affine":  # as ncnn reads it (and the in-graph layer): weights unless 0
+                values[name] = values[name] != 0
+        return cls(**values, **kwargs)
 
     # ncnn's parameters, read-only: load_param / the constructor set them.
     affine_size = property(lambda self: self._layer.affine_size)
@@ -286,12 +302,19 @@ class _Norm:
     affine = property(lambda self: bool(self._layer.affine))
 
     def load_param(self, params: Mapping[int, Union[int, float]]) -> None:
+        """ncnn ParamDict ids, as from_param takes them; ids not given take ncnn's defaults. An id this layer does
+        not take is refused (a fused activation's ids belong to vknorm.graph's layers: here, set_activation)."""
         # eps is checked in the core, after affine_size, in load_param's order (a NaN or Inf eps included)
         where = f"{type(self).__name__}.load_param: "
         names = {pid: name for pid, name, _ in self._params}
         native = {}
         for k, v in params.items():
             pid = _param_int("id", k, where)
+            if pid not in names:
+                takes = ", ".join(f"{i} {n}" for i, n, _ in self._params)
+                raise ValueError(f"{where}unknown param id {pid}: {type(self).__name__} takes {takes}"
+                                 + (" (a fused activation: set_activation)" if pid in (9, 10)
+                                    else " (a fused residual add: forward_add)" if pid == 20 else ""))
             name = names.get(pid, "")
             native[pid] = _param_float(pid, v, where, name) if name == "eps" else _param_int(pid, v, where, name)
         self._layer.load_param(native)
@@ -299,12 +322,13 @@ class _Norm:
     _weight_count_name = "affine_size"
 
     def _weights(self, v, name: str) -> list:
+        where = f"{type(self).__name__}.load_model: "
         a = np.asarray(v)
         if a.dtype.kind not in "fiu":
-            raise TypeError(f"{name} must be numeric, got dtype {a.dtype}")
+            raise TypeError(f"{where}{name} must be numeric, got dtype {a.dtype}")
         if a.ndim != 1:
             n = getattr(self, self._weight_count_name)
-            raise ValueError(f"{name} must be 1-D of length {self._weight_count_name}={n}, got shape {a.shape}")
+            raise ValueError(f"{where}{name} must be 1-D of length {self._weight_count_name}={n}, got shape {a.shape}")
         return a.astype(np.float32).tolist()
 
     @property
@@ -360,7 +384,7 @@ class _Norm:
         lives on: device=, if given, must name that device (ValueError otherwise)."""
         where = f"{type(self).__name__}.forward_inplace"
         if isinstance(x, _core.VkMat):
-            _check_vkmat_device(device, (x,), where)
+            _check_vkmat_device(device if device is not None else self.device, (x,), where)
             self._layer.forward_inplace(x, self._native_option(option))
             return x
         if isinstance(x, _core.Mat):
@@ -369,7 +393,7 @@ class _Norm:
             raise TypeError(f"{where} needs a numpy array or a VkMat, got {type(x).__name__}")
         a = _check_array(x, where)
         if not a.flags.writeable:
-            raise ValueError("forward_inplace needs a writable array")
+            raise ValueError(f"{where} needs a writable array (this one is read-only: call the layer for a new one)")
         y = self(a, device=device, option=option)
         np.copyto(a, y, casting="unsafe")
         return a
@@ -378,15 +402,19 @@ class _Norm:
     ACTIVATIONS = {"none": 0, "relu": 1, "leakyrelu": 2, "sigmoid": 4, "swish": 7, "gelu": 8, "gelu_fast": 9}
 
     def set_activation(self, activation: Optional[str] = None, alpha: float = 0.0) -> None:
-        """Apply an activation to every output of this layer, in the same kernel: "relu", "leakyrelu"
-        (alpha: its slope), "sigmoid", "swish" (x * sigmoid(x)), "gelu" (erf form), "gelu_fast" (tanh form),
-        or None."""
+        """Apply an activation to every output of this layer, in the same kernel: "relu" (alpha: its slope for
+        negative inputs, as ncnn's ReLU 0=slope; 0 by default), "leakyrelu" (alpha: its slope), "sigmoid", "swish"
+        (x * sigmoid(x)), "gelu" (erf form), "gelu_fast" (tanh form), or None. Only the ReLUs take an alpha."""
         where = f"{type(self).__name__}.set_activation: "
         name = "none" if activation is None else str(activation).lower()
         if name not in self.ACTIVATIONS:
             raise ValueError(f"{where}activation {activation!r}: expected one of {', '.join(self.ACTIVATIONS)} or None")
         if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha):
             raise ValueError(f"{where}alpha must be a finite number, got {alpha!r}")
+        if alpha and name not in ("relu", "leakyrelu"):
+            raise ValueError(f"{where}{name} takes no alpha (got {alpha!r}); only relu and leakyrelu have a slope")
+        if name == "relu" and alpha:  # ncnn's ReLU with a slope is the leaky one
+            name = "leakyrelu"
         self._layer.set_activation(self.ACTIVATIONS[name], float(alpha))
 
     @property
@@ -400,16 +428,19 @@ class _Norm:
         device). x and residual must have one shape (a broadcasting add is not fused). VkMats run on the device
         they live on: device=, if given, must name that device (ValueError otherwise)."""
         where = f"{type(self).__name__}.forward_add"
+        if not isinstance(return_sum, (bool, np.bool_)):
+            raise TypeError(f"{where}: return_sum must be True or False, got {return_sum!r}")
+        return_sum = bool(return_sum)
         opt = self._native_option(option)
         if isinstance(x, _core.VkMat) or isinstance(residual, _core.VkMat):
             if not (isinstance(x, _core.VkMat) and isinstance(residual, _core.VkMat)):
                 raise TypeError(f"{where}: x and residual must both be VkMats or both numpy arrays")
-            _check_vkmat_device(device, (x, residual), where)
+            _check_vkmat_device(device if device is not None else self.device, (x, residual), where)
             y, s = self._layer.forward_add(x, residual, return_sum, opt)
             return (y, s) if return_sum else y
         a, r = _check_array(x, where), _check_array(residual, where)
         if a.shape != r.shape:
-            raise ValueError(f"forward_add: x {a.shape} and residual {r.shape} differ in shape (no broadcasting)")
+            raise ValueError(f"{where}: x {a.shape} and residual {r.shape} differ in shape (no broadcasting)")
         ctx = _context_for(device if device is not None else self.device)
         if ctx is None:  # ncnn's CPU layers: the add in float32, then the norm; float16 input gets float16 back
             s = a.astype(np.float32) + r.astype(np.float32)
@@ -447,7 +478,7 @@ class _GammaBetaNorm(_Norm):
         """gamma and beta (nothing when affine=False)."""
         if not self.affine:
             if gamma is not None or beta is not None:
-                raise ValueError("affine=False: this layer takes no weights")
+                raise ValueError(f"{type(self).__name__}.load_model: affine=False: this layer takes no weights")
             return
         if gamma is None or beta is None:
             raise ValueError(f"{type(self).__name__} with affine=True needs gamma and beta")
@@ -474,7 +505,7 @@ class RMSNorm(_Norm):
         """gamma of affine_size values (nothing when affine=False)."""
         if not self.affine:
             if gamma is not None:
-                raise ValueError("affine=False: this layer takes no weights")
+                raise ValueError(f"{type(self).__name__}.load_model: affine=False: this layer takes no weights")
             return
         if gamma is None:
             raise ValueError("RMSNorm with affine=True needs gamma")

@@ -96,6 +96,19 @@ bool normalized(const vknorm::Mat& m, int w) {
 }  // namespace
 
 int main() {
+  // ---- ParamDict reads as ncnn's: a float where an int is read counts as not given (.param "0=16.0"), an int
+  // where a float is read is that number
+  {
+    vknorm::ParamDict pd;
+    pd.set(0, 16.0f);
+    pd.set(1, 3);
+    report(pd.get(0, 7) == 7 && pd.get(0, 1.f) == 16.f && pd.get(1, 0.5f) == 3.f && pd.get(1, 9) == 3 && pd.get(2, 4) == 4,
+           "ParamDict: a float read as an int is the default, an int read as a float its value");
+    vknorm::Norm ln(vknorm::NormOp::LayerNorm);
+    pd.set(1, 1e-5f);
+    ln.load_param(pd);
+    report(ln.affine_size == 0, "LayerNorm 0=16.0: affine_size 0, as in ncnn (got " + std::to_string(ln.affine_size) + ")");
+  }
   try {
     // ---- load_param keeps create_pipeline's device
     auto ctx = vknorm::Context::create();
