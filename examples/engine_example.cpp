@@ -45,6 +45,9 @@
 //                    Recorder, Option::path
 //                    cooperative: its first 2 channels, then its last one; the second reuses the first's
 //                    scratch at another layout
+//   --reload         first load other weights into both Recorders and record them into a command buffer that is
+//                    never submitted, then load the real weights: the forwards that run must read the weights
+//                    loaded last, not the ones an earlier record saw
 //   --give-up-first  B is a LayerNorm (InstanceNorm with --channel-norms), recorded with Option::path cooperative
 //                    after a forward of its Recorder over the same blob whose waits all gave up
 //                    (VKNORM_TUNE_WAIT_ROUNDS=0: its output NaN, copied aside and counted); the engine then

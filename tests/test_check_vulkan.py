@@ -442,6 +442,18 @@ def test_check_vulkan_model_without_norm_layers(tmp_path):
     assert res["ok"] is True and res["layers"] == [] and "note" in res and res["host_round_trips"] == 0
 
 
+def test_check_reads_param_ids_as_ncnn_does_a_leading_plus_or_zeros_included(tmp_path):
+    """ncnn reads an id as a number ("+0" and "00" are id 0), so a model stock ncnn and vknorm.graph load is not a
+    garbled line to check; and 2=2 is affine there (weights unless 0)."""
+    (tmp_path / "m.param").write_text("7767517\n3 3\nInput in0 0 1 a\nLayerNorm ln 1 1 a b +0=16 01=0.001 +2=2\n"
+                                      "ReLU r 1 1 b y\n")
+    (tmp_path / "m.bin").write_bytes(np.linspace(0.5, 1.5, 32, dtype=np.float32).tobytes())
+    r = cli(tmp_path / "m.param", tmp_path / "m.bin", "--input", "a=4x16", "--vulkan", "--json")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    res = json.loads(r.stdout)
+    assert res["ok"] is True and [l["name"] for l in res["layers"]] == ["ln"], res
+
+
 def test_check_vulkan_accepts_a_norm_the_model_keeps_off_vulkan(tmp_path):
     """A norm with featmask bit 4 (31=16) is meant to run on the CPU inside the Vulkan graph: judged like the
     others, named in a warning, marked "kept_off_vulkan", and not counted as a host round trip."""

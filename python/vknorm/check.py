@@ -203,7 +203,7 @@ class Model:
 
 
 _TOKEN = re.compile(r'"[^"]*"|\S+')
-_PARAM = re.compile(r'(-?[0-9]+)=(.+)', re.S)
+_PARAM = re.compile(r'([-+]?[0-9]+)=(.+)', re.S)  # ids as ncnn reads them (%d: "+0" and "00" are 0)
 
 
 def _require_regular(path: str, mode: int, what: str) -> None:
