@@ -131,8 +131,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 # ---------------------------------------------------------------------------------------------- flags
 
+class DimsTooLarge(ValueError):
+    """Well-formed DIMS of more elements than an input may have."""
+
+
 def parse_dims(text: str) -> Tuple[int, ...]:
-    """'197x192' -> (197, 192); '96x28x28' -> (96, 28, 28); '64' -> (64,). ValueError when malformed."""
+    """'197x192' -> (197, 192); '96x28x28' -> (96, 28, 28); '64' -> (64,). ValueError when malformed,
+    DimsTooLarge when well formed but past MAX_INPUT_ELEMENTS."""
     parts = text.strip().lower().split("x")
     if not 1 <= len(parts) <= 4 or not all(re.fullmatch(r"[0-9]+", p) for p in parts):
         raise ValueError("expected 1 to 4 positive integers joined by 'x'")
@@ -140,7 +145,7 @@ def parse_dims(text: str) -> Tuple[int, ...]:
     if any(d <= 0 for d in dims):
         raise ValueError("every dimension must be at least 1")
     if math.prod(dims) > MAX_INPUT_ELEMENTS:
-        raise ValueError(f"{math.prod(dims)} elements is more than the {MAX_INPUT_ELEMENTS} allowed")
+        raise DimsTooLarge(f"{math.prod(dims)} elements is more than the {MAX_INPUT_ELEMENTS} allowed")
     return dims
 
 
@@ -153,6 +158,8 @@ def parse_inputs(specs: List[str]) -> Dict[str, Tuple[int, ...]]:
             raise UsageError(f"--input {spec!r}: expected NAME=DIMS, e.g. in0=16x64")
         try:
             out_dims = parse_dims(dims)
+        except DimsTooLarge as e:
+            raise UsageError(f"--input {spec!r}: DIMS {dims!r}: {e}") from None
         except ValueError as e:
             raise UsageError(f"--input {spec!r}: malformed DIMS {dims!r}: {e} ({_DIMS_HELP})") from None
         if name in out:
