@@ -48,7 +48,7 @@ def lifetime(n: int = 10_000, seed: int = 0, warmup: int = 1_000, check_every: i
     from vknorm import _core
 
     sys.path.insert(0, str(REPO / "tests"))
-    from reference import max_abs_err, norm64, scale
+    from reference import max_abs_err, norm64, scale, storage_rule
 
     rng = np.random.default_rng(seed)
     ctx = _core.Context.create(0)
@@ -65,6 +65,7 @@ def lifetime(n: int = 10_000, seed: int = 0, warmup: int = 1_000, check_every: i
     options = (vknorm.Option(), vknorm.Option(use_fp16_storage=True))
     steady = None
     worst_checked = {False: 0.0, True: 0.0}  # by float16 storage
+    worst_excess = {False: 0.0, True: 0.0}  # the storage rule's error (float16: past the output's rounding) / scale
     checked = {False: 0, True: 0}
     drift = 0  # forwards after which device memory differed from the steady state
     t0 = time.perf_counter()
@@ -87,8 +88,9 @@ def lifetime(n: int = 10_000, seed: int = 0, warmup: int = 1_000, check_every: i
         else:
             y = layer(x, option=opt)
         if i % check_every == 0:
-            ref = norm64(op, x, w, 1e-5, True, gamma, beta if op == "LayerNorm" else None)
+            ref = norm64(op, x, w, 1e-5, True, gamma, beta if op == "LayerNorm" else None)  # x: the values read
             worst_checked[fp16] = max(worst_checked[fp16], max_abs_err(y, ref) / scale(ref))
+            worst_excess[fp16] = max(worst_excess[fp16], storage_rule(y, ref, fp16)[0] / scale(ref))
             checked[fp16] += 1
         now = (ctx.device_bytes_in_use, ctx.live_buffers)
         if i + 1 == warmup:  # every layer has run (and holds its weights) long before this
@@ -118,6 +120,7 @@ def lifetime(n: int = 10_000, seed: int = 0, warmup: int = 1_000, check_every: i
         "checked": checked[False] + checked[True], "worst_rel_err": max(worst_checked.values()),
         "checked_fp32": checked[False], "worst_rel_err_fp32": worst_checked[False],
         "checked_fp16": checked[True], "worst_rel_err_fp16": worst_checked[True],
+        "worst_rel_excess_fp16": worst_excess[True],
     }
 
 

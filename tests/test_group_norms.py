@@ -77,7 +77,7 @@ def every_path(layer, x, gamma, beta, storages=("fp32", "fp16"), paths=PATHS, pa
         ref = channel_norm64(op, xin, layer.eps, group, gamma, beta)
         cpu = layer(xin, device="cpu")
         cpu_err = max_abs_err(cpu, ref)
-        tol = FP16_TOL if storage == "fp16" else FP32_TOL
+        tol = FP16_TOL if storage == "fp16" else FP32_TOL  # vs the CPU reference, its float16 output rounded too
         for path, packing in itertools.product(paths, packings):
             opt = vknorm.Option(path=path, use_packing_layout=packing, use_fp16_storage=storage == "fp16")
             y = layer(xin, device="vulkan", option=opt)
@@ -175,7 +175,7 @@ def test_vulkan_and_ncnns_own_vulkan_layer_both_match_float64(case, fp16):
     theirs = run_ncnn_param(ncnn_param(layer), ncnn_bin(gamma, beta), xin.astype(np.float32), vulkan=True, fp16=fp16)
     err, bound = storage_rule(ours, ref, fp16)
     assert err <= bound, ("vknorm", err, bound)
-    tol = (FP16_TOL if fp16 else FP32_TOL) * scale(ref)
+    tol = (FP16_TOL if fp16 else FP32_TOL) * scale(ref)  # ncnn's layer may do float16 arithmetic
     assert max_abs_err(theirs, ref) <= tol, ("ncnn's Vulkan layer", max_abs_err(theirs, ref), tol)
     assert max_abs_err(ours, theirs) <= tol + max_abs_err(ours, ref)
 

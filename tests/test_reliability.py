@@ -23,7 +23,7 @@ import pytest
 
 import vknorm
 from vknorm import _core
-from reference import FP16_TOL, FP32_TOL, check_close, norm64
+from reference import FP32_TOL, check_close, norm64, storage_rule
 import reliability_lib as R
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,7 +125,8 @@ def test_10000_forwards_device_memory_returns_to_baseline_and_rss_stays_flat():
     assert r["rss_growth"] <= 0.05, f"RSS grew {100 * r['rss_growth']:.1f}% after warm-up: {r}"
     # each storage against its own rule (about half the checked forwards each)
     assert r["checked_fp32"] >= 40 and r["worst_rel_err_fp32"] <= FP32_TOL, r
-    assert r["checked_fp16"] >= 40 and r["worst_rel_err_fp16"] <= FP16_TOL, r
+    # float16 inputs, against float64 of those very values: the storage rule, past the output's rounding
+    assert r["checked_fp16"] >= 40 and r["worst_rel_excess_fp16"] <= FP32_TOL, r
 
 
 # ============================================================================ concurrency
@@ -260,9 +261,10 @@ def test_tensor_over_the_buffer_limit_runs_in_pieces_and_matches(monkeypatch, ca
     info = layer.last_dispatch
     total = x.size * (2 if opt.use_fp16_storage else 4)
     assert info["pieces"] >= (2 if total > limit else 1), info
-    tol = FP16_TOL if opt.use_fp16_storage else FP32_TOL
+    # float64 of the input as stored (float16 storage rounds it first), by the storage rule
     ref = ref_of(layer, x.astype(np.float16) if opt.use_fp16_storage else x)
-    check_close(got, ref, tol, f"{case} in {info['pieces']} pieces")
+    err, bound = storage_rule(got, ref, opt.use_fp16_storage)
+    assert err <= bound, f"{case} in {info['pieces']} pieces: error {err:.3e} > {bound:.3e} (the storage rule)"
     if info["path"] != "split":  # the fused kernels do not depend on how many groups a dispatch has
         np.testing.assert_array_equal(got, whole)
 
