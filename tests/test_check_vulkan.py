@@ -315,7 +315,6 @@ def error_runs(tmp_path_factory):
         "no_equals": (p, b, "--input", "in0", "--vulkan"),
         "dims_xx": (p, b, "--input", "in0=16xx64", "--vulkan"),
         "dims_zero": (p, b, "--input", "in0=0x64", "--vulkan"),
-        "dims_huge": (p, b, "--input", "in0=100000x100000", "--vulkan"),
         "unknown_input": (p, b, "--input", "img=16x64", "--vulkan"),
         "no_input": (p, b, "--vulkan"),
         "atol": (p, b, *args, "--atol", "tiny"),
@@ -336,7 +335,6 @@ def error_runs(tmp_path_factory):
     ("no_equals", ["--input", "NAME=DIMS"]),
     ("dims_xx", ["--input", "malformed DIMS '16xx64'"]),
     ("dims_zero", ["--input", "malformed DIMS '0x64'"]),
-    ("dims_huge", ["--input", "DIMS '100000x100000': 10000000000 elements is more than the"]),
     ("unknown_input", ["--input", "'img'", "in0"]),
     ("no_input", ["--input", "in0"]),
     ("atol", ["--atol", "tiny"]),
@@ -347,9 +345,7 @@ def error_runs(tmp_path_factory):
     ("shapes_disagree", ["from stock ncnn's CPU run and", "from its Vulkan run: do the --input shapes match"]),
 ])
 def test_check_vulkan_error_path(error_runs, case, needles):
-    line = assert_one_line_error(error_runs[case], *needles)
-    if case == "dims_huge":  # well formed: too large, not "malformed"
-        assert "malformed" not in line, line
+    assert_one_line_error(error_runs[case], *needles)
 
 
 def _limit_memory():  # a regression that reads /dev/zero whole then fails at 4 GiB instead of filling the machine
