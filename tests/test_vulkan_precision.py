@@ -11,6 +11,8 @@ groups, eps = 0, NaN/Inf — on every path, fp32 storage, packing off and on.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -100,6 +102,18 @@ def test_the_float16_rule_passes_float32_accumulation_and_fails_float16_accumula
     err16, _ = storage_rule(y16, ref, True)
     assert err16 > bound, f"float16 accumulation passed the float16 rule ({err16:.3e} <= {bound:.3e})"
     assert max_abs_err(y16, ref) <= FP16_TOL * scale(ref)  # the contrast: FP16_TOL would pass it
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_the_storage_rule_treats_infinities_and_nan_alike_in_both_storages(fp16):
+    """An output equal to an infinite reference is no error, in float32 as in float16 storage (float32 counted
+    inf - inf as an infinite error); an infinity against a finite value or the other sign, and NaN on either side,
+    are infinite errors; the scale is of the finite values."""
+    ref = np.array([np.inf, -np.inf, 1.5, -3.0])
+    assert storage_rule(ref.copy(), ref, fp16) == (0.0, FP32_TOL * 3.0)
+    for y in ([np.inf, np.inf, 1.5, -3.0], [np.inf, -np.inf, np.inf, -3.0], [np.inf, -np.inf, np.nan, -3.0]):
+        assert storage_rule(np.array(y), ref, fp16)[0] == math.inf, y
+    assert storage_rule(ref.copy(), np.array([np.inf, -np.inf, np.nan, -3.0]), fp16)[0] == math.inf
 
 
 def failures_on_every_path(layer, x, ref, bound, check_dispatch_info=None) -> list:
