@@ -688,6 +688,9 @@ int extract_reserving_download(Extractor& e, const std::string& name, ::ncnn::Ma
   // back as given (its device copy may be an older value, made before the input() call).
   // (An Input blob not given never gets here: extractor_extract refuses it first, missing_input.)
   if (e.held.given(e.owner->net, name)) return e.ex->extract(name.c_str(), out);
+  // A blob a host layer made (featmask bit 4): ncnn's extract gives it as that layer wrote it, a recorded one
+  // the copy uploaded for the layers after it (float16 where the net stores float16).
+  if (vknorm::ncnn::computed_on_host(e.owner->net, name.c_str())) return e.ex->extract(name.c_str(), out);
   const ::ncnn::VulkanDevice* vkdev = e.allocators->vkdev;
   ::ncnn::Option opt = e.owner->net.opt;
   opt.blob_vkallocator = opt.workspace_vkallocator = e.allocators->blob;

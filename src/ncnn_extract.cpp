@@ -28,8 +28,13 @@ namespace {
 int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
                      const ::ncnn::Option& opt) {
   // Refused before the extract, which would record the forward into cmd and leave the extractor holding blobs
-  // that never ran; and after it, for an opt whose use_vulkan_compute is off given a Vulkan net's blob.
-  if (opt.use_vulkan_compute && !download_allocator(opt, blob)) return -1;
+  // that never ran; whatever opt.use_vulkan_compute says, as the extractor records on its net's device either way.
+  if (!download_allocator(opt, blob)) return -1;
+  // The extractor records with opt's allocators too: ncnn's recorded extract dereferences an extractor's own,
+  // which one of net.create_extractor() does not have (a crash in its upload), nor one given others.
+  ex.set_blob_vkallocator(opt.blob_vkallocator);
+  ex.set_workspace_vkallocator(opt.workspace_vkallocator ? opt.workspace_vkallocator : opt.blob_vkallocator);
+  ex.set_staging_vkallocator(opt.staging_vkallocator ? opt.staging_vkallocator : opt.blob_vkallocator);
   ::ncnn::VkMat gpu;
   if (int r = ex.extract(blob, gpu, cmd)) return r;
   if (gpu.empty()) return ex.extract(blob, out);  // not a Vulkan blob: ncnn's own path
@@ -60,6 +65,9 @@ int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, 
   ::ncnn::Mat host;
   cmd.record_download(gpu, host, opt);
   if (int r = cmd.submit_and_wait()) return r;
+  // Kept in the extractor as ncnn's extract keeps its download: a later extract that recomputes blobs light mode
+  // released starts from it (without it, one whose inputs were released is -100 where ncnn's gives the blob).
+  if (!host.empty()) ex.input(blob, host);
   // What ncnn's extract does to the downloaded Mat: unpacking, bfloat16 and int8 casts.
   if (opt.use_packing_layout && host.elempack != 1) {
     ::ncnn::Mat unpacked;
@@ -86,6 +94,17 @@ int blob_index(const ::ncnn::Net& net, const char* name) {
   for (size_t i = 0; i < blobs.size(); ++i)
     if (blobs[i].name == name) return int(i);
   return -1;
+}
+
+bool computed_on_host(const ::ncnn::Net& net, const char* name) {
+  const int index = blob_index(net, name);
+  if (index < 0) return false;
+  const int producer = net.blobs()[size_t(index)].producer;
+  if (producer < 0 || producer >= int(net.layers().size())) return false;
+  const ::ncnn::Layer* layer = net.layers()[size_t(producer)];
+  // After load_model a layer that runs on the host in this net is ncnn's CPU layer (ncnn recreates one for
+  // featmask bit 4 or params its Vulkan layer cannot take): no Vulkan support.
+  return layer->type == "Input" || !layer->support_vulkan || (layer->featmask & (1 << 4));
 }
 
 Runner::Runner(const ::ncnn::Net& net) : net_(net) {
@@ -120,10 +139,8 @@ int Runner::extract(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out) {
     NCNN_LOGE("vknorm: Runner::extract: the blob name is null");
     return -1;
   }
-  const int index = blob_index(net_, blob);
-  const int producer = index >= 0 ? net_.blobs()[size_t(index)].producer : -1;
-  const bool input = producer >= 0 && producer < int(net_.layers().size()) && net_.layers()[size_t(producer)]->type == "Input";
-  if (!vkdev_ || index < 0 || input) return ex.extract(blob, out);  // ncnn's own: no recording (or its error)
+  // ncnn's own: no recording (or its error for an unknown name)
+  if (!vkdev_ || blob_index(net_, blob) < 0 || computed_on_host(net_, blob)) return ex.extract(blob, out);
   // The device memory comes from this Runner's allocators whatever made the extractor (one of net's own
   // create_extractor() has none set, which ncnn's recorded extract would dereference).
   give_allocators(ex);

@@ -48,10 +48,21 @@ int parse_int(const std::string& s, int line_no, const std::string& what) {
   bad(line_no, "expected " + what + ", got '" + s + "'");
 }
 
+// Whitespace-separated tokens, as ncnn reads a line; a double-quoted run (a string param's value, 5="a b") stays
+// inside its token, spaces and all.
 std::vector<std::string> split_ws(const std::string& s) {
-  std::istringstream in(s);
   std::vector<std::string> out;
-  for (std::string t; in >> t;) out.push_back(t);
+  std::string token;
+  bool quoted = false;
+  for (const char c : s) {
+    if (c == '"') quoted = !quoted;
+    if (!quoted && std::isspace(static_cast<unsigned char>(c))) {
+      if (!token.empty()) out.push_back(std::move(token)), token.clear();
+      continue;
+    }
+    token += c;
+  }
+  if (!token.empty()) out.push_back(std::move(token));
   return out;
 }
 

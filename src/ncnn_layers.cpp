@@ -175,7 +175,7 @@ class NormLayer : public ::ncnn::Layer {
                       (!add_cpu_ || add_cpu_->support_packing);
     if (!vkdev || !opt.use_vulkan_compute) return 0;  // a CPU net
     if (opt.use_bf16_storage || opt.use_bf16_packed) {
-      NCNN_LOGE("vknorm %s: bfloat16 storage is not supported; turn off opt.use_bf16_storage/use_bf16_packed", type_name());
+      log_bf16_refusal();
       return -1;
     }
     try {
@@ -399,6 +399,12 @@ class NormLayer : public ::ncnn::Layer {
 
   // The prepared plan for `blob` (in place) or for a fused add over it (residual), null after logging.
   const Prepared* prepared_for(const ::ncnn::VkMat& blob, int residual, const ::ncnn::Option& opt) const {
+    // create_pipeline refused these; a net that went on anyway (ncnn's load_model from memory does not stop at a
+    // layer's refusal) hears the same reason here, not one about a plan that was never made.
+    if (opt.use_bf16_storage || opt.use_bf16_packed) {
+      log_bf16_refusal();
+      return nullptr;
+    }
     // ncnn packs a dims-1 blob by 4 when w divides: still one contiguous group, so read it unpacked.
     Blob b{blob.dims, blob.w, blob.h, blob.d, blob.c, blob.cstep, blob.elempack, blob.elemsize == 2u * blob.elempack};
     if (b.dims == 1 && b.elempack != 1) b.w *= b.elempack, b.cstep *= b.elempack, b.elempack = 1;
@@ -477,6 +483,11 @@ class NormLayer : public ::ncnn::Layer {
       return -1;
     }
     return 0;
+  }
+
+  void log_bf16_refusal() const {
+    NCNN_LOGE("vknorm %s %s: bfloat16 storage is not supported; turn off opt.use_bf16_storage/use_bf16_packed",
+              type_name(), name.c_str());
   }
 
   // ncnn's CPU layers are handed float32 blobs here (support_fp16_storage is off: ncnn casts for this layer).

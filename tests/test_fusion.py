@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -1091,6 +1092,27 @@ def test_a_binaryop_is_fused_only_where_ncnn_reads_it_as_an_add(tmp_path, op, is
               "in1": (rng.standard_normal((8, 16)) * 3 + 2).astype(np.float32)}
     ref = run_graph(p, b, inputs, vknorm_layers=False, vulkan=False)[0]["out0"]
     got, net = run_graph(p, b, inputs)
+    assert len(net.fused()) == 1
+    assert float(np.abs(got["out0"] - ref).max()) <= FP32_TOL * max(1.0, float(np.abs(ref).max()))
+
+
+@needs_graph
+def test_a_string_param_with_spaces_is_one_param_as_ncnn_reads_it(tmp_path):
+    """ncnn reads a double-quoted string param whole, spaces included (5="a b"): the rewrite, vknorm optimize and
+    vknorm check read it the same way (before, the space split it into a token that is not id=value, and the
+    model stock ncnn loads was refused), and the string is written back as it was."""
+    text = ("7767517\n4 4\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 y 0=16 1=1e-05 2=0\nSwish act 1 1 y z\n"
+            'Noop keep 1 1 z out0 5="a b  c"\n')
+    out, fused = fuse(text)
+    assert [f["pattern"] for f in fused] == ["LayerNorm+Swish"]
+    assert re.search(r'\nNoop\s+keep\s+1 1 z out0 5="a b  c"\n', out), out
+    p, b = write_model(tmp_path, text)
+    from vknorm import check
+
+    assert len(check.parse_param(str(p)).layers) == 4
+    x = np.random.default_rng(6).standard_normal((6, 16)).astype(np.float32)
+    ref = run_graph(p, b, {"in0": x}, vknorm_layers=False, vulkan=False)[0]["out0"]
+    got, net = run_graph(p, b, {"in0": x})
     assert len(net.fused()) == 1
     assert float(np.abs(got["out0"] - ref).max()) <= FP32_TOL * max(1.0, float(np.abs(ref).max()))
 

@@ -779,6 +779,29 @@ def test_any_nonzero_affine_param_means_weights_as_in_stock_ncnn(tmp_path, vulka
                                                                  [], vulkan), x)[1])  # the weights do matter
 
 
+HOST_LAYER_NET = ("7767517\n4 4\nInput in 0 1 x\nLayerNorm n 1 1 x y 0=4 1=0.001 2=1 31=16\nReLU r 1 1 y z\n"
+                  "Sigmoid s 1 1 z out\n")  # the LayerNorm on the host (featmask bit 4), the rest on Vulkan
+
+
+@pytest.mark.parametrize("vknorm_layers", [False, True], ids=["stock", "vknorm"])
+def test_a_host_layers_blob_extracts_as_that_layer_wrote_it_before_or_after_its_upload(tmp_path, vknorm_layers):
+    """A blob a host layer made comes back as ncnn's extract gives it, float32 as the layer wrote it, also after
+    a later extract uploaded it for the Vulkan layers after it (in float16 storage: the copy was float16, which a
+    recorded extract read back)."""
+    binp = tmp_path / "weights.bin"
+    binp.write_bytes((0.5 + 0.1 * np.arange(8, dtype=np.float32)).tobytes())
+    net = graph.configure(graph.Net(vknorm=vknorm_layers), fp16=True, lightmode=False)
+    assert net.load_param_mem(HOST_LAYER_NET) == 0 and net.load_model(str(binp)) == 0
+    x = np.linspace(-2, 2, 6 * 5 * 4, dtype=np.float32).reshape(6, 5, 4)
+    first = extract_once(net, x, "y")
+    ex = net.create_extractor()
+    assert ex.input("x", graph.Mat(x)) == 0
+    assert ex.extract("out")[0] == 0
+    r, y = ex.extract("y")
+    assert r == 0 and np.array_equal(np.array(y), first[1])
+    assert not np.array_equal(first[1], first[1].astype(np.float16).astype(np.float32))  # float16 would show
+
+
 def test_a_command_buffer_whose_extract_failed_is_dropped_and_the_next_extract_makes_one(tmp_path):
     """An extract that fails inside the recorded forward (here: an input whose rows do not match the
     LayerNorm's affine size, -1) may leave its command buffer half recorded: the Net never hands that one out

@@ -37,7 +37,9 @@ namespace ncnn {
 // Makes the net's LayerNorm, RMSNorm, GroupNorm and InstanceNorm layers vknorm's (ncnn's register_custom_layer, which replaces
 // the built-in types), and registers vknorm's fused types below. Call before load_param. Returns 0, or the
 // error of the registration that failed. The layers write a blob of their own (not in place, unlike
-// ncnn's): a norm on a Split's output then needs no copy of it.
+// ncnn's): a norm on a Split's output then needs no copy of it. A Vulkan net with bfloat16 storage
+// (opt.use_bf16_storage / use_bf16_packed) is refused: create_pipeline and every forward fail with -1, naming
+// the option (vknorm's kernels read float32 or float16).
 int register_layers(::ncnn::Net& net);
 
 // ---- Fusion: a norm with the add before it and the activation after it, in one kernel -------------
@@ -139,8 +141,9 @@ class Runner {
   // The net's extractor, its device blobs and staging memory from this Runner's allocators (ncnn's Extractor
   // takes a pair of its device's for each extractor).
   ::ncnn::Extractor create_extractor() const;
-  // ex.extract(blob, out) recorded into the kept command buffer: out is float32, elempack 1, as ncnn's. An Input
-  // blob goes through ncnn's own extract (given with input(), it comes back as given). ncnn's return codes (-1
+  // ex.extract(blob, out) recorded into the kept command buffer: out is float32, elempack 1, as ncnn's. A blob
+  // computed on the host (computed_on_host: an Input's, given with input(), comes back as given; a host layer's,
+  // as that layer wrote it) goes through ncnn's own extract. ncnn's return codes (-1
   // for a null or unknown name); after a failure the command buffer is dropped and the next extract makes
   // another. ex gets this Runner's device allocators (an extractor of net.create_extractor() works too).
   int extract(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out);
@@ -159,10 +162,11 @@ class Runner {
 
 // What Runner::extract does with a command buffer of the caller's: ex.extract(blob, VkMat, cmd), the download
 // recorded into cmd, submitted and waited for, then unpacked and cast to float32 as ncnn's extract does. cmd is
-// not reset. opt: the net's options with the VkAllocators the extractor was given (blob_vkallocator,
-// workspace_vkallocator, staging_vkallocator; a null blob allocator, or a null staging one where blobs are not
-// host-visible and cached, as in the net's own opt, is -1 with a message, before anything is recorded). A blob
-// ncnn computes on the host comes from ncnn's own extract.
+// not reset. opt: the net's options with the VkAllocators to record with (blob_vkallocator, workspace_vkallocator,
+// staging_vkallocator), which ex is given too; a null blob allocator, or a null staging one where blobs are not
+// host-visible and cached, as in the net's own opt, is -1 with a message, before anything is recorded. A blob
+// ncnn holds only on the host comes from ncnn's own extract; one a host layer made that ncnn also uploaded for
+// the layers after it comes back as uploaded: extract such blobs (computed_on_host) with ex.extract, as Runner does.
 // Device memory running out for the download is ncnn's -100 (ncnn's own extract crashes there).
 int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
                      const ::ncnn::Option& opt);
@@ -170,6 +174,12 @@ int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, 
 // The index of the net's blob named `name`, as ncnn's own lookup (protected in ncnn::Net) finds it: the first of
 // that name, or -1 (a null name too).
 int blob_index(const ::ncnn::Net& net, const char* name);
+
+// Whether ncnn's own extract gives the blob named `name` from the host: an Input's blob, or the output of a layer
+// the loaded net runs on the host (featmask bit 4, or a layer without Vulkan support). A recorded extract
+// (extract_recorded) would read the copy ncnn uploaded for the layers after it instead: float16 where the net
+// stores float16. False for an unknown name.
+bool computed_on_host(const ::ncnn::Net& net, const char* name);
 
 }  // namespace ncnn
 }  // namespace vknorm

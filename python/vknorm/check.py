@@ -209,7 +209,7 @@ class Model:
         self.norms = [layer for layer in layers if layer.type in NORM_TYPES]
 
 
-_TOKEN = re.compile(r'"[^"]*"|\S+')
+_TOKEN = re.compile(r'(?:[^\s"]|"[^"]*(?:"|$))+')  # a double-quoted run (5="a b": a string param) stays in its token
 _PARAM = re.compile(r'([-+]?[0-9]+)=(.+)', re.S)  # ids as ncnn reads them (%d: "+0" and "00" are 0)
 
 

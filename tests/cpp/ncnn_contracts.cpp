@@ -8,7 +8,10 @@
 //     given; an unknown blob is ncnn's -1 and costs no command buffer; after a failed extract the next makes a new
 //     command buffer and gives ncnn's result; an extractor of the net's own create_extractor() works too, a null
 //     blob name is -1; an int8 blob comes back cast to float32, as from ncnn's extract; extract_recorded given an
-//     Option without VkAllocators (the net's own) is -1.
+//     Option without VkAllocators (the net's own, use_vulkan_compute on or off) is -1, and one with allocators
+//     the extractor was not given records with them; a host layer's blob comes back as that layer wrote it
+//     after its float16 upload, and light mode recomputes from what an earlier extract downloaded, as ncnn's.
+//   - a bfloat16 Vulkan net that ncnn's load_model from memory left loaded: every extract is -1.
 #include <gpu.h>
 #include <mat.h>
 #include <net.h>
@@ -192,6 +195,88 @@ void runner_like_ncnns_extract(bool vulkan, bool fp16) {
     report(r_opt == -1 && out.empty() && !net.opt.blob_vkallocator,
            what + ": extract_recorded with the net's own opt (no VkAllocators) is -1 (returns " +
                std::to_string(r_opt) + ")");
+    // ... with use_vulkan_compute off in that opt too (it skipped the check and crashed in ncnn's upload), on an
+    // extractor of net.create_extractor(), which has no allocators: -1 as well
+    ::ncnn::Option off = net.opt;
+    off.use_vulkan_compute = false;
+    int r_off = 0;
+    {
+      ::ncnn::VkCompute cmd(vkdev);
+      ::ncnn::Extractor e = net.create_extractor();
+      e.input("x", x);
+      r_off = vknorm::ncnn::extract_recorded(e, "z", out, cmd, off);
+    }
+    // ... and an opt with allocators the extractor was not given: the extractor records with them (it crashed on
+    // its own null ones), ncnn's result
+    blob_allocator = vkdev->acquire_blob_allocator();
+    staging_allocator = vkdev->acquire_staging_allocator();
+    ::ncnn::Option given = net.opt;
+    given.blob_vkallocator = given.workspace_vkallocator = blob_allocator;
+    given.staging_vkallocator = staging_allocator;
+    int r_given = 0;
+    ::ncnn::Mat recorded;
+    {
+      ::ncnn::VkCompute cmd(vkdev);
+      ::ncnn::Extractor e = net.create_extractor();
+      e.input("x", x);
+      r_given = vknorm::ncnn::extract_recorded(e, "z", recorded, cmd, given);
+    }
+    vkdev->reclaim_blob_allocator(blob_allocator);
+    vkdev->reclaim_staging_allocator(staging_allocator);
+    report(r_off == -1 && r_given == 0 && same_bits(recorded, want),
+           what + ": extract_recorded, an opt with use_vulkan_compute off and no VkAllocators is -1 (returns " +
+               std::to_string(r_off) + "); allocators the extractor was not given are given to it (returns " +
+               std::to_string(r_given) + ", ncnn's result)");
+  }
+}
+
+// A blob a layer made on the host (featmask bit 4) in a float16 Vulkan net comes back from a Runner as ncnn's
+// extract gives it, float32 as that layer wrote it, also after a later extract uploaded it (float16) for the
+// Vulkan layers after it; and in light mode, an extract that recomputes released blobs starts, as ncnn's does,
+// from what an earlier extract downloaded (y, then out, then z).
+void runner_host_blobs_and_light_mode_like_ncnns_extract() {
+  const std::string what = "Runner, host layer's blob / light mode";
+  for (int light = 0; light < 2; ++light) {
+    ::ncnn::Net net;
+    net.opt.use_vulkan_compute = true;
+    net.opt.use_fp16_storage = net.opt.use_fp16_packed = true;
+    net.opt.use_fp16_arithmetic = false;
+    vknorm::ncnn::register_layers(net);
+    const std::string param = std::string("7767517\n4 4\nInput in 0 1 x\nLayerNorm n 1 1 x y 0=4 1=0.001 2=1") +
+                              (light ? "" : " 31=16") + "\nReLU r 1 1 y z\nSigmoid s 1 1 z out\n";
+    std::vector<float> weights(8);
+    for (size_t i = 0; i < weights.size(); ++i) weights[i] = 0.5f + 0.1f * float(i);
+    if (net.load_param_mem(param.c_str()) != 0 || net.load_model(reinterpret_cast<const unsigned char*>(weights.data())) <= 0)
+      return report(false, what + ": the net did not load");
+    if (!net.vulkan_device()) return report(false, what + ": no Vulkan device");
+    const ::ncnn::Mat x = wave(4, 5, 6, 0.3f);
+    const char* order[] = {"y", "out", "z"};
+    const char* host_order[] = {"out", "y"};
+    const std::vector<const char*> names = light ? std::vector<const char*>(order, order + 3)
+                                                 : std::vector<const char*>(host_order, host_order + 2);
+    std::vector<::ncnn::Mat> want(names.size()), got(names.size());
+    std::vector<int> r_want(names.size()), r_got(names.size());
+    {
+      ::ncnn::Extractor ex = net.create_extractor();
+      ex.set_light_mode(light);
+      ex.input("x", x);
+      for (size_t i = 0; i < names.size(); ++i) r_want[i] = ex.extract(names[i], want[i]);
+    }
+    vknorm::ncnn::Runner runner(net);
+    {
+      ::ncnn::Extractor ex = runner.create_extractor();
+      ex.set_light_mode(light);
+      ex.input("x", x);
+      for (size_t i = 0; i < names.size(); ++i) r_got[i] = runner.extract(ex, names[i], got[i]);
+    }
+    bool ok = true;
+    std::string codes;
+    for (size_t i = 0; i < names.size(); ++i) {
+      ok = ok && r_want[i] == 0 && r_got[i] == 0 && same_bits(got[i], want[i]);
+      codes += std::string(i ? ", " : "") + names[i] + " " + std::to_string(r_got[i]);
+    }
+    report(ok, what + (light ? ": light mode, y then out then z" : ": float16 net, out then the host LayerNorm's y") +
+                   " as ncnn's extract gives them (Runner returns " + codes + ")");
   }
 }
 
@@ -225,6 +310,28 @@ void runner_casts_int8_blobs_like_ncnns_extract() {
 
 }  // namespace
 
+// A Vulkan net with bfloat16 storage: vknorm's create_pipeline refuses it, but ncnn's load_model from memory does not
+// stop there (it returns the bytes read); every forward is then -1, saying bfloat16 again (stderr), not a plan
+// that was never made. Where the device keeps no bfloat16 storage, ncnn turns the option off and the net runs.
+void bfloat16_nets_are_refused_at_every_forward() {
+  const std::string what = "bfloat16 storage";
+  ::ncnn::Net net;
+  net.opt.use_vulkan_compute = true;
+  net.opt.use_bf16_packed = true;
+  vknorm::ncnn::register_layers(net);
+  const float weights[8] = {1, 1, 1, 1, 0, 0, 0, 0};
+  if (net.load_param_mem("7767517\n2 2\nInput in 0 1 x\nLayerNorm n 1 1 x y 0=4 1=0.001 2=1\n") != 0)
+    return report(false, what + ": load_param failed");
+  net.load_model(reinterpret_cast<const unsigned char*>(weights));
+  ::ncnn::Mat y;
+  ::ncnn::Extractor ex = net.create_extractor();
+  ex.input("x", wave(4, 3, 2, 0.2f));
+  const int r = ex.extract("y", y);
+  const bool kept = net.opt.use_bf16_packed;
+  report(kept ? r == -1 : r == 0, what + (kept ? ": every extract is -1 (returns " : ": the device keeps none, the net runs (returns ") +
+                                      std::to_string(r) + ")");
+}
+
 int main() {
   float16_input_like_float32("LayerNorm", "LayerNorm n 1 1 x0 y 0=4 1=0.001 2=1", 1, 1, 4);
   float16_input_like_float32("RMSNorm", "RMSNorm n 1 1 x0 y 0=4 1=0.001 2=1", 1, 1, 4);
@@ -236,6 +343,8 @@ int main() {
   runner_like_ncnns_extract(true, true);
   runner_like_ncnns_extract(false, false);
   runner_casts_int8_blobs_like_ncnns_extract();
+  runner_host_blobs_and_light_mode_like_ncnns_extract();
+  bfloat16_nets_are_refused_at_every_forward();
   ::ncnn::destroy_gpu_instance();  // the nets are gone: before static destruction
   return failures ? 1 : 0;
 }
