@@ -256,6 +256,13 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
     plan.team = team;
     plan.wg = std::max(dev.preferred_workgroup, team);
     plan.items = items_for(size, team);
+    // Without the group size as a constant (a layer past the shapes it specializes), the elements each invocation
+    // holds round up to a power of two where the cap allows, so that group sizes of one team share a pipeline: the
+    // kernel masks the elements past the group (loads of its first element, sums of 0; no bit changes).
+    if (!dev.specialize_shape) {
+      const uint32_t rounded = pow2_ceil(plan.items);
+      if (rounded <= items_cap) plan.items = rounded;
+    }
     plan.path = team <= subgroup ? Path::Subgroup : Path::Workgroup;
     plan.one_reduction = centres(op) && dev.one_reduction && plan.path == Path::Workgroup && !mixed;
     if (plan.one_reduction) plan.wg = team;

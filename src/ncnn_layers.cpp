@@ -30,6 +30,9 @@ namespace {
 
 std::atomic<uint64_t> g_vulkan_forwards{0}, g_cpu_forwards{0}, g_pipelines{0}, g_unfused_adds{0};
 
+// Shapes a layer plans with the group size specialized (its kernels' loops unrolled); later ones share pipelines.
+constexpr size_t kSpecializedShapes = 16;
+
 bool subgroup_reduce(const ::ncnn::VulkanDevice& dev) {
   const uint32_t need = VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT | VK_SUBGROUP_FEATURE_SHUFFLE_BIT;
   const uint32_t size = dev.info.subgroup_size();
@@ -509,13 +512,20 @@ class NormLayer : public ::ncnn::Layer {
 
   const Prepared* prepared(const Blob& b, const ::ncnn::Option& opt) const {
     const auto key = b.key(opt.use_subgroup_ops);
+    size_t shapes = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (auto it = prepared_.find(key); it != prepared_.end()) return &it->second;
+      shapes = prepared_.size();
     }
+    // A layer that has met many shapes (an app feeding images of any size) plans the next ones without the group
+    // size as a specialization constant, so that they share pipelines (one per kernel variant and team) instead of
+    // compiling and keeping one per size (GroupNorm/InstanceNorm groups grow with h x w): slower loops that do not
+    // unroll, for shapes past the first kSpecializedShapes only.
+    const bool specialize = shapes < kSpecializedShapes;
     Prepared p;
     try {
-      p.plan = plan(b, opt);
+      p.plan = plan(b, opt, specialize);
       if (!info_.storage_16bit && needs_16bit_storage(p.plan)) {
         // ncnn gives elempack-1 blobs float16 storage only on devices with 16-bit storage, but a dims-1 blob
         // vknorm itself reads unpacked has it anywhere, and the capability profile (VKNORM_NO_FP16_STORAGE,
@@ -524,7 +534,7 @@ class NormLayer : public ::ncnn::Layer {
         b32.fp16 = false;
         b32.cstep = ncnn_cstep(b.dims, b.w, b.h, b.d, size_t(4) * b.elempack);  // ncnn's float32 copy's
         b32.residual = Fusion::None;  // in place on ncnn's float32 copy (record_via_float32)
-        p.plan = plan(b32, opt);
+        p.plan = plan(b32, opt, specialize);
         p.via_float32 = true;
       }
     } catch (const std::exception& e) {
@@ -599,7 +609,7 @@ class NormLayer : public ::ncnn::Layer {
   }
   int weight_count() const { return int(p_.weight_count()); }
 
-  ForwardPlan plan(const Blob& b, const ::ncnn::Option& opt) const {
+  ForwardPlan plan(const Blob& b, const ::ncnn::Option& opt, bool specialize) const {
     const GroupLayout g = p_.layout(b.dims, b.w, b.h, b.d, b.c, b.cstep, b.elempack);
     Option vo;
     vo.use_fp16_storage = b.fp16;
@@ -607,7 +617,9 @@ class NormLayer : public ::ncnn::Layer {
     vo.use_subgroup_ops = opt.use_subgroup_ops;
     Fusion f = fusion_;
     f.residual = b.residual;
-    return plan_forward(p_.op, p_.affine != 0, p_.eps, g, b.fp16, device_caps(info_, info_.subgroup_compute, vo), vo, f);
+    DeviceCaps caps = device_caps(info_, info_.subgroup_compute, vo);
+    caps.specialize_shape = caps.specialize_shape && specialize;
+    return plan_forward(p_.op, p_.affine != 0, p_.eps, g, b.fp16, caps, vo, f);
   }
 
   // One ncnn::Pipeline per (variant, specialization), made on first use and kept until destroy_pipeline.

@@ -486,6 +486,33 @@ def test_holding_float16_as_stored_changes_no_bit(tmp_path):
     assert_bit_identical(runs["0"], runs["1"])
 
 
+UNSPECIALIZED_SCRIPT = SCRIPT_HEAD + r"""
+rng = np.random.default_rng(9)
+for c in (20, 37, 300, 768):  # items of 3, 5, 38, 96 on a CPU driver's 8-wide teams: rounded to 4, 8, 64, 128
+    run(weighted(vknorm.LayerNorm(affine_size=c, eps=1e-5), c), (rng.standard_normal((12, c)) * 3 + 50).astype(np.float32),
+        add=True)
+run(weighted(vknorm.RMSNorm(affine_size=300, eps=1e-5), 300, beta=False), rng.standard_normal((8, 300)).astype(np.float32))
+gn = weighted(vknorm.GroupNorm(group=4, channels=16, eps=1e-5), 16)
+gn.set_activation("swish")
+run(gn, rng.standard_normal((16, 9, 11)).astype(np.float32))
+run(weighted(vknorm.InstanceNorm(channels=8, eps=1e-5), 8), (rng.standard_normal((8, 13, 7)) + 20).astype(np.float32))
+""" + SCRIPT_TAIL
+
+
+def test_plans_without_the_group_size_as_a_constant_hold_items_rounded_to_a_power_of_two_and_change_no_bit(tmp_path):
+    """Past the shapes a layer in an ncnn net specializes (VKNORM_TUNE_SPECIALIZE=0 here: none), the fused kernel
+    holds a power of two of elements per invocation where the cap allows, so group sizes share pipelines; the
+    elements past the group are masked, and every output (each norm, both storages and packings, the fused add and
+    its sum) is bit-identical to the specialized plan's."""
+    runs, items = {}, {}
+    for value in ("1", "0"):
+        runs[value], dispatched = run_script_under(UNSPECIALIZED_SCRIPT, "VKNORM_TUNE_SPECIALIZE", value, tmp_path)
+        items[value] = [d["items"] for d in dispatched]
+    assert all(i & (i - 1) == 0 for i in items["0"]), items["0"]
+    assert items["0"] != items["1"]  # the rounding was exercised
+    assert_bit_identical(runs["1"], runs["0"])
+
+
 SPLIT_SCRIPT = SCRIPT_HEAD + r"""
 rng = np.random.default_rng(11)
 x = (rng.standard_normal((8, 3000)) * 3 + 1e4).astype(np.float32)

@@ -802,6 +802,28 @@ def test_a_host_layers_blob_extracts_as_that_layer_wrote_it_before_or_after_its_
     assert not np.array_equal(first[1], first[1].astype(np.float16).astype(np.float32))  # float16 would show
 
 
+def test_a_layer_fed_inputs_of_many_sizes_keeps_a_bounded_number_of_pipelines(tmp_path):
+    """An app feeding images of any size (style transfer's InstanceNorm): the group size is a specialization
+    constant for a layer's first 16 shapes only; later ones share the pipelines of their kernel and team (it made
+    one per size before: 40 sizes, 40 pipelines, and lavapipe compiled for seconds). Every size stays exact."""
+    from reference import channel_norm64, scale
+
+    gamma, beta = np.linspace(0.5, 1.5, 8).astype(np.float32), np.linspace(-1, 1, 8).astype(np.float32)
+    binp = tmp_path / "weights.bin"
+    binp.write_bytes(gamma.tobytes() + beta.tobytes())
+    net = graph.configure(graph.Net())
+    assert net.load_param_mem("7767517\n2 2\nInput in 0 1 x\nInstanceNorm n 1 1 x y 0=8 1=1e-05 2=1\n") == 0
+    assert net.load_model(str(binp)) == 0
+    made = []
+    for i in range(40):
+        x = np.random.default_rng(i).standard_normal((8, 7 + i, 9 + 2 * i)).astype(np.float32)
+        r, y = extract_once(net, x, "y")
+        ref = channel_norm64("InstanceNorm", x, 1e-5, gamma=gamma, beta=beta)
+        assert r == 0 and float(np.abs(y - ref).max()) <= FP32_TOL * scale(ref), i
+        made.append(net.vknorm_layers()[0]["pipelines"])
+    assert made[15] <= 16 and made[-1] - made[15] <= 4, made
+
+
 def test_a_command_buffer_whose_extract_failed_is_dropped_and_the_next_extract_makes_one(tmp_path):
     """An extract that fails inside the recorded forward (here: an input whose rows do not match the
     LayerNorm's affine size, -1) may leave its command buffer half recorded: the Net never hands that one out

@@ -83,7 +83,9 @@ int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<Fused
 int load_param_mem_fused(::ncnn::Net& net, const char* param_text, std::vector<FusedPattern>* fused = nullptr);
 
 // How vknorm layers ran. In a Vulkan net every forward is recorded on the GPU: cpu_forwards stays 0 (no
-// host round trip). pipelines counts ncnn::Pipeline objects created (a new one only for a new variant).
+// host round trip). pipelines counts ncnn::Pipeline objects created (a new one only for a new variant: kernel,
+// team, and for a layer's first 16 input shapes the group size, a specialization constant; later shapes, as from
+// an app feeding images of any size, share the pipelines of their variant, so a layer keeps a bounded number).
 struct Counters {
   uint64_t vulkan_forwards = 0;
   uint64_t cpu_forwards = 0;
