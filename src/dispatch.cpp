@@ -468,7 +468,7 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
         // Teams capped at 512 (VKNORM_MAX_SHARED_MEMORY=16384) gain most: GroupNorm 12x56x56/1 512 x 19 11.44 ->
         // 7.02, 64x48x48/4 11.37 -> 6.93, InstanceNorm 16x96x96 512 x 18 7.29 -> 6.84. Measured on groups of whole
         // packed planes and InstanceNorm, not on groups inside pack4 lanes.
-        if (cooperative_auto && !held && !lane_groups && team > dev.preferred_workgroup &&
+        if (cooperative_auto && !fp16 && !lane_groups && team > dev.preferred_workgroup &&
             items_for(size, team) > dev.few_wide_team_items && g.n_groups <= dev.few_wide_team_groups &&
             cooperative(cooperative_auto_workgroups))
           return plan;
@@ -505,7 +505,8 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
         if (cooperative_auto && few_groups && cooperative(cooperative_auto_workgroups)) return plan;
         break;
       }
-      if (!full_team_tried) full_team_cooperative(plan.team, plan.items);  // else stays fused
+      // (the items the group needs, not a power of two rounded up for a plan without the group size as a constant)
+      if (!full_team_tried) full_team_cooperative(plan.team, items_for(size, plan.team));  // else stays fused
       return plan;
     }
     case Path::Subgroup:

@@ -70,7 +70,7 @@ struct DeviceCaps {
   uint32_t few_group_min_team = 128;
   bool few_group_any_size = true;
   // ... and where that narrowest team is still wider than preferred_workgroup and holds more than
-  // few_wide_team_items float32 elements each (vec4s where it reads them; not float16 held as stored), at most
+  // few_wide_team_items elements each (vec4s where it reads them), float32 storage only, at most
   // few_wide_team_groups groups go cooperative instead (0: never)
   uint32_t few_wide_team_groups = 8, few_wide_team_items = 12;
   bool poll_loads = true;                  // its waits poll with plain loads (CPU drivers: atomics)

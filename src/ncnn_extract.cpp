@@ -25,8 +25,27 @@ namespace {
 
 }  // namespace
 
+namespace {
+
+int extract_recorded_keeping(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
+                             const ::ncnn::Option& opt, bool keep);
+
+}  // namespace
+
 int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
                      const ::ncnn::Option& opt) {
+  return extract_recorded_keeping(ex, blob, out, cmd, opt, false);
+}
+
+int extract_recorded_kept(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
+                          const ::ncnn::Option& opt) {
+  return extract_recorded_keeping(ex, blob, out, cmd, opt, true);
+}
+
+namespace {
+
+int extract_recorded_keeping(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
+                             const ::ncnn::Option& opt, bool keep) {
   // Refused before the extract, which would record the forward into cmd and leave the extractor holding blobs
   // that never ran; whatever opt.use_vulkan_compute says, as the extractor records on its net's device either way.
   if (!download_allocator(opt, blob)) return -1;
@@ -67,7 +86,7 @@ int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, 
   if (int r = cmd.submit_and_wait()) return r;
   // Kept in the extractor as ncnn's extract keeps its download: a later extract that recomputes blobs light mode
   // released starts from it (without it, one whose inputs were released is -100 where ncnn's gives the blob).
-  if (!host.empty()) ex.input(blob, host);
+  if (keep && !host.empty()) ex.input(blob, host);
   // What ncnn's extract does to the downloaded Mat: unpacking, bfloat16 and int8 casts.
   if (opt.use_packing_layout && host.elempack != 1) {
     ::ncnn::Mat unpacked;
@@ -87,6 +106,8 @@ int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, 
   out = host;
   return 0;
 }
+
+}  // namespace
 
 int blob_index(const ::ncnn::Net& net, const char* name) {
   if (!name) return -1;
@@ -151,7 +172,7 @@ int Runner::extract(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out) {
   ::ncnn::Option opt = net_.opt;
   opt.blob_vkallocator = opt.workspace_vkallocator = blob_allocator_;
   opt.staging_vkallocator = staging_allocator_;
-  const int r = extract_recorded(ex, blob, out, *cmd_, opt);
+  const int r = extract_recorded_kept(ex, blob, out, *cmd_, opt);
   // After a failure it may be half recorded, or pending on a lost device: not reused.
   if (r != 0 || cmd_->reset() != 0) cmd_.reset();
   return r;

@@ -48,14 +48,16 @@ int parse_int(const std::string& s, int line_no, const std::string& what) {
   bad(line_no, "expected " + what + ", got '" + s + "'");
 }
 
-// Whitespace-separated tokens, as ncnn reads a line; a double-quoted run (a string param's value, 5="a b") stays
-// inside its token, spaces and all.
+// Whitespace-separated tokens, as ncnn reads a line; a param value that starts with a double quote (a string
+// param, 5="a b") runs to the closing quote, spaces and all, as ncnn's ParamDict reads it. A quote anywhere else
+// (a blob name's) is a character like any other.
 std::vector<std::string> split_ws(const std::string& s) {
   std::vector<std::string> out;
   std::string token;
   bool quoted = false;
   for (const char c : s) {
-    if (c == '"') quoted = !quoted;
+    if (c == '"' && (quoted || (!token.empty() && token.back() == '=' && token.find('=') == token.size() - 1)))
+      quoted = !quoted;
     if (!quoted && std::isspace(static_cast<unsigned char>(c))) {
       if (!token.empty()) out.push_back(std::move(token)), token.clear();
       continue;

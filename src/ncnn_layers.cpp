@@ -30,7 +30,8 @@ namespace {
 
 std::atomic<uint64_t> g_vulkan_forwards{0}, g_cpu_forwards{0}, g_pipelines{0}, g_unfused_adds{0};
 
-// Shapes a layer plans with the group size specialized (its kernels' loops unrolled); later ones share pipelines.
+// Blob layouts (shape, storage, fused add) a layer plans with the group size specialized (its kernels' loops
+// unrolled), in the order met; later ones share pipelines. Each layout's small plan is kept, as before.
 constexpr size_t kSpecializedShapes = 16;
 
 bool subgroup_reduce(const ::ncnn::VulkanDevice& dev) {

@@ -170,6 +170,7 @@ def test_from_param_reads_affine_as_ncnn_does_weights_unless_0():
     assert vknorm.LayerNorm.from_param({0: 8, 2: 2}).affine is True
     assert vknorm.GroupNorm.from_param({0: 2, 1: 8, 3: -1}).affine is True
     assert vknorm.RMSNorm.from_param({0: 8, 2: 0}).affine is False
+    assert vknorm.LayerNorm.from_param({0: 8, 2: np.True_}).affine is True  # numpy's bool is an integer here too
     with pytest.raises(ValueError, match="affine must be True/False"):
         vknorm.LayerNorm(affine_size=8, affine=2)
 

@@ -1106,10 +1106,16 @@ def test_a_string_param_with_spaces_is_one_param_as_ncnn_reads_it(tmp_path):
     out, fused = fuse(text)
     assert [f["pattern"] for f in fused] == ["LayerNorm+Swish"]
     assert re.search(r'\nNoop\s+keep\s+1 1 z out0 5="a b  c"\n', out), out
+    # a quote inside a blob name is a character like any other there, as ncnn reads names
+    quoted_name = text.replace(" y 0=16", ' y"q 0=16').replace("Swish act 1 1 y z", 'Swish act 1 1 y"q z')
+    assert [f["pattern"] for f in fuse(quoted_name)[1]] == ["LayerNorm+Swish"]
     p, b = write_model(tmp_path, text)
     from vknorm import check
 
     assert len(check.parse_param(str(p)).layers) == 4
+    (tmp_path / "quoted").mkdir()
+    quoted_p, _ = write_model(tmp_path / "quoted", quoted_name)
+    assert [ly.tops for ly in check.parse_param(str(quoted_p)).layers][1] == ['y"q']
     x = np.random.default_rng(6).standard_normal((6, 16)).astype(np.float32)
     ref = run_graph(p, b, {"in0": x}, vknorm_layers=False, vulkan=False)[0]["out0"]
     got, net = run_graph(p, b, {"in0": x})

@@ -154,7 +154,9 @@ def test_fuzz_layer_inputs_give_the_reference_result_or_a_clear_error(case):
     nan = np.isnan(ref)
     assert np.array_equal(np.isnan(y), nan), f"{case}: NaN where the reference has none, or the reverse"
     # the storage rule (reference.storage_rule) on the elements that are not NaN, plus cancellation_slack: float32,
-    # FP32_TOL of the scale; float16 (the reference saw the float16 input), the same past the output's own rounding
+    # FP32_TOL of the scale; float16 (the reference saw the float16 input), the same past the output's own rounding.
+    # Unlike storage_rule, an infinite output fails even against an equal infinite reference (the fuzzed inputs
+    # are finite and their norms too)
     bound = FP32_TOL * scale(np.where(nan, 0, ref)) + cancellation_slack(case, xs, gamma)
     err = np.where(nan, 0, np.abs(y.astype(np.float64) - np.where(nan, 0, ref)))
     if xs.dtype == np.float16:

@@ -84,8 +84,9 @@ int load_param_mem_fused(::ncnn::Net& net, const char* param_text, std::vector<F
 
 // How vknorm layers ran. In a Vulkan net every forward is recorded on the GPU: cpu_forwards stays 0 (no
 // host round trip). pipelines counts ncnn::Pipeline objects created (a new one only for a new variant: kernel,
-// team, and for a layer's first 16 input shapes the group size, a specialization constant; later shapes, as from
-// an app feeding images of any size, share the pipelines of their variant, so a layer keeps a bounded number).
+// team, and for the first 16 blob layouts a layer meets (shape, storage) the group size, a specialization constant;
+// later ones, as from an app feeding images of any size, share the pipelines of their variant, so a layer keeps a
+// bounded number).
 struct Counters {
   uint64_t vulkan_forwards = 0;
   uint64_t cpu_forwards = 0;
@@ -165,13 +166,19 @@ class Runner {
 // What Runner::extract does with a command buffer of the caller's: ex.extract(blob, VkMat, cmd), the download
 // recorded into cmd, submitted and waited for, then unpacked and cast to float32 as ncnn's extract does. cmd is
 // not reset. opt: the net's options with the VkAllocators to record with (blob_vkallocator, workspace_vkallocator,
-// staging_vkallocator), which ex is given too; a null blob allocator, or a null staging one where blobs are not
+// staging_vkallocator), which ex is given too and keeps (they must outlive ex); a null blob allocator, or a null
+// staging one where blobs are not
 // host-visible and cached, as in the net's own opt, is -1 with a message, before anything is recorded. A blob
 // ncnn holds only on the host comes from ncnn's own extract; one a host layer made that ncnn also uploaded for
 // the layers after it comes back as uploaded: extract such blobs (computed_on_host) with ex.extract, as Runner does.
 // Device memory running out for the download is ncnn's -100 (ncnn's own extract crashes there).
 int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
                      const ::ncnn::Option& opt);
+// The same, and the download kept in ex as ncnn's extract keeps it (Extractor::input), so that a later extract
+// recomputing blobs that light mode released starts from it. Only for a blob a Vulkan layer made that ex does not
+// hold on the host (not computed_on_host, nor given with input()): the kept copy replaces any the extractor held.
+int extract_recorded_kept(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
+                          const ::ncnn::Option& opt);
 
 // The index of the net's blob named `name`, as ncnn's own lookup (protected in ncnn::Net) finds it: the first of
 // that name, or -1 (a null name too).

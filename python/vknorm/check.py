@@ -209,7 +209,9 @@ class Model:
         self.norms = [layer for layer in layers if layer.type in NORM_TYPES]
 
 
-_TOKEN = re.compile(r'(?:[^\s"]|"[^"]*(?:"|$))+')  # a double-quoted run (5="a b": a string param) stays in its token
+# Tokens as ncnn reads a line: a param value that starts with a double quote (5="a b": a string param) runs to the
+# closing quote, spaces and all; a quote anywhere else (in a blob name) is a character like any other.
+_TOKEN = re.compile(r'[^\s=]+="[^"]*(?:"\S*|$)|\S+')
 _PARAM = re.compile(r'([-+]?[0-9]+)=(.+)', re.S)  # ids as ncnn reads them (%d: "+0" and "00" are 0)
 
 
