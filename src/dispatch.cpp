@@ -258,7 +258,8 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
     plan.items = items_for(size, team);
     // Without the group size as a constant (a layer past the shapes it specializes), the elements each invocation
     // holds round up to a power of two where the cap allows, so that group sizes of one team share a pipeline: the
-    // kernel masks the elements past the group (loads of its first element, sums of 0; no bit changes).
+    // kernel masks the elements past the group (loads of its first element, sums of 0). Results agree within float32
+    // rounding (bit for bit on lavapipe; a GPU compiler may contract the looped sums otherwise than unrolled ones).
     if (!dev.specialize_shape) {
       const uint32_t rounded = pow2_ceil(plan.items);
       if (rounded <= items_cap) plan.items = rounded;

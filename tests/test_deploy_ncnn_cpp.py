@@ -145,7 +145,11 @@ def test_ncnn_layer_contracts_hold(installed):
     run(["cmake", "--build", CONTRACTS_BUILD, "--target", "ncnn_contracts"], "build ncnn_contracts", env=env)
     proc = launch(os.path.join(CONTRACTS_BUILD, "ncnn_contracts"), [])
     lines = proc.stdout.strip().splitlines()
-    assert proc.returncode == 0 and len(lines) == 25 and all(l.startswith("ok: ") for l in lines), \
+    # the bfloat16 check runs on CPU devices only (on an H200 stock ncnn cannot run a bfloat16 net itself)
+    import vknorm
+
+    want = 25 if vknorm.device_info()["type"] == "cpu" else 24
+    assert proc.returncode == 0 and len(lines) == want and all(l.startswith("ok: ") for l in lines), \
         proc.stdout + proc.stderr[-2000:]
     if "bfloat16 storage: every extract is -1" in proc.stdout:  # said at the forward too, not a plan never made
         assert proc.stderr.count("bfloat16 storage is not supported") >= 2, proc.stderr[-2000:]

@@ -29,10 +29,12 @@ import sys
 import numpy as np
 import pytest
 
+import vknorm
 from vknorm import _core
 
 from planned import H200 as H200_KNOWN_RESIDENCY, H200_UNKNOWN_RESIDENCY, LAVAPIPE, channels_plan as _channels_plan
 from planned import declared_shared, no_tuning_knobs, rows_plan as _rows_plan, shared_bytes
+from reference import FP32_TOL, half_fp16_spacing, scale
 
 # The rules below were measured on an H200; these tests pin the fused and split ones (tests/test_cooperative.py
 # the cooperative kernel's, planned where the multiprocessor count is known).
@@ -499,18 +501,27 @@ run(weighted(vknorm.InstanceNorm(channels=8, eps=1e-5), 8), (rng.standard_normal
 """ + SCRIPT_TAIL
 
 
-def test_plans_without_the_group_size_as_a_constant_hold_items_rounded_to_a_power_of_two_and_change_no_bit(tmp_path):
+def test_plans_without_the_group_size_as_a_constant_hold_items_rounded_to_a_power_of_two_and_agree(tmp_path):
     """Past the shapes a layer in an ncnn net specializes (VKNORM_TUNE_SPECIALIZE=0 here: none), the fused kernel
     holds a power of two of elements per invocation where the cap allows, so group sizes share pipelines; the
     elements past the group are masked, and every output (each norm, both storages and packings, the fused add and
-    its sum) is bit-identical to the specialized plan's."""
+    its sum) agrees with the specialized plan's within float32 rounding (float16 storage: one float16 step). Bit for
+    bit on lavapipe; a GPU's compiler may contract or order the unrolled and the looped sums differently (H200)."""
     runs, items = {}, {}
     for value in ("1", "0"):
         runs[value], dispatched = run_script_under(UNSPECIALIZED_SCRIPT, "VKNORM_TUNE_SPECIALIZE", value, tmp_path)
         items[value] = [d["items"] for d in dispatched]
     assert all(i & (i - 1) == 0 for i in items["0"]), items["0"]
     assert items["0"] != items["1"]  # the rounding was exercised
-    assert_bit_identical(runs["1"], runs["0"])
+    a_run, b_run = runs["1"], runs["0"]
+    assert len(a_run.files) == len(b_run.files) >= 20
+    for k in a_run.files:
+        a, b = a_run[k].astype(np.float64), b_run[k].astype(np.float64)
+        assert a_run[k].dtype == b_run[k].dtype and a.shape == b.shape
+        step = 2 * half_fp16_spacing(np.maximum(np.abs(a), np.abs(b))) if a_run[k].dtype == np.float16 else 0.0
+        assert (np.abs(a - b) <= 2 * FP32_TOL * scale(a) + step).all(), (k, float(np.abs(a - b).max()))
+    if vknorm.device_info()["type"] == "cpu":
+        assert_bit_identical(a_run, b_run)
 
 
 SPLIT_SCRIPT = SCRIPT_HEAD + r"""

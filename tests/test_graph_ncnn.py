@@ -804,8 +804,9 @@ def test_a_host_layers_blob_extracts_as_that_layer_wrote_it_before_or_after_its_
 
 def test_a_layer_fed_inputs_of_many_sizes_keeps_a_bounded_number_of_pipelines(tmp_path):
     """An app feeding images of any size (style transfer's InstanceNorm): the group size is a specialization
-    constant for a layer's first 16 shapes only; later ones share the pipelines of their kernel and team (it made
-    one per size before: 40 sizes, 40 pipelines, and lavapipe compiled for seconds). Every size stays exact."""
+    constant for a layer's first 16 shapes only; later ones share the pipelines of their kernel, team and items (it
+    made one per size before: 40 sizes, 40 pipelines, and lavapipe compiled for seconds): the 24 later sizes make at
+    most one for every two (lavapipe 3, H200 7). Every size stays exact."""
     from reference import channel_norm64, scale
 
     gamma, beta = np.linspace(0.5, 1.5, 8).astype(np.float32), np.linspace(-1, 1, 8).astype(np.float32)
@@ -821,7 +822,7 @@ def test_a_layer_fed_inputs_of_many_sizes_keeps_a_bounded_number_of_pipelines(tm
         ref = channel_norm64("InstanceNorm", x, 1e-5, gamma=gamma, beta=beta)
         assert r == 0 and float(np.abs(y - ref).max()) <= FP32_TOL * scale(ref), i
         made.append(net.vknorm_layers()[0]["pipelines"])
-    assert made[15] <= 16 and made[-1] - made[15] <= 4, made
+    assert made[15] <= 16 and made[-1] - made[15] <= 12, made
 
 
 def test_a_command_buffer_whose_extract_failed_is_dropped_and_the_next_extract_makes_one(tmp_path):
