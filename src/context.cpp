@@ -418,6 +418,10 @@ const DeviceInfo& Context::info() const { return impl_->info; }
 uint64_t Context::device_bytes_in_use() const { return impl_->bytes_in_use; }
 uint64_t Context::device_bytes_peak() const { return impl_->bytes_peak; }
 uint64_t Context::live_buffers() const { return impl_->live_buffers; }
+uint64_t Context::pipelines() const {
+  std::lock_guard<std::mutex> lock(impl_->pipeline_mutex);
+  return impl_->pipelines.size();
+}
 uint64_t Context::device_bytes_cached() const { return impl_->cache.bytes(); }
 uint64_t Context::cached_buffers() const { return impl_->cache.count(); }
 uint64_t Context::fence_spin_us() const { return impl_->fence_spin_us; }

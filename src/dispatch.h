@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -200,6 +201,19 @@ struct Grid {
   uint32_t x = 1, y = 1;
 };
 Grid fold_workgroups(uint64_t workgroups, uint32_t max_count_x);
+
+// Group sizes a layer plans with the size as a specialization constant (its kernels' loops unrolled): an app feeding
+// inputs of any size would otherwise compile and keep a pipeline per size (vknorm's own layers and ncnn's; a
+// Recorder still keeps one per size). Later sizes plan without it (DeviceCaps::
+// specialize_shape off: fused plans hold a power of two of elements each) and share pipelines per kernel and team.
+constexpr size_t kSpecializedGroupSizes = 16;
+// Whether a layer whose specialized group sizes are `seen` specializes `group_size` (recorded there if so).
+inline bool specializes(std::set<uint32_t>& seen, uint32_t group_size) {
+  if (seen.count(group_size)) return true;
+  if (seen.size() >= kSpecializedGroupSizes) return false;
+  seen.insert(group_size);
+  return true;
+}
 
 // What a plan runs, as DispatchInfo reports it (gpu_us and pieces left to the executor).
 DispatchInfo dispatch_info(const ForwardPlan& plan);

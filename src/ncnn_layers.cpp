@@ -30,10 +30,6 @@ namespace {
 
 std::atomic<uint64_t> g_vulkan_forwards{0}, g_cpu_forwards{0}, g_pipelines{0}, g_unfused_adds{0};
 
-// Blob layouts (shape, storage, fused add) a layer plans with the group size specialized (its kernels' loops
-// unrolled), in the order met; later ones share pipelines. Each layout's small plan is kept, as before.
-constexpr size_t kSpecializedShapes = 16;
-
 bool subgroup_reduce(const ::ncnn::VulkanDevice& dev) {
   const uint32_t need = VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT | VK_SUBGROUP_FEATURE_SHUFFLE_BIT;
   const uint32_t size = dev.info.subgroup_size();
@@ -221,6 +217,7 @@ class NormLayer : public ::ncnn::Layer {
     std::lock_guard<std::mutex> lock(mutex_);
     prepared_.clear();
     pipelines_.clear();
+    specialized_sizes_.clear();
     return 0;
   }
 
@@ -513,20 +510,13 @@ class NormLayer : public ::ncnn::Layer {
 
   const Prepared* prepared(const Blob& b, const ::ncnn::Option& opt) const {
     const auto key = b.key(opt.use_subgroup_ops);
-    size_t shapes = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (auto it = prepared_.find(key); it != prepared_.end()) return &it->second;
-      shapes = prepared_.size();
     }
-    // A layer that has met many shapes (an app feeding images of any size) plans the next ones without the group
-    // size as a specialization constant, so that they share pipelines (one per kernel variant and team) instead of
-    // compiling and keeping one per size (GroupNorm/InstanceNorm groups grow with h x w): slower loops that do not
-    // unroll, for shapes past the first kSpecializedShapes only.
-    const bool specialize = shapes < kSpecializedShapes;
     Prepared p;
     try {
-      p.plan = plan(b, opt, specialize);
+      p.plan = plan(b, opt);
       if (!info_.storage_16bit && needs_16bit_storage(p.plan)) {
         // ncnn gives elempack-1 blobs float16 storage only on devices with 16-bit storage, but a dims-1 blob
         // vknorm itself reads unpacked has it anywhere, and the capability profile (VKNORM_NO_FP16_STORAGE,
@@ -535,7 +525,7 @@ class NormLayer : public ::ncnn::Layer {
         b32.fp16 = false;
         b32.cstep = ncnn_cstep(b.dims, b.w, b.h, b.d, size_t(4) * b.elempack);  // ncnn's float32 copy's
         b32.residual = Fusion::None;  // in place on ncnn's float32 copy (record_via_float32)
-        p.plan = plan(b32, opt, specialize);
+        p.plan = plan(b32, opt);
         p.via_float32 = true;
       }
     } catch (const std::exception& e) {
@@ -610,8 +600,13 @@ class NormLayer : public ::ncnn::Layer {
   }
   int weight_count() const { return int(p_.weight_count()); }
 
-  ForwardPlan plan(const Blob& b, const ::ncnn::Option& opt, bool specialize) const {
+  ForwardPlan plan(const Blob& b, const ::ncnn::Option& opt) const {
     const GroupLayout g = p_.layout(b.dims, b.w, b.h, b.d, b.c, b.cstep, b.elempack);
+    bool specialize;  // past kSpecializedGroupSizes sizes (an app feeding images of any size), shared pipelines
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      specialize = specializes(specialized_sizes_, g.group_size);
+    }
     Option vo;
     vo.use_fp16_storage = b.fp16;
     vo.use_packing_layout = b.elempack == 4;
@@ -662,6 +657,7 @@ class NormLayer : public ::ncnn::Layer {
   mutable std::mutex mutex_;
   mutable std::map<std::string, std::unique_ptr<::ncnn::Pipeline>> pipelines_;
   mutable std::map<std::tuple<int, int, int, int, int, size_t, int, bool, bool, int>, Prepared> prepared_;
+  mutable std::set<uint32_t> specialized_sizes_;  // group sizes planned with the size a constant (under mutex_)
   mutable std::atomic<uint64_t> vulkan_forwards_{0}, cpu_forwards_{0}, pipelines_made_{0};
   std::unique_ptr<::ncnn::Layer> cpu_norm_;        // ncnn's own CPU layer of this op, for the CPU forward
   std::unique_ptr<::ncnn::Layer> cpu_activation_;  // and of the fused activation

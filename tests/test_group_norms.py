@@ -462,6 +462,26 @@ def test_weights_of_the_wrong_length_or_missing_raise():
         gn(np.zeros((4, 2, 2), np.float32), device="vulkan")
 
 
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_a_layer_fed_inputs_of_many_sizes_keeps_a_bounded_number_of_pipelines_on_its_context(fp16):
+    """An app feeding images of any size to vknorm's own layer (style transfer's InstanceNorm): the group size is a
+    specialization constant for the layer's first 16 sizes only; later ones share the pipelines of their kernel,
+    team and items (one per size before: 40 sizes, 40 pipelines): the 24 later sizes make at most one for every
+    two (lavapipe: 3). Every size stays within the storage rule."""
+    ctx = vknorm.Context.create(0)  # pipelines counted on a context of the test's own
+    gamma, beta = np.linspace(0.5, 1.5, 8).astype(np.float32), np.linspace(-1, 1, 8).astype(np.float32)
+    layer = vknorm.InstanceNorm(channels=8, eps=1e-5, device=ctx, option=vknorm.Option(use_fp16_storage=fp16))
+    layer.load_model(gamma, beta)
+    made = []
+    for i in range(40):
+        x = np.random.default_rng(i).standard_normal((8, 7 + i, 9 + 2 * i)).astype(np.float32)
+        seen = x.astype(np.float16) if fp16 else x  # float16 storage rounds the input first
+        err, bound = storage_rule(layer(x), channel_norm64("InstanceNorm", seen, 1e-5, gamma=gamma, beta=beta), fp16)
+        assert err <= bound, (i, err, bound)
+        made.append(ctx.pipelines)
+    assert made[15] <= 16 and made[-1] - made[15] <= 12, made
+
+
 def test_instancenorm_without_affine_takes_channels_0_as_any_number_of_channels():
     """ncnn's InstanceNorm reads channels (param 0) only for its weights: with affine=0 and channels=0 it
     normalizes every channel plane of whatever it is given, on the CPU, on every Vulkan path and in an ncnn

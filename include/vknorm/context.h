@@ -70,6 +70,8 @@ class Context {
   uint64_t device_bytes_in_use() const;
   uint64_t device_bytes_peak() const;
   uint64_t live_buffers() const;
+  // Compute pipelines this context has made and keeps (one per kernel variant and specialization).
+  uint64_t pipelines() const;
   // Buffers no longer held are kept for reuse by the next request of the same kind and size (repeated
   // forwards of one shape allocate nothing), up to VKNORM_BUFFER_CACHE_BYTES (default 256 MiB, 0: none),
   // oldest dropped first, and within VKNORM_MAX_DEVICE_BYTES together with what is in use.

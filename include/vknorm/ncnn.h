@@ -84,9 +84,8 @@ int load_param_mem_fused(::ncnn::Net& net, const char* param_text, std::vector<F
 
 // How vknorm layers ran. In a Vulkan net every forward is recorded on the GPU: cpu_forwards stays 0 (no
 // host round trip). pipelines counts ncnn::Pipeline objects created (a new one only for a new variant: kernel,
-// team, and for the first 16 blob layouts a layer meets (shape, storage) the group size, a specialization constant;
-// later ones, as from an app feeding images of any size, share the pipelines of their variant, so a layer keeps a
-// bounded number).
+// team, and for the first 16 group sizes a layer meets the size, a specialization constant; later sizes, as from
+// an app feeding images of any size, share the pipelines of their variant, so a layer keeps a bounded number).
 struct Counters {
   uint64_t vulkan_forwards = 0;
   uint64_t cpu_forwards = 0;
