@@ -2,6 +2,7 @@
 // plan_dispatch (dispatch.cpp); the rest of the code only executes a Plan.
 #pragma once
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -202,18 +203,31 @@ struct Grid {
 };
 Grid fold_workgroups(uint64_t workgroups, uint32_t max_count_x);
 
-// Group sizes a layer plans with the size as a specialization constant (its kernels' loops unrolled): an app feeding
-// inputs of any size would otherwise compile and keep a pipeline per size (vknorm's own layers and ncnn's; a
-// Recorder still keeps one per size). Later sizes plan without it (DeviceCaps::
+// The group sizes a layer plans with the size as a specialization constant (its kernels' loops unrolled): an app
+// feeding inputs of any size would otherwise compile and keep a pipeline per size (vknorm's own layers and ncnn's; a
+// Recorder still keeps one per size). The first kMax sizes met are; later ones plan without it (DeviceCaps::
 // specialize_shape off: fused plans hold a power of two of elements each) and share pipelines per kernel and team.
-constexpr size_t kSpecializedGroupSizes = 16;
-// Whether a layer whose specialized group sizes are `seen` specializes `group_size` (recorded there if so).
-inline bool specializes(std::set<uint32_t>& seen, uint32_t group_size) {
-  if (seen.count(group_size)) return true;
-  if (seen.size() >= kSpecializedGroupSizes) return false;
-  seen.insert(group_size);
-  return true;
-}
+class SpecializedSizes {
+ public:
+  static constexpr size_t kMax = 16;
+  // caps for a forward over groups of group_size: specialize_shape turned off past the first kMax sizes.
+  DeviceCaps admit(DeviceCaps caps, uint32_t group_size) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!sizes_.count(group_size)) {
+      if (sizes_.size() < kMax) sizes_.insert(group_size);
+      else caps.specialize_shape = false;
+    }
+    return caps;
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    sizes_.clear();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::set<uint32_t> sizes_;
+};
 
 // What a plan runs, as DispatchInfo reports it (gpu_us and pieces left to the executor).
 DispatchInfo dispatch_info(const ForwardPlan& plan);

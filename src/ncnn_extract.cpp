@@ -23,27 +23,7 @@ namespace {
   return b ? dst : nullptr;
 }
 
-}  // namespace
-
-namespace {
-
-int extract_recorded_keeping(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
-                             const ::ncnn::Option& opt, bool keep);
-
-}  // namespace
-
-int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
-                     const ::ncnn::Option& opt) {
-  return extract_recorded_keeping(ex, blob, out, cmd, opt, false);
-}
-
-int extract_recorded_kept(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
-                          const ::ncnn::Option& opt) {
-  return extract_recorded_keeping(ex, blob, out, cmd, opt, true);
-}
-
-namespace {
-
+// extract_recorded, and with `keep` the download kept in ex (extract_recorded_kept).
 int extract_recorded_keeping(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
                              const ::ncnn::Option& opt, bool keep) {
   // Refused before the extract, which would record the forward into cmd and leave the extractor holding blobs
@@ -109,6 +89,16 @@ int extract_recorded_keeping(::ncnn::Extractor& ex, const char* blob, ::ncnn::Ma
 
 }  // namespace
 
+int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
+                     const ::ncnn::Option& opt) {
+  return extract_recorded_keeping(ex, blob, out, cmd, opt, false);
+}
+
+int extract_recorded_kept(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
+                          const ::ncnn::Option& opt) {
+  return extract_recorded_keeping(ex, blob, out, cmd, opt, true);
+}
+
 int blob_index(const ::ncnn::Net& net, const char* name) {
   if (!name) return -1;
   const std::vector<::ncnn::Blob>& blobs = net.blobs();
@@ -162,13 +152,12 @@ int Runner::extract(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out) {
   }
   // ncnn's own: no recording (or its error for an unknown name)
   if (!vkdev_ || blob_index(net_, blob) < 0 || computed_on_host(net_, blob)) return ex.extract(blob, out);
-  // The device memory comes from this Runner's allocators whatever made the extractor (one of net's own
-  // create_extractor() has none set, which ncnn's recorded extract would dereference).
-  give_allocators(ex);
   if (!cmd_) {
     cmd_ = std::make_unique<::ncnn::VkCompute>(vkdev_);
     ++made_;
   }
+  // The device memory comes from this Runner's allocators whatever made the extractor (extract_recorded gives
+  // them to ex: one of net's own create_extractor() has none).
   ::ncnn::Option opt = net_.opt;
   opt.blob_vkallocator = opt.workspace_vkallocator = blob_allocator_;
   opt.staging_vkallocator = staging_allocator_;

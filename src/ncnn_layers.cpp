@@ -217,7 +217,7 @@ class NormLayer : public ::ncnn::Layer {
     std::lock_guard<std::mutex> lock(mutex_);
     prepared_.clear();
     pipelines_.clear();
-    specialized_sizes_.clear();
+    specialized_.clear();
     return 0;
   }
 
@@ -602,19 +602,13 @@ class NormLayer : public ::ncnn::Layer {
 
   ForwardPlan plan(const Blob& b, const ::ncnn::Option& opt) const {
     const GroupLayout g = p_.layout(b.dims, b.w, b.h, b.d, b.c, b.cstep, b.elempack);
-    bool specialize;  // past kSpecializedGroupSizes sizes (an app feeding images of any size), shared pipelines
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      specialize = specializes(specialized_sizes_, g.group_size);
-    }
     Option vo;
     vo.use_fp16_storage = b.fp16;
     vo.use_packing_layout = b.elempack == 4;
     vo.use_subgroup_ops = opt.use_subgroup_ops;
     Fusion f = fusion_;
     f.residual = b.residual;
-    DeviceCaps caps = device_caps(info_, info_.subgroup_compute, vo);
-    caps.specialize_shape = caps.specialize_shape && specialize;
+    const DeviceCaps caps = specialized_.admit(device_caps(info_, info_.subgroup_compute, vo), g.group_size);
     return plan_forward(p_.op, p_.affine != 0, p_.eps, g, b.fp16, caps, vo, f);
   }
 
@@ -657,7 +651,7 @@ class NormLayer : public ::ncnn::Layer {
   mutable std::mutex mutex_;
   mutable std::map<std::string, std::unique_ptr<::ncnn::Pipeline>> pipelines_;
   mutable std::map<std::tuple<int, int, int, int, int, size_t, int, bool, bool, int>, Prepared> prepared_;
-  mutable std::set<uint32_t> specialized_sizes_;  // group sizes planned with the size a constant (under mutex_)
+  mutable SpecializedSizes specialized_;  // the group sizes its plans take as a constant
   mutable std::atomic<uint64_t> vulkan_forwards_{0}, cpu_forwards_{0}, pipelines_made_{0};
   std::unique_ptr<::ncnn::Layer> cpu_norm_;        // ncnn's own CPU layer of this op, for the CPU forward
   std::unique_ptr<::ncnn::Layer> cpu_activation_;  // and of the fused activation

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <map>
 #include <numeric>
-#include <set>
 #include <stdexcept>
 
 #include "dispatch.h"
@@ -23,15 +22,7 @@ struct Norm::Gpu : NormParams {
   std::vector<float> gamma_data, beta_data;
   std::mutex mutex;  // weights are uploaded once, by whichever call needs them first
   std::shared_ptr<Buffer> gamma, beta, unused;
-  std::set<uint32_t> specialized_sizes;  // group sizes planned with the size a constant (under mutex)
-  // The device's plan constraints for a forward over groups of g.group_size: past kSpecializedGroupSizes sizes (a
-  // layer fed inputs of any size), without the size as a specialization constant, so sizes share pipelines.
-  DeviceCaps caps_for(const GroupLayout& g, const Option& opt) {
-    DeviceCaps caps = device_caps(*ctx, opt);
-    std::lock_guard<std::mutex> lock(mutex);
-    caps.specialize_shape = caps.specialize_shape && specializes(specialized_sizes, g.group_size);
-    return caps;
-  }
+  SpecializedSizes specialized;  // the group sizes its plans take as a constant
 };
 
 namespace {
@@ -441,7 +432,8 @@ Fusion fusion_of(const Norm::Gpu& gpu, const AddBuffers* add) {
 DispatchInfo record(Norm::Gpu& gpu, Submission& s, const Buffer& blob, const GroupLayout& g, bool fp16,
                     const Option& opt, Workspace& ws, uint64_t first_channel = 0, const AddBuffers* add = nullptr) {
   const ForwardPlan fp =
-      plan_forward(gpu.op, gpu.affine != 0, gpu.eps, g, fp16, gpu.caps_for(g, opt), opt, fusion_of(gpu, add));
+      plan_forward(gpu.op, gpu.affine != 0, gpu.eps, g, fp16, gpu.specialized.admit(device_caps(*gpu.ctx, opt), g.group_size), opt,
+                    fusion_of(gpu, add));
   Context::Impl& impl = gpu.ctx->impl();
   ensure_weights(gpu);
   ws.reserve(gpu.ctx, fp.partials_bytes, fp.coefs_bytes);
