@@ -384,6 +384,15 @@ NB_MODULE(_core, m) {
            nb::call_guard<ReleaseGil>())
       .def("forward_inplace", nb::overload_cast<VkMat&, const Option&>(&Norm::forward_inplace), "mat"_a, "option"_a,
            nb::call_guard<ReleaseGil>())
+      .def(
+          "forward",
+          [](Norm& n, const VkMat& bottom, const Option& opt) {
+            ReleaseGil release;
+            VkMat top;
+            n.forward(bottom, top, opt);
+            return top;
+          },
+          "bottom"_a, "option"_a, "The layer on a VkMat, which is only read: a new VkMat on its device")
       .def("forward_numpy",
            [](Norm& n, const Array& a, const Option& opt) {
              // The array is read where it lies (the caller's reference keeps it alive through the call).

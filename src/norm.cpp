@@ -540,28 +540,50 @@ void Norm::forward_host(const Mat& src, Mat& dst, const Option& opt) {
 
 void Norm::forward_inplace(VkMat& v, const Option& opt) {
   check_vkmat(v, "forward_inplace");
-  const std::shared_ptr<Gpu> gpu = gpu_for(v.context());
+  forward_device(v, v, opt);
+}
+
+void Norm::forward(const VkMat& bottom, VkMat& top, const Option& opt) {
+  check_vkmat(bottom, "forward (bottom)");
+  // top's own buffer where it already holds bottom's layout on bottom's device (not bottom's buffer), else a new
+  // one, given to top only once written.
+  const bool reuse = top.buffer && top.buffer != bottom.buffer && top.context() == bottom.context() &&
+                     top.dims == bottom.dims && top.w == bottom.w && top.h == bottom.h && top.d == bottom.d &&
+                     top.c == bottom.c && top.elemsize == bottom.elemsize && top.elempack == bottom.elempack &&
+                     top.cstep == bottom.cstep;
+  if (reuse) check_vkmat(top, "forward (top)");
+  VkMat out = reuse ? top : VkMat::create_like(bottom);
+  forward_device(bottom, out, opt);
+  top = std::move(out);
+}
+
+// src normalized into dst (dst: src's layout on src's device; may be src): one submission a piece, dst's copy of
+// the blob (or of each piece) made on the device within it.
+void Norm::forward_device(const VkMat& src, VkMat& dst, const Option& opt) {
+  const std::shared_ptr<Gpu> gpu = gpu_for(src.context());
   auto& impl = gpu->ctx->impl();
-  const GroupLayout g = gpu->layout(v.dims, v.w, v.h, v.d, v.c, v.cstep, v.elempack);
+  const GroupLayout g = gpu->layout(src.dims, src.w, src.h, src.d, src.c, src.cstep, src.elempack);
   gpu->check_weights(gpu->gamma_data.size(), gpu->beta_data.size());
   ensure_weights(*gpu);
-  const bool fp16 = v.elemsize == 2u * v.elempack;
-  const Run run = plan_run(*gpu, g, v.elemsize, v.bytes(), fp16, opt, true,
-                           "the VkMat " + describe_blob(v.dims, v.w, v.h, v.d, v.c, v.elemsize, v.elempack));
+  const bool fp16 = src.elemsize == 2u * src.elempack;
+  const Run run = plan_run(*gpu, g, src.elemsize, src.bytes(), fp16, opt, true,
+                           "the VkMat " + describe_blob(src.dims, src.w, src.h, src.d, src.c, src.elemsize, src.elempack));
   Workspace ws;
   ws.reserve(gpu->ctx, run.partials, run.coefs);
   // Too large for one storage buffer: each piece is copied into a buffer of its own and back.
   std::shared_ptr<Buffer> piece_buffer =
       run.piece_buffer ? Buffer::create(gpu->ctx, run.piece_buffer, Buffer::Kind::Device) : nullptr;
+  const bool copy = src.buffer != dst.buffer;
   DispatchInfo info;
   for (size_t i = 0; i < run.pieces.size(); ++i) {
     const Piece& p = run.pieces[i];
     Submission s(impl, 3);
-    if (piece_buffer) s.copy(*v.buffer, *piece_buffer, p.bytes, p.offset, 0), s.barrier();
+    if (piece_buffer) s.copy(*src.buffer, *piece_buffer, p.bytes, p.offset, 0), s.barrier();
+    else if (copy && i == 0) s.copy(*src.buffer, *dst.buffer, src.bytes()), s.barrier();
     s.timestamp(0);
-    DispatchInfo piece = record(*gpu, s, piece_buffer ? *piece_buffer : *v.buffer, p.layout, fp16, opt, ws, p.first_channel);
+    DispatchInfo piece = record(*gpu, s, piece_buffer ? *piece_buffer : *dst.buffer, p.layout, fp16, opt, ws, p.first_channel);
     s.timestamp(1);
-    if (piece_buffer) s.barrier(), s.copy(*piece_buffer, *v.buffer, p.bytes, 0, p.offset);
+    if (piece_buffer) s.barrier(), s.copy(*piece_buffer, *dst.buffer, p.bytes, 0, p.offset);
     s.submit_and_wait();
     piece.gpu_us = s.gpu_us();
     accumulate(info, piece, i == 0);

@@ -237,7 +237,8 @@ def test_cpp_api_promises_no_example_shows(cpp_tests):
     copies) also where the device needs a converted copy (pack4, float16 storage), and so does
     forward_inplace_cpu (also on a float16 Mat::external whose dense cstep is not ncnn's); forward(bottom, top) leaves bottom as it was, allocates top or writes a fitting one
     (dense channels) where it lies, also over bottom's own memory at another cstep (in pieces too), and leaves
-    top as it was when it throws; a host
+    top as it was when it throws; forward(VkMat bottom, top) leaves bottom as it was and writes a top of its layout
+    where it lies, else one of its own (also where top shared bottom's buffer); a host
     Mat without memory or with fields past it is refused by forward, forward_inplace, forward_inplace_cpu and upload,
     and by the conversions (cast_fp16, cast_fp32, convert_packing, converted, convert_into); negative extents and
     elempack 4 on a dims-1 Mat are refused;
@@ -255,7 +256,7 @@ def test_cpp_api_promises_no_example_shows(cpp_tests):
                           env=dict(os.environ, VKNORM_VALIDATION="1"))
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and not any(ln.startswith("FAIL") for ln in lines), proc.stdout + proc.stderr
-    assert sum(ln.startswith("ok: ") for ln in lines) == 61, proc.stdout
+    assert sum(ln.startswith("ok: ") for ln in lines) == 67, proc.stdout
 
 
 def test_the_static_library_defines_nothing_in_vulkan_hpps_own_namespace(installed):

@@ -1,6 +1,6 @@
 """The Python API: device="vulkan" by default, ncnn-style Option per layer or per call, forced paths
 reported by last_dispatch, VKNORM_PATH, device tensors (VkMat) chaining layers without a host round
-trip, weights reloaded, no device-memory growth, timestamps.
+trip or normalized into new VkMats, weights reloaded, no device-memory growth, timestamps.
 """
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import vknorm
-from reference import (FP16_TOL, FP32_TOL, PATH_RANK, PATHS, check_dispatch, half_fp16_spacing, make_layer,
-                       max_abs_err, norm64, scale, storage_rule)
+from reference import (FP16_TOL, FP32_TOL, PATH_RANK, PATHS, channel_norm64, check_dispatch, half_fp16_spacing,
+                       make_layer, max_abs_err, norm64, scale, storage_rule)
 
 
 def ln_layer(size, rng, affine=True, eps=1e-5):
@@ -228,6 +228,47 @@ def test_vkmat_forward_uses_the_layers_default_option_storage_from_the_vkmat():
     ref = norm64("LayerNorm", x.astype(np.float16), 40, 1e-5, True, gamma, beta)  # of the input as stored
     err, bound = storage_rule(out.numpy(), ref, True)
     assert err <= bound, (err, bound)
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("case", ["layernorm", "groupnorm_groups_inside_pack4", "layernorm_in_pieces"])
+def test_a_layer_called_on_a_vkmat_gives_a_new_vkmat_and_leaves_the_input_as_it_was(case, fp16, monkeypatch):
+    """layer(v) / layer.forward(v), as ncnn's Layer::forward: v is only read, the result is a new VkMat on v's
+    device with forward_inplace's very bits; in pieces too (a blob larger than one storage buffer)."""
+    rng = np.random.default_rng(11)
+    opt = vknorm.Option(use_fp16_storage=fp16)
+    if case == "groupnorm_groups_inside_pack4":  # 320 channels in 32 groups: groups of 10 straddle packed planes
+        x = (rng.standard_normal((320, 6, 5)) * 2 + 3).astype(np.float32)
+        layer = vknorm.GroupNorm(group=32, channels=320, eps=1e-5)
+        gamma, beta = rng.uniform(0.5, 1.5, 320).astype(np.float32), rng.uniform(-1, 1, 320).astype(np.float32)
+        layer.load_model(gamma, beta)
+    else:
+        x = (rng.standard_normal((40, 64)) * 2 + 3).astype(np.float32)
+        layer, gamma, beta = ln_layer(64, rng)
+        if case == "layernorm_in_pieces":
+            monkeypatch.setenv("VKNORM_MAX_BUFFER_BYTES", "4096")
+    xin = x.astype(np.float16) if fp16 else x
+    v = vknorm.to_device(xin, opt)
+    before = v.numpy()
+    y = layer(v, option=opt)
+    assert isinstance(y, vknorm.VkMat) and y.context is v.context
+    assert (y.dims, y.w, y.h, y.c, y.elemsize, y.elempack, y.cstep) == (v.dims, v.w, v.h, v.c, v.elemsize, v.elempack,
+                                                                        v.cstep)
+    if case == "layernorm_in_pieces":
+        assert layer.last_dispatch["pieces"] > 1, layer.last_dispatch
+    np.testing.assert_array_equal(v.numpy(), before)
+    inplace = vknorm.to_device(xin, opt)
+    layer.forward_inplace(inplace, option=opt)
+    np.testing.assert_array_equal(y.numpy(), inplace.numpy())
+    np.testing.assert_array_equal(layer.forward(v, option=opt).numpy(), inplace.numpy())
+    if case == "groupnorm_groups_inside_pack4":
+        ref = channel_norm64("GroupNorm", xin, 1e-5, 32, gamma, beta)
+    else:
+        ref = norm64("LayerNorm", xin, 64, 1e-5, True, gamma, beta)
+    err, bound = storage_rule(y.numpy(), ref, fp16)
+    assert err <= bound, (err, bound)
+    with pytest.raises(ValueError, match="device='cpu' cannot run it"):
+        layer.forward(v, device="cpu")
 
 
 # ------------------------------------------------------------------------------ lifecycle

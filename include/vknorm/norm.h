@@ -220,6 +220,9 @@ class Norm : public NormParams {
   // copies are the least there can be where the tensor runs whole: bottom converted straight into the memory
   // the device reads and the result straight out of it into top (in pieces, through a device-format copy).
   void forward(const Mat& bottom, Mat& top, const Option& opt = {});
+  // The same on the device: bottom is only read; top is written where it already has bottom's layout on
+  // bottom's device (and is not bottom), else it becomes a new VkMat. One submission, no host copy.
+  void forward(const VkMat& bottom, VkMat& top, const Option& opt = {});
 
   // Benchmarking: `warmup` untimed then `reps` timed forwards in one submission, barriers between;
   // gpu_us is per forward (Vulkan timestamps).
@@ -249,6 +252,7 @@ class Norm : public NormParams {
   // The snapshot a forward runs on (mutex_ held inside); ctx null: the layer's device, else the default.
   std::shared_ptr<Gpu> gpu_for(const std::shared_ptr<Context>& ctx);
   void forward_host(const Mat& src, Mat& dst, const Option& opt);  // dst: src's shape and format (may be src)
+  void forward_device(const VkMat& src, VkMat& dst, const Option& opt);  // dst: src's layout and device (may be src)
   std::shared_ptr<Gpu> gpu_;
   mutable std::mutex mutex_;
   DispatchInfo last_;

@@ -105,7 +105,7 @@ def _vulkan_available() -> bool:
 
 _MAT_ADVICE = ("a vknorm.Mat is host memory in ncnn's layout: pass m.numpy() (a numpy array), or "
                "vknorm.to_device(m.numpy()) for a VkMat that stays on the device")
-_VKMAT_ADVICE = ("a VkMat runs with forward_inplace(v) or forward_add(v, r), its results staying on the device; "
+_VKMAT_ADVICE = ("a VkMat runs with layer(v), forward_inplace(v) or forward_add(v, r), its results staying on the device; "
                  "v.numpy() downloads it")
 
 
@@ -363,9 +363,19 @@ class _Norm:
             raise TypeError(f"shape must be integers, got {shape!r}")
         return self._layer.group_layout([int(v) for v in dims])
 
-    def __call__(self, x, device=None, option: Optional[Option] = None) -> np.ndarray:
-        """Normalize x into a new array (x is only read); returns float32 (float16 for float16 input)."""
-        a = _check_array(x, f"{type(self).__name__}()")
+    def __call__(self, x, device=None, option: Optional[Option] = None):
+        """Normalize x into a new array (x is only read); returns float32 (float16 for float16 input). A VkMat
+        gives a new VkMat on its device, as ncnn's Layer::forward (device=, if given, must name that device)."""
+        return self._forward(x, device, option, f"{type(self).__name__}()")
+
+    def forward(self, x, device=None, option: Optional[Option] = None):
+        return self._forward(x, device, option, f"{type(self).__name__}.forward")
+
+    def _forward(self, x, device, option: Optional[Option], where: str):
+        if isinstance(x, _core.VkMat):
+            _check_vkmat_device(device if device is not None else self.device, (x,), where)
+            return self._layer.forward(x, self._native_option(option))
+        a = _check_array(x, where)
         ctx = _context_for(device if device is not None else self.device)
         if ctx is None:  # ncnn's CPU algorithm, on a Mat of its own
             mat = _core.Mat.from_numpy(_as_input(a))
@@ -375,9 +385,6 @@ class _Norm:
             self._layer.create_pipeline(ctx, opt)
             mat = self._layer.forward_numpy(_as_input(a), opt)
         return mat.numpy(copy=False).reshape(a.shape)  # the Mat is this call's own: no copy of it
-
-    def forward(self, x, device=None, option: Optional[Option] = None) -> np.ndarray:
-        return self(x, device=device, option=option)
 
     def forward_inplace(self, x, device=None, option: Optional[Option] = None):
         """In place on a writable numpy array, or on a VkMat (no host round trip). A VkMat runs on the device it
@@ -394,7 +401,7 @@ class _Norm:
         a = _check_array(x, where)
         if not a.flags.writeable:
             raise ValueError(f"{where} needs a writable array (this one is read-only: call the layer for a new one)")
-        y = self(a, device=device, option=option)
+        y = self._forward(a, device, option, where)
         np.copyto(a, y, casting="unsafe")
         return a
 

@@ -8,6 +8,8 @@
 //   - forward(bottom, top) leaves bottom as it was and gives forward_inplace's result; top is allocated when
 //     it does not fit and written where it lies when it does (a Mat::external over dense memory);
 //   - forward(bottom, top) that throws leaves a top it would have replaced as it was;
+//   - forward(VkMat bottom, VkMat& top) leaves bottom as it was and gives forward_inplace's result, in a top of
+//     bottom's layout where it lies, else (top empty, or sharing bottom's buffer) in a buffer of its own;
 //   - download(Mat&) converts into the caller's Mat (float16 pack4 on the device, float32 pack1 out);
 //   - a host Mat without memory (a Mat::layout), or whose fields were edited past its memory, is refused by
 //     forward, forward_inplace, forward_inplace_cpu and upload, not read (forward(m, m) included: top names
@@ -23,7 +25,7 @@
 //     that is none of the enum's refused);
 //   - a VkMat whose public fields were edited to describe more than its buffer is refused, not run past it;
 //   - a VkMat whose buffer is not its context's (assembled field by field, or given another context's buffer) is
-//     refused by forward_inplace, forward_add and download;
+//     refused by forward_inplace, forward_add, forward and download;
 //   - the conversions (cast_fp16, cast_fp32, convert_packing, converted, convert_into) refuse a Mat without memory
 //     or with fields past it, as the layers do; extents edited negative (a product that wraps to a small size) and
 //     elempack 4 on a dims-1 Mat are refused;
@@ -580,18 +582,51 @@ int main() {
       swapped.buffer = v.buffer;                                                // ctx's buffer
       int refused = 0;
       for (vknorm::VkMat* m : {&assembled, &swapped}) {
-        for (int call = 0; call < 3; ++call) {
+        for (int call = 0; call < 4; ++call) {
           try {
+            vknorm::VkMat top;
             if (call == 0) l.forward_inplace(*m);
             if (call == 1) (void)m->download();
             if (call == 2) (void)l.forward_add(*m, *m);
+            if (call == 3) l.forward(*m, top);
           } catch (const std::invalid_argument&) {
             ++refused;
           }
         }
       }
-      report(refused == 6, "a VkMat whose buffer is not its context's is refused by forward_inplace, download and "
-                           "forward_add (" + std::to_string(refused) + " of 6)");
+      report(refused == 8, "a VkMat whose buffer is not its context's is refused by forward_inplace, download, "
+                           "forward_add and forward (" + std::to_string(refused) + " of 8)");
+    }
+
+    // ---- forward(VkMat bottom, VkMat& top): bottom only read, forward_inplace's result in top
+    for (bool fp16 : {false, true}) {
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      load_layernorm(l, 16);
+      vknorm::Option o;
+      o.use_fp16_storage = fp16;
+      const vknorm::VkMat bottom = vknorm::VkMat::upload(ramp(8, 3, 16), ctx, o);  // pack4
+      const vknorm::Mat before = bottom.download();
+      vknorm::VkMat want = vknorm::VkMat::upload(ramp(8, 3, 16), ctx, o);
+      l.forward_inplace(want, o);
+      const vknorm::Mat expected = want.download();
+      auto same = [](const vknorm::Mat& a, const vknorm::Mat& b) {
+        return a.bytes() == b.bytes() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
+      };
+      const std::string storage = fp16 ? " (float16 storage)" : " (float32 storage)";
+      vknorm::VkMat fresh;  // empty: allocated
+      l.forward(bottom, fresh, o);
+      report(fresh.buffer && fresh.buffer != bottom.buffer && same(fresh.download(), expected) &&
+                 same(bottom.download(), before),
+             "forward(VkMat) into an empty top: forward_inplace's result, bottom as it was" + storage);
+      vknorm::VkMat fitting = vknorm::VkMat::create_like(bottom);
+      const auto fitting_buffer = fitting.buffer;
+      l.forward(bottom, fitting, o);
+      report(fitting.buffer == fitting_buffer && same(fitting.download(), expected),
+             "forward(VkMat) writes a top of bottom's layout where it lies" + storage);
+      vknorm::VkMat alias = bottom;  // shares bottom's buffer: a new one, bottom left as it was
+      l.forward(bottom, alias, o);
+      report(alias.buffer != bottom.buffer && same(alias.download(), expected) && same(bottom.download(), before),
+             "forward(VkMat) with top sharing bottom's buffer gives top a buffer of its own" + storage);
     }
 
     // ---- refused sizes
