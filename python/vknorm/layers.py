@@ -105,8 +105,6 @@ def _vulkan_available() -> bool:
 
 _MAT_ADVICE = ("a vknorm.Mat is host memory in ncnn's layout: pass m.numpy() (a numpy array), or "
                "vknorm.to_device(m.numpy()) for a VkMat that stays on the device")
-_VKMAT_ADVICE = ("a VkMat runs with layer(v), forward_inplace(v) or forward_add(v, r), its results staying on the device; "
-                 "v.numpy() downloads it")
 
 
 _MAX_EXTENT = (1 << 31) - 1
@@ -118,9 +116,8 @@ def _check_array(x, where: str) -> np.ndarray:
     if isinstance(x, _core.Mat):
         raise TypeError(f"{where} needs a numpy array, got a Mat: {_MAT_ADVICE}")
     if isinstance(x, _core.VkMat):
-        raise TypeError(f"{where} needs a numpy array, got a VkMat: "
-                        + ("it is on the device already (v.numpy() downloads it)" if where == "to_device"
-                           else _VKMAT_ADVICE))
+        raise TypeError(f"{where} needs a numpy array, got a VkMat: it is on the device already (v.numpy() downloads "
+                        "it)")
     a = np.asarray(x)
     if a.dtype.kind not in "f":
         raise TypeError(f"{where}: expected floating point data (float32 or float16), got dtype {a.dtype}")
