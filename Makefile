@@ -26,7 +26,7 @@ demo: setup
 	  --input in0=197x768 --iters 20
 
 test: setup
-	@VKNORM_VALIDATION=1 $(PY) -m pytest -q tests
+	@VKNORM_VALIDATION=1 VKNORM_TEST_REQUIRE_ALL=1 $(PY) -m pytest -q tests
 
 setup: $(STAMPS)/apt $(STAMPS)/venv $(STAMPS)/ncnn $(STAMPS)/install
 

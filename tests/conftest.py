@@ -6,6 +6,8 @@
 * Every test starts with an empty validation log and fails if any message (warning or error) was
   reported while it ran (hook wrappers below; every validation message counts as a failure). Python child
   processes the tests start exit with status 86 on any message (tests/child_site/sitecustomize.py).
+* A test whose requirement make test provides (VKNORM_TEST_REQUIRE_ALL=1) but this machine lacks fails rather than
+  skips (tests/availability.py).
 * pytest.ini at the repository root gives every test a 300 s timeout (pytest-timeout); the marker
   ``@pytest.mark.timeout(N)`` tightens it per test.
 """
@@ -34,6 +36,8 @@ os.environ.setdefault("VK_LAYER_SETTINGS_PATH", validation_layer.session_setting
 import vknorm  # noqa: E402
 from vknorm import _core  # noqa: E402
 
+import availability  # noqa: E402  (after the settings above: it asks for a Vulkan device)
+
 
 def _fail_on_messages(where: str) -> None:
     messages = _core.validation_messages()
@@ -47,9 +51,18 @@ def _fail_on_messages(where: str) -> None:
 # The validation check is done with hook wrappers rather than an autouse fixture: a fixture would run
 # after module/session fixtures were set up (losing their messages) and could only fail in teardown
 # (an "error", not a failure). These three wrappers cover set-up, the test body and teardown.
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{availability.UNMET}(reason): a requirement make test provides is missing "
+                                       "(tests/availability.py): the test fails")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
-    """Each test starts with an empty validation log (cleared before any of its fixtures run)."""
+    """Each test starts with an empty validation log (cleared before any of its fixtures run); one marked with a
+    requirement make test provides but this machine lacks fails (tests/availability.py)."""
+    unmet = item.get_closest_marker(availability.UNMET)
+    if unmet:
+        pytest.fail(f"make test provides this, but it is missing: {unmet.args[0]}", pytrace=False)
     _core.clear_validation_messages()
     return (yield)
 

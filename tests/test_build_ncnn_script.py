@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from availability import missing
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tools" / "build_ncnn.sh"
 TEXT = SCRIPT.read_text()
@@ -103,7 +105,7 @@ esac
 @pytest.fixture()
 def fake_cmake(tmp_path):
     if not CACHED_SDIST.is_file():
-        pytest.skip(f"no cached ncnn sdist at {CACHED_SDIST} (make setup downloads it)")
+        missing(f"no cached ncnn sdist at {CACHED_SDIST} (make setup downloads it)")
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "cmake").write_text(FAKE_CMAKE)

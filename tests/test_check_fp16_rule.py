@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from vknorm import check as vkcheck
-from availability import needs_graph, needs_vulkan
+from availability import import_or_missing, needs_graph, needs_vulkan
 
 ROOT = Path(__file__).resolve().parent.parent
 W = 14  # the group: LayerNorm over w of an h x w input
@@ -51,7 +51,7 @@ def cli(*args, timeout=180) -> subprocess.CompletedProcess:
 
 
 def test_fp16_check_passes_a_layernorm_after_100_plus_3y(tmp_path):
-    pytest.importorskip("ncnn")
+    import_or_missing("ncnn")
     p, b = write_model(tmp_path)
     r = cli(p, b, "--input", f"in0={DIMS}", "--fp16", "--json")
     assert r.returncode == 0 and r.stderr == "", (r.stdout, r.stderr)
@@ -75,7 +75,7 @@ def test_fp16_check_passes_a_layernorm_after_100_plus_3y(tmp_path):
 
 @needs_graph
 def test_both_engines_state_and_apply_the_same_rule(tmp_path):
-    pytest.importorskip("ncnn")
+    import_or_missing("ncnn")
     p, b = write_model(tmp_path)
     runs = {v: cli(p, b, "--input", f"in0={DIMS}", "--fp16", "--json", *(["--vulkan"] if v else []))
             for v in (False, True)}
@@ -109,7 +109,7 @@ def _shift_output(monkeypatch, layer_name: str, delta: float):
 def test_rule_fails_an_output_off_by_1e_2(tmp_path, monkeypatch, fp16):
     """Negative control: ln1's output shifted by 1e-2, well above its float16 rounding (half a spacing of
     |y| <= 8 is <= 2e-3): the layer fails, ln0 still passes, the check fails. Honest run first (in process)."""
-    pytest.importorskip("ncnn")
+    import_or_missing("ncnn")
     p, b = write_model(tmp_path)
     honest = vkcheck.check_model(p, b, {"in0": (16, W)}, fp16=fp16)
     assert honest["ok"] is True, honest["layers"]

@@ -22,7 +22,7 @@ import pytest
 
 import vknorm
 from vknorm import check as vkcheck
-from availability import has_graph, needs_graph, needs_vulkan
+from availability import has_graph, import_or_missing, missing, needs_graph, needs_vulkan
 # the committed models and the CLI error contract, one place
 from test_ncnn_models import MODELS, ROOT, assert_one_line_error, model_files
 from test_ncnn_models import norm_layers as model_norm_layers
@@ -78,7 +78,7 @@ def write_offset_model(tmp: Path):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     if not has_graph():
-        pytest.skip("vknorm built without ncnn")
+        missing("vknorm built without ncnn")
     tmp = tmp_path_factory.mktemp("check_vulkan")
     op, ob = write_offset_model(tmp)
     jobs = {}
@@ -295,7 +295,7 @@ def test_an_output_is_judged_where_stock_vulkans_output_is_as_finite_as_the_cpus
 @pytest.fixture(scope="module")
 def error_runs(tmp_path_factory):
     if not has_graph():
-        pytest.skip("vknorm built without ncnn")
+        missing("vknorm built without ncnn")
     tmp = tmp_path_factory.mktemp("check_vulkan_errors")
     p, b = model_files("transformer_block")
     (tmp / "trunc.bin").write_bytes(Path(b).read_bytes()[:-10])
@@ -360,7 +360,7 @@ def test_a_model_file_that_is_not_a_regular_file_is_one_line_and_exit_2_at_once(
     """A named pipe would wait for a writer forever, /dev/zero read without end, a directory fails to read:
     each is refused before a byte is read, naming the file and what it is, for check and optimize alike."""
     if "--vulkan" in command and not has_graph():
-        pytest.skip("vknorm built without ncnn")
+        missing("vknorm built without ncnn")
     fifo = tmp_path / "model.fifo"
     os.mkfifo(fifo)
     p, b = model_files("layernorm_2d")
@@ -392,7 +392,7 @@ def test_weights_given_as_the_param_are_refused_from_their_first_bytes(tmp_path,
     at once, where the whole file used to be read first (out of memory, or "out of memory: try smaller
     shapes" from check)."""
     if "--vulkan" in command and not has_graph():
-        pytest.skip("vknorm built without ncnn")
+        missing("vknorm built without ncnn")
     big = sparse_weights_file(tmp_path / "weights.bin")
     p, b = model_files("layernorm_2d")
     cmd = command.split()
@@ -473,7 +473,7 @@ def test_check_vulkan_accepts_a_norm_the_model_keeps_off_vulkan(tmp_path):
 def test_check_without_vulkan_keeps_todays_output():
     """Today's keys, plus the pass rule's (the one --vulkan applies too: "rule"; per layer f64_abs_err and
     judged_err); none of --vulkan's own."""
-    pytest.importorskip("ncnn")  # today's check runs pyncnn
+    import_or_missing("ncnn")  # today's check runs pyncnn
     r = cli(*model_files("layernorm_4d"), "--input", "in0=4x3x5x8", "--json")
     assert r.returncode == 0 and r.stderr == "", (r.stdout, r.stderr)
     res = json.loads(r.stdout)

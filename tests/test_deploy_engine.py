@@ -23,6 +23,7 @@ import sys
 
 import pytest
 
+from availability import missing
 from test_deploy_cpp import PREFIX, ROOT, cmake_env, generator_args, installed, run  # noqa: F401  (installed: fixture)
 
 ENGINE_BUILD = os.path.join(ROOT, "build", "cxx-engine-example")
@@ -434,7 +435,7 @@ def test_recorder_header_needs_no_vulkan_and_agrees_with_it(installed, tmp_path,
                    "  r.record(cmd, {b, 0, vknorm::kWholeSize}, 1, 16, 1, 1, 1, 16, 1, false);\n}\n")
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:
-        pytest.skip("no C++ compiler")
+        missing("no C++ compiler (make setup installs build-essential)")
     run([cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Werror", f"-I{os.path.join(PREFIX, 'include')}", str(src)],
         f"compile with {order}")
 

@@ -41,6 +41,7 @@ import numpy as np
 import pytest
 
 import graph_runs
+from availability import missing
 from test_deploy_cpp import ROOT, cmake_env, configure_consumer, generator_args, run
 
 pytestmark = pytest.mark.timeout(900)
@@ -63,7 +64,7 @@ def ncnn_prefix() -> str:
 NCNN_PREFIX = ncnn_prefix()
 NCNN_DIR = os.path.join(NCNN_PREFIX, "lib", "cmake", "ncnn")
 if not os.path.isfile(os.path.join(NCNN_DIR, "ncnnConfig.cmake")):
-    pytest.skip(f"no ncnn at {NCNN_PREFIX} (make setup builds it with tools/build_ncnn.sh)", allow_module_level=True)
+    missing(f"no ncnn at {NCNN_PREFIX} (make setup builds it with tools/build_ncnn.sh)")
 
 BUILD = os.path.join(ROOT, "build", "cxx-ncnn-build")
 PREFIX = os.path.join(ROOT, "build", "cxx-ncnn-install")

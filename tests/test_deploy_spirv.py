@@ -24,6 +24,8 @@ import subprocess
 
 import pytest
 
+from availability import requirement
+
 from vknorm import _core
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,10 +34,10 @@ GENERATED = sorted(glob.glob(os.path.join(ROOT, "build", "*", "generated")) +
                     if os.environ.get("VKNORM_BUILD_DIR") else []))
 GENERATED = [g for g in GENERATED if os.path.isdir(g)]
 SPIRV_VAL = shutil.which("spirv-val")
-needs_build_tree = pytest.mark.skipif(
-    not GENERATED, reason="no build tree (build/*/generated, or VKNORM_BUILD_DIR): an installed package carries "
+needs_build_tree = requirement(
+    bool(GENERATED), "no build tree (build/*/generated, or VKNORM_BUILD_DIR): an installed package carries "
                           "only the embedded SPIR-V, checked by test_embedded_spirv_passes_spirv_val")
-needs_spirv_val = pytest.mark.skipif(SPIRV_VAL is None, reason="spirv-val not installed (apt-get install spirv-tools)")
+needs_spirv_val = requirement(SPIRV_VAL is not None, "spirv-val not installed (apt-get install spirv-tools)")
 
 
 def envs_for(name: str):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import vknorm
+from availability import import_or_missing
 
 DEVICES = ["cpu", "vulkan"]
 
@@ -472,7 +473,7 @@ print(ret, name, type(e).__name__, e)
 def test_a_host_path_layer_that_refused_its_input_keeps_the_error_and_leaks_nothing_at_exit():
     """The kept exception must not keep its traceback: its frames hold the layer, which pyncnn holds from C++,
     and nanobind then reports leaked instances at exit."""
-    pytest.importorskip("ncnn")
+    import_or_missing("ncnn")
     data = Path(__file__).parent / "data"
     r = subprocess.run([sys.executable, "-c", HOST_LAYER_REFUSES, str(data / "layernorm_2d.ncnn.param"),
                         str(data / "layernorm_2d.ncnn.bin")], capture_output=True, text=True, timeout=120,

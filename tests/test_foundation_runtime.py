@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import vknorm
-from availability import has_graph
+from availability import has_graph, requirement
 from vknorm import _core
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,7 +87,7 @@ def lavapipe_icd_offered() -> bool:
     return any(f.startswith("lvp_icd") for d in LAVAPIPE_ICDS if os.path.isdir(d) for f in os.listdir(d))
 
 
-@pytest.mark.skipif(not lavapipe_icd_offered(), reason="needs Mesa's lavapipe ICD offered to the loader")
+@requirement(lavapipe_icd_offered(), "needs Mesa's lavapipe ICD offered to the loader")
 def test_lavapipe_is_enumerated_as_a_cpu_device_where_its_driver_is_installed():
     lava = [d for d in vknorm.devices() if "llvmpipe" in d["name"].lower()]
     assert lava, f"lavapipe (llvmpipe) not among {[d['name'] for d in vknorm.devices()]}"

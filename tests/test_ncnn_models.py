@@ -23,10 +23,11 @@ import pytest
 import vknorm
 from vknorm import _core
 
-ncnn = pytest.importorskip("ncnn")
-vkncnn = pytest.importorskip("vknorm.ncnn")
+from availability import import_or_missing, needs_vulkan
+
+ncnn = import_or_missing("ncnn")
+vkncnn = import_or_missing("vknorm.ncnn")
 from vknorm import check as vkcheck  # noqa: E402
-from availability import needs_vulkan  # noqa: E402
 from reference import (channel_norm64, ncnn_channel_float32_error, ncnn_float32_error, ncnn_rule,  # noqa: E402
                        norm64, storage_rule)
 
