@@ -18,8 +18,11 @@ import ncnn_cases
 PATHS = ("auto", "subgroup", "workgroup", "split")
 PATH_RANK = {"subgroup": 0, "workgroup": 1, "split": 2, "cooperative": 2}  # auto only: never a forced fall
 
-# The tolerances, relative to max(1, max|y|). fp32 storage: 1e-5, 84 float32 ulps (2^-23): the roundings of
-# reductions over up to 2^16 elements and of the affine step (the kernels measure a few ulps). Inputs far from
+# The tolerances, relative to max(1, max|y|). fp32 storage: 1e-5, 84 float32 ulps (2^-23): the roundings of the
+# reductions (short sequences per invocation, then trees and pairwise merges of partials: far fewer rounding steps
+# in a row than the group has elements) and of the affine step; the kernels measure a few ulps at every size the
+# tests run, groups of up to 2^20+7 elements included (an n-step sequential float32 sum could reach n ulps there;
+# test_vulkan_precision's controls show the rule failing reductions without a pivot). Inputs far from
 # zero (|mean| >> std) are held to the same float32 rule: the kernels reduce about a pivot, so the offset costs
 # them no precision. fp16 storage, two rules:
 # - storage_rule (the output's own float16 rounding and the float32 rule, nothing more): wherever a float64
@@ -29,8 +32,9 @@ PATH_RANK = {"subgroup": 0, "workgroup": 1, "split": 2, "cooperative": 2}  # aut
 #   a reference that rounding does not fit: one that saw the float32 input before float16 storage rounded it
 #   (ncnn's CPU float32 run of float32 data in the graph tests, the CPU reference or float64 of a float32 input:
 #   test_fusion, test_cooperative, test_vulkan_api's in-place read); one whose own output is float16 too (the CPU
-#   reference of float16 input: test_vulkan_ncnn_cases, test_vulkan_shapes, test_group_norms, test_capabilities);
-#   ncnn's own float16 Vulkan layers (test_group_norms), whose arithmetic may be float16; and test_vulkan_precision's
+#   reference of float16 input: test_vulkan_ncnn_cases, test_capabilities; test_vulkan_shapes and
+#   test_group_norms hold it to ncnn_rule, its own float32 error and both roundings); ncnn's own float16 Vulkan
+#   layers (test_group_norms), which store their intermediates in float16; and test_vulkan_precision's
 #   float16-accumulation control, which passes FP16_TOL and fails storage_rule.
 FP32_TOL = 1e-5
 FP16_TOL = 4e-3
@@ -159,7 +163,7 @@ def ncnn_float32_error(op: str, x, affine_size: int, eps: float, affine: bool, g
 def ncnn_channel_float32_error(op: str, x, eps: float, group: int = 1, gamma=None, beta=None) -> np.ndarray:
     """ncnn_float32_error for GroupNorm (``group`` groups of consecutive channels) and InstanceNorm (a group per
     channel), numpy order, gamma/beta per channel: ncnn's CPU layers take the same steps (two passes, then
-    a = gamma/sqrt(var + eps), b = beta - mean*a, y = x*a + b)."""
+    a = gamma/sqrt(var + eps), b = beta - mean*a, y = x*a + b), and so do its float32 Vulkan layers."""
     x64 = np.asarray(x, np.float64)
     c = channel_count(op, x64.shape)
     groups = c if op == "InstanceNorm" else int(group)
