@@ -561,6 +561,34 @@ def test_excess_counts_nan_and_inf_on_both_sides_as_agreement():
     assert vkcheck._excess(finite, ref, 0.0) == math.inf
 
 @needs_graph
+def test_a_norm_whose_every_input_is_nan_or_inf_is_not_judged_but_refused(tmp_path):
+    """x / 0 (ncnn's BinaryOp with a scalar) makes every value the LayerNorm reads infinite or NaN in stock ncnn's
+    CPU run: no "ok" can say anything of it, so both engines stop with one line naming the layer, exit 2 (as an
+    input shape the model cannot take does)."""
+    (tmp_path / "m.param").write_text("7767517\n3 3\nInput in0 0 1 in0\nBinaryOp div 1 1 in0 d 0=3 1=1 2=0\n"
+                                      "LayerNorm ln 1 1 d out0 0=64 1=1e-5 2=0\n")
+    (tmp_path / "m.bin").write_bytes(b"")
+    for engine in ([], ["--vulkan"]):
+        r = cli(tmp_path / "m.param", tmp_path / "m.bin", "--input", "in0=4x64", *engine)
+        assert_one_line_error(r, "LayerNorm 'ln': every value of its input 'd' is NaN/inf in stock ncnn's CPU run "
+                                 "(in0=4x64)", "do the --input shapes match")
+
+
+def test_stock_ncnn_runs_that_differ_on_one_input_are_refused_naming_the_blob():
+    """A layer reading past its blob (an --input shape the model does not take: transformer_block's attention fed
+    2x16x64) gives whatever memory holds, another value each run: check runs stock ncnn's CPU layers twice and
+    refuses to judge anything on blobs that differ (NaN equal to NaN), naming the first."""
+    ref = {"a": np.array([1.0, np.nan], np.float32), "b": np.array([2.0, 3.0], np.float32)}
+    vkcheck._require_repeatable(ref, {k: v.copy() for k, v in ref.items()}, {"in0": np.zeros((2, 16, 64))})
+    again = {"a": ref["a"].copy(), "b": np.array([2.0, 3.5], np.float32)}
+    with pytest.raises(vkcheck.UsageError, match=r"blob 'b' differs between two runs of stock ncnn's CPU layers on "
+                                                 r"the same input \(in0=2x16x64\)"):
+        vkcheck._require_repeatable(ref, again, {"in0": np.zeros((2, 16, 64))})
+    with pytest.raises(vkcheck.UsageError, match="blob 'b' differs"):
+        vkcheck._require_repeatable(ref, {"a": ref["a"], "b": ref["b"][:1]}, {"in0": np.zeros((2, 16, 64))})
+
+
+@needs_graph
 def test_outputs_the_reference_run_leaves_nan_are_named_in_a_warning(tmp_path):
     """Weights of NaN (or inf) make stock ncnn's CPU run NaN too; vknorm's run agrees there and passes, so
     the report says which blobs that "ok" covers, in both engines; inf - inf in the comparison warns nothing."""

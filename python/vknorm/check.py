@@ -547,6 +547,35 @@ def _nonfinite_warnings(ref: dict, blobs: List[str]) -> List[str]:
     return out
 
 
+def _input_shapes(inputs: dict) -> str:
+    return ", ".join(f"{k}={'x'.join(map(str, v.shape))}" for k, v in inputs.items())
+
+
+def _require_repeatable(ref: dict, again: dict, inputs: dict) -> None:
+    """Stock ncnn's CPU layers give every blob bit for bit again on the same input, or the --input shapes do not
+    fit the model (a layer reading past its blob gives whatever memory holds, differing from run to run):
+    UsageError."""
+    import numpy as np
+
+    for b, a in ref.items():
+        if a.shape != again[b].shape or not np.array_equal(a, again[b], equal_nan=True):
+            raise UsageError(f"blob {b!r} differs between two runs of stock ncnn's CPU layers on the same input "
+                             f"({_input_shapes(inputs)}), so a layer reads memory it was not given: do the --input "
+                             "shapes match what the model takes?")
+
+
+def _require_finite_norm_inputs(model: Model, ref: dict, inputs: dict) -> None:
+    """Every norm layer has some finite input in stock ncnn's CPU run, or there is nothing to judge it on (the
+    --input shapes not fitting the model, typically): UsageError."""
+    import numpy as np
+
+    for layer in model.norms:
+        if not np.isfinite(ref[layer.bottoms[0]]).any():
+            raise UsageError(f"{layer.type} {layer.name!r}: every value of its input {layer.bottoms[0]!r} is NaN/inf "
+                             f"in stock ncnn's CPU run ({_input_shapes(inputs)}): nothing to judge it on; do the "
+                             "--input shapes match what the model takes?")
+
+
 def max_abs_err(a, b) -> float:
     """max |a - b|; inf when shapes differ or one side alone is NaN/inf."""
     if a.shape != b.shape:
@@ -712,7 +741,10 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
         inputs = {name: np.ascontiguousarray(rng.standard_normal(input_specs[name], dtype=np.float32))
                   for name in model.inputs}
         norm_blobs = [layer.tops[0] for layer in model.norms]
-        ref = _extract(stock, inputs, norm_blobs + outputs, "stock")
+        seen = list(dict.fromkeys([layer.bottoms[0] for layer in model.norms] + norm_blobs + outputs))
+        ref = _extract(stock, inputs, seen, "stock")
+        _require_repeatable(ref, _extract(stock, inputs, seen, "stock, again"), inputs)
+        _require_finite_norm_inputs(model, ref, inputs)
         result["warnings"] += _nonfinite_warnings(ref, norm_blobs + outputs)
     finally:
         with vkncnn.quiet_stderr():  # ncnn may complain here about a forward that failed ("pool allocator ...")
@@ -1207,6 +1239,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
         blobs = list(dict.fromkeys(vk_blobs + [layer.bottoms[0] for layer in model.norms]
                                    + [layer.tops[0] for layer in model.norms]))
         ref = _graph_extract(graph, cpu, inputs, blobs, "ncnn CPU")
+        _require_finite_norm_inputs(model, ref, inputs)
         result["warnings"] += _nonfinite_warnings(ref, [layer.tops[0] for layer in model.norms] + outputs)
         stock = _graph_load(graph, model, bin_path, len(data), vknorm=False, vulkan=True, fp16=fp16,
                             label="ncnn Vulkan")
