@@ -184,3 +184,61 @@ def test_bench_model_survives_ncnn_crashing_on_an_input_shape():
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("vknorm bench: error: ncnn crashed (SIGFPE)"), proc.stderr[-2000:]
     assert "--input in0=16x65" in lines[0] and "do the --input shapes match" in lines[0], lines[0]
+
+
+def _children(pid: int) -> list:
+    """The live processes whose parent is pid (a zombie, killed and not yet reaped, is not live)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(entry))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_bench_killed_or_interrupted_leaves_no_worker_running(sig):
+    """The model runs in a forked worker (so an ncnn crash is one line): a CLI killed by a signal (SIGTERM: the
+    kernel kills the worker with it) or interrupted (SIGINT to the CLI alone: exit 130 once the worker is
+    killed) leaves no worker benchmarking on."""
+    import signal
+    import time
+
+    workers = []
+    proc = subprocess.Popen([sys.executable, "-m", "vknorm", "bench", "--model", PARAM, BIN, "--input", "in0=16x64",
+                             "--iters", "100000", "--warmup-ms", "0"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not workers and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            workers = _children(proc.pid)
+        assert workers, "no worker process appeared"
+        time.sleep(1)  # the worker past its start, into the model runs
+        os.kill(proc.pid, getattr(signal, sig))
+        rc = proc.wait(timeout=60)
+        assert rc == (130 if sig == "SIGINT" else -signal.SIGTERM), rc
+        deadline = time.monotonic() + 30
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(w) for w in workers), f"worker(s) {workers} still running after the CLI's {sig}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for w in workers:  # where the test failed: none left behind by it
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)

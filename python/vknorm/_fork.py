@@ -31,13 +31,29 @@ def fork_is_safe(inprocess_env: str) -> bool:
         return False
 
 
+def _die_with_parent(parent: int) -> None:
+    """In the child: the kernel kills it when the parent dies (Linux's PR_SET_PDEATHSIG), so a CLI killed by a
+    signal leaves no worker running on; a parent gone before that was set: leave at once."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux's libc: the parent's own clean-up below still applies
+        pass
+    if os.getppid() != parent:
+        os._exit(70)
+
+
 def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: str) -> dict:
     """fn() in a forked child; its JSON-able result comes back through a pipe. UsageError (and
     VulkanUnavailableError, and the RuntimeError of a model ncnn cannot load or run) come back as
     UsageError; the errors the CLI reports in one line when raised in its own process (ValueError,
     MemoryError, OSError) come back as themselves, with the child's message; a child killed by a signal
     becomes UsageError(crashed(signal name)); anything else a RuntimeError with the child's message (its
-    traceback goes to stderr). The child leaves with os._exit."""
+    traceback goes to stderr). The child leaves with os._exit; it dies with the parent, and an interrupt
+    (KeyboardInterrupt) or any other exception in the parent while it waits kills it first."""
     import signal
     import traceback
     import warnings
@@ -45,12 +61,14 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: st
     rfd, wfd = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
+    parent = os.getpid()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: "process is multi-threaded"
         pid = os.fork()
     if pid == 0:  # child
         code = 0
         try:
+            _die_with_parent(parent)
             os.close(rfd)
             try:
                 payload = {"result": fn()}
@@ -77,9 +95,17 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: st
             finally:
                 os._exit(code)
     os.close(wfd)
-    with os.fdopen(rfd, "r", encoding="utf-8") as f:
-        text = f.read()
-    _, status = os.waitpid(pid, 0)
+    try:
+        with os.fdopen(rfd, "r", encoding="utf-8") as f:
+            text = f.read()
+        _, status = os.waitpid(pid, 0)
+    except BaseException:  # Ctrl-C (SIGINT to this process alone) or anything else: no worker left running
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+        raise
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         try:
