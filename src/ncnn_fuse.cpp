@@ -357,10 +357,8 @@ FuseResult fuse_param(const std::string& text) {
     // line, in whatever spelling ncnn reads as those ids, so the fused layer does what the stock one did plus the
     // fusion, and nothing else.
     for (int id : {kParamActivation, kParamActivationParams, kParamResidual}) erase_param(F, id);
-    if (add >= 0) fp.pattern = "BinaryOp+", fp.layers.push_back(L[add].name);
-    fp.pattern += N.type;
-    fp.layers.push_back(N.name);
     int residual = Fusion::None;
+    bool split_gone = false;  // the Split between add and norm replaced too (not just one top fewer)
     if (add >= 0) {
       const Line& Q = L[add];
       F.bottoms = Q.bottoms;
@@ -380,6 +378,7 @@ FuseResult fuse_param(const std::string& text) {
           }
         set_shape_hints(S, split_hints);
         S.removed = true;
+        split_gone = S.tops.size() <= 1;  // else emitted again, one top fewer
         if (S.tops.size() == 1) {
           // A Split of one: the fused layer writes the sum under that top's name, which its readers read
           // and which may be an output of the model (read by no layer).
@@ -393,6 +392,12 @@ FuseResult fuse_param(const std::string& text) {
         }
       }
     }
+    // What it replaced, in the graph's order: the add (and the Split it fed the norm through, where that is gone),
+    // the norm, the activation.
+    if (add >= 0) fp.pattern = "BinaryOp+", fp.layers.push_back(L[add].name);
+    if (split_gone) fp.pattern += "Split+", fp.layers.push_back(L[split].name);
+    fp.pattern += N.type;
+    fp.layers.push_back(N.name);
     if (act >= 0) {
       fp.pattern += "+" + L[act].type;
       fp.layers.push_back(L[act].name);

@@ -640,7 +640,7 @@ def test_fused_add_of_model_inputs_in_float16_is_judged_on_the_uploaded_values(t
             "--fp16", "--json")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads(r.stdout)
-    assert [f["pattern"] for f in res["fused"]] == ["BinaryOp+LayerNorm+ReLU"], res["fused"]
+    assert [f["pattern"] for f in res["fused"]] == ["BinaryOp+Split+LayerNorm+ReLU"], res["fused"]
     (layer,) = res["layers"]
     assert layer["ok"] and layer["judged_err"] <= 1e-3 and layer["sum_err"] == 0, layer
 

@@ -356,9 +356,10 @@ def lines_of(text: str):
 
 # What each committed model fuses (read off its .param by hand).
 EXPECTED_FUSED = {
-    "transformer_block": ["BinaryOp+LayerNorm"] * 2,
-    "llama_block": ["BinaryOp+RMSNorm"],
-    "ln_residual_stack": ["LayerNorm+GELU"] + ["BinaryOp+LayerNorm+GELU"] * 11,
+    # a Split between add and norm that fusion leaves with one top is gone, named in the pattern
+    "transformer_block": ["BinaryOp+Split+LayerNorm", "BinaryOp+LayerNorm"],
+    "llama_block": ["BinaryOp+Split+RMSNorm"],
+    "ln_residual_stack": ["LayerNorm+GELU"] + ["BinaryOp+Split+LayerNorm+GELU"] * 11,
     "sd_resblock": ["GroupNorm+Swish"] * 2,
     "sd_resblock_c320": ["GroupNorm+Swish"] * 2,
     "instnorm_block": ["InstanceNorm+ReLU"],
@@ -399,7 +400,8 @@ def test_split_read_before_the_norm_is_left_unfused_and_one_reader_split_goes():
     text2 = text.replace("Sigmoid early 1 1 s1 e\nLayerNorm ln 1 1 s2 y", "LayerNorm ln 1 1 s2 y").replace(
         "ReLU act 1 1 y out 0=1.000000e-01\n", "ReLU act 1 1 y out 0=1.000000e-01\nSigmoid late 1 1 s1 e\n")
     out2, fused2 = fuse(text2)
-    assert [f["pattern"] for f in fused2] == ["BinaryOp+LayerNorm+ReLU"]
+    assert [f["pattern"] for f in fused2] == ["BinaryOp+Split+LayerNorm+ReLU"]
+    assert fused2[0]["layers"] == ["add", "sp", "ln", "act"]
     rows = lines_of(out2)
     # the Split of one is gone: the fused layer writes the sum under the name of the Split's other output
     assert [t[0] for t in rows] == ["Input", "Input", "vknorm.LayerNorm", "Sigmoid"]
@@ -415,7 +417,7 @@ def test_two_norms_reading_one_sum_through_a_split_fuse_the_add_once():
             "Split sp 1 2 s s1 s2\nLayerNorm ln1 1 1 s1 out0 0=8 1=1e-05 2=0\n"
             "LayerNorm ln2 1 1 s2 out1 0=8 1=1e-05 2=0\n")
     out, fused = fuse(text)
-    assert fused == [{"pattern": "BinaryOp+LayerNorm", "layers": ["add", "ln1"]}]
+    assert fused == [{"pattern": "BinaryOp+Split+LayerNorm", "layers": ["add", "sp", "ln1"]}]  # the Split is gone
     rows = lines_of(out)
     assert [t[1] for t in rows] == ["in0", "in1", "ln1", "ln2"]
     assert rows[2][0] == "vknorm.LayerNorm" and rows[2][4:8] == ["a", "b", "out0", "s2"] and "20=2" in rows[2]
@@ -430,7 +432,7 @@ def test_a_model_output_beside_the_norm_keeps_its_name(tmp_path, fp16):
     text = ("7767517\n5 6\nInput in0 0 1 in0\nInput in1 0 1 in1\nBinaryOp add 2 1 in0 in1 s 0=0\n"
             "Split sp 1 2 s t1 out1\nLayerNorm ln 1 1 t1 out0 0=64 1=1e-05 2=0\n")
     out, fused = fuse(text)
-    assert [f["pattern"] for f in fused] == ["BinaryOp+LayerNorm"]
+    assert [f["pattern"] for f in fused] == ["BinaryOp+Split+LayerNorm"]
     assert lines_of(out)[-1][:8] == ["vknorm.LayerNorm", "ln", "2", "2", "in0", "in1", "out0", "out1"]
     p, b = write_model(tmp_path, text)
     rng = np.random.default_rng(5)
@@ -625,7 +627,7 @@ def test_broadcasting_add_met_at_run_time_is_left_to_ncnn(tmp_path, fp16, r_shap
     ref = run_graph(p, b, inputs, vknorm_layers=False, vulkan=False, outputs=("out0", "out1"))[0]
     before = graph._graph.process_counters()["unfused_adds"]
     got, net = run_graph(p, b, inputs, fp16=fp16, outputs=("out0", "out1"))
-    assert [f["pattern"] for f in net.fused()] == ["BinaryOp+LayerNorm+GELU"]
+    assert [f["pattern"] for f in net.fused()] == ["BinaryOp+Split+LayerNorm+GELU"]
     assert net.vknorm_counters()["unfused_adds"] >= 1
     assert graph._graph.process_counters()["unfused_adds"] >= before + 1  # the process-wide count too
     tol = FP16_TOL if fp16 else FP32_TOL  # ref: ncnn's CPU float32 run of the unrounded inputs
@@ -670,7 +672,7 @@ def test_in_a_cpu_net_a_fused_add_norm_activation_is_stock_ncnn_bit_for_bit(tmp_
     inputs = {k: (rng.standard_normal((c, 3, 3)) * 2).astype(np.float32) for k in ("in0", "in1")}
     ref = run_graph(p, b, inputs, vknorm_layers=False, vulkan=False, outputs=("out0", "out1"))[0]
     got, net = run_graph(p, b, inputs, vulkan=False, outputs=("out0", "out1"))
-    assert [f["pattern"] for f in net.fused()] == [f"BinaryOp+{norm}+{act}"], net.fused()
+    assert [f["pattern"] for f in net.fused()] == [f"BinaryOp+Split+{norm}+{act}"], net.fused()
     for k in ("out0", "out1"):
         np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
 
@@ -776,7 +778,7 @@ def test_optimize_writes_a_model_that_runs_like_the_load_time_rewrite(tmp_path):
     assert r.stderr == ""
     rep = json.loads(r.stdout)
     assert [f["pattern"] for f in rep["fused"]] == EXPECTED_FUSED["ln_residual_stack"]
-    assert rep["fused"][1]["layers"] == ["add_0", "ln_13", "gelu_1"]
+    assert rep["fused"][1]["layers"] == ["add_0", "splitncnn_1", "ln_13", "gelu_1"]
     assert ob.read_bytes() == b.read_bytes()
     x = np.random.default_rng(1).standard_normal((197, 768)).astype(np.float32)
     offline = run_graph(op, ob, {"in0": x}, fuse_=False)[0]["out0"]

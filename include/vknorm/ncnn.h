@@ -52,8 +52,9 @@ int register_layers(::ncnn::Net& net);
 const char* fused_name(NormOp op);
 constexpr int kParamActivation = 9, kParamActivationParams = 10, kParamResidual = 20;
 
-// What fuse_param replaced: "pattern" names the ncnn types (e.g. "BinaryOp+LayerNorm+GELU"), "layers" the
-// ncnn layer names, in graph order; the fused layer keeps the norm's name.
+// What fuse_param replaced: "pattern" names the ncnn types (e.g. "BinaryOp+LayerNorm+GELU"; "BinaryOp+Split+
+// LayerNorm" where the Split between add and norm is gone too, not just left one top fewer), "layers" the ncnn
+// layer names, one per type, in graph order; the fused layer keeps the norm's name.
 struct FusedPattern {
   std::string pattern;
   std::vector<std::string> layers;

@@ -176,6 +176,6 @@ def run(args) -> int:
         return 0
     print(f"fused {len(fused)} pattern(s) into vknorm's layers -> {args.out_param}, {args.out_bin}")
     for f in fused:
-        print(f"  {f['pattern']:<28} {', '.join(f['layers'])}")
+        print(f"  {f['pattern']:<30} {', '.join(f['layers'])}")
     print("load it with vknorm's layers registered: vknorm.graph.Net() or vknorm::ncnn::register_layers")
     return 0
