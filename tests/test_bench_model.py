@@ -143,6 +143,18 @@ def test_bench_model_bad_input_is_one_line_and_exit_2(args, message):
     assert len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
 
 
+def test_bench_model_names_the_line_and_layer_of_a_type_ncnn_does_not_have(tmp_path):
+    """ncnn's own message names the type alone: the error names where it is."""
+    param, binp = tmp_path / "unknown.param", tmp_path / "unknown.bin"
+    param.write_text("7767517\n2 2\nInput in0 0 1 a\nFooLayer foo 1 1 a b\n")
+    binp.write_bytes(b"")
+    proc = vknorm("bench", "--model", str(param), str(binp), "--input", "a=4x8", "--iters", "1")
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "line 4: layer 'foo' is of type 'FooLayer', which this ncnn does not have" in lines[0], \
+        proc.stderr[-2000:]
+
+
 def test_bench_model_needs_a_shape_for_every_input_of_the_model(tmp_path):
     """Checked before any net runs (ncnn dies of SIGFPE on an input it was never given)."""
     param, binp = tmp_path / "two.param", tmp_path / "two.bin"

@@ -801,6 +801,10 @@ def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
     few_blobs = tmp_path / "few_blobs.param"  # a header declaring fewer blobs than the layers make
     magic, counts, body = p.read_text().split("\n", 2)
     few_blobs.write_text(f"{magic}\n{counts.split()[0]} 3\n{body}")
+    unknown = tmp_path / "unknown.param"  # a type ncnn does not have: ncnn's own message names the type alone
+    unknown.write_text("7767517\n2 2\nInput in0 0 1 a\nFooLayer foo 1 1 a b\n")
+    long_name = tmp_path / "long_name.param"  # past ncnn's %255s: ncnn would read the rest as the next field
+    long_name.write_text("7767517\n2 2\nInput in0 0 1 a\nLayerNorm " + "n" * 300 + " 1 1 a b 0=8\n")
     twice = tmp_path / "twice.param"  # two layers of one name: ncnn loads it, check and bench refuse it
     twice.write_text(p.read_text().replace("LayerNorm                ln_4", "LayerNorm                ln_3"))
     (tmp_path / "adir").mkdir()
@@ -813,6 +817,9 @@ def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
         ((garbled, b), "reads blob 'nowhere', which no earlier layer produces"),
         ((few_blobs, b), "line 2: the header says 3 blobs, the layers produce"),
         ((twice, b), "line 9: layer name 'ln_3' used twice"),
+        ((unknown, b), "the model does not load (its layers): line 4: layer 'foo' is of type 'FooLayer', which this "
+                       "ncnn does not have"),
+        ((long_name, b), "line 4: a layer: its name 'nnnn"),
         ((binary, b), "binary.param: not an ncnn text .param (binary data"),  # as check says it
         ((p, p), "the weights .bin is the model .param itself"),
         ((p, short), f"{short}: the fused model of {p} does not load (the weights, "),

@@ -179,6 +179,7 @@ def error_runs(tmp_path_factory):
     (tmp / "badline.param").write_text(param_text.replace("LayerNorm                ln_4                     1 1",
                                                           "LayerNorm                ln_4                     x 1"))
     (tmp / "unknown.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nNoSuchLayer nope 1 1 in0 out0\n")
+    (tmp / "long_name.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 " + "o" * 256 + " 0=64\n")
     (tmp / "empty.param").write_text("")
     (tmp / "trunc.bin").write_bytes(Path(b).read_bytes()[:-10])  # inside ln_5's beta
     (tmp / "half.bin").write_bytes(Path(b).read_bytes()[:50000])
@@ -199,6 +200,7 @@ def error_runs(tmp_path_factory):
         "cut_param": (tmp / "cut.param", b, *args),
         "badline_param": (tmp / "badline.param", b, *args),
         "unknown_layer": (tmp / "unknown.param", b, *args),
+        "long_name": (tmp / "long_name.param", b, *args),
         "missing_bin": (p, tmp / "nope.bin", *args),
         "trunc_bin": (p, tmp / "trunc.bin", *args),
         "half_bin": (p, tmp / "half.bin", *args),
@@ -237,7 +239,8 @@ def error_runs(tmp_path_factory):
     ("magic_param", ["magic.param", "7767517"]),
     ("cut_param", ["cut.param", "12 layers"]),
     ("badline_param", ["badline.param", "line"]),
-    ("unknown_layer", ["unknown.param", "NoSuchLayer"]),
+    ("unknown_layer", ["unknown.param", "line 4: layer 'nope' is of type 'NoSuchLayer', which this ncnn does not have"]),
+    ("long_name", ["long_name.param", "line 4: layer 'ln': its blob name 'oooo", "is 256 characters; ncnn reads at most 255"]),
     ("missing_bin", ["nope.bin", "no such file"]),
     ("trunc_bin", ["trunc.bin", "truncated"]),
     ("half_bin", ["half.bin", "truncated"]),

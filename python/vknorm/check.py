@@ -213,6 +213,7 @@ class Model:
 # closing quote, spaces and all; a quote anywhere else (in a blob name) is a character like any other.
 _TOKEN = re.compile(r'[^\s=]+="[^"]*(?:"\S*|$)|\S+')
 _PARAM = re.compile(r'([-+]?[0-9]+)=(.+)', re.S)  # ids as ncnn reads them (%d: "+0" and "00" are 0)
+_NAME_MAX = 255  # ncnn's longest layer type, layer name and blob name
 
 
 def _require_regular(path: str, mode: int, what: str) -> None:
@@ -349,6 +350,11 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
         if len(tok) < 4 + nb + nt:
             raise bad(f"garbled layer {name!r}: {nb} bottom and {nt} top blob names expected", n)
         bottoms, tops = tok[4:4 + nb], tok[4 + nb:4 + nb + nt]
+        for what, word in [("type", type_), ("name", name)] + [("blob name", b) for b in bottoms + tops]:
+            if len(word) > _NAME_MAX:  # ncnn reads each with %255s: the rest would be read as the next field
+                whose = "a layer" if what == "name" else f"layer {name[:40]!r}{'...' if len(name) > 40 else ''}"
+                raise bad(f"{whose}: its {what} {word[:40]!r}... is {len(word)} characters; ncnn reads at most "
+                          f"{_NAME_MAX}", n)
         params: Dict[int, str] = {}
         for p in tok[4 + nb + nt:]:
             pm = _PARAM.fullmatch(p)
@@ -457,8 +463,7 @@ def _load(net, model: Model, bin_path: str, data: bytes, label: str) -> List[str
     with quiet_stderr(log):
         ret = net.load_param_mem(model.text)
     if ret != 0:
-        why = f": {log[-1]}" if log else ""
-        raise UsageError(f"{model.path}: ncnn could not load it (load_param returned {ret}){why}")
+        raise UsageError(f"{model.path}: ncnn could not load it (load_param returned {ret}){load_failure(model, log)}")
     reader = _bin_reader(data)
     log = []
     with quiet_stderr(log):
@@ -472,6 +477,22 @@ def _load(net, model: Model, bin_path: str, data: bytes, label: str) -> List[str
         raise UsageError(f"{bin_path}: ncnn could not load the weights for {model.path} "
                          f"(load_model returned {ret}, {label} run){why}")
     return [trailing_bytes_warning(bin_path, len(data) - reader.pos, model.path)] if reader.pos < len(data) else []
+
+
+_UNKNOWN_TYPE = re.compile(r"layer (\S+) not exists or registered")
+
+
+def load_failure(model: Model, log: List[str]) -> str:
+    """What ncnn's load_param said last, as ": ..." (or ""), a layer type ncnn does not have named by its line and
+    layer (ncnn names the type alone)."""
+    if not log:
+        return ""
+    m = _UNKNOWN_TYPE.search(log[-1])
+    layer = next((layer for layer in model.layers if m and layer.type == m.group(1)), None)
+    if layer is None:
+        return f": {log[-1]}"
+    return (f": line {layer.line}: layer {layer.name!r} is of type {layer.type!r}, which this ncnn does not have "
+            "(nor vknorm's layers)")
 
 
 def trailing_bytes_warning(bin_path: str, extra: int, param_path: str) -> str:
@@ -841,8 +862,8 @@ def _graph_load(graph, model: Model, bin_path: str, nbytes: int, *, vknorm: bool
     with quiet_stderr(log):
         ret = net.load_param(model.path)
     if ret != 0:
-        why = f": {log[-1]}" if log else ""
-        raise UsageError(f"{model.path}: ncnn could not load it (load_param returned {ret}, {label} run){why}")
+        raise UsageError(f"{model.path}: ncnn could not load it (load_param returned {ret}, {label} run)"
+                         f"{load_failure(model, log)}")
     log = []
     with quiet_stderr(log):
         ret = net.load_model(bin_path)

@@ -127,6 +127,9 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
     rng = np.random.default_rng(seed)
     inputs = {k: rng.standard_normal(d).astype(np.float32) for k, d in input_dims.items()}
     from ._stdio import quiet_stderr
+    from .check import load_failure, parse_param
+
+    model = parse_param(param)
 
     def ncnn_reason(step):  # ncnn's device banner and notes silenced; its last line joins a failure's message
         logs: list = []
@@ -134,7 +137,7 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
             with quiet_stderr(logs):
                 return step()
         except RuntimeError as e:
-            raise RuntimeError(f"{e}{': ' + logs[-1] if logs else ''}") from None
+            raise RuntimeError(f"{e}{load_failure(model, logs)}") from None
 
     runners = []
     for impl in impls:

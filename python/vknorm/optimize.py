@@ -56,7 +56,7 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
     """Fuse param/bin into out_param/out_bin (atomically, both or neither). Returns what was fused and
     warnings (a .bin longer than the model reads: one for another model?); UsageError on a missing, garbled
     or inconsistent input (a .bin shorter than the model reads among them)."""
-    from .check import parse_param, require_distinct, require_file, trailing_bytes_warning
+    from .check import load_failure, parse_param, require_distinct, require_file, trailing_bytes_warning
     from .cli import UsageError
 
     data, text = _read_param(param)
@@ -72,7 +72,7 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
     except ValueError as e:
         raise UsageError(f"{param}: {e}") from None
     # what the rewrite lets through, refused as check and bench refuse it
-    parse_param(param, allow_fused=True, raw=data)
+    model = parse_param(param, allow_fused=True, raw=data)
 
     reals = _check_targets(out_param, out_bin, param, bin_path)
     staged = []
@@ -100,13 +100,13 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
         read = net.model_bytes_read
         net.clear()
         if param_ret != 0 or bin_ret != 0:
-            why = f": {log[-1]}" if log else ""
-            model = "the fused model" if fused else "the model"
+            what = "the fused model" if fused else "the model"
             if param_ret != 0:
-                raise UsageError(f"{param}: {model} does not load (its layers){why}")
+                raise UsageError(f"{param}: {what} does not load (its layers){load_failure(model, log)}")
             # the weights: named first, as the file to fix
+            why = f": {log[-1]}" if log else ""
             hint = "a .bin for another .param?" if read < size else "too few for the model?"
-            raise UsageError(f"{bin_path}: {model} of {param} does not load (the weights, {size} bytes; {hint}){why}")
+            raise UsageError(f"{bin_path}: {what} of {param} does not load (the weights, {size} bytes; {hint}){why}")
         warnings = [trailing_bytes_warning(bin_path, size - read, param) + "; OUT.bin is IN.bin as it is"] \
             if read < size else []
         for i, (tmp, real) in enumerate(staged):
