@@ -190,6 +190,21 @@ def test_bench_says_which_comparisons_it_skips_and_keeps_ncnns_banner_quiet():
     assert not any(ln.lstrip().startswith("[0 ") for ln in proc.stderr.splitlines()), proc.stderr[-2000:]
 
 
+def test_bench_plot_without_matplotlib_is_refused_before_the_sweep(tmp_path):
+    """--plot needs matplotlib (an optional extra): said in one line and exit 2 before any shape runs, not after a
+    sweep that ends without its plot."""
+    script = ("import sys\nsys.modules['matplotlib'] = None  # as without matplotlib\n"
+              "from vknorm.cli import main\nraise SystemExit(main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", script, "bench", "--rows", "4", "--cols", "64", *QUICK,
+                           "--compare", "copy", "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "p.png")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines == [f"vknorm bench: error: --plot {tmp_path / 'p.png'}: needs matplotlib (pip install matplotlib, "
+                     "or vknorm[bench])"], proc.stderr[-2000:]
+    assert not (tmp_path / "r.json").exists()  # nothing ran
+
+
 # The comparisons run the same work as vknorm: a recording stand-in for torch (no CUDA here) and ncnn's Net
 # wrapped to log its packing option, then `vknorm bench` in the same process.
 COMPARE_SCRIPT = r"""

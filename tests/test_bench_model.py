@@ -254,3 +254,49 @@ def test_a_bench_killed_or_interrupted_leaves_no_worker_running(sig):
         for w in workers:  # where the test failed: none left behind by it
             if _alive(w):
                 os.kill(w, signal.SIGKILL)
+
+
+def _on_a_terminal(args, columns: int) -> str:
+    """The command's stderr as a terminal of `columns` columns shows it (0: a bare pseudo-terminal that reports no
+    size), carriage returns as line breaks."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24 if columns else 0, columns, 0, 0))
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    out = b""
+    try:
+        while True:
+            if select.select([master], [], [], 300)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the terminal closed: the command has ended
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+    finally:
+        os.close(master)
+        proc.wait(timeout=300)
+    assert proc.returncode == 0, out.decode(errors="replace")[-2000:]
+    return out.decode(errors="replace").replace("\r", "\n")
+
+
+@pytest.mark.parametrize("columns", [80, 0], ids=["80_columns", "no_size"])
+def test_bench_model_shows_its_progress_on_a_terminal_and_nothing_when_piped(columns):
+    """A progress bar on stderr where a person watches it: every round of both phases (GPU implementations, then
+    the host-busy ones) counted against their total from the first round on, also on a terminal that reports no
+    size; nothing of it when stderr is a pipe (logs)."""
+    args = [sys.executable, "-m", "vknorm", "bench", "--model", PARAM, BIN, "--input", "in0=16x64", "--iters", "150",
+            "--warmup-ms", "0"]
+    shown = [ln for ln in _on_a_terminal(args, columns).splitlines() if ln.startswith("inferences:")]
+    counts = [ln for ln in shown if "/300 " in ln]
+    assert counts and all("/150 " not in ln for ln in shown), shown[:5]
+    assert "inferences" not in vknorm(*args[3:]).stderr

@@ -189,6 +189,16 @@ def _shapes(args):
     return shapes
 
 
+def bar_width() -> dict:
+    """tqdm's size: the terminal's as it changes, or 80 x 24 where the terminal reports none (a bare pseudo-
+    terminal: tqdm would draw nothing there)."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError):
+        size = os.terminal_size((0, 0))
+    return {"dynamic_ncols": True} if size.columns > 0 and size.lines > 0 else {"ncols": 80, "nrows": 24}
+
+
 class _Progress:
     """The sweep's progress on stderr where a person watches it (a terminal), as with --model; not into logs."""
 
@@ -197,7 +207,7 @@ class _Progress:
         try:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True, disable=not self._shown)
+            self._bar = tqdm(total=total, unit="run", file=sys.stderr, disable=not self._shown, **bar_width())
         except ImportError:
             self._bar = None
 
@@ -274,8 +284,8 @@ def _check_output_path(flag: str, path) -> None:
             from matplotlib.backend_bases import FigureCanvasBase
 
             formats = FigureCanvasBase.get_supported_filetypes()
-        except ImportError:  # no plot at all then (plot() says so)
-            return
+        except ImportError:  # before the sweep: not a run of minutes that ends without its plot
+            raise UsageError(f"--plot {path}: needs matplotlib (pip install matplotlib, or vknorm[bench])") from None
         if not ext:
             raise UsageError(f"--plot {path}: no file extension (name a .png, .svg or .pdf file)")
         if ext not in formats:
@@ -464,8 +474,9 @@ def run_model(args) -> int:
     try:
         from tqdm import tqdm
 
-        bar = tqdm(total=args.iters, desc="inferences", unit="round", file=sys.stderr, leave=False,
-                   disable=not sys.stderr.isatty())
+        # the total (rounds of every phase) comes with the first round's progress
+        bar = tqdm(total=None, desc="inferences", unit="round", file=sys.stderr, leave=False,
+                   disable=not sys.stderr.isatty(), **bar_width())
     except ImportError:
         pass
     from ._fork import fork_is_safe, input_flags, run_in_child
@@ -474,11 +485,12 @@ def run_model(args) -> int:
         try:
             return run_model_bench(param, binp, dims, fp16=args.fp16, iters=args.iters,
                                    warmup_ms=args.warmup_ms,
-                                   progress=(lambda i, n: (setattr(bar, "total", n), bar.update(1))) if bar else None)
+                                   progress=(lambda i, n: (setattr(bar, "total", n), bar.update(1)))
+                                   if bar is not None else None)
         except RuntimeError as e:  # ncnn could not load or run the model
             raise UsageError(str(e)) from None
         finally:
-            if bar:
+            if bar is not None:  # (a bar without a total has no truth value)
                 bar.close()
 
     # In a forked child, as `vknorm check` runs: ncnn crashing on shapes a model cannot take (SIGFPE in
