@@ -21,7 +21,7 @@
 //
 // Usage: engine_example [--channel-norms] [--misalign] [--skip-rmsnorm] [--corrupt] [--no-barrier]
 //                       [--system-loader] [--refusals] [--timing] [--repeat N] [--cooperative-reuse] [--rebind]
-//                       [--reload] [--give-up-first]
+//                       [--reload] [--give-up-first] [--sizes N]
 //   --channel-norms  blobs A and B as GroupNorm and InstanceNorm (above); every flag but --rebind works with it
 //                    (a channel norm's channel count is fixed: --cooperative-reuse then records all of B twice)
 //   --misalign       put blob B at an offset that is not a multiple of minStorageBufferOffsetAlignment:
@@ -53,6 +53,10 @@
 //                    (VKNORM_TUNE_WAIT_ROUNDS=0: its output NaN, copied aside and counted); the engine then
 //                    uploads B again. The second forward skips its clear pass, trusting the first to have left
 //                    the counters zero
+//   --sizes N        with --channel-norms: another frame, B's Recorder (InstanceNorm) over N inputs of other sizes
+//                    (c=3 h=1 w=100..99+N, pack1, each in a region of its own buffer), each checked against float64
+//                    as B is; prints how many pipelines the Recorder keeps (a bounded number: the group size is a
+//                    specialization constant for the first 16 sizes only)
 //   --rebind         a second frame after the first completed and the Recorders released their descriptor
 //                    sets, as an engine's next inference whose allocator hands out B's bytes again at other
 //                    shapes: B's channels 0 and 2 (a blob of cstep 2 x 3004), then all three, then channel 1.
@@ -444,6 +448,7 @@ struct Args {
   bool refusals = false, timing = false, cooperative_reuse = false, rebind = false, reload = false;
   bool give_up_first = false;
   int repeat = 1;
+  int sizes = 0;  // --sizes N
 };
 
 // An environment variable set for a scope, its previous value (or absence) restored after.
@@ -662,7 +667,7 @@ int run(const Args& args) {
   handles.api_version = e.api_version;
   handles.fp16_storage_enabled = e.fp16_storage;
   double err_a = 0, err_b = 0, err_b_cpu = 0, err_a_cpu_vs64 = 0, scale_a = 1, scale_b = 1;
-  int refusal_failures = 0, timing_failures = 0;
+  int refusal_failures = 0, timing_failures = 0, sizes_failures = 0;
   size_t changed = 0;
   {
     vknorm::Recorder norm_a(handles, a.p);  // A's norm (LayerNorm, or GroupNorm)
@@ -817,6 +822,66 @@ int run(const Args& args) {
       norm_b.release_descriptors();
       vkFreeCommandBuffers(e.device, e.pool, 1, &cmd);
     }
+    if (args.sizes) {  // another frame: B's Recorder over inputs of N sizes, each in a region of its own
+      struct Region {
+        int w;
+        size_t cstep;
+        uint64_t offset;
+      };
+      std::vector<Region> regions;
+      const size_t pipelines_before = norm_b.pipelines();
+      uint64_t bytes = 0;
+      for (int k = 0; k < args.sizes; ++k) {
+        const int w = 100 + k;
+        regions.push_back({w, size_t(align_up(uint64_t(w), 4)), bytes});
+        bytes = align_up(bytes + uint64_t(b.c) * regions.back().cstep * sizeof(float), align);
+      }
+      Engine::Buffer many = e.buffer(bytes, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+                                     VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+      auto x_at = [](int q, int i) { return float(q) + std::sin(0.37f * float(i)); };
+      for (const Region& r : regions)
+        for (int q = 0; q < b.c; ++q)
+          for (int i = 0; i < r.w; ++i)
+            static_cast<float*>(many.mapped)[r.offset / 4 + size_t(q) * r.cstep + i] = x_at(q, i);
+      check(vkAllocateCommandBuffers(e.device, &cai, &cmd), "vkAllocateCommandBuffers");
+      check(vkBeginCommandBuffer(cmd, &begin), "vkBeginCommandBuffer");
+      barrier(cmd, many.buffer, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+              VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+      for (const Region& r : regions)
+        norm_b.record(cmd, {many.buffer, r.offset, vknorm::blob_span_bytes(3, r.w, 1, 1, b.c, r.cstep, 1, false)}, 3, r.w, 1,
+                      1, b.c, r.cstep, 1, false);
+      barrier(cmd, many.buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+              VK_ACCESS_HOST_READ_BIT);
+      check(vkEndCommandBuffer(cmd), "vkEndCommandBuffer");
+      auto si = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
+      si.commandBufferCount = 1;
+      si.pCommandBuffers = &cmd;
+      check(vkResetFences(e.device, 1, &e.fence), "vkResetFences");
+      check(vkQueueSubmit(e.queue, 1, &si, e.fence), "vkQueueSubmit");
+      check(vkWaitForFences(e.device, 1, &e.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+      double worst = 0;  // in units of the tolerance
+      for (const Region& r : regions)
+        for (int q = 0; q < b.c; ++q) {
+          double mean = 0, var = 0;
+          for (int i = 0; i < r.w; ++i) mean += x_at(q, i);
+          mean /= r.w;
+          for (int i = 0; i < r.w; ++i) var += (x_at(q, i) - mean) * (x_at(q, i) - mean);
+          var /= r.w;
+          const double a = b.gamma[q] / std::sqrt(var + double(b.p.eps));
+          double scale = 1, err = 0;
+          for (int i = 0; i < r.w; ++i) {
+            const double want = (x_at(q, i) - mean) * a + b.beta[q];
+            scale = std::max(scale, std::fabs(want));
+            err = std::max(err, std::fabs(static_cast<const float*>(many.mapped)[r.offset / 4 + size_t(q) * r.cstep + i] - want));
+          }
+          worst = std::max(worst, err / (kUlps * FLT_EPSILON * scale));
+        }
+      std::printf("sizes: %s over %d group sizes (w = 100..%d): %zu pipelines kept (%zu before); max error %.3f of the "
+                  "bound\n", vknorm::op_name(b.p.op), args.sizes, 99 + args.sizes, norm_b.pipelines(), pipelines_before, worst);
+      if (!(worst <= 1)) sizes_failures = 1;
+      norm_b.release_descriptors();
+      vkFreeCommandBuffers(e.device, e.pool, 1, &cmd);
+    }
     if (args.timing && !args.skip_rmsnorm) {  // a second submission, timed on the pairs the read freed
       check(vkAllocateCommandBuffers(e.device, &cai, &cmd), "vkAllocateCommandBuffers");
       check(vkBeginCommandBuffer(cmd, &begin), "vkBeginCommandBuffer");
@@ -873,7 +938,7 @@ int run(const Args& args) {
               bound_b, kUlps, scale_b);
   std::printf("bytes outside the blobs' groups changed: %zu\n", changed);
   const bool ok = err_a <= bound_a && err_b <= bound_b && err_b_cpu <= bound_b && changed == 0 && refusal_failures == 0 &&
-                  timing_failures == 0;
+                  timing_failures == 0 && sizes_failures == 0;
   return ok ? 0 : 1;
 }
 
@@ -897,16 +962,24 @@ int main(int argc, char** argv) {
     else if (s == "--reload") args.reload = true;
     else if (s == "--give-up-first") args.give_up_first = true;
     else if (s == "--repeat" && i + 1 < argc && std::atoi(argv[i + 1]) >= 1) args.repeat = std::atoi(argv[++i]);
+    else if (s == "--sizes" && i + 1 < argc && std::atoi(argv[i + 1]) >= 1 && std::atoi(argv[i + 1]) <= 1000)
+      args.sizes = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "engine_example: unknown argument %s\nusage: engine_example [--channel-norms] [--misalign] "
                            "[--skip-rmsnorm] [--corrupt] [--no-barrier] [--system-loader] [--refusals] [--timing] "
-                           "[--repeat N] [--cooperative-reuse] [--rebind] [--reload] [--give-up-first]\n", s.c_str());
+                           "[--repeat N] [--cooperative-reuse] [--rebind] [--reload] [--give-up-first] [--sizes N]\n",
+                   s.c_str());
       return 2;
     }
   }
   if (args.give_up_first && (args.cooperative_reuse || args.rebind || args.repeat > 1)) {
     std::fprintf(stderr, "engine_example: --give-up-first records all of B after one forward: not with --cooperative-reuse, "
                          "--rebind or --repeat\n");
+    return 2;
+  }
+  if (args.sizes && !args.channel_norms) {
+    std::fprintf(stderr, "engine_example: --sizes records B's InstanceNorm (its group size is its channel's plane): "
+                         "with --channel-norms\n");
     return 2;
   }
   if (args.channel_norms && args.rebind) {

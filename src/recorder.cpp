@@ -167,6 +167,7 @@ struct Recorder::Impl {
   vk::raii::DescriptorSetLayout set_layout = nullptr;
   vk::raii::PipelineLayout pipeline_layout = nullptr;
   std::map<std::string, PipelineEntry> pipelines;
+  SpecializedSizes specialized;  // the group sizes its plans take as a constant (a bounded number of pipelines)
   std::map<std::string, SpirvNeeds> needs;
 
   // gamma | beta | 16 bytes for unused slots, each at an aligned offset and padded to whole vec4s (kernels
@@ -520,7 +521,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
                    "): split the blob yourself at aligned group boundaries");
   }
 
-  const DeviceCaps caps = device_caps(m.info, m.subgroup_reduce, opt);
+  const DeviceCaps caps = m.specialized.admit(device_caps(m.info, m.subgroup_reduce, opt), g.group_size);
   std::vector<ForwardPlan> plans;  // one per piece
   uint64_t partials = 0, coefs = 0;
   for (const Piece& p : pieces) {
@@ -682,5 +683,6 @@ int Recorder::affine() const { return impl().params.affine; }
 const DeviceInfo& Recorder::device_info() const { return impl().info; }
 uint64_t Recorder::storage_offset_alignment() const { return impl().alignment; }
 size_t Recorder::cached_descriptor_sets() const { return impl().live_sets; }
+size_t Recorder::pipelines() const { return impl().pipelines.size(); }
 
 }  // namespace vknorm

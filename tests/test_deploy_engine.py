@@ -189,6 +189,19 @@ def test_the_same_bytes_recorded_at_another_shape_get_a_descriptor_set_of_their_
 
 # ------------------------------------------------------------------------------ GroupNorm and InstanceNorm
 
+def test_a_recorder_fed_inputs_of_many_sizes_keeps_a_bounded_number_of_pipelines(engine_example):
+    """--sizes 40: B's InstanceNorm Recorder over 40 inputs whose planes (the group size) differ, each checked
+    against float64 as B is. The group size is a specialization constant for the first 16 sizes only; later
+    ones plan without it, so an engine fed inputs of any size keeps at most a pipeline for every two sizes
+    (before: one per size, kept for the Recorder's life)."""
+    proc = launch(engine_example, "--channel-norms", "--sizes", "40")
+    assert_clean_run(proc)
+    m = re.search(r"^sizes: InstanceNorm over 40 group sizes \(w = 100\.\.139\): (\d+) pipelines kept \((\d+) before\); "
+                  r"max error (\S+) of the bound$", proc.stdout, re.M)
+    assert m and float(m.group(3)) <= 1, proc.stdout
+    assert int(m.group(1)) - int(m.group(2)) <= 20, proc.stdout
+
+
 @pytest.mark.parametrize("channel_norms", [False, True], ids=["layernorm-rmsnorm", "groupnorm-instancenorm"])
 def test_load_model_after_a_record_gives_the_next_record_the_new_weights(engine_example, channel_norms):
     """--reload: both Recorders load other weights (2 * w + 1) and record into a command buffer that is never

@@ -217,6 +217,9 @@ class Recorder {
   const DeviceInfo& device_info() const;
   uint64_t storage_offset_alignment() const;  // minStorageBufferOffsetAlignment
   size_t cached_descriptor_sets() const;      // live sets, until release_descriptors()
+  // Compute pipelines kept: one per kernel variant, team and, for the first 16 group sizes recorded, group size
+  // (a constant the kernels' loops unroll on); later sizes, as an engine's of any input size, share them.
+  size_t pipelines() const;
 
   struct Impl;
 
