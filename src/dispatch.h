@@ -219,6 +219,12 @@ class SpecializedSizes {
     }
     return caps;
   }
+  // What admit would give, the size left unadmitted (an executor that may still refuse the forward).
+  DeviceCaps peek(DeviceCaps caps, uint32_t group_size) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!sizes_.count(group_size) && sizes_.size() >= kMax) caps.specialize_shape = false;
+    return caps;
+  }
   void clear() {
     std::lock_guard<std::mutex> lock(mutex_);
     sizes_.clear();

@@ -521,7 +521,8 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
                    "): split the blob yourself at aligned group boundaries");
   }
 
-  const DeviceCaps caps = m.specialized.admit(device_caps(m.info, m.subgroup_reduce, opt), g.group_size);
+  // The group size takes a slot of its own only once nothing below refuses the forward.
+  const DeviceCaps caps = m.specialized.peek(device_caps(m.info, m.subgroup_reduce, opt), g.group_size);
   std::vector<ForwardPlan> plans;  // one per piece
   uint64_t partials = 0, coefs = 0;
   for (const Piece& p : pieces) {
@@ -559,6 +560,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   const uint64_t scratch_bytes = coefs ? m.coefs_offset(partials) + coefs : partials;
   if (partials > m.info.max_storage_buffer_range || coefs > m.info.max_storage_buffer_range)
     throw refuse("the split path's scratch exceeds one storage buffer binding");
+  (void)m.specialized.admit(caps, g.group_size);  // as planned: peek gave the same while nothing else admits
 
   // ---- vknorm's objects: weights, scratch, pipelines, the descriptor sets, the timestamp queries
   m.ensure_weights();

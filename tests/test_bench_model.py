@@ -232,7 +232,9 @@ def test_a_bench_killed_or_interrupted_leaves_no_worker_running(sig):
     workers = []
     proc = subprocess.Popen([sys.executable, "-m", "vknorm", "bench", "--model", PARAM, BIN, "--input", "in0=16x64",
                              "--iters", "100000", "--warmup-ms", "0"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL,
+                            # SIGINT as a terminal delivers it, even where this run inherited it ignored (nohup)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not workers and time.monotonic() < deadline and proc.poll() is None:

@@ -219,6 +219,8 @@ def error_runs(tmp_path_factory):
         "atol": (p, b, *args, "--atol", "tiny"),
         "seed": (p, b, *args, "--seed", "x"),
         "bad_shape": (p, b, "--input", "in0=16x65"),  # ncnn's MultiHeadAttention dies of SIGFPE here
+        # a 3-dims input: ncnn's MultiHeadAttention reads past its blobs (other values each run, once "ok")
+        "attention_dims": (p, b, "--input", "in0=2x16x64"),
         "norm_input_channels": (tmp / "gn.param", tmp / "empty.bin", "--input", "in0=10x7x7"),
         "norm_weight_channels": (tmp / "in.param", tmp / "empty.bin", "--input", "in0=6x5x5"),
         # Layers whose weights ncnn indexes by the input's size: 128 values for an InnerProduct of 64 inputs
@@ -258,6 +260,7 @@ def error_runs(tmp_path_factory):
     ("no_name", ["--input '=16x64'", "NAME=DIMS"]),
     ("atol", ["--atol", "tiny"]),
     ("seed", ["--seed"]),
+    ("attention_dims", ["(in0=2x16x64)", "do the --input shapes match what the model takes?"]),
     ("norm_input_channels", ["--input in0=10x7x7", "GroupNorm 'gn'", "line 6", "as 10 channel(s), its param says 12"]),
     ("norm_weight_channels", ["--input in0=6x5x5", "InstanceNorm 'in'", "line 4", "as 6 channel(s), its param says 4"]),
     ("weights_values", ["--input in0=128", "InnerProduct 'linear_1'", "line 4", "take 64 input values",

@@ -221,7 +221,8 @@ class Norm : public NormParams {
   // the device reads and the result straight out of it into top (in pieces, through a device-format copy).
   void forward(const Mat& bottom, Mat& top, const Option& opt = {});
   // The same on the device: bottom is only read; top is written where it already has bottom's layout on
-  // bottom's device (and is not bottom), else it becomes a new VkMat. One submission, no host copy.
+  // bottom's device in a buffer of its own (not bottom's, nor a shallow copy's), else it becomes a new VkMat.
+  // One submission (one a piece), no host copy.
   void forward(const VkMat& bottom, VkMat& top, const Option& opt = {});
 
   // Benchmarking: `warmup` untimed then `reps` timed forwards in one submission, barriers between;

@@ -99,7 +99,8 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: st
         with os.fdopen(rfd, "r", encoding="utf-8") as f:
             text = f.read()
         _, status = os.waitpid(pid, 0)
-    except BaseException:  # Ctrl-C (SIGINT to this process alone) or anything else: no worker left running
+    except BaseException:  # an interrupt (SIGINT to this process; a terminal's Ctrl-C reaches the worker too) or
+        # anything else: no worker left running
         try:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
