@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from availability import import_graph
@@ -153,6 +154,18 @@ def test_bench_model_names_the_line_and_layer_of_a_type_ncnn_does_not_have(tmp_p
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "line 4: layer 'foo' is of type 'FooLayer', which this ncnn does not have" in lines[0], \
         proc.stderr[-2000:]
+
+
+def test_bench_model_runs_a_model_without_inputs_as_check_does(tmp_path):
+    """A model whose data is its own (MemoryData -> LayerNorm) takes no --input: every implementation runs it."""
+    param, binp = tmp_path / "md.param", tmp_path / "md.bin"
+    param.write_text("7767517\n2 2\nMemoryData md 0 1 m 0=64 1=4\nLayerNorm ln 1 1 m out 0=64 1=1e-5 2=0\n")
+    binp.write_bytes(np.random.default_rng(0).standard_normal(256).astype(np.float32).tobytes())
+    out = tmp_path / "r.json"
+    proc = vknorm("bench", "--model", str(param), str(binp), "--iters", "2", "--warmup-ms", "0", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r["impl"] for r in json.loads(out.read_text())["results"]] == ["ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph",
+                                                                           "vknorm-fused", "vknorm-host"]
 
 
 def test_bench_model_needs_a_shape_for_every_input_of_the_model(tmp_path):

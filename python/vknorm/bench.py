@@ -460,12 +460,10 @@ def run_model(args) -> int:
         except UsageError as e:
             raise UsageError(f"--model {e}") from None
     require_distinct(param, binp)
-    if not args.input:
-        raise UsageError("--model needs at least one --input NAME=DIMS")
     if not 1 <= args.iters <= 100000:
         raise UsageError("--iters must be 1..100000")
-    dims = parse_inputs(args.input)
-    parse_model_inputs(param, dims)  # every input of the model named, and only those
+    dims = parse_inputs(args.input or [])
+    parse_model_inputs(param, dims)  # every input of the model named (none where it has no Input layer), and only those
     try:
         from . import graph  # noqa: F401
     except ImportError as e:
