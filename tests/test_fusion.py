@@ -834,6 +834,24 @@ def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
 
 
 @needs_graph
+@pytest.mark.parametrize("json_report", [False, True], ids=["table", "json"])
+def test_optimize_whose_report_cannot_be_written_says_the_model_was(tmp_path, json_report):
+    """Standard output on a full device (/dev/full): the model is written (both files, atomically, before the
+    report), so the one error line says so, rather than a bare failure that reads as "nothing written"."""
+    p, b = DATA / "transformer_block.ncnn.param", DATA / "transformer_block.ncnn.bin"
+    op, ob = tmp_path / "o.param", tmp_path / "o.bin"
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "vknorm", "optimize", str(p), str(b), str(op), str(ob),
+                            *(["--json"] if json_report else [])], cwd=ROOT, stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines == [f"vknorm optimize: error: wrote {op} and {ob}, but not the report: writing standard output: "
+                     "No space left on device"], r.stderr
+    assert ob.read_bytes() == b.read_bytes() and "vknorm.LayerNorm" in op.read_text()
+
+
+@needs_graph
 def test_optimize_warns_of_a_bin_longer_than_the_model_reads(tmp_path):
     """A .bin with bytes past the weights the .param reads is probably another model's (ln_residual_stack's
     LayerNorms read their gamma and beta as raw float32, so its .param takes exactly its own byte count from

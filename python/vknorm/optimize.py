@@ -164,18 +164,31 @@ def _copy_into(src: str, f) -> None:
 
 
 def run(args) -> int:
+    from .cli import UsageError
+
     fused, warnings = fuse_files(args.param, args.bin, args.out_param, args.out_bin)
+    try:
+        _report(args, fused, warnings)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:  # the model is written (both files, atomically): only the report is lost
+        raise UsageError(f"wrote {args.out_param} and {args.out_bin}, but not the report: writing standard output: "
+                         f"{e.strerror or e}") from None
+    return 0
+
+
+def _report(args, fused, warnings) -> None:
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if args.json:
         print(json.dumps({"param": args.out_param, "bin": args.out_bin, "fused": fused, "warnings": warnings},
                          indent=1))
-        return 0
+        return
     if not fused:
         print(f"{args.param}: nothing to fuse; wrote the model unchanged to {args.out_param}, {args.out_bin}")
-        return 0
+        return
     print(f"fused {len(fused)} pattern(s) into vknorm's layers -> {args.out_param}, {args.out_bin}")
     for f in fused:
         print(f"  {f['pattern']:<30} {', '.join(f['layers'])}")
     print("load it with vknorm's layers registered: vknorm.graph.Net() or vknorm::ncnn::register_layers")
-    return 0
