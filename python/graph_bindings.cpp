@@ -372,7 +372,7 @@ struct Net {
     ++generation;
     commands.drop();  // a cleared net holds nothing on the device (ncnn's instance may go next)
     net.clear();
-    fused.clear();
+    fused.clear(), unfused_blobs.clear();
     param_loaded = model_loaded = false;
     model_bytes_read = 0;
   }
@@ -399,10 +399,10 @@ struct Net {
     return s;
   }
   int read_param(const std::string& path, const std::string* text) {
-    fused.clear();
+    fused.clear(), unfused_blobs.clear();
     if (fuse)
-      return text ? vknorm::ncnn::load_param_mem_fused(net, text->c_str(), &fused)
-                  : vknorm::ncnn::load_param_fused(net, path.c_str(), &fused);
+      return text ? vknorm::ncnn::load_param_mem_fused(net, text->c_str(), &fused, &unfused_blobs)
+                  : vknorm::ncnn::load_param_fused(net, path.c_str(), &fused, &unfused_blobs);
     if (!vknorm) {  // a fused model in a stock net: say what it needs (ncnn would say "not exists or registered")
       std::ifstream file;
       std::istringstream mem;
@@ -439,6 +439,9 @@ struct Net {
   RecycledCommands commands;  // declared after net: destroyed first (its devices outlive both)
   bool vknorm, fuse;
   std::vector<vknorm::ncnn::FusedPattern> fused;  // what the last load_param fused
+  // A fused net's blobs by the unfused model's index (what an index from the model's own .param means; the
+  // rewrite renumbers blobs): extract/input by index go through it. Empty when not fused.
+  std::vector<std::string> unfused_blobs;
   bool param_loaded = false;
   // format_options at the last successful load_param; load_model refuses others, so a loaded model has them
   std::string param_options;
@@ -598,6 +601,7 @@ struct Extractor {
   std::shared_ptr<HostAllocator> host_workspace = std::make_shared<HostAllocator>();
   std::unique_ptr<std::mutex> mutex = std::make_unique<std::mutex>();  // one call at a time (ncnn's Extractor is not thread-safe)
   HeldBlobs held;                                                      // blobs ncnn's extractor holds now, and those input() set
+  ::ncnn::Option opt;  // the net's when this was made: ncnn's extractor runs on its own copy, so do its uploads here
   bool lightmode = true;                                               // the net's, or set_light_mode's
   // Vulkan nets: what extract downloaded, by blob name. ncnn's own extract keeps the downloaded copy, so a blob
   // extracted before comes back after light mode freed its device copy (pyncnn's behaviour).
@@ -664,7 +668,7 @@ std::string missing_input(const ::ncnn::Net& net, const HeldBlobs& held, const s
 // error code -100 from input(), before anything is recorded.
 int reserve_upload(const Extractor& e, const ::ncnn::Mat& in) {
   if (!e.allocators || in.empty()) return 0;
-  const ::ncnn::Option& opt = e.owner->net.opt;
+  const ::ncnn::Option& opt = e.opt;
   const ::ncnn::GpuInfo& info = e.allocators->vkdev->info;
   // record_upload's staging: float16 (or bfloat16) already on the host for a discrete GPU, else as given.
   ::ncnn::Mat staged_like = in;
@@ -692,7 +696,7 @@ int extract_reserving_download(Extractor& e, const std::string& name, ::ncnn::Ma
   // the copy uploaded for the layers after it (float16 where the net stores float16).
   if (vknorm::ncnn::computed_on_host(e.owner->net, name.c_str())) return e.ex->extract(name.c_str(), out);
   const ::ncnn::VulkanDevice* vkdev = e.allocators->vkdev;
-  ::ncnn::Option opt = e.owner->net.opt;
+  ::ncnn::Option opt = e.opt;
   opt.blob_vkallocator = opt.workspace_vkallocator = e.allocators->blob;
   opt.staging_vkallocator = e.allocators->staging;
   ForkSafe<::ncnn::VkCompute> cmd = e.owner->commands.take(vkdev);
@@ -713,7 +717,7 @@ auto holding(Extractor& e, F&& f) {
 
 // Extractor.input and extract, with holding()'s locks held.
 int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
-  check_vulkan_process(e.owner->net.opt);
+  check_vulkan_process(e.opt);
   if (e.stale("input")) return -1;
   if (in.empty()) {  // ncnn takes it, and its stock layers crash on the empty blob
     NCNN_LOGE("vknorm.graph: Extractor.input %s: the Mat is empty", name.c_str());
@@ -737,7 +741,7 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
   ::ncnn::Mat out;
   int r;
   std::string why;  // a refused plan's reason
-  check_vulkan_process(e.owner->net.opt);
+  check_vulkan_process(e.opt);
   if (e.stale("extract")) {
     r = -1;
   } else if (vknorm::ncnn::blob_index(e.owner->net, name.c_str()) < 0) {  // ncnn's -1, before anything is recorded: the extractor stays usable
@@ -788,14 +792,17 @@ std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& 
   return holding(e, [&] { return extract_held(e, name); });
 }
 
-// A blob's name from its index (pyncnn's input/extract by index); "" when out of range (logged).
+// A blob's name from its index (pyncnn's input/extract by index) as the model's own .param numbers it (a fused
+// net's renumbered blobs through the unfused model's names); "" when out of range (logged).
 std::string blob_name(Extractor& e, int index, const char* call) {
   ReleaseGil release;
   std::shared_lock<NetLock> net_lock(e.owner->lock);
   if (e.stale(call)) return "";
+  const std::vector<std::string>& unfused = e.owner->unfused_blobs;
   const std::vector<::ncnn::Blob>& blobs = e.owner->net.blobs();
-  if (index >= 0 && index < int(blobs.size())) return blobs[index].name;
-  NCNN_LOGE("vknorm.graph: Extractor.%s: blob index %d out of range (%d blobs)", call, index, int(blobs.size()));
+  const int count = unfused.empty() ? int(blobs.size()) : int(unfused.size());
+  if (index >= 0 && index < count) return unfused.empty() ? blobs[index].name : unfused[index];
+  NCNN_LOGE("vknorm.graph: Extractor.%s: blob index %d out of range (%d blobs)", call, index, count);
   return "";
 }
 
@@ -1206,6 +1213,7 @@ NB_MODULE(_graph, m) {
              e.ex->set_blob_allocator(e.host_blobs.get());
              e.ex->set_workspace_allocator(e.host_workspace.get());
              e.generation = n->generation;
+             e.opt = n->net.opt;
              e.lightmode = n->net.opt.lightmode;
              return e;
            })

@@ -315,6 +315,7 @@ FuseResult fuse_param(const std::string& text) {
   };
   std::map<int, std::vector<int>> after;  // lines emitted right after a fused layer (a Split it now feeds)
   FuseResult result;
+  for (const Line& l : L) result.blobs.insert(result.blobs.end(), l.tops.begin(), l.tops.end());
   for (int n = 0; n < int(L.size()); ++n) {
     Line& N = L[n];
     std::vector<int> hint;  // the norm's shape hint, given to every top of the fused layer
@@ -444,8 +445,10 @@ FuseResult fuse_param(const std::string& text) {
 }
 
 namespace {
-int load_fused_text(::ncnn::Net& net, const std::string& text, const char* origin, std::vector<FusedPattern>* fused) {
+int load_fused_text(::ncnn::Net& net, const std::string& text, const char* origin, std::vector<FusedPattern>* fused,
+                    std::vector<std::string>* blobs) {
   if (fused) fused->clear();
+  if (blobs) blobs->clear();
   FuseResult r;
   try {
     r = fuse_param(text);
@@ -455,11 +458,13 @@ int load_fused_text(::ncnn::Net& net, const std::string& text, const char* origi
   }
   const int ret = net.load_param_mem(r.param.c_str());
   if (fused && ret == 0) *fused = std::move(r.fused);  // what the loaded net holds
+  if (blobs && ret == 0) *blobs = std::move(r.blobs);
   return ret;
 }
 }  // namespace
 
-int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<FusedPattern>* fused) {
+int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<FusedPattern>* fused,
+                     std::vector<std::string>* blobs) {
   std::ifstream f(param_path, std::ios::binary);
   // Blocks up to the first token's first 8 bytes, and the rest only where that token is ncnn's magic number:
   // the weights given as the .param are refused from their first bytes, not read whole.
@@ -490,14 +495,16 @@ int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<Fused
   }
   if (unreadable) {
     if (fused) fused->clear();
+    if (blobs) blobs->clear();
     NCNN_LOGE("vknorm: cannot read %s", param_path);
     return -1;
   }
-  return load_fused_text(net, text, param_path, fused);
+  return load_fused_text(net, text, param_path, fused, blobs);
 }
 
-int load_param_mem_fused(::ncnn::Net& net, const char* param_text, std::vector<FusedPattern>* fused) {
-  return load_fused_text(net, param_text ? param_text : "", "load_param_mem", fused);
+int load_param_mem_fused(::ncnn::Net& net, const char* param_text, std::vector<FusedPattern>* fused,
+                         std::vector<std::string>* blobs) {
+  return load_fused_text(net, param_text ? param_text : "", "load_param_mem", fused, blobs);
 }
 
 }  // namespace ncnn

@@ -31,6 +31,7 @@ import graph_runs
 import validation_layer
 from availability import import_graph
 from reference import FP32_TOL
+from vknorm._stdio import quiet_stderr
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -628,6 +629,66 @@ def blob_index(param_text: str, name: str) -> int:
     return order.index(name)
 
 
+@pytest.mark.parametrize("vulkan", [True, False], ids=["vulkan", "cpu"])
+def test_a_blob_index_means_the_models_own_blob_in_a_fused_net_too(vulkan):
+    """An index is the model's as its .param numbers it (what pyncnn code holds): the rewrite removes blobs and
+    renumbers the rest, so a fused net resolves indices through the model as written. Every index gives the blob
+    of that name, as by name in the unfused net; one the rewrite removed gives -1 naming Net(fuse=False)."""
+    param, binp = (os.path.join(graph_runs.DATA, f"transformer_block.ncnn.{ext}") for ext in ("param", "bin"))
+    x = graph.Mat(np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32))
+    text = open(param).read()
+    names = []
+    for line in text.splitlines()[2:]:  # ncnn's numbering: every top, in the file's order
+        t = line.split()
+        names += t[4 + int(t[2]):4 + int(t[2]) + int(t[3])]
+    fused_text = graph._graph.fuse_param(text)[0]
+    kept = {n for line in fused_text.splitlines()[2:] for n in line.split()[4:] if "=" not in n}
+    nets = {}
+    for fuse in (False, True):
+        nets[fuse] = graph.configure(graph.Net(fuse=fuse), vulkan=vulkan, lightmode=False)
+        assert nets[fuse].load_param(param) == 0 and nets[fuse].load_model(binp) == 0
+    assert len(nets[True].fused()) == 2 and len(kept) < len(names)
+    gone = 0
+    for i, name in enumerate(names):
+        unfused = nets[False].create_extractor()
+        assert unfused.input(names.index("in0"), x) == 0
+        r, want = unfused.extract(name)
+        assert r == 0, name
+        fused = nets[True].create_extractor()
+        assert fused.input(names.index("in0"), x) == 0
+        log = []
+        with quiet_stderr(log):
+            r, got = fused.extract(i)
+        if name in kept:
+            w = np.array(want)  # the fused kernels' float32 rounding only, carried downstream
+            assert r == 0 and np.abs(np.array(got) - w).max() <= FP32_TOL * max(1.0, float(np.abs(w).max())), name
+        else:
+            gone += 1
+            assert r == -1 and any("Net(fuse=False)" in ln for ln in log), (name, log)
+    assert gone == len(names) - len(kept & set(names))
+    assert nets[True].create_extractor().extract(len(names))[0] == -1  # past the model's blobs
+
+
+def test_an_extractor_runs_on_the_options_the_net_had_when_it_was_made():
+    """ncnn's Extractor copies the net's options when it is made; its uploads and downloads here do too. Options
+    changed afterwards (bfloat16 and float16 storage, packing) left an extractor made before them reading the
+    live ones for its downloads: r 0, an output off by 1075."""
+    param, binp = (os.path.join(graph_runs.DATA, f"transformer_block.ncnn.{ext}") for ext in ("param", "bin"))
+    x = graph.Mat(np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32))
+    net = graph.configure(graph.Net(), vulkan=True)
+    assert net.load_param(param) == 0 and net.load_model(binp) == 0
+    ex = net.create_extractor()
+    assert ex.input("in0", x) == 0
+    r, want = ex.extract("out0")
+    assert r == 0
+    ex = net.create_extractor()
+    assert ex.input("in0", x) == 0
+    net.opt.use_bf16_storage = net.opt.use_fp16_storage = net.opt.use_fp16_packed = True
+    net.opt.use_packing_layout = False
+    r, got = ex.extract("out0")
+    assert r == 0 and np.array_equal(np.array(got), np.array(want))
+
+
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize("vulkan", [True, False], ids=["vulkan", "cpu"])
 def test_pyncnn_s_net_and_extractor_calls_work_as_in_pyncnn(vulkan, fuse):
@@ -652,11 +713,10 @@ def test_pyncnn_s_net_and_extractor_calls_work_as_in_pyncnn(vulkan, fuse):
     r, want = ex.extract("out0")
     assert r == 0
     text = open(param).read()
-    loaded_text = graph._graph.fuse_param(text)[0] if fuse else text
     with by_text as net:
         with net.create_extractor() as ex:
             assert ex.input(0, x) == 0  # in0 is blob 0
-            r, got = ex.extract(blob_index(loaded_text, "out0"))
+            r, got = ex.extract(blob_index(text, "out0"))  # the model's own numbering, fused or not
             assert r == 0 and np.array_equal(np.array(got), np.array(want))
             assert ex.extract(10_000)[0] == -1 and ex.input(-1, x) == -1
         assert ex.extract("out0")[0] == -1  # leaving the with block cleared the extractor: its input is gone

@@ -62,6 +62,9 @@ struct FusedPattern {
 struct FuseResult {
   std::string param;                  // the rewritten .param text (the .bin is unchanged: same weights, same order)
   std::vector<FusedPattern> fused;
+  // The input's blob names by ncnn's blob index (every top, in the file's order): the rewrite removes blobs and
+  // so renumbers the rest; an index the caller took from the unfused model names its blob here.
+  std::vector<std::string> blobs;
 };
 // Rewrites an ncnn text .param so every norm vknorm runs takes in
 //  - prologue: a two-input BinaryOp add (op_type 0, no scalar) whose output feeds the norm directly, or
@@ -77,11 +80,13 @@ struct FuseResult {
 // one per top).
 FuseResult fuse_param(const std::string& param_text);
 // Reads `param_path`, fuses it and loads it into `net` (register_layers first). Returns ncnn's
-// load_param code, -1 when the file cannot be read or parsed (logged); `fused` receives what was fused (empty
-// unless the load succeeded).
-int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<FusedPattern>* fused = nullptr);
+// load_param code, -1 when the file cannot be read or parsed (logged); `fused` receives what was fused and
+// `blobs` the unfused model's blob names by index (FuseResult::blobs; both empty unless the load succeeded).
+int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<FusedPattern>* fused = nullptr,
+                     std::vector<std::string>* blobs = nullptr);
 // The same for .param text already in memory (ncnn's load_param_mem: an Android asset, an embedded model).
-int load_param_mem_fused(::ncnn::Net& net, const char* param_text, std::vector<FusedPattern>* fused = nullptr);
+int load_param_mem_fused(::ncnn::Net& net, const char* param_text, std::vector<FusedPattern>* fused = nullptr,
+                         std::vector<std::string>* blobs = nullptr);
 
 // How vknorm layers ran. In a Vulkan net every forward is recorded on the GPU: cpu_forwards stays 0 (no
 // host round trip). pipelines counts ncnn::Pipeline objects created (a new one only for a new variant: kernel,

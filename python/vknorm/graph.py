@@ -17,6 +17,12 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
     y = np.array(out)
     print(net.vknorm_counters())              # {'vulkan_forwards': 12, 'cpu_forwards': 0, 'pipelines': ...}
 
+Not there (AttributeError): pyncnn's pixel helpers (``Mat.from_pixels*``, ``substract_mean_normalize``: convert
+with numpy first), ``Net.input_indexes`` / ``output_indexes`` / ``blobs`` (``input_names`` / ``output_names``
+are), custom Python layers, allocator objects, and the convolution tuning flags of ``Option``. bfloat16 storage
+(``opt.use_bf16_storage`` / ``use_bf16_packed``), where the device takes it, is refused by vknorm's layers at
+load (``Net(vknorm=False)`` runs it).
+
 This is ncnn compiled from its pinned source (1.0.20261020, tools/build_ncnn.sh) into vknorm itself, so
 a stock run and a vknorm run in one process share one ncnn. It lives beside pyncnn: the two copies of ncnn
 keep their symbols to themselves, so both can be imported in one process.
@@ -54,7 +60,9 @@ Mat: ``Mat(array)`` copies a numpy array of shape (w), (h, w), (c, h, w) or (c, 
 arrays too, as pyncnn's Mat); ``np.array(mat)`` / ``mat.numpy()`` copy back; ``fill``, ``clone`` and ``reshape``
 as pyncnn's, and pyncnn's shape constructors ``Mat(w)``, ``Mat(w, h)``, ``Mat(w, h, c)``, ``Mat(w, h, d, c)``
 (zeroed float32). pyncnn's ``Net.load_param_mem`` (text or bytes; fused like ``load_param``),
-``Extractor.input`` / ``extract`` by blob index, ``Extractor.set_light_mode`` and ``with`` blocks (leaving one
+``Extractor.input`` / ``extract`` by blob index (the model's own numbering, as its .param gives it: a fused net
+resolves an index through the model as written, and one whose blob the rewrite removed gives -1),
+``Extractor.set_light_mode`` and ``with`` blocks (leaving one
 clears the Net or Extractor) work too; ``extract`` gives the blob as float32 (pyncnn's ``type=0``) and always as a
 copy of the caller's own.
 
