@@ -470,13 +470,14 @@ def test_results_read_from_uncached_mapped_memory_are_copied_out_and_right(monke
 def test_a_fence_polling_time_past_the_clocks_range_polls_until_done(monkeypatch, spin_us):
     """VKNORM_FENCE_SPIN_US takes any whole number up to 2^64 - 1: a time longer than the steady clock can add to
     now polls until the submission is done, as 10 s does, never wrapping round to a deadline already past (that
-    would block at once: no polling at all). Told apart by the calling thread's CPU time over one submission of 8
+    would block at once: no polling at all). Told apart by the calling thread's CPU time over one submission of 16
     back-to-back forwards of 512x4096 (forward_repeated), tens of ms on lavapipe: polling spends most of the wall
-    time on that thread (>= 25%; ~95% measured), blocking almost none (< 10%; ~1% measured, the control with 0).
+    time on that thread (55-100% measured: on 2 cores it shares them with lavapipe's threads), blocking little
+    (1-2% measured, once 13% on a loaded 2-core machine: the control with 0): >= 35% against < 30%.
     Only on CPU devices: a GPU driver's own blocking wait may spin (NVIDIA's H200 driver: 60% busy blocking)."""
     if _core.Context.create(0).info["type"] != "cpu":
         pytest.skip("a GPU driver's blocking fence wait may itself spin: CPU time cannot tell polling from blocking")
-    rows, reps = 512, 8
+    rows, reps = 512, 16
     x = np.random.default_rng(3).standard_normal((rows, 4096)).astype(np.float32)
 
     def busy_share(spin):
@@ -492,5 +493,5 @@ def test_a_fence_polling_time_past_the_clocks_range_polls_until_done(monkeypatch
         layer._layer.forward_repeated(v, opt, 0, reps)
         return (time.thread_time() - cpu) / (time.perf_counter() - wall)
 
-    assert busy_share("0") < 0.1  # the control: blocking waits take no CPU time of this thread
-    assert busy_share(spin_us) >= 0.25
+    assert busy_share("0") < 0.3  # the control: blocking waits take (almost) no CPU time of this thread
+    assert busy_share(spin_us) >= 0.35
