@@ -709,13 +709,8 @@ int run(const Args& args) {
       barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
               VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
     };
-    // vknorm's writes before the engine's copy back, the copy, the end of the command buffer; submit and wait
-    auto copy_back_and_submit = [&] {
-      barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
-              VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
-      vkCmdCopyBuffer(cmd, storage_buffer, readback_buffer, 1, &whole);
-      barrier(cmd, readback_buffer, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
-              VK_ACCESS_HOST_READ_BIT);
+    // The end of the command buffer; submit and wait (the wall time of both, us)
+    auto end_and_submit = [&] {
       check(vkEndCommandBuffer(cmd), "vkEndCommandBuffer");
       auto si = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
       si.commandBufferCount = 1;
@@ -725,6 +720,15 @@ int run(const Args& args) {
       check(vkQueueSubmit(e.queue, 1, &si, e.fence), "vkQueueSubmit");
       check(vkWaitForFences(e.device, 1, &e.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
       return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    };
+    // vknorm's writes before the engine's copy back, the copy, the end of the command buffer; submit and wait
+    auto copy_back_and_submit = [&] {
+      barrier(cmd, storage_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+              VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
+      vkCmdCopyBuffer(cmd, storage_buffer, readback_buffer, 1, &whole);
+      barrier(cmd, readback_buffer, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+              VK_ACCESS_HOST_READ_BIT);
+      return end_and_submit();
     };
     if (args.reload) {  // other weights, recorded into a command buffer never submitted; then the real ones
       auto other = [](const std::vector<float>& v) {
@@ -822,61 +826,37 @@ int run(const Args& args) {
       norm_b.release_descriptors();
       vkFreeCommandBuffers(e.device, e.pool, 1, &cmd);
     }
-    if (args.sizes) {  // another frame: B's Recorder over inputs of N sizes, each in a region of its own
-      struct Region {
-        int w;
-        size_t cstep;
-        uint64_t offset;
-      };
-      std::vector<Region> regions;
+    if (args.sizes) {  // another frame: B's Recorder over inputs of N sizes, each a blob of its own in one buffer
+      std::vector<Blob> blobs;
       const size_t pipelines_before = norm_b.pipelines();
       uint64_t bytes = 0;
       for (int k = 0; k < args.sizes; ++k) {
-        const int w = 100 + k;
-        regions.push_back({w, size_t(align_up(uint64_t(w), 4)), bytes});
-        bytes = align_up(bytes + uint64_t(b.c) * regions.back().cstep * sizeof(float), align);
+        Blob& r = blobs.emplace_back(b.p, b.c, 1, 100 + k, 1);  // c=3 h=1 w=100+k, pack1: group size w
+        r.gamma = b.gamma, r.beta = b.beta, r.offset = bytes;
+        r.x.assign(size_t(r.c) * r.cstep1, 0.f);
+        for (int q = 0; q < r.c; ++q)
+          for (int i = 0; i < r.w; ++i) r.x[size_t(q) * r.cstep1 + i] = float(q) + std::sin(0.37f * float(i));
+        bytes = align_up(bytes + r.span(), align);
       }
       Engine::Buffer many = e.buffer(bytes, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
                                      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
-      auto x_at = [](int q, int i) { return float(q) + std::sin(0.37f * float(i)); };
-      for (const Region& r : regions)
-        for (int q = 0; q < b.c; ++q)
-          for (int i = 0; i < r.w; ++i)
-            static_cast<float*>(many.mapped)[r.offset / 4 + size_t(q) * r.cstep + i] = x_at(q, i);
+      auto at = [&](const Blob& r) { return static_cast<float*>(many.mapped) + r.offset / sizeof(float); };
+      for (const Blob& r : blobs) pack(r, at(r));
       check(vkAllocateCommandBuffers(e.device, &cai, &cmd), "vkAllocateCommandBuffers");
       check(vkBeginCommandBuffer(cmd, &begin), "vkBeginCommandBuffer");
       barrier(cmd, many.buffer, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
               VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
-      for (const Region& r : regions)
-        norm_b.record(cmd, {many.buffer, r.offset, vknorm::blob_span_bytes(3, r.w, 1, 1, b.c, r.cstep, 1, false)}, 3, r.w, 1,
-                      1, b.c, r.cstep, 1, false);
+      for (const Blob& r : blobs)
+        norm_b.record(cmd, {many.buffer, r.offset, r.span()}, 3, r.w, r.h, 1, r.packed_c(), r.cstep, r.elempack, false);
       barrier(cmd, many.buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
               VK_ACCESS_HOST_READ_BIT);
-      check(vkEndCommandBuffer(cmd), "vkEndCommandBuffer");
-      auto si = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
-      si.commandBufferCount = 1;
-      si.pCommandBuffers = &cmd;
-      check(vkResetFences(e.device, 1, &e.fence), "vkResetFences");
-      check(vkQueueSubmit(e.queue, 1, &si, e.fence), "vkQueueSubmit");
-      check(vkWaitForFences(e.device, 1, &e.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+      end_and_submit();
       if (args.timing) (void)norm_b.gpu_times_us();  // this frame's times: not the ones --timing prints
       double worst = 0;  // in units of the tolerance
-      for (const Region& r : regions)
-        for (int q = 0; q < b.c; ++q) {
-          double mean = 0, var = 0;
-          for (int i = 0; i < r.w; ++i) mean += x_at(q, i);
-          mean /= r.w;
-          for (int i = 0; i < r.w; ++i) var += (x_at(q, i) - mean) * (x_at(q, i) - mean);
-          var /= r.w;
-          const double a = b.gamma[q] / std::sqrt(var + double(b.p.eps));
-          double scale = 1, err = 0;
-          for (int i = 0; i < r.w; ++i) {
-            const double want = (x_at(q, i) - mean) * a + b.beta[q];
-            scale = std::max(scale, std::fabs(want));
-            err = std::max(err, std::fabs(static_cast<const float*>(many.mapped)[r.offset / 4 + size_t(q) * r.cstep + i] - want));
-          }
-          worst = std::max(worst, err / (kUlps * FLT_EPSILON * scale));
-        }
+      for (const Blob& r : blobs) {
+        const std::vector<double> ref = reference64(r, 1);
+        worst = std::max(worst, max_abs_err(r, unpack(r, at(r)), ref) / (kUlps * FLT_EPSILON * scale_of(r, ref)));
+      }
       std::printf("sizes: %s over %d group sizes (w = 100..%d): %zu pipelines kept (%zu before); max error %.3f of the "
                   "bound\n", vknorm::op_name(b.p.op), args.sizes, 99 + args.sizes, norm_b.pipelines(), pipelines_before, worst);
       if (!(worst <= 1)) sizes_failures = 1;

@@ -204,33 +204,30 @@ struct Grid {
 Grid fold_workgroups(uint64_t workgroups, uint32_t max_count_x);
 
 // The group sizes a layer plans with the size as a specialization constant (its kernels' loops unrolled): an app
-// feeding inputs of any size would otherwise compile and keep a pipeline per size (vknorm's own layers and ncnn's; a
-// Recorder still keeps one per size). The first kMax sizes met are; later ones plan without it (DeviceCaps::
-// specialize_shape off: fused plans hold a power of two of elements each) and share pipelines per kernel and team.
+// feeding inputs of any size would otherwise compile and keep a pipeline per size (vknorm's own layers, ncnn's and
+// a Recorder's). The first kMax sizes met are; later ones plan without it (DeviceCaps::specialize_shape off: fused
+// plans hold a power of two of elements each) and share pipelines per kernel and team.
 class SpecializedSizes {
  public:
   static constexpr size_t kMax = 16;
   // caps for a forward over groups of group_size: specialize_shape turned off past the first kMax sizes.
-  DeviceCaps admit(DeviceCaps caps, uint32_t group_size) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!sizes_.count(group_size)) {
-      if (sizes_.size() < kMax) sizes_.insert(group_size);
-      else caps.specialize_shape = false;
-    }
-    return caps;
-  }
+  DeviceCaps admit(DeviceCaps caps, uint32_t group_size) { return decide(caps, group_size, true); }
   // What admit would give, the size left unadmitted (an executor that may still refuse the forward).
-  DeviceCaps peek(DeviceCaps caps, uint32_t group_size) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!sizes_.count(group_size) && sizes_.size() >= kMax) caps.specialize_shape = false;
-    return caps;
-  }
+  DeviceCaps peek(DeviceCaps caps, uint32_t group_size) { return decide(caps, group_size, false); }
   void clear() {
     std::lock_guard<std::mutex> lock(mutex_);
     sizes_.clear();
   }
 
  private:
+  DeviceCaps decide(DeviceCaps caps, uint32_t group_size, bool take) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!sizes_.count(group_size)) {
+      if (sizes_.size() >= kMax) caps.specialize_shape = false;
+      else if (take) sizes_.insert(group_size);
+    }
+    return caps;
+  }
   std::mutex mutex_;
   std::set<uint32_t> sizes_;
 };

@@ -211,27 +211,30 @@ def test_bench_model_survives_ncnn_crashing_on_an_input_shape():
     assert "--input in0=16x65" in lines[0] and "do the --input shapes match" in lines[0], lines[0]
 
 
-def _children(pid: int) -> list:
-    """The live processes whose parent is pid (a zombie, killed and not yet reaped, is not live)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out.append(int(entry))
-    return out
+def _state_and_parent(pid: int):
+    """(state letter, parent pid) from /proc, or None for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # past the command name, which may hold spaces
+    except OSError:
+        return None
+    return fields[0], int(fields[1])
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    """Running still: a zombie (killed, not yet reaped) is not."""
+    stat = _state_and_parent(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def _children(pid: int) -> list:
+    """The live processes whose parent is pid."""
+    out = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        stat = _state_and_parent(int(entry))
+        if stat is not None and stat[1] == pid and stat[0] != "Z":
+            out.append(int(entry))
+    return out
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])

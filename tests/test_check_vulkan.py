@@ -22,7 +22,7 @@ import pytest
 
 import vknorm
 from vknorm import check as vkcheck
-from availability import has_graph, import_or_missing, missing, needs_graph, needs_vulkan
+from availability import import_graph, import_or_missing, needs_graph, needs_vulkan
 from reference import norm64
 # the committed models and the CLI error contract, one place
 from test_ncnn_models import MODELS, ROOT, assert_one_line_error, model_files
@@ -78,8 +78,7 @@ def write_offset_model(tmp: Path):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    if not has_graph():
-        missing("vknorm built without ncnn")
+    import_graph()
     tmp = tmp_path_factory.mktemp("check_vulkan")
     op, ob = write_offset_model(tmp)
     jobs = {}
@@ -295,8 +294,7 @@ def test_an_output_is_judged_where_stock_vulkans_output_is_as_finite_as_the_cpus
 
 @pytest.fixture(scope="module")
 def error_runs(tmp_path_factory):
-    if not has_graph():
-        missing("vknorm built without ncnn")
+    import_graph()
     tmp = tmp_path_factory.mktemp("check_vulkan_errors")
     p, b = model_files("transformer_block")
     (tmp / "trunc.bin").write_bytes(Path(b).read_bytes()[:-10])
@@ -360,8 +358,8 @@ def _limit_memory():  # a regression that reads /dev/zero whole then fails at 4 
 def test_a_model_file_that_is_not_a_regular_file_is_one_line_and_exit_2_at_once(tmp_path, command, which):
     """A named pipe would wait for a writer forever, /dev/zero read without end, a directory fails to read:
     each is refused before a byte is read, naming the file and what it is, for check and optimize alike."""
-    if "--vulkan" in command and not has_graph():
-        missing("vknorm built without ncnn")
+    if "--vulkan" in command:
+        import_graph()
     fifo = tmp_path / "model.fifo"
     os.mkfifo(fifo)
     p, b = model_files("layernorm_2d")
@@ -392,8 +390,8 @@ def test_weights_given_as_the_param_are_refused_from_their_first_bytes(tmp_path,
     """The arguments swapped (an 8 GiB .bin as the .param): one line and exit 2 within a 4 GiB address space,
     at once, where the whole file used to be read first (out of memory, or "out of memory: try smaller
     shapes" from check)."""
-    if "--vulkan" in command and not has_graph():
-        missing("vknorm built without ncnn")
+    if "--vulkan" in command:
+        import_graph()
     big = sparse_weights_file(tmp_path / "weights.bin")
     p, b = model_files("layernorm_2d")
     cmd = command.split()

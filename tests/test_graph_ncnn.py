@@ -616,8 +616,8 @@ def test_light_mode_extracting_a_freed_blob_after_the_output_is_refused_in_fused
     assert "unsupported blob" not in proc.stderr, proc.stderr[-2000:]
 
 
-def blob_index(param_text: str, name: str) -> int:
-    """ncnn numbers blobs in the order a .param first names them (bottoms, then tops, layer by layer)."""
+def blob_names(param_text: str) -> list:
+    """The blobs by ncnn's index: in the order a .param first names them (bottoms, then tops, layer by layer)."""
     order = []
     for line in param_text.splitlines()[2:]:
         t = line.split()
@@ -626,7 +626,11 @@ def blob_index(param_text: str, name: str) -> int:
         for blob in t[4:4 + int(t[2]) + int(t[3])]:
             if blob not in order:
                 order.append(blob)
-    return order.index(name)
+    return order
+
+
+def blob_index(param_text: str, name: str) -> int:
+    return blob_names(param_text).index(name)
 
 
 @pytest.mark.parametrize("vulkan", [True, False], ids=["vulkan", "cpu"])
@@ -637,12 +641,8 @@ def test_a_blob_index_means_the_models_own_blob_in_a_fused_net_too(vulkan):
     param, binp = (os.path.join(graph_runs.DATA, f"transformer_block.ncnn.{ext}") for ext in ("param", "bin"))
     x = graph.Mat(np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32))
     text = open(param).read()
-    names = []
-    for line in text.splitlines()[2:]:  # ncnn's numbering: every top, in the file's order
-        t = line.split()
-        names += t[4 + int(t[2]):4 + int(t[2]) + int(t[3])]
-    fused_text = graph._graph.fuse_param(text)[0]
-    kept = {n for line in fused_text.splitlines()[2:] for n in line.split()[4:] if "=" not in n}
+    names = blob_names(text)
+    kept = set(blob_names(graph._graph.fuse_param(text)[0]))
     nets = {}
     for fuse in (False, True):
         nets[fuse] = graph.configure(graph.Net(fuse=fuse), vulkan=vulkan, lightmode=False)

@@ -369,11 +369,12 @@ class _Norm:
         return self._forward(x, device, option, f"{type(self).__name__}.forward")
 
     def _forward(self, x, device, option: Optional[Option], where: str):
+        device = self.device if device is None else device  # the call's, else the layer's
         if isinstance(x, _core.VkMat):
-            _check_vkmat_device(device if device is not None else self.device, (x,), where)
+            _check_vkmat_device(device, (x,), where)
             return self._layer.forward(x, self._native_option(option))
         a = _check_array(x, where)
-        ctx = _context_for(device if device is not None else self.device)
+        ctx = _context_for(device)
         if ctx is None:  # ncnn's CPU algorithm, on a Mat of its own
             mat = _core.Mat.from_numpy(_as_input(a))
             self._layer.forward_inplace_cpu(mat)
@@ -388,7 +389,7 @@ class _Norm:
         lives on: device=, if given, must name that device (ValueError otherwise)."""
         where = f"{type(self).__name__}.forward_inplace"
         if isinstance(x, _core.VkMat):
-            _check_vkmat_device(device if device is not None else self.device, (x,), where)
+            _check_vkmat_device(self.device if device is None else device, (x,), where)
             self._layer.forward_inplace(x, self._native_option(option))
             return x
         if isinstance(x, _core.Mat):
@@ -435,17 +436,18 @@ class _Norm:
         if not isinstance(return_sum, (bool, np.bool_)):
             raise TypeError(f"{where}: return_sum must be True or False, got {return_sum!r}")
         return_sum = bool(return_sum)
+        device = self.device if device is None else device  # the call's, else the layer's
         opt = self._native_option(option)
         if isinstance(x, _core.VkMat) or isinstance(residual, _core.VkMat):
             if not (isinstance(x, _core.VkMat) and isinstance(residual, _core.VkMat)):
                 raise TypeError(f"{where}: x and residual must both be VkMats or both numpy arrays")
-            _check_vkmat_device(device if device is not None else self.device, (x, residual), where)
+            _check_vkmat_device(device, (x, residual), where)
             y, s = self._layer.forward_add(x, residual, return_sum, opt)
             return (y, s) if return_sum else y
         a, r = _check_array(x, where), _check_array(residual, where)
         if a.shape != r.shape:
             raise ValueError(f"{where}: x {a.shape} and residual {r.shape} differ in shape (no broadcasting)")
-        ctx = _context_for(device if device is not None else self.device)
+        ctx = _context_for(device)
         if ctx is None:  # ncnn's CPU layers: the add in float32, then the norm; float16 input gets float16 back
             s = a.astype(np.float32) + r.astype(np.float32)
             y = self(s, device="cpu")
