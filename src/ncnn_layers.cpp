@@ -330,7 +330,8 @@ class NormLayer : public ::ncnn::Layer {
   }
 
   // Vulkan, fused add: one kernel reads both inputs and writes the output (and the sum). Inputs that
-  // differ in shape, packing or storage go through ncnn's BinaryOp first, then this layer in place.
+  // differ in shape, packing or storage go through ncnn's BinaryOp first, then this layer: in place on the
+  // sum, or from it into a blob of its own where the sum is an output too.
   int forward(const std::vector<::ncnn::VkMat>& bottoms, std::vector<::ncnn::VkMat>& tops, ::ncnn::VkCompute& cmd,
               const ::ncnn::Option& opt) const override {
     if (int r = check_blob_counts(bottoms.size(), tops.size())) return r;
@@ -354,13 +355,11 @@ class NormLayer : public ::ncnn::Layer {
     ++g_unfused_adds;
     std::vector<::ncnn::VkMat> sum(1);
     if (int r = add_vk_->forward(bottoms, sum, cmd, opt)) return r;
-    if (write_sum) {
-      tops[1] = sum[0];
-      cmd.record_clone(sum[0], tops[0], opt);
-      if (tops[0].empty()) return -100;
-    } else {
-      tops[0] = sum[0];
+    if (write_sum) {  // not a copy of the sum normalized in place: ncnn's copy into a recycled block does not
+      tops[1] = sum[0];  // wait for that block's last shader writes
+      return forward(sum[0], tops[0], cmd, opt);
     }
+    tops[0] = sum[0];
     return record_forward(tops[0], nullptr, cmd, opt);
   }
 

@@ -635,13 +635,19 @@ void check_fused_add_fits(const Context::Impl& impl, uint64_t bytes) {
 }
 
 // The checks every fused add makes before recording: one layout for both inputs, one buffer each.
-GroupLayout add_layout(const Norm::Gpu& gpu, const VkMat& x, const VkMat& r) {
+// The inputs alone, checked before the layer takes their device (an empty x would otherwise bind the layer to the
+// default one).
+void check_add_inputs(const VkMat& x, const VkMat& r) {
   check_vkmat(x, "forward_add");
   check_vkmat(r, "forward_add (residual)");
   if (x.context() != r.context()) throw std::invalid_argument("forward_add: x and residual live on different devices");
   if (x.dims != r.dims || x.w != r.w || x.h != r.h || x.d != r.d || x.c != r.c || x.elemsize != r.elemsize ||
       x.elempack != r.elempack || x.cstep != r.cstep)
     refuse_unfused_add();
+}
+
+GroupLayout add_layout(const Norm::Gpu& gpu, const VkMat& x, const VkMat& r) {
+  check_add_inputs(x, r);
   check_fused_add_fits(gpu.ctx->impl(), x.bytes());
   gpu.check_weights(gpu.gamma_data.size(), gpu.beta_data.size());
   return gpu.layout(x.dims, x.w, x.h, x.d, x.c, x.cstep, x.elempack);
@@ -649,6 +655,7 @@ GroupLayout add_layout(const Norm::Gpu& gpu, const VkMat& x, const VkMat& r) {
 }  // namespace
 
 VkMat Norm::forward_add(const VkMat& x, const VkMat& residual, VkMat* sum, const Option& opt) {
+  check_add_inputs(x, residual);
   const std::shared_ptr<Gpu> gpu = gpu_for(x.context());
   const GroupLayout g = add_layout(*gpu, x, residual);
   ensure_weights(*gpu);

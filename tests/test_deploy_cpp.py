@@ -248,7 +248,7 @@ def test_cpp_api_promises_no_example_shows(cpp_tests):
     not its context's, is refused; Mat::create and blob_span_bytes refuse
     sizes that are negative or wrap 64 bits; layout_as, converted and ncnn_cstep refuse packings and element sizes
     they would divide by (0, 3; 6 channels by 4; elemsize 0); moved-from Mats and VkMats are empty; create_pipeline
-    uploads complete weights; ParamDict reads a float set for an int param as not given, as ncnn's does (a .param's
+    uploads complete weights; forward_add refuses an empty VkMat before binding the layer to a device; ParamDict reads a float set for an int param as not given, as ncnn's does (a .param's
     0=16.0 is affine_size 0). Each check prints ok or FAIL. It makes a
     context of its own beside the default one and exits cleanly under the validation layer (the default
     context, released after the layer's own teardown, crashed it at exit: SIGSEGV)."""
@@ -256,7 +256,7 @@ def test_cpp_api_promises_no_example_shows(cpp_tests):
                           env=dict(os.environ, VKNORM_VALIDATION="1"))
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and not any(ln.startswith("FAIL") for ln in lines), proc.stdout + proc.stderr
-    assert sum(ln.startswith("ok: ") for ln in lines) == 67, proc.stdout
+    assert sum(ln.startswith("ok: ") for ln in lines) == 68, proc.stdout
 
 
 def test_the_static_library_defines_nothing_in_vulkan_hpps_own_namespace(installed):

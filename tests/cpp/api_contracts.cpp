@@ -33,7 +33,8 @@
 //   - layout_as / converted refuse a packing other than 1 or 4 or one the channels do not divide by, ncnn_cstep
 //     an element size of 0;
 //   - a moved-from Mat or VkMat is empty (dims 0, no memory), not a shape whose memory went elsewhere;
-//   - create_pipeline uploads the weights load_model gave (and leaves weights not yet given to the first forward).
+//   - create_pipeline uploads the weights load_model gave (and leaves weights not yet given to the first forward);
+//   - forward_add refuses an empty VkMat before taking any device: the layer then runs on a context of its caller's.
 #include <vknorm/norm.h>
 #include <vknorm/recorder.h>
 
@@ -712,6 +713,32 @@ int main() {
       report(without_weights == before && with_weights > before && own->live_buffers() >= with_weights && same,
              "create_pipeline uploads complete weights, and leaves missing ones to the first forward (buffers " +
                  std::to_string(before) + " -> " + std::to_string(without_weights) + " -> " + std::to_string(with_weights) + ")");
+    }
+
+    // ---- a refused input leaves the layer on no device
+    {
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      vknorm::ParamDict p;
+      p.set(0, 16);
+      p.set(2, 0);  // no weights
+      l.load_param(p);
+      bool refused = false;
+      try {
+        l.forward_add(vknorm::VkMat(), vknorm::VkMat());
+      } catch (const std::invalid_argument&) {
+        refused = true;
+      }
+      auto own = vknorm::Context::create();
+      const vknorm::Mat m = ramp(1, 2, 16);
+      std::string error;
+      try {
+        const vknorm::VkMat v = vknorm::VkMat::upload(m, own);
+        l.forward_add(v, v).download();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      report(refused && error.empty(), "forward_add refuses an empty VkMat without binding the layer to a device" +
+                                           (error.empty() ? std::string() : " (then: " + error + ")"));
     }
   } catch (const vknorm::VulkanUnavailable& e) {
     std::printf("no Vulkan device: %s\n", e.what());
