@@ -25,8 +25,8 @@
 //   --tol X           error bound relative to max(1, max|y|) (default 1e-5, or 4e-3 with --fp16)
 //
 // Prints the device, the shape and the max abs error of each run; exits 1 when an error exceeds the
-// tolerance (or, with VKNORM_VALIDATION=1, when the validation layer reported anything), 2 on bad
-// arguments or files, 3 when Vulkan is unavailable.
+// tolerance (or, with VKNORM_VALIDATION=1, when the validation layer reported anything) or the device
+// fails, 2 on bad arguments, files or a layer that cannot take its input, 3 when Vulkan is unavailable.
 #include <vknorm/vknorm.h>
 
 #include <algorithm>
@@ -202,31 +202,33 @@ int main(int argc, char** argv) {
     std::cerr << "layernorm_example: " << e.what() << "\n";
     return 2;
   }
-  vknorm::Norm& ln = *layer;
-  const bool by_row = ln.op == vknorm::NormOp::LayerNorm || ln.op == vknorm::NormOp::RMSNorm;
-
-  // Input: c channels of h rows of w. LayerNorm/RMSNorm: w = affine_size, normalized row by row (ncnn:
-  // affine_size == w); GroupNorm/InstanceNorm: the layer's channels.
-  const int w = by_row ? ln.affine_size : args.w;
-  const int c = !by_row && ln.channels > 0 ? ln.channels : args.c;
-  vknorm::Mat x = vknorm::Mat::create(3, w, args.h, 1, c);
-  Lcg rng{7767517};
-  for (int q = 0; q < x.c; ++q) {
-    float* p = reinterpret_cast<float*>(x.channel(q));
-    // Channel offsets; kept small for GroupNorm/InstanceNorm, whose groups span channels: ncnn's
-    // float32 sums (the CPU reference) lose digits on large means, the Vulkan kernels do not.
-    const float offset = 0.5f * float(by_row ? q : q % 4);
-    for (int i = 0; i < w * args.h; ++i) p[i] = rng.next() + offset;
-  }
-  // fp16 storage: the device holds float16, so the reference starts from the same rounded input.
-  vknorm::Mat x_ref = args.fp16 ? vknorm::cast_fp32(vknorm::cast_fp16(x)) : x.clone();
-  ln.forward_inplace_cpu(x_ref);
-  const std::vector<float> ref = values(x_ref);
-  double ymax = 1;
-  for (float v : ref) ymax = std::max(ymax, double(std::fabs(v)));
-  const double bound = args.tol * ymax;
-
+  // Everything below may throw too: the shape the CPU reference refuses (std::invalid_argument: a bad layer or
+  // input, exit 2), Vulkan missing (exit 3), or a device that fails (out of memory, lost: exit 1).
   try {
+    vknorm::Norm& ln = *layer;
+    const bool by_row = ln.op == vknorm::NormOp::LayerNorm || ln.op == vknorm::NormOp::RMSNorm;
+
+    // Input: c channels of h rows of w. LayerNorm/RMSNorm: w = affine_size, normalized row by row (ncnn:
+    // affine_size == w); GroupNorm/InstanceNorm: the layer's channels.
+    const int w = by_row ? ln.affine_size : args.w;
+    const int c = !by_row && ln.channels > 0 ? ln.channels : args.c;
+    vknorm::Mat x = vknorm::Mat::create(3, w, args.h, 1, c);
+    Lcg rng{7767517};
+    for (int q = 0; q < x.c; ++q) {
+      float* p = reinterpret_cast<float*>(x.channel(q));
+      // Channel offsets; kept small for GroupNorm/InstanceNorm, whose groups span channels: ncnn's
+      // float32 sums (the CPU reference) lose digits on large means, the Vulkan kernels do not.
+      const float offset = 0.5f * float(by_row ? q : q % 4);
+      for (int i = 0; i < w * args.h; ++i) p[i] = rng.next() + offset;
+    }
+    // fp16 storage: the device holds float16, so the reference starts from the same rounded input.
+    vknorm::Mat x_ref = args.fp16 ? vknorm::cast_fp32(vknorm::cast_fp16(x)) : x.clone();
+    ln.forward_inplace_cpu(x_ref);
+    const std::vector<float> ref = values(x_ref);
+    double ymax = 1;
+    for (float v : ref) ymax = std::max(ymax, double(std::fabs(v)));
+    const double bound = args.tol * ymax;
+
     auto ctx = vknorm::Context::create(args.device);
     vknorm::Option opt;
     opt.use_fp16_storage = args.fp16;
@@ -271,8 +273,11 @@ int main(int argc, char** argv) {
   } catch (const vknorm::VulkanUnavailable& e) {
     std::cerr << "layernorm_example: " << e.what() << "\n";
     return 3;
-  } catch (const std::exception& e) {
+  } catch (const std::invalid_argument& e) {
     std::cerr << "layernorm_example: " << e.what() << "\n";
     return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "layernorm_example: the run failed: " << e.what() << "\n";
+    return 1;
   }
 }

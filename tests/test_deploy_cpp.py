@@ -211,6 +211,11 @@ def test_example_defaults_and_exit_codes(example, tmp_path):
     param.write_text("LayerNorm ln 1 1 a b 0=16\n")
     bad = subprocess.run([example, str(param), str(short)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "too short for gamma" in bad.stderr, bad.stderr
+    # a layer that loads but cannot take the input (GroupNorm without channels, no weights to read): exit 2, not
+    # an uncaught exception
+    param.write_text("GroupNorm gn 1 1 a b 0=1 1=0 3=0\n")
+    bad = subprocess.run([example, str(param), str(short), "--c", "4"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "channels=0 cannot split an input of 4 channels" in bad.stderr, bad.stderr
 
 
 if __name__ == "__main__":
