@@ -68,8 +68,9 @@
 //
 // VKNORM_VALIDATION=1: the Khronos validation layer with synchronization validation, when installed,
 // and a debug messenger; any message fails the run (exit 1) and is printed.
-// Exit: 0 OK, 1 an error past the tolerance / a changed byte / a validation message, 2 vknorm refused
-// an input or bad arguments, 3 no Vulkan device, 4 --misalign on a device that aligns every offset.
+// Exit: 0 OK, 1 an error past the tolerance / a changed byte / a validation message / a Vulkan call that failed
+// during the run, 2 vknorm refused an input or bad arguments, 3 no Vulkan device (the engine could not set one
+// up), 4 --misalign on a device that aligns every offset.
 #include <vulkan/vulkan.h>
 
 #include <vknorm/norm.h>
@@ -85,6 +86,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -110,6 +112,10 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlagBitsEXT
 
 struct VulkanError : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+// The engine could not set up a device at all (exit 3); a Vulkan call failing later is a failed run (exit 1).
+struct NoVulkanDevice : VulkanError {
+  using VulkanError::VulkanError;
 };
 
 void check(VkResult r, const char* what) {
@@ -148,7 +154,23 @@ struct Engine {
   };
   std::vector<Buffer> buffers;
 
+  // A constructor that throws runs no destructor: what it made so far is destroyed here.
   Engine() {
+    try {
+      open();
+    } catch (const VulkanError& e) {
+      close();
+      throw NoVulkanDevice(e.what());
+    } catch (...) {
+      close();
+      throw;
+    }
+  }
+  ~Engine() { close(); }
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  void open() {
     uint32_t loader = VK_API_VERSION_1_0;
     auto enumerate_version =
         reinterpret_cast<PFN_vkEnumerateInstanceVersion>(vkGetInstanceProcAddr(nullptr, "vkEnumerateInstanceVersion"));
@@ -262,26 +284,28 @@ struct Engine {
     check(vkCreateFence(device, &fci, nullptr, &fence), "vkCreateFence");
   }
 
-  ~Engine() {
+  void close() {
     if (device) {
       vkDeviceWaitIdle(device);
       for (auto& b : buffers) {
         if (b.buffer) vkDestroyBuffer(device, b.buffer, nullptr);
         if (b.memory) vkFreeMemory(device, b.memory, nullptr);
       }
+      buffers.clear();
       if (fence) vkDestroyFence(device, fence, nullptr);
       if (pool) vkDestroyCommandPool(device, pool, nullptr);
       vkDestroyDevice(device, nullptr);
+      fence = VK_NULL_HANDLE, pool = VK_NULL_HANDLE, device = VK_NULL_HANDLE;
     }
     if (messenger) {
       auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
           vkGetInstanceProcAddr(instance, "vkDestroyDebugUtilsMessengerEXT"));
       if (destroy) destroy(instance, messenger, nullptr);
+      messenger = VK_NULL_HANDLE;
     }
     if (instance) vkDestroyInstance(instance, nullptr);
+    instance = VK_NULL_HANDLE;
   }
-  Engine(const Engine&) = delete;
-  Engine& operator=(const Engine&) = delete;
 
   Buffer buffer(VkDeviceSize size, VkBufferUsageFlags usage, VkMemoryPropertyFlags want) {
     buffers.emplace_back();
@@ -463,6 +487,8 @@ struct ScopedEnv {
     if (had) setenv(name, old.c_str(), 1);
     else unsetenv(name);
   }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
 };
 
 // A call vknorm must refuse with std::invalid_argument, recording nothing.
@@ -518,9 +544,9 @@ int try_refusals(VkCommandBuffer cmd, const vknorm::VulkanHandles& handles, VkBu
       {"float16 elempack-1 groups with 16-bit storage hidden by the capability profile",
        [&] {  // the engine enabled the feature; VKNORM_NO_FP16_STORAGE (read when a Recorder is made) hides it
          if (!handles.fp16_storage_enabled) throw std::invalid_argument("the capability profile: not enabled anyway");
-         setenv("VKNORM_NO_FP16_STORAGE", "1", 1);
+         std::optional<ScopedEnv> hidden(std::in_place, "VKNORM_NO_FP16_STORAGE", "1");
          vknorm::Recorder fp16(handles, vknorm::NormOp::RMSNorm, 1001, 1e-5f, 0);
-         unsetenv("VKNORM_NO_FP16_STORAGE");
+         hidden.reset();
          fp16.record(cmd, {buffer, a.offset, a.span()}, 2, 1001, 8, 1, 1, 0, 1, true);
        }},
       {"a dims-1 float16 group past the fused kernel without storageBuffer16BitAccess",
@@ -976,7 +1002,7 @@ int main(int argc, char** argv) {
   } catch (const vknorm::VulkanUnavailable& e) {
     std::fprintf(stderr, "engine_example: %s\n", e.what());
     rc = 3;
-  } catch (const VulkanError& e) {
+  } catch (const NoVulkanDevice& e) {
     std::fprintf(stderr, "engine_example: %s\n", e.what());
     rc = 3;
   } catch (const std::exception& e) {
