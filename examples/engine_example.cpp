@@ -21,7 +21,7 @@
 //
 // Usage: engine_example [--channel-norms] [--misalign] [--skip-rmsnorm] [--corrupt] [--no-barrier]
 //                       [--system-loader] [--refusals] [--timing] [--repeat N] [--cooperative-reuse] [--rebind]
-//                       [--reload] [--give-up-first] [--sizes N]
+//                       [--reload] [--give-up-first] [--sizes N] [--resubmit]
 //   --channel-norms  blobs A and B as GroupNorm and InstanceNorm (above); every flag but --rebind works with it
 //                    (a channel norm's channel count is fixed: --cooperative-reuse then records all of B twice)
 //   --misalign       put blob B at an offset that is not a multiple of minStorageBufferOffsetAlignment:
@@ -57,6 +57,8 @@
 //                    (c=3 h=1 w=100..99+N, pack1, each in a region of its own buffer), each checked against float64
 //                    as B is; prints how many pipelines the Recorder keeps (a bounded number: the group size is a
 //                    specialization constant for the first 16 sizes only)
+//   --resubmit       submit the command buffer a second time once the first has completed (not one-time-submit):
+//                    vknorm's weight upload recorded in it runs again after the first submission's forwards
 //   --rebind         a second frame after the first completed and the Recorders released their descriptor
 //                    sets, as an engine's next inference whose allocator hands out B's bytes again at other
 //                    shapes: B's channels 0 and 2 (a blob of cstep 2 x 3004), then all three, then channel 1.
@@ -470,7 +472,7 @@ struct Args {
   bool channel_norms = false;
   bool misalign = false, skip_rmsnorm = false, corrupt = false, no_barrier = false, system_loader = false;
   bool refusals = false, timing = false, cooperative_reuse = false, rebind = false, reload = false;
-  bool give_up_first = false;
+  bool give_up_first = false, resubmit = false;
   int repeat = 1;
   int sizes = 0;  // --sizes N
 };
@@ -710,6 +712,7 @@ int run(const Args& args) {
     check(vkAllocateCommandBuffers(e.device, &cai, &cmd), "vkAllocateCommandBuffers");
     auto begin = make<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
     begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    if (args.resubmit) begin.flags = 0;  // submitted twice
     check(vkBeginCommandBuffer(cmd, &begin), "vkBeginCommandBuffer");
     const VkBufferCopy whole{0, 0, total};
     vkCmdCopyBuffer(cmd, upload_buffer, storage_buffer, 1, &whole);
@@ -736,8 +739,7 @@ int run(const Args& args) {
               VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
     };
     // The end of the command buffer; submit and wait (the wall time of both, us)
-    auto end_and_submit = [&] {
-      check(vkEndCommandBuffer(cmd), "vkEndCommandBuffer");
+    auto submit = [&] {
       auto si = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
       si.commandBufferCount = 1;
       si.pCommandBuffers = &cmd;
@@ -746,6 +748,10 @@ int run(const Args& args) {
       check(vkQueueSubmit(e.queue, 1, &si, e.fence), "vkQueueSubmit");
       check(vkWaitForFences(e.device, 1, &e.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
       return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    };
+    auto end_and_submit = [&] {
+      check(vkEndCommandBuffer(cmd), "vkEndCommandBuffer");
+      return submit();
     };
     // vknorm's writes before the engine's copy back, the copy, the end of the command buffer; submit and wait
     auto copy_back_and_submit = [&] {
@@ -818,6 +824,9 @@ int run(const Args& args) {
     std::printf("descriptor sets cached: %s %zu, %s%s %zu\n", vknorm::op_name(a.p.op), norm_a.cached_descriptor_sets(),
                 vknorm::op_name(b.p.op), b.p.op == a.p.op ? " (B)" : "", norm_b.cached_descriptor_sets());
     const double wall_us = copy_back_and_submit();
+    // --resubmit: all of it once more (the engine's upload of the inputs included, so the outputs come out the same),
+    // the weights' copy rewriting what the first submission's forwards read
+    if (args.resubmit) submit(), std::printf("command buffer submitted again\n");
     if (gave_up.mapped) {  // B pack1: channel planes cstep apart
       const float* y = static_cast<const float*>(gave_up.mapped);
       size_t nan = 0, n = 0;
@@ -968,13 +977,15 @@ int main(int argc, char** argv) {
     else if (s == "--rebind") args.rebind = true;
     else if (s == "--reload") args.reload = true;
     else if (s == "--give-up-first") args.give_up_first = true;
+    else if (s == "--resubmit") args.resubmit = true;
     else if (s == "--repeat" && i + 1 < argc && std::atoi(argv[i + 1]) >= 1) args.repeat = std::atoi(argv[++i]);
     else if (s == "--sizes" && i + 1 < argc && std::atoi(argv[i + 1]) >= 1 && std::atoi(argv[i + 1]) <= 1000)
       args.sizes = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "engine_example: unknown argument %s\nusage: engine_example [--channel-norms] [--misalign] "
                            "[--skip-rmsnorm] [--corrupt] [--no-barrier] [--system-loader] [--refusals] [--timing] "
-                           "[--repeat N] [--cooperative-reuse] [--rebind] [--reload] [--give-up-first] [--sizes N]\n",
+                           "[--repeat N] [--cooperative-reuse] [--rebind] [--reload] [--give-up-first] [--sizes N] "
+                           "[--resubmit]\n",
                    s.c_str());
       return 2;
     }

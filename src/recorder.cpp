@@ -589,6 +589,16 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   using A = vk::AccessFlagBits;
   if (m.upload_pending) {
     const uint64_t bytes = m.staging.size;
+    // A command buffer submitted again copies again: after the dispatches (and the copy) of its earlier
+    // submission that may still be reading the weights.
+    const vk::BufferMemoryBarrier before_copy{.srcAccessMask = A::eTransferWrite,
+                                              .dstAccessMask = A::eTransferWrite,
+                                              .srcQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED,
+                                              .dstQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED,
+                                              .buffer = *m.weights.buffer,
+                                              .offset = 0,
+                                              .size = bytes};
+    cb.pipelineBarrier(S::eComputeShader | S::eTransfer, S::eTransfer, {}, {}, before_copy, {}, dispatcher);
     cb.copyBuffer(*m.staging.buffer, *m.weights.buffer, vk::BufferCopy{.srcOffset = 0, .dstOffset = 0, .size = bytes}, dispatcher);
     // Only the weights: a global barrier would also order the caller's own transfers before the dispatches,
     // hiding a barrier the caller left out (discrete GPUs upload weights this way; unified memory maps them).

@@ -173,6 +173,21 @@ def test_a_forward_after_one_whose_waits_gave_up_finds_the_counters_zero(engine_
                      r"1 dispatch\(es\) x 1$", proc.stdout, re.M), proc.stdout
 
 
+@pytest.mark.parametrize("flags", [(), ("--channel-norms",), ("--cooperative-reuse", "--repeat", "2"),
+                                   ("--give-up-first", "--channel-norms")],
+                         ids=["layernorm-rmsnorm", "groupnorm-instancenorm", "cooperative-twice", "after-a-give-up"])
+def test_a_recorded_command_buffer_submitted_again_gives_the_same_outputs(engine_example, flags):
+    """Command buffers vknorm recorded into may be submitted again (recorder.h): --resubmit submits the engine's one
+    command buffer a second time once the first has completed, the engine's upload of the inputs included, and the
+    outputs are checked after the second. It reruns the weights' upload vknorm recorded there (its first record
+    after load_model) and every forward as recorded: cooperative ones skip their clear pass again, right only if the
+    forwards before them left the counters zero, also where every wait gave up."""
+    cooperative = any(f in flags for f in ("--cooperative-reuse", "--give-up-first"))
+    proc = launch(engine_example, "--resubmit", *flags, extra_env=TWO_RESIDENT_WORKGROUPS if cooperative else None)
+    assert_clean_run(proc)
+    assert "command buffer submitted again" in proc.stdout, proc.stdout
+
+
 def test_the_same_bytes_recorded_at_another_shape_get_a_descriptor_set_of_their_own(engine_example):
     """A second frame after release_descriptors(), as an engine's next inference whose allocator hands out blob
     B's bytes again: B's channels 0 and 2 as a blob of twice the cstep (2 groups), then all of B (3 groups), at
