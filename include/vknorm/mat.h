@@ -81,7 +81,8 @@ class Mat {
   unsigned char* outer_ptr(int i) { return data() + i * outer_stride() * elemsize; }
   const unsigned char* outer_ptr(int i) const { return data() + i * outer_stride() * elemsize; }
   Mat clone() const;
-  // The memory itself, shared: what keeps it alive past this Mat (a numpy array viewing it).
+  // The owner of the memory, shared (not a pointer to the bytes: data() is): what keeps the memory alive past
+  // this Mat (a numpy array viewing it).
   std::shared_ptr<const void> storage() const { return storage_; }
 
  private:

@@ -96,7 +96,9 @@ struct Counters {
   uint64_t vulkan_forwards = 0;
   uint64_t cpu_forwards = 0;
   uint64_t pipelines = 0;
-  uint64_t unfused_adds = 0;  // fused adds whose inputs differed in shape at run time: ncnn's BinaryOp ran first
+  // fused adds ncnn's BinaryOp ran first: inputs that differed in shape, packing or storage at run time, or a
+  // float16 blob whose plan needs a float32 copy (no 16-bit storage access for the kernel it takes)
+  uint64_t unfused_adds = 0;
 };
 Counters counters(const ::ncnn::Net& net);  // this net's vknorm layers, since load_param
 Counters counters();                        // every vknorm layer of the process, since it started

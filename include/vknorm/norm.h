@@ -193,7 +193,8 @@ class Norm : public NormParams {
   void load_model(std::vector<float> gamma, std::vector<float> beta = {});
   // Takes the device (ctx; the default context when null) and uploads the weights there, where load_model has
   // given them all (else the first forward does, or says what is missing). Pipelines depend on the blob's shape:
-  // each is built at the first forward of its shape and kept by the context.
+  // each is built at the first forward of its shape and kept by the context; `opt` is taken for ncnn's signature
+  // and not read (each forward's Option picks its storage and path).
   void create_pipeline(std::shared_ptr<Context> ctx, const Option& opt = {});
   void destroy_pipeline();
 

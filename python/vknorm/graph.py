@@ -36,7 +36,8 @@ path: a pyncnn layer always runs on the host, so a Vulkan net downloads and re-u
 Fusion (``Net(fuse=True)``, the default with vknorm's layers): ``load_param`` rewrites the model so every
 norm takes in the BinaryOp add that feeds it and the activation after it (vknorm::ncnn::fuse_param);
 ``net.fused()`` lists what was fused ({"pattern", "layers"}), ``vknorm_counters()["unfused_adds"]`` counts
-adds whose inputs differed in shape at run time (ncnn's BinaryOp ran them). ``vknorm optimize`` writes the
+adds ncnn's BinaryOp ran instead (inputs that differed in shape at run time, or float16 blobs the device's kernels
+cannot read as they are). ``vknorm optimize`` writes the
 same rewrite to disk. The blobs inside a fused pattern (the add's output, the norm's output before its
 activation) are gone from the rewritten net: ``extract`` them from a ``Net(fuse=False)``.
 
