@@ -605,6 +605,15 @@ std::string variant_name(const std::string& shader, bool fp16, const std::string
   return shader + (out_of_place ? "_oop" : "") + "_fp" + (fp16 ? "1" : "0") + "_p" + layout + "_sg" + (subgroup ? "1" : "0");
 }
 
+namespace {
+// The partials of every chunk and group, indexed in 32 bits by the kernels.
+void check_chunk_indexing(uint64_t chunks, const GroupLayout& g) {
+  if ((2 * chunks + g.n_groups) * g.elempack > 0xffffffffull)
+    throw std::invalid_argument("too many chunks for 32-bit indexing: " + std::to_string(chunks) + " chunks of " +
+                                std::to_string(g.n_groups) + " groups (their partials past 2^32 - 1 floats)");
+}
+}  // namespace
+
 ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& blob, bool fp16, const DeviceCaps& dev,
                          const Option& opt, const Fusion& fusion) {
   // An empty blob has nothing to plan (the layers refuse it first; the planner divides by these).
@@ -643,7 +652,7 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& b
   };
   if (plan.path == Path::Cooperative) {
     const uint64_t items = uint64_t(g.n_groups) * plan.n_chunks;
-    if ((2 * items + g.n_groups) * g.elempack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
+    check_chunk_indexing(items, g);
     // Partials as the split path's; slot 4: two counts per item, counter_stride uints apart, then a claim per
     // chunk (norm_cooperative.comp, norm_clear.comp).
     f.partials_bytes = (2 * items + g.n_groups) * g.elempack * sizeof(float);
@@ -675,7 +684,7 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& b
     return f;
   }
   const uint64_t items = uint64_t(g.n_groups) * plan.n_chunks;
-  if ((2 * items + g.n_groups) * g.elempack > 0xffffffffull) throw std::invalid_argument("too many chunks for 32-bit indexing");
+  check_chunk_indexing(items, g);
   // Per-channel weights: apply works chunk by chunk, on GPUs each chunk's team merging its item's
   // partials itself (no finalize pass); by position: finalize, then every element, grid-stride.
   f.partials_bytes = (2 * items + g.n_groups) * g.elempack * sizeof(float);  // means, M2s, pivots

@@ -93,9 +93,13 @@ Mat output_like(const Mat& out, const Mat& like) {
   return Mat::create_for_overwrite(layout_as(like, like.scalar_bytes(), like.elempack));
 }
 
-[[noreturn]] void refuse_unfused_add() {
-  throw std::invalid_argument("forward_add: x and residual differ in shape, packing or storage (a broadcasting add is "
-                              "not fused)");
+std::string describe_blob(int dims, int w, int h, int d, int c, size_t elemsize, int elempack);
+
+template <class M>
+[[noreturn]] void refuse_unfused_add(const M& x, const M& r) {
+  auto blob = [](const M& m) { return describe_blob(m.dims, m.w, m.h, m.d, m.c, m.elemsize, std::max(m.elempack, 1)); };
+  throw std::invalid_argument("forward_add: x (" + blob(x) + ") and residual (" + blob(r) +
+                              ") differ in shape, packing or storage (a broadcasting add is not fused)");
 }
 
 // Mapped memory laid out as `layout`, to convert from: viewed where it lies, or first copied out in one go
@@ -643,7 +647,7 @@ void check_add_inputs(const VkMat& x, const VkMat& r) {
   if (x.context() != r.context()) throw std::invalid_argument("forward_add: x and residual live on different devices");
   if (x.dims != r.dims || x.w != r.w || x.h != r.h || x.d != r.d || x.c != r.c || x.elemsize != r.elemsize ||
       x.elempack != r.elempack || x.cstep != r.cstep)
-    refuse_unfused_add();
+    refuse_unfused_add(x, r);
 }
 
 GroupLayout add_layout(const Norm::Gpu& gpu, const VkMat& x, const VkMat& r) {
@@ -682,7 +686,7 @@ void Norm::forward_add(const Mat& x, const Mat& residual, Mat& top, Mat* sum, co
   check_host_mat(x, "forward_add");
   check_host_mat(residual, "forward_add (residual)");
   if (!same_shape(x, residual) || x.elemsize != residual.elemsize || x.elempack != residual.elempack)
-    refuse_unfused_add();
+    refuse_unfused_add(x, residual);
   // One Mat as both outputs: however each is allocated, the sum (assigned last) would take the result's place.
   if (sum == &top) throw std::invalid_argument("forward_add: top and sum are one Mat; give them Mats of their own");
   const std::shared_ptr<Gpu> gpu = gpu_for(nullptr);

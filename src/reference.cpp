@@ -68,7 +68,9 @@ GroupLayout group_layout(int dims, int w, int h, int d, int c, size_t cstep, int
   }
   const uint64_t n_groups = channels * gpc;
   if (size > 0xffffffffull || n_groups > 0xffffffffull || step > 0xffffffffull)
-    throw std::invalid_argument("tensor too large for 32-bit group indexing");
+    throw std::invalid_argument("tensor too large for 32-bit group indexing: groups of " + std::to_string(size) +
+                                " elements, " + std::to_string(n_groups) + " groups, channel step " + std::to_string(step) +
+                                " (each at most 2^32 - 1)");
   g.group_size = uint32_t(size);
   g.gpc = uint32_t(gpc);
   g.cstep = uint32_t(step);
@@ -152,7 +154,9 @@ GroupLayout channel_group_layout(int dims, int w, int h, int d, int c, size_t cs
     g.channels_per_group = uint32_t(elempack);
     g.gpc = g.n_groups = 1;
     const uint64_t size = dims == 1 ? uint64_t(w) : uint64_t(w) * h;
-    if (size > 0xffffffffull) throw std::invalid_argument(layer + ": tensor too large for 32-bit group indexing");
+    if (size > 0xffffffffull)
+      throw std::invalid_argument(layer + ": tensor too large for 32-bit group indexing: one group of " +
+                                  std::to_string(size) + " elements (at most 2^32 - 1)");
     g.group_size = g.cstep = uint32_t(size);
     return g;
   } else if (dims == 1) {  // every element is a channel
@@ -188,7 +192,9 @@ GroupLayout channel_group_layout(int dims, int w, int h, int d, int c, size_t cs
   const uint64_t planes = elempack == 1 ? cpg : uint64_t(cpg) / gcd(cpg, 4);  // lcm(cpg, 4) / 4
   const uint64_t items = in_channels / elempack / planes;
   if (plane * planes > 0xffffffffull || step > 0xffffffffull || items > 0xffffffffull)
-    throw std::invalid_argument(layer + ": tensor too large for 32-bit group indexing");
+    throw std::invalid_argument(layer + ": tensor too large for 32-bit group indexing: items of " +
+                                std::to_string(plane * planes) + " elements, " + std::to_string(items) +
+                                " items, channel step " + std::to_string(step) + " (each at most 2^32 - 1)");
   g.planes = uint32_t(planes);
   g.group_size = uint32_t(plane * planes);
   g.cstep = uint32_t(step);
