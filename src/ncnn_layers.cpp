@@ -4,6 +4,7 @@
 #include "vknorm/ncnn.h"
 
 #include <algorithm>
+#include <climits>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -190,6 +191,8 @@ class NormLayer : public ::ncnn::Layer {
       const ::ncnn::Mat& s = bottom_shapes[0];
       // ncnn hands a layer that takes packed blobs its hint packed already (w, h or c divided by elempack).
       const int hint_pack = std::max(1, s.elempack);
+      const int64_t outer_hint = s.dims == 1 ? s.w : s.dims == 2 ? s.h : s.c;
+      if (outer_hint * hint_pack > INT_MAX) return 0;  // no such blob runs: nothing to prepare
       const int w = s.dims == 1 ? s.w * hint_pack : s.w;
       const int h = s.dims == 2 ? s.h * hint_pack : s.h;
       const int c = s.dims >= 3 ? s.c * hint_pack : s.c;
@@ -407,7 +410,14 @@ class NormLayer : public ::ncnn::Layer {
     }
     // ncnn packs a dims-1 blob by 4 when w divides: still one contiguous group, so read it unpacked.
     Blob b{blob.dims, blob.w, blob.h, blob.d, blob.c, blob.cstep, blob.elempack, blob.elemsize == 2u * blob.elempack};
-    if (b.dims == 1 && b.elempack != 1) b.w *= b.elempack, b.cstep *= b.elempack, b.elempack = 1;
+    if (b.dims == 1 && b.elempack != 1) {
+      if (b.elempack < 0 || b.w > INT_MAX / std::max(b.elempack, 1)) {
+        NCNN_LOGE("vknorm %s %s: a dims-1 blob of %d elements of %d: past 32-bit element counts", type_name(),
+                  name.c_str(), b.w, b.elempack);
+        return nullptr;
+      }
+      b.w *= b.elempack, b.cstep *= b.elempack, b.elempack = 1;
+    }
     if ((b.elempack != 1 && b.elempack != 4) || (blob.elemsize != 4u * blob.elempack && !b.fp16)) {
       NCNN_LOGE("vknorm %s %s: unsupported blob elempack=%d elemsize=%zu (an input of another shape than the "
                 "model's?)", type_name(), name.c_str(), blob.elempack, blob.elemsize);

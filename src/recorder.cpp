@@ -15,6 +15,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <climits>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -477,6 +478,8 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   const bool dims1_packed = dims == 1 && elempack == 4;
   int pw = w, ppack = elempack;
   size_t pcstep = cstep;
+  if (dims1_packed && w > INT_MAX / 4)
+    throw refuse("a dims-1 blob of " + std::to_string(w) + " packed elements: past 32-bit element counts");
   if (dims1_packed) pw *= 4, pcstep *= 4, ppack = 1;
   GroupLayout g;
   try {
