@@ -436,6 +436,24 @@ def test_a_device_naming_the_vkmats_own_runs_as_without_one(call):
         np.testing.assert_array_equal(_vkmat_calls(ln)[call](v, device).numpy(), want)
 
 
+@pytest.mark.parametrize("call", ["forward", "forward_inplace", "forward_add"])
+def test_a_vkmat_runs_where_it_lives_whatever_device_the_layer_ran_on_before(call):
+    """A numpy call moves the layer to the call's device; a VkMat on another context (here the same GPU opened
+    again) then still runs where it lives, as without the numpy call before it (it was refused as living on
+    another context than the layer's), and a VkMat on the default device after it."""
+    ln = ln_with_weights(4)
+    run = {"forward": lambda v: ln(v), "forward_inplace": ln.forward_inplace,
+           "forward_add": lambda v: ln.forward_add(v, v)}[call]
+    x = np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32)
+    want = run(vknorm.to_device(x)).numpy()
+    own = vknorm.Context.create(vknorm.to_device(x).context.info["index"])
+    for device in (own, None):  # another context, then the default one again
+        ln(x)  # numpy on the default device
+        v = vknorm.to_device(x, device=device)
+        np.testing.assert_array_equal(run(v).numpy(), want)
+        assert ln._layer.context is v.context
+
+
 # ------------------------------------------------------------------------------ messages name the layer
 
 @pytest.mark.parametrize("call, message", [

@@ -345,6 +345,13 @@ class _Norm:
         """The call's option, else the layer's (TypeError for anything but a vknorm.Option)."""
         return Option._of(self.option if option is None else option)
 
+    def _on_device_of(self, v, opt) -> None:
+        """A VkMat runs where it lives: the layer moves there (weights uploaded again) if it was on another
+        device, as a numpy call moves it to the call's device. One layer shared by threads that run it on
+        different devices at once may find itself moved between the two steps (ValueError naming the contexts):
+        give each device a layer of its own."""
+        self._layer.create_pipeline(v.context, opt)
+
     def create_pipeline(self, option: Optional[Option] = None, device=None) -> None:
         device = device if device is not None else self.device
         ctx = _context_for("vulkan" if device is None else device)
@@ -372,7 +379,9 @@ class _Norm:
         device = self.device if device is None else device  # the call's, else the layer's
         if isinstance(x, _core.VkMat):
             _check_vkmat_device(device, (x,), where)
-            return self._layer.forward(x, self._native_option(option))
+            opt = self._native_option(option)
+            self._on_device_of(x, opt)
+            return self._layer.forward(x, opt)
         a = _check_array(x, where)
         ctx = _context_for(device)
         if ctx is None:  # ncnn's CPU algorithm, on a Mat of its own
@@ -390,7 +399,9 @@ class _Norm:
         where = f"{type(self).__name__}.forward_inplace"
         if isinstance(x, _core.VkMat):
             _check_vkmat_device(self.device if device is None else device, (x,), where)
-            self._layer.forward_inplace(x, self._native_option(option))
+            opt = self._native_option(option)
+            self._on_device_of(x, opt)
+            self._layer.forward_inplace(x, opt)
             return x
         if isinstance(x, _core.Mat):
             raise TypeError(f"{where} needs a numpy array or a VkMat, got a Mat: {_MAT_ADVICE}")
@@ -442,6 +453,8 @@ class _Norm:
             if not (isinstance(x, _core.VkMat) and isinstance(residual, _core.VkMat)):
                 raise TypeError(f"{where}: x and residual must both be VkMats or both numpy arrays")
             _check_vkmat_device(device, (x, residual), where)
+            if x.context is residual.context:  # else forward_add says they differ
+                self._on_device_of(x, opt)
             y, s = self._layer.forward_add(x, residual, return_sum, opt)
             return (y, s) if return_sum else y
         a, r = _check_array(x, where), _check_array(residual, where)
