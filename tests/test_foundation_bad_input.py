@@ -192,6 +192,27 @@ def test_an_eps_past_float32_is_refused_as_given_not_as_the_inf_it_becomes():
         vknorm.LayerNorm(8, eps=1e40)
 
 
+def test_an_eps_below_float32_is_refused_not_made_zero():
+    # float32 would hold 1e-50 as 0: constant groups would then come out NaN; a subnormal eps and 0 itself are kept
+    with pytest.raises(ValueError, match=r"param 1 \(eps\)=1e-50 is below float32's smallest value .* it would be 0"):
+        vknorm.LayerNorm(8, eps=1e-50)
+    with pytest.raises(ValueError, match=r"GroupNorm.load_param: param 2 \(eps\)=1e-50 is below"):
+        vknorm.GroupNorm(2, 8).load_param({0: 2, 1: 8, 2: 1e-50})
+    assert vknorm.LayerNorm(8, eps=1e-40).eps == pytest.approx(1e-40, rel=1e-4)
+    assert vknorm.LayerNorm(8, eps=0.0).eps == 0.0
+
+
+@pytest.mark.parametrize("name", ["gamma", "beta"])
+def test_weights_past_float32_are_refused_as_given_not_as_the_inf_they_become(name):
+    ln = vknorm.LayerNorm(8)
+    w = {"gamma": np.ones(8), "beta": np.zeros(8)}
+    w[name][3] = 1e300
+    with pytest.raises(ValueError, match=rf"LayerNorm.load_model: {name}\[3\]=1e\+300 does not fit float32"):
+        ln.load_model(w["gamma"], w["beta"])
+    ln.load_model(np.full(8, np.inf, np.float32), np.zeros(8))  # inf itself is a float32: taken, as ncnn takes it
+    assert np.isinf(ln.gamma).all()
+
+
 def test_int_params_take_exactly_ncnns_32_bit_range():
     """ncnn holds int params as 32-bit ints: -2^31 and 2^31 - 1 reach the layer's own checks as given; one past
     either end is refused as not fitting (never wrapped, nor left to the binding's conversion)."""

@@ -242,10 +242,12 @@ def _param_float(pid, v, where: str, name: str) -> float:
     not float()'s bare "could not convert string to float"."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise ValueError(f"{where}param {pid} ({name}) must be a number, got {v!r}")
-    with np.errstate(over="ignore"):
-        overflows = math.isfinite(v) and not math.isfinite(np.float32(v))
-    if overflows:  # said as given, not as the inf it would become
+    with np.errstate(over="ignore", under="ignore"):
+        as_float32 = np.float32(v)
+    if math.isfinite(v) and not math.isfinite(as_float32):  # said as given, not as the inf it would become
         raise ValueError(f"{where}param {pid} ({name})={v!r} does not fit ncnn's float32")
+    if v != 0 and as_float32 == 0:  # eps=1e-50 would be eps 0: NaN for constant groups
+        raise ValueError(f"{where}param {pid} ({name})={v!r} is below float32's smallest value (1.4e-45): it would be 0")
     return float(v)
 
 
@@ -326,7 +328,13 @@ class _Norm:
         if a.ndim != 1:
             n = getattr(self, self._weight_count_name)
             raise ValueError(f"{where}{name} must be 1-D of length {self._weight_count_name}={n}, got shape {a.shape}")
-        return a.astype(np.float32).tolist()
+        with np.errstate(over="ignore"):
+            w = a.astype(np.float32)
+        past = np.isfinite(a) & ~np.isfinite(w)
+        if past.any():  # said as given, not as the inf it would become
+            i = int(np.argmax(past))
+            raise ValueError(f"{where}{name}[{i}]={a[i].item()!r} does not fit float32 (weights are float32, as in ncnn)")
+        return w.tolist()
 
     @property
     def gamma(self) -> np.ndarray:
