@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -229,6 +230,27 @@ def test_int_params_take_exactly_ncnns_32_bit_range():
 def test_a_device_is_cpu_vulkan_vulkan_n_an_index_or_a_context(device):
     with pytest.raises(ValueError, match="device must be"):
         ln_with_weights(4)(np.ones((1, 4), np.float32), device=device)
+
+
+@pytest.mark.parametrize("call", ["__call__", "forward", "forward_inplace", "forward_add"])
+def test_an_option_given_where_the_device_goes_says_to_pass_it_as_option(call):
+    # ncnn's order is forward_inplace(x, opt); here the argument after x is device=
+    ln = ln_with_weights(4)
+    x = np.ones((1, 4), np.float32)
+    args = (x, x, False, vknorm.Option()) if call == "forward_add" else (x, vknorm.Option())
+    where = "LayerNorm()" if call == "__call__" else f"LayerNorm.{call}"
+    with pytest.raises(TypeError, match=rf"{re.escape(where)}: got an Option where a device goes: pass it as option="):
+        (ln if call == "__call__" else getattr(ln, call))(*args)
+
+
+def test_a_device_index_past_the_devices_is_named_with_the_call():
+    count = len(vknorm.devices())
+    x = np.ones((1, 4), np.float32)
+    for call, where in ((lambda: ln_with_weights(4)(x, device=count), "LayerNorm()"),
+                        (lambda: ln_with_weights(4).forward_add(x, x, device=count), "LayerNorm.forward_add"),
+                        (lambda: vknorm.to_device(x, device=count), "to_device")):
+        with pytest.raises(ValueError, match=rf"^{re.escape(where)}: device index {count} out of range"):
+            call()
 
 
 @pytest.mark.parametrize("device", ["garbage", -1, "vulkan:x", True])

@@ -391,8 +391,10 @@ def test_a_layer_refuses_a_shallow_copy_as_it_refuses_deepcopy_and_pickle():
 
     for layer in (vknorm.LayerNorm(affine_size=4), vknorm.RMSNorm(affine_size=4), vknorm.GroupNorm(2, 4),
                   vknorm.InstanceNorm(4)):
-        for clone in (copy.copy, copy.deepcopy, pickle.dumps):
-            with pytest.raises(TypeError):
+        name = type(layer).__name__
+        for clone, says in ((copy.copy, "cannot be copied"), (copy.deepcopy, "cannot be copied"),
+                            (pickle.dumps, "cannot be pickled: save its params")):
+            with pytest.raises(TypeError, match=f"{name} {says}.*from_param"):  # not the native class's name
                 clone(layer)
 
 

@@ -160,20 +160,29 @@ def _parse_device(device, where: str = ""):
             return device
         if device.startswith("vulkan:") and device[7:].isdigit():
             return int(device[7:])
+    if isinstance(device, (Option, _core.Option)) or type(device).__name__ == "Option":  # ncnn's argument order
+        raise TypeError(f"{where}got an Option where a device goes: pass it as option=... (in a call, the "
+                        "argument after x is device=)")
     raise ValueError(f"{where}device must be 'cpu', 'vulkan', 'vulkan:N', an index N >= 0 or a Context, "
                      f"got {device!r}")
 
 
-def _context_for(device) -> Optional[_core.Context]:
-    """None for the CPU reference, else the Vulkan context the call should run on."""
+def _context_for(device, where: str = "") -> Optional[_core.Context]:
+    """None for the CPU reference, else the Vulkan context the call should run on (where: "LayerNorm(): ", for
+    the messages)."""
     if device is None:
         return _core.Context.default() if _vulkan_available() else None
-    d = _parse_device(device)
+    d = _parse_device(device, where)
     if d == "cpu":
         return None
     if d == "vulkan":
         return _core.Context.default()
-    return d if isinstance(d, _core.Context) else _indexed_context(d)
+    if isinstance(d, _core.Context):
+        return d
+    try:
+        return _indexed_context(d)
+    except ValueError as e:  # an index past the devices
+        raise ValueError(f"{where}{e}") from None
 
 
 def _check_vkmat_device(device, mats, where: str) -> None:
@@ -206,7 +215,7 @@ def _check_vkmat_device(device, mats, where: str) -> None:
 def to_device(x, option: Optional[Option] = None, device=None) -> _core.VkMat:
     """Upload a numpy array as a VkMat in the Option's storage and packing."""
     a = _check_array(x, "to_device")
-    ctx = _context_for("vulkan" if device is None else device)
+    ctx = _context_for("vulkan" if device is None else device, "to_device: ")
     if ctx is None:
         raise ValueError("to_device needs a Vulkan device, not 'cpu'")
     return _core.VkMat.upload(_as_input(a), ctx, Option._of(Option() if option is None else option))
@@ -362,7 +371,7 @@ class _Norm:
 
     def create_pipeline(self, option: Optional[Option] = None, device=None) -> None:
         device = device if device is not None else self.device
-        ctx = _context_for("vulkan" if device is None else device)
+        ctx = _context_for("vulkan" if device is None else device, f"{type(self).__name__}.create_pipeline: ")
         if ctx is None:
             return
         self._layer.create_pipeline(ctx, self._native_option(option))
@@ -391,7 +400,7 @@ class _Norm:
             self._on_device_of(x, opt)
             return self._layer.forward(x, opt)
         a = _check_array(x, where)
-        ctx = _context_for(device)
+        ctx = _context_for(device, f"{where}: ")
         if ctx is None:  # ncnn's CPU algorithm, on a Mat of its own
             mat = _core.Mat.from_numpy(_as_input(a))
             self._layer.forward_inplace_cpu(mat)
@@ -468,7 +477,7 @@ class _Norm:
         a, r = _check_array(x, where), _check_array(residual, where)
         if a.shape != r.shape:
             raise ValueError(f"{where}: x {a.shape} and residual {r.shape} differ in shape (no broadcasting)")
-        ctx = _context_for(device)
+        ctx = _context_for(device, f"{where}: ")
         if ctx is None:  # ncnn's CPU layers: the add in float32, then the norm; float16 input gets float16 back
             s = a.astype(np.float32) + r.astype(np.float32)
             y = self(s, device="cpu")
@@ -491,6 +500,13 @@ class _Norm:
     def __copy__(self):
         # A shallow copy would share the native layer (its weights, activation and pipelines) with this one.
         raise TypeError(f"{type(self).__name__} cannot be copied: make another with from_param() and load_model()")
+
+    def __deepcopy__(self, memo):
+        raise TypeError(f"{type(self).__name__} cannot be copied: make another with from_param() and load_model()")
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(f"{type(self).__name__} cannot be pickled: save its params (ncnn's .param) and weights (gamma, "
+                        "beta), and make it again with from_param() and load_model()")
 
     def __repr__(self) -> str:
         args = ", ".join(f"{name}={getattr(self, name):g}" if name == "eps" else f"{name}={getattr(self, name)}"

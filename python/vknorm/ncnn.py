@@ -228,7 +228,7 @@ def register(net, option: Optional[Option] = None, *, device=None, types=tuple(T
     if option is not None and not isinstance(option, Option):
         raise TypeError(f"option must be a vknorm.Option, got {type(option).__name__}")
     # A bad or missing device raises here (ValueError, VulkanUnavailableError) rather than inside ncnn's load_param.
-    _context_for("vulkan" if device is None else device)
+    _context_for("vulkan" if device is None else device, "register: ")
     reg = Registration(option or Option(), device, types)
     creators = {"LayerNorm": reg._create_layernorm, "RMSNorm": reg._create_rmsnorm,
                 "GroupNorm": reg._create_groupnorm, "InstanceNorm": reg._create_instancenorm}
