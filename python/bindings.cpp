@@ -149,6 +149,19 @@ nb::dict dispatch_dict(const DispatchInfo& i) {
   return r;
 }
 
+// A VkMat's numpy() shape (unpacked, numpy's order) and dtype name.
+nb::tuple vkmat_shape(const VkMat& v) {
+  const int pack = std::max(v.elempack, 1);
+  switch (v.dims) {
+    case 1: return nb::make_tuple(v.w * pack);
+    case 2: return nb::make_tuple(v.h * pack, v.w);
+    case 3: return nb::make_tuple(v.c * pack, v.h, v.w);
+    case 4: return nb::make_tuple(v.c * pack, v.d, v.h, v.w);
+    default: return nb::make_tuple();
+  }
+}
+std::string vkmat_dtype(const VkMat& v) { return v.elemsize == 2u * size_t(std::max(v.elempack, 1)) ? "float16" : "float32"; }
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -269,6 +282,23 @@ NB_MODULE(_core, m) {
           "dtype"_a = nb::none(),
           "The blob as a numpy array, unpacked, in the VkMat's storage (or dtype: float32 / float16)")
       .def_prop_ro("context", &VkMat::context)
+      // What numpy() gives: the unpacked shape in numpy's order, and the storage's dtype name.
+      .def_prop_ro("shape", [](const VkMat& v) { return vkmat_shape(v); })
+      .def_prop_ro("dtype", [](const VkMat& v) { return vkmat_dtype(v); })
+      .def("__repr__",
+           [](const VkMat& v) {
+             std::string shape;
+             for (const nb::handle d : vkmat_shape(v)) shape += (shape.empty() ? "" : ", ") + nb::cast<std::string>(nb::str(d));
+             if (v.dims == 1) shape += ",";
+             return "VkMat(shape=(" + shape + "), dtype=" + vkmat_dtype(v) + ", elempack=" + std::to_string(v.elempack) +
+                    ", device='" + (v.context() ? v.context()->info().name : std::string("none")) + "')";
+           })
+      // A GPU array converts to numpy only when asked (as cupy's): np.asarray(v) made a 0-d object array.
+      .def("__array__",
+           [](const VkMat&, nb::args, nb::kwargs) {
+             throw nb::type_error("a VkMat lives on the device: download it with v.numpy() (numpy does not convert "
+                                  "it implicitly)");
+           })
       .def_prop_ro("bytes", &VkMat::bytes)
       .def_prop_ro("element_bytes", &VkMat::element_bytes)
       .def_ro("dims", &VkMat::dims)

@@ -473,12 +473,22 @@ def test_vkmat_numpy_unpacks_and_converts_as_it_downloads(shape, fp16):
     stored = x.astype(np.float16) if fp16 else x
     got = v.numpy()
     assert got.dtype == stored.dtype and got.shape == shape
+    assert v.shape == shape and v.dtype == str(stored.dtype)  # what numpy() gives, known before downloading
+    assert repr(v).startswith(f"VkMat(shape={shape!r}, dtype={stored.dtype}, elempack=")
     np.testing.assert_array_equal(got, stored)
     np.testing.assert_array_equal(got, v.download().convert_packing(1).numpy().reshape(shape))
     np.testing.assert_array_equal(v.numpy(np.float32), stored.astype(np.float32))
     np.testing.assert_array_equal(v.numpy("float16"), x.astype(np.float16))
     with pytest.raises(ValueError, match="float32 or float16"):
         v.numpy(np.int32)
+
+
+def test_numpy_converts_a_vkmat_only_when_asked():
+    # as a GPU array library does: np.asarray(v) was a 0-d object array holding the VkMat
+    v = vknorm.to_device(np.ones((2, 8), np.float32))
+    for convert in (np.asarray, np.array, lambda v: np.array(v, dtype=np.float32)):
+        with pytest.raises(TypeError, match=r"a VkMat lives on the device: download it with v.numpy\(\)"):
+            convert(v)
 
 
 def test_the_copy_roof_refuses_nonsense_repetitions():
