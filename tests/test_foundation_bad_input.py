@@ -403,6 +403,20 @@ def test_a_vkmat_cannot_run_on_the_cpu_and_mats_are_not_numpy():
         vknorm.to_device(np.ones((2, 4), np.int32))
 
 
+@pytest.mark.parametrize("shape", [(3, 5, 7), (4, 9), (12,)], ids=str)
+def test_a_pyncnn_mat_is_normalized_in_place_as_its_numpy_view_is(shape):
+    """ncnn users hold pyncnn's Mat: forward_inplace writes into its memory (channels cstep apart) and returns it,
+    as for the numpy view of it; a layer call reads it as an array."""
+    ncnn = import_or_missing("ncnn")
+    x = np.random.default_rng(6).standard_normal(shape).astype(np.float32)
+    ln = vknorm.LayerNorm(shape[-1], eps=1e-5, affine=False)
+    want = ln(x)
+    m = ncnn.Mat(x.copy())
+    assert ln.forward_inplace(m) is m
+    np.testing.assert_array_equal(np.array(m), want)
+    np.testing.assert_array_equal(ln(ncnn.Mat(x.copy())), want)
+
+
 def test_a_host_mat_is_refused_with_advice_that_works():
     """A vknorm.Mat is host memory: every call names what takes it (its numpy view, or a VkMat made from that),
     never forward_inplace, which refuses a Mat too."""

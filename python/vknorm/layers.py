@@ -103,6 +103,12 @@ def _vulkan_available() -> bool:
     return _vulkan_seen
 
 
+def _is_pyncnn_mat(x) -> bool:
+    """pyncnn's ncnn.Mat (not vknorm's, nor vknorm.graph's, which copy in and out)."""
+    t = type(x)
+    return t.__name__ == "Mat" and t.__module__.split(".")[0] == "ncnn"
+
+
 _MAT_ADVICE = ("a vknorm.Mat is host memory in ncnn's layout: pass m.numpy() (a numpy array), or "
                "vknorm.to_device(m.numpy()) for a VkMat that stays on the device")
 
@@ -422,6 +428,9 @@ class _Norm:
             return x
         if isinstance(x, _core.Mat):
             raise TypeError(f"{where} needs a numpy array or a VkMat, got a Mat: {_MAT_ADVICE}")
+        if _is_pyncnn_mat(x):  # in place through numpy's writable view of its memory (channels cstep apart)
+            self.forward_inplace(np.asarray(x), device, option)
+            return x
         if not isinstance(x, np.ndarray):
             raise TypeError(f"{where} needs a numpy array or a VkMat, got {type(x).__name__}")
         a = _check_array(x, where)
