@@ -188,6 +188,20 @@ def test_load_param_refuses_ids_the_layer_does_not_take_as_from_param_does():
         vknorm.GroupNorm(2, 8).load_param({4: 1})
 
 
+@pytest.mark.parametrize("params", [None, [(0, 8)], "0=8"], ids=["None", "pairs", "text"])
+def test_params_that_are_not_a_mapping_of_ids_are_a_type_error_naming_the_call(params):
+    for call, where in ((lambda: vknorm.LayerNorm(8).load_param(params), "LayerNorm.load_param"),
+                        (lambda: vknorm.GroupNorm.from_param(params), "GroupNorm.from_param")):
+        with pytest.raises(TypeError, match=rf"^{where}: params must be a mapping of ncnn param ids to values .* got "
+                                            rf"{type(params).__name__}$"):
+            call()
+
+
+def test_none_as_input_is_named():
+    with pytest.raises(TypeError, match=r"LayerNorm\(\): expected a numpy array \(or a VkMat\), got None"):
+        ln_with_weights(4)(None)
+
+
 def test_an_eps_past_float32_is_refused_as_given_not_as_the_inf_it_becomes():
     with pytest.raises(ValueError, match=r"param 1 \(eps\)=1e\+40 does not fit ncnn's float32"):
         vknorm.LayerNorm(8, eps=1e40)

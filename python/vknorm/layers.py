@@ -124,9 +124,12 @@ def _check_array(x, where: str) -> np.ndarray:
     if isinstance(x, _core.VkMat):
         raise TypeError(f"{where} needs a numpy array, got a VkMat: it is on the device already (v.numpy() downloads "
                         "it)")
+    if x is None:
+        raise TypeError(f"{where}: expected a numpy array (or a VkMat), got None")
     a = np.asarray(x)
     if a.dtype.kind not in "f":
-        raise TypeError(f"{where}: expected floating point data (float32 or float16), got dtype {a.dtype}")
+        raise TypeError(f"{where}: expected floating point data (float32 or float16), got dtype {a.dtype}"
+                        + (f" ({type(x).__name__})" if not isinstance(x, np.ndarray) else ""))
     if a.ndim < 1 or a.ndim > 4:
         raise ValueError(f"{where}: expected 1-4 dims ((w), (h, w), (c, h, w) or (c, d, h, w)), got {a.ndim} dims "
                          f"{a.shape}")
@@ -252,6 +255,12 @@ def _param_int(pid, v, where: str = "", name: str = "") -> int:
     return i
 
 
+def _check_params(params, where: str) -> None:
+    if not isinstance(params, Mapping):
+        raise TypeError(f"{where}: params must be a mapping of ncnn param ids to values ({{0: 768, 1: 1e-5}}), "
+                        f"got {type(params).__name__}")
+
+
 def _param_float(pid, v, where: str, name: str) -> float:
     """A float param (eps): a real number (its range is the core's to check); ValueError naming it otherwise,
     not float()'s bare "could not convert string to float"."""
@@ -296,6 +305,7 @@ class _Norm:
     @classmethod
     def from_param(cls, params: Mapping[int, Union[int, float]], **kwargs):
         """ncnn ParamDict ids, as in the layer's .param line (see the class docstring)."""
+        _check_params(params, f"{cls.__name__}.from_param")
         known = {pid for pid, _, _ in cls._params}
         unknown = set(params) - known
         if unknown:
@@ -320,6 +330,7 @@ class _Norm:
         not take is refused (a fused activation's ids belong to vknorm.graph's layers: here, set_activation)."""
         # eps is checked in the core, after affine_size, in load_param's order (a NaN or Inf eps included)
         where = f"{type(self).__name__}.load_param: "
+        _check_params(params, where[:-2])
         names = {pid: name for pid, name, _ in self._params}
         native = {}
         for k, v in params.items():
