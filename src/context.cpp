@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -235,13 +236,13 @@ int default_device_index() {
                                     std::to_string(devices.size() - 1) + " or part of a device's name (vknorm info lists them)");
       return int(idx);
     }
-    std::string needle(want);
-    std::transform(needle.begin(), needle.end(), needle.begin(), ::tolower);
-    for (const auto& d : devices) {
-      std::string name = d.name;
-      std::transform(name.begin(), name.end(), name.begin(), ::tolower);
-      if (name.find(needle) != std::string::npos) return d.index;
-    }
+    auto lower = [](std::string text) {
+      for (char& ch : text) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+      return text;
+    };
+    const std::string needle = lower(want);
+    for (const auto& d : devices)
+      if (lower(d.name).find(needle) != std::string::npos) return d.index;
     throw std::invalid_argument("VKNORM_DEVICE=" + std::string(want) + " matches no device (vknorm info lists them)");
   }
   auto best = std::min_element(devices.begin(), devices.end(), [](const DeviceInfo& a, const DeviceInfo& b) {

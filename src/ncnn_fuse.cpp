@@ -465,6 +465,12 @@ int load_fused_text(::ncnn::Net& net, const std::string& text, const char* origi
 
 int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<FusedPattern>* fused,
                      std::vector<std::string>* blobs) {
+  if (!param_path) {
+    if (fused) fused->clear();
+    if (blobs) blobs->clear();
+    NCNN_LOGE("vknorm: load_param_fused: no path (null)");
+    return -1;
+  }
   std::ifstream f(param_path, std::ios::binary);
   // Blocks up to the first token's first 8 bytes, and the rest only where that token is ncnn's magic number:
   // the weights given as the .param are refused from their first bytes, not read whole.

@@ -335,7 +335,18 @@ void bfloat16_nets_are_refused_at_every_forward() {
                                       std::to_string(r) + ")");
 }
 
+// A null path or text is an error ncnn's own loaders would crash on: -1, and the out-params emptied.
+void fused_loaders_refuse_null() {
+  ::ncnn::Net net;
+  vknorm::ncnn::register_layers(net);
+  std::vector<vknorm::ncnn::FusedPattern> fused(1);
+  std::vector<std::string> blobs(1, "stale");
+  const int r = vknorm::ncnn::load_param_fused(net, nullptr, &fused, &blobs);
+  report(r == -1 && fused.empty() && blobs.empty(), "load_param_fused with a null path: -1 (returns " + std::to_string(r) + ")");
+}
+
 int main() {
+  fused_loaders_refuse_null();
   float16_input_like_float32("LayerNorm", "LayerNorm n 1 1 x0 y 0=4 1=0.001 2=1", 1, 1, 4);
   float16_input_like_float32("RMSNorm", "RMSNorm n 1 1 x0 y 0=4 1=0.001 2=1", 1, 1, 4);
   float16_input_like_float32("GroupNorm", "GroupNorm n 1 1 x0 y 0=3 1=6 2=0.001 3=1", 1, 1, 6);
