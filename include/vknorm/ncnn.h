@@ -141,7 +141,8 @@ bool describe_layer(const ::ncnn::Layer* layer, LayerInfo& out);
 //     int r = runner.extract(ex, "out0", out);      // what ex.extract("out0", out) gives
 //   }
 //
-// In a CPU net (no Vulkan device) both are ncnn's own. The net must outlive the Runner.
+// In a CPU net (no Vulkan device) both are ncnn's own. The net must outlive the Runner, and the Runner every
+// extractor it made (their blobs live in its allocators, which it hands back to the device when destroyed).
 class Runner {
  public:
   explicit Runner(const ::ncnn::Net& net);

@@ -79,7 +79,10 @@
 //   into has completed (the destructor calls no vkDeviceWaitIdle).
 // - Descriptor sets are cached per distinct blob binding (buffer, offset, the blob's size) and the scratch
 //   its plan uses (the same bytes recorded at another shape may get a set of their own), and reused by
-//   later record()s; command buffers recorded with them may be submitted again. release_descriptors()
+//   later record()s; command buffers recorded with them may be submitted again. The cache grows by one set
+//   per binding not seen before: an engine that binds ever new offsets (a ring allocator over frames in
+//   flight) calls release_descriptors() at a point where its frames have all completed (a resize, a model
+//   switch, every N frames after a wait), or cached_descriptor_sets() grows without bound. release_descriptors()
 //   frees every set, and also what load_model() or a larger scratch replaced (the old weights, the staging
 //   buffer, the old scratch): call it only when every command buffer that used them has completed, and
 //   record those command buffers again before submitting them again. Call it too before recording on a
