@@ -44,7 +44,7 @@ def fuzz_settings(examples: int, deadline_ms=5000):
 # ============================================================================ layer inputs
 
 EPS = st.one_of(st.sampled_from([0.0, -0.0, 1e-30, 1e-6, 1e-5, 1e-3, 0.5, 1.0, 1e30, -1e-5, -1.0, math.nan,
-                                 math.inf, -math.inf, 1e300]),
+                                 math.inf, -math.inf, 1e300, 1e-40, 1e-50]),
                 st.floats(min_value=0, max_value=10, allow_nan=False))
 DTYPES = ("float32",) * 5 + ("float16",) * 3 + ("float64",) * 2 + ("int32", "bool", "complex64", "uint8")
 LAYOUTS = ("contiguous", "every_other", "reversed", "transposed", "fortran", "readonly")
@@ -94,8 +94,10 @@ def expected_error(case):
     """The error a case must raise (type, words in the message), or None when it must succeed."""
     if case["affine_size"] < 0:  # checked first, as load_param does
         return ValueError, "affine_size"
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", under="ignore"):
         if not (math.isfinite(case["eps"]) and case["eps"] >= 0 and math.isfinite(np.float32(case["eps"]))):
+            return ValueError, "eps"
+        if case["eps"] != 0 and np.float32(case["eps"]) == 0:  # float32 would hold it as 0
             return ValueError, "eps"
     if case["dtype"] not in ("float32", "float16", "float64"):
         return TypeError, "float"
