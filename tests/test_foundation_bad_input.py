@@ -308,6 +308,15 @@ def test_forward_add_return_sum_is_a_flag():
         vknorm.LayerNorm(8, affine=False).forward_add(x, x, return_sum="no")
 
 
+def test_options_with_the_same_choices_are_equal():
+    assert vknorm.Option() == vknorm.Option()
+    assert vknorm.Option(path="split", use_fp16_storage=True) == vknorm.Option(use_fp16_storage=True, path="split")
+    assert vknorm.Option() != vknorm.Option(use_packing_layout=False)
+    assert vknorm.Option() != "Option()"
+    with pytest.raises(TypeError):
+        hash(vknorm.Option())  # mutable, as ncnn's: not a dict key
+
+
 @pytest.mark.parametrize("field, value, error", [
     ("max_workgroup_size", -5, ValueError), ("max_workgroup_size", "3", ValueError),
     ("max_workgroup_size", 2 ** 40, ValueError), ("path", "fast", ValueError), ("use_fp16", True, AttributeError),

@@ -73,6 +73,13 @@ class Option:
             raise TypeError(f"option must be a vknorm.Option, got {type(option).__name__} {option!r}")
         return option._native()
 
+    def __eq__(self, other) -> bool:  # the same choices (a mutable value: not hashable)
+        if not isinstance(other, Option):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in self._FIELDS)
+
+    __hash__ = None
+
     def __repr__(self) -> str:
         return (f"Option(use_fp16_storage={self.use_fp16_storage}, use_packing_layout={self.use_packing_layout}, "
                 f"path={self.path!r}, use_subgroup_ops={self.use_subgroup_ops}, "
