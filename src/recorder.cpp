@@ -592,27 +592,24 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   using A = vk::AccessFlagBits;
   if (m.upload_pending) {
     const uint64_t bytes = m.staging.size;
+    // Only the weights: a global barrier would also order the caller's own transfers around vknorm's, hiding a
+    // barrier the caller left out (discrete GPUs upload weights this way; unified memory maps them).
+    auto weights_barrier = [&](vk::PipelineStageFlags from, vk::AccessFlags from_access, vk::PipelineStageFlags to,
+                               vk::AccessFlags to_access) {
+      const vk::BufferMemoryBarrier b{.srcAccessMask = from_access,
+                                      .dstAccessMask = to_access,
+                                      .srcQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED,
+                                      .dstQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED,
+                                      .buffer = *m.weights.buffer,
+                                      .offset = 0,
+                                      .size = bytes};
+      cb.pipelineBarrier(from, to, {}, {}, b, {}, dispatcher);
+    };
     // A command buffer submitted again copies again: after the dispatches (and the copy) of its earlier
     // submission that may still be reading the weights.
-    const vk::BufferMemoryBarrier before_copy{.srcAccessMask = A::eTransferWrite,
-                                              .dstAccessMask = A::eTransferWrite,
-                                              .srcQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED,
-                                              .dstQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED,
-                                              .buffer = *m.weights.buffer,
-                                              .offset = 0,
-                                              .size = bytes};
-    cb.pipelineBarrier(S::eComputeShader | S::eTransfer, S::eTransfer, {}, {}, before_copy, {}, dispatcher);
+    weights_barrier(S::eComputeShader | S::eTransfer, A::eTransferWrite, S::eTransfer, A::eTransferWrite);
     cb.copyBuffer(*m.staging.buffer, *m.weights.buffer, vk::BufferCopy{.srcOffset = 0, .dstOffset = 0, .size = bytes}, dispatcher);
-    // Only the weights: a global barrier would also order the caller's own transfers before the dispatches,
-    // hiding a barrier the caller left out (discrete GPUs upload weights this way; unified memory maps them).
-    const vk::BufferMemoryBarrier upload{.srcAccessMask = A::eTransferWrite,
-                                         .dstAccessMask = A::eShaderRead,
-                                         .srcQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED,
-                                         .dstQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED,
-                                         .buffer = *m.weights.buffer,
-                                         .offset = 0,
-                                         .size = bytes};
-    cb.pipelineBarrier(S::eTransfer, S::eComputeShader, {}, {}, upload, {}, dispatcher);
+    weights_barrier(S::eTransfer, A::eTransferWrite, S::eComputeShader, A::eShaderRead);
     m.upload_pending = false;
   }
   if (queries) {
