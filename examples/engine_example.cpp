@@ -21,7 +21,7 @@
 //
 // Usage: engine_example [--channel-norms] [--misalign] [--skip-rmsnorm] [--corrupt] [--no-barrier]
 //                       [--system-loader] [--refusals] [--timing] [--repeat N] [--cooperative-reuse] [--rebind]
-//                       [--reload] [--give-up-first] [--sizes N] [--resubmit]
+//                       [--reload] [--give-up-first] [--sizes N] [--resubmit] [--split-between]
 //   --channel-norms  blobs A and B as GroupNorm and InstanceNorm (above); every flag but --rebind works with it
 //                    (a channel norm's channel count is fixed: --cooperative-reuse then records all of B twice)
 //   --misalign       put blob B at an offset that is not a multiple of minStorageBufferOffsetAlignment:
@@ -57,6 +57,9 @@
 //                    (c=3 h=1 w=100..99+N, pack1, each in a region of its own buffer), each checked against float64
 //                    as B is; prints how many pipelines the Recorder keeps (a bounded number: the group size is a
 //                    specialization constant for the first 16 sizes only)
+//   --split-between  with --channel-norms --cooperative-reuse: a split forward of B between its two cooperative
+//                    ones, its partials in the Recorder's scratch (where an apply that merges them writes no
+//                    coefficients: over the bytes the first forward's counters used)
 //   --resubmit       submit the command buffer a second time once the first has completed (not one-time-submit):
 //                    vknorm's weight upload recorded in it runs again after the first submission's forwards
 //   --rebind         a second frame after the first completed and the Recorders released their descriptor
@@ -472,7 +475,7 @@ struct Args {
   bool channel_norms = false;
   bool misalign = false, skip_rmsnorm = false, corrupt = false, no_barrier = false, system_loader = false;
   bool refusals = false, timing = false, cooperative_reuse = false, rebind = false, reload = false;
-  bool give_up_first = false, resubmit = false;
+  bool give_up_first = false, resubmit = false, split_between = false;
   int repeat = 1;
   int sizes = 0;  // --sizes N
 };
@@ -792,6 +795,10 @@ int run(const Args& args) {
       if (args.cooperative_reuse && args.channel_norms) {  // a channel norm takes all its channels every time
         record_b(0, b.packed_c(), cooperative);
         between_layers();  // the second forward reads what the first wrote
+        if (args.split_between) {  // its partials in the Recorder's scratch, where the counters were
+          record_b(0, b.packed_c(), split);
+          between_layers();
+        }
         db = record_b(0, b.packed_c(), cooperative);
       } else if (args.cooperative_reuse) {
         record_b(0, b.packed_c() - 1, cooperative);
@@ -920,7 +927,8 @@ int run(const Args& args) {
     else
       std::printf("B %s dims=3 c=%d h=%d w=%d float32 pack%d (cstep %zu), Option::path %s: path %s, %d dispatch(es) x %d\n",
                   vknorm::op_name(b.p.op), b.c, b.h, b.w, b.elempack, b.cstep,
-                  args.cooperative_reuse ? "cooperative (2 forwards)"
+                  args.split_between     ? "cooperative, split, cooperative"
+                  : args.cooperative_reuse ? "cooperative (2 forwards)"
                   : args.give_up_first   ? "cooperative (after a forward that gave up)"
                   : args.rebind          ? "split (2 frames)"
                                          : "split",
@@ -931,7 +939,8 @@ int run(const Args& args) {
     const std::vector<float> yb = unpack(b, reinterpret_cast<const float*>(out + b.offset));
     if (args.corrupt) ya[size_t(a.w) * 2 + 17] += 0.5f;
     // forwards of each of B's channels
-    const int times_b = args.repeat * (args.cooperative_reuse && args.channel_norms ? 2 : 1) + (args.rebind ? 2 : 0) +
+    const int times_b = args.repeat * (args.cooperative_reuse && args.channel_norms ? 2 + args.split_between : 1) +
+                        (args.rebind ? 2 : 0) +
                         (args.timing ? 1 : 0);
     const std::vector<double> ra = reference64(a, args.repeat), rb = reference64(b, times_b);
     scale_a = scale_of(a, ra), scale_b = scale_of(b, rb);
@@ -978,6 +987,7 @@ int main(int argc, char** argv) {
     else if (s == "--reload") args.reload = true;
     else if (s == "--give-up-first") args.give_up_first = true;
     else if (s == "--resubmit") args.resubmit = true;
+    else if (s == "--split-between") args.split_between = true;
     else if (s == "--repeat" && i + 1 < argc && std::atoi(argv[i + 1]) >= 1) args.repeat = std::atoi(argv[++i]);
     else if (s == "--sizes" && i + 1 < argc && std::atoi(argv[i + 1]) >= 1 && std::atoi(argv[i + 1]) <= 1000)
       args.sizes = std::atoi(argv[++i]);
@@ -985,7 +995,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "engine_example: unknown argument %s\nusage: engine_example [--channel-norms] [--misalign] "
                            "[--skip-rmsnorm] [--corrupt] [--no-barrier] [--system-loader] [--refusals] [--timing] "
                            "[--repeat N] [--cooperative-reuse] [--rebind] [--reload] [--give-up-first] [--sizes N] "
-                           "[--resubmit]\n",
+                           "[--resubmit] [--split-between]\n",
                    s.c_str());
       return 2;
     }
@@ -993,6 +1003,11 @@ int main(int argc, char** argv) {
   if (args.give_up_first && (args.cooperative_reuse || args.rebind || args.repeat > 1)) {
     std::fprintf(stderr, "engine_example: --give-up-first records all of B after one forward: not with --cooperative-reuse, "
                          "--rebind or --repeat\n");
+    return 2;
+  }
+  if (args.split_between && !(args.channel_norms && args.cooperative_reuse)) {
+    std::fprintf(stderr, "engine_example: --split-between records B split between its cooperative forwards: with "
+                         "--channel-norms --cooperative-reuse\n");
     return 2;
   }
   if (args.sizes && !args.channel_norms) {

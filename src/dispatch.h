@@ -177,8 +177,11 @@ struct CountersState {
   bool skips(const Pass& pass, const ForwardPlan& fp, uint64_t at = 0) const {
     return pass.clears_counters && zero && fp.coefs_bytes == bytes && at == offset;
   }
-  void recorded(const ForwardPlan& fp, uint64_t at = 0) {
+  // partials_before_counters: the forward's partials lie in the same buffer, from its start (a Recorder's scratch),
+  // so a forward without counters (a split apply that merges) may write them over the bytes of earlier counters.
+  void recorded(const ForwardPlan& fp, uint64_t at = 0, bool partials_before_counters = false) {
     if (fp.coefs_bytes) zero = fp.counters, bytes = fp.coefs_bytes, offset = at;
+    else if (partials_before_counters && fp.partials_bytes > offset) zero = false;
   }
 };
 

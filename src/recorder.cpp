@@ -637,7 +637,7 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
       const Grid grid = fold_workgroups(pass.workgroups, m.info.max_workgroup_count_x);
       cb.dispatch(grid.x, grid.y, 1, dispatcher);
     }
-    m.counters.recorded(fp, counters_at);
+    m.counters.recorded(fp, counters_at, /*partials_before_counters=*/true);
     const DispatchInfo piece = dispatch_info(fp);
     const int dispatches = info.dispatches + piece.dispatches;
     info = piece;

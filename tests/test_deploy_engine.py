@@ -157,6 +157,19 @@ def test_cooperative_forwards_of_one_recorder_at_another_layout_clear_its_scratc
     assert "descriptor sets cached: LayerNorm 1, LayerNorm (B) 2" in proc.stdout, proc.stdout
 
 
+@pytest.mark.parametrize("merges", ["1", "0"], ids=["apply-merges", "finalize"])
+def test_a_split_forward_between_two_cooperative_ones_makes_the_second_clear_its_counters(engine_example, merges):
+    """B's InstanceNorm recorded cooperative, then split, then cooperative again, in one Recorder's scratch
+    (partials from its start, the cooperative kernel's counters after them). A split forward whose apply merges
+    the partials itself (GPUs; VKNORM_TUNE_APPLY_MERGES=1 here) writes no coefficients, only partials, and those
+    reached the bytes where the first forward had left its counters zero: the third forward took them for zero,
+    skipped its clear, and B came out wrong by 2.0."""
+    proc = launch(engine_example, "--channel-norms", "--cooperative-reuse", "--split-between",
+                  extra_env=dict(TWO_RESIDENT_WORKGROUPS, VKNORM_TUNE_APPLY_MERGES=merges))
+    assert_clean_run(proc)
+    assert re.search(r"^B InstanceNorm .*cooperative, split, cooperative: path cooperative", proc.stdout, re.M), proc.stdout
+
+
 @pytest.mark.parametrize("channel_norms", [False, True], ids=["layernorm", "instancenorm"])
 def test_a_forward_after_one_whose_waits_gave_up_finds_the_counters_zero(engine_example, channel_norms):
     """--give-up-first: B (a LayerNorm, or InstanceNorm) recorded cooperative after a forward of its Recorder over
