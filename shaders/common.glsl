@@ -319,6 +319,11 @@ stat to_stat(afp v) { return v; }
 afp from_stat(stat s) { return s; }
 bool any_above(stat a, stat b) { return a > b; }
 #endif
+// 1 / sqrt(v), +Inf at v = 0: inversesqrt(0) is undefined (a driver may return any value), and a constant group with
+// eps 0 must come out NaN ((x - mean) * Inf), as ncnn's CPU layers give it (1 / sqrt(0)).
+float inv_sqrt(float v) { return v == 0.0 ? uintBitsToFloat(0x7f800000u) : inversesqrt(v); }
+vec4 inv_sqrt(vec4 v) { return mix(inversesqrt(v), vec4(uintBitsToFloat(0x7f800000u)), equal(v, vec4(0.0))); }
+
 // Elements of one group: a VEC4 element is 4 of the group's; a pack4 item of PLANES planes holds
 // CPG channel planes per group.
 #if VEC4

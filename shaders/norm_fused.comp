@@ -149,8 +149,8 @@ void main() {
     var = team_sum(to_stat(s)) / n;
   }
   // inversesqrt, not 1 / sqrt: drivers may build sqrt(v) as v * inversesqrt(v), NaN for v = Inf, and
-  // RMSNorm of a group holding Inf must give a = 0 as the CPU reference does.
-  afp a = from_stat(inversesqrt(var + p.eps));
+  // RMSNorm of a group holding Inf must give a = 0 as the CPU reference does (inv_sqrt: defined at 0 too).
+  afp a = from_stat(inv_sqrt(var + p.eps));
   afp m = from_stat(mean);
   if (!in_range) return;
   for (uint k = 0u; k < ITEMS; ++k) {

@@ -64,7 +64,7 @@ void item_coefs(uint g, bool in_range, bool pivot_kept, uint width, out afp pivo
   // drivers, and max() drops the NaN that a NaN in the group must leave.
   afp var = OP == OP_RMSNORM ? sh_m[first] : sh_m2[first] / at_least_one(sh_n[first]);
   mean = OP == OP_LAYERNORM ? sh_m[first] : afp(0);
-  a = inversesqrt(var + p.eps);  // see norm_fused.comp
+  a = inv_sqrt(var + p.eps);  // see norm_fused.comp
   pivot = !in_range || OP != OP_LAYERNORM ? afp(0) : pivot_kept ? partial[2u * n_items + g] : first_elements(group_base(g));
   barrier();  // the team's shared slots are free again
 }

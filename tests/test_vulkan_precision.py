@@ -216,6 +216,34 @@ def test_constant_groups_give_beta_within_1e_5(size):
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("size", [1, 3, 768, 4097, 65537])
+@pytest.mark.parametrize("op", ["LayerNorm", "RMSNorm"])
+def test_eps_zero_on_zero_variance_groups_gives_nan_as_ncnns_cpu_layer(op, size):
+    """var + eps = 0: ncnn's CPU layer divides by sqrt(0) and its outputs are NaN (the CPU reference's too). The
+    kernels' inverse square root is defined there (+Inf, where inversesqrt(0) is undefined: any value a driver
+    likes), so every path gives NaN, in both storages, rather than beta or a driver's choice. Groups beside
+    them with a variance stay finite."""
+    # a mean square of 0 needs zeros; constants whose float32 sums stay exact, so ncnn's CPU mean is exact too
+    zero_var = [0.0] if op == "RMSNorm" else [0.0, 1.0, -3.5, 0.25]
+    rows = np.array(zero_var * (4 // len(zero_var) + 1), np.float32)[:4]
+    x = np.concatenate([np.repeat(rows[:, None], size, axis=1),
+                        np.random.default_rng(6).standard_normal((4, size)).astype(np.float32) + 1.0])
+    gamma = np.linspace(0.5, 1.5, size, dtype=np.float32)
+    beta = np.linspace(-1, 1, size, dtype=np.float32)
+    layer = make_layer(op, size, 0.0, True, gamma, beta)
+    cpu = layer(x, device="cpu")
+    assert np.isnan(cpu[:4]).all()
+    if size > 1:  # a group of one element has no variance either
+        assert np.isfinite(cpu[4:]).all()
+    failures = []
+    for path in PATHS:
+        for fp16 in (False, True):
+            y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_fp16_storage=fp16))
+            if not (np.isnan(y) == np.isnan(cpu)).all():
+                failures.append(f"path={path} fp16={fp16}: NaN at {np.argwhere(np.isnan(y) != np.isnan(cpu))[:4].tolist()}")
+    assert not failures, "\n".join(failures)
+
+
 @pytest.mark.parametrize("size", [2, 5, 33, 768, 4097])
 @pytest.mark.parametrize("op", ["LayerNorm", "RMSNorm"])
 def test_eps_zero_on_non_constant_groups_matches_float64(op, size):
