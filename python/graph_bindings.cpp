@@ -394,6 +394,7 @@ struct Net {
     for (auto [name, on] : {std::pair<const char*, bool>{"use_vulkan_compute", o.use_vulkan_compute},
                             {"use_fp16_storage", o.use_fp16_storage}, {"use_fp16_packed", o.use_fp16_packed},
                             {"use_fp16_arithmetic", o.use_fp16_arithmetic}, {"use_bf16_storage", o.use_bf16_storage},
+                            {"use_bf16_packed", o.use_bf16_packed},
                             {"use_packing_layout", o.use_packing_layout}, {"use_int8_inference", o.use_int8_inference}})
       s += std::string(s.empty() ? "" : " ") + name + "=" + (on ? "1" : "0");
     return s;

@@ -505,6 +505,9 @@ def test_an_extractor_needs_a_loaded_model_with_the_options_it_was_loaded_with(t
     net.opt.use_vulkan_compute = False
     refused(net, r"net.opt changed after load_model \(use_vulkan_compute=1 .* -> use_vulkan_compute=0")
     net.opt.use_vulkan_compute = True
+    net.opt.use_bf16_packed = True  # each format option counts (this one ran stock ncnn off by up to 5)
+    refused(net, r"net.opt changed after load_model \(.*use_bf16_packed=0.* -> .*use_bf16_packed=1")
+    net.opt.use_bf16_packed = False
     threads = net.opt.num_threads
     net.opt.num_threads = -3
     refused(net, "num_threads must be >= 1, got -3")

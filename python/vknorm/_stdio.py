@@ -5,7 +5,11 @@ import contextlib
 import os
 import sys
 import tempfile
+import threading
 from typing import Optional
+
+# fd 2 is the process's: two threads swapping it at once could leave it on one's deleted temporary file for good.
+_swap_lock = threading.RLock()
 
 
 def _lines(tmp) -> list:
@@ -16,7 +20,15 @@ def _lines(tmp) -> list:
 @contextlib.contextmanager
 def quiet_stderr(sink: Optional[list] = None):
     """Silence C-level stderr (ncnn's NCNN_LOGE lines) for the block; captured lines go to ``sink`` when
-    it ends. The block gets a function returning the lines captured so far (for an error raised inside)."""
+    it ends. The block gets a function returning the lines captured so far (for an error raised inside).
+    Blocks on several threads run one after another."""
+    with _swap_lock:
+        with _quiet_stderr(sink) as captured:
+            yield captured
+
+
+@contextlib.contextmanager
+def _quiet_stderr(sink: Optional[list]):
     try:
         sys.stderr.flush()
     except Exception:  # pragma: no cover - closed stderr
