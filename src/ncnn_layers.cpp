@@ -146,6 +146,12 @@ class NormLayer : public ::ncnn::Layer {
 
   int load_weights(const ::ncnn::ModelBin& mb) {
     if (!p_.affine) return 0;
+    if (weight_count() <= 0) {  // ncnn reads a float such as 0=8.0 as an int param not given: 0
+      NCNN_LOGE("vknorm %s %s: affine with %s %d: no weights to read (an int param written as a float, 0=8.0, reads "
+                "as 0 in ncnn)", type_name(), name.c_str(), p_.op == NormOp::LayerNorm || p_.op == NormOp::RMSNorm ?
+                "affine_size" : "channels", weight_count());
+      return -100;
+    }
     gamma_ = mb.load(weight_count(), 1);
     if (gamma_.empty()) {
       NCNN_LOGE("vknorm %s %s: the model file ends before its %d gamma values", type_name(), name.c_str(), weight_count());

@@ -1217,3 +1217,20 @@ def test_bfloat16_storage_is_refused_at_load_naming_the_option():
         pytest.skip("stock ncnn itself fails to build its bfloat16 shaders on this GPU's driver (lavapipe runs them)")
     assert "load 0 -1" in proc.stdout, proc.stdout
     assert "bfloat16 storage is not supported" in proc.stderr and "use_bf16_packed" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
+def test_an_affine_norm_whose_size_reads_as_0_is_named_at_load_model_not_blamed_on_the_bin(tmp_path, fuse):
+    """ncnn reads an int param written as a float (0=8.0) as not given: affine_size 0. With weights, load_model
+    fails (ncnn: -100 at the first layer that cannot load); the line says why instead of 'the model file ends'."""
+    from vknorm import graph
+
+    param, binp = tmp_path / "m.param", tmp_path / "m.bin"
+    param.write_text("7767517\n2 2\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 out0 0=8.0 1=1e-5 2=1\n")
+    np.ones(16, np.float32).tofile(binp)
+    net = graph.configure(graph.Net(fuse=fuse), vulkan=True)
+    assert net.load_param(str(param)) == 0
+    log: list = []
+    with quiet_stderr(log):
+        assert net.load_model(str(binp)) != 0
+    assert any("LayerNorm ln: affine with affine_size 0: no weights to read" in ln and "0=8.0" in ln for ln in log), log

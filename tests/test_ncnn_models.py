@@ -467,6 +467,9 @@ def test_register_rejects_wrong_arguments():
         vkncnn.register(object())
     with pytest.raises(ValueError):
         vkncnn.register(ncnn.Net(), types=("BatchNorm",))
+    with pytest.raises(ValueError, match=r"got \['Layernorm'\]"):  # one name, not its letters
+        vkncnn.register(ncnn.Net(), types="Layernorm")
+    assert vkncnn.register(ncnn.Net(), types="GroupNorm").types == ("GroupNorm",)
     for device in ("gpu", -1, "vulkan:x"):  # said at register(), not as "create_pipeline failed" at load
         with pytest.raises(ValueError, match="device must be"):
             vkncnn.register(ncnn.Net(), device=device)

@@ -109,6 +109,10 @@ class VknormLayer(_ncnn.Layer):
                 return 0
             weights = []
             count = n.affine_size if self.op in ("LayerNorm", "RMSNorm") else n.channels
+            if count <= 0:  # ncnn reads a float such as 0=8.0 as an int param not given: 0
+                name = "affine_size" if self.op in ("LayerNorm", "RMSNorm") else "channels"
+                return self._fail(ValueError(f"affine with {name} {count}: no weights to read (an int param "
+                                             "written as a float, 0=8.0, reads as 0 in ncnn)"), -100)
             for what in (("gamma",) if self.op == "RMSNorm" else ("gamma", "beta")):
                 m = mb.load(count, 1) if count > 0 else _ncnn.Mat()
                 if m.empty():  # short read (truncated .bin) or a count of 0: ncnn's own answer
@@ -222,6 +226,8 @@ def register(net, option: Optional[Option] = None, *, device=None, types=tuple(T
     if len(net.layers()):  # its layers were made at load_param: registering now would change none of them
         raise RuntimeError("register(net) after net.load_param: the net's layers are made already, stock; call "
                            "register before load_param (or net.clear() first)")
+    if isinstance(types, str):  # one type by name
+        types = (types,)
     unknown = [t for t in types if t not in TYPES]
     if unknown or not types:
         raise ValueError(f"types must be among {', '.join(TYPES)}, got {list(types)!r}")
