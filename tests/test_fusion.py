@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -900,12 +901,14 @@ def test_optimize_refuses_outputs_it_would_clobber_and_writes_files_as_open_woul
                          ((ok, fifo), "not a regular file"), ((ok, ok), "the same file"),
                          # a link into /dev or /proc: never replaced (/dev/stdout was, by a file holding the model)
                          ((Path("/dev/stdout"), tmp_path / "o.bin"), "/dev/stdout: not a regular file"),
-                         ((ok, Path("/proc/vknorm.bin")), "/proc/vknorm.bin: not a regular file")]:
+                         ((ok, Path("/proc/vknorm.bin")), "/proc/vknorm.bin: not a regular file"),
+                         # a trailing slash names a directory to be: never a file of that name
+                         ((str(tmp_path / "newdir") + "/", tmp_path / "o.bin"), "a directory path (trailing /)")]:
         r = optimize(p, b, *outs)
         assert r.returncode == 2, (outs, r.stdout, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("vknorm optimize: error:") and needle in lines[0], r.stderr
-        assert not ok.exists() and (tmp_path / "adir").is_dir() and fifo.is_fifo()
+        assert not ok.exists() and (tmp_path / "adir").is_dir() and fifo.is_fifo() and not (tmp_path / "newdir").exists()
     mask = os.umask(0o027)
     try:
         r = optimize(p, b, ok, tmp_path / "ok.bin")
@@ -914,6 +917,14 @@ def test_optimize_refuses_outputs_it_would_clobber_and_writes_files_as_open_woul
     assert r.returncode == 0, r.stderr
     for f in (ok, tmp_path / "ok.bin"):
         assert stat.S_IMODE(f.stat().st_mode) == 0o640, oct(f.stat().st_mode)
+    # a file replaced keeps its mode: in place, a private model stays private (it became 0644)
+    private_p, private_b = tmp_path / "private.param", tmp_path / "private.bin"
+    shutil.copyfile(p, private_p), shutil.copyfile(b, private_b)
+    os.chmod(private_p, 0o600), os.chmod(private_b, 0o600)
+    r = optimize(private_p, private_b, private_p, private_b)
+    assert r.returncode == 0 and "vknorm.LayerNorm" in private_p.read_text(), r.stderr
+    for f in (private_p, private_b):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, oct(f.stat().st_mode)
     # a symbolic link as an output is written through: the link stays, its target holds the model
     target, link = tmp_path / "target.param", tmp_path / "link.param"
     target.write_text("old")

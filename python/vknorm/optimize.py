@@ -87,7 +87,13 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
             except OSError as e:
                 raise UsageError(f"{target}: cannot be written ({e.strerror})") from None
             staged.append((tmp, real))
-            os.fchmod(fd, 0o666 & ~_umask())  # as open() would create it (mkstemp makes 0600)
+            # a file replaced keeps its permissions (an in-place run must not make a 0600 model world-readable);
+            # a new one gets what open() would give it (mkstemp makes 0600)
+            try:
+                mode = os.stat(real).st_mode & 0o7777
+            except OSError:
+                mode = 0o666 & ~_umask()
+            os.fchmod(fd, mode)
             with os.fdopen(fd, "wb") as f:
                 write(f)
         # The fused model must load where vknorm's layers are registered (a CPU net: no device needed).
@@ -135,6 +141,8 @@ def _check_targets(out_param: str, out_bin: str, in_param: str, in_bin: str) -> 
     for flag, target in (("OUT.param", out_param), ("OUT.bin", out_bin)):
         if not target:
             raise UsageError(f"{flag}: empty file name; name a file")
+        if target.endswith(("/", os.sep)):  # realpath drops the slash: it would write a file of the directory's name
+            raise UsageError(f"{target}: a directory path (trailing /); name a file to write")
     if same(out_param, out_bin):
         raise UsageError(f"OUT.param and OUT.bin are the same file ({out_param}): name two files")
     if same(out_param, in_bin):
