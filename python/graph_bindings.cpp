@@ -83,6 +83,15 @@ void refuse_nul(const std::string& path) {
   if (path.find('\0') != std::string::npos) throw std::invalid_argument("embedded null byte in the path");
 }
 
+// A file name as str or any os.PathLike (pathlib.Path), as Python's open() takes it.
+std::string path_of(nb::handle file) {
+  nb::object p = nb::module_::import_("os").attr("fspath")(file);  // TypeError for anything else
+  if (!nb::isinstance<nb::str>(p)) throw nb::type_error("a file name must be a str or a str path (os.PathLike), not bytes");
+  std::string path = nb::cast<std::string>(p);
+  refuse_nul(path);
+  return path;
+}
+
 nb::ndarray<nb::numpy, float> mat_to_numpy(const ::ncnn::Mat& m) {
   if (m.empty()) throw std::invalid_argument("Mat is empty");
   if (m.elempack != 1 || m.elemsize != 4) throw std::invalid_argument("Mat: only elempack-1 float32 Mats convert to numpy");
@@ -1082,11 +1091,11 @@ NB_MODULE(_graph, m) {
            },
            "index"_a)
       .def("load_param",
-           [](Net& n, const std::string& path) {
-             refuse_nul(path);
+           [](Net& n, nb::handle file) {
+             const std::string path = path_of(file);
              return loading(n, [&] { return n.load_param(path); });
            },
-           "path"_a)
+           "path"_a.none())
       .def("load_param_mem",
            [](Net& n, const std::string& text) { return loading(n, [&] { return n.load_param_mem(text); }); },
            "mem"_a)
@@ -1097,11 +1106,11 @@ NB_MODULE(_graph, m) {
            },
            "mem"_a)
       .def("load_model",
-           [](Net& n, const std::string& path) {
-             refuse_nul(path);
+           [](Net& n, nb::handle file) {
+             const std::string path = path_of(file);
              return loading(n, [&] { return n.load_model(path); });
            },
-           "path"_a)
+           "path"_a.none())
       .def_prop_ro("model_bytes_read",
                    [](Net& n) { return reading(n, [&] { return n.model_bytes_read; }); })
       .def("input_names",

@@ -1114,6 +1114,20 @@ def test_paths_with_a_nul_byte_are_refused_as_python_s_open_refuses_them():
             load(os.path.join(graph_runs.DATA, "transformer_block.ncnn." + ext) + "\0.other")
 
 
+def test_model_files_are_names_or_paths_as_python_s_open_takes_them():
+    from pathlib import Path
+
+    net = graph.configure(graph.Net(), vulkan=True)
+    data = Path(graph_runs.DATA)
+    assert net.load_param(data / "transformer_block.ncnn.param") == 0
+    assert net.load_model(data / "transformer_block.ncnn.bin") == 0
+    for load in (net.load_param, net.load_model):
+        for bad, needle in ((None, "NoneType"), (3, "int"), (b"m.param", "not bytes")):
+            with pytest.raises(TypeError, match=needle):
+                load(bad)
+    assert graph.get_gpu_count() == graph.gpu_count() and 0 <= graph.get_default_gpu_index() < graph.gpu_count()
+
+
 def test_an_extractor_used_after_clear_says_so():
     """ncnn's Extractor.clear() (and the end of a with block) drops its blobs: an input or extract after it is -1,
     with a message saying why (it was -1 alone, and the next extract blamed a missing input)."""

@@ -17,7 +17,7 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
     y = np.array(out)
     print(net.vknorm_counters())              # {'vulkan_forwards': 12, 'cpu_forwards': 0, 'pipelines': ...}
 
-Not there (AttributeError): pyncnn's pixel helpers (``Mat.from_pixels*``, ``substract_mean_normalize``: convert
+Not there (AttributeError): ``destroy_gpu_instance``, pyncnn's pixel helpers (``Mat.from_pixels*``, ``substract_mean_normalize``: convert
 with numpy first), ``Net.input_indexes`` / ``output_indexes`` / ``blobs`` (``input_names`` / ``output_names``
 are), custom Python layers, allocator objects, and the convolution tuning flags of ``Option``. bfloat16 storage
 (``opt.use_bf16_storage`` / ``use_bf16_packed``), where the device takes it, is refused by vknorm's layers at
@@ -41,6 +41,14 @@ cannot read as they are). ``vknorm optimize`` writes the
 same rewrite to disk. The blobs inside a fused pattern (the add's output, the norm's output before its
 activation) are gone from the rewritten net: ``extract`` them from a ``Net(fuse=False)``.
 
+As in ncnn, an extractor computes each blob once: an input given again after an extract does not recompute what
+was extracted (make a new extractor per inference). Input shapes a model was not made for may crash inside stock
+ncnn's own Vulkan layers (its BinaryOp broadcasting a dims-2 blob over a dims-3 one, its MultiHeadAttention given
+another rank; stock pyncnn crashes the same way): ``vknorm check`` runs a model in a worker process and says so.
+vknorm's fused activations follow ncnn's CPU formulas (GELU: erf, or tanh with fast_gelu), which ncnn's own
+Vulkan GELU approximates: a fused net and ``Net(fuse=False)`` differ by that (up to ~5e-3 at outputs of ~20 in
+ln_residual_stack), the fused one nearer ncnn's CPU result.
+
 Light mode (``opt.lightmode``, on by default as in ncnn): each layer frees its inputs once it has run, so an
 extractor gives a blob only until something downstream of it was extracted; extracting it later returns -1 and
 says so when making it again would need a freed blob (stock pyncnn returns an empty Mat, -100, or crashes;
@@ -61,6 +69,7 @@ Mat: ``Mat(array)`` copies a numpy array of shape (w), (h, w), (c, h, w) or (c, 
 arrays too, as pyncnn's Mat); ``np.array(mat)`` / ``mat.numpy()`` copy back; ``fill``, ``clone`` and ``reshape``
 as pyncnn's, and pyncnn's shape constructors ``Mat(w)``, ``Mat(w, h)``, ``Mat(w, h, c)``, ``Mat(w, h, d, c)``
 (zeroed float32). pyncnn's ``Net.load_param_mem`` (text or bytes; fused like ``load_param``),
+``load_param`` / ``load_model`` with a ``pathlib.Path``, ``get_gpu_count`` / ``get_default_gpu_index``,
 ``Extractor.input`` / ``extract`` by blob index (the model's own numbering, as its .param gives it: a fused net
 resolves an index through the model as written, and one whose blob the rewrite removed gives -1),
 ``Extractor.set_light_mode`` and ``with`` blocks (leaving one
@@ -87,13 +96,23 @@ Mat = _graph.Mat
 Option = _graph.Option
 Extractor = _graph.Extractor
 
-__all__ = ["Net", "Mat", "Option", "Extractor", "gpu_count", "gpu_name", "configure", "track_device_memory",
-           "device_memory", "set_device_memory_limit"]
+__all__ = ["Net", "Mat", "Option", "Extractor", "gpu_count", "gpu_name", "get_gpu_count", "get_default_gpu_index",
+           "configure", "track_device_memory", "device_memory", "set_device_memory_limit"]
 
 
 def gpu_count() -> int:
     """Vulkan devices ncnn sees."""
     return _graph.gpu_count()
+
+
+def get_gpu_count() -> int:
+    """pyncnn's name for gpu_count()."""
+    return _graph.gpu_count()
+
+
+def get_default_gpu_index() -> int:
+    """ncnn's default GPU (pyncnn's get_default_gpu_index)."""
+    return _graph.default_gpu_index()
 
 
 def gpu_name(index: int | None = None) -> str:
