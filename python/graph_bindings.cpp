@@ -804,7 +804,7 @@ std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& 
 
 // A blob's name from its index (pyncnn's input/extract by index) as the model's own .param numbers it (a fused
 // net's renumbered blobs through the unfused model's names); "" when out of range (logged).
-std::string blob_name(Extractor& e, int index, const char* call) {
+std::string blob_name(Extractor& e, long long index, const char* call) {
   ReleaseGil release;
   std::shared_lock<NetLock> net_lock(e.owner->lock);
   if (e.stale(call)) return "";
@@ -812,7 +812,7 @@ std::string blob_name(Extractor& e, int index, const char* call) {
   const std::vector<::ncnn::Blob>& blobs = e.owner->net.blobs();
   const int count = unfused.empty() ? int(blobs.size()) : int(unfused.size());
   if (index >= 0 && index < count) return unfused.empty() ? blobs[index].name : unfused[index];
-  NCNN_LOGE("vknorm.graph: Extractor.%s: blob index %d out of range (%d blobs)", call, index, count);
+  NCNN_LOGE("vknorm.graph: Extractor.%s: blob index %lld out of range (%d blobs)", call, index, count);
   return "";
 }
 
@@ -1022,8 +1022,7 @@ NB_MODULE(_graph, m) {
              if (!index)
                throw nb::type_error(("Extractor.input: the blob is a name (str) or an index (int), got " +
                                      type_of(blob)).c_str());
-             const int i = int(std::clamp<long long>(*index, INT_MIN, INT_MAX));  // out of range either way: said
-             const std::string name = blob_name(e, i, "input");
+             const std::string name = blob_name(e, *index, "input");
              return name.empty() ? -1 : extractor_input(e, name, nb::cast<const ::ncnn::Mat&>(mat));
            },
            "blob_name"_a.none(), "mat"_a.none())
@@ -1041,6 +1040,19 @@ NB_MODULE(_graph, m) {
              return name.empty() ? std::make_tuple(-1, ::ncnn::Mat()) : extractor_extract(e, name);
            },
            "blob_index"_a, "type"_a = 0)
+      // Last, as for input: a numpy integer or one past int goes on as an index (out of range, named as given), and
+      // anything else (True, None, a float) is one line naming its type.
+      .def("extract",
+           [](Extractor& e, nb::handle blob, int type) {
+             check_extract_type(type);
+             const std::optional<long long> index = as_index(blob);
+             if (!index)
+               throw nb::type_error(("Extractor.extract: the blob is a name (str) or an index (int), got " +
+                                     std::string(nb::type_name(blob.type()).c_str())).c_str());
+             const std::string name = blob_name(e, *index, "extract");
+             return name.empty() ? std::make_tuple(-1, ::ncnn::Mat()) : extractor_extract(e, name);
+           },
+           "blob_name"_a.none(), "type"_a = 0)
       // ncnn's light mode for this extractor alone (net.opt.lightmode is every new extractor's)
       .def("set_light_mode",
            [](Extractor& e, bool enable) {

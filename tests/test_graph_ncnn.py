@@ -1100,6 +1100,13 @@ def test_an_input_that_is_not_a_graph_mat_and_fusion_without_vknorm_are_one_line
     for bad in (True, 1.5, None):
         with pytest.raises(TypeError, match="the blob is a name"):
             ex.input(bad, x)
+        with pytest.raises(TypeError, match=rf"Extractor.extract: the blob is a name .*, got {type(bad).__name__}"):
+            ex.extract(bad)  # True extracted blob 1 before
+    log: list = []
+    with quiet_stderr(log):  # an index past int: -1, named as given (it was clamped to 2147483647)
+        assert ex.input(2 ** 40, x) == -1 and ex.extract(2 ** 40)[0] == -1
+    assert sum("blob index 1099511627776 out of range" in ln for ln in log) == 2, log
+    assert ex.extract(np.int64(13))[0] == 0
     with pytest.raises(ValueError, match="Net\\(vknorm=False, fuse=True\\)"):
         graph.Net(vknorm=False, fuse=True)
     assert graph.Net(vknorm=False).fuse is False and graph.Net(vknorm=False, fuse=False).fuse is False
