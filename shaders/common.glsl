@@ -179,7 +179,8 @@ float erfc_nonneg(float z) {
   return t * exp(r);
 }
 // ReLU's "v < 0" as bits: a compiler that may assume no NaN turns the float compare into max(v, 0), which
-// gives 0 for NaN (NVIDIA's does); ncnn's CPU ReLU keeps NaN. Negative: sign set, -0 and NaNs excluded.
+// gives 0 for NaN (NVIDIA's does); ncnn's generic CPU ReLU (relu.cpp) keeps NaN (its SSE/NEON ones take max and
+// give 0). Negative: sign set, -0 and NaNs excluded.
 bool below_zero(float v) {
   uint b = floatBitsToUint(v);
   return b > 0x80000000u && b <= 0xff800000u;

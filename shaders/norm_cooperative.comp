@@ -40,7 +40,9 @@ layout(constant_id = 18) const uint CHUNK_PLANES = 0;
 // A wait polls its item's count in rounds of 4096 (64 per iteration: llvmpipe ends a shader's loops after 65535
 // iterations), trying after each round to claim a chunk no workgroup has started. One that outlives WAIT_ROUNDS
 // rounds (one more where it took chunks over; a workgroup that claimed a chunk never published it) gives up and
-// writes NaN for its item: a visible failure rather than a hung queue. It still leaves the item, so the item's
+// writes NaN over its own chunks (other chunks of the item may come out normalized): a visible failure rather than
+// a hung queue. The limit counts polls, not time: a workgroup stalled past it (a CPU driver's thread preempted
+// for tens of milliseconds) makes the item partly NaN. It still leaves the item, so the item's
 // last workgroup zeroes the counters as always: the next forward, which takes them for zero, is not misled.
 // 1024 (2^22 polls); the dispatcher sets 0 only to test giving up (VKNORM_TUNE_WAIT_ROUNDS).
 layout(constant_id = 19) const uint WAIT_ROUNDS = 1024;
