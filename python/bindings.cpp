@@ -160,7 +160,9 @@ nb::tuple vkmat_shape(const VkMat& v) {
     default: return nb::make_tuple();
   }
 }
-std::string vkmat_dtype(const VkMat& v) { return v.elemsize == 2u * size_t(std::max(v.elempack, 1)) ? "float16" : "float32"; }
+std::string vkmat_dtype(const VkMat& v) {
+  return v.elemsize == 2u * size_t(std::max(v.elempack, 1)) ? "float16" : "float32";
+}
 
 }  // namespace
 
@@ -288,7 +290,8 @@ NB_MODULE(_core, m) {
       .def("__repr__",
            [](const VkMat& v) {
              std::string shape;
-             for (const nb::handle d : vkmat_shape(v)) shape += (shape.empty() ? "" : ", ") + nb::cast<std::string>(nb::str(d));
+             for (const nb::handle d : vkmat_shape(v))
+               shape += (shape.empty() ? "" : ", ") + nb::cast<std::string>(nb::str(d));
              if (v.dims == 1) shape += ",";
              return "VkMat(shape=(" + shape + "), dtype=" + vkmat_dtype(v) + ", elempack=" + std::to_string(v.elempack) +
                     ", device='" + (v.context() ? v.context()->info().name : std::string("none")) + "')";

@@ -86,7 +86,8 @@ void refuse_nul(const std::string& path) {
 // A file name as str or any os.PathLike (pathlib.Path), as Python's open() takes it.
 std::string path_of(nb::handle file) {
   nb::object p = nb::module_::import_("os").attr("fspath")(file);  // TypeError for anything else
-  if (!nb::isinstance<nb::str>(p)) throw nb::type_error("a file name must be a str or a str path (os.PathLike), not bytes");
+  if (!nb::isinstance<nb::str>(p))
+    throw nb::type_error("a file name must be a str or a str path (os.PathLike), not bytes");
   std::string path = nb::cast<std::string>(p);
   refuse_nul(path);
   return path;

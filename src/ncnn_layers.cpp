@@ -4,8 +4,8 @@
 #include "vknorm/ncnn.h"
 
 #include <algorithm>
-#include <climits>
 #include <atomic>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -416,8 +416,8 @@ class NormLayer : public ::ncnn::Layer {
     }
     // ncnn packs a dims-1 blob by 4 when w divides: still one contiguous group, so read it unpacked.
     Blob b{blob.dims, blob.w, blob.h, blob.d, blob.c, blob.cstep, blob.elempack, blob.elemsize == 2u * blob.elempack};
-    if (b.dims == 1 && b.elempack != 1) {
-      if (b.elempack < 0 || b.w > INT_MAX / std::max(b.elempack, 1)) {
+    if (b.dims == 1 && b.elempack > 1) {
+      if (b.w > INT_MAX / b.elempack) {
         NCNN_LOGE("vknorm %s %s: a dims-1 blob of %d elements of %d: past 32-bit element counts", type_name(),
                   name.c_str(), b.w, b.elempack);
         return nullptr;

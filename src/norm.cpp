@@ -93,15 +93,6 @@ Mat output_like(const Mat& out, const Mat& like) {
   return Mat::create_for_overwrite(layout_as(like, like.scalar_bytes(), like.elempack));
 }
 
-std::string describe_blob(int dims, int w, int h, int d, int c, size_t elemsize, int elempack);
-
-template <class M>
-[[noreturn]] void refuse_unfused_add(const M& x, const M& r) {
-  auto blob = [](const M& m) { return describe_blob(m.dims, m.w, m.h, m.d, m.c, m.elemsize, std::max(m.elempack, 1)); };
-  throw std::invalid_argument("forward_add: x (" + blob(x) + ") and residual (" + blob(r) +
-                              ") differ in shape, packing or storage (a broadcasting add is not fused)");
-}
-
 // Mapped memory laid out as `layout`, to convert from: viewed where it lies, or first copied out in one go
 // where the host does not cache it.
 Mat mapped_source(const Context::Impl& impl, const Buffer& b, const Mat& layout) {
@@ -116,6 +107,13 @@ std::string describe_blob(int dims, int w, int h, int d, int c, size_t elemsize,
   if (dims == 4) s += " d=" + std::to_string(d);
   if (dims >= 3) s += " c=" + std::to_string(c);
   return s + " elempack=" + std::to_string(elempack) + " (" + std::to_string(elemsize / elempack) + "-byte scalars)";
+}
+
+template <class M>
+[[noreturn]] void refuse_unfused_add(const M& x, const M& r) {
+  auto blob = [](const M& m) { return describe_blob(m.dims, m.w, m.h, m.d, m.c, m.elemsize, std::max(m.elempack, 1)); };
+  throw std::invalid_argument("forward_add: x (" + blob(x) + ") and residual (" + blob(r) +
+                              ") differ in shape, packing or storage (a broadcasting add is not fused)");
 }
 
 // A VkMat's fields are public (as ncnn's): before anything reads or writes its buffer, they must describe a

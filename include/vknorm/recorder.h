@@ -62,8 +62,9 @@
 // The first record() after load_model() also records the weights' upload before its dispatches: a barrier
 // COMPUTE_SHADER|TRANSFER/TRANSFER_WRITE -> TRANSFER/TRANSFER_WRITE on the weights (a resubmitted command buffer
 // copies again, after its earlier submission's reads), a vkCmdCopyBuffer from a staging buffer and a
-// TRANSFER/TRANSFER_WRITE -> COMPUTE_SHADER/SHADER_READ barrier. Submit that command buffer first (or before any other that uses this Recorder). One that will never be
-// submitted (a dropped frame) leaves the weights unloaded: call load_model() again, and the next record() uploads.
+// TRANSFER/TRANSFER_WRITE -> COMPUTE_SHADER/SHADER_READ barrier. Submit that command buffer first (or before any
+// other that uses this Recorder). One that will never be submitted (a dropped frame) leaves the weights unloaded:
+// call load_model() again, and the next record() uploads.
 // A cooperative forward (one dispatch in which workgroups wait for each other; planned only on GPUs that report
 // their multiprocessors) keeps counters in the scratch and leaves them zero. One that finds them other than the
 // last forward left them (the scratch just made, a split forward since, or a shape whose counters sit elsewhere

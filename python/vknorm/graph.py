@@ -17,8 +17,8 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
     y = np.array(out)
     print(net.vknorm_counters())              # {'vulkan_forwards': 12, 'cpu_forwards': 0, 'pipelines': ...}
 
-Not there (AttributeError): ``destroy_gpu_instance``, pyncnn's pixel helpers (``Mat.from_pixels*``, ``substract_mean_normalize``: convert
-with numpy first), ``Net.input_indexes`` / ``output_indexes`` / ``blobs`` (``input_names`` / ``output_names``
+Not there (AttributeError): ``destroy_gpu_instance``, pyncnn's pixel helpers (``Mat.from_pixels*``,
+``substract_mean_normalize``: convert with numpy first), ``Net.input_indexes`` / ``output_indexes`` / ``blobs`` (``input_names`` / ``output_names``
 are), custom Python layers, allocator objects, and the convolution tuning flags of ``Option``. bfloat16 storage
 (``opt.use_bf16_storage`` / ``use_bf16_packed``), where the device takes it, is refused by vknorm's layers at
 load (``Net(vknorm=False)`` runs it).
@@ -37,8 +37,7 @@ Fusion (``Net(fuse=True)``, the default with vknorm's layers): ``load_param`` re
 norm takes in the BinaryOp add that feeds it and the activation after it (vknorm::ncnn::fuse_param);
 ``net.fused()`` lists what was fused ({"pattern", "layers"}), ``vknorm_counters()["unfused_adds"]`` counts
 adds ncnn's BinaryOp ran instead (inputs that differed in shape at run time, or float16 blobs the device's kernels
-cannot read as they are). ``vknorm optimize`` writes the
-same rewrite to disk. The blobs inside a fused pattern (the add's output, the norm's output before its
+cannot read as they are). ``vknorm optimize`` writes the same rewrite to disk. The blobs inside a fused pattern (the add's output, the norm's output before its
 activation) are gone from the rewritten net: ``extract`` them from a ``Net(fuse=False)``.
 
 As in ncnn, an extractor computes each blob once: an input given again after an extract does not recompute what
