@@ -344,7 +344,11 @@ struct Net {
   uint64_t generation = 0;
   // path: a .param file; text: its contents (load_param_mem)
   int load_param(const std::string& path) { return load_param_from(path, nullptr); }
-  int load_param_mem(const std::string& text) { return load_param_from("load_param_mem", &text); }
+  int load_param_mem(const std::string& text) {
+    // read as a C string by ncnn: text past a NUL would be dropped unseen
+    if (text.find('\0') != std::string::npos) throw std::invalid_argument("load_param_mem: embedded null byte in the text");
+    return load_param_from("load_param_mem", &text);
+  }
   int load_param_from(const std::string& path, const std::string* text) {
     ++generation;
     model_loaded = false;
@@ -795,11 +799,19 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
   return std::make_tuple(r, out);
 }
 
+// ncnn looks a name up as a C string: one holding a NUL would be its part before the NUL.
+void refuse_nul_name(const std::string& name, const char* call) {
+  if (name.find('\0') != std::string::npos)
+    throw std::invalid_argument(std::string("Extractor.") + call + ": embedded null byte in the blob name");
+}
+
 int extractor_input(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
+  refuse_nul_name(name, "input");
   return holding(e, [&] { return input_held(e, name, in); });
 }
 
 std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& name) {
+  refuse_nul_name(name, "extract");
   return holding(e, [&] { return extract_held(e, name); });
 }
 

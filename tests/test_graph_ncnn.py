@@ -1114,11 +1114,23 @@ def test_an_input_that_is_not_a_graph_mat_and_fusion_without_vknorm_are_one_line
 
 
 def test_paths_with_a_nul_byte_are_refused_as_python_s_open_refuses_them():
-    """In C the path would end at the NUL and load another file (here, the model that precedes it)."""
+    """In C the path would end at the NUL and load another file (here, the model that precedes it); so would a
+    param text (the layers past it dropped unseen) and a blob name (another blob looked up)."""
     net = graph.Net()
     for load, ext in ((net.load_param, "param"), (net.load_model, "bin")):
         with pytest.raises(ValueError, match="embedded null byte"):
             load(os.path.join(graph_runs.DATA, "transformer_block.ncnn." + ext) + "\0.other")
+    text = open(os.path.join(graph_runs.DATA, "transformer_block.ncnn.param")).read()
+    for mem in (text + "\0junk", (text + "\0junk").encode()):
+        with pytest.raises(ValueError, match="load_param_mem: embedded null byte in the text"):
+            net.load_param_mem(mem)
+    assert net.load_param_mem(text) == 0
+    assert net.load_model(os.path.join(graph_runs.DATA, "transformer_block.ncnn.bin")) == 0
+    ex = net.create_extractor()
+    with pytest.raises(ValueError, match="Extractor.input: embedded null byte in the blob name"):
+        ex.input("in0\0junk", graph.Mat(np.zeros((16, 64), np.float32)))
+    with pytest.raises(ValueError, match="Extractor.extract: embedded null byte in the blob name"):
+        ex.extract("out0\0junk")
 
 
 def test_model_files_are_names_or_paths_as_python_s_open_takes_them():
