@@ -979,6 +979,9 @@ NB_MODULE(_graph, m) {
       .def_ro("d", &::ncnn::Mat::d)
       .def_ro("c", &::ncnn::Mat::c)
       .def_ro("elempack", &::ncnn::Mat::elempack)
+      .def_ro("elemsize", &::ncnn::Mat::elemsize)
+      .def_ro("cstep", &::ncnn::Mat::cstep)
+      .def("total", [](const ::ncnn::Mat& mat) { return mat.total(); })  // cstep x c, padding included, as ncnn's
       .def("empty", &::ncnn::Mat::empty)
       // pyncnn's Mat.fill, clone and reshape, on the host Mats this module makes (float32, elempack 1)
       .def("fill", [](::ncnn::Mat& mat, float v) { mat.fill(v); }, "v"_a)

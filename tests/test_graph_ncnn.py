@@ -1033,6 +1033,15 @@ def test_mat_fill_clone_and_reshape_as_pyncnn():
     padded = np.arange(18, dtype=np.float32).reshape(2, 3, 3)
     assert np.array_equal(np.array(graph.Mat(padded).reshape(9, 2)), padded.reshape(2, 9))
     assert np.array_equal(np.array(graph.Mat(padded).reshape(3, 3, 2)), padded)
+    # elemsize, cstep and total() as ncnn's (and pyncnn's): the padded planes counted
+    pm = graph.Mat(padded)
+    assert (pm.elemsize, pm.cstep, pm.total()) == (4, 12, 24)
+    import ncnn as pyncnn
+
+    for shape in ((8,), (4, 8), (3, 4, 5), (2, 3, 4, 5)):
+        a = np.zeros(shape, np.float32)
+        ours, theirs = graph.Mat(a), pyncnn.Mat(a)
+        assert (ours.elemsize, ours.cstep, ours.total()) == (theirs.elemsize, theirs.cstep, theirs.total()), shape
 
 
 def test_mat_shape_constructors_as_pyncnn_and_a_single_value_refused():

@@ -67,12 +67,11 @@ Options are not guarded that way: set ``net.opt`` fields before ``load_param``, 
 Mat: ``Mat(array)`` copies a numpy array of shape (w), (h, w), (c, h, w) or (c, d, h, w) as float32 (read-only
 arrays too, as pyncnn's Mat); ``np.array(mat)`` / ``mat.numpy()`` copy back; ``fill``, ``clone`` and ``reshape``
 as pyncnn's, and pyncnn's shape constructors ``Mat(w)``, ``Mat(w, h)``, ``Mat(w, h, c)``, ``Mat(w, h, d, c)``
-(zeroed float32). pyncnn's ``Net.load_param_mem`` (text or bytes; fused like ``load_param``),
-``load_param`` / ``load_model`` with a ``pathlib.Path``, ``get_gpu_count`` / ``get_default_gpu_index``,
-``Extractor.input`` / ``extract`` by blob index (the model's own numbering, as its .param gives it: a fused net
-resolves an index through the model as written, and one whose blob the rewrite removed gives -1),
-``Extractor.set_light_mode`` and ``with`` blocks (leaving one
-clears the Net or Extractor) work too; ``extract`` gives the blob as float32 (pyncnn's ``type=0``) and always as a
+(zeroed float32), ``elemsize``, ``cstep`` and ``total()`` as ncnn's. pyncnn's ``Net.load_param_mem`` (text or
+bytes; fused like ``load_param``), ``load_param`` / ``load_model`` with a ``pathlib.Path``, ``get_gpu_count`` /
+``get_default_gpu_index``, ``Extractor.input`` / ``extract`` by blob index (the model's own numbering, as its .param
+gives it: a fused net resolves an index through the model as written, and one whose blob the rewrite removed gives
+-1), ``Extractor.set_light_mode`` and ``with`` blocks (leaving one clears the Net or Extractor) work too; ``extract`` gives the blob as float32 (pyncnn's ``type=0``) and always as a
 copy of the caller's own.
 
 Device: a Vulkan net runs on ncnn's default GPU; ``net.set_vulkan_device(i)`` (ncnn's GPU index, before
