@@ -149,20 +149,17 @@ nb::dict dispatch_dict(const DispatchInfo& i) {
   return r;
 }
 
-// A VkMat's numpy() shape (unpacked, numpy's order) and dtype name.
+// A VkMat's blob as stored (its packing and scalar size), no memory: what numpy() unpacks, shape and dtype say.
+Mat stored_layout(const VkMat& v) {
+  return Mat::layout(v.dims, v.w, v.h, v.d, v.c, v.elemsize / std::max(v.elempack, 1), v.elempack);
+}
 nb::tuple vkmat_shape(const VkMat& v) {
-  const int pack = std::max(v.elempack, 1);
-  switch (v.dims) {
-    case 1: return nb::make_tuple(v.w * pack);
-    case 2: return nb::make_tuple(v.h * pack, v.w);
-    case 3: return nb::make_tuple(v.c * pack, v.h, v.w);
-    case 4: return nb::make_tuple(v.c * pack, v.d, v.h, v.w);
-    default: return nb::make_tuple();
-  }
+  const Mat l = numpy_layout(stored_layout(v), 4);
+  nb::list shape;
+  for (size_t e : numpy_shape(l.dims, l.w, l.h, l.d, l.c)) shape.append(e);
+  return nb::tuple(shape);
 }
-std::string vkmat_dtype(const VkMat& v) {
-  return v.elemsize == 2u * size_t(std::max(v.elempack, 1)) ? "float16" : "float32";
-}
+std::string vkmat_dtype(const VkMat& v) { return stored_layout(v).scalar_bytes() == 2 ? "float16" : "float32"; }
 
 }  // namespace
 
@@ -266,7 +263,7 @@ NB_MODULE(_core, m) {
           "numpy",
           [](const VkMat& v, nb::handle dtype) {
             // Unpacked, in the VkMat's storage or the dtype asked for, converted as it leaves the staging memory.
-            const Mat stored = Mat::layout(v.dims, v.w, v.h, v.d, v.c, v.elemsize / std::max(v.elempack, 1), v.elempack);
+            const Mat stored = stored_layout(v);
             size_t scalar = stored.scalar_bytes();
             if (!dtype.is_none()) {
               const std::string name = nb::cast<std::string>(nb::module_::import_("numpy").attr("dtype")(dtype).attr("name"));
@@ -289,11 +286,8 @@ NB_MODULE(_core, m) {
       .def_prop_ro("dtype", [](const VkMat& v) { return vkmat_dtype(v); })
       .def("__repr__",
            [](const VkMat& v) {
-             std::string shape;
-             for (const nb::handle d : vkmat_shape(v))
-               shape += (shape.empty() ? "" : ", ") + nb::cast<std::string>(nb::str(d));
-             if (v.dims == 1) shape += ",";
-             return "VkMat(shape=(" + shape + "), dtype=" + vkmat_dtype(v) + ", elempack=" + std::to_string(v.elempack) +
+             const std::string shape = nb::cast<std::string>(nb::repr(vkmat_shape(v)));
+             return "VkMat(shape=" + shape + ", dtype=" + vkmat_dtype(v) + ", elempack=" + std::to_string(v.elempack) +
                     ", device='" + (v.context() ? v.context()->info().name : std::string("none")) + "')";
            })
       // A GPU array converts to numpy only when asked (as cupy's): np.asarray(v) made a 0-d object array.

@@ -79,8 +79,10 @@ nb::dict counters_dict(const vknorm::ncnn::Counters& c) {
 }
 
 // A path with a NUL in it names another file in C (what precedes the NUL): Python's open() refuses it too.
-void refuse_nul(const std::string& path) {
-  if (path.find('\0') != std::string::npos) throw std::invalid_argument("embedded null byte in the path");
+// ncnn reads names, paths and param text as C strings: a NUL would end them early, silently (another file, another
+// blob, layers dropped unseen).
+void refuse_nul(const std::string& s, const std::string& what = "the path", const std::string& call = "") {
+  if (s.find('\0') != std::string::npos) throw std::invalid_argument(call + "embedded null byte in " + what);
 }
 
 // A file name as str or any os.PathLike (pathlib.Path), as Python's open() takes it.
@@ -345,8 +347,7 @@ struct Net {
   // path: a .param file; text: its contents (load_param_mem)
   int load_param(const std::string& path) { return load_param_from(path, nullptr); }
   int load_param_mem(const std::string& text) {
-    // read as a C string by ncnn: text past a NUL would be dropped unseen
-    if (text.find('\0') != std::string::npos) throw std::invalid_argument("load_param_mem: embedded null byte in the text");
+    refuse_nul(text, "the text", "load_param_mem: ");
     return load_param_from("load_param_mem", &text);
   }
   int load_param_from(const std::string& path, const std::string* text) {
@@ -616,8 +617,9 @@ struct Extractor {
   std::shared_ptr<HostAllocator> host_workspace = std::make_shared<HostAllocator>();
   std::unique_ptr<std::mutex> mutex = std::make_unique<std::mutex>();  // one call at a time (ncnn's Extractor is not thread-safe)
   HeldBlobs held;                                                      // blobs ncnn's extractor holds now, and those input() set
-  ::ncnn::Option opt;  // the net's when this was made: ncnn's extractor runs on its own copy, so do its uploads here
-  bool lightmode = true;                                               // the net's, or set_light_mode's
+  // the net's when this was made (its lightmode: set_light_mode's since): ncnn's extractor runs on its own copy, so
+  // do its uploads here
+  ::ncnn::Option opt;
   // Vulkan nets: what extract downloaded, by blob name. ncnn's own extract keeps the downloaded copy, so a blob
   // extracted before comes back after light mode freed its device copy (pyncnn's behaviour).
   std::map<std::string, ::ncnn::Mat> downloaded;
@@ -774,7 +776,7 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
   } else if (auto kept = e.downloaded.find(name); kept != e.downloaded.end() && !e.held.given(e.owner->net, name)) {
     out = kept->second;
     r = 0;
-  } else if (std::vector<char> after; !(why = e.held.plan(e.owner->net, name, e.lightmode, after)).empty()) {
+  } else if (std::vector<char> after; !(why = e.held.plan(e.owner->net, name, e.opt.lightmode, after)).empty()) {
     NCNN_LOGE("vknorm.graph: extract %s: %s", name.c_str(), why.c_str());
     r = -1;
   } else {
@@ -799,19 +801,13 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
   return std::make_tuple(r, out);
 }
 
-// ncnn looks a name up as a C string: one holding a NUL would be its part before the NUL.
-void refuse_nul_name(const std::string& name, const char* call) {
-  if (name.find('\0') != std::string::npos)
-    throw std::invalid_argument(std::string("Extractor.") + call + ": embedded null byte in the blob name");
-}
-
 int extractor_input(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
-  refuse_nul_name(name, "input");
+  refuse_nul(name, "the blob name", "Extractor.input: ");
   return holding(e, [&] { return input_held(e, name, in); });
 }
 
 std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& name) {
-  refuse_nul_name(name, "extract");
+  refuse_nul(name, "the blob name", "Extractor.extract: ");
   return holding(e, [&] { return extract_held(e, name); });
 }
 
@@ -827,6 +823,24 @@ std::string blob_name(Extractor& e, long long index, const char* call) {
   if (index >= 0 && index < count) return unfused.empty() ? blobs[index].name : unfused[index];
   NCNN_LOGE("vknorm.graph: Extractor.%s: blob index %lld out of range (%d blobs)", call, index, count);
   return "";
+}
+
+// A Python object's type for a message, module-qualified: numpy.ndarray, ncnn.ncnn.Mat.
+std::string type_of(nb::handle h) {
+  const nb::handle t = h.type();
+  const std::string module = nb::hasattr(t, "__module__") ? nb::str(t.attr("__module__")).c_str() : "";
+  const std::string name = nb::type_name(t).c_str();
+  return module.empty() || module == "builtins" || name.rfind(module, 0) == 0 ? name : module + "." + name;
+}
+
+// A blob given by anything the str and int overloads did not take: an index type (a numpy integer, one past
+// int) goes on as an index (out of range: "", named as given); anything else is one line naming its type.
+std::string blob_of(Extractor& e, nb::handle blob, const char* call) {
+  const std::optional<long long> index = as_index(blob);
+  if (!index)
+    throw nb::type_error((std::string("Extractor.") + call + ": the blob is a name (str) or an index (int), got " +
+                          type_of(blob)).c_str());
+  return blob_name(e, *index, call);
 }
 
 void check_extract_type(int type) {
@@ -1025,20 +1039,10 @@ NB_MODULE(_graph, m) {
       // a numpy array or a pyncnn Mat needs.
       .def("input",
            [](Extractor& e, nb::handle blob, nb::handle mat) -> int {
-             auto type_of = [](nb::handle h) {  // module-qualified: numpy.ndarray, ncnn.ncnn.Mat
-               const nb::handle t = h.type();
-               const std::string module = nb::hasattr(t, "__module__") ? nb::str(t.attr("__module__")).c_str() : "";
-               const std::string name = nb::type_name(t).c_str();
-               return module.empty() || module == "builtins" || name.rfind(module, 0) == 0 ? name : module + "." + name;
-             };
              if (!nb::isinstance<::ncnn::Mat>(mat))
                throw nb::type_error(("Extractor.input: the input must be a vknorm.graph.Mat, got " + type_of(mat) +
                                      ": wrap it, vknorm.graph.Mat(np.asarray(x))").c_str());
-             const std::optional<long long> index = as_index(blob);
-             if (!index)
-               throw nb::type_error(("Extractor.input: the blob is a name (str) or an index (int), got " +
-                                     type_of(blob)).c_str());
-             const std::string name = blob_name(e, *index, "input");
+             const std::string name = blob_of(e, blob, "input");
              return name.empty() ? -1 : extractor_input(e, name, nb::cast<const ::ncnn::Mat&>(mat));
            },
            "blob_name"_a.none(), "mat"_a.none())
@@ -1061,11 +1065,7 @@ NB_MODULE(_graph, m) {
       .def("extract",
            [](Extractor& e, nb::handle blob, int type) {
              check_extract_type(type);
-             const std::optional<long long> index = as_index(blob);
-             if (!index)
-               throw nb::type_error(("Extractor.extract: the blob is a name (str) or an index (int), got " +
-                                     std::string(nb::type_name(blob.type()).c_str())).c_str());
-             const std::string name = blob_name(e, *index, "extract");
+             const std::string name = blob_of(e, blob, "extract");
              return name.empty() ? std::make_tuple(-1, ::ncnn::Mat()) : extractor_extract(e, name);
            },
            "blob_name"_a.none(), "type"_a = 0)
@@ -1075,7 +1075,7 @@ NB_MODULE(_graph, m) {
              ReleaseGil release;
              std::lock_guard<std::mutex> lock(*e.mutex);
              e.ex->set_light_mode(enable);
-             e.lightmode = enable;
+             e.opt.lightmode = enable;
            },
            "enable"_a)
       .def("__enter__", [](Extractor& e) -> Extractor& { return e; }, nb::rv_policy::reference)
@@ -1252,7 +1252,6 @@ NB_MODULE(_graph, m) {
              e.ex->set_workspace_allocator(e.host_workspace.get());
              e.generation = n->generation;
              e.opt = n->net.opt;
-             e.lightmode = n->net.opt.lightmode;
              return e;
            })
       .def("clear", &net_clear)

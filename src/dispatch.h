@@ -1,6 +1,8 @@
 // The dispatch policy: which kernel runs a given group layout on a given device. All rules live in
 // plan_dispatch (dispatch.cpp); the rest of the code only executes a Plan.
 #pragma once
+#include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -201,6 +203,15 @@ std::optional<GroupLayout> lane_group_view(const GroupLayout& g);
 
 // A 1-D workgroup count as a grid: x up to maxComputeWorkGroupCount[0], the rest folded into y (the
 // shaders rebuild the linear id, common.glsl). Every executor dispatches through this.
+// ncnn packs a dims-1 blob by 4 when w divides: still one contiguous group, read unpacked (w and cstep in scalars,
+// elempack 1). False where the unpacked width passes int: no such blob can be addressed.
+inline bool unpack_dims1(int& w, size_t& cstep, int& elempack) {
+  if (elempack <= 1) return true;
+  if (w > INT_MAX / elempack) return false;
+  w *= elempack, cstep *= size_t(elempack), elempack = 1;
+  return true;
+}
+
 struct Grid {
   uint32_t x = 1, y = 1;
 };

@@ -414,15 +414,11 @@ class NormLayer : public ::ncnn::Layer {
       log_bf16_refusal();
       return nullptr;
     }
-    // ncnn packs a dims-1 blob by 4 when w divides: still one contiguous group, so read it unpacked.
     Blob b{blob.dims, blob.w, blob.h, blob.d, blob.c, blob.cstep, blob.elempack, blob.elemsize == 2u * blob.elempack};
-    if (b.dims == 1 && b.elempack > 1) {
-      if (b.w > INT_MAX / b.elempack) {
-        NCNN_LOGE("vknorm %s %s: a dims-1 blob of %d elements of %d: past 32-bit element counts", type_name(),
-                  name.c_str(), b.w, b.elempack);
-        return nullptr;
-      }
-      b.w *= b.elempack, b.cstep *= b.elempack, b.elempack = 1;
+    if (b.dims == 1 && !unpack_dims1(b.w, b.cstep, b.elempack)) {
+      NCNN_LOGE("vknorm %s %s: a dims-1 blob of %d elements of %d: past 32-bit element counts", type_name(),
+                name.c_str(), b.w, b.elempack);
+      return nullptr;
     }
     if ((b.elempack != 1 && b.elempack != 4) || (blob.elemsize != 4u * blob.elempack && !b.fp16)) {
       NCNN_LOGE("vknorm %s %s: unsupported blob elempack=%d elemsize=%zu (an input of another shape than the "

@@ -109,6 +109,12 @@ std::string describe_blob(int dims, int w, int h, int d, int c, size_t elemsize,
   return s + " elempack=" + std::to_string(elempack) + " (" + std::to_string(elemsize / elempack) + "-byte scalars)";
 }
 
+// Two VkMats of one layout: the same extents, packing, storage and channel step.
+bool same_layout(const VkMat& a, const VkMat& b) {
+  return a.dims == b.dims && a.w == b.w && a.h == b.h && a.d == b.d && a.c == b.c && a.elemsize == b.elemsize &&
+         a.elempack == b.elempack && a.cstep == b.cstep;
+}
+
 template <class M>
 [[noreturn]] void refuse_unfused_add(const M& x, const M& r) {
   auto blob = [](const M& m) { return describe_blob(m.dims, m.w, m.h, m.d, m.c, m.elemsize, std::max(m.elempack, 1)); };
@@ -549,10 +555,8 @@ void Norm::forward(const VkMat& bottom, VkMat& top, const Option& opt) {
   check_vkmat(bottom, "forward (bottom)");
   // top's own buffer where it already holds bottom's layout on bottom's device (not bottom's buffer), else a new
   // one, given to top only once written.
-  const bool reuse = top.buffer && top.buffer != bottom.buffer && top.context() == bottom.context() &&
-                     top.dims == bottom.dims && top.w == bottom.w && top.h == bottom.h && top.d == bottom.d &&
-                     top.c == bottom.c && top.elemsize == bottom.elemsize && top.elempack == bottom.elempack &&
-                     top.cstep == bottom.cstep;
+  const bool reuse =
+      top.buffer && top.buffer != bottom.buffer && top.context() == bottom.context() && same_layout(top, bottom);
   if (reuse) check_vkmat(top, "forward (top)");
   VkMat out = reuse ? top : VkMat::create_like(bottom);
   forward_device(bottom, out, opt);
@@ -636,20 +640,17 @@ void check_fused_add_fits(const Context::Impl& impl, uint64_t bytes) {
                                 "); the fused add takes no pieces");
 }
 
-// The checks every fused add makes before recording: one layout for both inputs, one buffer each.
-// The inputs alone, checked before the layer takes their device (an empty x would otherwise bind the layer to the
-// default one).
+// The checks every fused add makes on its inputs, before the layer takes their device (an empty x would otherwise
+// bind the layer to the default one): one layout for both, one device.
 void check_add_inputs(const VkMat& x, const VkMat& r) {
   check_vkmat(x, "forward_add");
   check_vkmat(r, "forward_add (residual)");
   if (x.context() != r.context()) throw std::invalid_argument("forward_add: x and residual live on different devices");
-  if (x.dims != r.dims || x.w != r.w || x.h != r.h || x.d != r.d || x.c != r.c || x.elemsize != r.elemsize ||
-      x.elempack != r.elempack || x.cstep != r.cstep)
-    refuse_unfused_add(x, r);
+  if (!same_layout(x, r)) refuse_unfused_add(x, r);
 }
 
-GroupLayout add_layout(const Norm::Gpu& gpu, const VkMat& x, const VkMat& r) {
-  check_add_inputs(x, r);
+// ... and on the layer, once it is on their device (the inputs checked): one binding for x, its weights complete.
+GroupLayout add_layout(const Norm::Gpu& gpu, const VkMat& x) {
   check_fused_add_fits(gpu.ctx->impl(), x.bytes());
   gpu.check_weights(gpu.gamma_data.size(), gpu.beta_data.size());
   return gpu.layout(x.dims, x.w, x.h, x.d, x.c, x.cstep, x.elempack);
@@ -659,7 +660,7 @@ GroupLayout add_layout(const Norm::Gpu& gpu, const VkMat& x, const VkMat& r) {
 VkMat Norm::forward_add(const VkMat& x, const VkMat& residual, VkMat* sum, const Option& opt) {
   check_add_inputs(x, residual);
   const std::shared_ptr<Gpu> gpu = gpu_for(x.context());
-  const GroupLayout g = add_layout(*gpu, x, residual);
+  const GroupLayout g = add_layout(*gpu, x);
   ensure_weights(*gpu);
   const bool fp16 = x.elemsize == 2u * x.elempack;
   // `sum` may name x or residual (x = x + r): their buffers are held until the kernel has run.
@@ -746,7 +747,7 @@ DispatchInfo Norm::forward_add_repeated(const VkMat& x, const VkMat& residual, b
   VkMat sum;
   VkMat out = forward_add(x, residual, write_sum ? &sum : nullptr, opt);  // validates, pipelines, weights
   const std::shared_ptr<Gpu> gpu = gpu_for(x.context());
-  const GroupLayout g = add_layout(*gpu, x, residual);
+  const GroupLayout g = add_layout(*gpu, x);
   const bool fp16 = x.elemsize == 2u * x.elempack;
   const AddBuffers add{residual.buffer.get(), out.buffer.get(), write_sum ? sum.buffer.get() : nullptr};
   Workspace ws;

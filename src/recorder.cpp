@@ -15,7 +15,6 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <climits>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -474,13 +473,11 @@ DispatchInfo Recorder::record(VkCommandBuffer cmd, const BufferRef& blob_in, int
   if (blob_in.range != kWholeSize && blob_in.range < span)
     throw refuse("range " + std::to_string(blob_in.range) + " bytes is smaller than the blob's " + std::to_string(span) + " bytes");
 
-  // ncnn packs a dims-1 blob by 4 when w divides: still one contiguous group, so read it unpacked.
   const bool dims1_packed = dims == 1 && elempack == 4;
   int pw = w, ppack = elempack;
   size_t pcstep = cstep;
-  if (dims1_packed && w > INT_MAX / 4)
+  if (dims == 1 && !unpack_dims1(pw, pcstep, ppack))
     throw refuse("a dims-1 blob of " + std::to_string(w) + " packed elements: past 32-bit element counts");
-  if (dims1_packed) pw *= 4, pcstep *= 4, ppack = 1;
   GroupLayout g;
   try {
     g = m.params.layout(dims, pw, h, d, c, dims >= 3 ? pcstep : size_t(pw) * h, ppack);

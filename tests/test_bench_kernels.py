@@ -163,10 +163,7 @@ def test_a_report_that_cannot_be_written_is_one_error_line(tmp_path):
 def test_bench_a_shape_too_large_for_memory_is_one_error_line_before_any_input_is_made():
     """Every shape's input is checked against the host memory available before the first is made (numpy
     once filled 12 GB for a shape refused afterwards): within a 4 GiB address space, the one line still says so."""
-    def limit_memory():
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    from test_check_vulkan import limit_memory
 
     proc = subprocess.run([sys.executable, "-m", "vknorm", "bench", "--rows", "64", "--cols", "64", "--rows",
                            "2000000000", "--cols", "2000000000", *QUICK, "--compare", "copy"],

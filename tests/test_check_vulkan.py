@@ -347,7 +347,7 @@ def test_check_vulkan_error_path(error_runs, case, needles):
     assert_one_line_error(error_runs[case], *needles)
 
 
-def _limit_memory():  # a regression that reads /dev/zero whole then fails at 4 GiB instead of filling the machine
+def limit_memory():  # a child's address space at 4 GiB: a regression fails there instead of filling the machine
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
@@ -369,7 +369,7 @@ def test_a_model_file_that_is_not_a_regular_file_is_one_line_and_exit_2_at_once(
         cmd = command.split()
         tail = [out.with_suffix(".param"), out.with_suffix(".bin")] if cmd[0] == "optimize" else ["--input", "in0=8x6x10"]
         r = subprocess.run([sys.executable, "-m", "vknorm", cmd[0], *map(str, files), *map(str, tail), *cmd[1:]],
-                           capture_output=True, text=True, timeout=60, preexec_fn=_limit_memory,
+                           capture_output=True, text=True, timeout=60, preexec_fn=limit_memory,
                            env=dict(os.environ, VKNORM_VALIDATION="1"))
         lines = r.stderr.strip("\n").split("\n")
         assert r.returncode == 2 and len(lines) == 1, (path, r.returncode, r.stderr[-2000:])
@@ -398,7 +398,7 @@ def test_weights_given_as_the_param_are_refused_from_their_first_bytes(tmp_path,
     tail = ([tmp_path / "out.param", tmp_path / "out.bin"] if cmd[0] == "optimize"
             else ["--input", "in0=8x6x10", "--iters", "1"] if cmd[0] == "bench" else ["--input", "in0=8x6x10"])
     r = subprocess.run([sys.executable, "-m", "vknorm", *cmd[:1], *cmd[1:], *map(str, (big, b)), *map(str, tail)],
-                       capture_output=True, text=True, timeout=60, preexec_fn=_limit_memory,
+                       capture_output=True, text=True, timeout=60, preexec_fn=limit_memory,
                        env=dict(os.environ, VKNORM_VALIDATION="1"))
     lines = r.stderr.strip("\n").split("\n")
     assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr[-2000:])

@@ -471,11 +471,12 @@ def test_a_vkmat_given_where_numpy_is_wanted_says_what_to_do():
 # ------------------------------------------------------------------------------ device= with VkMats
 
 def _vkmat_calls(ln):
-    return {"forward_inplace": lambda v, device: ln.forward_inplace(v, device=device),
+    return {"forward": lambda v, device: ln.forward(v, device=device),
+            "forward_inplace": lambda v, device: ln.forward_inplace(v, device=device),
             "forward_add": lambda v, device: ln.forward_add(v, v, device=device)}
 
 
-@pytest.mark.parametrize("call", ["forward_inplace", "forward_add"])
+@pytest.mark.parametrize("call", ["forward", "forward_inplace", "forward_add"])
 @pytest.mark.parametrize("device", ["garbage", "gpu", -1, True, "vulkan:abc", 2.0], ids=repr)
 def test_an_invalid_device_with_a_vkmat_is_refused_not_ignored(call, device):
     ln = ln_with_weights(4)
@@ -485,7 +486,7 @@ def test_an_invalid_device_with_a_vkmat_is_refused_not_ignored(call, device):
     np.testing.assert_array_equal(v.numpy(), 1.0)  # refused before it ran
 
 
-@pytest.mark.parametrize("call", ["forward_inplace", "forward_add"])
+@pytest.mark.parametrize("call", ["forward", "forward_inplace", "forward_add"])
 def test_a_device_other_than_the_vkmats_own_is_refused_naming_both(call):
     ln = ln_with_weights(4)
     v = vknorm.to_device(np.ones((2, 4), np.float32))
@@ -504,7 +505,7 @@ def test_a_device_other_than_the_vkmats_own_is_refused_naming_both(call):
     np.testing.assert_array_equal(v.numpy(), 1.0)
 
 
-@pytest.mark.parametrize("call", ["forward_inplace", "forward_add"])
+@pytest.mark.parametrize("call", ["forward", "forward_inplace", "forward_add"])
 def test_a_device_naming_the_vkmats_own_runs_as_without_one(call):
     ln = ln_with_weights(4)
     x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
@@ -522,8 +523,7 @@ def test_a_vkmat_runs_where_it_lives_whatever_device_the_layer_ran_on_before(cal
     again) then still runs where it lives, as without the numpy call before it (it was refused as living on
     another context than the layer's), and a VkMat on the default device after it."""
     ln = ln_with_weights(4)
-    run = {"forward": lambda v: ln(v), "forward_inplace": ln.forward_inplace,
-           "forward_add": lambda v: ln.forward_add(v, v)}[call]
+    run = lambda v: _vkmat_calls(ln)[call](v, None)  # noqa: E731
     x = np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32)
     want = run(vknorm.to_device(x)).numpy()
     own = vknorm.Context.create(vknorm.to_device(x).context.info["index"])

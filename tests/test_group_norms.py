@@ -83,11 +83,11 @@ def every_path(layer, x, gamma, beta, storages=("fp32", "fp16"), paths=PATHS, pa
         if ncnn_rule(ref, cpu, cpu_error, theirs_fp16=fp16)[0] > 0:
             failures.append(f"{op}{x.shape} {storage}: the CPU reference is off float64 by more than its own float32 error bound")
         for path, packing in itertools.product(paths, packings):
-            opt = vknorm.Option(path=path, use_packing_layout=packing, use_fp16_storage=storage == "fp16")
+            opt = vknorm.Option(path=path, use_packing_layout=packing, use_fp16_storage=fp16)
             y = layer(xin, device="vulkan", option=opt)
             ran = layer.last_dispatch
             what = f"{op}{x.shape} {storage} path={path} packing={packing} ran {ran['path']}"
-            err, bound = storage_rule(y, ref, storage == "fp16")
+            err, bound = storage_rule(y, ref, fp16)
             if y.shape != x.shape or not err <= bound:
                 failures.append(f"{what}: vs float64 {err:.3e} > {bound:.3e} (the storage rule)")
             err, bound = ncnn_rule(y, cpu, cpu_error, ours_fp16=fp16, theirs_fp16=fp16)

@@ -270,7 +270,6 @@ print(seen["loaded"] > 0, seen["torn"][:3])
     assert proc.stdout.strip().endswith("True []"), proc.stdout
 
 
-@needs_vulkan
 def test_stderr_silenced_on_several_threads_at_once_comes_back_to_the_terminal():
     """ncnn's log lines are silenced by swapping fd 2 for a temporary file (vknorm.ncnn.register, check, bench):
     four threads doing so at once left fd 2 on a deleted temporary file for good in 2 of 3 runs, and every later
@@ -293,6 +292,7 @@ os.write(2, b'still here\\n')
     assert proc.stderr.strip() == "still here", proc.stderr
 
 
+@needs_vulkan
 def test_cpu_forwards_racing_load_model_see_one_weight_set():
     """The CPU forward runs on a snapshot of the weights, as the Vulkan forwards do (it read them while
     load_model replaced them: rows of both sets, and freed memory)."""

@@ -267,8 +267,6 @@ def test_a_layer_called_on_a_vkmat_gives_a_new_vkmat_and_leaves_the_input_as_it_
         ref = norm64("LayerNorm", xin, 64, 1e-5, True, gamma, beta)
     err, bound = storage_rule(y.numpy(), ref, fp16)
     assert err <= bound, (err, bound)
-    with pytest.raises(ValueError, match="device='cpu' cannot run it"):
-        layer.forward(v, device="cpu")
 
 
 # ------------------------------------------------------------------------------ lifecycle

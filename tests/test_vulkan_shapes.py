@@ -44,13 +44,13 @@ def run_all_paths(layer, op, x, affine_size, eps, gamma, beta, device, paths=PAT
         refs[storage] = ref
         for path in paths:
             for packing in packings:
-                opt = vknorm.Option(path=path, use_packing_layout=packing, use_fp16_storage=storage == "fp16")
+                opt = vknorm.Option(path=path, use_packing_layout=packing, use_fp16_storage=fp16)
                 y = layer(xin, device="vulkan", option=opt)
                 what = f"{op}{x.shape} affine_size={affine_size} {storage} path={path} packing={packing}"
                 if y.shape != x.shape or y.dtype != xin.dtype:
                     failures.append(f"{what}: got {y.dtype}{y.shape}")
                     continue
-                err, bound = storage_rule(y, ref, storage == "fp16")
+                err, bound = storage_rule(y, ref, fp16)
                 if not err <= bound:
                     failures.append(f"{what} ran {layer.last_dispatch['path']}: vs float64 {err:.3e} > {bound:.3e}")
                 if cpu is not None:

@@ -706,15 +706,12 @@ def print_table(report: dict) -> None:
 
 
 def plot(report: dict, path: str) -> None:
-    """GB/s against cols per implementation, one panel per (op, dtype), the copy roof dashed."""
-    try:
-        import matplotlib
+    """GB/s against cols per implementation, one panel per (op, dtype), the copy roof dashed (matplotlib: checked
+    with the flags, before the sweep)."""
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("vknorm bench: matplotlib is not installed: no plot", file=sys.stderr)
-        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     sweep = [r for r in report["results"] if r.get("kind", "sweep") == "sweep"]
     ops = sorted({r["op"] for r in sweep})
     dtypes = sorted({r["dtype"] for r in sweep}, reverse=True)  # fp32 first

@@ -103,9 +103,7 @@ def gpu_count() -> int:
     return _graph.gpu_count()
 
 
-def get_gpu_count() -> int:
-    """pyncnn's name for gpu_count()."""
-    return _graph.gpu_count()
+get_gpu_count = gpu_count  # pyncnn's name
 
 
 def get_default_gpu_index() -> int:

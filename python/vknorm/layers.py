@@ -176,7 +176,7 @@ def _parse_device(device, where: str = ""):
             return device
         if device.startswith("vulkan:") and device[7:].isdigit():
             return int(device[7:])
-    if isinstance(device, (Option, _core.Option)) or type(device).__name__ == "Option":  # ncnn's argument order
+    if type(device).__name__ == "Option":  # ncnn's argument order (vknorm's, its native one, pyncnn's)
         raise TypeError(f"{where}got an Option where a device goes: pass it as option=... (in a call, the "
                         "argument after x is device=)")
     raise ValueError(f"{where}device must be 'cpu', 'vulkan', 'vulkan:N', an index N >= 0 or a Context, "
@@ -386,12 +386,18 @@ class _Norm:
         """The call's option, else the layer's (TypeError for anything but a vknorm.Option)."""
         return Option._of(self.option if option is None else option)
 
-    def _on_device_of(self, v, opt) -> None:
-        """A VkMat runs where it lives: the layer moves there (weights uploaded again) if it was on another
-        device, as a numpy call moves it to the call's device. One layer shared by threads that run it on
-        different devices at once may find itself moved between the two steps (ValueError naming the contexts):
+    def _vkmat_option(self, mats, device, option: Optional[Option], where: str) -> _core.Option:
+        """The native option of a call on VkMats, once device= (the call's, else the layer's) is found to name
+        their device. A VkMat runs where it lives: the layer moves there (weights uploaded again) if it was on
+        another device, as a numpy call moves it to the call's device. One layer shared by threads that run it
+        on different devices at once may find itself moved before its forward (ValueError naming the contexts):
         give each device a layer of its own."""
-        self._layer.create_pipeline(v.context, opt)
+        _check_vkmat_device(self.device if device is None else device, mats, where)
+        opt = self._native_option(option)
+        ctx = mats[0].context
+        if all(v.context is ctx for v in mats) and self._layer.context is not ctx:  # else the forward says they differ
+            self._layer.create_pipeline(ctx, opt)
+        return opt
 
     def create_pipeline(self, option: Optional[Option] = None, device=None) -> None:
         device = device if device is not None else self.device
@@ -419,10 +425,7 @@ class _Norm:
     def _forward(self, x, device, option: Optional[Option], where: str):
         device = self.device if device is None else device  # the call's, else the layer's
         if isinstance(x, _core.VkMat):
-            _check_vkmat_device(device, (x,), where)
-            opt = self._native_option(option)
-            self._on_device_of(x, opt)
-            return self._layer.forward(x, opt)
+            return self._layer.forward(x, self._vkmat_option((x,), device, option, where))
         a = _check_array(x, where)
         ctx = _context_for(device, f"{where}: ")
         if ctx is None:  # ncnn's CPU algorithm, on a Mat of its own
@@ -439,10 +442,7 @@ class _Norm:
         lives on: device=, if given, must name that device (ValueError otherwise)."""
         where = f"{type(self).__name__}.forward_inplace"
         if isinstance(x, _core.VkMat):
-            _check_vkmat_device(self.device if device is None else device, (x,), where)
-            opt = self._native_option(option)
-            self._on_device_of(x, opt)
-            self._layer.forward_inplace(x, opt)
+            self._layer.forward_inplace(x, self._vkmat_option((x,), device, option, where))
             return x
         if isinstance(x, _core.Mat):
             raise TypeError(f"{where} needs a numpy array or a VkMat, got a Mat: {_MAT_ADVICE}")
@@ -496,10 +496,8 @@ class _Norm:
         if isinstance(x, _core.VkMat) or isinstance(residual, _core.VkMat):
             if not (isinstance(x, _core.VkMat) and isinstance(residual, _core.VkMat)):
                 raise TypeError(f"{where}: x and residual must both be VkMats or both numpy arrays")
-            _check_vkmat_device(device, (x, residual), where)
-            if x.context is residual.context:  # else forward_add says they differ
-                self._on_device_of(x, opt)
-            y, s = self._layer.forward_add(x, residual, return_sum, opt)
+            vk_opt = self._vkmat_option((x, residual), device, option, where)
+            y, s = self._layer.forward_add(x, residual, return_sum, vk_opt)
             return (y, s) if return_sum else y
         a, r = _check_array(x, where), _check_array(residual, where)
         if a.shape != r.shape:
@@ -529,7 +527,7 @@ class _Norm:
         raise TypeError(f"{type(self).__name__} cannot be copied: make another with from_param() and load_model()")
 
     def __deepcopy__(self, memo):
-        raise TypeError(f"{type(self).__name__} cannot be copied: make another with from_param() and load_model()")
+        return self.__copy__()
 
     def __reduce_ex__(self, protocol):
         raise TypeError(f"{type(self).__name__} cannot be pickled: save its params (ncnn's .param) and weights (gamma, "

@@ -129,15 +129,13 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
     from ._stdio import quiet_stderr
     from .check import load_failure, parse_param
 
-    model = parse_param(param)
-
     def ncnn_reason(step):  # ncnn's device banner and notes silenced; its last line joins a failure's message
         logs: list = []
         try:
             with quiet_stderr(logs):
                 return step()
         except RuntimeError as e:
-            raise RuntimeError(f"{e}{load_failure(model, logs)}") from None
+            raise RuntimeError(f"{e}{load_failure(parse_param(param), logs)}") from None  # parsed to name the line
 
     runners = []
     for impl in impls:

@@ -108,14 +108,14 @@ class VknormLayer(_ncnn.Layer):
             if not n.affine:
                 return 0
             weights = []
-            count = n.affine_size if self.op in ("LayerNorm", "RMSNorm") else n.channels
+            name = n._weight_count_name
+            count = getattr(n, name)
             if count <= 0:  # ncnn reads a float such as 0=8.0 as an int param not given: 0
-                name = "affine_size" if self.op in ("LayerNorm", "RMSNorm") else "channels"
                 return self._fail(ValueError(f"affine with {name} {count}: no weights to read (an int param "
                                              "written as a float, 0=8.0, reads as 0 in ncnn)"), -100)
             for what in (("gamma",) if self.op == "RMSNorm" else ("gamma", "beta")):
-                m = mb.load(count, 1) if count > 0 else _ncnn.Mat()
-                if m.empty():  # short read (truncated .bin) or a count of 0: ncnn's own answer
+                m = mb.load(count, 1)
+                if m.empty():  # short read (truncated .bin): ncnn's own answer
                     return self._fail(ValueError(f"could not read {what} ({count} floats) from the .bin"), -100)
                 weights.append(np.array(m, dtype=np.float32).reshape(-1).copy())
             n.load_model(*weights)
