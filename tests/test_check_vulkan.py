@@ -338,7 +338,8 @@ def error_runs(tmp_path_factory):
     ("no_input", ["--input", "in0"]),
     ("atol", ["--atol", "tiny"]),
     ("bad_shape", ["--input in0=16x65"]),
-    ("bad_shape_3d", ["--input in0=2x16x64"]),
+    # stock ncnn reads past the blob: a crash, runs that differ or NaN, by what memory holds; each names the flags
+    ("bad_shape_3d", ["--input in0=2x16x64", "do the --input shapes match what the model takes?"]),
     ("layer_refuses", ["a vknorm layer refused the model", "extracting blob 'out0'",
                        "vknorm InstanceNorm in_0: a dims-1 input is one channel", "as one instance"]),
     ("shapes_disagree", ["from stock ncnn's CPU run and", "from its Vulkan run: do the --input shapes match"]),
@@ -569,7 +570,7 @@ def test_a_norm_whose_every_input_is_nan_or_inf_is_not_judged_but_refused(tmp_pa
     for engine in ([], ["--vulkan"]):
         r = cli(tmp_path / "m.param", tmp_path / "m.bin", "--input", "in0=4x64", *engine)
         assert_one_line_error(r, "LayerNorm 'ln': every value of its input 'd' is NaN/inf in stock ncnn's CPU run "
-                                 "(in0=4x64)", "do the --input shapes match")
+                                 "(--input in0=4x64)", "do the --input shapes match")
 
 
 def test_stock_ncnn_runs_that_differ_on_one_input_are_refused_naming_the_blob():
@@ -580,7 +581,7 @@ def test_stock_ncnn_runs_that_differ_on_one_input_are_refused_naming_the_blob():
     vkcheck._require_repeatable(ref, {k: v.copy() for k, v in ref.items()}, {"in0": np.zeros((2, 16, 64))})
     again = {"a": ref["a"].copy(), "b": np.array([2.0, 3.5], np.float32)}
     with pytest.raises(vkcheck.UsageError, match=r"blob 'b' differs between two runs of stock ncnn's CPU layers on "
-                                                 r"the same input \(in0=2x16x64\)"):
+                                                 r"the same input \(--input in0=2x16x64\)"):
         vkcheck._require_repeatable(ref, again, {"in0": np.zeros((2, 16, 64))})
     with pytest.raises(vkcheck.UsageError, match="blob 'b' differs"):
         vkcheck._require_repeatable(ref, {"a": ref["a"], "b": ref["b"][:1]}, {"in0": np.zeros((2, 16, 64))})

@@ -260,7 +260,7 @@ def error_runs(tmp_path_factory):
     ("no_name", ["--input '=16x64'", "NAME=DIMS"]),
     ("atol", ["--atol", "tiny"]),
     ("seed", ["--seed"]),
-    ("attention_dims", ["(in0=2x16x64)", "do the --input shapes match what the model takes?"]),
+    ("attention_dims", ["--input in0=2x16x64", "do the --input shapes match what the model takes?"]),
     ("norm_input_channels", ["--input in0=10x7x7", "GroupNorm 'gn'", "line 6", "as 10 channel(s), its param says 12"]),
     ("norm_weight_channels", ["--input in0=6x5x5", "InstanceNorm 'in'", "line 4", "as 6 channel(s), its param says 4"]),
     ("weights_values", ["--input in0=128", "InnerProduct 'linear_1'", "line 4", "take 64 input values",

@@ -572,7 +572,10 @@ def _nonfinite_warnings(ref: dict, blobs: List[str]) -> List[str]:
 
 
 def _input_shapes(inputs: dict) -> str:
-    return ", ".join(f"{k}={'x'.join(map(str, v.shape))}" for k, v in inputs.items())
+    """The --input flags that made these arrays, as a crash in the forked child names them too."""
+    from ._fork import input_flags
+
+    return input_flags({k: v.shape for k, v in inputs.items()})
 
 
 def _require_repeatable(ref: dict, again: dict, inputs: dict) -> None:
