@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_memory_scope_semantics : require
 // One dispatch for groups larger than a workgroup holds, or too few to fill the GPU: a workgroup per
 // chunk of a group (the split path's chunks, or runs of whole planes: CHUNK_PLANES) holds the chunk in
 // registers, publishes its partial (mean, M2 about the group's pivot, as norm_reduce does), waits until
@@ -28,10 +29,10 @@
 #include "common.glsl"
 #include "split_coefs.glsl"
 
-// How a waiting workgroup polls its item's count (spec id 17). 1: plain loads of the volatile counter
-// (GPUs: an atomic per poll from every waiting workgroup saturates the L2's atomic units; H200, LayerNorm
-// 8192x4096: 182 us polling with atomics). 0: atomics (CPU drivers, whose compilers may keep a plain load
-// out of the loop).
+// How a waiting workgroup polls its item's count (spec id 17). 1: atomic loads (GPUs: a read-modify-write per
+// poll from every waiting workgroup saturates the L2's atomic units; H200, LayerNorm 8192x4096: 182 us polling
+// with them). 0: read-modify-writes (CPU drivers, as measured when polls were plain loads; lavapipe passes the
+// cooperative tests either way).
 layout(constant_id = 17) const uint POLL_LOADS = 1;
 // 1: chunks are runs of whole planes (planes smaller than a chunk, too many for one chunk each to be resident
 // at once), each element addressed through its plane; only where a packed element holds one group (pack1, or
@@ -46,13 +47,24 @@ layout(constant_id = 18) const uint CHUNK_PLANES = 0;
 // last workgroup zeroes the counters as always: the next forward, which takes them for zero, is not misled.
 // 1024 (2^22 polls); the dispatcher sets 0 only to test giving up (VKNORM_TUNE_WAIT_ROUNDS).
 layout(constant_id = 19) const uint WAIT_ROUNDS = 1024;
-#define POLL(seen, g) seen = POLL_LOADS != 0u ? COUNT(g) : atomicAdd(COUNT(g), 0u);
+// A poll is an atomic operation, so that the fence after the wait acquires the partials it counted (a plain
+// load, volatile or not, synchronizes with nothing); relaxed, the fence orders.
+#define POLL(seen, g) \
+  seen = POLL_LOADS != 0u ? atomicLoad(COUNT(g), gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsRelaxed) \
+                          : atomicAdd(COUNT(g), 0u);
 #define POLL_4(seen, g) POLL(seen, g) POLL(seen, g) POLL(seen, g) POLL(seen, g)
 #define POLL_16(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g) POLL_4(seen, g)
 const uint POLL_ITERATIONS = 1u << 6;  // 2^12 polls a round
 #define CLAIM(chunk) counter[p.n_groups * COUNTER_STRIDE + (chunk)]
 #define DONE(g) counter[(g) * COUNTER_STRIDE + 1u]
 const uint COMPLETE = 0xffffffffu, NONE = 0xfffffffeu;  // a round's outcome, or the chunk it claimed
+
+// Lane 0 acquires what other workgroups wrote (its fence after a wait) or releases what this one read (before
+// leaving an item) for the whole workgroup: barrier() orders workgroup memory only, so the barriers at those hand-offs
+// order buffer memory too, and every lane's later reads see what lane 0 acquired.
+#define HANDOFF_BARRIER()                                                                                           \
+  controlBarrier(gl_ScopeWorkgroup, gl_ScopeWorkgroup, gl_StorageSemanticsShared | gl_StorageSemanticsBuffer,      \
+                 gl_SemanticsAcquireRelease)
 
 shared uint sh_taken, sh_state;
 shared bool sh_last;
@@ -133,8 +145,10 @@ void normalize_claimed(uint g, uint c, uint base, afp group_pivot, afp group_mea
 
 // The workgroup of a chunk id is done with its item (lane 0, after a memory barrier). The item's last one resets
 // its counts, and returns true: its workgroup then resets the claims (reset_claims), every lane a few of them.
+// Only the last one fences again, acquiring the other workgroups' leaves (their reads of the claims come first).
 bool leave_item(uint g) {
   if (atomicAdd(DONE(g), 1u) != p.n_chunks - 1u) return false;
+  memoryBarrierBuffer();
   COUNT(g) = 0u;
   DONE(g) = 0u;
   return true;
@@ -147,12 +161,12 @@ void reset_claims(uint g) {
 // lane's reads of the claims (take_over's normalize loop) before the leave: once left, the item's last workgroup
 // may zero them, and a lane still reading would skip its share of a chunk.
 void leave_item_and_reset(uint g) {
-  barrier();
+  HANDOFF_BARRIER();
   if (gl_LocalInvocationIndex == 0u) {
     memoryBarrierBuffer();
     sh_last = leave_item(g);
   }
-  barrier();
+  HANDOFF_BARRIER();
   if (sh_last) reset_claims(g);
 }
 
@@ -184,7 +198,7 @@ void take_over(uint claimed, uint round) {
       sh_state = wait_round(g, chunk, seen, round < WAIT_ROUNDS);
       memoryBarrierBuffer();
     }
-    barrier();
+    HANDOFF_BARRIER();
     state = sh_state;
     barrier();  // sh_state is free for the next round
   }
@@ -270,7 +284,7 @@ void main() {
       memoryBarrierBuffer();
       sh_last = sh_state == COMPLETE && leave_item(g);  // done with the item's counters
     }
-    barrier();
+    HANDOFF_BARRIER();
     state = sh_state;
     if (state != NONE) {
       last = sh_last;
