@@ -181,6 +181,72 @@ std::vector<int> ints(const nb::tuple& shape) {
   return r;
 }
 
+// pyncnn's views into a Mat (channel, depth, row, their ranges, range, [i]): ncnn's own, which share the Mat's memory,
+// after checks ncnn leaves out (pyncnn reads and writes past the Mat). The Python view keeps its Mat alive
+// (keep_alive at the binding). where: the call ("Mat.channel"), for the messages.
+void check_view(const ::ncnn::Mat& m, const char* where) {
+  if (m.empty()) throw std::invalid_argument(std::string(where) + ": the Mat is empty");
+}
+// Items [at, at + count) of `size` (one item where count is empty): IndexError otherwise, naming them by `noun`
+// (channel, row, ...) and the Mat's size by `size_of` (channels, rows, ...).
+void check_span(long long at, std::optional<long long> count, long long size, const char* where, const std::string& noun,
+                const std::string& size_of) {
+  const std::string call = std::string(where) + ": ";
+  if (count && *count < 1)
+    throw nb::index_error((call + "a count of " + std::to_string(*count) + " " + noun + "s: at least 1").c_str());
+  if (at >= 0 && at < size && count.value_or(1) <= size - at) return;
+  const std::string asked = (count ? std::to_string(*count) + " " + noun + "s from " : std::string()) + noun + " " +
+                            std::to_string(at);
+  throw nb::index_error((call + asked + " out of range: the Mat has " + std::to_string(size) + " " + size_of).c_str());
+}
+// A dims-3/4 Mat's channel c (one: channel) or channels c.. (channel_range).
+::ncnn::Mat channel_view(::ncnn::Mat& m, long long c, std::optional<long long> channels) {
+  const char* where = channels ? "Mat.channel_range" : "Mat.channel";
+  check_view(m, where);
+  if (m.dims < 3)
+    throw std::invalid_argument(std::string(where) + ": a dims-" + std::to_string(m.dims) +
+                                " Mat has no channels (rows: row, row_range)");
+  check_span(c, channels, m.c, where, "channel", "channels");
+  return channels ? m.channel_range(int(c), int(*channels)) : m.channel(int(c));
+}
+// Depth plane z (depth) or planes z.. (depth_range): a dims-4 Mat's (of its first channel, as ncnn), or a dims-3
+// one's whose planes lie next to each other (a dims-4 Mat's channel: cstep is w*h).
+::ncnn::Mat depth_view(::ncnn::Mat& m, long long z, std::optional<long long> depths) {
+  const char* where = depths ? "Mat.depth_range" : "Mat.depth";
+  check_view(m, where);
+  if (!(m.dims == 4 || (m.dims == 3 && m.cstep == size_t(m.w) * m.h)))
+    throw std::invalid_argument(std::string(where) + ": a dims-" + std::to_string(m.dims) +
+                                " Mat has no depth planes (dims 4 has; a dims-3 Mat's planes: channel)");
+  check_span(z, depths, m.dims == 4 ? m.d : m.c, where, "depth plane", "depth planes");
+  return depths ? m.depth_range(int(z), int(*depths)) : m.depth(int(z));
+}
+// Rows of the first channel (as ncnn); a dims-1 Mat is one row.
+::ncnn::Mat row_range_view(::ncnn::Mat& m, long long y, long long rows) {
+  check_view(m, "Mat.row_range");
+  check_span(y, rows, m.h, "Mat.row_range", "row", "rows");
+  return m.row_range(int(y), int(rows));
+}
+// Row y of the first channel (as ncnn) as a numpy array over the Mat's memory, which keeps the Mat alive (pyncnn: a
+// memoryview).
+nb::ndarray<nb::numpy, float> row_view(::ncnn::Mat& m, long long y) {
+  check_view(m, "Mat.row");
+  check_span(y, std::nullopt, m.h, "Mat.row", "row", "rows");
+  const size_t shape[1] = {size_t(m.w)};
+  return nb::ndarray<nb::numpy, float>(m.row(int(y)), 1, shape, nb::find(&m));
+}
+// Elements of the first channel, next to each other (as ncnn).
+::ncnn::Mat range_view(::ncnn::Mat& m, long long x, long long n) {
+  check_view(m, "Mat.range");
+  check_span(x, n, (long long)m.w * m.h * (m.dims == 4 ? m.d : 1), "Mat.range", "element", "elements in its first channel");
+  return m.range(int(x), int(n));
+}
+// Element i of the Mat's memory, cstep padding included (ncnn's operator[]).
+float& element(::ncnn::Mat& m, long long i) {
+  check_view(m, "Mat[i]");
+  check_span(i, std::nullopt, (long long)m.total(), "Mat[i]", "element", "elements, cstep padding included");
+  return static_cast<float*>(m.data)[i];
+}
+
 // ncnn's Vulkan instance belongs to the process that made it: a fork()ed child inherits its handles but not the
 // driver's threads. Its first wait never returns (check_vulkan_process refuses such a child); so does the exit
 // handler ncnn registered when it made the instance (destroy_gpu_instance waits for the inherited device to go
@@ -741,7 +807,10 @@ int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
     return -1;
   }
   if (int r = reserve_upload(e, in)) return r;
-  const int r = e.ex->input(name.c_str(), in);
+  // A view (Mat.channel, ...) owns no memory: the extractor, which outlives the Python objects, takes a copy.
+  const ::ncnn::Mat owned = in.refcount ? in : in.clone();
+  if (owned.empty()) throw std::bad_alloc();
+  const int r = e.ex->input(name.c_str(), owned);
   if (r != 0) return r;
   e.held.give(e.owner->net, name);
   if (e.allocators) {
@@ -1000,14 +1069,32 @@ NB_MODULE(_graph, m) {
       // pyncnn's Mat.fill, clone and reshape, on the host Mats this module makes (float32, elempack 1)
       .def("fill", [](::ncnn::Mat& mat, float v) { mat.fill(v); }, "v"_a)
       .def("clone", [](const ::ncnn::Mat& mat) { return mat.clone(); })
-      .def("reshape", [](const ::ncnn::Mat& mat, int w) { return reshaped(mat, {w}); }, "w"_a)
+      // a reshape may share the Mat's memory (ncnn's): it keeps the Mat alive, as a view does
+      .def("reshape", [](const ::ncnn::Mat& mat, int w) { return reshaped(mat, {w}); }, "w"_a, nb::keep_alive<0, 1>())
       .def("reshape", [](const ::ncnn::Mat& mat, const nb::tuple& shape) { return reshaped(mat, ints(shape)); },
-           "shape"_a)
-      .def("reshape", [](const ::ncnn::Mat& mat, int w, int h) { return reshaped(mat, {w, h}); }, "w"_a, "h"_a)
+           "shape"_a, nb::keep_alive<0, 1>())
+      .def("reshape", [](const ::ncnn::Mat& mat, int w, int h) { return reshaped(mat, {w, h}); }, "w"_a, "h"_a,
+           nb::keep_alive<0, 1>())
       .def("reshape", [](const ::ncnn::Mat& mat, int w, int h, int c) { return reshaped(mat, {w, h, c}); }, "w"_a,
-           "h"_a, "c"_a)
+           "h"_a, "c"_a, nb::keep_alive<0, 1>())
       .def("reshape", [](const ::ncnn::Mat& mat, int w, int h, int d, int c) { return reshaped(mat, {w, h, d, c}); },
-           "w"_a, "h"_a, "d"_a, "c"_a)
+           "w"_a, "h"_a, "d"_a, "c"_a, nb::keep_alive<0, 1>())
+      // pyncnn's views: they share the Mat's memory (writes reach it) and keep it alive
+      .def("channel", [](::ncnn::Mat& m, long long c) { return channel_view(m, c, std::nullopt); }, "c"_a,
+           nb::keep_alive<0, 1>())
+      .def("channel_range", [](::ncnn::Mat& m, long long c, long long n) { return channel_view(m, c, n); }, "c"_a,
+           "channels"_a, nb::keep_alive<0, 1>())
+      .def("depth", [](::ncnn::Mat& m, long long z) { return depth_view(m, z, std::nullopt); }, "z"_a,
+           nb::keep_alive<0, 1>())
+      .def("depth_range", [](::ncnn::Mat& m, long long z, long long n) { return depth_view(m, z, n); }, "z"_a,
+           "depths"_a, nb::keep_alive<0, 1>())
+      .def("row", &row_view, "y"_a)
+      .def("row_range", &row_range_view, "y"_a, "rows"_a, nb::keep_alive<0, 1>())
+      .def("range", &range_view, "x"_a, "n"_a, nb::keep_alive<0, 1>())
+      .def("__getitem__", [](::ncnn::Mat& m, long long i) { return element(m, i); }, "i"_a)
+      .def("__setitem__", [](::ncnn::Mat& m, long long i, float v) { element(m, i) = v; }, "i"_a, "v"_a)
+      .def("__len__", [](const ::ncnn::Mat& m) { return m.w; })  // pyncnn's: w
+      .def("elembits", [](const ::ncnn::Mat& m) { return m.elembits(); })
       .def("numpy", &mat_to_numpy)
       // numpy's protocol: always a copy (ncnn's memory may be packed or float16), so copy=False, which asks for
       // the Mat's own memory, is numpy 2's ValueError rather than a copy that writes do not reach

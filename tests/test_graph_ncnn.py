@@ -20,6 +20,7 @@ Tolerances:
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -1038,6 +1039,103 @@ def test_mat_fill_clone_and_reshape_as_pyncnn():
         a = np.zeros(shape, np.float32)
         ours, theirs = graph.Mat(a), pyncnn.Mat(a)
         assert (ours.elemsize, ours.cstep, ours.total()) == (theirs.elemsize, theirs.cstep, theirs.total()), shape
+
+
+def test_mat_views_read_what_pyncnn_s_read_and_write_through_to_the_mat():
+    """channel, channel_range, depth, depth_range, row, row_range, range and [i] as pyncnn's (ncnn's views: the same
+    elements, the same dims), over the Mat's own memory: writes through row() and [i] reach it."""
+    pyncnn = import_or_missing("ncnn")
+    x4 = np.arange(2 * 3 * 5 * 7, dtype=np.float32).reshape(2, 3, 5, 7)  # c, d, h, w
+    x3 = np.arange(3 * 3 * 5, dtype=np.float32).reshape(3, 3, 5)  # planes of 15 floats: cstep 16, padded
+    views = {
+        "channel": lambda m: m.channel(1), "channel_range": lambda m: m.channel_range(1, 1),
+        "depth": lambda m: m.depth(2), "depth_range": lambda m: m.depth_range(1, 2),
+        "channel.depth": lambda m: m.channel(1).depth(2), "row_range": lambda m: m.row_range(1, 2),
+        "range": lambda m: m.range(4, 9),
+    }
+    for x in (x4, x3):
+        ours, theirs = graph.Mat(x), pyncnn.Mat(x)
+        for name, view in views.items():
+            if "depth" in name and x.ndim == 3:
+                continue  # a padded dims-3 Mat has no depth planes (refused below)
+            a, b = view(ours), view(theirs)
+            assert (a.dims, a.w, a.h, a.d, a.c, a.cstep) == (b.dims, b.w, b.h, b.d, b.c, b.cstep), (x.ndim, name)
+            assert np.array_equal(np.array(a), np.array(b)), (x.ndim, name)
+        assert np.array_equal(ours.row(2), np.asarray(theirs.row(2))) and ours.row(2).shape == (x.shape[-1],)
+        # within the first channel: pyncnn's Mat(array) leaves its planes unpadded (cstep 15 where ncnn's is 16)
+        assert [ours[i] for i in (0, 7, 14)] == [theirs[i] for i in (0, 7, 14)]
+        assert (len(ours), ours.elembits()) == (len(theirs), theirs.elembits()) == (x.shape[-1], 32)
+    m = graph.Mat(x3)
+    m.row(2)[1] = -1.0  # row 2 of channel 0
+    m[16 + 3] = -2.0  # element 3 of channel 1 (cstep 16)
+    m.channel(2).fill(9.0)
+    want = x3.copy()
+    want[0, 2, 1], want[1, 0, 3], want[2] = -1.0, -2.0, 9.0
+    assert np.array_equal(np.array(m), want)
+
+
+def test_a_mat_view_keeps_its_mat_alive_and_an_input_view_is_copied(tmp_path):
+    """ncnn's views own no memory (pyncnn's read freed memory once their Mat is gone): a view keeps its Mat alive,
+    and a view given to Extractor.input is copied, so the extract reads what the view held when it was given."""
+    import gc
+
+    x = np.random.default_rng(3).standard_normal((4, 6, 32)).astype(np.float32)
+    m = graph.Mat(x)
+    view, row = m.channel(2), m.row(5)
+    flat = graph.Mat(x).channel(3).reshape(6 * 32)  # a view's reshape shares its memory too
+    del m
+    gc.collect()
+    others = [graph.Mat(np.full((4, 6, 32), 7.0, np.float32)) for _ in range(4)]  # memory a freed Mat held
+    assert np.array_equal(np.array(view), x[2]) and np.array_equal(row, x[0, 5])
+    assert np.array_equal(np.array(flat), x[3].reshape(-1)) and others
+    (tmp_path / "ln.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 out0 0=32 1=1e-5 2=0\n")
+    (tmp_path / "ln.bin").write_bytes(b"")
+    for vulkan in (True, False):
+        net = graph.configure(graph.Net(), vulkan=vulkan)
+        assert net.load_param(str(tmp_path / "ln.param")) == 0 and net.load_model(str(tmp_path / "ln.bin")) == 0
+        src = graph.Mat(x)
+        ex = net.create_extractor()
+        assert ex.input("in0", src.channel(1)) == 0
+        src.fill(0.0)  # after input(): the extractor holds the view's values as given
+        del src
+        gc.collect()
+        r, out = ex.extract("out0")
+        d = x[1].astype(np.float64)
+        want = (d - d.mean(-1, keepdims=True)) / np.sqrt(d.var(-1, keepdims=True) + 1e-5)
+        assert r == 0 and np.abs(np.array(out) - want).max() < FP32_TOL, vulkan
+
+
+def test_mat_views_outside_the_mat_are_index_errors_naming_the_numbers():
+    """pyncnn reads and writes past the Mat; here a view or element outside it is an IndexError naming what was
+    asked and what the Mat has, and a view the Mat's dims do not have is a ValueError."""
+    m = graph.Mat(np.zeros((3, 4, 5), np.float32))  # c 3, h 4, w 5: cstep 20
+    for call, message in [
+        (lambda: m.channel(3), "Mat.channel: channel 3 out of range: the Mat has 3 channels"),
+        (lambda: m.channel(-1), "channel -1 out of range"),
+        (lambda: m.channel(2 ** 40), f"channel {2 ** 40} out of range"),
+        (lambda: m.channel_range(2, 2), "Mat.channel_range: 2 channels from channel 2 out of range: the Mat has 3"),
+        (lambda: m.channel_range(1, 2 ** 63 - 1), "channels from channel 1 out of range"),
+        (lambda: m.channel_range(0, 0), "a count of 0 channels: at least 1"),
+        (lambda: m.row(4), "Mat.row: row 4 out of range: the Mat has 4 rows"),
+        (lambda: m.row_range(3, 2), "2 rows from row 3 out of range"),
+        (lambda: m.range(18, 3), "3 elements from element 18 out of range: the Mat has 20 elements in its first"),
+        (lambda: m[60], "Mat[i]: element 60 out of range: the Mat has 60 elements, cstep padding included"),
+        (lambda: m[-1], "element -1 out of range"),
+    ]:
+        with pytest.raises(IndexError, match=re.escape(message)):
+            call()
+    with pytest.raises(IndexError, match="out of range"):
+        m[60] = 1.0
+    padded = graph.Mat(np.zeros((3, 3, 5), np.float32))  # cstep 16: its planes are not depth planes
+    with pytest.raises(ValueError, match="a dims-3 Mat has no depth planes"):
+        padded.depth(1)
+    with pytest.raises(ValueError, match="Mat.channel: a dims-2 Mat has no channels"):
+        graph.Mat(np.zeros((4, 5), np.float32)).channel(0)
+    with pytest.raises(ValueError, match="Mat.depth: a dims-2 Mat has no depth planes"):
+        m.channel(1).depth(0)
+    with pytest.raises(ValueError, match="Mat.row: the Mat is empty"):
+        graph.Mat().row(0)
+    assert len(list(graph.Mat(np.arange(8, dtype=np.float32)))) == 8  # iteration ends at the Mat's end
 
 
 def test_mat_shape_constructors_as_pyncnn_and_a_single_value_refused():

@@ -67,7 +67,11 @@ Options are not guarded that way: set ``net.opt`` fields before ``load_param``, 
 Mat: ``Mat(array)`` copies a numpy array of shape (w), (h, w), (c, h, w) or (c, d, h, w) as float32 (read-only
 arrays too, as pyncnn's Mat); ``np.array(mat)`` / ``mat.numpy()`` copy back; ``fill``, ``clone`` and ``reshape``
 as pyncnn's, and pyncnn's shape constructors ``Mat(w)``, ``Mat(w, h)``, ``Mat(w, h, c)``, ``Mat(w, h, d, c)``
-(zeroed float32), ``elemsize``, ``cstep`` and ``total()`` as ncnn's. pyncnn's ``Net.load_param_mem`` (text or
+(zeroed float32), ``elemsize``, ``cstep`` and ``total()`` as ncnn's. pyncnn's views ``channel``, ``channel_range``,
+``depth``, ``depth_range``, ``row`` (a numpy array), ``row_range``, ``range`` and ``m[i]`` (ncnn's memory, cstep
+padding included; ``len(m)`` is w, as pyncnn's) share the Mat's memory, as ncnn's do, and keep it alive (pyncnn's read
+freed memory once their Mat is gone); outside the Mat they are an IndexError (pyncnn reads past it), and
+``Extractor.input`` copies a view it is given. pyncnn's ``Net.load_param_mem`` (text or
 bytes; fused like ``load_param``), ``load_param`` / ``load_model`` with a ``pathlib.Path``, ``get_gpu_count`` /
 ``get_default_gpu_index``, ``Extractor.input`` / ``extract`` by blob index (the model's own numbering, as its .param
 gives it: a fused net resolves an index through the model as written, and one whose blob the rewrite removed gives
