@@ -136,9 +136,11 @@ def test_float16_on_a_device_without_16_bit_storage_is_refused_or_skipped_not_mi
     assert {r["dtype"] for r in json.loads(out.read_text())["results"]} == {"fp32"}
 
 
-def test_json_to_stdout_replaces_the_table(tmp_path):
+@pytest.mark.parametrize("target", ["-", "/dev/stdout"])
+def test_json_to_stdout_replaces_the_table(tmp_path, target):
+    """--json - and --json /dev/stdout (onto a pipe, whose link names no path) write the JSON alone to stdout."""
     proc = subprocess.run([sys.executable, "-m", "vknorm", "bench", "--rows", "2", "--cols", "64", "--dtype", "fp32",
-                           *QUICK, "--compare", "", "--json", "-"], capture_output=True, text=True, timeout=600,
+                           *QUICK, "--compare", "", "--json", target], capture_output=True, text=True, timeout=600,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)  # the whole of stdout: no table around it

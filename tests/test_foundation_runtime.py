@@ -163,6 +163,20 @@ def test_vknorm_info_onto_a_full_disk_is_one_line_naming_standard_output(args):
     assert lines[0] == "vknorm info: error: writing standard output: No space left on device", lines
 
 
+@pytest.mark.parametrize("args", [["info"], ["check", "nope.param", "nope.bin"], ["optimize", "a.param", "a.bin",
+                                                                                  "b.param", "b.bin"]],
+                         ids=["info", "check", "optimize"])
+def test_a_closed_standard_output_is_one_line_and_exit_2_before_any_work(args):
+    """`vknorm check ... >&-`: Python starts with sys.stdout None; the report has nowhere to go, so the command
+    refuses at once (it ended in a traceback and exit 1, check's "a layer failed", after all the work)."""
+    proc = subprocess.run(vknorm_cli() + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          timeout=120, preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"vknorm {args[0]}: error: standard output is closed: nowhere to write the report"], proc.stderr[-2000:]
+    quiet = subprocess.run(vknorm_cli() + args, capture_output=True, timeout=120, preexec_fn=lambda: os.close(2))
+    assert quiet.returncode == 2 and quiet.stdout == b"", quiet.stdout[-2000:]
+
+
 @pytest.mark.parametrize("args, line", [
     (["info", "--bogus"], "vknorm info: error: unrecognized arguments: --bogus (see vknorm info --help)"),
     (["--bogus", "info"], "vknorm: error: unrecognized arguments: --bogus (see vknorm --help)"),

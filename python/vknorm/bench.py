@@ -249,6 +249,14 @@ def write_json(report: dict, path) -> None:
         raise UsageError(f"--json {path}: {e.strerror or e}") from None
 
 
+def _is_standard_output(path) -> bool:
+    """path names what standard output is (/dev/stdout, /proc/self/fd/1, the file stdout was sent to)."""
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError):  # no such file, or stdout without a descriptor
+        return False
+
+
 def _check_output_path(flag: str, path) -> None:
     """Before the run, not after it: a report that cannot be written is a one-line error up front."""
     from .cli import UsageError
@@ -259,6 +267,8 @@ def _check_output_path(flag: str, path) -> None:
         raise UsageError(f"{flag}: empty file name; name a file")
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path}: a directory; name a file")
+    if os.path.exists(path) and not os.path.isfile(path):
+        return  # a FIFO, a device, /dev/stdout onto a pipe (whose link names no path): left to the write itself
     parent = os.path.dirname(os.path.realpath(path))  # where a symbolic link's target would be written
     if not os.path.isdir(parent):
         raise UsageError(f"{flag} {path}: no such directory {parent!r}")
@@ -269,8 +279,6 @@ def _check_output_path(flag: str, path) -> None:
     # or is seen by its reader). A symbolic link's target is what is opened, and removed again if it was new.
     real = os.path.realpath(path)
     existed = os.path.exists(real)
-    if existed and not os.path.isfile(real):
-        return
     try:
         with open(real, "ab"):
             pass
@@ -534,6 +542,8 @@ def run(args) -> int:
         args.warmup_ms = 300.0 if args.model else 150.0
     if not 0 <= args.warmup_ms <= 60000:
         raise UsageError("--warmup-ms must be 0..60000")
+    if args.json and args.json != "-" and _is_standard_output(args.json):
+        args.json = "-"  # --json /dev/stdout: the JSON instead of the table, as for '-' (not after it)
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         for what, model_file in zip(("the model's .param", "its .bin"), args.model or []):
             if path and os.path.realpath(path) == os.path.realpath(model_file):

@@ -109,6 +109,12 @@ def main(argv=None) -> int:
         owner.error(f"unrecognized arguments: {' '.join(extra)}")
     from . import _core
 
+    # Python sets a stream closed at start-up (`>&-`) to None: the report (or an error) would have nowhere to go
+    closed = [name for name, stream in (("standard output", sys.stdout), ("standard error", sys.stderr)) if stream is None]
+    if closed:
+        if sys.stderr is not None:
+            print(f"vknorm {args.command}: error: {closed[0]} is closed: nowhere to write the report", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except UsageError as e:
