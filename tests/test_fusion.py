@@ -809,8 +809,14 @@ def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
     long_name.write_text("7767517\n2 2\nInput in0 0 1 a\nLayerNorm " + "n" * 300 + " 1 1 a b 0=8\n")
     twice = tmp_path / "twice.param"  # two layers of one name: ncnn loads it, check and bench refuse it
     twice.write_text(p.read_text().replace("LayerNorm                ln_4", "LayerNorm                ln_3"))
+    nul = tmp_path / "nul.param"  # a NUL where the rewrite reads C strings: its message ended there
+    nul.write_bytes(b"7767517\n2 2\x00\nInput in0 0 1 a\n")
+    too_big = tmp_path / "too_big.param"  # ncnn's ParamDict logs its own line before the one error line
+    too_big.write_text("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln 1 1 a b 0=99999999999 1=1e-5 2=0\n")
     (tmp_path / "adir").mkdir()
     for args, needle in [
+        ((nul, b), "nul.param: not an ncnn text .param (binary data: a NUL byte at byte 11)"),
+        ((too_big, b), "param 0 (affine_size)=99999999999 does not fit ncnn's 32-bit int"),
         ((tmp_path / "missing.param", b), "no such file"),
         ((p, tmp_path / "missing.bin"), "no such file"),
         ((tmp_path / "adir", b), "is a directory, not the model .param"),
@@ -833,6 +839,18 @@ def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("vknorm optimize: error:") and needle in lines[0], r.stderr
         assert not out_p.exists() and not out_b.exists()
         assert not [f for f in os.listdir(tmp_path) if f.startswith(".vknorm-optimize-")]
+
+
+@needs_graph
+def test_optimize_a_bin_it_cannot_read_is_named_as_read(tmp_path):
+    """open() refusing the .bin (no permission, for a user without root's override) is an error reading that
+    file, not one "writing" it."""
+    import vknorm.optimize as vo
+    from vknorm.cli import UsageError
+
+    with open(tmp_path / "o.bin", "wb") as out, \
+            pytest.raises(UsageError, match=r"nope\.bin: cannot be read \(No such file or directory\)"):
+        vo._copy_into(str(tmp_path / "nope.bin"), out)
 
 
 @needs_graph

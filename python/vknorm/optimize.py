@@ -46,10 +46,13 @@ def _read_param(path: str) -> Tuple[bytes, str]:
 
     data = read_param_bytes(path)
     try:
-        return data, data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: not an ncnn text .param (binary data: byte {e.start} is not UTF-8; a binary "
                          ".param.bin is not supported)") from None
+    if "\0" in text:  # the rewrite reads C strings: its message would end at the NUL
+        raise UsageError(f"{path}: not an ncnn text .param (binary data: a NUL byte at byte {data.index(0)})")
+    return data, text
 
 
 def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple[List[dict], List[str]]:
@@ -68,7 +71,8 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
     except ImportError as e:
         raise UsageError(str(e)) from None
     try:
-        fused_text, fused = graph._graph.fuse_param(text)
+        with quiet_stderr():  # ncnn's ParamDict logs a value it cannot read; the error below says it in one line
+            fused_text, fused = graph._graph.fuse_param(text)
     except ValueError as e:
         raise UsageError(f"{param}: {e}") from None
     # what the rewrite lets through, refused as check and bench refuse it
@@ -167,7 +171,13 @@ def _umask() -> int:
 
 
 def _copy_into(src: str, f) -> None:
-    with open(src, "rb") as s:
+    from .cli import UsageError
+
+    try:
+        s = open(src, "rb")
+    except OSError as e:  # the CLI's generic OSError line would say "writing" of the file read
+        raise UsageError(f"{src}: cannot be read ({e.strerror})") from None
+    with s:
         shutil.copyfileobj(s, f)
 
 
