@@ -36,7 +36,7 @@ def test_bench_model_reports_every_implementation_as_json(tmp_path, fp16):
     assert isinstance(report["device"], str) and report["device"]
     assert isinstance(report["driver"], str) and report["model"] == PARAM
     assert report["warmup_ms"] == 20 and report["iters"] == 3  # the flags reach the whole-model bench
-    assert "rounds of their own" in report["method"]
+    assert "rounds of their own" in report["method"] and report["warnings"] == []
     impls = [r["impl"] for r in report["results"]]
     assert impls == ["ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-fused", "vknorm-host"]
     for r in report["results"]:
@@ -44,6 +44,28 @@ def test_bench_model_reports_every_implementation_as_json(tmp_path, fp16):
     for impl in impls:  # the table names every implementation with its ratio to stock ncnn Vulkan
         assert impl in proc.stdout
     assert "vs ncnn-vulkan" in proc.stdout
+
+
+def test_a_bin_longer_than_the_model_reads_is_a_warning_in_check_vulkan_and_bench_model(tmp_path):
+    """Bytes after the weights the .param reads (another model's .bin?): check (both engines) and bench --model say
+    so in their JSON (bench on stderr too, beside its table) and go on, as optimize does (check --vulkan and bench
+    --model said nothing)."""
+    longer = tmp_path / "longer.bin"
+    longer.write_bytes(open(BIN, "rb").read() * 2)
+    extra = os.path.getsize(BIN)
+    warning = f"warning: {longer}: {extra} bytes after the weights {PARAM} reads (a .bin for another .param?)"
+    runs = {
+        "bench --model": (["bench", "--model", PARAM, str(longer), "--input", "in0=16x64", "--iters", "1",
+                           "--warmup-ms", "0", "--json", str(tmp_path / "b.json")], tmp_path / "b.json"),
+        "check --vulkan": (["check", PARAM, str(longer), "--input", "in0=16x64", "--vulkan", "--json"], None),
+        "check": (["check", PARAM, str(longer), "--input", "in0=16x64", "--json"], None),
+    }
+    for what, (args, json_file) in runs.items():
+        proc = vknorm(*args)
+        assert proc.returncode == 0, (what, proc.stderr[-3000:])
+        assert (warning in proc.stderr.splitlines()) == (what == "bench --model"), (what, proc.stderr[-3000:])
+        report = json.loads(json_file.read_text() if json_file else proc.stdout)
+        assert report["warnings"] == [warning[len("warning: "):]], (what, report["warnings"])
 
 
 def test_bench_model_times_the_gpu_implementations_apart_from_the_host_busy_ones():

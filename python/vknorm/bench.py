@@ -507,6 +507,8 @@ def run_model(args) -> int:
                               "vknorm bench --model")
     else:
         report = bench()
+    for w in report["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
     if args.json != "-":
         print(format_table(report))
     write_json(report, args.json)

@@ -1253,6 +1253,8 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
         cpu = _graph_load(graph, model, bin_path, len(data), vknorm=False, vulkan=False, fp16=False,
                           label="ncnn CPU")
         nets.append(cpu)
+        if cpu.model_bytes_read < len(data):
+            result["warnings"].append(trailing_bytes_warning(bin_path, len(data) - cpu.model_bytes_read, param_path))
         if not model.norms:
             result["note"] = f"{param_path}: no LayerNorm, RMSNorm, GroupNorm or InstanceNorm layers, nothing to check"
             return result

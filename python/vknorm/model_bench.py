@@ -21,6 +21,7 @@ right after ncnn-cpu) measured up to 2.5x slower on an H200 host, which no kerne
 """
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import sys
@@ -127,7 +128,7 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
     rng = np.random.default_rng(seed)
     inputs = {k: rng.standard_normal(d).astype(np.float32) for k, d in input_dims.items()}
     from ._stdio import quiet_stderr
-    from .check import load_failure, parse_param
+    from .check import load_failure, parse_param, trailing_bytes_warning
 
     def ncnn_reason(step):  # ncnn's device banner and notes silenced; its last line joins a failure's message
         logs: list = []
@@ -145,6 +146,10 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
             print(f"vknorm bench: {impl} skipped: {e}", file=sys.stderr)
     for r in runners:  # one inference each first: a model that fails says so in one line, with ncnn's reason
         ncnn_reason(r)
+    # a .bin longer than the model reads: another model's? (as check and optimize warn; a vknorm.graph net counts)
+    read = next((r.net.model_bytes_read for r in runners if hasattr(r.net, "model_bytes_read")), None)
+    size = os.path.getsize(binp)
+    warnings = [trailing_bytes_warning(binp, size - read, param)] if read is not None and read < size else []
     samples = time_rounds({r.impl: r for r in runners}, iters, warmup_ms, seed, progress)
     device = graph.gpu_name()
     driver = ""
@@ -158,7 +163,7 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
             "method": "median wall ms per inference; rounds in a random order each, GPU implementations first, "
                       "then " + ", ".join(HOST_BUSY) + " in rounds of their own",
             "results": [{"impl": k, "ms": round(statistics.median(v), 4),
-                         "min_ms": round(min(v), 4)} for k, v in samples.items()]}
+                         "min_ms": round(min(v), 4)} for k, v in samples.items()], "warnings": warnings}
 
 
 def format_table(report: dict) -> str:
