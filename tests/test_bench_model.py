@@ -208,6 +208,9 @@ def test_bench_model_needs_a_shape_for_every_input_of_the_model(tmp_path):
     ({"VKNORM_MAX_DEVICE_BYTES": "10"}, "cannot allocate"),
     ({"VKNORM_MAX_DEVICE_BYTES": "abc"}, "VKNORM_MAX_DEVICE_BYTES=abc: expected a positive integer"),
     ({"VKNORM_PATH": "bogus"}, "VKNORM_PATH=bogus: unknown path 'bogus'"),  # the variable named, set long ago maybe
+    # read where vknorm's layers inside ncnn make their pipelines: it was a load failure blamed on the .bin
+    ({"VKNORM_MAX_SHARED_MEMORY": "0"}, "VKNORM_MAX_SHARED_MEMORY=0: expected a positive integer"),
+    ({"VKNORM_VULKAN_API": "9.9"}, "VKNORM_VULKAN_API=9.9: expected 1.0, 1.1, 1.2 or 1.3"),
 ])
 def test_settings_refused_in_the_worker_process_are_one_line_and_exit_2(env, message):
     """The model runs in a forked worker: what the worker refuses reaches the user as it would from the

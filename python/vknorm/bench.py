@@ -473,9 +473,11 @@ def run_model(args) -> int:
     dims = parse_inputs(args.input or [])
     parse_model_inputs(param, dims)  # every input of the model named (none where it has no Input layer), and only those
     try:
-        from . import graph  # noqa: F401
+        from . import _core, graph  # noqa: F401
     except ImportError as e:
         raise UsageError(str(e)) from None
+    # vknorm's settings (VKNORM_MAX_SHARED_MEMORY, ...) checked here: inside ncnn a bad one fails the model's load
+    _core.devices()
     bar = None
     try:
         from tqdm import tqdm

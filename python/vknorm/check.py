@@ -1236,6 +1236,9 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
     graph = _import_graph()
     from . import _core
 
+    # vknorm's settings (VKNORM_MAX_SHARED_MEMORY, VKNORM_VULKAN_API, ...) read as vknorm's layers inside ncnn read
+    # them: a ValueError naming the variable, not a create_pipeline failure blamed on the model's weights
+    _core.devices()
     result = {"ok": True, "device": None, "layers": [], "outputs": {}, "model": param_path, "weights": bin_path,
               "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
               "atol": atol, "warnings": [], "engine": "vulkan", "rule": _rule(fp16, atol), "host_round_trips": 0,
