@@ -1,6 +1,7 @@
 // nanobind module vknorm._core: the C++ core as Python sees it. Argument policy (dtypes, defaults,
 // device strings) lives in python/vknorm/layers.py; this file only converts and releases the GIL.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -8,6 +9,7 @@
 #include <nanobind/stl/vector.h>
 #include <nanobind/stl/map.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -29,6 +31,18 @@ namespace {
 // nb::ro: from_numpy, VkMat.upload and forward_numpy only read, so read-only arrays (a memory map, np.frombuffer,
 // np.broadcast_to) are taken too.
 using Array = nb::ndarray<nb::numpy, nb::ro, nb::c_contig, nb::device::cpu>;
+
+// Weights as float32 numpy arrays both ways: a Python list of them costs ~90 bytes a value (bench's widest rows,
+// 2^28 values of gamma and beta, took the host's memory before the input was made).
+using Weights = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+std::vector<float> weight_vector(const Weights& w) { return std::vector<float>(w.data(), w.data() + w.shape(0)); }
+nb::ndarray<nb::numpy, float> weight_array(const std::vector<float>& v) {
+  auto* data = new float[v.size()];
+  std::copy(v.begin(), v.end(), data);
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+  const size_t shape[1] = {v.size()};
+  return nb::ndarray<nb::numpy, float>(data, 1, shape, owner);
+}
 
 // A numpy shape (w), (h, w), (c, h, w), (c, d, h, w) as ncnn's extents {w, h, d, c} (1 where absent).
 std::array<int, 4> ncnn_extents(const std::vector<int64_t>& shape) {
@@ -393,8 +407,8 @@ NB_MODULE(_core, m) {
       })
       .def_ro("eps", &Norm::eps)
       .def_ro("affine", &Norm::affine)
-      .def_ro("gamma_data", &Norm::gamma_data)
-      .def_ro("beta_data", &Norm::beta_data)
+      .def_prop_ro("gamma_data", [](const Norm& n) { return weight_array(n.gamma_data); }, nb::rv_policy::move)
+      .def_prop_ro("beta_data", [](const Norm& n) { return weight_array(n.beta_data); }, nb::rv_policy::move)
       .def("load_param", [](Norm& n, const std::map<int, nb::object>& params) {
         ParamDict pd;
         for (const auto& [id, v] : params) {
@@ -403,7 +417,11 @@ NB_MODULE(_core, m) {
         }
         n.load_param(pd);
       })
-      .def("load_model", &Norm::load_model, "gamma"_a, "beta"_a = std::vector<float>{})
+      .def("load_model",
+           [](Norm& n, const Weights& gamma, std::optional<Weights> beta) {
+             n.load_model(weight_vector(gamma), beta ? weight_vector(*beta) : std::vector<float>{});
+           },
+           "gamma"_a, "beta"_a = nb::none())
       .def("create_pipeline", &Norm::create_pipeline, "context"_a, "option"_a, nb::call_guard<ReleaseGil>())
       .def("destroy_pipeline", &Norm::destroy_pipeline)
       .def("forward_inplace_cpu", &Norm::forward_inplace_cpu, nb::call_guard<ReleaseGil>())

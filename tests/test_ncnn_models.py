@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -325,6 +326,21 @@ def test_check_survives_a_crashing_shape(error_runs):
     SIGFPE; where integer division by zero does not trap, whatever ncnn then does)."""
     r = error_runs[1]["bad_shape"]
     assert_one_line_error(r, "--input in0=16x65")
+
+
+def test_a_worker_killed_outright_is_named_as_likely_out_of_memory_not_as_a_shape_ncnn_crashed_on():
+    """check and bench --model run the model in a forked worker: SIGKILL there is the kernel's out-of-memory
+    killer as a rule (check keeps every blob of three nets), so the line says so rather than asking whether the
+    --input shapes fit the model; other signals are ncnn's crashes."""
+    from vknorm._fork import crashed_running, run_in_child
+
+    say = crashed_running("m.param", {"in0": (16, 64)})
+    assert say("SIGKILL") == ("the worker running m.param with --input in0=16x64 was killed (SIGKILL: out of host "
+                              "memory? try smaller --input shapes)")
+    assert say("SIGSEGV") == ("ncnn crashed (SIGSEGV) running m.param with --input in0=16x64: do the --input shapes "
+                              "match what the model takes?")
+    with pytest.raises(vkcheck.UsageError, match=r"was killed \(SIGKILL: out of host memory\?"):
+        run_in_child(lambda: os.kill(os.getpid(), signal.SIGKILL), say, "vknorm check")
 
 
 def test_model_without_norm_layers(tmp_path):

@@ -128,6 +128,18 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: st
     return payload["result"]
 
 
+def crashed_running(model: str, specs: dict) -> Callable[[str], str]:
+    """run_in_child's message for a child dead of a signal while running model on these --input shapes: ncnn
+    crashing on shapes the model does not take, or (SIGKILL) most likely the kernel's out-of-memory killer."""
+    def message(signame: str) -> str:
+        if signame == "SIGKILL":
+            return (f"the worker running {model} with {input_flags(specs)} was killed (SIGKILL: out of host memory? "
+                    "try smaller --input shapes)")
+        return f"ncnn crashed ({signame}) running {model} with {input_flags(specs)}: do the --input shapes match " \
+               "what the model takes?"
+    return message
+
+
 def input_flags(specs: dict) -> str:
     """--input NAME=DIMS ... as the user typed them (for messages)."""
     return " ".join(f"--input {k}={'x'.join(map(str, v))}" for k, v in specs.items())

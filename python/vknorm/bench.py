@@ -473,11 +473,9 @@ def run_model(args) -> int:
     dims = parse_inputs(args.input or [])
     parse_model_inputs(param, dims)  # every input of the model named (none where it has no Input layer), and only those
     try:
-        from . import _core, graph  # noqa: F401
+        from . import graph  # noqa: F401
     except ImportError as e:
         raise UsageError(str(e)) from None
-    # vknorm's settings (VKNORM_MAX_SHARED_MEMORY, ...) checked here: inside ncnn a bad one fails the model's load
-    _core.devices()
     bar = None
     try:
         from tqdm import tqdm
@@ -487,9 +485,13 @@ def run_model(args) -> int:
                    disable=not sys.stderr.isatty(), **bar_width())
     except ImportError:
         pass
-    from ._fork import fork_is_safe, input_flags, run_in_child
+    from ._fork import crashed_running, fork_is_safe, run_in_child
 
-    def bench():
+    def bench():  # in the worker: the parent touches no Vulkan, so that it may fork
+        from . import _core
+
+        # vknorm's settings (VKNORM_MAX_SHARED_MEMORY, ...) checked first: inside ncnn a bad one fails the load
+        _core.devices()
         try:
             return run_model_bench(param, binp, dims, fp16=args.fp16, iters=args.iters,
                                    warmup_ms=args.warmup_ms,
@@ -504,9 +506,7 @@ def run_model(args) -> int:
     # In a forked child, as `vknorm check` runs: ncnn crashing on shapes a model cannot take (SIGFPE in
     # its MultiHeadAttention, say) becomes one line and exit 2. VKNORM_BENCH_INPROCESS=1: no child.
     if fork_is_safe("VKNORM_BENCH_INPROCESS"):
-        report = run_in_child(bench, lambda sig: f"ncnn crashed ({sig}) running {param} with {input_flags(dims)}: "
-                                                 "do the --input shapes match what the model takes?",
-                              "vknorm bench --model")
+        report = run_in_child(bench, crashed_running(param, dims), "vknorm bench --model")
     else:
         report = bench()
     for w in report["warnings"]:

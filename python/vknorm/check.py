@@ -1545,17 +1545,14 @@ def _check_in_child(param_path, bin_path, specs, fp16, seed, atol, vulkan=False,
     """check_model in a forked child (_fork.run_in_child), so that ncnn crashing (a SIGFPE or SIGSEGV on
     input shapes the model cannot take) becomes one line and exit 2 instead of a dead process. The parent
     has touched neither Vulkan nor ncnn yet, so the child starts clean."""
-    from ._fork import input_flags, run_in_child
+    from ._fork import crashed_running, run_in_child
 
     def fn():
         if vulkan:
             return check_model_vulkan(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol, fuse=fuse)
         return check_model(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol)
 
-    return run_in_child(fn,
-                        lambda sig: f"ncnn crashed ({sig}) running {param_path} with {input_flags(specs)}: "
-                                    "do the --input shapes match what the model takes?",
-                        "vknorm check")
+    return run_in_child(fn, crashed_running(param_path, specs), "vknorm check")
 
 
 def _fork_is_safe() -> bool:

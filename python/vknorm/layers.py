@@ -353,7 +353,7 @@ class _Norm:
 
     _weight_count_name = "affine_size"
 
-    def _weights(self, v, name: str) -> list:
+    def _weights(self, v, name: str) -> np.ndarray:
         where = f"{type(self).__name__}.load_model: "
         a = np.asarray(v)
         if a.dtype.kind not in "fiu":
@@ -367,7 +367,7 @@ class _Norm:
         if past.any():  # said as given, not as the inf it would become
             i = int(np.argmax(past))
             raise ValueError(f"{where}{name}[{i}]={a[i].item()!r} does not fit float32 (weights are float32, as in ncnn)")
-        return w.tolist()
+        return np.ascontiguousarray(w)
 
     @property
     def gamma(self) -> np.ndarray:
