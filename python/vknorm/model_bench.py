@@ -156,7 +156,9 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
     try:
         from . import _core
 
-        driver = next((d["driver_info"] for d in _core.devices() if d["name"] == device), "")
+        # as the kernel bench writes it: the driver's name, then its version string
+        driver = next((f"{d['driver_name']} {d['driver_info']}".strip() for d in _core.devices()
+                       if d["name"] == device), "")
     except Exception:  # noqa: BLE001 - the driver string is informative only
         pass
     return {"device": device, "driver": driver, "model": param, "fp16": fp16, "iters": iters, "warmup_ms": warmup_ms,
