@@ -409,21 +409,27 @@ NB_MODULE(_core, m) {
       .def_ro("affine", &Norm::affine)
       .def_prop_ro("gamma_data", [](const Norm& n) { return weight_array(n.gamma_data); }, nb::rv_policy::move)
       .def_prop_ro("beta_data", [](const Norm& n) { return weight_array(n.beta_data); }, nb::rv_policy::move)
+      // Every call that takes the layer's lock releases the GIL first: a thread holding that lock may need the
+      // GIL (dropping the layer's device state drops a Context that Python made), so one holding the GIL must not
+      // wait for the lock (two threads running VkMats of two contexts through one layer deadlocked).
       .def("load_param", [](Norm& n, const std::map<int, nb::object>& params) {
         ParamDict pd;
         for (const auto& [id, v] : params) {
           if (nb::isinstance<nb::float_>(v)) pd.set(id, float(nb::cast<double>(v)));
           else pd.set(id, nb::cast<int>(v));
         }
+        ReleaseGil release;
         n.load_param(pd);
       })
       .def("load_model",
            [](Norm& n, const Weights& gamma, std::optional<Weights> beta) {
-             n.load_model(weight_vector(gamma), beta ? weight_vector(*beta) : std::vector<float>{});
+             std::vector<float> g = weight_vector(gamma), b = beta ? weight_vector(*beta) : std::vector<float>{};
+             ReleaseGil release;
+             n.load_model(std::move(g), std::move(b));
            },
            "gamma"_a, "beta"_a = nb::none())
       .def("create_pipeline", &Norm::create_pipeline, "context"_a, "option"_a, nb::call_guard<ReleaseGil>())
-      .def("destroy_pipeline", &Norm::destroy_pipeline)
+      .def("destroy_pipeline", &Norm::destroy_pipeline, nb::call_guard<ReleaseGil>())
       .def("forward_inplace_cpu", &Norm::forward_inplace_cpu, nb::call_guard<ReleaseGil>())
       .def("forward_inplace", nb::overload_cast<Mat&, const Option&>(&Norm::forward_inplace), "mat"_a, "option"_a,
            nb::call_guard<ReleaseGil>())
@@ -460,7 +466,12 @@ NB_MODULE(_core, m) {
              return dispatch_dict(i);
            },
            "mat"_a, "option"_a, "warmup"_a, "reps"_a)
-      .def("set_activation", [](Norm& n, int type, float alpha) { n.set_activation(activation_from_int(type), alpha); },
+      .def("set_activation",
+           [](Norm& n, int type, float alpha) {
+             const Activation a = activation_from_int(type);
+             ReleaseGil release;
+             n.set_activation(a, alpha);
+           },
            "activation_type"_a, "alpha"_a = 0.f)
       .def_prop_ro("activation_type", [](const Norm& n) { return int(n.activation); })
       .def_ro("activation_alpha", &Norm::activation_alpha)
@@ -495,7 +506,22 @@ NB_MODULE(_core, m) {
              return dispatch_dict(i);
            },
            "x"_a, "residual"_a, "write_sum"_a, "option"_a, "warmup"_a, "reps"_a)
-      .def_prop_ro("context", &Norm::context)
-      .def_prop_ro("last_dispatch", [](const Norm& n) { return dispatch_dict(n.last_dispatch()); });
+      .def_prop_ro("context",
+                   [](const Norm& n) {
+                     std::shared_ptr<Context> ctx;
+                     {
+                       ReleaseGil release;
+                       ctx = n.context();
+                     }
+                     return ctx;
+                   })
+      .def_prop_ro("last_dispatch", [](const Norm& n) {
+        DispatchInfo info;
+        {
+          ReleaseGil release;
+          info = n.last_dispatch();
+        }
+        return dispatch_dict(info);
+      });
   m.def("activation_name", [](int type) { return std::string(activation_name(activation_from_int(type))); });
 }

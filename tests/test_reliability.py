@@ -148,6 +148,42 @@ def test_load_model_load_param_destroy_pipeline_while_other_threads_forward():
     assert r["weights1"] + r["weights2"] == r["forwards"] and r["loads"] > 0, r
 
 
+def test_one_layer_running_vkmats_of_two_contexts_on_four_threads_never_deadlocks():
+    """A layer moved between contexts by its callers (VkMats of two contexts, four threads: each call runs where
+    its VkMat lives, or says another thread moved the layer) drops the old context's state under its lock, and
+    dropping a Context Python made takes the GIL: a thread that waited for that lock holding the GIL deadlocked
+    (about 1 run in 10). Every call that takes the lock now releases the GIL first. 30 runs, each in a process
+    of its own that must finish."""
+    code = textwrap.dedent("""
+        import threading, numpy as np, vknorm
+        ln = vknorm.LayerNorm(8, 1e-5, affine=False)
+        ctxs = [vknorm.Context.default(), vknorm.Context.create(vknorm._core.default_device_index())]
+        x = np.arange(32, dtype=np.float32).reshape(4, 8)
+        want = ln(x, device="cpu")
+        bad = []
+        def work(i):
+            for _ in range(200):
+                try:
+                    y = ln(vknorm.to_device(x, device=ctxs[i % 2])).numpy()
+                except ValueError as e:  # another thread moved the layer between this call's checks
+                    if "another Vulkan context" not in str(e):
+                        bad.append(str(e))
+                    continue
+                if not np.allclose(y, want, atol=1e-5):
+                    bad.append("wrong result")
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        print("errors", len(bad), bad[:1])
+    """)
+    for run in range(30):
+        try:
+            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"run {run}: four threads on one layer and two contexts hung")
+        assert proc.returncode == 0 and "errors 0 []" in proc.stdout, (run, proc.stdout, proc.stderr[-2000:])
+
+
 def test_gil_is_released_during_gpu_work():
     r = R.gil_released()
     assert r["forward_seconds"] > 0.02, r
