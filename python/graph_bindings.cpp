@@ -1109,6 +1109,9 @@ NB_MODULE(_graph, m) {
                                            "Use np.array(mat), and Mat(array) for a Mat of new values");
              nb::object a = nb::cast(mat_to_numpy(mat));
              if (dtype.is_valid() && !dtype.is_none()) a = a.attr("astype")(dtype);
+             // np.asarray (copy=None) reads like a view of the Mat, as pyncnn's is: read-only, so that a write to
+             // it fails rather than vanishing (np.array, copy=True, is the caller's own copy to write)
+             if (copy.ptr() != Py_True) a.attr("setflags")("write"_a = false);
              return a;
            },
            "dtype"_a = nb::none(), "copy"_a = nb::none());

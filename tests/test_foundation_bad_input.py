@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -440,6 +441,33 @@ def test_a_pyncnn_mat_is_normalized_in_place_as_its_numpy_view_is(shape):
     np.testing.assert_array_equal(ln(ncnn.Mat(x.copy())), want)
 
 
+def test_an_empty_or_packed_pyncnn_mat_is_refused_not_a_crash():
+    """pyncnn's own conversion to numpy crashes (SIGSEGV) on an empty Mat and on a packed one: a call or an in-place
+    forward given one says what it takes, in a child process so that a regression fails here and does not end
+    the test run."""
+    import_or_missing("ncnn")
+    code = textwrap.dedent("""
+        import ncnn, vknorm
+        ln = vknorm.LayerNorm(5, eps=1e-5, affine=False)
+        for name, m in (("empty", ncnn.Mat()), ("packed", ncnn.Mat(5, 3, 1, elemsize=16, elempack=4))):
+            for call in (ln, ln.forward_inplace):
+                try:
+                    call(m)
+                    print(name, "no error")
+                except ValueError as e:
+                    print(name, e)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == [
+        "empty LayerNorm(): the pyncnn Mat is empty",
+        "empty LayerNorm.forward_inplace: the pyncnn Mat is empty",
+        "packed LayerNorm(): a pyncnn Mat of elempack 4 and elemsize 16: only unpacked float32 Mats (elempack 1, "
+        "elemsize 4) convert to numpy",
+        "packed LayerNorm.forward_inplace: a pyncnn Mat of elempack 4 and elemsize 16: only unpacked float32 Mats "
+        "(elempack 1, elemsize 4) convert to numpy"], proc.stdout
+
+
 def test_a_host_mat_is_refused_with_advice_that_works():
     """A vknorm.Mat is host memory: every call names what takes it (its numpy view, or a VkMat made from that),
     never forward_inplace, which refuses a Mat too."""
@@ -541,11 +569,16 @@ def test_a_vkmat_runs_where_it_lives_whatever_device_the_layer_ran_on_before(cal
     (lambda: vknorm.GroupNorm(2, 8).load_param({2: None}), "GroupNorm.load_param: param 2 (eps) must be a number"),
     (lambda: vknorm.RMSNorm(4).load_param({0: "a"}), "RMSNorm.load_param: param 0 (affine_size)='a' is not an integer"),
     (lambda: vknorm.InstanceNorm(4, eps="1e-5"), "InstanceNorm: param 1 (eps) must be a number, got '1e-5'"),
+    (lambda: vknorm.LayerNorm(4, 10 ** 400), "LayerNorm: param 1 (eps)=1000"),  # past float64: not OverflowError
     (lambda: vknorm.LayerNorm(4).set_activation("leakyrelu", "a"),
-     "LayerNorm.set_activation: alpha must be a finite number, got 'a'"),
+     "LayerNorm.set_activation: alpha must be a finite number within float32's range, got 'a'"),
     (lambda: vknorm.RMSNorm(4).set_activation("leakyrelu", math.nan), "RMSNorm.set_activation: alpha must be a finite"),
+    # the kernel's slope is float32: it became inf, and so did every negative output
+    (lambda: vknorm.LayerNorm(4).set_activation("leakyrelu", 1e39), "within float32's range, got 1e+39"),
+    (lambda: vknorm.LayerNorm(4).set_activation("relu", 10 ** 400), "within float32's range, got 1000"),
     (lambda: vknorm.LayerNorm(4).set_activation("tanh"), "LayerNorm.set_activation: activation 'tanh'"),
-], ids=["eps-str", "eps-none", "int-str", "ctor-eps-str", "alpha-str", "alpha-nan", "activation"])
+], ids=["eps-str", "eps-none", "int-str", "ctor-eps-str", "eps-past-float64", "alpha-str", "alpha-nan",
+        "alpha-past-float32", "alpha-past-float64", "activation"])
 def test_a_bad_param_or_activation_names_the_layer_the_param_and_the_value(call, message):
     """Not float()'s bare "could not convert string to float: 'a'"."""
     with pytest.raises(ValueError) as e:
@@ -557,6 +590,7 @@ def test_a_bad_param_or_activation_names_the_layer_the_param_and_the_value(call,
 
 HOST_LAYER_REFUSES = """
 import sys
+import textwrap
 import numpy as np, ncnn, vknorm.ncnn
 net = ncnn.Net()
 reg = vknorm.ncnn.register(net)

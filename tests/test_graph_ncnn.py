@@ -1167,12 +1167,17 @@ def test_mat_shape_constructors_as_pyncnn_and_a_single_value_refused():
 
 def test_mat_to_numpy_is_a_copy_and_copy_false_says_so():
     """numpy's __array__ protocol: the Mat converts as a copy (ncnn's memory may be packed or float16), in the
-    dtype asked for; copy=False, which asks for the Mat's own memory, is numpy 2's ValueError, not a copy that
-    writes are lost in (pyncnn code filling a Mat through np.asarray)."""
+    dtype asked for; copy=False, which asks for the Mat's own memory, is numpy 2's ValueError, and np.asarray's
+    copy is read-only, so that pyncnn code filling a Mat through np.asarray fails rather than losing its writes.
+    np.array's copy is the caller's to write."""
     m = graph.Mat(np.arange(6, dtype=np.float32).reshape(2, 3))
     a = np.asarray(m)
-    a[:] = 5
+    with pytest.raises(ValueError, match="read-only"):
+        a[:] = 5
+    b = np.array(m)
+    b[:] = 5
     assert np.array_equal(np.array(m), np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert not np.asarray(m, dtype=np.float64).flags.writeable and np.array(m, dtype=np.float64).flags.writeable
     assert np.array(m, dtype=np.float64).dtype == np.float64
     with pytest.raises(ValueError, match="copy=False"):
         np.array(m, copy=False)

@@ -116,6 +116,17 @@ def _is_pyncnn_mat(x) -> bool:
     return t.__name__ == "Mat" and t.__module__.split(".")[0] == "ncnn"
 
 
+def _pyncnn_mat_array(m, where: str) -> np.ndarray:
+    """numpy's view of a pyncnn Mat, after what pyncnn's buffer export does not check (it crashed on an empty Mat
+    and on a packed one)."""
+    if m.empty():
+        raise ValueError(f"{where}: the pyncnn Mat is empty")
+    if m.elempack != 1 or m.elemsize != 4:
+        raise ValueError(f"{where}: a pyncnn Mat of elempack {m.elempack} and elemsize {m.elemsize}: only unpacked "
+                         "float32 Mats (elempack 1, elemsize 4) convert to numpy")
+    return np.asarray(m)
+
+
 _MAT_ADVICE = ("a vknorm.Mat is host memory in ncnn's layout: pass m.numpy() (a numpy array), or "
                "vknorm.to_device(m.numpy()) for a VkMat that stays on the device")
 
@@ -133,7 +144,7 @@ def _check_array(x, where: str) -> np.ndarray:
                         "it)")
     if x is None:
         raise TypeError(f"{where}: expected a numpy array (or a VkMat), got None")
-    a = np.asarray(x)
+    a = _pyncnn_mat_array(x, where) if _is_pyncnn_mat(x) else np.asarray(x)
     if a.dtype.kind not in "f":
         raise TypeError(f"{where}: expected floating point data (float32 or float16), got dtype {a.dtype}"
                         + (f" ({type(x).__name__})" if not isinstance(x, np.ndarray) else ""))
@@ -268,11 +279,25 @@ def _check_params(params, where: str) -> None:
                         f"got {type(params).__name__}")
 
 
+def _fits_float32(v: numbers.Real) -> bool:
+    """v is finite as a float32 (an int past float64, 10**400, is not)."""
+    try:
+        f = float(v)
+    except OverflowError:
+        return False
+    with np.errstate(over="ignore"):
+        return math.isfinite(np.float32(f))
+
+
 def _param_float(pid, v, where: str, name: str) -> float:
     """A float param (eps): a real number (its range is the core's to check); ValueError naming it otherwise,
     not float()'s bare "could not convert string to float"."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise ValueError(f"{where}param {pid} ({name}) must be a number, got {v!r}")
+    try:
+        v = float(v)
+    except OverflowError:  # an int past float64 (10**400)
+        raise ValueError(f"{where}param {pid} ({name})={v!r} does not fit ncnn's float32") from None
     with np.errstate(over="ignore", under="ignore"):
         as_float32 = np.float32(v)
     if math.isfinite(v) and not math.isfinite(as_float32):  # said as given, not as the inf it would become
@@ -447,7 +472,7 @@ class _Norm:
         if isinstance(x, _core.Mat):
             raise TypeError(f"{where} needs a numpy array or a VkMat, got a Mat: {_MAT_ADVICE}")
         if _is_pyncnn_mat(x):  # in place through numpy's writable view of its memory (channels cstep apart)
-            self.forward_inplace(np.asarray(x), device, option)
+            self.forward_inplace(_pyncnn_mat_array(x, where), device, option)
             return x
         if not isinstance(x, np.ndarray):
             raise TypeError(f"{where} needs a numpy array or a VkMat, got {type(x).__name__}")
@@ -469,8 +494,9 @@ class _Norm:
         name = "none" if activation is None else str(activation).lower()
         if name not in self.ACTIVATIONS:
             raise ValueError(f"{where}activation {activation!r}: expected one of {', '.join(self.ACTIVATIONS)} or None")
-        if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha):
-            raise ValueError(f"{where}alpha must be a finite number, got {alpha!r}")
+        if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real) or not _fits_float32(alpha):
+            # the kernel's slope is float32: 1e39 would be inf
+            raise ValueError(f"{where}alpha must be a finite number within float32's range, got {alpha!r}")
         if alpha and name not in ("relu", "leakyrelu"):
             raise ValueError(f"{where}{name} takes no alpha (got {alpha!r}); only relu and leakyrelu have a slope")
         if name == "relu" and alpha:  # ncnn's ReLU with a slope is the leaky one
