@@ -468,6 +468,32 @@ def test_an_empty_or_packed_pyncnn_mat_is_refused_not_a_crash():
         "(elempack 1, elemsize 4) convert to numpy"], proc.stdout
 
 
+def test_an_input_whose_copy_exceeds_host_memory_is_a_memory_error_before_the_copy():
+    """A broadcast view of 128 GiB takes a few bytes until it is copied contiguous: every call that copies its input
+    (the device and the CPU path, forward_add, to_device) says so before copying (the kernel's out-of-memory
+    killer ended the process). In a child limited to 4 GiB of address space, so that a regression fails on
+    numpy's own message instead of filling the machine."""
+    code = textwrap.dedent("""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+        import numpy as np, vknorm
+        ln = vknorm.LayerNorm(1 << 15, 1e-5, affine=False)
+        x = np.broadcast_to(np.float32(1), (1 << 20, 1 << 15))
+        for call in (lambda: ln(x), lambda: ln(x, device="cpu"), lambda: ln.forward_add(x, x),
+                     lambda: vknorm.to_device(x)):
+            try:
+                call()
+                print("no error")
+            except MemoryError as e:
+                print(e)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 4 and all(ln.startswith("an input of shape (1048576, 32768) needs a contiguous float32 copy "
+                                                 "of 128.0 GiB; this machine has ") for ln in lines), lines
+
+
 def test_a_host_mat_is_refused_with_advice_that_works():
     """A vknorm.Mat is host memory: every call names what takes it (its numpy view, or a VkMat made from that),
     never forward_inplace, which refuses a Mat too."""

@@ -93,24 +93,11 @@ def add_parser(sub) -> None:
                                 for dest, default in {**SWEEP_ONLY, **MODEL_ONLY}.items()})
 
 
-def _available_host_memory() -> Optional[int]:
-    """Bytes the kernel says a new allocation can have (MemAvailable), else the physical memory, else None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, OSError, ValueError):
-        return None
-
-
 def _check_host_memory(label: str, nbytes: int) -> None:
     """MemoryError for inputs larger than the host memory available now: where the kernel overcommits, numpy's
     allocation of them succeeds, and filling it would page for hours or be killed instead of failing."""
+    from .layers import _available_host_memory
+
     available = _available_host_memory()
     if available is not None and nbytes > available:
         raise MemoryError(f"{label} needs {nbytes / 2**30:.1f} GiB of host memory for its input, "

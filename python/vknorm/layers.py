@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from typing import Mapping, Optional, Union
 
 import numpy as np
@@ -253,9 +254,37 @@ def _is_float16(a: np.ndarray) -> bool:
     return a.dtype.kind == "f" and a.dtype.itemsize == 2
 
 
+def _available_host_memory() -> Optional[int]:
+    """Bytes the kernel says a new allocation can have (MemAvailable), else the physical memory, else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+_COPY_CHECKED_BYTES = 1 << 30  # copies smaller than this go ahead unchecked (the check reads /proc/meminfo)
+
+
 def _as_input(a: np.ndarray) -> np.ndarray:
-    """float16 or float32 in native byte order, contiguous and aligned: a itself where it already is (only read)."""
-    return np.require(a, dtype=np.float16 if _is_float16(a) else np.float32, requirements="CA")
+    """float16 or float32 in native byte order, contiguous and aligned: a itself where it already is (only read).
+    MemoryError for a copy larger than the host memory available (a broadcast view takes a few bytes and its copy
+    all of them: where the kernel overcommits, the copy ended in the out-of-memory killer, not an error)."""
+    dtype = np.dtype(np.float16 if _is_float16(a) else np.float32)
+    copied = not (a.dtype == dtype and a.flags.c_contiguous and a.flags.aligned)
+    need = a.size * dtype.itemsize
+    if copied and need >= _COPY_CHECKED_BYTES:
+        available = _available_host_memory()
+        if available is not None and need > available:
+            raise MemoryError(f"an input of shape {a.shape} needs a contiguous {dtype} copy of {need / 2**30:.1f} GiB; "
+                              f"this machine has {available / 2**30:.1f} GiB of memory available")
+    return np.require(a, dtype=dtype, requirements="CA")
 
 
 def _param_int(pid, v, where: str = "", name: str = "") -> int:
