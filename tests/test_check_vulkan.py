@@ -338,8 +338,8 @@ def error_runs(tmp_path_factory):
     ("no_input", ["--input", "in0"]),
     ("atol", ["--atol", "tiny"]),
     ("bad_shape", ["--input in0=16x65"]),
-    # stock ncnn reads past the blob: a crash, runs that differ or NaN, by what memory holds; each names the flags
-    ("bad_shape_3d", ["--input in0=2x16x64", "do the --input shapes match what the model takes?"]),
+    # refused before stock ncnn runs: past the attention's rows, what memory held decided the outcome run to run
+    ("bad_shape_3d", ["--input in0=2x16x64", "MultiHeadAttention 'attention_6'", "takes a sequence of rows"]),
     ("layer_refuses", ["a vknorm layer refused the model", "extracting blob 'out0'",
                        "vknorm InstanceNorm in_0: a dims-1 input is one channel", "as one instance"]),
     ("shapes_disagree", ["from stock ncnn's CPU run and", "from its Vulkan run: do the --input shapes match"]),

@@ -694,8 +694,9 @@ def _check_layers_on_inputs(model: Model, input_specs: Dict[str, Tuple[int, ...]
     through Splits and element-wise layers), is refused first, naming the layer and both sizes (UsageError).
     Stock ncnn runs before vknorm: its GroupNorm reads as many channels as its param says (fewer in the blob: it
     hangs or crashes), its InstanceNorm with weights reads a gamma per channel of the blob (more channels than
-    its param: past gamma), and an InnerProduct, a convolution, BatchNorm or PReLU reads its weights by the blob's
-    size (_weights_read). Other mismatches are vknorm's layers' to report when they run."""
+    its param: past gamma), an InnerProduct, a convolution, BatchNorm or PReLU reads its weights by the blob's
+    size (_weights_read), and a MultiHeadAttention reads a dims-3/4 blob by its rows alone (what lies past them
+    decided the outcome, run to run). Other mismatches are vknorm's layers' to report when they run."""
     from .layers import GroupNorm, InstanceNorm
 
     source = {name: name for name in input_specs}  # blob -> the input whose shape it has
@@ -708,6 +709,13 @@ def _check_layers_on_inputs(model: Model, input_specs: Dict[str, Tuple[int, ...]
         where = f"{layer.type} {layer.name!r} ({model.path} line {layer.line})"
         if layer.type in _SHAPE_KEEPING and len(layer.bottoms) == 1:
             source.update((t, given) for t in layer.tops)
+        elif layer.type in ("LayerNorm", "RMSNorm"):  # shape-keeping; their own mismatches are theirs to report
+            source.update((t, given) for t in layer.tops)
+        elif layer.type == "MultiHeadAttention" and len(shape) > 2:
+            # ncnn's attention takes a sequence of rows: of a dims-3/4 blob it reads as much as its rows say, and
+            # whatever lies past them decides the result (a crash, runs that differ, NaN, or a verdict on garbage)
+            raise UsageError(f"--input {given}={dims}: {where} takes a sequence of rows (dims 1-2), this shape has "
+                             f"{len(shape)} dims: do the --input shapes match what the model takes?")
         elif layer.type in ("GroupNorm", "InstanceNorm"):
             norm = layer.norm
             # the blob's channels as ncnn's layer counts them (numpy order): GroupNorm's are w, the rows or c, the
