@@ -186,7 +186,7 @@ std::vector<int> ints(const nb::tuple& shape) {
 // (keep_alive at the binding). where: the call ("Mat.channel"), for the messages.
 void check_view(const ::ncnn::Mat& m, const char* where) {
   if (m.empty()) throw std::invalid_argument(std::string(where) + ": the Mat is empty");
-  // every Mat this module makes is (Mat(array), extract's float32 copies); the element access below assumes it
+  // as every Mat this module makes is (Mat(array), extract's float32 copies); the element access below assumes it
   if (m.elemsize != 4 || m.elempack != 1)
     throw std::invalid_argument(std::string(where) + ": only float32 elempack-1 Mats have views here");
 }
