@@ -470,16 +470,18 @@ def test_an_empty_or_packed_pyncnn_mat_is_refused_not_a_crash():
 
 def test_an_input_whose_copy_exceeds_host_memory_is_a_memory_error_before_the_copy():
     """A broadcast view of 128 GiB takes a few bytes until it is copied contiguous: every call that copies its input
-    (the device and the CPU path, forward_add, to_device) says so before copying (the kernel's out-of-memory
-    killer ended the process). In a child limited to 4 GiB of address space, so that a regression fails on
-    numpy's own message instead of filling the machine."""
+    (the device and the CPU path, forward_add of one float type or two, to_device) says so before copying (the
+    kernel's out-of-memory killer ended the process). In a child limited to 4 GiB of address space, so that a
+    regression fails on numpy's own message instead of filling the machine."""
     code = textwrap.dedent("""
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
         import numpy as np, vknorm
         ln = vknorm.LayerNorm(1 << 15, 1e-5, affine=False)
         x = np.broadcast_to(np.float32(1), (1 << 20, 1 << 15))
+        x16 = np.broadcast_to(np.float16(1), x.shape)  # with x: both read as float32
         for call in (lambda: ln(x), lambda: ln(x, device="cpu"), lambda: ln.forward_add(x, x),
+                     lambda: ln.forward_add(x16, x), lambda: ln.forward_add(x, x, device="cpu"),
                      lambda: vknorm.to_device(x)):
             try:
                 call()
@@ -490,7 +492,7 @@ def test_an_input_whose_copy_exceeds_host_memory_is_a_memory_error_before_the_co
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
-    assert len(lines) == 4 and all(ln.startswith("an input of shape (1048576, 32768) needs a contiguous float32 copy "
+    assert len(lines) == 6 and all(ln.startswith("an input of shape (1048576, 32768) needs a contiguous float32 copy "
                                                  "of 128.0 GiB; this machine has ") for ln in lines), lines
 
 

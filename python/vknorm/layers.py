@@ -272,11 +272,12 @@ def _available_host_memory() -> Optional[int]:
 _COPY_CHECKED_BYTES = 1 << 30  # copies smaller than this go ahead unchecked (the check reads /proc/meminfo)
 
 
-def _as_input(a: np.ndarray) -> np.ndarray:
-    """float16 or float32 in native byte order, contiguous and aligned: a itself where it already is (only read).
-    MemoryError for a copy larger than the host memory available (a broadcast view takes a few bytes and its copy
-    all of them: where the kernel overcommits, the copy ended in the out-of-memory killer, not an error)."""
-    dtype = np.dtype(np.float16 if _is_float16(a) else np.float32)
+def _as_input(a: np.ndarray, dtype=None) -> np.ndarray:
+    """float16 or float32 (dtype, else a's own float width) in native byte order, contiguous and aligned: a itself
+    where it already is (only read). MemoryError for a copy larger than the host memory available (a broadcast
+    view takes a few bytes and its copy all of them: where the kernel overcommits, the copy ended in the
+    out-of-memory killer, not an error)."""
+    dtype = np.dtype(dtype if dtype is not None else np.float16 if _is_float16(a) else np.float32)
     copied = not (a.dtype == dtype and a.flags.c_contiguous and a.flags.aligned)
     need = a.size * dtype.itemsize
     if copied and need >= _COPY_CHECKED_BYTES:
@@ -559,7 +560,7 @@ class _Norm:
             raise ValueError(f"{where}: x {a.shape} and residual {r.shape} differ in shape (no broadcasting)")
         ctx = _context_for(device, f"{where}: ")
         if ctx is None:  # ncnn's CPU layers: the add in float32, then the norm; float16 input gets float16 back
-            s = a.astype(np.float32) + r.astype(np.float32)
+            s = _as_input(a, np.float32) + _as_input(r, np.float32)
             y = self(s, device="cpu")
             if _is_float16(a):
                 y, s = y.astype(np.float16), s.astype(np.float16)
@@ -568,7 +569,7 @@ class _Norm:
         # One submission; both arrays read where they lie (x of one float type and residual of another: both
         # as float32, the result in x's type).
         same = _is_float16(a) == _is_float16(r)
-        xa, ra = (_as_input(a), _as_input(r)) if same else (a.astype(np.float32), r.astype(np.float32))
+        xa, ra = (_as_input(a), _as_input(r)) if same else (_as_input(a, np.float32), _as_input(r, np.float32))
         y, s = self._layer.forward_add_numpy(xa, ra, return_sum, opt)
         like = np.float16 if _is_float16(a) else np.float32
 
