@@ -93,17 +93,6 @@ def add_parser(sub) -> None:
                                 for dest, default in {**SWEEP_ONLY, **MODEL_ONLY}.items()})
 
 
-def _check_host_memory(label: str, nbytes: int) -> None:
-    """MemoryError for inputs larger than the host memory available now: where the kernel overcommits, numpy's
-    allocation of them succeeds, and filling it would page for hours or be killed instead of failing."""
-    from .layers import _available_host_memory
-
-    available = _available_host_memory()
-    if available is not None and nbytes > available:
-        raise MemoryError(f"{label} needs {nbytes / 2**30:.1f} GiB of host memory for its input, "
-                          f"this machine has {available / 2**30:.1f} GiB available")
-
-
 def _check_extents(flags: str, *extents: int) -> None:
     """ncnn's Mat extents are int: each must fit 32 bits (checked before any input is made)."""
     from .cli import UsageError
@@ -507,6 +496,7 @@ def run_model(args) -> int:
 def run(args) -> int:
     from . import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, device_info, to_device
     from .cli import UsageError
+    from .layers import _require_host_memory
 
     def given(dest: str) -> bool:  # flags are None (store_true ones False) until filled in below; 0 is given
         value = getattr(args, dest)
@@ -566,8 +556,8 @@ def run(args) -> int:
     else:
         shapes = [(r, c, kind, None) for r, c, kind in _shapes(args)]
     for rows, cols, _, cshape in shapes:  # every input's host memory, before the first is made
-        _check_host_memory(f"{rows}x{cols}" if cshape is None else _shape_label(args.op, cshape),
-                           rows * cols * 4 * (2 if args.residual else 1))
+        _require_host_memory(f"{rows}x{cols}" if cshape is None else _shape_label(args.op, cshape),
+                             rows * cols * 4 * (2 if args.residual else 1), "its input")
     info = device_info()
     if "fp16" in dtypes and not info["storage_16bit"]:  # float16 would run as float32 storage: not what is asked
         if args.dtype == "fp16":

@@ -269,6 +269,15 @@ def _available_host_memory() -> Optional[int]:
         return None
 
 
+def _require_host_memory(what: str, nbytes: int, why: str) -> None:
+    """MemoryError where nbytes exceed the host memory available now: where the kernel overcommits, numpy's
+    allocation succeeds, and filling it pages for hours or meets the out-of-memory killer instead of failing."""
+    available = _available_host_memory()
+    if available is not None and nbytes > available:
+        raise MemoryError(f"{what} needs {nbytes / 2**30:.1f} GiB of host memory ({why}); this machine has "
+                          f"{available / 2**30:.1f} GiB available")
+
+
 _COPY_CHECKED_BYTES = 1 << 30  # copies smaller than this go ahead unchecked (the check reads /proc/meminfo)
 
 
@@ -281,10 +290,7 @@ def _as_input(a: np.ndarray, dtype=None) -> np.ndarray:
     copied = not (a.dtype == dtype and a.flags.c_contiguous and a.flags.aligned)
     need = a.size * dtype.itemsize
     if copied and need >= _COPY_CHECKED_BYTES:
-        available = _available_host_memory()
-        if available is not None and need > available:
-            raise MemoryError(f"an input of shape {a.shape} needs a contiguous {dtype} copy of {need / 2**30:.1f} GiB; "
-                              f"this machine has {available / 2**30:.1f} GiB of memory available")
+        _require_host_memory(f"an input of shape {a.shape}", need, f"a contiguous {dtype} copy")
     return np.require(a, dtype=dtype, requirements="CA")
 
 
@@ -324,16 +330,13 @@ def _param_float(pid, v, where: str, name: str) -> float:
     not float()'s bare "could not convert string to float"."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise ValueError(f"{where}param {pid} ({name}) must be a number, got {v!r}")
-    try:
-        v = float(v)
-    except OverflowError:  # an int past float64 (10**400)
-        raise ValueError(f"{where}param {pid} ({name})={v!r} does not fit ncnn's float32") from None
-    with np.errstate(over="ignore", under="ignore"):
-        as_float32 = np.float32(v)
-    if math.isfinite(v) and not math.isfinite(as_float32):  # said as given, not as the inf it would become
+    finite = isinstance(v, numbers.Integral) or math.isfinite(v)  # NaN and inf are the core's to refuse
+    if finite and not _fits_float32(v):  # said as given, not as the inf it would become
         raise ValueError(f"{where}param {pid} ({name})={v!r} does not fit ncnn's float32")
-    if v != 0 and as_float32 == 0:  # eps=1e-50 would be eps 0: NaN for constant groups
-        raise ValueError(f"{where}param {pid} ({name})={v!r} is below float32's smallest value (1.4e-45): it would be 0")
+    with np.errstate(under="ignore"):
+        if v != 0 and np.float32(v) == 0:  # eps=1e-50 would be eps 0: NaN for constant groups
+            raise ValueError(f"{where}param {pid} ({name})={v!r} is below float32's smallest value (1.4e-45): it "
+                             "would be 0")
     return float(v)
 
 
