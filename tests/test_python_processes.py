@@ -200,6 +200,7 @@ def test_a_net_cleared_and_reloaded_while_other_threads_extract_never_crashes():
 import threading
 want = work()
 stop = False
+import time
 outcomes = {{"ok": 0, "refused": 0, "wrong": 0}}
 def extracting():
     while not stop:
@@ -222,6 +223,10 @@ for _ in range(15):
     net.clear()
     net.load_param({os.path.join(DATA, "transformer_block.ncnn.param")!r})
     net.load_model({os.path.join(DATA, "transformer_block.ncnn.bin")!r})
+# the net stays loaded now: give the threads time to run it at least once (the reloads may have left them none)
+deadline = time.monotonic() + 60
+while outcomes["ok"] == 0 and time.monotonic() < deadline:
+    time.sleep(0.01)
 stop = True
 [t.join() for t in ts]
 print(outcomes)
@@ -238,7 +243,7 @@ def test_a_net_described_while_another_thread_reloads_it_never_crashes(vulkan):
     before or after a clear / load, never halfway: each answer is the loaded model's or an empty net's (it
     crashed, SIGSEGV, when they read the net as a load replaced it)."""
     code = f"""
-import threading
+import threading, time
 from vknorm import graph
 net = graph.configure(graph.Net(), vulkan={vulkan})
 param, binp = {os.path.join(DATA, "sd_resblock.ncnn.param")!r}, {os.path.join(DATA, "sd_resblock.ncnn.bin")!r}
@@ -261,6 +266,10 @@ for _ in range(40):
     net.clear()
     net.load_param(param)
     net.load_model(binp)
+# the net stays loaded now: give the threads time to see it so at least once (the reloads may have left them none)
+deadline = time.monotonic() + 60
+while seen["loaded"] == 0 and time.monotonic() < deadline:
+    time.sleep(0.01)
 stop = True
 [t.join() for t in ts]
 print(seen["loaded"] > 0, seen["torn"][:3])
