@@ -218,6 +218,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("device_bytes_peak", &Context::device_bytes_peak)
       .def_prop_ro("live_buffers", &Context::live_buffers)
       .def_prop_ro("pipelines", &Context::pipelines)
+      .def_prop_ro("pipelines_made", &Context::pipelines_made)
       .def_prop_ro("device_bytes_cached", &Context::device_bytes_cached)
       .def_prop_ro("cached_buffers", &Context::cached_buffers)
       .def_prop_ro("fence_spin_us", &Context::fence_spin_us)

@@ -373,6 +373,8 @@ std::shared_ptr<Context> Context::create(int index) {
   impl->max_device_bytes = env_positive("VKNORM_MAX_DEVICE_BYTES");
   impl->cache_limit = env_count("VKNORM_BUFFER_CACHE_BYTES", "a whole number of bytes (0: keep no freed buffers)")
                           .value_or(kBufferCacheBytes);
+  impl->pipeline_cache_count =
+      env_count("VKNORM_PIPELINE_CACHE_COUNT", "a whole number of pipelines (0: keep none)").value_or(kPipelineCacheCount);
   // A CPU device's work runs on the host's cores: polling there would take one from it.
   impl->fence_spin_us = env_count("VKNORM_FENCE_SPIN_US", "a whole number of microseconds (0: never poll)")
                             .value_or(impl->info.type == "cpu" ? 0 : kFenceSpinUs);
@@ -422,6 +424,10 @@ uint64_t Context::live_buffers() const { return impl_->live_buffers; }
 uint64_t Context::pipelines() const {
   std::lock_guard<std::mutex> lock(impl_->pipeline_mutex);
   return impl_->pipelines.size();
+}
+uint64_t Context::pipelines_made() const {
+  std::lock_guard<std::mutex> lock(impl_->pipeline_mutex);
+  return impl_->pipelines_made;
 }
 uint64_t Context::device_bytes_cached() const { return impl_->cache.bytes(); }
 uint64_t Context::cached_buffers() const { return impl_->cache.count(); }

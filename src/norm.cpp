@@ -784,7 +784,7 @@ double copy_repeated(const VkMat& src, int warmup, int reps, bool shader) {
                                 std::to_string(max_buffer) + " bytes)");
   auto dst = Buffer::create(ctx, bytes, Buffer::Kind::Device);
   const uint32_t wg = impl.info.type == "cpu" ? 64 : 256;
-  const Pipeline& p = impl.pipeline(variant_name("copy", false, "1", false), Specialization{{wg}});
+  const std::shared_ptr<const Pipeline> p = impl.pipeline(variant_name("copy", false, "1", false), Specialization{{wg}});
   PushConstants pc{};
   pc.group_size = uint32_t(bytes / 16);  // vec4s; the tail (< 16 bytes) is not worth a second kernel
   const uint64_t workgroups = std::min<uint64_t>((pc.group_size + wg - 1) / wg, 1u << 16);

@@ -51,11 +51,27 @@ void Pipeline::print_statistics(Context::Impl& ctx, const std::string& name) con
   }
 }
 
-const Pipeline& Context::Impl::pipeline(const std::string& variant, const Specialization& spec) {
+std::shared_ptr<const Pipeline> Context::Impl::pipeline(const std::string& variant, const Specialization& spec) {
+  std::vector<std::shared_ptr<const Pipeline>> dropped;  // destroyed after the lock is let go, unless recorded
   std::lock_guard<std::mutex> lock(pipeline_mutex);
-  auto& slot = pipelines[variant + "/" + spec.key()];
-  if (!slot) slot = std::make_unique<Pipeline>(*this, variant, spec);
-  return *slot;
+  KeptPipeline& slot = pipelines[variant + "/" + spec.key()];
+  slot.last_use = ++pipeline_uses;
+  if (slot.pipeline) return slot.pipeline;
+  try {
+    slot.pipeline = std::make_shared<const Pipeline>(*this, variant, spec);
+  } catch (...) {
+    pipelines.erase(variant + "/" + spec.key());
+    throw;
+  }
+  ++pipelines_made;
+  std::shared_ptr<const Pipeline> made = slot.pipeline;
+  while (pipelines.size() > pipeline_cache_count) {  // the least recently used go
+    auto oldest = std::min_element(pipelines.begin(), pipelines.end(),
+                                   [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
+    dropped.push_back(std::move(oldest->second.pipeline));
+    pipelines.erase(oldest);
+  }
+  return made;
 }
 
 namespace {
@@ -132,7 +148,7 @@ void Submission::barrier(bool host) {
   cmd_.pipelineBarrier(S::eComputeShader | S::eTransfer, dst, {}, b, {}, {});
 }
 
-void Submission::dispatch(const Pipeline& p, const std::array<const Buffer*, kBindings>& bindings,
+void Submission::dispatch(std::shared_ptr<const Pipeline> p, const std::array<const Buffer*, kBindings>& bindings,
                           const PushConstants& pc, uint64_t workgroups) {
   // Repeated dispatches over the same buffers (benchmarks, split passes) share one descriptor set.
   if (bindings != last_bindings_ || !last_set_) {
@@ -140,7 +156,8 @@ void Submission::dispatch(const Pipeline& p, const std::array<const Buffer*, kBi
     last_bindings_ = bindings;
   }
   vk::DescriptorSet set = last_set_;
-  cmd_.bindPipeline(vk::PipelineBindPoint::eCompute, *p.pipeline);
+  cmd_.bindPipeline(vk::PipelineBindPoint::eCompute, *p->pipeline);
+  if (pipelines_.empty() || pipelines_.back() != p) pipelines_.push_back(std::move(p));
   cmd_.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *ctx_.pipeline_layout, 0, set, {});
   cmd_.pushConstants<PushConstants>(*ctx_.pipeline_layout, vk::ShaderStageFlagBits::eCompute, 0, pc);
   // Counts past the x limit fold into y; shaders rebuild the linear id (common.glsl).

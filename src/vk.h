@@ -25,6 +25,8 @@ namespace vknorm {
 
 // What a context keeps of the buffers it no longer holds, unless VKNORM_BUFFER_CACHE_BYTES says otherwise.
 constexpr uint64_t kBufferCacheBytes = uint64_t(256) << 20;
+// How many pipelines a context keeps, unless VKNORM_PIPELINE_CACHE_COUNT says otherwise: a model's layers use tens.
+constexpr uint64_t kPipelineCacheCount = 128;
 constexpr uint64_t kFenceSpinUs = 1000;  // VKNORM_FENCE_SPIN_US default on GPUs
 
 constexpr uint32_t kBindings = kSlotCount;  // blob, gamma, beta, partials, coefficients, residual, out, sum (dispatch.h)
@@ -69,11 +71,18 @@ struct Context::Impl {
   vk::raii::PipelineLayout pipeline_layout = nullptr;
   vk::raii::PipelineCache pipeline_cache = nullptr;
   std::mutex queue_mutex;
-  // Pipelines depend only on (variant, specialization), so layers on this device share them.
+  // Pipelines depend only on (variant, specialization), so layers on this device share them. The most recently
+  // used VKNORM_PIPELINE_CACHE_COUNT (default kPipelineCacheCount) are kept: each layer size specializes its own, and
+  // a process making layers of ever new sizes would otherwise keep them all. A submission holds those it records.
+  struct KeptPipeline {
+    std::shared_ptr<const struct Pipeline> pipeline;
+    uint64_t last_use = 0;
+  };
   std::mutex pipeline_mutex;
-  std::map<std::string, std::unique_ptr<struct Pipeline>> pipelines;
+  std::map<std::string, KeptPipeline> pipelines;
+  uint64_t pipeline_uses = 0, pipelines_made = 0, pipeline_cache_count = 0;
   // variant: <shader>_fp<0|1>_p<1|4|v4>_sg<0|1> (cmake/shaders.cmake)
-  const struct Pipeline& pipeline(const std::string& variant, const struct Specialization& spec);
+  std::shared_ptr<const struct Pipeline> pipeline(const std::string& variant, const struct Specialization& spec);
   std::atomic<uint64_t> bytes_in_use{0}, bytes_peak{0}, live_buffers{0}, allocations{0};
   uint64_t max_device_bytes = 0;  // VKNORM_MAX_DEVICE_BYTES, 0: none
   // How long a submission polls its fence before blocking on it (Context::fence_spin_us).
@@ -142,8 +151,8 @@ class Submission {
   // Every earlier transfer/shader write is visible to every later transfer/shader access (host: and to the host).
   // submit_and_wait records one with host first: no call site ends a submission with a barrier of its own.
   void barrier(bool host = false);
-  void dispatch(const Pipeline& p, const std::array<const Buffer*, kBindings>& bindings, const PushConstants& pc,
-                uint64_t workgroups);
+  void dispatch(std::shared_ptr<const Pipeline> p, const std::array<const Buffer*, kBindings>& bindings,
+                const PushConstants& pc, uint64_t workgroups);
   void timestamp(uint32_t slot);  // 0 before the dispatches, 1 after
   void submit_and_wait();
   double gpu_us() const;  // between the two timestamps; 0 when unsupported
@@ -156,6 +165,7 @@ class Submission {
   vk::DescriptorSet last_set_{};
   std::unique_ptr<SubmissionKit> kit_;
   vk::raii::CommandBuffer& cmd_;
+  std::vector<std::shared_ptr<const Pipeline>> pipelines_;  // recorded: alive until the work is done
   int dispatches_ = 0;
   bool submitted_ = false;
   bool pending_ = false;  // submitted and not yet waited for: the kit cannot be reused

@@ -447,6 +447,66 @@ def test_buffer_cache_limit_that_is_not_a_number_is_refused(monkeypatch):
         _core.Context.create(0)
 
 
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.parametrize("kept", [4, 0])
+def test_a_context_keeps_only_its_most_recently_used_pipelines(monkeypatch, kept):
+    """Every layer size specializes pipelines of its own, shared by the context's layers: a process making layers
+    of ever new sizes kept them all (200 sizes: 200 pipelines, ~575 MB more on lavapipe). The context keeps the
+    VKNORM_PIPELINE_CACHE_COUNT most recently used; one dropped and used again is made again, and a forward
+    holds the pipelines it recorded until its work is done (0: none kept, each forward makes its own; validation
+    sees no pipeline destroyed in use)."""
+    monkeypatch.setenv("VKNORM_PIPELINE_CACHE_COUNT", str(kept))
+    ctx = _core.Context.create(0)
+    monkeypatch.delenv("VKNORM_PIPELINE_CACHE_COUNT")
+    rng = np.random.default_rng(8)
+    sizes = [64 + 4 * i for i in range(12)]
+    for i, n in enumerate(sizes):
+        layer = layer_on(ctx, "LayerNorm", n, seed=i)
+        x = rng.standard_normal((6, n)).astype(np.float32)
+        check_close(layer(x), ref_of(layer, x), FP32_TOL, f"size {n}")
+        assert ctx.pipelines <= kept
+    assert ctx.pipelines_made >= len(sizes)
+    last = layer_on(ctx, "LayerNorm", sizes[-1], seed=len(sizes) - 1)
+    made = ctx.pipelines_made
+    x = rng.standard_normal((6, sizes[-1])).astype(np.float32)
+    check_close(last(x), ref_of(last, x), FP32_TOL, "the last size again")
+    assert ctx.pipelines_made == made + (kept == 0)  # kept: reused; none kept: made again
+    first = layer_on(ctx, "LayerNorm", sizes[0])
+    x = rng.standard_normal((6, sizes[0])).astype(np.float32)
+    check_close(first(x), ref_of(first, x), FP32_TOL, "the first size again")
+    assert ctx.pipelines_made > made + (kept == 0)  # dropped long ago: made again
+
+
+def test_layers_of_many_sizes_leave_host_memory_flat_past_the_pipelines_kept(monkeypatch):
+    """Short-lived layers of 60 new sizes on a context keeping 8 pipelines: host memory grows by what the driver's
+    pipeline cache keeps of each (lavapipe: ~0.1 MB), not by the pipelines themselves (lavapipe: ~2.9 MB each:
+    200 MiB more with all 90 kept, 7.5 MiB with 8)."""
+    monkeypatch.setenv("VKNORM_PIPELINE_CACHE_COUNT", "8")
+    ctx = _core.Context.create(0)
+    monkeypatch.delenv("VKNORM_PIPELINE_CACHE_COUNT")
+    x = np.ones((4, 512), np.float32)
+
+    def layers_of_new_sizes(first):
+        for n in range(first, first + 30):
+            vknorm.LayerNorm(affine_size=n, affine=False, device=ctx)(x[:, :n])
+    layers_of_new_sizes(64)  # the allocator's and driver's own first growth
+    before = rss_mib()
+    layers_of_new_sizes(100)
+    layers_of_new_sizes(200)
+    assert ctx.pipelines <= 8 and ctx.pipelines_made >= 90
+    assert rss_mib() - before < 40, f"{rss_mib() - before:.0f} MiB more after 60 layers of new sizes"
+
+
+def test_pipeline_cache_count_that_is_not_a_number_is_refused(monkeypatch):
+    monkeypatch.setenv("VKNORM_PIPELINE_CACHE_COUNT", "-1")
+    with pytest.raises(ValueError, match="VKNORM_PIPELINE_CACHE_COUNT=-1: expected a whole number of pipelines"):
+        _core.Context.create(0)
+
+
 def test_fence_polling_defaults_to_off_on_cpu_devices_and_on_for_gpus():
     ctx = _core.Context.create(0)
     assert ctx.fence_spin_us == (0 if ctx.info["type"] == "cpu" else 1000)

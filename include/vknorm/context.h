@@ -70,8 +70,11 @@ class Context {
   uint64_t device_bytes_in_use() const;
   uint64_t device_bytes_peak() const;
   uint64_t live_buffers() const;
-  // Compute pipelines this context has made and keeps (one per kernel variant and specialization).
+  // Compute pipelines this context keeps (one per kernel variant and specialization, shared by its layers): the
+  // VKNORM_PIPELINE_CACHE_COUNT (default 128, 0: none) most recently used, so that layers of ever new sizes do not
+  // pile theirs up. pipelines_made counts every one made so far: one dropped and used again is made again.
   uint64_t pipelines() const;
+  uint64_t pipelines_made() const;
   // Buffers no longer held are kept for reuse by the next request of the same kind and size (repeated
   // forwards of one shape allocate nothing), up to VKNORM_BUFFER_CACHE_BYTES (default 256 MiB, 0: none),
   // oldest dropped first, and within VKNORM_MAX_DEVICE_BYTES together with what is in use.
