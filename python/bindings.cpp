@@ -376,6 +376,9 @@ NB_MODULE(_core, m) {
     r["counters_bytes"] = fp.counters ? fp.coefs_bytes : 0;  // the cooperative kernel's counters (slot 4)
     // channel planes one item spans (constant id 8 of the kernel, the last pass): what plane weights hold
     r["planes"] = fp.passes.empty() ? 0u : fp.passes.back().specialization.at(8);
+    // how many rounds of polls the cooperative kernel's waits take before giving up (its constant id 19)
+    if (!fp.passes.empty() && fp.passes.back().variant.rfind("norm_cooperative", 0) == 0)
+      r["wait_rounds"] = fp.passes.back().specialization.at(19);
     return r;
   }, "op"_a, "affine_size"_a, "group"_a, "channels"_a, "dims"_a, "w"_a, "h"_a, "d"_a, "c"_a, "elempack"_a, "fp16"_a,
      "device"_a, "path"_a = "auto");

@@ -45,7 +45,8 @@ layout(constant_id = 18) const uint CHUNK_PLANES = 0;
 // a hung queue. The limit counts polls, not time: a workgroup stalled past it (a CPU driver's thread preempted
 // for tens of milliseconds) makes the item partly NaN. It still leaves the item, so the item's
 // last workgroup zeroes the counters as always: the next forward, which takes them for zero, is not misled.
-// 1024 (2^22 polls); the dispatcher sets 0 only to test giving up (VKNORM_TUNE_WAIT_ROUNDS).
+// 1024 (2^22 polls) on GPUs, 16384 on CPU devices, whose threads the OS preempts; the dispatcher sets 0 only to
+// test giving up (VKNORM_TUNE_WAIT_ROUNDS).
 layout(constant_id = 19) const uint WAIT_ROUNDS = 1024;
 // A poll is an atomic operation, so that the fence after the wait acquires the partials it counted (a plain
 // load, volatile or not, synchronizes with nothing); relaxed, the fence orders.

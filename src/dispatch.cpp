@@ -126,6 +126,9 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const auto n = env_count("VKNORM_COOPERATIVE_WORKGROUPS", "a whole number of workgroups (0: no cooperative kernel)"))
     caps.cooperative_workgroups = uint32_t(std::min<uint64_t>(*n, UINT32_MAX));
   caps.poll_loads = !caps.cpu;
+  // A CPU driver's threads share the cores with the rest of the machine: one preempted for tens of milliseconds
+  // mid-chunk would outlast 2^22 polls. 2^26 there (seconds; llvmpipe ends loops after 65535 rounds).
+  caps.wait_rounds = caps.cpu ? 16384 : 1024;
   if (const char* v = std::getenv("VKNORM_TUNE_POLL_LOADS")) caps.poll_loads = std::atoi(v) != 0;
   // 0: every wait gives up at once (its item NaN): how tests reach the path that otherwise needs a stalled device.
   if (const char* v = std::getenv("VKNORM_TUNE_WAIT_ROUNDS")) caps.wait_rounds = uint32_t(std::max(0, std::atoi(v)));

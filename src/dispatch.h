@@ -78,7 +78,7 @@ struct DeviceCaps {
   // few_wide_team_groups groups go cooperative instead (0: never)
   uint32_t few_wide_team_groups = 8, few_wide_team_items = 12;
   bool poll_loads = true;                  // its waits poll with atomic loads (CPU drivers: read-modify-writes)
-  uint32_t wait_rounds = 1024;             // its waits give up after this many rounds of 4096 polls
+  uint32_t wait_rounds = 1024;             // its waits give up after this many rounds of 4096 polls (CPUs: 16384)
   uint32_t subgroup_size = 0;    // 0: unknown
   bool subgroup_reduce = false;  // subgroup arithmetic + shuffle usable in compute
   bool cpu = false;              // a CPU implementation (lavapipe)

@@ -17,7 +17,8 @@ std::string Specialization::key() const {
 Pipeline::Pipeline(Context::Impl& ctx, const std::string& variant, const Specialization& spec) {
   const shaders::Spirv spv = shaders::find(variant.c_str());
   if (!spv.words) throw std::logic_error("vknorm: no shader variant " + variant);
-  module = vk::raii::ShaderModule(ctx.device, vk::ShaderModuleCreateInfo{.codeSize = spv.count * 4, .pCode = spv.words});
+  // Needed only while the pipeline is made.
+  const vk::raii::ShaderModule module(ctx.device, vk::ShaderModuleCreateInfo{.codeSize = spv.count * 4, .pCode = spv.words});
   std::vector<vk::SpecializationMapEntry> entries;
   for (uint32_t i = 0; i < spec.values.size(); ++i) entries.push_back({i, 4 * i, 4});
   vk::SpecializationInfo info{.mapEntryCount = uint32_t(entries.size()), .pMapEntries = entries.data(),
@@ -54,17 +55,20 @@ void Pipeline::print_statistics(Context::Impl& ctx, const std::string& name) con
 std::shared_ptr<const Pipeline> Context::Impl::pipeline(const std::string& variant, const Specialization& spec) {
   std::vector<std::shared_ptr<const Pipeline>> dropped;  // destroyed after the lock is let go, unless recorded
   std::lock_guard<std::mutex> lock(pipeline_mutex);
-  KeptPipeline& slot = pipelines[variant + "/" + spec.key()];
-  slot.last_use = ++pipeline_uses;
-  if (slot.pipeline) return slot.pipeline;
+  auto [slot, fresh] = pipelines.try_emplace(variant + "/" + spec.key());
+  slot->second.last_use = ++pipeline_uses;
+  if (!fresh) return slot->second.pipeline;
   try {
-    slot.pipeline = std::make_shared<const Pipeline>(*this, variant, spec);
+    slot->second.pipeline = std::make_shared<const Pipeline>(*this, variant, spec);
   } catch (...) {
-    pipelines.erase(variant + "/" + spec.key());
+    pipelines.erase(slot);
     throw;
   }
-  ++pipelines_made;
-  std::shared_ptr<const Pipeline> made = slot.pipeline;
+  std::shared_ptr<const Pipeline> made = slot->second.pipeline;
+  // The driver's pipeline cache keeps something of every pipeline made through it (lavapipe: ~0.1 MB): a fresh one
+  // now and then bounds that too, at the cost of making a dropped pipeline again from scratch.
+  if (++pipelines_made % std::max<uint64_t>(4 * pipeline_cache_count, 64) == 0)
+    pipeline_cache = vk::raii::PipelineCache(device, vk::PipelineCacheCreateInfo{});
   while (pipelines.size() > pipeline_cache_count) {  // the least recently used go
     auto oldest = std::min_element(pipelines.begin(), pipelines.end(),
                                    [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
@@ -156,8 +160,9 @@ void Submission::dispatch(std::shared_ptr<const Pipeline> p, const std::array<co
     last_bindings_ = bindings;
   }
   vk::DescriptorSet set = last_set_;
-  cmd_.bindPipeline(vk::PipelineBindPoint::eCompute, *p->pipeline);
-  if (pipelines_.empty() || pipelines_.back() != p) pipelines_.push_back(std::move(p));
+  const vk::Pipeline handle = *p->pipeline;
+  if (std::find(pipelines_.begin(), pipelines_.end(), p) == pipelines_.end()) pipelines_.push_back(std::move(p));
+  cmd_.bindPipeline(vk::PipelineBindPoint::eCompute, handle);
   cmd_.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *ctx_.pipeline_layout, 0, set, {});
   cmd_.pushConstants<PushConstants>(*ctx_.pipeline_layout, vk::ShaderStageFlagBits::eCompute, 0, pc);
   // Counts past the x limit fold into y; shaders rebuild the linear id (common.glsl).

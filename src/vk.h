@@ -136,7 +136,6 @@ struct Specialization {
 };
 
 struct Pipeline {
-  vk::raii::ShaderModule module = nullptr;
   vk::raii::Pipeline pipeline = nullptr;
   Pipeline(Context::Impl& ctx, const std::string& variant, const Specialization& spec);
   void print_statistics(Context::Impl& ctx, const std::string& name) const;
@@ -163,9 +162,11 @@ class Submission {
   Context::Impl& ctx_;
   std::array<const Buffer*, kBindings> last_bindings_{};
   vk::DescriptorSet last_set_{};
+  // The pipelines recorded, held until the submission is destroyed (its work done, or the device lost): declared
+  // before the kit, so they go after its command buffer.
+  std::vector<std::shared_ptr<const Pipeline>> pipelines_;
   std::unique_ptr<SubmissionKit> kit_;
   vk::raii::CommandBuffer& cmd_;
-  std::vector<std::shared_ptr<const Pipeline>> pipelines_;  // recorded: alive until the work is done
   int dispatches_ = 0;
   bool submitted_ = false;
   bool pending_ = false;  // submitted and not yet waited for: the kit cannot be reused

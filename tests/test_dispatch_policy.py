@@ -325,6 +325,19 @@ def test_teams_capped_at_512_by_16_kb_of_shared_memory_plan_few_groups_as_the_un
     assert channels_plan("GroupNorm", 1920, 32, 32, 32, False, device=unknown)["path"] == "split"
 
 
+def test_cooperative_waits_give_up_after_2_pow_22_polls_on_gpus_and_2_pow_26_on_cpu_devices(monkeypatch,
+                                                                                            no_tuning_knobs):
+    """A wait counts polls (rounds of 4096), not time: on a CPU device the workgroups are the driver's threads, which
+    the OS may preempt mid-chunk for tens of milliseconds on a busy machine, so they wait 16 times longer."""
+    monkeypatch.setenv("VKNORM_COOPERATIVE_WORKGROUPS", "2")  # lavapipe plans the kernel only where declared
+    for device, rounds in ((H200_KNOWN_RESIDENCY, 1024), (LAVAPIPE, 16384)):
+        for op, c, hw, group in (("GroupNorm", 32, 20, 4), ("GroupNorm", 32, 64, 4), ("InstanceNorm", 8, 32, 8)):
+            p = _channels_plan(op, c, hw, hw, group, device=device, path="cooperative")
+            assert (p["path"], p["wait_rounds"]) == ("cooperative", rounds), (device["type"], op, p)
+    monkeypatch.setenv("VKNORM_TUNE_WAIT_ROUNDS", "0")  # how tests make every wait give up at once
+    assert _channels_plan("GroupNorm", 32, 20, 20, 4, device=LAVAPIPE, path="cooperative")["wait_rounds"] == 0
+
+
 def test_a_handful_of_float32_groups_in_teams_wider_than_256_of_more_than_12_each_go_cooperative(monkeypatch):
     """At most 8 groups, per-channel weights, whose narrowest team is still 512 wide holding more than 12 float32
     vec4s each: a few multiprocessors would each load a large group; the cooperative kernel spreads it. H200, us,
