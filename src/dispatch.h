@@ -267,6 +267,7 @@ bool needs_16bit_storage(const ForwardPlan& plan);
 // The whole number the environment variable `name` holds; nothing when it is unset or empty.
 // std::invalid_argument ("NAME=value: expected <expected>") for anything else.
 std::optional<uint64_t> env_count(const char* name, const char* expected);
+bool env_has_prefix(const char* prefix);  // any environment variable whose name starts so
 // The positive integer the environment variable `name` holds; 0 when it is unset or empty.
 // std::invalid_argument ("NAME=value: expected a positive integer") for anything else.
 uint64_t env_positive(const char* name);
