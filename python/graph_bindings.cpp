@@ -157,6 +157,97 @@ std::vector<int> ints(const nb::tuple& shape) {
   return m;
 }
 
+// pyncnn's pixel helpers run ncnn's own conversions (mat_pixel.cpp) on a uint8 image checked first to hold every
+// byte they read (pyncnn reads whatever lies past a short buffer), with a type ncnn converts (it logs and returns
+// an empty Mat for others).
+using PixelType = ::ncnn::Mat::PixelType;
+constexpr PixelType kPixelTypes[] = {
+    PixelType::PIXEL_RGB,        PixelType::PIXEL_BGR,        PixelType::PIXEL_GRAY,       PixelType::PIXEL_RGBA,
+    PixelType::PIXEL_BGRA,       PixelType::PIXEL_RGB2BGR,    PixelType::PIXEL_RGB2GRAY,   PixelType::PIXEL_RGB2RGBA,
+    PixelType::PIXEL_RGB2BGRA,   PixelType::PIXEL_BGR2RGB,    PixelType::PIXEL_BGR2GRAY,   PixelType::PIXEL_BGR2RGBA,
+    PixelType::PIXEL_BGR2BGRA,   PixelType::PIXEL_GRAY2RGB,   PixelType::PIXEL_GRAY2BGR,   PixelType::PIXEL_GRAY2RGBA,
+    PixelType::PIXEL_GRAY2BGRA,  PixelType::PIXEL_RGBA2RGB,   PixelType::PIXEL_RGBA2BGR,   PixelType::PIXEL_RGBA2GRAY,
+    PixelType::PIXEL_RGBA2BGRA,  PixelType::PIXEL_BGRA2RGB,   PixelType::PIXEL_BGRA2BGR,   PixelType::PIXEL_BGRA2GRAY,
+    PixelType::PIXEL_BGRA2RGBA};
+
+struct Pixels {
+  nb::object array;  // keeps the contiguous copy alive while ncnn reads it
+  const unsigned char* data = nullptr;
+  int stride = 0;    // bytes from one row to the next
+};
+
+Pixels pixels_of(const char* fn, nb::handle obj, long long type, int w, int h, std::optional<int> stride) {
+  if (type < 0 || type > INT_MAX ||
+      std::find(std::begin(kPixelTypes), std::end(kPixelTypes), PixelType(type)) == std::end(kPixelTypes))
+    throw std::invalid_argument(std::string("Mat.") + fn + ": type " + std::to_string(type) +
+                                " is not one of Mat.PixelType's conversions");
+  const int from = type & PixelType::PIXEL_FORMAT_MASK;
+  const int channels = from == PixelType::PIXEL_GRAY ? 1 : from == PixelType::PIXEL_RGB || from == PixelType::PIXEL_BGR ? 3 : 4;
+  if (w <= 0 || h <= 0)
+    throw std::invalid_argument(std::string("Mat.") + fn + ": w and h must be >= 1 (got " + std::to_string(w) + "x" +
+                                std::to_string(h) + ")");
+  const int64_t row = int64_t(w) * channels;
+  const int64_t step = stride.value_or(int(std::min<int64_t>(row, INT_MAX)));
+  if (row > INT_MAX || step < row)
+    throw std::invalid_argument(std::string("Mat.") + fn + ": stride " + std::to_string(step) + " is shorter than a row of " +
+                                std::to_string(w) + " pixels of " + std::to_string(channels) + " bytes");
+  nb::module_ np = nb::module_::import_("numpy");
+  Pixels p;
+  p.array = np.attr("ascontiguousarray")(obj);
+  const std::string dtype = nb::cast<std::string>(p.array.attr("dtype").attr("name"));
+  if (dtype != "uint8")
+    throw nb::type_error((std::string("Mat.") + fn + ": pixels are uint8 (an 8-bit image), got dtype " + dtype).c_str());
+  const int64_t need = step * (h - 1) + row, have = nb::cast<int64_t>(p.array.attr("nbytes"));
+  if (have < need)
+    throw std::invalid_argument(std::string("Mat.") + fn + ": " + std::to_string(w) + "x" + std::to_string(h) +
+                                " pixels of " + std::to_string(channels) + " bytes" +
+                                (stride ? ", stride " + std::to_string(step) : std::string()) + " need " +
+                                std::to_string(need) + " bytes; the array holds " + std::to_string(have));
+  p.data = reinterpret_cast<const unsigned char*>(nb::cast<uintptr_t>(p.array.attr("ctypes").attr("data")));
+  p.stride = int(step);
+  return p;
+}
+
+void check_target(const char* fn, int target_width, int target_height) {
+  if (target_width <= 0 || target_height <= 0)
+    throw std::invalid_argument(std::string("Mat.") + fn + ": target_width and target_height must be >= 1 (got " +
+                                std::to_string(target_width) + "x" + std::to_string(target_height) + ")");
+}
+
+void check_roi(const char* fn, int w, int h, int roix, int roiy, int roiw, int roih) {
+  if (roix < 0 || roiy < 0 || roiw <= 0 || roih <= 0 || int64_t(roix) + roiw > w || int64_t(roiy) + roih > h)
+    throw std::invalid_argument(std::string("Mat.") + fn + ": roi " + std::to_string(roiw) + "x" + std::to_string(roih) +
+                                " at (" + std::to_string(roix) + ", " + std::to_string(roiy) + ") lies outside the " +
+                                std::to_string(w) + "x" + std::to_string(h) + " image");
+}
+
+// The conversion without the GIL (a large image takes milliseconds); an empty result is ncnn's failed allocation.
+template <typename F>
+::ncnn::Mat converted(F&& convert) {
+  ::ncnn::Mat m;
+  {
+    ReleaseGil release;
+    m = convert();
+  }
+  if (m.empty()) throw std::bad_alloc();
+  return m;
+}
+
+// pyncnn's Mat.substract_mean_normalize (ncnn's spelling): per channel, (x - mean) * norm, either list may be empty.
+void substract_mean_normalize(::ncnn::Mat& m, const std::vector<float>& mean, const std::vector<float>& norm) {
+  if (m.empty()) throw std::invalid_argument("Mat.substract_mean_normalize: the Mat is empty");
+  if (m.elemsize != 4 || m.elempack != 1)
+    throw std::invalid_argument("Mat.substract_mean_normalize: only float32 Mats of elempack 1");
+  for (const auto* v : {&mean, &norm})
+    if (!v->empty() && v->size() != size_t(m.c))
+      throw std::invalid_argument(std::string("Mat.substract_mean_normalize: ") + (v == &mean ? "mean" : "norm") +
+                                  " holds " + std::to_string(v->size()) + " values for the Mat's " + std::to_string(m.c) +
+                                  " channels (one each, or none)");
+  if (mean.empty() && norm.empty()) return;  // ncnn would run no layer
+  ReleaseGil release;
+  m.substract_mean_normalize(mean.empty() ? nullptr : mean.data(), norm.empty() ? nullptr : norm.data());
+}
+
 // Mat::reshape to (w), (w, h), (w, h, c) or (w, h, d, c); a ValueError where the element count differs (ncnn
 // returns an empty Mat there).
 ::ncnn::Mat reshaped(const ::ncnn::Mat& m, std::vector<int> shape) {
@@ -1114,7 +1205,102 @@ NB_MODULE(_graph, m) {
              if (copy.ptr() != Py_True) a.attr("setflags")("write"_a = false);
              return a;
            },
-           "dtype"_a = nb::none(), "copy"_a = nb::none());
+           "dtype"_a = nb::none(), "copy"_a = nb::none())
+      // pyncnn's pixel helpers (mat_pixel.cpp): an 8-bit image (numpy uint8, h x w x channels or flat) to a float32
+      // Mat of the target format's channels; stride in bytes, w x channels when not given
+      .def_static(
+          "from_pixels",
+          [](nb::handle pixels, long long type, int w, int h, std::optional<int> stride) {
+            const Pixels p = pixels_of("from_pixels", pixels, type, w, h, stride);
+            return converted([&] { return ::ncnn::Mat::from_pixels(p.data, int(type), w, h, p.stride); });
+          },
+          "pixels"_a, "type"_a, "w"_a, "h"_a, "stride"_a = nb::none())
+      .def_static(
+          "from_pixels_resize",
+          [](nb::handle pixels, long long type, int w, int h, int target_width, int target_height) {
+            check_target("from_pixels_resize", target_width, target_height);
+            const Pixels p = pixels_of("from_pixels_resize", pixels, type, w, h, std::nullopt);
+            return converted([&] {
+              return ::ncnn::Mat::from_pixels_resize(p.data, int(type), w, h, p.stride, target_width, target_height);
+            });
+          },
+          "pixels"_a, "type"_a, "w"_a, "h"_a, "target_width"_a, "target_height"_a)
+      .def_static(
+          "from_pixels_resize",
+          [](nb::handle pixels, long long type, int w, int h, int stride, int target_width, int target_height) {
+            check_target("from_pixels_resize", target_width, target_height);
+            const Pixels p = pixels_of("from_pixels_resize", pixels, type, w, h, stride);
+            return converted([&] {
+              return ::ncnn::Mat::from_pixels_resize(p.data, int(type), w, h, p.stride, target_width, target_height);
+            });
+          },
+          "pixels"_a, "type"_a, "w"_a, "h"_a, "stride"_a, "target_width"_a, "target_height"_a)
+      .def_static(
+          "from_pixels_roi",
+          [](nb::handle pixels, long long type, int w, int h, int roix, int roiy, int roiw, int roih) {
+            check_roi("from_pixels_roi", w, h, roix, roiy, roiw, roih);
+            const Pixels p = pixels_of("from_pixels_roi", pixels, type, w, h, std::nullopt);
+            return converted([&] { return ::ncnn::Mat::from_pixels_roi(p.data, int(type), w, h, p.stride, roix, roiy, roiw, roih); });
+          },
+          "pixels"_a, "type"_a, "w"_a, "h"_a, "roix"_a, "roiy"_a, "roiw"_a, "roih"_a)
+      .def_static(
+          "from_pixels_roi",
+          [](nb::handle pixels, long long type, int w, int h, int stride, int roix, int roiy, int roiw, int roih) {
+            check_roi("from_pixels_roi", w, h, roix, roiy, roiw, roih);
+            const Pixels p = pixels_of("from_pixels_roi", pixels, type, w, h, stride);
+            return converted([&] { return ::ncnn::Mat::from_pixels_roi(p.data, int(type), w, h, p.stride, roix, roiy, roiw, roih); });
+          },
+          "pixels"_a, "type"_a, "w"_a, "h"_a, "stride"_a, "roix"_a, "roiy"_a, "roiw"_a, "roih"_a)
+      .def_static(
+          "from_pixels_roi_resize",
+          [](nb::handle pixels, long long type, int w, int h, int roix, int roiy, int roiw, int roih, int target_width,
+             int target_height) {
+            check_roi("from_pixels_roi_resize", w, h, roix, roiy, roiw, roih);
+            check_target("from_pixels_roi_resize", target_width, target_height);
+            const Pixels p = pixels_of("from_pixels_roi_resize", pixels, type, w, h, std::nullopt);
+            return converted([&] {
+              return ::ncnn::Mat::from_pixels_roi_resize(p.data, int(type), w, h, p.stride, roix, roiy, roiw, roih, target_width,
+                                                         target_height);
+            });
+          },
+          "pixels"_a, "type"_a, "w"_a, "h"_a, "roix"_a, "roiy"_a, "roiw"_a, "roih"_a, "target_width"_a, "target_height"_a)
+      .def_static(
+          "from_pixels_roi_resize",
+          [](nb::handle pixels, long long type, int w, int h, int stride, int roix, int roiy, int roiw, int roih,
+             int target_width, int target_height) {
+            check_roi("from_pixels_roi_resize", w, h, roix, roiy, roiw, roih);
+            check_target("from_pixels_roi_resize", target_width, target_height);
+            const Pixels p = pixels_of("from_pixels_roi_resize", pixels, type, w, h, stride);
+            return converted([&] {
+              return ::ncnn::Mat::from_pixels_roi_resize(p.data, int(type), w, h, p.stride, roix, roiy, roiw, roih, target_width,
+                                                         target_height);
+            });
+          },
+          "pixels"_a, "type"_a, "w"_a, "h"_a, "stride"_a, "roix"_a, "roiy"_a, "roiw"_a, "roih"_a, "target_width"_a,
+          "target_height"_a)
+      .def("substract_mean_normalize", &substract_mean_normalize, "mean"_a, "norm"_a);
+  {
+    nb::enum_<PixelType> pixel_type(m.attr("Mat"), "PixelType", nb::is_arithmetic());
+    // pyncnn's names, the masks included
+    pixel_type.value("PIXEL_CONVERT_SHIFT", PixelType::PIXEL_CONVERT_SHIFT)
+        .value("PIXEL_FORMAT_MASK", PixelType::PIXEL_FORMAT_MASK)
+        .value("PIXEL_CONVERT_MASK", PixelType::PIXEL_CONVERT_MASK);
+    static const std::pair<const char*, PixelType> names[] = {
+        {"PIXEL_RGB", PixelType::PIXEL_RGB},           {"PIXEL_BGR", PixelType::PIXEL_BGR},
+        {"PIXEL_GRAY", PixelType::PIXEL_GRAY},         {"PIXEL_RGBA", PixelType::PIXEL_RGBA},
+        {"PIXEL_BGRA", PixelType::PIXEL_BGRA},         {"PIXEL_RGB2BGR", PixelType::PIXEL_RGB2BGR},
+        {"PIXEL_RGB2GRAY", PixelType::PIXEL_RGB2GRAY}, {"PIXEL_RGB2RGBA", PixelType::PIXEL_RGB2RGBA},
+        {"PIXEL_RGB2BGRA", PixelType::PIXEL_RGB2BGRA}, {"PIXEL_BGR2RGB", PixelType::PIXEL_BGR2RGB},
+        {"PIXEL_BGR2GRAY", PixelType::PIXEL_BGR2GRAY}, {"PIXEL_BGR2RGBA", PixelType::PIXEL_BGR2RGBA},
+        {"PIXEL_BGR2BGRA", PixelType::PIXEL_BGR2BGRA}, {"PIXEL_GRAY2RGB", PixelType::PIXEL_GRAY2RGB},
+        {"PIXEL_GRAY2BGR", PixelType::PIXEL_GRAY2BGR}, {"PIXEL_GRAY2RGBA", PixelType::PIXEL_GRAY2RGBA},
+        {"PIXEL_GRAY2BGRA", PixelType::PIXEL_GRAY2BGRA}, {"PIXEL_RGBA2RGB", PixelType::PIXEL_RGBA2RGB},
+        {"PIXEL_RGBA2BGR", PixelType::PIXEL_RGBA2BGR}, {"PIXEL_RGBA2GRAY", PixelType::PIXEL_RGBA2GRAY},
+        {"PIXEL_RGBA2BGRA", PixelType::PIXEL_RGBA2BGRA}, {"PIXEL_BGRA2RGB", PixelType::PIXEL_BGRA2RGB},
+        {"PIXEL_BGRA2BGR", PixelType::PIXEL_BGRA2BGR}, {"PIXEL_BGRA2GRAY", PixelType::PIXEL_BGRA2GRAY},
+        {"PIXEL_BGRA2RGBA", PixelType::PIXEL_BGRA2RGBA}};
+    for (const auto& [name, value] : names) pixel_type.value(name, value);
+  }
 
   // Each call holds the net shared, then the extractor, with the GIL released (so no thread waits for
   // either while holding the GIL another needs).

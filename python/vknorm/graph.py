@@ -17,9 +17,8 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
     y = np.array(out)
     print(net.vknorm_counters())              # {'vulkan_forwards': 12, 'cpu_forwards': 0, 'pipelines': ...}
 
-Not there (AttributeError): ``destroy_gpu_instance``, pyncnn's pixel helpers (``Mat.from_pixels*``,
-``substract_mean_normalize``: convert with numpy first), ``Net.input_indexes`` / ``output_indexes`` / ``blobs`` (``input_names`` / ``output_names``
-are), custom Python layers, allocator objects, and the convolution tuning flags of ``Option``. bfloat16 storage
+Not there (AttributeError): ``destroy_gpu_instance``, ``Net.input_indexes`` / ``output_indexes`` / ``blobs``
+(``input_names`` / ``output_names`` are), custom Python layers, allocator objects, and the convolution tuning flags of ``Option``. bfloat16 storage
 (``opt.use_bf16_storage`` / ``use_bf16_packed``), where the device takes it, is refused by vknorm's layers at
 load (``Net(vknorm=False)`` runs it).
 
@@ -72,7 +71,11 @@ as pyncnn's, and pyncnn's shape constructors ``Mat(w)``, ``Mat(w, h)``, ``Mat(w,
 ``depth``, ``depth_range``, ``row`` (a numpy array), ``row_range``, ``range`` and ``m[i]`` (ncnn's memory, cstep
 padding included; ``len(m)`` is w, as pyncnn's) share the Mat's memory, as ncnn's do, and keep it alive (pyncnn's read
 freed memory once their Mat is gone); outside the Mat they are an IndexError (pyncnn reads past it), and
-``Extractor.input`` copies a view it is given. pyncnn's ``Net.load_param_mem`` (text or
+``Extractor.input`` copies a view it is given. pyncnn's image helpers ``Mat.from_pixels``, ``from_pixels_resize``,
+``from_pixels_roi`` and ``from_pixels_roi_resize`` (a numpy uint8 image, ``Mat.PixelType``, an optional row stride
+in bytes) and ``substract_mean_normalize(mean, norm)`` are ncnn's own conversions, pyncnn's results bit for bit;
+what pyncnn would read past (a short buffer, an roi outside the image, means or norms not one per channel), and
+arrays that are not uint8, are a ValueError or TypeError. pyncnn's ``Net.load_param_mem`` (text or
 bytes; fused like ``load_param``), ``load_param`` / ``load_model`` with a ``pathlib.Path``, ``get_gpu_count`` /
 ``get_default_gpu_index``, ``Extractor.input`` / ``extract`` by blob index (the model's own numbering, as its .param
 gives it: a fused net resolves an index through the model as written, and one whose blob the rewrite removed gives
