@@ -176,34 +176,49 @@ struct Pixels {
   int stride = 0;    // bytes from one row to the next
 };
 
-Pixels pixels_of(const char* fn, nb::handle obj, long long type, int w, int h, std::optional<int> stride) {
+// ncnn addresses an image's bytes, and a resize's output, with int.
+constexpr int64_t kMaxImageBytes = INT_MAX;
+
+// The image a conversion reads: w x h pixels of the type's source format, rows stride bytes apart (w x channels
+// when not given). `lead` bytes of zeros go before it where ncnn reads before the first pixel (a resize of a
+// source one pixel wide reads the byte before each row, with weight 0).
+Pixels pixels_of(const char* fn, nb::handle obj, long long type, int w, int h, std::optional<int> stride, int lead = 0) {
+  const std::string where = std::string("Mat.") + fn + ": ";
   if (type < 0 || type > INT_MAX ||
       std::find(std::begin(kPixelTypes), std::end(kPixelTypes), PixelType(type)) == std::end(kPixelTypes))
-    throw std::invalid_argument(std::string("Mat.") + fn + ": type " + std::to_string(type) +
-                                " is not one of Mat.PixelType's conversions");
-  const int from = type & PixelType::PIXEL_FORMAT_MASK;
+    throw std::invalid_argument(where + "type " + std::to_string(type) + " is not one of Mat.PixelType's conversions");
+  const int from = int(type) & PixelType::PIXEL_FORMAT_MASK;
   const int channels = from == PixelType::PIXEL_GRAY ? 1 : from == PixelType::PIXEL_RGB || from == PixelType::PIXEL_BGR ? 3 : 4;
   if (w <= 0 || h <= 0)
-    throw std::invalid_argument(std::string("Mat.") + fn + ": w and h must be >= 1 (got " + std::to_string(w) + "x" +
-                                std::to_string(h) + ")");
+    throw std::invalid_argument(where + "w and h must be >= 1 (got " + std::to_string(w) + "x" + std::to_string(h) + ")");
   const int64_t row = int64_t(w) * channels;
-  const int64_t step = stride.value_or(int(std::min<int64_t>(row, INT_MAX)));
-  if (row > INT_MAX || step < row)
-    throw std::invalid_argument(std::string("Mat.") + fn + ": stride " + std::to_string(step) + " is shorter than a row of " +
-                                std::to_string(w) + " pixels of " + std::to_string(channels) + " bytes");
+  const int64_t step = stride ? int64_t(*stride) : row;
+  if (step < row)
+    throw std::invalid_argument(where + "stride " + std::to_string(step) + " is shorter than a row of " + std::to_string(w) +
+                                " pixels of " + std::to_string(channels) + " bytes");
+  const int64_t need = step * (h - 1) + row;
+  if (need > kMaxImageBytes)
+    throw std::invalid_argument(where + "an image of " + std::to_string(need) + " bytes passes ncnn's limit of 2^31 - 1");
   nb::module_ np = nb::module_::import_("numpy");
   Pixels p;
-  p.array = np.attr("ascontiguousarray")(obj);
+  // bytes and bytearray as pyncnn takes them: their bytes are the pixels
+  p.array = PyBytes_Check(obj.ptr()) || PyByteArray_Check(obj.ptr())
+                ? np.attr("frombuffer")(obj, "dtype"_a = np.attr("uint8"))
+                : np.attr("ascontiguousarray")(obj);
   const std::string dtype = nb::cast<std::string>(p.array.attr("dtype").attr("name"));
   if (dtype != "uint8")
-    throw nb::type_error((std::string("Mat.") + fn + ": pixels are uint8 (an 8-bit image), got dtype " + dtype).c_str());
-  const int64_t need = step * (h - 1) + row, have = nb::cast<int64_t>(p.array.attr("nbytes"));
+    throw nb::type_error((where + "pixels are uint8 (an 8-bit image), got dtype " + dtype).c_str());
+  const int64_t have = nb::cast<int64_t>(p.array.attr("nbytes"));
   if (have < need)
-    throw std::invalid_argument(std::string("Mat.") + fn + ": " + std::to_string(w) + "x" + std::to_string(h) +
-                                " pixels of " + std::to_string(channels) + " bytes" +
-                                (stride ? ", stride " + std::to_string(step) : std::string()) + " need " +
-                                std::to_string(need) + " bytes; the array holds " + std::to_string(have));
-  p.data = reinterpret_cast<const unsigned char*>(nb::cast<uintptr_t>(p.array.attr("ctypes").attr("data")));
+    throw std::invalid_argument(where + std::to_string(w) + "x" + std::to_string(h) + " pixels of " +
+                                std::to_string(channels) + " bytes" + (stride ? ", stride " + std::to_string(step) : std::string()) +
+                                " need " + std::to_string(need) + " bytes; the array holds " + std::to_string(have));
+  if (lead) {
+    nb::object padded = np.attr("zeros")(lead + have, "dtype"_a = np.attr("uint8"));
+    padded[nb::slice(nb::int_(lead), nb::none(), nb::none())] = p.array.attr("reshape")(-1);
+    p.array = padded;
+  }
+  p.data = reinterpret_cast<const unsigned char*>(nb::cast<uintptr_t>(p.array.attr("ctypes").attr("data"))) + lead;
   p.stride = int(step);
   return p;
 }
@@ -212,6 +227,9 @@ void check_target(const char* fn, int target_width, int target_height) {
   if (target_width <= 0 || target_height <= 0)
     throw std::invalid_argument(std::string("Mat.") + fn + ": target_width and target_height must be >= 1 (got " +
                                 std::to_string(target_width) + "x" + std::to_string(target_height) + ")");
+  if (int64_t(target_width) * target_height * 4 > kMaxImageBytes)  // 4: the widest pixel
+    throw std::invalid_argument(std::string("Mat.") + fn + ": a target of " + std::to_string(target_width) + "x" +
+                                std::to_string(target_height) + " pixels passes ncnn's limit of 2^31 - 1 bytes");
 }
 
 void check_roi(const char* fn, int w, int h, int roix, int roiy, int roiw, int roih) {
@@ -219,6 +237,12 @@ void check_roi(const char* fn, int w, int h, int roix, int roiy, int roiw, int r
     throw std::invalid_argument(std::string("Mat.") + fn + ": roi " + std::to_string(roiw) + "x" + std::to_string(roih) +
                                 " at (" + std::to_string(roix) + ", " + std::to_string(roiy) + ") lies outside the " +
                                 std::to_string(w) + "x" + std::to_string(h) + " image");
+}
+
+// pyncnn's allocator argument: vknorm.graph has no allocator objects, so None only.
+void check_no_allocator(const char* fn, nb::handle allocator) {
+  if (!allocator.is_none())
+    throw nb::type_error((std::string("Mat.") + fn + ": vknorm.graph has no allocators (allocator=None only)").c_str());
 }
 
 // The conversion without the GIL (a large image takes milliseconds); an empty result is ncnn's failed allocation.
@@ -233,6 +257,29 @@ template <typename F>
   return m;
 }
 
+::ncnn::Mat pixels_resized(nb::handle array, long long type, int w, int h, std::optional<int> stride, int target_width,
+                           int target_height, nb::handle allocator) {
+  check_no_allocator("from_pixels_resize", allocator);
+  check_target("from_pixels_resize", target_width, target_height);
+  const Pixels p = pixels_of("from_pixels_resize", array, type, w, h, stride, w == 1 ? 4 : 0);
+  return converted([&] { return ::ncnn::Mat::from_pixels_resize(p.data, int(type), w, h, p.stride, target_width, target_height); });
+}
+
+// from_pixels_roi, and with a target from_pixels_roi_resize
+::ncnn::Mat pixels_roi(nb::handle array, long long type, int w, int h, std::optional<int> stride, int roix, int roiy,
+                       int roiw, int roih, std::optional<std::pair<int, int>> target, nb::handle allocator) {
+  const char* fn = target ? "from_pixels_roi_resize" : "from_pixels_roi";
+  check_no_allocator(fn, allocator);
+  check_roi(fn, w, h, roix, roiy, roiw, roih);
+  if (target) check_target(fn, target->first, target->second);
+  const Pixels p = pixels_of(fn, array, type, w, h, stride, target && roiw == 1 ? 4 : 0);
+  return converted([&] {
+    return target ? ::ncnn::Mat::from_pixels_roi_resize(p.data, int(type), w, h, p.stride, roix, roiy, roiw, roih,
+                                                        target->first, target->second)
+                  : ::ncnn::Mat::from_pixels_roi(p.data, int(type), w, h, p.stride, roix, roiy, roiw, roih);
+  });
+}
+
 // pyncnn's Mat.substract_mean_normalize (ncnn's spelling): per channel, (x - mean) * norm, either list may be empty.
 void substract_mean_normalize(::ncnn::Mat& m, const std::vector<float>& mean, const std::vector<float>& norm) {
   if (m.empty()) throw std::invalid_argument("Mat.substract_mean_normalize: the Mat is empty");
@@ -243,9 +290,14 @@ void substract_mean_normalize(::ncnn::Mat& m, const std::vector<float>& mean, co
       throw std::invalid_argument(std::string("Mat.substract_mean_normalize: ") + (v == &mean ? "mean" : "norm") +
                                   " holds " + std::to_string(v->size()) + " values for the Mat's " + std::to_string(m.c) +
                                   " channels (one each, or none)");
+  if (!norm.empty() && m.dims < 3)
+    throw std::invalid_argument("Mat.substract_mean_normalize: norm on a Mat of dims " + std::to_string(m.dims) +
+                                " (ncnn's Scale takes a value per element or row there, not per channel): reshape it to "
+                                "(w, h, 1) first");
   if (mean.empty() && norm.empty()) return;  // ncnn would run no layer
+  ::ncnn::Mat held = m;  // its memory stays referenced while the GIL is let go
   ReleaseGil release;
-  m.substract_mean_normalize(mean.empty() ? nullptr : mean.data(), norm.empty() ? nullptr : norm.data());
+  held.substract_mean_normalize(mean.empty() ? nullptr : mean.data(), norm.empty() ? nullptr : norm.data());
 }
 
 // Mat::reshape to (w), (w, h), (w, h, c) or (w, h, d, c); a ValueError where the element count differs (ncnn
@@ -1206,78 +1258,63 @@ NB_MODULE(_graph, m) {
              return a;
            },
            "dtype"_a = nb::none(), "copy"_a = nb::none())
-      // pyncnn's pixel helpers (mat_pixel.cpp): an 8-bit image (numpy uint8, h x w x channels or flat) to a float32
-      // Mat of the target format's channels; stride in bytes, w x channels when not given
+      // pyncnn's pixel helpers (mat_pixel.cpp), with pyncnn's arguments: an 8-bit image (numpy uint8, h x w x
+      // channels or flat; bytes) to a float32 Mat of the target format's channels; stride in bytes, w x channels when
+      // not given. A resize of a source one pixel wide reads the byte before each row: given zeros there. The
+      // overloads with a stride come first: given ints only they take the call, given pyncnn's allocator (None)
+      // last they fail on it and the one without a stride takes it.
       .def_static(
           "from_pixels",
-          [](nb::handle pixels, long long type, int w, int h, std::optional<int> stride) {
-            const Pixels p = pixels_of("from_pixels", pixels, type, w, h, stride);
+          [](nb::handle array, long long type, int w, int h, std::optional<int> stride, nb::handle allocator) {
+            check_no_allocator("from_pixels", allocator);
+            const Pixels p = pixels_of("from_pixels", array, type, w, h, stride);
             return converted([&] { return ::ncnn::Mat::from_pixels(p.data, int(type), w, h, p.stride); });
           },
-          "pixels"_a, "type"_a, "w"_a, "h"_a, "stride"_a = nb::none())
+          "array"_a, "type"_a, "w"_a, "h"_a, "stride"_a = nb::none(), "allocator"_a = nb::none())
       .def_static(
           "from_pixels_resize",
-          [](nb::handle pixels, long long type, int w, int h, int target_width, int target_height) {
-            check_target("from_pixels_resize", target_width, target_height);
-            const Pixels p = pixels_of("from_pixels_resize", pixels, type, w, h, std::nullopt);
-            return converted([&] {
-              return ::ncnn::Mat::from_pixels_resize(p.data, int(type), w, h, p.stride, target_width, target_height);
-            });
+          [](nb::handle array, long long type, int w, int h, int stride, int target_width, int target_height,
+             nb::handle allocator) {
+            return pixels_resized(array, type, w, h, stride, target_width, target_height, allocator);
           },
-          "pixels"_a, "type"_a, "w"_a, "h"_a, "target_width"_a, "target_height"_a)
+          "array"_a, "type"_a, "w"_a, "h"_a, "stride"_a, "target_width"_a, "target_height"_a, "allocator"_a = nb::none())
       .def_static(
           "from_pixels_resize",
-          [](nb::handle pixels, long long type, int w, int h, int stride, int target_width, int target_height) {
-            check_target("from_pixels_resize", target_width, target_height);
-            const Pixels p = pixels_of("from_pixels_resize", pixels, type, w, h, stride);
-            return converted([&] {
-              return ::ncnn::Mat::from_pixels_resize(p.data, int(type), w, h, p.stride, target_width, target_height);
-            });
+          [](nb::handle array, long long type, int w, int h, int target_width, int target_height, nb::handle allocator) {
+            return pixels_resized(array, type, w, h, std::nullopt, target_width, target_height, allocator);
           },
-          "pixels"_a, "type"_a, "w"_a, "h"_a, "stride"_a, "target_width"_a, "target_height"_a)
+          "array"_a, "type"_a, "w"_a, "h"_a, "target_width"_a, "target_height"_a, "allocator"_a = nb::none())
       .def_static(
           "from_pixels_roi",
-          [](nb::handle pixels, long long type, int w, int h, int roix, int roiy, int roiw, int roih) {
-            check_roi("from_pixels_roi", w, h, roix, roiy, roiw, roih);
-            const Pixels p = pixels_of("from_pixels_roi", pixels, type, w, h, std::nullopt);
-            return converted([&] { return ::ncnn::Mat::from_pixels_roi(p.data, int(type), w, h, p.stride, roix, roiy, roiw, roih); });
+          [](nb::handle array, long long type, int w, int h, int stride, int roix, int roiy, int roiw, int roih,
+             nb::handle allocator) {
+            return pixels_roi(array, type, w, h, stride, roix, roiy, roiw, roih, std::nullopt, allocator);
           },
-          "pixels"_a, "type"_a, "w"_a, "h"_a, "roix"_a, "roiy"_a, "roiw"_a, "roih"_a)
+          "array"_a, "type"_a, "w"_a, "h"_a, "stride"_a, "roix"_a, "roiy"_a, "roiw"_a, "roih"_a, "allocator"_a = nb::none())
       .def_static(
           "from_pixels_roi",
-          [](nb::handle pixels, long long type, int w, int h, int stride, int roix, int roiy, int roiw, int roih) {
-            check_roi("from_pixels_roi", w, h, roix, roiy, roiw, roih);
-            const Pixels p = pixels_of("from_pixels_roi", pixels, type, w, h, stride);
-            return converted([&] { return ::ncnn::Mat::from_pixels_roi(p.data, int(type), w, h, p.stride, roix, roiy, roiw, roih); });
+          [](nb::handle array, long long type, int w, int h, int roix, int roiy, int roiw, int roih, nb::handle allocator) {
+            return pixels_roi(array, type, w, h, std::nullopt, roix, roiy, roiw, roih, std::nullopt, allocator);
           },
-          "pixels"_a, "type"_a, "w"_a, "h"_a, "stride"_a, "roix"_a, "roiy"_a, "roiw"_a, "roih"_a)
+          "array"_a, "type"_a, "w"_a, "h"_a, "roix"_a, "roiy"_a, "roiw"_a, "roih"_a, "allocator"_a = nb::none())
       .def_static(
           "from_pixels_roi_resize",
-          [](nb::handle pixels, long long type, int w, int h, int roix, int roiy, int roiw, int roih, int target_width,
-             int target_height) {
-            check_roi("from_pixels_roi_resize", w, h, roix, roiy, roiw, roih);
-            check_target("from_pixels_roi_resize", target_width, target_height);
-            const Pixels p = pixels_of("from_pixels_roi_resize", pixels, type, w, h, std::nullopt);
-            return converted([&] {
-              return ::ncnn::Mat::from_pixels_roi_resize(p.data, int(type), w, h, p.stride, roix, roiy, roiw, roih, target_width,
-                                                         target_height);
-            });
+          [](nb::handle array, long long type, int w, int h, int stride, int roix, int roiy, int roiw, int roih,
+             int target_width, int target_height, nb::handle allocator) {
+            return pixels_roi(array, type, w, h, stride, roix, roiy, roiw, roih,
+                              std::pair<int, int>{target_width, target_height}, allocator);
           },
-          "pixels"_a, "type"_a, "w"_a, "h"_a, "roix"_a, "roiy"_a, "roiw"_a, "roih"_a, "target_width"_a, "target_height"_a)
+          "array"_a, "type"_a, "w"_a, "h"_a, "stride"_a, "roix"_a, "roiy"_a, "roiw"_a, "roih"_a, "target_width"_a,
+          "target_height"_a, "allocator"_a = nb::none())
       .def_static(
           "from_pixels_roi_resize",
-          [](nb::handle pixels, long long type, int w, int h, int stride, int roix, int roiy, int roiw, int roih,
-             int target_width, int target_height) {
-            check_roi("from_pixels_roi_resize", w, h, roix, roiy, roiw, roih);
-            check_target("from_pixels_roi_resize", target_width, target_height);
-            const Pixels p = pixels_of("from_pixels_roi_resize", pixels, type, w, h, stride);
-            return converted([&] {
-              return ::ncnn::Mat::from_pixels_roi_resize(p.data, int(type), w, h, p.stride, roix, roiy, roiw, roih, target_width,
-                                                         target_height);
-            });
+          [](nb::handle array, long long type, int w, int h, int roix, int roiy, int roiw, int roih, int target_width,
+             int target_height, nb::handle allocator) {
+            return pixels_roi(array, type, w, h, std::nullopt, roix, roiy, roiw, roih,
+                              std::pair<int, int>{target_width, target_height}, allocator);
           },
-          "pixels"_a, "type"_a, "w"_a, "h"_a, "stride"_a, "roix"_a, "roiy"_a, "roiw"_a, "roih"_a, "target_width"_a,
-          "target_height"_a)
+          "array"_a, "type"_a, "w"_a, "h"_a, "roix"_a, "roiy"_a, "roiw"_a, "roih"_a, "target_width"_a, "target_height"_a,
+          "allocator"_a = nb::none())
       .def("substract_mean_normalize", &substract_mean_normalize, "mean"_a, "norm"_a);
   {
     nb::enum_<PixelType> pixel_type(m.attr("Mat"), "PixelType", nb::is_arithmetic());

@@ -10,9 +10,9 @@
 #include <optional>
 #include <stdexcept>
 
-#include "shaders.h"
+#include <unistd.h>  // environ
 
-extern char** environ;  // POSIX
+#include "shaders.h"
 
 namespace vknorm {
 namespace {
@@ -90,7 +90,7 @@ DeviceCaps device_caps(const Context& ctx, const Option& opt) {
 
 DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Option& opt) {
   DeviceCaps caps;
-  // Some 45 tuning knobs, read per plan: one pass over the environment tells whether any is set, where a getenv
+  // Some 40 tuning knobs, read per plan: one pass over the environment tells whether any is set, where a getenv
   // each is a pass each (microseconds a forward; more in a large environment).
   const bool tuned = env_has_prefix("VKNORM_TUNE_");
   auto tune = [tuned](const char* name) -> const char* { return tuned ? std::getenv(name) : nullptr; };

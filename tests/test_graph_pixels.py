@@ -2,11 +2,16 @@
 conversions (from_pixels, from_pixels_resize, from_pixels_roi, from_pixels_roi_resize, each with or without a row
 stride), then substract_mean_normalize, so that an image model's pyncnn code moves over by changing its import.
 
-They are ncnn's functions (the ncnn compiled into vknorm is the version pyncnn ships): results equal pyncnn's bit for
-bit, and the channel reorders equal numpy's. What pyncnn leaves to chance is refused instead: a buffer shorter than
-the image (pyncnn reads past it), a non-uint8 array (pyncnn reads its bytes as pixels), a type ncnn does not convert,
-an roi outside the image, means or norms of the wrong length (pyncnn reads past the list)."""
+They are ncnn's functions (the ncnn compiled into vknorm is the version pyncnn ships): the conversions equal pyncnn's
+bit for bit, the channel reorders numpy's. What pyncnn leaves to chance is refused instead: a buffer shorter than the
+image (pyncnn reads past it), a non-uint8 array (pyncnn reads its bytes as pixels), a type ncnn does not convert, an
+roi outside the image, images and targets past ncnn's int arithmetic (2^31 bytes: it writes past its buffers), means
+or norms of the wrong length (pyncnn reads past the list)."""
 from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -95,6 +100,79 @@ def test_resize_roi_and_both_equal_pyncnn(name, target):
         np.testing.assert_array_equal(np.array(mine), np.array(theirs), err_msg=str(i))
 
 
+def test_the_stride_overloads_of_roi_and_roi_resize_read_padded_rows_as_pyncnn():
+    ncnn = import_or_missing("ncnn")
+    img = image(21, 30, 3, seed=13)
+    padded = np.full((21, 97), 255, np.uint8)  # 90 bytes of pixels, 7 of padding per row
+    padded[:, :90] = img.reshape(21, 90)
+    t, pt = T.PIXEL_BGR2RGB, pyncnn_type("PIXEL_BGR2RGB")
+    mine = Mat.from_pixels_roi(padded, t, 30, 21, 97, 3, 2, 19, 15)
+    np.testing.assert_array_equal(np.array(mine), np.array(Mat.from_pixels_roi(img, t, 30, 21, 3, 2, 19, 15)))
+    np.testing.assert_array_equal(np.array(mine), np.array(ncnn.Mat.from_pixels_roi(padded, pt, 30, 21, 97, 3, 2, 19, 15)))
+    mine = Mat.from_pixels_roi_resize(padded, t, 30, 21, 97, 3, 2, 19, 15, 8, 11)
+    np.testing.assert_array_equal(np.array(mine), np.array(Mat.from_pixels_roi_resize(img, t, 30, 21, 3, 2, 19, 15, 8, 11)))
+    np.testing.assert_array_equal(
+        np.array(mine), np.array(ncnn.Mat.from_pixels_roi_resize(padded, pt, 30, 21, 97, 3, 2, 19, 15, 8, 11)))
+
+
+def test_a_strided_image_needs_its_last_row_only_up_to_its_last_pixel():
+    """stride x (h - 1) + w x channels bytes: the last row's padding may be missing, one byte less is refused."""
+    img = image(6, 10, 3, seed=14)
+    padded = np.zeros((6, 40), np.uint8)
+    padded[:, :30] = img.reshape(6, 30)
+    flat = padded.reshape(-1)
+    need = 40 * 5 + 30
+    want = np.array(Mat.from_pixels(img, T.PIXEL_BGR, 10, 6))
+    np.testing.assert_array_equal(np.array(Mat.from_pixels(flat[:need], T.PIXEL_BGR, 10, 6, 40)), want)
+    with pytest.raises(ValueError, match=f"stride 40 need {need} bytes; the array holds {need - 1}"):
+        Mat.from_pixels(flat[:need - 1], T.PIXEL_BGR, 10, 6, 40)
+    with pytest.raises(ValueError, match=f"need {need} bytes"):
+        Mat.from_pixels_resize(flat[:need - 1], T.PIXEL_BGR, 10, 6, 40, 5, 3)
+
+
+GUARD_PAGE_SCRIPT = textwrap.dedent("""
+    import ctypes, mmap, sys, numpy as np
+    from vknorm import graph
+    libc = ctypes.CDLL(None)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    page = mmap.PAGESIZE
+    m = mmap.mmap(-1, 2 * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    assert libc.mprotect(base, page, 0) == 0  # the page before the image: any read of it is a SIGSEGV
+    h, ch = 40, 3
+    img = np.frombuffer(m, np.uint8, count=h * ch, offset=page)
+    img[:] = np.arange(h * ch) % 251
+    out = graph.Mat.from_pixels_resize(img, graph.Mat.PixelType.PIXEL_BGR2RGB, 1, h, 5, 17)
+    roi = graph.Mat.from_pixels_roi_resize(img, graph.Mat.PixelType.PIXEL_BGR2RGB, 1, h, 0, 3, 1, 30, 4, 9)
+    # one source column: every target column is it, resized along h only
+    col = np.array(graph.Mat.from_pixels_resize(img, graph.Mat.PixelType.PIXEL_BGR2RGB, 1, h, 1, 17))
+    print("ok", bool(np.array_equal(np.array(out), np.repeat(col, 5, axis=2))), out.w, out.h, roi.w, roi.h)
+""")
+
+
+def test_a_source_one_pixel_wide_resizes_without_reading_before_the_image():
+    """ncnn's resize reads the byte before each row of a source one pixel wide (with weight 0): an image at the start
+    of a page whose previous page is unreadable crashed the process. The image is given zeros before it."""
+    proc = subprocess.run([sys.executable, "-c", GUARD_PAGE_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"rc {proc.returncode}: {proc.stderr[-2000:]}"
+    assert proc.stdout.split() == ["ok", "True", "5", "17", "4", "9"], proc.stdout
+
+
+def test_allocator_none_bytes_and_keywords_as_pyncnn_takes_them():
+    img = image(5, 7, 3, seed=15)
+    want = np.array(Mat.from_pixels(img, T.PIXEL_BGR2RGB, 7, 5))
+    for got in (Mat.from_pixels(img, T.PIXEL_BGR2RGB, 7, 5, None),  # pyncnn's fifth argument: its allocator
+                Mat.from_pixels(array=img, type=T.PIXEL_BGR2RGB, w=7, h=5, allocator=None),
+                Mat.from_pixels(img.tobytes(), T.PIXEL_BGR2RGB, 7, 5),
+                Mat.from_pixels(bytearray(img.tobytes()), T.PIXEL_BGR2RGB, 7, 5)):
+        np.testing.assert_array_equal(np.array(got), want)
+    resized = np.array(Mat.from_pixels_resize(img, T.PIXEL_BGR2RGB, 7, 5, 3, 2))
+    np.testing.assert_array_equal(np.array(Mat.from_pixels_resize(img, T.PIXEL_BGR2RGB, 7, 5, 3, 2, None)), resized)
+    np.testing.assert_array_equal(np.array(Mat.from_pixels_resize(img, T.PIXEL_BGR2RGB, 7, 5, 21, 3, 2, None)), resized)
+    with pytest.raises(TypeError, match="no allocators"):
+        Mat.from_pixels(img, T.PIXEL_BGR2RGB, 7, 5, allocator=object())
+
+
 def test_an_roi_is_the_image_sliced_first():
     img = image(20, 30, 3, seed=8)
     roi = Mat.from_pixels_roi(img, T.PIXEL_BGR2RGB, 30, 20, 4, 6, 17, 9)
@@ -158,6 +236,12 @@ def test_a_pixel_mat_goes_into_a_net_like_any_other(tmp_path):
      r"roi 11x5 at \(20, 0\) lies outside the 30x20 image"),
     (lambda img: Mat.from_pixels_roi_resize(img, T.PIXEL_BGR, 30, 20, -1, 0, 5, 5, 3, 3), ValueError,
      r"lies outside the 30x20 image"),
+    (lambda img: Mat.from_pixels(img, T.PIXEL_GRAY, 50000, 50000), ValueError,
+     r"an image of 2500000000 bytes passes ncnn's limit of 2\^31 - 1"),
+    (lambda img: Mat.from_pixels_resize(img, T.PIXEL_BGR, 30, 20, 100000, 100000), ValueError,
+     r"a target of 100000x100000 pixels passes ncnn's limit"),
+    (lambda img: Mat.from_pixels_roi_resize(img, T.PIXEL_BGR, 30, 20, 0, 0, 5, 5, 30000, 20000), ValueError,
+     r"a target of 30000x20000 pixels"),
 ])
 def test_bad_pixels_are_refused_naming_the_numbers(call, error, match):
     with pytest.raises(error, match=match):
@@ -174,6 +258,21 @@ def test_means_and_norms_of_the_wrong_length_are_refused():
     np.testing.assert_array_equal(np.array(m), before)  # nothing done
     with pytest.raises(ValueError, match="the Mat is empty"):
         Mat().substract_mean_normalize([1.0], [1.0])
+
+
+def test_norms_on_mats_of_one_or_two_dims_are_refused_means_work():
+    """ncnn's Scale layer, which applies the norms, takes a value per element (dims 1) or per row (dims 2), where
+    substract_mean_normalize gives one per channel: pyncnn reads past it. Means (ncnn's Bias) are per channel."""
+    rows = Mat(np.arange(12, dtype=np.float32).reshape(3, 4))
+    with pytest.raises(ValueError, match="norm on a Mat of dims 2 .* reshape it to \\(w, h, 1\\) first"):
+        rows.substract_mean_normalize([], [2.0])
+    with pytest.raises(ValueError, match="norm on a Mat of dims 1"):
+        Mat(np.ones(5, np.float32)).substract_mean_normalize([1.0], [2.0])
+    rows.substract_mean_normalize([1.5], [])
+    np.testing.assert_array_equal(np.array(rows), np.arange(12, dtype=np.float32).reshape(3, 4) - 1.5)
+    plane = Mat(np.arange(12, dtype=np.float32).reshape(1, 3, 4))
+    plane.substract_mean_normalize([1.5], [2.0])
+    np.testing.assert_array_equal(np.array(plane), (np.arange(12, dtype=np.float32).reshape(1, 3, 4) - 1.5) * 2)
 
 
 def test_an_image_of_any_memory_layout_is_read_as_numpy_indexes_it():

@@ -72,10 +72,11 @@ as pyncnn's, and pyncnn's shape constructors ``Mat(w)``, ``Mat(w, h)``, ``Mat(w,
 padding included; ``len(m)`` is w, as pyncnn's) share the Mat's memory, as ncnn's do, and keep it alive (pyncnn's read
 freed memory once their Mat is gone); outside the Mat they are an IndexError (pyncnn reads past it), and
 ``Extractor.input`` copies a view it is given. pyncnn's image helpers ``Mat.from_pixels``, ``from_pixels_resize``,
-``from_pixels_roi`` and ``from_pixels_roi_resize`` (a numpy uint8 image, ``Mat.PixelType``, an optional row stride
-in bytes) and ``substract_mean_normalize(mean, norm)`` are ncnn's own conversions, pyncnn's results bit for bit;
-what pyncnn would read past (a short buffer, an roi outside the image, means or norms not one per channel), and
-arrays that are not uint8, are a ValueError or TypeError. pyncnn's ``Net.load_param_mem`` (text or
+``from_pixels_roi`` and ``from_pixels_roi_resize`` (a numpy uint8 image or bytes, ``Mat.PixelType``, an optional row
+stride in bytes; ``allocator=None`` only) and ``substract_mean_normalize(mean, norm)`` are ncnn's own code: the
+conversions give pyncnn's results bit for bit, the normalization within float32 rounding. What pyncnn would read or
+write past (a short buffer, an roi outside the image, images or targets past 2^31 bytes, means or norms not one per
+channel, norms on a Mat of dims 1 or 2), and arrays that are not uint8, are a ValueError or TypeError. pyncnn's ``Net.load_param_mem`` (text or
 bytes; fused like ``load_param``), ``load_param`` / ``load_model`` with a ``pathlib.Path``, ``get_gpu_count`` /
 ``get_default_gpu_index``, ``Extractor.input`` / ``extract`` by blob index (the model's own numbering, as its .param
 gives it: a fused net resolves an index through the model as written, and one whose blob the rewrite removed gives
