@@ -24,7 +24,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _info(args) -> int:
-    from . import _core
+    from . import _core, settings
 
     devs = _core.devices()
     if not devs:
@@ -33,8 +33,10 @@ def _info(args) -> int:
         default, bad_choice = _core.default_device_index(), None
     except ValueError as e:  # VKNORM_DEVICE names no device: the list is what the user needs to fix it
         default, bad_choice = None, e
+    set_now, not_read = settings.vknorm_variables(), settings.unknown()
     if args.json:
-        print(json.dumps({"default": default, "devices": devs}, indent=2))
+        print(json.dumps({"default": default, "devices": devs, "settings": set_now, "unknown_settings": not_read},
+                         indent=2))
         if bad_choice:
             raise UsageError(str(bad_choice))
         return 0
@@ -56,6 +58,16 @@ def _info(args) -> int:
         for k, v in rows:
             print(f"      {k:<27}{v}")
     print("  (* = default device; VKNORM_DEVICE=index|name picks another)")
+    if set_now:  # what vknorm reads, and what it was likely meant to read (a misspelled name is otherwise ignored)
+        ignored = {u["name"]: u["meant"] for u in not_read}
+        print("\nVKNORM_ variables set:")
+        for name, value in set_now.items():
+            if name not in ignored:
+                what = settings.RUNTIME_SETTINGS.get(name, "a tuning knob (docs/benchmarks)")
+                print(f"  {name}={value}  {what}")
+            else:
+                meant = f" (meant {ignored[name]}?)" if ignored[name] else ""
+                print(f"  {name}={value}  not read by vknorm at run time{meant}")
     if bad_choice:
         raise UsageError(str(bad_choice))
     return 0
