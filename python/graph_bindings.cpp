@@ -157,6 +157,25 @@ std::vector<int> ints(const nb::tuple& shape) {
   return m;
 }
 
+// ncnn's DataReader over bytes in memory, reading no further than their end. It hands out no references into them:
+// every weight is copied, so the bytes may go once the load returns.
+class BoundedMemoryReader : public ::ncnn::DataReader {
+ public:
+  BoundedMemoryReader(const unsigned char* data, size_t size) : at_(data), begin_(data), end_(data + size) {}
+  size_t read(void* buf, size_t size) const override {
+    const size_t n = std::min(size, size_t(end_ - at_));
+    std::memcpy(buf, at_, n);
+    at_ += n;
+    return n;
+  }
+  size_t reference(size_t, const void**) const override { return 0; }  // ncnn then reads (copies) instead
+  size_t consumed() const { return size_t(at_ - begin_); }
+
+ private:
+  mutable const unsigned char* at_;
+  const unsigned char *begin_, *end_;
+};
+
 // pyncnn's pixel helpers run ncnn's own conversions (mat_pixel.cpp) on a uint8 image checked first to hold every
 // byte they read (pyncnn reads whatever lies past a short buffer), with a type ncnn converts (it logs and returns
 // an empty Mat for others).
@@ -571,16 +590,7 @@ struct Net {
     return r;
   }
   int load_model(const std::string& path) {
-    ++generation;
-    model_loaded = false;
-    model_bytes_read = 0;
-    // ncnn picks the device and each layer's kind (Vulkan or not) at load_param: a model loaded under other
-    // options crashes it (in load_model, or at the first extract).
-    if (param_loaded && format_options(net.opt) != param_options) {
-      NCNN_LOGE("vknorm.graph: load_model: net.opt changed after load_param (%s -> %s); set options before "
-                "load_param, as in ncnn", param_options.c_str(), format_options(net.opt).c_str());
-      return -1;
-    }
+    if (!model_options_unchanged("load_model")) return -1;
     // As ncnn's load_model(path), and how far its layers read (a .bin longer than that: one for another model?)
     FILE* fp = std::fopen(path.c_str(), "rb");
     if (!fp) {
@@ -591,7 +601,29 @@ struct Net {
     const int r = net.load_model(reader);
     const long at = std::ftell(fp);
     std::fclose(fp);
-    model_bytes_read = at > 0 ? size_t(at) : 0;
+    return model_read(r, at > 0 ? size_t(at) : 0);
+  }
+  // pyncnn's load_model_mem: the weights from bytes in memory, read no further than their end (pyncnn's reader has
+  // no end: a short buffer is read past) and copied (the net keeps no reference to the caller's bytes).
+  int load_model_mem(const unsigned char* data, size_t size) {
+    if (!model_options_unchanged("load_model_mem")) return -1;
+    BoundedMemoryReader reader(data, size);
+    const int r = net.load_model(reader);
+    return model_read(r, reader.consumed());
+  }
+  // ncnn picks the device and each layer's kind (Vulkan or not) at load_param: a model loaded under other options
+  // crashes it (in load_model, or at the first extract).
+  bool model_options_unchanged(const char* call) {
+    ++generation;
+    model_loaded = false;
+    model_bytes_read = 0;
+    if (!param_loaded || format_options(net.opt) == param_options) return true;
+    NCNN_LOGE("vknorm.graph: %s: net.opt changed after load_param (%s -> %s); set options before load_param, as in "
+              "ncnn", call, param_options.c_str(), format_options(net.opt).c_str());
+    return false;
+  }
+  int model_read(int r, size_t bytes_read) {
+    model_bytes_read = bytes_read;
     model_loaded = param_loaded && r == 0;
     return r;
   }
@@ -1455,6 +1487,22 @@ NB_MODULE(_graph, m) {
              return loading(n, [&] { return n.load_model(path); });
            },
            "path"_a.none())
+      // pyncnn's load_model_mem: the .bin's bytes (bytes, bytearray, or a numpy uint8 array); 0 or ncnn's error code
+      .def("load_model_mem",
+           [](Net& n, nb::handle mem) {
+             nb::module_ np = nb::module_::import_("numpy");
+             nb::object a = PyBytes_Check(mem.ptr()) || PyByteArray_Check(mem.ptr())
+                                ? np.attr("frombuffer")(mem, "dtype"_a = np.attr("uint8"))
+                                : np.attr("ascontiguousarray")(mem);
+             const std::string dtype = nb::cast<std::string>(a.attr("dtype").attr("name"));
+             if (dtype != "uint8")
+               throw nb::type_error(("Net.load_model_mem: the .bin's bytes (bytes, bytearray or a uint8 array), got "
+                                     "dtype " + dtype).c_str());
+             const auto* data = reinterpret_cast<const unsigned char*>(nb::cast<uintptr_t>(a.attr("ctypes").attr("data")));
+             const size_t size = nb::cast<size_t>(a.attr("nbytes"));
+             return loading(n, [&] { return n.load_model_mem(data, size); });
+           },
+           "mem"_a)
       .def_prop_ro("model_bytes_read",
                    [](Net& n) { return reading(n, [&] { return n.model_bytes_read; }); })
       .def("input_names",

@@ -1010,6 +1010,61 @@ print("fused net", graph.Net().load_param_mem({fused_text!r}))
     assert "load_param_mem line" in proc.stderr and "a fused vknorm layer" in proc.stderr, proc.stderr[-2000:]
 
 
+LOAD_MODEL_MEM_SCRIPT = r"""
+import gc, json, sys, numpy as np
+from vknorm import graph
+param, binp, vulkan = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+weights = open(binp, "rb").read()
+x = graph.Mat(np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32))
+
+def load(how):
+    net = graph.Net()
+    net.opt.use_vulkan_compute = vulkan
+    net.load_param(param)
+    return net, how(net), net.model_bytes_read
+
+def infer(net):
+    ex = net.create_extractor()
+    ex.input("in0", x)
+    return np.array(ex.extract("out0")[1]).tolist()
+
+net, r, read = load(lambda n: n.load_model(binp))
+from_file = infer(net)
+mem = bytearray(weights)
+net_mem, r_mem, _ = load(lambda n: n.load_model_mem(mem))
+mem[:] = b"\xff" * len(mem)  # the caller's buffer overwritten after the load, before the inference
+gc.collect()
+print(json.dumps({
+    "file": [r, read], "mem": r_mem, "same_as_file": infer(net_mem) == from_file,
+    "bytes": infer(load(lambda n: n.load_model_mem(weights))[0]) == from_file,
+    "array": infer(load(lambda n: n.load_model_mem(np.frombuffer(weights, np.uint8)))[0]) == from_file,
+    "short": load(lambda n: n.load_model_mem(weights[:-40]))[1:],
+    "longer": load(lambda n: n.load_model_mem(weights + b"\0" * 64))[1:],
+}))
+"""
+
+
+@pytest.mark.parametrize("vulkan", [True, False], ids=["vulkan", "cpu"])
+def test_load_model_mem_takes_the_bins_bytes_reads_no_further_and_keeps_its_own_copy(vulkan):
+    """pyncnn's Net.load_model_mem: the .bin's bytes (bytes, bytearray, a uint8 array) load as load_model loads the
+    file, and the inference is the same. The net copies the weights (it keeps no reference to the caller's bytes,
+    so overwriting them after changes nothing); a buffer too short fails as a file too short does (pyncnn's reader
+    has no end and reads past it); model_bytes_read counts what the layers read, so a longer buffer shows."""
+    param = os.path.join(graph_runs.DATA, "transformer_block.ncnn.param")
+    binp = os.path.join(graph_runs.DATA, "transformer_block.ncnn.bin")
+    proc = subprocess.run([sys.executable, "-c", LOAD_MODEL_MEM_SCRIPT, param, binp, "1" if vulkan else "0"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    size = os.path.getsize(binp)
+    assert r["file"] == [0, size] and r["mem"] == 0
+    assert r["same_as_file"] and r["bytes"] and r["array"], r
+    assert r["short"][0] != 0, r  # ncnn's error code, nothing read past the end
+    assert r["longer"] == [0, size], r
+    with pytest.raises(TypeError, match="uint8 array"):
+        graph.Net().load_model_mem(np.zeros(4, np.float32))
+
+
 def test_mat_fill_clone_and_reshape_as_pyncnn():
     """Mat.fill sets every element, clone copies (a later fill leaves the copy alone), reshape takes pyncnn's
     (w), (w, h), (w, h, c), (w, h, d, c) and refuses a shape of another element count."""
