@@ -164,7 +164,7 @@ class BoundedMemoryReader : public ::ncnn::DataReader {
   BoundedMemoryReader(const unsigned char* data, size_t size) : at_(data), begin_(data), end_(data + size) {}
   size_t read(void* buf, size_t size) const override {
     const size_t n = std::min(size, size_t(end_ - at_));
-    std::memcpy(buf, at_, n);
+    if (n) std::memcpy(buf, at_, n);
     at_ += n;
     return n;
   }
@@ -590,7 +590,7 @@ struct Net {
     return r;
   }
   int load_model(const std::string& path) {
-    if (!model_options_unchanged("load_model")) return -1;
+    if (!begin_model_load("load_model")) return -1;
     // As ncnn's load_model(path), and how far its layers read (a .bin longer than that: one for another model?)
     FILE* fp = std::fopen(path.c_str(), "rb");
     if (!fp) {
@@ -606,14 +606,14 @@ struct Net {
   // pyncnn's load_model_mem: the weights from bytes in memory, read no further than their end (pyncnn's reader has
   // no end: a short buffer is read past) and copied (the net keeps no reference to the caller's bytes).
   int load_model_mem(const unsigned char* data, size_t size) {
-    if (!model_options_unchanged("load_model_mem")) return -1;
+    if (!begin_model_load("load_model_mem")) return -1;
     BoundedMemoryReader reader(data, size);
     const int r = net.load_model(reader);
     return model_read(r, reader.consumed());
   }
-  // ncnn picks the device and each layer's kind (Vulkan or not) at load_param: a model loaded under other options
-  // crashes it (in load_model, or at the first extract).
-  bool model_options_unchanged(const char* call) {
+  // A load starts: the net holds no model until it succeeds. ncnn picks the device and each layer's kind (Vulkan or
+  // not) at load_param: a model loaded under other options crashes it (in load_model, or at the first extract).
+  bool begin_model_load(const char* call) {
     ++generation;
     model_loaded = false;
     model_bytes_read = 0;
@@ -706,7 +706,7 @@ struct Net {
   // format_options at the last successful load_param; load_model refuses others, so a loaded model has them
   std::string param_options;
   bool model_loaded = false;
-  size_t model_bytes_read = 0;  // of the last load_model's file, what the model's layers read
+  size_t model_bytes_read = 0;  // of the last load_model's file or load_model_mem's bytes, what the layers read
 };
 
 // Runs f with the net held shared (no clear or load halfway through) and the GIL released while waiting for
@@ -1488,12 +1488,18 @@ NB_MODULE(_graph, m) {
            },
            "path"_a.none())
       // pyncnn's load_model_mem: the .bin's bytes (bytes, bytearray, or a numpy uint8 array); 0 or ncnn's error code
+      // (pyncnn's gives None). A str is refused (pyncnn encodes it as UTF-8: other weights, silently). Anything but
+      // bytes is copied first: the load waits for running extracts with the GIL let go, and another thread could
+      // write the buffer meanwhile.
       .def("load_model_mem",
            [](Net& n, nb::handle mem) {
+             if (PyUnicode_Check(mem.ptr()))
+               throw nb::type_error("Net.load_model_mem: the .bin's bytes, not a str (open(path, 'rb').read())");
              nb::module_ np = nb::module_::import_("numpy");
-             nb::object a = PyBytes_Check(mem.ptr()) || PyByteArray_Check(mem.ptr())
-                                ? np.attr("frombuffer")(mem, "dtype"_a = np.attr("uint8"))
-                                : np.attr("ascontiguousarray")(mem);
+             nb::object a = PyBytes_Check(mem.ptr()) ? np.attr("frombuffer")(mem, "dtype"_a = np.attr("uint8"))
+                            : PyByteArray_Check(mem.ptr())
+                                ? np.attr("array")(np.attr("frombuffer")(mem, "dtype"_a = np.attr("uint8")))
+                                : np.attr("array")(mem, "order"_a = "C");
              const std::string dtype = nb::cast<std::string>(a.attr("dtype").attr("name"));
              if (dtype != "uint8")
                throw nb::type_error(("Net.load_model_mem: the .bin's bytes (bytes, bytearray or a uint8 array), got "

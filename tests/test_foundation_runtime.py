@@ -144,50 +144,58 @@ def test_vknorm_info_prints_one_block_per_device_with_every_capability():
 
 
 def test_vknorm_info_lists_the_vknorm_variables_set_and_names_a_misspelled_one():
-    """A misspelled setting is otherwise ignored without a word: info lists every VKNORM_ variable set, says which
-    the runtime does not read, and names the setting it was likely meant to be (exit 0: a warning)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VKNORM_")}
-    env.update(VKNORM_VALIDATON="1", VKNORM_BUFER_CACHE_BYTES="0", VKNORM_TUNE_WORKGROUP="64",
-               VKNORM_FENCE_SPIN_US="5", VKNORM_SOMETHING="x")
+    """A misspelled setting is otherwise ignored without a word: info lists every VKNORM_ variable set (in any case),
+    says which the runtime does not read, and names the setting or knob it was likely meant to be, never one of the
+    opposite meaning (NO_); exit 0: a warning."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("VKNORM_")}
+    env.update(VKNORM_VALIDATION="1", VKNORM_VALIDATON="1", VKNORM_BUFER_CACHE_BYTES="0", VKNORM_TUNE_WORKGROUP="64",
+               VKNORM_TUNE_WORKGRUOP="32", VKNORM_FENCE_SPIN_US="5", VKNORM_SOMETHING="x", vknorm_device="0",
+               VKNORM_FP16_STORAGE="1")
     proc = subprocess.run(vknorm_cli() + ["info"], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.split("VKNORM_ variables set:\n")[1].splitlines()
     assert lines == [
         "  VKNORM_BUFER_CACHE_BYTES=0  not read by vknorm at run time (meant VKNORM_BUFFER_CACHE_BYTES?)",
         "  VKNORM_FENCE_SPIN_US=5  how long a submission's fence is polled before blocking on it",
+        "  VKNORM_FP16_STORAGE=1  not read by vknorm at run time",
         "  VKNORM_SOMETHING=x  not read by vknorm at run time",
         "  VKNORM_TUNE_WORKGROUP=64  a tuning knob (docs/benchmarks)",
+        "  VKNORM_TUNE_WORKGRUOP=32  not read by vknorm at run time (meant VKNORM_TUNE_WORKGROUP?)",
+        "  VKNORM_VALIDATION=1  Khronos validation layer on (1)",
         "  VKNORM_VALIDATON=1  not read by vknorm at run time (meant VKNORM_VALIDATION?)",
+        "  vknorm_device=0  not read by vknorm at run time (meant VKNORM_DEVICE?)",
     ], proc.stdout
     proc = subprocess.run(vknorm_cli() + ["info", "--json"], capture_output=True, text=True, timeout=120, env=env)
     data = json.loads(proc.stdout)
-    assert data["settings"]["VKNORM_FENCE_SPIN_US"] == "5" and len(data["settings"]) == 5
+    assert data["settings"]["VKNORM_FENCE_SPIN_US"] == "5" and len(data["settings"]) == 9
     assert data["unknown_settings"] == [{"name": "VKNORM_BUFER_CACHE_BYTES", "meant": "VKNORM_BUFFER_CACHE_BYTES"},
+                                        {"name": "VKNORM_FP16_STORAGE", "meant": None},
                                         {"name": "VKNORM_SOMETHING", "meant": None},
-                                        {"name": "VKNORM_VALIDATON", "meant": "VKNORM_VALIDATION"}]
-    clean = {k: v for k, v in env.items() if not k.startswith("VKNORM_")}
+                                        {"name": "VKNORM_TUNE_WORKGRUOP", "meant": "VKNORM_TUNE_WORKGROUP"},
+                                        {"name": "VKNORM_VALIDATON", "meant": "VKNORM_VALIDATION"},
+                                        {"name": "vknorm_device", "meant": "VKNORM_DEVICE"}]
+    clean = {k: v for k, v in env.items() if not k.upper().startswith("VKNORM_")}
     proc = subprocess.run(vknorm_cli() + ["info"], capture_output=True, text=True, timeout=120, env=clean)
     assert "VKNORM_ variables set" not in proc.stdout  # nothing set, nothing said
 
 
-def test_every_variable_the_runtime_reads_is_a_known_setting_and_every_known_one_is_read():
-    """The list info checks against (vknorm.settings) is the code's: the names read through getenv and vknorm's
-    env helpers (C++) and os.environ / fork_is_safe (Python) are in it or are tuning knobs, and each name in it
-    appears in the runtime's sources."""
+def test_every_variable_the_runtime_reads_is_a_known_setting_or_knob_and_every_known_one_is_read():
+    """The lists info checks against (vknorm.settings) are the code's: the names read through getenv and vknorm's
+    env helpers (C++) and os.environ / fork_is_safe (Python) are exactly RUNTIME_SETTINGS and TUNING_KNOBS, and no
+    other VKNORM_ name is quoted in the runtime's sources (one read some other way would be)."""
     import re
 
     from vknorm import settings
 
     sources = [p for d in ("src", "include", "python") for p in (REPO / d).rglob("*")
-               if p.suffix in (".cpp", ".h", ".py") and p.name != "settings.py"]
+               if p.suffix in (".cpp", ".cc", ".c", ".h", ".hpp", ".py") and p.name != "settings.py"]
     text = "\n".join(p.read_text() for p in sources)
     read = set(re.findall(r'(?:getenv|env_count|env_flag|env_positive|environ\.get|environ\[|fork_is_safe|tune)'
                           r'\(?\s*"(VKNORM_[A-Z0-9_]+)"', text))
-    assert read, "no reads found: the pattern is stale"
-    not_known = {n for n in read if n not in settings.RUNTIME_SETTINGS and not n.startswith(settings.TUNING_PREFIX)}
-    assert not_known == set(), not_known
-    not_read = {n for n in settings.RUNTIME_SETTINGS if n not in text}
-    assert not_read == set(), not_read
+    assert {n for n in read if not n.startswith(settings.TUNING_PREFIX)} == set(settings.RUNTIME_SETTINGS)
+    assert {n for n in read if n.startswith(settings.TUNING_PREFIX)} == settings.TUNING_KNOBS
+    quoted = set(re.findall(r"[\"'](VKNORM_[A-Z0-9_]+)", text)) - {settings.TUNING_PREFIX}
+    assert quoted <= read, quoted - read
 
 
 def test_vknorm_info_into_a_pipe_its_reader_closed_stops_quietly():

@@ -1038,7 +1038,7 @@ print(json.dumps({
     "file": [r, read], "mem": r_mem, "same_as_file": infer(net_mem) == from_file,
     "bytes": infer(load(lambda n: n.load_model_mem(weights))[0]) == from_file,
     "array": infer(load(lambda n: n.load_model_mem(np.frombuffer(weights, np.uint8)))[0]) == from_file,
-    "short": load(lambda n: n.load_model_mem(weights[:-40]))[1:],
+    "short": load(lambda n: n.load_model_mem(weights[:-40]))[1:],  # (ncnn's code, the bytes read: all of them)
     "longer": load(lambda n: n.load_model_mem(weights + b"\0" * 64))[1:],
 }))
 """
@@ -1059,10 +1059,12 @@ def test_load_model_mem_takes_the_bins_bytes_reads_no_further_and_keeps_its_own_
     size = os.path.getsize(binp)
     assert r["file"] == [0, size] and r["mem"] == 0
     assert r["same_as_file"] and r["bytes"] and r["array"], r
-    assert r["short"][0] != 0, r  # ncnn's error code, nothing read past the end
+    assert r["short"][0] != 0 and r["short"][1] == size - 40, r  # ncnn's error code, nothing read past the end
     assert r["longer"] == [0, size], r
     with pytest.raises(TypeError, match="uint8 array"):
         graph.Net().load_model_mem(np.zeros(4, np.float32))
+    with pytest.raises(TypeError, match="not a str"):  # pyncnn encodes a str as UTF-8: other weights, silently
+        graph.Net().load_model_mem(open(binp, "rb").read().decode("latin-1"))
 
 
 def test_mat_fill_clone_and_reshape_as_pyncnn():

@@ -18,7 +18,8 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
     print(net.vknorm_counters())              # {'vulkan_forwards': 12, 'cpu_forwards': 0, 'pipelines': ...}
 
 Not there (AttributeError): ``destroy_gpu_instance``, ``Net.input_indexes`` / ``output_indexes`` / ``blobs``
-(``input_names`` / ``output_names`` are), custom Python layers, allocator objects, and the convolution tuning flags of ``Option``. bfloat16 storage
+(``input_names`` / ``output_names`` are), ``Net.load_param_bin`` (binary params name no blobs: nothing could be
+fused), custom Python layers, allocator objects, and the convolution tuning flags of ``Option``. bfloat16 storage
 (``opt.use_bf16_storage`` / ``use_bf16_packed``), where the device takes it, is refused by vknorm's layers at
 load (``Net(vknorm=False)`` runs it).
 
@@ -78,7 +79,8 @@ conversions give pyncnn's results bit for bit, the normalization within float32 
 write past (a short buffer, an roi outside the image, images or targets past 2^31 bytes, means or norms not one per
 channel, norms on a Mat of dims 1 or 2), and arrays that are not uint8, are a ValueError or TypeError. pyncnn's ``Net.load_param_mem`` (text or
 bytes; fused like ``load_param``), ``Net.load_model_mem`` (the .bin's bytes, a bytearray or a uint8 array: read no
-further than their end, and copied, so the caller may drop or reuse them), ``load_param`` / ``load_model`` with a ``pathlib.Path``, ``get_gpu_count`` /
+further than their end, and copied, so the caller may drop or reuse them; 0 or ncnn's error code, where pyncnn's
+gives None), ``load_param`` / ``load_model`` with a ``pathlib.Path``, ``get_gpu_count`` /
 ``get_default_gpu_index``, ``Extractor.input`` / ``extract`` by blob index (the model's own numbering, as its .param
 gives it: a fused net resolves an index through the model as written, and one whose blob the rewrite removed gives
 -1), ``Extractor.set_light_mode`` and ``with`` blocks (leaving one clears the Net or Extractor) work too; ``extract`` gives the blob as float32 (pyncnn's ``type=0``) and always as a
@@ -87,7 +89,7 @@ copy of the caller's own.
 Device: a Vulkan net runs on ncnn's default GPU; ``net.set_vulkan_device(i)`` (ncnn's GPU index, before
 ``load_param``) picks another, as in pyncnn. ``VKNORM_DEVICE`` picks the device of vknorm's own layers
 (``vknorm.LayerNorm`` ...), not an ncnn net's. ``net.model_bytes_read``: how many bytes of the .bin the last
-``load_model`` read (fewer than the file holds: a .bin for another .param?).
+``load_model`` or ``load_model_mem`` read (fewer than it holds: a .bin for another .param?).
 """
 from __future__ import annotations
 

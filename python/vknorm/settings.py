@@ -8,8 +8,8 @@ import difflib
 import os
 from typing import Dict, List, Mapping, Optional
 
-# Every VKNORM_ variable vknorm's runtime reads (its C++ core, its ncnn layers and its Python package), with what it
-# does; the VKNORM_TUNE_ prefix holds the dispatcher's measurement knobs (docs/benchmarks, "Tuning knobs").
+# Every VKNORM_ variable vknorm's runtime reads (its C++ core, its ncnn layers and its Python package) but the tuning
+# knobs below, with what it does.
 RUNTIME_SETTINGS: Dict[str, str] = {
     "VKNORM_DEVICE": "the device of vknorm's own context (index or name substring)",
     "VKNORM_PATH": "force a kernel (auto, subgroup, workgroup, split, cooperative)",
@@ -32,22 +32,46 @@ RUNTIME_SETTINGS: Dict[str, str] = {
     "VKNORM_DEBUG_LEAK_BUFFER": "leak one buffer on purpose (the leak tests' negative control)",
 }
 TUNING_PREFIX = "VKNORM_TUNE_"
+# The dispatcher's and the converters' measurement knobs (docs/benchmarks, "Tuning knobs").
+TUNING_KNOBS = frozenset(TUNING_PREFIX + n for n in (
+    "APPLY_LAST_FIRST", "APPLY_MERGES", "CONVERSION_BYTES_PER_THREAD", "CONVERSION_THREADS",
+    "COOPERATIVE_MAX_PER_UNIT", "COOPERATIVE_MAX_PER_UNIT_FULL_TEAMS", "COOPERATIVE_MIN_GROUP",
+    "COOPERATIVE_MIN_WORKGROUP", "COUNTER_STRIDE", "FEW_GROUP_ANY_SIZE", "FEW_GROUP_ITEMS", "FEW_GROUP_MIN_TEAM",
+    "FEW_WIDE_TEAM_GROUPS", "FEW_WIDE_TEAM_ITEMS", "FRESH_COMMAND_BUFFERS", "FULL_TEAM_MAX_ITEMS",
+    "FULL_TEAM_SPILL_ITEMS", "FULL_TEAM_SPILL_ITEMS_HELD", "HOLD_REDUCE", "HOLD_STORAGE", "ITEMS_TARGET",
+    "ITEMS_TARGET_CHANNELS", "ITEMS_TARGET_COOPERATIVE", "ITEMS_TARGET_COOPERATIVE_CHANNELS", "ITEMS_TARGET_FP16",
+    "ITEMS_TARGET_REDUCE", "ITEMS_TARGET_SMALL", "LANE_GROUPS", "LATENCY_ITEMS", "LATENCY_TEAM", "LATENCY_THREADS",
+    "MANY_PLANES", "MAX_ITEMS", "MAX_ITEMS_HELD", "MAX_TEAM_HELD", "MAX_TEAM_HELD_LAYERNORM", "ONE_REDUCTION",
+    "PLANE_WEIGHTS", "POLL_LOADS", "SMALL_GROUP", "SPECIALIZE", "UNCACHED_MAPPING", "WAIT_ROUNDS", "WORKGROUP",
+))
 
 
 def vknorm_variables(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    """The VKNORM_ variables set, by name."""
+    """The VKNORM_ variables set (any case), by name."""
     env = os.environ if environ is None else environ
-    return {k: v for k, v in sorted(env.items()) if k.startswith("VKNORM_")}
+    return {k: v for k, v in sorted(env.items()) if k.upper().startswith("VKNORM_")}
 
 
 def unknown(environ: Optional[Mapping[str, str]] = None) -> List[dict]:
-    """The VKNORM_ variables set that the runtime does not read: {"name", "meant"} ("meant": the closest setting's
-    name, or None). Build and test scripts read some VKNORM_ variables of their own (VKNORM_CACHE, ...): they show
-    here too, with no likely meaning."""
+    """The VKNORM_ variables set that the runtime does not read (any case: variable names are case-sensitive):
+    {"name", "meant"}, "meant" the setting or knob it likely stood for, or None. Build and test scripts read some
+    VKNORM_ variables of their own (VKNORM_CACHE, ...): they show here too, with no likely meaning."""
+    env = os.environ if environ is None else environ
+    known = {**RUNTIME_SETTINGS, **{k: "" for k in TUNING_KNOBS}}
     out = []
-    for name in vknorm_variables(environ):
-        if name in RUNTIME_SETTINGS or (name.startswith(TUNING_PREFIX) and len(name) > len(TUNING_PREFIX)):
-            continue
-        close = difflib.get_close_matches(name, list(RUNTIME_SETTINGS), n=1, cutoff=0.85)
-        out.append({"name": name, "meant": close[0] if close else None})
+    for name in sorted(k for k in env if k.upper().startswith("VKNORM_")):
+        if name not in known:
+            out.append({"name": name, "meant": _meant(name, known)})
     return out
+
+
+def _meant(name: str, known) -> Optional[str]:
+    """The known name `name` was likely a slip for: the same in upper case, or the closest by what follows VKNORM_
+    (the shared prefix would make short names look alike), never one that differs by NO_ alone (it means the
+    opposite: VKNORM_FP16_STORAGE is not a slip for VKNORM_NO_FP16_STORAGE)."""
+    if name.upper() in known:
+        return name.upper()
+    tail = name.upper()[len("VKNORM_"):]
+    tails = {k[len("VKNORM_"):]: k for k in known if k.replace("NO_", "") != name.upper().replace("NO_", "")}
+    close = difflib.get_close_matches(tail, list(tails), n=1, cutoff=0.8)
+    return tails[close[0]] if close else None
