@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import json
 import os
-import select
+import queue
 import signal
 import subprocess
 import sys
@@ -792,6 +792,15 @@ class CheckWorker:
         e.update(env or {})
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "check-worker"], cwd=REPO, env=e,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        # The worker's lines, read by a thread of their own: waiting on the pipe itself (select) would miss an answer
+        # that arrived in one read with the line before it, left in the reader's buffer.
+        self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
+
+        def pump(stdout=self.proc.stdout, lines=self._lines):
+            for line in stdout:
+                lines.put(line)
+            lines.put(None)  # the worker's end
+        threading.Thread(target=pump, daemon=True).start()
 
     def _ask(self, request: dict, timeout: float) -> dict:
         self.proc.stdin.write(json.dumps(request) + "\n")
@@ -800,11 +809,11 @@ class CheckWorker:
         # first (1.4.309 announces its log file there), which are skipped so answers stay in step.
         deadline = time.monotonic() + timeout + 30
         while True:
-            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                raise RuntimeError("check worker stopped answering")
-            line = self.proc.stdout.readline()
-            if not line:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError("check worker stopped answering") from None
+            if line is None:
                 raise RuntimeError(f"check worker died (exit {self.proc.poll()})")
             if line.lstrip().startswith("{"):
                 return json.loads(line)
