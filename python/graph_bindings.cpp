@@ -189,6 +189,30 @@ constexpr PixelType kPixelTypes[] = {
     PixelType::PIXEL_RGBA2BGRA,  PixelType::PIXEL_BGRA2RGB,   PixelType::PIXEL_BGRA2BGR,   PixelType::PIXEL_BGRA2GRAY,
     PixelType::PIXEL_BGRA2RGBA};
 
+// 8-bit data given from Python, as pyncnn takes it (bytes, bytearray, a uint8 array or what numpy reads as one):
+// contiguous, with its address. `copy`: the caller's memory copied unless immutable (bytes), for work that lets the
+// GIL go while another thread could write it. A str is refused: pyncnn encodes it as UTF-8, other bytes silently.
+struct Uint8Data {
+  nb::object array;  // owns or refers to the memory: keep it while `data` is read
+  const unsigned char* data = nullptr;
+  size_t size = 0;
+};
+
+Uint8Data uint8_data(const std::string& what, nb::handle obj, bool copy) {
+  if (PyUnicode_Check(obj.ptr())) throw nb::type_error((what + ", not a str").c_str());
+  nb::module_ np = nb::module_::import_("numpy");
+  const bool immutable = PyBytes_Check(obj.ptr());
+  Uint8Data d;
+  d.array = immutable || PyByteArray_Check(obj.ptr()) ? np.attr("frombuffer")(obj, "dtype"_a = np.attr("uint8"))
+                                                      : np.attr("asarray")(obj);
+  d.array = copy && !immutable ? np.attr("array")(d.array, "order"_a = "C") : np.attr("ascontiguousarray")(d.array);
+  const std::string dtype = nb::cast<std::string>(d.array.attr("dtype").attr("name"));
+  if (dtype != "uint8") throw nb::type_error((what + ", got dtype " + dtype).c_str());
+  d.data = reinterpret_cast<const unsigned char*>(nb::cast<uintptr_t>(d.array.attr("ctypes").attr("data")));
+  d.size = nb::cast<size_t>(d.array.attr("nbytes"));
+  return d;
+}
+
 struct Pixels {
   nb::object array;  // keeps the contiguous copy alive while ncnn reads it
   const unsigned char* data = nullptr;
@@ -218,26 +242,21 @@ Pixels pixels_of(const char* fn, nb::handle obj, long long type, int w, int h, s
   const int64_t need = step * (h - 1) + row;
   if (need > kMaxImageBytes)
     throw std::invalid_argument(where + "an image of " + std::to_string(need) + " bytes passes ncnn's limit of 2^31 - 1");
-  nb::module_ np = nb::module_::import_("numpy");
-  Pixels p;
-  // bytes and bytearray as pyncnn takes them: their bytes are the pixels
-  p.array = PyBytes_Check(obj.ptr()) || PyByteArray_Check(obj.ptr())
-                ? np.attr("frombuffer")(obj, "dtype"_a = np.attr("uint8"))
-                : np.attr("ascontiguousarray")(obj);
-  const std::string dtype = nb::cast<std::string>(p.array.attr("dtype").attr("name"));
-  if (dtype != "uint8")
-    throw nb::type_error((where + "pixels are uint8 (an 8-bit image), got dtype " + dtype).c_str());
-  const int64_t have = nb::cast<int64_t>(p.array.attr("nbytes"));
+  const Uint8Data image = uint8_data(where + "pixels are uint8 (an 8-bit image)", obj, false);
+  const int64_t have = int64_t(image.size);
   if (have < need)
     throw std::invalid_argument(where + std::to_string(w) + "x" + std::to_string(h) + " pixels of " +
                                 std::to_string(channels) + " bytes" + (stride ? ", stride " + std::to_string(step) : std::string()) +
                                 " need " + std::to_string(need) + " bytes; the array holds " + std::to_string(have));
+  Pixels p;
+  p.array = image.array, p.data = image.data;
   if (lead) {
+    nb::module_ np = nb::module_::import_("numpy");
     nb::object padded = np.attr("zeros")(lead + have, "dtype"_a = np.attr("uint8"));
-    padded[nb::slice(nb::int_(lead), nb::none(), nb::none())] = p.array.attr("reshape")(-1);
+    padded[nb::slice(nb::int_(lead), nb::none(), nb::none())] = image.array.attr("reshape")(-1);
     p.array = padded;
+    p.data = reinterpret_cast<const unsigned char*>(nb::cast<uintptr_t>(padded.attr("ctypes").attr("data"))) + lead;
   }
-  p.data = reinterpret_cast<const unsigned char*>(nb::cast<uintptr_t>(p.array.attr("ctypes").attr("data"))) + lead;
   p.stride = int(step);
   return p;
 }
@@ -1488,25 +1507,12 @@ NB_MODULE(_graph, m) {
            },
            "path"_a.none())
       // pyncnn's load_model_mem: the .bin's bytes (bytes, bytearray, or a numpy uint8 array); 0 or ncnn's error code
-      // (pyncnn's gives None). A str is refused (pyncnn encodes it as UTF-8: other weights, silently). Anything but
-      // bytes is copied first: the load waits for running extracts with the GIL let go, and another thread could
-      // write the buffer meanwhile.
+      // (pyncnn's gives None). Copied unless bytes: the load waits for running extracts with the GIL let go.
       .def("load_model_mem",
            [](Net& n, nb::handle mem) {
-             if (PyUnicode_Check(mem.ptr()))
-               throw nb::type_error("Net.load_model_mem: the .bin's bytes, not a str (open(path, 'rb').read())");
-             nb::module_ np = nb::module_::import_("numpy");
-             nb::object a = PyBytes_Check(mem.ptr()) ? np.attr("frombuffer")(mem, "dtype"_a = np.attr("uint8"))
-                            : PyByteArray_Check(mem.ptr())
-                                ? np.attr("array")(np.attr("frombuffer")(mem, "dtype"_a = np.attr("uint8")))
-                                : np.attr("array")(mem, "order"_a = "C");
-             const std::string dtype = nb::cast<std::string>(a.attr("dtype").attr("name"));
-             if (dtype != "uint8")
-               throw nb::type_error(("Net.load_model_mem: the .bin's bytes (bytes, bytearray or a uint8 array), got "
-                                     "dtype " + dtype).c_str());
-             const auto* data = reinterpret_cast<const unsigned char*>(nb::cast<uintptr_t>(a.attr("ctypes").attr("data")));
-             const size_t size = nb::cast<size_t>(a.attr("nbytes"));
-             return loading(n, [&] { return n.load_model_mem(data, size); });
+             const Uint8Data bin = uint8_data("Net.load_model_mem: the .bin's bytes (bytes, bytearray or a uint8 array)",
+                                              mem, true);
+             return loading(n, [&] { return n.load_model_mem(bin.data, bin.size); });
            },
            "mem"_a)
       .def_prop_ro("model_bytes_read",

@@ -451,8 +451,7 @@ def test_buffer_cache_limit_that_is_not_a_number_is_refused(monkeypatch):
 
 def rss_mib() -> float:
     ctypes.CDLL(None).malloc_trim(0)  # glibc hands back what it holds free: what is left is what is in use
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return R.rss_bytes() / 2**20
 
 
 @pytest.mark.parametrize("kept", [4, 0])
