@@ -462,6 +462,37 @@ def test_an_input_with_other_channels_than_the_layer_raises_on_every_device():
         gn0(np.zeros((4, 3, 3), np.float32), device="vulkan")
 
 
+def test_instancenorm_takes_a_dims_1_or_2_blob_as_one_channel_and_a_layer_of_more_channels_refuses_it():
+    """ncnn's InstanceNorm normalizes a (w) or (h, w) blob as one instance with the first channel's weights; a layer
+    of several channels given one (what pnnx makes of nn.InstanceNorm1d) is refused, not run with a meaning its
+    weights do not have."""
+    x = np.random.default_rng(3).standard_normal((12, 24)).astype(np.float32)
+    for channels in (0, 1):
+        inorm = vknorm.InstanceNorm(channels=channels, eps=1e-5, affine=False)
+        ref = channel_norm64("InstanceNorm", x, 1e-5)  # the whole blob as one channel
+        for device in ("cpu", "vulkan"):
+            assert max_abs_err(inorm(x, device=device), ref) <= FP32_TOL * scale(ref)
+    inorm = vknorm.InstanceNorm(channels=12, eps=1e-5, affine=False)
+    for device in ("cpu", "vulkan"):
+        for shape in ((12, 24), (24,)):
+            with pytest.raises(ValueError, match=f"InstanceNorm: a dims-{len(shape)} input is one channel, the layer 12"):
+                inorm(np.zeros(shape, np.float32), device=device)
+
+
+@pytest.mark.parametrize("vulkan", [False, True], ids=["cpu-net", "vulkan-net"])
+def test_in_graph_instancenorm_of_several_channels_refuses_a_dims_2_blob(tmp_path, vulkan):
+    graph, net, rp, rm, _ = graph_net(tmp_path, "InstanceNorm in_0 1 1 in0 out0 0=12 1=1e-05 2=0", b"", vulkan=vulkan)
+    assert rp == 0 and rm == 0
+    from vknorm._stdio import quiet_stderr
+
+    log = []
+    with quiet_stderr(log):
+        ex = net.create_extractor()
+        ex.input("in0", graph.Mat(np.ones((12, 24), np.float32)))
+        ret, _ = ex.extract("out0")
+    assert ret != 0 and any("in_0: a dims-2 input is one channel, the layer 12" in ln for ln in log), log
+
+
 def test_weights_of_the_wrong_length_or_missing_raise():
     gn = vknorm.GroupNorm(group=2, channels=4)
     with pytest.raises(ValueError, match="gamma has 3 values, expected channels=4"):
@@ -541,8 +572,9 @@ def test_weights_that_are_not_one_dimensional_raise_value_error_naming_the_lengt
 
 # ------------------------------------------------------------------------------ bad input inside an ncnn Net
 
-def graph_net(tmp_path, line: str, weights: bytes, fp16: bool = False):
-    """A vknorm.graph Vulkan net of Input -> one layer; (net, load_param return, load_model return, log)."""
+def graph_net(tmp_path, line: str, weights: bytes, fp16: bool = False, vulkan: bool = True):
+    """A vknorm.graph net (Vulkan unless told) of Input -> one layer; (net, load_param return, load_model return,
+    log)."""
     graph = import_graph()
     from vknorm._stdio import quiet_stderr
 
@@ -551,7 +583,7 @@ def graph_net(tmp_path, line: str, weights: bytes, fp16: bool = False):
     binp.write_bytes(weights)
     log: list = []
     with quiet_stderr(log):
-        net = graph.configure(graph.Net(vknorm=True), vulkan=True, fp16=fp16)
+        net = graph.configure(graph.Net(vknorm=True), vulkan=vulkan, fp16=fp16)
         rp = net.load_param(str(param))
         rm = net.load_model(str(binp)) if rp == 0 else None
     return graph, net, rp, rm, log

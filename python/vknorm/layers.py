@@ -668,7 +668,8 @@ class InstanceNorm(_ChannelNorm):
     a = gamma[c] / sqrt(var + eps), b = beta[c] - mean * a.
 
     ncnn params: 0 channels (0), 1 eps (0.001), 2 affine (1). A (w) or (h, w) input is one channel, as
-    in ncnn's CPU layer.
+    in ncnn's CPU layer: a layer of more channels refuses it (ValueError), where ncnn would normalize the whole
+    blob with the first channel's weights.
     """
 
     _op = "InstanceNorm"
