@@ -555,10 +555,19 @@ def run(args) -> int:
         shapes = [(c, h * w, "sweep", (c, h, w, g)) for c, h, w, g in _channel_shapes(args)]
     else:
         shapes = [(r, c, kind, None) for r, c, kind in _shapes(args)]
-    for rows, cols, _, cshape in shapes:  # every input's host memory, before the first is made
-        _require_host_memory(f"{rows}x{cols}" if cshape is None else _shape_label(args.op, cshape),
-                             rows * cols * 4 * (2 if args.residual else 1), "its input")
     info = device_info()
+    # Every shape's peak host memory, before the first input is made: its float32 arrays (input, residual, gamma and
+    # beta), each of which also becomes a device buffer by way of a staging one. Where device memory is host memory
+    # (a CPU device) that is 3x the arrays, and the copy roof's output on top (lavapipe, 2^24 columns: 3.0x);
+    # elsewhere the arrays and their staging copies (the layer checks device memory itself).
+    on_host = info["type"] == "cpu"
+    for rows, cols, _, cshape in shapes:
+        n_weights = 0 if args.no_affine else cols if cshape is None else cshape[0]
+        inputs = rows * cols * 4 * (2 if args.residual else 1)
+        arrays = inputs + n_weights * 4 * (1 if args.op == "rmsnorm" else 2)
+        peak = 3 * arrays + (rows * cols * 4 if "copy" in compare else 0) if on_host else 2 * arrays
+        _require_host_memory(f"{rows}x{cols}" if cshape is None else _shape_label(args.op, cshape), peak,
+                             "its input and weights, on the host and on the way to the device")
     if "fp16" in dtypes and not info["storage_16bit"]:  # float16 would run as float32 storage: not what is asked
         if args.dtype == "fp16":
             raise UsageError(f"--dtype fp16: {info['name']} has no 16-bit storage (float16 would run as float32 "
