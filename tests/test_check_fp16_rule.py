@@ -133,15 +133,36 @@ def test_judge_layer_arithmetic():
     g = x.astype(np.float16).astype(np.float32)  # what a float16-storage layer uploads
     y32 = (g - g.mean(1, keepdims=True)) / np.sqrt(g.var(1, keepdims=True) + np.float32(1e-5)) * np.float32(2)
     y16 = y32.astype(np.float16).astype(np.float32)  # what it stores
-    f64, judged, ok = vkcheck.judge_layer(y16, x, "LayerNorm", 1e-5, W, np.full(W, 2.0), np.zeros(W), True, 1e-3)
+    f64, judged, ok, _ = vkcheck.judge_layer(y16, x, "LayerNorm", 1e-5, W, np.full(W, 2.0), np.zeros(W), True, 1e-3)
     assert ok and judged <= 1e-4 and f64 > judged, (f64, judged)
-    _, judged, ok = vkcheck.judge_layer(y16 + 1e-2, x, "LayerNorm", 1e-5, W, np.full(W, 2.0), np.zeros(W), True,
-                                        1e-3)
-    assert not ok and judged > 5e-3
+    _, judged, ok, bound = vkcheck.judge_layer(y16 + 1e-2, x, "LayerNorm", 1e-5, W, np.full(W, 2.0), np.zeros(W),
+                                               True, 1e-3)
+    assert not ok and judged > bound > 1e-3
     bad = y16.copy()
     bad[3, 4] = np.nan
-    _, judged, ok = vkcheck.judge_layer(bad, x, "LayerNorm", 1e-5, W, np.full(W, 2.0), np.zeros(W), True, 1e-3)
+    _, judged, ok, _ = vkcheck.judge_layer(bad, x, "LayerNorm", 1e-5, W, np.full(W, 2.0), np.zeros(W), True, 1e-3)
     assert not ok and judged == float("inf")
     # fp32: against float64 of the unrounded input, no allowance
-    f64, judged, ok = vkcheck.judge_layer(y16, x, "LayerNorm", 1e-5, W, np.full(W, 2.0), np.zeros(W), False, 1e-4)
+    f64, judged, ok, _ = vkcheck.judge_layer(y16, x, "LayerNorm", 1e-5, W, np.full(W, 2.0), np.zeros(W), False, 1e-4)
     assert f64 == judged and not ok  # float16 storage is not within the fp32 rule
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_the_rules_bound_grows_with_the_outputs_magnitude(fp16):
+    """gamma 1000 puts outputs near 2000, where one float32 step is 1.2e-4: the output of float64 rounded once to
+    the storage passes (an absolute 1e-4 failed it), the bound is atol x max |float64 output|, and an error of
+    a few 1e-4 relative to the outputs still fails."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, W)).astype(np.float32)
+    gamma, beta = np.full(W, 1000.0), np.zeros(W)
+    seen = (x.astype(np.float16) if fp16 else x).astype(np.float64)  # what the layer uploads
+    ref = 1000.0 * (seen - seen.mean(1, keepdims=True)) / np.sqrt(seen.var(1, keepdims=True) + 1e-5)
+    atol = 1e-3 if fp16 else 1e-4
+    y = ref.astype(np.float16 if fp16 else np.float32).astype(np.float32)  # exact, rounded once as stored
+    f64, judged, ok, bound = vkcheck.judge_layer(y, x, "LayerNorm", 1e-5, W, gamma, beta, fp16, atol)
+    assert ok and bound == pytest.approx(atol * np.abs(ref).max()), (judged, bound)
+    if not fp16:
+        assert f64 > atol  # float32's rounding alone: past an absolute atol
+    _, judged, ok, _ = vkcheck.judge_layer(y * np.float32(1 + 3 * atol), x, "LayerNorm", 1e-5, W, gamma, beta, fp16,
+                                           atol)
+    assert not ok and judged > bound, (judged, bound)

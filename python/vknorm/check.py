@@ -17,10 +17,10 @@ crashing) (one line on stderr).
 
 Pass rule, the same for both engines (judge_layer): each vknorm layer against float64 computed from the
 input it saw in the vknorm run, with its own params and weights (the stock run's input can already differ
-by what ran upstream, which is not that layer's doing): fp32, max abs error within --atol (1e-4); fp16, the
+by what ran upstream, which is not that layer's doing): fp32, max abs error within --atol (1e-4) times the
+float64 output's largest magnitude (at least 1: float32's own rounding grows with the output); fp16, the
 input rounded to float16 first and half the float16 spacing at the output's value allowed for the output
-rounding, the rest
-within --atol (1e-3). --vulkan also fails a vknorm layer that ran on the host.
+rounding, the rest within --atol (1e-3) times the same. --vulkan also fails a vknorm layer that ran on the host.
 
     vknorm check MODEL.param MODEL.bin --input NAME=DIMS [...] --vulkan [--no-fuse] [--fp16] [--seed N] [--atol X] [--json]
 
@@ -79,8 +79,9 @@ RULE_HELP = (
     "Pass rule (exit 1 otherwise), both engines: each vknorm layer is judged against float64 computed from "
     "the very input that layer saw in the vknorm run, with its params and weights (the stock run's input can "
     "already differ by what ran upstream, which is not that layer's doing): fp32: max abs error <= --atol "
-    "(default 1e-4); fp16: the input rounded to float16 first, and the max abs error less float16 output "
-    "rounding (half the float16 spacing at the output's value) <= --atol (default 1e-3)."
+    "(default 1e-4) x max(1, max |float64 output|); fp16: the input rounded to float16 first, and the max abs error "
+    "less float16 output rounding (half the float16 spacing at the output's value) <= --atol (default 1e-3) x the "
+    "same. The bound grows with the output as float32's own rounding does."
 )
 
 VULKAN_HELP = (
@@ -122,7 +123,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "storage in both Vulkan runs")
     p.add_argument("--seed", default="0", metavar="N", help="seed of the random inputs (default 0)")
     p.add_argument("--atol", default=None, metavar="X",
-                   help="absolute tolerance of the pass rule (default 1e-4, with --fp16 1e-3)")
+                   help="tolerance of the pass rule, in units of max(1, the layer's largest output magnitude) "
+                        "(default 1e-4, with --fp16 1e-3)")
     p.add_argument("--vulkan", action="store_true", help=VULKAN_HELP)
     p.add_argument("--no-fuse", action="store_true",
                    help="--vulkan: run the model as it is, without vknorm's add -> norm -> activation fusion "
@@ -830,14 +832,14 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
                 result["warnings"].append(f"layer {layer.name!r}: ncnn did not create vknorm's {layer.type} for it")
             else:
                 has_beta = layer.type != "RMSNorm"
-                f64, judged, rec["ok"] = judge_layer(got[blob], got[layer.bottoms[0]], layer.type, float(norm.eps),
-                                                     int(norm.affine_size), norm.gamma if norm.affine else None,
-                                                     norm.beta if norm.affine and has_beta else None, fp16, atol,
-                                                     group=int(getattr(norm, "group", 1)))
+                f64, judged, rec["ok"], rec["bound"] = judge_layer(
+                    got[blob], got[layer.bottoms[0]], layer.type, float(norm.eps), int(norm.affine_size),
+                    norm.gamma if norm.affine else None, norm.beta if norm.affine and has_beta else None, fp16, atol,
+                    group=int(getattr(norm, "group", 1)))
                 rec["f64_abs_err"], rec["judged_err"] = _finite_or_none(f64), _finite_or_none(judged)
             result["layers"].append({k: rec.get(k) for k in ("name", "type", "shape", "group_size", "groups",
                                                                "max_abs_err", "f64_abs_err", "judged_err",
-                                                               "gpu_us", "ok")})
+                                                               "bound", "gpu_us", "ok")})
         for name in outputs:
             err = max_abs_err(ref[name], got[name])
             result["outputs"][name] = err if math.isfinite(err) else None
@@ -871,8 +873,10 @@ def _rule(fp16: bool, atol: float, vulkan: bool = True) -> str:
             f"against the CPU run + atol x max(1, max |CPU output|)" if vulkan else "")
     if fp16:
         return (f"fp16: each vknorm layer's max |y - float64 of the float16-rounded input it saw| less float16 "
-                f"output rounding (half the float16 spacing at the output's value) <= atol {atol:g}{tail}")
-    return f"fp32: each vknorm layer's max |y - float64 of the input it saw| <= atol {atol:g}{tail}"
+                f"output rounding (half the float16 spacing at the output's value) <= atol {atol:g} x max(1, max "
+                f"|float64 output|){tail}")
+    return (f"fp32: each vknorm layer's max |y - float64 of the input it saw| <= atol {atol:g} x max(1, max |float64 "
+            f"output|){tail}")
 
 
 def _graph_load(graph, model: Model, bin_path: str, nbytes: int, *, vknorm: bool, vulkan: bool, fp16: bool,
@@ -1117,16 +1121,18 @@ def _activation64(y, activation_type: int, alpha: float):
     return y
 
 
-def judge_layer(y, x_seen, op: str, eps: float, affine_size: int, gamma, beta, fp16: bool,
-                atol: float, group: int = 1, activation: Tuple[int, float] = (0, 0.0)) -> Tuple[float, float, bool]:
+def judge_layer(y, x_seen, op: str, eps: float, affine_size: int, gamma, beta, fp16: bool, atol: float,
+                group: int = 1, activation: Tuple[int, float] = (0, 0.0)) -> Tuple[float, float, bool, float]:
     """The pass rule of `vknorm check`, both engines, for one vknorm layer: its output y against float64
     computed from x_seen, the very input that layer received in the vknorm run, with the layer's own eps,
     affine_size (GroupNorm: group) and weights (judging against the stock run instead would charge the layer with whatever
-    ran upstream). fp32: max |y - ref| <= atol. fp16 storage: x_seen rounded to float16 first (what the
-    layer uploads), and half a float16 spacing at y allowed for the output rounding (rounding moved y from the
-    kernel's float32 value by at most that: never into a lower binade); the excess <= atol.
+    ran upstream). fp32: max |y - ref| <= atol x max(1, max |ref|). fp16 storage: x_seen rounded to float16 first
+    (what the layer uploads), and half a float16 spacing at y allowed for the output rounding (rounding moved y
+    from the kernel's float32 value by at most that: never into a lower binade); the excess <= atol x max(1, max
+    |ref|). The bound grows with the output's magnitude as float32's own rounding does (gamma 1000 puts outputs
+    where one float32 step is 1.2e-4: an absolute 1e-4 would fail exact arithmetic).
     A fused layer's activation (activation_type, alpha) is applied to the float64 reference.
-    Returns (f64_abs_err, judged_err, ok); an error is inf when shapes differ or one side alone is NaN/inf."""
+    Returns (f64_abs_err, judged_err, ok, bound); an error is inf when shapes differ or one side alone is NaN/inf."""
     import numpy as np
 
     with np.errstate(over="ignore"):  # beyond float16's range: inf, as the layer's own upload makes it
@@ -1134,7 +1140,8 @@ def judge_layer(y, x_seen, op: str, eps: float, affine_size: int, gamma, beta, f
     ref64 = _activation64(_reference64(xin, op, eps, affine_size, gamma, beta, group), *activation)
     f64 = _excess(y, ref64, 0.0)
     judged = _excess(y, ref64, half_fp16_spacing(y)) if fp16 else f64
-    return f64, judged, bool(math.isfinite(judged) and judged <= atol)
+    bound = atol * _scale(ref64)
+    return f64, judged, bool(math.isfinite(judged) and judged <= bound), bound
 
 
 # A model output of the vknorm run may differ from the CPU fp32 run by up to this many times what stock ncnn
@@ -1143,14 +1150,18 @@ def judge_layer(y, x_seen, op: str, eps: float, affine_size: int, gamma, beta, f
 OUTPUT_SLACK = 2.0
 
 
-def output_bound(ref, ncnn_err: float, atol: float) -> float:
-    """The most a model output of the vknorm run may differ from the CPU run (ref): OUTPUT_SLACK x stock ncnn
-    Vulkan's difference + atol x max(1, max finite |ref|)."""
+def _scale(ref) -> float:
+    """max(1, max finite |ref|): what the rules' atol is relative to."""
     import numpy as np
 
     finite = np.abs(ref[np.isfinite(ref)]) if ref.size else np.zeros(0)
-    scale = max(1.0, float(finite.max())) if finite.size else 1.0
-    return OUTPUT_SLACK * ncnn_err + atol * scale
+    return max(1.0, float(finite.max())) if finite.size else 1.0
+
+
+def output_bound(ref, ncnn_err: float, atol: float) -> float:
+    """The most a model output of the vknorm run may differ from the CPU run (ref): OUTPUT_SLACK x stock ncnn
+    Vulkan's difference + atol x max(1, max finite |ref|)."""
+    return OUTPUT_SLACK * ncnn_err + atol * _scale(ref)
 
 
 def judge_output(ref, got, got_stock, atol: float) -> dict:
@@ -1319,7 +1330,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                    "shape": list(got[top].shape), "group_size": None,
                    "groups": None, "max_abs_err": _finite_or_none(err),
                    "ncnn_abs_err": _finite_or_none(max_abs_err(ref[top], got_stock[top])), "f64_abs_err": None,
-                   "judged_err": None, "sum_blob": None, "sum_abs_err": None, "sum_err": None,
+                   "judged_err": None, "bound": None, "sum_blob": None, "sum_abs_err": None, "sum_err": None,
                    "gpu_us": None, "ok": False, "vulkan_forwards": 0, "cpu_forwards": 0}
             info = infos.get(layer.name)
             # Float16 storage: what the layer read is float16. A blob some layer wrote comes back that way; a
@@ -1340,11 +1351,10 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                     "--no-fuse judges the layer on its own input")
             else:
                 activation = (int(info.get("activation_type", 0)), float(info.get("activation_alpha", 0.0)))
-                f64, judged, rec["ok"] = judge_layer(got[top], x_seen, layer.type, float(info["eps"]),
-                                                     int(info["affine_size"]),
-                                                     info["gamma"] if info["affine"] else None,
-                                                     info["beta"] if info["affine"] else None, fp16, atol,
-                                                     group=int(info.get("group", 1)), activation=activation)
+                f64, judged, rec["ok"], rec["bound"] = judge_layer(
+                    got[top], x_seen, layer.type, float(info["eps"]), int(info["affine_size"]),
+                    info["gamma"] if info["affine"] else None, info["beta"] if info["affine"] else None, fp16, atol,
+                    group=int(info.get("group", 1)), activation=activation)
                 rec["f64_abs_err"] = _finite_or_none(f64)
                 rec["judged_err"] = _finite_or_none(judged)
                 if f["sum"] in got:  # the written sum: BinaryOp add's value exactly (float16: one rounding)
