@@ -233,6 +233,15 @@ NB_MODULE(_core, m) {
       .value("split", Path::Split)
       .value("cooperative", Path::Cooperative);
   m.def("parse_path", &parse_path);
+  m.def("setting_problems", [] {  // what the runtime would refuse of the VKNORM_ settings set now
+    nb::list out;
+    for (const auto& [name, error] : setting_problems()) {
+      nb::dict d;
+      d["name"] = name, d["error"] = error;
+      out.append(d);
+    }
+    return out;
+  });
 
   nb::class_<Option>(m, "Option")
       .def(nb::init<>())

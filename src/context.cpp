@@ -371,13 +371,10 @@ std::shared_ptr<Context> Context::create(int index) {
   impl->device_memory_cached = !uncached && cached(impl->device_memory_type);
   impl->staging_memory_cached = !uncached && cached(impl->staging_memory_type);
   impl->max_device_bytes = env_positive("VKNORM_MAX_DEVICE_BYTES");
-  impl->cache_limit = env_count("VKNORM_BUFFER_CACHE_BYTES", "a whole number of bytes (0: keep no freed buffers)")
-                          .value_or(kBufferCacheBytes);
-  impl->pipeline_cache_count =
-      env_count("VKNORM_PIPELINE_CACHE_COUNT", "a whole number of pipelines (0: keep none)").value_or(kPipelineCacheCount);
+  impl->cache_limit = env_buffer_cache_bytes().value_or(kBufferCacheBytes);
+  impl->pipeline_cache_count = env_pipeline_cache_count().value_or(kPipelineCacheCount);
   // A CPU device's work runs on the host's cores: polling there would take one from it.
-  impl->fence_spin_us = env_count("VKNORM_FENCE_SPIN_US", "a whole number of microseconds (0: never poll)")
-                            .value_or(impl->info.type == "cpu" ? 0 : kFenceSpinUs);
+  impl->fence_spin_us = env_fence_spin_us().value_or(impl->info.type == "cpu" ? 0 : kFenceSpinUs);
 
   std::array<vk::DescriptorSetLayoutBinding, kBindings> bindings;
   for (uint32_t b = 0; b < kBindings; ++b)

@@ -129,7 +129,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   caps.cooperative_workgroups = caps.cpu ? 0 : info.compute_units / 2;
   // Declares how many workgroups the device keeps resident, where vknorm cannot tell (any device; tests
   // run lavapipe with as many threads: LP_NUM_THREADS, and with more, which the kernel survives slowly).
-  if (const auto n = env_count("VKNORM_COOPERATIVE_WORKGROUPS", "a whole number of workgroups (0: no cooperative kernel)"))
+  if (const auto n = env_cooperative_workgroups())
     caps.cooperative_workgroups = uint32_t(std::min<uint64_t>(*n, UINT32_MAX));
   caps.poll_loads = !caps.cpu;
   // A CPU driver's threads share the cores with the rest of the machine: one preempted for tens of milliseconds
@@ -586,14 +586,7 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
 // 2.85 -> 2.97, 64x32x32/32 3.52 -> 4.00, 128x16x16/64 3.21 -> 3.29).
 Plan plan_dispatch(const GroupLayout& g, const DeviceCaps& dev, const Option& opt, bool fp16, NormOp op) {
   Path want = opt.path;
-  if (want == Path::Auto)
-    if (const char* env = std::getenv("VKNORM_PATH")) {
-      try {
-        want = parse_path(env);
-      } catch (const std::invalid_argument& e) {  // set long ago, perhaps: name where the value comes from
-        throw std::invalid_argument(std::string("VKNORM_PATH=") + env + ": " + e.what());
-      }
-    }
+  if (want == Path::Auto) want = env_path();
   const Plan items = plan_layout(g, dev, want, fp16, op, false);
   const auto fused = [](const Plan& p) { return p.path == Path::Subgroup || p.path == Path::Workgroup; };
   const bool spread = items.path == Path::Cooperative && want == Path::Auto && g.group_size < dev.cooperative_min_group;
@@ -800,11 +793,62 @@ void apply_capability_profile(DeviceInfo& info) {
   const bool vulkan_1_0 = env_api_cap() < VK_API_VERSION_1_1;
   if (vulkan_1_0 || env_flag("VKNORM_NO_SUBGROUP")) info.subgroup_ops.clear(), info.subgroup_compute = false;
   if (vulkan_1_0 || env_flag("VKNORM_NO_FP16_STORAGE")) info.storage_16bit = false;
-  if (const uint64_t cap = env_positive("VKNORM_MAX_SHARED_MEMORY")) {
-    if (cap < 256)
-      throw std::invalid_argument("VKNORM_MAX_SHARED_MEMORY=" + std::to_string(cap) + ": at least 256 bytes");
+  if (const uint64_t cap = env_max_shared_memory())
     info.max_shared_memory = uint32_t(std::min<uint64_t>(info.max_shared_memory, cap));
+}
+
+uint64_t env_max_shared_memory() {
+  const uint64_t cap = env_positive("VKNORM_MAX_SHARED_MEMORY");
+  if (cap && cap < 256) throw std::invalid_argument("VKNORM_MAX_SHARED_MEMORY=" + std::to_string(cap) + ": at least 256 bytes");
+  return cap;
+}
+
+Path env_path() {
+  const char* env = std::getenv("VKNORM_PATH");
+  if (!env) return Path::Auto;
+  try {
+    return parse_path(env);
+  } catch (const std::invalid_argument& e) {  // set long ago, perhaps: name where the value comes from
+    throw std::invalid_argument(std::string("VKNORM_PATH=") + env + ": " + e.what());
   }
+}
+
+std::optional<uint64_t> env_cooperative_workgroups() {
+  return env_count("VKNORM_COOPERATIVE_WORKGROUPS", "a whole number of workgroups (0: no cooperative kernel)");
+}
+
+std::optional<uint64_t> env_buffer_cache_bytes() {
+  return env_count("VKNORM_BUFFER_CACHE_BYTES", "a whole number of bytes (0: keep no freed buffers)");
+}
+
+std::optional<uint64_t> env_pipeline_cache_count() {
+  return env_count("VKNORM_PIPELINE_CACHE_COUNT", "a whole number of pipelines (0: keep none)");
+}
+
+std::optional<uint64_t> env_fence_spin_us() {
+  return env_count("VKNORM_FENCE_SPIN_US", "a whole number of microseconds (0: never poll)");
+}
+
+std::vector<std::pair<std::string, std::string>> setting_problems() {
+  std::vector<std::pair<std::string, std::string>> problems;
+  const auto check = [&problems](const char* name, const auto& read) {
+    try {
+      read();
+    } catch (const std::invalid_argument& e) {
+      problems.emplace_back(name, e.what());
+    }
+  };
+  check("VKNORM_VULKAN_API", [] { env_api_cap(); });
+  check("VKNORM_MAX_SHARED_MEMORY", [] { env_max_shared_memory(); });
+  check("VKNORM_MAX_BUFFER_BYTES", [] { binding_limit(0); });
+  check("VKNORM_MAX_DEVICE_BYTES", [] { env_positive("VKNORM_MAX_DEVICE_BYTES"); });
+  check("VKNORM_SUBGROUP_SIZE", [] { env_positive("VKNORM_SUBGROUP_SIZE"); });
+  check("VKNORM_BUFFER_CACHE_BYTES", [] { env_buffer_cache_bytes(); });
+  check("VKNORM_PIPELINE_CACHE_COUNT", [] { env_pipeline_cache_count(); });
+  check("VKNORM_FENCE_SPIN_US", [] { env_fence_spin_us(); });
+  check("VKNORM_COOPERATIVE_WORKGROUPS", [] { env_cooperative_workgroups(); });
+  check("VKNORM_PATH", [] { env_path(); });
+  return problems;
 }
 
 bool env_has_prefix(const char* prefix) {

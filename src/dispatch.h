@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "vknorm/context.h"
@@ -283,6 +284,20 @@ uint32_t env_api_cap();
 //   VKNORM_MAX_SHARED_MEMORY=N    at most N bytes of shared memory per workgroup (at least 256)
 // std::invalid_argument naming the variable for a value it cannot read.
 void apply_capability_profile(DeviceInfo& info);
+// VKNORM_MAX_SHARED_MEMORY=N (at least 256): plan for at most N bytes of shared memory; 0 when unset.
+uint64_t env_max_shared_memory();
+// VKNORM_PATH: the kernel every plan of Path::Auto takes (unset or empty: Auto).
+Path env_path();
+// VKNORM_COOPERATIVE_WORKGROUPS: how many workgroups the device keeps resident (0: no cooperative kernel).
+std::optional<uint64_t> env_cooperative_workgroups();
+// A context's settings: VKNORM_BUFFER_CACHE_BYTES, VKNORM_PIPELINE_CACHE_COUNT, VKNORM_FENCE_SPIN_US.
+std::optional<uint64_t> env_buffer_cache_bytes();
+std::optional<uint64_t> env_pipeline_cache_count();
+std::optional<uint64_t> env_fence_spin_us();
+// Every setting above, and the others read through env_count/env_positive, read on its own: {variable, message} for
+// each value a context, plan or forward would refuse now (empty: none). vknorm info names them all at once, where
+// the runtime meets them one at a time. VKNORM_DEVICE is default_device_index's to judge (it needs the devices).
+std::vector<std::pair<std::string, std::string>> setting_problems();
 // The bytes one storage-buffer binding may hold: the device's maxStorageBufferRange (0: no limit), lowered by
 // VKNORM_MAX_BUFFER_BYTES=N (plan as if the device bound at most N bytes: tests run the pieces path with small
 // tensors; read on every forward); `why` names the one that applies. Throws as env_positive.

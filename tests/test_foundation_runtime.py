@@ -179,6 +179,49 @@ def test_vknorm_info_lists_the_vknorm_variables_set_and_names_a_misspelled_one()
     assert "VKNORM_ variables set" not in proc.stdout  # nothing set, nothing said
 
 
+BAD_SETTINGS = [("VKNORM_PATH", "bogus", "unknown path 'bogus'"),
+                ("VKNORM_FENCE_SPIN_US", "abc", "a whole number of microseconds"),
+                ("VKNORM_BUFFER_CACHE_BYTES", "x", "a whole number of bytes"),
+                ("VKNORM_PIPELINE_CACHE_COUNT", "-1", "a whole number of pipelines"),
+                ("VKNORM_COOPERATIVE_WORKGROUPS", "abc", "a whole number of workgroups"),
+                ("VKNORM_MAX_DEVICE_BYTES", "-5", "a positive integer"),
+                ("VKNORM_MAX_BUFFER_BYTES", "0", "a positive integer"),
+                ("VKNORM_SUBGROUP_SIZE", "1.5", "a positive integer"),
+                ("VKNORM_MAX_SHARED_MEMORY", "12", "at least 256 bytes"),
+                ("VKNORM_VULKAN_API", "2.0", "expected 1.0, 1.1, 1.2 or 1.3")]
+
+
+@pytest.mark.parametrize("name,value,words", BAD_SETTINGS, ids=[b[0] for b in BAD_SETTINGS])
+def test_vknorm_info_names_a_setting_the_runtime_would_refuse_then_exits_2_with_one_line(name, value, words):
+    """info is where a user checks their settings: a value the runtime refuses (when a context, plan or forward
+    reads it) is marked on its line, listed in the JSON's refused_settings, and the run ends as every command's
+    does with it: one line, exit 2. A layer's forward refuses the same value with the same message."""
+    proc = run(vknorm_cli() + ["info"], {name: value})
+    err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr
+    assert err[0].startswith(f"vknorm info: error: {name}={value}") and words in err[0], err
+    assert f"  {name}={value}  refused: " in proc.stdout and words in proc.stdout.split("refused: ")[1], proc.stdout
+    proc = run(vknorm_cli() + ["info", "--json"], {name: value})
+    refused = json.loads(proc.stdout)["refused_settings"]
+    assert proc.returncode == 2 and [r["name"] for r in refused] == [name] and words in refused[0]["error"], refused
+    forward = run_python("""
+        import numpy as np, vknorm
+        try:
+            vknorm.LayerNorm(64, 1e-5, affine=False)(np.ones((4, 64), np.float32), device="vulkan")
+            print("ran")
+        except ValueError as e:
+            print(e)
+    """, {name: value})
+    assert forward.stdout.strip().endswith(refused[0]["error"]), (forward.stdout, forward.stderr[-2000:])
+
+
+def test_vknorm_info_names_every_refused_setting_at_once():
+    proc = run(vknorm_cli() + ["info", "--json"], {n: v for n, v, _ in BAD_SETTINGS[:3]})
+    assert sorted(r["name"] for r in json.loads(proc.stdout)["refused_settings"]) == sorted(
+        n for n, _, _ in BAD_SETTINGS[:3])
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("(and 2 more, listed above)"), proc.stderr
+
+
 def test_every_variable_the_runtime_reads_is_a_known_setting_or_knob_and_every_known_one_is_read():
     """The lists info checks against (vknorm.settings) are the code's: the names read through getenv and vknorm's
     env helpers (C++) and os.environ / fork_is_safe (Python) are exactly RUNTIME_SETTINGS and TUNING_KNOBS, and no

@@ -26,20 +26,38 @@ class OneLineParser(argparse.ArgumentParser):
 def _info(args) -> int:
     from . import _core, settings
 
-    devs = _core.devices()
-    if not devs:
-        raise UsageError("no Vulkan device found: install mesa-vulkan-drivers (CPU) or a GPU driver")
-    try:
-        default, bad_choice = _core.default_device_index(), None
-    except ValueError as e:  # VKNORM_DEVICE names no device: the list is what the user needs to fix it
-        default, bad_choice = None, e
+    # The settings first: a value the runtime refuses (VKNORM_VULKAN_API=2.0, say) can stop the device list itself.
     set_now, not_read = settings.vknorm_variables(), settings.unknown()
+    refused = _core.setting_problems()
+    try:
+        devs = _core.devices()
+    except ValueError as e:  # a capability-profile setting: among those refused
+        if not refused:
+            raise UsageError(str(e)) from None
+        devs = []
+    else:
+        if not devs:
+            raise UsageError("no Vulkan device found: install mesa-vulkan-drivers (CPU) or a GPU driver")
+    default, bad_choice = None, None
+    if devs:
+        try:
+            default = _core.default_device_index()
+        except ValueError as e:  # VKNORM_DEVICE names no device: the list is what the user needs to fix it
+            bad_choice = e
+    problems = [p["error"] for p in refused] + ([str(bad_choice)] if bad_choice else [])
     if args.json:
-        print(json.dumps({"default": default, "devices": devs, "settings": set_now, "unknown_settings": not_read},
-                         indent=2))
-        if bad_choice:
-            raise UsageError(str(bad_choice))
-        return 0
+        print(json.dumps({"default": default, "devices": devs, "settings": set_now, "unknown_settings": not_read,
+                          "refused_settings": refused}, indent=2))
+    else:
+        _print_devices(devs, default)
+        _print_settings(set_now, not_read, refused)
+    if problems:
+        more = f" (and {len(problems) - 1} more, listed above)" if len(problems) > 1 else ""
+        raise UsageError(problems[0] + more)
+    return 0
+
+
+def _print_devices(devs, default) -> None:
     for d in devs:
         mark = "*" if d["index"] == default else " "
         print(f"{mark} [{d['index']}] {d['name']} ({d['type']})")
@@ -57,20 +75,29 @@ def _info(args) -> int:
         ]
         for k, v in rows:
             print(f"      {k:<27}{v}")
-    print("  (* = default device; VKNORM_DEVICE=index|name picks another)")
-    if set_now:  # what vknorm reads, and what it was likely meant to read (a misspelled name is otherwise ignored)
-        ignored = {u["name"]: u["meant"] for u in not_read}
-        print("\nVKNORM_ variables set:")
-        for name, value in set_now.items():
-            if name not in ignored:
-                what = settings.RUNTIME_SETTINGS.get(name, "a tuning knob (docs/benchmarks)")
-                print(f"  {name}={value}  {what}")
-            else:
-                meant = f" (meant {ignored[name]}?)" if ignored[name] else ""
-                print(f"  {name}={value}  not read by vknorm at run time{meant}")
-    if bad_choice:
-        raise UsageError(str(bad_choice))
-    return 0
+    if devs:
+        print("  (* = default device; VKNORM_DEVICE=index|name picks another)")
+
+
+def _print_settings(set_now, not_read, refused) -> None:
+    """What vknorm reads, what it would refuse, and what it was likely meant to read (a misspelled name is
+    otherwise ignored)."""
+    from . import settings
+
+    if not set_now:
+        return
+    ignored = {u["name"]: u["meant"] for u in not_read}
+    errors = {r["name"]: r["error"] for r in refused}
+    print("\nVKNORM_ variables set:")
+    for name, value in set_now.items():
+        if name in errors:  # the message restates NAME=value
+            print(f"  {name}={value}  refused: {errors[name].split(': ', 1)[-1]}")
+        elif name not in ignored:
+            what = settings.RUNTIME_SETTINGS.get(name, "a tuning knob (docs/benchmarks)")
+            print(f"  {name}={value}  {what}")
+        else:
+            meant = f" (meant {ignored[name]}?)" if ignored[name] else ""
+            print(f"  {name}={value}  not read by vknorm at run time{meant}")
 
 
 def _demo(args) -> int:
