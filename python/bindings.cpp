@@ -94,14 +94,16 @@ Mat mat_from_numpy(const Array& a) {
   return converted(view, view.scalar_bytes(), 1);
 }
 
+// A Mat already laid out as numpy's array would be (unpacked, no padding between channels): viewed where it lies.
+bool numpy_viewable(const Mat& m) { return m.elempack == 1 && (m.dims <= 2 || m.cstep == m.outer_elems()) && m.data(); }
+
 nb::ndarray<nb::numpy> mat_to_numpy(const Mat& m, bool copy) {
   const size_t sb = m.scalar_bytes();
   nb::dlpack::dtype dt = sb == 2 ? nb::dtype<uint16_t>() : nb::dtype<float>();
   if (sb == 2) dt.code = uint8_t(nb::dlpack::dtype_code::Float);
   const Mat dense = numpy_layout(m, sb);
   const std::vector<size_t> shape = numpy_shape(dense.dims, dense.w, dense.h, dense.d, dense.c);
-  // copy=false: a Mat already laid out so (unpacked, no padding between channels) is viewed where it lies.
-  const bool view = !copy && m.elempack == 1 && (m.dims <= 2 || m.cstep == m.outer_elems()) && m.data();
+  const bool view = !copy && numpy_viewable(m);
   std::shared_ptr<const void> memory = view ? m.storage() : std::make_shared<HostMemory>(dense.bytes(), false);
   unsigned char* data = view ? const_cast<unsigned char*>(m.data()) : static_cast<const HostMemory*>(memory.get())->data;
   if (data != m.data()) convert_into(m, dense, data);  // every byte of the array written
@@ -256,6 +258,24 @@ NB_MODULE(_core, m) {
       .def("numpy", &mat_to_numpy, "copy"_a = true,
            "A numpy array of the blob, unpacked; copy=False views the Mat's own memory where it is unpacked and has "
            "no padding between channels (the array then keeps that memory alive)")
+      // numpy's protocol (np.asarray(m), np.array(m)): m.numpy(); copy=False where only a copy can give the array is
+      // numpy's ValueError
+      .def("__array__",
+           [](const Mat& self, nb::handle dtype, nb::handle copy) {
+             const bool must_copy = !copy.is_none() && nb::cast<bool>(copy);
+             if (!copy.is_none() && !must_copy && !numpy_viewable(self))
+               throw nb::value_error("this Mat is packed or has padding between channels: numpy needs a copy of it");
+             nb::object a = nb::cast(mat_to_numpy(self, must_copy));
+             return dtype.is_none() ? a : a.attr("astype")(dtype, "copy"_a = must_copy);
+           },
+           "dtype"_a = nb::none(), "copy"_a = nb::none())
+      .def("__repr__",
+           [](const Mat& self) {
+             const Mat dense = numpy_layout(self, self.scalar_bytes());
+             const nb::object shape = nb::tuple(nb::cast(numpy_shape(dense.dims, dense.w, dense.h, dense.d, dense.c)));
+             return "Mat(shape=" + nb::cast<std::string>(nb::repr(shape)) + ", dtype=" +
+                    (self.scalar_bytes() == 2 ? "float16" : "float32") + ", elempack=" + std::to_string(self.elempack) + ")";
+           })
       .def("convert_packing", [](const Mat& self, int elempack) { return convert_packing(self, elempack); }, "elempack"_a)
       .def("cast_fp16", [](const Mat& self) { return cast_fp16(self); })
       .def("cast_fp32", [](const Mat& self) { return cast_fp32(self); })

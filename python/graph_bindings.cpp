@@ -85,12 +85,11 @@ void refuse_nul(const std::string& s, const std::string& what = "the path", cons
   if (s.find('\0') != std::string::npos) throw std::invalid_argument(call + "embedded null byte in " + what);
 }
 
-// A file name as str or any os.PathLike (pathlib.Path), as Python's open() takes it.
+// A file name as str, bytes or any os.PathLike (pathlib.Path), as Python's open() takes it: the bytes the file
+// system has (os.fsencode), so a name that is not UTF-8 (legal on Linux; str holds it surrogate-escaped) opens too.
 std::string path_of(nb::handle file) {
-  nb::object p = nb::module_::import_("os").attr("fspath")(file);  // TypeError for anything else
-  if (!nb::isinstance<nb::str>(p))
-    throw nb::type_error("a file name must be a str or a str path (os.PathLike), not bytes");
-  std::string path = nb::cast<std::string>(p);
+  const nb::bytes p = nb::cast<nb::bytes>(nb::module_::import_("os").attr("fsencode")(file));  // TypeError otherwise
+  std::string path(p.c_str(), p.size());
   refuse_nul(path);
   return path;
 }

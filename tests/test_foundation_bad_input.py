@@ -605,8 +605,12 @@ def test_a_vkmat_runs_where_it_lives_whatever_device_the_layer_ran_on_before(cal
     (lambda: vknorm.LayerNorm(4).set_activation("leakyrelu", 1e39), "within float32's range, got 1e+39"),
     (lambda: vknorm.LayerNorm(4).set_activation("relu", 10 ** 400), "within float32's range, got 1000"),
     (lambda: vknorm.LayerNorm(4).set_activation("tanh"), "LayerNorm.set_activation: activation 'tanh'"),
+    # a bool is a flag (affine), not a count: GroupNorm(group=True) was one group
+    (lambda: vknorm.GroupNorm(group=True, channels=4), "GroupNorm: param 0 (group)=True is not an integer (a bool"),
+    (lambda: vknorm.LayerNorm.from_param({0: True}), "LayerNorm.from_param: param 0 (affine_size)=True is not an"),
+    (lambda: vknorm.InstanceNorm(4).load_param({0: np.bool_(True)}), "is not an integer (a bool: only affine takes one)"),
 ], ids=["eps-str", "eps-none", "int-str", "ctor-eps-str", "eps-past-float64", "alpha-str", "alpha-nan",
-        "alpha-past-float32", "alpha-past-float64", "activation"])
+        "alpha-past-float32", "alpha-past-float64", "activation", "bool-group", "bool-affine-size", "bool-channels"])
 def test_a_bad_param_or_activation_names_the_layer_the_param_and_the_value(call, message):
     """Not float()'s bare "could not convert string to float: 'a'"."""
     with pytest.raises(ValueError) as e:

@@ -138,6 +138,26 @@ def test_numpy_without_copy_views_an_unpadded_unpacked_mat_and_keeps_it_alive():
     np.testing.assert_array_equal(vknorm.Mat.from_numpy(x).convert_packing(4).numpy(copy=False), x)
 
 
+def test_numpy_converts_a_mat_as_its_numpy_method_does():
+    """np.array / np.asarray take a vknorm.Mat through numpy's protocol (it was a 0-d object array): the data,
+    unpacked; copy=False views an unpadded unpacked Mat and is numpy's ValueError where only a copy can do; repr
+    names the shape numpy sees."""
+    x = sample((4, 6, 8), np.float32, seed=5)
+    m = vknorm.Mat.from_numpy(x)
+    np.testing.assert_array_equal(np.array(m), x)
+    assert np.asarray(m, dtype=np.float64).dtype == np.float64
+    view = np.asarray(m, copy=False)
+    view[0, 0, 0] = 7.0
+    assert m.numpy()[0, 0, 0] == 7.0  # the Mat's own memory
+    assert np.array(m) is not view and np.array(m)[0, 0, 0] == 7.0
+    packed = vknorm.Mat.from_numpy(x).convert_packing(4)
+    np.testing.assert_array_equal(np.asarray(packed), x)
+    with pytest.raises(ValueError, match="needs a copy"):
+        np.asarray(packed, copy=False)
+    assert repr(packed) == "Mat(shape=(4, 6, 8), dtype=float32, elempack=4)"
+    assert repr(vknorm.Mat.from_numpy(np.ones(5, np.float16))) == "Mat(shape=(5,), dtype=float16, elempack=1)"
+
+
 @pytest.mark.parametrize("shape", [(7,), (3, 5), (3, 5, 7), (2, 3, 5, 7)], ids=lambda s: "x".join(map(str, s)))
 def test_mat_fields_match_pyncnn_mat_from_the_same_numpy(shape):
     """pyncnn's Mat(numpy) (cloned into its own storage) has the same dims/w/h/d/c/elemsize/cstep."""

@@ -1298,7 +1298,10 @@ def test_paths_with_a_nul_byte_are_refused_as_python_s_open_refuses_them():
         ex.extract("out0\0junk")
 
 
-def test_model_files_are_names_or_paths_as_python_s_open_takes_them():
+def test_model_files_are_names_or_paths_as_python_s_open_takes_them(tmp_path):
+    """str, bytes and os.PathLike, and names that are not UTF-8 (legal on Linux: str holds them surrogate-escaped,
+    as os.listdir gives them)."""
+    import shutil
     from pathlib import Path
 
     net = graph.configure(graph.Net(), vulkan=True)
@@ -1306,9 +1309,24 @@ def test_model_files_are_names_or_paths_as_python_s_open_takes_them():
     assert net.load_param(data / "transformer_block.ncnn.param") == 0
     assert net.load_model(data / "transformer_block.ncnn.bin") == 0
     for load in (net.load_param, net.load_model):
-        for bad, needle in ((None, "NoneType"), (3, "int"), (b"m.param", "not bytes")):
+        for bad, needle in ((None, "NoneType"), (3, "int")):
             with pytest.raises(TypeError, match=needle):
                 load(bad)
+    odd = os.fsencode(tmp_path) + b"/m\xff"  # not UTF-8
+    for ext in (".param", ".bin"):
+        shutil.copy(data / f"transformer_block.ncnn{ext}", odd + ext.encode())
+    x = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
+    outs = []
+    for name in (odd, os.fsdecode(odd), Path(os.fsdecode(odd))):
+        net = graph.configure(graph.Net(), vulkan=True)
+        assert net.load_param(name + b".param" if isinstance(name, bytes) else f"{name}.param") == 0, name
+        assert net.load_model(name + b".bin" if isinstance(name, bytes) else f"{name}.bin") == 0, name
+        ex = net.create_extractor()
+        ex.input("in0", graph.Mat(x))
+        ret, out = ex.extract("out0")
+        assert ret == 0
+        outs.append(np.array(out))
+    assert all(np.array_equal(o, outs[0]) for o in outs)
     assert graph.get_gpu_count() >= 1 and 0 <= graph.get_default_gpu_index() < graph.get_gpu_count()
 
 

@@ -80,7 +80,7 @@ write past (a short buffer, an roi outside the image, images or targets past 2^3
 channel, norms on a Mat of dims 1 or 2), and arrays that are not uint8, are a ValueError or TypeError. pyncnn's ``Net.load_param_mem`` (text or
 bytes; fused like ``load_param``), ``Net.load_model_mem`` (the .bin's bytes, a bytearray or a uint8 array: read no
 further than their end, and copied, so the caller may drop or reuse them; 0 or ncnn's error code, where pyncnn's
-gives None), ``load_param`` / ``load_model`` with a ``pathlib.Path``, ``get_gpu_count`` /
+gives None), ``load_param`` / ``load_model`` with a ``pathlib.Path`` or bytes (names need not be UTF-8), ``get_gpu_count`` /
 ``get_default_gpu_index``, ``Extractor.input`` / ``extract`` by blob index (the model's own numbering, as its .param
 gives it: a fused net resolves an index through the model as written, and one whose blob the rewrite removed gives
 -1), ``Extractor.set_light_mode`` and ``with`` blocks (leaving one clears the Net or Extractor) work too; ``extract`` gives the blob as float32 (pyncnn's ``type=0``) and always as a
