@@ -143,7 +143,12 @@ std::vector<int> ints(const nb::tuple& shape) {
 }
 
 // pyncnn's Mat(w), Mat(w, h), Mat(w, h, c), Mat(w, h, d, c): float32, elempack 1, zeroed.
-::ncnn::Mat mat_of_shape(const std::vector<int>& shape) {
+// pyncnn's elemsize and allocator keywords of its shape constructors: the host Mats here are float32 in ncnn's own memory.
+::ncnn::Mat mat_of_shape(const std::vector<int>& shape, size_t elemsize = 4, nb::handle allocator = nb::none()) {
+  if (elemsize != 4)
+    throw std::invalid_argument("Mat: elemsize " + std::to_string(elemsize) + ": vknorm.graph's Mats hold float32 "
+                                "(elemsize 4); the net converts them to the storage it runs in");
+  if (!allocator.is_none()) throw nb::type_error("Mat: allocator: vknorm.graph has no allocator objects (None: ncnn's own)");
   for (int s : shape)
     if (s < 1) throw std::invalid_argument("Mat: every dimension must be 1..2^31-1");
   ::ncnn::Mat m;
@@ -1217,16 +1222,29 @@ NB_MODULE(_graph, m) {
       .def("__init__", [](::ncnn::Mat* self, const Array& a) { new (self) ::ncnn::Mat(mat_from_numpy(a)); }, "array"_a)
       // pyncnn's shape constructors: Mat(w), Mat(w, h), Mat(w, h, c), Mat(w, h, d, c), Mat((w, ...)); float32,
       // zeroed (pyncnn leaves the memory as it was)
-      .def("__init__", [](::ncnn::Mat* self, int w) { new (self) ::ncnn::Mat(mat_of_shape({w})); }, "w"_a)
-      .def("__init__", [](::ncnn::Mat* self, int w, int h) { new (self) ::ncnn::Mat(mat_of_shape({w, h})); }, "w"_a,
-           "h"_a)
-      .def("__init__", [](::ncnn::Mat* self, int w, int h, int c) { new (self) ::ncnn::Mat(mat_of_shape({w, h, c})); },
-           "w"_a, "h"_a, "c"_a)
       .def("__init__",
-           [](::ncnn::Mat* self, int w, int h, int d, int c) { new (self) ::ncnn::Mat(mat_of_shape({w, h, d, c})); },
-           "w"_a, "h"_a, "d"_a, "c"_a)
-      .def("__init__", [](::ncnn::Mat* self, const nb::tuple& shape) { new (self) ::ncnn::Mat(mat_of_shape(ints(shape))); },
-           "shape"_a)
+           [](::ncnn::Mat* self, int w, size_t e, nb::handle a) { new (self) ::ncnn::Mat(mat_of_shape({w}, e, a)); },
+           "w"_a, nb::kw_only(), "elemsize"_a = 4, "allocator"_a.none() = nb::none())
+      .def("__init__",
+           [](::ncnn::Mat* self, int w, int h, size_t e, nb::handle a) {
+             new (self) ::ncnn::Mat(mat_of_shape({w, h}, e, a));
+           },
+           "w"_a, "h"_a, nb::kw_only(), "elemsize"_a = 4, "allocator"_a.none() = nb::none())
+      .def("__init__",
+           [](::ncnn::Mat* self, int w, int h, int c, size_t e, nb::handle a) {
+             new (self) ::ncnn::Mat(mat_of_shape({w, h, c}, e, a));
+           },
+           "w"_a, "h"_a, "c"_a, nb::kw_only(), "elemsize"_a = 4, "allocator"_a.none() = nb::none())
+      .def("__init__",
+           [](::ncnn::Mat* self, int w, int h, int d, int c, size_t e, nb::handle a) {
+             new (self) ::ncnn::Mat(mat_of_shape({w, h, d, c}, e, a));
+           },
+           "w"_a, "h"_a, "d"_a, "c"_a, nb::kw_only(), "elemsize"_a = 4, "allocator"_a.none() = nb::none())
+      .def("__init__",
+           [](::ncnn::Mat* self, const nb::tuple& shape, size_t e, nb::handle a) {
+             new (self) ::ncnn::Mat(mat_of_shape(ints(shape), e, a));
+           },
+           "shape"_a, nb::kw_only(), "elemsize"_a = 4, "allocator"_a.none() = nb::none())
       // Anything else numpy reads as real numbers (other byte orders, nested lists) becomes float32 first;
       // the rest is a TypeError that names the dtype.
       .def("__init__",
@@ -1291,7 +1309,21 @@ NB_MODULE(_graph, m) {
       .def("__setitem__", [](::ncnn::Mat& m, long long i, float v) { element(m, i) = v; }, "i"_a, "v"_a)
       .def("__len__", [](const ::ncnn::Mat& m) { return m.w; })  // pyncnn's: w
       .def("elembits", [](const ::ncnn::Mat& m) { return m.elembits(); })
-      .def("numpy", &mat_to_numpy)
+      // pyncnn's format argument: "" or "f" (float32, what every Mat here holds)
+      .def("numpy",
+           [](const ::ncnn::Mat& mat, const std::string& format) {
+             if (!format.empty() && format != "f")
+               throw std::invalid_argument("Mat.numpy: format '" + format + "': vknorm.graph's Mats hold float32 ('f')");
+             return mat_to_numpy(mat);
+           },
+           "format"_a = "")
+      .def("__repr__",
+           [](const ::ncnn::Mat& m) {
+             if (m.empty()) return std::string("Mat(empty)");
+             return "Mat(dims=" + std::to_string(m.dims) + ", w=" + std::to_string(m.w) + ", h=" + std::to_string(m.h) +
+                    ", d=" + std::to_string(m.d) + ", c=" + std::to_string(m.c) + ", elemsize=" +
+                    std::to_string(m.elemsize) + ", elempack=" + std::to_string(m.elempack) + ")";
+           })
       // numpy's protocol: always a copy (ncnn's memory may be packed or float16), so copy=False, which asks for
       // the Mat's own memory, is numpy 2's ValueError rather than a copy that writes do not reach
       .def("__array__",

@@ -1220,6 +1220,23 @@ def test_mat_shape_constructors_as_pyncnn_and_a_single_value_refused():
     assert np.array(graph.Mat(np.int64(5), np.int32(3))).shape == (3, 5)
     with pytest.raises(TypeError, match="dimensions are ints"):
         graph.Mat((5, True))
+    # pyncnn's keywords: float32's elemsize and ncnn's own allocator (None) are what every Mat here has
+    assert np.array(graph.Mat(5, 3, elemsize=4, allocator=None)).shape == (3, 5)
+    assert np.array(graph.Mat((5, 3), elemsize=4)).shape == (3, 5)
+    with pytest.raises(ValueError, match="elemsize 2: vknorm.graph's Mats hold float32"):
+        graph.Mat(5, 3, elemsize=2)
+    with pytest.raises(TypeError, match="no allocator objects"):
+        graph.Mat(5, allocator=object())
+    assert repr(graph.Mat(5, 3)) == "Mat(dims=2, w=5, h=3, d=1, c=1, elemsize=4, elempack=1)"
+    assert repr(graph.Mat()) == "Mat(empty)"
+
+
+def test_mat_numpy_takes_pyncnns_format_argument():
+    m = graph.Mat(np.arange(6, dtype=np.float32).reshape(2, 3))
+    for fmt in ("", "f"):
+        assert np.array_equal(m.numpy(fmt), np.arange(6, dtype=np.float32).reshape(2, 3))
+    with pytest.raises(ValueError, match="format 'i'"):
+        m.numpy("i")
 
 
 def test_mat_to_numpy_is_a_copy_and_copy_false_says_so():
