@@ -227,12 +227,16 @@ std::vector<DeviceInfo> enumerate_devices() {
 int default_device_index() {
   auto devices = enumerate_devices();
   if (devices.empty()) throw VulkanUnavailable(kInstallHint);
-  if (const char* want = std::getenv("VKNORM_DEVICE"); want && *want) {
+  // Surrounding white space ignored, on either side alike (strtol alone skipped it before an index only).
+  std::string want = std::getenv("VKNORM_DEVICE") ? std::getenv("VKNORM_DEVICE") : "";
+  want.erase(0, want.find_first_not_of(" \t\n\r\f\v"));
+  want.erase(want.find_last_not_of(" \t\n\r\f\v") + 1);
+  if (!want.empty()) {
     char* end = nullptr;
-    long idx = std::strtol(want, &end, 10);
+    const long idx = std::strtol(want.c_str(), &end, 10);
     if (*end == '\0') {
       if (idx < 0 || idx >= long(devices.size()))
-        throw std::invalid_argument("VKNORM_DEVICE=" + std::string(want) + ": expected a device index 0 to " +
+        throw std::invalid_argument("VKNORM_DEVICE=" + want + ": expected a device index 0 to " +
                                     std::to_string(devices.size() - 1) + " or part of a device's name (vknorm info lists them)");
       return int(idx);
     }
@@ -243,7 +247,7 @@ int default_device_index() {
     const std::string needle = lower(want);
     for (const auto& d : devices)
       if (lower(d.name).find(needle) != std::string::npos) return d.index;
-    throw std::invalid_argument("VKNORM_DEVICE=" + std::string(want) + " matches no device (vknorm info lists them)");
+    throw std::invalid_argument("VKNORM_DEVICE=" + want + " matches no device (vknorm info lists them)");
   }
   auto best = std::min_element(devices.begin(), devices.end(), [](const DeviceInfo& a, const DeviceInfo& b) {
     return type_rank(a.type) < type_rank(b.type);

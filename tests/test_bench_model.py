@@ -226,6 +226,7 @@ def test_settings_refused_in_the_worker_process_are_one_line_and_exit_2(env, mes
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith(f"vknorm {cmd[0]}: error:") and message in lines[0], \
             (cmd, proc.stderr[-2000:])
+        assert "--input shapes" not in lines[0], lines[0]  # a setting, not the shapes
 
 
 def test_bench_model_survives_ncnn_crashing_on_an_input_shape():

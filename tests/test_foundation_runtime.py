@@ -324,13 +324,17 @@ def device_pick(kind: str):
     devs = vknorm.devices()
     last = devs[-1]
     value = {"first_index": "0", "last_index": str(last["index"]), "full_name": last["name"],
-             "name_upper": last["name"].upper(), "name_piece": last["name"].split()[0][:4].lower()}[kind]
-    if value.isdigit():
+             "name_upper": last["name"].upper(), "name_piece": last["name"].split()[0][:4].lower(),
+             # surrounding white space is ignored, before and after alike
+             "index_spaced": f" {last['index']} ", "index_trailing_space": f"{last['index']} ",
+             "name_spaced": f"  {last['name'].split()[0]}\t"}[kind]
+    if value.strip().isdigit():
         return value, int(value)
-    return value, next(d["index"] for d in devs if value.lower() in d["name"].lower())
+    return value, next(d["index"] for d in devs if value.strip().lower() in d["name"].lower())
 
 
-@pytest.mark.parametrize("kind", ["first_index", "last_index", "full_name", "name_upper", "name_piece"])
+@pytest.mark.parametrize("kind", ["first_index", "last_index", "full_name", "name_upper", "name_piece",
+                                  "index_spaced", "index_trailing_space", "name_spaced"])
 def test_vknorm_device_picks_by_index_or_name_substring(kind):
     value, want = device_pick(kind)
     res = json_tail(run_python(PICK_SCRIPT, {"VKNORM_DEVICE": value}))

@@ -155,6 +155,9 @@ def main(argv=None) -> int:
             print(f"vknorm {args.command}: error: {closed[0]} is closed: nowhere to write the report", file=sys.stderr)
         return 2
     try:
+        refused = _core.setting_problems() if args.command != "info" else []  # info lists them itself
+        if refused:  # before any work: inside a model run it would surface as that layer's failure
+            raise UsageError(refused[0]["error"] + " (vknorm info lists the settings)")
         return int(args.func(args) or 0)
     except UsageError as e:
         print(f"vknorm {args.command}: error: {e}", file=sys.stderr)
