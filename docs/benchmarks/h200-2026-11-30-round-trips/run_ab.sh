@@ -1,5 +1,5 @@
-# Host round trips of three builds, interleaved round by round: 2982592 (fence polling, 2026-11-25), 1721543
-# (the last build whose suite ran here) and HEAD (context pipeline cache, tuning knobs read only when set).
+# Host round trips of the builds packed in .gpu/builds, interleaved round by round; here three: 2982592 (fence
+# polling, 2026-11-25), 1721543 (the last build whose suite ran here) and HEAD (context pipeline cache, tuning knobs read only when set).
 # Packed here (the sources a build needs): for r in 2982592 1721543 HEAD; do git archive --format=tar.gz \
 #   -o .gpu/builds/$r.tar.gz $r -- . ":!docs" ":!tests" ":!examples"; done
 set -u

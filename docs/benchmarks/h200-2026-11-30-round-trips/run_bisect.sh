@@ -1,29 +1,5 @@
 # Host round trips of the builds between 2982592 and 1721543 that changed code, every 15th of them, interleaved.
-# Packed here: for r in 2982592 <commits> 1721543; do git archive --format=tar.gz \
+# Packed here: for r in 2982592 4cf94f4 a9e74b1 52e41ed b123992 7002207 58bbb2e 3a29d56 1721543; do git archive --format=tar.gz \
 #   -o .gpu/builds/$(git log -1 --format=%ad --date=format:%m%d%H%M $r)_$r.tar.gz $r -- . ":!docs" ":!tests" ":!examples"; done
-set -u
-source .gpu/setup.sh > /dev/null
-build=$(realpath tools/gpu_build.sh)
-for f in .gpu/builds/*.tar.gz; do
-  n=$(basename $f .tar.gz); mkdir -p /tmp/b/src_$n; tar -xzf $f -C /tmp/b/src_$n
-  (cd /tmp/b/src_$n && NO_NCNN=1 CMAKE_BUILD_PARALLEL_LEVEL=5 VKNORM_SITE=/tmp/b/site_$n VKNORM_BUILD_DIR=/tmp/b/build_$n \
-     bash $build > $OUT/build_$n.log 2>&1 || tail -5 $OUT/build_$n.log) &
-done; wait
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-rt=$(realpath docs/benchmarks/h200-2026-11-25-host-round-trips/round_trips.py)
-for r in 1 2 3; do for f in .gpu/builds/*.tar.gz; do n=$(basename $f .tar.gz)
-  (cd /tmp && PYTHONPATH=/tmp/b/site_$n:$PYTHONPATH python3 $rt $OUT/${n}_r$r.json > /dev/null)
-done; done
-python3 - <<'PY'
-import json, os, glob, collections, statistics
-out = os.environ["OUT"]
-rows = collections.defaultdict(lambda: collections.defaultdict(list))
-for f in sorted(glob.glob(f"{out}/*_r*.json")):
-    n = os.path.basename(f).rsplit("_r", 1)[0]
-    for r in json.load(open(f)):
-        rows[("x".join(map(str, r["shape"])), r["call"])][n].append(r["ms"])
-names = sorted({n for v in rows.values() for n in v})
-print(f"{'shape':>10s} {'call':32s}", " ".join(f"{n:>22s}" for n in names))
-for (s, c), v in rows.items():
-    print(f"{s:>10s} {c:32s}", " ".join(f"{statistics.median(v[n]):7.3f} ({min(v[n]):.3f}-{max(v[n]):.3f})" for n in names))
-PY
+# (the same steps as run_ab.sh, which runs whatever .gpu/builds holds)
+exec bash "$(dirname "$0")/run_ab.sh"
