@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMPS := .stamps
 APT_PACKAGES := build-essential cmake libvulkan-dev libvulkan1 glslang-tools spirv-tools mesa-vulkan-drivers \
-                vulkan-validationlayers vulkan-tools python3-venv python3-dev
+                vulkan-validationlayers vulkan-tools python3-venv python3-dev locales
 SOURCES := $(shell find src include shaders cmake python -type f) CMakeLists.txt pyproject.toml
 # ncnn compiled from its pinned source (tools/build_ncnn.sh), cached outside the clone: built once per machine.
 # VKNORM_CACHE moves that cache (its sources, build tree and install), as it does for tools/build_ncnn.sh.

@@ -106,7 +106,10 @@ Mat Mat::create_for_overwrite(const Mat& layout) {
 Mat Mat::external(const Mat& layout, void* data) {
   if (!data) throw std::invalid_argument("Mat::external: no memory");
   Mat m = layout;
-  m.storage_ = std::make_shared<HostMemory>(static_cast<unsigned char*>(data), layout.bytes());
+  // One channel: its cstep only pads the end of the memory, which ncnn's Mat(w, h, data) does not have. Dense, so
+  // that nothing (conversions zero that padding) is written or read past the last element.
+  if (m.dims <= 2) m.cstep = size_t(m.w) * m.h;
+  m.storage_ = std::make_shared<HostMemory>(static_cast<unsigned char*>(data), m.bytes());
   check_host_mat(m, "Mat::external");
   return m;
 }

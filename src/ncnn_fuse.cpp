@@ -3,10 +3,10 @@
 // their order, so the .bin stays as it is (the removed layers, BinaryOp, Split and the activations, have none).
 #include <algorithm>
 #include <cctype>
-#include <cstdio>
 #include <fstream>
 #include <iomanip>
 #include <iterator>
+#include <locale>
 #include <map>
 #include <memory>
 #include <set>
@@ -189,6 +189,14 @@ bool exact_param(const Line& l, int id, T def, T& out) {
   }
   out = pd->get(id, def);
   return true;
+}
+
+// A stream that writes numbers as ncnn reads them whatever the process's locale: a program that set one with a
+// decimal comma or digit grouping (setlocale(LC_ALL, ""), a Qt application) wrote "1,0e-01" and "1.002" there.
+std::ostringstream c_locale_stream() {
+  std::ostringstream s;
+  s.imbue(std::locale::classic());
+  return s;
 }
 
 // Removes every param ncnn would read as `id`, in any spelling.
@@ -406,10 +414,10 @@ FuseResult fuse_param(const std::string& text) {
       producer[F.tops[0]] = n;
       L[act].removed = true;
       F.params.push_back(std::to_string(kParamActivation) + "=" + std::to_string(int(a)));
-      if (a == Activation::LeakyReLU) {
-        char buf[64];
-        std::snprintf(buf, sizeof buf, "%d=1,%.9e", -23300 - kParamActivationParams, double(alpha));
-        F.params.push_back(buf);
+      if (a == Activation::LeakyReLU) {  // a float array of one: ncnn reads it as a float by its '.' and 'e'
+        std::ostringstream p = c_locale_stream();
+        p << -23300 - kParamActivationParams << "=1," << std::scientific << std::setprecision(9) << double(alpha);
+        F.params.push_back(p.str());
       }
     }
     if (residual != Fusion::None) F.params.push_back(std::to_string(kParamResidual) + "=" + std::to_string(residual));
@@ -429,7 +437,7 @@ FuseResult fuse_param(const std::string& text) {
     if (auto it = after.find(i); it != after.end())
       for (int j : it->second) out.push_back(&L[j]), blobs += L[j].tops.size();
   }
-  std::ostringstream os;
+  std::ostringstream os = c_locale_stream();
   os << "7767517\n" << out.size() << " " << blobs << "\n";
   for (const Line* l : out) {
     // ncnn's column layout; names of any length (ncnn reads up to 255 characters)

@@ -721,6 +721,45 @@ def test_a_leaky_relu_slope_survives_the_rewrite_to_the_last_bit(tmp_path, slope
     np.testing.assert_array_equal(got["out0"], ref)
 
 
+LOCALE_SCRIPT = """
+import json, locale, sys
+import numpy as np
+locale.setlocale(locale.LC_ALL, "de_DE.UTF-8")  # a decimal comma, as a program that calls setlocale(LC_ALL, "") has
+from vknorm import graph
+text = sys.argv[1]
+outs = {}
+for vk in (False, True):
+    net = graph.Net(vknorm=vk)
+    net.opt.use_vulkan_compute = False
+    assert net.load_param_mem(text) == 0 and net.load_model_mem(b"") == 0
+    ex = net.create_extractor()
+    ex.input("in0", graph.Mat(np.linspace(-3, 3, 96, dtype=np.float32).reshape(6, 16)))
+    ret, out = ex.extract("out0")
+    outs[vk] = (ret, np.array(out).tolist())
+print(json.dumps({"point": locale.localeconv()["decimal_point"], "fused": graph._graph.fuse_param(text)[0],
+                  "same": outs[False] == outs[True], "ret": outs[True][0]}))
+"""
+
+
+@needs_graph
+def test_a_fused_model_is_written_as_ncnn_reads_it_whatever_the_locale(tmp_path):
+    """A process whose locale writes a decimal comma (setlocale(LC_ALL, "") in Germany, a Qt application) got
+    "-23310=1,1,000000015e-01" in the fused text, which ncnn refused: the slope is written in the C locale."""
+    locales = tmp_path / "locales"
+    locales.mkdir()
+    made = subprocess.run(["localedef", "-i", "de_DE", "-f", "UTF-8", str(locales / "de_DE.UTF-8")],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode in (0, 1), made.stderr  # 1: warnings only
+    text = "7767517\n3 3\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 y 0=16 1=1e-05 2=0\nReLU act 1 1 y out0 0=0.1\n"
+    proc = subprocess.run([sys.executable, "-c", LOCALE_SCRIPT, text], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LOCPATH": str(locales)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout.splitlines()[-1])
+    assert res["point"] == ",", res  # the locale took: the case is the one it names
+    assert "-23310=1,1.000000015e-01" in res["fused"].split(), res["fused"]
+    assert res["ret"] == 0 and res["same"], res
+
+
 @needs_graph
 def test_fused_types_refuse_bad_params(tmp_path):
     from vknorm._stdio import quiet_stderr

@@ -59,8 +59,9 @@ class Mat {
   // The same fields without storage: how such a Mat lies in memory (convert_into's destination format).
   static Mat layout(int dims, int w, int h, int d, int c, size_t scalar_bytes = 4, int elempack = 1);
   // A Mat over memory it does not own, laid out as `layout`'s fields say (its cstep as that memory has it:
-  // a dense array's is w*h*d), as ncnn's Mat(w, h, c, data) constructors: the caller keeps the memory alive
-  // while this Mat or a copy of it is used. clone() makes an owned copy.
+  // a dense array's is w*h*d; a dims 1-2 Mat's is always w*h, nothing past its last element), as ncnn's
+  // Mat(w, h, c, data) constructors: the caller keeps the memory alive while this Mat or a copy of it is used.
+  // clone() makes an owned copy.
   static Mat external(const Mat& layout, void* data);
 
   bool empty() const { return dims == 0 || total() == 0; }

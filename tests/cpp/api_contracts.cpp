@@ -8,6 +8,8 @@
 //   - forward(bottom, top) leaves bottom as it was and gives forward_inplace's result; top is allocated when
 //     it does not fit and written where it lies when it does (a Mat::external over dense memory);
 //   - forward(bottom, top) that throws leaves a top it would have replaced as it was;
+//   - a dims 1-2 Mat::external over a dense array (ncnn's Mat(w, h, data)) is written no further than its last
+//     element by forward_inplace, forward and download;
 //   - forward(VkMat bottom, VkMat& top) leaves bottom as it was and gives forward_inplace's result, in a top of
 //     bottom's layout where it lies, else (top empty, or sharing bottom's buffer) in a buffer of its own;
 //   - download(Mat&) converts into the caller's Mat (float16 pack4 on the device, float32 pack1 out);
@@ -203,6 +205,29 @@ int main() {
         same = same && std::memcmp(m.channel(q), want.channel(q), size_t(15) * m.elemsize) == 0;
       report(same, "forward_inplace_cpu on a float16 Mat::external with dense channels (pack" + std::to_string(pack) +
                        ")" + err);
+    }
+
+    // ---- a dims 1-2 Mat::external over a dense array (ncnn's Mat(w, h, data)) is written no further than its last
+    // element: Mat::layout pads the end of a 3x5 float Mat to 16, which such an array does not have
+    for (int dims : {1, 2}) {
+      std::vector<float> memory(15 + 4, 99.f);  // 15 elements, then 4 guards
+      for (int i = 0; i < 15; ++i) memory[i] = std::sin(float(i));
+      const vknorm::Mat shape = dims == 1 ? vknorm::Mat::layout(1, 15, 1, 1, 1) : vknorm::Mat::layout(2, 5, 3, 1, 1);
+      vknorm::Mat m = vknorm::Mat::external(shape, memory.data());
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      load_layernorm(l, dims == 1 ? 15 : 5);
+      std::string err;
+      try {
+        l.forward_inplace(m);
+        vknorm::Mat top = vknorm::Mat::external(shape, memory.data());
+        l.forward(m.clone(), top);
+        vknorm::VkMat::upload(m, ctx).download(top);
+      } catch (const std::exception& e) {
+        err = std::string(": ") + e.what();
+      }
+      const bool guards = std::all_of(memory.begin() + 15, memory.end(), [](float v) { return v == 99.f; });
+      report(err.empty() && guards && m.cstep == 15,
+             "forward_inplace, forward and download keep to a dense dims-" + std::to_string(dims) + " Mat::external" + err);
     }
 
     // ---- forward(bottom, top): bottom only read; top allocated, or written where it lies
