@@ -118,9 +118,12 @@ bool computed_on_host(const ::ncnn::Net& net, const char* name) {
   return layer->type == "Input" || !layer->support_vulkan || (layer->featmask & (1 << 4));
 }
 
-Runner::Runner(const ::ncnn::Net& net) : net_(net) {
-  if (!net.opt.use_vulkan_compute || !net.vulkan_device()) return;
-  vkdev_ = net.vulkan_device();
+Runner::Runner(const ::ncnn::Net& net) : net_(net) { attach(); }
+
+// ncnn picks a Vulkan net's device at load_param: a Runner made before that takes it at its first use after.
+void Runner::attach() const {
+  if (vkdev_ || !net_.opt.use_vulkan_compute || !net_.vulkan_device()) return;
+  vkdev_ = net_.vulkan_device();
   blob_allocator_ = vkdev_->acquire_blob_allocator();
   staging_allocator_ = vkdev_->acquire_staging_allocator();
 }
@@ -133,6 +136,7 @@ Runner::~Runner() {
 }
 
 void Runner::give_allocators(::ncnn::Extractor& ex) const {
+  attach();
   if (!vkdev_) return;
   ex.set_blob_vkallocator(blob_allocator_);
   ex.set_workspace_vkallocator(blob_allocator_);
@@ -150,6 +154,7 @@ int Runner::extract(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out) {
     NCNN_LOGE("vknorm: Runner::extract: the blob name is null");
     return -1;
   }
+  attach();
   // ncnn's own: no recording (or its error for an unknown name)
   if (!vkdev_ || blob_index(net_, blob) < 0 || computed_on_host(net_, blob)) return ex.extract(blob, out);
   if (!cmd_) {

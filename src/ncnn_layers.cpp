@@ -694,6 +694,11 @@ int register_layers(::ncnn::Net& net) {
       {fused_name(NormOp::GroupNorm), create_layer<NormOp::GroupNorm, true>},
       {fused_name(NormOp::InstanceNorm), create_layer<NormOp::InstanceNorm, true>},
   };
+  if (!net.layers().empty()) {  // made at load_param, stock: registering now would change none of them
+    NCNN_LOGE("vknorm::ncnn::register_layers: the net's layers are made already (load_param ran): call it before "
+              "load_param, or on a net that has been clear()ed");
+    return -1;
+  }
   for (const auto& [type, creator] : types)
     if (int r = net.register_custom_layer(type, creator, destroy_layer)) return r;
   return 0;

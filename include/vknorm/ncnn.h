@@ -35,8 +35,8 @@ namespace vknorm {
 namespace ncnn {
 
 // Makes the net's LayerNorm, RMSNorm, GroupNorm and InstanceNorm layers vknorm's (ncnn's register_custom_layer, which replaces
-// the built-in types), and registers vknorm's fused types below. Call before load_param. Returns 0, or the
-// error of the registration that failed. The layers write a blob of their own (not in place, unlike
+// the built-in types), and registers vknorm's fused types below. Call before load_param. Returns 0, -1 after
+// load_param (the net's layers are made already: none would change), or the error of the registration that failed. The layers write a blob of their own (not in place, unlike
 // ncnn's): a norm on a Split's output then needs no copy of it. A Vulkan net with bfloat16 storage
 // (opt.use_bf16_storage / use_bf16_packed) is refused: create_pipeline and every forward fail with -1, naming
 // the option (vknorm's kernels read float32 or float16).
@@ -133,7 +133,7 @@ bool describe_layer(const ::ncnn::Layer* layer, LayerInfo& out);
 // the call and destroys them after: 0.4-0.6 ms on an H200's driver, most of what a small model's inference costs
 // there. A Runner keeps one set, reset between extracts:
 //
-//   vknorm::ncnn::Runner runner(net);               // after load_model; one per thread, as an Extractor
+//   vknorm::ncnn::Runner runner(net);               // one per thread, as an Extractor
 //   for (...) {
 //     ncnn::Extractor ex = runner.create_extractor();
 //     ex.input("in0", in);
@@ -141,7 +141,8 @@ bool describe_layer(const ::ncnn::Layer* layer, LayerInfo& out);
 //     int r = runner.extract(ex, "out0", out);      // what ex.extract("out0", out) gives
 //   }
 //
-// In a CPU net (no Vulkan device) both are ncnn's own. The net must outlive the Runner, and the Runner every
+// In a CPU net (no Vulkan device) both are ncnn's own. A Runner made before load_param takes the device ncnn picks
+// there at its first create_extractor or extract after it. The net must outlive the Runner, and the Runner every
 // extractor it made (their blobs live in its allocators, which it hands back to the device when destroyed).
 class Runner {
  public:
@@ -163,10 +164,11 @@ class Runner {
 
  private:
   void give_allocators(::ncnn::Extractor& ex) const;  // this Runner's device allocators (a Vulkan net's)
+  void attach() const;  // the net's device and allocators, once the net has a device
   const ::ncnn::Net& net_;
-  const ::ncnn::VulkanDevice* vkdev_ = nullptr;  // null in a CPU net
-  ::ncnn::VkAllocator* blob_allocator_ = nullptr;
-  ::ncnn::VkAllocator* staging_allocator_ = nullptr;
+  mutable const ::ncnn::VulkanDevice* vkdev_ = nullptr;  // null in a CPU net, and until load_param
+  mutable ::ncnn::VkAllocator* blob_allocator_ = nullptr;
+  mutable ::ncnn::VkAllocator* staging_allocator_ = nullptr;
   std::unique_ptr<::ncnn::VkCompute> cmd_;
   uint64_t made_ = 0;
 };

@@ -12,6 +12,8 @@
 //     the extractor was not given records with them; a host layer's blob comes back as that layer wrote it
 //     after its float16 upload, and light mode recomputes from what an earlier extract downloaded, as ncnn's.
 //   - a bfloat16 Vulkan net that ncnn's load_model from memory left loaded: every extract is -1 (CPU devices).
+//   - register_layers after load_param is -1 (the layers are made, stock), and registers after clear().
+//   - a Runner made before load_param records its extracts into one command buffer, as one made after.
 #include <gpu.h>
 #include <mat.h>
 #include <net.h>
@@ -345,8 +347,58 @@ void fused_loaders_refuse_null() {
   report(r == -1 && fused.empty() && blobs.empty(), "load_param_fused with a null path: -1 (returns " + std::to_string(r) + ")");
 }
 
+// register_layers after load_param: -1, the layers stay stock (ncnn made them at load_param); after clear(), it
+// registers and the next load_param makes vknorm's.
+void register_layers_only_before_load_param() {
+  ::ncnn::Net net;
+  net.opt.use_vulkan_compute = false;
+  const char* param = "7767517\n2 2\nInput in0 0 1 x\nLayerNorm n 1 1 x y 0=4 1=0.001 2=0\n";
+  const bool loaded = net.load_param_mem(param) == 0;
+  const int late = vknorm::ncnn::register_layers(net);
+  const bool stock = !vknorm::ncnn::is_vknorm_layer(net.layers().back());
+  net.clear();
+  const int after_clear = vknorm::ncnn::register_layers(net);
+  const bool ours = net.load_param_mem(param) == 0 && vknorm::ncnn::is_vknorm_layer(net.layers().back());
+  report(loaded && late == -1 && stock && after_clear == 0 && ours,
+         "register_layers after load_param: -1, the layers stock (returns " + std::to_string(late) + "); after clear() "
+         "it registers (" + std::to_string(after_clear) + ")");
+}
+
+// A Runner made before load_param takes the device ncnn picks there: its Vulkan extracts share one command buffer
+// (it used ncnn's per-extract pool for good) and give ncnn's result.
+void runner_made_before_load_param() {
+  ::ncnn::Net net;
+  net.opt.use_vulkan_compute = true;
+  vknorm::ncnn::register_layers(net);
+  vknorm::ncnn::Runner runner(net);
+  const char* param = "7767517\n2 2\nInput in 0 1 x\nLayerNorm n 1 1 x y 0=4 1=0.001 2=0\n";
+  if (net.load_param_mem(param) != 0 || net.load_model(reinterpret_cast<const unsigned char*>("")) < 0)
+    return report(false, "Runner made before load_param: the net did not load");
+  const ::ncnn::Mat x = wave(4, 5, 6, 0.3f);
+  ::ncnn::Mat want;
+  {
+    ::ncnn::Extractor ex = net.create_extractor();
+    ex.input("x", x);
+    ex.extract("y", want);
+  }
+  bool same = true;
+  int r = 0;
+  for (int i = 0; i < 2; ++i) {
+    ::ncnn::Extractor ex = runner.create_extractor();
+    ex.input("x", x);
+    ::ncnn::Mat got;
+    r |= runner.extract(ex, "y", got);
+    same = same && same_bits(got, want);
+  }
+  report(r == 0 && same && runner.command_buffers_made() == 1,
+         "Runner made before load_param: ncnn's result from one command buffer (made " +
+             std::to_string(runner.command_buffers_made()) + ")");
+}
+
 int main() {
   fused_loaders_refuse_null();
+  runner_made_before_load_param();
+  register_layers_only_before_load_param();
   float16_input_like_float32("LayerNorm", "LayerNorm n 1 1 x0 y 0=4 1=0.001 2=1", 1, 1, 4);
   float16_input_like_float32("RMSNorm", "RMSNorm n 1 1 x0 y 0=4 1=0.001 2=1", 1, 1, 4);
   float16_input_like_float32("GroupNorm", "GroupNorm n 1 1 x0 y 0=3 1=6 2=0.001 3=1", 1, 1, 6);
