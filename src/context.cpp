@@ -299,7 +299,7 @@ std::shared_ptr<Context> Context::create(int index) {
   // VKNORM_SUBGROUP_SIZE=N: subgroup pipelines require subgroups of N invocations, where the device
   // lets a compute shader choose (subgroupSizeControl, Vulkan 1.3 or VK_EXT_subgroup_size_control).
   vk::PhysicalDeviceSubgroupSizeControlFeatures size_control{};
-  if (const uint64_t want = env_positive("VKNORM_SUBGROUP_SIZE")) {
+  if (const uint64_t want = env_subgroup_size()) {
     const std::string what = "VKNORM_SUBGROUP_SIZE=" + std::to_string(want) + " on " + impl->info.name + ": ";
     bool ext = false;
     for (const auto& e : pd.enumerateDeviceExtensionProperties())
@@ -374,7 +374,7 @@ std::shared_ptr<Context> Context::create(int index) {
   const bool uncached = env_flag("VKNORM_TUNE_UNCACHED_MAPPING");
   impl->device_memory_cached = !uncached && cached(impl->device_memory_type);
   impl->staging_memory_cached = !uncached && cached(impl->staging_memory_type);
-  impl->max_device_bytes = env_positive("VKNORM_MAX_DEVICE_BYTES");
+  impl->max_device_bytes = env_max_device_bytes();
   impl->cache_limit = env_buffer_cache_bytes().value_or(kBufferCacheBytes);
   impl->pipeline_cache_count = env_pipeline_cache_count().value_or(kPipelineCacheCount);
   // A CPU device's work runs on the host's cores: polling there would take one from it.

@@ -829,6 +829,16 @@ std::optional<uint64_t> env_fence_spin_us() {
   return env_count("VKNORM_FENCE_SPIN_US", "a whole number of microseconds (0: never poll)");
 }
 
+uint64_t env_max_device_bytes() { return env_positive("VKNORM_MAX_DEVICE_BYTES"); }
+
+uint64_t env_subgroup_size() { return env_positive("VKNORM_SUBGROUP_SIZE"); }
+
+uint64_t env_conversion_bytes_per_thread() { return env_positive("VKNORM_TUNE_CONVERSION_BYTES_PER_THREAD"); }
+
+std::optional<uint64_t> env_conversion_threads() {
+  return env_count("VKNORM_TUNE_CONVERSION_THREADS", "a whole number of threads (0 or 1: one)");
+}
+
 std::vector<std::pair<std::string, std::string>> setting_problems() {
   std::vector<std::pair<std::string, std::string>> problems;
   const auto check = [&problems](const char* name, const auto& read) {
@@ -841,13 +851,15 @@ std::vector<std::pair<std::string, std::string>> setting_problems() {
   check("VKNORM_VULKAN_API", [] { env_api_cap(); });
   check("VKNORM_MAX_SHARED_MEMORY", [] { env_max_shared_memory(); });
   check("VKNORM_MAX_BUFFER_BYTES", [] { binding_limit(0); });
-  check("VKNORM_MAX_DEVICE_BYTES", [] { env_positive("VKNORM_MAX_DEVICE_BYTES"); });
-  check("VKNORM_SUBGROUP_SIZE", [] { env_positive("VKNORM_SUBGROUP_SIZE"); });
+  check("VKNORM_MAX_DEVICE_BYTES", [] { env_max_device_bytes(); });
+  check("VKNORM_SUBGROUP_SIZE", [] { env_subgroup_size(); });
   check("VKNORM_BUFFER_CACHE_BYTES", [] { env_buffer_cache_bytes(); });
   check("VKNORM_PIPELINE_CACHE_COUNT", [] { env_pipeline_cache_count(); });
   check("VKNORM_FENCE_SPIN_US", [] { env_fence_spin_us(); });
   check("VKNORM_COOPERATIVE_WORKGROUPS", [] { env_cooperative_workgroups(); });
   check("VKNORM_PATH", [] { env_path(); });
+  check("VKNORM_TUNE_CONVERSION_BYTES_PER_THREAD", [] { env_conversion_bytes_per_thread(); });
+  check("VKNORM_TUNE_CONVERSION_THREADS", [] { env_conversion_threads(); });
   return problems;
 }
 

@@ -290,13 +290,20 @@ uint64_t env_max_shared_memory();
 Path env_path();
 // VKNORM_COOPERATIVE_WORKGROUPS: how many workgroups the device keeps resident (0: no cooperative kernel).
 std::optional<uint64_t> env_cooperative_workgroups();
-// A context's settings: VKNORM_BUFFER_CACHE_BYTES, VKNORM_PIPELINE_CACHE_COUNT, VKNORM_FENCE_SPIN_US.
+// A context's settings: VKNORM_BUFFER_CACHE_BYTES, VKNORM_PIPELINE_CACHE_COUNT, VKNORM_FENCE_SPIN_US,
+// VKNORM_MAX_DEVICE_BYTES and VKNORM_SUBGROUP_SIZE (0: unset).
 std::optional<uint64_t> env_buffer_cache_bytes();
 std::optional<uint64_t> env_pipeline_cache_count();
 std::optional<uint64_t> env_fence_spin_us();
-// Every setting above, and the others read through env_count/env_positive, read on its own: {variable, message} for
+uint64_t env_max_device_bytes();
+uint64_t env_subgroup_size();
+// The host conversions' knobs: VKNORM_TUNE_CONVERSION_BYTES_PER_THREAD (0: unset), VKNORM_TUNE_CONVERSION_THREADS.
+uint64_t env_conversion_bytes_per_thread();
+std::optional<uint64_t> env_conversion_threads();
+// Every setting above, VKNORM_VULKAN_API and VKNORM_MAX_BUFFER_BYTES, each read on its own: {variable, message} for
 // each value a context, plan or forward would refuse now (empty: none). vknorm info names them all at once, where
-// the runtime meets them one at a time. VKNORM_DEVICE is default_device_index's to judge (it needs the devices).
+// the runtime meets them one at a time. VKNORM_DEVICE is default_device_index's to judge (it needs the devices);
+// the other tuning knobs are read leniently (atoi), and flags take any value.
 std::vector<std::pair<std::string, std::string>> setting_problems();
 // The bytes one storage-buffer binding may hold: the device's maxStorageBufferRange (0: no limit), lowered by
 // VKNORM_MAX_BUFFER_BYTES=N (plan as if the device bound at most N bytes: tests run the pieces path with small

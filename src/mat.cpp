@@ -246,11 +246,10 @@ template <typename F>
 void for_parts(int planes, size_t elems, size_t bytes, F&& f) {
   // Measurement knobs, read once: whole numbers, else refused by name (a conversion never divides by 0 bytes).
   static const uint64_t kPerThread = [] {
-    const uint64_t n = env_positive("VKNORM_TUNE_CONVERSION_BYTES_PER_THREAD");
+    const uint64_t n = env_conversion_bytes_per_thread();
     return n ? n : uint64_t(2) << 20;
   }();
-  static const uint64_t kMaxThreads =
-      env_count("VKNORM_TUNE_CONVERSION_THREADS", "a whole number of threads (0 or 1: one)").value_or(8);
+  static const uint64_t kMaxThreads = env_conversion_threads().value_or(8);
   const size_t threads = size_t(std::min<uint64_t>({usable_cpus(), kMaxThreads, bytes / kPerThread}));
   // Fewer planes than threads: each plane in `threads` parts, so that every thread gets as many.
   const size_t per_plane = threads <= size_t(planes) ? 1 : std::min(elems, threads);

@@ -191,8 +191,9 @@ bool exact_param(const Line& l, int id, T def, T& out) {
   return true;
 }
 
-// A stream that writes numbers as ncnn reads them whatever the process's locale: a program that set one with a
-// decimal comma or digit grouping (setlocale(LC_ALL, ""), a Qt application) wrote "1,0e-01" and "1.002" there.
+// A stream that writes numbers as ncnn reads them whatever the process's locale: under a global C++ locale with a
+// decimal comma or digit grouping (std::locale::global, as a Qt application may set) it wrote "1,0e-01" and
+// "1.002"; snprintf wrote the comma under C's setlocale(LC_ALL, "") alone.
 std::ostringstream c_locale_stream() {
   std::ostringstream s;
   s.imbue(std::locale::classic());

@@ -188,7 +188,8 @@ BAD_SETTINGS = [("VKNORM_PATH", "bogus", "unknown path 'bogus'"),
                 ("VKNORM_MAX_BUFFER_BYTES", "0", "a positive integer"),
                 ("VKNORM_SUBGROUP_SIZE", "1.5", "a positive integer"),
                 ("VKNORM_MAX_SHARED_MEMORY", "12", "at least 256 bytes"),
-                ("VKNORM_VULKAN_API", "2.0", "expected 1.0, 1.1, 1.2 or 1.3")]
+                ("VKNORM_VULKAN_API", "2.0", "expected 1.0, 1.1, 1.2 or 1.3"),
+                ("VKNORM_TUNE_CONVERSION_THREADS", "abc", "a whole number of threads")]
 
 
 @pytest.mark.parametrize("name,value,words", BAD_SETTINGS, ids=[b[0] for b in BAD_SETTINGS])

@@ -150,11 +150,12 @@ def test_check_table(cli_runs):
     assert r.returncode == 0 and r.stderr == "", (r.stdout, r.stderr)
     lines = r.stdout.splitlines()
     header = next(ln for ln in lines if ln.startswith("layer"))
-    assert header.split() == ["layer", "type", "shape", "group_size", "groups", "max_abs_err", "f64_err", "gpu_us"]
+    assert header.split() == ["layer", "type", "shape", "group_size", "groups", "max_abs_err", "f64_err", "judged",
+                              "gpu_us"]
     for name in ("ln_3", "ln_4", "ln_5"):
         row = next(ln for ln in lines if ln.startswith(name + " ")).split()
         assert row[:5] == [name, "LayerNorm", "16x64", "64", "16"], row
-        assert float(row[5]) <= 1e-4 and float(row[6]) <= 1e-4 and float(row[7]) > 0
+        assert float(row[5]) <= 1e-4 and float(row[6]) <= 1e-4 and float(row[7]) <= 1e-4 and float(row[8]) > 0
     out = next(ln for ln in lines if ln.startswith("out0")).split()
     assert float(out[1]) <= 1e-3
     assert f"device: {vknorm.device_info()['name']}" in lines

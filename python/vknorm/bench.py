@@ -462,12 +462,15 @@ def run_model(args) -> int:
     except ImportError:
         pass
     from ._fork import crashed_running, fork_is_safe, run_in_child
+    from .cli import require_settings
 
     def bench():  # in the worker: the parent touches no Vulkan, so that it may fork
         from . import _core
 
-        # vknorm's settings (VKNORM_MAX_SHARED_MEMORY, ...) checked first: inside ncnn a bad one fails the load
+        # vknorm's settings (VKNORM_MAX_SHARED_MEMORY, VKNORM_PATH, ...) checked first: inside ncnn a bad one fails
+        # the load or an extract
         _core.devices()
+        require_settings()
         try:
             return run_model_bench(param, binp, dims, fp16=args.fp16, iters=args.iters,
                                    warmup_ms=args.warmup_ms,

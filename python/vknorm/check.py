@@ -17,10 +17,10 @@ crashing) (one line on stderr).
 
 Pass rule, the same for both engines (judge_layer): each vknorm layer against float64 computed from the
 input it saw in the vknorm run, with its own params and weights (the stock run's input can already differ
-by what ran upstream, which is not that layer's doing): fp32, max abs error within --atol (1e-4) times the
-float64 output's largest magnitude (at least 1: float32's own rounding grows with the output); fp16, the
-input rounded to float16 first and half the float16 spacing at the output's value allowed for the output
-rounding, the rest within --atol (1e-3) times the same. --vulkan also fails a vknorm layer that ran on the host.
+by what ran upstream, which is not that layer's doing), each element's error over max(1, |its float64 value|)
+(float32's own rounding grows with the value): fp32, within --atol (1e-4); fp16, the input rounded to float16
+first and half the float16 spacing at the output's value allowed for the output rounding, the rest within
+--atol (1e-3). --vulkan also fails a vknorm layer that ran on the host.
 
     vknorm check MODEL.param MODEL.bin --input NAME=DIMS [...] --vulkan [--no-fuse] [--fp16] [--seed N] [--atol X] [--json]
 
@@ -50,7 +50,7 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 from ._stdio import quiet_stderr
-from .cli import UsageError
+from .cli import UsageError, require_settings
 
 NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm")
 
@@ -78,10 +78,10 @@ _DIMS_HELP = "DIMS in numpy/pnnx order without batch: 197x192 (h x w), 96x28x28 
 RULE_HELP = (
     "Pass rule (exit 1 otherwise), both engines: each vknorm layer is judged against float64 computed from "
     "the very input that layer saw in the vknorm run, with its params and weights (the stock run's input can "
-    "already differ by what ran upstream, which is not that layer's doing): fp32: max abs error <= --atol "
-    "(default 1e-4) x max(1, max |float64 output|); fp16: the input rounded to float16 first, and the max abs error "
-    "less float16 output rounding (half the float16 spacing at the output's value) <= --atol (default 1e-3) x the "
-    "same. The bound grows with the output as float32's own rounding does."
+    "already differ by what ran upstream, which is not that layer's doing), each element's error over max(1, |its "
+    "float64 value|) (float32's own rounding grows with the value): fp32: <= --atol (default 1e-4); fp16: the input "
+    "rounded to float16 first, and the error less float16 output rounding (half the float16 spacing at the "
+    "output's value) <= --atol (default 1e-3)."
 )
 
 VULKAN_HELP = (
@@ -123,7 +123,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "storage in both Vulkan runs")
     p.add_argument("--seed", default="0", metavar="N", help="seed of the random inputs (default 0)")
     p.add_argument("--atol", default=None, metavar="X",
-                   help="tolerance of the pass rule, in units of max(1, the layer's largest output magnitude) "
+                   help="tolerance of the pass rule, relative to max(1, |each output's float64 value|) "
                         "(default 1e-4, with --fp16 1e-3)")
     p.add_argument("--vulkan", action="store_true", help=VULKAN_HELP)
     p.add_argument("--no-fuse", action="store_true",
@@ -744,6 +744,7 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
     if atol is None:
         atol = ATOL_FP16 if fp16 else ATOL_FP32
     model, data = _prepare(param_path, bin_path, input_specs)
+    require_settings()  # vknorm's layers read them in the vknorm run: a bad one, said as itself
 
     try:
         import ncnn
@@ -832,14 +833,14 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
                 result["warnings"].append(f"layer {layer.name!r}: ncnn did not create vknorm's {layer.type} for it")
             else:
                 has_beta = layer.type != "RMSNorm"
-                f64, judged, rec["ok"], rec["bound"] = judge_layer(
+                f64, judged, rec["ok"] = judge_layer(
                     got[blob], got[layer.bottoms[0]], layer.type, float(norm.eps), int(norm.affine_size),
                     norm.gamma if norm.affine else None, norm.beta if norm.affine and has_beta else None, fp16, atol,
                     group=int(getattr(norm, "group", 1)))
                 rec["f64_abs_err"], rec["judged_err"] = _finite_or_none(f64), _finite_or_none(judged)
             result["layers"].append({k: rec.get(k) for k in ("name", "type", "shape", "group_size", "groups",
                                                                "max_abs_err", "f64_abs_err", "judged_err",
-                                                               "bound", "gpu_us", "ok")})
+                                                               "gpu_us", "ok")})
         for name in outputs:
             err = max_abs_err(ref[name], got[name])
             result["outputs"][name] = err if math.isfinite(err) else None
@@ -873,10 +874,10 @@ def _rule(fp16: bool, atol: float, vulkan: bool = True) -> str:
             f"against the CPU run + atol x max(1, max |CPU output|)" if vulkan else "")
     if fp16:
         return (f"fp16: each vknorm layer's max |y - float64 of the float16-rounded input it saw| less float16 "
-                f"output rounding (half the float16 spacing at the output's value) <= atol {atol:g} x max(1, max "
-                f"|float64 output|){tail}")
-    return (f"fp32: each vknorm layer's max |y - float64 of the input it saw| <= atol {atol:g} x max(1, max |float64 "
-            f"output|){tail}")
+                f"output rounding (half the float16 spacing at the output's value), over max(1, |float64 value|), <= "
+                f"atol {atol:g}{tail}")
+    return (f"fp32: each vknorm layer's max |y - float64 of the input it saw| over max(1, |float64 value|) <= atol "
+            f"{atol:g}{tail}")
 
 
 def _graph_load(graph, model: Model, bin_path: str, nbytes: int, *, vknorm: bool, vulkan: bool, fp16: bool,
@@ -1085,9 +1086,10 @@ def half_fp16_spacing(ref):
     return np.where(np.isfinite(a), np.exp2(e - 11.0), np.inf)
 
 
-def _excess(y, ref, rounding=0.0) -> float:
+def _excess(y, ref, rounding=0.0, relative: bool = False) -> float:
     """max(|y - ref| - rounding, 0): the error that output storage (float16: rounding = half_fp16_spacing(y);
-    float32: 0) does not explain; inf when shapes differ or one side alone is NaN/inf."""
+    float32: 0) does not explain; relative: each element's over max(1, |ref|) (float32's own rounding grows with
+    the value); inf when shapes differ or one side alone is NaN/inf."""
     import numpy as np
 
     if y.shape != ref.shape:
@@ -1096,6 +1098,8 @@ def _excess(y, ref, rounding=0.0) -> float:
     with np.errstate(all="ignore"):
         same = (y == ref) | (np.isnan(y) & np.isnan(ref))
         d = np.where(same, 0.0, np.abs(y - ref) - rounding)
+        if relative:
+            d = d / np.fmax(1.0, np.abs(ref))  # (fmax: a NaN reference, matched by y, keeps its 0)
     d = np.where(np.isnan(d), np.inf, d)
     return max(0.0, float(d.max())) if d.size else 0.0
 
@@ -1122,26 +1126,26 @@ def _activation64(y, activation_type: int, alpha: float):
 
 
 def judge_layer(y, x_seen, op: str, eps: float, affine_size: int, gamma, beta, fp16: bool, atol: float,
-                group: int = 1, activation: Tuple[int, float] = (0, 0.0)) -> Tuple[float, float, bool, float]:
+                group: int = 1, activation: Tuple[int, float] = (0, 0.0)) -> Tuple[float, float, bool]:
     """The pass rule of `vknorm check`, both engines, for one vknorm layer: its output y against float64
     computed from x_seen, the very input that layer received in the vknorm run, with the layer's own eps,
     affine_size (GroupNorm: group) and weights (judging against the stock run instead would charge the layer with whatever
-    ran upstream). fp32: max |y - ref| <= atol x max(1, max |ref|). fp16 storage: x_seen rounded to float16 first
-    (what the layer uploads), and half a float16 spacing at y allowed for the output rounding (rounding moved y
-    from the kernel's float32 value by at most that: never into a lower binade); the excess <= atol x max(1, max
-    |ref|). The bound grows with the output's magnitude as float32's own rounding does (gamma 1000 puts outputs
-    where one float32 step is 1.2e-4: an absolute 1e-4 would fail exact arithmetic).
+    ran upstream), each element's error relative to max(1, |ref|): float32's own rounding grows with the value
+    (gamma 1000 puts outputs where one float32 step is 1.2e-4: an absolute 1e-4 would fail exact arithmetic), and
+    a bound per element keeps one large output from loosening the others'. fp32: max |y - ref| / max(1, |ref|) <=
+    atol. fp16 storage: x_seen rounded to float16 first (what the layer uploads), and half a float16 spacing at y
+    allowed for the output rounding (rounding moved y from the kernel's float32 value by at most that: never into
+    a lower binade); the excess over max(1, |ref|) <= atol.
     A fused layer's activation (activation_type, alpha) is applied to the float64 reference.
-    Returns (f64_abs_err, judged_err, ok, bound); an error is inf when shapes differ or one side alone is NaN/inf."""
+    Returns (f64_abs_err, judged_err, ok); an error is inf when shapes differ or one side alone is NaN/inf."""
     import numpy as np
 
     with np.errstate(over="ignore"):  # beyond float16's range: inf, as the layer's own upload makes it
         xin = np.asarray(x_seen).astype(np.float16).astype(np.float32) if fp16 else x_seen
     ref64 = _activation64(_reference64(xin, op, eps, affine_size, gamma, beta, group), *activation)
     f64 = _excess(y, ref64, 0.0)
-    judged = _excess(y, ref64, half_fp16_spacing(y)) if fp16 else f64
-    bound = atol * _scale(ref64)
-    return f64, judged, bool(math.isfinite(judged) and judged <= bound), bound
+    judged = _excess(y, ref64, half_fp16_spacing(y) if fp16 else 0.0, relative=True)
+    return f64, judged, bool(math.isfinite(judged) and judged <= atol)
 
 
 # A model output of the vknorm run may differ from the CPU fp32 run by up to this many times what stock ncnn
@@ -1258,6 +1262,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
     # vknorm's settings (VKNORM_MAX_SHARED_MEMORY, VKNORM_VULKAN_API, ...) read as vknorm's layers inside ncnn read
     # them: a ValueError naming the variable, not a create_pipeline failure blamed on the model's weights
     _core.devices()
+    require_settings()
     result = {"ok": True, "device": None, "layers": [], "outputs": {}, "model": param_path, "weights": bin_path,
               "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
               "atol": atol, "warnings": [], "engine": "vulkan", "rule": _rule(fp16, atol), "host_round_trips": 0,
@@ -1330,7 +1335,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                    "shape": list(got[top].shape), "group_size": None,
                    "groups": None, "max_abs_err": _finite_or_none(err),
                    "ncnn_abs_err": _finite_or_none(max_abs_err(ref[top], got_stock[top])), "f64_abs_err": None,
-                   "judged_err": None, "bound": None, "sum_blob": None, "sum_abs_err": None, "sum_err": None,
+                   "judged_err": None, "sum_blob": None, "sum_abs_err": None, "sum_err": None,
                    "gpu_us": None, "ok": False, "vulkan_forwards": 0, "cpu_forwards": 0}
             info = infos.get(layer.name)
             # Float16 storage: what the layer read is float16. A blob some layer wrote comes back that way; a
@@ -1351,7 +1356,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                     "--no-fuse judges the layer on its own input")
             else:
                 activation = (int(info.get("activation_type", 0)), float(info.get("activation_alpha", 0.0)))
-                f64, judged, rec["ok"], rec["bound"] = judge_layer(
+                f64, judged, rec["ok"] = judge_layer(
                     got[top], x_seen, layer.type, float(info["eps"]), int(info["affine_size"]),
                     info["gamma"] if info["affine"] else None, info["beta"] if info["affine"] else None, fp16, atol,
                     group=int(info.get("group", 1)), activation=activation)
@@ -1425,6 +1430,12 @@ def _table(rows: List[List[str]], right: set) -> List[str]:
     return out
 
 
+# The judged column's legend, by storage (False: float32, True: float16).
+JUDGED_HELP = {False: "judged: the same, each element's over max(1, |its float64 value|) (what the rule judges)",
+               True: "judged: the same less float16 output rounding, each element's over max(1, |its float64 value|) "
+                     "(what the rule judges)"}
+
+
 def format_text(result: dict) -> str:
     if "note" in result:
         return result["note"]
@@ -1432,10 +1443,8 @@ def format_text(result: dict) -> str:
     ins = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in result["inputs"].items())
     lines = [f"vknorm check {result['model']} ({ins}; {mode}, seed {result['seed']}, atol {result['atol']:g})", ""]
     fp16 = result["fp16"]
-    judged = ("f64_abs_err", "judged_err") if fp16 else ("judged_err",)
-    head = ["layer", "type", "shape", "group_size", "groups", "max_abs_err", "f64_err"]
-    if fp16:
-        head.append("f64_excess")
+    judged = ("f64_abs_err", "judged_err")
+    head = ["layer", "type", "shape", "group_size", "groups", "max_abs_err", "f64_err", "judged"]
     rows = [head + ["gpu_us", ""]]
     for r in result["layers"]:
         rows.append([r["name"], r["type"], "x".join(map(str, r["shape"] or [])) or "-",
@@ -1448,9 +1457,8 @@ def format_text(result: dict) -> str:
     lines += _table(rows, {1})
     lines.append("")
     lines.append("max_abs_err: max |vknorm run - stock run| on the same blob; "
-                 + ("f64_err: max |error| against float64 of the float16-rounded input the layer saw; f64_excess: "
-                    "the same less float16 output rounding (what the rule judges)" if fp16 else
-                    "f64_err: max |error| against float64 of the input the layer saw (what the rule judges)"))
+                 + ("f64_err: max |error| against float64 of the float16-rounded input the layer saw; " if fp16 else
+                    "f64_err: max |error| against float64 of the input the layer saw; ") + JUDGED_HELP[fp16])
     lines += [f"device: {result['device']}"]
     if "rule" in result:
         lines.append(f"rule: {result['rule']}")
@@ -1477,9 +1485,7 @@ def format_text_vulkan(result: dict) -> str:
              "runs: ncnn CPU fp32 (the reference), ncnn Vulkan, ncnn Vulkan with vknorm inside"
              + (" (float16 storage in both Vulkan runs)" if fp16 else "")
              + "; *_err: max |run - CPU| on the same blob", ""]
-    head = ["layer", "type", "shape", "group_size", "groups", "vknorm_err", "ncnn_vk_err", "f64_err"]
-    if fp16:
-        head.append("f64_excess")
+    head = ["layer", "type", "shape", "group_size", "groups", "vknorm_err", "ncnn_vk_err", "f64_err", "judged"]
     writes_sums = any(r.get("sum_blob") for r in result["layers"])
     if writes_sums:
         head.append("sum_err")
@@ -1489,7 +1495,7 @@ def format_text_vulkan(result: dict) -> str:
                "-" if r.get("group_size") is None else str(r["group_size"]),
                "-" if r.get("groups") is None else str(r["groups"]),
                _fmt_err(r["max_abs_err"]), _fmt_err(r["ncnn_abs_err"])]
-        for k in ("f64_abs_err", "judged_err") if fp16 else ("judged_err",):
+        for k in ("f64_abs_err", "judged_err"):
             row.append("-" if r.get("group_size") is None else _fmt_err(r[k]))  # "-": not vknorm's layer
         if writes_sums:
             row.append(_fmt_err(r["sum_err"]) if r.get("sum_blob") else "-")
@@ -1516,12 +1522,9 @@ def format_text_vulkan(result: dict) -> str:
                      f"ncnn Vulkan {ms['ncnn_vulkan']:.3f}, vknorm {ms['vknorm']:.3f}{speed}")
     lines.append("gpu_us: vknorm's kernel time for that blob on vknorm's own Vulkan context (a fused layer: its "
                  "whole kernel, the add included; ncnn's graph has no per-layer timestamps)")
-    if fp16:
-        lines.append("f64_err: vknorm's max |error| against float64 of the float16-rounded input it saw; f64_excess: "
-                     "the same less float16 output rounding (what the rule judges)")
-    else:
-        lines.append("f64_err: vknorm's max |error| against float64 of the input it saw (what the rule judges; "
-                     "the *_err columns also carry the stock Vulkan layers' differences upstream)")
+    lines.append(("f64_err: vknorm's max |error| against float64 of the float16-rounded input it saw (" if fp16 else
+                  "f64_err: vknorm's max |error| against float64 of the input it saw (") +
+                 "the *_err columns also carry the stock Vulkan layers' differences upstream); " + JUDGED_HELP[fp16])
     if result.get("fused"):
         lines.append(f"fused ({len(result['fused'])}): " + "; ".join(
             f"{f['pattern']} ({', '.join(f['layers'])})" for f in result["fused"]))

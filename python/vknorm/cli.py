@@ -23,6 +23,16 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def require_settings() -> None:
+    """A VKNORM_ setting the runtime would refuse, as one line before a model runs: inside ncnn's graph it would
+    surface as that layer's failure (an extract's -1, blamed on the --input shapes)."""
+    from . import _core
+
+    refused = _core.setting_problems()
+    if refused:
+        raise UsageError(refused[0]["error"] + " (vknorm info lists the settings)")
+
+
 def _info(args) -> int:
     from . import _core, settings
 
@@ -155,9 +165,6 @@ def main(argv=None) -> int:
             print(f"vknorm {args.command}: error: {closed[0]} is closed: nowhere to write the report", file=sys.stderr)
         return 2
     try:
-        refused = _core.setting_problems() if args.command != "info" else []  # info lists them itself
-        if refused:  # before any work: inside a model run it would surface as that layer's failure
-            raise UsageError(refused[0]["error"] + " (vknorm info lists the settings)")
         return int(args.func(args) or 0)
     except UsageError as e:
         print(f"vknorm {args.command}: error: {e}", file=sys.stderr)

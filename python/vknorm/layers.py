@@ -300,7 +300,8 @@ def _param_int(pid, v, where: str = "", name: str = "") -> int:
     "0=16.0" is affine_size 0 there). where ("LayerNorm.load_param: ") and name ("affine_size") go into the message."""
     label = f"{where}param {pid}" + (f" ({name})" if name else "")
     if isinstance(v, (bool, np.bool_)) and name != "affine":  # a flag only: GroupNorm(group=True) is no group count
-        raise ValueError(f"{label}={v!r} is not an integer (a bool: only affine takes one)")
+        raise ValueError(f"{label}={v!r} is not an integer (a bool: " +
+                         ("only affine takes one)" if name else "param ids are ints)"))
     if not isinstance(v, (numbers.Integral, np.bool_)):  # numpy's bool is no numbers.Integral
         hint = (" (a float: ncnn would read it as not given; write it without a decimal point)"
                 if isinstance(v, numbers.Real) and math.isfinite(v) and v == int(v) else "")
