@@ -36,8 +36,9 @@ namespace ncnn {
 
 // Makes the net's LayerNorm, RMSNorm, GroupNorm and InstanceNorm layers vknorm's (ncnn's register_custom_layer, which replaces
 // the built-in types), and registers vknorm's fused types below. Call before load_param. Returns 0, -1 after
-// load_param (the net's layers are made already: none would change), or the error of the registration that failed. The layers write a blob of their own (not in place, unlike
-// ncnn's): a norm on a Split's output then needs no copy of it. A Vulkan net with bfloat16 storage
+// load_param (the net's layers are made already: none would change), or the error of the registration that
+// failed. The layers write a blob of their own (not in place, unlike ncnn's): a norm on a Split's output then
+// needs no copy of it. A Vulkan net with bfloat16 storage
 // (opt.use_bf16_storage / use_bf16_packed) is refused: create_pipeline and every forward fail with -1, naming
 // the option (vknorm's kernels read float32 or float16).
 int register_layers(::ncnn::Net& net);
