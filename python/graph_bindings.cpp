@@ -142,13 +142,20 @@ std::vector<int> ints(const nb::tuple& shape) {
   return r;
 }
 
-// pyncnn's Mat(w), Mat(w, h), Mat(w, h, c), Mat(w, h, d, c): float32, elempack 1, zeroed.
-// pyncnn's elemsize and allocator keywords of its shape constructors: the host Mats here are float32 in ncnn's own memory.
+// pyncnn's allocator argument: vknorm.graph has no allocator objects, so None only (ncnn's own).
+void check_no_allocator(const char* fn, nb::handle allocator) {
+  if (!allocator.is_none())
+    throw nb::type_error((std::string(fn) + ": vknorm.graph has no allocators: allocator=None only, ncnn's own (it "
+                                            "takes no allocator objects)").c_str());
+}
+
+// pyncnn's Mat(w), Mat(w, h), Mat(w, h, c), Mat(w, h, d, c): float32, elempack 1, zeroed. Its elemsize and
+// allocator keywords: the host Mats here are float32 in ncnn's own memory.
 ::ncnn::Mat mat_of_shape(const std::vector<int>& shape, size_t elemsize = 4, nb::handle allocator = nb::none()) {
   if (elemsize != 4)
     throw std::invalid_argument("Mat: elemsize " + std::to_string(elemsize) + ": vknorm.graph's Mats hold float32 "
                                 "(elemsize 4); the net converts them to the storage it runs in");
-  if (!allocator.is_none()) throw nb::type_error("Mat: allocator: vknorm.graph has no allocator objects (None: ncnn's own)");
+  check_no_allocator("Mat", allocator);
   for (int s : shape)
     if (s < 1) throw std::invalid_argument("Mat: every dimension must be 1..2^31-1");
   ::ncnn::Mat m;
@@ -184,14 +191,21 @@ class BoundedMemoryReader : public ::ncnn::DataReader {
 // byte they read (pyncnn reads whatever lies past a short buffer), with a type ncnn converts (it logs and returns
 // an empty Mat for others).
 using PixelType = ::ncnn::Mat::PixelType;
-constexpr PixelType kPixelTypes[] = {
-    PixelType::PIXEL_RGB,        PixelType::PIXEL_BGR,        PixelType::PIXEL_GRAY,       PixelType::PIXEL_RGBA,
-    PixelType::PIXEL_BGRA,       PixelType::PIXEL_RGB2BGR,    PixelType::PIXEL_RGB2GRAY,   PixelType::PIXEL_RGB2RGBA,
-    PixelType::PIXEL_RGB2BGRA,   PixelType::PIXEL_BGR2RGB,    PixelType::PIXEL_BGR2GRAY,   PixelType::PIXEL_BGR2RGBA,
-    PixelType::PIXEL_BGR2BGRA,   PixelType::PIXEL_GRAY2RGB,   PixelType::PIXEL_GRAY2BGR,   PixelType::PIXEL_GRAY2RGBA,
-    PixelType::PIXEL_GRAY2BGRA,  PixelType::PIXEL_RGBA2RGB,   PixelType::PIXEL_RGBA2BGR,   PixelType::PIXEL_RGBA2GRAY,
-    PixelType::PIXEL_RGBA2BGRA,  PixelType::PIXEL_BGRA2RGB,   PixelType::PIXEL_BGRA2BGR,   PixelType::PIXEL_BGRA2GRAY,
-    PixelType::PIXEL_BGRA2RGBA};
+// Every conversion ncnn makes, under pyncnn's name (Mat.PixelType's values).
+constexpr std::pair<const char*, PixelType> kPixelTypes[] = {
+    {"PIXEL_RGB", PixelType::PIXEL_RGB},             {"PIXEL_BGR", PixelType::PIXEL_BGR},
+    {"PIXEL_GRAY", PixelType::PIXEL_GRAY},           {"PIXEL_RGBA", PixelType::PIXEL_RGBA},
+    {"PIXEL_BGRA", PixelType::PIXEL_BGRA},           {"PIXEL_RGB2BGR", PixelType::PIXEL_RGB2BGR},
+    {"PIXEL_RGB2GRAY", PixelType::PIXEL_RGB2GRAY},   {"PIXEL_RGB2RGBA", PixelType::PIXEL_RGB2RGBA},
+    {"PIXEL_RGB2BGRA", PixelType::PIXEL_RGB2BGRA},   {"PIXEL_BGR2RGB", PixelType::PIXEL_BGR2RGB},
+    {"PIXEL_BGR2GRAY", PixelType::PIXEL_BGR2GRAY},   {"PIXEL_BGR2RGBA", PixelType::PIXEL_BGR2RGBA},
+    {"PIXEL_BGR2BGRA", PixelType::PIXEL_BGR2BGRA},   {"PIXEL_GRAY2RGB", PixelType::PIXEL_GRAY2RGB},
+    {"PIXEL_GRAY2BGR", PixelType::PIXEL_GRAY2BGR},   {"PIXEL_GRAY2RGBA", PixelType::PIXEL_GRAY2RGBA},
+    {"PIXEL_GRAY2BGRA", PixelType::PIXEL_GRAY2BGRA}, {"PIXEL_RGBA2RGB", PixelType::PIXEL_RGBA2RGB},
+    {"PIXEL_RGBA2BGR", PixelType::PIXEL_RGBA2BGR},   {"PIXEL_RGBA2GRAY", PixelType::PIXEL_RGBA2GRAY},
+    {"PIXEL_RGBA2BGRA", PixelType::PIXEL_RGBA2BGRA}, {"PIXEL_BGRA2RGB", PixelType::PIXEL_BGRA2RGB},
+    {"PIXEL_BGRA2BGR", PixelType::PIXEL_BGRA2BGR},   {"PIXEL_BGRA2GRAY", PixelType::PIXEL_BGRA2GRAY},
+    {"PIXEL_BGRA2RGBA", PixelType::PIXEL_BGRA2RGBA}};
 
 // 8-bit data given from Python, as pyncnn takes it (bytes, bytearray, a uint8 array or what numpy reads as one):
 // contiguous, with its address. `copy`: the caller's memory copied unless immutable (bytes), for work that lets the
@@ -232,7 +246,7 @@ constexpr int64_t kMaxImageBytes = INT_MAX;
 Pixels pixels_of(const char* fn, nb::handle obj, long long type, int w, int h, std::optional<int> stride, int lead = 0) {
   const std::string where = std::string("Mat.") + fn + ": ";
   if (type < 0 || type > INT_MAX ||
-      std::find(std::begin(kPixelTypes), std::end(kPixelTypes), PixelType(type)) == std::end(kPixelTypes))
+      std::none_of(std::begin(kPixelTypes), std::end(kPixelTypes), [&](const auto& t) { return t.second == type; }))
     throw std::invalid_argument(where + "type " + std::to_string(type) + " is not one of Mat.PixelType's conversions");
   const int from = int(type) & PixelType::PIXEL_FORMAT_MASK;
   const int channels = from == PixelType::PIXEL_GRAY ? 1 : from == PixelType::PIXEL_RGB || from == PixelType::PIXEL_BGR ? 3 : 4;
@@ -281,12 +295,6 @@ void check_roi(const char* fn, int w, int h, int roix, int roiy, int roiw, int r
                                 std::to_string(w) + "x" + std::to_string(h) + " image");
 }
 
-// pyncnn's allocator argument: vknorm.graph has no allocator objects, so None only.
-void check_no_allocator(const char* fn, nb::handle allocator) {
-  if (!allocator.is_none())
-    throw nb::type_error((std::string("Mat.") + fn + ": vknorm.graph has no allocators (allocator=None only)").c_str());
-}
-
 // The conversion without the GIL (a large image takes milliseconds); an empty result is ncnn's failed allocation.
 template <typename F>
 ::ncnn::Mat converted(F&& convert) {
@@ -301,7 +309,7 @@ template <typename F>
 
 ::ncnn::Mat pixels_resized(nb::handle array, long long type, int w, int h, std::optional<int> stride, int target_width,
                            int target_height, nb::handle allocator) {
-  check_no_allocator("from_pixels_resize", allocator);
+  check_no_allocator("Mat.from_pixels_resize", allocator);
   check_target("from_pixels_resize", target_width, target_height);
   const Pixels p = pixels_of("from_pixels_resize", array, type, w, h, stride, w == 1 ? 4 : 0);
   return converted([&] { return ::ncnn::Mat::from_pixels_resize(p.data, int(type), w, h, p.stride, target_width, target_height); });
@@ -311,7 +319,7 @@ template <typename F>
 ::ncnn::Mat pixels_roi(nb::handle array, long long type, int w, int h, std::optional<int> stride, int roix, int roiy,
                        int roiw, int roih, std::optional<std::pair<int, int>> target, nb::handle allocator) {
   const char* fn = target ? "from_pixels_roi_resize" : "from_pixels_roi";
-  check_no_allocator(fn, allocator);
+  check_no_allocator(target ? "Mat.from_pixels_roi_resize" : "Mat.from_pixels_roi", allocator);
   check_roi(fn, w, h, roix, roiy, roiw, roih);
   if (target) check_target(fn, target->first, target->second);
   const Pixels p = pixels_of(fn, array, type, w, h, stride, target && roiw == 1 ? 4 : 0);
@@ -1348,7 +1356,7 @@ NB_MODULE(_graph, m) {
       .def_static(
           "from_pixels",
           [](nb::handle array, long long type, int w, int h, std::optional<int> stride, nb::handle allocator) {
-            check_no_allocator("from_pixels", allocator);
+            check_no_allocator("Mat.from_pixels", allocator);
             const Pixels p = pixels_of("from_pixels", array, type, w, h, stride);
             return converted([&] { return ::ncnn::Mat::from_pixels(p.data, int(type), w, h, p.stride); });
           },
@@ -1404,21 +1412,7 @@ NB_MODULE(_graph, m) {
     pixel_type.value("PIXEL_CONVERT_SHIFT", PixelType::PIXEL_CONVERT_SHIFT)
         .value("PIXEL_FORMAT_MASK", PixelType::PIXEL_FORMAT_MASK)
         .value("PIXEL_CONVERT_MASK", PixelType::PIXEL_CONVERT_MASK);
-    static const std::pair<const char*, PixelType> names[] = {
-        {"PIXEL_RGB", PixelType::PIXEL_RGB},           {"PIXEL_BGR", PixelType::PIXEL_BGR},
-        {"PIXEL_GRAY", PixelType::PIXEL_GRAY},         {"PIXEL_RGBA", PixelType::PIXEL_RGBA},
-        {"PIXEL_BGRA", PixelType::PIXEL_BGRA},         {"PIXEL_RGB2BGR", PixelType::PIXEL_RGB2BGR},
-        {"PIXEL_RGB2GRAY", PixelType::PIXEL_RGB2GRAY}, {"PIXEL_RGB2RGBA", PixelType::PIXEL_RGB2RGBA},
-        {"PIXEL_RGB2BGRA", PixelType::PIXEL_RGB2BGRA}, {"PIXEL_BGR2RGB", PixelType::PIXEL_BGR2RGB},
-        {"PIXEL_BGR2GRAY", PixelType::PIXEL_BGR2GRAY}, {"PIXEL_BGR2RGBA", PixelType::PIXEL_BGR2RGBA},
-        {"PIXEL_BGR2BGRA", PixelType::PIXEL_BGR2BGRA}, {"PIXEL_GRAY2RGB", PixelType::PIXEL_GRAY2RGB},
-        {"PIXEL_GRAY2BGR", PixelType::PIXEL_GRAY2BGR}, {"PIXEL_GRAY2RGBA", PixelType::PIXEL_GRAY2RGBA},
-        {"PIXEL_GRAY2BGRA", PixelType::PIXEL_GRAY2BGRA}, {"PIXEL_RGBA2RGB", PixelType::PIXEL_RGBA2RGB},
-        {"PIXEL_RGBA2BGR", PixelType::PIXEL_RGBA2BGR}, {"PIXEL_RGBA2GRAY", PixelType::PIXEL_RGBA2GRAY},
-        {"PIXEL_RGBA2BGRA", PixelType::PIXEL_RGBA2BGRA}, {"PIXEL_BGRA2RGB", PixelType::PIXEL_BGRA2RGB},
-        {"PIXEL_BGRA2BGR", PixelType::PIXEL_BGRA2BGR}, {"PIXEL_BGRA2GRAY", PixelType::PIXEL_BGRA2GRAY},
-        {"PIXEL_BGRA2RGBA", PixelType::PIXEL_BGRA2RGBA}};
-    for (const auto& [name, value] : names) pixel_type.value(name, value);
+    for (const auto& [name, value] : kPixelTypes) pixel_type.value(name, value);
   }
 
   // Each call holds the net shared, then the extractor, with the GIL released (so no thread waits for

@@ -684,6 +684,11 @@ const char* fused_name(NormOp op) {
 }
 
 int register_layers(::ncnn::Net& net) {
+  if (!net.layers().empty()) {  // made at load_param, stock: registering now would change none of them
+    NCNN_LOGE("vknorm::ncnn::register_layers: the net's layers are made already (load_param ran): call it before "
+              "load_param, or on a net that has been clear()ed");
+    return -1;
+  }
   const std::pair<const char*, ::ncnn::layer_creator_func> types[] = {
       {"LayerNorm", create_layer<NormOp::LayerNorm, false>},
       {"RMSNorm", create_layer<NormOp::RMSNorm, false>},
@@ -694,11 +699,6 @@ int register_layers(::ncnn::Net& net) {
       {fused_name(NormOp::GroupNorm), create_layer<NormOp::GroupNorm, true>},
       {fused_name(NormOp::InstanceNorm), create_layer<NormOp::InstanceNorm, true>},
   };
-  if (!net.layers().empty()) {  // made at load_param, stock: registering now would change none of them
-    NCNN_LOGE("vknorm::ncnn::register_layers: the net's layers are made already (load_param ran): call it before "
-              "load_param, or on a net that has been clear()ed");
-    return -1;
-  }
   for (const auto& [type, creator] : types)
     if (int r = net.register_custom_layer(type, creator, destroy_layer)) return r;
   return 0;

@@ -1154,18 +1154,14 @@ def judge_layer(y, x_seen, op: str, eps: float, affine_size: int, gamma, beta, f
 OUTPUT_SLACK = 2.0
 
 
-def _scale(ref) -> float:
-    """max(1, max finite |ref|): what the rules' atol is relative to."""
-    import numpy as np
-
-    finite = np.abs(ref[np.isfinite(ref)]) if ref.size else np.zeros(0)
-    return max(1.0, float(finite.max())) if finite.size else 1.0
-
-
 def output_bound(ref, ncnn_err: float, atol: float) -> float:
     """The most a model output of the vknorm run may differ from the CPU run (ref): OUTPUT_SLACK x stock ncnn
     Vulkan's difference + atol x max(1, max finite |ref|)."""
-    return OUTPUT_SLACK * ncnn_err + atol * _scale(ref)
+    import numpy as np
+
+    finite = np.abs(ref[np.isfinite(ref)]) if ref.size else np.zeros(0)
+    scale = max(1.0, float(finite.max())) if finite.size else 1.0
+    return OUTPUT_SLACK * ncnn_err + atol * scale
 
 
 def judge_output(ref, got, got_stock, atol: float) -> dict:
