@@ -53,7 +53,7 @@ $(STAMPS)/install: $(STAMPS)/venv $(STAMPS)/ncnn $(SOURCES)
 	@echo "building vknorm (C++ core, shaders, bindings, ncnn layers)"
 	@$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e . \
 	  -C cmake.define.VKNORM_NCNN=ON -C cmake.define.ncnn_DIR=$(NCNN_PREFIX)/lib/cmake/ncnn || \
-	  { echo "build failed; rerun: $(PY) -m pip install -v --no-build-isolation -e ."; exit 1; }
+	  { echo "build failed; rerun: $(PY) -m pip install -v --no-build-isolation -e . -C cmake.define.VKNORM_NCNN=ON -C cmake.define.ncnn_DIR=$(NCNN_PREFIX)/lib/cmake/ncnn"; exit 1; }
 	@touch $@
 
 MODELS_VENV ?= /opt/vknorm-models-venv

@@ -53,10 +53,12 @@ struct Args {
   double tol = -1;
 };
 
+const char* const kUsage =
+    "usage: layernorm_example [--h N] [--c N] [--w N] [--fp16] [--no-packing] [--path P] [--device N] [--tol X]"
+    " [MODEL.param MODEL.bin]\n";
+
 [[noreturn]] void usage_error(const std::string& why) {
-  std::cerr << "layernorm_example: " << why << "\n"
-            << "usage: layernorm_example [--h N] [--c N] [--w N] [--fp16] [--no-packing] [--path P] [--device N] [--tol X]"
-               " [MODEL.param MODEL.bin]\n";
+  std::cerr << "layernorm_example: " << why << "\n" << kUsage;
   std::exit(2);
 }
 
@@ -78,7 +80,7 @@ Args parse_args(int argc, char** argv) {
       else if (s == "--path") a.path = value();
       else if (s == "--fp16") a.fp16 = true;
       else if (s == "--no-packing") a.packing = false;
-      else if (s == "-h" || s == "--help") usage_error("help");
+      else if (s == "-h" || s == "--help") { std::cout << kUsage; std::exit(0); }
       else if (!s.empty() && s[0] == '-') usage_error("unknown option " + s);
       else files.push_back(s);
     } catch (const std::logic_error&) {  // stoi/stod

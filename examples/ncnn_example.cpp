@@ -67,11 +67,13 @@ struct Args {
   int repeat = 1;
 };
 
+const char* const kUsage =
+    "usage: ncnn_example MODEL.param MODEL.bin DIMS [--stock] [--fuse] [--fp16] [--cpu] [--runner]"
+    " [--repeat N] [--out FILE] [--dump-input FILE]\n"
+    "  DIMS: numpy order, batch dropped, e.g. 197x768 (h, w) or 32x14x14 (c, h, w)\n";
+
 [[noreturn]] void usage_error(const std::string& why) {
-  std::cerr << "ncnn_example: " << why << "\n"
-            << "usage: ncnn_example MODEL.param MODEL.bin DIMS [--stock] [--fuse] [--fp16] [--cpu] [--runner]"
-               " [--repeat N] [--out FILE] [--dump-input FILE]\n"
-               "  DIMS: numpy order, batch dropped, e.g. 197x768 (h, w) or 32x14x14 (c, h, w)\n";
+  std::cerr << "ncnn_example: " << why << "\n" << kUsage;
   std::exit(2);
 }
 
@@ -112,7 +114,7 @@ Args parse_args(int argc, char** argv) {
     }
     else if (s == "--out") a.out_path = value();
     else if (s == "--dump-input") a.input_path = value();
-    else if (s == "-h" || s == "--help") usage_error("help");
+    else if (s == "-h" || s == "--help") { std::cout << kUsage; std::exit(0); }
     else if (s.size() > 1 && s[0] == '-') usage_error("unknown option " + s);
     else positional.push_back(s);
   }

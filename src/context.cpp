@@ -322,6 +322,11 @@ std::shared_ptr<Context> Context::create(int index) {
     size_control.subgroupSizeControl = VK_TRUE, size_control.pNext = features, features = &size_control;
     impl->required_subgroup_size = uint32_t(want);
     impl->info.subgroup_size = uint32_t(want);  // what the dispatcher plans for
+    // A workgroup of a required subgroup size holds at most maxComputeWorkgroupSubgroups of them (Intel: 8 x 32
+    // would allow 256 of 1024 invocations): the dispatcher plans no wider.
+    if (props.maxComputeWorkgroupSubgroups)
+      impl->info.max_workgroup_invocations =
+          uint32_t(std::min<uint64_t>(impl->info.max_workgroup_invocations, want * props.maxComputeWorkgroupSubgroups));
   }
   // VKNORM_PIPELINE_STATS=1: the driver's statistics of every pipeline vknorm builds (registers,
   // spills, ...) on stderr, where the device offers VK_KHR_pipeline_executable_properties. A profiling
@@ -355,14 +360,23 @@ std::shared_ptr<Context> Context::create(int index) {
 
   const auto mp = pd.getMemoryProperties();
   using M = vk::MemoryPropertyFlagBits;
-  impl->device_memory_type = find_memory_type(mp, ~0u, {M::eDeviceLocal, {}});
-  impl->staging_memory_type = find_memory_type(mp, ~0u, {M::eHostVisible | M::eHostCoherent | M::eHostCached,
-                                                         M::eHostVisible | M::eHostCoherent});
+  // The types a buffer of vknorm's one usage may live in (the same for every such buffer, whatever its size):
+  // a driver need not allow every type of the wanted properties.
+  using U = vk::BufferUsageFlagBits;
+  const uint32_t allowed = vk::raii::Buffer(impl->device, vk::BufferCreateInfo{
+                                                              .size = 16,
+                                                              .usage = U::eStorageBuffer | U::eTransferSrc | U::eTransferDst,
+                                                              .sharingMode = vk::SharingMode::eExclusive})
+                               .getMemoryRequirements()
+                               .memoryTypeBits;
+  impl->device_memory_type = find_memory_type(mp, allowed, {M::eDeviceLocal, {}});
+  impl->staging_memory_type = find_memory_type(mp, allowed, {M::eHostVisible | M::eHostCoherent | M::eHostCached,
+                                                             M::eHostVisible | M::eHostCoherent});
   if (impl->info.type == "cpu" || impl->info.type == "integrated") {
     // Unified memory: the device buffer itself is mapped and no staging copy is recorded.
     const auto unified = M::eDeviceLocal | M::eHostVisible | M::eHostCoherent;
     for (uint32_t i = 0; i < mp.memoryTypeCount; ++i)
-      if ((mp.memoryTypes[i].propertyFlags & unified) == unified) {
+      if ((allowed & (1u << i)) && (mp.memoryTypes[i].propertyFlags & unified) == unified) {
         impl->device_memory_type = i;
         impl->direct_host_access = true;
         break;

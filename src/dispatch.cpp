@@ -660,6 +660,7 @@ ForwardPlan plan_forward(NormOp op, bool affine, float eps, const GroupLayout& b
     f.partials_bytes = (2 * items + g.n_groups) * g.elempack * sizeof(float);
     f.coefs_bytes = (uint64_t(g.n_groups) * dev.counter_stride + items) * sizeof(uint32_t);
     f.counters = true;
+    f.counters_layout = {g.n_groups, plan.n_chunks, dev.counter_stride};
     pc.team = plan.wg;
     // Every constant a kernel declares gets a value (ncnn checks the count): ids 0-15, 16 the counter stride
     // (both kernels), and the cooperative kernel's 17-19.

@@ -1,6 +1,7 @@
 // The dispatch policy: which kernel runs a given group layout on a given device. All rules live in
 // plan_dispatch (dispatch.cpp); the rest of the code only executes a Plan.
 #pragma once
+#include <array>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -166,6 +167,9 @@ struct ForwardPlan {
   bool fp16 = false;    // float16 storage
   uint64_t partials_bytes = 0, coefs_bytes = 0;  // split-path scratch (slots 3 and 4); 0: none
   bool counters = false;  // slot 4 holds the cooperative kernel's counters (coefs_bytes of them), zero between forwards
+  // Where each count and claim lies: items, chunks per item, counter stride. Two layouts of equal bytes put one's
+  // claims on the other's padding, which neither clears.
+  std::array<uint32_t, 3> counters_layout{};
   std::vector<Pass> passes;
 };
 
@@ -174,16 +178,19 @@ struct ForwardPlan {
 // counters at the same place may skip its clear pass. A buffer just made holds nothing known; a split forward's
 // coefficients are not zero; and a forward of another layout may put its counters elsewhere: where one buffer
 // holds the partials and then the counters (a Recorder's scratch), on what the last forward wrote as partials.
+// Only the words of the last layout are known to be zero (its padding was never written), so a forward skips
+// its clear only at the same layout and place.
 struct CountersState {
   bool zero = false;
-  uint64_t bytes = 0, offset = 0;  // the counters the last forward left zero
+  uint64_t offset = 0;  // the counters the last forward left zero
+  std::array<uint32_t, 3> layout{};
   bool skips(const Pass& pass, const ForwardPlan& fp, uint64_t at = 0) const {
-    return pass.clears_counters && zero && fp.coefs_bytes == bytes && at == offset;
+    return pass.clears_counters && zero && fp.counters_layout == layout && at == offset;
   }
   // partials_before_counters: the forward's partials lie in the same buffer, from its start (a Recorder's scratch),
   // so a forward without counters (a split apply that merges) may write them over the bytes of earlier counters.
   void recorded(const ForwardPlan& fp, uint64_t at = 0, bool partials_before_counters = false) {
-    if (fp.coefs_bytes) zero = fp.counters, bytes = fp.coefs_bytes, offset = at;
+    if (fp.coefs_bytes) zero = fp.counters, layout = fp.counters_layout, offset = at;
     else if (partials_before_counters && fp.partials_bytes > offset) zero = false;
   }
 };

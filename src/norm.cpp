@@ -782,6 +782,11 @@ double copy_repeated(const VkMat& src, int warmup, int reps, bool shader) {
   if (shader && bytes > max_buffer)
     throw std::invalid_argument("copy_repeated: " + std::to_string(bytes) + " bytes exceed one storage buffer (" +
                                 std::to_string(max_buffer) + " bytes)");
+  // The shader binds the whole buffer, padding included: that must be within what the device binds.
+  if (shader && src.buffer->size > impl.info.max_storage_buffer_range)
+    throw std::invalid_argument("copy_repeated: the buffer of " + std::to_string(src.buffer->size) +
+                                " bytes (cstep padding included) exceeds one storage buffer of the device (" +
+                                std::to_string(impl.info.max_storage_buffer_range) + " bytes)");
   auto dst = Buffer::create(ctx, bytes, Buffer::Kind::Device);
   const uint32_t wg = impl.info.type == "cpu" ? 64 : 256;
   const std::shared_ptr<const Pipeline> p = impl.pipeline(variant_name("copy", false, "1", false), Specialization{{wg}});

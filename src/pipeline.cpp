@@ -125,7 +125,21 @@ Submission::Submission(Context::Impl& ctx, uint32_t max_dispatches)
 }
 
 Submission::~Submission() {
-  if (pending_) return;  // the wait failed (device lost): destroy the kit rather than reuse it
+  if (pending_) {
+    // The wait threw. A device that is not lost (a wait may also fail for memory) still runs the submission:
+    // wait again before the kit, and then the buffers this forward bound, are destroyed or cached for reuse. A
+    // lost device runs nothing more. Either way the kit is destroyed rather than reused.
+    try {
+      (void)ctx_.device.waitForFences(*kit_->fence, VK_TRUE, UINT64_MAX);
+    } catch (...) {
+      try {
+        std::lock_guard<std::mutex> lock(ctx_.queue_mutex);  // vkDeviceWaitIdle: every queue held
+        ctx_.device.waitIdle();
+      } catch (...) {
+      }
+    }
+    return;
+  }
   try {
     // Back to the initial state: command buffer, descriptor sets, fence.
     kit_->pool.reset();

@@ -50,7 +50,8 @@ def validated_env(log_path: str, settings_dir: str) -> dict:
 
 def run_validated(tmp_path, script: str, *args, env: dict = None, unset=(), timeout: int = 300):
     """Runs `script` (python -c, with `args`) in a child process under validated_env, with the variables in
-    `unset` removed and `env` added: (CompletedProcess, the validation log's text, "" when nothing came)."""
+    `unset` removed and `env` added: (CompletedProcess, the validation log's text, "" when nothing came). The
+    layer opens its log when an instance loads it: no log is a run the layer never saw, which fails here."""
     import subprocess
 
     log = tmp_path / "validation.log"
@@ -60,7 +61,8 @@ def run_validated(tmp_path, script: str, *args, env: dict = None, unset=(), time
     full.update(env or {})
     proc = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=full, capture_output=True, text=True,
                           timeout=timeout)
-    return proc, (log.read_text() if log.exists() else "")
+    assert log.exists(), f"the validation layer wrote no log: not loaded (stderr: {proc.stderr[-2000:]})"
+    return proc, log.read_text()
 
 
 def models() -> dict:

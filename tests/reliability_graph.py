@@ -328,12 +328,15 @@ def run_scenario(name: str, kwargs: Optional[dict] = None, timeout: float = 3600
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "run", name, json.dumps(kwargs or {})],
                               cwd=REPO, env=full, capture_output=True, text=True, timeout=timeout)
         wall = time.perf_counter() - t0
-        messages = Path(log).read_text(errors="replace") if os.path.exists(log) else ""
+        # the layer opens its log when an instance loads it: none from a validated run is a run it never saw
+        logged = os.path.exists(log)
+        messages = Path(log).read_text(errors="replace") if logged else ""
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     out = json.loads(lines[-1]) if proc.returncode == 0 and lines else {"failed": True}
     out.update(returncode=proc.returncode, wall_seconds=wall, stderr_tail=proc.stderr[-3000:], validation=validation,
                validation_messages=[ln for ln in messages.splitlines() if ln.strip()][:20],
-               validation_lines=sum(1 for ln in messages.splitlines() if ln.strip()))
+               validation_lines=sum(1 for ln in messages.splitlines() if ln.strip()),
+               validation_log_missing=validation and not logged)
     return out
 
 

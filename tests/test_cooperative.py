@@ -558,3 +558,58 @@ def test_forced_cooperative_past_the_workgroup_count_limit_leaves_no_chunk_to_a_
     x64 = x.astype(np.float64).reshape(c, -1)
     ref = ((x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)).reshape(x.shape)
     assert float(np.abs(y - ref).max()) <= FP32_TOL * max(1.0, float(np.abs(ref).max()))
+
+
+def run_in_pieces(monkeypatch, group, channels, hw, piece_groups, seed=12):
+    """GroupNorm(group, channels) on a channels x hw x hw float32 pack1 blob, storage buffers made to look
+    piece_groups groups large (VKNORM_MAX_BUFFER_BYTES), path cooperative: its output, its record, the CPU
+    reference's."""
+    import numpy as np
+
+    import vknorm
+
+    rng = np.random.default_rng(seed)
+    layer = vknorm.GroupNorm(group=group, channels=channels, eps=1e-5)
+    layer.load_model(rng.uniform(0.5, 1.5, channels).astype(np.float32), rng.uniform(-1, 1, channels).astype(np.float32))
+    x = (rng.standard_normal((channels, hw, hw)) + 3).astype(np.float32)
+    monkeypatch.setenv("VKNORM_MAX_BUFFER_BYTES", str(piece_groups * (channels // group) * hw * hw * 4))
+    y = layer(x, device="vulkan", option=vknorm.Option(path="cooperative", use_packing_layout=False))
+    return y, layer.last_dispatch, layer(x, device="cpu")
+
+
+@pytest.mark.parametrize("group, pieces", [(4, "2 + 2 groups"), (5, "3 + 2 groups")])
+def test_a_forward_in_pieces_matches_the_cpu_reference_whether_or_not_its_counters_move(monkeypatch, group, pieces):
+    """A forward too large for one storage buffer runs in pieces over one counters buffer. A piece whose counters
+    lie as the last piece left them (2 + 2 groups) skips its clear pass; one whose counters lie elsewhere (3 + 2)
+    clears them again. Every piece matches the CPU reference."""
+    import numpy as np
+
+    y, ran, ref = run_in_pieces(monkeypatch, group, 2 * group, 16, int(pieces[0]))
+    assert ran["path"] == "cooperative" and ran["pieces"] == 2, ran
+    assert float(np.abs(y - ref).max()) <= FP32_TOL * max(1.0, float(np.abs(ref).max())), ran
+
+
+def test_pieces_whose_counters_fill_as_many_bytes_at_other_places_clear_them(monkeypatch):
+    """On a device that reports its multiprocessors (H200: 66 resident workgroups declared for the kernel), GroupNorm
+    5 groups x 8 channels of 128x128 in pieces of 3 + 2 groups plans 32 and 64 chunks per group: counters of 3 x (32
+    + 32) and 2 x (32 + 64) uints, the same 768 bytes, but the second piece's claims lie on the first's padding
+    between counts, which no clear had written. That buffer first held a freed layer's weights (1.0f, not zero), so
+    a piece that trusted the bytes alone found its chunks claimed: they kept their input, and the waits gave up
+    (NaN). Each layout now clears its own."""
+    import gc
+
+    import numpy as np
+
+    import vknorm
+
+    if not vknorm.devices()[0]["compute_units"]:
+        pytest.skip("the device reports no multiprocessors (lavapipe): its pieces plan chunks alike")
+    # a freed 768-byte device buffer of nonzero words, for the context's buffer cache to hand out again
+    weights = vknorm.RMSNorm(affine_size=192, eps=1e-5, affine=True)
+    weights.load_model(np.ones(192, np.float32))
+    weights(np.ones((4, 192), np.float32), device="vulkan")
+    del weights
+    gc.collect()
+    y, ran, ref = run_in_pieces(monkeypatch, 5, 40, 128, 3)
+    assert ran["path"] == "cooperative" and ran["pieces"] == 2, ran
+    assert float(np.abs(y - ref).max()) <= FP32_TOL * max(1.0, float(np.abs(ref).max())), ran

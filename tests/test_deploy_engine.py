@@ -315,7 +315,7 @@ def test_vknorm_opens_the_system_loader_when_given_no_proc_addr(engine_example):
 def test_misaligned_offset_is_refused_with_a_clear_error(engine_example):
     proc = launch(engine_example, "--misalign")
     if proc.returncode == 4:
-        pytest.skip("minStorageBufferOffsetAlignment is 1 on this device: no offset is misaligned")
+        missing("minStorageBufferOffsetAlignment is 1 on this device: no offset is misaligned (lavapipe aligns to 16)")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert re.search(r"vknorm refused an input: vknorm::Recorder::record \(dims=3 w=1001 h=3 c=3 cstep=3004 "
                      r"elempack=1 float32\): offset \d+ is not a multiple of the device's "

@@ -213,19 +213,27 @@ def test_groups_of_more_channel_planes_than_the_workgroup_has_invocations(case, 
 
 
 def test_straddling_groups_run_pack4_and_whole_group_elements_read_vec4s(monkeypatch):
-    """320 channels / 32 groups packs 10 channels per group across pack4 elements: as items of two groups the
-    pack4 kernel with group slots runs; as an item per group (GPUs) the vec4 one, one group per item. 24 / 3
-    groups (8 per group) reads each pack4 element as one group's vec4."""
-    straddle, x, _, _ = make_case(CASES[0])
+    """320 channels / 32 groups packs 10 channels per group across pack4 elements: as items of two groups
+    (VKNORM_TUNE_LANE_GROUPS=0; CPU drivers by default) the pack4 kernel with group slots runs; as an item per
+    group (=2; GPUs by default) the vec4 one, one group per item. Both in one dispatch, both right. 24 / 3 groups
+    (8 per group) reads each pack4 element as one group's vec4."""
+    straddle, x, gamma, beta = make_case(CASES[0])
+    ref = channel_norm64(CASES[0][0], x, straddle.eps, CASES[0][2], gamma, beta)
     straddle(x, device="vulkan")
     assert straddle.last_dispatch["vec4"] is straddle.last_dispatch["lane_groups"], straddle.last_dispatch
-    assert straddle.last_dispatch["dispatches"] == 1
-    monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", "0")
-    straddle(x, device="vulkan")
-    assert straddle.last_dispatch["vec4"] is False and straddle.last_dispatch["lane_groups"] is False
-    whole, x, _, _ = make_case(CASES[3])
-    whole(x, device="vulkan")
+    for knob, item_per_group in (("0", False), ("2", True)):
+        monkeypatch.setenv("VKNORM_TUNE_LANE_GROUPS", knob)
+        y = straddle(x, device="vulkan")
+        ran = straddle.last_dispatch
+        assert ran["lane_groups"] is item_per_group and ran["vec4"] is item_per_group, ran
+        assert ran["dispatches"] == 1, ran
+        assert max_abs_err(y, ref) <= FP32_TOL * scale(ref), (ran, max_abs_err(y, ref))
+    monkeypatch.delenv("VKNORM_TUNE_LANE_GROUPS")
+    whole, x, gamma, beta = make_case(CASES[3])
+    y = whole(x, device="vulkan")
     assert whole.last_dispatch["vec4"] is True
+    ref = channel_norm64(CASES[3][0], x, whole.eps, CASES[3][2], gamma, beta)
+    assert max_abs_err(y, ref) <= FP32_TOL * scale(ref)
 
 
 @pytest.mark.parametrize("merges", ["0", "1"], ids=["finalize-pass", "apply-merges"])

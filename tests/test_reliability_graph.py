@@ -25,6 +25,7 @@ pytestmark = [needs_graph, pytest.mark.timeout(600)]
 def clean(r: dict) -> dict:
     """The child ran to the end and the validation layer logged nothing (ncnn's teardown included)."""
     assert r["returncode"] == 0 and not r.get("failed"), f"exit {r['returncode']}\n{r['stderr_tail']}"
+    assert not r["validation_log_missing"], "the validation layer wrote no log: not loaded into the child's instance"
     assert r["validation_lines"] == 0, "\n".join(r["validation_messages"])
     return r
 

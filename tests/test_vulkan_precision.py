@@ -241,6 +241,11 @@ def test_eps_zero_on_zero_variance_groups_gives_nan_as_ncnns_cpu_layer(op, size)
             y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_fp16_storage=fp16))
             if not (np.isnan(y) == np.isnan(cpu)).all():
                 failures.append(f"path={path} fp16={fp16}: NaN at {np.argwhere(np.isnan(y) != np.isnan(cpu))[:4].tolist()}")
+            elif size > 1:  # the groups with a variance: float64 of the input as stored, by the storage's rule
+                read = x[4:].astype(np.float16) if fp16 else x[4:]
+                err, bound = storage_rule(y[4:], norm64(op, read, size, 0.0, True, gamma, beta), fp16)
+                if not err <= bound:
+                    failures.append(f"path={path} fp16={fp16}: groups with a variance off by {err:.3e} > {bound:.3e}")
     assert not failures, "\n".join(failures)
 
 

@@ -20,7 +20,8 @@ class Option:
     use_packing_layout: ncnn's pack4 layout when channels (dims 3/4) or rows (dims 2) divide by 4.
     path: "auto" (the dispatcher decides; VKNORM_PATH overrides), "subgroup", "workgroup", "split" or
         "cooperative". The paths are the kernel's shape: one dispatch whose team of invocations fits one
-        subgroup or spans a workgroup, three passes (reduce, finalize, apply), or one dispatch in which
+        subgroup or spans a workgroup, two or three passes (reduce, [finalize,] apply: on GPUs apply merges the
+        partials itself), or one dispatch in which
         workgroups share groups. A forced path that cannot hold the group falls to the next larger one;
         the layer's ``last_dispatch["path"]`` says what ran.
     use_subgroup_ops: allow subgroup reductions where the device has them (``last_dispatch["subgroup"]``
@@ -621,13 +622,21 @@ class _GammaBetaNorm(_Norm):
 
 class LayerNorm(_GammaBetaNorm):
     """ncnn's LayerNorm: y = (x - mean) / sqrt(var + eps) * gamma + beta over each group; gamma and beta
-    of affine_size values."""
+    of affine_size values.
+
+    ncnn params: 0 affine_size (0), 1 eps (0.001), 2 affine (1). Groups as ncnn's: the whole (w) input, each
+    row of (h, w); for (c, h, w) each row where affine_size is w, else each channel's h * w; for (c, d, h, w) each
+    row, each h * w, or each channel's d * h * w, whichever affine_size is (``groups(shape)`` says).
+    """
 
     _op = "LayerNorm"
 
 
 class RMSNorm(_Norm):
-    """ncnn's RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma over each group."""
+    """ncnn's RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma over each group.
+
+    ncnn params: 0 affine_size (0), 1 eps (0.001), 2 affine (1); groups as LayerNorm's.
+    """
 
     _op = "RMSNorm"
 
@@ -654,7 +663,8 @@ class GroupNorm(_ChannelNorm):
     normalized over all its elements, then y * gamma[c] + beta[c] per channel.
 
     ncnn params: 0 group (1), 1 channels (0), 2 eps (0.001), 3 affine (1). Channels are w for a (w)
-    input, rows for (h, w), c for (c, h, w) and (c, d, h, w).
+    input, rows for (h, w), c for (c, h, w) and (c, d, h, w). The defaults are ncnn's ParamDict's: with
+    affine on (the default) `channels` must be given (a gamma and beta per channel), else ValueError.
     """
 
     _op = "GroupNorm"
@@ -672,7 +682,7 @@ class InstanceNorm(_ChannelNorm):
 
     ncnn params: 0 channels (0), 1 eps (0.001), 2 affine (1). A (w) or (h, w) input is one channel, as
     in ncnn's CPU layer: a layer of more channels refuses it (ValueError), where ncnn would normalize the whole
-    blob with the first channel's weights.
+    blob with the first channel's weights. With affine on (the default) `channels` must be given.
     """
 
     _op = "InstanceNorm"
