@@ -28,7 +28,7 @@ import pytest
 
 from availability import needs_graph
 from planned import H200, H200_UNKNOWN_RESIDENCY, LAVAPIPE, channels_plan, no_tuning_knobs, rows_plan
-from reference import FP16_TOL, FP32_TOL
+from reference import FP16_TOL, FP32_TOL, channel_norm64
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAVAPIPE = dict(LAVAPIPE, compute_units=2)  # a count does not make a CPU driver's workgroups wait safely
@@ -562,8 +562,8 @@ def test_forced_cooperative_past_the_workgroup_count_limit_leaves_no_chunk_to_a_
 
 def run_in_pieces(monkeypatch, group, channels, hw, piece_groups, seed=12):
     """GroupNorm(group, channels) on a channels x hw x hw float32 pack1 blob, storage buffers made to look
-    piece_groups groups large (VKNORM_MAX_BUFFER_BYTES), path cooperative: its output, its record, the CPU
-    reference's."""
+    piece_groups groups large (VKNORM_MAX_BUFFER_BYTES), path cooperative: its output, its record, and float64's
+    (not the CPU reference's: ncnn's float32 sum over a group of 131072 is itself off by more than the rule)."""
     import numpy as np
 
     import vknorm
@@ -574,14 +574,14 @@ def run_in_pieces(monkeypatch, group, channels, hw, piece_groups, seed=12):
     x = (rng.standard_normal((channels, hw, hw)) + 3).astype(np.float32)
     monkeypatch.setenv("VKNORM_MAX_BUFFER_BYTES", str(piece_groups * (channels // group) * hw * hw * 4))
     y = layer(x, device="vulkan", option=vknorm.Option(path="cooperative", use_packing_layout=False))
-    return y, layer.last_dispatch, layer(x, device="cpu")
+    return y, layer.last_dispatch, channel_norm64("GroupNorm", x, layer.eps, group, layer.gamma, layer.beta)
 
 
 @pytest.mark.parametrize("group, pieces", [(4, "2 + 2 groups"), (5, "3 + 2 groups")])
-def test_a_forward_in_pieces_matches_the_cpu_reference_whether_or_not_its_counters_move(monkeypatch, group, pieces):
+def test_a_forward_in_pieces_matches_float64_whether_or_not_its_counters_move(monkeypatch, group, pieces):
     """A forward too large for one storage buffer runs in pieces over one counters buffer. A piece whose counters
     lie as the last piece left them (2 + 2 groups) skips its clear pass; one whose counters lie elsewhere (3 + 2)
-    clears them again. Every piece matches the CPU reference."""
+    clears them again. Every piece matches float64."""
     import numpy as np
 
     y, ran, ref = run_in_pieces(monkeypatch, group, 2 * group, 16, int(pieces[0]))
