@@ -202,12 +202,13 @@ BAD_SETTINGS = [("VKNORM_PATH", "bogus", "unknown path 'bogus'"),
                 ("VKNORM_MAX_DEVICE_BYTES", "-5", "a positive integer"),
                 ("VKNORM_MAX_BUFFER_BYTES", "0", "a positive integer"),
                 ("VKNORM_SUBGROUP_SIZE", "1.5", "a positive integer"),
+                ("VKNORM_SUBGROUP_SIZE", "3", "the device runs compute subgroups of"),  # no device runs 3
                 ("VKNORM_MAX_SHARED_MEMORY", "12", "at least 256 bytes"),
                 ("VKNORM_VULKAN_API", "2.0", "expected 1.0, 1.1, 1.2 or 1.3"),
                 ("VKNORM_TUNE_CONVERSION_THREADS", "abc", "a whole number of threads")]
 
 
-@pytest.mark.parametrize("name,value,words", BAD_SETTINGS, ids=[b[0] for b in BAD_SETTINGS])
+@pytest.mark.parametrize("name,value,words", BAD_SETTINGS, ids=[f"{b[0]}={b[1]}" for b in BAD_SETTINGS])
 def test_vknorm_info_names_a_setting_the_runtime_would_refuse_then_exits_2_with_one_line(name, value, words):
     """info is where a user checks their settings: a value the runtime refuses (when a context, plan or forward
     reads it) is marked on its line, listed in the JSON's refused_settings, and the run ends as every command's

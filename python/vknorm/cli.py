@@ -54,6 +54,13 @@ def _info(args) -> int:
             default = _core.default_device_index()
         except ValueError as e:  # VKNORM_DEVICE names no device: the list is what the user needs to fix it
             bad_choice = e
+    # A subgroup size the parser takes may still be one the device cannot run: its context says so when made.
+    if default is not None and "VKNORM_SUBGROUP_SIZE" in set_now and \
+            not any(r["name"] == "VKNORM_SUBGROUP_SIZE" for r in refused):
+        try:
+            _core.Context.create(default)
+        except ValueError as e:
+            refused.append({"name": "VKNORM_SUBGROUP_SIZE", "error": str(e)})
     problems = [p["error"] for p in refused] + ([str(bad_choice)] if bad_choice else [])
     if args.json:
         print(json.dumps({"default": default, "devices": devs, "settings": set_now, "unknown_settings": not_read,
