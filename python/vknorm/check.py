@@ -30,9 +30,10 @@ layers recorded into ncnn's command buffer (--fp16: float16 storage in both Vulk
 vknorm's and stock ncnn Vulkan's max |error| against the CPU run on the same blob, and vknorm's kernel
 time for that blob measured on vknorm's own Vulkan context (ncnn's graph has no per-layer timestamps);
 per model output: both Vulkan runs' error; the whole-model wall time of both Vulkan runs. Pass rule: the
-one above (the CPU run's input already carries the stock Vulkan layers' differences upstream), each model output's
-error within twice stock ncnn Vulkan's + --atol x max(1, its largest |value|), and no vknorm layer ran on the host (host_round_trips 0; a layer the model keeps off Vulkan with featmask 31=16 runs on
-the CPU by design: "kept_off_vulkan", and a warning). The vknorm net is fused as vknorm.graph fuses it (--no-fuse:
+one above (the CPU run's input already carries the stock Vulkan layers' differences upstream), each model
+output's error within twice stock ncnn Vulkan's + --atol x max(1, its largest |value|), and no vknorm layer ran
+on the host (host_round_trips 0; a layer the model keeps off Vulkan with featmask 31=16 runs on the CPU by
+design: "kept_off_vulkan", and a warning). The vknorm net is fused as vknorm.graph fuses it (--no-fuse:
 not): "fused" lists each pattern and its ncnn layers; a fused layer is judged on its output blob, and the sum
 it writes for the add's other readers against the add's value (sum_err, which must be 0).
 """
