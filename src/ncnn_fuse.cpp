@@ -48,9 +48,9 @@ int parse_int(const std::string& s, int line_no, const std::string& what) {
   bad(line_no, "expected " + what + ", got '" + s + "'");
 }
 
-// Whitespace-separated tokens, as ncnn reads a line; a param value that starts with a double quote (a string
-// param, 5="a b") runs to the closing quote, spaces and all, as ncnn's ParamDict reads it. A quote anywhere else
-// (a blob name's) is a character like any other.
+// Whitespace-separated tokens, as ncnn reads a line's params; a param value that starts with a double quote (a
+// string param, 5="a b") runs to the closing quote, spaces and all, as ncnn's ParamDict reads it. A quote anywhere
+// else is a character like any other. (Types, names and blob names are read apart: header_tokens.)
 std::vector<std::string> split_ws(const std::string& s) {
   std::vector<std::string> out;
   std::string token;
@@ -68,8 +68,31 @@ std::vector<std::string> split_ws(const std::string& s) {
   return out;
 }
 
+// The first n whitespace-separated tokens of a line (ncnn reads type, name, counts and blob names so, a quote
+// being a character like any other there), and where the rest of the line starts.
+std::vector<std::string> header_tokens(const std::string& s, size_t n, size_t& rest) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  auto space = [&](size_t k) { return std::isspace(static_cast<unsigned char>(s[k])) != 0; };
+  while (out.size() < n) {
+    while (i < s.size() && space(i)) ++i;
+    if (i == s.size()) break;
+    const size_t start = i;
+    while (i < s.size() && !space(i)) ++i;
+    out.push_back(s.substr(start, i - start));
+  }
+  rest = i;
+  return out;
+}
+
 std::vector<Line> parse(const std::string& text) {
-  std::istringstream in(text);
+  // ncnn ends a line at \r or \n alike (CRLF, and the old Mac's CR): so do the lines here.
+  std::string lf;
+  lf.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i)
+    if (text[i] != '\r') lf += text[i];
+    else if (i + 1 >= text.size() || text[i + 1] != '\n') lf += '\n';
+  std::istringstream in(lf);
   std::string raw;
   int line_no = 0;
   auto next_tokens = [&]() -> std::vector<std::string> {
@@ -97,18 +120,27 @@ std::vector<Line> parse(const std::string& text) {
   const int layer_count = parse_int(counts[0], line_no, "a layer count");
   const int blob_count = parse_int(counts[1], line_no, "a blob count");
   std::vector<Line> lines;
-  for (auto t = next_tokens(); !t.empty(); t = next_tokens()) {
+  for (auto t0 = next_tokens(); !t0.empty(); t0 = next_tokens()) {
+    size_t rest = 0;
+    std::vector<std::string> t = header_tokens(raw, 4, rest);
     if (t.size() < 4) bad(line_no, "expected 'type name bottom_count top_count ...', got '" + raw + "'");
     Line l;
     l.line_no = line_no;
     l.type = t[0], l.name = t[1];
     const int nb = parse_int(t[2], line_no, "layer " + l.name + "'s bottom count");
     const int nt = parse_int(t[3], line_no, "layer " + l.name + "'s top count");
+    if (nb >= 0 && nt >= 0) t = header_tokens(raw, 4 + size_t(nb) + size_t(nt), rest);
     if (nb < 0 || nt < 0 || t.size() < 4 + size_t(nb) + size_t(nt))
       bad(line_no, "layer " + l.name + " names fewer blobs than its counts " + t[2] + " and " + t[3]);
+    for (size_t k = 0; k < t.size(); ++k)  // ncnn reads each with %255s and refuses a longer one
+      if (k != 2 && k != 3 && t[k].size() > 255) {
+        const std::string whose = k == 1 ? "a layer" : "layer '" + l.name.substr(0, 40) + (l.name.size() > 40 ? "'..." : "'");
+        bad(line_no, whose + ": its " + (k == 0 ? "type" : k == 1 ? "name" : "blob name") + " '" + t[k].substr(0, 40) +
+                         "'... is " + std::to_string(t[k].size()) + " characters; ncnn reads at most 255");
+      }
     l.bottoms.assign(t.begin() + 4, t.begin() + 4 + nb);
     l.tops.assign(t.begin() + 4 + nb, t.begin() + 4 + nb + nt);
-    l.params.assign(t.begin() + 4 + nb + nt, t.end());
+    l.params = split_ws(raw.substr(rest));
     for (const std::string& p : l.params)
       if (p.find('=') == std::string::npos || p.front() == '=')
         bad(line_no, "layer " + l.name + ": param '" + p + "' is not id=value");
@@ -243,6 +275,7 @@ bool shape_hints(const Line& l, std::vector<int>& v) {
     if (size > limit || (h != 0 && size > limit / size_t(h))) return false;
     size *= size_t(h);
     if (d != 0 && size > limit / size_t(d)) return false;
+    size *= size_t(d);
     size = (size * 4 + 15) / 16 * 16 / 4;
     if (c != 0 && size > (SIZE_MAX / 4) / size_t(c)) return false;
   }
@@ -253,7 +286,9 @@ bool shape_hints(const Line& l, std::vector<int>& v) {
 // loaded, or the fused model would load where the stock one fails.
 bool ncnn_reads(const Line& l) {
   std::vector<int> hints;
-  return shape_hints(l, hints);
+  if (!shape_hints(l, hints)) return false;
+  const int featmask = read_params(l)->type(31);  // an int, or none (ncnn: "invalid feature mask")
+  return featmask == 0 || featmask == 1 || featmask == 2;
 }
 void set_shape_hints(Line& l, const std::vector<int>& v) {  // none: the line carries no hints
   erase_param(l, 30);
@@ -345,7 +380,7 @@ FuseResult fuse_param(const std::string& text) {
     const int P = producer.at(b);
     if (is_plain_add(L[P]) && consumers[b].size() == 1 && same_featmask(L[P], N) && writes_unique_names(L[P])) {
       add = P;
-    } else if (L[P].type == "Split" && L[P].bottoms.size() == 1 && writes_unique_names(L[P]) &&
+    } else if (L[P].type == "Split" && L[P].bottoms.size() == 1 && writes_unique_names(L[P]) && ncnn_reads(L[P]) &&
                shape_hints(L[P], split_hints)) {
       const std::string& s = L[P].bottoms[0];
       const int Q = producer.at(s);

@@ -111,11 +111,18 @@ class NormLayer : public ::ncnn::Layer {
       p_ = NormParams::read(p_.op, pd);
       fusion_ = Fusion{};
       if (fused_type_) {
+        // ncnn reads a float written for an int param (9=1.0) as not given: refused rather than run as 0.
+        for (const int id : {kParamActivation, kParamResidual})
+          if (pd.type(id) == 3)
+            throw std::invalid_argument(std::to_string(id) + "= takes an integer, got a float");
         fusion_.activation = activation_from_int(pd.get(kParamActivation, 0));
         const ::ncnn::Mat params = pd.get(kParamActivationParams, ::ncnn::Mat());
         if (fusion_.activation == Activation::LeakyReLU) {
-          if (params.w < 1) throw std::invalid_argument("activation_type=2 (leaky ReLU) needs its slope in 10=");
-          fusion_.alpha = static_cast<const float*>(params.data)[0];
+          if (params.w < 1)
+            throw std::invalid_argument("activation_type=2 (leaky ReLU) needs its slope as the array 10= (-23310=1,0.1)");
+          // an array of integers (-23310=1,1) holds ints: their value, not their bits
+          fusion_.alpha = pd.type(kParamActivationParams) == 5 ? float(static_cast<const int*>(params.data)[0])
+                                                                : static_cast<const float*>(params.data)[0];
         }
         fusion_.residual = pd.get(kParamResidual, 0);
         if (fusion_.residual < Fusion::None || fusion_.residual > Fusion::AddWriteSum)
@@ -129,8 +136,10 @@ class NormLayer : public ::ncnn::Layer {
     // On the CPU the norm and a fused activation are ncnn's own CPU layers (their SIMD and threads, their
     // results): vknorm's speed is on Vulkan.
     if (make_cpu_layers(pd) != 0) return -1;
-    // A fused add reads two blobs and writes new ones (its inputs may be shared through a Split).
+    // A fused add reads two blobs and writes new ones (its inputs may be shared through a Split). ncnn names
+    // them before load_param: a line whose counts do not fit its residual is refused at load, not at its forward.
     one_blob_only = fusion_.residual == Fusion::None;
+    if (!one_blob_only && !bottoms.empty() && check_blob_counts(bottoms.size(), tops.size())) return -1;
     // featmask (param 31) bit 4 puts this layer on the CPU inside a Vulkan net. ncnn sets featmask before
     // load_param and then makes a CPU layer of the same type, which is this class again: it must say it has
     // no Vulkan path, or ncnn records its Vulkan forward with no pipelines (a crash).

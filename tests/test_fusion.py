@@ -760,33 +760,90 @@ def test_a_fused_model_is_written_as_ncnn_reads_it_whatever_the_locale(tmp_path)
     assert res["ret"] == 0 and res["same"], res
 
 
+LN_RELU = "7767517\n3 3\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 y 0=8 1=1e-5 2=0\nReLU relu 1 1 y out{hint}\n"
+
+
+@needs_graph
+@pytest.mark.parametrize("ending", ["\n", "\r\n", "\r"], ids=["lf", "crlf", "cr"])
+def test_the_rewrite_reads_lines_ending_as_ncnn_ends_them(ending):
+    """ncnn ends a line at \\n or \\r: a .param with old-Mac CR line endings loads in stock ncnn, and fuses as one with
+    LF or CRLF (it was refused: "expected 7767517, got '7767517'")."""
+    out, fused = fuse(LN_RELU.format(hint="").replace("\n", ending))
+    assert [f["pattern"] for f in fused] == ["LayerNorm+ReLU"], fused
+    assert out == fuse(LN_RELU.format(hint=""))[0]
+
+
+@needs_graph
+def test_a_quote_in_a_layer_or_blob_name_is_a_character_of_the_name():
+    """ncnn reads types, names and blob names as whitespace-separated words; only param values may be quoted
+    strings. A blob named y="a is a name like any other (it broke the line: "names fewer blobs than its counts")."""
+    out, fused = fuse(LN_RELU.format(hint="").replace(" y", ' y="a'))
+    assert [f["pattern"] for f in fused] == ["LayerNorm+ReLU"], fused
+
+
+@needs_graph
+def test_names_longer_than_ncnn_reads_are_refused_with_their_line():
+    """ncnn reads names with %255s and refuses a longer one, so a pattern that would drop such a name is not one
+    the stock model loads with: refused, naming the line, rather than fused into a model that loads."""
+    with pytest.raises(ValueError, match=r"line 4: layer 'ln': its blob name 'y{40}'\.\.\. is 300 characters; ncnn reads at most 255"):
+        fuse(LN_RELU.format(hint="").replace(" y", " " + "y" * 300))
+
+
+@needs_graph
+@pytest.mark.parametrize("case", ["hint_4d", "split_featmask"])
+def test_layers_ncnn_refuses_are_not_fused_away(case):
+    """A pattern holding a layer ncnn would refuse stays as it is, so that the fused model fails to load where the
+    stock one does: a 4-D shape hint whose w x h x d overflows (its d was left out of the size), a Split whose
+    featmask is a float ("invalid feature mask")."""
+    if case == "hint_4d":
+        text = LN_RELU.format(hint=" -23330=5,4,1024,1024,65536,1073741824")
+    else:
+        text = ("7767517\n6 7\nInput in0 0 1 in0\nInput in1 0 1 in1\nBinaryOp add 2 1 in0 in1 s 0=0\n"
+                "Split sp 1 2 s t1 t2 31=1.5\nLayerNorm ln 1 1 t1 out 0=8 1=1e-5 2=0\nSigmoid sig 1 1 t2 out2\n")
+    out, fused = fuse(text)
+    assert fused == [], fused
+    assert [t[:2] for t in lines_of(out)] == [t[:2] for t in lines_of(text)]  # every layer still there
+
+
 @needs_graph
 def test_fused_types_refuse_bad_params(tmp_path):
+    """A fused line ncnn would read as something else is refused at load_param, naming the param: a residual or
+    activation type out of range, a leaky slope missing, a float for an int (ncnn reads 9=1.0 as not given:
+    no activation), and blob counts that do not fit the residual (they used to pass load and fail the first
+    extract)."""
     from vknorm._stdio import quiet_stderr
 
     base = "7767517\n3 3\nInput in0 0 1 in0\nInput in1 0 1 in1\n"
     for line, needle in [
         ("vknorm.LayerNorm ln 2 1 in0 in1 y 0=8 1=1e-05 2=0 20=3", "residual=3"),
         ("vknorm.LayerNorm ln 2 1 in0 in1 y 0=8 1=1e-05 2=0 9=5 20=1", "activation_type=5"),
-        ("vknorm.LayerNorm ln 1 1 in0 y 0=8 1=1e-05 2=0 9=2", "needs its slope"),
+        ("vknorm.LayerNorm ln 1 1 in0 y 0=8 1=1e-05 2=0 9=2", "needs its slope as the array 10="),
+        ("vknorm.LayerNorm ln 1 1 in0 y 0=8 1=1e-05 2=0 9=1.0", "9= takes an integer, got a float"),
+        ("vknorm.LayerNorm ln 2 1 in0 in1 y 0=8 1=1e-05 2=0 20=1.0", "20= takes an integer, got a float"),
+        ("vknorm.LayerNorm ln 2 1 in0 in1 y 0=8 1=1e-05 2=0 20=2", "residual=2 takes 2 inputs and gives 2 outputs"),
+        ("vknorm.LayerNorm ln 1 1 in0 y 0=8 1=1e-05 2=0 20=1", "residual=1 takes 2 inputs and gives 1 outputs"),
     ]:
         p, _ = write_model(tmp_path, base + line + "\n")
         log: list = []
         with quiet_stderr(log):
             net = graph.Net()
-            assert net.load_param(str(p)) != 0
+            assert net.load_param(str(p)) != 0, line
         assert any(needle in ln for ln in log), (needle, log)
-    # two inputs but one declared output for residual=2: the forward says so and fails
-    p, b = write_model(tmp_path, base + "vknorm.LayerNorm ln 2 1 in0 in1 y 0=8 1=1e-05 2=0 20=2\n")
-    log = []
-    with quiet_stderr(log):
-        net = graph.configure(graph.Net(), vulkan=True)
-        assert net.load_param(str(p)) == 0 and net.load_model(str(b)) == 0
-        ex = net.create_extractor()
-        assert ex.input("in0", graph.Mat(np.zeros((2, 8), np.float32))) == 0
-        assert ex.input("in1", graph.Mat(np.zeros((2, 8), np.float32))) == 0
-        r, _ = ex.extract("y")
-    assert r != 0 and any("residual=2 takes 2 inputs and gives 2 outputs" in ln for ln in log), log
+
+
+@needs_graph
+@pytest.mark.parametrize("slope", ["-23310=1,1", "-23310=1,1.0"], ids=["int_array", "float_array"])
+def test_a_fused_leaky_slope_written_as_integers_is_their_value(tmp_path, slope):
+    """-23310=1,1 is an array of ints to ncnn's ParamDict: a slope of 1 (the identity), as -23310=1,1.0 is, not the
+    float whose bits the int has (1.4e-45, which zeroed every negative value)."""
+    from vknorm._stdio import quiet_stderr
+
+    p, b = write_model(tmp_path, f"7767517\n2 2\nInput in0 0 1 in0\nvknorm.LayerNorm ln 1 1 in0 y 0=8 1=1e-05 2=0 9=2 {slope}\n")
+    x = np.random.default_rng(4).standard_normal((3, 8)).astype(np.float32)
+    with quiet_stderr():
+        out, _ = run_graph(p, b, {"in0": x}, vulkan=False, outputs=("y",))
+    m = x - x.mean(1, keepdims=True)
+    np.testing.assert_allclose(out["y"], m / np.sqrt((m * m).mean(1, keepdims=True) + 1e-5), atol=1e-5)
 
 
 @needs_graph
@@ -1010,6 +1067,38 @@ def test_optimize_replaces_an_input_only_by_its_own_output(tmp_path):
     r = optimize(p, b, p, b)  # in place
     assert r.returncode == 0, r.stderr
     assert b.read_bytes() == before[1] and p.read_bytes() != before[0] and "vknorm.LayerNorm" in p.read_text()
+
+
+@needs_graph
+@pytest.mark.parametrize("in_place", [True, False], ids=["in_place", "new_outputs"])
+def test_optimize_whose_second_output_cannot_be_written_leaves_the_first_as_it_was(tmp_path, monkeypatch, in_place):
+    """OUT.param is moved into place before OUT.bin: when OUT.bin then cannot be written, OUT.param is put back
+    as it was (an in-place run's IN.param unfused; a new OUT.param not there at all), and no temporary or backup
+    file is left behind."""
+    from vknorm import optimize as opt
+    from vknorm.cli import UsageError
+
+    p, b = tmp_path / "m.param", tmp_path / "m.bin"
+    p.write_bytes((DATA / "transformer_block.ncnn.param").read_bytes())
+    b.write_bytes((DATA / "transformer_block.ncnn.bin").read_bytes())
+    out_param, out_bin = (p, tmp_path / "o.bin") if in_place else (tmp_path / "o.param", tmp_path / "o.bin")
+    out_bin.write_bytes(b"old weights")
+    before = {f: f.read_bytes() for f in tmp_path.iterdir()}
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if os.path.basename(dst) == "o.bin":
+            raise PermissionError(1, "Operation not permitted")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(opt.os, "replace", replace)
+    with pytest.raises(UsageError, match=r"o\.bin: cannot be written \(Operation not permitted\)"):
+        opt.fuse_files(str(p), str(b), str(out_param), str(out_bin))
+    assert {f: f.read_bytes() for f in tmp_path.iterdir()} == before
+    monkeypatch.setattr(opt.os, "replace", real_replace)
+    opt.fuse_files(str(p), str(b), str(out_param), str(out_bin))  # and then it works, leaving only the outputs
+    assert "vknorm.LayerNorm" in out_param.read_text() and out_bin.read_bytes() == b.read_bytes()
+    assert sorted(f.name for f in tmp_path.iterdir()) == sorted({"m.param", "m.bin", "o.bin", out_param.name})
 
 
 @needs_graph

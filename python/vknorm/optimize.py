@@ -119,11 +119,7 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
             raise UsageError(f"{bin_path}: {what} of {param} does not load (the weights, {size} bytes; {hint}){why}")
         warnings = [trailing_bytes_warning(bin_path, size - read, param) + "; OUT.bin is IN.bin as it is"] \
             if read < size else []
-        for i, (tmp, real) in enumerate(staged):
-            try:
-                os.replace(tmp, real)
-            except OSError as e:
-                raise UsageError(f"{(out_param, out_bin)[i]}: cannot be written ({e.strerror})") from None
+        _replace_both(staged, (out_param, out_bin))
         staged = []
     finally:
         for tmp, _ in staged:
@@ -132,6 +128,47 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
             except OSError:
                 pass
     return fused, warnings
+
+
+def _replace_both(staged: List[Tuple[str, str]], names: Tuple[str, str]) -> None:
+    """Moves each staged temporary file onto its target, both or neither: what a target held before is kept
+    (a hard link beside it) until the other has been replaced too, and put back if that fails (an in-place
+    run would otherwise leave IN.param fused beside a failed OUT.bin)."""
+    from .cli import UsageError
+
+    backups: List[Tuple[str, str]] = []  # (backup or "", target): "" where the target did not exist
+    try:
+        for i, (tmp, real) in enumerate(staged):
+            backup = ""
+            if os.path.exists(real):
+                backup = tempfile.mktemp(prefix=".vknorm-optimize-old-", dir=os.path.dirname(real))
+                try:
+                    os.link(real, backup)
+                except OSError:  # a file system without hard links: a copy
+                    try:
+                        shutil.copy2(real, backup)
+                    except OSError as e:
+                        raise UsageError(f"{names[i]}: cannot be replaced safely ({e.strerror})") from None
+            try:
+                os.replace(tmp, real)
+            except OSError as e:
+                if backup:
+                    os.unlink(backup)
+                raise UsageError(f"{names[i]}: cannot be written ({e.strerror})") from None
+            backups.append((backup, real))
+        done, backups = backups, []
+        for backup, _ in done:
+            if backup:
+                os.unlink(backup)
+    finally:
+        for backup, real in reversed(backups):  # a later target failed: the earlier ones as they were
+            try:
+                if backup:
+                    os.replace(backup, real)
+                else:
+                    os.unlink(real)
+            except OSError:
+                pass
 
 
 def _check_targets(out_param: str, out_bin: str, in_param: str, in_bin: str) -> Tuple[str, str]:
