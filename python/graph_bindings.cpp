@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <condition_variable>
@@ -73,8 +74,11 @@ nb::dict counters_dict(const vknorm::ncnn::Counters& c) {
   else m.create(s[0], s[1], s[2], s[3]);
   if (m.empty()) throw std::bad_alloc();
   const size_t plane = size_t(s[0]) * s[1] * s[2];
-  for (int q = 0; q < (nd >= 3 ? s[3] : 1); ++q)
-    std::memcpy(m.channel(q).data, a.data() + q * plane, plane * sizeof(float));
+  for (int q = 0; q < (nd >= 3 ? s[3] : 1); ++q) {
+    float* channel = m.channel(q);
+    std::memcpy(channel, a.data() + q * plane, plane * sizeof(float));
+    if (nd >= 3) std::fill(channel + plane, channel + m.cstep, 0.f);  // the padding: no stale heap in m[i]
+  }
   return m;
 }
 
@@ -158,6 +162,14 @@ void check_no_allocator(const char* fn, nb::handle allocator) {
   check_no_allocator("Mat", allocator);
   for (int s : shape)
     if (s < 1) throw std::invalid_argument("Mat: every dimension must be 1..2^31-1");
+  // ncnn sizes the Mat in size_t (cstep x c x 4): a shape past that wraps round to a small allocation that every
+  // access then runs past. Sized here without wrapping first.
+  unsigned __int128 bytes = 4;
+  for (size_t i = 0; i + (shape.size() >= 3 ? 1 : 0) < shape.size(); ++i) bytes *= unsigned(shape[i]);
+  if (shape.size() >= 3) bytes = (bytes + 15) / 16 * 16 * unsigned(shape.back());
+  if (bytes > PTRDIFF_MAX)
+    throw std::invalid_argument("Mat: a shape of more bytes than memory can hold (" + std::to_string(shape.size()) +
+                                " dims)");
   ::ncnn::Mat m;
   if (shape.size() == 1) m.create(shape[0]);
   if (shape.size() == 2) m.create(shape[0], shape[1]);
@@ -648,7 +660,12 @@ struct Net {
     ++generation;
     model_loaded = false;
     model_bytes_read = 0;
-    if (!param_loaded || format_options(net.opt) == param_options) return true;
+    if (!param_loaded) {  // ncnn would load the weights into an earlier model's layers and say 0
+      NCNN_LOGE("vknorm.graph: %s: load_param has not succeeded on this Net", call);
+      return false;
+    }
+    if (!threads_ok(call)) return false;
+    if (format_options(net.opt) == param_options) return true;
     NCNN_LOGE("vknorm.graph: %s: net.opt changed after load_param (%s -> %s); set options before load_param, as in "
               "ncnn", call, param_options.c_str(), format_options(net.opt).c_str());
     return false;
@@ -672,12 +689,20 @@ struct Net {
   void check_runnable() const {
     if (!param_loaded) throw std::runtime_error("create_extractor: load_param has not succeeded on this Net");
     if (!model_loaded) throw std::runtime_error("create_extractor: load_model has not succeeded on this Net");
-    if (net.opt.num_threads < 1)  // ncnn divides work by it (SIGFPE at 0 or below)
-      throw std::runtime_error("create_extractor: net.opt.num_threads must be >= 1, got " +
-                               std::to_string(net.opt.num_threads));
+    if (net.opt.num_threads < 1 || net.opt.num_threads > kMaxThreads)
+      throw std::runtime_error("create_extractor: net.opt.num_threads must be 1.." + std::to_string(kMaxThreads) +
+                               ", got " + std::to_string(net.opt.num_threads));
     if (format_options(net.opt) != param_options)
       throw std::runtime_error("create_extractor: net.opt changed after load_model (" + param_options + " -> " +
                                format_options(net.opt) + "); set options before load_param, as in ncnn");
+  }
+  // ncnn divides work by num_threads (SIGFPE at 0 or below) and OpenMP makes that many threads in load_model's
+  // CPU layers already (-1 ends the process, 100000 crashes it).
+  static constexpr int kMaxThreads = 1024;
+  bool threads_ok(const char* call) const {
+    if (net.opt.num_threads >= 1 && net.opt.num_threads <= kMaxThreads) return true;
+    NCNN_LOGE("vknorm.graph: %s: net.opt.num_threads must be 1..%d, got %d", call, kMaxThreads, net.opt.num_threads);
+    return false;
   }
   static std::string format_options(const ::ncnn::Option& o) {
     std::string s;
@@ -685,7 +710,11 @@ struct Net {
                             {"use_fp16_storage", o.use_fp16_storage}, {"use_fp16_packed", o.use_fp16_packed},
                             {"use_fp16_arithmetic", o.use_fp16_arithmetic}, {"use_bf16_storage", o.use_bf16_storage},
                             {"use_bf16_packed", o.use_bf16_packed},
-                            {"use_packing_layout", o.use_packing_layout}, {"use_int8_inference", o.use_int8_inference}})
+                            {"use_packing_layout", o.use_packing_layout}, {"use_int8_inference", o.use_int8_inference},
+                            // ncnn turns these off at load_param where the device lacks them, and builds no
+                            // pipelines for them: on again after the load, an extract crashed
+                            {"use_shader_local_memory", o.use_shader_local_memory},
+                            {"use_subgroup_ops", o.use_subgroup_ops}, {"use_cooperative_matrix", o.use_cooperative_matrix}})
       s += std::string(s.empty() ? "" : " ") + name + "=" + (on ? "1" : "0");
     return s;
   }
@@ -1495,7 +1524,19 @@ NB_MODULE(_graph, m) {
       })
       .def_prop_rw(
           "opt", [](Net& n) -> ::ncnn::Option& { return n.net.opt; },
-          [](Net& n, const ::ncnn::Option& o) { writing(n, [&] { n.net.opt = o; }); },  // not halfway through a load
+          [](Net& n, const ::ncnn::Option& o) {  // not halfway through a load
+            writing(n, [&] {
+              // What Python cannot see stays this net's: its allocators, pipeline cache (ncnn's load_model puts
+              // its own there: another net's, copied, was used after that net freed it) and device.
+              const ::ncnn::Option own = n.net.opt;
+              n.net.opt = o;
+              n.net.opt.blob_allocator = own.blob_allocator, n.net.opt.workspace_allocator = own.workspace_allocator;
+              n.net.opt.kvcache_allocator = own.kvcache_allocator;
+              n.net.opt.blob_vkallocator = own.blob_vkallocator, n.net.opt.workspace_vkallocator = own.workspace_vkallocator;
+              n.net.opt.staging_vkallocator = own.staging_vkallocator, n.net.opt.kvcache_vkallocator = own.kvcache_vkallocator;
+              n.net.opt.pipeline_cache = own.pipeline_cache, n.net.opt.vulkan_device_index = own.vulkan_device_index;
+            });
+          },
           nb::rv_policy::reference_internal)
       .def("set_vulkan_device",
            [](Net& n, int index) {

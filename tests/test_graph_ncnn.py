@@ -512,8 +512,15 @@ def test_an_extractor_needs_a_loaded_model_with_the_options_it_was_loaded_with(t
     net.opt.use_bf16_packed = False
     threads = net.opt.num_threads
     net.opt.num_threads = -3
-    refused(net, "num_threads must be >= 1, got -3")
+    refused(net, r"num_threads must be 1\.\.1024, got -3")
     net.opt.num_threads = threads
+    # ncnn turns these off at load_param where the device lacks them (lavapipe prefers no shader local memory)
+    # and builds no pipelines for them: on again, an extract crashed in its Convolution
+    for name in ("use_shader_local_memory", "use_subgroup_ops", "use_cooperative_matrix"):
+        loaded = getattr(net.opt, name)
+        setattr(net.opt, name, not loaded)
+        refused(net, rf"net.opt changed after load_model \(.*{name}={int(loaded)}.* -> .*{name}={int(not loaded)}")
+        setattr(net.opt, name, loaded)
     ex = net.create_extractor()
     assert ex.input("in0", x) == 0
     r, out = ex.extract("out0")
@@ -521,6 +528,54 @@ def test_an_extractor_needs_a_loaded_model_with_the_options_it_was_loaded_with(t
     del ex
     net.clear()
     refused(net, "load_param has not succeeded")
+
+
+OPT_AND_LOAD_SCRIPT = r"""
+import sys
+import numpy as np
+from vknorm import graph
+param, binp, case = sys.argv[1], sys.argv[2], sys.argv[3]
+x = graph.Mat(np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32))
+def loaded(net):
+    assert net.load_param(param) == 0 and net.load_model(binp) == 0
+    return net
+if case == "opt_copied":  # another net's options, then that net cleared
+    first = loaded(graph.configure(graph.Net(), vulkan=True))
+    second = graph.Net()
+    second.opt = first.opt
+    loaded(second)
+    first.clear()
+    del first
+    ex = second.create_extractor()
+    ex.input("in0", x)
+    r, out = ex.extract("out0")
+    print("extract", r, bool(np.isfinite(np.array(out)).all()))
+elif case == "threads":  # OpenMP made that many threads in load_model's CPU layers: -1 ended the process
+    net = graph.configure(graph.Net(), vulkan=False)
+    net.opt.num_threads = -1
+    print("load", net.load_param(param), net.load_model(binp))
+else:  # load_model after a load_param that failed: ncnn loaded the weights into the earlier model's layers
+    net = loaded(graph.configure(graph.Net(), vulkan=False))
+    print("load", net.load_param("/nonexistent.param"), net.load_model(binp))
+"""
+
+
+@pytest.mark.parametrize("case", ["opt_copied", "threads", "after_failed_param"])
+def test_options_and_loads_that_crashed_or_misled_are_refused_or_safe(case):
+    """Net.opt = other.opt copies what Python sees, not the other net's pipeline cache and allocators (ncnn's
+    load_model stores its own there: used after the other net freed it, the extract crashed); num_threads out of
+    1..1024 is refused at load_model, not only by create_extractor; load_model after a failed load_param is -1
+    with a message (ncnn said 0, and the net then refused to run)."""
+    param, binp = (os.path.join(graph_runs.DATA, "transformer_block.ncnn." + e) for e in ("param", "bin"))
+    proc = subprocess.run([sys.executable, "-c", OPT_AND_LOAD_SCRIPT, param, binp, case], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    want = {"opt_copied": "extract 0 True", "threads": "load 0 -1", "after_failed_param": "load -1 -1"}[case]
+    assert proc.stdout.strip().splitlines()[-1] == want, proc.stdout
+    if case == "threads":
+        assert "num_threads must be 1..1024, got -1" in proc.stderr, proc.stderr
+    if case == "after_failed_param":
+        assert "load_model: load_param has not succeeded on this Net" in proc.stderr, proc.stderr
 
 
 RECYCLED_INPUT_SCRIPT = r"""
@@ -1230,6 +1285,19 @@ def test_mat_shape_constructors_as_pyncnn_and_a_single_value_refused():
         graph.Mat(5, allocator=object())
     assert repr(graph.Mat(5, 3)) == "Mat(dims=2, w=5, h=3, d=1, c=1, elemsize=4, elempack=1)"
     assert repr(graph.Mat()) == "Mat(empty)"
+    # dimensions each in range whose bytes wrap round size_t: ncnn allocated 32 bytes, which m[i] ran past
+    for shape in ((1824726041, 842443544, 3), (67992, 37171, 1824726041, 1)):
+        with pytest.raises(ValueError, match="more bytes than memory can hold"):
+            graph.Mat(*shape)
+        with pytest.raises(ValueError, match="more bytes than memory can hold"):
+            graph.Mat(shape)
+
+
+def test_a_mat_from_an_array_has_zeros_in_its_channel_padding():
+    """3x3 planes pad to 4 floats' multiple (cstep 12): the padding is zero, not stale heap (m[i] and iteration
+    run over total(), padding included, as pyncnn's)."""
+    m = graph.Mat(np.ones((2, 3, 3), np.float32))
+    assert m.cstep == 12 and list(m) == ([1.0] * 9 + [0.0] * 3) * 2
 
 
 def test_mat_numpy_takes_pyncnns_format_argument():
