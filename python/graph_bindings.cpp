@@ -146,6 +146,24 @@ std::vector<int> ints(const nb::tuple& shape) {
   return r;
 }
 
+// A switch as pyncnn (pybind11) takes one: True/False, numpy's bool, or an integer 0 or 1 (nanobind's bool takes
+// the first only, so Option.use_vulkan_compute = 1 was an error that named no field). Anything else is refused,
+// naming what was set.
+bool as_switch(nb::handle v, const std::string& what) {
+  if (v.ptr() == Py_True || v.ptr() == Py_False) return v.ptr() == Py_True;
+  const nb::handle type = v.type();
+  if (nb::hasattr(type, "__module__") && nb::str(type.attr("__module__")).equal(nb::str("numpy")) &&
+      (nb::str(type.attr("__name__")).equal(nb::str("bool")) || nb::str(type.attr("__name__")).equal(nb::str("bool_"))))
+    return PyObject_IsTrue(v.ptr()) == 1;
+  if (PyIndex_Check(v.ptr())) {
+    const nb::object i = nb::steal(PyNumber_Index(v.ptr()));
+    if (!i.is_valid()) throw nb::python_error();
+    const long x = PyLong_AsLong(i.ptr());
+    if (x == 0 || x == 1) return x == 1;
+  }
+  throw nb::type_error((what + ": expected True or False (or 0 or 1), got " + nb::repr(v).c_str()).c_str());
+}
+
 // pyncnn's allocator argument: vknorm.graph has no allocator objects, so None only (ncnn's own).
 void check_no_allocator(const char* fn, nb::handle allocator) {
   if (!allocator.is_none())
@@ -1239,20 +1257,27 @@ NB_MODULE(_graph, m) {
   vknorm_python::define_leak_warning_switch(m);
   m.doc() = "ncnn's Vulkan graph with vknorm's norm layers inside (ncnn compiled from source)";
 
-  nb::class_<::ncnn::Option>(m, "Option")
-      .def(nb::init<>())
-      .def_rw("lightmode", &::ncnn::Option::lightmode)
-      .def_rw("num_threads", &::ncnn::Option::num_threads)
-      .def_rw("use_vulkan_compute", &::ncnn::Option::use_vulkan_compute)
-      .def_rw("use_fp16_packed", &::ncnn::Option::use_fp16_packed)
-      .def_rw("use_fp16_storage", &::ncnn::Option::use_fp16_storage)
-      .def_rw("use_fp16_arithmetic", &::ncnn::Option::use_fp16_arithmetic)
-      .def_rw("use_bf16_storage", &::ncnn::Option::use_bf16_storage)
-      .def_rw("use_bf16_packed", &::ncnn::Option::use_bf16_packed)
-      .def_rw("use_packing_layout", &::ncnn::Option::use_packing_layout)
-      .def_rw("use_subgroup_ops", &::ncnn::Option::use_subgroup_ops)
-      .def_rw("use_shader_local_memory", &::ncnn::Option::use_shader_local_memory)
-      .def_rw("use_cooperative_matrix", &::ncnn::Option::use_cooperative_matrix);
+  auto option = nb::class_<::ncnn::Option>(m, "Option");
+  option.def(nb::init<>()).def_rw("num_threads", &::ncnn::Option::num_threads);
+  const std::pair<const char*, bool ::ncnn::Option::*> switches[] = {
+      {"lightmode", &::ncnn::Option::lightmode},
+      {"use_vulkan_compute", &::ncnn::Option::use_vulkan_compute},
+      {"use_fp16_packed", &::ncnn::Option::use_fp16_packed},
+      {"use_fp16_storage", &::ncnn::Option::use_fp16_storage},
+      {"use_fp16_arithmetic", &::ncnn::Option::use_fp16_arithmetic},
+      {"use_bf16_storage", &::ncnn::Option::use_bf16_storage},
+      {"use_bf16_packed", &::ncnn::Option::use_bf16_packed},
+      {"use_packing_layout", &::ncnn::Option::use_packing_layout},
+      {"use_subgroup_ops", &::ncnn::Option::use_subgroup_ops},
+      {"use_shader_local_memory", &::ncnn::Option::use_shader_local_memory},
+      {"use_cooperative_matrix", &::ncnn::Option::use_cooperative_matrix}};
+  for (const auto& [name, field] : switches)
+    option.def_prop_rw(
+        name, [field = field](const ::ncnn::Option& o) { return o.*field; },
+        [field = field, what = std::string("Option.") + name](::ncnn::Option& o, nb::handle v) {
+          o.*field = as_switch(v, what);
+        },
+        nb::for_setter(nb::arg("value").none()));
 
   nb::class_<::ncnn::Mat>(m, "Mat")
       .def(nb::init<>())
@@ -1492,27 +1517,31 @@ NB_MODULE(_graph, m) {
            "blob_name"_a.none(), "type"_a = 0)
       // ncnn's light mode for this extractor alone (net.opt.lightmode is every new extractor's)
       .def("set_light_mode",
-           [](Extractor& e, bool enable) {
+           [](Extractor& e, nb::handle value) {
+             const bool enable = as_switch(value, "Extractor.set_light_mode");
              ReleaseGil release;
              std::lock_guard<std::mutex> lock(*e.mutex);
              e.ex->set_light_mode(enable);
              e.opt.lightmode = enable;
            },
-           "enable"_a)
+           "enable"_a.none())
       .def("__enter__", [](Extractor& e) -> Extractor& { return e; }, nb::rv_policy::reference)
       .def("__exit__", [](Extractor& e, nb::args) { extractor_clear(e); })
       .def("clear", &extractor_clear);
 
   nb::class_<Net>(m, "Net")
       .def("__init__",
-           [](Net* self, bool vknorm, std::optional<bool> fuse) {
+           [](Net* self, nb::handle vknorm_on, nb::handle fuse_on) {
+             const bool vknorm = as_switch(vknorm_on, "Net(vknorm=)");
+             const std::optional<bool> fuse =
+                 fuse_on.is_none() ? std::nullopt : std::optional<bool>(as_switch(fuse_on, "Net(fuse=)"));
              // fuse defaults to on with vknorm's layers; asked for without them it would be silently off
              if (!vknorm && fuse.value_or(false))
                throw nb::value_error("Net(vknorm=False, fuse=True): fusion rewrites models into vknorm's layers, "
                                      "which a stock net does not have");
              new (self) Net(vknorm, fuse.value_or(true));
            },
-           "vknorm"_a = true, "fuse"_a = nb::none())
+           "vknorm"_a = nb::bool_(true), "fuse"_a.none() = nb::none())
       .def_ro("vknorm", &Net::vknorm)
       .def_ro("fuse", &Net::fuse)
       .def("fused", [](const Net& n) {

@@ -1293,6 +1293,30 @@ def test_mat_shape_constructors_as_pyncnn_and_a_single_value_refused():
             graph.Mat(shape)
 
 
+def test_switches_take_what_pyncnn_takes_and_name_the_field_they_refuse():
+    """Option's switches, Net(vknorm=, fuse=) and Extractor.set_light_mode take True/False, numpy's bool and the
+    integers 0 and 1, as pyncnn does (graph.configure(net, vulkan=np.True_) failed: "(): incompatible function
+    arguments"); anything else is a TypeError naming what was set."""
+    net = graph.Net(vknorm=1, fuse=np.bool_(False))
+    assert net.vknorm is True and net.fuse is False
+    for value, want in ((1, True), (0, False), (np.True_, True), (np.False_, False), (np.int64(1), True)):
+        net.opt.use_vulkan_compute = value
+        assert net.opt.use_vulkan_compute is want, value
+    assert graph.configure(graph.Net(), vulkan=np.False_).opt.use_vulkan_compute is False
+    for bad in (2, -1, 1.0, "yes", None):
+        with pytest.raises(TypeError, match=r"Option\.lightmode: expected True or False \(or 0 or 1\), got"):
+            net.opt.lightmode = bad
+    with pytest.raises(TypeError, match=r"Net\(fuse=\): expected True or False"):
+        graph.Net(fuse=2)
+    param, binp = (os.path.join(graph_runs.DATA, "layernorm_2d.ncnn." + e) for e in ("param", "bin"))
+    loaded = graph.configure(graph.Net(), vulkan=False)
+    assert loaded.load_param(param) == 0 and loaded.load_model(binp) == 0
+    ex = loaded.create_extractor()
+    ex.set_light_mode(0)
+    with pytest.raises(TypeError, match=r"Extractor\.set_light_mode: expected True or False"):
+        ex.set_light_mode(2)
+
+
 def test_a_mat_from_an_array_has_zeros_in_its_channel_padding():
     """3x3 planes pad to 4 floats' multiple (cstep 12): the padding is zero, not stale heap (m[i] and iteration
     run over total(), padding included, as pyncnn's)."""
