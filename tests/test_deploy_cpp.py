@@ -216,6 +216,9 @@ def test_example_defaults_and_exit_codes(example, tmp_path):
     param.write_text("GroupNorm gn 1 1 a b 0=1 1=0 3=0\n")
     bad = subprocess.run([example, str(param), str(short), "--c", "4"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "channels=0 cannot split an input of 4 channels" in bad.stderr, bad.stderr
+    # --help: the usage on stdout, exit 0 (2 is for bad arguments)
+    helped = subprocess.run([example, "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: layernorm_example") and not helped.stderr
 
 
 if __name__ == "__main__":

@@ -431,6 +431,8 @@ def test_errors_give_nonzero_exit_codes(example, tmp_path):
     for args in bad_args:
         proc = launch(example, args, timeout=60)
         assert proc.returncode == 2, (args, proc.returncode, proc.stderr)
+    helped = launch(example, ["--help"], timeout=60)  # the usage on stdout, exit 0
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: ncnn_example"), (helped.stdout, helped.stderr)
     # ncnn errors: a .param ncnn rejects; a model without the blob out0 (extract fails)
     garbage = tmp_path / "garbage.param"
     garbage.write_text("not an ncnn param\n")
