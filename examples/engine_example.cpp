@@ -22,6 +22,7 @@
 // Usage: engine_example [--channel-norms] [--misalign] [--skip-rmsnorm] [--corrupt] [--no-barrier]
 //                       [--system-loader] [--refusals] [--timing] [--repeat N] [--cooperative-reuse] [--rebind]
 //                       [--reload] [--give-up-first] [--sizes N] [--resubmit] [--split-between]
+//                       [--drop-cooperative]
 //   --channel-norms  blobs A and B as GroupNorm and InstanceNorm (above); every flag but --rebind works with it
 //                    (a channel norm's channel count is fixed: --cooperative-reuse then records all of B twice)
 //   --misalign       put blob B at an offset that is not a multiple of minStorageBufferOffsetAlignment:
@@ -60,6 +61,10 @@
 //   --split-between  with --channel-norms --cooperative-reuse: a split forward of B between its two cooperative
 //                    ones, its partials in the Recorder's scratch (where an apply that merges them writes no
 //                    coefficients: over the bytes the first forward's counters used)
+//   --drop-cooperative  with --channel-norms: first a split forward of B, submitted and completed (its partials
+//                    in the Recorder's scratch), then a cooperative one recorded into a command buffer never
+//                    submitted (a dropped frame: its clear of the counters never runs), then load_model() again
+//                    as "Barriers" in recorder.h says for a dropped frame; B's forward below is cooperative
 //   --resubmit       submit the command buffer a second time once the first has completed (not one-time-submit):
 //                    vknorm's weight upload recorded in it runs again after the first submission's forwards
 //   --rebind         a second frame after the first completed and the Recorders released their descriptor
@@ -475,7 +480,7 @@ struct Args {
   bool channel_norms = false;
   bool misalign = false, skip_rmsnorm = false, corrupt = false, no_barrier = false, system_loader = false;
   bool refusals = false, timing = false, cooperative_reuse = false, rebind = false, reload = false;
-  bool give_up_first = false, resubmit = false, split_between = false;
+  bool give_up_first = false, resubmit = false, split_between = false, drop_cooperative = false;
   int repeat = 1;
   int sizes = 0;  // --sizes N
 };
@@ -786,6 +791,33 @@ int run(const Args& args) {
       norm_b.load_model(b.gamma, b.beta);
       std::printf("weights reloaded after a record\n");
     }
+    if (args.drop_cooperative) {
+      const uint64_t span_b = vknorm::blob_span_bytes(3, b.w, b.h, 1, b.packed_c(), b.cstep, b.elempack, false);
+      VkCommandBuffer first = VK_NULL_HANDLE, dropped = VK_NULL_HANDLE;
+      check(vkAllocateCommandBuffers(e.device, &cai, &first), "vkAllocateCommandBuffers");
+      check(vkBeginCommandBuffer(first, &begin), "vkBeginCommandBuffer");
+      vkCmdCopyBuffer(first, upload_buffer, storage_buffer, 1, &whole);
+      barrier(first, storage_buffer, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+              VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+      norm_b.record(first, {storage_buffer, b.offset, span_b}, 3, b.w, b.h, 1, b.packed_c(), b.cstep, b.elempack, false,
+                    split);
+      check(vkEndCommandBuffer(first), "vkEndCommandBuffer");
+      auto si = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
+      si.commandBufferCount = 1;
+      si.pCommandBuffers = &first;
+      check(vkResetFences(e.device, 1, &e.fence), "vkResetFences");
+      check(vkQueueSubmit(e.queue, 1, &si, e.fence), "vkQueueSubmit");
+      check(vkWaitForFences(e.device, 1, &e.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+      vkFreeCommandBuffers(e.device, e.pool, 1, &first);
+      check(vkAllocateCommandBuffers(e.device, &cai, &dropped), "vkAllocateCommandBuffers");
+      check(vkBeginCommandBuffer(dropped, &begin), "vkBeginCommandBuffer");
+      norm_b.record(dropped, {storage_buffer, b.offset, span_b}, 3, b.w, b.h, 1, b.packed_c(), b.cstep, b.elempack, false,
+                    cooperative);
+      check(vkEndCommandBuffer(dropped), "vkEndCommandBuffer");
+      vkFreeCommandBuffers(e.device, e.pool, 1, &dropped);
+      norm_b.load_model(b.gamma, b.beta);  // the dropped frame's remedy
+      std::printf("a cooperative forward dropped after a split one\n");
+    }
     vknorm::DispatchInfo da, db;
     Engine::Buffer gave_up;  // --give-up-first: what the forward whose waits gave up wrote
     for (int r = 0; r < args.repeat; ++r) {
@@ -825,7 +857,7 @@ int run(const Args& args) {
                 VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
         db = record_b(0, b.packed_c(), cooperative);
       } else {
-        db = record_b(0, b.packed_c(), split);
+        db = record_b(0, b.packed_c(), args.drop_cooperative ? cooperative : split);
       }
     }
     std::printf("descriptor sets cached: %s %zu, %s%s %zu\n", vknorm::op_name(a.p.op), norm_a.cached_descriptor_sets(),
@@ -930,6 +962,7 @@ int run(const Args& args) {
                   args.split_between     ? "cooperative, split, cooperative"
                   : args.cooperative_reuse ? "cooperative (2 forwards)"
                   : args.give_up_first   ? "cooperative (after a forward that gave up)"
+                  : args.drop_cooperative ? "cooperative (after a dropped one)"
                   : args.rebind          ? "split (2 frames)"
                                          : "split",
                   vknorm::path_name(db.path), db.dispatches, args.repeat);
@@ -988,6 +1021,7 @@ int main(int argc, char** argv) {
     else if (s == "--give-up-first") args.give_up_first = true;
     else if (s == "--resubmit") args.resubmit = true;
     else if (s == "--split-between") args.split_between = true;
+    else if (s == "--drop-cooperative") args.drop_cooperative = true;
     else if (s == "--repeat" && i + 1 < argc && std::atoi(argv[i + 1]) >= 1) args.repeat = std::atoi(argv[++i]);
     else if (s == "--sizes" && i + 1 < argc && std::atoi(argv[i + 1]) >= 1 && std::atoi(argv[i + 1]) <= 1000)
       args.sizes = std::atoi(argv[++i]);
@@ -995,7 +1029,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "engine_example: unknown argument %s\nusage: engine_example [--channel-norms] [--misalign] "
                            "[--skip-rmsnorm] [--corrupt] [--no-barrier] [--system-loader] [--refusals] [--timing] "
                            "[--repeat N] [--cooperative-reuse] [--rebind] [--reload] [--give-up-first] [--sizes N] "
-                           "[--resubmit] [--split-between]\n",
+                           "[--resubmit] [--split-between] [--drop-cooperative]\n",
                    s.c_str());
       return 2;
     }
@@ -1008,6 +1042,11 @@ int main(int argc, char** argv) {
   if (args.split_between && !(args.channel_norms && args.cooperative_reuse)) {
     std::fprintf(stderr, "engine_example: --split-between records B split between its cooperative forwards: with "
                          "--channel-norms --cooperative-reuse\n");
+    return 2;
+  }
+  if (args.drop_cooperative && !(args.channel_norms && !args.cooperative_reuse && !args.give_up_first)) {
+    std::fprintf(stderr, "engine_example: --drop-cooperative records B's InstanceNorm: with --channel-norms, not with "
+                         "--cooperative-reuse or --give-up-first\n");
     return 2;
   }
   if (args.sizes && !args.channel_norms) {

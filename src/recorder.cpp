@@ -433,6 +433,9 @@ void Recorder::load_model(const std::vector<float>& gamma, const std::vector<flo
   m.retire(m.staging);
   m.upload_pending = false;
   m.sets.clear();  // every cached set names the old weights; the sets themselves live until release
+  // A dropped frame's remedy (recorder.h, Barriers): what the counters hold is no longer known either, since a
+  // clear recorded into a command buffer that never runs never zeroed them. The next cooperative forward clears.
+  m.counters = {};
 }
 
 Recorder::Impl& Recorder::impl() const {
@@ -681,6 +684,8 @@ void Recorder::release_descriptors() {
   m.sets_in_last_pool = kSetsPerPool;
   m.live_sets = 0;
   m.retired.clear();
+  m.counters = {};  // command buffers recorded before are not submitted again: nothing known of what ran last
+  m.timed = 0;      // nor read: a pair of one that never ran (a dropped frame) would block every later read
   if (!m.upload_pending) m.retire(m.staging), m.retired.clear();  // the upload was recorded and has completed
 }
 

@@ -170,6 +170,20 @@ def test_a_split_forward_between_two_cooperative_ones_makes_the_second_clear_its
     assert re.search(r"^B InstanceNorm .*cooperative, split, cooperative: path cooperative", proc.stdout, re.M), proc.stdout
 
 
+@pytest.mark.parametrize("merges", ["1", "0"], ids=["apply-merges", "finalize"])
+def test_a_cooperative_forward_after_a_dropped_one_clears_the_counters(engine_example, merges):
+    """--drop-cooperative: a split forward of B's InstanceNorm runs (its partials in the Recorder's scratch), then a
+    cooperative one is recorded into a command buffer never submitted (a dropped frame), then load_model() is
+    called again, as recorder.h says for a dropped frame. The Recorder had taken the dropped clear as done: the
+    next cooperative forward skipped its own and ran on the split forward's partials."""
+    proc = launch(engine_example, "--channel-norms", "--drop-cooperative",
+                  extra_env=dict(TWO_RESIDENT_WORKGROUPS, VKNORM_TUNE_APPLY_MERGES=merges))
+    assert_clean_run(proc)
+    assert "a cooperative forward dropped after a split one" in proc.stdout, proc.stdout
+    assert re.search(r"^B InstanceNorm .*cooperative \(after a dropped one\): path cooperative", proc.stdout, re.M), \
+        proc.stdout
+
+
 @pytest.mark.parametrize("channel_norms", [False, True], ids=["layernorm", "instancenorm"])
 def test_a_forward_after_one_whose_waits_gave_up_finds_the_counters_zero(engine_example, channel_norms):
     """--give-up-first: B (a LayerNorm, or InstanceNorm) recorded cooperative after a forward of its Recorder over

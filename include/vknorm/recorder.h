@@ -47,7 +47,8 @@
 //   record those as float32. Refused inputs throw std::invalid_argument before anything is recorded.
 //
 // Barriers
-// vknorm records no barrier before its first dispatch and none after its last. Order your own writes of
+// vknorm records no barrier on the blob before its first dispatch and none after its last (the barriers below
+// order its own scratch and weights, not your writes of the blob). Order your own writes of
 // the blob before record() and your own reads (or the next layer) after it with your own barriers, as for
 // any compute dispatch: vknorm's dispatches run in VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT and access the
 // blob with VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT. E.g. after a transfer write:
@@ -55,21 +56,23 @@
 // COMPUTE_SHADER/SHADER_WRITE -> TRANSFER/TRANSFER_READ.
 // Inside one forward, vknorm orders its own passes (the split path's reduce -> finalize -> apply) with
 // vkCmdPipelineBarrier(COMPUTE_SHADER -> COMPUTE_SHADER) and one VkMemoryBarrier SHADER_WRITE ->
-// SHADER_READ|SHADER_WRITE, only between passes where the later reads what the earlier wrote. A split-path
-// forward (and each of its pieces) also starts with that barrier: its scratch is shared with every earlier
-// forward of this Recorder, so forwards of one Recorder may share it in any number of command buffers on
+// SHADER_READ|SHADER_WRITE, only between passes where the later reads what the earlier wrote. A split-path or
+// cooperative forward (and each of its pieces) also starts with that barrier: its scratch is shared with every
+// earlier forward of this Recorder, so forwards of one Recorder may share it in any number of command buffers on
 // one queue. A fused forward (one dispatch, no scratch) records no barrier at all.
 // The first record() after load_model() also records the weights' upload before its dispatches: a barrier
 // COMPUTE_SHADER|TRANSFER/TRANSFER_WRITE -> TRANSFER/TRANSFER_WRITE on the weights (a resubmitted command buffer
 // copies again, after its earlier submission's reads), a vkCmdCopyBuffer from a staging buffer and a
 // TRANSFER/TRANSFER_WRITE -> COMPUTE_SHADER/SHADER_READ barrier. Submit that command buffer first (or before any
 // other that uses this Recorder). One that will never be submitted (a dropped frame) leaves the weights unloaded:
-// call load_model() again, and the next record() uploads.
+// call load_model() again, and the next record() uploads (and clears the counters below).
 // A cooperative forward (one dispatch in which workgroups wait for each other; planned only on GPUs that report
 // their multiprocessors) keeps counters in the scratch and leaves them zero. One that finds them other than the
 // last forward left them (the scratch just made, a split forward since, or a shape whose counters sit elsewhere
-// in the scratch) also records a dispatch that zeroes them first. The same rule: command buffers run in the
-// order recorded.
+// in the scratch) also records a dispatch that zeroes them first. What they hold is known when recording, so the
+// same rule holds: command buffers run in the order recorded, each submission (a resubmitted one too) after the
+// one recorded before it for this Recorder. After a dropped frame call load_model() again, or
+// release_descriptors(): either forgets what the counters held, and the next cooperative forward clears them.
 //
 // Lifetime
 // - vknorm never destroys the caller's instance, device, buffers or command buffers; they must outlive
@@ -99,7 +102,9 @@
 // forward's GPU time in microseconds, in recording order (a command buffer submitted again overwrites its
 // forwards' times). Reading them frees the pairs for later record()s. Read only once those command buffers
 // have completed: a pair's reset is recorded in the command buffer itself, so before it runs the pair still
-// holds its previous result (or, never used, is not reset at all: invalid usage to read).
+// holds its previous result (or, never used, is not reset at all: invalid usage to read). release_descriptors()
+// drops the pairs not read yet: after a timed command buffer that will never run (a dropped frame), the way to
+// time again (read the others first).
 //
 // Threads: a Recorder is used by one thread at a time (like the command buffer it records into);
 // different Recorders on one device may record on different threads.
@@ -209,8 +214,9 @@ class Recorder {
   // not yet written its times; before submission, see "GPU time" above).
   std::vector<double> gpu_times_us();
 
-  // Frees every cached descriptor set and what load_model() or a larger scratch retired. Only when no
-  // command buffer recorded with them is pending (see Lifetime above).
+  // Frees every cached descriptor set and what load_model() or a larger scratch retired, and drops the GPU time
+  // pairs not read yet. Every command buffer recorded before the call, submitted or not, must have completed or
+  // be dropped: none is submitted afterwards (see Lifetime above).
   void release_descriptors();
 
   NormOp op() const;
