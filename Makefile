@@ -5,8 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMPS := .stamps
 APT_PACKAGES := build-essential cmake libvulkan-dev libvulkan1 glslang-tools spirv-tools mesa-vulkan-drivers \
-                vulkan-validationlayers vulkan-tools python3-venv python3-dev locales
-SOURCES := $(shell find src include shaders cmake python -type f) CMakeLists.txt pyproject.toml
+                vulkan-validationlayers vulkan-tools python3-venv python3-dev locales ninja-build
+# What the build reads (not the bytecode that importing the editable install writes beside the sources).
+SOURCES := $(shell find src include shaders cmake python -type f -not -path '*/__pycache__/*') CMakeLists.txt \
+           pyproject.toml
 # ncnn compiled from its pinned source (tools/build_ncnn.sh), cached outside the clone: built once per machine.
 # VKNORM_CACHE moves that cache (its sources, build tree and install), as it does for tools/build_ncnn.sh.
 VKNORM_CACHE ?= $(HOME)/.cache/vknorm
@@ -28,9 +30,10 @@ demo: setup
 test: setup
 	@VKNORM_VALIDATION=1 VKNORM_TEST_REQUIRE_ALL=1 $(PY) -m pytest -q tests
 
-setup: $(STAMPS)/apt $(STAMPS)/venv $(STAMPS)/ncnn $(STAMPS)/install
+setup: $(STAMPS)/apt $(STAMPS)/venv $(NCNN_PREFIX)/.complete $(STAMPS)/install
 
-$(STAMPS)/apt:
+# Checked again when the Makefile (its package list) changes; the steps after it need it only to have run.
+$(STAMPS)/apt: Makefile
 	@mkdir -p $(STAMPS)
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -40,16 +43,17 @@ $(STAMPS)/apt:
 	fi
 	@touch $@
 
-$(STAMPS)/venv: requirements-dev.txt $(STAMPS)/apt
+$(STAMPS)/venv: requirements-dev.txt | $(STAMPS)/apt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	@touch $@
 
-$(STAMPS)/ncnn: tools/build_ncnn.sh $(STAMPS)/apt
+# The built ncnn itself, not a stamp in the clone: a cache deleted (or VKNORM_CACHE moved) builds it again.
+$(NCNN_PREFIX)/.complete: tools/build_ncnn.sh | $(STAMPS)/apt
 	@tools/build_ncnn.sh "$(NCNN_PREFIX)" >/dev/null
 	@touch $@
 
-$(STAMPS)/install: $(STAMPS)/venv $(STAMPS)/ncnn $(SOURCES)
+$(STAMPS)/install: $(STAMPS)/venv $(NCNN_PREFIX)/.complete $(SOURCES)
 	@echo "building vknorm (C++ core, shaders, bindings, ncnn layers)"
 	@$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e . \
 	  -C cmake.define.VKNORM_NCNN=ON -C cmake.define.ncnn_DIR=$(NCNN_PREFIX)/lib/cmake/ncnn || \

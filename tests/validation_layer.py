@@ -101,8 +101,13 @@ def write_settings(settings_dir: str, log_path: str | None = None) -> str:
 
 def session_settings_dir() -> str:
     """A fresh directory holding the suite-wide settings (the age notices filtered where they can come, all else
-    default)."""
-    return write_settings(tempfile.mkdtemp(prefix="vknorm-layer-settings-"))
+    default), removed when the process that made it exits (its children, which read it, are done by then)."""
+    import atexit
+    import shutil
+
+    made = tempfile.mkdtemp(prefix="vknorm-layer-settings-")
+    atexit.register(shutil.rmtree, made, True)
+    return write_settings(made)
 
 
 def json_from_stdout(text: str):

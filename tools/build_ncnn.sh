@@ -11,7 +11,7 @@ VERSION=1.0.20261020
 SHA256=ad8cdd63e9755cfa8e23b9b6d9ce46156077d80298a89e7c3ba325ffccfca200
 # VKNORM_NCNN_URL: for testing the download-failure path only.
 URL=${VKNORM_NCNN_URL:-https://files.pythonhosted.org/packages/b7/50/32b5172afe7d3e0dce410b7d8f4a5b7b84b942a0d69affbaedf669de52bc/ncnn-$VERSION.tar.gz}
-CACHE=${VKNORM_CACHE:-$HOME/.cache/vknorm}
+CACHE=${VKNORM_CACHE:-${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}/.cache/vknorm}
 PREFIX=${1:-$CACHE/ncnn-$VERSION}
 if [ -f "$PREFIX/lib/cmake/ncnn/ncnnConfig.cmake" ] && [ -f "$PREFIX/.complete" ]; then
   echo "$PREFIX"; exit 0
@@ -35,6 +35,9 @@ if [ -n "${VKNORM_NCNN_SDIST:-}" ]; then
   fi
   echo "using ncnn $VERSION sdist $sdist" >&2
   tarball=$sdist
+  # kept in the cache as a download would be (a later run, and tests/test_build_ncnn_script.py, find it there)
+  mkdir -p "$CACHE/src"
+  [ -f "$CACHE/src/ncnn-$VERSION.tar.gz" ] || cp "$sdist" "$CACHE/src/ncnn-$VERSION.tar.gz"
 elif [ ! -f "$tarball" ] || [ "$(sha_of "$tarball")" != "$SHA256" ]; then
   mkdir -p "$CACHE/src"
   echo "downloading ncnn $VERSION sdist" >&2
@@ -59,7 +62,7 @@ EOF
   mv "$tarball.part" "$tarball"
 fi
 rm -rf "$work/src" && mkdir -p "$work/src" && tar xzf "$tarball" -C "$work/src" --strip-components=1
-echo "building ncnn $VERSION with Vulkan (once per machine, ~6-8 min on 2 cores) -> $PREFIX" >&2
+echo "building ncnn $VERSION with Vulkan (once per machine, ~3 min on 2 cores) -> $PREFIX" >&2
 
 # Copies the build output into $1 (the full log) and shows progress on stderr from its "[ NN%]" (make)
 # or "[N/M]" (ninja) lines: one updating line on a terminal, else a line every 10%.

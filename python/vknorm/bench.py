@@ -22,6 +22,7 @@ import math
 import os
 import statistics
 import sys
+import shutil
 import tempfile
 import time
 from typing import Optional
@@ -371,11 +372,14 @@ def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine
         net.clear()
         return best
 
-    t1 = run_chain(1)
-    t9 = run_chain(9)
-    est = max((t9 - t1) / 8, 1e-6)
-    k = int(min(1025, max(17, 0.5 / est)))
-    tk = run_chain(k)
+    try:
+        t1 = run_chain(1)
+        t9 = run_chain(9)
+        est = max((t9 - t1) / 8, 1e-6)
+        k = int(min(1025, max(17, 0.5 / est)))
+        tk = run_chain(k)
+    finally:  # the chains' .param/.bin (up to 1025 layers' weights: hundreds of MB at large shapes)
+        shutil.rmtree(tmp, ignore_errors=True)
     return max(tk - t1, 0.0) / (k - 1) * 1e6
 
 
