@@ -10,8 +10,10 @@ submission, timed with Vulkan timestamp queries, right after --warmup-ms (150 by
 drops its clock within ~0.5 s of idling). The copy roof is measured the same way, interleaved with the
 kernel, batch by batch; every figure is the median of the batches. Effective bandwidth = streams * bytes(x) / time
 (2 streams, x in and y out; 3 with --residual add, 4 with add+sum). --batches and --warmup-ms apply to vknorm
-and the copy roof; torch is the median of 5 CUDA-event batches, each after 150 ms of the same work; ncnn is the
-least of 3 chain-difference wall-clock runs.
+and the copy roof; torch is the median of 5 CUDA-event batches, each after 150 ms of the same work (back-to-back
+Python calls: for small layers torch's launch rate, not its kernels' time); ncnn is per layer the difference of
+two wall-clock times, a chain of k layers' and a chain of one's, each the least of 3 runs (ncnn's host recording
+of each layer included, as in a model).
 """
 from __future__ import annotations
 
@@ -326,7 +328,7 @@ def _ncnn_channel_param(op: str, c: int, h: int, w: int, groups: int, layers: in
 
 def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine: bool = True, shape=None,
                 packing: bool = True):
-    """ncnn's Vulkan layer: (chain of K layers - chain of k) / (K - k), wall clock, min of 3 runs.
+    """ncnn's Vulkan layer: (chain of k layers - chain of 1) / (k - 1), wall clock, each chain the least of 3 runs.
     shape: (channels, h, w, groups) for groupnorm/instancenorm; packing: ncnn's use_packing_layout, as vknorm's."""
     import ncnn
 

@@ -90,7 +90,7 @@ VULKAN_HELP = (
     "three times on the same inputs in one ncnn: stock ncnn CPU fp32 (the reference), stock ncnn Vulkan, "
     "and ncnn Vulkan with vknorm's layers inside (--fp16: float16 storage in both Vulkan runs). Per "
     "norm layer (LayerNorm, RMSNorm, GroupNorm, InstanceNorm): vknorm's and stock ncnn Vulkan's max abs error against the CPU run on the same "
-    "blob, and gpu_us: vknorm's kernel time for that blob (its shape, storage, params and weights; a fused "
+    "blob, and gpu_us: vknorm's kernel time for that blob, one dispatch at a time (its shape, storage, params and weights; a fused "
     "layer's whole kernel, the add and the sum it writes included) on vknorm's own Vulkan context, since ncnn's graph has no per-layer timestamps; per model output: both "
     "Vulkan runs' error; the whole-model wall ms per inference of both Vulkan runs (median after a warm-up, "
     "lightmode on); the device. Pass rule: the one above, the same for both engines (here the CPU run's "
@@ -1517,8 +1517,9 @@ def format_text_vulkan(result: dict) -> str:
                  if ms.get("vknorm") and ms.get("ncnn_vulkan") else "")
         lines.append(f"model wall ms/inference (median of {result['timing_rounds']} after a warm-up, lightmode on): "
                      f"ncnn Vulkan {ms['ncnn_vulkan']:.3f}, vknorm {ms['vknorm']:.3f}{speed}")
-    lines.append("gpu_us: vknorm's kernel time for that blob on vknorm's own Vulkan context (a fused layer: its "
-                 "whole kernel, the add included; ncnn's graph has no per-layer timestamps)")
+    lines.append("gpu_us: vknorm's kernel time for that blob on vknorm's own Vulkan context, one dispatch at a time "
+                 "(vknorm bench times kernels back to back); a fused layer: its whole kernel, the add included; ncnn's "
+                 "graph has no per-layer timestamps")
     lines.append(("f64_err: vknorm's max |error| against float64 of the float16-rounded input it saw (" if fp16 else
                   "f64_err: vknorm's max |error| against float64 of the input it saw (") +
                  "the *_err columns also carry the stock Vulkan layers' differences upstream); " + JUDGED_HELP[fp16])
