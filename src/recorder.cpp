@@ -415,6 +415,7 @@ void Recorder::load_model(const std::vector<float>& gamma, const std::vector<flo
   std::lock_guard<std::mutex> lock(m.mutex);
   if (!m.params.affine) {
     if (!gamma.empty() || !beta.empty()) throw std::invalid_argument("affine=0: this layer takes no weights");
+    m.counters = {};  // the dropped frame's remedy holds without weights too (below)
     return;
   }
   const char* count_name = m.params.per_channel() ? "channels" : "affine_size";
