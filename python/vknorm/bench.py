@@ -565,6 +565,9 @@ def run(args) -> int:
     else:
         shapes = [(r, c, kind, None) for r, c, kind in _shapes(args)]
     info = device_info()
+    if not info["timestamps"]:  # every time would read 0, and every row be dropped: an empty table that exits 0
+        raise UsageError(f"{info['name']} has no timestamps on its compute queue: vknorm bench measures GPU time "
+                         "with them (vknorm check still judges the layers)")
     # Every shape's peak host memory, before the first input is made: its float32 arrays (input, residual, gamma and
     # beta), each of which also becomes a device buffer by way of a staging one. Where device memory is host memory
     # (a CPU device) that is 3x the arrays, and the copy roof's output on top (lavapipe, 2^24 columns: 3.0x);
