@@ -51,10 +51,13 @@ $(STAMPS)/venv: requirements-dev.txt | $(STAMPS)/apt
 # The built ncnn itself, not a stamp in the clone: a cache deleted (or VKNORM_CACHE moved) builds it again.
 $(NCNN_PREFIX)/.complete: tools/build_ncnn.sh | $(STAMPS)/apt
 	@tools/build_ncnn.sh "$(NCNN_PREFIX)" >/dev/null
-	@touch $@
+	@touch $@ 2>/dev/null || true  # a cache this user cannot write (shared, read-only) is used as it is
 
 $(STAMPS)/install: $(STAMPS)/venv $(NCNN_PREFIX)/.complete $(SOURCES)
 	@echo "building vknorm (C++ core, shaders, bindings, ncnn layers)"
+	@# a build tree configured by another generator (before ninja was installed) stops CMake: made again
+	@for c in build/cp*/CMakeCache.txt; do [ ! -f "$$c" ] || grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$$' "$$c" || \
+	  rm -rf "$$(dirname "$$c")"; done
 	@$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e . \
 	  -C cmake.define.VKNORM_NCNN=ON -C cmake.define.ncnn_DIR=$(NCNN_PREFIX)/lib/cmake/ncnn || \
 	  { echo "build failed; rerun: $(PY) -m pip install -v --no-build-isolation -e . -C cmake.define.VKNORM_NCNN=ON -C cmake.define.ncnn_DIR=$(NCNN_PREFIX)/lib/cmake/ncnn"; exit 1; }

@@ -728,12 +728,14 @@ struct Net {
                             {"use_fp16_storage", o.use_fp16_storage}, {"use_fp16_packed", o.use_fp16_packed},
                             {"use_fp16_arithmetic", o.use_fp16_arithmetic}, {"use_bf16_storage", o.use_bf16_storage},
                             {"use_bf16_packed", o.use_bf16_packed},
-                            {"use_packing_layout", o.use_packing_layout}, {"use_int8_inference", o.use_int8_inference},
-                            // ncnn turns these off at load_param where the device lacks them, and builds no
-                            // pipelines for them: on again after the load, an extract crashed
-                            {"use_shader_local_memory", o.use_shader_local_memory},
-                            {"use_subgroup_ops", o.use_subgroup_ops}, {"use_cooperative_matrix", o.use_cooperative_matrix}})
+                            {"use_packing_layout", o.use_packing_layout}, {"use_int8_inference", o.use_int8_inference}})
       s += std::string(s.empty() ? "" : " ") + name + "=" + (on ? "1" : "0");
+    // ncnn turns these off at load_param where the device lacks them, and builds no pipelines for them: on again
+    // after the load, an extract crashed (a CPU net ignores them)
+    if (o.use_vulkan_compute)
+      for (auto [name, on] : {std::pair<const char*, bool>{"use_shader_local_memory", o.use_shader_local_memory},
+                              {"use_subgroup_ops", o.use_subgroup_ops}, {"use_cooperative_matrix", o.use_cooperative_matrix}})
+        s += std::string(" ") + name + "=" + (on ? "1" : "0");
     return s;
   }
   int read_param(const std::string& path, const std::string* text) {

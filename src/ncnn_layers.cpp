@@ -111,10 +111,14 @@ class NormLayer : public ::ncnn::Layer {
       p_ = NormParams::read(p_.op, pd);
       fusion_ = Fusion{};
       if (fused_type_) {
-        // ncnn reads a float written for an int param (9=1.0) as not given: refused rather than run as 0.
-        for (const int id : {kParamActivation, kParamResidual})
-          if (pd.type(id) == 3)
-            throw std::invalid_argument(std::to_string(id) + "= takes an integer, got a float");
+        // ncnn reads anything but an integer (9=1.0, 9=leaky, an array) for an int param as not given: refused
+        // rather than run as 0.
+        for (const int id : {kParamActivation, kParamResidual}) {
+          const int type = pd.type(id);
+          if (type != 0 && type != 1 && type != 2)
+            throw std::invalid_argument(std::to_string(id) + "= takes an integer, got " +
+                                        (type == 3 ? "a float" : type == 7 ? "a string" : "an array"));
+        }
         fusion_.activation = activation_from_int(pd.get(kParamActivation, 0));
         const ::ncnn::Mat params = pd.get(kParamActivationParams, ::ncnn::Mat());
         if (fusion_.activation == Activation::LeakyReLU) {
@@ -140,6 +144,11 @@ class NormLayer : public ::ncnn::Layer {
     // them before load_param: a line whose counts do not fit its residual is refused at load, not at its forward.
     one_blob_only = fusion_.residual == Fusion::None;
     if (!one_blob_only && !bottoms.empty() && check_blob_counts(bottoms.size(), tops.size())) return -1;
+    if (fused_type_ && one_blob_only && (bottoms.size() > 1 || tops.size() > 1)) {  // a second input read by nothing
+      NCNN_LOGE("vknorm %s %s: residual=0 takes 1 input and gives 1 output; the param line has %zu and %zu", type_name(),
+                name.c_str(), bottoms.size(), tops.size());
+      return -1;
+    }
     // featmask (param 31) bit 4 puts this layer on the CPU inside a Vulkan net. ncnn sets featmask before
     // load_param and then makes a CPU layer of the same type, which is this class again: it must say it has
     // no Vulkan path, or ncnn records its Vulkan forward with no pipelines (a crash).

@@ -259,11 +259,11 @@ if "pytest" in sys.modules:
             assert s["device"]["subgroup_size"] == n
             assert s["any_subgroup"], f"{name}: no dispatch used subgroup reductions"
             # a workgroup holds at most maxComputeWorkgroupSubgroups subgroups of a required size: the context
-            # reports (and plans for) no wider workgroups (lavapipe: 32 subgroups of 8, 256 of its 1024)
+            # reports (and plans for) no wider workgroups (lavapipe: 32 subgroups, 256 of its 1024 at 8 wide)
             assert s["device"]["max_workgroup_invocations"] <= vulkan_device["max_workgroup_invocations"]
             assert s["max_wg"] <= s["device"]["max_workgroup_invocations"]
             if "llvmpipe" in vulkan_device["name"].lower():
-                assert s["device"]["max_workgroup_invocations"] == 8 * 32, s["device"]
+                assert s["device"]["max_workgroup_invocations"] == min(n * 32, vulkan_device["max_workgroup_invocations"])
         # a size outside the range is refused at device creation, naming the range
         proc = run_profile({"VKNORM_SUBGROUP_SIZE": str(2 * hi)}, timeout=120)
         assert proc.returncode != 0 and f"subgroups of {lo} to {hi}" in proc.stderr, proc.stderr[-2000:]

@@ -202,7 +202,7 @@ BAD_SETTINGS = [("VKNORM_PATH", "bogus", "unknown path 'bogus'"),
                 ("VKNORM_MAX_DEVICE_BYTES", "-5", "a positive integer"),
                 ("VKNORM_MAX_BUFFER_BYTES", "0", "a positive integer"),
                 ("VKNORM_SUBGROUP_SIZE", "1.5", "a positive integer"),
-                ("VKNORM_SUBGROUP_SIZE", "3", "the device runs compute subgroups of"),  # no device runs 3
+                ("VKNORM_SUBGROUP_SIZE", "3", "the device"),  # no device runs 3: its context says why (its range)
                 ("VKNORM_MAX_SHARED_MEMORY", "12", "at least 256 bytes"),
                 ("VKNORM_VULKAN_API", "2.0", "expected 1.0, 1.1, 1.2 or 1.3"),
                 ("VKNORM_TUNE_CONVERSION_THREADS", "abc", "a whole number of threads")]

@@ -774,11 +774,16 @@ def test_the_rewrite_reads_lines_ending_as_ncnn_ends_them(ending):
 
 
 @needs_graph
-def test_a_quote_in_a_layer_or_blob_name_is_a_character_of_the_name():
+def test_a_quote_in_a_layer_or_blob_name_is_a_character_of_the_name(tmp_path):
     """ncnn reads types, names and blob names as whitespace-separated words; only param values may be quoted
-    strings. A blob named y="a is a name like any other (it broke the line: "names fewer blobs than its counts")."""
-    out, fused = fuse(LN_RELU.format(hint="").replace(" y", ' y="a'))
+    strings. A blob named y="a is a name like any other (it broke the line: "names fewer blobs than its counts"),
+    in the rewrite and in the reader vknorm optimize, check and bench --model share."""
+    text = LN_RELU.format(hint="").replace(" y", ' y="a')
+    out, fused = fuse(text)
     assert [f["pattern"] for f in fused] == ["LayerNorm+ReLU"], fused
+    p, b = write_model(tmp_path, text)
+    r = optimize(p, b, tmp_path / "o.param", tmp_path / "o.bin")
+    assert r.returncode == 0 and "vknorm.LayerNorm" in (tmp_path / "o.param").read_text(), (r.stdout, r.stderr)
 
 
 @needs_graph
@@ -820,6 +825,8 @@ def test_fused_types_refuse_bad_params(tmp_path):
         ("vknorm.LayerNorm ln 1 1 in0 y 0=8 1=1e-05 2=0 9=2", "needs its slope as the array 10="),
         ("vknorm.LayerNorm ln 1 1 in0 y 0=8 1=1e-05 2=0 9=1.0", "9= takes an integer, got a float"),
         ("vknorm.LayerNorm ln 2 1 in0 in1 y 0=8 1=1e-05 2=0 20=1.0", "20= takes an integer, got a float"),
+        ('vknorm.LayerNorm ln 1 1 in0 y 0=8 1=1e-05 2=0 9="leaky"', "9= takes an integer, got a string"),
+        ("vknorm.LayerNorm ln 2 1 in0 in1 y 0=8 1=1e-05 2=0", "residual=0 takes 1 input and gives 1 output"),
         ("vknorm.LayerNorm ln 2 1 in0 in1 y 0=8 1=1e-05 2=0 20=2", "residual=2 takes 2 inputs and gives 2 outputs"),
         ("vknorm.LayerNorm ln 1 1 in0 y 0=8 1=1e-05 2=0 20=1", "residual=1 takes 2 inputs and gives 1 outputs"),
     ]:

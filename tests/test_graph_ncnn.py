@@ -1295,8 +1295,9 @@ def test_mat_shape_constructors_as_pyncnn_and_a_single_value_refused():
 
 def test_switches_take_what_pyncnn_takes_and_name_the_field_they_refuse():
     """Option's switches, Net(vknorm=, fuse=) and Extractor.set_light_mode take True/False, numpy's bool and the
-    integers 0 and 1, as pyncnn does (graph.configure(net, vulkan=np.True_) failed: "(): incompatible function
-    arguments"); anything else is a TypeError naming what was set."""
+    integers 0 and 1, which pyncnn takes too (graph.configure(net, vulkan=np.True_) failed: "(): incompatible
+    function arguments"); anything else (pyncnn reads 2, 1.0 or None as a truth value) is a TypeError naming what
+    was set."""
     net = graph.Net(vknorm=1, fuse=np.bool_(False))
     assert net.vknorm is True and net.fuse is False
     for value, want in ((1, True), (0, False), (np.True_, True), (np.False_, False), (np.int64(1), True)):

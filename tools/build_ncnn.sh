@@ -11,8 +11,18 @@ VERSION=1.0.20261020
 SHA256=ad8cdd63e9755cfa8e23b9b6d9ce46156077d80298a89e7c3ba325ffccfca200
 # VKNORM_NCNN_URL: for testing the download-failure path only.
 URL=${VKNORM_NCNN_URL:-https://files.pythonhosted.org/packages/b7/50/32b5172afe7d3e0dce410b7d8f4a5b7b84b942a0d69affbaedf669de52bc/ncnn-$VERSION.tar.gz}
-CACHE=${VKNORM_CACHE:-${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}/.cache/vknorm}
+home=${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6 || true)}
+if [ -z "${VKNORM_CACHE:-}" ] && [ -z "$home" ]; then
+  echo "tools/build_ncnn.sh: no HOME and no home directory for uid $(id -u): set VKNORM_CACHE=DIR" >&2; exit 1
+fi
+CACHE=${VKNORM_CACHE:-$home/.cache/vknorm}
 PREFIX=${1:-$CACHE/ncnn-$VERSION}
+# A given sdist is kept in the cache as a download would be (a later run, and tests/test_build_ncnn_script.py,
+# find it there), the build being done already or not.
+if [ -n "${VKNORM_NCNN_SDIST:-}" ] && [ -f "$VKNORM_NCNN_SDIST" ] && [ ! -f "$CACHE/src/ncnn-$VERSION.tar.gz" ] &&
+   [ "$(sha256sum "$VKNORM_NCNN_SDIST" | cut -d' ' -f1)" = "$SHA256" ]; then
+  mkdir -p "$CACHE/src" && cp "$VKNORM_NCNN_SDIST" "$CACHE/src/ncnn-$VERSION.tar.gz"
+fi
 if [ -f "$PREFIX/lib/cmake/ncnn/ncnnConfig.cmake" ] && [ -f "$PREFIX/.complete" ]; then
   echo "$PREFIX"; exit 0
 fi
@@ -35,9 +45,6 @@ if [ -n "${VKNORM_NCNN_SDIST:-}" ]; then
   fi
   echo "using ncnn $VERSION sdist $sdist" >&2
   tarball=$sdist
-  # kept in the cache as a download would be (a later run, and tests/test_build_ncnn_script.py, find it there)
-  mkdir -p "$CACHE/src"
-  [ -f "$CACHE/src/ncnn-$VERSION.tar.gz" ] || cp "$sdist" "$CACHE/src/ncnn-$VERSION.tar.gz"
 elif [ ! -f "$tarball" ] || [ "$(sha_of "$tarball")" != "$SHA256" ]; then
   mkdir -p "$CACHE/src"
   echo "downloading ncnn $VERSION sdist" >&2

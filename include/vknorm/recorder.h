@@ -71,8 +71,8 @@
 // last forward left them (the scratch just made, a split forward since, or a shape whose counters sit elsewhere
 // in the scratch) also records a dispatch that zeroes them first. What they hold is known when recording, so the
 // same rule holds: command buffers run in the order recorded, each submission (a resubmitted one too) after the
-// one recorded before it for this Recorder. After a dropped frame call load_model() again, or
-// release_descriptors(): either forgets what the counters held, and the next cooperative forward clears them.
+// one recorded before it for this Recorder. After a dropped frame call load_model() again: it also forgets what
+// the counters held, and the next cooperative forward clears them.
 //
 // Lifetime
 // - vknorm never destroys the caller's instance, device, buffers or command buffers; they must outlive
@@ -216,7 +216,8 @@ class Recorder {
 
   // Frees every cached descriptor set and what load_model() or a larger scratch retired, and drops the GPU time
   // pairs not read yet. Every command buffer recorded before the call, submitted or not, must have completed or
-  // be dropped: none is submitted afterwards (see Lifetime above).
+  // be dropped: none is submitted afterwards (see Lifetime above). One dropped that held the weights' upload (the
+  // first record() after load_model()): call load_model() again too.
   void release_descriptors();
 
   NormOp op() const;

@@ -215,8 +215,9 @@ class Model:
         self.norms = [layer for layer in layers if layer.type in NORM_TYPES]
 
 
-# Tokens as ncnn reads a line: a param value that starts with a double quote (5="a b": a string param) runs to the
-# closing quote, spaces and all; a quote anywhere else (in a blob name) is a character like any other.
+# A line's params as ncnn reads them: a value that starts with a double quote (5="a b": a string param) runs to the
+# closing quote, spaces and all; a quote anywhere else is a character like any other. Types, names and blob names
+# are whitespace-separated words (a quote in y="a is part of the name).
 _TOKEN = re.compile(r'[^\s=]+="[^"]*(?:"\S*|$)|\S+')
 _PARAM = re.compile(r'([-+]?[0-9]+)=(.+)', re.S)  # ids as ncnn reads them (%d: "+0" and "00" are 0)
 _NAME_MAX = 255  # ncnn's longest layer type, layer name and blob name
@@ -344,9 +345,12 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
     layers: List[Layer] = []
     names = set()
     for n, ln in body:
-        tok = _TOKEN.findall(ln)
+        tok = ln.split(None, 4)
         if len(tok) < 4 or not tok[2].isdigit() or not tok[3].isdigit():
             raise bad(f"garbled layer line (expected 'type name bottom_count top_count ...'): {ln[:60]!r}", n)
+        words = ln.split(None, 4 + int(tok[2]) + int(tok[3]))  # the blob names, then the params' text
+        tok = words[:4 + int(tok[2]) + int(tok[3])]
+        tok += _TOKEN.findall(words[len(tok)]) if len(words) > len(tok) else []
         type_, name = tok[0], tok[1]
         if type_.startswith("vknorm.") and not allow_fused:  # stock ncnn, which check and bench --model run beside vknorm, cannot
             raise bad(f"layer {name!r} is {type_}, written by vknorm optimize: stock ncnn cannot run a fused "

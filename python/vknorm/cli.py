@@ -55,12 +55,13 @@ def _info(args) -> int:
         except ValueError as e:  # VKNORM_DEVICE names no device: the list is what the user needs to fix it
             bad_choice = e
     # A subgroup size the parser takes may still be one the device cannot run: its context says so when made.
-    if default is not None and "VKNORM_SUBGROUP_SIZE" in set_now and \
-            not any(r["name"] == "VKNORM_SUBGROUP_SIZE" for r in refused):
+    # (Only where nothing else is refused: a context reads the other settings too, and says their errors.)
+    if default is not None and "VKNORM_SUBGROUP_SIZE" in set_now and not refused:
         try:
             _core.Context.create(default)
-        except ValueError as e:
-            refused.append({"name": "VKNORM_SUBGROUP_SIZE", "error": str(e)})
+        except Exception as e:  # noqa: BLE001  (a device that cannot be made at all is the device list's matter)
+            if str(e).startswith("VKNORM_SUBGROUP_SIZE="):
+                refused.append({"name": "VKNORM_SUBGROUP_SIZE", "error": str(e)})
     problems = [p["error"] for p in refused] + ([str(bad_choice)] if bad_choice else [])
     if args.json:
         print(json.dumps({"default": default, "devices": devs, "settings": set_now, "unknown_settings": not_read,

@@ -141,7 +141,9 @@ def _replace_both(staged: List[Tuple[str, str]], names: Tuple[str, str]) -> None
         for i, (tmp, real) in enumerate(staged):
             backup = ""
             if os.path.exists(real):
-                backup = tempfile.mktemp(prefix=".vknorm-optimize-old-", dir=os.path.dirname(real))
+                fd, backup = tempfile.mkstemp(prefix=".vknorm-optimize-old-", dir=os.path.dirname(real))
+                os.close(fd)
+                os.unlink(backup)  # a name of this process's own; link() will not follow anything put there since
                 try:
                     os.link(real, backup)
                 except OSError:  # a file system without hard links: a copy
@@ -167,8 +169,9 @@ def _replace_both(staged: List[Tuple[str, str]], names: Tuple[str, str]) -> None
                     os.replace(backup, real)
                 else:
                     os.unlink(real)
-            except OSError:
-                pass
+            except OSError as e:  # said, not swallowed: that file is left as the fused output
+                print(f"vknorm optimize: {real} could not be put back as it was ({e.strerror})"
+                      + (f"; its old content is {backup}" if backup else ""), file=sys.stderr)
 
 
 def _check_targets(out_param: str, out_bin: str, in_param: str, in_bin: str) -> Tuple[str, str]:
