@@ -100,9 +100,10 @@
 // vkCmdWriteTimestamp at COMPUTE_SHADER before its first dispatch and after its last, into a query pool of
 // the Recorder's), and gpu_times_us() returns, once those command buffers have completed, each timed
 // forward's GPU time in microseconds, in recording order (a command buffer submitted again overwrites its
-// forwards' times). Reading them frees the pairs for later record()s. Read only once those command buffers
-// have completed: a pair's reset is recorded in the command buffer itself, so before it runs the pair still
-// holds its previous result (or, never used, is not reset at all: invalid usage to read). release_descriptors()
+// forwards' times). Reading them frees the pairs for later record()s: a command buffer timed before a read and
+// submitted again after it writes over later forwards' pairs (record it again instead). Read only once those
+// command buffers have completed: a pair's reset is recorded in the command buffer itself, so before it runs the
+// pair still holds its previous result (or, never used, is not reset at all: invalid usage to read). release_descriptors()
 // drops the pairs not read yet: after a timed command buffer that will never run (a dropped frame), the way to
 // time again (read the others first).
 //
