@@ -68,21 +68,17 @@ std::vector<std::string> split_ws(const std::string& s) {
   return out;
 }
 
-// The first n whitespace-separated tokens of a line (ncnn reads type, name, counts and blob names so, a quote
-// being a character like any other there), and where the rest of the line starts.
-std::vector<std::string> header_tokens(const std::string& s, size_t n, size_t& rest) {
-  std::vector<std::string> out;
-  size_t i = 0;
+// Up to n more whitespace-separated words of a line from position `at` (ncnn reads type, name, counts and blob
+// names so, a quote being a character like any other there), appended to `out`; `at` moves past them.
+void header_words(const std::string& s, size_t n, size_t& at, std::vector<std::string>& out) {
   auto space = [&](size_t k) { return std::isspace(static_cast<unsigned char>(s[k])) != 0; };
-  while (out.size() < n) {
-    while (i < s.size() && space(i)) ++i;
-    if (i == s.size()) break;
-    const size_t start = i;
-    while (i < s.size() && !space(i)) ++i;
-    out.push_back(s.substr(start, i - start));
+  for (; n > 0; --n) {
+    while (at < s.size() && space(at)) ++at;
+    if (at == s.size()) return;
+    const size_t start = at;
+    while (at < s.size() && !space(at)) ++at;
+    out.push_back(s.substr(start, at - start));
   }
-  rest = i;
-  return out;
 }
 
 std::vector<Line> parse(const std::string& text) {
@@ -95,14 +91,14 @@ std::vector<Line> parse(const std::string& text) {
   std::istringstream in(lf);
   std::string raw;
   int line_no = 0;
-  auto next_tokens = [&]() -> std::vector<std::string> {
+  auto next_line = [&]() {  // the next line that is not blank, in raw
     while (std::getline(in, raw)) {
       ++line_no;
-      auto t = split_ws(raw);
-      if (!t.empty()) return t;
+      if (raw.find_first_not_of(" \t\n\v\f") != std::string::npos) return true;
     }
-    return {};
+    return false;
   };
+  auto next_tokens = [&]() { return next_line() ? split_ws(raw) : std::vector<std::string>{}; };
   auto magic = next_tokens();
   if (magic.size() != 1 || magic[0] != "7767517") {
     const bool binary = !magic.empty() && std::any_of(magic[0].begin(), magic[0].end(), [](char c) {
@@ -120,16 +116,17 @@ std::vector<Line> parse(const std::string& text) {
   const int layer_count = parse_int(counts[0], line_no, "a layer count");
   const int blob_count = parse_int(counts[1], line_no, "a blob count");
   std::vector<Line> lines;
-  for (auto t0 = next_tokens(); !t0.empty(); t0 = next_tokens()) {
+  while (next_line()) {
     size_t rest = 0;
-    std::vector<std::string> t = header_tokens(raw, 4, rest);
+    std::vector<std::string> t;
+    header_words(raw, 4, rest, t);
     if (t.size() < 4) bad(line_no, "expected 'type name bottom_count top_count ...', got '" + raw + "'");
     Line l;
     l.line_no = line_no;
     l.type = t[0], l.name = t[1];
     const int nb = parse_int(t[2], line_no, "layer " + l.name + "'s bottom count");
     const int nt = parse_int(t[3], line_no, "layer " + l.name + "'s top count");
-    if (nb >= 0 && nt >= 0) t = header_tokens(raw, 4 + size_t(nb) + size_t(nt), rest);
+    if (nb >= 0 && nt >= 0) header_words(raw, size_t(nb) + size_t(nt), rest, t);
     if (nb < 0 || nt < 0 || t.size() < 4 + size_t(nb) + size_t(nt))
       bad(line_no, "layer " + l.name + " names fewer blobs than its counts " + t[2] + " and " + t[3]);
     for (size_t k = 0; k < t.size(); ++k)  // ncnn reads each with %255s and refuses a longer one
@@ -284,9 +281,10 @@ bool shape_hints(const Line& l, std::vector<int>& v) {
 }
 // Whether ncnn loads the line's params (its shape hints included): a layer fused away must be one ncnn would have
 // loaded, or the fused model would load where the stock one fails.
-bool ncnn_reads(const Line& l) {
-  std::vector<int> hints;
-  if (!shape_hints(l, hints)) return false;
+// `hints`: where given, the shape hints ncnn reads (shape_hints).
+bool ncnn_reads(const Line& l, std::vector<int>* hints = nullptr) {
+  std::vector<int> own;
+  if (!shape_hints(l, hints ? *hints : own)) return false;
   const int featmask = read_params(l)->type(31);  // an int, or none (ncnn: "invalid feature mask")
   return featmask == 0 || featmask == 1 || featmask == 2;
 }
@@ -380,8 +378,8 @@ FuseResult fuse_param(const std::string& text) {
     const int P = producer.at(b);
     if (is_plain_add(L[P]) && consumers[b].size() == 1 && same_featmask(L[P], N) && writes_unique_names(L[P])) {
       add = P;
-    } else if (L[P].type == "Split" && L[P].bottoms.size() == 1 && writes_unique_names(L[P]) && ncnn_reads(L[P]) &&
-               shape_hints(L[P], split_hints)) {
+    } else if (L[P].type == "Split" && L[P].bottoms.size() == 1 && writes_unique_names(L[P]) &&
+               ncnn_reads(L[P], &split_hints)) {
       const std::string& s = L[P].bottoms[0];
       const int Q = producer.at(s);
       bool read_later = true;

@@ -143,12 +143,7 @@ class NormLayer : public ::ncnn::Layer {
     // A fused add reads two blobs and writes new ones (its inputs may be shared through a Split). ncnn names
     // them before load_param: a line whose counts do not fit its residual is refused at load, not at its forward.
     one_blob_only = fusion_.residual == Fusion::None;
-    if (!one_blob_only && !bottoms.empty() && check_blob_counts(bottoms.size(), tops.size())) return -1;
-    if (fused_type_ && one_blob_only && (bottoms.size() > 1 || tops.size() > 1)) {  // a second input read by nothing
-      NCNN_LOGE("vknorm %s %s: residual=0 takes 1 input and gives 1 output; the param line has %zu and %zu", type_name(),
-                name.c_str(), bottoms.size(), tops.size());
-      return -1;
-    }
+    if (fused_type_ && !bottoms.empty() && check_blob_counts(bottoms.size(), tops.size())) return -1;
     // featmask (param 31) bit 4 puts this layer on the CPU inside a Vulkan net. ncnn sets featmask before
     // load_param and then makes a CPU layer of the same type, which is this class again: it must say it has
     // no Vulkan path, or ncnn records its Vulkan forward with no pipelines (a crash).
@@ -406,11 +401,15 @@ class NormLayer : public ::ncnn::Layer {
     ::ncnn::VkMat residual, out, sum;
   };
 
+  // The param line's blob counts against its residual: 1 and 1 without one (a second input read by nothing), 2 and 1
+  // for an add, 2 and 2 for an add that writes its sum.
   int check_blob_counts(size_t bottoms, size_t tops) const {
-    const size_t want_tops = fusion_.residual == Fusion::AddWriteSum ? 2 : 1;
-    if (fusion_.residual != Fusion::None && bottoms == 2 && tops == want_tops) return 0;
-    NCNN_LOGE("vknorm %s %s: residual=%d takes 2 inputs and gives %zu outputs; the param line has %zu and %zu",
-              type_name(), name.c_str(), fusion_.residual, want_tops, bottoms, tops);
+    const bool add = fusion_.residual != Fusion::None;
+    const size_t want_bottoms = add ? 2 : 1, want_tops = fusion_.residual == Fusion::AddWriteSum ? 2 : 1;
+    if (bottoms == want_bottoms && tops == want_tops) return 0;
+    NCNN_LOGE("vknorm %s %s: residual=%d takes %zu input%s and gives %zu output%s; the param line has %zu and %zu",
+              type_name(), name.c_str(), fusion_.residual, want_bottoms, add ? "s" : "", want_tops, add ? "s" : "",
+              bottoms, tops);
     return -1;
   }
 

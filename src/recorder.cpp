@@ -413,9 +413,12 @@ Recorder& Recorder::operator=(Recorder&&) noexcept = default;
 void Recorder::load_model(const std::vector<float>& gamma, const std::vector<float>& beta) {
   Impl& m = impl();
   std::lock_guard<std::mutex> lock(m.mutex);
+  // A dropped frame's remedy (recorder.h, Barriers), with weights or without: what the counters hold is no longer
+  // known, since a clear recorded into a command buffer that never runs never zeroed them. The next cooperative
+  // forward clears.
+  m.counters = {};
   if (!m.params.affine) {
     if (!gamma.empty() || !beta.empty()) throw std::invalid_argument("affine=0: this layer takes no weights");
-    m.counters = {};  // the dropped frame's remedy holds without weights too (below)
     return;
   }
   const char* count_name = m.params.per_channel() ? "channels" : "affine_size";
@@ -434,9 +437,6 @@ void Recorder::load_model(const std::vector<float>& gamma, const std::vector<flo
   m.retire(m.staging);
   m.upload_pending = false;
   m.sets.clear();  // every cached set names the old weights; the sets themselves live until release
-  // A dropped frame's remedy (recorder.h, Barriers): what the counters hold is no longer known either, since a
-  // clear recorded into a command buffer that never runs never zeroed them. The next cooperative forward clears.
-  m.counters = {};
 }
 
 Recorder::Impl& Recorder::impl() const {

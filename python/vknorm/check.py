@@ -345,12 +345,12 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
     layers: List[Layer] = []
     names = set()
     for n, ln in body:
-        tok = ln.split(None, 4)
-        if len(tok) < 4 or not tok[2].isdigit() or not tok[3].isdigit():
+        head = ln.split(None, 4)
+        if len(head) < 4 or not head[2].isdigit() or not head[3].isdigit():
             raise bad(f"garbled layer line (expected 'type name bottom_count top_count ...'): {ln[:60]!r}", n)
-        words = ln.split(None, 4 + int(tok[2]) + int(tok[3]))  # the blob names, then the params' text
-        tok = words[:4 + int(tok[2]) + int(tok[3])]
-        tok += _TOKEN.findall(words[len(tok)]) if len(words) > len(tok) else []
+        n_words = 4 + int(head[2]) + int(head[3])
+        words = ln.split(None, n_words)  # type, name, counts and blob names, then the params' text (its own tokens)
+        tok = words[:n_words] + (_TOKEN.findall(words[n_words]) if len(words) > n_words else [])
         type_, name = tok[0], tok[1]
         if type_.startswith("vknorm.") and not allow_fused:  # stock ncnn, which check and bench --model run beside vknorm, cannot
             raise bad(f"layer {name!r} is {type_}, written by vknorm optimize: stock ncnn cannot run a fused "

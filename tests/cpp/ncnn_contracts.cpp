@@ -47,6 +47,31 @@ bool same_bits(const ::ncnn::Mat& a, const ::ncnn::Mat& b) {
   return true;
 }
 
+// ncnn's own extract of `blob` from x, then `times` extracts through `runner`: whether each gave the same bits, the
+// runner's return codes or-ed together, and ncnn's result.
+struct RunnerRound {
+  bool same = true;
+  int returns = 0;
+  ::ncnn::Mat want;
+};
+RunnerRound runner_matches_ncnn(const ::ncnn::Net& net, vknorm::ncnn::Runner& runner, const ::ncnn::Mat& x,
+                                const char* blob, int times) {
+  RunnerRound round;
+  {
+    ::ncnn::Extractor ex = net.create_extractor();
+    ex.input("x", x);
+    ex.extract(blob, round.want);
+  }
+  for (int i = 0; i < times; ++i) {
+    ::ncnn::Extractor ex = runner.create_extractor();
+    ex.input("x", x);
+    ::ncnn::Mat got;
+    round.returns |= runner.extract(ex, blob, got);
+    round.same = round.same && same_bits(got, round.want);
+  }
+  return round;
+}
+
 // One layer (with `bottoms` inputs) from a .param line, its weights 2 x `weights` floats (gamma, beta).
 struct OneLayer {
   ::ncnn::Net net;
@@ -104,22 +129,8 @@ void runner_like_ncnns_extract(bool vulkan, bool fp16) {
     return report(false, what + ": the net did not load");
   if (vulkan && !net.vulkan_device()) return report(false, what + ": no Vulkan device");
   const ::ncnn::Mat x = wave(4, 5, 6, 0.3f);
-  ::ncnn::Mat want;
-  {
-    ::ncnn::Extractor ex = net.create_extractor();
-    ex.input("x", x);
-    ex.extract("z", want);
-  }
   vknorm::ncnn::Runner runner(net);
-  bool same = true;
-  int r = 0;
-  for (int i = 0; i < 3; ++i) {
-    ::ncnn::Extractor ex = runner.create_extractor();
-    ex.input("x", x);
-    ::ncnn::Mat got;
-    r |= runner.extract(ex, "z", got);
-    same = same && same_bits(got, want);
-  }
+  const auto [same, r, want] = runner_matches_ncnn(net, runner, x, "z", 3);
   report(r == 0 && same && runner.command_buffers_made() == (vulkan ? 1u : 0u),
          what + ": three extracts give ncnn's extract bit for bit (returns " + std::to_string(r) +
              ", command buffers made " + std::to_string(runner.command_buffers_made()) + ")");
@@ -374,23 +385,8 @@ void runner_made_before_load_param() {
   const char* param = "7767517\n2 2\nInput in 0 1 x\nLayerNorm n 1 1 x y 0=4 1=0.001 2=0\n";
   if (net.load_param_mem(param) != 0 || net.load_model(reinterpret_cast<const unsigned char*>("")) < 0)
     return report(false, "Runner made before load_param: the net did not load");
-  const ::ncnn::Mat x = wave(4, 5, 6, 0.3f);
-  ::ncnn::Mat want;
-  {
-    ::ncnn::Extractor ex = net.create_extractor();
-    ex.input("x", x);
-    ex.extract("y", want);
-  }
-  bool same = true;
-  int r = 0;
-  for (int i = 0; i < 2; ++i) {
-    ::ncnn::Extractor ex = runner.create_extractor();
-    ex.input("x", x);
-    ::ncnn::Mat got;
-    r |= runner.extract(ex, "y", got);
-    same = same && same_bits(got, want);
-  }
-  report(r == 0 && same && runner.command_buffers_made() == 1,
+  const RunnerRound round = runner_matches_ncnn(net, runner, wave(4, 5, 6, 0.3f), "y", 2);
+  report(round.returns == 0 && round.same && runner.command_buffers_made() == 1,
          "Runner made before load_param: ncnn's result from one command buffer (made " +
              std::to_string(runner.command_buffers_made()) + ")");
 }
