@@ -225,7 +225,7 @@ def test_bench_plot_without_matplotlib_is_refused_before_the_sweep(tmp_path):
 # The comparisons run the same work as vknorm: a recording stand-in for torch (no CUDA here) and ncnn's Net
 # wrapped to log its packing option, then `vknorm bench` in the same process.
 COMPARE_SCRIPT = r"""
-import json, sys, types
+import contextlib, json, os, sys, types
 import ncnn
 calls, packing = [], []
 
@@ -253,7 +253,22 @@ torch.randn = lambda *shape, device=None, dtype=None: T(shape)
 torch.randn_like = lambda t: T(t.shape)
 torch.ones = torch.zeros = lambda *shape, device=None, dtype=None: T(shape)
 torch.sigmoid = recorded("sigmoid")
-torch.cuda = types.SimpleNamespace(is_available=lambda: True, synchronize=lambda: None, Event=Event)
+class Stream:
+    def wait_stream(self, other): pass
+
+class CUDAGraph:
+    replays = 0
+    def replay(self): CUDAGraph.replays += 1
+
+@contextlib.contextmanager
+def graph(g):
+    if os.environ.get("STAND_IN_CAPTURE_FAILS"):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    yield
+
+torch.cuda = types.SimpleNamespace(is_available=lambda: True, synchronize=lambda: None, Event=Event, Stream=Stream,
+                                   current_stream=Stream, stream=lambda s: contextlib.nullcontext(),
+                                   CUDAGraph=CUDAGraph, graph=graph)
 F = types.ModuleType("torch.nn.functional")
 for name in ("layer_norm", "rms_norm", "group_norm", "instance_norm", "relu", "leaky_relu", "silu", "gelu"):
     setattr(F, name, recorded(name))
@@ -269,14 +284,17 @@ ncnn.Net = LoggedNet
 
 from vknorm import cli
 rc = cli.main(sys.argv[1:])
-print(json.dumps({"rc": rc, "torch_ops": sorted(set(calls)), "ncnn_packing": sorted(set(packing))}))
+print(json.dumps({"rc": rc, "torch_ops": sorted(set(calls)), "ncnn_packing": sorted(set(packing)),
+                  "graph_replays": CUDAGraph.replays}))
 """
 
 
-def bench_recording_comparisons(*args):
+def bench_recording_comparisons(*args, env=None, stderr=None):
     proc = subprocess.run([sys.executable, "-c", COMPARE_SCRIPT, "bench", *args], capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    if stderr is not None:
+        stderr.append(proc.stderr)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -289,6 +307,27 @@ def test_the_torch_comparison_runs_the_fused_add_and_activation_too(tmp_path, ac
     assert seen["rc"] == 0 and seen["torch_ops"] == sorted(["add", "layer_norm", op_name]), seen
     torch_row = next(r for r in json.loads(out.read_text())["results"] if r["impl"] == "torch")
     assert torch_row["dispatches"] == 3 and torch_row["streams"] == 3, torch_row
+
+
+def test_torch_is_timed_from_a_cuda_graph_as_vknorm_from_one_command_buffer(tmp_path):
+    """Eager calls of a small layer time Python's launch rate; replays of captured forwards time the GPU."""
+    out = tmp_path / "bench.json"
+    seen = bench_recording_comparisons("--rows", "8", "--cols", "64", "--dtype", "fp32", *QUICK, "--compare", "torch",
+                                       "--json", str(out))
+    torch_row = next(r for r in json.loads(out.read_text())["results"] if r["impl"] == "torch")
+    assert torch_row["method"] == "CUDA graph replays, CUDA events", torch_row
+    assert seen["graph_replays"] > 0, seen
+
+
+def test_torch_falls_back_to_eager_calls_with_a_note_where_capture_fails(tmp_path):
+    out, stderr = tmp_path / "bench.json", []
+    seen = bench_recording_comparisons("--rows", "8", "--cols", "64", "--dtype", "fp32", *QUICK, "--compare", "torch",
+                                       "--json", str(out), env={**os.environ, "STAND_IN_CAPTURE_FAILS": "1"},
+                                       stderr=stderr)
+    torch_row = next(r for r in json.loads(out.read_text())["results"] if r["impl"] == "torch")
+    assert torch_row["method"] == "eager calls, CUDA events" and seen["graph_replays"] == 0, (torch_row, seen)
+    assert ("vknorm bench: torch CUDA graph capture failed (operation not permitted when stream is capturing): "
+            "timing eager calls") in stderr[0].splitlines(), stderr[0][-2000:]
 
 
 def test_the_ncnn_comparison_is_skipped_with_a_reason_where_the_kernel_fuses_more_than_a_norm(tmp_path):

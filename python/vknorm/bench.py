@@ -10,8 +10,9 @@ submission, timed with Vulkan timestamp queries, right after --warmup-ms (150 by
 drops its clock within ~0.5 s of idling). The copy roof is measured the same way, interleaved with the
 kernel, batch by batch; every figure is the median of the batches. Effective bandwidth = streams * bytes(x) / time
 (2 streams, x in and y out; 3 with --residual add, 4 with add+sum). --batches and --warmup-ms apply to vknorm
-and the copy roof; torch is the median of 5 CUDA-event batches, each after 150 ms of the same work (back-to-back
-Python calls: for small layers torch's launch rate, not its kernels' time); ncnn is per layer the difference of
+and the copy roof; torch is the median of 5 CUDA-event batches of about --reps forwards replayed from a CUDA graph
+(the GPU's time, as vknorm's one command buffer; eager calls where capture fails, then for small layers torch's
+launch rate), each after 150 ms of the same work; ncnn is per layer the difference of
 two wall-clock times, a chain of k layers' and a chain of one's, each the least of 3 runs (ncnn's host recording
 of each layer included, as in a model).
 """
@@ -31,6 +32,7 @@ from typing import Optional
 
 import numpy as np
 
+TORCH_GRAPH_CALLS = 200  # forwards captured in one CUDA graph (a --reps batch replays it)
 LEAKY_SLOPE = 0.1  # --activation leakyrelu's slope, vknorm's and torch's
 DEFAULT_COLS = [32, 64, 128, 256, 512, 768, 1024, 2048, 4096, 8192, 16384, 32768]
 LATENCY_SHAPES = [(1, 768), (77, 512), (197, 768), (1, 4096)]
@@ -398,7 +400,9 @@ def _torch_unavailable() -> Optional[str]:
 
 def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: bool = True, shape=None,
                  residual: bool = False, activation: Optional[str] = None):
-    """torch CUDA: the add (residual), the norm and the activation as an unfused graph runs them, CUDA events."""
+    """torch CUDA: the add (residual), the norm and the activation as an unfused graph runs them.
+
+    Returns (us per forward, how it was timed)."""
     import torch
     import torch.nn.functional as F
 
@@ -422,20 +426,44 @@ def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: b
     fn = (lambda: act(norm(x + r))) if residual else (lambda: act(norm(x)))  # each op a kernel, as unfused
     for _ in range(5):
         fn()
+    torch.cuda.synchronize()
+    # The forwards are replayed from a CUDA graph, as vknorm's are recorded into one command buffer: the GPU's time,
+    # not Python's launch rate (which bounds eager calls of small layers). A graph of at most TORCH_GRAPH_CALLS
+    # forwards is replayed until the batch holds about `reps` of them.
+    calls = min(reps, TORCH_GRAPH_CALLS)
+    replays = max(1, round(reps / calls))
+    try:
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # capture wants its ops warmed up off the default stream
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        batch, method = graph.replay, "CUDA graph replays, CUDA events"
+    except RuntimeError as e:  # an op this torch cannot capture: eager calls, launch-bound for small layers
+        print(f"vknorm bench: torch CUDA graph capture failed ({str(e).splitlines()[0]}): timing eager calls",
+              file=sys.stderr)
+        torch.cuda.synchronize()
+        calls, replays = reps, 1
+        batch, method = (lambda: [fn() for _ in range(reps)]), "eager calls, CUDA events"
     # keep the clock up, then time a batch with CUDA events
     samples = []
     for _ in range(5):
         t_end = time.perf_counter() + 0.15
         while time.perf_counter() < t_end:
-            fn()
+            batch()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(reps):
-            fn()
+        for _ in range(replays):
+            batch()
         stop.record()
         torch.cuda.synchronize()
-        samples.append(start.elapsed_time(stop) * 1000.0 / reps)
-    return statistics.median(samples)
+        samples.append(start.elapsed_time(stop) * 1000.0 / (calls * replays))
+    return statistics.median(samples), method
 
 
 def run_model(args) -> int:
@@ -662,9 +690,10 @@ def run(args) -> int:
                         add("ncnn", _bench_ncnn(op, rows, cols, fp16, x, affine, cshape, not args.no_packing), None,
                             method="chain difference, wall clock")
                     if "torch" in compare:
-                        add("torch", _bench_torch(op, rows, cols, fp16, args.reps, affine, cshape, bool(args.residual),
-                                                  args.activation),
-                            1 + bool(args.residual) + bool(args.activation), streams, method="CUDA events")
+                        torch_us, torch_method = _bench_torch(op, rows, cols, fp16, args.reps, affine, cshape,
+                                                              bool(args.residual), args.activation)
+                        add("torch", torch_us, 1 + bool(args.residual) + bool(args.activation), streams,
+                            method=torch_method)
                     progress.done()
     finally:  # an error mid-sweep ends the bar first, so its one line stands alone
         progress.close()
