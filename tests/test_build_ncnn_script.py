@@ -74,15 +74,6 @@ def test_download_failure_names_the_variable(tmp_path):
     assert list((tmp_path / "cache" / "src").iterdir()) == []
 
 
-def test_complete_prefix_is_printed_and_nothing_else_runs(tmp_path):
-    prefix = tmp_path / "prefix"
-    (prefix / "lib" / "cmake" / "ncnn").mkdir(parents=True)
-    (prefix / "lib" / "cmake" / "ncnn" / "ncnnConfig.cmake").write_text("")
-    (prefix / ".complete").write_text("")
-    r = run(tmp_path, {"VKNORM_NCNN_SDIST": str(tmp_path / "nope.tar.gz")})  # not even looked at
-    assert r.returncode == 0 and r.stdout == f"{prefix}\n" and r.stderr == "", r
-
-
 FAKE_CMAKE = """#!/usr/bin/env bash
 # Stands in for cmake: configure and install succeed at once, --build prints make's progress lines.
 case "$1" in
@@ -122,6 +113,28 @@ def test_progress_goes_to_stderr_and_the_prefix_is_the_last_stdout_line(tmp_path
     assert pct == [0, 12, 25, 50, 75, 99, 100], r.stderr  # stderr is not a terminal: a line per 10% step
     assert (tmp_path / "prefix" / ".complete").exists()
     assert not (tmp_path / "cache" / "build" / f"ncnn-{VERSION}").exists()  # the build tree is removed
+
+
+def test_a_finished_build_is_used_as_it_is_and_nothing_else_runs(tmp_path, fake_cmake):
+    first = run(tmp_path, {"VKNORM_NCNN_SDIST": str(CACHED_SDIST)}, path_prefix=fake_cmake)
+    assert first.returncode == 0, first.stderr
+    prefix = tmp_path / "prefix"
+    r = run(tmp_path, {"VKNORM_NCNN_SDIST": str(tmp_path / "nope.tar.gz")})  # not even looked at
+    assert r.returncode == 0 and r.stdout == f"{prefix}\n" and r.stderr == "", r
+
+
+@pytest.mark.parametrize("marker", ["", f"ncnn {VERSION} -DCMAKE_BUILD_TYPE=Debug", "ncnn 1.0.20240410 -DNCNN_VULKAN=ON"])
+def test_a_build_from_another_version_or_other_options_is_built_again(tmp_path, fake_cmake, marker):
+    """The finished build's marker names its version and cmake options; one that differs from the script's own (an
+    older script's empty marker, other options, another version) is not taken for this build."""
+    assert run(tmp_path, {"VKNORM_NCNN_SDIST": str(CACHED_SDIST)}, path_prefix=fake_cmake).returncode == 0
+    done = tmp_path / "prefix" / ".complete"
+    ours = done.read_text()
+    assert ours.startswith(f"ncnn {VERSION} ") and "-DNCNN_VULKAN=ON" in ours, ours
+    done.write_text(marker + "\n")
+    r = run(tmp_path, {"VKNORM_NCNN_SDIST": str(CACHED_SDIST)}, path_prefix=fake_cmake)
+    assert r.returncode == 0 and f"building ncnn {VERSION} with Vulkan" in r.stderr, r.stderr
+    assert done.read_text() == ours
 
 
 def test_build_failure_prints_the_log_tail(tmp_path, fake_cmake):

@@ -23,7 +23,15 @@ if [ -n "${VKNORM_NCNN_SDIST:-}" ] && [ -f "$VKNORM_NCNN_SDIST" ] && [ ! -f "$CA
    [ "$(sha256sum "$VKNORM_NCNN_SDIST" | cut -d' ' -f1)" = "$SHA256" ]; then
   mkdir -p "$CACHE/src" && cp "$VKNORM_NCNN_SDIST" "$CACHE/src/ncnn-$VERSION.tar.gz"
 fi
-if [ -f "$PREFIX/lib/cmake/ncnn/ncnnConfig.cmake" ] && [ -f "$PREFIX/.complete" ]; then
+# Only what vknorm needs: the library with Vulkan and its bundled glslang (ncnn compiles its own
+# shaders at run time). No tools, examples, tests, Python, int8/bf16 or runtime CPU dispatch.
+OPTIONS=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DNCNN_VULKAN=ON -DNCNN_BUILD_TOOLS=OFF
+         -DNCNN_BUILD_EXAMPLES=OFF -DNCNN_BUILD_BENCHMARK=OFF -DNCNN_BUILD_TESTS=OFF -DNCNN_PYTHON=OFF -DNCNN_INT8=OFF
+         -DNCNN_BF16=OFF -DNCNN_RUNTIME_CPU=OFF -DNCNN_AVX512=OFF -DNCNN_AVX512VNNI=OFF -DNCNN_SHARED_LIB=OFF)
+# The finished build's marker holds what it was built from: a cache built from another version or other options
+# is built again rather than used.
+CONFIG="ncnn $VERSION ${OPTIONS[*]}"
+if [ -f "$PREFIX/lib/cmake/ncnn/ncnnConfig.cmake" ] && [ "$(cat "$PREFIX/.complete" 2>/dev/null)" = "$CONFIG" ]; then
   echo "$PREFIX"; exit 0
 fi
 JOBS=${JOBS:-$(nproc)}
@@ -99,17 +107,12 @@ progress() {
 }
 
 SECONDS=0
-# Only what vknorm needs: the library with Vulkan and its bundled glslang (ncnn compiles its own
-# shaders at run time). No tools, examples, tests, Python, int8/bf16 or runtime CPU dispatch.
-cmake -S "$work/src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$PREFIX" \
-  -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DNCNN_VULKAN=ON -DNCNN_BUILD_TOOLS=OFF -DNCNN_BUILD_EXAMPLES=OFF \
-  -DNCNN_BUILD_BENCHMARK=OFF -DNCNN_BUILD_TESTS=OFF -DNCNN_PYTHON=OFF -DNCNN_INT8=OFF -DNCNN_BF16=OFF \
-  -DNCNN_RUNTIME_CPU=OFF -DNCNN_AVX512=OFF -DNCNN_AVX512VNNI=OFF -DNCNN_SHARED_LIB=OFF >"$work/configure.log" 2>&1 ||
+cmake -S "$work/src" -B "$work/build" -DCMAKE_INSTALL_PREFIX="$PREFIX" "${OPTIONS[@]}" >"$work/configure.log" 2>&1 ||
   { tail -30 "$work/configure.log" >&2; exit 1; }
 cmake --build "$work/build" -j "$JOBS" 2>&1 | progress "$work/build.log" ||
   { echo "ncnn build failed (full log: $work/build.log):" >&2; tail -40 "$work/build.log" >&2; exit 1; }
 cmake --install "$work/build" >"$work/install.log" 2>&1 || { tail -20 "$work/install.log" >&2; exit 1; }
-touch "$PREFIX/.complete"
+echo "$CONFIG" >"$PREFIX/.complete"
 rm -rf "$work"
 echo "built ncnn $VERSION in $((SECONDS / 60))m$((SECONDS % 60))s" >&2
 echo "$PREFIX"
