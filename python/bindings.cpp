@@ -94,6 +94,15 @@ Mat mat_from_numpy(const Array& a) {
   return converted(view, view.scalar_bytes(), 1);
 }
 
+// What the Array overloads (from_numpy, upload) could not take, named: nanobind's own message lists its overloads.
+[[noreturn]] void refuse_array(const char* call, nb::handle a) {
+  std::string got = nb::type_name(a.type()).c_str();
+  if (nb::hasattr(a, "dtype") && nb::hasattr(a, "shape"))
+    got = "an array of dtype " + nb::cast<std::string>(a.attr("dtype").attr("str"));
+  throw nb::type_error((std::string(call) + ": expected a float32 or float16 numpy array in native byte order, got " +
+                        got + " (np.ascontiguousarray(a, np.float32) converts it)").c_str());
+}
+
 // A Mat already laid out as numpy's array would be (unpacked, no padding between channels): viewed where it lies.
 bool numpy_viewable(const Mat& m) { return m.elempack == 1 && (m.dims <= 2 || m.cstep == m.outer_elems()) && m.data(); }
 
@@ -255,6 +264,7 @@ NB_MODULE(_core, m) {
 
   nb::class_<Mat>(m, "Mat")
       .def_static("from_numpy", &mat_from_numpy, "array"_a)
+      .def_static("from_numpy", [](nb::handle a) -> Mat { refuse_array("Mat.from_numpy", a); }, "array"_a)
       .def("numpy", &mat_to_numpy, "copy"_a = true,
            "A numpy array of the blob, unpacked; copy=False views the Mat's own memory where it is unpacked and has "
            "no padding between channels (the array then keeps that memory alive)")
@@ -266,7 +276,12 @@ NB_MODULE(_core, m) {
              if (!copy.is_none() && !must_copy && !numpy_viewable(self))
                throw nb::value_error("this Mat is packed or has padding between channels: numpy needs a copy of it");
              nb::object a = nb::cast(mat_to_numpy(self, must_copy));
-             return dtype.is_none() ? a : a.attr("astype")(dtype, "copy"_a = must_copy);
+             if (dtype.is_none()) return a;
+             nb::object as = a.attr("astype")(dtype, "copy"_a = must_copy);
+             if (!copy.is_none() && !must_copy && !as.is(a))  // astype copied: numpy's own arrays refuse this too
+               throw nb::value_error(("copy=False: this Mat holds " + nb::cast<std::string>(a.attr("dtype").attr("name")) +
+                                      "; numpy needs a copy of it for another dtype").c_str());
+             return as;
            },
            "dtype"_a = nb::none(), "copy"_a = nb::none())
       .def("__repr__",
@@ -301,6 +316,10 @@ NB_MODULE(_core, m) {
             ReleaseGil release;
             return VkMat::upload(view, std::move(ctx), opt);
           },
+          "array"_a, "context"_a, "option"_a)
+      .def_static(
+          "upload",
+          [](nb::handle a, std::shared_ptr<Context>, const Option&) -> VkMat { refuse_array("VkMat.upload", a); },
           "array"_a, "context"_a, "option"_a)
       .def("download", nb::overload_cast<>(&VkMat::download, nb::const_), nb::call_guard<ReleaseGil>())
       .def(

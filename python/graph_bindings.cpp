@@ -59,6 +59,9 @@ nb::dict counters_dict(const vknorm::ncnn::Counters& c) {
   return d;
 }
 
+// Copies of at least this many floats (1 MiB) between numpy and a Mat let other Python threads run meanwhile.
+constexpr size_t kReleaseGilElements = size_t(1) << 18;
+
 ::ncnn::Mat mat_from_numpy(const Array& a) {
   const size_t nd = a.ndim();
   if (nd < 1 || nd > 4) throw std::invalid_argument("Mat: expected a 1-4 dim float32 array, got " + std::to_string(nd) + " dims");
@@ -74,7 +77,11 @@ nb::dict counters_dict(const vknorm::ncnn::Counters& c) {
   else m.create(s[0], s[1], s[2], s[3]);
   if (m.empty()) throw std::bad_alloc();
   const size_t plane = size_t(s[0]) * s[1] * s[2];
-  for (int q = 0; q < (nd >= 3 ? s[3] : 1); ++q) {
+  const int channels = nd >= 3 ? s[3] : 1;
+  // Other Python threads run during a large copy, as during numpy's own (the array's export keeps it in place).
+  std::optional<ReleaseGil> release;
+  if (plane * channels >= kReleaseGilElements) release.emplace();
+  for (int q = 0; q < channels; ++q) {
     float* channel = m.channel(q);
     std::memcpy(channel, a.data() + q * plane, plane * sizeof(float));
     if (nd >= 3) std::fill(channel + plane, channel + m.cstep, 0.f);  // the padding: no stale heap in m[i]
@@ -105,7 +112,13 @@ nb::ndarray<nb::numpy, float> mat_to_numpy(const ::ncnn::Mat& m) {
   const size_t plane = size_t(m.w) * m.h * m.d;
   const int channels = m.dims >= 3 ? m.c : 1;
   auto* out = new float[plane * channels];
-  for (int q = 0; q < channels; ++q) std::memcpy(out + q * plane, m.channel(q).data, plane * sizeof(float));
+  {
+    // A reference of our own: the Python Mat may be given other data by another thread while this one copies.
+    const ::ncnn::Mat held = m;
+    std::optional<ReleaseGil> release;
+    if (plane * channels >= kReleaseGilElements) release.emplace();
+    for (int q = 0; q < channels; ++q) std::memcpy(out + q * plane, held.channel(q).data, plane * sizeof(float));
+  }
   nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
   return nb::ndarray<nb::numpy, float>(out, shape.size(), shape.data(), owner);
 }

@@ -189,6 +189,17 @@ def test_load_param_refuses_ids_the_layer_does_not_take_as_from_param_does():
         vknorm.GroupNorm(2, 8).load_param({4: 1})
 
 
+@pytest.mark.parametrize("key", [1.0, True, "1"], ids=["float", "bool", "str"])
+def test_a_param_id_that_is_not_an_int_is_refused_by_both_entry_points(key):
+    """A dict matches 1.0 and True to the key 1: neither is taken for the id 1 (eps), by from_param or load_param."""
+    for call, where in ((lambda: vknorm.LayerNorm.from_param({0: 8, key: 1e-3}), "LayerNorm.from_param"),
+                        (lambda: vknorm.LayerNorm(8).load_param({key: 1e-3}), "LayerNorm.load_param")):
+        with pytest.raises(ValueError, match=rf"^{where}: param id {re.escape(repr(key))} is not an integer \(ids are "
+                                            r"ncnn's ints"):
+            call()
+    assert vknorm.LayerNorm.from_param({np.int64(0): 8, np.int32(1): 1e-3}).eps == pytest.approx(1e-3)
+
+
 @pytest.mark.parametrize("params", [None, [(0, 8)], "0=8"], ids=["None", "pairs", "text"])
 def test_params_that_are_not_a_mapping_of_ids_are_a_type_error_naming_the_call(params):
     for call, where in ((lambda: vknorm.LayerNorm(8).load_param(params), "LayerNorm.load_param"),
@@ -227,6 +238,20 @@ def test_weights_past_float32_are_refused_as_given_not_as_the_inf_they_become(na
         ln.load_model(w["gamma"], w["beta"])
     ln.load_model(np.full(8, np.inf, np.float32), np.zeros(8))  # inf itself is a float32: taken, as ncnn takes it
     assert np.isinf(ln.gamma).all()
+
+
+@pytest.mark.parametrize("where", ["call", "cpu", "to_device"])
+def test_float64_input_past_float32_is_refused_as_given_not_as_the_nan_it_becomes(where):
+    """The layers compute in float32: a float64 element past its range would be Inf, and its group's output NaN.
+    It is refused naming the element, as weights are; Inf given as Inf is taken, as ncnn takes it."""
+    ln = vknorm.LayerNorm(4, affine=False)
+    x = np.array([[1.0, 2.0, 3.0, 4.0], [1.0, -3e300, 3.0, 4.0]])
+    call = {"call": lambda a: ln(a), "cpu": lambda a: ln(a, device="cpu"), "to_device": vknorm.to_device}[where]
+    with pytest.raises(ValueError, match=r"^input element \(1, 1\) = np.float64\(-3e\+300\) is past float32's range"):
+        call(x)
+    x[1, 1] = -np.inf
+    y = ln(x)
+    assert np.isfinite(y[0]).all() and np.isnan(y[1]).all()
 
 
 def test_int_params_take_exactly_ncnns_32_bit_range():
@@ -334,9 +359,11 @@ def test_an_options_fields_set_after_construction_are_checked_as_the_constructor
     assert (o.max_workgroup_size, o.use_fp16_storage) == (128, True) and type(o.max_workgroup_size) is int
 
 
-def test_unknown_param_ids_of_mixed_types_are_named():
-    with pytest.raises(ValueError, match=r"unknown param ids \[5, 'a'\]"):
-        vknorm.LayerNorm.from_param({"a": 1, 5: 2})
+def test_unknown_param_ids_are_named():
+    with pytest.raises(ValueError, match=r"param id 'a' is not an integer"):  # before any id is looked up
+        vknorm.LayerNorm.from_param({5: 2, "a": 1})
+    with pytest.raises(ValueError, match=r"unknown param ids \[5\]"):
+        vknorm.LayerNorm.from_param({5: 2, 0: 8})
     with pytest.raises(ValueError, match=r"unknown param ids \[9, 10\]"):  # numbers in numeric order
         vknorm.LayerNorm.from_param({10: 1, 9: 2})
 

@@ -154,6 +154,9 @@ def test_numpy_converts_a_mat_as_its_numpy_method_does():
     np.testing.assert_array_equal(np.asarray(packed), x)
     with pytest.raises(ValueError, match="needs a copy"):
         np.asarray(packed, copy=False)
+    with pytest.raises(ValueError, match="copy=False: this Mat holds float32; numpy needs a copy of it for another"):
+        np.asarray(m, dtype=np.float64, copy=False)  # as numpy's own arrays: another dtype is a copy
+    assert np.shares_memory(np.asarray(m, dtype=np.float32, copy=False), view)
     assert repr(packed) == "Mat(shape=(4, 6, 8), dtype=float32, elempack=4)"
     assert repr(vknorm.Mat.from_numpy(np.ones(5, np.float16))) == "Mat(shape=(5,), dtype=float16, elempack=1)"
 
@@ -176,6 +179,20 @@ def test_mat_from_numpy_refuses_anything_but_float32_and_float16(dtype):
     """Integer data is never reinterpreted as float bits (uint16 included: it is not float16)."""
     with pytest.raises((TypeError, ValueError)):
         vknorm.Mat.from_numpy(np.arange(1, 7).astype(dtype).reshape(2, 3))
+
+
+@pytest.mark.parametrize("given, named", [(np.ones(4, ">f4"), "an array of dtype >f4"), ([1.0, 2.0], "list")],
+                         ids=["big-endian", "list"])
+def test_what_from_numpy_and_upload_cannot_take_is_named_with_the_conversion(given, named):
+    """Not nanobind's list of overloads: the call, what it takes, what it got, and the conversion that works."""
+    for call, where in ((lambda: vknorm.Mat.from_numpy(given), "Mat.from_numpy"),
+                        (lambda: vknorm.VkMat.upload(given, vknorm.Context.default(), vknorm.Option()._native()),
+                         "VkMat.upload")):
+        with pytest.raises(TypeError, match=rf"^{where}: expected a float32 or float16 numpy array in native byte "
+                                            rf"order, got {named} \(np.ascontiguousarray\(a, np.float32\)"):
+            call()
+    np.testing.assert_array_equal(vknorm.Mat.from_numpy(np.ascontiguousarray(given, np.float32)).numpy(),
+                                  np.asarray(given, np.float32))
 
 
 def test_mat_from_numpy_refuses_more_than_4_dims():

@@ -32,6 +32,7 @@ import graph_runs
 import validation_layer
 from availability import import_graph, import_or_missing, missing
 from reference import FP32_TOL
+from reliability_lib import thread_progress_during
 from vknorm._stdio import quiet_stderr
 
 pytestmark = pytest.mark.timeout(900)
@@ -1323,6 +1324,31 @@ def test_a_mat_from_an_array_has_zeros_in_its_channel_padding():
     run over total(), padding included, as pyncnn's)."""
     m = graph.Mat(np.ones((2, 3, 3), np.float32))
     assert m.cstep == 12 and list(m) == ([1.0] * 9 + [0.0] * 3) * 2
+
+
+@pytest.mark.parametrize("direction", ["numpy to Mat", "Mat to numpy"])
+def test_large_mat_copies_let_other_python_threads_run(direction):
+    """A 128 MiB copy between numpy and a Mat lets another Python thread advance during it, as numpy's own copies
+    do (the GIL let go around the copy)."""
+    a = np.ones((32, 1024, 1024), np.float32)
+    m = graph.Mat(a)
+    r = thread_progress_during((lambda: graph.Mat(a)) if direction == "numpy to Mat" else (lambda: np.array(m)))
+    assert r["forward_seconds"] > 0.01, r
+    assert r["stamps_in_middle"] > 0, f"a Python thread made no progress during the copy: {r}"
+
+
+def test_a_graph_mat_given_to_forward_inplace_is_refused_with_advice_that_works():
+    """numpy reads a vknorm.graph.Mat only as a copy, so a layer cannot write it in place: the error says what does
+    work, and following it gives the layer's output."""
+    import vknorm
+
+    ln = vknorm.LayerNorm(affine_size=4, affine=False)
+    x = np.random.default_rng(2).standard_normal((2, 4)).astype(np.float32)
+    m = graph.Mat(x)
+    with pytest.raises(TypeError, match=r"got a vknorm.graph.Mat .*layer\(m\).*vknorm.graph.Mat\(layer\(m\)\)"):
+        ln.forward_inplace(m)
+    assert np.array_equal(np.array(m), x)  # untouched
+    np.testing.assert_array_equal(np.array(graph.Mat(ln(m))), ln(x))
 
 
 def test_mat_numpy_takes_pyncnns_format_argument():

@@ -292,7 +292,15 @@ def _as_input(a: np.ndarray, dtype=None) -> np.ndarray:
     need = a.size * dtype.itemsize
     if copied and need >= _COPY_CHECKED_BYTES:
         _require_host_memory(f"an input of shape {a.shape}", need, f"a contiguous {dtype} copy")
-    return np.require(a, dtype=dtype, requirements="CA")
+    if a.dtype.itemsize <= dtype.itemsize:
+        return np.require(a, dtype=dtype, requirements="CA")
+    with np.errstate(over="raise"):  # float64 past float32's range would be Inf, then the group's output NaN
+        try:
+            return np.require(a, dtype=dtype, requirements="CA")
+        except FloatingPointError:
+            at = tuple(int(i) for i in np.argwhere(np.isfinite(a) & (np.abs(a) > np.finfo(dtype).max))[0])
+            raise ValueError(f"input element {at} = {a[at]!r} is past {dtype}'s range (the {dtype} the layer computes "
+                             "in would hold Inf): scale the input, or give it as Inf where Inf is meant") from None
 
 
 def _param_int(pid, v, where: str = "", name: str = "") -> int:
@@ -317,6 +325,9 @@ def _check_params(params, where: str) -> None:
     if not isinstance(params, Mapping):
         raise TypeError(f"{where}: params must be a mapping of ncnn param ids to values ({{0: 768, 1: 1e-5}}), "
                         f"got {type(params).__name__}")
+    for k in params:  # a dict matches 1.0 and True to the id 1: such a key is refused, not read as an id
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral):
+            raise ValueError(f"{where}: param id {k!r} is not an integer (ids are ncnn's ints: {{0: 768, 1: 1e-5}})")
 
 
 def _fits_float32(v: numbers.Real) -> bool:
@@ -379,8 +390,7 @@ class _Norm:
         unknown = set(params) - known
         if unknown:
             names = ", ".join(f"{pid} {name}" for pid, name, _ in cls._params)
-            in_order = sorted(unknown, key=lambda k: (0, k, "") if isinstance(k, int) else (1, 0, repr(k)))  # ints first
-            raise ValueError(f"unknown param ids {in_order}: {cls.__name__} takes {names}")
+            raise ValueError(f"unknown param ids {sorted(int(k) for k in unknown)}: {cls.__name__} takes {names}")
         values = {name: params.get(pid, default) for pid, name, default in cls._params}
         for pid, name, _ in cls._params:
             if name != "eps":
@@ -508,6 +518,10 @@ class _Norm:
             return x
         if isinstance(x, _core.Mat):
             raise TypeError(f"{where} needs a numpy array or a VkMat, got a Mat: {_MAT_ADVICE}")
+        if type(x).__module__ == "vknorm._graph":  # its data is ncnn's; numpy reads it only as a copy
+            raise TypeError(f"{where} needs a numpy array or a VkMat, got a vknorm.graph.Mat (numpy reads it only as "
+                            "a copy): call the layer for a new array, layer(m), or make a new Mat of it, "
+                            "vknorm.graph.Mat(layer(m))")
         if _is_pyncnn_mat(x):  # in place through numpy's writable view of its memory (channels cstep apart)
             self.forward_inplace(_pyncnn_mat_array(x, where), device, option)
             return x
