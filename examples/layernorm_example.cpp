@@ -30,6 +30,7 @@
 #include <vknorm/vknorm.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -123,11 +124,22 @@ NormLine read_param(const std::string& path) {
     while (in >> kv) {
       const auto eq = kv.find('=');
       if (eq == std::string::npos) throw std::runtime_error(path + ": expected id=value, got '" + kv + "'");
-      const int id = std::stoi(kv.substr(0, eq));
-      const std::string v = kv.substr(eq + 1);
-      // ncnn's rule: a value with '.' or 'e' is a float, otherwise an int.
-      if (v.find_first_of(".eE") != std::string::npos) out.pd.set(id, std::stof(v));
-      else out.pd.set(id, std::stoi(v));
+      const std::string key = kv.substr(0, eq), v = kv.substr(eq + 1);
+      // ncnn's rule: a value with '.' or 'e' is a float, otherwise an int. The whole text must be the number.
+      const bool is_float = v.find_first_of(".eE") != std::string::npos;
+      char* end = nullptr;
+      errno = 0;
+      const long id = std::strtol(key.c_str(), &end, 10);
+      const bool id_ok = !key.empty() && *end == '\0' && errno == 0 && id >= 0 && id < 32;
+      end = nullptr;
+      errno = 0;
+      const float f = is_float ? std::strtof(v.c_str(), &end) : 0.f;
+      const long i = is_float ? 0 : std::strtol(v.c_str(), &end, 10);
+      if (!id_ok || v.empty() || *end != '\0' || errno != 0 || i < INT32_MIN || i > INT32_MAX)
+        throw std::runtime_error(path + ": bad " + (id_ok ? "value" : "id") + " in '" + kv + "' (id=value: an id 0-31, " +
+                                 "an int or a float) on the line: " + line);
+      if (is_float) out.pd.set(int(id), f);
+      else out.pd.set(int(id), int(i));
     }
     return out;
   }

@@ -53,6 +53,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -241,9 +242,17 @@ int run(const Args& a) {
             << "options: vulkan " << (net.opt.use_vulkan_compute ? "on" : "off") << ", storage "
             << (fp16 ? "fp16" : "fp32") << ", fp16 arithmetic off, bf16 off, packing on\n";
 
+  // Elements of the input, or 0 where their floats would not fit in memory's address range (nor could be allocated).
   size_t n = 1;
-  for (int d : a.dims) n *= size_t(d);
-  const std::vector<float> x = input_pattern(n);
+  for (int d : a.dims) n = n > SIZE_MAX / sizeof(float) / size_t(d) ? 0 : n * size_t(d);
+  std::vector<float> x;
+  try {
+    if (n == 0) throw std::bad_alloc();
+    x = input_pattern(n);
+  } catch (const std::bad_alloc&) {
+    std::cerr << "ncnn_example: cannot allocate the input " << join_dims(a.dims) << "\n";
+    return 1;
+  }
   if (!a.input_path.empty() && !write_raw(a.input_path, x)) {
     std::cerr << "ncnn_example: cannot write " << a.input_path << "\n";
     return 2;

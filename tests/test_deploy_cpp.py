@@ -216,6 +216,13 @@ def test_example_defaults_and_exit_codes(example, tmp_path):
     param.write_text("GroupNorm gn 1 1 a b 0=1 1=0 3=0\n")
     bad = subprocess.run([example, str(param), str(short), "--c", "4"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "channels=0 cannot split an input of 4 channels" in bad.stderr, bad.stderr
+    # a value or id that is not a number, or an id ncnn's ParamDict has no slot for: the file, the pair and the line
+    for kv in ("0=abc", "0=16x", "x=16", "40=1", "1=1e-5y", "0=99999999999"):
+        param.write_text(f"LayerNorm ln 1 1 a b {kv}\n")
+        bad = subprocess.run([example, str(param), str(short)], capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2, (kv, bad.returncode, bad.stderr)
+        assert f"{param}: bad " in bad.stderr and f"in '{kv}'" in bad.stderr and "on the line: LayerNorm ln" in bad.stderr, \
+            bad.stderr
     # --help: the usage on stdout, exit 0 (2 is for bad arguments)
     helped = subprocess.run([example, "--help"], capture_output=True, text=True, timeout=60)
     assert helped.returncode == 0 and helped.stdout.startswith("usage: layernorm_example") and not helped.stderr
