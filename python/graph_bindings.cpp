@@ -417,6 +417,35 @@ void substract_mean_normalize(::ncnn::Mat& m, const std::vector<float>& mean, co
   return r;
 }
 
+// A view (or a reshape that shares memory) as Python holds it: with a reference to the memory it lies in, taken from
+// its Mat (none where that Mat is itself a view: then that view, kept alive with it, holds the memory). A Mat made
+// again, cloned into or released while views of it live leaves them on the memory they were made on, as ncnn's
+// refcounting leaves a Mat's copies.
+nb::object held_view(const ::ncnn::Mat& of, ::ncnn::Mat view) {
+  nb::object out = nb::cast(std::move(view), nb::rv_policy::move);
+  auto* memory = new ::ncnn::Mat(of);
+  nb::capsule hold(memory, [](void* p) noexcept { delete static_cast<::ncnn::Mat*>(p); });
+  nb::detail::keep_alive(out.ptr(), hold.ptr());
+  return out;
+}
+
+// A Mat's shape as the shape constructors take it: (w), (w, h), (w, h, c), (w, h, d, c).
+std::vector<int> shape_of(const ::ncnn::Mat& m) {
+  if (m.dims == 1) return {m.w};
+  if (m.dims == 2) return {m.w, m.h};
+  if (m.dims == 3) return {m.w, m.h, m.c};
+  return {m.w, m.h, m.d, m.c};
+}
+
+// Mat.create's Mat: float32 of elempack 1 and a batch of one (what this module's Mats are), zeroed.
+::ncnn::Mat created(const std::vector<int>& shape, size_t elemsize, int elempack, int n, nb::handle allocator) {
+  if (elempack != 1)
+    throw std::invalid_argument("Mat.create: elempack " + std::to_string(elempack) + ": vknorm.graph's Mats are "
+                                "unpacked (elempack 1); the net packs them as it runs");
+  if (n != 1) throw std::invalid_argument("Mat.create: n " + std::to_string(n) + ": vknorm.graph's Mats are one batch (n 1)");
+  return mat_of_shape(shape, elemsize, allocator);
+}
+
 // pyncnn's views into a Mat (channel, depth, row, their ranges, range, [i]): ncnn's own, which share the Mat's memory,
 // after checks ncnn leaves out (pyncnn reads and writes past the Mat). The Python view keeps its Mat alive
 // (keep_alive at the binding). where: the call ("Mat.channel"), for the messages.
@@ -471,7 +500,14 @@ nb::ndarray<nb::numpy, float> row_view(::ncnn::Mat& m, long long y) {
   check_view(m, "Mat.row");
   check_span(y, std::nullopt, m.h, "Mat.row", "row", "rows");
   const size_t shape[1] = {size_t(m.w)};
-  return nb::ndarray<nb::numpy, float>(m.row(int(y)), 1, shape, nb::find(&m));
+  // The array holds the Mat's memory and the Python Mat, as held_view's views do.
+  struct Held {
+    ::ncnn::Mat memory;
+    nb::object mat;
+  };
+  auto* held = new Held{m, nb::borrow(nb::find(&m))};
+  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<Held*>(p); });
+  return nb::ndarray<nb::numpy, float>(m.row(int(y)), 1, shape, owner);
 }
 // Elements of the first channel, next to each other (as ncnn).
 ::ncnn::Mat range_view(::ncnn::Mat& m, long long x, long long n) {
@@ -1143,7 +1179,8 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
 
 int extractor_input(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
   refuse_nul(name, "the blob name", "Extractor.input: ");
-  return holding(e, [&] { return input_held(e, name, in); });
+  const ::ncnn::Mat given = in;  // taken with the GIL held: another thread may make the Python Mat again meanwhile
+  return holding(e, [&] { return input_held(e, name, given); });
 }
 
 std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& name) {
@@ -1360,28 +1397,80 @@ NB_MODULE(_graph, m) {
       // pyncnn's Mat.fill, clone and reshape, on the host Mats this module makes (float32, elempack 1)
       .def("fill", [](::ncnn::Mat& mat, float v) { mat.fill(v); }, "v"_a)
       .def("clone", [](const ::ncnn::Mat& mat) { return mat.clone(); })
-      // a reshape may share the Mat's memory (ncnn's): it keeps the Mat alive, as a view does
-      .def("reshape", [](const ::ncnn::Mat& mat, int w) { return reshaped(mat, {w}); }, "w"_a, nb::keep_alive<0, 1>())
-      .def("reshape", [](const ::ncnn::Mat& mat, const nb::tuple& shape) { return reshaped(mat, ints(shape)); },
+      // A reshape may share the Mat's memory (ncnn's), and a view does: each holds that memory (held_view) and
+      // keeps the Mat alive, so that a Mat made again (create, clone_from) or released leaves them on their own.
+      .def("reshape", [](const ::ncnn::Mat& mat, int w) { return held_view(mat, reshaped(mat, {w})); }, "w"_a,
+           nb::keep_alive<0, 1>())
+      .def("reshape",
+           [](const ::ncnn::Mat& mat, const nb::tuple& shape) { return held_view(mat, reshaped(mat, ints(shape))); },
            "shape"_a, nb::keep_alive<0, 1>())
-      .def("reshape", [](const ::ncnn::Mat& mat, int w, int h) { return reshaped(mat, {w, h}); }, "w"_a, "h"_a,
-           nb::keep_alive<0, 1>())
-      .def("reshape", [](const ::ncnn::Mat& mat, int w, int h, int c) { return reshaped(mat, {w, h, c}); }, "w"_a,
-           "h"_a, "c"_a, nb::keep_alive<0, 1>())
-      .def("reshape", [](const ::ncnn::Mat& mat, int w, int h, int d, int c) { return reshaped(mat, {w, h, d, c}); },
+      .def("reshape", [](const ::ncnn::Mat& mat, int w, int h) { return held_view(mat, reshaped(mat, {w, h})); },
+           "w"_a, "h"_a, nb::keep_alive<0, 1>())
+      .def("reshape",
+           [](const ::ncnn::Mat& mat, int w, int h, int c) { return held_view(mat, reshaped(mat, {w, h, c})); },
+           "w"_a, "h"_a, "c"_a, nb::keep_alive<0, 1>())
+      .def("reshape",
+           [](const ::ncnn::Mat& mat, int w, int h, int d, int c) {
+             return held_view(mat, reshaped(mat, {w, h, d, c}));
+           },
            "w"_a, "h"_a, "d"_a, "c"_a, nb::keep_alive<0, 1>())
-      // pyncnn's views: they share the Mat's memory (writes reach it) and keep it alive
-      .def("channel", [](::ncnn::Mat& m, long long c) { return channel_view(m, c, std::nullopt); }, "c"_a,
-           nb::keep_alive<0, 1>())
-      .def("channel_range", [](::ncnn::Mat& m, long long c, long long n) { return channel_view(m, c, n); }, "c"_a,
+      // pyncnn's views: they share the Mat's memory (writes reach it)
+      .def("channel", [](::ncnn::Mat& m, long long c) { return held_view(m, channel_view(m, c, std::nullopt)); },
+           "c"_a, nb::keep_alive<0, 1>())
+      .def("channel_range",
+           [](::ncnn::Mat& m, long long c, long long n) { return held_view(m, channel_view(m, c, n)); }, "c"_a,
            "channels"_a, nb::keep_alive<0, 1>())
-      .def("depth", [](::ncnn::Mat& m, long long z) { return depth_view(m, z, std::nullopt); }, "z"_a,
+      .def("depth", [](::ncnn::Mat& m, long long z) { return held_view(m, depth_view(m, z, std::nullopt)); }, "z"_a,
            nb::keep_alive<0, 1>())
-      .def("depth_range", [](::ncnn::Mat& m, long long z, long long n) { return depth_view(m, z, n); }, "z"_a,
-           "depths"_a, nb::keep_alive<0, 1>())
+      .def("depth_range", [](::ncnn::Mat& m, long long z, long long n) { return held_view(m, depth_view(m, z, n)); },
+           "z"_a, "depths"_a, nb::keep_alive<0, 1>())
       .def("row", &row_view, "y"_a)
-      .def("row_range", &row_range_view, "y"_a, "rows"_a, nb::keep_alive<0, 1>())
-      .def("range", &range_view, "x"_a, "n"_a, nb::keep_alive<0, 1>())
+      .def("row_range",
+           [](::ncnn::Mat& m, long long y, long long rows) { return held_view(m, row_range_view(m, y, rows)); },
+           "y"_a, "rows"_a, nb::keep_alive<0, 1>())
+      .def("range", [](::ncnn::Mat& m, long long x, long long n) { return held_view(m, range_view(m, x, n)); },
+           "x"_a, "n"_a, nb::keep_alive<0, 1>())
+      // pyncnn's create, create_like, clone_from, release and shape: the Mat made again (float32, elempack 1,
+      // zeroed, as the constructors make it), a copy of another's, emptied, or its shape without memory. Views and
+      // reshapes made before keep the memory they were made on.
+      .def("create", [](::ncnn::Mat& m, int w, size_t e, int p, int n, nb::handle a) { m = created({w}, e, p, n, a); },
+           "w"_a, nb::kw_only(), "elemsize"_a = 4, "elempack"_a = 1, "n"_a = 1, "allocator"_a.none() = nb::none())
+      .def("create",
+           [](::ncnn::Mat& m, int w, int h, size_t e, int p, int n, nb::handle a) { m = created({w, h}, e, p, n, a); },
+           "w"_a, "h"_a, nb::kw_only(), "elemsize"_a = 4, "elempack"_a = 1, "n"_a = 1, "allocator"_a.none() = nb::none())
+      .def("create",
+           [](::ncnn::Mat& m, int w, int h, int c, size_t e, int p, int n, nb::handle a) {
+             m = created({w, h, c}, e, p, n, a);
+           },
+           "w"_a, "h"_a, "c"_a, nb::kw_only(), "elemsize"_a = 4, "elempack"_a = 1, "n"_a = 1,
+           "allocator"_a.none() = nb::none())
+      .def("create",
+           [](::ncnn::Mat& m, int w, int h, int d, int c, size_t e, int p, int n, nb::handle a) {
+             m = created({w, h, d, c}, e, p, n, a);
+           },
+           "w"_a, "h"_a, "d"_a, "c"_a, nb::kw_only(), "elemsize"_a = 4, "elempack"_a = 1, "n"_a = 1,
+           "allocator"_a.none() = nb::none())
+      .def("create",
+           [](::ncnn::Mat& m, const nb::tuple& shape, size_t e, int p, int n, nb::handle a) {
+             m = created(ints(shape), e, p, n, a);
+           },
+           "shape"_a, nb::kw_only(), "elemsize"_a = 4, "elempack"_a = 1, "n"_a = 1, "allocator"_a.none() = nb::none())
+      .def("create_like",
+           [](::ncnn::Mat& m, const ::ncnn::Mat& like, nb::handle a) {
+             if (like.empty()) throw std::invalid_argument("Mat.create_like: the Mat given is empty");
+             m = created(shape_of(like), like.elemsize / like.elempack, 1, 1, a);
+           },
+           "m"_a, "allocator"_a.none() = nb::none())
+      .def("clone_from",
+           [](::ncnn::Mat& m, const ::ncnn::Mat& from, nb::handle a) {
+             check_no_allocator("Mat.clone_from", a);
+             ::ncnn::Mat copy = from.clone();
+             if (copy.empty() && !from.empty()) throw std::bad_alloc();
+             m = copy;
+           },
+           "mat"_a, "allocator"_a.none() = nb::none())
+      .def("release", [](::ncnn::Mat& m) { m.release(); })
+      .def("shape", [](const ::ncnn::Mat& m) { return m.shape(); })
       .def("__getitem__", [](::ncnn::Mat& m, long long i) { return element(m, i); }, "i"_a)
       .def("__setitem__", [](::ncnn::Mat& m, long long i, float v) { element(m, i) = v; }, "i"_a, "v"_a)
       .def("__len__", [](const ::ncnn::Mat& m) { return m.w; })  // pyncnn's: w

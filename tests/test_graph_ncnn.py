@@ -1155,6 +1155,80 @@ def test_mat_fill_clone_and_reshape_as_pyncnn():
         assert (ours.elemsize, ours.cstep, ours.total()) == (theirs.elemsize, theirs.cstep, theirs.total()), shape
 
 
+FIELDS = ("dims", "w", "h", "d", "c", "elemsize", "elempack", "cstep")
+
+
+def fields(m):
+    return tuple(getattr(m, f) for f in FIELDS)
+
+
+def test_mat_create_create_like_clone_from_release_and_shape_as_pyncnn():
+    """pyncnn's way of making a Mat again: create's overloads and tuple form, create_like, clone_from, release and
+    shape give pyncnn's fields; create's memory is zeroed (pyncnn's is what the heap held)."""
+    pyncnn = import_or_missing("ncnn")
+    for args in ((7,), (5, 3), (3, 4, 5), (2, 3, 4, 5), ((3, 4, 5),)):
+        ours, theirs = graph.Mat(np.ones(3, np.float32)), pyncnn.Mat()
+        ours.create(*args)
+        theirs.create(*args)
+        assert fields(ours) == fields(theirs), args
+        assert not np.array(ours).any(), args
+        like, theirs_like = graph.Mat(), pyncnn.Mat()
+        like.create_like(ours)
+        theirs_like.create_like(theirs)
+        assert fields(like) == fields(theirs_like), args
+        assert fields(ours.shape()) == fields(theirs.shape()) and ours.shape().empty(), args
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    m = graph.Mat()
+    m.clone_from(graph.Mat(x))
+    assert np.array_equal(np.array(m), x) and fields(m) == fields(pyncnn.Mat(x).clone())
+    m.release()
+    assert m.empty() and repr(m) == "Mat(empty)"
+    for call, match in ((lambda: m.create(3, elempack=4), "elempack 4: vknorm.graph's Mats are unpacked"),
+                        (lambda: m.create(3, n=2), "n 2: vknorm.graph's Mats are one batch"),
+                        (lambda: m.create(3, elemsize=2), "elemsize 2: vknorm.graph's Mats hold float32"),
+                        (lambda: m.create(0, 3), "every dimension must be 1..2"),
+                        (lambda: m.create_like(graph.Mat()), "Mat.create_like: the Mat given is empty")):
+        with pytest.raises(ValueError, match=match):
+            call()
+    with pytest.raises(TypeError, match="no allocators: allocator=None only"):
+        m.create(3, allocator=object())
+    assert m.empty()  # a refused create leaves the Mat as it was
+
+
+REMADE_SCRIPT = r"""
+import sys
+import numpy as np
+from vknorm import graph
+# 64 MiB planes: the allocator maps them apart and unmaps them when freed, so a view left on freed memory faults
+x = np.arange(2 * 4096 * 4096, dtype=np.float32).reshape(2, 4096, 4096)
+m = graph.Mat(x)
+views = {"channel": m.channel(1), "channel_range": m.channel_range(0, 2), "row_range": m.row_range(5, 2),
+         "range": m.range(3, 10), "reshape": m.reshape(4096, 8192)}
+row = m.row(7)
+{"create": lambda: m.create(3, 3), "create_like": lambda: m.create_like(graph.Mat(np.ones(4, np.float32))),
+ "clone_from": lambda: m.clone_from(graph.Mat(np.ones(4, np.float32))), "release": m.release}[sys.argv[1]]()
+m.fill(5.0) if not m.empty() else None
+assert np.array_equal(np.array(views["channel"]), x[1])
+assert np.array_equal(np.array(views["channel_range"]), x)
+assert np.array_equal(np.array(views["row_range"]), x[0, 5:7])
+assert np.array_equal(np.array(views["range"]), x[0].ravel()[3:13])
+assert np.array_equal(np.array(views["reshape"]), x.reshape(8192, 4096))
+assert np.array_equal(row, x[0, 7])
+views["channel"].fill(1.0)  # a view's writes go to the memory it holds
+assert np.array(views["channel_range"])[1].min() == 1.0
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("how", ["create", "create_like", "clone_from", "release"])
+def test_views_made_before_a_mat_is_made_again_keep_the_memory_they_were_made_on(how):
+    """A view (channel, row, range, a reshape) shares its Mat's memory; the Mat made again or released leaves the
+    view on that memory (ncnn's refcounting for its copies), not on freed memory. A child process: a view left on
+    unmapped memory ends it with SIGSEGV."""
+    proc = subprocess.run([sys.executable, "-c", REMADE_SCRIPT, how], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["OK"], (proc.returncode, proc.stderr[-2000:])
+
+
 def test_mat_views_read_what_pyncnn_s_read_and_write_through_to_the_mat():
     """channel, channel_range, depth, depth_range, row, row_range, range and [i] as pyncnn's (ncnn's views: the same
     elements, the same dims), over the Mat's own memory: writes through row() and [i] reach it."""
