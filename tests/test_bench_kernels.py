@@ -121,6 +121,32 @@ def test_bench_bad_input_is_one_line_and_exit_2(args, message):
     assert len(lines) == 1 and message in lines[0], proc.stderr
 
 
+def test_the_table_has_a_row_per_measurement_where_a_latency_shape_is_also_a_sweeps(tmp_path):
+    """--elements 4096 makes the sweep's 1x4096 as well as the latency shape's: two rows, the latency one named so,
+    each with its own time (one row had shown one's time beside the other's ratios)."""
+    out = tmp_path / "bench.json"
+    proc = vknorm("bench", "--op", "layernorm", "--elements", "4096", "--dtype", "fp32", *QUICK, "--compare", "",
+                  "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = {ln.split()[2] + (" " + ln.split()[3] if ln.split()[3].startswith("(") else ""): ln
+             for ln in proc.stdout.splitlines() if ln.startswith("layernorm")}
+    results = {(r["shape"], r["kind"]): r for r in json.loads(out.read_text())["results"]}
+    for label, kind in (("1x4096", "sweep"), ("1x4096 (latency)", "latency")):
+        assert f"{results[('1x4096', kind)]['gpu_us']:.1f}" == table[label].split(label, 1)[1].split()[0], \
+            (label, table[label])
+
+
+def test_a_plot_named_without_an_extension_is_refused_whatever_the_file_is(tmp_path):
+    """A FIFO (or a device) named without an extension: the format is the name's, so the run is refused up front
+    rather than matplotlib writing NAME.png beside it."""
+    fifo = tmp_path / "plotpipe"
+    os.mkfifo(fifo)
+    proc = vknorm("bench", "--rows", "8", "--cols", "8", "--plot", str(fifo))
+    assert proc.returncode == 2 and proc.stderr.strip() == (f"vknorm bench: error: --plot {fifo}: no file extension "
+                                                            "(name a .png, .svg or .pdf file)"), proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plotpipe"]
+
+
 def test_float16_on_a_device_without_16_bit_storage_is_refused_or_skipped_not_mislabelled(tmp_path):
     """float16 storage would run as float32 there (VKNORM_NO_FP16_STORAGE=1: as if the device lacked it): asked for
     alone it is a one-line error; in the default --dtype both it is skipped, said once, and no fp16 row is made."""

@@ -5,8 +5,8 @@ gamma 2: |y| ~ 4) normalizes it. With float16 storage ln1's input is rounded to 
 which moves its output by ~2e-2 against the float32 stock run however exact the kernel is: the former
 pyncnn rule (max |vknorm - stock| <= 1e-2) failed it. The rule of both engines judges each layer against
 float64 of the float16-rounded input it saw, less the float16 output rounding, each element's over max(1, |its
-value|) (<= 1e-3): it passes, and still fails an output 1e-2 off (negative control: vknorm's layer output shifted
-on purpose).
+value|, |gamma x^| + |beta|) (<= 1e-3): it passes, and still fails an output 1e-2 off (negative control: vknorm's
+layer output shifted on purpose).
 """
 from __future__ import annotations
 
@@ -178,3 +178,21 @@ def test_each_outputs_bound_grows_with_its_magnitude_and_with_nothing_else(fp16)
     bad[:, 1:] += np.float32(0.05)
     _, judged, ok = judge(bad, gamma, beta)
     assert not ok and judged > 0.04, judged
+
+
+def test_outputs_where_gamma_x_and_beta_cancel_are_judged_at_the_scale_of_those_terms():
+    """gamma = beta = 1000 gives outputs near 0 (where x^ is near -1) that carry the float32 rounding of terms near
+    1000: the float64 output's rounding of each term and the sum, once each, passes (judged over max(1, |y|) alone it
+    failed); a layer that drops beta, or one off by 3 atol of the terms, fails."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((512, W)).astype(np.float32)
+    x64 = x.astype(np.float64)
+    xhat = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
+    gamma, beta = np.full(W, 1000.0), np.full(W, 1000.0)
+    rounded = (np.float32(1000) * xhat.astype(np.float32) + np.float32(1000)).astype(np.float32)  # float32 steps
+    f64, judged, ok = vkcheck.judge_layer(rounded, x, "LayerNorm", 1e-5, W, gamma, beta, False, 1e-4)
+    near_zero = np.abs(1000 * xhat + 1000) < 1
+    assert near_zero.any() and ok and judged <= 1e-6, (f64, judged)
+    for bad in (rounded - np.float32(1000), rounded + np.float32(3e-4 * 2000)):
+        _, judged, ok = vkcheck.judge_layer(bad, x, "LayerNorm", 1e-5, W, gamma, beta, False, 1e-4)
+        assert not ok and judged > 1e-4, judged

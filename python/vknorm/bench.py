@@ -248,6 +248,19 @@ def _check_output_path(flag: str, path) -> None:
         raise UsageError(f"{flag}: empty file name; name a file")
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path}: a directory; name a file")
+    # The format from the name, whatever the file is (matplotlib would write NAME.png beside a FIFO or device).
+    if flag == "--plot":
+        ext = os.path.splitext(path)[1].lstrip(".").lower()
+        try:
+            from matplotlib.backend_bases import FigureCanvasBase
+
+            formats = FigureCanvasBase.get_supported_filetypes()
+        except ImportError:  # before the sweep: not a run of minutes that ends without its plot
+            raise UsageError(f"--plot {path}: needs matplotlib (pip install matplotlib, or vknorm[bench])") from None
+        if not ext:
+            raise UsageError(f"--plot {path}: no file extension (name a .png, .svg or .pdf file)")
+        if ext not in formats:
+            raise UsageError(f"--plot {path}: matplotlib cannot write .{ext} files (name a .png, .svg or .pdf file)")
     if os.path.exists(path) and not os.path.isfile(path):
         return  # a FIFO, a device, /dev/stdout onto a pipe (whose link names no path): left to the write itself
     parent = os.path.dirname(os.path.realpath(path))  # where a symbolic link's target would be written
@@ -267,18 +280,6 @@ def _check_output_path(flag: str, path) -> None:
         raise UsageError(f"{flag} {path}: cannot be written ({e.strerror})") from None
     if not existed:
         os.unlink(real)
-    if flag == "--plot":
-        ext = os.path.splitext(path)[1].lstrip(".").lower()
-        try:
-            from matplotlib.backend_bases import FigureCanvasBase
-
-            formats = FigureCanvasBase.get_supported_filetypes()
-        except ImportError:  # before the sweep: not a run of minutes that ends without its plot
-            raise UsageError(f"--plot {path}: needs matplotlib (pip install matplotlib, or vknorm[bench])") from None
-        if not ext:
-            raise UsageError(f"--plot {path}: no file extension (name a .png, .svg or .pdf file)")
-        if ext not in formats:
-            raise UsageError(f"--plot {path}: matplotlib cannot write .{ext} files (name a .png, .svg or .pdf file)")
 
 
 def _warmup_count(seconds_per_run: float, warmup_ms: float) -> int:
@@ -726,10 +727,15 @@ def _gbps_text(gbps: float) -> str:
 
 def print_table(report: dict) -> None:
     rows = {}
-    for r in report["results"]:
-        rows.setdefault((r["op"], r["dtype"], r.get("shape") or f"{r['rows']}x{r['cols']}"), {})[r["impl"]] = r
+    for r in report["results"]:  # one row per measurement: a latency shape may also be a sweep's
+        shape = r.get("shape") or f"{r['rows']}x{r['cols']}"
+        if r.get("kind", "sweep") != "sweep":
+            shape += f" ({r['kind']})"
+        rows.setdefault((r["op"], r["dtype"], shape), {})[r["impl"]] = r
+    width = max([16] + [len(shape) for _, _, shape in rows])
     print(f"device: {report['device']} ({report['driver']})")
-    head = f"{'op':<12} {'dtype':<5} {'shape':>16} {'vknorm us':>10} {'GB/s':>7} {'% copy':>7} {'x ncnn':>7} {'x torch':>8}  path"
+    head = (f"{'op':<12} {'dtype':<5} {'shape':>{width}} {'vknorm us':>10} {'GB/s':>7} {'% copy':>7} {'x ncnn':>7} "
+            f"{'x torch':>8}  path")
     print(head)
     print("-" * len(head))
     for (op, dtype, shape), impls in rows.items():
@@ -742,7 +748,7 @@ def print_table(report: dict) -> None:
         xn = f"{impls['ncnn']['gpu_us'] / v['gpu_us']:.2f}" if "ncnn" in impls else "-"
         xt = f"{impls['torch']['gpu_us'] / v['gpu_us']:.2f}" if "torch" in impls else "-"
         fused = [v[k] for k in ("residual", "activation") if v.get(k, "none") != "none"]
-        print(f"{op:<12} {dtype:<5} {shape:>16} {v['gpu_us']:>10.1f} {_gbps_text(v['gbps']):>7} {pct:>7} {xn:>7} {xt:>8}  "
+        print(f"{op:<12} {dtype:<5} {shape:>{width}} {v['gpu_us']:>10.1f} {_gbps_text(v['gbps']):>7} {pct:>7} {xn:>7} {xt:>8}  "
               f"{v['path']} ({v['dispatches']} dispatch)" + (f", fused {' + '.join(fused)}" if fused else ""))
 
 
