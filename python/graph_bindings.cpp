@@ -417,16 +417,27 @@ void substract_mean_normalize(::ncnn::Mat& m, const std::vector<float>& mean, co
   return r;
 }
 
-// A view (or a reshape that shares memory) as Python holds it: with a reference to the memory it lies in, taken from
-// its Mat (none where that Mat is itself a view: then that view, kept alive with it, holds the memory). A Mat made
-// again, cloned into or released while views of it live leaves them on the memory they were made on, as ncnn's
-// refcounting leaves a Mat's copies.
-nb::object held_view(const ::ncnn::Mat& of, ::ncnn::Mat view) {
-  nb::object out = nb::cast(std::move(view), nb::rv_policy::move);
-  auto* memory = new ::ncnn::Mat(of);
-  nb::capsule hold(memory, [](void* p) noexcept { delete static_cast<::ncnn::Mat*>(p); });
-  nb::detail::keep_alive(out.ptr(), hold.ptr());
-  return out;
+// A view (or a reshape that shares memory) that holds the memory it lies in, as ncnn's copies of a Mat do: its refcount
+// and allocator are a HeldMemory's, which holds a reference to its Mat's memory until the last copy of the view goes
+// (ncnn's release() hands it back through fastFree). A Mat made again, cloned into or released while views of it live
+// leaves them on the memory they were made on; an Extractor given a view keeps that memory as it keeps a Mat's.
+class HeldMemory final : public ::ncnn::Allocator {
+ public:
+  explicit HeldMemory(const ::ncnn::Mat& of) : memory_(of) {}
+  void* fastMalloc(size_t) override { return nullptr; }  // never asked: a Mat allocates from the allocator it is given
+  void fastFree(void*) override { delete this; }          // the view's last copy went; the memory is the Mat's to free
+  int count = 1;
+
+ private:
+  ::ncnn::Mat memory_;
+};
+
+::ncnn::Mat held_view(const ::ncnn::Mat& of, ::ncnn::Mat view) {
+  if (view.refcount) return view;  // a reshape sharing the Mat's memory counts itself in already
+  auto* held = new HeldMemory(of);
+  view.refcount = &held->count;
+  view.allocator = held;
+  return view;
 }
 
 // A Mat's shape as the shape constructors take it: (w), (w, h), (w, h, c), (w, h, d, c).
@@ -447,8 +458,8 @@ std::vector<int> shape_of(const ::ncnn::Mat& m) {
 }
 
 // pyncnn's views into a Mat (channel, depth, row, their ranges, range, [i]): ncnn's own, which share the Mat's memory,
-// after checks ncnn leaves out (pyncnn reads and writes past the Mat). The Python view keeps its Mat alive
-// (keep_alive at the binding). where: the call ("Mat.channel"), for the messages.
+// after checks ncnn leaves out (pyncnn reads and writes past the Mat). The binding makes each hold the Mat's memory
+// (held_view). where: the call ("Mat.channel"), for the messages.
 void check_view(const ::ncnn::Mat& m, const char* where) {
   if (m.empty()) throw std::invalid_argument(std::string(where) + ": the Mat is empty");
   // as every Mat this module makes is (Mat(array), extract's float32 copies); the element access below assumes it
@@ -1114,7 +1125,8 @@ int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
     return -1;
   }
   if (int r = reserve_upload(e, in)) return r;
-  // A view (Mat.channel, ...) owns no memory: the extractor, which outlives the Python objects, takes a copy.
+  // The extractor outlives the Python objects: it takes a reference to the memory (views hold theirs: held_view),
+  // or a copy of a Mat that counts no references.
   const ::ncnn::Mat owned = in.refcount ? in : in.clone();
   if (owned.empty()) throw std::bad_alloc();
   const int r = e.ex->input(name.c_str(), owned);
@@ -1397,39 +1409,37 @@ NB_MODULE(_graph, m) {
       // pyncnn's Mat.fill, clone and reshape, on the host Mats this module makes (float32, elempack 1)
       .def("fill", [](::ncnn::Mat& mat, float v) { mat.fill(v); }, "v"_a)
       .def("clone", [](const ::ncnn::Mat& mat) { return mat.clone(); })
-      // A reshape may share the Mat's memory (ncnn's), and a view does: each holds that memory (held_view) and
-      // keeps the Mat alive, so that a Mat made again (create, clone_from) or released leaves them on their own.
-      .def("reshape", [](const ::ncnn::Mat& mat, int w) { return held_view(mat, reshaped(mat, {w})); }, "w"_a,
-           nb::keep_alive<0, 1>())
+      // A reshape may share the Mat's memory (ncnn's), and a view does: each holds that memory (held_view), so
+      // that the Mat dropped, made again (create, clone_from) or released leaves them on their own.
+      .def("reshape", [](const ::ncnn::Mat& mat, int w) { return held_view(mat, reshaped(mat, {w})); }, "w"_a)
       .def("reshape",
            [](const ::ncnn::Mat& mat, const nb::tuple& shape) { return held_view(mat, reshaped(mat, ints(shape))); },
-           "shape"_a, nb::keep_alive<0, 1>())
+           "shape"_a)
       .def("reshape", [](const ::ncnn::Mat& mat, int w, int h) { return held_view(mat, reshaped(mat, {w, h})); },
-           "w"_a, "h"_a, nb::keep_alive<0, 1>())
+           "w"_a, "h"_a)
       .def("reshape",
            [](const ::ncnn::Mat& mat, int w, int h, int c) { return held_view(mat, reshaped(mat, {w, h, c})); },
-           "w"_a, "h"_a, "c"_a, nb::keep_alive<0, 1>())
+           "w"_a, "h"_a, "c"_a)
       .def("reshape",
            [](const ::ncnn::Mat& mat, int w, int h, int d, int c) {
              return held_view(mat, reshaped(mat, {w, h, d, c}));
            },
-           "w"_a, "h"_a, "d"_a, "c"_a, nb::keep_alive<0, 1>())
+           "w"_a, "h"_a, "d"_a, "c"_a)
       // pyncnn's views: they share the Mat's memory (writes reach it)
       .def("channel", [](::ncnn::Mat& m, long long c) { return held_view(m, channel_view(m, c, std::nullopt)); },
-           "c"_a, nb::keep_alive<0, 1>())
+           "c"_a)
       .def("channel_range",
            [](::ncnn::Mat& m, long long c, long long n) { return held_view(m, channel_view(m, c, n)); }, "c"_a,
-           "channels"_a, nb::keep_alive<0, 1>())
-      .def("depth", [](::ncnn::Mat& m, long long z) { return held_view(m, depth_view(m, z, std::nullopt)); }, "z"_a,
-           nb::keep_alive<0, 1>())
+           "channels"_a)
+      .def("depth", [](::ncnn::Mat& m, long long z) { return held_view(m, depth_view(m, z, std::nullopt)); }, "z"_a)
       .def("depth_range", [](::ncnn::Mat& m, long long z, long long n) { return held_view(m, depth_view(m, z, n)); },
-           "z"_a, "depths"_a, nb::keep_alive<0, 1>())
+           "z"_a, "depths"_a)
       .def("row", &row_view, "y"_a)
       .def("row_range",
            [](::ncnn::Mat& m, long long y, long long rows) { return held_view(m, row_range_view(m, y, rows)); },
-           "y"_a, "rows"_a, nb::keep_alive<0, 1>())
+           "y"_a, "rows"_a)
       .def("range", [](::ncnn::Mat& m, long long x, long long n) { return held_view(m, range_view(m, x, n)); },
-           "x"_a, "n"_a, nb::keep_alive<0, 1>())
+           "x"_a, "n"_a)
       // pyncnn's create, create_like, clone_from, release and shape: the Mat made again (float32, elempack 1,
       // zeroed, as the constructors make it), a copy of another's, emptied, or its shape without memory. Views and
       // reshapes made before keep the memory they were made on.
