@@ -451,12 +451,14 @@ def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: b
         torch.cuda.synchronize()
         calls, replays = reps, 1
         batch, method = (lambda: [fn() for _ in range(reps)]), "eager calls, CUDA events"
-    # keep the clock up, then time a batch with CUDA events
+    # keep the clock up, then time a batch with CUDA events. Each warm-up batch is waited for: replays are queued
+    # far faster than they run, and 150 ms of queueing would be seconds of GPU work ahead of the timed batch.
     samples = []
     for _ in range(5):
         t_end = time.perf_counter() + 0.15
         while time.perf_counter() < t_end:
             batch()
+            torch.cuda.synchronize()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(replays):
