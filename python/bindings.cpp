@@ -94,8 +94,14 @@ Mat mat_from_numpy(const Array& a) {
   return converted(view, view.scalar_bytes(), 1);
 }
 
-// What the Array overloads (from_numpy, upload) could not take, named: nanobind's own message lists its overloads.
-[[noreturn]] void refuse_array(const char* call, nb::handle a) {
+// What the Array overloads (from_numpy, upload) take only converted (a broadcast or strided view: made contiguous),
+// or cannot take, named: nanobind tries this overload before converting for the others, and its own message lists
+// its overloads.
+Array converted_array(const char* call, nb::handle a) {
+  try {
+    return nb::cast<Array>(a);  // with numpy's conversions
+  } catch (const nb::cast_error&) {
+  }
   std::string got = nb::type_name(a.type()).c_str();
   if (nb::hasattr(a, "dtype") && nb::hasattr(a, "shape"))
     got = "an array of dtype " + nb::cast<std::string>(a.attr("dtype").attr("str"));
@@ -264,7 +270,8 @@ NB_MODULE(_core, m) {
 
   nb::class_<Mat>(m, "Mat")
       .def_static("from_numpy", &mat_from_numpy, "array"_a)
-      .def_static("from_numpy", [](nb::handle a) -> Mat { refuse_array("Mat.from_numpy", a); }, "array"_a)
+      .def_static("from_numpy", [](nb::handle a) { return mat_from_numpy(converted_array("Mat.from_numpy", a)); },
+                  "array"_a)
       .def("numpy", &mat_to_numpy, "copy"_a = true,
            "A numpy array of the blob, unpacked; copy=False views the Mat's own memory where it is unpacked and has "
            "no padding between channels (the array then keeps that memory alive)")
@@ -319,7 +326,12 @@ NB_MODULE(_core, m) {
           "array"_a, "context"_a, "option"_a)
       .def_static(
           "upload",
-          [](nb::handle a, std::shared_ptr<Context>, const Option&) -> VkMat { refuse_array("VkMat.upload", a); },
+          [](nb::handle a, std::shared_ptr<Context> ctx, const Option& opt) {
+            const Array converted = converted_array("VkMat.upload", a);  // a copy the call holds
+            const Mat view = numpy_view(converted);
+            ReleaseGil release;
+            return VkMat::upload(view, std::move(ctx), opt);
+          },
           "array"_a, "context"_a, "option"_a)
       .def("download", nb::overload_cast<>(&VkMat::download, nb::const_), nb::call_guard<ReleaseGil>())
       .def(

@@ -222,6 +222,12 @@ def test_settings_refused_in_the_worker_process_are_one_line_and_exit_2(env, mes
                 ["check", PARAM, BIN, "--input", "in0=16x64", "--vulkan"]):
         proc = subprocess.run([sys.executable, "-m", "vknorm", *cmd], capture_output=True, text=True, timeout=300,
                               env={**os.environ, **env})
+        if cmd[0] == "check" and "VKNORM_MAX_DEVICE_BYTES" in env and message == "cannot allocate":
+            # vknorm's own contexts only time the layers beside ncnn's graph: the verdict stands, the times are -
+            assert proc.returncode == 0, (cmd, proc.returncode, proc.stderr[-2000:])
+            warned = [ln for ln in proc.stdout.splitlines() if "was not measured on vknorm's own context" in ln]
+            assert warned and all("cannot allocate" in ln for ln in warned), proc.stdout[-2000:]
+            continue
         assert proc.returncode == 2, (cmd, proc.returncode, proc.stderr[-2000:])
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith(f"vknorm {cmd[0]}: error:") and message in lines[0], \
