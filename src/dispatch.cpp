@@ -22,6 +22,9 @@ namespace {
 // words and chunk weights (44 B, rounded up).
 constexpr uint32_t kFusedSharedFixed = 2 * 16;
 constexpr uint32_t kCooperativeSharedFixed = 64;
+// The widest subgroup assumed where a device reports none (Vulkan 1.0): AMD's and Adreno's common wave64, and every
+// narrower width divides it.
+constexpr uint32_t kUnreportedSubgroupWidth = 64;
 
 // Split path: chunks of at least this many elements, and enough (group, chunk) items to fill a GPU.
 constexpr uint32_t kMinChunk = 1024;
@@ -327,8 +330,11 @@ Plan plan_layout(const GroupLayout& g, const DeviceCaps& dev, Path want, bool fp
     // (LayerNorm 1x40, workgroups of 1: only each invocation's first element stored). A driver fault, by every
     // sign: the loops after the take-over's branch ran one iteration although no workgroup took that branch, and
     // without the call there (everything else the same) the results were right. Only where the workgroup is
-    // narrower than llvmpipe's 8-wide vectors and loops of more than 32 are not unrolled.
-    auto whole_subgroups = [&](uint32_t wg) { return !dev.subgroup_size || wg % dev.subgroup_size == 0; };
+    // narrower than llvmpipe's 8-wide vectors and loops of more than 32 are not unrolled. A device that reports no
+    // subgroup size (Vulkan 1.0, or VKNORM_VULKAN_API=1.0 over lavapipe) still has one: workgroups are then whole
+    // subgroups of any width up to kUnreportedSubgroupWidth.
+    const uint32_t subgroup_width = dev.subgroup_size ? dev.subgroup_size : kUnreportedSubgroupWidth;
+    auto whole_subgroups = [&](uint32_t wg) { return wg % subgroup_width == 0; };
     // Its shared memory: the split passes' 64 B per invocation and its own few values.
     auto shared_fits = [&](uint32_t wg) { return uint64_t(wg) * 64 + kCooperativeSharedFixed <= dev.max_shared; };
     auto workgroup_for = [&](uint64_t chunk) {

@@ -524,6 +524,41 @@ def test_forced_cooperative_in_workgroups_narrower_than_a_subgroup_runs_another_
     assert float(np.abs(y - ref).max()) <= FP32_TOL * max(1.0, float(np.abs(ref).max())), ran
 
 
+UNREPORTED_SUBGROUP_SCRIPT = r"""
+import json
+import numpy as np
+import vknorm
+out = []
+for workgroup, cols in ((1, 33), (1, 48), (2, 66), (4, 129), (4, 256), (0, 40)):
+    ln = vknorm.LayerNorm(cols, affine=False)
+    x = (np.random.default_rng(cols).standard_normal((30, cols)) + 5).astype(np.float32)
+    y = ln(x, option=vknorm.Option(path="cooperative", max_workgroup_size=workgroup))
+    ref = ln(x, device="cpu")
+    out.append({"cols": cols, "path": ln.last_dispatch["path"], "wg": ln.last_dispatch["workgroup_size"],
+                "err": float(np.abs(y - ref).max()) / max(1.0, float(np.abs(ref).max()))})
+print(json.dumps({"subgroup_size": vknorm.device_info()["subgroup_size"], "runs": out}))
+"""
+
+
+@pytest.mark.parametrize("shared", [None, "512"], ids=["vulkan_1_0", "vulkan_1_0_shared_512"])
+def test_forced_cooperative_on_a_device_that_reports_no_subgroup_size_runs_whole_subgroups_of_any_width(shared):
+    """Vulkan 1.0 reports no subgroup size (VKNORM_VULKAN_API=1.0 over lavapipe, whose subgroups are still 8 wide):
+    the cooperative kernel's workgroups are then whole subgroups of any width up to 64, and narrower ones give the
+    forced path to the next one down. They were planned as if any width were whole: workgroups of 1-4 (or 8 of
+    lavapipe's 512 B shared memory profile) left each invocation's elements but its first as the input."""
+    env = dict(os.environ, VKNORM_VULKAN_API="1.0", VKNORM_VALIDATION="1")
+    if shared:
+        env["VKNORM_MAX_SHARED_MEMORY"] = shared
+    proc = subprocess.run([sys.executable, "-c", UNREPORTED_SUBGROUP_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["subgroup_size"] == 0, report
+    for r in report["runs"]:
+        assert r["path"] != "cooperative" or r["wg"] % 64 == 0, r
+        assert r["err"] <= FP32_TOL, r
+
+
 INSIDE_NCNN = ["-m", "vknorm", "check", "tests/data/instnorm_block.ncnn.param", "tests/data/instnorm_block.ncnn.bin",
                "--input", "in0=16x24x24", "--vulkan", "--json"]
 
