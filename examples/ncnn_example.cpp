@@ -249,7 +249,7 @@ int run(const Args& a) {
   try {
     if (n == 0) throw std::bad_alloc();
     x = input_pattern(n);
-  } catch (const std::bad_alloc&) {
+  } catch (const std::exception&) {  // bad_alloc, or length_error past a vector's max_size()
     std::cerr << "ncnn_example: cannot allocate the input " << join_dims(a.dims) << "\n";
     return 1;
   }

@@ -1125,9 +1125,11 @@ int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
     return -1;
   }
   if (int r = reserve_upload(e, in)) return r;
-  // The extractor outlives the Python objects: it takes a reference to the memory (views hold theirs: held_view),
-  // or a copy of a Mat that counts no references.
-  const ::ncnn::Mat owned = in.refcount ? in : in.clone();
+  // The extractor outlives the Python objects: it shares a Mat's memory (ncnn copies a blob before an in-place layer
+  // writes it where another reference counts), and copies a view, whose count does not see its Mat's (an in-place
+  // layer would write into the caller's Mat), or a Mat that counts no references.
+  const bool view = dynamic_cast<const HeldMemory*>(in.allocator) != nullptr;
+  const ::ncnn::Mat owned = in.refcount && !view ? in : in.clone();
   if (owned.empty()) throw std::bad_alloc();
   const int r = e.ex->input(name.c_str(), owned);
   if (r != 0) return r;
@@ -1407,7 +1409,13 @@ NB_MODULE(_graph, m) {
       .def("total", [](const ::ncnn::Mat& mat) { return mat.total(); })  // cstep x c, padding included, as ncnn's
       .def("empty", &::ncnn::Mat::empty)
       // pyncnn's Mat.fill, clone and reshape, on the host Mats this module makes (float32, elempack 1)
-      .def("fill", [](::ncnn::Mat& mat, float v) { mat.fill(v); }, "v"_a)
+      .def("fill",
+           [](::ncnn::Mat& mat, float v) {
+             if (!mat.data && mat.total())  // shape()'s Mat: a shape, no memory
+               throw std::invalid_argument("Mat.fill: the Mat has a shape but no memory (Mat.shape()'s)");
+             mat.fill(v);
+           },
+           "v"_a)
       .def("clone", [](const ::ncnn::Mat& mat) { return mat.clone(); })
       // A reshape may share the Mat's memory (ncnn's), and a view does: each holds that memory (held_view), so
       // that the Mat dropped, made again (create, clone_from) or released leaves them on their own.
@@ -1467,7 +1475,7 @@ NB_MODULE(_graph, m) {
            "shape"_a, nb::kw_only(), "elemsize"_a = 4, "elempack"_a = 1, "n"_a = 1, "allocator"_a.none() = nb::none())
       .def("create_like",
            [](::ncnn::Mat& m, const ::ncnn::Mat& like, nb::handle a) {
-             if (like.empty()) throw std::invalid_argument("Mat.create_like: the Mat given is empty");
+             if (like.dims == 0) throw std::invalid_argument("Mat.create_like: the Mat given has no shape");
              m = created(shape_of(like), like.elemsize / like.elempack, 1, 1, a);
            },
            "m"_a, "allocator"_a.none() = nb::none())

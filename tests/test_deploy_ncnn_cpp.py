@@ -446,7 +446,7 @@ def test_errors_give_nonzero_exit_codes(example, tmp_path):
         assert "OK" not in proc.stdout.split(), proc.stdout
     # an input that cannot be allocated (its bytes past the address space, or past size_t): an error, not an abort.
     # (Merely past this host's memory is not refused where the kernel overcommits: the H200 host began filling 4 TB.)
-    for dims in ("1073741824x1073741824", "1073741824x1073741824x1073741824x1073741824"):
+    for dims in ("1073741824x1073741824", "3x1073741824x1073741824", "1073741824x1073741824x1073741824x1073741824"):
         proc = launch(example, [param, binp, dims, "--cpu"], timeout=60)
         assert proc.returncode == 1, (dims, proc.returncode, proc.stderr)
         assert proc.stderr.strip().splitlines()[-1] == f"ncnn_example: cannot allocate the input {dims}", proc.stderr

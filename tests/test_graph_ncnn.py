@@ -1177,6 +1177,10 @@ def test_mat_create_create_like_clone_from_release_and_shape_as_pyncnn():
         theirs_like.create_like(theirs)
         assert fields(like) == fields(theirs_like), args
         assert fields(ours.shape()) == fields(theirs.shape()) and ours.shape().empty(), args
+        from_shape, theirs_from_shape = graph.Mat(), pyncnn.Mat()  # a shape is what create_like reads
+        from_shape.create_like(ours.shape())
+        theirs_from_shape.create_like(theirs.shape())
+        assert fields(from_shape) == fields(theirs_from_shape) and not from_shape.empty(), args
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     m = graph.Mat()
     m.clone_from(graph.Mat(x))
@@ -1187,7 +1191,8 @@ def test_mat_create_create_like_clone_from_release_and_shape_as_pyncnn():
                         (lambda: m.create(3, n=2), "n 2: vknorm.graph's Mats are one batch"),
                         (lambda: m.create(3, elemsize=2), "elemsize 2: vknorm.graph's Mats hold float32"),
                         (lambda: m.create(0, 3), "every dimension must be 1..2"),
-                        (lambda: m.create_like(graph.Mat()), "Mat.create_like: the Mat given is empty")):
+                        (lambda: m.create_like(graph.Mat()), "Mat.create_like: the Mat given has no shape"),
+                        (lambda: graph.Mat(np.ones((2, 3), np.float32)).shape().fill(1.0), "a shape but no memory")):
         with pytest.raises(ValueError, match=match):
             call()
     with pytest.raises(TypeError, match="no allocators: allocator=None only"):
@@ -1218,6 +1223,25 @@ views["channel"].fill(1.0)  # a view's writes go to the memory it holds
 assert np.array(views["channel_range"])[1].min() == 1.0
 print("OK")
 """
+
+
+def test_an_in_place_layer_given_a_view_leaves_the_callers_mat_alone(tmp_path):
+    """ncnn lets an in-place layer (ReLU) write its input where no other reference to it counts: a view's count does
+    not see its Mat's, so the extractor copies a view, and the Mat it came from keeps its values (as a whole Mat
+    given does: its count is the caller's and the extractor's)."""
+    (tmp_path / "relu.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nReLU relu 1 1 in0 out0\n")
+    (tmp_path / "relu.bin").write_bytes(b"")
+    x = -np.arange(1, 3 * 4 * 8 + 1, dtype=np.float32).reshape(3, 4, 8)
+    for vulkan in (False, True):
+        net = graph.configure(graph.Net(), vulkan=vulkan)
+        assert net.load_param(str(tmp_path / "relu.param")) == 0 and net.load_model(str(tmp_path / "relu.bin")) == 0
+        src = graph.Mat(x)
+        for given in (lambda: src.channel(1), lambda: src.channel(1).reshape(32), lambda: src):
+            ex = net.create_extractor()
+            assert ex.input("in0", given()) == 0
+            r, out = ex.extract("out0")
+            assert r == 0 and not np.array(out).any(), vulkan
+            assert np.array_equal(np.array(src), x), vulkan
 
 
 @pytest.mark.parametrize("how", ["create", "create_like", "clone_from", "release"])
@@ -1262,10 +1286,9 @@ def test_mat_views_read_what_pyncnn_s_read_and_write_through_to_the_mat():
     assert np.array_equal(np.array(m), want)
 
 
-def test_a_mat_view_holds_its_mats_memory_and_so_does_an_input_view(tmp_path):
+def test_a_mat_view_holds_its_mats_memory_and_an_input_view_is_copied(tmp_path):
     """ncnn's views own no memory (pyncnn's read freed memory once their Mat is gone): a view holds its Mat's memory,
-    and so does the extractor given a view, which shares it as it shares a Mat's (ncnn's Extractor.input): the
-    extract reads what the view holds when it runs, its Mat gone by then."""
+    and a view given to Extractor.input is copied, so the extract reads what the view held when it was given."""
     import gc
 
     x = np.random.default_rng(3).standard_normal((4, 6, 32)).astype(np.float32)
@@ -1285,13 +1308,11 @@ def test_a_mat_view_holds_its_mats_memory_and_so_does_an_input_view(tmp_path):
         src = graph.Mat(x)
         ex = net.create_extractor()
         assert ex.input("in0", src.channel(1)) == 0
-        src.channel(1).row(0)[:] = np.linspace(-1, 1, 32)  # after input(): shared, as a Mat given is
+        src.fill(0.0)  # after input(): the extractor holds the view's values as given
         del src
         gc.collect()
-        others = [graph.Mat(np.full((4, 6, 32), 7.0, np.float32)) for _ in range(4)]  # memory a freed Mat held
         r, out = ex.extract("out0")
         d = x[1].astype(np.float64)
-        d[0] = np.linspace(-1, 1, 32, dtype=np.float32)
         want = (d - d.mean(-1, keepdims=True)) / np.sqrt(d.var(-1, keepdims=True) + 1e-5)
         assert r == 0 and np.abs(np.array(out) - want).max() < FP32_TOL, vulkan
 
@@ -1426,6 +1447,8 @@ def test_a_graph_mat_given_to_forward_inplace_is_refused_with_advice_that_works(
         ln.forward_inplace(m)
     assert np.array_equal(np.array(m), x)  # untouched
     np.testing.assert_array_equal(np.array(graph.Mat(ln(m))), ln(x))
+    with pytest.raises(TypeError, match=r"needs a numpy array or a VkMat, got Net$"):  # not every graph type a Mat
+        ln.forward_inplace(graph.Net())
 
 
 def test_mat_numpy_takes_pyncnns_format_argument():

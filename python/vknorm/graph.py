@@ -72,8 +72,8 @@ as pyncnn's, and pyncnn's shape constructors ``Mat(w)``, ``Mat(w, h)``, ``Mat(w,
 (zeroed float32), ``elemsize``, ``cstep`` and ``total()`` as ncnn's. pyncnn's views ``channel``, ``channel_range``,
 ``depth``, ``depth_range``, ``row`` (a numpy array), ``row_range``, ``range`` and ``m[i]`` (ncnn's memory, cstep
 padding included; ``len(m)`` is w, as pyncnn's) share the Mat's memory, as ncnn's do, and hold it (pyncnn's read
-freed memory once their Mat is gone or made again), as does ``Extractor.input`` given a view; outside the Mat they
-are an IndexError (pyncnn reads past it). pyncnn's image helpers ``Mat.from_pixels``, ``from_pixels_resize``,
+freed memory once their Mat is gone or made again); outside the Mat they are an IndexError (pyncnn reads past it),
+and ``Extractor.input`` copies a view it is given (an in-place layer would otherwise write into the Mat). pyncnn's image helpers ``Mat.from_pixels``, ``from_pixels_resize``,
 ``from_pixels_roi`` and ``from_pixels_roi_resize`` (a numpy uint8 image or bytes, ``Mat.PixelType``, an optional row
 stride in bytes; ``allocator=None`` only) and ``substract_mean_normalize(mean, norm)`` are ncnn's own code: the
 conversions give pyncnn's results bit for bit, the normalization within float32 rounding. What pyncnn would read or

@@ -518,7 +518,7 @@ class _Norm:
             return x
         if isinstance(x, _core.Mat):
             raise TypeError(f"{where} needs a numpy array or a VkMat, got a Mat: {_MAT_ADVICE}")
-        if type(x).__module__ == "vknorm._graph":  # its data is ncnn's; numpy reads it only as a copy
+        if type(x).__module__ == "vknorm._graph" and type(x).__name__ == "Mat":  # numpy reads it only as a copy
             raise TypeError(f"{where} needs a numpy array or a VkMat, got a vknorm.graph.Mat (numpy reads it only as "
                             "a copy): call the layer for a new array, layer(m), or make a new Mat of it, "
                             "vknorm.graph.Mat(layer(m))")
