@@ -420,7 +420,8 @@ void substract_mean_normalize(::ncnn::Mat& m, const std::vector<float>& mean, co
 // A view (or a reshape that shares memory) that holds the memory it lies in, as ncnn's copies of a Mat do: its refcount
 // and allocator are a HeldMemory's, which holds a reference to its Mat's memory until the last copy of the view goes
 // (ncnn's release() hands it back through fastFree). A Mat made again, cloned into or released while views of it live
-// leaves them on the memory they were made on; an Extractor given a view keeps that memory as it keeps a Mat's.
+// leaves them on the memory they were made on. (The count is the view's own, blind to its Mat's: Extractor.input
+// copies a view rather than let ncnn read a count of 1 as leave to write in place.)
 class HeldMemory final : public ::ncnn::Allocator {
  public:
   explicit HeldMemory(const ::ncnn::Mat& of) : memory_(of) {}
