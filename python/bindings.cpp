@@ -94,9 +94,8 @@ Mat mat_from_numpy(const Array& a) {
   return converted(view, view.scalar_bytes(), 1);
 }
 
-// What the Array overloads (from_numpy, upload) take only converted (a broadcast or strided view: made contiguous),
-// or cannot take, named: nanobind tries this overload before converting for the others, and its own message lists
-// its overloads.
+// An array as from_numpy and upload take it: numpy's conversions made (a broadcast or strided view made contiguous),
+// or what cannot be taken named (nanobind's own message lists the overloads).
 Array converted_array(const char* call, nb::handle a) {
   try {
     return nb::cast<Array>(a);  // with numpy's conversions
@@ -269,7 +268,6 @@ NB_MODULE(_core, m) {
       .def_rw("max_workgroup_size", &Option::max_workgroup_size);
 
   nb::class_<Mat>(m, "Mat")
-      .def_static("from_numpy", &mat_from_numpy, "array"_a)
       .def_static("from_numpy", [](nb::handle a) { return mat_from_numpy(converted_array("Mat.from_numpy", a)); },
                   "array"_a)
       .def("numpy", &mat_to_numpy, "copy"_a = true,
@@ -317,17 +315,8 @@ NB_MODULE(_core, m) {
       .def_static("upload", &VkMat::upload, "mat"_a, "context"_a, "option"_a, nb::call_guard<ReleaseGil>())
       .def_static(
           "upload",
-          [](const Array& a, std::shared_ptr<Context> ctx, const Option& opt) {
-            // Read where it lies (the caller's reference keeps the array alive through the call).
-            const Mat view = numpy_view(a);
-            ReleaseGil release;
-            return VkMat::upload(view, std::move(ctx), opt);
-          },
-          "array"_a, "context"_a, "option"_a)
-      .def_static(
-          "upload",
           [](nb::handle a, std::shared_ptr<Context> ctx, const Option& opt) {
-            const Array converted = converted_array("VkMat.upload", a);  // a copy the call holds
+            const Array converted = converted_array("VkMat.upload", a);  // read where it lies (or numpy's copy)
             const Mat view = numpy_view(converted);
             ReleaseGil release;
             return VkMat::upload(view, std::move(ctx), opt);

@@ -512,13 +512,9 @@ nb::ndarray<nb::numpy, float> row_view(::ncnn::Mat& m, long long y) {
   check_view(m, "Mat.row");
   check_span(y, std::nullopt, m.h, "Mat.row", "row", "rows");
   const size_t shape[1] = {size_t(m.w)};
-  // The array holds the Mat's memory and the Python Mat, as held_view's views do.
-  struct Held {
-    ::ncnn::Mat memory;
-    nb::object mat;
-  };
-  auto* held = new Held{m, nb::borrow(nb::find(&m))};
-  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<Held*>(p); });
+  // The array holds the Mat's memory, as held_view's views do (every Mat check_view takes counts its references).
+  auto* held = new ::ncnn::Mat(m);
+  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<::ncnn::Mat*>(p); });
   return nb::ndarray<nb::numpy, float>(m.row(int(y)), 1, shape, owner);
 }
 // Elements of the first channel, next to each other (as ncnn).
@@ -768,7 +764,7 @@ struct Net {
   void check_runnable() const {
     if (!param_loaded) throw std::runtime_error("create_extractor: load_param has not succeeded on this Net");
     if (!model_loaded) throw std::runtime_error("create_extractor: load_model has not succeeded on this Net");
-    if (net.opt.num_threads < 1 || net.opt.num_threads > kMaxThreads)
+    if (!threads_in_range())
       throw std::runtime_error("create_extractor: net.opt.num_threads must be 1.." + std::to_string(kMaxThreads) +
                                ", got " + std::to_string(net.opt.num_threads));
     if (format_options(net.opt) != param_options)
@@ -778,8 +774,9 @@ struct Net {
   // ncnn divides work by num_threads (SIGFPE at 0 or below) and OpenMP makes that many threads in load_model's
   // CPU layers already (-1 ends the process, 100000 crashes it).
   static constexpr int kMaxThreads = 1024;
+  bool threads_in_range() const { return net.opt.num_threads >= 1 && net.opt.num_threads <= kMaxThreads; }
   bool threads_ok(const char* call) const {
-    if (net.opt.num_threads >= 1 && net.opt.num_threads <= kMaxThreads) return true;
+    if (threads_in_range()) return true;
     NCNN_LOGE("vknorm.graph: %s: net.opt.num_threads must be 1..%d, got %d", call, kMaxThreads, net.opt.num_threads);
     return false;
   }

@@ -1028,10 +1028,10 @@ def _groups_of(info: dict, x) -> dict:
 
 
 def _kernel_gpu_us(info: dict, x, fp16: bool, ctx, repeats: int = 3, residual=None,
-                   write_sum: bool = False) -> Tuple[Optional[float], dict]:
+                   write_sum: bool = False) -> Optional[float]:
     """vknorm's kernel time for the blob x with the layer's params and weights, on vknorm's own context:
     to_device + forward_inplace (a fused add: forward_add of x and residual, writing the sum where the layer
-    does), median of ``repeats`` after one warm-up; and the group split of x."""
+    does), median of ``repeats`` after one warm-up."""
     import statistics
 
     import numpy as np
@@ -1040,7 +1040,6 @@ def _kernel_gpu_us(info: dict, x, fp16: bool, ctx, repeats: int = 3, residual=No
 
     opt = Option(use_fp16_storage=fp16)
     norm = _norm_of(info, opt, ctx)
-    groups = norm.groups(x.shape)
     norm.create_pipeline(opt, ctx)
     x = np.ascontiguousarray(x, dtype=np.float32)
     r = None if residual is None else to_device(np.ascontiguousarray(residual, dtype=np.float32), opt, device=ctx)
@@ -1055,7 +1054,7 @@ def _kernel_gpu_us(info: dict, x, fp16: bool, ctx, repeats: int = 3, residual=No
         if i:
             times.append(float(norm.last_dispatch["gpu_us"]))
         del vk
-    return (statistics.median(times) if times else None), groups
+    return statistics.median(times) if times else None
 
 
 def _ncnn_group_size(shape, affine_size: int) -> int:
@@ -1070,20 +1069,34 @@ def _ncnn_group_size(shape, affine_size: int) -> int:
     return math.prod(shape[1:])
 
 
-def _reference64(x, op: str, eps: float, affine_size: int, gamma=None, beta=None, group: int = 1):
-    """float64 of one norm layer on x, grouped as ncnn groups it (independent of vknorm's own grouping)."""
+def _reference64(x, op: str, eps: float, affine_size: int, gamma=None, beta=None, group: int = 1,
+                 with_terms: bool = False):
+    """float64 of one norm layer on x, grouped as ncnn groups it (independent of vknorm's own grouping).
+    with_terms: also |gamma x^| + |beta| per element, the terms the output sums (|y| without weights)."""
     import numpy as np
 
     x = np.asarray(x, np.float64)
-    if op in ("GroupNorm", "InstanceNorm"):
-        # channels: w (dims 1), rows (dims 2), c (dims 3/4); InstanceNorm: a dims 1-2 blob is one channel
-        c = 1 if op == "InstanceNorm" and x.ndim <= 2 else x.shape[0]
-        g = x.reshape(c if op == "InstanceNorm" else group, -1)
-        with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):
+        if op in ("GroupNorm", "InstanceNorm"):
+            # channels: w (dims 1), rows (dims 2), c (dims 3/4); InstanceNorm: a dims 1-2 blob is one channel
+            c = 1 if op == "InstanceNorm" and x.ndim <= 2 else x.shape[0]
+            g = x.reshape(c if op == "InstanceNorm" else group, -1)
             y = ((g - g.mean(1, keepdims=True)) / np.sqrt(g.var(1, keepdims=True) + eps)).reshape(c, -1)
-            if gamma is not None:
-                y = y * np.asarray(gamma, np.float64)[:c, None] + np.asarray(beta, np.float64)[:c, None]
-        return y.reshape(x.shape)
+            w, b = (None, None) if gamma is None else (np.asarray(gamma, np.float64)[:c, None],
+                                                       np.asarray(beta, np.float64)[:c, None])
+        else:
+            g = x.reshape(-1, _ncnn_group_size(x.shape, affine_size))
+            if op == "LayerNorm":
+                y = (g - g.mean(1, keepdims=True)) / np.sqrt(g.var(1, keepdims=True) + eps)
+            else:
+                y = g / np.sqrt((g * g).mean(1, keepdims=True) + eps)
+            w = None if gamma is None else np.asarray(gamma, np.float64)
+            b = None if gamma is None or op != "LayerNorm" or beta is None else np.asarray(beta, np.float64)
+        scaled = y if w is None else y * w
+        out = (scaled if b is None else scaled + b).reshape(x.shape)
+        if not with_terms:
+            return out
+        return out, (np.abs(scaled) + (0.0 if b is None else np.abs(b))).reshape(x.shape)
     g = x.reshape(-1, _ncnn_group_size(x.shape, affine_size))
     with np.errstate(all="ignore"):
         if op == "LayerNorm":
@@ -1166,13 +1179,8 @@ def judge_layer(y, x_seen, op: str, eps: float, affine_size: int, gamma, beta, f
 
     with np.errstate(over="ignore"):  # beyond float16's range: inf, as the layer's own upload makes it
         xin = np.asarray(x_seen).astype(np.float16).astype(np.float32) if fp16 else x_seen
-    norm64 = _reference64(xin, op, eps, affine_size, gamma, beta, group)
+    norm64, terms = _reference64(xin, op, eps, affine_size, gamma, beta, group, with_terms=True)
     ref64 = _activation64(norm64, *activation)
-    terms = 0.0
-    if gamma is not None:  # |gamma x^| + |beta|, beta being what the output adds to gamma x^
-        scaled = _reference64(xin, op, eps, affine_size, gamma, np.zeros_like(np.asarray(gamma)), group)
-        with np.errstate(invalid="ignore"):
-            terms = np.abs(scaled) + np.abs(norm64 - scaled)
     f64 = _excess(y, ref64, 0.0)
     judged = _excess(y, ref64, half_fp16_spacing(y) if fp16 else 0.0, relative=True, terms=terms)
     return f64, judged, bool(math.isfinite(judged) and judged <= atol)
@@ -1397,11 +1405,12 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                         rec["ok"] = False
                 # the kernel as it ran: a fused add reads both inputs (and writes the sum where it does)
                 fused_add = len(ins) == 2 and ins[0].shape == ins[1].shape
+                g = _groups_of(info, ins[0] if fused_add else x_seen)
                 try:
-                    gpu_us, g = _kernel_gpu_us(info, ins[0] if fused_add else x_seen, fp16, ctx,
-                                               residual=ins[1] if fused_add else None, write_sum=f["sum"] in got)
+                    gpu_us = _kernel_gpu_us(info, ins[0] if fused_add else x_seen, fp16, ctx,
+                                            residual=ins[1] if fused_add else None, write_sum=f["sum"] in got)
                 except MemoryError as e:  # the time is an aside, on vknorm's own context: the verdict stands
-                    gpu_us, g = None, _groups_of(info, ins[0] if fused_add else x_seen)
+                    gpu_us = None
                     result["warnings"].append(f"layer {layer.name!r}: its kernel time (gpu_us) was not measured on "
                                               f"vknorm's own context: {(str(e).splitlines() or [''])[0]}")
                 rec["gpu_us"] = gpu_us
