@@ -81,6 +81,29 @@ void header_words(const std::string& s, size_t n, size_t& at, std::vector<std::s
   }
 }
 
+constexpr int kInput = -1;  // the producer of a blob the caller fills
+
+// The blobs ncnn's load_param makes for these lines in this order, by blob index: for each line, a blob for each
+// bottom no earlier line names (an input the caller fills through Extractor::input, as in a model without Input
+// layers), then one for each top (a name used again included).
+std::vector<std::string> blob_names(const std::vector<const Line*>& lines) {
+  std::set<std::string> named;
+  std::vector<std::string> blobs;
+  for (const Line* l : lines) {
+    for (const std::string& b : l->bottoms)
+      if (named.insert(b).second) blobs.push_back(b);
+    named.insert(l->tops.begin(), l->tops.end());
+    blobs.insert(blobs.end(), l->tops.begin(), l->tops.end());
+  }
+  return blobs;
+}
+
+std::vector<const Line*> pointers(const std::vector<Line>& lines) {
+  std::vector<const Line*> p;
+  for (const Line& l : lines) p.push_back(&l);
+  return p;
+}
+
 std::vector<Line> parse(const std::string& text) {
   // ncnn ends a line at \r or \n alike (CRLF, and the old Mac's CR): so do the lines here.
   std::string lf;
@@ -116,7 +139,8 @@ std::vector<Line> parse(const std::string& text) {
   const int layer_count = parse_int(counts[0], line_no, "a layer count");
   const int blob_count = parse_int(counts[1], line_no, "a blob count");
   std::vector<Line> lines;
-  while (next_line()) {
+  // ncnn reads the header's count of layers and nothing after them
+  while (int(lines.size()) < layer_count && next_line()) {
     size_t rest = 0;
     std::vector<std::string> t;
     header_words(raw, 4, rest, t);
@@ -144,23 +168,25 @@ std::vector<Line> parse(const std::string& text) {
     l.pos = double(lines.size());
     lines.push_back(std::move(l));
   }
-  if (int(lines.size()) != layer_count)
+  if (int(lines.size()) < layer_count)
     bad(header_line, "the header says " + std::to_string(layer_count) + " layers, the file has " +
                          std::to_string(lines.size()));
-  // ncnn gives every top a blob of its own (a name used again included), and refuses a model with more of them
-  // than the header declares (fewer are left unused); every bottom must name an earlier top.
-  std::set<std::string> named;
-  size_t blobs = 0;
-  for (const Line& l : lines) {
-    for (const std::string& b : l.bottoms)
-      if (!named.count(b))
-        bad(l.line_no, "layer " + l.name + " (" + l.type + ") reads blob '" + b + "', which no earlier layer produces");
-    named.insert(l.tops.begin(), l.tops.end());
-    blobs += l.tops.size();
+  // ncnn gives every top a blob of its own (a name used again included), and a bottom no earlier layer produced
+  // one too; it refuses a model with more blobs than the header declares (fewer are left unused).
+  if (const size_t blobs = blob_names(pointers(lines)).size(); blobs > size_t(std::max(blob_count, 0))) {
+    std::string input;  // the likelier mistake where there is one: a misspelt bottom, not a miscounted header
+    std::set<std::string> named;
+    for (const Line& l : lines) {
+      for (const std::string& b : l.bottoms)
+        if (input.empty() && !named.count(b))
+          input = "; they count blob '" + b + "', which layer " + l.name + " (line " + std::to_string(l.line_no) +
+                  ") reads and no earlier layer produces: an input of the model";
+      named.insert(l.bottoms.begin(), l.bottoms.end());
+      named.insert(l.tops.begin(), l.tops.end());
+    }
+    bad(header_line, "the header says " + std::to_string(blob_count) + " blobs, the layers make " +
+                         std::to_string(blobs) + input);
   }
-  if (blobs > size_t(std::max(blob_count, 0)))
-    bad(header_line, "the header says " + std::to_string(blob_count) + " blobs, the layers produce " +
-                         std::to_string(blobs));
   return lines;
 }
 
@@ -338,11 +364,15 @@ FuseResult fuse_param(const std::string& text) {
   std::vector<Line> L = parse(text);
   // ncnn resolves a bottom to the first blob of that name: a name given to a second top (ncnn loads such a
   // model) names a blob no layer can read. Layers writing such a name are left as they are.
+  // A bottom no earlier layer produces is an input of its own: a later top of that name is a second blob of it.
   std::map<std::string, int> producer;
   std::set<std::string> named_twice;
   std::map<std::string, std::vector<int>> consumers;
   for (int i = 0; i < int(L.size()); ++i) {
-    for (const std::string& b : L[i].bottoms) consumers[b].push_back(i);  // (parse: each produced earlier)
+    for (const std::string& b : L[i].bottoms) {
+      consumers[b].push_back(i);
+      producer.emplace(b, kInput);
+    }
     for (const std::string& t : L[i].tops)
       if (!producer.emplace(t, i).second) named_twice.insert(t);
   }
@@ -357,7 +387,7 @@ FuseResult fuse_param(const std::string& text) {
   };
   std::map<int, std::vector<int>> after;  // lines emitted right after a fused layer (a Split it now feeds)
   FuseResult result;
-  for (const Line& l : L) result.blobs.insert(result.blobs.end(), l.tops.begin(), l.tops.end());
+  result.blobs = blob_names(pointers(L));
   for (int n = 0; n < int(L.size()); ++n) {
     Line& N = L[n];
     std::vector<int> hint;  // the norm's shape hint, given to every top of the fused layer
@@ -376,7 +406,8 @@ FuseResult fuse_param(const std::string& text) {
     std::vector<int> split_hints;
     const std::string b = N.bottoms[0];
     const int P = producer.at(b);
-    if (is_plain_add(L[P]) && consumers[b].size() == 1 && same_featmask(L[P], N) && writes_unique_names(L[P])) {
+    if (P == kInput) {  // read from the caller: nothing before the norm to fuse
+    } else if (is_plain_add(L[P]) && consumers[b].size() == 1 && same_featmask(L[P], N) && writes_unique_names(L[P])) {
       add = P;
     } else if (L[P].type == "Split" && L[P].bottoms.size() == 1 && writes_unique_names(L[P]) &&
                ncnn_reads(L[P], &split_hints)) {
@@ -387,7 +418,7 @@ FuseResult fuse_param(const std::string& text) {
         for (int c : consumers[t])
           if (t != b && L[c].pos <= N.pos) read_later = false;
       // b itself read by the norm alone: the fused layer writes no blob named b for another reader
-      if (is_plain_add(L[Q]) && consumers[s].size() == 1 && consumers[b].size() == 1 && read_later &&
+      if (Q != kInput && is_plain_add(L[Q]) && consumers[s].size() == 1 && consumers[b].size() == 1 && read_later &&
           same_featmask(L[Q], N) && writes_unique_names(L[Q]))
         add = Q, split = P;
     }
@@ -465,14 +496,13 @@ FuseResult fuse_param(const std::string& text) {
 
   // Emit: kept lines in order, each moved Split right after the fused layer it reads.
   std::vector<const Line*> out;
-  size_t blobs = 0;  // a blob per top, as parse counts them (producers stay ahead of their readers)
   for (int i = 0; i < int(L.size()); ++i) {
-    if (!L[i].removed) out.push_back(&L[i]), blobs += L[i].tops.size();
+    if (!L[i].removed) out.push_back(&L[i]);
     if (auto it = after.find(i); it != after.end())
-      for (int j : it->second) out.push_back(&L[j]), blobs += L[j].tops.size();
+      for (int j : it->second) out.push_back(&L[j]);
   }
   std::ostringstream os = c_locale_stream();
-  os << "7767517\n" << out.size() << " " << blobs << "\n";
+  os << "7767517\n" << out.size() << " " << blob_names(out).size() << "\n";
   for (const Line* l : out) {
     // ncnn's column layout; names of any length (ncnn reads up to 255 characters)
     os << std::left << std::setw(24) << l->type << " " << std::setw(24) << l->name << " " << l->bottoms.size() << " "

@@ -558,15 +558,40 @@ def test_norm_output_with_two_readers_keeps_its_activation():
     ("7767517\n2\n", "line 2: expected 'layer_count blob_count'"),
     ("7767517\n2 2\nInput in0 0 1 a\n", "line 2: the header says 2 layers, the file has 1"),
     # ncnn counts a blob for every top (a name used again included) and refuses more than the header declares
-    ("7767517\n2 1\nInput in0 0 1 a\nReLU r 1 1 a b\n", "line 2: the header says 1 blobs, the layers produce 2"),
-    ("7767517\n2 1\nInput in0 0 1 a\nReLU r 1 1 a a\n", "line 2: the header says 1 blobs, the layers produce 2"),
-    ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln 1 1 zz y 0=8\n", "line 4: layer ln (LayerNorm) reads blob 'zz'"),
+    ("7767517\n2 1\nInput in0 0 1 a\nReLU r 1 1 a b\n", "line 2: the header says 1 blobs, the layers make 2"),
+    ("7767517\n2 1\nInput in0 0 1 a\nReLU r 1 1 a a\n", "line 2: the header says 1 blobs, the layers make 2"),
+    # a bottom no layer produces is a blob of its own too
+    ("7767517\n2 2\nInput in0 0 1 a\nReLU r 1 1 zz b\n", "line 2: the header says 2 blobs, the layers make 3; they "
+     "count blob 'zz', which layer r (line 4) reads and no earlier layer produces: an input of the model"),
     ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln x 1 a y\n", "line 4: expected layer ln's bottom count, got 'x'"),
     ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln 1 1 a y junk\n", "line 4: layer ln: param 'junk' is not id=value"),
 ])
 def test_malformed_param_names_the_line(text, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         fuse(text)
+
+
+def test_the_rewrite_reads_a_param_as_ncnn_reads_it():
+    """ncnn's load_param reads the header's count of layers and nothing after, and makes a bottom that no
+    earlier layer produces a blob of its own (the caller fills it): the rewrite loads what ncnn loads."""
+    past_the_count = ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln 1 1 a n 0=8 1=1e-05 2=0\n"
+                      "ReLU r 1 1 n out0\nthis line is never read\n")
+    text, fused = fuse(past_the_count)
+    assert fused == [] and lines_of(text) == [["Input", "in0", "0", "1", "a"],
+                                              ["LayerNorm", "ln", "1", "1", "a", "n", "0=8", "1=1e-05", "2=0"]]
+    # no Input layers: both the add's operands come from the caller, and ncnn counts a blob for each
+    text, fused = fuse("7767517\n3 5\nBinaryOp add 2 1 x r s 0=0\nLayerNorm ln 1 1 s n 0=8 1=1e-05 2=0\n"
+                       "ReLU act 1 1 n out0\n")
+    assert fused == [{"pattern": "BinaryOp+LayerNorm+ReLU", "layers": ["add", "ln", "act"]}]
+    assert text.splitlines()[1] == "1 3"  # x, r, out0
+    assert lines_of(text)[0][:7] == ["vknorm.LayerNorm", "ln", "2", "1", "x", "r", "out0"]
+    # a later top named like such an input is a second blob ncnn never reads by that name: its layer stays
+    text, fused = fuse("7767517\n3 4\nLayerNorm ln 1 1 x n 0=8 1=1e-05 2=0\nReLU act 1 1 n out0\n"
+                       "Input in0 0 1 x\n")
+    assert [f["pattern"] for f in fused] == ["LayerNorm+ReLU"] and text.splitlines()[1] == "2 3"
+    text, fused = fuse("7767517\n3 4\nReLU first 1 1 x y\nLayerNorm ln 1 1 y n 0=8 1=1e-05 2=0\n"
+                       "ReLU act 1 1 n x\n")
+    assert fused == []
 
 
 # ------------------------------------------------------------------------------------------ ncnn graphs
@@ -611,6 +636,33 @@ def write_model(tmp: Path, text: str, weights=b""):
     p.write_text(text)
     b.write_bytes(weights)
     return p, b
+
+
+@needs_graph
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_a_model_stock_ncnn_loads_runs_fused_as_unfused(tmp_path, fp16):
+    """A model without Input layers (its inputs are the bottoms no layer produces) and with a line past the
+    header's layer count: Net() fuses and runs it as Net(fuse=False) and stock ncnn's CPU run do, the inputs
+    given by name or by ncnn's blob index of the unfused model."""
+    p, b = write_model(tmp_path, "7767517\n3 5\nBinaryOp add 2 1 x r s 0=0\nLayerNorm ln 1 1 s n 0=64 1=1e-05 2=0\n"
+                       "Swish act 1 1 n out0\nGarbage that ncnn never reads\n")
+    rng = np.random.default_rng(5)
+    x, r = (rng.standard_normal((6, 64)).astype(np.float32) for _ in range(2))
+    s = x.astype(np.float64) + r
+    y = (s - s.mean(1, keepdims=True)) / np.sqrt(s.var(1, keepdims=True) + 1e-5)
+    want = act64(y, "swish")
+    ref = run_graph(p, b, {"x": x, "r": r}, vknorm_layers=False, vulkan=False)[0]["out0"]
+    unfused = run_graph(p, b, {"x": x, "r": r}, fuse_=False, fp16=fp16)[0]["out0"]
+    fused, net = run_graph(p, b, {"x": x, "r": r}, fp16=fp16)
+    assert [f["pattern"] for f in net.fused()] == ["BinaryOp+LayerNorm+Swish"]
+    tol = FP16_TOL if fp16 else FP32_TOL
+    for got in (ref, unfused, fused["out0"]):
+        assert float(np.abs(got - want).max()) <= tol * max(1.0, float(np.abs(want).max()))
+    ex = net.create_extractor()  # ncnn's indices of the unfused model: x 0, r 1, s 2, n 3, out0 4
+    assert ex.input(0, graph.Mat(x)) == 0 and ex.input(1, graph.Mat(r)) == 0
+    ret, m = ex.extract(4)
+    assert ret == 0 and np.array_equal(np.array(m), fused["out0"])
+    assert net.vknorm_counters()["cpu_forwards"] == 0
 
 
 @needs_graph
@@ -899,6 +951,11 @@ def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
     garbled = tmp_path / "garbled.param"
     garbled.write_text(p.read_text().replace("Split                    splitncnn_1              1 2 5 6 7",
                                              "Split splitncnn_1 1 2 nowhere 6 7"))
+    # the same with a blob more in the header: ncnn loads it (blob 'nowhere' an input to fill), optimize
+    # refuses it as check does (a model's inputs are its Input layers there)
+    counted = tmp_path / "counted.param"
+    magic, counts, body = garbled.read_text().split("\n", 2)
+    counted.write_text(f"{magic}\n{counts.split()[0]} {int(counts.split()[1]) + 1}\n{body}")
     binary = tmp_path / "binary.param"
     binary.write_bytes(b"\xff\xfe\x00garbage")
     magic_only = tmp_path / "magic_only.param"
@@ -925,8 +982,10 @@ def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
         ((tmp_path / "adir", b), "is a directory, not the model .param"),
         ((p, tmp_path / "adir"), "is a directory, not the weights .bin"),
         ((magic_only, b), "line 2: expected 'layer_count blob_count', the file ends after the magic number"),
-        ((garbled, b), "reads blob 'nowhere', which no earlier layer produces"),
-        ((few_blobs, b), "line 2: the header says 3 blobs, the layers produce"),
+        ((garbled, b), "line 2: the header says 14 blobs, the layers make 15; they count blob 'nowhere', which layer "
+                       "splitncnn_1 (line 8) reads and no earlier layer produces"),
+        ((counted, b), "layer 'splitncnn_1' reads blob 'nowhere', which no earlier layer produces"),
+        ((few_blobs, b), "line 2: the header says 3 blobs, the layers make"),
         ((twice, b), "line 9: layer name 'ln_3' used twice"),
         ((unknown, b), "the model does not load (its layers): line 4: layer 'foo' is of type 'FooLayer', which this "
                        "ncnn does not have"),
@@ -1370,4 +1429,4 @@ def test_a_header_declaring_fewer_blobs_than_the_layers_make_is_refused_fused_or
         with quiet_stderr(log):
             assert graph.Net(fuse=fuse_).load_param(str(p)) != 0
         if fuse_:
-            assert any("line 2: the header says 3 blobs, the layers produce 4" in ln for ln in log), log
+            assert any("line 2: the header says 3 blobs, the layers make 4" in ln for ln in log), log
