@@ -244,6 +244,7 @@ def test_bench_model_survives_ncnn_crashing_on_an_input_shape():
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("vknorm bench: error: ncnn crashed (SIGFPE)"), proc.stderr[-2000:]
     assert "--input in0=16x65" in lines[0] and "do the --input shapes match" in lines[0], lines[0]
+    assert "in the ncnn-cpu run of" in lines[0], lines[0]  # the first run the worker began, stock ncnn's CPU one
 
 
 def _state_and_parent(pid: int):

@@ -345,6 +345,47 @@ def test_a_worker_killed_outright_is_named_as_likely_out_of_memory_not_as_a_shap
         run_in_child(lambda: os.kill(os.getpid(), signal.SIGKILL), say, "vknorm check")
 
 
+def test_a_crash_names_the_run_the_worker_was_in_and_its_likely_cause():
+    """The worker says which run it starts (stock ncnn's CPU run, its Vulkan run, the run with vknorm inside) and
+    what a crash there most likely means; the one-line error names the last such run, and a run that finished
+    leaves no trace of its own."""
+    from vknorm._fork import crashed_running, run_in_child, stage
+
+    say = crashed_running("m.param", {"in0": (16, 64)})
+
+    def crash_in_the_second_run():
+        stage("stock ncnn's CPU run")
+        stage("stock ncnn's Vulkan run", "stock ncnn's own Vulkan layers fail at these shapes")
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    with pytest.raises(vkcheck.UsageError) as e:
+        run_in_child(crash_in_the_second_run, say, "vknorm check")
+    assert str(e.value) == ("ncnn crashed (SIGSEGV) in stock ncnn's Vulkan run of m.param with --input in0=16x64: "
+                            "stock ncnn's own Vulkan layers fail at these shapes")
+    with pytest.raises(vkcheck.UsageError, match=r"^ncnn crashed \(SIGFPE\) in stock ncnn's CPU run of m.param with "
+                                                  r"--input in0=16x64: do the --input shapes match"):
+        run_in_child(lambda: (stage("stock ncnn's CPU run"), os.kill(os.getpid(), signal.SIGFPE)), say, "vknorm check")
+    assert run_in_child(lambda: (stage("a run"), {"ok": 1})[1], say, "vknorm check") == {"ok": 1}
+    stage("outside a worker: nothing")  # no pipe, no error
+
+
+def test_check_vulkan_names_stock_ncnns_own_vulkan_crash_as_stocks(tmp_path):
+    """Stock ncnn's Vulkan InstanceNorm faults on a dims-2 blob whose h divides by 4 (lavapipe: SIGSEGV) where its
+    CPU layer and vknorm's run it: check --vulkan says that run crashed, not that the shapes do not fit. Where
+    stock ncnn runs it, the check passes."""
+    (tmp_path / "m.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nInstanceNorm in1 1 1 in0 out0 0=1 1=1e-5 2=0\n")
+    (tmp_path / "m.bin").write_bytes(b"")
+    r = cli(tmp_path / "m.param", tmp_path / "m.bin", "--input", "in0=8x16", "--vulkan")
+    if r.returncode == 0:
+        assert "ok: all 1 norm layers within atol" in r.stdout, r.stdout
+    else:
+        line = assert_one_line_error(r, "in stock ncnn's Vulkan run of", "--input in0=8x16",
+                                     "its CPU run of the same inputs had finished")
+        assert "do the --input shapes match" not in line, line
+        r = cli(tmp_path / "m.param", tmp_path / "m.bin", "--input", "in0=8x16")  # as the message advises
+        assert r.returncode == 0 and "ok: all 1 norm outputs within atol" in r.stdout, (r.stdout, r.stderr)
+
+
 def test_model_without_norm_layers(tmp_path):
     (tmp_path / "relu.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nReLU relu 1 1 in0 out0\n")
     (tmp_path / "relu.bin").write_bytes(b"")

@@ -14,6 +14,16 @@ from .cli import UsageError
 # Errors cli.main reports as one line and exit 2 (bad settings, memory too small, files it cannot write).
 _REPORTED = (ValueError, MemoryError, OSError)
 
+SHAPES = "do the --input shapes match what the model takes?"
+_stage_fd = None  # the worker's end of its pipe, while run_in_child's fn runs
+
+
+def stage(what: str, cause: str = SHAPES) -> None:
+    """In run_in_child's worker: the run it starts now ("stock ncnn's Vulkan run"), and the likely cause should it
+    crash there; a crash message then names both. Does nothing outside a worker."""
+    if _stage_fd is not None:
+        os.write(_stage_fd, (json.dumps({"stage": [what, cause]}) + "\n").encode())
+
 
 def fork_is_safe(inprocess_env: str) -> bool:
     """Guard the work in a forked child only while this process has used neither Vulkan nor pyncnn: a
@@ -51,7 +61,8 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: st
     VulkanUnavailableError, and the RuntimeError of a model ncnn cannot load or run) come back as
     UsageError; the errors the CLI reports in one line when raised in its own process (ValueError,
     MemoryError, OSError) come back as themselves, with the child's message; a child killed by a signal
-    becomes UsageError(crashed(signal name)); anything else a RuntimeError with the child's message (its
+    becomes UsageError(crashed(signal name, stage)), stage the last (what, cause) fn gave stage() or None;
+    anything else a RuntimeError with the child's message (its
     traceback goes to stderr). The child leaves with os._exit; it dies with the parent, and an interrupt
     (KeyboardInterrupt) or any other exception in the parent while it waits kills it first."""
     import signal
@@ -66,10 +77,12 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: st
         warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: "process is multi-threaded"
         pid = os.fork()
     if pid == 0:  # child
+        global _stage_fd
         code = 0
         try:
             _die_with_parent(parent)
             os.close(rfd)
+            _stage_fd = wfd
             try:
                 payload = {"result": fn()}
             except UsageError as e:
@@ -84,6 +97,7 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: st
                 else:
                     traceback.print_exc()
                     payload = {"internal_error": f"{type(e).__name__}: {e}"}
+            _stage_fd = None
             with os.fdopen(wfd, "w", encoding="utf-8") as f:
                 json.dump(payload, f)
         except BaseException:  # noqa: BLE001
@@ -107,16 +121,25 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: st
         except OSError:
             pass
         raise
+    payload, last_stage = None, None
+    for line in text.splitlines():  # the stages fn went through, one per line, then its result
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            payload = None
+            break
+        if isinstance(obj, dict) and "stage" in obj:
+            last_stage = tuple(obj["stage"])
+        else:
+            payload = obj
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         try:
             signame = signal.Signals(sig).name
         except ValueError:
             signame = f"signal {sig}"
-        raise UsageError(crashed(signame))
-    try:
-        payload = json.loads(text)
-    except ValueError:
+        raise UsageError(crashed(signame, last_stage))
+    if not isinstance(payload, dict):
         raise RuntimeError(f"{what}: the worker process exited with status {status} and no result") from None
     if "usage_error" in payload:
         raise UsageError(payload["usage_error"])
@@ -128,15 +151,17 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: st
     return payload["result"]
 
 
-def crashed_running(model: str, specs: dict) -> Callable[[str], str]:
+def crashed_running(model: str, specs: dict) -> Callable[..., str]:
     """run_in_child's message for a child dead of a signal while running model on these --input shapes: ncnn
-    crashing on shapes the model does not take, or (SIGKILL) most likely the kernel's out-of-memory killer."""
-    def message(signame: str) -> str:
+    crashing (in the run the worker last named with stage(), for the cause it gave: by default shapes the model
+    does not take), or (SIGKILL) most likely the kernel's out-of-memory killer."""
+    def message(signame: str, at=None) -> str:
+        what, cause = at if at else (None, SHAPES)
+        run = f"in {what} of {model}" if what else f"running {model}"
         if signame == "SIGKILL":
-            return (f"the worker running {model} with {input_flags(specs)} was killed (SIGKILL: out of host memory? "
-                    "try smaller --input shapes)")
-        return f"ncnn crashed ({signame}) running {model} with {input_flags(specs)}: do the --input shapes match " \
-               "what the model takes?"
+            return (f"the worker {'running ' + model if not what else run} with {input_flags(specs)} was killed "
+                    "(SIGKILL: out of host memory? try smaller --input shapes)")
+        return f"ncnn crashed ({signame}) {run} with {input_flags(specs)}: {cause}"
     return message
 
 

@@ -1309,8 +1309,11 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                          "or a GPU driver)")
     result["device"] = device
 
+    from ._fork import stage
+
     nets = []
     try:
+        stage("stock ncnn's CPU run")
         cpu = _graph_load(graph, model, bin_path, len(data), vknorm=False, vulkan=False, fp16=False,
                           label="ncnn CPU")
         nets.append(cpu)
@@ -1323,6 +1326,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
         rng = np.random.default_rng(seed)  # the same inputs as the check without --vulkan
         inputs = {name: np.ascontiguousarray(rng.standard_normal(input_specs[name], dtype=np.float32))
                   for name in model.inputs}
+        stage("the load of the net with vknorm inside")
         vk = _graph_load(graph, model, bin_path, len(data), vknorm=True, vulkan=True, fp16=fp16,
                          label="vknorm Vulkan", fuse=fuse)
         nets.append(vk)
@@ -1336,9 +1340,13 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
         vk_blobs = list(dict.fromkeys([b for f in io.values() for b in f["ins"] + [f["out"]]] + sums + outputs))
         blobs = list(dict.fromkeys(vk_blobs + [layer.bottoms[0] for layer in model.norms]
                                    + [layer.tops[0] for layer in model.norms]))
+        stage("stock ncnn's CPU run")
         ref = _graph_extract(graph, cpu, inputs, blobs, "ncnn CPU")
         _require_finite_norm_inputs(model, ref, inputs)
         result["warnings"] += _nonfinite_warnings(ref, [layer.tops[0] for layer in model.norms] + outputs)
+        stage("stock ncnn's Vulkan run",
+              "its CPU run of the same inputs had finished, so stock ncnn's own Vulkan layers fail at these shapes, "
+              "before vknorm's run (`vknorm check` without --vulkan judges vknorm's layers on their own)")
         stock = _graph_load(graph, model, bin_path, len(data), vknorm=False, vulkan=True, fp16=fp16,
                             label="ncnn Vulkan")
         nets.append(stock)
@@ -1352,7 +1360,10 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                 raise UsageError(f"blob {b!r} comes out {dims(ref[b])} from stock ncnn's CPU run and "
                                  f"{dims(got_stock[b])} from its Vulkan run: do the --input shapes match what the "
                                  "model takes?")
+        stage("the run with vknorm inside", "stock ncnn's CPU and Vulkan runs of the same inputs had finished, so "
+              "the fault is likely vknorm's at these shapes: please report it with the model")
         got = _graph_extract(graph, vk, inputs, vk_blobs, "vknorm Vulkan")
+        stage("the timed runs", "every run had finished once with these inputs: please report it with the model")
         infos = {i["name"]: i for i in vk.vknorm_layers()}
 
         try:

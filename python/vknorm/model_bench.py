@@ -121,6 +121,21 @@ class ModelRunner:
         return out
 
 
+def _first_run_cause(impl: str, finished: List[str]) -> str:
+    """The likely cause of a crash in impl's first inference, after those in finished ran the same inputs."""
+    from ._fork import SHAPES
+
+    if "ncnn-cpu" not in finished:
+        return SHAPES
+    if impl == "ncnn-vulkan":
+        return ("ncnn-cpu had run the same inputs, so stock ncnn's own Vulkan layers fail at these shapes "
+                "(`vknorm check` without --vulkan judges vknorm's layers on their own)")
+    if "ncnn-vulkan" in finished:
+        return ("ncnn-cpu and ncnn-vulkan had run the same inputs, so the fault is likely vknorm's at these shapes: "
+                "please report it with the model")
+    return f"ncnn-cpu had run the same inputs; {SHAPES}"
+
+
 def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]], fp16: bool = False,
                     iters: int = 30, warmup_ms: float = 300.0, impls=IMPLS, seed: int = 0, progress=None) -> dict:
     from vknorm import graph
@@ -138,14 +153,21 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
         except RuntimeError as e:
             raise RuntimeError(f"{e}{load_failure(parse_param(param), logs)}") from None  # parsed to name the line
 
+    from ._fork import stage
+
     runners = []
     for impl in impls:
+        stage(f"the load of {impl}")
         try:
             runners.append(ncnn_reason(lambda: ModelRunner(impl, param, binp, inputs, fp16)))
         except ImportError as e:
             print(f"vknorm bench: {impl} skipped: {e}", file=sys.stderr)
+    finished: List[str] = []
     for r in runners:  # one inference each first: a model that fails says so in one line, with ncnn's reason
+        stage(f"the {r.impl} run", _first_run_cause(r.impl, finished))
         ncnn_reason(r)
+        finished.append(r.impl)
+    stage("the timed runs", "every implementation had run once with these inputs: please report it with the model")
     # a .bin longer than the model reads: another model's? (as check and optimize warn; a vknorm.graph net counts)
     read = next((r.net.model_bytes_read for r in runners if hasattr(r.net, "model_bytes_read")), None)
     size = os.path.getsize(binp)
