@@ -56,7 +56,7 @@ def _die_with_parent(parent: int) -> None:
         os._exit(70)
 
 
-def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: str) -> dict:
+def run_in_child(fn: Callable[[], dict], crashed: Callable[..., str], what: str) -> dict:
     """fn() in a forked child; its JSON-able result comes back through a pipe. UsageError (and
     VulkanUnavailableError, and the RuntimeError of a model ncnn cannot load or run) come back as
     UsageError; the errors the CLI reports in one line when raised in its own process (ValueError,
@@ -122,7 +122,7 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[[str], str], what: st
             pass
         raise
     payload, last_stage = None, None
-    for line in text.splitlines():  # the stages fn went through, one per line, then its result
+    for line in text.split("\n"):  # the stages fn went through, one per line, then its result
         try:
             obj = json.loads(line)
         except ValueError:
