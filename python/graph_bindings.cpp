@@ -916,10 +916,11 @@ struct Allocators {
 // layer (SIGFPE).
 class HeldBlobs {
  public:
+  // input(name) sets the first blob of that name, as ncnn's name lookup finds it (a later top may reuse the name).
   void give(const ::ncnn::Net& net, const std::string& name) {
     size_to(net);
-    for (size_t i = 0; i < held_.size(); ++i)
-      if (net.blobs()[i].name == name) held_[i] = given_[i] = 1;
+    const int i = vknorm::ncnn::blob_index(net, name.c_str());
+    if (i >= 0) held_[size_t(i)] = given_[size_t(i)] = 1;
   }
   // Why extracting `name` cannot run ("" when it can; the blobs held afterwards then go to `after`).
   std::string plan(const ::ncnn::Net& net, const std::string& name, bool lightmode, std::vector<char>& after) {
@@ -939,9 +940,7 @@ class HeldBlobs {
   // Whether input() set blob b (by index), or a blob of this name.
   bool given(int b) const { return b >= 0 && b < int(given_.size()) && given_[b]; }
   bool given(const ::ncnn::Net& net, const std::string& name) const {
-    for (int i = 0; i < int(given_.size()); ++i)
-      if (given_[i] && net.blobs()[i].name == name) return true;
-    return false;
+    return given(vknorm::ncnn::blob_index(net, name.c_str()));
   }
 
  private:
@@ -1209,9 +1208,21 @@ std::string blob_name(Extractor& e, long long index, const char* call) {
   const std::vector<std::string>& unfused = e.owner->unfused_blobs;
   const std::vector<::ncnn::Blob>& blobs = e.owner->net.blobs();
   const int count = unfused.empty() ? int(blobs.size()) : int(unfused.size());
-  if (index >= 0 && index < count) return unfused.empty() ? blobs[index].name : unfused[index];
-  NCNN_LOGE("vknorm.graph: Extractor.%s: blob index %lld out of range (%d blobs)", call, index, count);
-  return "";
+  if (index < 0 || index >= count) {
+    NCNN_LOGE("vknorm.graph: Extractor.%s: blob index %lld out of range (%d blobs)", call, index, count);
+    return "";
+  }
+  auto name_of = [&](long long i) -> const std::string& { return unfused.empty() ? blobs[size_t(i)].name : unfused[size_t(i)]; };
+  // Blobs are reached by name here, and a name finds its first blob (ncnn's lookup): a later top given the same
+  // name cannot be named.
+  for (long long first = 0; first < index; ++first)
+    if (name_of(first) == name_of(index)) {
+      NCNN_LOGE("vknorm.graph: Extractor.%s: blob index %lld is named '%s' as blob %lld is, and vknorm.graph reaches "
+                "blobs by name, which finds blob %lld: give the model's blobs names of their own", call, index,
+                name_of(index).c_str(), first, first);
+      return "";
+    }
+  return name_of(index);
 }
 
 // A Python object's type for a message, module-qualified: numpy.ndarray, ncnn.ncnn.Mat.

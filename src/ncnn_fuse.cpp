@@ -138,6 +138,10 @@ std::vector<Line> parse(const std::string& text) {
   const int header_line = line_no;
   const int layer_count = parse_int(counts[0], line_no, "a layer count");
   const int blob_count = parse_int(counts[1], line_no, "a blob count");
+  constexpr int kMaxNetCount = 1000000;  // ncnn's limit on both
+  if (layer_count <= 0 || blob_count <= 0 || layer_count > kMaxNetCount || blob_count > kMaxNetCount)
+    bad(line_no, "the header's layer and blob counts must be 1 to " + std::to_string(kMaxNetCount) +
+                     " (ncnn refuses others), got " + counts[0] + " and " + counts[1]);
   std::vector<Line> lines;
   // ncnn reads the header's count of layers and nothing after them
   while (int(lines.size()) < layer_count && next_line()) {
@@ -379,6 +383,11 @@ FuseResult fuse_param(const std::string& text) {
   auto writes_unique_names = [&](const Line& l) {
     return std::none_of(l.tops.begin(), l.tops.end(), [&](const std::string& t) { return named_twice.count(t) > 0; });
   };
+  // An add taken into the norm reads its bottoms at the norm's place: a name given to a top in between would be
+  // found there first where the name's first blob is an input made at the add's own read.
+  auto reads_unique_names = [&](const Line& l) {
+    return std::none_of(l.bottoms.begin(), l.bottoms.end(), [&](const std::string& b) { return named_twice.count(b) > 0; });
+  };
   // featmask (param 31) picks per layer what runs where (bit 4: off Vulkan): an add or activation joins a norm
   // only with the same featmask, so none changes where it runs.
   auto same_featmask = [](const Line& a, const Line& b) {
@@ -407,7 +416,8 @@ FuseResult fuse_param(const std::string& text) {
     const std::string b = N.bottoms[0];
     const int P = producer.at(b);
     if (P == kInput) {  // read from the caller: nothing before the norm to fuse
-    } else if (is_plain_add(L[P]) && consumers[b].size() == 1 && same_featmask(L[P], N) && writes_unique_names(L[P])) {
+    } else if (is_plain_add(L[P]) && consumers[b].size() == 1 && same_featmask(L[P], N) && writes_unique_names(L[P]) &&
+               reads_unique_names(L[P])) {
       add = P;
     } else if (L[P].type == "Split" && L[P].bottoms.size() == 1 && writes_unique_names(L[P]) &&
                ncnn_reads(L[P], &split_hints)) {
@@ -419,7 +429,7 @@ FuseResult fuse_param(const std::string& text) {
           if (t != b && L[c].pos <= N.pos) read_later = false;
       // b itself read by the norm alone: the fused layer writes no blob named b for another reader
       if (Q != kInput && is_plain_add(L[Q]) && consumers[s].size() == 1 && consumers[b].size() == 1 && read_later &&
-          same_featmask(L[Q], N) && writes_unique_names(L[Q]))
+          same_featmask(L[Q], N) && writes_unique_names(L[Q]) && reads_unique_names(L[Q]))
         add = Q, split = P;
     }
     if (add < 0 && act < 0) continue;

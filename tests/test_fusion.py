@@ -556,6 +556,8 @@ def test_norm_output_with_two_readers_keeps_its_activation():
 @pytest.mark.parametrize("text,needle", [
     ("", "line 1: expected ncnn's magic number 7767517"),
     ("7767517\n2\n", "line 2: expected 'layer_count blob_count'"),
+    ("7767517\n0 2\n", "line 2: the header's layer and blob counts must be 1 to 1000000 (ncnn refuses others), got 0 and 2"),
+    ("7767517\n2 2000000\nInput in0 0 1 a\nReLU r 1 1 a b\n", "line 2: the header's layer and blob counts must be 1 to"),
     ("7767517\n2 2\nInput in0 0 1 a\n", "line 2: the header says 2 layers, the file has 1"),
     # ncnn counts a blob for every top (a name used again included) and refuses more than the header declares
     ("7767517\n2 1\nInput in0 0 1 a\nReLU r 1 1 a b\n", "line 2: the header says 1 blobs, the layers make 2"),
@@ -592,6 +594,16 @@ def test_the_rewrite_reads_a_param_as_ncnn_reads_it():
     text, fused = fuse("7767517\n3 4\nReLU first 1 1 x y\nLayerNorm ln 1 1 y n 0=8 1=1e-05 2=0\n"
                        "ReLU act 1 1 n x\n")
     assert fused == []
+    # an add is not taken into the norm where a top between them takes its bottom's name: read at the norm's
+    # place, the name would find that top (a name finds its first blob, and the input's is made at the add's read)
+    text, fused = fuse(SHADOWED_INPUT)
+    assert fused == [] and [ln[0] for ln in lines_of(text)] == ["BinaryOp", "MemoryData", "Split", "LayerNorm",
+                                                                "BinaryOp"]
+
+
+# in0 is the caller's (no layer makes it) and the Split's second top: ncnn's input("in0") and the add read the first
+SHADOWED_INPUT = ("7767517\n5 8\nBinaryOp add 2 1 in0 in0 s 0=0\nMemoryData md 0 1 c 0=4\nSplit sp 1 2 c in0 d\n"
+                  "LayerNorm ln 1 1 s y 0=4 1=1e-5 2=0\nBinaryOp out 2 1 d y out0 0=0\n")
 
 
 # ------------------------------------------------------------------------------------------ ncnn graphs
@@ -663,6 +675,22 @@ def test_a_model_stock_ncnn_loads_runs_fused_as_unfused(tmp_path, fp16):
     ret, m = ex.extract(4)
     assert ret == 0 and np.array_equal(np.array(m), fused["out0"])
     assert net.vknorm_counters()["cpu_forwards"] == 0
+
+
+@needs_graph
+def test_an_input_whose_name_a_later_top_takes_is_the_callers_fused_or_not(tmp_path):
+    """input("in0") fills the first blob of that name, the one no layer makes, as ncnn's does; the Split's top of
+    the same name is its own blob. Net() and Net(fuse=False) give stock ncnn's CPU result."""
+    c = np.array([10, 20, 30, 45], np.float32)
+    p, b = write_model(tmp_path, SHADOWED_INPUT, c.tobytes())
+    x = np.array([0.5, -1, 2, 0.25], np.float32)
+    s = 2 * x.astype(np.float64)
+    want = c + (s - s.mean()) / np.sqrt(s.var() + 1e-5)
+    ref = run_graph(p, b, {"in0": x}, vknorm_layers=False, vulkan=False)[0]["out0"]
+    assert float(np.abs(ref - want).max()) <= FP32_TOL * 45
+    for fuse_ in (False, True):
+        got = run_graph(p, b, {"in0": x}, fuse_=fuse_)[0]["out0"]
+        assert float(np.abs(got - want).max()) <= FP32_TOL * 45, fuse_
 
 
 @needs_graph

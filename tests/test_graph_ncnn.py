@@ -727,6 +727,26 @@ def test_a_blob_index_means_the_models_own_blob_in_a_fused_net_too(vulkan):
     assert nets[True].create_extractor().extract(len(names))[0] == -1  # past the model's blobs
 
 
+@pytest.mark.parametrize("fuse", [False, True], ids=["unfused", "fused"])
+def test_a_blob_index_whose_name_an_earlier_blob_has_is_refused_not_read_by_name(tmp_path, fuse):
+    """AbsVal writes a blob named as its input (ncnn gives it index 1): blobs are reached by name here, and the name
+    finds blob 0, so extract(1) is -1 with a message rather than the input's values; indices of names of their
+    own work."""
+    (tmp_path / "m.param").write_text("7767517\n3 3\nInput in 0 1 x\nAbsVal abs 1 1 x x\nReLU r 1 1 x y\n")
+    (tmp_path / "m.bin").write_bytes(b"")
+    net = graph.configure(graph.Net(fuse=fuse), vulkan=True, lightmode=False)
+    assert net.load_param(str(tmp_path / "m.param")) == 0 and net.load_model(str(tmp_path / "m.bin")) == 0
+    x = np.array([0.5, -1.5, 2.0, -0.25], np.float32)
+    ex = net.create_extractor()
+    assert ex.input(0, graph.Mat(x)) == 0
+    log = []
+    with quiet_stderr(log):
+        r, _ = ex.extract(1)
+    assert r == -1 and any("blob index 1 is named 'x' as blob 0 is" in ln for ln in log), log
+    r, y = ex.extract(2)  # ReLU reads blob 0 by name, as in ncnn: relu(x)
+    assert r == 0 and np.array_equal(np.array(y), np.maximum(x, 0))
+
+
 def test_an_extractor_runs_on_the_options_the_net_had_when_it_was_made():
     """ncnn's Extractor copies the net's options when it is made; its uploads and downloads here do too. Options
     changed afterwards (bfloat16 and float16 storage, packing) left an extractor made before them reading the

@@ -76,12 +76,13 @@ struct FuseResult {
 //    consumer.
 // Params are read as ncnn's ParamDict reads them (an id is a number: 00=1 and +0=1 are id 0; of an id given twice
 // the last wins); a layer whose params ncnn would read otherwise than as those values (a float for an int, an
-// array), or not at all, and a layer writing a blob name another top already took, are left as they are.
+// array), or not at all, a layer writing a blob name another top already took, and an add reading such a name,
+// are left as they are.
 // Anything else is left as it is. The file is read as ncnn's load_param reads it: the header's count of layers and
 // nothing after them, and a bottom that no earlier layer produces is an input of its own (ncnn makes it a blob
-// that Extractor::input fills). Throws std::invalid_argument naming the line on a malformed .param, on fewer
-// layer lines than the header declares, or on a header declaring fewer blobs than the layers make (ncnn's count:
-// one per top and one per such input).
+// that Extractor::input fills). Throws std::invalid_argument naming the line on a malformed .param, on header
+// counts ncnn refuses (outside 1..1000000), on fewer layer lines than the header declares, or on a header
+// declaring fewer blobs than the layers make (ncnn's count: one per top and one per such input).
 FuseResult fuse_param(const std::string& param_text);
 // Reads `param_path`, fuses it and loads it into `net` (register_layers first). Returns ncnn's
 // load_param code, -1 when the file cannot be read or parsed (logged); `fused` receives what was fused and

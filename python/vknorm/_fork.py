@@ -15,6 +15,7 @@ from .cli import UsageError
 _REPORTED = (ValueError, MemoryError, OSError)
 
 SHAPES = "do the --input shapes match what the model takes?"
+LOADING = "ncnn cannot load this model (no input was given yet)"
 _stage_fd = None  # the worker's end of its pipe, while run_in_child's fn runs
 
 
@@ -159,8 +160,9 @@ def crashed_running(model: str, specs: dict) -> Callable[..., str]:
         what, cause = at if at else (None, SHAPES)
         run = f"in {what} of {model}" if what else f"running {model}"
         if signame == "SIGKILL":
+            advice = "" if cause == LOADING else " try smaller --input shapes"
             return (f"the worker {'running ' + model if not what else run} with {input_flags(specs)} was killed "
-                    "(SIGKILL: out of host memory? try smaller --input shapes)")
+                    f"(SIGKILL: out of host memory?{advice})")
         return f"ncnn crashed ({signame}) {run} with {input_flags(specs)}: {cause}"
     return message
 

@@ -1281,6 +1281,13 @@ def _ncnn_add(graph, a, b, fp16: bool):
         return s
 
 
+# A crash in stock ncnn's Vulkan run after its CPU run of the same inputs finished: ncnn's CPU layers check few
+# shapes, so the shapes may still be wrong; where they are right, stock ncnn's own Vulkan layers fail there.
+STOCK_VULKAN_CRASH = ("its CPU run of the same inputs had finished, but ncnn's CPU layers check few shapes: "
+                      "do the --input shapes match what the model takes? If they do, stock ncnn's own Vulkan layers "
+                      "fail at these shapes (`vknorm check` without --vulkan judges vknorm's layers on their own)")
+
+
 def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]],
                        fp16: bool = False, seed: int = 0, atol: Optional[float] = None, fuse: bool = True) -> dict:
     """`vknorm check --vulkan`: stock ncnn CPU fp32, stock ncnn Vulkan and ncnn Vulkan with vknorm inside,
@@ -1309,11 +1316,11 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                          "or a GPU driver)")
     result["device"] = device
 
-    from ._fork import stage
+    from ._fork import LOADING, stage
 
     nets = []
     try:
-        stage("stock ncnn's CPU run")
+        stage("stock ncnn's CPU load", LOADING)
         cpu = _graph_load(graph, model, bin_path, len(data), vknorm=False, vulkan=False, fp16=False,
                           label="ncnn CPU")
         nets.append(cpu)
@@ -1326,7 +1333,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
         rng = np.random.default_rng(seed)  # the same inputs as the check without --vulkan
         inputs = {name: np.ascontiguousarray(rng.standard_normal(input_specs[name], dtype=np.float32))
                   for name in model.inputs}
-        stage("the load of the net with vknorm inside")
+        stage("the load of the net with vknorm inside", LOADING)
         vk = _graph_load(graph, model, bin_path, len(data), vknorm=True, vulkan=True, fp16=fp16,
                          label="vknorm Vulkan", fuse=fuse)
         nets.append(vk)
@@ -1344,11 +1351,10 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
         ref = _graph_extract(graph, cpu, inputs, blobs, "ncnn CPU")
         _require_finite_norm_inputs(model, ref, inputs)
         result["warnings"] += _nonfinite_warnings(ref, [layer.tops[0] for layer in model.norms] + outputs)
-        stage("stock ncnn's Vulkan run",
-              "its CPU run of the same inputs had finished, so stock ncnn's own Vulkan layers fail at these shapes, "
-              "before vknorm's run (`vknorm check` without --vulkan judges vknorm's layers on their own)")
+        stage("stock ncnn's Vulkan load", LOADING)
         stock = _graph_load(graph, model, bin_path, len(data), vknorm=False, vulkan=True, fp16=fp16,
                             label="ncnn Vulkan")
+        stage("stock ncnn's Vulkan run", STOCK_VULKAN_CRASH)
         nets.append(stock)
         got_stock = _graph_extract(graph, stock, inputs, blobs, "ncnn Vulkan")
         # Stock ncnn's two runs agree on every blob's shape, or the --input shapes do not fit the model (ncnn

@@ -84,7 +84,7 @@ further than their end, and copied, so the caller may drop or reuse them; 0 or n
 gives None), ``load_param`` / ``load_model`` with a ``pathlib.Path`` or bytes (names need not be UTF-8), ``get_gpu_count`` /
 ``get_default_gpu_index``, ``Extractor.input`` / ``extract`` by blob index (the model's own numbering, as its .param
 gives it: a fused net resolves an index through the model as written, and one whose blob the rewrite removed gives
--1), ``Extractor.set_light_mode`` and ``with`` blocks (leaving one clears the Net or Extractor) work too; ``extract`` gives the blob as float32 (pyncnn's ``type=0``) and always as a
+-1, as does a blob whose name an earlier blob has: blobs are reached by name, and a name finds its first blob), ``Extractor.set_light_mode`` and ``with`` blocks (leaving one clears the Net or Extractor) work too; ``extract`` gives the blob as float32 (pyncnn's ``type=0``) and always as a
 copy of the caller's own.
 
 Device: a Vulkan net runs on ncnn's default GPU; ``net.set_vulkan_device(i)`` (ncnn's GPU index, before

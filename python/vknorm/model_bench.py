@@ -124,12 +124,12 @@ class ModelRunner:
 def _first_run_cause(impl: str, finished: List[str]) -> str:
     """The likely cause of a crash in impl's first inference, after those in finished ran the same inputs."""
     from ._fork import SHAPES
+    from .check import STOCK_VULKAN_CRASH
 
     if "ncnn-cpu" not in finished:
         return SHAPES
     if impl == "ncnn-vulkan":
-        return ("ncnn-cpu had run the same inputs, so stock ncnn's own Vulkan layers fail at these shapes "
-                "(`vknorm check` without --vulkan judges vknorm's layers on their own)")
+        return STOCK_VULKAN_CRASH.replace("its CPU run", "ncnn-cpu's run", 1)
     if "ncnn-vulkan" in finished:
         return ("ncnn-cpu and ncnn-vulkan had run the same inputs, so the fault is likely vknorm's at these shapes: "
                 "please report it with the model")
@@ -153,11 +153,11 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
         except RuntimeError as e:
             raise RuntimeError(f"{e}{load_failure(parse_param(param), logs)}") from None  # parsed to name the line
 
-    from ._fork import stage
+    from ._fork import LOADING, stage
 
     runners = []
     for impl in impls:
-        stage(f"the load of {impl}")
+        stage(f"the load of {impl}", LOADING)
         try:
             runners.append(ncnn_reason(lambda: ModelRunner(impl, param, binp, inputs, fp16)))
         except ImportError as e:
