@@ -517,6 +517,18 @@ nb::ndarray<nb::numpy, float> row_view(::ncnn::Mat& m, long long y) {
   nb::capsule owner(held, [](void* p) noexcept { delete static_cast<::ncnn::Mat*>(p); });
   return nb::ndarray<nb::numpy, float>(m.row(int(y)), 1, shape, owner);
 }
+// The whole Mat as a numpy array over its memory (channels cstep apart), which keeps the memory alive (pyncnn's
+// Mat.numpy: a view).
+nb::ndarray<nb::numpy, float> numpy_view(::ncnn::Mat& m) {
+  check_view(m, "Mat.numpy");
+  const std::vector<size_t> shape = numpy_shape(m.dims, m.w, m.h, m.d, m.c);
+  std::vector<int64_t> strides(shape.size(), 1);  // in elements, innermost last
+  for (size_t k = shape.size() - 1; k-- > 0;) strides[k] = strides[k + 1] * int64_t(shape[k + 1]);
+  if (m.dims >= 3) strides[0] = int64_t(m.cstep);
+  auto* held = new ::ncnn::Mat(m);
+  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<::ncnn::Mat*>(p); });
+  return nb::ndarray<nb::numpy, float>(m.data, shape.size(), shape.data(), owner, strides.data());
+}
 // Elements of the first channel, next to each other (as ncnn).
 ::ncnn::Mat range_view(::ncnn::Mat& m, long long x, long long n) {
   check_view(m, "Mat.range");
@@ -1036,14 +1048,12 @@ struct Extractor {
   Extractor(Extractor&&) = default;
 };
 
-// The Input blob that `name` depends on and that input() did not set, or "". ncnn's stock layers crash on the
+// The input blob (an Input's, or one no layer makes) that `name` depends on and that input() did not set, or "". ncnn's stock layers crash on the
 // empty blob an input left unset becomes (SIGFPE, SIGSEGV); ncnn's CPU net returns -100 there.
 std::string missing_input(const ::ncnn::Net& net, const HeldBlobs& held, const std::string& name) {
   const std::vector<::ncnn::Blob>& blobs = net.blobs();
   const std::vector<::ncnn::Layer*>& layers = net.layers();
-  std::vector<int> todo;
-  for (int i = 0; i < int(blobs.size()); ++i)
-    if (blobs[i].name == name) todo.push_back(i);
+  std::vector<int> todo{vknorm::ncnn::blob_index(net, name.c_str())};  // the blob the name finds
   std::vector<bool> seen(blobs.size());
   while (!todo.empty()) {
     const int b = todo.back();
@@ -1051,8 +1061,8 @@ std::string missing_input(const ::ncnn::Net& net, const HeldBlobs& held, const s
     if (b < 0 || b >= int(blobs.size()) || seen[b] || held.given(b)) continue;
     seen[b] = true;
     const int p = blobs[b].producer;
-    if (p < 0 || p >= int(layers.size())) continue;
-    if (layers[p]->type == "Input") return blobs[b].name;
+    // an Input's blob, or one no layer makes (a bottom no earlier layer produced: ncnn's input to fill)
+    if (p < 0 || p >= int(layers.size()) || layers[p]->type == "Input") return blobs[b].name;
     todo.insert(todo.end(), layers[p]->bottoms.begin(), layers[p]->bottoms.end());
   }
   return "";
@@ -1502,12 +1512,13 @@ NB_MODULE(_graph, m) {
       .def("__setitem__", [](::ncnn::Mat& m, long long i, float v) { element(m, i) = v; }, "i"_a, "v"_a)
       .def("__len__", [](const ::ncnn::Mat& m) { return m.w; })  // pyncnn's: w
       .def("elembits", [](const ::ncnn::Mat& m) { return m.elembits(); })
-      // pyncnn's format argument: "" or "f" (float32, what every Mat here holds)
+      // pyncnn's: a view of the Mat's memory (a write through it reaches the Mat), which holds that memory; its
+      // format argument "" or "f" (float32, what every Mat here holds)
       .def("numpy",
-           [](const ::ncnn::Mat& mat, const std::string& format) {
+           [](::ncnn::Mat& mat, const std::string& format) {
              if (!format.empty() && format != "f")
                throw std::invalid_argument("Mat.numpy: format '" + format + "': vknorm.graph's Mats hold float32 ('f')");
-             return mat_to_numpy(mat);
+             return numpy_view(mat);
            },
            "format"_a = "")
       .def("__repr__",

@@ -60,6 +60,23 @@ def test_bench_groupnorm_and_instancenorm_shapes_report_channels_planes_and_grou
     assert label in proc.stdout and (tmp_path / "bench.png").stat().st_size > 0
 
 
+def test_one_groups_value_for_the_default_shapes_names_those_it_skips(capsys):
+    """--groups G without --channels runs the default shapes whose channels G divides, and says which it skips."""
+    import argparse
+
+    from vknorm import bench
+
+    args = argparse.Namespace(rows=None, cols=None, op="groupnorm", groups=[3], channels=None, size=None)
+    shapes = bench._channel_shapes(args)
+    assert shapes == [(c, h, w, 3) for c, h, w, _ in bench.GROUPNORM_SHAPES if c % 3 == 0] and shapes
+    err = capsys.readouterr().err
+    skipped = [f"{c}x{h}x{w}" for c, h, w, _ in bench.GROUPNORM_SHAPES if c % 3]
+    assert err == (f"vknorm bench: --groups 3 divides the channels of {len(shapes)} of the "
+                   f"{len(bench.GROUPNORM_SHAPES)} default shapes; skipped: {', '.join(skipped)}\n")
+    args.groups = [32]  # divides them all: nothing to say
+    assert len(bench._channel_shapes(args)) == len(bench.GROUPNORM_SHAPES) and capsys.readouterr().err == ""
+
+
 def test_bench_groupnorm_takes_one_groups_value_per_channels(tmp_path):
     """--groups once per --channels: each shape is benchmarked with its own group count (one value: every shape)."""
     out = tmp_path / "bench.json"

@@ -675,6 +675,14 @@ def test_a_model_stock_ncnn_loads_runs_fused_as_unfused(tmp_path, fp16):
     ret, m = ex.extract(4)
     assert ret == 0 and np.array_equal(np.array(m), fused["out0"])
     assert net.vknorm_counters()["cpu_forwards"] == 0
+    from vknorm._stdio import quiet_stderr
+
+    ex = net.create_extractor()  # an input left out is named, as one of an Input layer is
+    assert ex.input("x", graph.Mat(x)) == 0
+    log: list = []
+    with quiet_stderr(log):
+        assert ex.extract("out0")[0] == -1
+    assert any("the input r it depends on was not given" in ln for ln in log), log
 
 
 @needs_graph

@@ -19,6 +19,7 @@ Tolerances:
 """
 from __future__ import annotations
 
+import gc
 import json
 import re
 import os
@@ -1477,6 +1478,36 @@ def test_mat_numpy_takes_pyncnns_format_argument():
         assert np.array_equal(m.numpy(fmt), np.arange(6, dtype=np.float32).reshape(2, 3))
     with pytest.raises(ValueError, match="format 'i'"):
         m.numpy("i")
+
+
+def test_mat_numpy_is_a_view_of_the_mats_memory_as_pyncnns(tmp_path):
+    """pyncnn code fills an input through m.numpy() (a view there): the net sees the values. The view follows
+    ncnn's layout (channels cstep apart), sees the Mat's later writes, and holds its memory once the Mat is gone."""
+    (tmp_path / "m.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nReLU r 1 1 in0 out0\n")
+    (tmp_path / "m.bin").write_bytes(b"")
+    x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
+    for vulkan in (False, True):
+        net = graph.configure(graph.Net(), vulkan=vulkan)
+        assert net.load_param(str(tmp_path / "m.param")) == 0 and net.load_model(str(tmp_path / "m.bin")) == 0
+        m = graph.Mat(8, 4)
+        m.numpy()[:] = x
+        ex = net.create_extractor()
+        assert ex.input("in0", m) == 0
+        r, y = ex.extract("out0")
+        assert r == 0 and np.array_equal(np.array(y), np.maximum(x, 0)), vulkan
+    m = graph.Mat(5, 3, 3)  # planes of 15 floats, cstep 16
+    v = m.numpy()
+    assert v.shape == (3, 3, 5) and v.strides == (16 * 4, 5 * 4, 4)
+    m.fill(2.0)
+    v[1, 2, 4] = -1.0
+    assert v.sum() == 2.0 * 45 - 3 and m[16 + 14] == -1.0
+    m4 = graph.Mat(np.arange(120, dtype=np.float32).reshape(2, 3, 4, 5))
+    assert np.array_equal(m4.numpy(), np.arange(120, dtype=np.float32).reshape(2, 3, 4, 5))
+    del m, m4
+    gc.collect()
+    assert v.sum() == 2.0 * 45 - 3
+    with pytest.raises(ValueError, match="Mat.numpy: the Mat is empty"):
+        graph.Mat().numpy()
 
 
 def test_mat_to_numpy_is_a_copy_and_copy_false_says_so():

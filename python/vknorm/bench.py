@@ -64,7 +64,8 @@ def add_parser(sub) -> None:
     p.add_argument("--size", action="append", metavar="HxW", help="groupnorm/instancenorm: the plane of one shape")
     p.add_argument("--groups", type=int, action="append",
                    help="groupnorm: groups of each shape (one for all, or one per --channels; default 32 with --channels; "
-                        "without, the default shapes' own)")
+                        "without, the default shapes' own; one value without --channels: the default shapes whose "
+                        "channels it divides, the others named as skipped)")
     p.add_argument("--dtype", choices=["fp32", "fp16", "both"], help="default both")
     p.add_argument("--compare",
                    help="comma list of ncnn, copy, torch (the default; '' for vknorm alone); unavailable ones are skipped; "
@@ -124,6 +125,10 @@ def _channel_shapes(args):
                 raise UsageError(f"--groups {args.groups[0]} divides none of the default shapes' channels "
                                  f"({', '.join(str(c) for c, _, _, _ in GROUPNORM_SHAPES)}): "
                                  "give --channels and --size too")
+            skipped = [f"{c}x{h}x{w}" for c, h, w, _ in GROUPNORM_SHAPES if c % args.groups[0]]
+            if skipped:
+                print(f"vknorm bench: --groups {args.groups[0]} divides the channels of {len(shapes)} of the "
+                      f"{len(GROUPNORM_SHAPES)} default shapes; skipped: {', '.join(skipped)}", file=sys.stderr)
             return shapes
         return GROUPNORM_SHAPES if args.op == "groupnorm" else INSTANCENORM_SHAPES
     channels, sizes = args.channels or [], args.size or []

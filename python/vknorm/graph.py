@@ -66,8 +66,9 @@ Threads: loads, clears and extracts of one Net may run on several threads (loads
 Options are not guarded that way: set ``net.opt`` fields before ``load_param``, not while another thread loads.
 
 Mat: ``Mat(array)`` copies a numpy array of shape (w), (h, w), (c, h, w) or (c, d, h, w) as float32 (read-only
-arrays too, as pyncnn's Mat); ``np.array(mat)`` / ``mat.numpy()`` copy back (``np.asarray(mat)``: a read-only copy,
-so that a write meant for the Mat fails rather than vanishing; write through ``row`` or ``m[i]``); ``fill``, ``clone`` and ``reshape``
+arrays too, as pyncnn's Mat); ``mat.numpy()`` is a view of the Mat's memory, as pyncnn's (writes reach the Mat; the
+view holds the memory), ``np.array(mat)`` a copy (``np.asarray(mat)``: a read-only copy, so that a write meant for the
+Mat fails rather than vanishing; write through ``numpy()``, ``row`` or ``m[i]``); ``fill``, ``clone`` and ``reshape``
 as pyncnn's, and pyncnn's shape constructors ``Mat(w)``, ``Mat(w, h)``, ``Mat(w, h, c)``, ``Mat(w, h, d, c)``
 (zeroed float32), ``elemsize``, ``cstep`` and ``total()`` as ncnn's. pyncnn's views ``channel``, ``channel_range``,
 ``depth``, ``depth_range``, ``row`` (a numpy array), ``row_range``, ``range`` and ``m[i]`` (ncnn's memory, cstep
