@@ -441,6 +441,12 @@ class HeldMemory final : public ::ncnn::Allocator {
   return view;
 }
 
+// pyncnn's Mat.reshape (allocator=None only): a view holding the Mat's memory, or ncnn's copy where it makes one.
+::ncnn::Mat reshaped_view(const ::ncnn::Mat& mat, const std::vector<int>& shape, nb::handle allocator) {
+  check_no_allocator("Mat.reshape", allocator);
+  return held_view(mat, reshaped(mat, shape));
+}
+
 // A Mat's shape as the shape constructors take it: (w), (w, h), (w, h, c), (w, h, d, c).
 std::vector<int> shape_of(const ::ncnn::Mat& m) {
   if (m.dims == 1) return {m.w};
@@ -450,11 +456,12 @@ std::vector<int> shape_of(const ::ncnn::Mat& m) {
 }
 
 // Mat.create's Mat: float32 of elempack 1 and a batch of one (what this module's Mats are), zeroed.
-::ncnn::Mat created(const std::vector<int>& shape, size_t elemsize, int elempack, int n, nb::handle allocator) {
+::ncnn::Mat created(const std::vector<int>& shape, size_t elemsize, int elempack, int n, nb::handle allocator,
+                    const std::string& where = "Mat.create") {
   if (elempack != 1)
-    throw std::invalid_argument("Mat.create: elempack " + std::to_string(elempack) + ": vknorm.graph's Mats are "
+    throw std::invalid_argument(where + ": elempack " + std::to_string(elempack) + ": vknorm.graph's Mats are "
                                 "unpacked (elempack 1); the net packs them as it runs");
-  if (n != 1) throw std::invalid_argument("Mat.create: n " + std::to_string(n) + ": vknorm.graph's Mats are one batch (n 1)");
+  if (n != 1) throw std::invalid_argument(where + ": n " + std::to_string(n) + ": vknorm.graph's Mats are one batch (n 1)");
   return mat_of_shape(shape, elemsize, allocator);
 }
 
@@ -1343,7 +1350,9 @@ NB_MODULE(_graph, m) {
   m.doc() = "ncnn's Vulkan graph with vknorm's norm layers inside (ncnn compiled from source)";
 
   auto option = nb::class_<::ncnn::Option>(m, "Option");
-  option.def(nb::init<>()).def_rw("num_threads", &::ncnn::Option::num_threads);
+  option.def(nb::init<>())
+      .def_rw("num_threads", &::ncnn::Option::num_threads)
+      .def_rw("openmp_blocktime", &::ncnn::Option::openmp_blocktime);
   const std::pair<const char*, bool ::ncnn::Option::*> switches[] = {
       {"lightmode", &::ncnn::Option::lightmode},
       {"use_vulkan_compute", &::ncnn::Option::use_vulkan_compute},
@@ -1366,32 +1375,37 @@ NB_MODULE(_graph, m) {
 
   nb::class_<::ncnn::Mat>(m, "Mat")
       .def(nb::init<>())
+      // ncnn's copy constructor, as pyncnn's Mat(m): the same memory (an empty Mat gives an empty one)
+      .def(nb::init<const ::ncnn::Mat&>(), "m"_a)
       .def("__init__", [](::ncnn::Mat* self, const Array& a) { new (self) ::ncnn::Mat(mat_from_numpy(a)); }, "array"_a)
       // pyncnn's shape constructors: Mat(w), Mat(w, h), Mat(w, h, c), Mat(w, h, d, c), Mat((w, ...)); float32,
       // zeroed (pyncnn leaves the memory as it was)
       .def("__init__",
-           [](::ncnn::Mat* self, int w, size_t e, nb::handle a) { new (self) ::ncnn::Mat(mat_of_shape({w}, e, a)); },
-           "w"_a, nb::kw_only(), "elemsize"_a = 4, "allocator"_a.none() = nb::none())
-      .def("__init__",
-           [](::ncnn::Mat* self, int w, int h, size_t e, nb::handle a) {
-             new (self) ::ncnn::Mat(mat_of_shape({w, h}, e, a));
+           [](::ncnn::Mat* self, int w, size_t e, int p, nb::handle a) {
+             new (self) ::ncnn::Mat(created({w}, e, p, 1, a, "Mat"));
            },
-           "w"_a, "h"_a, nb::kw_only(), "elemsize"_a = 4, "allocator"_a.none() = nb::none())
+           "w"_a, nb::kw_only(), "elemsize"_a = 4, "elempack"_a = 1, "allocator"_a.none() = nb::none())
       .def("__init__",
-           [](::ncnn::Mat* self, int w, int h, int c, size_t e, nb::handle a) {
-             new (self) ::ncnn::Mat(mat_of_shape({w, h, c}, e, a));
+           [](::ncnn::Mat* self, int w, int h, size_t e, int p, nb::handle a) {
+             new (self) ::ncnn::Mat(created({w, h}, e, p, 1, a, "Mat"));
            },
-           "w"_a, "h"_a, "c"_a, nb::kw_only(), "elemsize"_a = 4, "allocator"_a.none() = nb::none())
+           "w"_a, "h"_a, nb::kw_only(), "elemsize"_a = 4, "elempack"_a = 1, "allocator"_a.none() = nb::none())
       .def("__init__",
-           [](::ncnn::Mat* self, int w, int h, int d, int c, size_t e, nb::handle a) {
-             new (self) ::ncnn::Mat(mat_of_shape({w, h, d, c}, e, a));
+           [](::ncnn::Mat* self, int w, int h, int c, size_t e, int p, nb::handle a) {
+             new (self) ::ncnn::Mat(created({w, h, c}, e, p, 1, a, "Mat"));
            },
-           "w"_a, "h"_a, "d"_a, "c"_a, nb::kw_only(), "elemsize"_a = 4, "allocator"_a.none() = nb::none())
+           "w"_a, "h"_a, "c"_a, nb::kw_only(), "elemsize"_a = 4, "elempack"_a = 1, "allocator"_a.none() = nb::none())
       .def("__init__",
-           [](::ncnn::Mat* self, const nb::tuple& shape, size_t e, nb::handle a) {
-             new (self) ::ncnn::Mat(mat_of_shape(ints(shape), e, a));
+           [](::ncnn::Mat* self, int w, int h, int d, int c, size_t e, int p, nb::handle a) {
+             new (self) ::ncnn::Mat(created({w, h, d, c}, e, p, 1, a, "Mat"));
            },
-           "shape"_a, nb::kw_only(), "elemsize"_a = 4, "allocator"_a.none() = nb::none())
+           "w"_a, "h"_a, "d"_a, "c"_a, nb::kw_only(), "elemsize"_a = 4, "elempack"_a = 1,
+           "allocator"_a.none() = nb::none())
+      .def("__init__",
+           [](::ncnn::Mat* self, const nb::tuple& shape, size_t e, int p, nb::handle a) {
+             new (self) ::ncnn::Mat(created(ints(shape), e, p, 1, a, "Mat"));
+           },
+           "shape"_a, nb::kw_only(), "elemsize"_a = 4, "elempack"_a = 1, "allocator"_a.none() = nb::none())
       // Anything else numpy reads as real numbers (other byte orders, nested lists) becomes float32 first;
       // the rest is a TypeError that names the dtype.
       .def("__init__",
@@ -1435,23 +1449,31 @@ NB_MODULE(_graph, m) {
              mat.fill(v);
            },
            "v"_a)
-      .def("clone", [](const ::ncnn::Mat& mat) { return mat.clone(); })
+      .def("clone",
+           [](const ::ncnn::Mat& mat, nb::handle a) {
+             check_no_allocator("Mat.clone", a);
+             return mat.clone();
+           },
+           "allocator"_a.none() = nb::none())
       // A reshape may share the Mat's memory (ncnn's), and a view does: each holds that memory (held_view), so
       // that the Mat dropped, made again (create, clone_from) or released leaves them on their own.
-      .def("reshape", [](const ::ncnn::Mat& mat, int w) { return held_view(mat, reshaped(mat, {w})); }, "w"_a)
       .def("reshape",
-           [](const ::ncnn::Mat& mat, const nb::tuple& shape) { return held_view(mat, reshaped(mat, ints(shape))); },
-           "shape"_a)
-      .def("reshape", [](const ::ncnn::Mat& mat, int w, int h) { return held_view(mat, reshaped(mat, {w, h})); },
-           "w"_a, "h"_a)
+           [](const ::ncnn::Mat& mat, int w, nb::handle a) { return reshaped_view(mat, {w}, a); },
+           "w"_a, nb::kw_only(), "allocator"_a.none() = nb::none())
       .def("reshape",
-           [](const ::ncnn::Mat& mat, int w, int h, int c) { return held_view(mat, reshaped(mat, {w, h, c})); },
-           "w"_a, "h"_a, "c"_a)
+           [](const ::ncnn::Mat& mat, const nb::tuple& shape, nb::handle a) { return reshaped_view(mat, ints(shape), a); },
+           "shape"_a, nb::kw_only(), "allocator"_a.none() = nb::none())
       .def("reshape",
-           [](const ::ncnn::Mat& mat, int w, int h, int d, int c) {
-             return held_view(mat, reshaped(mat, {w, h, d, c}));
+           [](const ::ncnn::Mat& mat, int w, int h, nb::handle a) { return reshaped_view(mat, {w, h}, a); },
+           "w"_a, "h"_a, nb::kw_only(), "allocator"_a.none() = nb::none())
+      .def("reshape",
+           [](const ::ncnn::Mat& mat, int w, int h, int c, nb::handle a) { return reshaped_view(mat, {w, h, c}, a); },
+           "w"_a, "h"_a, "c"_a, nb::kw_only(), "allocator"_a.none() = nb::none())
+      .def("reshape",
+           [](const ::ncnn::Mat& mat, int w, int h, int d, int c, nb::handle a) {
+             return reshaped_view(mat, {w, h, d, c}, a);
            },
-           "w"_a, "h"_a, "d"_a, "c"_a)
+           "w"_a, "h"_a, "d"_a, "c"_a, nb::kw_only(), "allocator"_a.none() = nb::none())
       // pyncnn's views: they share the Mat's memory (writes reach it)
       .def("channel", [](::ncnn::Mat& m, long long c) { return held_view(m, channel_view(m, c, std::nullopt)); },
            "c"_a)
@@ -1641,6 +1663,25 @@ NB_MODULE(_graph, m) {
              return extractor_extract(e, name);
            },
            "blob_name"_a, "type"_a = 0)
+      // pyncnn's extract(blob, feat): the blob into the Mat given (made again, as ncnn's extract does), the code back
+      .def("extract",
+           [](Extractor& e, const std::string& name, ::ncnn::Mat& feat, int type) {
+             check_extract_type(type);
+             auto [r, out] = extractor_extract(e, name);
+             if (r == 0) feat = out;
+             return r;
+           },
+           "blob_name"_a, "feat"_a, "type"_a = 0)
+      .def("extract",
+           [](Extractor& e, int index, ::ncnn::Mat& feat, int type) {
+             check_extract_type(type);
+             const std::string name = blob_name(e, index, "extract");
+             if (name.empty()) return -1;
+             auto [r, out] = extractor_extract(e, name);
+             if (r == 0) feat = out;
+             return r;
+           },
+           "blob_index"_a, "feat"_a, "type"_a = 0)
       .def("extract",
            [](Extractor& e, int index, int type) {
              check_extract_type(type);

@@ -1510,6 +1510,41 @@ def test_mat_numpy_is_a_view_of_the_mats_memory_as_pyncnns(tmp_path):
         graph.Mat().numpy()
 
 
+def test_pyncnn_s_other_signatures_work_as_there(tmp_path):
+    """Mat(m) is ncnn's copy constructor (the same memory; an empty Mat gives an empty one); elempack=1 and
+    allocator=None are taken where pyncnn's signatures have them, anything else refused; extract(blob, feat) fills
+    the Mat given and returns the code; Option.openmp_blocktime is ncnn's field."""
+    a = graph.Mat(3)
+    a.fill(1.0)
+    b = graph.Mat(a)
+    b[0] = 9.0
+    assert a[0] == 9.0 and graph.Mat(graph.Mat()).empty() and graph.Mat(m=a).w == 3
+    assert (graph.Mat(3, elemsize=4, elempack=1).w, graph.Mat(3, 2, elempack=1).h, graph.Mat(2, 3, 4, elempack=1).c) \
+        == (3, 2, 4)
+    with pytest.raises(ValueError, match="Mat: elempack 4: vknorm.graph's Mats are unpacked"):
+        graph.Mat(3, elempack=4)
+    assert graph.Mat(3).clone(allocator=None).w == 3 and graph.Mat(4).reshape(2, 2, allocator=None).h == 2
+    with pytest.raises(TypeError, match="Mat.reshape: vknorm.graph has no allocators"):
+        graph.Mat(4).reshape(4, allocator=object())
+    opt = graph.Option()
+    assert opt.openmp_blocktime == 20  # ncnn's default
+    opt.openmp_blocktime = 0
+    assert opt.openmp_blocktime == 0
+    (tmp_path / "m.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nReLU r 1 1 in0 out0\n")
+    (tmp_path / "m.bin").write_bytes(b"")
+    for vulkan in (False, True):
+        net = graph.configure(graph.Net(), vulkan=vulkan)
+        assert net.load_param(str(tmp_path / "m.param")) == 0 and net.load_model(str(tmp_path / "m.bin")) == 0
+        ex = net.create_extractor()
+        assert ex.input("in0", graph.Mat(np.array([-1.0, 2.0], np.float32))) == 0
+        by_name, by_index, untouched = graph.Mat(), graph.Mat(), graph.Mat(5)
+        assert ex.extract("out0", by_name) == 0 and ex.extract(1, by_index, 0) == 0
+        assert np.array_equal(np.array(by_name), [0.0, 2.0]) and np.array_equal(np.array(by_index), [0.0, 2.0])
+        with quiet_stderr():
+            assert ex.extract("nosuch", untouched) == -1
+        assert untouched.w == 5  # left as it was on failure
+
+
 def test_mat_to_numpy_is_a_copy_and_copy_false_says_so():
     """numpy's __array__ protocol: the Mat converts as a copy (ncnn's memory may be packed or float16), in the
     dtype asked for; copy=False, which asks for the Mat's own memory, is numpy 2's ValueError, and np.asarray's

@@ -19,8 +19,11 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
 
 Not there (AttributeError): ``destroy_gpu_instance``, ``Net.input_indexes`` / ``output_indexes`` / ``blobs``
 (``input_names`` / ``output_names`` are), ``Net.load_param_bin`` (binary params name no blobs: nothing could be
-fused), custom Python layers, allocator objects (``allocator=None`` is taken, as is ``elemsize=4``; ``Mat.create`` /
-``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1), and the convolution tuning flags of ``Option``. bfloat16 storage
+fused), custom Python layers, allocator objects (``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
+``Mat.create`` / ``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1),
+``Net.vulkan_device``, ``DataReaderFromEmpty``, ``copy_make_border`` / ``resize_bilinear`` / ``create_layer``, Mat's
+batch API, and the convolution tuning flags of ``Option``. ``Net.layers()`` gives ``(name, type, is_vknorm,
+on_vulkan)`` tuples, not Layer objects. bfloat16 storage
 (``opt.use_bf16_storage`` / ``use_bf16_packed``), where the device takes it, is refused by vknorm's layers at
 load (``Net(vknorm=False)`` runs it).
 
