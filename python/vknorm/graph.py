@@ -56,7 +56,8 @@ Light mode (``opt.lightmode``, on by default as in ncnn): each layer frees its i
 extractor gives a blob only until something downstream of it was extracted; extracting it later returns -1 and
 says so when making it again would need a freed blob (stock pyncnn returns an empty Mat, -100, or crashes;
 a blob made from constants alone, such as a MemoryData, still comes back, and so does one a Vulkan net already
-downloaded: it keeps that copy, as pyncnn). Extract intermediates first, or turn light mode off
+downloaded: it keeps that copy, as pyncnn; a blob between that one and a later extract is not made again from
+the copy, where pyncnn's Vulkan net does, but is -1 with the message). Extract intermediates first, or turn light mode off
 (``opt.lightmode``, ``Extractor.set_light_mode``). A blob set with ``input()`` comes back as given, and once
 freed it is -1, never made again from upstream.
 
