@@ -455,7 +455,8 @@ std::vector<int> shape_of(const ::ncnn::Mat& m) {
   return {m.w, m.h, m.d, m.c};
 }
 
-// Mat.create's Mat: float32 of elempack 1 and a batch of one (what this module's Mats are), zeroed.
+// Mat.create's and the shape constructors' Mat: float32 of elempack 1 and a batch of one (what this module's Mats
+// are), zeroed; `where` names the call in messages.
 ::ncnn::Mat created(const std::vector<int>& shape, size_t elemsize, int elempack, int n, nb::handle allocator,
                     const std::string& where = "Mat.create") {
   if (elempack != 1)
@@ -956,7 +957,7 @@ class HeldBlobs {
     for (size_t i = 0; i < held_.size() && i < after.size(); ++i) held_[i] = held_[i] && after[i];
   }
   void clear() { held_.clear(), given_.clear(); }
-  // Whether input() set blob b (by index), or a blob of this name.
+  // Whether input() set blob b (by index), or the blob this name finds (its first).
   bool given(int b) const { return b >= 0 && b < int(given_.size()) && given_[b]; }
   bool given(const ::ncnn::Net& net, const std::string& name) const {
     return given(vknorm::ncnn::blob_index(net, name.c_str()));
@@ -1217,14 +1218,19 @@ std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& 
 }
 
 // A blob's name from its index (pyncnn's input/extract by index) as the model's own .param numbers it (a fused
-// net's renumbered blobs through the unfused model's names); "" when out of range (logged).
+// net's renumbered blobs through the unfused model's names); "" (logged) when no layer makes a blob of that index,
+// or when its name finds an earlier blob.
 std::string blob_name(Extractor& e, long long index, const char* call) {
   ReleaseGil release;
   std::shared_lock<NetLock> net_lock(e.owner->lock);
   if (e.stale(call)) return "";
   const std::vector<std::string>& unfused = e.owner->unfused_blobs;
   const std::vector<::ncnn::Blob>& blobs = e.owner->net.blobs();
-  const int count = unfused.empty() ? int(blobs.size()) : int(unfused.size());
+  // ncnn keeps the header's count of blobs; those past the ones the layers make have no name (a fused net's list
+  // holds only the made ones)
+  int made = 0;
+  while (made < int(blobs.size()) && !blobs[size_t(made)].name.empty()) ++made;
+  const int count = unfused.empty() ? made : int(unfused.size());
   if (index < 0 || index >= count) {
     NCNN_LOGE("vknorm.graph: Extractor.%s: blob index %lld out of range (%d blobs)", call, index, count);
     return "";
@@ -1555,9 +1561,9 @@ NB_MODULE(_graph, m) {
       .def("__array__",
            [](const ::ncnn::Mat& mat, nb::handle dtype, nb::handle copy) {
              if (copy.ptr() == Py_False)
-               throw std::invalid_argument("Mat: copy=False: a vknorm.graph.Mat converts to numpy as a copy (ncnn's "
-                                           "memory may be packed or float16); writes to it do not reach the Mat. "
-                                           "Use np.array(mat), and Mat(array) for a Mat of new values");
+               throw std::invalid_argument("Mat: copy=False: numpy's protocol gives a copy of a vknorm.graph.Mat; "
+                                           "mat.numpy() is the view of its memory (writes reach the Mat), "
+                                           "np.array(mat) a copy");
              nb::object a = nb::cast(mat_to_numpy(mat));
              if (dtype.is_valid() && !dtype.is_none()) a = a.attr("astype")(dtype);
              // np.asarray (copy=None) reads like a view of the Mat, as pyncnn's is: read-only, so that a write to

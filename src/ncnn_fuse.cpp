@@ -383,10 +383,16 @@ FuseResult fuse_param(const std::string& text) {
   auto writes_unique_names = [&](const Line& l) {
     return std::none_of(l.tops.begin(), l.tops.end(), [&](const std::string& t) { return named_twice.count(t) > 0; });
   };
-  // An add taken into the norm reads its bottoms at the norm's place: a name given to a top in between would be
-  // found there first where the name's first blob is an input made at the add's own read.
-  auto reads_unique_names = [&](const Line& l) {
-    return std::none_of(l.bottoms.begin(), l.bottoms.end(), [&](const std::string& b) { return named_twice.count(b) > 0; });
+  // An add taken into the norm reads its bottoms at the norm's place. An input's blob is made where its name is
+  // first read, so if that is the add's read and a top between add and norm takes the name, the norm would find
+  // that top instead.
+  auto reads_at_the_norm_as_at_the_add = [&](const Line& add, const Line& norm) {
+    return std::none_of(add.bottoms.begin(), add.bottoms.end(), [&](const std::string& b) {
+      return producer.at(b) == kInput && named_twice.count(b) &&
+             std::any_of(L.begin(), L.end(), [&](const Line& l) {
+               return l.pos > add.pos && l.pos < norm.pos && std::count(l.tops.begin(), l.tops.end(), b);
+             });
+    });
   };
   // featmask (param 31) picks per layer what runs where (bit 4: off Vulkan): an add or activation joins a norm
   // only with the same featmask, so none changes where it runs.
@@ -417,7 +423,7 @@ FuseResult fuse_param(const std::string& text) {
     const int P = producer.at(b);
     if (P == kInput) {  // read from the caller: nothing before the norm to fuse
     } else if (is_plain_add(L[P]) && consumers[b].size() == 1 && same_featmask(L[P], N) && writes_unique_names(L[P]) &&
-               reads_unique_names(L[P])) {
+               reads_at_the_norm_as_at_the_add(L[P], N)) {
       add = P;
     } else if (L[P].type == "Split" && L[P].bottoms.size() == 1 && writes_unique_names(L[P]) &&
                ncnn_reads(L[P], &split_hints)) {
@@ -429,7 +435,7 @@ FuseResult fuse_param(const std::string& text) {
           if (t != b && L[c].pos <= N.pos) read_later = false;
       // b itself read by the norm alone: the fused layer writes no blob named b for another reader
       if (Q != kInput && is_plain_add(L[Q]) && consumers[s].size() == 1 && consumers[b].size() == 1 && read_later &&
-          same_featmask(L[Q], N) && writes_unique_names(L[Q]) && reads_unique_names(L[Q]))
+          same_featmask(L[Q], N) && writes_unique_names(L[Q]) && reads_at_the_norm_as_at_the_add(L[Q], N))
         add = Q, split = P;
     }
     if (add < 0 && act < 0) continue;

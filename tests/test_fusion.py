@@ -599,6 +599,13 @@ def test_the_rewrite_reads_a_param_as_ncnn_reads_it():
     text, fused = fuse(SHADOWED_INPUT)
     assert fused == [] and [ln[0] for ln in lines_of(text)] == ["BinaryOp", "MemoryData", "Split", "LayerNorm",
                                                                 "BinaryOp"]
+    # a name taken again after the norm, or the first blob of a reused name made by a layer: found alike at the
+    # add's place and the norm's, so the add is fused
+    ln = "LayerNorm ln 1 1 s out0 0=8 1=1e-05 2=0\n"
+    assert [f["pattern"] for f in fuse("7767517\n3 5\nBinaryOp add 2 1 x r s 0=0\n" + ln + "Input in0 0 1 x\n")[1]] \
+        == ["BinaryOp+LayerNorm"]
+    assert [f["pattern"] for f in fuse("7767517\n6 8\nInput in0 0 1 a\nSplit sp 1 3 a a1 a2 a3\nReLU p 1 1 a1 x\n"
+                                       "ReLU q 1 1 a2 x\nBinaryOp add 2 1 x a3 s 0=0\n" + ln)[1]] == ["BinaryOp+LayerNorm"]
 
 
 # in0 is the caller's (no layer makes it) and the Split's second top: ncnn's input("in0") and the add read the first

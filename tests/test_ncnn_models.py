@@ -345,6 +345,22 @@ def test_a_worker_killed_outright_is_named_as_likely_out_of_memory_not_as_a_shap
         run_in_child(lambda: os.kill(os.getpid(), signal.SIGKILL), say, "vknorm check")
 
 
+def test_the_model_reader_reads_a_param_as_ncnn_reads_it(tmp_path):
+    """check, bench --model and optimize read the header's count of layers and nothing after, as ncnn; fewer lines
+    and a bottom no layer produces are refused, the latter with the way to an accepted model."""
+    path = tmp_path / "m.param"
+    path.write_text("7767517\n2 2\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 out0 0=8 1=1e-05 2=0\nnever read\n")
+    model = vkcheck.parse_param(str(path))
+    assert [layer.name for layer in model.norms] == ["ln"] and model.inputs == ["in0"]
+    path.write_text("7767517\n3 3\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 out0 0=8 1=1e-05 2=0\n")
+    with pytest.raises(vkcheck.UsageError, match="the header says 3 layers, the file has 2 layer lines"):
+        vkcheck.parse_param(str(path))
+    path.write_text("7767517\n2 3\nInput in0 0 1 in0\nLayerNorm ln 1 1 x out0 0=8 1=1e-05 2=0\n")
+    with pytest.raises(vkcheck.UsageError, match=r"reads blob 'x', which no earlier layer produces \(a misspelt name\? "
+                                                 r"ncnn would take it as an input to fill: give it an Input layer"):
+        vkcheck.parse_param(str(path))
+
+
 def test_a_crash_names_the_run_the_worker_was_in_and_its_likely_cause():
     """The worker says which run it starts (stock ncnn's CPU run, its Vulkan run, the run with vknorm inside) and
     what a crash there most likely means; the one-line error names the last such run, and a run that finished

@@ -76,8 +76,8 @@ struct FuseResult {
 //    consumer.
 // Params are read as ncnn's ParamDict reads them (an id is a number: 00=1 and +0=1 are id 0; of an id given twice
 // the last wins); a layer whose params ncnn would read otherwise than as those values (a float for an int, an
-// array), or not at all, a layer writing a blob name another top already took, and an add reading such a name,
-// are left as they are.
+// array), or not at all, a layer writing a blob name another top already took, and an add reading an input (a
+// bottom no earlier layer produces) whose name a top between the add and the norm takes, are left as they are.
 // Anything else is left as it is. The file is read as ncnn's load_param reads it: the header's count of layers and
 // nothing after them, and a bottom that no earlier layer produces is an input of its own (ncnn makes it a blob
 // that Extractor::input fills). Throws std::invalid_argument naming the line on a malformed .param, on header

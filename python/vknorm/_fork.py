@@ -14,8 +14,20 @@ from .cli import UsageError
 # Errors cli.main reports as one line and exit 2 (bad settings, memory too small, files it cannot write).
 _REPORTED = (ValueError, MemoryError, OSError)
 
+# Likely causes of a crash, by where the worker was (stage's cause).
 SHAPES = "do the --input shapes match what the model takes?"
 LOADING = "ncnn cannot load this model (no input was given yet)"
+VKNORM_CRASH = ("stock ncnn's CPU and Vulkan runs of the same inputs had finished, so the fault is likely vknorm's at "
+                "these shapes: please report it with the model")
+TIMED_CRASH = "every run had finished once with these inputs: please report it with the model"
+
+
+def stock_vulkan_crash(cpu_run: str) -> str:
+    """The cause of a crash in stock ncnn's Vulkan run after cpu_run ("its CPU run") had finished: ncnn's CPU layers
+    check few shapes, so the shapes may still be wrong; where they are right, stock ncnn's own Vulkan layers fail."""
+    return (f"{cpu_run} of the same inputs had finished, but ncnn's CPU layers check few shapes: {SHAPES} If they do, "
+            "stock ncnn's own Vulkan layers fail at these shapes (`vknorm check` without --vulkan judges vknorm's "
+            "layers on their own)")
 _stage_fd = None  # the worker's end of its pipe, while run_in_child's fn runs
 
 
@@ -161,7 +173,7 @@ def crashed_running(model: str, specs: dict) -> Callable[..., str]:
         run = f"in {what} of {model}" if what else f"running {model}"
         if signame == "SIGKILL":
             advice = "" if cause == LOADING else " try smaller --input shapes"
-            return (f"the worker {'running ' + model if not what else run} with {input_flags(specs)} was killed "
+            return (f"the worker {run} with {input_flags(specs)} was killed "
                     f"(SIGKILL: out of host memory?{advice})")
         return f"ncnn crashed ({signame}) {run} with {input_flags(specs)}: {cause}"
     return message

@@ -339,7 +339,7 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
     if not m or int(m.group(1)) < 1:
         raise bad(f"garbled .param: expected 'layer_count blob_count', got {counts[:40]!r}", n)
     layer_count, blob_count = int(m.group(1)), int(m.group(2))
-    body = lines[2:]
+    body = lines[2:2 + layer_count]  # ncnn reads the header's count of layers and nothing after them
     if len(body) != layer_count:
         raise bad(f"garbled or truncated .param: the header says {layer_count} layers, the file has "
                   f"{len(body)} layer lines")
@@ -379,7 +379,9 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
         names.add(name)
         for b in bottoms:
             if b not in produced:
-                raise bad(f"layer {name!r} reads blob {b!r}, which no earlier layer produces", n)
+                raise bad(f"layer {name!r} reads blob {b!r}, which no earlier layer produces (a misspelt name? ncnn "
+                          f"would take it as an input to fill: give it an Input layer for vknorm check, bench "
+                          f"--model and optimize)", n)
         for t in tops:
             if t in produced:
                 raise bad(f"layer {name!r} produces blob {t!r}, already produced by {produced[t]!r}", n)
@@ -1281,13 +1283,6 @@ def _ncnn_add(graph, a, b, fp16: bool):
         return s
 
 
-# A crash in stock ncnn's Vulkan run after its CPU run of the same inputs finished: ncnn's CPU layers check few
-# shapes, so the shapes may still be wrong; where they are right, stock ncnn's own Vulkan layers fail there.
-STOCK_VULKAN_CRASH = ("its CPU run of the same inputs had finished, but ncnn's CPU layers check few shapes: "
-                      "do the --input shapes match what the model takes? If they do, stock ncnn's own Vulkan layers "
-                      "fail at these shapes (`vknorm check` without --vulkan judges vknorm's layers on their own)")
-
-
 def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]],
                        fp16: bool = False, seed: int = 0, atol: Optional[float] = None, fuse: bool = True) -> dict:
     """`vknorm check --vulkan`: stock ncnn CPU fp32, stock ncnn Vulkan and ncnn Vulkan with vknorm inside,
@@ -1316,7 +1311,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                          "or a GPU driver)")
     result["device"] = device
 
-    from ._fork import LOADING, stage
+    from ._fork import LOADING, TIMED_CRASH, VKNORM_CRASH, stage, stock_vulkan_crash
 
     nets = []
     try:
@@ -1354,7 +1349,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
         stage("stock ncnn's Vulkan load", LOADING)
         stock = _graph_load(graph, model, bin_path, len(data), vknorm=False, vulkan=True, fp16=fp16,
                             label="ncnn Vulkan")
-        stage("stock ncnn's Vulkan run", STOCK_VULKAN_CRASH)
+        stage("stock ncnn's Vulkan run", stock_vulkan_crash("its CPU run"))
         nets.append(stock)
         got_stock = _graph_extract(graph, stock, inputs, blobs, "ncnn Vulkan")
         # Stock ncnn's two runs agree on every blob's shape, or the --input shapes do not fit the model (ncnn
@@ -1366,10 +1361,9 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                 raise UsageError(f"blob {b!r} comes out {dims(ref[b])} from stock ncnn's CPU run and "
                                  f"{dims(got_stock[b])} from its Vulkan run: do the --input shapes match what the "
                                  "model takes?")
-        stage("the run with vknorm inside", "stock ncnn's CPU and Vulkan runs of the same inputs had finished, so "
-              "the fault is likely vknorm's at these shapes: please report it with the model")
+        stage("the run with vknorm inside", VKNORM_CRASH)
         got = _graph_extract(graph, vk, inputs, vk_blobs, "vknorm Vulkan")
-        stage("the timed runs", "every run had finished once with these inputs: please report it with the model")
+        stage("the timed runs", TIMED_CRASH)
         infos = {i["name"]: i for i in vk.vknorm_layers()}
 
         try:

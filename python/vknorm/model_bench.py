@@ -123,16 +123,14 @@ class ModelRunner:
 
 def _first_run_cause(impl: str, finished: List[str]) -> str:
     """The likely cause of a crash in impl's first inference, after those in finished ran the same inputs."""
-    from ._fork import SHAPES
-    from .check import STOCK_VULKAN_CRASH
+    from ._fork import SHAPES, VKNORM_CRASH, stock_vulkan_crash
 
     if "ncnn-cpu" not in finished:
         return SHAPES
     if impl == "ncnn-vulkan":
-        return STOCK_VULKAN_CRASH.replace("its CPU run", "ncnn-cpu's run", 1)
+        return stock_vulkan_crash("ncnn-cpu's run")
     if "ncnn-vulkan" in finished:
-        return ("ncnn-cpu and ncnn-vulkan had run the same inputs, so the fault is likely vknorm's at these shapes: "
-                "please report it with the model")
+        return VKNORM_CRASH
     return f"ncnn-cpu had run the same inputs; {SHAPES}"
 
 
@@ -153,7 +151,7 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
         except RuntimeError as e:
             raise RuntimeError(f"{e}{load_failure(parse_param(param), logs)}") from None  # parsed to name the line
 
-    from ._fork import LOADING, stage
+    from ._fork import LOADING, TIMED_CRASH, stage
 
     runners = []
     for impl in impls:
@@ -167,7 +165,7 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
         stage(f"the {r.impl} run", _first_run_cause(r.impl, finished))
         ncnn_reason(r)
         finished.append(r.impl)
-    stage("the timed runs", "every implementation had run once with these inputs: please report it with the model")
+    stage("the timed runs", TIMED_CRASH)
     # a .bin longer than the model reads: another model's? (as check and optimize warn; a vknorm.graph net counts)
     read = next((r.net.model_bytes_read for r in runners if hasattr(r.net, "model_bytes_read")), None)
     size = os.path.getsize(binp)
