@@ -13,7 +13,9 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
+#include <vector>
 
 #include <ncnn/command.h>
 #include <ncnn/gpu.h>
@@ -240,6 +242,8 @@ class NormLayer : public ::ncnn::Layer {
     prepared_.clear();
     pipelines_.clear();
     specialized_.clear();
+    scratch_.clear(), retired_.clear();  // (ncnn destroys pipelines with no forward in flight)
+    scratch_allocator_.reset();
     return 0;
   }
 
@@ -592,11 +596,10 @@ class NormLayer : public ::ncnn::Layer {
   int record(const Prepared& prep, const ::ncnn::VkMat& blob, const AddMats* add, ::ncnn::VkCompute& cmd,
              const ::ncnn::Option& opt) const {
     const ForwardPlan& fp = prep.plan;
-    // Split-path scratch comes from ncnn's workspace allocator, as its own layers' does.
-    ::ncnn::VkMat partials, coefs;
-    if (fp.partials_bytes) partials.create(int(fp.partials_bytes / 4), 4u, opt.workspace_vkallocator);
-    if (fp.coefs_bytes) coefs.create(int(fp.coefs_bytes / 4), 4u, opt.workspace_vkallocator);
-    if ((fp.partials_bytes && partials.empty()) || (fp.coefs_bytes && coefs.empty())) return -100;
+    const Scratch* scratch = scratch_for(fp);
+    if (!scratch) return -100;
+    const ::ncnn::VkMat& partials = scratch->partials;
+    const ::ncnn::VkMat& coefs = scratch->coefs;
     // Unused writable slots hold the blob this forward writes (in place: the blob; else the output), not
     // ncnn's dummy buffer, which every layer shares: the kernels declare slots 3, 4, 6 and 7 writable, and
     // synchronization validation takes that for a write of whatever is bound there. Unused read-only slots
@@ -616,6 +619,28 @@ class NormLayer : public ::ncnn::Layer {
     ++vulkan_forwards_;
     ++g_vulkan_forwards;
     return 0;
+  }
+
+  // The split and cooperative kernels' scratch (statistics, coefficients, counters), one set per recording thread,
+  // kept until the pipelines are destroyed. Memory given back to ncnn's pool once the layer has recorded could be
+  // handed out again in the same command buffer, where ncnn records no barrier for a fresh block: a copy into it
+  // would race the kernels' last writes (the cooperative kernel writes its counters last). ncnn's extracts submit
+  // and wait, so a thread has one forward of this layer in flight at a time, and within one command buffer the
+  // kept Mats' access flags give ncnn's own barriers. Null when device memory runs out.
+  struct Scratch {
+    ::ncnn::VkMat partials, coefs;
+  };
+  const Scratch* scratch_for(const ForwardPlan& fp) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Scratch& s = scratch_[std::this_thread::get_id()];
+    auto fit = [&](::ncnn::VkMat& m, size_t bytes) {
+      if (!bytes || (!m.empty() && m.total() * m.elemsize >= bytes)) return true;
+      if (!scratch_allocator_) scratch_allocator_ = std::make_unique<::ncnn::VkBlobAllocator>(vkdev, 64 * 1024);
+      if (!m.empty()) retired_.push_back(m);  // never handed out again while a command buffer may still use it
+      m.create(int((bytes + 3) / 4), 4u, scratch_allocator_.get());
+      return !m.empty();
+    };
+    return fit(s.partials, fp.partials_bytes) && fit(s.coefs, fp.coefs_bytes) ? &s : nullptr;
   }
 
   const char* type_name() const { return fused_type_ ? fused_name(p_.op) : op_name(p_.op); }
@@ -680,6 +705,9 @@ class NormLayer : public ::ncnn::Layer {
   mutable std::map<std::string, std::unique_ptr<::ncnn::Pipeline>> pipelines_;
   mutable std::map<std::tuple<int, int, int, int, int, size_t, int, bool, bool, int>, Prepared> prepared_;
   mutable SpecializedSizes specialized_;  // the group sizes its plans take as a constant
+  mutable std::unique_ptr<::ncnn::VkBlobAllocator> scratch_allocator_;  // (declared before what it allocates)
+  mutable std::map<std::thread::id, Scratch> scratch_;
+  mutable std::vector<::ncnn::VkMat> retired_;  // scratch outgrown, released with the rest
   mutable std::atomic<uint64_t> vulkan_forwards_{0}, cpu_forwards_{0}, pipelines_made_{0};
   std::unique_ptr<::ncnn::Layer> cpu_norm_;        // ncnn's own CPU layer of this op, for the CPU forward
   std::unique_ptr<::ncnn::Layer> cpu_activation_;  // and of the fused activation

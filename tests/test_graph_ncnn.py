@@ -484,6 +484,47 @@ def test_a_norm_on_a_shared_input_writes_a_blob_of_its_own_with_no_unsynchronize
     assert log.strip() == "", log[:3000]
 
 
+SCRATCH_SCRIPT = r"""
+import os, sys
+import numpy as np
+from vknorm import graph
+param, binp = sys.argv[1], sys.argv[2]
+x = np.random.default_rng(0).standard_normal((11, 36)).astype(np.float32)
+for path in ("cooperative", "split"):
+    os.environ["VKNORM_PATH"] = path
+    for fuse in (True, False):
+        net = graph.configure(graph.Net(fuse=fuse), vulkan=True)
+        assert net.load_param(param) == 0 and net.load_model(binp) == 0
+        for _ in range(3):
+            ex = net.create_extractor()
+            assert ex.input("in0", graph.Mat(x)) == 0
+            r, out = ex.extract("out0")
+            assert r == 0 and np.isfinite(np.array(out)).all()
+            del ex
+        kernels = {v.split("_")[1] for l in net.vknorm_layers() for v in l["variants"]}
+        assert {"cooperative": "cooperative", "split": "reduce"}[path] in kernels, kernels
+        del net
+print("ran", flush=True)
+"""
+
+
+def test_a_norms_scratch_memory_is_not_handed_out_again_while_its_command_buffer_runs(tmp_path):
+    """The cooperative and split kernels keep statistics and counters in scratch memory, and the cooperative kernel
+    writes it last (its counters back to zero). Had that memory gone back to ncnn's pool when the layer had
+    recorded, the copy ncnn makes for an in-place layer on a Split-shared blob (the Sigmoid here) could be handed
+    it in the same command buffer, unsynchronized with those writes (a race on a GPU). Under synchronization
+    validation in ncnn's instance, vknorm's nets run this graph on both scratch paths with an empty log."""
+    param = tmp_path / "m.param"
+    param.write_text("7767517\n9 12\nInput in0 0 1 in0\nSplit sp0 1 2 in0 x1 x2\n"
+                     "LayerNorm ln1 1 1 x1 a 0=36 1=1e-5 2=0\nGELU g1 1 1 a a2\nBinaryOp add 2 1 a2 x2 s 0=0\n"
+                     "LayerNorm ln2 1 1 s b 0=36 1=1e-5 2=0\nSplit sp 1 2 b c d\nSigmoid sg 1 1 c e\n"
+                     "BinaryOp mul 2 1 e d out0 0=2\n")
+    (tmp_path / "m.bin").write_bytes(b"")
+    proc, log = graph_runs.run_validated(tmp_path, SCRATCH_SCRIPT, param, tmp_path / "m.bin")
+    assert proc.returncode == 0 and "ran" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert log.strip() == "", log[:3000]
+
+
 def test_an_extractor_needs_a_loaded_model_with_the_options_it_was_loaded_with(tmp_path):
     """ncnn builds every layer's pipelines in load_model, for the options it finds then; an extractor of a net
     whose model did not load, or whose format options changed after that, would run layers without pipelines
