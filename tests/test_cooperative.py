@@ -564,9 +564,9 @@ INSIDE_NCNN = ["-m", "vknorm", "check", "tests/data/instnorm_block.ncnn.param", 
 
 
 @needs_graph
-def test_inside_ncnn_graph_with_counters_in_workspace_memory():
+def test_inside_ncnn_graph_with_counters_in_the_layers_scratch():
     """ncnn's graph (VKNORM_PATH forces the path there): InstanceNorm planes of 576 elements, two chunks each, a
-    clear pass zeroing the counters in ncnn's workspace memory before each forward; judged by vknorm check."""
+    clear pass zeroing the counters in the layer's scratch before each forward; judged by vknorm check."""
     env = dict(os.environ, VKNORM_COOPERATIVE_WORKGROUPS="2", LP_NUM_THREADS="2", VKNORM_VALIDATION="1",
                VKNORM_PATH="cooperative")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
