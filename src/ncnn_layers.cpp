@@ -352,7 +352,7 @@ class NormLayer : public ::ncnn::Layer {
     top.create_like(bottom, opt.blob_vkallocator);
     if (top.empty()) return -100;
     const AddMats out{::ncnn::VkMat(), top, ::ncnn::VkMat()};
-    return record(*prep, bottom, &out, cmd, opt);
+    return record(*prep, bottom, &out, cmd);
   }
 
   // Vulkan, fused add: one kernel reads both inputs and writes the output (and the sum). Inputs that
@@ -375,7 +375,7 @@ class NormLayer : public ::ncnn::Layer {
       if (write_sum) tops[1].create_like(a, opt.blob_vkallocator);
       if (tops[0].empty() || (write_sum && tops[1].empty())) return -100;
       const AddMats add{b, tops[0], write_sum ? tops[1] : ::ncnn::VkMat()};
-      return record(*prep, a, &add, cmd, opt);
+      return record(*prep, a, &add, cmd);
     }
     ++unfused_adds_;
     ++g_unfused_adds;
@@ -456,7 +456,7 @@ class NormLayer : public ::ncnn::Layer {
     if (blob.empty()) return -100;
     const Prepared* prep = prepared_for(blob, add ? fusion_.residual : Fusion::None, opt);
     if (!prep) return -1;
-    if (!prep->via_float32 || add) return record(*prep, blob, add, cmd, opt);
+    if (!prep->via_float32 || add) return record(*prep, blob, add, cmd);
     return record_via_float32(*prep, blob, cmd, opt);
   }
 
@@ -468,7 +468,7 @@ class NormLayer : public ::ncnn::Layer {
     ::ncnn::VkMat fp32, back;
     vkdev->convert_packing(blob, fp32, 1, 1 /* to float32 */, cmd, opt);
     if (fp32.empty()) return -100;
-    if (int r = record(prep, fp32, nullptr, cmd, opt)) return r;
+    if (int r = record(prep, fp32, nullptr, cmd)) return r;
     vkdev->convert_packing(fp32, back, blob.elempack, 2 /* to float16 */, cmd, opt);
     if (back.empty()) return -100;
     blob = back;
@@ -593,8 +593,7 @@ class NormLayer : public ::ncnn::Layer {
   }
 
   // Records the prepared passes over `blob` (in the prepared format) into ncnn's command buffer.
-  int record(const Prepared& prep, const ::ncnn::VkMat& blob, const AddMats* add, ::ncnn::VkCompute& cmd,
-             const ::ncnn::Option& opt) const {
+  int record(const Prepared& prep, const ::ncnn::VkMat& blob, const AddMats* add, ::ncnn::VkCompute& cmd) const {
     const ForwardPlan& fp = prep.plan;
     const Scratch* scratch = scratch_for(fp);
     if (!scratch) return -100;
