@@ -28,6 +28,8 @@ def stock_vulkan_crash(cpu_run: str) -> str:
     return (f"{cpu_run} of the same inputs had finished, but ncnn's CPU layers check few shapes: {SHAPES} If they do, "
             "stock ncnn's own Vulkan layers fail at these shapes (`vknorm check` without --vulkan judges vknorm's "
             "layers on their own)")
+
+
 _stage_fd = None  # the worker's end of its pipe, while run_in_child's fn runs
 
 
