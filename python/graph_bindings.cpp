@@ -1287,7 +1287,7 @@ void net_clear(Net& n) {
 }
 
 // Device memory ncnn holds. Every allocation ncnn makes (its blob, workspace, staging and weight
-// allocators, vknorm's layers' scratch through them) goes through ncnn::vkAllocateMemory / vkFreeMemory,
+// allocators, and the VkBlobAllocator each vknorm layer keeps for its scratch) goes through ncnn::vkAllocateMemory / vkFreeMemory,
 // function pointers ncnn fills when it creates its Vulkan instance; tracking swaps in counting wrappers.
 // A limit makes the wrapper answer VK_ERROR_OUT_OF_DEVICE_MEMORY past it, as a full device answers:
 // what ncnn then does is what a user meets when the GPU runs out of memory.

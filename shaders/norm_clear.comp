@@ -1,8 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // Zeroes the cooperative kernel's counters (binding 4) where they start out in memory of unknown
-// content: ncnn's workspace allocator, or a buffer just made. The kernel leaves them zero, so an
-// executor that keeps the buffer from one forward to the next runs this once.
+// content: a buffer just made, or one an ncnn layer keeps, which records this every forward. The kernel
+// leaves them zero, so an executor that keeps the buffer from one forward to the next may run this once.
 #define COOPERATIVE 1
 #include "common.glsl"
 

@@ -623,9 +623,11 @@ class NormLayer : public ::ncnn::Layer {
   // The split and cooperative kernels' scratch (statistics, coefficients, counters), one set per recording thread,
   // kept until the pipelines are destroyed. Memory given back to ncnn's pool once the layer has recorded could be
   // handed out again in the same command buffer, where ncnn records no barrier for a fresh block: a copy into it
-  // would race the kernels' last writes (the cooperative kernel writes its counters last). ncnn's extracts submit
-  // and wait, so a thread has one forward of this layer in flight at a time, and within one command buffer the
-  // kept Mats' access flags give ncnn's own barriers. Null when device memory runs out.
+  // would race the kernels' last writes (the cooperative kernel writes its counters last). ncnn's extracts (and
+  // vknorm.graph's) submit and wait on the thread that recorded, so a thread has one forward of this layer in
+  // flight at a time, and within one command buffer the kept Mats' access flags give ncnn's own barriers. (Command
+  // buffers one thread records and others submit at once would share it.) Null when device memory runs out; the
+  // set held before stays usable then.
   struct Scratch {
     ::ncnn::VkMat partials, coefs;
   };
@@ -635,9 +637,12 @@ class NormLayer : public ::ncnn::Layer {
     auto fit = [&](::ncnn::VkMat& m, size_t bytes) {
       if (!bytes || (!m.empty() && m.total() * m.elemsize >= bytes)) return true;
       if (!scratch_allocator_) scratch_allocator_ = std::make_unique<::ncnn::VkBlobAllocator>(vkdev, 64 * 1024);
+      ::ncnn::VkMat larger;
+      larger.create(int((bytes + 3) / 4), 4u, scratch_allocator_.get());
+      if (larger.empty()) return false;
       if (!m.empty()) retired_.push_back(m);  // never handed out again while a command buffer may still use it
-      m.create(int((bytes + 3) / 4), 4u, scratch_allocator_.get());
-      return !m.empty();
+      m = larger;
+      return true;
     };
     return fit(s.partials, fp.partials_bytes) && fit(s.coefs, fp.coefs_bytes) ? &s : nullptr;
   }

@@ -8,7 +8,8 @@ to a file the parent reads (tests/graph_runs.py validated_env); ncnn's instance 
 process exits, so what the layer reports at teardown (leaked objects) is in the log too.
 
 Device memory is what ncnn holds: vknorm.graph.track_device_memory() counts every VkDeviceMemory ncnn
-allocates or frees (blob, workspace, staging and weight allocators; vknorm's layers allocate through them),
+allocates or frees (blob, workspace, staging and weight allocators; vknorm's layers allocate through them, and
+their scratch through an ncnn allocator of their own),
 and set_device_memory_limit() makes allocations past a limit fail as on a full device (the faults).
 
     python tests/reliability_graph.py run SCENARIO '{"kwarg": value}'   # one scenario's figures as JSON

@@ -525,6 +525,53 @@ def test_a_norms_scratch_memory_is_not_handed_out_again_while_its_command_buffer
     assert log.strip() == "", log[:3000]
 
 
+SCRATCH_GROWTH_SCRIPT = r"""
+import os, sys
+os.environ["VKNORM_PATH"] = "split"
+import numpy as np
+from vknorm import graph
+param, binp = sys.argv[1], sys.argv[2]
+rng = np.random.default_rng(0)
+# statistics per row: 48 KiB and 192 KiB of scratch, each more than half the layer's 64 KiB blocks can spare
+small, big = (rng.standard_normal((rows, 64)).astype(np.float32) for rows in (4096, 16384))
+graph.track_device_memory()
+net = graph.configure(graph.Net(fuse=False), vulkan=True)
+
+def run(x):
+    ex = net.create_extractor()
+    assert ex.input("in0", graph.Mat(x)) == 0
+    return ex.extract("out0")[0]
+
+def load():
+    assert net.load_param(param) == 0 and net.load_model(binp) == 0
+
+load()
+assert run(big) == 0  # ncnn's pools now hold the big input's blobs
+net.clear()
+load()  # a layer of its own again: scratch for the small input only
+assert run(small) == 0
+graph.set_device_memory_limit(graph.device_memory()["bytes"])  # nothing more
+print("big under the limit:", run(big))
+print("small after it:", run(small))
+graph.set_device_memory_limit(0)
+print("big without a limit:", run(big))
+"""
+
+
+def test_scratch_that_cannot_grow_leaves_the_scratch_held_before_usable(tmp_path):
+    """A layer's scratch grows with the input (the split path: statistics per row). Where device memory runs out as
+    it grows, that forward fails with ncnn's -100, and a forward of the size that ran before still runs on the
+    scratch it had; once memory is there, the large one runs."""
+    (tmp_path / "m.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 out0 0=64 1=1e-5 2=0\n")
+    (tmp_path / "m.bin").write_bytes(b"")
+    env = dict(os.environ)
+    proc = subprocess.run([sys.executable, "-c", SCRATCH_GROWTH_SCRIPT, str(tmp_path / "m.param"),
+                           str(tmp_path / "m.bin")], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("big", "small"))]
+    assert lines == ["big under the limit: -100", "small after it: 0", "big without a limit: 0"], proc.stdout
+
+
 def test_an_extractor_needs_a_loaded_model_with_the_options_it_was_loaded_with(tmp_path):
     """ncnn builds every layer's pipelines in load_model, for the options it finds then; an extractor of a net
     whose model did not load, or whose format options changed after that, would run layers without pipelines

@@ -153,7 +153,8 @@ def configure(net: Net, *, vulkan: bool = True, fp16: bool = False, packing: boo
 
 def track_device_memory() -> None:
     """Count the device memory ncnn allocates from now on (every VkDeviceMemory of its allocators: blobs,
-    workspace, staging, weights; vknorm's layers allocate through them). Starts ncnn's Vulkan instance.
+    workspace, staging, weights; vknorm's layers allocate through them, and their kernels' scratch through an ncnn
+    allocator of their own, held until ``Net.clear()``). Starts ncnn's Vulkan instance.
     Read the figures with ``device_memory()``."""
     _graph.track_device_memory()
 
