@@ -443,23 +443,29 @@ def test_a_plan_of_workgroups_below_ncnns_subgroup_size_is_refused_in_ncnns_grap
     assert log.strip() == ""
 
 
-SHARED_INPUT_SCRIPT = r"""
-import sys
+# Three extracts of each net of a model (fused and unfused, lightmode on, so ncnn's blocks are recycled) on each
+# path named (VKNORM_PATH), the input ROWSxCOLS: per net, the fused layers and the kernels that ran.
+RECYCLED_BLOCKS_SCRIPT = r"""
+import os, sys
 import numpy as np
 from vknorm import graph
-param, binp = sys.argv[1], sys.argv[2]
-x = np.random.default_rng(0).standard_normal((197, 768)).astype(np.float32)
-for fuse in (True, False):
-    net = graph.configure(graph.Net(vknorm=True, fuse=fuse), vulkan=True)
-    assert net.load_param(param) == 0 and net.load_model(binp) == 0
-    for _ in range(3):
-        ex = net.create_extractor()
-        assert ex.input("in0", graph.Mat(x)) == 0
-        r, out = ex.extract("out0")
-        assert r == 0 and np.isfinite(np.array(out)).all()
-        del ex
-    print("fused layers:", sum(1 for l in net.vknorm_layers() if l["layer_type"].startswith("vknorm.")), flush=True)
-    del net
+param, binp, rows, cols, paths = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+x = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
+for path in paths.split(","):
+    os.environ["VKNORM_PATH"] = path
+    for fuse in (True, False):
+        net = graph.configure(graph.Net(fuse=fuse), vulkan=True)
+        assert net.load_param(param) == 0 and net.load_model(binp) == 0
+        for _ in range(3):
+            ex = net.create_extractor()
+            assert ex.input("in0", graph.Mat(x)) == 0
+            r, out = ex.extract("out0")
+            assert r == 0 and np.isfinite(np.array(out)).all()
+            del ex
+        fused = sum(1 for l in net.vknorm_layers() if l["layer_type"].startswith("vknorm."))
+        kernels = sorted({v.split("_")[1] for l in net.vknorm_layers() for v in l["variants"]})
+        print(f"{path} fused layers: {fused} kernels: {' '.join(kernels)}", flush=True)
+        del net
 """
 
 
@@ -477,35 +483,11 @@ def test_a_norm_on_a_shared_input_writes_a_blob_of_its_own_with_no_unsynchronize
     garbled = tmp_path / "mul.param"
     garbled.write_text(param.replace(line, line[:-3] + "0=2"))
     binp = os.path.join(graph_runs.DATA, "ln_residual_stack.ncnn.bin")
-    proc, log = graph_runs.run_validated(tmp_path, SHARED_INPUT_SCRIPT, garbled, binp)
+    proc, log = graph_runs.run_validated(tmp_path, RECYCLED_BLOCKS_SCRIPT, garbled, binp, 197, 768, "auto")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    fused = [int(ln.split()[-1]) for ln in proc.stdout.splitlines() if ln.startswith("fused layers:")]
+    fused = [int(ln.split()[3]) for ln in proc.stdout.splitlines() if ln.startswith("auto fused layers:")]
     assert len(fused) == 2 and fused[0] > 0 and fused[1] == 0, proc.stdout
     assert log.strip() == "", log[:3000]
-
-
-SCRATCH_SCRIPT = r"""
-import os, sys
-import numpy as np
-from vknorm import graph
-param, binp = sys.argv[1], sys.argv[2]
-x = np.random.default_rng(0).standard_normal((11, 36)).astype(np.float32)
-for path in ("cooperative", "split"):
-    os.environ["VKNORM_PATH"] = path
-    for fuse in (True, False):
-        net = graph.configure(graph.Net(fuse=fuse), vulkan=True)
-        assert net.load_param(param) == 0 and net.load_model(binp) == 0
-        for _ in range(3):
-            ex = net.create_extractor()
-            assert ex.input("in0", graph.Mat(x)) == 0
-            r, out = ex.extract("out0")
-            assert r == 0 and np.isfinite(np.array(out)).all()
-            del ex
-        kernels = {v.split("_")[1] for l in net.vknorm_layers() for v in l["variants"]}
-        assert {"cooperative": "cooperative", "split": "reduce"}[path] in kernels, kernels
-        del net
-print("ran", flush=True)
-"""
 
 
 def test_a_norms_scratch_memory_is_not_handed_out_again_while_its_command_buffer_runs(tmp_path):
@@ -520,8 +502,12 @@ def test_a_norms_scratch_memory_is_not_handed_out_again_while_its_command_buffer
                      "LayerNorm ln2 1 1 s b 0=36 1=1e-5 2=0\nSplit sp 1 2 b c d\nSigmoid sg 1 1 c e\n"
                      "BinaryOp mul 2 1 e d out0 0=2\n")
     (tmp_path / "m.bin").write_bytes(b"")
-    proc, log = graph_runs.run_validated(tmp_path, SCRATCH_SCRIPT, param, tmp_path / "m.bin")
-    assert proc.returncode == 0 and "ran" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc, log = graph_runs.run_validated(tmp_path, RECYCLED_BLOCKS_SCRIPT, param, tmp_path / "m.bin", 11, 36,
+                                         "cooperative,split")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    kernels = [ln.split("kernels: ")[1].split() for ln in proc.stdout.splitlines() if "kernels: " in ln]
+    assert len(kernels) == 4 and all("cooperative" in k for k in kernels[:2]), proc.stdout
+    assert all("reduce" in k for k in kernels[2:]), proc.stdout
     assert log.strip() == "", log[:3000]
 
 
