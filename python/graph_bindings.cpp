@@ -514,16 +514,21 @@ void check_span(long long at, std::optional<long long> count, long long size, co
   check_span(y, rows, m.h, "Mat.row_range", "row", "rows");
   return m.row_range(int(y), int(rows));
 }
+// A numpy array over `data`, inside m's memory, which the array holds as held_view's views do (every Mat check_view
+// takes counts its references). strides in elements (null: contiguous).
+nb::ndarray<nb::numpy, float> array_over(const ::ncnn::Mat& m, void* data, size_t ndim, const size_t* shape,
+                                         const int64_t* strides) {
+  auto* held = new ::ncnn::Mat(m);
+  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<::ncnn::Mat*>(p); });
+  return nb::ndarray<nb::numpy, float>(data, ndim, shape, owner, strides);
+}
 // Row y of the first channel (as ncnn) as a numpy array over the Mat's memory, which keeps the Mat alive (pyncnn: a
 // memoryview).
 nb::ndarray<nb::numpy, float> row_view(::ncnn::Mat& m, long long y) {
   check_view(m, "Mat.row");
   check_span(y, std::nullopt, m.h, "Mat.row", "row", "rows");
   const size_t shape[1] = {size_t(m.w)};
-  // The array holds the Mat's memory, as held_view's views do (every Mat check_view takes counts its references).
-  auto* held = new ::ncnn::Mat(m);
-  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<::ncnn::Mat*>(p); });
-  return nb::ndarray<nb::numpy, float>(m.row(int(y)), 1, shape, owner);
+  return array_over(m, m.row(int(y)), 1, shape, nullptr);
 }
 // The whole Mat as a numpy array over its memory (channels cstep apart), which keeps the memory alive (pyncnn's
 // Mat.numpy: a view).
@@ -533,9 +538,7 @@ nb::ndarray<nb::numpy, float> numpy_view(::ncnn::Mat& m) {
   std::vector<int64_t> strides(shape.size(), 1);  // in elements, innermost last
   for (size_t k = shape.size() - 1; k-- > 0;) strides[k] = strides[k + 1] * int64_t(shape[k + 1]);
   if (m.dims >= 3) strides[0] = int64_t(m.cstep);
-  auto* held = new ::ncnn::Mat(m);
-  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<::ncnn::Mat*>(p); });
-  return nb::ndarray<nb::numpy, float>(m.data, shape.size(), shape.data(), owner, strides.data());
+  return array_over(m, m.data, shape.size(), shape.data(), strides.data());
 }
 // Elements of the first channel, next to each other (as ncnn).
 ::ncnn::Mat range_view(::ncnn::Mat& m, long long x, long long n) {
@@ -1217,6 +1220,13 @@ std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& 
   return holding(e, [&] { return extract_held(e, name); });
 }
 
+// pyncnn's extract(blob, feat): the blob into feat (left as it was on failure), ncnn's code back.
+int extract_into(Extractor& e, const std::string& name, ::ncnn::Mat& feat) {
+  auto [r, out] = extractor_extract(e, name);
+  if (r == 0) feat = out;
+  return r;
+}
+
 // A blob's name from its index (pyncnn's input/extract by index) as the model's own .param numbers it (a fused
 // net's renumbered blobs through the unfused model's names); "" (logged) when no layer makes a blob of that index,
 // or when its name finds an earlier blob.
@@ -1673,19 +1683,14 @@ NB_MODULE(_graph, m) {
       .def("extract",
            [](Extractor& e, const std::string& name, ::ncnn::Mat& feat, int type) {
              check_extract_type(type);
-             auto [r, out] = extractor_extract(e, name);
-             if (r == 0) feat = out;
-             return r;
+             return extract_into(e, name, feat);
            },
            "blob_name"_a, "feat"_a, "type"_a = 0)
       .def("extract",
            [](Extractor& e, int index, ::ncnn::Mat& feat, int type) {
              check_extract_type(type);
              const std::string name = blob_name(e, index, "extract");
-             if (name.empty()) return -1;
-             auto [r, out] = extractor_extract(e, name);
-             if (r == 0) feat = out;
-             return r;
+             return name.empty() ? -1 : extract_into(e, name, feat);
            },
            "blob_index"_a, "feat"_a, "type"_a = 0)
       .def("extract",

@@ -85,15 +85,19 @@ constexpr int kInput = -1;  // the producer of a blob the caller fills
 
 // The blobs ncnn's load_param makes for these lines in this order, by blob index: for each line, a blob for each
 // bottom no earlier line names (an input the caller fills through Extractor::input, as in a model without Input
-// layers), then one for each top (a name used again included).
-std::vector<std::string> blob_names(const std::vector<const Line*>& lines) {
+// layers; `read_by` is that line), then one for each top (a name used again included).
+struct BlobOf {
+  std::string name;
+  const Line* read_by = nullptr;
+};
+std::vector<BlobOf> blobs_of(const std::vector<const Line*>& lines) {
   std::set<std::string> named;
-  std::vector<std::string> blobs;
+  std::vector<BlobOf> blobs;
   for (const Line* l : lines) {
     for (const std::string& b : l->bottoms)
-      if (named.insert(b).second) blobs.push_back(b);
+      if (named.insert(b).second) blobs.push_back({b, l});
     named.insert(l->tops.begin(), l->tops.end());
-    blobs.insert(blobs.end(), l->tops.begin(), l->tops.end());
+    for (const std::string& t : l->tops) blobs.push_back({t});
   }
   return blobs;
 }
@@ -177,19 +181,16 @@ std::vector<Line> parse(const std::string& text) {
                          std::to_string(lines.size()));
   // ncnn gives every top a blob of its own (a name used again included), and a bottom no earlier layer produced
   // one too; it refuses a model with more blobs than the header declares (fewer are left unused).
-  if (const size_t blobs = blob_names(pointers(lines)).size(); blobs > size_t(std::max(blob_count, 0))) {
-    std::string input;  // the likelier mistake where there is one: a misspelt bottom, not a miscounted header
-    std::set<std::string> named;
-    for (const Line& l : lines) {
-      for (const std::string& b : l.bottoms)
-        if (input.empty() && !named.count(b))
-          input = "; they count blob '" + b + "', which layer " + l.name + " (line " + std::to_string(l.line_no) +
-                  ") reads and no earlier layer produces: an input of the model";
-      named.insert(l.bottoms.begin(), l.bottoms.end());
-      named.insert(l.tops.begin(), l.tops.end());
-    }
+  if (const std::vector<BlobOf> blobs = blobs_of(pointers(lines)); blobs.size() > size_t(std::max(blob_count, 0))) {
+    // the likelier mistake where there is one: a misspelt bottom, not a miscounted header
+    const auto input = std::find_if(blobs.begin(), blobs.end(), [](const BlobOf& b) { return b.read_by; });
     bad(header_line, "the header says " + std::to_string(blob_count) + " blobs, the layers make " +
-                         std::to_string(blobs) + input);
+                         std::to_string(blobs.size()) +
+                         (input == blobs.end() ? ""
+                                               : "; they count blob '" + input->name + "', which layer " +
+                                                     input->read_by->name + " (line " +
+                                                     std::to_string(input->read_by->line_no) +
+                                                     ") reads and no earlier layer produces: an input of the model"));
   }
   return lines;
 }
@@ -402,7 +403,7 @@ FuseResult fuse_param(const std::string& text) {
   };
   std::map<int, std::vector<int>> after;  // lines emitted right after a fused layer (a Split it now feeds)
   FuseResult result;
-  result.blobs = blob_names(pointers(L));
+  for (const BlobOf& b : blobs_of(pointers(L))) result.blobs.push_back(b.name);
   for (int n = 0; n < int(L.size()); ++n) {
     Line& N = L[n];
     std::vector<int> hint;  // the norm's shape hint, given to every top of the fused layer
@@ -518,7 +519,7 @@ FuseResult fuse_param(const std::string& text) {
       for (int j : it->second) out.push_back(&L[j]);
   }
   std::ostringstream os = c_locale_stream();
-  os << "7767517\n" << out.size() << " " << blob_names(out).size() << "\n";
+  os << "7767517\n" << out.size() << " " << blobs_of(out).size() << "\n";
   for (const Line* l : out) {
     // ncnn's column layout; names of any length (ncnn reads up to 255 characters)
     os << std::left << std::setw(24) << l->type << " " << std::setw(24) << l->name << " " << l->bottoms.size() << " "
