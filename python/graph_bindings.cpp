@@ -37,6 +37,7 @@
 
 #include "vknorm/context.h"
 #include "vknorm/ncnn.h"
+#include "graph_mat_functions.h"
 #include "numpy_shape.h"
 #include "release_gil.h"
 
@@ -213,6 +214,21 @@ void check_no_allocator(const char* fn, nb::handle allocator) {
 
 // ncnn's DataReader over bytes in memory, reading no further than their end. It hands out no references into them:
 // every weight is copied, so the bytes may go once the load returns.
+// pyncnn's DataReaderFromEmpty: every weight zero, for timing or checking a model from its .param alone.
+struct DataReaderFromEmpty {};
+class ZeroReader : public ::ncnn::DataReader {
+ public:
+  size_t read(void* buf, size_t size) const override {
+    std::memset(buf, 0, size);
+    consumed_ += size;
+    return size;
+  }
+  size_t consumed() const { return consumed_; }
+
+ private:
+  mutable size_t consumed_ = 0;
+};
+
 class BoundedMemoryReader : public ::ncnn::DataReader {
  public:
   BoundedMemoryReader(const unsigned char* data, size_t size) : at_(data), begin_(data), end_(data + size) {}
@@ -749,6 +765,12 @@ struct Net {
   int load_model_mem(const unsigned char* data, size_t size) {
     if (!begin_model_load("load_model_mem")) return -1;
     BoundedMemoryReader reader(data, size);
+    const int r = net.load_model(reader);
+    return model_read(r, reader.consumed());
+  }
+  int load_model_zeros() {
+    if (!begin_model_load("load_model")) return -1;
+    ZeroReader reader;
     const int r = net.load_model(reader);
     return model_read(r, reader.consumed());
   }
@@ -1789,6 +1811,8 @@ NB_MODULE(_graph, m) {
              return loading(n, [&] { return n.load_param_mem(t); });
            },
            "mem"_a)
+      .def("load_model",  // pyncnn's load_model(DataReaderFromEmpty()): every weight zero
+           [](Net& n, const DataReaderFromEmpty&) { return loading(n, [&] { return n.load_model_zeros(); }); }, "dr"_a)
       .def("load_model",
            [](Net& n, nb::handle file) {
              const std::string path = path_of(file);
@@ -1922,6 +1946,9 @@ NB_MODULE(_graph, m) {
       .def("clear", &net_clear)
       .def("__enter__", [](Net& n) -> Net& { return n; }, nb::rv_policy::reference)
       .def("__exit__", [](Net& n, nb::args) { net_clear(n); });
+
+  nb::class_<DataReaderFromEmpty>(m, "DataReaderFromEmpty").def(nb::init<>());
+  vknorm_python::define_mat_functions(m);
 
   // The graph rewrite on .param text: (fused text, [{"pattern", "layers"}]); ValueError on a malformed file.
   m.def("fuse_param", [](const std::string& text) {

@@ -21,11 +21,11 @@ Not there (AttributeError): ``destroy_gpu_instance``, ``Net.input_indexes`` / ``
 (``input_names`` / ``output_names`` are), ``Net.load_param_bin`` (binary params name no blobs: nothing could be
 fused), custom Python layers, allocator objects (``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
 ``Mat.create`` / ``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1),
-``Net.vulkan_device``, ``DataReaderFromEmpty``, ``copy_make_border`` / ``resize_bilinear`` / ``create_layer``, Mat's
-batch API, and the convolution tuning flags of ``Option``. ``Net.layers()`` gives ``(name, type, is_vknorm,
-on_vulkan)`` tuples, not Layer objects. bfloat16 storage
-(``opt.use_bf16_storage`` / ``use_bf16_packed``), where the device takes it, is refused by vknorm's layers at
-load (``Net(vknorm=False)`` runs it).
+``Net.vulkan_device``, ``create_layer``, ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
+functions that make other element types or packings (``convert_packing``, ``cast_*``, ``quantize_to_int8``), Mat's batch
+API, and the convolution tuning flags of ``Option``. ``Net.layers()`` gives ``(name, type, is_vknorm, on_vulkan)``
+tuples, not Layer objects. bfloat16 storage (``opt.use_bf16_storage`` / ``use_bf16_packed``), where the device takes
+it, is refused by vknorm's layers at load (``Net(vknorm=False)`` runs it).
 
 This is ncnn compiled from its pinned source (1.0.20261020, tools/build_ncnn.sh) into vknorm itself, so
 a stock run and a vknorm run in one process share one ncnn. It lives beside pyncnn: the two copies of ncnn
@@ -92,6 +92,15 @@ gives it: a fused net resolves an index through the model as written, and one wh
 -1, as does a blob whose name an earlier blob has: blobs are reached by name, and a name finds its first blob), ``Extractor.set_light_mode`` and ``with`` blocks (leaving one clears the Net or Extractor) work too; ``extract`` gives the blob as float32 (pyncnn's ``type=0``) and always as a
 copy of the caller's own.
 
+Mat functions, as pyncnn's: ``copy_make_border`` / ``copy_make_border_3d`` (``BorderType``: constant, replicate,
+reflect), ``copy_cut_border`` / ``copy_cut_border_3d``, ``resize_nearest`` / ``resize_bilinear`` / ``resize_bicubic``,
+``flatten``; each returns the new Mat, or writes it into a ``dst`` given second (``dst`` may be ``src``), with an
+optional ``opt``. They are ncnn's own code on host Mats (pyncnn's results bit for bit, bicubic within float32 rounding),
+and give float32 of elempack 1; a result that needs no change is ``src`` itself, as in ncnn. Refused (ValueError), where
+ncnn would read or write past a buffer or give a wrong Mat: negative borders, a reflection as wide as the Mat, a border
+along an axis the Mat lacks, cuts that leave nothing, sizes below 1, resizing a dims 4 Mat, results past 2^31 elements.
+``net.load_model(DataReaderFromEmpty())`` loads every weight as zero, as pyncnn's: a model from its .param alone.
+
 Device: a Vulkan net runs on ncnn's default GPU; ``net.set_vulkan_device(i)`` (ncnn's GPU index, before
 ``load_param``) picks another, as in pyncnn. ``VKNORM_DEVICE`` picks the device of vknorm's own layers
 (``vknorm.LayerNorm`` ...), not an ncnn net's. ``net.model_bytes_read``: how many bytes of the .bin the last
@@ -111,8 +120,21 @@ Net = _graph.Net
 Mat = _graph.Mat
 Option = _graph.Option
 Extractor = _graph.Extractor
+DataReaderFromEmpty = _graph.DataReaderFromEmpty
+# ncnn's Mat functions, as pyncnn offers them: each returns the new Mat, or writes it into a dst given second
+BorderType = _graph.BorderType
+copy_make_border = _graph.copy_make_border
+copy_make_border_3d = _graph.copy_make_border_3d
+copy_cut_border = _graph.copy_cut_border
+copy_cut_border_3d = _graph.copy_cut_border_3d
+resize_nearest = _graph.resize_nearest
+resize_bilinear = _graph.resize_bilinear
+resize_bicubic = _graph.resize_bicubic
+flatten = _graph.flatten
 
-__all__ = ["Net", "Mat", "Option", "Extractor", "gpu_count", "gpu_name", "get_gpu_count", "get_default_gpu_index",
+__all__ = ["Net", "Mat", "Option", "Extractor", "DataReaderFromEmpty", "BorderType", "copy_make_border",
+           "copy_make_border_3d", "copy_cut_border", "copy_cut_border_3d", "resize_nearest", "resize_bilinear", "resize_bicubic", "flatten",
+           "gpu_count", "gpu_name", "get_gpu_count", "get_default_gpu_index",
            "configure", "track_device_memory", "device_memory", "set_device_memory_limit"]
 
 
