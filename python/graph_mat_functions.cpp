@@ -42,9 +42,16 @@ void check_source(const Mat& src, const char* fn) {
 }
 
 // ncnn's CPU layers divide work by num_threads (SIGFPE at 0) and OpenMP makes that many threads (as Net's check).
-void check_options(const Option& opt, const char* fn) {
+// A net's options may be given (pyncnn's model zoo passes net.opt): these functions run on the host in float32
+// whatever storage or device the net uses.
+Option host_float32(const Option& opt, const char* fn) {
   if (opt.num_threads < 1 || opt.num_threads > 1024)
     refuse(std::string(fn) + ": opt.num_threads must be 1..1024, got " + std::to_string(opt.num_threads));
+  Option o = opt;
+  o.use_vulkan_compute = false;
+  o.use_fp16_storage = o.use_fp16_packed = o.use_fp16_arithmetic = false;
+  o.use_bf16_storage = o.use_bf16_packed = false;
+  return o;
 }
 
 // ncnn fills and walks a Mat with int element counts (Mat::fill, its layers' loops): a result past INT_MAX elements,
@@ -105,10 +112,10 @@ void check_axes(const Mat& src, int top, int bottom, int front, int behind, int 
 
 // Padding (type 0 constant, 1 replicate, 2 reflect) by ncnn's Padding layer.
 Mat make_border(Mat src, int top, int bottom, int left, int right, int front, int behind, long long type, float v,
-                const Option& opt, bool three_d) {
+                const Option& given, bool three_d) {
   const char* fn = three_d ? "copy_make_border_3d" : "copy_make_border";
   check_source(src, fn);
-  check_options(opt, fn);
+  const Option opt = host_float32(given, fn);
   const std::string widths = widths_of(top, bottom, left, right, front, behind, three_d);
   if (top < 0 || bottom < 0 || left < 0 || right < 0 || front < 0 || behind < 0)
     refuse(std::string(fn) + ": border widths must be >= 0, got " + widths);
@@ -135,11 +142,11 @@ Mat make_border(Mat src, int top, int bottom, int left, int right, int front, in
 }
 
 // Cropping by ncnn's Crop layer.
-Mat cut_border(Mat src, int top, int bottom, int left, int right, int front, int behind, const Option& opt,
+Mat cut_border(Mat src, int top, int bottom, int left, int right, int front, int behind, const Option& given,
                bool three_d) {
   const char* fn = three_d ? "copy_cut_border_3d" : "copy_cut_border";
   check_source(src, fn);
-  check_options(opt, fn);
+  const Option opt = host_float32(given, fn);
   const std::string widths = widths_of(top, bottom, left, right, front, behind, three_d);
   if (top < 0 || bottom < 0 || left < 0 || right < 0 || front < 0 || behind < 0)
     refuse(std::string(fn) + ": borders must be >= 0, got " + widths);
@@ -159,10 +166,10 @@ Mat cut_border(Mat src, int top, int bottom, int left, int right, int front, int
 }
 
 // Interp's resize types, as ncnn's resize_nearest (1), resize_bilinear (2) and resize_bicubic (3).
-Mat resized(Mat src, int w, int h, int resize_type, const Option& opt) {
+Mat resized(Mat src, int w, int h, int resize_type, const Option& given) {
   const char* fn = resize_type == 1 ? "resize_nearest" : resize_type == 2 ? "resize_bilinear" : "resize_bicubic";
   check_source(src, fn);
-  check_options(opt, fn);
+  const Option opt = host_float32(given, fn);
   // ncnn's Interp reads 0 as "keep the size" only when both are 0, and w x h of a negative size
   if (w < 1 || h < 1) refuse(std::string(fn) + ": w and h must be >= 1, got w=" + std::to_string(w) + " h=" + std::to_string(h));
   // Interp takes a dims 4 Mat for a dims 3 one: it would resize each channel's first depth slice only
@@ -181,9 +188,9 @@ Mat resized(Mat src, int w, int h, int resize_type, const Option& opt) {
   });
 }
 
-Mat flattened(Mat src, const Option& opt) {
+Mat flattened(Mat src, const Option& given) {
   check_source(src, "flatten");
-  check_options(opt, "flatten");
+  const Option opt = host_float32(given, "flatten");
   return run_released(opt, "flatten", [&](Mat& out) { ::ncnn::flatten(src, out, opt); });
 }
 

@@ -161,11 +161,20 @@ def test_a_result_that_needs_no_change_is_src_itself_as_in_ncnn():
         assert m.numpy()[0, 0, 0] == 99.0
 
 
-def test_options_reach_ncnn_and_threads_outside_1_to_1024_are_refused():
+@pytest.mark.parametrize("name", CALLS)
+def test_a_float16_vulkan_nets_options_give_the_float32_host_result(name):
+    opt = graph.configure(graph.Net(), vulkan=True, fp16=True).opt  # pyncnn's model zoo passes net.opt
+    opt.use_fp16_arithmetic = opt.use_bf16_storage = opt.use_bf16_packed = True
+    opt.num_threads = 2
+    call, f, x = CALLS[name], getattr(graph, name), array(3)
+    ours = call(lambda *a: f(*a, opt), Mat(x))
+    assert ours.elemsize == 4 and ours.elempack == 1
+    assert_bits_equal(ours, call(f, Mat(x)))
+
+
+def test_threads_outside_1_to_1024_are_refused():
     x = array(3)
     opt = graph.Option()
-    opt.num_threads = 2
-    assert_bits_equal(graph.resize_bilinear(Mat(x), 20, 20, opt), graph.resize_bilinear(Mat(x), 20, 20))
     for threads in (0, -1, 1025):
         opt.num_threads = threads
         with pytest.raises(ValueError, match=rf"resize_bilinear: opt.num_threads must be 1..1024, got {threads}"):
