@@ -511,7 +511,12 @@ void check_span(long long at, std::optional<long long> count, long long size, co
     throw std::invalid_argument(std::string(where) + ": a dims-" + std::to_string(m.dims) +
                                 " Mat has no channels (rows: row, row_range)");
   check_span(c, channels, m.c, where, "channel", "channels");
-  return channels ? m.channel_range(int(c), int(*channels)) : m.channel(int(c));
+  if (!channels) return m.channel(int(c));
+  // ncnn's channel_range gives its channels the aligned cstep: the Mat's own, but for a dims-3 view of a dims-4 Mat's
+  // channel, whose planes are w*h apart
+  ::ncnn::Mat view = m.channel_range(int(c), int(*channels));
+  view.cstep = m.cstep;
+  return view;
 }
 // Depth plane z (depth) or planes z.. (depth_range): a dims-4 Mat's (of its first channel, as ncnn), or a dims-3
 // one's whose planes lie next to each other (a dims-4 Mat's channel: cstep is w*h).

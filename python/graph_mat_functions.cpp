@@ -31,14 +31,37 @@ std::string shape_of(const Mat& m) {
   return s + ")";
 }
 
+// ncnn fills and walks a Mat with int element counts (Mat::fill, its layers' loops): a Mat past INT_MAX elements,
+// cstep padding included, would be read or written past its end. Counted step by step so that nothing overflows.
+bool fits_int(long long w, long long h, long long d, long long c) {
+  if (w > INT_MAX || h > INT_MAX || d > INT_MAX || c > INT_MAX) return false;
+  if (w * h > INT_MAX || w * h * d > INT_MAX) return false;
+  const long long cstep = (w * h * d * 4 + 15) / 16 * 16 / 4;
+  return cstep * c <= INT_MAX;
+}
+void check_result_size(long long w, long long h, long long d, long long c, const char* fn) {
+  if (!fits_int(w, h, d, c))
+    refuse(std::string(fn) + ": the result would have " + std::to_string(w) + " x " + std::to_string(h) + " x " +
+           std::to_string(d) + " x " + std::to_string(c) + " elements, more than ncnn's int element counts reach (2^31 - 1)");
+}
+
 // The Mats this module makes are float32 of elempack 1; ncnn's layers would take others, but the numpy side of
-// vknorm.graph reads only these.
-void check_source(const Mat& src, const char* fn) {
+// vknorm.graph reads only these. A dims 3 view of a dims 4 Mat's channel has its planes w*h apart, not at ncnn's
+// aligned cstep, which ncnn's Crop (through channel_range) assumes: such a source is copied to ncnn's layout first.
+Mat checked_source(const Mat& src, const char* fn) {
   if (src.empty()) refuse(std::string(fn) + ": src is an empty Mat");
   if (src.elemsize != 4 || src.elempack != 1)
     throw nb::type_error((std::string(fn) + ": expected a float32 Mat of elempack 1, got elemsize " +
                           std::to_string(src.elemsize) + ", elempack " + std::to_string(src.elempack))
                              .c_str());
+  if (!fits_int(src.w, src.h, src.d, src.c))
+    refuse(std::string(fn) + ": src " + shape_of(src) + " has more elements than ncnn's int counts reach (2^31 - 1)");
+  const size_t aligned = (size_t(src.w) * src.h * src.d * 4 + 15) / 16 * 16 / 4;
+  if (src.dims >= 3 && src.cstep != aligned) {
+    vknorm_python::ReleaseGil released;
+    return src.clone();
+  }
+  return src;
 }
 
 // ncnn's CPU layers divide work by num_threads (SIGFPE at 0) and OpenMP makes that many threads (as Net's check).
@@ -52,16 +75,6 @@ Option host_float32(const Option& opt, const char* fn) {
   o.use_fp16_storage = o.use_fp16_packed = o.use_fp16_arithmetic = false;
   o.use_bf16_storage = o.use_bf16_packed = false;
   return o;
-}
-
-// ncnn fills and walks a Mat with int element counts (Mat::fill, its layers' loops): a result past INT_MAX elements,
-// cstep padding included, would be written past its end.
-void check_result_size(long long w, long long h, long long d, long long c, const char* fn) {
-  const long long plane_bytes = w * h * d * 4;
-  const long long cstep = ((plane_bytes + 15) / 16 * 16) / 4;
-  if (w > INT_MAX || h > INT_MAX || d > INT_MAX || c > INT_MAX || cstep > INT_MAX / c)
-    refuse(std::string(fn) + ": the result would have " + std::to_string(w) + " x " + std::to_string(h) + " x " +
-           std::to_string(d) + " x " + std::to_string(c) + " elements, more than ncnn's int element counts reach (2^31 - 1)");
 }
 
 // ncnn's layer ran into out; empty there means its allocation failed. A packed result (the x86 layers pack where
@@ -114,7 +127,7 @@ void check_axes(const Mat& src, int top, int bottom, int front, int behind, int 
 Mat make_border(Mat src, int top, int bottom, int left, int right, int front, int behind, long long type, float v,
                 const Option& given, bool three_d) {
   const char* fn = three_d ? "copy_make_border_3d" : "copy_make_border";
-  check_source(src, fn);
+  src = checked_source(src, fn);
   const Option opt = host_float32(given, fn);
   const std::string widths = widths_of(top, bottom, left, right, front, behind, three_d);
   if (top < 0 || bottom < 0 || left < 0 || right < 0 || front < 0 || behind < 0)
@@ -145,7 +158,7 @@ Mat make_border(Mat src, int top, int bottom, int left, int right, int front, in
 Mat cut_border(Mat src, int top, int bottom, int left, int right, int front, int behind, const Option& given,
                bool three_d) {
   const char* fn = three_d ? "copy_cut_border_3d" : "copy_cut_border";
-  check_source(src, fn);
+  src = checked_source(src, fn);
   const Option opt = host_float32(given, fn);
   const std::string widths = widths_of(top, bottom, left, right, front, behind, three_d);
   if (top < 0 || bottom < 0 || left < 0 || right < 0 || front < 0 || behind < 0)
@@ -168,7 +181,7 @@ Mat cut_border(Mat src, int top, int bottom, int left, int right, int front, int
 // Interp's resize types, as ncnn's resize_nearest (1), resize_bilinear (2) and resize_bicubic (3).
 Mat resized(Mat src, int w, int h, int resize_type, const Option& given) {
   const char* fn = resize_type == 1 ? "resize_nearest" : resize_type == 2 ? "resize_bilinear" : "resize_bicubic";
-  check_source(src, fn);
+  src = checked_source(src, fn);
   const Option opt = host_float32(given, fn);
   // ncnn's Interp reads 0 as "keep the size" only when both are 0, and w x h of a negative size
   if (w < 1 || h < 1) refuse(std::string(fn) + ": w and h must be >= 1, got w=" + std::to_string(w) + " h=" + std::to_string(h));
@@ -178,6 +191,11 @@ Mat resized(Mat src, int w, int h, int resize_type, const Option& given) {
   // Mat has each of its rows resized to w (h is not used)
   const long long c = src.dims == 1 ? src.w : src.dims == 3 ? src.c : 1;
   check_result_size(w, src.dims == 2 ? src.h : h, 1, c, fn);
+  // ncnn's x86 Interp sizes its coefficient tables in int: 3 (bilinear) or 5 (bicubic) ints per output column and row
+  const long long per = resize_type == 2 ? 3 : resize_type == 3 ? 5 : 0;
+  if (per * ((long long)w + h) > INT_MAX)
+    refuse(std::string(fn) + ": w + h must be at most " + std::to_string(INT_MAX / per) + " (ncnn counts its "
+           "coefficient tables in int), got w=" + std::to_string(w) + " h=" + std::to_string(h));
   return run_released(opt, fn, [&](Mat& out) {
     if (resize_type == 1)
       ::ncnn::resize_nearest(src, out, w, h, opt);
@@ -189,8 +207,9 @@ Mat resized(Mat src, int w, int h, int resize_type, const Option& given) {
 }
 
 Mat flattened(Mat src, const Option& given) {
-  check_source(src, "flatten");
+  src = checked_source(src, "flatten");
   const Option opt = host_float32(given, "flatten");
+  check_result_size((long long)src.w * src.h * src.d * src.c, 1, 1, 1, "flatten");  // src fits: no overflow
   return run_released(opt, "flatten", [&](Mat& out) { ::ncnn::flatten(src, out, opt); });
 }
 

@@ -5,16 +5,18 @@ alone. So the pre- and post-processing of pyncnn code (its model zoo pads with c
 resize_bilinear, times param-only nets with DataReaderFromEmpty) moves over by changing its import.
 
 They are ncnn's own functions (its Padding, Crop, Interp and Flatten layers; the ncnn compiled into vknorm is the
-version pyncnn ships): results equal pyncnn's bit for bit, but for bicubic resizing, whose float32 sums the two
-builds round differently, and where pyncnn is wrong (its Mat of a dims 3 array leaves planes of 35 floats unpadded,
+version pyncnn ships): results equal pyncnn's bit for bit, but for bicubic resizing and the bilinear resize of a 1-wide
+or 1-high Mat, whose float32 sums the two builds round differently, and where pyncnn is wrong (its Mat of a dims 3 array leaves planes of 35 floats unpadded,
 which ncnn's Crop then reads across; its cut of a dims 4 Mat has depth 0): there the result is numpy's slice. A result is float32 of elempack 1,
 as every Mat of vknorm.graph (pyncnn's flatten may return one packed 16 wide). A result that needs no change is src
 itself, as in ncnn (writes reach both).
 
 What would make ncnn read or write past a buffer, or return a wrong Mat, is a ValueError or TypeError naming the
 numbers: negative widths, an unknown border type, a reflection as wide as the Mat, a border along an axis the Mat
-lacks, a cut that leaves nothing, sizes below 1, a dims 4 Mat to resize (ncnn's Interp would resize its first depth
-slice only), results past ncnn's int element counts, an empty Mat, opt.num_threads outside 1..1024."""
+lacks, a cut that leaves nothing, sizes below 1 or past ncnn's int coefficient tables, a dims 4 Mat to resize (ncnn's
+Interp would resize its first depth slice only), results past ncnn's int element counts, an empty Mat,
+opt.num_threads outside 1..1024. A dims 3 view whose planes lie w*h apart (a dims 4 Mat's channel) is read where they
+lie."""
 from __future__ import annotations
 
 import os
@@ -94,21 +96,27 @@ def test_copy_cut_border_3d_cuts_the_depth_of_dims_4():
     assert_bits_equal(graph.copy_cut_border_3d(Mat(x[0]), 1, 2, 3, 1, 0, 0), x[0][:, 1:-2, 3:-1])
 
 
-@pytest.mark.parametrize("dims", [1, 2, 3])
+NARROW = {2: (5, 1), 3: (3, 1, 7)}  # 1 wide; 1 high: ncnn resizes these by its small-input path
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3, "2 narrow", "3 narrow"])
 @pytest.mark.parametrize("size", [(9, 4), (3, 2), (1, 1)])
 @pytest.mark.parametrize("name", ["resize_nearest", "resize_bilinear", "resize_bicubic"])
 def test_resizes_equal_pyncnn(dims, size, name):
-    ncnn, x = pyncnn(), array(dims)
+    ncnn = pyncnn()
+    narrow = isinstance(dims, str)
+    x = np.random.default_rng(0).standard_normal(NARROW[int(dims[0])]).astype(np.float32) if narrow else array(dims)
     ours = np.array(getattr(graph, name)(Mat(x), *size))
     theirs = np.array(getattr(ncnn, name)(ncnn.Mat(x), *size))
     assert ours.shape == theirs.shape
     # ncnn's rules: a dims 1 Mat becomes w channels of h x w filled with its values; a dims 2 Mat has each row resized
-    assert ours.shape == {1: (x.shape[0], size[1], size[0]), 2: (x.shape[0], size[0]), 3: (3, size[1], size[0])}[dims]
-    if name != "resize_bicubic":
+    assert ours.shape == {1: (x.shape[0], size[1], size[0]), 2: (x.shape[0], size[0]),
+                          3: (x.shape[0], size[1], size[0])}[x.ndim]
+    if name == "resize_nearest" or (name == "resize_bilinear" and not narrow):
         assert ours.tobytes() == theirs.tobytes()
     else:
-        # Each output is a sum of 16 float32 products whose weights' magnitudes sum to at most 1.25^2; two builds
-        # rounding (or fusing) them differently differ by at most a rounding per term, of at most max|x| each.
+        # Each output is a sum of at most 16 float32 products whose weights' magnitudes sum to at most 1.25^2; two
+        # builds rounding (or fusing) them differently differ by at most a rounding per term, of at most max|x| each.
         assert np.abs(ours - theirs).max() <= 16 * EPS32 * 1.25 ** 2 * np.abs(x).max()
 
 
@@ -126,6 +134,19 @@ def test_a_result_ncnn_would_pack_comes_back_with_elempack_1():
     flat = graph.flatten(Mat(x))
     assert flat.elempack == 1 and flat.elemsize == 4
     assert_bits_equal(flat, x.ravel())
+
+
+def test_a_view_whose_planes_lie_w_times_h_apart_is_read_where_they_lie():
+    """A dims 4 Mat's channel, or a depth_range, is a dims 3 view whose planes are w*h apart (35 floats here), where
+    ncnn's Crop would read them at its aligned cstep (36)."""
+    x = np.arange(2 * 3 * 5 * 7, dtype=np.float32).reshape(2, 3, 5, 7)
+    for view, inside in ((Mat(x).channel(1), x[1]), (Mat(x).channel(0).depth_range(1, 2), x[0, 1:3])):
+        assert view.dims == 3 and view.cstep == 35
+        assert_bits_equal(graph.copy_cut_border(view, 1, 2, 3, 1), inside[:, 1:-2, 3:-1])
+        assert_bits_equal(graph.copy_cut_border_3d(view, 1, 2, 3, 1, 0, 0), inside[:, 1:-2, 3:-1])
+        for name, call in CALLS.items():
+            assert_bits_equal(call(getattr(graph, name), view), call(getattr(graph, name), Mat(inside))), name
+        assert_bits_equal(view, inside)  # src is left as it was
 
 
 CALLS = {
@@ -196,6 +217,14 @@ REFUSED = [
     (lambda: graph.copy_make_border(Mat(np.ones(4, np.float32)), 0, 0, 2**31 - 3, 0),
      r"2147483649 x 1 x 1 x 1 elements, more than ncnn's int element counts reach"),
     (lambda: graph.copy_make_border(Mat(np.ones((3, 70000), np.float32)), 0, 40000, 0, 0), r"70000 x 40003 x 1 x 1"),
+    (lambda: graph.copy_make_border_3d(Mat(np.ones((1, 1, 1, 1), np.float32)), 2**29 - 2**15, 0, 2**29 + 2**15, 0,
+                                       15, 0), r"536903681 x 536838145 x 16 x 1 elements"),  # w*h*d*4 is 2^64 + 64
+    (lambda: graph.copy_make_border(Mat(np.ones((1, 1), np.float32)), 2**31 - 2, 0, 2**31 - 2, 0),
+     r"2147483647 x 2147483647 x 1 x 1 elements"),
+    (lambda: graph.resize_nearest(Mat(array(3)), 2**31 - 1, 2**31 - 1), r"2147483647 x 2147483647 x 1 x 3"),
+    (lambda: graph.resize_bicubic(Mat(np.ones((1, 4), np.float32)), 900_000_000, 1),
+     r"resize_bicubic: w \+ h must be at most 429496729 \(ncnn counts its coefficient tables in int\), got w=900000000"),
+    (lambda: graph.resize_bilinear(Mat(np.ones((1, 4), np.float32)), 1_500_000_000, 1), r"at most 715827882"),
     (lambda: graph.copy_cut_border(Mat(array(2)), 0, 0, 4, 3), r"cutting top=0 bottom=0 left=4 right=3 from a Mat "
                                                                  r"\(w=7, h=5\) leaves nothing"),
     (lambda: graph.copy_cut_border(Mat(array(3)), 3, 2, 0, 0), r"leaves nothing"),

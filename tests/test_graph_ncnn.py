@@ -1390,6 +1390,16 @@ def test_mat_views_read_what_pyncnn_s_read_and_write_through_to_the_mat():
     assert np.array_equal(np.array(m), want)
 
 
+def test_channel_range_of_a_view_whose_planes_lie_w_times_h_apart_reads_them_there():
+    """A dims 4 Mat's channel is a dims 3 view with its planes w*h apart (35 floats), not at ncnn's aligned cstep (36),
+    which ncnn's channel_range would give the range."""
+    x = np.arange(4 * 5 * 7, dtype=np.float32).reshape(1, 4, 5, 7)
+    view = graph.Mat(x).channel(0)
+    assert (view.dims, view.cstep) == (3, 35)
+    got = view.channel_range(1, 3)
+    assert got.cstep == 35 and np.array_equal(np.array(got), x[0, 1:4])
+
+
 def test_a_mat_view_holds_its_mats_memory_and_an_input_view_is_copied(tmp_path):
     """ncnn's views own no memory (pyncnn's read freed memory once their Mat is gone): a view holds its Mat's memory,
     and a view given to Extractor.input is copied, so the extract reads what the view held when it was given."""

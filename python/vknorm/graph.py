@@ -95,10 +95,11 @@ copy of the caller's own.
 Mat functions, as pyncnn's: ``copy_make_border`` / ``copy_make_border_3d`` (``BorderType``: constant, replicate,
 reflect), ``copy_cut_border`` / ``copy_cut_border_3d``, ``resize_nearest`` / ``resize_bilinear`` / ``resize_bicubic``,
 ``flatten``; each returns the new Mat, or writes it into a ``dst`` given second (``dst`` may be ``src``), with an
-optional ``opt``. They are ncnn's own code on host Mats (pyncnn's results bit for bit, bicubic within float32 rounding),
-and give float32 of elempack 1; a result that needs no change is ``src`` itself, as in ncnn. Refused (ValueError), where
-ncnn would read or write past a buffer or give a wrong Mat: negative borders, a reflection as wide as the Mat, a border
-along an axis the Mat lacks, cuts that leave nothing, sizes below 1, resizing a dims 4 Mat, results past 2^31 elements.
+optional ``opt``. They are ncnn's own code on host Mats (pyncnn's results bit for bit; bicubic, and bilinear of a 1-wide
+or 1-high Mat, within float32 rounding), and give float32 of elempack 1; a result that needs no change is ``src`` itself,
+as in ncnn. Refused (ValueError), where ncnn would read or write past a buffer or give a wrong Mat: negative borders, a
+reflection as wide as the Mat, a border along an axis the Mat lacks, cuts that leave nothing, sizes below 1 or past
+ncnn's int coefficient tables, resizing a dims 4 Mat, Mats and results past 2^31 elements.
 ``net.load_model(DataReaderFromEmpty())`` loads every weight as zero, as pyncnn's: a model from its .param alone.
 
 Device: a Vulkan net runs on ncnn's default GPU; ``net.set_vulkan_device(i)`` (ncnn's GPU index, before
