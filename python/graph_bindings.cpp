@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include <ncnn/command.h>
+#include <ncnn/cpu.h>
 #include <ncnn/datareader.h>
 #include <ncnn/gpu.h>
 #include <ncnn/net.h>
@@ -312,6 +313,14 @@ Pixels pixels_of(const char* fn, nb::handle obj, long long type, int w, int h, s
   if (w <= 0 || h <= 0)
     throw std::invalid_argument(where + "w and h must be >= 1 (got " + std::to_string(w) + "x" + std::to_string(h) + ")");
   const int64_t row = int64_t(w) * channels;
+  // pyncnn's crop idiom: a numpy view of part of an image given with its own row stride (crop.strides[0]), which
+  // pyncnn reads in place. The view is made contiguous below: its rows are then as long as the view's.
+  nb::module_ numpy = nb::module_::import_("numpy");
+  if (stride && nb::isinstance(obj, numpy.attr("ndarray")) && nb::cast<int>(obj.attr("ndim")) >= 2 &&
+      !nb::cast<bool>(obj.attr("flags").attr("c_contiguous")) &&
+      nb::cast<long long>(obj.attr("strides")[0]) == *stride && nb::cast<long long>(obj.attr("shape")[0]) > 0 &&
+      nb::cast<long long>(obj.attr("nbytes")) / nb::cast<long long>(obj.attr("shape")[0]) <= INT_MAX)
+    stride = int(nb::cast<long long>(obj.attr("nbytes")) / nb::cast<long long>(obj.attr("shape")[0]));
   const int64_t step = stride ? int64_t(*stride) : row;
   if (step < row)
     throw std::invalid_argument(where + "stride " + std::to_string(step) + " is shorter than a row of " + std::to_string(w) +
@@ -507,10 +516,10 @@ void check_span(long long at, std::optional<long long> count, long long size, co
 ::ncnn::Mat channel_view(::ncnn::Mat& m, long long c, std::optional<long long> channels) {
   const char* where = channels ? "Mat.channel_range" : "Mat.channel";
   check_view(m, where);
-  if (m.dims < 3)
-    throw std::invalid_argument(std::string(where) + ": a dims-" + std::to_string(m.dims) +
-                                " Mat has no channels (rows: row, row_range)");
   check_span(c, channels, m.c, where, "channel", "channels");
+  // A dims-1 or dims-2 Mat is its one channel (ncnn's channel(0) relabels the same memory dims - 1, keeping h:
+  // pyncnn's per-channel loops then read its rows)
+  if (m.dims < 3) return m;
   if (!channels) return m.channel(int(c));
   // ncnn's channel_range gives its channels the aligned cstep: the Mat's own, but for a dims-3 view of a dims-4 Mat's
   // channel, whose planes are w*h apart
@@ -523,10 +532,11 @@ void check_span(long long at, std::optional<long long> count, long long size, co
 ::ncnn::Mat depth_view(::ncnn::Mat& m, long long z, std::optional<long long> depths) {
   const char* where = depths ? "Mat.depth_range" : "Mat.depth";
   check_view(m, where);
-  if (!(m.dims == 4 || (m.dims == 3 && m.cstep == size_t(m.w) * m.h)))
-    throw std::invalid_argument(std::string(where) + ": a dims-" + std::to_string(m.dims) +
-                                " Mat has no depth planes (dims 4 has; a dims-3 Mat's planes: channel)");
-  check_span(z, depths, m.dims == 4 ? m.d : m.c, where, "depth plane", "depth planes");
+  if (m.dims == 3 && m.cstep != size_t(m.w) * m.h)
+    throw std::invalid_argument(std::string(where) + ": a dims-3 Mat whose planes are padded has no depth planes "
+                                "(dims 4 has; a dims-3 Mat's planes: channel)");
+  check_span(z, depths, m.dims == 4 ? m.d : m.dims == 3 ? m.c : 1, where, "depth plane", "depth planes");
+  if (m.dims < 3) return m;  // a dims-1 or dims-2 Mat is its one depth plane
   return depths ? m.depth_range(int(z), int(*depths)) : m.depth(int(z));
 }
 // Rows of the first channel (as ncnn); a dims-1 Mat is one row.
@@ -1395,7 +1405,8 @@ NB_MODULE(_graph, m) {
   auto option = nb::class_<::ncnn::Option>(m, "Option");
   option.def(nb::init<>())
       .def_rw("num_threads", &::ncnn::Option::num_threads)
-      .def_rw("openmp_blocktime", &::ncnn::Option::openmp_blocktime);
+      .def_rw("openmp_blocktime", &::ncnn::Option::openmp_blocktime)
+      .def_rw("kvcache_max_seqlen_hint", &::ncnn::Option::kvcache_max_seqlen_hint);
   const std::pair<const char*, bool ::ncnn::Option::*> switches[] = {
       {"lightmode", &::ncnn::Option::lightmode},
       {"use_vulkan_compute", &::ncnn::Option::use_vulkan_compute},
@@ -1576,6 +1587,14 @@ NB_MODULE(_graph, m) {
       .def("__getitem__", [](::ncnn::Mat& m, long long i) { return element(m, i); }, "i"_a)
       .def("__setitem__", [](::ncnn::Mat& m, long long i, float v) { element(m, i) = v; }, "i"_a, "v"_a)
       .def("__len__", [](const ::ncnn::Mat& m) { return m.w; })  // pyncnn's: w
+      // The elements in ncnn's order, without the cstep padding between channels that Mat[i] counts (and that
+      // Python's iteration through __getitem__ would read)
+      .def("__iter__",
+           [](::ncnn::Mat& m) {
+             check_view(m, "iter(Mat)");
+             return nb::iter(numpy_view(m).cast().attr("ravel")().attr("tolist")());
+           })
+      .def_prop_ro("allocator", [](const ::ncnn::Mat&) { return nb::none(); })  // pyncnn's: None for its Mats
       .def("elembits", [](const ::ncnn::Mat& m) { return m.elembits(); })
       // pyncnn's: a view of the Mat's memory (a write through it reaches the Mat), which holds that memory; its
       // format argument "" or "f" (float32, what every Mat here holds)
@@ -1746,6 +1765,14 @@ NB_MODULE(_graph, m) {
              e.opt.lightmode = enable;
            },
            "enable"_a.none())
+      .def("set_kvcache_max_seqlen_hint",
+           [](Extractor& e, int hint) {
+             ReleaseGil release;
+             std::lock_guard<std::mutex> lock(*e.mutex);
+             e.ex->set_kvcache_max_seqlen_hint(hint);
+             e.opt.kvcache_max_seqlen_hint = hint;
+           },
+           "max_seqlen_hint"_a)
       .def("__enter__", [](Extractor& e) -> Extractor& { return e; }, nb::rv_policy::reference)
       .def("__exit__", [](Extractor& e, nb::args) { extractor_clear(e); })
       .def("clear", &extractor_clear);
@@ -1800,13 +1827,13 @@ NB_MODULE(_graph, m) {
                n.net.set_vulkan_device(index);
              });
            },
-           "index"_a)
+           "device_index"_a)
       .def("load_param",
            [](Net& n, nb::handle file) {
              const std::string path = path_of(file);
              return loading(n, [&] { return n.load_param(path); });
            },
-           "path"_a.none())
+           "protopath"_a.none())
       .def("load_param_mem",
            [](Net& n, const std::string& text) { return loading(n, [&] { return n.load_param_mem(text); }); },
            "mem"_a)
@@ -1823,7 +1850,7 @@ NB_MODULE(_graph, m) {
              const std::string path = path_of(file);
              return loading(n, [&] { return n.load_model(path); });
            },
-           "path"_a.none())
+           "modelpath"_a.none())
       // pyncnn's load_model_mem: the .bin's bytes (bytes, bytearray, or a numpy uint8 array); 0 or ncnn's error code
       // (pyncnn's gives None). Copied unless bytes: the load waits for running extracts with the GIL let go.
       .def("load_model_mem",
@@ -1953,6 +1980,33 @@ NB_MODULE(_graph, m) {
       .def("__exit__", [](Net& n, nb::args) { net_clear(n); });
 
   nb::class_<DataReaderFromEmpty>(m, "DataReaderFromEmpty").def(nb::init<>());
+  // pyncnn's CPU and OpenMP queries and settings, of the ncnn compiled in here
+  const std::pair<const char*, int (*)()> cpu_queries[] = {
+      {"get_cpu_count", ::ncnn::get_cpu_count},
+      {"get_little_cpu_count", ::ncnn::get_little_cpu_count},
+      {"get_big_cpu_count", ::ncnn::get_big_cpu_count},
+      {"get_physical_cpu_count", ::ncnn::get_physical_cpu_count},
+      {"get_physical_little_cpu_count", ::ncnn::get_physical_little_cpu_count},
+      {"get_physical_big_cpu_count", ::ncnn::get_physical_big_cpu_count},
+      {"get_cpu_powersave", ::ncnn::get_cpu_powersave},
+      {"get_omp_num_threads", ::ncnn::get_omp_num_threads},
+      {"get_omp_dynamic", ::ncnn::get_omp_dynamic},
+      {"get_omp_thread_num", ::ncnn::get_omp_thread_num},
+      {"get_kmp_blocktime", ::ncnn::get_kmp_blocktime}};
+  for (const auto& [name, query] : cpu_queries) m.def(name, query);
+  m.def("set_cpu_powersave", [](int powersave) {
+    if (powersave < 0 || powersave > 2)
+      throw std::invalid_argument("set_cpu_powersave: 0 (all cores), 1 (little ones) or 2 (big ones), got " +
+                                  std::to_string(powersave));
+    return ::ncnn::set_cpu_powersave(powersave);
+  }, "powersave"_a);
+  m.def("set_omp_num_threads", [](int n) {
+    if (n < 1 || n > 1024)
+      throw std::invalid_argument("set_omp_num_threads: 1..1024, got " + std::to_string(n));
+    ::ncnn::set_omp_num_threads(n);
+  }, "num_threads"_a);
+  m.def("set_omp_dynamic", &::ncnn::set_omp_dynamic, "dynamic"_a);
+  m.def("set_kmp_blocktime", &::ncnn::set_kmp_blocktime, "time_ms"_a);
   vknorm_python::define_mat_functions(m);
 
   // The graph rewrite on .param text: (fused text, [{"pattern", "layers"}]); ValueError on a malformed file.

@@ -1453,15 +1453,70 @@ def test_mat_views_outside_the_mat_are_index_errors_naming_the_numbers():
     with pytest.raises(IndexError, match="out of range"):
         m[60] = 1.0
     padded = graph.Mat(np.zeros((3, 3, 5), np.float32))  # cstep 16: its planes are not depth planes
-    with pytest.raises(ValueError, match="a dims-3 Mat has no depth planes"):
+    with pytest.raises(ValueError, match="a dims-3 Mat whose planes are padded has no depth planes"):
         padded.depth(1)
-    with pytest.raises(ValueError, match="Mat.channel: a dims-2 Mat has no channels"):
-        graph.Mat(np.zeros((4, 5), np.float32)).channel(0)
-    with pytest.raises(ValueError, match="Mat.depth: a dims-2 Mat has no depth planes"):
-        m.channel(1).depth(0)
+    with pytest.raises(IndexError, match=re.escape("Mat.channel: channel 1 out of range: the Mat has 1 channels")):
+        graph.Mat(np.zeros((4, 5), np.float32)).channel(1)
+    with pytest.raises(IndexError, match=re.escape("Mat.depth: depth plane 1 out of range: the Mat has 1 depth")):
+        m.channel(1).depth(1)
     with pytest.raises(ValueError, match="Mat.row: the Mat is empty"):
         graph.Mat().row(0)
-    assert len(list(graph.Mat(np.arange(8, dtype=np.float32)))) == 8  # iteration ends at the Mat's end
+
+
+def test_a_dims_1_or_2_mat_is_its_one_channel_and_depth_plane_as_pyncnns_loops_read_it():
+    """pyncnn's model zoo walks outputs as ``for p in range(out.c): out.channel(p).row(y)[x]``: on a dims-2 output
+    (c is 1) channel(0) is the whole Mat, its rows reachable (ncnn relabels the same memory dims - 1)."""
+    pyncnn = import_or_missing("ncnn")
+    x = np.arange(6 * 5, dtype=np.float32).reshape(6, 5)
+    ours, theirs = graph.Mat(x), pyncnn.Mat(x)
+    for p in range(ours.c):
+        for y in range(ours.h):
+            assert np.array_equal(ours.channel(p).row(y), np.asarray(theirs.channel(p).row(y)))
+    for k, view in enumerate((ours.channel(0), ours.channel_range(0, 1), ours.depth(0), ours.depth_range(0, 1))):
+        assert np.array_equal(np.array(view), x)
+        view.row(1)[k] = -1.0  # the Mat's own memory
+        x[1, k] = -1.0
+    assert np.array_equal(ours.numpy(), x)
+    line = graph.Mat(np.arange(7, dtype=np.float32))
+    assert np.array_equal(np.array(line.channel(0)), np.arange(7))
+
+
+def test_iterating_a_mat_gives_its_elements_without_the_padding_between_channels():
+    """Mat[i] counts ncnn's cstep padding (pyncnn's does, unbounded); iteration gives the elements np.array(m) holds,
+    in ncnn's order (pyncnn's crashes)."""
+    x = np.arange(21, dtype=np.float32).reshape(1, 3, 7)  # planes of 21 floats: cstep 24
+    m = graph.Mat(x)
+    assert m.total() == 24 and list(m) == x.ravel().tolist()
+    assert list(graph.Mat(np.arange(8, dtype=np.float32))) == list(range(8))
+    assert list(graph.Mat(np.arange(60, dtype=np.float32).reshape(2, 3, 2, 5))) == list(range(60))
+
+
+def test_pyncnns_keyword_names_cpu_helpers_version_and_kvcache_hint():
+    pyncnn = import_or_missing("ncnn")
+    data = os.path.join(os.path.dirname(__file__), "data")
+    net = graph.Net()
+    net.set_vulkan_device(device_index=0)
+    assert net.load_param(protopath=os.path.join(data, "layernorm_1d.ncnn.param")) == 0
+    assert net.load_model(modelpath=os.path.join(data, "layernorm_1d.ncnn.bin")) == 0
+    for name in ("get_cpu_count", "get_little_cpu_count", "get_big_cpu_count", "get_physical_cpu_count",
+                 "get_physical_little_cpu_count", "get_physical_big_cpu_count", "get_cpu_powersave",
+                 "get_kmp_blocktime"):
+        assert getattr(graph, name)() == getattr(pyncnn, name)(), name
+    assert graph.Option().num_threads == graph.get_physical_big_cpu_count()  # pyncnn's test_option checks it so
+    pinned = re.search(r"^VERSION=(\S+)$", open(os.path.join(data, "..", "..", "tools", "build_ncnn.sh")).read(), re.M)
+    assert graph.__version__ == pinned.group(1) == pyncnn.__version__
+    assert graph.Mat(4, allocator=None).allocator is None
+    opt = graph.Option()
+    assert opt.kvcache_max_seqlen_hint == pyncnn.Option().kvcache_max_seqlen_hint
+    opt.kvcache_max_seqlen_hint = 64
+    assert opt.kvcache_max_seqlen_hint == 64
+    ex = net.create_extractor()
+    ex.set_kvcache_max_seqlen_hint(128)
+    ret, out = ex.extract("out0") if ex.input("in0", graph.Mat(np.ones(64, np.float32))) == 0 else (-1, None)
+    assert ret == 0
+    for bad in (lambda: graph.set_cpu_powersave(3), lambda: graph.set_omp_num_threads(0)):
+        with pytest.raises(ValueError, match=r"set_(cpu_powersave|omp_num_threads): .*got (3|0)"):
+            bad()
 
 
 def test_mat_shape_constructors_as_pyncnn_and_a_single_value_refused():
@@ -1532,10 +1587,10 @@ def test_switches_take_what_pyncnn_takes_and_name_the_field_they_refuse():
 
 
 def test_a_mat_from_an_array_has_zeros_in_its_channel_padding():
-    """3x3 planes pad to 4 floats' multiple (cstep 12): the padding is zero, not stale heap (m[i] and iteration
-    run over total(), padding included, as pyncnn's)."""
+    """3x3 planes pad to 4 floats' multiple (cstep 12): the padding is zero, not stale heap (m[i] runs over total(),
+    padding included, as pyncnn's)."""
     m = graph.Mat(np.ones((2, 3, 3), np.float32))
-    assert m.cstep == 12 and list(m) == ([1.0] * 9 + [0.0] * 3) * 2
+    assert m.cstep == 12 and [m[i] for i in range(m.total())] == ([1.0] * 9 + [0.0] * 3) * 2
 
 
 @pytest.mark.parametrize("direction", ["numpy to Mat", "Mat to numpy"])

@@ -158,6 +158,22 @@ def test_a_source_one_pixel_wide_resizes_without_reading_before_the_image():
     assert proc.stdout.split() == ["ok", "True", "5", "17", "4", "9"], proc.stdout
 
 
+def test_a_crop_view_given_its_row_stride_converts_as_pyncnns_does():
+    """pyncnn's idiom for part of an image: the numpy view with its own row stride (crop.strides[0])."""
+    ncnn = import_or_missing("ncnn")
+    img = image(60, 80, 3, seed=4)
+    crop = img[10:50, 20:70]  # 50x40, rows 240 bytes apart
+    want = Mat.from_pixels(np.ascontiguousarray(crop), T.PIXEL_BGR2RGB, 50, 40)
+    for ours, theirs in (
+            (Mat.from_pixels(crop, T.PIXEL_BGR2RGB, 50, 40, stride=crop.strides[0]),
+             ncnn.Mat.from_pixels(crop, pyncnn_type("PIXEL_BGR2RGB"), 50, 40, stride=crop.strides[0])),
+            (Mat.from_pixels_resize(crop, T.PIXEL_BGR2RGB, 50, 40, crop.strides[0], 30, 20),
+             ncnn.Mat.from_pixels_resize(crop, pyncnn_type("PIXEL_BGR2RGB"), 50, 40, crop.strides[0], 30, 20))):
+        assert np.array_equal(np.array(ours), np.array(theirs))
+    assert np.array_equal(np.array(Mat.from_pixels(crop, T.PIXEL_BGR2RGB, 50, 40, stride=crop.strides[0])),
+                          np.array(want))
+
+
 def test_allocator_none_bytes_and_keywords_as_pyncnn_takes_them():
     img = image(5, 7, 3, seed=15)
     want = np.array(Mat.from_pixels(img, T.PIXEL_BGR2RGB, 7, 5))

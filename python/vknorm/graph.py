@@ -22,8 +22,11 @@ Not there (AttributeError): ``destroy_gpu_instance``, ``Net.input_indexes`` / ``
 fused), custom Python layers, allocator objects (``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
 ``Mat.create`` / ``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1),
 ``Net.vulkan_device``, ``create_layer``, ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
-functions that make other element types or packings (``convert_packing``, ``cast_*``, ``quantize_to_int8``), Mat's batch
-API, and the convolution tuning flags of ``Option``. ``Net.layers()`` gives ``(name, type, is_vknorm, on_vulkan)``
+functions that make other element types or packings (``convert_packing``, ``cast_*``, ``quantize_to_int8``),
+``get_gpu_info`` / ``get_gpu_device`` (``gpu_name(i)``), Mat's buffer protocol (``memoryview(m)``,
+``np.frombuffer(m)``, ``bytes(m)``: use ``m.numpy()``), ``Mat.refcount`` / ``addref``, Mat's batch API, and the
+convolution tuning flags of ``Option``. A Mat's ``w``, ``h``, ``c``, ... are read-only; an option switch set to None is a
+TypeError (pyncnn takes it as False). ``Net.layers()`` gives ``(name, type, is_vknorm, on_vulkan)``
 tuples, not Layer objects. bfloat16 storage (``opt.use_bf16_storage`` / ``use_bf16_packed``), where the device takes
 it, is refused by vknorm's layers at load (``Net(vknorm=False)`` runs it).
 
@@ -71,12 +74,14 @@ Options are not guarded that way: set ``net.opt`` fields before ``load_param``, 
 
 Mat: ``Mat(array)`` copies a numpy array of shape (w), (h, w), (c, h, w) or (c, d, h, w) as float32 (read-only
 arrays too, as pyncnn's Mat); ``mat.numpy()`` is a view of the Mat's memory, as pyncnn's (writes reach the Mat; the
-view holds the memory), ``np.array(mat)`` a copy (``np.asarray(mat)``: a read-only copy, so that a write meant for the
-Mat fails rather than vanishing; write through ``numpy()``, ``row`` or ``m[i]``); ``fill``, ``clone`` and ``reshape``
+view holds the memory), ``np.array(mat)`` a copy (``np.asarray(mat)``, and every numpy function given a Mat, such as
+``np.reshape`` or ``np.transpose``: a read-only copy, so that a write meant for the Mat fails rather than vanishing;
+write through ``numpy()``, ``row`` or ``m[i]``); iterating a Mat gives the elements ``np.array(mat)`` holds (``m[i]``
+counts ncnn's cstep padding, as pyncnn's); ``fill``, ``clone`` and ``reshape``
 as pyncnn's, and pyncnn's shape constructors ``Mat(w)``, ``Mat(w, h)``, ``Mat(w, h, c)``, ``Mat(w, h, d, c)``
 (zeroed float32), ``elemsize``, ``cstep`` and ``total()`` as ncnn's. pyncnn's views ``channel``, ``channel_range``,
 ``depth``, ``depth_range``, ``row`` (a numpy array), ``row_range``, ``range`` and ``m[i]`` (ncnn's memory, cstep
-padding included; ``len(m)`` is w, as pyncnn's) share the Mat's memory, as ncnn's do, and hold it (pyncnn's read
+padding included; ``len(m)`` is w, as pyncnn's; a dims 1-2 Mat is its one channel and depth plane) share the Mat's memory, as ncnn's do, and hold it (pyncnn's read
 freed memory once their Mat is gone or made again); outside the Mat they are an IndexError (pyncnn reads past it),
 and ``Extractor.input`` copies a view it is given (an in-place layer would otherwise write into the Mat). pyncnn's image helpers ``Mat.from_pixels``, ``from_pixels_resize``,
 ``from_pixels_roi`` and ``from_pixels_roi_resize`` (a numpy uint8 image or bytes, ``Mat.PixelType``, an optional row
@@ -87,7 +92,10 @@ channel, norms on a Mat of dims 1 or 2), and arrays that are not uint8, are a Va
 bytes; fused like ``load_param``), ``Net.load_model_mem`` (the .bin's bytes, a bytearray or a uint8 array: read no
 further than their end, and copied, so the caller may drop or reuse them; 0 or ncnn's error code, where pyncnn's
 gives None), ``load_param`` / ``load_model`` with a ``pathlib.Path`` or bytes (names need not be UTF-8), ``get_gpu_count`` /
-``get_default_gpu_index``, ``Extractor.input`` / ``extract`` by blob index (the model's own numbering, as its .param
+``get_default_gpu_index``, the CPU and OpenMP helpers (``get_physical_big_cpu_count``, ``set_cpu_powersave``, ...), ``__version__``,
+``Option.kvcache_max_seqlen_hint`` / ``Extractor.set_kvcache_max_seqlen_hint``, pyncnn's keyword names
+(``load_param(protopath=)``, ``load_model(modelpath=)``, ``set_vulkan_device(device_index=)``),
+``Extractor.input`` / ``extract`` by blob index (the model's own numbering, as its .param
 gives it: a fused net resolves an index through the model as written, and one whose blob the rewrite removed gives
 -1, as does a blob whose name an earlier blob has: blobs are reached by name, and a name finds its first blob), ``Extractor.set_light_mode`` and ``with`` blocks (leaving one clears the Net or Extractor) work too; ``extract`` gives the blob as float32 (pyncnn's ``type=0``) and always as a
 copy of the caller's own.
@@ -122,6 +130,25 @@ Mat = _graph.Mat
 Option = _graph.Option
 Extractor = _graph.Extractor
 DataReaderFromEmpty = _graph.DataReaderFromEmpty
+# As pyncnn's: the version of the ncnn inside (tools/build_ncnn.sh's pin; ncnn's own version string there is the
+# date it was built)
+__version__ = "1.0.20261020"
+# pyncnn's CPU and OpenMP helpers
+get_cpu_count = _graph.get_cpu_count
+get_little_cpu_count = _graph.get_little_cpu_count
+get_big_cpu_count = _graph.get_big_cpu_count
+get_physical_cpu_count = _graph.get_physical_cpu_count
+get_physical_little_cpu_count = _graph.get_physical_little_cpu_count
+get_physical_big_cpu_count = _graph.get_physical_big_cpu_count
+get_cpu_powersave = _graph.get_cpu_powersave
+set_cpu_powersave = _graph.set_cpu_powersave
+get_omp_num_threads = _graph.get_omp_num_threads
+set_omp_num_threads = _graph.set_omp_num_threads
+get_omp_dynamic = _graph.get_omp_dynamic
+set_omp_dynamic = _graph.set_omp_dynamic
+get_omp_thread_num = _graph.get_omp_thread_num
+get_kmp_blocktime = _graph.get_kmp_blocktime
+set_kmp_blocktime = _graph.set_kmp_blocktime
 # ncnn's Mat functions, as pyncnn offers them: each returns the new Mat, or writes it into a dst given second
 BorderType = _graph.BorderType
 copy_make_border = _graph.copy_make_border
@@ -134,7 +161,10 @@ resize_bicubic = _graph.resize_bicubic
 flatten = _graph.flatten
 
 __all__ = ["Net", "Mat", "Option", "Extractor", "DataReaderFromEmpty", "BorderType", "copy_make_border",
-           "copy_make_border_3d", "copy_cut_border", "copy_cut_border_3d", "resize_nearest", "resize_bilinear", "resize_bicubic", "flatten",
+           "copy_make_border_3d", "copy_cut_border", "copy_cut_border_3d", "get_cpu_count", "get_little_cpu_count",
+           "get_big_cpu_count", "get_physical_cpu_count", "get_physical_little_cpu_count", "get_physical_big_cpu_count",
+           "get_cpu_powersave", "set_cpu_powersave", "get_omp_num_threads", "set_omp_num_threads", "get_omp_dynamic",
+           "set_omp_dynamic", "get_omp_thread_num", "get_kmp_blocktime", "set_kmp_blocktime", "resize_nearest", "resize_bilinear", "resize_bicubic", "flatten",
            "gpu_count", "gpu_name", "get_gpu_count", "get_default_gpu_index",
            "configure", "track_device_memory", "device_memory", "set_device_memory_limit"]
 
