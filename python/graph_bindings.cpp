@@ -314,13 +314,25 @@ Pixels pixels_of(const char* fn, nb::handle obj, long long type, int w, int h, s
     throw std::invalid_argument(where + "w and h must be >= 1 (got " + std::to_string(w) + "x" + std::to_string(h) + ")");
   const int64_t row = int64_t(w) * channels;
   // pyncnn's crop idiom: a numpy view of part of an image given with its own row stride (crop.strides[0]), which
-  // pyncnn reads in place. The view is made contiguous below: its rows are then as long as the view's.
+  // pyncnn reads in place. The view is made contiguous below (its rows then as long as the view's): taken where its
+  // rows' bytes lie next to each other, as numpy shows them, and hold the w pixels asked for.
   nb::module_ numpy = nb::module_::import_("numpy");
   if (stride && nb::isinstance(obj, numpy.attr("ndarray")) && nb::cast<int>(obj.attr("ndim")) >= 2 &&
+      nb::cast<std::string>(obj.attr("dtype").attr("name")) == "uint8" &&
       !nb::cast<bool>(obj.attr("flags").attr("c_contiguous")) &&
-      nb::cast<long long>(obj.attr("strides")[0]) == *stride && nb::cast<long long>(obj.attr("shape")[0]) > 0 &&
-      nb::cast<long long>(obj.attr("nbytes")) / nb::cast<long long>(obj.attr("shape")[0]) <= INT_MAX)
-    stride = int(nb::cast<long long>(obj.attr("nbytes")) / nb::cast<long long>(obj.attr("shape")[0]));
+      nb::cast<long long>(obj.attr("strides")[0]) == *stride) {
+    const bool has_rows = nb::cast<long long>(obj.attr("shape")[0]) >= h;
+    nb::object first = nb::none();
+    if (has_rows) first = obj.attr("__getitem__")(nb::int_(0));  // a row as the view shows it
+    const long long row_bytes = has_rows ? nb::cast<long long>(first.attr("nbytes")) : 0;
+    if (!has_rows || !nb::cast<bool>(first.attr("flags").attr("c_contiguous")) || row_bytes < row)
+      throw std::invalid_argument(where + "a numpy view given with its own row stride (" + std::to_string(*stride) +
+                                  ") is read as numpy shows it: its rows' bytes must lie next to each other and hold "
+                                  "the " + std::to_string(w) + "x" + std::to_string(h) + " pixels asked for (it has " +
+                                  nb::cast<std::string>(nb::repr(obj.attr("shape"))) + "); pass "
+                                  "np.ascontiguousarray(view) without a stride");
+    stride = int(row_bytes);
+  }
   const int64_t step = stride ? int64_t(*stride) : row;
   if (step < row)
     throw std::invalid_argument(where + "stride " + std::to_string(step) + " is shorter than a row of " + std::to_string(w) +
@@ -434,10 +446,14 @@ void substract_mean_normalize(::ncnn::Mat& m, const std::vector<float>& mean, co
   if (count != have)
     throw std::invalid_argument("Mat.reshape: " + asked + " (w, h, d, c order) does not hold the Mat's " +
                                 std::to_string(have) + " elements");
-  ::ncnn::Mat r = shape.size() == 1 ? m.reshape(shape[0])
-                  : shape.size() == 2 ? m.reshape(shape[0], shape[1])
-                  : shape.size() == 3 ? m.reshape(shape[0], shape[1], shape[2])
-                                      : m.reshape(shape[0], shape[1], shape[2], shape[3]);
+  // ncnn's reshape takes a Mat's channels to lie at its aligned cstep: a dims-3 view of a dims-4 Mat's channel (planes
+  // w*h apart) is reshaped from a copy in that layout
+  const size_t aligned = (size_t(m.w) * m.h * m.d * m.elemsize + 15) / 16 * 16 / m.elemsize;
+  const ::ncnn::Mat from = m.dims >= 3 && m.cstep != aligned ? m.clone() : m;
+  ::ncnn::Mat r = shape.size() == 1 ? from.reshape(shape[0])
+                  : shape.size() == 2 ? from.reshape(shape[0], shape[1])
+                  : shape.size() == 3 ? from.reshape(shape[0], shape[1], shape[2])
+                                      : from.reshape(shape[0], shape[1], shape[2], shape[3]);
   if (r.empty()) throw std::bad_alloc();
   return r;
 }
@@ -1405,8 +1421,7 @@ NB_MODULE(_graph, m) {
   auto option = nb::class_<::ncnn::Option>(m, "Option");
   option.def(nb::init<>())
       .def_rw("num_threads", &::ncnn::Option::num_threads)
-      .def_rw("openmp_blocktime", &::ncnn::Option::openmp_blocktime)
-      .def_rw("kvcache_max_seqlen_hint", &::ncnn::Option::kvcache_max_seqlen_hint);
+      .def_rw("openmp_blocktime", &::ncnn::Option::openmp_blocktime);
   const std::pair<const char*, bool ::ncnn::Option::*> switches[] = {
       {"lightmode", &::ncnn::Option::lightmode},
       {"use_vulkan_compute", &::ncnn::Option::use_vulkan_compute},
@@ -1592,7 +1607,7 @@ NB_MODULE(_graph, m) {
       .def("__iter__",
            [](::ncnn::Mat& m) {
              check_view(m, "iter(Mat)");
-             return nb::iter(numpy_view(m).cast().attr("ravel")().attr("tolist")());
+             return nb::iter(numpy_view(m).cast().attr("flat"));
            })
       .def_prop_ro("allocator", [](const ::ncnn::Mat&) { return nb::none(); })  // pyncnn's: None for its Mats
       .def("elembits", [](const ::ncnn::Mat& m) { return m.elembits(); })
@@ -1765,14 +1780,6 @@ NB_MODULE(_graph, m) {
              e.opt.lightmode = enable;
            },
            "enable"_a.none())
-      .def("set_kvcache_max_seqlen_hint",
-           [](Extractor& e, int hint) {
-             ReleaseGil release;
-             std::lock_guard<std::mutex> lock(*e.mutex);
-             e.ex->set_kvcache_max_seqlen_hint(hint);
-             e.opt.kvcache_max_seqlen_hint = hint;
-           },
-           "max_seqlen_hint"_a)
       .def("__enter__", [](Extractor& e) -> Extractor& { return e; }, nb::rv_policy::reference)
       .def("__exit__", [](Extractor& e, nb::args) { extractor_clear(e); })
       .def("clear", &extractor_clear);

@@ -172,6 +172,17 @@ def test_a_crop_view_given_its_row_stride_converts_as_pyncnns_does():
         assert np.array_equal(np.array(ours), np.array(theirs))
     assert np.array_equal(np.array(Mat.from_pixels(crop, T.PIXEL_BGR2RGB, 50, 40, stride=crop.strides[0])),
                           np.array(want))
+    flipped, gray = img[::-1], np.ascontiguousarray(img[..., 0])[5:30, 3:40]
+    for view, t, w, h in ((flipped, "PIXEL_BGR", 80, 60), (gray, "PIXEL_GRAY", 37, 25)):
+        assert np.array_equal(np.array(Mat.from_pixels(view, getattr(T, t), w, h, stride=view.strides[0])),
+                              np.array(ncnn.Mat.from_pixels(view, pyncnn_type(t), w, h, stride=view.strides[0])))
+    # Read as numpy shows it: rows whose bytes are not next to each other, or narrower than w, are refused (pyncnn
+    # reads the bytes around the view in the image it was cut from)
+    for view, w in ((crop, 60), (img[10:50, 20:70:2], 25), (img[..., ::-1], 80), (img[..., 0][:, :40], 40)):
+        with pytest.raises(ValueError, match=rf"a numpy view given with its own row stride \({view.strides[0]}\) is "
+                                             rf"read as numpy shows it: .* \(it has \({view.shape[0]}, "):
+            Mat.from_pixels(view, T.PIXEL_GRAY if view.ndim == 2 else T.PIXEL_BGR, w, view.shape[0],
+                            stride=view.strides[0])
 
 
 def test_allocator_none_bytes_and_keywords_as_pyncnn_takes_them():

@@ -24,7 +24,8 @@ fused), custom Python layers, allocator objects (``allocator=None`` is taken, as
 ``Net.vulkan_device``, ``create_layer``, ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
 functions that make other element types or packings (``convert_packing``, ``cast_*``, ``quantize_to_int8``),
 ``get_gpu_info`` / ``get_gpu_device`` (``gpu_name(i)``), Mat's buffer protocol (``memoryview(m)``,
-``np.frombuffer(m)``, ``bytes(m)``: use ``m.numpy()``), ``Mat.refcount`` / ``addref``, Mat's batch API, and the
+``np.frombuffer(m)``, ``bytes(m)``: use ``m.numpy()``), ``Mat.refcount`` / ``addref``, Mat's batch API, kv-cache
+models (``Extractor.input`` refuses the empty Mats their first step takes, and the kv-cache hint with them), and the
 convolution tuning flags of ``Option``. A Mat's ``w``, ``h``, ``c``, ... are read-only; an option switch set to None is a
 TypeError (pyncnn takes it as False). ``Net.layers()`` gives ``(name, type, is_vknorm, on_vulkan)``
 tuples, not Layer objects. bfloat16 storage (``opt.use_bf16_storage`` / ``use_bf16_packed``), where the device takes
@@ -81,19 +82,21 @@ counts ncnn's cstep padding, as pyncnn's); ``fill``, ``clone`` and ``reshape``
 as pyncnn's, and pyncnn's shape constructors ``Mat(w)``, ``Mat(w, h)``, ``Mat(w, h, c)``, ``Mat(w, h, d, c)``
 (zeroed float32), ``elemsize``, ``cstep`` and ``total()`` as ncnn's. pyncnn's views ``channel``, ``channel_range``,
 ``depth``, ``depth_range``, ``row`` (a numpy array), ``row_range``, ``range`` and ``m[i]`` (ncnn's memory, cstep
-padding included; ``len(m)`` is w, as pyncnn's; a dims 1-2 Mat is its one channel and depth plane) share the Mat's memory, as ncnn's do, and hold it (pyncnn's read
+padding included; ``len(m)`` is w, as pyncnn's; a dims 1-2 Mat is its one channel and depth plane, whole, where
+pyncnn's ``channel(0)`` relabels it dims - 1) share the Mat's memory, as ncnn's do, and hold it (pyncnn's read
 freed memory once their Mat is gone or made again); outside the Mat they are an IndexError (pyncnn reads past it),
 and ``Extractor.input`` copies a view it is given (an in-place layer would otherwise write into the Mat). pyncnn's image helpers ``Mat.from_pixels``, ``from_pixels_resize``,
 ``from_pixels_roi`` and ``from_pixels_roi_resize`` (a numpy uint8 image or bytes, ``Mat.PixelType``, an optional row
-stride in bytes; ``allocator=None`` only) and ``substract_mean_normalize(mean, norm)`` are ncnn's own code: the
+stride in bytes; a numpy view given with its own row stride, pyncnn's way to convert a crop, is read as numpy shows
+it, refused where its rows' bytes are not next to each other or are narrower than w; ``allocator=None`` only) and ``substract_mean_normalize(mean, norm)`` are ncnn's own code: the
 conversions give pyncnn's results bit for bit, the normalization within float32 rounding. What pyncnn would read or
 write past (a short buffer, an roi outside the image, images or targets past 2^31 bytes, means or norms not one per
 channel, norms on a Mat of dims 1 or 2), and arrays that are not uint8, are a ValueError or TypeError. pyncnn's ``Net.load_param_mem`` (text or
 bytes; fused like ``load_param``), ``Net.load_model_mem`` (the .bin's bytes, a bytearray or a uint8 array: read no
 further than their end, and copied, so the caller may drop or reuse them; 0 or ncnn's error code, where pyncnn's
 gives None), ``load_param`` / ``load_model`` with a ``pathlib.Path`` or bytes (names need not be UTF-8), ``get_gpu_count`` /
-``get_default_gpu_index``, the CPU and OpenMP helpers (``get_physical_big_cpu_count``, ``set_cpu_powersave``, ...), ``__version__``,
-``Option.kvcache_max_seqlen_hint`` / ``Extractor.set_kvcache_max_seqlen_hint``, pyncnn's keyword names
+``get_default_gpu_index``, the CPU and OpenMP helpers (``get_physical_big_cpu_count``, ``set_cpu_powersave``, ...;
+values ncnn would ignore are a ValueError), ``__version__``, pyncnn's keyword names
 (``load_param(protopath=)``, ``load_model(modelpath=)``, ``set_vulkan_device(device_index=)``),
 ``Extractor.input`` / ``extract`` by blob index (the model's own numbering, as its .param
 gives it: a fused net resolves an index through the model as written, and one whose blob the rewrite removed gives
