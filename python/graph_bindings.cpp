@@ -587,6 +587,61 @@ nb::ndarray<nb::numpy, float> numpy_view(::ncnn::Mat& m) {
   if (m.dims >= 3) strides[0] = int64_t(m.cstep);
   return array_over(m, m.data, shape.size(), shape.data(), strides.data());
 }
+// pyncnn's buffer protocol: memoryview(m), np.asarray(m), bytes(m) read (and write) the Mat's own memory, channels
+// cstep apart. Each export holds a reference to that memory (as numpy()'s arrays do), so the buffer stays valid
+// whatever the Python Mat is given later, and ncnn sees the Mat as shared (an input it would otherwise reuse in place
+// is copied). An empty Mat, or one of another element type, exports nothing (numpy then asks __array__).
+struct MatExport {
+  ::ncnn::Mat held;
+  Py_ssize_t shape[4];
+  Py_ssize_t strides[4];
+};
+int mat_getbuffer(PyObject* self, Py_buffer* view, int flags) {
+  view->obj = nullptr;
+  const ::ncnn::Mat* m = nb::inst_ptr<::ncnn::Mat>(self);
+  if (m->empty() || m->elemsize != 4 || m->elempack != 1) {
+    PyErr_SetString(PyExc_BufferError, m->empty() ? "Mat: an empty Mat has no memory to export"
+                                                  : "Mat: only float32 Mats of elempack 1 export their memory");
+    return -1;
+  }
+  const std::vector<size_t> shape = numpy_shape(m->dims, m->w, m->h, m->d, m->c);
+  const int ndim = int(shape.size());
+  auto* e = new MatExport{*m, {}, {}};
+  Py_ssize_t stride = 4, count = 1;
+  for (int k = ndim - 1; k >= 0; --k) {
+    e->shape[k] = Py_ssize_t(shape[k]);
+    e->strides[k] = stride;
+    count *= e->shape[k];
+    stride *= e->shape[k];
+  }
+  if (m->dims >= 3) e->strides[0] = Py_ssize_t(m->cstep) * 4;  // channels cstep apart
+  const bool contiguous = m->dims < 3 || m->c == 1 || m->cstep == size_t(m->w) * m->h * m->d;
+  if (!contiguous && (flags & PyBUF_STRIDES) != PyBUF_STRIDES) {
+    delete e;
+    PyErr_SetString(PyExc_BufferError, "Mat: its channels are cstep apart (padded), so its memory is not contiguous: "
+                                       "np.array(mat) is a contiguous copy");
+    return -1;
+  }
+  view->buf = e->held.data;
+  view->obj = self;
+  Py_INCREF(self);
+  view->len = count * 4;
+  view->readonly = 0;
+  view->itemsize = 4;
+  view->format = (flags & PyBUF_FORMAT) ? const_cast<char*>("f") : nullptr;
+  const bool nd = (flags & PyBUF_ND) == PyBUF_ND;
+  view->ndim = nd ? ndim : 1;
+  view->shape = nd ? e->shape : nullptr;
+  view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? e->strides : nullptr;
+  view->suboffsets = nullptr;
+  view->internal = e;
+  return 0;
+}
+void mat_releasebuffer(PyObject*, Py_buffer* view) { delete static_cast<MatExport*>(view->internal); }
+PyType_Slot kMatSlots[] = {{Py_bf_getbuffer, reinterpret_cast<void*>(mat_getbuffer)},
+                           {Py_bf_releasebuffer, reinterpret_cast<void*>(mat_releasebuffer)},
+                           {0, nullptr}};
+
 // Elements of the first channel, next to each other (as ncnn).
 ::ncnn::Mat range_view(::ncnn::Mat& m, long long x, long long n) {
   check_view(m, "Mat.range");
@@ -1442,7 +1497,7 @@ NB_MODULE(_graph, m) {
         },
         nb::for_setter(nb::arg("value").none()));
 
-  nb::class_<::ncnn::Mat>(m, "Mat")
+  nb::class_<::ncnn::Mat>(m, "Mat", nb::type_slots(kMatSlots))
       .def(nb::init<>())
       // ncnn's copy constructor, as pyncnn's Mat(m): the same memory (an empty Mat gives an empty one)
       .def(nb::init<const ::ncnn::Mat&>(), "m"_a)
@@ -1629,17 +1684,11 @@ NB_MODULE(_graph, m) {
            })
       // numpy's protocol: always a copy (ncnn's memory may be packed or float16), so copy=False, which asks for
       // the Mat's own memory, is numpy 2's ValueError rather than a copy that writes do not reach
+      // numpy takes the buffer export first (kMatSlots); this answers what that refuses: an empty Mat (ValueError)
       .def("__array__",
-           [](const ::ncnn::Mat& mat, nb::handle dtype, nb::handle copy) {
-             if (copy.ptr() == Py_False)
-               throw std::invalid_argument("Mat: copy=False: numpy's protocol gives a copy of a vknorm.graph.Mat; "
-                                           "mat.numpy() is the view of its memory (writes reach the Mat), "
-                                           "np.array(mat) a copy");
+           [](const ::ncnn::Mat& mat, nb::handle dtype, nb::handle) {
              nb::object a = nb::cast(mat_to_numpy(mat));
              if (dtype.is_valid() && !dtype.is_none()) a = a.attr("astype")(dtype);
-             // np.asarray (copy=None) reads like a view of the Mat, as pyncnn's is: read-only, so that a write to
-             // it fails rather than vanishing (np.array, copy=True, is the caller's own copy to write)
-             if (copy.ptr() != Py_True) a.attr("setflags")("write"_a = false);
              return a;
            },
            "dtype"_a = nb::none(), "copy"_a = nb::none())

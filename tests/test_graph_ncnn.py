@@ -23,6 +23,7 @@ import gc
 import json
 import re
 import os
+import struct
 import subprocess
 import sys
 
@@ -1697,22 +1698,36 @@ def test_pyncnn_s_other_signatures_work_as_there(tmp_path):
         assert untouched.w == 5  # left as it was on failure
 
 
-def test_mat_to_numpy_is_a_copy_and_copy_false_says_so():
-    """numpy's __array__ protocol: the Mat converts as a copy (ncnn's memory may be packed or float16), in the
-    dtype asked for; copy=False, which asks for the Mat's own memory, is numpy 2's ValueError, and np.asarray's
-    copy is read-only, so that pyncnn code filling a Mat through np.asarray fails rather than losing its writes.
-    np.array's copy is the caller's to write."""
-    m = graph.Mat(np.arange(6, dtype=np.float32).reshape(2, 3))
+def test_a_mat_exports_its_memory_as_pyncnns_buffer_does():
+    """np.asarray(m), memoryview(m) and numpy's functions read the Mat's own memory (channels cstep apart) and write
+    it, as pyncnn's buffer export does; np.array(m) is the caller's copy. An export holds the memory it was made on
+    when the Mat is made again. A padded Mat has no contiguous memory to give struct or a plain memoryview cast."""
+    x = np.arange(2 * 3 * 3, dtype=np.float32).reshape(2, 3, 3)  # 3x3 planes: cstep 12, padded
+    m = graph.Mat(x)
     a = np.asarray(m)
-    with pytest.raises(ValueError, match="read-only"):
-        a[:] = 5
+    assert a.flags.writeable and a.strides == (48, 12, 4) and np.array_equal(a, x)
+    a[1, 2, 2] = -1.0
+    np.reshape(m, (2, 9))[0, 0] = -2.0
+    assert m[12 + 8] == -1.0 and m[0] == -2.0
     b = np.array(m)
-    b[:] = 5
-    assert np.array_equal(np.array(m), np.arange(6, dtype=np.float32).reshape(2, 3))
-    assert not np.asarray(m, dtype=np.float64).flags.writeable and np.array(m, dtype=np.float64).flags.writeable
-    assert np.array(m, dtype=np.float64).dtype == np.float64
-    with pytest.raises(ValueError, match=r"copy=False: .*mat.numpy\(\) is the view of its memory"):
-        np.array(m, copy=False)
+    b[:] = 5.0
+    assert m[1] == 1.0
+    assert np.asarray(m, copy=False).base is not None and np.asarray(m, dtype=np.float64).dtype == np.float64
+    view = memoryview(m)
+    assert (view.format, view.shape, view.strides, view.readonly) == ("f", (2, 3, 3), (48, 12, 4), False)
+    assert len(bytes(m)) == 18 * 4
+    pyncnn = import_or_missing("ncnn")
+    flat = np.arange(4, dtype=np.float32)
+    assert struct.unpack_from("3f", graph.Mat(flat)) == struct.unpack_from("3f", pyncnn.Mat(flat)) == (0.0, 1.0, 2.0)
+    assert np.array_equal(np.frombuffer(graph.Mat(flat), np.float32), flat)
+    with pytest.raises(BufferError, match="cstep apart .* np.array\\(mat\\) is a contiguous copy"):
+        struct.unpack_from("3f", m)
+    kept = np.asarray(m)
+    m.create(5)  # given other memory: the export keeps the memory it was made on
+    gc.collect()
+    assert kept[0, 0, 1] == 1.0 and m.w == 5
+    with pytest.raises(ValueError, match="Mat is empty"):
+        np.array(graph.Mat())
 
 
 def test_an_input_that_is_not_a_graph_mat_and_fusion_without_vknorm_are_one_line_errors():

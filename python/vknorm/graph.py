@@ -23,8 +23,7 @@ fused), custom Python layers, allocator objects (``allocator=None`` is taken, as
 ``Mat.create`` / ``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1),
 ``Net.vulkan_device``, ``create_layer``, ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
 functions that make other element types or packings (``convert_packing``, ``cast_*``, ``quantize_to_int8``),
-``get_gpu_info`` / ``get_gpu_device`` (``gpu_name(i)``), Mat's buffer protocol (``memoryview(m)``,
-``np.frombuffer(m)``, ``bytes(m)``: use ``m.numpy()``), ``Mat.refcount`` / ``addref``, Mat's batch API, kv-cache
+``get_gpu_info`` / ``get_gpu_device`` (``gpu_name(i)``), ``Mat.refcount`` / ``addref``, Mat's batch API, kv-cache
 models (``Extractor.input`` refuses the empty Mats their first step takes, and the kv-cache hint with them), and the
 convolution tuning flags of ``Option``. A Mat's ``w``, ``h``, ``c``, ... are read-only; an option switch set to None is a
 TypeError (pyncnn takes it as False). ``Net.layers()`` gives ``(name, type, is_vknorm, on_vulkan)``
@@ -75,9 +74,9 @@ Options are not guarded that way: set ``net.opt`` fields before ``load_param``, 
 
 Mat: ``Mat(array)`` copies a numpy array of shape (w), (h, w), (c, h, w) or (c, d, h, w) as float32 (read-only
 arrays too, as pyncnn's Mat); ``mat.numpy()`` is a view of the Mat's memory, as pyncnn's (writes reach the Mat; the
-view holds the memory), ``np.array(mat)`` a copy (``np.asarray(mat)``, and every numpy function given a Mat, such as
-``np.reshape`` or ``np.transpose``: a read-only copy, so that a write meant for the Mat fails rather than vanishing;
-write through ``numpy()``, ``row`` or ``m[i]``); iterating a Mat gives the elements ``np.array(mat)`` holds (``m[i]``
+view holds the memory), and so are ``np.asarray(mat)``, ``memoryview(mat)`` and numpy's functions given a Mat, through
+pyncnn's buffer protocol (a padded Mat, channels cstep apart, has no contiguous export: ``struct`` of it needs
+``np.array(mat)``); ``np.array(mat)`` is a copy; iterating a Mat gives the elements ``np.array(mat)`` holds (``m[i]``
 counts ncnn's cstep padding, as pyncnn's); ``fill``, ``clone`` and ``reshape``
 as pyncnn's, and pyncnn's shape constructors ``Mat(w)``, ``Mat(w, h)``, ``Mat(w, h, c)``, ``Mat(w, h, d, c)``
 (zeroed float32), ``elemsize``, ``cstep`` and ``total()`` as ncnn's. pyncnn's views ``channel``, ``channel_range``,
