@@ -615,13 +615,6 @@ int mat_getbuffer(PyObject* self, Py_buffer* view, int flags) {
     stride *= e->shape[k];
   }
   if (m->dims >= 3) e->strides[0] = Py_ssize_t(m->cstep) * 4;  // channels cstep apart
-  const bool contiguous = m->dims < 3 || m->c == 1 || m->cstep == size_t(m->w) * m->h * m->d;
-  if (!contiguous && (flags & PyBUF_STRIDES) != PyBUF_STRIDES) {
-    delete e;
-    PyErr_SetString(PyExc_BufferError, "Mat: its channels are cstep apart (padded), so its memory is not contiguous: "
-                                       "np.array(mat) is a contiguous copy");
-    return -1;
-  }
   view->buf = e->held.data;
   view->obj = self;
   Py_INCREF(self);
@@ -629,12 +622,30 @@ int mat_getbuffer(PyObject* self, Py_buffer* view, int flags) {
   view->readonly = 0;
   view->itemsize = 4;
   view->format = (flags & PyBUF_FORMAT) ? const_cast<char*>("f") : nullptr;
+  view->suboffsets = nullptr;
+  view->internal = e;
+  // A request for contiguous memory (no strides, or C, Fortran or any order) of a Mat whose channels are cstep apart
+  // (padded), or Fortran order of a Mat of more than one row, is refused as pyncnn's export refuses it.
+  view->ndim = ndim, view->shape = e->shape, view->strides = e->strides;  // what the memory is, for the checks
+  const bool c_order = PyBuffer_IsContiguous(view, 'C'), f_order = PyBuffer_IsContiguous(view, 'F');
   const bool nd = (flags & PyBUF_ND) == PyBUF_ND;
   view->ndim = nd ? ndim : 1;
   view->shape = nd ? e->shape : nullptr;
   view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? e->strides : nullptr;
-  view->suboffsets = nullptr;
-  view->internal = e;
+  const bool refused = (!c_order && (flags & PyBUF_STRIDES) != PyBUF_STRIDES) ||
+                       (!c_order && (flags & (PyBUF_C_CONTIGUOUS & ~PyBUF_STRIDES))) ||
+                       (!f_order && (flags & (PyBUF_F_CONTIGUOUS & ~PyBUF_STRIDES))) ||
+                       (!c_order && !f_order && (flags & (PyBUF_ANY_CONTIGUOUS & ~PyBUF_STRIDES)));
+  if (refused) {
+    delete e;
+    view->obj = nullptr;
+    view->internal = nullptr;
+    Py_DECREF(self);
+    PyErr_SetString(PyExc_BufferError, c_order ? "Mat: its memory is in C order, not Fortran order"
+                                               : "Mat: its channels are cstep apart (padded), so its memory is not "
+                                                 "contiguous: np.array(mat) is a contiguous copy");
+    return -1;
+  }
   return 0;
 }
 void mat_releasebuffer(PyObject*, Py_buffer* view) { delete static_cast<MatExport*>(view->internal); }
@@ -1684,12 +1695,20 @@ NB_MODULE(_graph, m) {
            })
       // numpy's protocol: always a copy (ncnn's memory may be packed or float16), so copy=False, which asks for
       // the Mat's own memory, is numpy 2's ValueError rather than a copy that writes do not reach
-      // numpy takes the buffer export first (kMatSlots); this answers what that refuses: an empty Mat (ValueError)
+      // numpy takes the buffer export first (kMatSlots); this answers what that refuses (an empty Mat: ValueError)
+      // and other array libraries: copy=False is the Mat's own memory, as numpy's protocol asks
       .def("__array__",
-           [](const ::ncnn::Mat& mat, nb::handle dtype, nb::handle) {
+           [](::ncnn::Mat& mat, nb::handle dtype, nb::handle copy) {
+             nb::module_ np = nb::module_::import_("numpy");
+             const bool other_type = dtype.is_valid() && !dtype.is_none() &&
+                                     !nb::cast<bool>(np.attr("dtype")(dtype).attr("__eq__")(np.attr("float32")));
+             if (copy.ptr() == Py_False) {
+               if (other_type)
+                 throw std::invalid_argument("Mat: copy=False with another dtype than float32 would need a copy");
+               return nb::cast(numpy_view(mat));
+             }
              nb::object a = nb::cast(mat_to_numpy(mat));
-             if (dtype.is_valid() && !dtype.is_none()) a = a.attr("astype")(dtype);
-             return a;
+             return other_type ? a.attr("astype")(dtype) : a;
            },
            "dtype"_a = nb::none(), "copy"_a = nb::none())
       // pyncnn's pixel helpers (mat_pixel.cpp), with pyncnn's arguments: an 8-bit image (numpy uint8, h x w x

@@ -1609,18 +1609,20 @@ def test_large_mat_copies_let_other_python_threads_run(direction):
     assert r["stamps_in_middle"] > 0, f"a Python thread made no progress during the copy: {r}"
 
 
-def test_a_graph_mat_given_to_forward_inplace_is_refused_with_advice_that_works():
-    """numpy reads a vknorm.graph.Mat only as a copy, so a layer cannot write it in place: the error says what does
-    work, and following it gives the layer's output."""
+def test_a_graph_mat_given_to_a_vknorm_layer_is_read_and_written_in_place_as_a_pyncnn_mat():
+    """vknorm's own layers take a vknorm.graph.Mat as they take pyncnn's: through numpy's view of its memory
+    (channels cstep apart), so forward_inplace writes the Mat; an empty one is a ValueError naming it."""
     import vknorm
 
-    ln = vknorm.LayerNorm(affine_size=4, affine=False)
-    x = np.random.default_rng(2).standard_normal((2, 4)).astype(np.float32)
+    ln = vknorm.LayerNorm(affine_size=3, affine=False)
+    x = np.random.default_rng(2).standard_normal((2, 3, 3)).astype(np.float32)  # 3x3 planes: cstep 12, padded
     m = graph.Mat(x)
-    with pytest.raises(TypeError, match=r"got a vknorm.graph.Mat .*layer\(m\).*vknorm.graph.Mat\(layer\(m\)\)"):
-        ln.forward_inplace(m)
-    assert np.array_equal(np.array(m), x)  # untouched
-    np.testing.assert_array_equal(np.array(graph.Mat(ln(m))), ln(x))
+    np.testing.assert_array_equal(ln(m), ln(x))
+    assert ln.forward_inplace(m) is m
+    np.testing.assert_array_equal(np.array(m), ln(x))
+    for call in (ln, ln.forward_inplace):
+        with pytest.raises(ValueError, match=r"the vknorm.graph Mat is empty"):
+            call(graph.Mat())
     with pytest.raises(TypeError, match=r"needs a numpy array or a VkMat, got Net$"):  # not every graph type a Mat
         ln.forward_inplace(graph.Net())
 
@@ -1722,6 +1724,17 @@ def test_a_mat_exports_its_memory_as_pyncnns_buffer_does():
     assert np.array_equal(np.frombuffer(graph.Mat(flat), np.float32), flat)
     with pytest.raises(BufferError, match="cstep apart .* np.array\\(mat\\) is a contiguous copy"):
         struct.unpack_from("3f", m)
+    # C-contiguous requests of a padded Mat, and Fortran-order ones of any Mat of several rows, are refused
+    import ctypes
+    for mat, order in ((m, "C"), (m, "A"), (graph.Mat(np.ones((2, 3), np.float32)), "F")):
+        flag = {"C": 0x20, "F": 0x40, "A": 0x80}[order] | 0x18  # PyBUF_*_CONTIGUOUS
+        buf = (ctypes.c_char * ctypes.sizeof(ctypes.c_void_p) * 16)()
+        get = ctypes.pythonapi.PyObject_GetBuffer
+        get.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.c_int]
+        with pytest.raises(BufferError):
+            get(mat, ctypes.addressof(buf), flag)
+    assert memoryview(graph.Mat(np.ones((2, 3), np.float32))).c_contiguous
+    assert np.shares_memory(m.__array__(copy=False), m.numpy())  # numpy's protocol: copy=False is its own memory
     kept = np.asarray(m)
     m.create(5)  # given other memory: the export keeps the memory it was made on
     gc.collect()

@@ -113,16 +113,22 @@ def _vulkan_available() -> bool:
 
 
 def _is_pyncnn_mat(x) -> bool:
-    """pyncnn's ncnn.Mat (not vknorm's, nor vknorm.graph's, which copy in and out)."""
+    """pyncnn's ncnn.Mat (not vknorm's, nor vknorm.graph's)."""
     t = type(x)
     return t.__name__ == "Mat" and t.__module__.split(".")[0] == "ncnn"
 
 
+def _is_graph_mat(x) -> bool:
+    """vknorm.graph's Mat, whose buffer export numpy reads as pyncnn's."""
+    t = type(x)
+    return t.__name__ == "Mat" and t.__module__ == "vknorm._graph"
+
+
 def _pyncnn_mat_array(m, where: str) -> np.ndarray:
-    """numpy's view of a pyncnn Mat, after what pyncnn's buffer export does not check (it crashed on an empty Mat
-    and on a packed one)."""
+    """numpy's view of a pyncnn Mat or a vknorm.graph Mat (channels cstep apart), after what pyncnn's buffer export
+    does not check (it crashed on an empty Mat and on a packed one)."""
     if m.empty():
-        raise ValueError(f"{where}: the pyncnn Mat is empty")
+        raise ValueError(f"{where}: the {'vknorm.graph' if _is_graph_mat(m) else 'pyncnn'} Mat is empty")
     if m.elempack != 1 or m.elemsize != 4:
         raise ValueError(f"{where}: a pyncnn Mat of elempack {m.elempack} and elemsize {m.elemsize}: only unpacked "
                          "float32 Mats (elempack 1, elemsize 4) convert to numpy")
@@ -146,7 +152,7 @@ def _check_array(x, where: str) -> np.ndarray:
                         "it)")
     if x is None:
         raise TypeError(f"{where}: expected a numpy array (or a VkMat), got None")
-    a = _pyncnn_mat_array(x, where) if _is_pyncnn_mat(x) else np.asarray(x)
+    a = _pyncnn_mat_array(x, where) if _is_pyncnn_mat(x) or _is_graph_mat(x) else np.asarray(x)
     if a.dtype.kind not in "f":
         raise TypeError(f"{where}: expected floating point data (float32 or float16), got dtype {a.dtype}"
                         + (f" ({type(x).__name__})" if not isinstance(x, np.ndarray) else ""))
@@ -518,11 +524,7 @@ class _Norm:
             return x
         if isinstance(x, _core.Mat):
             raise TypeError(f"{where} needs a numpy array or a VkMat, got a Mat: {_MAT_ADVICE}")
-        if type(x).__module__ == "vknorm._graph" and type(x).__name__ == "Mat":  # numpy reads it only as a copy
-            raise TypeError(f"{where} needs a numpy array or a VkMat, got a vknorm.graph.Mat (numpy reads it only as "
-                            "a copy): call the layer for a new array, layer(m), or make a new Mat of it, "
-                            "vknorm.graph.Mat(layer(m))")
-        if _is_pyncnn_mat(x):  # in place through numpy's writable view of its memory (channels cstep apart)
+        if _is_pyncnn_mat(x) or _is_graph_mat(x):  # in place through numpy's writable view of its memory
             self.forward_inplace(_pyncnn_mat_array(x, where), device, option)
             return x
         if not isinstance(x, np.ndarray):
