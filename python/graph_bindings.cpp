@@ -213,8 +213,6 @@ void check_no_allocator(const char* fn, nb::handle allocator) {
   return m;
 }
 
-// ncnn's DataReader over bytes in memory, reading no further than their end. It hands out no references into them:
-// every weight is copied, so the bytes may go once the load returns.
 // pyncnn's DataReaderFromEmpty: every weight zero, for timing or checking a model from its .param alone.
 struct DataReaderFromEmpty {};
 class ZeroReader : public ::ncnn::DataReader {
@@ -230,6 +228,8 @@ class ZeroReader : public ::ncnn::DataReader {
   mutable size_t consumed_ = 0;
 };
 
+// ncnn's DataReader over bytes in memory, reading no further than their end. It hands out no references into them:
+// every weight is copied, so the bytes may go once the load returns.
 class BoundedMemoryReader : public ::ncnn::DataReader {
  public:
   BoundedMemoryReader(const unsigned char* data, size_t size) : at_(data), begin_(data), end_(data + size) {}
@@ -1693,8 +1693,6 @@ NB_MODULE(_graph, m) {
                     ", d=" + std::to_string(m.d) + ", c=" + std::to_string(m.c) + ", elemsize=" +
                     std::to_string(m.elemsize) + ", elempack=" + std::to_string(m.elempack) + ")";
            })
-      // numpy's protocol: always a copy (ncnn's memory may be packed or float16), so copy=False, which asks for
-      // the Mat's own memory, is numpy 2's ValueError rather than a copy that writes do not reach
       // numpy takes the buffer export first (kMatSlots); this answers what that refuses (an empty Mat: ValueError)
       // and other array libraries: copy=False is the Mat's own memory, as numpy's protocol asks
       .def("__array__",
