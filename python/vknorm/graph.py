@@ -166,8 +166,8 @@ __all__ = ["Net", "Mat", "Option", "Extractor", "DataReaderFromEmpty", "BorderTy
            "copy_make_border_3d", "copy_cut_border", "copy_cut_border_3d", "get_cpu_count", "get_little_cpu_count",
            "get_big_cpu_count", "get_physical_cpu_count", "get_physical_little_cpu_count", "get_physical_big_cpu_count",
            "get_cpu_powersave", "set_cpu_powersave", "get_omp_num_threads", "set_omp_num_threads", "get_omp_dynamic",
-           "set_omp_dynamic", "get_omp_thread_num", "get_kmp_blocktime", "set_kmp_blocktime", "resize_nearest", "resize_bilinear", "resize_bicubic", "flatten",
-           "gpu_count", "gpu_name", "get_gpu_count", "get_default_gpu_index",
+           "set_omp_dynamic", "get_omp_thread_num", "get_kmp_blocktime", "set_kmp_blocktime", "resize_nearest",
+           "resize_bilinear", "resize_bicubic", "flatten", "gpu_count", "gpu_name", "get_gpu_count", "get_default_gpu_index",
            "configure", "track_device_memory", "device_memory", "set_device_memory_limit"]
 
 

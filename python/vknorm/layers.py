@@ -124,7 +124,7 @@ def _is_graph_mat(x) -> bool:
     return t.__name__ == "Mat" and t.__module__ == "vknorm._graph"
 
 
-def _pyncnn_mat_array(m, where: str) -> np.ndarray:
+def _ncnn_mat_array(m, where: str) -> np.ndarray:
     """numpy's view of a pyncnn Mat or a vknorm.graph Mat (channels cstep apart), after what pyncnn's buffer export
     does not check (it crashed on an empty Mat and on a packed one)."""
     if m.empty():
@@ -152,7 +152,7 @@ def _check_array(x, where: str) -> np.ndarray:
                         "it)")
     if x is None:
         raise TypeError(f"{where}: expected a numpy array (or a VkMat), got None")
-    a = _pyncnn_mat_array(x, where) if _is_pyncnn_mat(x) or _is_graph_mat(x) else np.asarray(x)
+    a = _ncnn_mat_array(x, where) if _is_pyncnn_mat(x) or _is_graph_mat(x) else np.asarray(x)
     if a.dtype.kind not in "f":
         raise TypeError(f"{where}: expected floating point data (float32 or float16), got dtype {a.dtype}"
                         + (f" ({type(x).__name__})" if not isinstance(x, np.ndarray) else ""))
@@ -525,7 +525,7 @@ class _Norm:
         if isinstance(x, _core.Mat):
             raise TypeError(f"{where} needs a numpy array or a VkMat, got a Mat: {_MAT_ADVICE}")
         if _is_pyncnn_mat(x) or _is_graph_mat(x):  # in place through numpy's writable view of its memory
-            self.forward_inplace(_pyncnn_mat_array(x, where), device, option)
+            self.forward_inplace(_ncnn_mat_array(x, where), device, option)
             return x
         if not isinstance(x, np.ndarray):
             raise TypeError(f"{where} needs a numpy array or a VkMat, got {type(x).__name__}")
