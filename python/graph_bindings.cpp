@@ -39,11 +39,14 @@
 #include "vknorm/context.h"
 #include "vknorm/ncnn.h"
 #include "graph_mat_functions.h"
+#include "mat_layout.h"
 #include "numpy_shape.h"
 #include "release_gil.h"
 
 namespace nb = nanobind;
 using vknorm_python::ReleaseGil;
+using vknorm_python::element_strides;
+using vknorm_python::kMaxThreads;
 using namespace nb::literals;
 
 namespace {
@@ -446,10 +449,7 @@ void substract_mean_normalize(::ncnn::Mat& m, const std::vector<float>& mean, co
   if (count != have)
     throw std::invalid_argument("Mat.reshape: " + asked + " (w, h, d, c order) does not hold the Mat's " +
                                 std::to_string(have) + " elements");
-  // ncnn's reshape takes a Mat's channels to lie at its aligned cstep: a dims-3 view of a dims-4 Mat's channel (planes
-  // w*h apart) is reshaped from a copy in that layout
-  const size_t aligned = (size_t(m.w) * m.h * m.d * m.elemsize + 15) / 16 * 16 / m.elemsize;
-  const ::ncnn::Mat from = m.dims >= 3 && m.cstep != aligned ? m.clone() : m;
+  const ::ncnn::Mat from = vknorm_python::in_ncnn_layout(m);  // ncnn's reshape takes channels at the aligned cstep
   ::ncnn::Mat r = shape.size() == 1 ? from.reshape(shape[0])
                   : shape.size() == 2 ? from.reshape(shape[0], shape[1])
                   : shape.size() == 3 ? from.reshape(shape[0], shape[1], shape[2])
@@ -582,10 +582,7 @@ nb::ndarray<nb::numpy, float> row_view(::ncnn::Mat& m, long long y) {
 nb::ndarray<nb::numpy, float> numpy_view(::ncnn::Mat& m) {
   check_view(m, "Mat.numpy");
   const std::vector<size_t> shape = numpy_shape(m.dims, m.w, m.h, m.d, m.c);
-  std::vector<int64_t> strides(shape.size(), 1);  // in elements, innermost last
-  for (size_t k = shape.size() - 1; k-- > 0;) strides[k] = strides[k + 1] * int64_t(shape[k + 1]);
-  if (m.dims >= 3) strides[0] = int64_t(m.cstep);
-  return array_over(m, m.data, shape.size(), shape.data(), strides.data());
+  return array_over(m, m.data, shape.size(), shape.data(), element_strides(m, shape).data());
 }
 // pyncnn's buffer protocol: memoryview(m), np.asarray(m), bytes(m) read (and write) the Mat's own memory, channels
 // cstep apart. Each export holds a reference to that memory (as numpy()'s arrays do), so the buffer stays valid
@@ -606,15 +603,28 @@ int mat_getbuffer(PyObject* self, Py_buffer* view, int flags) {
   }
   const std::vector<size_t> shape = numpy_shape(m->dims, m->w, m->h, m->d, m->c);
   const int ndim = int(shape.size());
-  auto* e = new MatExport{*m, {}, {}};
-  Py_ssize_t stride = 4, count = 1;
-  for (int k = ndim - 1; k >= 0; --k) {
-    e->shape[k] = Py_ssize_t(shape[k]);
-    e->strides[k] = stride;
-    count *= e->shape[k];
-    stride *= e->shape[k];
+  // A request for contiguous memory (no strides, or C, Fortran or any order) of a Mat whose channels are cstep apart
+  // (padded), or Fortran order of a Mat of more than one row, is refused as pyncnn's export refuses it.
+  const bool c_order = m->dims < 3 || m->c == 1 || m->cstep == size_t(m->w) * m->h * m->d;
+  const bool f_order = c_order && std::count_if(shape.begin(), shape.end(), [](size_t n) { return n > 1; }) <= 1;
+  if ((!c_order && (flags & PyBUF_STRIDES) != PyBUF_STRIDES) ||
+      (!c_order && (flags & (PyBUF_C_CONTIGUOUS & ~PyBUF_STRIDES))) ||
+      (!f_order && (flags & (PyBUF_F_CONTIGUOUS & ~PyBUF_STRIDES))) ||
+      (!c_order && !f_order && (flags & (PyBUF_ANY_CONTIGUOUS & ~PyBUF_STRIDES)))) {
+    PyErr_SetString(PyExc_BufferError, c_order ? "Mat: its memory is in C order, not Fortran order"
+                                               : "Mat: its channels are cstep apart (padded), so its memory is not "
+                                                 "contiguous: np.array(mat) is a contiguous copy");
+    return -1;
   }
-  if (m->dims >= 3) e->strides[0] = Py_ssize_t(m->cstep) * 4;  // channels cstep apart
+  auto* e = new MatExport{*m, {}, {}};
+  const std::vector<int64_t> strides = element_strides(*m, shape);
+  Py_ssize_t count = 1;
+  for (int k = 0; k < ndim; ++k) {
+    e->shape[k] = Py_ssize_t(shape[k]);
+    e->strides[k] = Py_ssize_t(strides[k]) * 4;
+    count *= e->shape[k];
+  }
+  const bool nd = (flags & PyBUF_ND) == PyBUF_ND;
   view->buf = e->held.data;
   view->obj = self;
   Py_INCREF(self);
@@ -622,30 +632,11 @@ int mat_getbuffer(PyObject* self, Py_buffer* view, int flags) {
   view->readonly = 0;
   view->itemsize = 4;
   view->format = (flags & PyBUF_FORMAT) ? const_cast<char*>("f") : nullptr;
-  view->suboffsets = nullptr;
-  view->internal = e;
-  // A request for contiguous memory (no strides, or C, Fortran or any order) of a Mat whose channels are cstep apart
-  // (padded), or Fortran order of a Mat of more than one row, is refused as pyncnn's export refuses it.
-  view->ndim = ndim, view->shape = e->shape, view->strides = e->strides;  // what the memory is, for the checks
-  const bool c_order = PyBuffer_IsContiguous(view, 'C'), f_order = PyBuffer_IsContiguous(view, 'F');
-  const bool nd = (flags & PyBUF_ND) == PyBUF_ND;
   view->ndim = nd ? ndim : 1;
   view->shape = nd ? e->shape : nullptr;
   view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? e->strides : nullptr;
-  const bool refused = (!c_order && (flags & PyBUF_STRIDES) != PyBUF_STRIDES) ||
-                       (!c_order && (flags & (PyBUF_C_CONTIGUOUS & ~PyBUF_STRIDES))) ||
-                       (!f_order && (flags & (PyBUF_F_CONTIGUOUS & ~PyBUF_STRIDES))) ||
-                       (!c_order && !f_order && (flags & (PyBUF_ANY_CONTIGUOUS & ~PyBUF_STRIDES)));
-  if (refused) {
-    delete e;
-    view->obj = nullptr;
-    view->internal = nullptr;
-    Py_DECREF(self);
-    PyErr_SetString(PyExc_BufferError, c_order ? "Mat: its memory is in C order, not Fortran order"
-                                               : "Mat: its channels are cstep apart (padded), so its memory is not "
-                                                 "contiguous: np.array(mat) is a contiguous copy");
-    return -1;
-  }
+  view->suboffsets = nullptr;
+  view->internal = e;
   return 0;
 }
 void mat_releasebuffer(PyObject*, Py_buffer* view) { delete static_cast<MatExport*>(view->internal); }
@@ -860,14 +851,13 @@ struct Net {
   // pyncnn's load_model_mem: the weights from bytes in memory, read no further than their end (pyncnn's reader has
   // no end: a short buffer is read past) and copied (the net keeps no reference to the caller's bytes).
   int load_model_mem(const unsigned char* data, size_t size) {
-    if (!begin_model_load("load_model_mem")) return -1;
-    BoundedMemoryReader reader(data, size);
-    const int r = net.load_model(reader);
-    return model_read(r, reader.consumed());
+    return load_model_reading("load_model_mem", BoundedMemoryReader(data, size));
   }
-  int load_model_zeros() {
-    if (!begin_model_load("load_model")) return -1;
-    ZeroReader reader;
+  int load_model_zeros() { return load_model_reading("load_model", ZeroReader()); }
+  // A reader that counts what the layers read (consumed()).
+  template <class Reader>
+  int load_model_reading(const char* call, const Reader& reader) {
+    if (!begin_model_load(call)) return -1;
     const int r = net.load_model(reader);
     return model_read(r, reader.consumed());
   }
@@ -913,9 +903,7 @@ struct Net {
       throw std::runtime_error("create_extractor: net.opt changed after load_model (" + param_options + " -> " +
                                format_options(net.opt) + "); set options before load_param, as in ncnn");
   }
-  // ncnn divides work by num_threads (SIGFPE at 0 or below) and OpenMP makes that many threads in load_model's
-  // CPU layers already (-1 ends the process, 100000 crashes it).
-  static constexpr int kMaxThreads = 1024;
+  // num_threads within 1..kMaxThreads (mat_layout.h): load_model's CPU layers make that many threads already.
   bool threads_in_range() const { return net.opt.num_threads >= 1 && net.opt.num_threads <= kMaxThreads; }
   bool threads_ok(const char* call) const {
     if (threads_in_range()) return true;
@@ -2074,8 +2062,9 @@ NB_MODULE(_graph, m) {
     return ::ncnn::set_cpu_powersave(powersave);
   }, "powersave"_a);
   m.def("set_omp_num_threads", [](int n) {
-    if (n < 1 || n > 1024)
-      throw std::invalid_argument("set_omp_num_threads: 1..1024, got " + std::to_string(n));
+    if (n < 1 || n > kMaxThreads)
+      throw std::invalid_argument("set_omp_num_threads: 1.." + std::to_string(kMaxThreads) + ", got " +
+                                  std::to_string(n));
     ::ncnn::set_omp_num_threads(n);
   }, "num_threads"_a);
   m.def("set_omp_dynamic", &::ncnn::set_omp_dynamic, "dynamic"_a);

@@ -12,6 +12,7 @@
 #include <ncnn/option.h>
 
 #include "graph_mat_functions.h"
+#include "mat_layout.h"
 #include "release_gil.h"
 
 namespace nb = nanobind;
@@ -36,7 +37,7 @@ std::string shape_of(const Mat& m) {
 bool fits_int(long long w, long long h, long long d, long long c) {
   if (w > INT_MAX || h > INT_MAX || d > INT_MAX || c > INT_MAX) return false;
   if (w * h > INT_MAX || w * h * d > INT_MAX) return false;
-  const long long cstep = (w * h * d * 4 + 15) / 16 * 16 / 4;
+  const long long cstep = (long long)(::ncnn::alignSize(size_t(w * h * d) * 4, 16) / 4);
   return cstep * c <= INT_MAX;
 }
 void check_result_size(long long w, long long h, long long d, long long c, const char* fn) {
@@ -46,9 +47,8 @@ void check_result_size(long long w, long long h, long long d, long long c, const
 }
 
 // The Mats this module makes are float32 of elempack 1; ncnn's layers would take others, but the numpy side of
-// vknorm.graph reads only these. A dims 3 view of a dims 4 Mat's channel has its planes w*h apart, not at ncnn's
-// aligned cstep, which ncnn's Crop (through channel_range) assumes: such a source is copied to ncnn's layout first.
-Mat checked_source(const Mat& src, const char* fn) {
+// vknorm.graph reads only these.
+void check_source(const Mat& src, const char* fn) {
   if (src.empty()) refuse(std::string(fn) + ": src is an empty Mat");
   if (src.elemsize != 4 || src.elempack != 1)
     throw nb::type_error((std::string(fn) + ": expected a float32 Mat of elempack 1, got elemsize " +
@@ -56,20 +56,14 @@ Mat checked_source(const Mat& src, const char* fn) {
                              .c_str());
   if (!fits_int(src.w, src.h, src.d, src.c))
     refuse(std::string(fn) + ": src " + shape_of(src) + " has more elements than ncnn's int counts reach (2^31 - 1)");
-  const size_t aligned = (size_t(src.w) * src.h * src.d * 4 + 15) / 16 * 16 / 4;
-  if (src.dims >= 3 && src.cstep != aligned) {
-    vknorm_python::ReleaseGil released;
-    return src.clone();
-  }
-  return src;
 }
 
-// ncnn's CPU layers divide work by num_threads (SIGFPE at 0) and OpenMP makes that many threads (as Net's check).
-// A net's options may be given (pyncnn's model zoo passes net.opt): these functions run on the host in float32
+// num_threads as a Net takes it (mat_layout.h). A net's options may be given (pyncnn's model zoo passes net.opt): these functions run on the host in float32
 // whatever storage or device the net uses.
 Option host_float32(const Option& opt, const char* fn) {
-  if (opt.num_threads < 1 || opt.num_threads > 1024)
-    refuse(std::string(fn) + ": opt.num_threads must be 1..1024, got " + std::to_string(opt.num_threads));
+  if (opt.num_threads < 1 || opt.num_threads > vknorm_python::kMaxThreads)
+    refuse(std::string(fn) + ": opt.num_threads must be 1.." + std::to_string(vknorm_python::kMaxThreads) + ", got " +
+           std::to_string(opt.num_threads));
   Option o = opt;
   o.use_vulkan_compute = false;
   o.use_fp16_storage = o.use_fp16_packed = o.use_fp16_arithmetic = false;
@@ -92,14 +86,16 @@ Mat finished(Mat out, const Option& opt, const char* fn) {
   return out;
 }
 
-// Each function takes src by value: it keeps the memory ncnn reads while the GIL is let go, whatever Python does
-// with the Mat object meanwhile, and dst may be src.
+// run(source, out) with the GIL let go. Each function below takes src by value: it keeps the memory ncnn reads
+// whatever Python does with the Mat object meanwhile, and dst may be src. A source whose channels are not at ncnn's
+// aligned cstep (a dims 3 view of a dims 4 Mat's channel), which ncnn's Crop assumes, is given to ncnn copied into
+// that layout.
 template <class Run>
-Mat run_released(const Option& opt, const char* fn, Run&& run) {
+Mat run_released(const Mat& src, const Option& opt, const char* fn, Run&& run) {
   Mat out;
   {
     vknorm_python::ReleaseGil released;
-    run(out);
+    run(vknorm_python::in_ncnn_layout(src), out);
   }
   return finished(out, opt, fn);
 }
@@ -113,7 +109,12 @@ std::string widths_of(int top, int bottom, int left, int right, int front, int b
 // Borders along an axis the Mat lacks: ncnn ignores them (or, cutting, refuses some and not others); refused here.
 // Left and right are along w, top and bottom along h (dims 2 up), front and behind along what padding_3d pads: the
 // channels of dims 3 and the depth of dims 4 (cutting: the depth of dims 4 only, as ncnn's Crop).
-void check_axes(const Mat& src, int top, int bottom, int front, int behind, int front_from_dims, const char* fn) {
+// Checked before both padding and cutting: `what` names the widths in the message; the widths as text are returned.
+std::string checked_borders(const Mat& src, int top, int bottom, int left, int right, int front, int behind,
+                            bool three_d, int front_from_dims, const char* what, const char* fn) {
+  const std::string widths = widths_of(top, bottom, left, right, front, behind, three_d);
+  if (top < 0 || bottom < 0 || left < 0 || right < 0 || front < 0 || behind < 0)
+    refuse(std::string(fn) + ": " + what + " must be >= 0, got " + widths);
   if (src.dims < 2 && (top || bottom))
     refuse(std::string(fn) + ": a Mat of dims 1 has no rows: top and bottom must be 0, got top=" +
            std::to_string(top) + " bottom=" + std::to_string(bottom));
@@ -121,21 +122,20 @@ void check_axes(const Mat& src, int top, int bottom, int front, int behind, int 
     refuse(std::string(fn) + ": front and behind apply to a Mat of dims " + std::to_string(front_from_dims) +
            (front_from_dims == 3 ? " or 4" : "") + ", not dims " + std::to_string(src.dims) + ": got front=" +
            std::to_string(front) + " behind=" + std::to_string(behind));
+  return widths;
 }
 
 // Padding (type 0 constant, 1 replicate, 2 reflect) by ncnn's Padding layer.
 Mat make_border(Mat src, int top, int bottom, int left, int right, int front, int behind, long long type, float v,
                 const Option& given, bool three_d) {
   const char* fn = three_d ? "copy_make_border_3d" : "copy_make_border";
-  src = checked_source(src, fn);
+  check_source(src, fn);
   const Option opt = host_float32(given, fn);
-  const std::string widths = widths_of(top, bottom, left, right, front, behind, three_d);
-  if (top < 0 || bottom < 0 || left < 0 || right < 0 || front < 0 || behind < 0)
-    refuse(std::string(fn) + ": border widths must be >= 0, got " + widths);
+  const std::string widths =
+      checked_borders(src, top, bottom, left, right, front, behind, three_d, 3, "border widths", fn);
   if (type < 0 || type > 2)
     refuse(std::string(fn) + ": type must be BorderType.BORDER_CONSTANT (0), BORDER_REPLICATE (1) or "
            "BORDER_REFLECT (2), got " + std::to_string(type));
-  check_axes(src, top, bottom, front, behind, 3, fn);
   const long long extent = src.dims == 4 ? src.d : src.dims == 3 ? src.c : 1;  // what front and behind pad
   // A reflection reads as far into the Mat as the border is wide: it must be narrower than the Mat.
   if (type == 2 && (left >= src.w || right >= src.w || top >= src.h || bottom >= src.h || front >= extent ||
@@ -146,11 +146,11 @@ Mat make_border(Mat src, int top, int bottom, int left, int right, int front, in
   const long long d = src.dims == 4 ? (long long)src.d + front + behind : 1;
   const long long c = src.dims == 3 ? (long long)src.c + front + behind : src.c;
   check_result_size(w, h, d, c, fn);
-  return run_released(opt, fn, [&](Mat& out) {
+  return run_released(src, opt, fn, [&](const Mat& source, Mat& out) {
     if (three_d)
-      ::ncnn::copy_make_border_3d(src, out, top, bottom, left, right, front, behind, int(type), v, opt);
+      ::ncnn::copy_make_border_3d(source, out, top, bottom, left, right, front, behind, int(type), v, opt);
     else
-      ::ncnn::copy_make_border(src, out, top, bottom, left, right, int(type), v, opt);
+      ::ncnn::copy_make_border(source, out, top, bottom, left, right, int(type), v, opt);
   });
 }
 
@@ -158,30 +158,27 @@ Mat make_border(Mat src, int top, int bottom, int left, int right, int front, in
 Mat cut_border(Mat src, int top, int bottom, int left, int right, int front, int behind, const Option& given,
                bool three_d) {
   const char* fn = three_d ? "copy_cut_border_3d" : "copy_cut_border";
-  src = checked_source(src, fn);
+  check_source(src, fn);
   const Option opt = host_float32(given, fn);
-  const std::string widths = widths_of(top, bottom, left, right, front, behind, three_d);
-  if (top < 0 || bottom < 0 || left < 0 || right < 0 || front < 0 || behind < 0)
-    refuse(std::string(fn) + ": borders must be >= 0, got " + widths);
-  check_axes(src, top, bottom, front, behind, 4, fn);
+  const std::string widths = checked_borders(src, top, bottom, left, right, front, behind, three_d, 4, "borders", fn);
   // ncnn checks only that the cuts do not overlap; cutting all of a side away leaves it a Mat of no elements.
   if ((long long)left + right >= src.w || (src.dims >= 2 && (long long)top + bottom >= src.h) ||
       (src.dims == 4 && (long long)front + behind >= src.d))
     refuse(std::string(fn) + ": cutting " + widths + " from a Mat " + shape_of(src) + " leaves nothing");
-  return run_released(opt, fn, [&](Mat& out) {
+  return run_released(src, opt, fn, [&](const Mat& source, Mat& out) {
     // ncnn's copy_cut_border gives a dims 4 Mat of depth 0 (it sets no depth for Crop): the 3d form with no depth
     // cut is what it means
     if (three_d || src.dims == 4)
-      ::ncnn::copy_cut_border_3d(src, out, top, bottom, left, right, front, behind, opt);
+      ::ncnn::copy_cut_border_3d(source, out, top, bottom, left, right, front, behind, opt);
     else
-      ::ncnn::copy_cut_border(src, out, top, bottom, left, right, opt);
+      ::ncnn::copy_cut_border(source, out, top, bottom, left, right, opt);
   });
 }
 
 // Interp's resize types, as ncnn's resize_nearest (1), resize_bilinear (2) and resize_bicubic (3).
 Mat resized(Mat src, int w, int h, int resize_type, const Option& given) {
   const char* fn = resize_type == 1 ? "resize_nearest" : resize_type == 2 ? "resize_bilinear" : "resize_bicubic";
-  src = checked_source(src, fn);
+  check_source(src, fn);
   const Option opt = host_float32(given, fn);
   // ncnn's Interp reads 0 as "keep the size" only when both are 0, and w x h of a negative size
   if (w < 1 || h < 1) refuse(std::string(fn) + ": w and h must be >= 1, got w=" + std::to_string(w) + " h=" + std::to_string(h));
@@ -196,21 +193,21 @@ Mat resized(Mat src, int w, int h, int resize_type, const Option& given) {
   if (per * ((long long)w + h) > INT_MAX)
     refuse(std::string(fn) + ": w + h must be at most " + std::to_string(INT_MAX / per) + " (ncnn counts its "
            "coefficient tables in int), got w=" + std::to_string(w) + " h=" + std::to_string(h));
-  return run_released(opt, fn, [&](Mat& out) {
+  return run_released(src, opt, fn, [&](const Mat& source, Mat& out) {
     if (resize_type == 1)
-      ::ncnn::resize_nearest(src, out, w, h, opt);
+      ::ncnn::resize_nearest(source, out, w, h, opt);
     else if (resize_type == 2)
-      ::ncnn::resize_bilinear(src, out, w, h, opt);
+      ::ncnn::resize_bilinear(source, out, w, h, opt);
     else
-      ::ncnn::resize_bicubic(src, out, w, h, opt);
+      ::ncnn::resize_bicubic(source, out, w, h, opt);
   });
 }
 
 Mat flattened(Mat src, const Option& given) {
-  src = checked_source(src, "flatten");
+  check_source(src, "flatten");
   const Option opt = host_float32(given, "flatten");
   check_result_size((long long)src.w * src.h * src.d * src.c, 1, 1, 1, "flatten");  // src fits: no overflow
-  return run_released(opt, "flatten", [&](Mat& out) { ::ncnn::flatten(src, out, opt); });
+  return run_released(src, opt, "flatten", [&](const Mat& source, Mat& out) { ::ncnn::flatten(source, out, opt); });
 }
 
 }  // namespace

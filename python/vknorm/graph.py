@@ -131,44 +131,25 @@ Net = _graph.Net
 Mat = _graph.Mat
 Option = _graph.Option
 Extractor = _graph.Extractor
-DataReaderFromEmpty = _graph.DataReaderFromEmpty
 # As pyncnn's: the version of the ncnn inside (tools/build_ncnn.sh's pin; ncnn's own version string there is the
 # date it was built)
 __version__ = "1.0.20261020"
-# pyncnn's CPU and OpenMP helpers
-get_cpu_count = _graph.get_cpu_count
-get_little_cpu_count = _graph.get_little_cpu_count
-get_big_cpu_count = _graph.get_big_cpu_count
-get_physical_cpu_count = _graph.get_physical_cpu_count
-get_physical_little_cpu_count = _graph.get_physical_little_cpu_count
-get_physical_big_cpu_count = _graph.get_physical_big_cpu_count
-get_cpu_powersave = _graph.get_cpu_powersave
-set_cpu_powersave = _graph.set_cpu_powersave
-get_omp_num_threads = _graph.get_omp_num_threads
-set_omp_num_threads = _graph.set_omp_num_threads
-get_omp_dynamic = _graph.get_omp_dynamic
-set_omp_dynamic = _graph.set_omp_dynamic
-get_omp_thread_num = _graph.get_omp_thread_num
-get_kmp_blocktime = _graph.get_kmp_blocktime
-set_kmp_blocktime = _graph.set_kmp_blocktime
-# ncnn's Mat functions, as pyncnn offers them: each returns the new Mat, or writes it into a dst given second
-BorderType = _graph.BorderType
-copy_make_border = _graph.copy_make_border
-copy_make_border_3d = _graph.copy_make_border_3d
-copy_cut_border = _graph.copy_cut_border
-copy_cut_border_3d = _graph.copy_cut_border_3d
-resize_nearest = _graph.resize_nearest
-resize_bilinear = _graph.resize_bilinear
-resize_bicubic = _graph.resize_bicubic
-flatten = _graph.flatten
 
-__all__ = ["Net", "Mat", "Option", "Extractor", "DataReaderFromEmpty", "BorderType", "copy_make_border",
-           "copy_make_border_3d", "copy_cut_border", "copy_cut_border_3d", "get_cpu_count", "get_little_cpu_count",
-           "get_big_cpu_count", "get_physical_cpu_count", "get_physical_little_cpu_count", "get_physical_big_cpu_count",
-           "get_cpu_powersave", "set_cpu_powersave", "get_omp_num_threads", "set_omp_num_threads", "get_omp_dynamic",
-           "set_omp_dynamic", "get_omp_thread_num", "get_kmp_blocktime", "set_kmp_blocktime", "resize_nearest",
-           "resize_bilinear", "resize_bicubic", "flatten", "gpu_count", "gpu_name", "get_gpu_count", "get_default_gpu_index",
-           "configure", "track_device_memory", "device_memory", "set_device_memory_limit"]
+# pyncnn's names for ncnn's own code, bound as they are: DataReaderFromEmpty, the CPU and OpenMP helpers, and ncnn's
+# Mat functions (each returns the new Mat, or writes it into a dst given second)
+_NCNN_FUNCTIONS = (
+    "DataReaderFromEmpty",
+    "get_cpu_count", "get_little_cpu_count", "get_big_cpu_count", "get_physical_cpu_count",
+    "get_physical_little_cpu_count", "get_physical_big_cpu_count", "get_cpu_powersave", "set_cpu_powersave",
+    "get_omp_num_threads", "set_omp_num_threads", "get_omp_dynamic", "set_omp_dynamic", "get_omp_thread_num",
+    "get_kmp_blocktime", "set_kmp_blocktime",
+    "BorderType", "copy_make_border", "copy_make_border_3d", "copy_cut_border", "copy_cut_border_3d",
+    "resize_nearest", "resize_bilinear", "resize_bicubic", "flatten",
+)
+globals().update({name: getattr(_graph, name) for name in _NCNN_FUNCTIONS})
+
+__all__ = ["Net", "Mat", "Option", "Extractor", *_NCNN_FUNCTIONS, "gpu_count", "gpu_name", "get_gpu_count",
+           "get_default_gpu_index", "configure", "track_device_memory", "device_memory", "set_device_memory_limit"]
 
 
 def gpu_count() -> int:

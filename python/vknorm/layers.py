@@ -112,23 +112,21 @@ def _vulkan_available() -> bool:
     return _vulkan_seen
 
 
-def _is_pyncnn_mat(x) -> bool:
-    """pyncnn's ncnn.Mat (not vknorm's, nor vknorm.graph's)."""
+def _ncnn_mat_kind(x) -> str | None:
+    """"pyncnn" for pyncnn's ncnn.Mat, "vknorm.graph" for vknorm.graph's (whose buffer export numpy reads as
+    pyncnn's), None for anything else (vknorm's own Mat too)."""
     t = type(x)
-    return t.__name__ == "Mat" and t.__module__.split(".")[0] == "ncnn"
-
-
-def _is_graph_mat(x) -> bool:
-    """vknorm.graph's Mat, whose buffer export numpy reads as pyncnn's."""
-    t = type(x)
-    return t.__name__ == "Mat" and t.__module__ == "vknorm._graph"
+    if t.__name__ != "Mat":
+        return None
+    return "pyncnn" if t.__module__.split(".")[0] == "ncnn" else "vknorm.graph" if t.__module__ == "vknorm._graph" \
+        else None
 
 
 def _ncnn_mat_array(m, where: str) -> np.ndarray:
     """numpy's view of a pyncnn Mat or a vknorm.graph Mat (channels cstep apart), after what pyncnn's buffer export
     does not check (it crashed on an empty Mat and on a packed one)."""
     if m.empty():
-        raise ValueError(f"{where}: the {'vknorm.graph' if _is_graph_mat(m) else 'pyncnn'} Mat is empty")
+        raise ValueError(f"{where}: the {_ncnn_mat_kind(m)} Mat is empty")
     if m.elempack != 1 or m.elemsize != 4:
         raise ValueError(f"{where}: a pyncnn Mat of elempack {m.elempack} and elemsize {m.elemsize}: only unpacked "
                          "float32 Mats (elempack 1, elemsize 4) convert to numpy")
@@ -152,7 +150,7 @@ def _check_array(x, where: str) -> np.ndarray:
                         "it)")
     if x is None:
         raise TypeError(f"{where}: expected a numpy array (or a VkMat), got None")
-    a = _ncnn_mat_array(x, where) if _is_pyncnn_mat(x) or _is_graph_mat(x) else np.asarray(x)
+    a = _ncnn_mat_array(x, where) if _ncnn_mat_kind(x) else np.asarray(x)
     if a.dtype.kind not in "f":
         raise TypeError(f"{where}: expected floating point data (float32 or float16), got dtype {a.dtype}"
                         + (f" ({type(x).__name__})" if not isinstance(x, np.ndarray) else ""))
@@ -524,7 +522,7 @@ class _Norm:
             return x
         if isinstance(x, _core.Mat):
             raise TypeError(f"{where} needs a numpy array or a VkMat, got a Mat: {_MAT_ADVICE}")
-        if _is_pyncnn_mat(x) or _is_graph_mat(x):  # in place through numpy's writable view of its memory
+        if _ncnn_mat_kind(x):  # in place through numpy's writable view of its memory
             self.forward_inplace(_ncnn_mat_array(x, where), device, option)
             return x
         if not isinstance(x, np.ndarray):
