@@ -756,7 +756,7 @@ def print_table(report: dict) -> None:
         xt = f"{impls['torch']['gpu_us'] / v['gpu_us']:.2f}" if "torch" in impls else "-"
         fused = [v[k] for k in ("residual", "activation") if v.get(k, "none") != "none"]
         print(f"{op:<12} {dtype:<5} {shape:>{width}} {v['gpu_us']:>10.1f} {_gbps_text(v['gbps']):>7} {pct:>7} {xn:>7} {xt:>8}  "
-              f"{v['path']} ({v['dispatches']} dispatch)" + (f", fused {' + '.join(fused)}" if fused else ""))
+              f"{v['path']} ({v['dispatches']} dispatch{'es' if v['dispatches'] != 1 else ''})" + (f", fused {' + '.join(fused)}" if fused else ""))
 
 
 def plot(report: dict, path: str) -> None:
