@@ -176,9 +176,10 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   if (const char* v = tune("VKNORM_TUNE_LATENCY_TEAM")) caps.latency_team = std::max(1, std::atoi(v));
   if (const char* v = tune("VKNORM_TUNE_MAX_ITEMS")) caps.max_items = std::max(1, std::atoi(v));
   if (const char* v = tune("VKNORM_TUNE_MAX_ITEMS_HELD")) caps.max_items_held = std::max(1, std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_MAX_TEAM_HELD")) caps.max_team_held = std::max(1, std::atoi(v));
+  // Team widths halve in the reductions: caps on them round down to a power of two, as the team knobs above.
+  if (const char* v = tune("VKNORM_TUNE_MAX_TEAM_HELD")) caps.max_team_held = pow2_floor(std::max(1, std::atoi(v)));
   if (const char* v = tune("VKNORM_TUNE_MAX_TEAM_HELD_LAYERNORM"))
-    caps.max_team_held_layernorm = std::max(1, std::atoi(v));
+    caps.max_team_held_layernorm = pow2_floor(std::max(1, std::atoi(v)));
   if (const char* v = tune("VKNORM_TUNE_HOLD_REDUCE")) caps.hold_reduce = std::atoi(v) != 0;
   if (const char* v = tune("VKNORM_TUNE_APPLY_LAST_FIRST")) caps.apply_last_first = std::atoi(v) != 0;
   if (const char* v = tune("VKNORM_TUNE_ITEMS_TARGET_REDUCE"))

@@ -406,6 +406,40 @@ def test_float32_rows_aim_for_16_elements_per_invocation_and_nothing_else_moves_
             channels_plan("GroupNorm", 320, 64, 64, 32, False)] == channels
 
 
+# Shapes of every kind the planner tells apart: rows small and large, latency-bound and not, pack1 and pack4; groups
+# spanning channels, inside pack4 lanes, of one channel, few and many; each path forced on the channel shapes.
+ODD_KNOB_ROWS = (("LayerNorm", 16, 64, 1), ("LayerNorm", 4096, 8192, 4), ("RMSNorm", 197, 768, 1),
+                 ("LayerNorm", 1, 65536, 1), ("RMSNorm", 8, 4096, 4))
+ODD_KNOB_CHANNELS = (("GroupNorm", 320, 64, 64, 32), ("GroupNorm", 1280, 8, 8, 32), ("GroupNorm", 12, 7, 7, 6),
+                     ("InstanceNorm", 32, 224, 224, 32), ("GroupNorm", 640, 16, 16, 2), ("InstanceNorm", 512, 7, 7, 512))
+
+
+def test_odd_values_of_every_tuning_knob_still_plan_teams_that_halve(monkeypatch):
+    """The knobs are for measuring other choices, so any value may be tried: whatever it is, the team reductions
+    halve a power-of-two team inside a power-of-two workgroup of at most 1024, and each invocation holds at least one
+    element (a team of 3 held float16 rows of 64 wrong by ~1, since rounded down to a power of two)."""
+    from vknorm import settings
+
+    def pow2(v):
+        return 0 < v <= 1024 and v & (v - 1) == 0
+
+    wrong = []
+    for knob in sorted(settings.TUNING_KNOBS):
+        for value in ("0", "1", "3", "7", "100", "100000", "-5", "x"):
+            monkeypatch.setenv(knob, value)
+            for device in (H200_KNOWN_RESIDENCY, LAVAPIPE):
+                for fp16 in (False, True):
+                    plans = [(shape, rows_plan(*shape[:3], fp16, device, shape[3])) for shape in ODD_KNOB_ROWS]
+                    plans += [((*shape, path), _channels_plan(*shape, fp16, device, path)) for shape in ODD_KNOB_CHANNELS
+                              for path in ("auto", "workgroup", "subgroup", "split", "cooperative")]
+                    wrong += [(knob, value, fp16, shape, {k: p[k] for k in ("path", "team", "workgroup_size", "items")})
+                              for shape, p in plans
+                              if not (pow2(p["team"]) and pow2(p["workgroup_size"]) and p["team"] <= p["workgroup_size"]
+                                      and p["items"] >= 1)]
+        monkeypatch.delenv(knob)
+    assert not wrong, wrong[:10]
+
+
 def test_the_hold_knob_turns_holding_off(monkeypatch):
     monkeypatch.setenv("VKNORM_TUNE_HOLD_STORAGE", "0")
     p = rows_plan("LayerNorm", 4096, 8192, True)
