@@ -235,6 +235,21 @@ def test_settings_refused_in_the_worker_process_are_one_line_and_exit_2(env, mes
         assert "--input shapes" not in lines[0], lines[0]  # a setting, not the shapes
 
 
+def test_bench_model_refuses_a_group_norm_fed_fewer_channels_through_a_concat(tmp_path):
+    """A GroupNorm of 64 channels fed 8 through a Concat (a layer the shape check does not follow): stock ncnn's CPU
+    layer reads past the blob (a crash, or a spin that never returns). vknorm's layers run on ncnn's CPU first, where
+    a model has a GroupNorm or InstanceNorm, and refuse it: one line naming the layer and both counts, exit 2."""
+    param, binp = tmp_path / "gn_concat.param", tmp_path / "gn_concat.bin"
+    param.write_text("7767517\n3 3\nInput in0 0 1 in0\nConcat cc 1 1 in0 x 0=0\n"
+                     "GroupNorm gn 1 1 x out0 0=4 1=64 2=1e-05 3=0\n")
+    binp.write_bytes(b"")
+    proc = vknorm("bench", "--model", str(param), str(binp), "--input", "in0=8x4x4", "--iters", "1", timeout=120)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "vknorm GroupNorm gn: the input has 8 channels, the layer 64" in lines[0], \
+        proc.stderr[-2000:]
+
+
 def test_bench_model_survives_ncnn_crashing_on_an_input_shape():
     """ncnn's MultiHeadAttention dies of SIGFPE on rows of 65 where the model was made for 64: the bench runs
     in a forked child, as `vknorm check` does, so that is one line on stderr and exit 2, not a dead process."""

@@ -185,12 +185,16 @@ def error_runs(tmp_path_factory):
     (tmp / "empty.param").write_text("")
     (tmp / "trunc.bin").write_bytes(Path(b).read_bytes()[:-10])  # inside ln_5's beta
     (tmp / "half.bin").write_bytes(Path(b).read_bytes()[:50000])
-    # A GroupNorm over 12 channels fed the input's shape (through a ReLU and a Split): stock ncnn, which runs
-    # first, hangs on a blob of fewer channels. An InstanceNorm with weights for 4 channels given 6 reads past
+    # A GroupNorm over 12 channels fed the input's shape (through a ReLU and a Split): stock ncnn hangs on a
+    # blob of fewer channels, so the shape check refuses it before any run. An InstanceNorm with weights for 4 channels given 6 reads past
     # its gamma.
     (tmp / "gn.param").write_text("7767517\n5 6\nInput in0 0 1 in0\nReLU r0 1 1 in0 x\nSplit sp 1 2 x a b\n"
                                   "GroupNorm gn 1 1 a y 0=6 1=12 2=1e-05 3=0\nReLU r 1 1 b z\n")
     (tmp / "in.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nInstanceNorm in 1 1 in0 y 0=4 1=1e-05 2=1\n")
+    # The same GroupNorm behind a Concat, which the shape check does not follow: vknorm's layer, run before
+    # stock ncnn's, refuses the blob (stock ncnn's spun in OpenMP there, and the check never returned).
+    (tmp / "gn_concat.param").write_text("7767517\n3 3\nInput in0 0 1 in0\nConcat cc 1 1 in0 x 0=0\n"
+                                         "GroupNorm gn 1 1 x y 0=4 1=64 2=1e-05 3=0\n")
     (tmp / "empty.bin").write_bytes(b"")
     args = ("--input", "in0=16x64")
     jobs = {
@@ -225,6 +229,7 @@ def error_runs(tmp_path_factory):
         "attention_dims": (p, b, "--input", "in0=2x16x64"),
         "norm_input_channels": (tmp / "gn.param", tmp / "empty.bin", "--input", "in0=10x7x7"),
         "norm_weight_channels": (tmp / "in.param", tmp / "empty.bin", "--input", "in0=6x5x5"),
+        "norm_channels_behind_concat": (tmp / "gn_concat.param", tmp / "empty.bin", "--input", "in0=8x4x4"),
         # Layers whose weights ncnn indexes by the input's size: 128 values for an InnerProduct of 64 inputs
         # (stock ncnn reads past its weights: NaN, and the check passed), 16 channels for a Convolution of 8
         # (SIGSEGV), 16 for a depthwise convolution of 32 behind a Split
@@ -266,6 +271,7 @@ def error_runs(tmp_path_factory):
                         "takes a sequence of rows (dims 1-2), this shape has 3 dims"]),
     ("norm_input_channels", ["--input in0=10x7x7", "GroupNorm 'gn'", "line 6", "as 10 channel(s), its param says 12"]),
     ("norm_weight_channels", ["--input in0=6x5x5", "InstanceNorm 'in'", "line 4", "as 6 channel(s), its param says 4"]),
+    ("norm_channels_behind_concat", ["vknorm layer 'gn'", "the input has 8 channels, the layer 64"]),
     ("weights_values", ["--input in0=128", "InnerProduct 'linear_1'", "line 4", "take 64 input values",
                         "this shape gives 128"]),
     ("weights_channels", ["--input in0=16x6x10", "Convolution 'conv_0'", "take 8 input channels",
@@ -277,6 +283,37 @@ def test_check_error_path(error_runs, case, needles):
     line = assert_one_line_error(error_runs[1][case], *needles)
     if case == "dims_huge":  # well formed, only too large: not called malformed
         assert "malformed" not in line, line
+
+
+def test_param_text_is_read_with_ncnns_whitespace(tmp_path):
+    """ncnn reads a .param's bytes with C's whitespace: a form feed or vertical tab separates tokens like a space,
+    only \\r and \\n end lines, and Unicode spaces (no-break, U+2028) are part of a blob name. check reads the same
+    models ncnn loads (it had refused these as garbled, or read the params after a form feed as missing); an input
+    named with '=' is given by the last '='. Bytes that are not UTF-8 are refused by name and line."""
+    param, binp = model_files("layernorm_2d")
+    text = Path(param).read_text()
+    variants = {
+        "formfeed": text.replace(" 0=60 1=", " 0=60\f1="),
+        "vtab": text.replace(" 0=8 1=3", "\v0=8\v1=3"),
+        "cr": text.replace("\n", "\r"),
+        "nbsp_blob": text.replace(" 1 0=8", " b\u00a01 0=8").replace(" 1 out0", " b\u00a01 out0"),
+        "u2028_blob": text.replace(" 1 0=8", " b\u20281 0=8").replace(" 1 out0", " b\u20281 out0"),
+        "equals_input": text.replace("in0", "in=0"),
+    }
+    jobs = {}
+    for name, t in variants.items():
+        (tmp_path / f"{name}.param").write_bytes(t.encode())
+        given = "in=0" if name == "equals_input" else "in0"
+        jobs[name] = (tmp_path / f"{name}.param", binp, "--input", f"{given}=8x6x10", "--json")
+    (tmp_path / "latin1.param").write_bytes(text.replace(" 1 out0", " \xe9 out0").encode("latin-1"))
+    jobs["latin1"] = (tmp_path / "latin1.param", binp, "--input", "in0=8x6x10")
+    runs = cli_many(jobs)
+    for name in variants:
+        r = runs[name]
+        assert r.returncode == 0, (name, r.stdout[-2000:], r.stderr[-2000:])
+        layers = json.loads(r.stdout)["layers"]
+        assert [(layer["name"], layer["ok"]) for layer in layers] == [("ln_1", True)], (name, layers)
+    assert_one_line_error(runs["latin1"], "latin1.param: line 5: byte 0xe9 is not UTF-8 text")
 
 
 @pytest.mark.parametrize("line, shape, refused", [
@@ -322,12 +359,13 @@ def test_check_refuses_an_input_shape_that_a_layers_weights_do_not_take(tmp_path
         vkcheck.parse_model_inputs(str(path), {"in0": shape})
 
 
-def test_check_survives_a_crashing_shape(error_runs):
-    """ncnn's MultiHeadAttention dies of SIGFPE on this shape: check runs ncnn in a child process, so that is one
-    line naming the crash and the shape, exit 2, never a signal, a traceback or a verdict on garbage (x86:
-    SIGFPE; where integer division by zero does not trap, whatever ncnn then does)."""
+def test_check_refuses_a_shape_stock_ncnn_crashes_on(error_runs):
+    """Stock ncnn's MultiHeadAttention dies of SIGFPE on this shape (x86; where integer division by zero does not
+    trap, whatever ncnn then does). vknorm's run comes first and its LayerNorm refuses rows of 65 for its 64
+    weights: one line naming the layer, the shape and both sizes, exit 2, never a signal, a traceback or a
+    verdict on garbage. (A crash in the forked worker is one line too: the tests below.)"""
     r = error_runs[1]["bad_shape"]
-    assert_one_line_error(r, "--input in0=16x65")
+    assert_one_line_error(r, "vknorm layer 'ln_3'", "--input in0=16x65", "affine_size 64", "(w=65)")
 
 
 def test_a_worker_killed_outright_is_named_as_likely_out_of_memory_not_as_a_shape_ncnn_crashed_on():

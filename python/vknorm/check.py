@@ -160,7 +160,7 @@ def parse_dims(text: str) -> Tuple[int, ...]:
 def parse_inputs(specs: List[str]) -> Dict[str, Tuple[int, ...]]:
     out: Dict[str, Tuple[int, ...]] = {}
     for spec in specs:
-        name, eq, dims = spec.partition("=")
+        name, eq, dims = spec.rpartition("=")  # DIMS hold no '=', a blob name may (ncnn takes any bytes but spaces)
         name = name.strip()
         if not eq or not name:
             raise UsageError(f"--input {spec!r}: expected NAME=DIMS, e.g. in0=16x64")
@@ -220,7 +220,12 @@ class Model:
 # A line's params as ncnn reads them: a value that starts with a double quote (5="a b": a string param) runs to the
 # closing quote, spaces and all; a quote anywhere else is a character like any other. Types, names and blob names
 # are whitespace-separated words (a quote in y="a is part of the name).
-_TOKEN = re.compile(r'[^\s=]+="[^"]*(?:"\S*|$)|\S+')
+# ncnn reads a .param's bytes with C's whitespace (space, \t, \n, \v, \f, \r), so re.ASCII: Unicode spaces (a no-break
+# space, U+2028) are part of a name there, and only \r and \n end a line.
+_C_SPACE = " \t\n\v\f\r"
+_C_LINES = re.compile(r"\r\n|[\r\n]")
+_C_WORDS = re.compile(r"[ \t\v\f]+")
+_TOKEN = re.compile(r'[^\s=]+="[^"]*(?:"\S*|$)|\S+', re.ASCII)
 _PARAM = re.compile(r'([-+]?[0-9]+)=(.+)', re.S)  # ids as ncnn reads them (%d: "+0" and "00" are 0)
 _NAME_MAX = 255  # ncnn's longest layer type, layer name and blob name
 
@@ -325,17 +330,21 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
         raise bad("empty file, not an ncnn .param")
     try:
         text = raw.decode("utf-8")
-    except UnicodeDecodeError:
+    except UnicodeDecodeError as e:
+        # ncnn takes any bytes; pyncnn and vknorm's tools name layers and blobs by Python strings, UTF-8
+        if b"\0" not in raw:
+            raise bad(f"byte 0x{raw[e.start]:02x} is not UTF-8 text: vknorm reads layer and blob names as UTF-8",
+                      raw.count(b"\n", 0, e.start) + 1) from None
         raise bad("not an ncnn text .param (binary data)") from None
     if "\0" in text:
         raise bad("not an ncnn text .param (binary data)")
-    lines = [(i + 1, ln.strip()) for i, ln in enumerate(text.splitlines()) if ln.strip()]
+    lines = [(i + 1, ln.strip(_C_SPACE)) for i, ln in enumerate(_C_LINES.split(text)) if ln.strip(_C_SPACE)]
     if lines[0][1] != str(MAGIC):
         raise bad(f"not an ncnn .param (the first line must be the magic number {MAGIC})", lines[0][0])
     if len(lines) < 2:
         raise bad("garbled .param: no 'layer_count blob_count' line after the magic number")
     n, counts = lines[1]
-    m = re.fullmatch(r"([0-9]+)\s+([0-9]+)", counts)
+    m = re.fullmatch(r"([0-9]+)[ \t\v\f]+([0-9]+)", counts)
     if not m or int(m.group(1)) < 1:
         raise bad(f"garbled .param: expected 'layer_count blob_count', got {counts[:40]!r}", n)
     layer_count, blob_count = int(m.group(1)), int(m.group(2))
@@ -347,11 +356,11 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
     layers: List[Layer] = []
     names = set()
     for n, ln in body:
-        head = ln.split(None, 4)
-        if len(head) < 4 or not head[2].isdigit() or not head[3].isdigit():
+        head = _C_WORDS.split(ln, 4)
+        if len(head) < 4 or not re.fullmatch("[0-9]+", head[2]) or not re.fullmatch("[0-9]+", head[3]):
             raise bad(f"garbled layer line (expected 'type name bottom_count top_count ...'): {ln[:60]!r}", n)
         n_words = 4 + int(head[2]) + int(head[3])
-        words = ln.split(None, n_words)  # type, name, counts and blob names, then the params' text (its own tokens)
+        words = _C_WORDS.split(ln, n_words)  # type, name, counts and blob names, then the params' text (its own tokens)
         tok = words[:n_words] + (_TOKEN.findall(words[n_words]) if len(words) > n_words else [])
         type_, name = tok[0], tok[1]
         if type_.startswith("vknorm.") and not allow_fused:  # stock ncnn, which check and bench --model run beside vknorm, cannot
@@ -544,7 +553,7 @@ def _extract(net, inputs: dict, blobs: List[str], label: str, reg=None) -> dict:
                     errs = reg.errors() if reg is not None else []
                     if errs:
                         lname, e = errs[0]
-                        raise UsageError(f"vknorm layer {lname!r} failed ({label} run): "
+                        raise UsageError(f"vknorm layer {lname!r} failed ({label} run, {_input_shapes(inputs)}): "
                                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                     raise UsageError(f"ncnn could not run the model on the given --input shapes "
                                      f"({label} run, extracting blob {b!r} returned {ret}){_last_line(captured)}")
@@ -703,8 +712,8 @@ def _weights_read(layer: Layer, shape: Tuple[int, ...]) -> Optional[Tuple[int, i
 def _check_layers_on_inputs(model: Model, input_specs: Dict[str, Tuple[int, ...]]) -> None:
     """A layer that stock ncnn would run past its blob or its weights, fed the --input shape (directly, or
     through Splits and element-wise layers), is refused first, naming the layer and both sizes (UsageError).
-    Stock ncnn runs before vknorm: its GroupNorm reads as many channels as its param says (fewer in the blob: it
-    hangs or crashes), its InstanceNorm with weights reads a gamma per channel of the blob (more channels than
+    Stock ncnn's layers read past their blobs: its GroupNorm reads as many channels as its param says (fewer in
+    the blob: it hangs or crashes; behind layers this does not follow, vknorm's own layer, run first, refuses), its InstanceNorm with weights reads a gamma per channel of the blob (more channels than
     its param: past gamma), an InnerProduct, a convolution, BatchNorm or PReLU reads its weights by the blob's
     size (_weights_read), and a MultiHeadAttention reads a dims-3/4 blob by its rows alone (what lies past them
     decided the outcome, run to run). Other mismatches are vknorm's layers' to report when they run."""
@@ -773,7 +782,7 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
             # vknorm's layers would store float32 there: judged by the float16 rule, the run would be mislabelled
             raise UsageError(f"--fp16: {device['name']} has no 16-bit storage (vknorm's layers would store float32); "
                              "check without --fp16, or with --vulkan to run ncnn's own float16 choice")
-    stock = _new_net(ncnn)
+    stock, net = _new_net(ncnn), None
     try:
         result["warnings"] += _load(stock, model, bin_path, data, "stock")
         if not model.norms:
@@ -789,29 +798,12 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
                   for name in model.inputs}
         norm_blobs = [layer.tops[0] for layer in model.norms]
         seen = list(dict.fromkeys([layer.bottoms[0] for layer in model.norms] + norm_blobs + outputs))
-        ref = _extract(stock, inputs, seen, "stock")
-        # again in a net of its own (fresh blob memory: a read past a blob finds other bytes than the first run's)
-        again = _new_net(ncnn)
         try:
-            _load(again, model, bin_path, data, "stock")
-            _require_repeatable(ref, _extract(again, inputs, seen, "stock, again"), inputs)
-        finally:
-            with vkncnn.quiet_stderr():
-                again.clear()
-            del again
-        _require_finite_norm_inputs(model, ref, inputs)
-        result["warnings"] += _nonfinite_warnings(ref, norm_blobs + outputs)
-    finally:
-        with vkncnn.quiet_stderr():  # ncnn may complain here about a forward that failed ("pool allocator ...")
-            stock.clear()
-        del stock
+            result["device"] = device_info()["name"]
+        except ValueError as e:  # e.g. VKNORM_DEVICE names no device
+            raise UsageError(str(e)) from None
 
-    try:
-        result["device"] = device_info()["name"]
-    except ValueError as e:  # e.g. VKNORM_DEVICE names no device
-        raise UsageError(str(e)) from None
-    net = _new_net(ncnn)
-    try:
+        net = _new_net(ncnn)
         try:
             reg = vkncnn.register(net, Option(use_fp16_storage=fp16))
         except vkncnn.FactoryLimitError as e:
@@ -824,10 +816,27 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
                 e = bad[0][1]
                 raise UsageError(f"vknorm layer {bad[0][0]!r} could not load: {type(e).__name__}: "
                                  f"{(str(e).splitlines() or [''])[0]}") from None
+        # vknorm's run before stock ncnn's: vknorm's GroupNorm and InstanceNorm refuse a blob of other channels
+        # than their params say, where stock ncnn's read past it (a hang, a crash or garbage) and the --input
+        # shape reaches them through layers that _check_layers_on_inputs does not follow (a Concat, a Reshape).
         # The bottoms too: the input each vknorm layer saw, which the pass rule judges it on (judge_layer).
         vk_blobs = [layer.bottoms[0] for layer in model.norms] + norm_blobs + outputs
         _extract(net, inputs, vk_blobs, "vknorm warm-up", reg)  # pipelines, driver caches
         got = _extract(net, inputs, vk_blobs, "vknorm", reg)
+
+        ref = _extract(stock, inputs, seen, "stock")
+        # again in a net of its own (fresh blob memory: a read past a blob finds other bytes than the first run's)
+        again = _new_net(ncnn)
+        try:
+            _load(again, model, bin_path, data, "stock")
+            _require_repeatable(ref, _extract(again, inputs, seen, "stock, again"), inputs)
+        finally:
+            with vkncnn.quiet_stderr():
+                again.clear()
+            del again
+        _require_finite_norm_inputs(model, ref, inputs)
+        result["warnings"] += _nonfinite_warnings(ref, norm_blobs + outputs)
+
         for layer in model.norms:
             vk = reg.by_name(layer.name)
             rec = vk.record() if vk is not None else {"name": layer.name, "type": layer.type, "shape": None,
@@ -854,9 +863,11 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
             err = max_abs_err(ref[name], got[name])
             result["outputs"][name] = err if math.isfinite(err) else None
     finally:
-        with vkncnn.quiet_stderr():
-            net.clear()
-        del net
+        with vkncnn.quiet_stderr():  # ncnn may complain here about a forward that failed ("pool allocator ...")
+            for n in (net, stock):
+                if n is not None:
+                    n.clear()
+        del net, stock
     result["ok"] = all(rec["ok"] for rec in result["layers"])
     if _core.validation_enabled():
         result["validation_messages"] = len(_core.validation_messages())
