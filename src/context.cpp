@@ -37,8 +37,13 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverity
     g_validation_messages.emplace_back(data->pMessage ? data->pMessage : "(no message)");
     // VKNORM_VALIDATION_PRINT=1: also to stderr as it happens, so that messages from the device's and
     // the instance's destruction (leaked objects), possibly at process exit, are seen too.
-    if (const char* p = std::getenv("VKNORM_VALIDATION_PRINT"); p && *p && std::strcmp(p, "0") != 0)
-      std::fprintf(stderr, "vknorm: validation: %s\n", g_validation_messages.back().c_str()), std::fflush(stderr);
+    // (A value env_flag refuses reads as off here, in the driver's call: setting_problems names it.)
+    bool print = false;
+    try {
+      print = env_flag("VKNORM_VALIDATION_PRINT");
+    } catch (const std::invalid_argument&) {
+    }
+    if (print) std::fprintf(stderr, "vknorm: validation: %s\n", g_validation_messages.back().c_str()), std::fflush(stderr);
   }
   return VK_FALSE;
 }

@@ -783,7 +783,13 @@ BindingLimit binding_limit(uint64_t max_storage_buffer_range) {
 
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
-  return v && *v && std::strcmp(v, "0") != 0;
+  if (!v || !*v) return false;
+  std::string word(v);
+  for (char& ch : word) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  if (word == "1" || word == "true" || word == "on" || word == "yes") return true;
+  if (word == "0" || word == "false" || word == "off" || word == "no") return false;
+  // "false" had read as on: a switch set to a word it does not know is refused, not guessed at
+  throw std::invalid_argument(std::string(name) + "=" + v + ": expected 1 (on) or 0 (off)");
 }
 
 uint32_t env_api_cap() {
@@ -856,6 +862,9 @@ std::vector<std::pair<std::string, std::string>> setting_problems() {
       problems.emplace_back(name, e.what());
     }
   };
+  for (const char* name : {"VKNORM_VALIDATION", "VKNORM_VALIDATION_PRINT", "VKNORM_NO_FP16_STORAGE", "VKNORM_NO_SUBGROUP",
+                           "VKNORM_PIPELINE_STATS", "VKNORM_TUNE_UNCACHED_MAPPING"})
+    check(name, [name] { env_flag(name); });
   check("VKNORM_VULKAN_API", [] { env_api_cap(); });
   check("VKNORM_MAX_SHARED_MEMORY", [] { env_max_shared_memory(); });
   check("VKNORM_MAX_BUFFER_BYTES", [] { binding_limit(0); });

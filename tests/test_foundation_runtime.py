@@ -205,7 +205,9 @@ BAD_SETTINGS = [("VKNORM_PATH", "bogus", "unknown path 'bogus'"),
                 ("VKNORM_SUBGROUP_SIZE", "3", "the device"),  # no device runs 3: its context says why (its range)
                 ("VKNORM_MAX_SHARED_MEMORY", "12", "at least 256 bytes"),
                 ("VKNORM_VULKAN_API", "2.0", "expected 1.0, 1.1, 1.2 or 1.3"),
-                ("VKNORM_TUNE_CONVERSION_THREADS", "abc", "a whole number of threads")]
+                ("VKNORM_TUNE_CONVERSION_THREADS", "abc", "a whole number of threads"),
+                ("VKNORM_NO_SUBGROUP", "maybe", "expected 1 (on) or 0 (off)"),  # switches: no word guessed at
+                ("VKNORM_NO_FP16_STORAGE", "enabled", "expected 1 (on) or 0 (off)")]
 
 
 @pytest.mark.parametrize("name,value,words", BAD_SETTINGS, ids=[f"{b[0]}={b[1]}" for b in BAD_SETTINGS])
@@ -230,6 +232,31 @@ def test_vknorm_info_names_a_setting_the_runtime_would_refuse_then_exits_2_with_
             print(e)
     """, {name: value})
     assert forward.stdout.strip().endswith(refused[0]["error"]), (forward.stdout, forward.stderr[-2000:])
+
+
+@pytest.mark.parametrize("value, on", [("false", False), ("OFF", False), ("no", False), ("0", False),
+                                       ("true", True), ("On", True), ("yes", True), ("1", True)])
+def test_a_switch_reads_the_words_people_write_for_on_and_off(value, on):
+    """VKNORM_NO_FP16_STORAGE=false had switched 16-bit storage off: anything but "" or "0" read as on."""
+    def storage_16bit(setting):
+        proc = run(vknorm_cli() + ["info"], {"VKNORM_NO_FP16_STORAGE": setting})
+        assert proc.returncode == 0, proc.stderr
+        return next(ln for ln in proc.stdout.splitlines() if "16-bit storage" in ln).split()[-1]
+
+    assert storage_16bit(value) == ("no" if on else storage_16bit(""))  # off: what the device itself reports
+
+
+def test_the_package_switches_are_refused_as_the_runtimes_are():
+    """The CLI's own switches (VKNORM_CHECK_INPROCESS, VKNORM_BENCH_INPROCESS) take the same words: another value is
+    marked by info and refused by the command that reads it, one line and exit 2."""
+    proc = run(vknorm_cli() + ["info", "--json"], {"VKNORM_CHECK_INPROCESS": "sometimes"})
+    refused = json.loads(proc.stdout)["refused_settings"]
+    assert proc.returncode == 2 and refused == [{"name": "VKNORM_CHECK_INPROCESS", "error":
+                                                 "VKNORM_CHECK_INPROCESS=sometimes: expected 1 (on) or 0 (off)"}]
+    proc = run(vknorm_cli() + ["check", "tests/data/layernorm_2d.ncnn.param", "tests/data/layernorm_2d.ncnn.bin",
+                               "--input", "in0=8x6x10"], {"VKNORM_CHECK_INPROCESS": "sometimes"})
+    assert proc.returncode == 2 and proc.stderr.strip() == ("vknorm check: error: VKNORM_CHECK_INPROCESS=sometimes: "
+                                                            "expected 1 (on) or 0 (off)"), proc.stderr
 
 
 def test_vknorm_info_names_every_refused_setting_at_once():

@@ -44,7 +44,13 @@ def fork_is_safe(inprocess_env: str) -> bool:
     """Guard the work in a forked child only while this process has used neither Vulkan nor pyncnn: a
     child must not inherit a live Vulkan device (vknorm and ncnn load libvulkan only when they start one)
     or ncnn's OpenMP pool. ``inprocess_env`` (e.g. VKNORM_CHECK_INPROCESS=1) turns the guard off."""
-    if not hasattr(os, "fork") or os.environ.get(inprocess_env, "") not in ("", "0"):
+    from .settings import switch
+
+    try:
+        inprocess = switch(inprocess_env)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if not hasattr(os, "fork") or inprocess:
         return False
     if "ncnn" in sys.modules:
         return False

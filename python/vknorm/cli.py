@@ -23,12 +23,25 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def setting_problems() -> list:
+    """The VKNORM_ settings set now that vknorm would refuse, {"name", "error"}: the C++ runtime's, then the
+    package's own switches."""
+    from . import _core
+    from .settings import switch
+
+    refused = list(_core.setting_problems())
+    for name in ("VKNORM_CHECK_INPROCESS", "VKNORM_BENCH_INPROCESS"):
+        try:
+            switch(name)
+        except ValueError as e:
+            refused.append({"name": name, "error": str(e)})
+    return refused
+
+
 def require_settings() -> None:
     """A VKNORM_ setting the runtime would refuse, as one line before a model runs: inside ncnn's graph it would
     surface as that layer's failure (an extract's -1, blamed on the --input shapes)."""
-    from . import _core
-
-    refused = _core.setting_problems()
+    refused = setting_problems()
     if refused:
         raise UsageError(refused[0]["error"] + " (vknorm info lists the settings)")
 
@@ -38,7 +51,7 @@ def _info(args) -> int:
 
     # The settings first: a value the runtime refuses (VKNORM_VULKAN_API=2.0, say) can stop the device list itself.
     set_now, not_read = settings.vknorm_variables(), settings.unknown()
-    refused = _core.setting_problems()
+    refused = setting_problems()
     try:
         devs = _core.devices()
     except ValueError as e:  # a capability-profile setting: among those refused

@@ -53,7 +53,8 @@ ncnn's own Vulkan layers (its BinaryOp broadcasting a dims-2 blob over a dims-3 
 another rank; stock pyncnn crashes the same way): ``vknorm check`` runs a model in a worker process and says so.
 vknorm's fused activations follow ncnn's CPU formulas (GELU: erf, or tanh with fast_gelu), which ncnn's own
 Vulkan GELU approximates: a fused net and ``Net(fuse=False)`` differ by that (up to ~5e-3 at outputs of ~20 in
-ln_residual_stack), the fused one nearer ncnn's CPU result.
+ln_residual_stack), the fused one nearer ncnn's CPU result. So with NaN: a fused ReLU passes it on, as ncnn's CPU
+ReLU does, where ncnn's Vulkan ReLU gives 0.
 
 Light mode (``opt.lightmode``, on by default as in ncnn): each layer frees its inputs once it has run, so an
 extractor gives a blob only until something downstream of it was extracted; extracting it later returns -1 and
