@@ -188,6 +188,7 @@ std::shared_ptr<Instance> Instance::get() {
                           .engineVersion = 1, .apiVersion = inst->api_version};
   std::vector<const char*> layers, extensions;
   inst->validation = env_flag("VKNORM_VALIDATION");
+  env_flag("VKNORM_VALIDATION_PRINT");  // read in the messenger, which cannot refuse it: a value it would misread, here
   if (inst->validation) {
     if (!has_layer(inst->context, "VK_LAYER_KHRONOS_validation"))
       throw VulkanUnavailable("VKNORM_VALIDATION is set but VK_LAYER_KHRONOS_validation is missing: "

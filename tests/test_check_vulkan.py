@@ -420,6 +420,21 @@ def test_check_vulkan_without_ncnn_build_is_one_line_exit_2():
     assert_one_line_error(r, "--vulkan", "built without")
 
 
+@needs_graph
+@pytest.mark.parametrize("dims", ["8x4x4", "16x4x4", "1x4x4"])
+def test_check_vulkan_refuses_a_group_norm_fed_fewer_channels_through_a_concat(tmp_path, dims):
+    """Stock ncnn's CPU GroupNorm reads as many channels as its param says: given fewer through a Concat (which the
+    shape check does not follow) it crashed, corrupted the heap for a later load, or spun in OpenMP and never
+    returned. vknorm's layers run the model on ncnn's CPU before any stock run and refuse it, naming both counts."""
+    param = tmp_path / "gn_concat.param"
+    param.write_text("7767517\n3 3\nInput in0 0 1 in0\nConcat cc 1 1 in0 x 0=0\n"
+                     "GroupNorm gn 1 1 x y 0=4 1=64 2=1e-05 3=0\n")
+    (tmp_path / "empty.bin").write_bytes(b"")
+    r = cli(param, tmp_path / "empty.bin", "--input", f"in0={dims}", "--vulkan", timeout=120)
+    assert_one_line_error(r, "channel check", f"vknorm GroupNorm gn: the input has {dims.split('x')[0]} channels, "
+                                              "the layer 64")
+
+
 # ------------------------------------------------------------------------------------ in process; without --vulkan
 
 @needs_graph

@@ -108,7 +108,8 @@ class Context {
 // ncnn's (or another) instance itself may call it after. Idempotent; the arming process is unaffected.
 void arm_forked_child_exit();
 
-// Validation layer (VKNORM_VALIDATION=1 before the first Vulkan call): messages seen so far.
+// Validation layer (VKNORM_VALIDATION=1 before the first Vulkan call): messages seen so far. validation_enabled
+// throws std::invalid_argument for a value the switch does not take (1/true/on/yes, 0/false/off/no, empty).
 bool validation_enabled();
 std::vector<std::string> validation_messages();
 void clear_validation_messages();

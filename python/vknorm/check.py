@@ -334,7 +334,7 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
         # ncnn takes any bytes; pyncnn and vknorm's tools name layers and blobs by Python strings, UTF-8
         if b"\0" not in raw:
             raise bad(f"byte 0x{raw[e.start]:02x} is not UTF-8 text: vknorm reads layer and blob names as UTF-8",
-                      raw.count(b"\n", 0, e.start) + 1) from None
+                      len(_C_LINES.split(raw[:e.start].decode("utf-8")))) from None
         raise bad("not an ncnn text .param (binary data)") from None
     if "\0" in text:
         raise bad("not an ncnn text .param (binary data)")
@@ -713,7 +713,7 @@ def _check_layers_on_inputs(model: Model, input_specs: Dict[str, Tuple[int, ...]
     """A layer that stock ncnn would run past its blob or its weights, fed the --input shape (directly, or
     through Splits and element-wise layers), is refused first, naming the layer and both sizes (UsageError).
     Stock ncnn's layers read past their blobs: its GroupNorm reads as many channels as its param says (fewer in
-    the blob: it hangs or crashes; behind layers this does not follow, vknorm's own layer, run first, refuses),
+    the blob: it hangs or crashes; behind layers this does not follow, refuse_norm_channel_mismatch),
     its InstanceNorm with weights reads a gamma per channel of the blob (more channels than its param: past gamma),
     an InnerProduct, a convolution, BatchNorm or PReLU reads its weights by the blob's size (_weights_read), and a
     MultiHeadAttention reads a dims-3/4 blob by its rows alone (what lies past them decided the outcome, run to run). Other mismatches are vknorm's layers' to report when they run."""
@@ -782,7 +782,7 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
             # vknorm's layers would store float32 there: judged by the float16 rule, the run would be mislabelled
             raise UsageError(f"--fp16: {device['name']} has no 16-bit storage (vknorm's layers would store float32); "
                              "check without --fp16, or with --vulkan to run ncnn's own float16 choice")
-    stock, net = _new_net(ncnn), None
+    stock = _new_net(ncnn)
     try:
         result["warnings"] += _load(stock, model, bin_path, data, "stock")
         if not model.norms:
@@ -798,32 +798,7 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
                   for name in model.inputs}
         norm_blobs = [layer.tops[0] for layer in model.norms]
         seen = list(dict.fromkeys([layer.bottoms[0] for layer in model.norms] + norm_blobs + outputs))
-        try:
-            result["device"] = device_info()["name"]
-        except ValueError as e:  # e.g. VKNORM_DEVICE names no device
-            raise UsageError(str(e)) from None
-
-        net = _new_net(ncnn)
-        try:
-            reg = vkncnn.register(net, Option(use_fp16_storage=fp16))
-        except vkncnn.FactoryLimitError as e:
-            raise UsageError(str(e)) from None
-        try:
-            _load(net, model, bin_path, data, "vknorm")
-        finally:
-            bad = reg.errors()
-            if bad:  # our layer refused its params / weights / pipeline: say which and why
-                e = bad[0][1]
-                raise UsageError(f"vknorm layer {bad[0][0]!r} could not load: {type(e).__name__}: "
-                                 f"{(str(e).splitlines() or [''])[0]}") from None
-        # vknorm's run before stock ncnn's: vknorm's GroupNorm and InstanceNorm refuse a blob of other channels
-        # than their params say, where stock ncnn's read past it (a hang, a crash or garbage) and the --input
-        # shape reaches them through layers that _check_layers_on_inputs does not follow (a Concat, a Reshape).
-        # The bottoms too: the input each vknorm layer saw, which the pass rule judges it on (judge_layer).
-        vk_blobs = [layer.bottoms[0] for layer in model.norms] + norm_blobs + outputs
-        _extract(net, inputs, vk_blobs, "vknorm warm-up", reg)  # pipelines, driver caches
-        got = _extract(net, inputs, vk_blobs, "vknorm", reg)
-
+        refuse_norm_channel_mismatch(model, bin_path, len(data), inputs)
         ref = _extract(stock, inputs, seen, "stock")
         # again in a net of its own (fresh blob memory: a read past a blob finds other bytes than the first run's)
         again = _new_net(ncnn)
@@ -836,7 +811,33 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
             del again
         _require_finite_norm_inputs(model, ref, inputs)
         result["warnings"] += _nonfinite_warnings(ref, norm_blobs + outputs)
+    finally:
+        with vkncnn.quiet_stderr():  # ncnn may complain here about a forward that failed ("pool allocator ...")
+            stock.clear()
+        del stock
 
+    try:
+        result["device"] = device_info()["name"]
+    except ValueError as e:  # e.g. VKNORM_DEVICE names no device
+        raise UsageError(str(e)) from None
+    net = _new_net(ncnn)
+    try:
+        try:
+            reg = vkncnn.register(net, Option(use_fp16_storage=fp16))
+        except vkncnn.FactoryLimitError as e:
+            raise UsageError(str(e)) from None
+        try:
+            _load(net, model, bin_path, data, "vknorm")
+        finally:
+            bad = reg.errors()
+            if bad:  # our layer refused its params / weights / pipeline: say which and why
+                e = bad[0][1]
+                raise UsageError(f"vknorm layer {bad[0][0]!r} could not load: {type(e).__name__}: "
+                                 f"{(str(e).splitlines() or [''])[0]}") from None
+        # The bottoms too: the input each vknorm layer saw, which the pass rule judges it on (judge_layer).
+        vk_blobs = [layer.bottoms[0] for layer in model.norms] + norm_blobs + outputs
+        _extract(net, inputs, vk_blobs, "vknorm warm-up", reg)  # pipelines, driver caches
+        got = _extract(net, inputs, vk_blobs, "vknorm", reg)
         for layer in model.norms:
             vk = reg.by_name(layer.name)
             rec = vk.record() if vk is not None else {"name": layer.name, "type": layer.type, "shape": None,
@@ -863,11 +864,9 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
             err = max_abs_err(ref[name], got[name])
             result["outputs"][name] = err if math.isfinite(err) else None
     finally:
-        with vkncnn.quiet_stderr():  # ncnn may complain here about a forward that failed ("pool allocator ...")
-            for n in (net, stock):
-                if n is not None:
-                    n.clear()
-        del net, stock
+        with vkncnn.quiet_stderr():
+            net.clear()
+        del net
     result["ok"] = all(rec["ok"] for rec in result["layers"])
     if _core.validation_enabled():
         result["validation_messages"] = len(_core.validation_messages())
@@ -952,6 +951,31 @@ def _graph_extract(graph, net, inputs: dict, blobs: List[str], label: str) -> di
     finally:
         del ex
     return out
+
+
+def refuse_norm_channel_mismatch(model: Model, bin_path: str, nbytes: int, inputs: dict) -> None:
+    """Where a model has a GroupNorm or InstanceNorm: one inference with vknorm's layers on ncnn's CPU before any
+    stock run. vknorm's layers refuse a blob of other channels than their params say (UsageError naming the layer
+    and both counts), where stock ncnn's read past it, a crash or a spin in OpenMP that never returns, and the
+    --input shape can reach them through layers that _check_layers_on_inputs does not follow (a Concat). The net
+    is gone before the stock nets run. Nothing to do without vknorm.graph (a build without ncnn)."""
+    if not any(layer.type in ("GroupNorm", "InstanceNorm") for layer in model.norms):
+        return
+    try:
+        from . import graph
+    except ImportError:
+        return
+    from ._fork import SHAPES, stage
+
+    stage("vknorm's channel check on ncnn's CPU", SHAPES)
+    label = "vknorm's channel check on ncnn's CPU"
+    net = _graph_load(graph, model, bin_path, nbytes, vknorm=True, vulkan=False, fp16=False, label=label)
+    try:
+        _graph_extract(graph, net, inputs, list(net.output_names()), label)
+    finally:
+        with quiet_stderr():
+            net.clear()
+        del net
 
 
 def _time_inferences(graph, nets: Dict[str, object], inputs: dict, outputs: List[str], min_rounds: int = 3,
@@ -1353,6 +1377,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
         vk_blobs = list(dict.fromkeys([b for f in io.values() for b in f["ins"] + [f["out"]]] + sums + outputs))
         blobs = list(dict.fromkeys(vk_blobs + [layer.bottoms[0] for layer in model.norms]
                                    + [layer.tops[0] for layer in model.norms]))
+        refuse_norm_channel_mismatch(model, bin_path, len(data), inputs)
         stage("stock ncnn's CPU run")
         ref = _graph_extract(graph, cpu, inputs, blobs, "ncnn CPU")
         _require_finite_norm_inputs(model, ref, inputs)

@@ -71,11 +71,6 @@ def time_rounds(runs: Dict[str, Callable[[], object]], iters: int, warmup_ms: fl
     return samples
 
 
-# vknorm's layers on ncnn's CPU: one inference before the others where the model has a GroupNorm or InstanceNorm
-# (run_model_bench).
-CHANNELS_PROBE = "vknorm-cpu"
-
-
 class ModelRunner:
     """One loaded net and how to run one inference on it."""
 
@@ -98,8 +93,8 @@ class ModelRunner:
 
             self.mod = graph
             vk = impl.startswith("vknorm-")
-            self.net = graph.configure(graph.Net(vknorm=vk, fuse=impl == "vknorm-fused"),
-                                       vulkan=impl not in ("ncnn-cpu", CHANNELS_PROBE), fp16=fp16)
+            self.net = graph.configure(graph.Net(vknorm=vk, fuse=impl == "vknorm-fused"), vulkan=impl != "ncnn-cpu",
+                                       fp16=fp16)
         if self.net.load_param(param) != 0 or self.net.load_model(binp) != 0:
             bad = self.registration.errors() if impl == "vknorm-host" else []
             if bad:  # a vknorm layer refused its params, weights or device (out of memory): its own reason
@@ -146,7 +141,7 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
     rng = np.random.default_rng(seed)
     inputs = {k: rng.standard_normal(d).astype(np.float32) for k, d in input_dims.items()}
     from ._stdio import quiet_stderr
-    from .check import load_failure, parse_param, trailing_bytes_warning
+    from .check import load_failure, parse_param, refuse_norm_channel_mismatch, trailing_bytes_warning
 
     def ncnn_reason(step):  # ncnn's device banner and notes silenced; its last line joins a failure's message
         logs: list = []
@@ -156,8 +151,10 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
         except RuntimeError as e:
             raise RuntimeError(f"{e}{load_failure(parse_param(param), logs)}") from None  # parsed to name the line
 
-    from ._fork import LOADING, SHAPES, TIMED_CRASH, stage
+    from ._fork import LOADING, TIMED_CRASH, stage
 
+    # a GroupNorm or InstanceNorm fed other channels than its param says: refused before any net loads
+    refuse_norm_channel_mismatch(parse_param(param), binp, os.path.getsize(binp), inputs)
     runners = []
     for impl in impls:
         stage(f"the load of {impl}", LOADING)
@@ -166,12 +163,6 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
         except ImportError as e:
             print(f"vknorm bench: {impl} skipped: {e}", file=sys.stderr)
     finished: List[str] = []
-    # vknorm's GroupNorm and InstanceNorm refuse a blob of other channels than their params say, where stock ncnn's
-    # read past it (a crash, or a spin in OpenMP that never returns) and the --input shape reaches them through
-    # layers that the shape check does not follow (a Concat): vknorm's CPU net runs once before stock ncnn's does.
-    if any(layer.type in ("GroupNorm", "InstanceNorm") for layer in parse_param(param).layers):
-        stage("vknorm's run on ncnn's CPU", SHAPES)
-        ncnn_reason(lambda: ModelRunner(CHANNELS_PROBE, param, binp, inputs, fp16)())
     for r in runners:  # one inference each first: a model that fails says so in one line, with ncnn's reason
         stage(f"the {r.impl} run", _first_run_cause(r.impl, finished))
         ncnn_reason(r)
