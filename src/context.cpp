@@ -37,7 +37,8 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverity
     g_validation_messages.emplace_back(data->pMessage ? data->pMessage : "(no message)");
     // VKNORM_VALIDATION_PRINT=1: also to stderr as it happens, so that messages from the device's and
     // the instance's destruction (leaked objects), possibly at process exit, are seen too.
-    // (A value env_flag refuses reads as off here, in the driver's call: setting_problems names it.)
+    // (Inside the driver's call nothing may throw: a value env_flag refuses reads as off here, and the instance's
+    // creation has refused it already.)
     bool print = false;
     try {
       print = env_flag("VKNORM_VALIDATION_PRINT");
@@ -188,7 +189,7 @@ std::shared_ptr<Instance> Instance::get() {
                           .engineVersion = 1, .apiVersion = inst->api_version};
   std::vector<const char*> layers, extensions;
   inst->validation = env_flag("VKNORM_VALIDATION");
-  env_flag("VKNORM_VALIDATION_PRINT");  // read in the messenger, which cannot refuse it: a value it would misread, here
+  env_flag("VKNORM_VALIDATION_PRINT");  // refused here: the messenger that reads it cannot throw
   if (inst->validation) {
     if (!has_layer(inst->context, "VK_LAYER_KHRONOS_validation"))
       throw VulkanUnavailable("VKNORM_VALIDATION is set but VK_LAYER_KHRONOS_validation is missing: "

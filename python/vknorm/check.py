@@ -716,7 +716,8 @@ def _check_layers_on_inputs(model: Model, input_specs: Dict[str, Tuple[int, ...]
     the blob: it hangs or crashes; behind layers this does not follow, refuse_norm_channel_mismatch),
     its InstanceNorm with weights reads a gamma per channel of the blob (more channels than its param: past gamma),
     an InnerProduct, a convolution, BatchNorm or PReLU reads its weights by the blob's size (_weights_read), and a
-    MultiHeadAttention reads a dims-3/4 blob by its rows alone (what lies past them decided the outcome, run to run). Other mismatches are vknorm's layers' to report when they run."""
+    MultiHeadAttention reads a dims-3/4 blob by its rows alone (what lies past them decided the outcome, run to
+    run). Other mismatches are vknorm's layers' to report when they run."""
     from .layers import GroupNorm, InstanceNorm
 
     source = {name: name for name in input_specs}  # blob -> the input whose shape it has
