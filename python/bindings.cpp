@@ -249,6 +249,7 @@ NB_MODULE(_core, m) {
       .value("split", Path::Split)
       .value("cooperative", Path::Cooperative);
   m.def("parse_path", &parse_path);
+  m.def("env_flag", &env_flag, "name"_a);  // a switch as the runtime reads it (ValueError for a word it does not take)
   m.def("setting_problems", [] {  // what the runtime would refuse of the VKNORM_ settings set now
     nb::list out;
     for (const auto& [name, error] : setting_problems()) {

@@ -47,6 +47,7 @@ namespace nb = nanobind;
 using vknorm_python::ReleaseGil;
 using vknorm_python::element_strides;
 using vknorm_python::kMaxThreads;
+using vknorm_python::thread_count_ok;
 using namespace nb::literals;
 
 namespace {
@@ -319,8 +320,7 @@ Pixels pixels_of(const char* fn, nb::handle obj, long long type, int w, int h, s
   // pyncnn's crop idiom: a numpy view of part of an image given with its own row stride (crop.strides[0]), which
   // pyncnn reads in place. The view is made contiguous below (its rows then as long as the view's): taken where its
   // rows' bytes lie next to each other, as numpy shows them, and hold the w pixels asked for.
-  nb::module_ numpy = nb::module_::import_("numpy");
-  if (stride && nb::isinstance(obj, numpy.attr("ndarray")) && nb::cast<int>(obj.attr("ndim")) >= 2 &&
+  if (stride && nb::isinstance(obj, nb::module_::import_("numpy").attr("ndarray")) && nb::cast<int>(obj.attr("ndim")) >= 2 &&
       nb::cast<std::string>(obj.attr("dtype").attr("name")) == "uint8" &&
       !nb::cast<bool>(obj.attr("flags").attr("c_contiguous")) &&
       nb::cast<long long>(obj.attr("strides")[0]) == *stride) {
@@ -904,7 +904,7 @@ struct Net {
                                format_options(net.opt) + "); set options before load_param, as in ncnn");
   }
   // num_threads within 1..kMaxThreads (mat_layout.h): load_model's CPU layers make that many threads already.
-  bool threads_in_range() const { return net.opt.num_threads >= 1 && net.opt.num_threads <= kMaxThreads; }
+  bool threads_in_range() const { return thread_count_ok(net.opt.num_threads); }
   bool threads_ok(const char* call) const {
     if (threads_in_range()) return true;
     NCNN_LOGE("vknorm.graph: %s: net.opt.num_threads must be 1..%d, got %d", call, kMaxThreads, net.opt.num_threads);
@@ -2062,7 +2062,7 @@ NB_MODULE(_graph, m) {
     return ::ncnn::set_cpu_powersave(powersave);
   }, "powersave"_a);
   m.def("set_omp_num_threads", [](int n) {
-    if (n < 1 || n > kMaxThreads)
+    if (!thread_count_ok(n))
       throw std::invalid_argument("set_omp_num_threads: 1.." + std::to_string(kMaxThreads) + ", got " +
                                   std::to_string(n));
     ::ncnn::set_omp_num_threads(n);

@@ -58,10 +58,10 @@ void check_source(const Mat& src, const char* fn) {
     refuse(std::string(fn) + ": src " + shape_of(src) + " has more elements than ncnn's int counts reach (2^31 - 1)");
 }
 
-// num_threads as a Net takes it (mat_layout.h). A net's options may be given (pyncnn's model zoo passes net.opt): these functions run on the host in float32
-// whatever storage or device the net uses.
+// num_threads as a Net takes it (mat_layout.h). A net's options may be given (pyncnn's model zoo passes net.opt):
+// these functions run on the host in float32 whatever storage or device the net uses.
 Option host_float32(const Option& opt, const char* fn) {
-  if (opt.num_threads < 1 || opt.num_threads > vknorm_python::kMaxThreads)
+  if (!vknorm_python::thread_count_ok(opt.num_threads))
     refuse(std::string(fn) + ": opt.num_threads must be 1.." + std::to_string(vknorm_python::kMaxThreads) + ", got " +
            std::to_string(opt.num_threads));
   Option o = opt;

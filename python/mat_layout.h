@@ -13,6 +13,7 @@ namespace vknorm_python {
 // ncnn's CPU layers divide work by num_threads (SIGFPE at 0) and OpenMP makes that many threads (-1 ends the process,
 // 100000 crashes it): the thread counts vknorm.graph takes.
 constexpr int kMaxThreads = 1024;
+inline bool thread_count_ok(int n) { return n >= 1 && n <= kMaxThreads; }
 
 // The channel step ncnn gives a Mat of this shape: its planes rounded up to 16 bytes.
 inline size_t aligned_cstep(const ::ncnn::Mat& m) {

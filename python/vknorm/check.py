@@ -968,8 +968,8 @@ def refuse_norm_channel_mismatch(model: Model, bin_path: str, nbytes: int, input
         return
     from ._fork import SHAPES, stage
 
-    stage("vknorm's channel check on ncnn's CPU", SHAPES)
     label = "vknorm's channel check on ncnn's CPU"
+    stage(label, SHAPES)
     net = _graph_load(graph, model, bin_path, nbytes, vknorm=True, vulkan=False, fp16=False, label=label)
     try:
         _graph_extract(graph, net, inputs, list(net.output_names()), label)

@@ -128,8 +128,8 @@ def _ncnn_mat_array(m, where: str) -> np.ndarray:
     if m.empty():
         raise ValueError(f"{where}: the {_ncnn_mat_kind(m)} Mat is empty")
     if m.elempack != 1 or m.elemsize != 4:
-        raise ValueError(f"{where}: a pyncnn Mat of elempack {m.elempack} and elemsize {m.elemsize}: only unpacked "
-                         "float32 Mats (elempack 1, elemsize 4) convert to numpy")
+        raise ValueError(f"{where}: a {_ncnn_mat_kind(m)} Mat of elempack {m.elempack} and elemsize {m.elemsize}: "
+                         "only unpacked float32 Mats (elempack 1, elemsize 4) convert to numpy")
     return np.asarray(m)
 
 

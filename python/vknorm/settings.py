@@ -46,18 +46,12 @@ TUNING_KNOBS = frozenset(TUNING_PREFIX + n for n in (
 ))
 
 
-SWITCH_ON, SWITCH_OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
+def switch(name: str) -> bool:
+    """A switch as the runtime reads one (its env_flag): on for 1/true/on/yes, off for 0/false/off/no (any case),
+    unset or empty; ValueError naming the variable for anything else (VKNORM_CHECK_INPROCESS=false had read as on)."""
+    from . import _core
 
-
-def switch(name: str, environ: Optional[Mapping[str, str]] = None) -> bool:
-    """A switch as the runtime reads one: on for 1/true/on/yes, off for 0/false/off/no (any case), unset or empty;
-    ValueError naming the variable for anything else (VKNORM_CHECK_INPROCESS=false had read as on)."""
-    value = (os.environ if environ is None else environ).get(name, "")
-    if value == "" or value.lower() in SWITCH_OFF:
-        return False
-    if value.lower() in SWITCH_ON:
-        return True
-    raise ValueError(f"{name}={value}: expected 1 (on) or 0 (off)")
+    return _core.env_flag(name)
 
 
 def vknorm_variables(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
