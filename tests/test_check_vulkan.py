@@ -593,13 +593,13 @@ def test_stock_ncnn_runs_that_differ_on_one_input_are_refused_naming_the_blob():
     2x16x64) gives whatever memory holds, another value each run: check runs stock ncnn's CPU layers twice and
     refuses to judge anything on blobs that differ (NaN equal to NaN), naming the first."""
     ref = {"a": np.array([1.0, np.nan], np.float32), "b": np.array([2.0, 3.0], np.float32)}
-    vkcheck._require_repeatable(ref, {k: v.copy() for k, v in ref.items()}, {"in0": np.zeros((2, 16, 64))})
+    vkcheck.require_repeatable(ref, {k: v.copy() for k, v in ref.items()}, {"in0": np.zeros((2, 16, 64))})
     again = {"a": ref["a"].copy(), "b": np.array([2.0, 3.5], np.float32)}
     with pytest.raises(vkcheck.UsageError, match=r"blob 'b' differs between two runs of stock ncnn's CPU layers on "
                                                  r"the same input \(--input in0=2x16x64\)"):
-        vkcheck._require_repeatable(ref, again, {"in0": np.zeros((2, 16, 64))})
+        vkcheck.require_repeatable(ref, again, {"in0": np.zeros((2, 16, 64))})
     with pytest.raises(vkcheck.UsageError, match="blob 'b' differs"):
-        vkcheck._require_repeatable(ref, {"a": ref["a"], "b": ref["b"][:1]}, {"in0": np.zeros((2, 16, 64))})
+        vkcheck.require_repeatable(ref, {"a": ref["a"], "b": ref["b"][:1]}, {"in0": np.zeros((2, 16, 64))})
 
 
 @needs_graph

@@ -598,7 +598,7 @@ def _input_shapes(inputs: dict) -> str:
     return input_flags({k: v.shape for k, v in inputs.items()})
 
 
-def _require_repeatable(ref: dict, again: dict, inputs: dict) -> None:
+def require_repeatable(ref: dict, again: dict, inputs: dict) -> None:
     """Stock ncnn's CPU layers give every blob bit for bit again on the same input, or the --input shapes do not
     fit the model (a layer reading past its blob gives whatever memory holds, differing from run to run):
     UsageError."""
@@ -805,7 +805,7 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
         again = _new_net(ncnn)
         try:
             _load(again, model, bin_path, data, "stock")
-            _require_repeatable(ref, _extract(again, inputs, seen, "stock, again"), inputs)
+            require_repeatable(ref, _extract(again, inputs, seen, "stock, again"), inputs)
         finally:
             with vkncnn.quiet_stderr():
                 again.clear()
