@@ -322,6 +322,9 @@ def test_a_closed_standard_output_is_one_line_and_exit_2_before_any_work(args):
 @pytest.mark.parametrize("args, line", [
     (["info", "--bogus"], "vknorm info: error: unrecognized arguments: --bogus (see vknorm info --help)"),
     (["--bogus", "info"], "vknorm: error: unrecognized arguments: --bogus (see vknorm --help)"),
+    # without a command: the flag named, and the commands, not only that the command is missing
+    (["--bogus"], "vknorm: error: unrecognized arguments: --bogus; commands: info, demo, check, bench, optimize "
+                  "(see vknorm --help)"),
     (["nosuch"], "vknorm: error: argument command: invalid choice: 'nosuch'"),
 ])
 def test_usage_errors_are_one_line_from_the_parser_they_were_given_to(args, line):

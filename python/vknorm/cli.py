@@ -172,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    unknown = [a for a in argv if a.startswith("-") and a not in ("-h", "--help")]
+    if unknown and not any(a in parser.commands for a in argv):
+        # argparse would say only that the command is missing
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}; commands: {', '.join(parser.commands)}")
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the parser they were given to: the subcommand's, unless they came before its name
         before = argv[:argv.index(args.command)] if args.command in argv else []
