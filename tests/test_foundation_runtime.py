@@ -334,6 +334,20 @@ def test_usage_errors_are_one_line_from_the_parser_they_were_given_to(args, line
     assert len(lines) == 1 and lines[0].startswith(line), proc.stderr
 
 
+
+def test_a_file_name_with_a_line_break_stays_one_error_line(tmp_path):
+    """A file's name may hold a line break; the error naming it is still the one line tools read (the break
+    written as \\n), from the commands' own checks and from argparse's alike."""
+    param = tmp_path / "two\nlines.param"
+    param.write_text("7767517\n2 2\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 out0 0=64 1=1e-5 2=0\n")
+    for args, line in ((["check", str(param), str(param), "--input", "in0=64"],
+                        f"vknorm check: error: {tmp_path}/two\\nlines.param: the weights .bin is the model .param "
+                        "itself"),
+                       (["info", "--x\ny"], "vknorm info: error: unrecognized arguments: --x\\ny (see")):
+        proc = subprocess.run(vknorm_cli() + args, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout)
+        assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(line), proc.stderr
+
 def test_python_m_vknorm_runs_the_same_cli():
     proc = run([sys.executable, "-m", "vknorm", "info", "--json"])
     assert proc.returncode == 0, proc.stderr

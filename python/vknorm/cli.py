@@ -20,7 +20,12 @@ class OneLineParser(argparse.ArgumentParser):
     made of this class too (argparse gives them the parent's)."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def one_line(message) -> str:
+    """An error as the one line it is promised to be: a line break inside (a file name's) written as \\n."""
+    return str(message).strip().replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\r")
 
 
 def setting_problems() -> list:
@@ -192,13 +197,13 @@ def main(argv=None) -> int:
     try:
         return int(args.func(args) or 0)
     except UsageError as e:
-        print(f"vknorm {args.command}: error: {e}", file=sys.stderr)
+        print(f"vknorm {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 2
     except (_core.VulkanUnavailableError, ValueError) as e:  # no driver, VKNORM_DEVICE/VKNORM_PATH wrong
-        print(f"vknorm {args.command}: error: {e}", file=sys.stderr)
+        print(f"vknorm {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 2
     except MemoryError as e:  # host or device memory (VKNORM_MAX_DEVICE_BYTES) too small for the shapes asked
-        why = f" ({e})" if str(e) else ""
+        why = f" ({one_line(e)})" if str(e) else ""
         print(f"vknorm {args.command}: error: out of memory{why}: try smaller shapes", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -212,5 +217,5 @@ def main(argv=None) -> int:
     except OSError as e:  # a file the command writes (--json, --plot) cannot be written: disk full, a dangling link
         # without a file name: the report on standard output (`--json > /dev/full`)
         where = e.filename if e.filename is not None else "standard output"
-        print(f"vknorm {args.command}: error: writing {where}: {e.strerror or e}", file=sys.stderr)
+        print(f"vknorm {args.command}: error: {one_line(f'writing {where}: {e.strerror or e}')}", file=sys.stderr)
         return 2
