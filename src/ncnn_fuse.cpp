@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <ncnn/datareader.h>
@@ -125,30 +126,42 @@ std::vector<Line> parse(const std::string& text) {
     }
     return false;
   };
-  auto next_tokens = [&]() { return next_line() ? split_ws(raw) : std::vector<std::string>{}; };
-  auto magic = next_tokens();
-  if (magic.size() != 1 || magic[0] != "7767517") {
-    const bool binary = !magic.empty() && std::any_of(magic[0].begin(), magic[0].end(), [](char c) {
+  // ncnn reads the magic number and the two counts as the file's first three words, wherever its lines break
+  // ("7767517 2 2" on one line loads too); the first layer starts right after them.
+  size_t word_at = 0;  // where raw's next word starts
+  auto next_word = [&](std::vector<std::string>& out) {  // appended to out; false at the end of the text
+    for (const size_t had = out.size();; word_at = 0) {
+      header_words(raw, 1, word_at, out);
+      if (out.size() > had) return true;
+      if (!next_line()) return false;
+    }
+  };
+  std::vector<std::string> header;
+  next_word(header);
+  if (header.empty() || header[0] != "7767517") {
+    const bool binary = !header.empty() && std::any_of(header[0].begin(), header[0].end(), [](char c) {
       return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;  // control characters: not text
     });
     bad(line_no ? line_no : 1, "expected ncnn's magic number 7767517 (a text .param)" +
-                                   std::string(magic.empty() ? ", the file is empty"
+                                   std::string(header.empty() ? ", the file is empty"
                                                : binary  ? ", got binary data (the weights .bin?)"
-                                                         : ", got '" + magic[0] + "'"));
+                                                         : ", got '" + header[0] + "'"));
   }
-  auto counts = next_tokens();
-  if (counts.empty()) bad(line_no + 1, "expected 'layer_count blob_count', the file ends after the magic number");
-  if (counts.size() != 2) bad(line_no, "expected 'layer_count blob_count'");
+  if (!next_word(header)) bad(line_no + 1, "expected 'layer_count blob_count', the file ends after the magic number");
+  if (!next_word(header)) bad(line_no, "expected 'layer_count blob_count'");
   const int header_line = line_no;
-  const int layer_count = parse_int(counts[0], line_no, "a layer count");
-  const int blob_count = parse_int(counts[1], line_no, "a blob count");
+  const int layer_count = parse_int(header[1], line_no, "a layer count");
+  const int blob_count = parse_int(header[2], line_no, "a blob count");
   constexpr int kMaxNetCount = 1000000;  // ncnn's limit on both
   if (layer_count <= 0 || blob_count <= 0 || layer_count > kMaxNetCount || blob_count > kMaxNetCount)
     bad(line_no, "the header's layer and blob counts must be 1 to " + std::to_string(kMaxNetCount) +
-                     " (ncnn refuses others), got " + counts[0] + " and " + counts[1]);
+                     " (ncnn refuses others), got " + header[1] + " and " + header[2]);
+  // what follows the counts on their line is the first layer's
+  bool header_rest = raw.find_first_not_of(" \t\n\v\f", word_at) != std::string::npos;
+  if (header_rest) raw.erase(0, word_at);
   std::vector<Line> lines;
   // ncnn reads the header's count of layers and nothing after them
-  while (int(lines.size()) < layer_count && next_line()) {
+  while (int(lines.size()) < layer_count && (std::exchange(header_rest, false) || next_line())) {
     size_t rest = 0;
     std::vector<std::string> t;
     header_words(raw, 4, rest, t);

@@ -1362,6 +1362,45 @@ def test_a_param_whose_magic_number_comes_after_blank_space_loads_as_ncnn_loads_
     assert proc.stdout.split("\n")[:3] == ["load 0 0"] * 3, proc.stdout + proc.stderr
 
 
+
+HEADER_FORMS = {  # transformer_block's header (magic, then "12 14") written other ways ncnn reads
+    "one_line": lambda t: t.replace("7767517\n12 14\n", "7767517 12 14\n"),
+    "spread": lambda t: t.replace("7767517\n12 14\n", "7767517\n\n12\n  14\n"),
+    "first_layer_on_its_line": lambda t: t.replace("7767517\n12 14\n", "7767517 12 14 "),
+    "plus_counts": lambda t: t.replace("12 14\n", "+12 +14\n").replace("0 1 in0", "+0 +1 in0", 1),
+}
+
+
+@needs_graph
+@pytest.mark.parametrize("form", HEADER_FORMS)
+def test_a_header_written_as_ncnn_reads_it_loads_fused_in_every_reader(tmp_path, form):
+    """ncnn reads the magic number and the counts as the file's first three words wherever the lines break, and
+    a count with a '+' as the number: the load-time rewrite (vknorm.graph's default), check's reader and
+    vknorm optimize read such a model as ncnn does, fused as the model written the usual way (the rewrite had
+    refused "7767517 12 14" as "expected 7767517, got '7767517'")."""
+    from vknorm import check
+
+    p, b = DATA / "transformer_block.ncnn.param", DATA / "transformer_block.ncnn.bin"
+    text = Path(p).read_text()
+    written = HEADER_FORMS[form](text)
+    assert written != text
+    form_p = tmp_path / "form.param"
+    form_p.write_text(written)
+    assert [layer.name for layer in check.parse_param(str(form_p)).layers] == \
+        [layer.name for layer in check.parse_param(str(p)).layers]
+    assert fuse(written)[1] == fuse(text)[1] != []
+    code = ("import sys\nfrom vknorm import graph\n"
+            "for kw in ({}, {'fuse': False}, {'vknorm': False}):\n"
+            "    net = graph.configure(graph.Net(**kw), vulkan=False)\n"
+            "    print('load', net.load_param(sys.argv[1]), net.load_model(sys.argv[2]), len(net.fused()), flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(form_p), str(b)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout.split("\n")[:3] == ["load 0 0 2", "load 0 0 0", "load 0 0 0"], proc.stdout + proc.stderr
+    out = tmp_path / "out.param"
+    opt = subprocess.run([sys.executable, "-m", "vknorm", "optimize", str(form_p), str(b), str(out),
+                          str(tmp_path / "out.bin")], capture_output=True, text=True, timeout=120)
+    assert opt.returncode == 0 and out.read_text().startswith("7767517\n"), opt.stderr[-2000:]
+
 # ------------------------------------------------------------------------------------------ params as ncnn reads them
 
 ADD_LN_SWISH = ("7767517\n5 5\nInput in0 0 1 in0\nInput in1 0 1 in1\nBinaryOp add 2 1 in0 in1 s {op}\n"

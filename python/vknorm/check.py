@@ -339,16 +339,28 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
     if "\0" in text:
         raise bad("not an ncnn text .param (binary data)")
     lines = [(i + 1, ln.strip(_C_SPACE)) for i, ln in enumerate(_C_LINES.split(text)) if ln.strip(_C_SPACE)]
-    if lines[0][1] != str(MAGIC):
-        raise bad(f"not an ncnn .param (the first line must be the magic number {MAGIC})", lines[0][0])
-    if len(lines) < 2:
+    # ncnn reads the magic number and the two counts as the file's first three words, wherever its lines break
+    # ("7767517 2 2" on one line loads too); the first layer starts right after them
+    header: List[Tuple[int, str]] = []
+    body: List[Tuple[int, str]] = []
+    for i, (n, ln) in enumerate(lines):
+        need = 3 - len(header)
+        words = _C_WORDS.split(ln, need)
+        header += [(n, w) for w in words[:need]]
+        if len(header) == 3:
+            body = ([(n, words[need])] if len(words) > need else []) + lines[i + 1:]
+            break
+    if header[0][1] != str(MAGIC):
+        raise bad(f"not an ncnn .param (it must start with the magic number {MAGIC})", header[0][0])
+    if len(header) < 2:
         raise bad("garbled .param: no 'layer_count blob_count' line after the magic number")
-    n, counts = lines[1]
-    m = re.fullmatch(r"([0-9]+)[ \t\v\f]+([0-9]+)", counts)
+    n = header[-1][0]
+    counts = " ".join(w for _, w in header[1:])
+    m = re.fullmatch(r"\+?([0-9]+) \+?([0-9]+)", counts)
     if not m or int(m.group(1)) < 1:
         raise bad(f"garbled .param: expected 'layer_count blob_count', got {counts[:40]!r}", n)
     layer_count, blob_count = int(m.group(1)), int(m.group(2))
-    body = lines[2:2 + layer_count]  # ncnn reads the header's count of layers and nothing after them
+    body = body[:layer_count]  # ncnn reads the header's count of layers and nothing after them
     if len(body) != layer_count:
         raise bad(f"garbled or truncated .param: the header says {layer_count} layers, the file has "
                   f"{len(body)} layer lines")
@@ -357,7 +369,7 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
     names = set()
     for n, ln in body:
         head = _C_WORDS.split(ln, 4)
-        if len(head) < 4 or not re.fullmatch("[0-9]+", head[2]) or not re.fullmatch("[0-9]+", head[3]):
+        if len(head) < 4 or not re.fullmatch(r"\+?[0-9]+", head[2]) or not re.fullmatch(r"\+?[0-9]+", head[3]):
             raise bad(f"garbled layer line (expected 'type name bottom_count top_count ...'): {ln[:60]!r}", n)
         n_words = 4 + int(head[2]) + int(head[3])
         words = _C_WORDS.split(ln, n_words)  # type, name, counts and blob names, then the params' text (its own tokens)
