@@ -966,6 +966,31 @@ def _graph_extract(graph, net, inputs: dict, blobs: List[str], label: str) -> di
     return out
 
 
+def refuse_unrepeatable_stock_run(model: Model, bin_path: str, nbytes: int, inputs: dict) -> None:
+    """What check refuses to judge, bench --model refuses to time: stock ncnn's CPU layers run the inputs in two nets
+    at once (fresh blob memory: a read past a blob finds other bytes than the first run's) and must give every blob
+    a norm reads or writes, and every output, bit for bit again (require_repeatable), with some finite value in
+    every norm's input (_require_finite_norm_inputs). Either failing means --input shapes the model does not take:
+    UsageError."""
+    from . import graph
+    from ._fork import SHAPES, stage
+
+    stage("stock ncnn's CPU runs", SHAPES)
+    nets = []
+    try:
+        for label in ("ncnn CPU", "ncnn CPU, again"):
+            nets.append(_graph_load(graph, model, bin_path, nbytes, vknorm=False, vulkan=False, fp16=False,
+                                    label=label))
+        blobs = [b for layer in model.norms for b in (layer.bottoms[0], layer.tops[0])] + list(nets[0].output_names())
+        ref = _graph_extract(graph, nets[0], inputs, blobs, "ncnn CPU")
+        require_repeatable(ref, _graph_extract(graph, nets[1], inputs, blobs, "ncnn CPU, again"), inputs)
+        _require_finite_norm_inputs(model, ref, inputs)
+    finally:
+        with quiet_stderr():
+            for net in nets:
+                net.clear()
+
+
 def refuse_norm_channel_mismatch(model: Model, bin_path: str, nbytes: int, inputs: dict) -> None:
     """Where a model has a GroupNorm or InstanceNorm: one inference with vknorm's layers on ncnn's CPU before any
     stock run. vknorm's layers refuse a blob of other channels than their params say (UsageError naming the layer

@@ -12,9 +12,9 @@ Each inference is what a user runs: a new extractor, the inputs from numpy (uplo
 output extracted back to numpy. The rounds are interleaved (one inference of each implementation per
 round, in a new random order each round) after a warm-up of at least --warmup-ms per implementation, so
 every implementation sees the same clocks; the median of --iters rounds is reported. --fp16: float16
-storage in every net (ncnn's CPU one too). Stock ncnn's CPU net runs twice first, the second in a net of its
-own: outputs that differ (--input shapes the model does not take, a layer reading memory it was not given) are
-refused, as `vknorm check` refuses them, rather than timed.
+storage in every net (ncnn's CPU one too). Stock ncnn's CPU layers run the inputs in two nets first: blobs that
+differ between them, or a norm whose every input value is NaN/inf (--input shapes the model does not take, a layer
+reading memory it was not given), are refused, as `vknorm check` refuses them, rather than timed.
 
 The implementations that keep the host's cores busy (ncnn-cpu, and vknorm-host's CPU layers) are timed
 in rounds of their own, after the GPU ones: ncnn's OpenMP threads spin for a while after a CPU run, and
@@ -143,7 +143,7 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
     rng = np.random.default_rng(seed)
     inputs = {k: rng.standard_normal(d).astype(np.float32) for k, d in input_dims.items()}
     from ._stdio import quiet_stderr
-    from .check import (load_failure, parse_param, refuse_norm_channel_mismatch, require_repeatable,
+    from .check import (load_failure, parse_param, refuse_norm_channel_mismatch, refuse_unrepeatable_stock_run,
                         trailing_bytes_warning)
 
     def ncnn_reason(step):  # ncnn's device banner and notes silenced; its last line joins a failure's message
@@ -156,8 +156,11 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
 
     from ._fork import LOADING, TIMED_CRASH, stage
 
-    # a GroupNorm or InstanceNorm fed other channels than its param says: refused before any net loads
-    refuse_norm_channel_mismatch(parse_param(param), binp, os.path.getsize(binp), inputs)
+    # a GroupNorm or InstanceNorm fed other channels than its param says: refused before any net loads; then
+    # stock runs that differ or leave a norm nothing finite (input shapes the model does not take) are not timed
+    model = parse_param(param)
+    refuse_norm_channel_mismatch(model, binp, os.path.getsize(binp), inputs)
+    refuse_unrepeatable_stock_run(model, binp, os.path.getsize(binp), inputs)
     runners = []
     for impl in impls:
         stage(f"the load of {impl}", LOADING)
@@ -168,14 +171,7 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
     finished: List[str] = []
     for r in runners:  # one inference each first: a model that fails says so in one line, with ncnn's reason
         stage(f"the {r.impl} run", _first_run_cause(r.impl, finished))
-        outputs = ncnn_reason(r)
-        if r.impl == "ncnn-cpu":
-            # again in a net of its own, as check does: --input shapes the model does not take make a layer read
-            # memory it was not given, another value each run; timing that would time garbage
-            stage("the ncnn-cpu run again", _first_run_cause(r.impl, finished))
-            again = ncnn_reason(lambda: ModelRunner(r.impl, param, binp, inputs, fp16))
-            require_repeatable(outputs, ncnn_reason(again), inputs)
-            del again
+        ncnn_reason(r)
         finished.append(r.impl)
     stage("the timed runs", TIMED_CRASH)
     # a .bin longer than the model reads: another model's? (as check and optimize warn; a vknorm.graph net counts)
