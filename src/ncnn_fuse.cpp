@@ -14,7 +14,6 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include <ncnn/datareader.h>
@@ -126,66 +125,76 @@ std::vector<Line> parse(const std::string& text) {
     }
     return false;
   };
-  // ncnn reads the magic number and the two counts as the file's first three words, wherever its lines break
-  // ("7767517 2 2" on one line loads too); the first layer starts right after them.
+  // ncnn reads a .param as words (scanf's %s: C's white space, line breaks included): the magic number, the two
+  // counts, then each layer's type, name, counts and blob names; a layer's params are the rest of the line its last
+  // word is on (ParamDict). So a header on one line, or a layer's words over several lines, load as in ncnn.
   size_t word_at = 0;  // where raw's next word starts
+  int word_line = 0;   // the line of the word read last
   auto next_word = [&](std::vector<std::string>& out) {  // appended to out; false at the end of the text
     for (const size_t had = out.size();; word_at = 0) {
       header_words(raw, 1, word_at, out);
-      if (out.size() > had) return true;
+      if (out.size() > had) return word_line = line_no, true;
       if (!next_line()) return false;
     }
   };
+  auto rest_of_line = [&]() {
+    std::string rest = raw.substr(word_at);
+    word_at = raw.size();
+    return rest;
+  };
+  auto trimmed = [](const std::string& s) {
+    const size_t first = s.find_first_not_of(" \t\n\v\f");
+    return first == std::string::npos ? std::string() : s.substr(first, s.find_last_not_of(" \t\n\v\f") + 1 - first);
+  };
   std::vector<std::string> header;
-  next_word(header);
-  if (header.empty() || header[0] != "7767517") {
+  if (!next_word(header) || header[0] != "7767517") {
     const bool binary = !header.empty() && std::any_of(header[0].begin(), header[0].end(), [](char c) {
       return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;  // control characters: not text
     });
-    bad(line_no ? line_no : 1, "expected ncnn's magic number 7767517 (a text .param)" +
-                                   std::string(header.empty() ? ", the file is empty"
-                                               : binary  ? ", got binary data (the weights .bin?)"
-                                                         : ", got '" + header[0] + "'"));
+    bad(header.empty() ? 1 : word_line, "expected ncnn's magic number 7767517 (a text .param)" +
+                                            std::string(header.empty() ? ", the file is empty"
+                                                        : binary  ? ", got binary data (the weights .bin?)"
+                                                                  : ", got '" + header[0] + "'"));
   }
-  if (!next_word(header)) bad(line_no + 1, "expected 'layer_count blob_count', the file ends after the magic number");
-  if (!next_word(header)) bad(line_no, "expected 'layer_count blob_count'");
-  const int header_line = line_no;
-  const int layer_count = parse_int(header[1], line_no, "a layer count");
-  const int blob_count = parse_int(header[2], line_no, "a blob count");
+  if (!next_word(header)) bad(word_line + 1, "expected 'layer_count blob_count', the file ends after the magic number");
+  const int layer_count = parse_int(header[1], word_line, "a layer count");
+  if (!next_word(header)) bad(word_line, "expected 'layer_count blob_count'");
+  const int header_line = word_line;
+  const int blob_count = parse_int(header[2], word_line, "a blob count");
   constexpr int kMaxNetCount = 1000000;  // ncnn's limit on both
   if (layer_count <= 0 || blob_count <= 0 || layer_count > kMaxNetCount || blob_count > kMaxNetCount)
-    bad(line_no, "the header's layer and blob counts must be 1 to " + std::to_string(kMaxNetCount) +
-                     " (ncnn refuses others), got " + header[1] + " and " + header[2]);
-  // what follows the counts on their line is the first layer's
-  bool header_rest = raw.find_first_not_of(" \t\n\v\f", word_at) != std::string::npos;
-  if (header_rest) raw.erase(0, word_at);
+    bad(header_line, "the header's layer and blob counts must be 1 to " + std::to_string(kMaxNetCount) +
+                         " (ncnn refuses others), got " + header[1] + " and " + header[2]);
   std::vector<Line> lines;
+  std::vector<std::string> t;
   // ncnn reads the header's count of layers and nothing after them
-  while (int(lines.size()) < layer_count && (std::exchange(header_rest, false) || next_line())) {
-    size_t rest = 0;
-    std::vector<std::string> t;
-    header_words(raw, 4, rest, t);
-    if (t.size() < 4) bad(line_no, "expected 'type name bottom_count top_count ...', got '" + raw + "'");
+  while (int(lines.size()) < layer_count && next_word(t = {})) {
     Line l;
-    l.line_no = line_no;
+    l.line_no = word_line;
+    const std::string first_line = trimmed(raw);
+    while (t.size() < 4 && next_word(t)) {
+    }
+    if (t.size() < 4) bad(l.line_no, "expected 'type name bottom_count top_count ...', got '" + first_line + "'");
     l.type = t[0], l.name = t[1];
-    const int nb = parse_int(t[2], line_no, "layer " + l.name + "'s bottom count");
-    const int nt = parse_int(t[3], line_no, "layer " + l.name + "'s top count");
-    if (nb >= 0 && nt >= 0) header_words(raw, size_t(nb) + size_t(nt), rest, t);
+    const int nb = parse_int(t[2], l.line_no, "layer " + l.name + "'s bottom count");
+    const int nt = parse_int(t[3], l.line_no, "layer " + l.name + "'s top count");
+    while (nb >= 0 && nt >= 0 && t.size() < 4 + size_t(nb) + size_t(nt) && next_word(t)) {
+    }
     if (nb < 0 || nt < 0 || t.size() < 4 + size_t(nb) + size_t(nt))
-      bad(line_no, "layer " + l.name + " names fewer blobs than its counts " + t[2] + " and " + t[3]);
+      bad(l.line_no, "layer " + l.name + " names fewer blobs than its counts " + t[2] + " and " + t[3]);
     for (size_t k = 0; k < t.size(); ++k)  // ncnn reads each with %255s and refuses a longer one
       if (k != 2 && k != 3 && t[k].size() > 255) {
         const std::string whose = k == 1 ? "a layer" : "layer '" + l.name.substr(0, 40) + (l.name.size() > 40 ? "'..." : "'");
-        bad(line_no, whose + ": its " + (k == 0 ? "type" : k == 1 ? "name" : "blob name") + " '" + t[k].substr(0, 40) +
-                         "'... is " + std::to_string(t[k].size()) + " characters; ncnn reads at most 255");
+        bad(l.line_no, whose + ": its " + (k == 0 ? "type" : k == 1 ? "name" : "blob name") + " '" +
+                           t[k].substr(0, 40) + "'... is " + std::to_string(t[k].size()) +
+                           " characters; ncnn reads at most 255");
       }
     l.bottoms.assign(t.begin() + 4, t.begin() + 4 + nb);
     l.tops.assign(t.begin() + 4 + nb, t.begin() + 4 + nb + nt);
-    l.params = split_ws(raw.substr(rest));
+    l.params = split_ws(rest_of_line());
     for (const std::string& p : l.params)
       if (p.find('=') == std::string::npos || p.front() == '=')
-        bad(line_no, "layer " + l.name + ": param '" + p + "' is not id=value");
+        bad(l.line_no, "layer " + l.name + ": param '" + p + "' is not id=value");
     l.pos = double(lines.size());
     lines.push_back(std::move(l));
   }

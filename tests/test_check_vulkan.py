@@ -709,3 +709,23 @@ def test_judge_layer_applies_each_fused_activation_by_ncnns_formula(name, act_ty
         other = vkcheck.judge_layer(y, x, "LayerNorm", 1e-5, 256, None, None, False, vkcheck.ATOL_FP32,
                                     activation=(17 - act_type, 0.0))[0]
         assert other > 1e-4, other
+
+
+@needs_graph
+def test_a_fused_layer_whose_blob_names_hold_unicode_spaces_is_judged_on_its_own_blobs(tmp_path):
+    """ncnn splits a .param at C's white space only, so 'p\\u00a0q' (a no-break space) is one blob name, and so
+    is one holding U+2028. check --vulkan reads which blobs a fused layer reads and writes the same way: its
+    judgement is of the add's inputs and the activation's output (it had split the name and judged the input q as
+    the norm's output: FAIL)."""
+    for name, space in (("nbsp", "\u00a0"), ("u2028", "\u2028")):
+        pq = f"p{space}q"
+        param, binp = tmp_path / f"{name}.param", tmp_path / f"{name}.bin"
+        param.write_text(f"7767517\n6 7\nInput in0 0 1 p 0=64\nInput in1 0 1 q 0=64\nInput in2 0 1 {pq} 0=64\n"
+                         f"BinaryOp add 2 1 {pq} q s 0=0\nLayerNorm ln 1 1 s y 0=64 1=1e-5 2=0\nReLU r 1 1 y out0\n",
+                         encoding="utf-8")
+        binp.write_bytes(b"")
+        r = cli(param, binp, "--input", "p=64", "--input", "q=64", "--input", f"{pq}=64", "--vulkan", "--json")
+        assert r.returncode == 0, (name, r.stdout[-2000:], r.stderr[-2000:])
+        report = json.loads(r.stdout)
+        assert report["fused"] == [{"pattern": "BinaryOp+LayerNorm+ReLU", "layers": ["add", "ln", "r"]}], report
+        assert [layer["ok"] for layer in report["layers"]] == [True], report["layers"]

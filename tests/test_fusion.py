@@ -567,6 +567,10 @@ def test_norm_output_with_two_readers_keeps_its_activation():
      "count blob 'zz', which layer r (line 4) reads and no earlier layer produces: an input of the model"),
     ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln x 1 a y\n", "line 4: expected layer ln's bottom count, got 'x'"),
     ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln 1 1 a y junk\n", "line 4: layer ln: param 'junk' is not id=value"),
+    # the header's words over lines: the line of the word at fault, not of the last blank line read
+    ("7767517\nabc\n\n2\n", "line 2: expected a layer count, got 'abc'"),
+    ("7767517\n2\n\n\n\n", "line 2: expected 'layer_count blob_count'"),
+    ("7767517\n1 1\nInput in0 0 99999999999999999999 a\n", "line 3: expected layer in0's top count"),
 ])
 def test_malformed_param_names_the_line(text, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
@@ -1363,26 +1367,31 @@ def test_a_param_whose_magic_number_comes_after_blank_space_loads_as_ncnn_loads_
 
 
 
-HEADER_FORMS = {  # transformer_block's header (magic, then "12 14") written other ways ncnn reads
-    "one_line": lambda t: t.replace("7767517\n12 14\n", "7767517 12 14\n"),
-    "spread": lambda t: t.replace("7767517\n12 14\n", "7767517\n\n12\n  14\n"),
-    "first_layer_on_its_line": lambda t: t.replace("7767517\n12 14\n", "7767517 12 14 "),
+LN_3 = "LayerNorm                ln_3                     1 1 2 3 0=64"
+TEXT_FORMS = {  # transformer_block (magic, "12 14", then a layer a line) written other ways ncnn reads
+    "header_on_one_line": lambda t: t.replace("7767517\n12 14\n", "7767517 12 14\n"),
+    "header_spread": lambda t: t.replace("7767517\n12 14\n", "7767517\n\n12\n  14\n"),
+    "first_layer_on_the_header_line": lambda t: t.replace("7767517\n12 14\n", "7767517 12 14 "),
     "plus_counts": lambda t: t.replace("12 14\n", "+12 +14\n").replace("0 1 in0", "+0 +1 in0", 1),
+    "minus_zero_count": lambda t: t.replace("0 1 in0", "-0 1 in0", 1),
+    # a layer's words over lines; its params are the rest of the line its last blob name is on
+    "layer_words_over_lines": lambda t: t.replace(LN_3, "LayerNorm ln_3\n1\n\n1 2\r3 0=64"),
 }
 
 
 @needs_graph
-@pytest.mark.parametrize("form", HEADER_FORMS)
-def test_a_header_written_as_ncnn_reads_it_loads_fused_in_every_reader(tmp_path, form):
-    """ncnn reads the magic number and the counts as the file's first three words wherever the lines break, and
-    a count with a '+' as the number: the load-time rewrite (vknorm.graph's default), check's reader and
-    vknorm optimize read such a model as ncnn does, fused as the model written the usual way (the rewrite had
-    refused "7767517 12 14" as "expected 7767517, got '7767517'")."""
+@pytest.mark.parametrize("form", TEXT_FORMS)
+def test_a_param_written_as_ncnn_reads_it_loads_fused_in_every_reader(tmp_path, form):
+    """ncnn reads a .param as words wherever the lines break (the magic number, the counts, each layer's type,
+    name, counts and blob names; the params are the rest of the last blob name's line), and a count with a sign
+    as the number: the load-time rewrite (vknorm.graph's default), check's reader and vknorm optimize read such a
+    model as ncnn does, fused as the model written the usual way (the rewrite had refused "7767517 12 14" as
+    "expected 7767517, got '7767517'")."""
     from vknorm import check
 
     p, b = DATA / "transformer_block.ncnn.param", DATA / "transformer_block.ncnn.bin"
     text = Path(p).read_text()
-    written = HEADER_FORMS[form](text)
+    written = TEXT_FORMS[form](text)
     assert written != text
     form_p = tmp_path / "form.param"
     form_p.write_text(written)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -385,6 +386,24 @@ def test_a_worker_killed_outright_is_named_as_likely_out_of_memory_not_as_a_shap
     with pytest.raises(vkcheck.UsageError, match=r"was killed \(SIGKILL: out of host memory\?"):
         run_in_child(lambda: os.kill(os.getpid(), signal.SIGKILL), say, "vknorm check")
 
+
+
+@pytest.mark.parametrize("text, message", [
+    # the header on one line, its blob count too small: named at the header's line (it had raised IndexError)
+    ("7767517 1 1 Input in0 0 2 a b\n", "line 1: garbled .param: the header says 1 blobs, the layers produce 2"),
+    ("7767517\n\n1 1\nInput in0 0 2 a b\n", "line 3: garbled .param: the header says 1 blobs"),
+    # a count past ncnn's max_net_count (it had raised OverflowError)
+    ("7767517\n1 1\nInput in0 0 99999999999999999999 a\n", "line 3: garbled layer line"),
+    ("7767517\n1 1\nInput in0 0 1000001 a\n", "line 3: garbled layer line"),
+    # the header's word at fault, wherever its lines break
+    ("7767517\nabc\n\n2\n", "line 2: garbled .param: expected 'layer_count blob_count', got 'abc 2'"),
+    ("7767517\n2\n\n\n\n", "line 2: garbled .param: expected 'layer_count blob_count', got '2'"),
+])
+def test_the_model_reader_refuses_a_garbled_header_or_count_in_one_line(tmp_path, text, message):
+    path = tmp_path / "m.param"
+    path.write_text(text)
+    with pytest.raises(vkcheck.UsageError, match=re.escape(f"{path}: {message}")):
+        vkcheck.parse_param(str(path))
 
 def test_the_model_reader_reads_a_param_as_ncnn_reads_it(tmp_path):
     """check, bench --model and optimize read the header's count of layers and nothing after, as ncnn; fewer lines

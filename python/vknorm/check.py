@@ -226,6 +226,38 @@ _C_SPACE = " \t\n\v\f\r"
 _C_LINES = re.compile(r"\r\n|[\r\n]")
 _C_WORDS = re.compile(r"[ \t\v\f]+")
 _TOKEN = re.compile(r'[^\s=]+="[^"]*(?:"\S*|$)|\S+', re.ASCII)
+# A bottom or top count as ncnn's scan reads it (a sign allowed; -0 is 0), at most its max_net_count (1000000)
+_COUNT = re.compile(r"\+?0*(?:[0-9]{1,6}|1000000)|-0+")
+
+
+class _Words:
+    """A .param's text as ncnn reads it: words (scanf's %s, C's white space, across line breaks) for the header and
+    each layer's type, name, counts and blob names; the rest of the current line for a layer's params (ParamDict)."""
+
+    _WORD = re.compile(r"[^ \t\v\f]+")
+
+    def __init__(self, text: str):
+        self.lines = _C_LINES.split(text)
+        self.i, self.at = 0, 0
+
+    def next(self) -> Optional[Tuple[int, str]]:
+        """(line number, word), None at the end of the text."""
+        while self.i < len(self.lines):
+            m = self._WORD.search(self.lines[self.i], self.at)
+            if m:
+                self.at = m.end()
+                return self.i + 1, m.group()
+            self.i, self.at = self.i + 1, 0
+        return None
+
+    def line_text(self) -> str:
+        """The line the last word was read from."""
+        return self.lines[min(self.i, len(self.lines) - 1)].strip(_C_SPACE)
+
+    def rest_of_line(self) -> str:
+        rest = self.lines[self.i][self.at:] if self.i < len(self.lines) else ""
+        self.i, self.at = self.i + 1, 0
+        return rest
 _PARAM = re.compile(r'([-+]?[0-9]+)=(.+)', re.S)  # ids as ncnn reads them (%d: "+0" and "00" are 0)
 _NAME_MAX = 255  # ncnn's longest layer type, layer name and blob name
 
@@ -338,49 +370,43 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
         raise bad("not an ncnn text .param (binary data)") from None
     if "\0" in text:
         raise bad("not an ncnn text .param (binary data)")
-    lines = [(i + 1, ln.strip(_C_SPACE)) for i, ln in enumerate(_C_LINES.split(text)) if ln.strip(_C_SPACE)]
-    # ncnn reads the magic number and the two counts as the file's first three words, wherever its lines break
-    # ("7767517 2 2" on one line loads too); the first layer starts right after them
-    header: List[Tuple[int, str]] = []
-    body: List[Tuple[int, str]] = []
-    for i, (n, ln) in enumerate(lines):
-        need = 3 - len(header)
-        words = _C_WORDS.split(ln, need)
-        header += [(n, w) for w in words[:need]]
-        if len(header) == 3:
-            body = ([(n, words[need])] if len(words) > need else []) + lines[i + 1:]
-            break
-    if header[0][1] != str(MAGIC):
-        raise bad(f"not an ncnn .param (it must start with the magic number {MAGIC})", header[0][0])
-    if len(header) < 2:
+    words = _Words(text)
+    magic = words.next()
+    if magic is None or magic[1] != str(MAGIC):
+        raise bad(f"not an ncnn .param (it must start with the magic number {MAGIC})", magic[0] if magic else 1)
+    header = [words.next(), words.next()]
+    if header[0] is None:
         raise bad("garbled .param: no 'layer_count blob_count' line after the magic number")
-    n = header[-1][0]
-    counts = " ".join(w for _, w in header[1:])
-    m = re.fullmatch(r"\+?([0-9]+) \+?([0-9]+)", counts)
-    if not m or int(m.group(1)) < 1:
-        raise bad(f"garbled .param: expected 'layer_count blob_count', got {counts[:40]!r}", n)
-    layer_count, blob_count = int(m.group(1)), int(m.group(2))
-    body = body[:layer_count]  # ncnn reads the header's count of layers and nothing after them
-    if len(body) != layer_count:
-        raise bad(f"garbled or truncated .param: the header says {layer_count} layers, the file has "
-                  f"{len(body)} layer lines")
+    read = [h for h in header if h is not None]
+    if len(read) < 2 or not all(re.fullmatch(r"\+?[0-9]+", w) for _, w in read) or int(read[0][1]) < 1:
+        where = next((n for n, w in read if not re.fullmatch(r"\+?[1-9][0-9]*", w)), read[-1][0])
+        raise bad(f"garbled .param: expected 'layer_count blob_count', got {' '.join(w for _, w in read)[:40]!r}",
+                  where)
+    header_line = header[1][0]
+    layer_count, blob_count = int(header[0][1]), int(header[1][1])
     produced: Dict[str, str] = {}
     layers: List[Layer] = []
     names = set()
-    for n, ln in body:
-        head = _C_WORDS.split(ln, 4)
-        if len(head) < 4 or not re.fullmatch(r"\+?[0-9]+", head[2]) or not re.fullmatch(r"\+?[0-9]+", head[3]):
-            raise bad(f"garbled layer line (expected 'type name bottom_count top_count ...'): {ln[:60]!r}", n)
-        n_words = 4 + int(head[2]) + int(head[3])
-        words = _C_WORDS.split(ln, n_words)  # type, name, counts and blob names, then the params' text (its own tokens)
-        tok = words[:n_words] + (_TOKEN.findall(words[n_words]) if len(words) > n_words else [])
+    for k in range(layer_count):  # ncnn reads the header's count of layers and nothing after them
+        first = words.next()
+        if first is None:
+            raise bad(f"garbled or truncated .param: the header says {layer_count} layers, the file has {k} layer lines")
+        n, line_text = first[0], words.line_text()
+        head = [w for _, w in [first] + [w for w in (words.next() for _ in range(3)) if w is not None]]
+        if len(head) < 4 or not _COUNT.fullmatch(head[2]) or not _COUNT.fullmatch(head[3]):
+            raise bad(f"garbled layer line (expected 'type name bottom_count top_count ...'): {line_text[:60]!r}", n)
+        nb, nt = int(head[2]), int(head[3])
+        blobs: List[str] = []
+        while len(blobs) < nb + nt and (w := words.next()) is not None:
+            blobs.append(w[1])
+        # type, name, counts and blob names, then the params: the rest of the line the last of those is on
+        tok = head + blobs + _TOKEN.findall(words.rest_of_line())
         type_, name = tok[0], tok[1]
         if type_.startswith("vknorm.") and not allow_fused:  # stock ncnn, which check and bench --model run beside vknorm, cannot
             raise bad(f"layer {name!r} is {type_}, written by vknorm optimize: stock ncnn cannot run a fused "
                       f"model, so give the model from before vknorm optimize (check --vulkan and bench --model "
                       f"fuse it themselves as vknorm.graph does)", n)
-        nb, nt = int(tok[2]), int(tok[3])
-        if len(tok) < 4 + nb + nt:
+        if len(blobs) < nb + nt:
             raise bad(f"garbled layer {name!r}: {nb} bottom and {nt} top blob names expected", n)
         bottoms, tops = tok[4:4 + nb], tok[4 + nb:4 + nb + nt]
         for what, word in [("type", type_), ("name", name)] + [("blob name", b) for b in bottoms + tops]:
@@ -427,7 +453,7 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
                 raise bad(f"{type_} {name!r}: {e}", n) from None
         layers.append(Layer(type_, name, bottoms, tops, params, n, norm))
     if len(produced) > blob_count:
-        raise bad(f"garbled .param: the header says {blob_count} blobs, the layers produce {len(produced)}", lines[1][0])
+        raise bad(f"garbled .param: the header says {blob_count} blobs, the layers produce {len(produced)}", header_line)
     return Model(path, text, layers)
 
 
@@ -1313,13 +1339,11 @@ def _fused_blobs(graph, model: Model, fused: List[dict]) -> Dict[str, dict]:
                 for f in fused}
     text, _ = graph._graph.fuse_param(model.text)
     out = {}
-    for line in text.splitlines()[2:]:
-        t = line.split()
-        if len(t) < 4 or not t[0].startswith("vknorm.") or t[1] not in patterns:
-            continue
-        nb, nt = int(t[2]), int(t[3])
-        bottoms, tops = t[4:4 + nb], t[4 + nb:4 + nb + nt]
-        out[t[1]] = {"pattern": patterns[t[1]], "out": tops[0], "ins": bottoms, "sum": tops[1] if nt == 2 else None}
+    # read as ncnn reads it (C's white space: a no-break space inside a name is part of it)
+    for layer in parse_param(model.path, allow_fused=True, raw=text.encode()).layers:
+        if layer.type.startswith("vknorm.") and layer.name in patterns:
+            out[layer.name] = {"pattern": patterns[layer.name], "out": layer.tops[0], "ins": layer.bottoms,
+                               "sum": layer.tops[1] if len(layer.tops) == 2 else None}
     return out
 
 
