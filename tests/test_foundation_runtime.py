@@ -326,6 +326,8 @@ def test_a_closed_standard_output_is_one_line_and_exit_2_before_any_work(args):
     (["--bogus"], "vknorm: error: unrecognized arguments: --bogus; commands: info, demo, check, bench, optimize "
                   "(see vknorm --help)"),
     (["nosuch"], "vknorm: error: argument command: invalid choice: 'nosuch'"),
+    # a misspelt command with flags after it: the command is what is wrong
+    (["chek", "m.param", "m.bin", "--input", "in0=64"], "vknorm: error: argument command: invalid choice: 'chek'"),
 ])
 def test_usage_errors_are_one_line_from_the_parser_they_were_given_to(args, line):
     proc = subprocess.run(vknorm_cli() + args, capture_output=True, text=True, timeout=120)
@@ -335,6 +337,12 @@ def test_usage_errors_are_one_line_from_the_parser_they_were_given_to(args, line
 
 
 
+
+@pytest.mark.parametrize("args", [["-h"], ["--help"], ["--he"], ["-h", "--bogus"]])
+def test_help_and_its_abbreviations_print_the_usage_even_beside_an_unknown_flag(args):
+    proc = subprocess.run(vknorm_cli() + args, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: vknorm") and proc.stderr == "", proc
+
 def test_a_file_name_with_a_line_break_stays_one_error_line(tmp_path):
     """A file's name may hold a line break; the error naming it is still the one line tools read (the break
     written as \\n), from the commands' own checks and from argparse's alike."""
@@ -343,10 +351,11 @@ def test_a_file_name_with_a_line_break_stays_one_error_line(tmp_path):
     for args, line in ((["check", str(param), str(param), "--input", "in0=64"],
                         f"vknorm check: error: {tmp_path}/two\\nlines.param: the weights .bin is the model .param "
                         "itself"),
-                       (["info", "--x\ny"], "vknorm info: error: unrecognized arguments: --x\\ny (see")):
+                       (["info", "--x\ny"], "vknorm info: error: unrecognized arguments: --x\\ny (see"),
+                       (["info", "--x\u2028y\x1cz"], "vknorm info: error: unrecognized arguments: --x\\u2028y\\x1cz")):
         proc = subprocess.run(vknorm_cli() + args, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout)
-        assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(line), proc.stderr
+        assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(line), proc.stderr  # Python's lines
 
 def test_python_m_vknorm_runs_the_same_cli():
     proc = run([sys.executable, "-m", "vknorm", "info", "--json"])

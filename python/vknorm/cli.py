@@ -23,9 +23,13 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
+# What ends a line for str.splitlines (and so for a reader of stderr in Python), each written as its escape
+_LINE_BREAKS = {ord(c): c.encode("unicode_escape").decode() for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
 def one_line(message) -> str:
-    """An error as the one line it is promised to be: a line break inside (a file name's) written as \\n."""
-    return str(message).strip().replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\r")
+    """An error as the one line it is promised to be: a line break inside it (a file name's) written as \\n."""
+    return str(message).translate(_LINE_BREAKS)
 
 
 def setting_problems() -> list:
@@ -177,10 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    unknown = [a for a in argv if a.startswith("-") and a not in ("-h", "--help")]
-    if unknown and not any(a in parser.commands for a in argv):
-        # argparse would say only that the command is missing
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}; commands: {', '.join(parser.commands)}")
+    # flags alone, no command (argparse would say only that the command is missing); -h, --help and their
+    # abbreviations are argparse's, and a word that is not a command is its invalid choice
+    helping = any(a == "-h" or (len(a) > 2 and "--help".startswith(a)) for a in argv)
+    if argv and all(a.startswith("-") and a != "-" for a in argv) and not helping:
+        parser.error(f"unrecognized arguments: {' '.join(argv)}; commands: {', '.join(parser.commands)}")
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the parser they were given to: the subcommand's, unless they came before its name
         before = argv[:argv.index(args.command)] if args.command in argv else []
