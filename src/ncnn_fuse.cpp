@@ -35,7 +35,16 @@ struct Line {
 };
 
 [[noreturn]] void bad(int line_no, const std::string& what) {
-  throw std::invalid_argument("line " + std::to_string(line_no) + ": " + what);
+  std::string said;  // control characters written as \xNN: ncnn's log would end the message at a NUL
+  for (const char c : what) {
+    if (static_cast<unsigned char>(c) >= 0x20 && c != 0x7f) {
+      said += c;
+      continue;
+    }
+    static const char hex[] = "0123456789abcdef";
+    said += std::string("\\x") + hex[static_cast<unsigned char>(c) >> 4] + hex[c & 15];
+  }
+  throw std::invalid_argument("line " + std::to_string(line_no) + ": " + said);
 }
 
 int parse_int(const std::string& s, int line_no, const std::string& what) {
@@ -137,10 +146,10 @@ std::vector<Line> parse(const std::string& text) {
       if (!next_line()) return false;
     }
   };
-  auto rest_of_line = [&]() {
+  auto rest_of_line = [&]() {  // ncnn reads it into a C string: it ends at a NUL
     std::string rest = raw.substr(word_at);
     word_at = raw.size();
-    return rest;
+    return rest.substr(0, rest.find('\0'));
   };
   auto trimmed = [](const std::string& s) {
     const size_t first = s.find_first_not_of(" \t\n\v\f");

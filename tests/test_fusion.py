@@ -1379,6 +1379,16 @@ TEXT_FORMS = {  # transformer_block (magic, "12 14", then a layer a line) writte
 }
 
 
+
+def test_a_nul_ends_a_layers_params_and_control_characters_are_escaped_in_messages():
+    """ncnn reads a layer's params into a C string, so a NUL ends them and the rest of that line is not read: the
+    rewrite reads them so, fused as without it (it had refused the line, its message cut at the NUL by ncnn's log).
+    A control character in a message is written as \\xNN, one line a log shows whole."""
+    text = (DATA / "transformer_block.ncnn.param").read_text()
+    assert fuse(text.replace(LN_3 + " 1=1.000000e-5 2=1", LN_3 + " 1=1.000000e-5 2=1\0junk 7=x"))[1] == fuse(text)[1]
+    with pytest.raises(ValueError, match=re.escape("line 4: layer ln: param '\\x01junk\\x1b' is not id=value")):
+        fuse("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln 1 1 a y \x01junk\x1b\n")
+
 @needs_graph
 @pytest.mark.parametrize("form", TEXT_FORMS)
 def test_a_param_written_as_ncnn_reads_it_loads_fused_in_every_reader(tmp_path, form):
