@@ -602,6 +602,28 @@ def test_stock_ncnn_runs_that_differ_on_one_input_are_refused_naming_the_blob():
         vkcheck.require_repeatable(ref, {"a": ref["a"], "b": ref["b"][:1]}, {"in0": np.zeros((2, 16, 64))})
 
 
+
+@needs_graph
+def test_check_vulkan_runs_stock_ncnns_cpu_layers_twice_and_refuses_blobs_that_differ(monkeypatch):
+    """--vulkan runs stock ncnn's CPU reference a second time in a net of its own, as the check without --vulkan
+    does: a blob that differs between the two (a layer reading memory it was not given) is refused by name. Here the
+    second run is made to differ in one element; the real runs agree, and the check passes."""
+    p, b = model_files("layernorm_1d")
+    assert vkcheck.check_model_vulkan(p, b, {"in0": (64,)})["ok"]
+    real = vkcheck._graph_extract
+
+    def second_run_differs(graph, net, inputs, blobs, label):
+        out = real(graph, net, inputs, blobs, label)
+        if label == "ncnn CPU, again":
+            out[blobs[0]] = out[blobs[0]].copy()
+            out[blobs[0]].flat[0] += 1
+        return out
+
+    monkeypatch.setattr(vkcheck, "_graph_extract", second_run_differs)
+    with pytest.raises(vkcheck.UsageError, match=r"differs between two runs of stock ncnn's CPU layers on the same "
+                                                 r"input \(--input in0=64\)"):
+        vkcheck.check_model_vulkan(p, b, {"in0": (64,)})
+
 @needs_graph
 def test_outputs_the_reference_run_leaves_nan_are_named_in_a_warning(tmp_path):
     """Weights of NaN (or inf) make stock ncnn's CPU run NaN too; vknorm's run agrees there and passes, so

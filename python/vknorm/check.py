@@ -25,8 +25,9 @@ value allowed for the output rounding, the rest within --atol (1e-3). --vulkan a
     vknorm check MODEL.param MODEL.bin --input NAME=DIMS [...] --vulkan [--no-fuse] [--fp16] [--seed N] [--atol X] [--json]
 
 --vulkan checks vknorm inside ncnn's Vulkan graph instead (vknorm.graph: one ncnn, compiled from source,
-for all three runs): stock ncnn CPU fp32 (the reference), stock ncnn Vulkan, and ncnn Vulkan with vknorm's
-layers recorded into ncnn's command buffer (--fp16: float16 storage in both Vulkan runs). Per norm layer:
+for all three runs): stock ncnn CPU fp32 (the reference, run twice in nets of its own as above), stock ncnn
+Vulkan, and ncnn Vulkan with vknorm's layers recorded into ncnn's command buffer (--fp16: float16 storage in both
+Vulkan runs). Per norm layer:
 vknorm's and stock ncnn Vulkan's max |error| against the CPU run on the same blob, and vknorm's kernel
 time for that blob measured on vknorm's own Vulkan context (ncnn's graph has no per-layer timestamps);
 per model output: both Vulkan runs' error; the whole-model wall time of both Vulkan runs. Pass rule: the
@@ -1442,6 +1443,14 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
         refuse_norm_channel_mismatch(model, bin_path, len(data), inputs)
         stage("stock ncnn's CPU run")
         ref = _graph_extract(graph, cpu, inputs, blobs, "ncnn CPU")
+        # again in a net of its own, as the check without --vulkan does, gone before the next net loads
+        again = _graph_load(graph, model, bin_path, len(data), vknorm=False, vulkan=False, fp16=False,
+                            label="ncnn CPU, again")
+        try:
+            require_repeatable(ref, _graph_extract(graph, again, inputs, blobs, "ncnn CPU, again"), inputs)
+        finally:
+            with quiet_stderr():
+                again.clear()
         _require_finite_norm_inputs(model, ref, inputs)
         result["warnings"] += _nonfinite_warnings(ref, [layer.tops[0] for layer in model.norms] + outputs)
         stage("stock ncnn's Vulkan load", LOADING)
