@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>  // std::shared_lock
+#include <iomanip>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -936,27 +937,46 @@ struct Net {
       std::istringstream mem;
       std::istream* in = text ? static_cast<std::istream*>(&(mem = std::istringstream(*text)))
                               : static_cast<std::istream*>(&(file = std::ifstream(path)));
-      // A text .param's lines are short: the scan ends at a line past 64 KiB, or at a first token that is not
-      // the magic number (the weights given as the .param: ncnn's load_param refuses them from their first
-      // bytes), instead of reading such a file whole.
-      std::vector<char> line(1 << 16);
+      // Read as ncnn reads it: words across line breaks (the magic number, the counts, each layer's type, name,
+      // counts and blob names), a layer's params the rest of its last word's line. A text .param's lines are
+      // short: the scan ends at a line past 64 KiB, or at a first word that is not the magic number (the weights
+      // given as the .param: ncnn's load_param refuses them from their first bytes), instead of reading such a
+      // file whole.
+      std::vector<char> buffer(1 << 16);
+      std::istringstream line;
       int line_no = 0;
-      bool magic_seen = false;
-      while (in->getline(line.data(), std::streamsize(line.size()))) {
-        ++line_no;
-        std::istringstream words(line.data());
-        std::string type, name;
-        if (!(words >> type)) continue;  // a blank line
-        if (!magic_seen) {
-          if (type != "7767517") break;
-          magic_seen = true;
-          continue;
+      auto word = [&](std::string& w) {
+        while (!(line >> std::setw(256) >> w)) {
+          if (!in->getline(buffer.data(), std::streamsize(buffer.size()))) return false;
+          ++line_no, line.clear(), line.str(buffer.data());
         }
-        if (words >> name && type.rfind("vknorm.", 0) == 0) {
-          NCNN_LOGE("%s line %d: layer %s is %s, a fused vknorm layer: load this model with vknorm's layers "
-                    "registered (vknorm.graph.Net(), vknorm::ncnn::register_layers)", path.c_str(), line_no,
-                    name.c_str(), type.c_str());
+        return true;
+      };
+      auto count = [](const std::string& w) {  // a layer's count as ncnn reads it; -1 where it refuses it
+        try {
+          size_t used = 0;
+          const long v = std::stol(w, &used);
+          return used == w.size() && v >= 0 && v <= 1000000 ? int(v) : -1;
+        } catch (const std::exception&) {
           return -1;
+        }
+      };
+      std::string magic, layers, blobs, type, name, nb, nt, skipped;
+      if (word(magic) && magic == "7767517" && word(layers) && word(blobs)) {
+        for (int k = count(layers); k > 0 && word(type); --k) {
+          const int type_line = line_no;
+          if (!word(name) || !word(nb) || !word(nt)) break;
+          if (type.rfind("vknorm.", 0) == 0) {
+            NCNN_LOGE("%s line %d: layer %s is %s, a fused vknorm layer: load this model with vknorm's layers "
+                      "registered (vknorm.graph.Net(), vknorm::ncnn::register_layers)", path.c_str(), type_line,
+                      name.c_str(), type.c_str());
+            return -1;
+          }
+          const int names = count(nb) < 0 || count(nt) < 0 ? -1 : count(nb) + count(nt);
+          for (int i = 0; i < names; ++i)
+            if (!word(skipped)) break;
+          if (names < 0) break;  // ncnn refuses the line
+          line.str(""), line.clear();  // the params
         }
       }
     }

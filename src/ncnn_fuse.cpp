@@ -34,17 +34,27 @@ struct Line {
   bool removed = false;
 };
 
-[[noreturn]] void bad(int line_no, const std::string& what) {
-  std::string said;  // control characters written as \xNN: ncnn's log would end the message at a NUL
-  for (const char c : what) {
-    if (static_cast<unsigned char>(c) >= 0x20 && c != 0x7f) {
-      said += c;
-      continue;
+// A message's text as one line of UTF-8: control characters and bytes that are not UTF-8 written as \xNN
+// (ncnn's log would end the message at a NUL; a reader of the log decodes UTF-8).
+std::string printable(const std::string& what) {
+  static const char hex[] = "0123456789abcdef";
+  std::string said;
+  for (size_t i = 0; i < what.size();) {
+    const auto c = static_cast<unsigned char>(what[i]);
+    const size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c <= 0xdf ? 2 : 1;
+    bool ok = c >= 0x20 && c != 0x7f && (c < 0x80 || n > 1) && i + n <= what.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(what[i + k]) & 0xc0) == 0x80;
+    if (ok) {
+      said.append(what, i, n), i += n;
+    } else {
+      said += std::string("\\x") + hex[c >> 4] + hex[c & 15], ++i;
     }
-    static const char hex[] = "0123456789abcdef";
-    said += std::string("\\x") + hex[static_cast<unsigned char>(c) >> 4] + hex[c & 15];
   }
-  throw std::invalid_argument("line " + std::to_string(line_no) + ": " + said);
+  return said;
+}
+
+[[noreturn]] void bad(int line_no, const std::string& what) {
+  throw std::invalid_argument("line " + std::to_string(line_no) + ": " + printable(what));
 }
 
 int parse_int(const std::string& s, int line_no, const std::string& what) {
@@ -77,17 +87,18 @@ std::vector<std::string> split_ws(const std::string& s) {
   return out;
 }
 
-// Up to n more whitespace-separated words of a line from position `at` (ncnn reads type, name, counts and blob
-// names so, a quote being a character like any other there), appended to `out`; `at` moves past them.
-void header_words(const std::string& s, size_t n, size_t& at, std::vector<std::string>& out) {
+// The next whitespace-separated word of a line from position `at`, appended to `out` (false at the line's end);
+// `at` moves past it. ncnn reads type, name, counts and blob names so (scanf's %s), a quote being a character
+// like any other there, and uses each as a C string: it ends at a NUL.
+bool line_word(const std::string& s, size_t& at, std::vector<std::string>& out) {
   auto space = [&](size_t k) { return std::isspace(static_cast<unsigned char>(s[k])) != 0; };
-  for (; n > 0; --n) {
-    while (at < s.size() && space(at)) ++at;
-    if (at == s.size()) return;
-    const size_t start = at;
-    while (at < s.size() && !space(at)) ++at;
-    out.push_back(s.substr(start, at - start));
-  }
+  while (at < s.size() && space(at)) ++at;
+  if (at == s.size()) return false;
+  const size_t start = at;
+  while (at < s.size() && !space(at)) ++at;
+  const std::string word = s.substr(start, at - start);
+  out.push_back(word.substr(0, word.find('\0')));
+  return true;
 }
 
 constexpr int kInput = -1;  // the producer of a blob the caller fills
@@ -140,9 +151,8 @@ std::vector<Line> parse(const std::string& text) {
   size_t word_at = 0;  // where raw's next word starts
   int word_line = 0;   // the line of the word read last
   auto next_word = [&](std::vector<std::string>& out) {  // appended to out; false at the end of the text
-    for (const size_t had = out.size();; word_at = 0) {
-      header_words(raw, 1, word_at, out);
-      if (out.size() > had) return word_line = line_no, true;
+    for (;; word_at = 0) {
+      if (line_word(raw, word_at, out)) return word_line = line_no, true;
       if (!next_line()) return false;
     }
   };
@@ -157,8 +167,8 @@ std::vector<Line> parse(const std::string& text) {
   };
   std::vector<std::string> header;
   if (!next_word(header) || header[0] != "7767517") {
-    const bool binary = !header.empty() && std::any_of(header[0].begin(), header[0].end(), [](char c) {
-      return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;  // control characters: not text
+    const bool binary = !header.empty() && std::any_of(raw.begin(), raw.end(), [](char c) {  // the word's line
+      return (static_cast<unsigned char>(c) < 0x20 && !std::isspace(static_cast<unsigned char>(c))) || c == 0x7f;
     });
     bad(header.empty() ? 1 : word_line, "expected ncnn's magic number 7767517 (a text .param)" +
                                             std::string(header.empty() ? ", the file is empty"
@@ -166,50 +176,53 @@ std::vector<Line> parse(const std::string& text) {
                                                                   : ", got '" + header[0] + "'"));
   }
   if (!next_word(header)) bad(word_line + 1, "expected 'layer_count blob_count', the file ends after the magic number");
-  const int layer_count = parse_int(header[1], word_line, "a layer count");
+  const int layer_line = word_line;
+  const int layer_count = parse_int(header[1], layer_line, "a layer count");
   if (!next_word(header)) bad(word_line, "expected 'layer_count blob_count'");
-  const int header_line = word_line;
-  const int blob_count = parse_int(header[2], word_line, "a blob count");
+  const int header_line = word_line;  // the blob count's
+  const int blob_count = parse_int(header[2], header_line, "a blob count");
   constexpr int kMaxNetCount = 1000000;  // ncnn's limit on both
-  if (layer_count <= 0 || blob_count <= 0 || layer_count > kMaxNetCount || blob_count > kMaxNetCount)
-    bad(header_line, "the header's layer and blob counts must be 1 to " + std::to_string(kMaxNetCount) +
-                         " (ncnn refuses others), got " + header[1] + " and " + header[2]);
+  const bool layers_ok = layer_count > 0 && layer_count <= kMaxNetCount;
+  if (!layers_ok || blob_count <= 0 || blob_count > kMaxNetCount)
+    bad(layers_ok ? header_line : layer_line, "the header's layer and blob counts must be 1 to " +
+                                                  std::to_string(kMaxNetCount) + " (ncnn refuses others), got " +
+                                                  header[1] + " and " + header[2]);
   std::vector<Line> lines;
   std::vector<std::string> t;
   // ncnn reads the header's count of layers and nothing after them
+  std::vector<int> at;  // the line of each word of t
   while (int(lines.size()) < layer_count && next_word(t = {})) {
     Line l;
     l.line_no = word_line;
+    at = {word_line};
     const std::string first_line = trimmed(raw);
-    while (t.size() < 4 && next_word(t)) {
-    }
+    while (t.size() < 4 && next_word(t)) at.push_back(word_line);
     if (t.size() < 4) bad(l.line_no, "expected 'type name bottom_count top_count ...', got '" + first_line + "'");
     l.type = t[0], l.name = t[1];
-    const int nb = parse_int(t[2], l.line_no, "layer " + l.name + "'s bottom count");
-    const int nt = parse_int(t[3], l.line_no, "layer " + l.name + "'s top count");
-    while (nb >= 0 && nt >= 0 && t.size() < 4 + size_t(nb) + size_t(nt) && next_word(t)) {
-    }
+    const int nb = parse_int(t[2], at[2], "layer " + l.name + "'s bottom count");
+    const int nt = parse_int(t[3], at[3], "layer " + l.name + "'s top count");
+    while (nb >= 0 && nt >= 0 && t.size() < 4 + size_t(nb) + size_t(nt) && next_word(t)) at.push_back(word_line);
     if (nb < 0 || nt < 0 || t.size() < 4 + size_t(nb) + size_t(nt))
-      bad(l.line_no, "layer " + l.name + " names fewer blobs than its counts " + t[2] + " and " + t[3]);
+      bad(nb < 0 ? at[2] : nt < 0 ? at[3] : word_line,
+          "layer " + l.name + " names fewer blobs than its counts " + t[2] + " and " + t[3]);
     for (size_t k = 0; k < t.size(); ++k)  // ncnn reads each with %255s and refuses a longer one
       if (k != 2 && k != 3 && t[k].size() > 255) {
         const std::string whose = k == 1 ? "a layer" : "layer '" + l.name.substr(0, 40) + (l.name.size() > 40 ? "'..." : "'");
-        bad(l.line_no, whose + ": its " + (k == 0 ? "type" : k == 1 ? "name" : "blob name") + " '" +
-                           t[k].substr(0, 40) + "'... is " + std::to_string(t[k].size()) +
-                           " characters; ncnn reads at most 255");
+        bad(at[k], whose + ": its " + (k == 0 ? "type" : k == 1 ? "name" : "blob name") + " '" + t[k].substr(0, 40) +
+                       "'... is " + std::to_string(t[k].size()) + " characters; ncnn reads at most 255");
       }
     l.bottoms.assign(t.begin() + 4, t.begin() + 4 + nb);
     l.tops.assign(t.begin() + 4 + nb, t.begin() + 4 + nb + nt);
     l.params = split_ws(rest_of_line());
-    for (const std::string& p : l.params)
+    for (const std::string& p : l.params)  // (on the line of the layer's last word)
       if (p.find('=') == std::string::npos || p.front() == '=')
-        bad(l.line_no, "layer " + l.name + ": param '" + p + "' is not id=value");
+        bad(word_line, "layer " + l.name + ": param '" + p + "' is not id=value");
     l.pos = double(lines.size());
     lines.push_back(std::move(l));
   }
   if (int(lines.size()) < layer_count)
-    bad(header_line, "the header says " + std::to_string(layer_count) + " layers, the file has " +
-                         std::to_string(lines.size()));
+    bad(layer_line, "the header says " + std::to_string(layer_count) + " layers, the file has " +
+                        std::to_string(lines.size()));
   // ncnn gives every top a blob of its own (a name used again included), and a bottom no earlier layer produced
   // one too; it refuses a model with more blobs than the header declares (fewer are left unused).
   if (const std::vector<BlobOf> blobs = blobs_of(pointers(lines)); blobs.size() > size_t(std::max(blob_count, 0))) {

@@ -571,6 +571,11 @@ def test_norm_output_with_two_readers_keeps_its_activation():
     ("7767517\nabc\n\n2\n", "line 2: expected a layer count, got 'abc'"),
     ("7767517\n2\n\n\n\n", "line 2: expected 'layer_count blob_count'"),
     ("7767517\n1 1\nInput in0 0 99999999999999999999 a\n", "line 3: expected layer in0's top count"),
+    ("7767517\n-1\n3\n", "line 2: the header's layer and blob counts must be 1 to 1000000"),
+    ("7767517\n4\n3\nInput in0 0 1 a\n", "line 2: the header says 4 layers, the file has 1"),
+    # a layer's words over lines: the line of the word at fault
+    ("7767517\n2 2\nInput in0 0 1 a\nConvolution conv_0\n-1 1 a b 0=8\n", "line 5: layer conv_0 names fewer blobs"),
+    ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln 1 1\na y junk\n", "line 5: layer ln: param 'junk' is not id=value"),
 ])
 def test_malformed_param_names_the_line(text, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
@@ -1386,8 +1391,42 @@ def test_a_nul_ends_a_layers_params_and_control_characters_are_escaped_in_messag
     A control character in a message is written as \\xNN, one line a log shows whole."""
     text = (DATA / "transformer_block.ncnn.param").read_text()
     assert fuse(text.replace(LN_3 + " 1=1.000000e-5 2=1", LN_3 + " 1=1.000000e-5 2=1\0junk 7=x"))[1] == fuse(text)[1]
+    # a word is a C string too: ln_3's top "3\0zz" is blob 3, and no NUL reaches the text ncnn loads
+    named = fuse(text.replace(LN_3, LN_3.replace(" 2 3 ", " 2 3\0zz ")))
+    assert named == fuse(text) and "\0" not in named[0]
     with pytest.raises(ValueError, match=re.escape("line 4: layer ln: param '\\x01junk\\x1b' is not id=value")):
         fuse("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln 1 1 a y \x01junk\x1b\n")
+
+
+
+@needs_graph
+def test_the_rewrites_messages_are_utf8_with_other_bytes_escaped(tmp_path):
+    """ncnn takes any bytes in a .param; the rewrite's message about one quotes the word, a byte that is not UTF-8
+    written as \\xNN, so a log read as UTF-8 (Python's stderr) decodes it; UTF-8 names stay as they are."""
+    path = tmp_path / "latin1.param"
+    path.write_bytes(b"7767517\n2 2\nInput in0 0 1 a\nLayerNorm caf\xc3\xa9 1 x\xe9 a y 0=8\n")
+    code = "import sys\nfrom vknorm import graph\nprint(graph.configure(graph.Net(), vulkan=False).load_param(sys.argv[1]))\n"
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.stdout == "-1\n", proc.stdout + proc.stderr
+    assert "line 4: expected layer caf\u00e9's top count, got 'x\\xe9'" in proc.stderr, proc.stderr
+
+@needs_graph
+def test_a_stock_net_refuses_fused_layers_by_their_type_not_by_a_word_that_starts_a_line():
+    """A stock net (vknorm=False) names a fused layer type where it meets one, read as ncnn reads the text: a blob
+    named vknorm.t that starts a line, a layer's words running over lines, is a blob (it had been refused as a
+    fused layer); a fused layer on the header's line is found."""
+    from vknorm import graph
+    from vknorm._stdio import quiet_stderr
+
+    wrapped = "7767517\n3 3\nInput in0 0 1 a\nLayerNorm ln 1 1 a\nvknorm.t 0=64 1=1e-5 2=0\nReLU r 1 1 vknorm.t out0\n"
+    for kw in ({"vknorm": False}, {"fuse": False}, {}):
+        net = graph.configure(graph.Net(**kw), vulkan=False)
+        assert net.load_param_mem(wrapped) == 0, kw
+    fused = "7767517 2 2 Input in0 0 1 a\nvknorm.LayerNorm ln 1 1 a out0 0=64 1=1e-5 2=0\n"
+    logs = []
+    with quiet_stderr(logs):
+        assert graph.configure(graph.Net(vknorm=False), vulkan=False).load_param_mem(fused) == -1
+    assert any("line 2: layer ln is vknorm.LayerNorm, a fused vknorm layer" in ln for ln in logs), logs
 
 @needs_graph
 @pytest.mark.parametrize("form", TEXT_FORMS)

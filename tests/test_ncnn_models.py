@@ -398,6 +398,10 @@ def test_a_worker_killed_outright_is_named_as_likely_out_of_memory_not_as_a_shap
     # the header's word at fault, wherever its lines break
     ("7767517\nabc\n\n2\n", "line 2: garbled .param: expected 'layer_count blob_count', got 'abc 2'"),
     ("7767517\n2\n\n\n\n", "line 2: garbled .param: expected 'layer_count blob_count', got '2'"),
+    ("7767517\n2000000 3\n", "line 2: garbled .param: the header's layer and blob counts must be 1 to 1000000"),
+    ("7767517\n4\n3\nInput in0 0 1 a\n", "line 2: garbled or truncated .param: the header says 4 layers"),
+    # a layer's words over lines: the line of the word at fault
+    ("7767517\n2 2\nInput in0 0 1 a\nConvolution conv_0\n-1 1 a b 0=8\n", "line 5: garbled layer line"),
 ])
 def test_the_model_reader_refuses_a_garbled_header_or_count_in_one_line(tmp_path, text, message):
     path = tmp_path / "m.param"

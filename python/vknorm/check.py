@@ -225,9 +225,9 @@ class Model:
 # space, U+2028) are part of a name there, and only \r and \n end a line.
 _C_SPACE = " \t\n\v\f\r"
 _C_LINES = re.compile(r"\r\n|[\r\n]")
-_C_WORDS = re.compile(r"[ \t\v\f]+")
 _TOKEN = re.compile(r'[^\s=]+="[^"]*(?:"\S*|$)|\S+', re.ASCII)
-# A bottom or top count as ncnn's scan reads it (a sign allowed; -0 is 0), at most its max_net_count (1000000)
+_MAX_NET_COUNT = 1000000  # ncnn's limit on the header's counts and a layer's bottom and top counts
+# A bottom or top count as ncnn's scan reads it (a sign allowed; -0 is 0), at most _MAX_NET_COUNT
 _COUNT = re.compile(r"\+?0*(?:[0-9]{1,6}|1000000)|-0+")
 
 
@@ -385,20 +385,29 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
                   where)
     header_line = header[1][0]
     layer_count, blob_count = int(header[0][1]), int(header[1][1])
+    if max(layer_count, blob_count) > _MAX_NET_COUNT:
+        raise bad(f"garbled .param: the header's layer and blob counts must be 1 to {_MAX_NET_COUNT} (ncnn refuses "
+                  f"others), got {layer_count} and {blob_count}", header_line)
     produced: Dict[str, str] = {}
     layers: List[Layer] = []
     names = set()
     for k in range(layer_count):  # ncnn reads the header's count of layers and nothing after them
         first = words.next()
         if first is None:
-            raise bad(f"garbled or truncated .param: the header says {layer_count} layers, the file has {k} layer lines")
+            raise bad(f"garbled or truncated .param: the header says {layer_count} layers, the file has {k} layer "
+                      "lines", header[0][0])
         n, line_text = first[0], words.line_text()
-        head = [w for _, w in [first] + [w for w in (words.next() for _ in range(3)) if w is not None]]
-        if len(head) < 4 or not _COUNT.fullmatch(head[2]) or not _COUNT.fullmatch(head[3]):
-            raise bad(f"garbled layer line (expected 'type name bottom_count top_count ...'): {line_text[:60]!r}", n)
+        read = [first] + [w for w in (words.next() for _ in range(3)) if w is not None]
+        head = [w for _, w in read]
+        wrong = next((line for line, w in read[2:] if not _COUNT.fullmatch(w)), None)
+        if len(head) < 4 or wrong:
+            raise bad(f"garbled layer line (expected 'type name bottom_count top_count ...'): {line_text[:60]!r}",
+                      wrong or n)
         nb, nt = int(head[2]), int(head[3])
         blobs: List[str] = []
+        params_line = n  # where the params are: the line of the layer's last word
         while len(blobs) < nb + nt and (w := words.next()) is not None:
+            params_line = w[0]
             blobs.append(w[1])
         # type, name, counts and blob names, then the params: the rest of the line the last of those is on
         tok = head + blobs + _TOKEN.findall(words.rest_of_line())
@@ -420,7 +429,7 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
             pm = _PARAM.fullmatch(p)
             if not pm:
                 raise bad(f"garbled layer {name!r}: {p[:30]!r} is not a blob name or an id=value param "
-                          f"(blob counts {nb} {nt} do not match the names?)", n)
+                          f"(blob counts {nb} {nt} do not match the names?)", params_line)
             params[int(pm.group(1))] = pm.group(2)
         if name in names:
             raise bad(f"layer name {name!r} used twice", n)
