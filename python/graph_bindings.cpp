@@ -952,17 +952,18 @@ struct Net {
         }
         return true;
       };
-      auto count = [](const std::string& w) {  // a layer's count as ncnn reads it; -1 where it refuses it
+      auto number = [](const std::string& w) -> long {  // as ncnn reads the magic number and counts; -1: refused
         try {
           size_t used = 0;
           const long v = std::stol(w, &used);
-          return used == w.size() && v >= 0 && v <= 1000000 ? int(v) : -1;
+          return used == w.size() && w.size() <= 31 && !std::isspace(static_cast<unsigned char>(w[0])) ? v : -1;
         } catch (const std::exception&) {
           return -1;
         }
       };
+      auto count = [&](const std::string& w) { return number(w) <= 1000000 ? int(number(w)) : -1; };
       std::string magic, layers, blobs, type, name, nb, nt, skipped;
-      if (word(magic) && magic == "7767517" && word(layers) && word(blobs)) {
+      if (word(magic) && number(magic) == 7767517 && word(layers) && word(blobs)) {
         for (int k = count(layers); k > 0 && word(type); --k) {
           const int type_line = line_no;
           if (!word(name) || !word(nb) || !word(nt)) break;

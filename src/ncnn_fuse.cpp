@@ -57,14 +57,25 @@ std::string printable(const std::string& what) {
   throw std::invalid_argument("line " + std::to_string(line_no) + ": " + printable(what));
 }
 
+// A number as ncnn's load_param reads the magic number and the counts (scan_net_value): a sign, then digits
+// (+5, -0, 007), at most 31 characters, within int.
+bool net_value(const std::string& s, int& value) {
+  if (s.size() > 31) return false;
+  const size_t digits = s[0] == '+' || s[0] == '-' ? 1 : 0;
+  if (s.size() == digits || s.find_first_not_of("0123456789", digits) != std::string::npos) return false;
+  long long v = 0;
+  for (size_t k = digits; k < s.size(); ++k)
+    if ((v = v * 10 + (s[k] - '0')) > 2147483648LL) return false;
+  if (s[0] == '-') v = -v;
+  if (v > 2147483647LL) return false;
+  value = int(v);
+  return true;
+}
+
 int parse_int(const std::string& s, int line_no, const std::string& what) {
-  try {
-    size_t used = 0;
-    const int v = std::stoi(s, &used);
-    if (used == s.size()) return v;
-  } catch (const std::exception&) {
-  }
-  bad(line_no, "expected " + what + ", got '" + s + "'");
+  int v = 0;
+  if (!net_value(s, v)) bad(line_no, "expected " + what + ", got '" + s + "'");
+  return v;
 }
 
 // Whitespace-separated tokens, as ncnn reads a line's params; a param value that starts with a double quote (a
@@ -166,7 +177,8 @@ std::vector<Line> parse(const std::string& text) {
     return first == std::string::npos ? std::string() : s.substr(first, s.find_last_not_of(" \t\n\v\f") + 1 - first);
   };
   std::vector<std::string> header;
-  if (!next_word(header) || header[0] != "7767517") {
+  int magic = 0;
+  if (!next_word(header) || !net_value(header[0], magic) || magic != 7767517) {
     const bool binary = !header.empty() && std::any_of(raw.begin(), raw.end(), [](char c) {  // the word's line
       return (static_cast<unsigned char>(c) < 0x20 && !std::isspace(static_cast<unsigned char>(c))) || c == 0x7f;
     });
@@ -617,9 +629,12 @@ int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<Fused
     if (f.bad()) {  // a directory (libstdc++: badbit at its first read), or a read error
       unreadable = true;
     } else {
-      const size_t first = size_t(std::find_if_not(text.begin(), text.end(), space) - text.begin());
-      if (first < text.size() && text.size() - first > 7) {
-        magic_first = text.compare(first, 7, "7767517") == 0 && space(text[first + 7]);
+      // the first word, once it ends here or is longer than ncnn reads a number (31 characters)
+      const auto first = std::find_if_not(text.begin(), text.end(), space);
+      const auto end = std::find_if(first, text.end(), space);
+      if (first != text.end() && (end != text.end() || end - first > 31)) {
+        int magic = 0;
+        magic_first = net_value(std::string(first, end), magic) && magic == 7767517;
         break;
       }
       if (!f) break;  // the end of the file: all of it is read

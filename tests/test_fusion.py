@@ -572,6 +572,9 @@ def test_norm_output_with_two_readers_keeps_its_activation():
     ("7767517\n2\n\n\n\n", "line 2: expected 'layer_count blob_count'"),
     ("7767517\n1 1\nInput in0 0 99999999999999999999 a\n", "line 3: expected layer in0's top count"),
     ("7767517\n-1\n3\n", "line 2: the header's layer and blob counts must be 1 to 1000000"),
+    # ncnn reads a number's word with %31s and refuses a longer one, leading zeros or not
+    ("0" * 25 + "7767517\n", "line 1: expected ncnn's magic number 7767517 (a text .param), got '0000"),
+    ("7767517\n" + "0" * 31 + "1 1\nInput in0 0 1 a\n", "line 2: expected a layer count, got '0000"),
     ("7767517\n4\n3\nInput in0 0 1 a\n", "line 2: the header says 4 layers, the file has 1"),
     # a layer's words over lines: the line of the word at fault
     ("7767517\n2 2\nInput in0 0 1 a\nConvolution conv_0\n-1 1 a b 0=8\n", "line 5: layer conv_0 names fewer blobs"),
@@ -1379,6 +1382,8 @@ TEXT_FORMS = {  # transformer_block (magic, "12 14", then a layer a line) writte
     "first_layer_on_the_header_line": lambda t: t.replace("7767517\n12 14\n", "7767517 12 14 "),
     "plus_counts": lambda t: t.replace("12 14\n", "+12 +14\n").replace("0 1 in0", "+0 +1 in0", 1),
     "minus_zero_count": lambda t: t.replace("0 1 in0", "-0 1 in0", 1),
+    # numbers as ncnn's scan reads them: a sign, leading zeros, up to 31 characters
+    "magic_and_counts_as_numbers": lambda t: t.replace("7767517\n12 14\n", "+07767517\n" + "0" * 29 + "12 +14\n"),
     # a layer's words over lines; its params are the rest of the line its last blob name is on
     "layer_words_over_lines": lambda t: t.replace(LN_3, "LayerNorm ln_3\n1\n\n1 2\r3 0=64"),
 }

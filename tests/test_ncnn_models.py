@@ -399,6 +399,9 @@ def test_a_worker_killed_outright_is_named_as_likely_out_of_memory_not_as_a_shap
     ("7767517\nabc\n\n2\n", "line 2: garbled .param: expected 'layer_count blob_count', got 'abc 2'"),
     ("7767517\n2\n\n\n\n", "line 2: garbled .param: expected 'layer_count blob_count', got '2'"),
     ("7767517\n2000000 3\n", "line 2: garbled .param: the header's layer and blob counts must be 1 to 1000000"),
+    # ncnn reads a number's word with %31s and refuses a longer one, leading zeros or not
+    ("0" * 25 + "7767517\n1 1\n", "line 1: not an ncnn .param (it must start with the magic number 7767517)"),
+    ("7767517\n1 1\nInput in0 0 " + "0" * 31 + "1 a\n", "line 3: garbled layer line"),
     ("7767517\n4\n3\nInput in0 0 1 a\n", "line 2: garbled or truncated .param: the header says 4 layers"),
     # a layer's words over lines: the line of the word at fault
     ("7767517\n2 2\nInput in0 0 1 a\nConvolution conv_0\n-1 1 a b 0=8\n", "line 5: garbled layer line"),

@@ -227,8 +227,22 @@ _C_SPACE = " \t\n\v\f\r"
 _C_LINES = re.compile(r"\r\n|[\r\n]")
 _TOKEN = re.compile(r'[^\s=]+="[^"]*(?:"\S*|$)|\S+', re.ASCII)
 _MAX_NET_COUNT = 1000000  # ncnn's limit on the header's counts and a layer's bottom and top counts
-# A bottom or top count as ncnn's scan reads it (a sign allowed; -0 is 0), at most _MAX_NET_COUNT
-_COUNT = re.compile(r"\+?0*(?:[0-9]{1,6}|1000000)|-0+")
+_NET_VALUE_MAX_CHARS = 31  # ncnn reads a number's word with %31s and refuses a longer one
+
+
+def _net_value(word: str) -> Optional[int]:
+    """A number as ncnn's load_param reads the magic number and the counts (a sign, then digits: +5, -0, 007; at
+    most 31 characters, within int), None where it refuses the word."""
+    if len(word) > _NET_VALUE_MAX_CHARS or not re.fullmatch(r"[+-]?[0-9]+", word, re.ASCII):
+        return None
+    value = int(word)
+    return value if -2 ** 31 <= value < 2 ** 31 else None
+
+
+def _count(word: str) -> Optional[int]:
+    """A layer's bottom or top count as ncnn takes it (0 to _MAX_NET_COUNT), None otherwise."""
+    value = _net_value(word)
+    return value if value is not None and 0 <= value <= _MAX_NET_COUNT else None
 
 
 class _Words:
@@ -303,12 +317,14 @@ PARAM_HEAD_BYTES = 64
 
 
 def _starts_as_text_param(head: bytes) -> Optional[bool]:
-    """Whether a .param's first bytes begin with ncnn's magic number as a token of its own; None while they
-    hold too little of the first token to tell."""
-    text, magic = head.lstrip(), str(MAGIC).encode()
-    if len(text) <= len(magic):
-        return None if magic.startswith(text) else False
-    return text.startswith(magic) and text[len(magic):len(magic) + 1].isspace()
+    """Whether a .param's first bytes begin with ncnn's magic number as a word of its own (7767517, or as ncnn
+    reads that number: +7767517, 007767517); None while they hold too little of the first word to tell."""
+    text = head.lstrip()
+    word = re.match(rb"[^ \t\n\v\f\r]*", text).group()
+    if len(word) == len(text) and len(word) <= _NET_VALUE_MAX_CHARS:  # the word may go on past these bytes
+        digits = re.fullmatch(rb"[+-]?0*([0-9]*)", word)
+        return None if digits and b"7767517".startswith(digits.group(1)) else False
+    return _net_value(word.decode("latin-1")) == MAGIC
 
 
 def _read_file(path: str, what: str, head_check=None) -> bytes:
@@ -373,21 +389,22 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
         raise bad("not an ncnn text .param (binary data)")
     words = _Words(text)
     magic = words.next()
-    if magic is None or magic[1] != str(MAGIC):
+    if magic is None or _net_value(magic[1]) != MAGIC:
         raise bad(f"not an ncnn .param (it must start with the magic number {MAGIC})", magic[0] if magic else 1)
     header = [words.next(), words.next()]
     if header[0] is None:
         raise bad("garbled .param: no 'layer_count blob_count' line after the magic number")
     read = [h for h in header if h is not None]
-    if len(read) < 2 or not all(re.fullmatch(r"\+?[0-9]+", w) for _, w in read) or int(read[0][1]) < 1:
-        where = next((n for n, w in read if not re.fullmatch(r"\+?[1-9][0-9]*", w)), read[-1][0])
+    if len(read) < 2 or any(_net_value(w) is None for _, w in read):
+        where = next((n for n, w in read if _net_value(w) is None), read[-1][0])
         raise bad(f"garbled .param: expected 'layer_count blob_count', got {' '.join(w for _, w in read)[:40]!r}",
                   where)
     header_line = header[1][0]
-    layer_count, blob_count = int(header[0][1]), int(header[1][1])
-    if max(layer_count, blob_count) > _MAX_NET_COUNT:
+    layer_count, blob_count = _net_value(header[0][1]), _net_value(header[1][1])
+    out_of_range = [n for (n, _), v in zip(header, (layer_count, blob_count)) if not 1 <= v <= _MAX_NET_COUNT]
+    if out_of_range:
         raise bad(f"garbled .param: the header's layer and blob counts must be 1 to {_MAX_NET_COUNT} (ncnn refuses "
-                  f"others), got {layer_count} and {blob_count}", header_line)
+                  f"others), got {layer_count} and {blob_count}", out_of_range[0])
     produced: Dict[str, str] = {}
     layers: List[Layer] = []
     names = set()
@@ -399,11 +416,11 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
         n, line_text = first[0], words.line_text()
         read = [first] + [w for w in (words.next() for _ in range(3)) if w is not None]
         head = [w for _, w in read]
-        wrong = next((line for line, w in read[2:] if not _COUNT.fullmatch(w)), None)
+        wrong = next((line for line, w in read[2:] if _count(w) is None), None)
         if len(head) < 4 or wrong:
             raise bad(f"garbled layer line (expected 'type name bottom_count top_count ...'): {line_text[:60]!r}",
                       wrong or n)
-        nb, nt = int(head[2]), int(head[3])
+        nb, nt = _count(head[2]), _count(head[3])
         blobs: List[str] = []
         params_line = n  # where the params are: the line of the layer's last word
         while len(blobs) < nb + nt and (w := words.next()) is not None:
