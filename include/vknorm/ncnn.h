@@ -78,9 +78,11 @@ struct FuseResult {
 // the last wins); a layer whose params ncnn would read otherwise than as those values (a float for an int, an
 // array), or not at all, a layer writing a blob name another top already took, and an add reading an input (a
 // bottom no earlier layer produces) whose name a top between the add and the norm takes, are left as they are.
-// Anything else is left as it is. The file is read as ncnn's load_param reads it: the header's count of layers and
-// nothing after them, and a bottom that no earlier layer produces is an input of its own (ncnn makes it a blob
-// that Extractor::input fills). Throws std::invalid_argument naming the line on a malformed .param, on header
+// Anything else is left as it is. The file is read as ncnn's load_param reads it: words across line breaks (the
+// magic number and counts, each layer's type, name, counts and blob names; a word ends at a NUL), a layer's params
+// the rest of its last word's line, numbers as ncnn scans them (a sign, leading zeros, at most 31 characters), the
+// header's count of layers and nothing after them, and a bottom that no earlier layer produces is an input of its
+// own (ncnn makes it a blob that Extractor::input fills). Throws std::invalid_argument naming the line on a malformed .param, on header
 // counts ncnn refuses (outside 1..1000000), on fewer layer lines than the header declares, or on a header
 // declaring fewer blobs than the layers make (ncnn's count: one per top and one per such input).
 FuseResult fuse_param(const std::string& param_text);
