@@ -1354,6 +1354,19 @@ def test_loading_the_weights_as_the_param_is_refused_from_their_first_bytes(tmp_
         proc.stderr
 
 
+
+def loads_in_each_net(param, binp):
+    """"load <load_param> <load_model> <patterns fused>" in a fused, an unfused and a stock vknorm.graph net on the
+    CPU, in a process of its own (ncnn's log kept from the test's)."""
+    code = ("import sys\nfrom vknorm import graph\n"
+            "for kw in ({}, {'fuse': False}, {'vknorm': False}):\n"
+            "    net = graph.configure(graph.Net(**kw), vulkan=False)\n"
+            "    print('load', net.load_param(sys.argv[1]), net.load_model(sys.argv[2]), len(net.fused()), flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(param), str(binp)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.split("\n")[:3]
+
 @needs_graph
 @pytest.mark.parametrize("lead", ["\n" * 58, " " * 63, "\n" * 70, "\f\v\t\r\n"], ids=["58nl", "63sp", "70nl", "fvtrn"])
 def test_a_param_whose_magic_number_comes_after_blank_space_loads_as_ncnn_loads_it(tmp_path, lead):
@@ -1365,13 +1378,7 @@ def test_a_param_whose_magic_number_comes_after_blank_space_loads_as_ncnn_loads_
     lead_p = tmp_path / "lead.param"
     lead_p.write_text(lead + Path(p).read_text())
     assert len(check.parse_param(str(lead_p)).norms) == 3
-    code = ("import sys\nfrom vknorm import graph\n"
-            "for kw in ({}, {'fuse': False}, {'vknorm': False}):\n"
-            "    net = graph.configure(graph.Net(**kw), vulkan=False)\n"
-            "    print('load', net.load_param(sys.argv[1]), net.load_model(sys.argv[2]), flush=True)\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(lead_p), str(b)], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.stdout.split("\n")[:3] == ["load 0 0"] * 3, proc.stdout + proc.stderr
+    assert loads_in_each_net(lead_p, b) == ["load 0 0 2", "load 0 0 0", "load 0 0 0"]
 
 
 
@@ -1452,13 +1459,7 @@ def test_a_param_written_as_ncnn_reads_it_loads_fused_in_every_reader(tmp_path, 
     assert [layer.name for layer in check.parse_param(str(form_p)).layers] == \
         [layer.name for layer in check.parse_param(str(p)).layers]
     assert fuse(written)[1] == fuse(text)[1] != []
-    code = ("import sys\nfrom vknorm import graph\n"
-            "for kw in ({}, {'fuse': False}, {'vknorm': False}):\n"
-            "    net = graph.configure(graph.Net(**kw), vulkan=False)\n"
-            "    print('load', net.load_param(sys.argv[1]), net.load_model(sys.argv[2]), len(net.fused()), flush=True)\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(form_p), str(b)], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.stdout.split("\n")[:3] == ["load 0 0 2", "load 0 0 0", "load 0 0 0"], proc.stdout + proc.stderr
+    assert loads_in_each_net(form_p, b) == ["load 0 0 2", "load 0 0 0", "load 0 0 0"]
     out = tmp_path / "out.param"
     opt = subprocess.run([sys.executable, "-m", "vknorm", "optimize", str(form_p), str(b), str(out),
                           str(tmp_path / "out.bin")], capture_output=True, text=True, timeout=120)
