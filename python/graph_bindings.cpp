@@ -23,7 +23,6 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>  // std::shared_lock
-#include <iomanip>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -932,56 +931,25 @@ struct Net {
     if (fuse)
       return text ? vknorm::ncnn::load_param_mem_fused(net, text->c_str(), &fused, &unfused_blobs)
                   : vknorm::ncnn::load_param_fused(net, path.c_str(), &fused, &unfused_blobs);
-    if (!vknorm) {  // a fused model in a stock net: say what it needs (ncnn would say "not exists or registered")
-      std::ifstream file;
-      std::istringstream mem;
-      std::istream* in = text ? static_cast<std::istream*>(&(mem = std::istringstream(*text)))
-                              : static_cast<std::istream*>(&(file = std::ifstream(path)));
-      // Read as ncnn reads it: words across line breaks (the magic number, the counts, each layer's type, name,
-      // counts and blob names), a layer's params the rest of its last word's line. A text .param's lines are
-      // short: the scan ends at a line past 64 KiB, or at a first word that is not the magic number (the weights
-      // given as the .param: ncnn's load_param refuses them from their first bytes), instead of reading such a
-      // file whole.
-      std::vector<char> buffer(1 << 16);
-      std::istringstream line;
-      int line_no = 0;
-      auto word = [&](std::string& w) {
-        while (!(line >> std::setw(256) >> w)) {
-          if (!in->getline(buffer.data(), std::streamsize(buffer.size()))) return false;
-          ++line_no, line.clear(), line.str(buffer.data());
-        }
-        return true;
-      };
-      auto number = [](const std::string& w) -> long {  // as ncnn reads the magic number and counts; -1: refused
-        try {
-          size_t used = 0;
-          const long v = std::stol(w, &used);
-          return used == w.size() && w.size() <= 31 && !std::isspace(static_cast<unsigned char>(w[0])) ? v : -1;
-        } catch (const std::exception&) {
+    const int ret = text ? net.load_param_mem(text->c_str()) : net.load_param(path.c_str());
+    // A bottom named by an empty word (a NUL at its start) finds the next blob ncnn makes: a layer reading its own
+    // output or a later layer's, on which ncnn's forward crashes.
+    for (size_t i = 0; ret == 0 && i < net.layers().size(); ++i)
+      for (const int b : net.layers()[i]->bottoms)
+        if (net.blobs()[b].producer >= int(i)) {
+          NCNN_LOGE("%s: layer %s reads blob %s, which it or a later layer makes (a blob name that starts with a NUL "
+                    "byte?)", path.c_str(), net.layers()[i]->name.c_str(), net.blobs()[b].name.c_str());
+          net.clear();
           return -1;
         }
-      };
-      auto count = [&](const std::string& w) { return number(w) <= 1000000 ? int(number(w)) : -1; };
-      std::string magic, layers, blobs, type, name, nb, nt, skipped;
-      if (word(magic) && number(magic) == 7767517 && word(layers) && word(blobs)) {
-        for (int k = count(layers); k > 0 && word(type); --k) {
-          const int type_line = line_no;
-          if (!word(name) || !word(nb) || !word(nt)) break;
-          if (type.rfind("vknorm.", 0) == 0) {
-            NCNN_LOGE("%s line %d: layer %s is %s, a fused vknorm layer: load this model with vknorm's layers "
-                      "registered (vknorm.graph.Net(), vknorm::ncnn::register_layers)", path.c_str(), type_line,
-                      name.c_str(), type.c_str());
-            return -1;
-          }
-          const int names = count(nb) < 0 || count(nt) < 0 ? -1 : count(nb) + count(nt);
-          for (int i = 0; i < names; ++i)
-            if (!word(skipped)) break;
-          if (names < 0) break;  // ncnn refuses the line
-          line.str(""), line.clear();  // the params
-        }
-      }
+    if (ret != 0 && !vknorm) {  // a fused model in a stock net: say what it needs ("not exists or registered")
+      const std::string layer = text ? vknorm::ncnn::first_fused_layer(*text)
+                                     : vknorm::ncnn::first_fused_layer_in_file(path.c_str());
+      if (!layer.empty())
+        NCNN_LOGE("%s %s, a fused vknorm layer: load this model with vknorm's layers registered (vknorm.graph.Net(), "
+                  "vknorm::ncnn::register_layers)", path.c_str(), layer.c_str());
     }
-    return text ? net.load_param_mem(text->c_str()) : net.load_param(path.c_str());
+    return ret;
   }
   ForkSafe<::ncnn::Net> owned_net{new ::ncnn::Net};
   ::ncnn::Net& net = *owned_net;

@@ -34,16 +34,22 @@ struct Line {
   bool removed = false;
 };
 
-// A message's text as one line of UTF-8: control characters and bytes that are not UTF-8 written as \xNN
-// (ncnn's log would end the message at a NUL; a reader of the log decodes UTF-8).
+// A message's text as one line of UTF-8: control characters (C0, C1, U+2028/9, which end a line for some readers)
+// and bytes that are not UTF-8 written as \xNN (ncnn's log would end the message at a NUL; a reader of the log
+// decodes UTF-8).
 std::string printable(const std::string& what) {
   static const char hex[] = "0123456789abcdef";
+  auto byte = [&](size_t k) { return k < what.size() ? static_cast<unsigned char>(what[k]) : 0u; };
   std::string said;
   for (size_t i = 0; i < what.size();) {
-    const auto c = static_cast<unsigned char>(what[i]);
-    const size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c <= 0xdf ? 2 : 1;
-    bool ok = c >= 0x20 && c != 0x7f && (c < 0x80 || n > 1) && i + n <= what.size();
-    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(what[i + k]) & 0xc0) == 0x80;
+    const unsigned c = byte(i);
+    const size_t n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+    unsigned cp = n == 1 ? c : c & (0x7f >> n);
+    bool ok = n == 1 ? c >= 0x20 && c < 0x7f : i + n <= what.size();  // (a lone continuation byte: not UTF-8)
+    for (size_t k = 1; ok && k < n; ++k) ok = (byte(i + k) & 0xc0) == 0x80, cp = cp << 6 | (byte(i + k) & 0x3f);
+    static const unsigned least[] = {0, 0, 0x80, 0x800, 0x10000};  // below these: an overlong form
+    ok = ok && (n == 1 || (cp >= least[n] && cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff) &&
+                           (cp < 0x80 || cp > 0x9f) && cp != 0x2028 && cp != 0x2029));
     if (ok) {
       said.append(what, i, n), i += n;
     } else {
@@ -163,7 +169,11 @@ std::vector<Line> parse(const std::string& text) {
   int word_line = 0;   // the line of the word read last
   auto next_word = [&](std::vector<std::string>& out) {  // appended to out; false at the end of the text
     for (;; word_at = 0) {
-      if (line_word(raw, word_at, out)) return word_line = line_no, true;
+      if (line_word(raw, word_at, out)) {
+        if (out.back().empty())  // ncnn would take an empty name, which finds blobs not yet made
+          bad(line_no, "a word starts with a NUL byte (an empty name to ncnn)");
+        return word_line = line_no, true;
+      }
       if (!next_line()) return false;
     }
   };
@@ -213,6 +223,10 @@ std::vector<Line> parse(const std::string& text) {
     l.type = t[0], l.name = t[1];
     const int nb = parse_int(t[2], at[2], "layer " + l.name + "'s bottom count");
     const int nt = parse_int(t[3], at[3], "layer " + l.name + "'s top count");
+    for (const int k : {2, 3})  // ncnn's limit
+      if (const int n = k == 2 ? nb : nt; n > kMaxNetCount)
+        bad(at[k], "layer " + l.name + "'s " + (k == 2 ? "bottom" : "top") + " count " + t[k] + ": ncnn takes at most " +
+                       std::to_string(kMaxNetCount));
     while (nb >= 0 && nt >= 0 && t.size() < 4 + size_t(nb) + size_t(nt) && next_word(t)) at.push_back(word_line);
     if (nb < 0 || nt < 0 || t.size() < 4 + size_t(nb) + size_t(nt))
       bad(nb < 0 ? at[2] : nt < 0 ? at[3] : word_line,
@@ -608,18 +622,12 @@ int load_fused_text(::ncnn::Net& net, const std::string& text, const char* origi
 }
 }  // namespace
 
-int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<FusedPattern>* fused,
-                     std::vector<std::string>* blobs) {
-  if (!param_path) {
-    if (fused) fused->clear();
-    if (blobs) blobs->clear();
-    NCNN_LOGE("vknorm: load_param_fused: no path (null)");
-    return -1;
-  }
+namespace {
+// A .param's text, read in blocks up to its first word and on only where that word is ncnn's magic number: the
+// weights given as the .param are refused from their first bytes (text then holds those), not read whole. False
+// where the file cannot be read.
+bool read_param_file(const char* param_path, std::string& text) {
   std::ifstream f(param_path, std::ios::binary);
-  // Blocks up to the first token's first 8 bytes, and the rest only where that token is ncnn's magic number:
-  // the weights given as the .param are refused from their first bytes, not read whole.
-  std::string text;
   bool unreadable = !f.is_open(), magic_first = true;
   auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
   while (!unreadable) {
@@ -633,8 +641,9 @@ int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<Fused
       const auto first = std::find_if_not(text.begin(), text.end(), space);
       const auto end = std::find_if(first, text.end(), space);
       if (first != text.end() && (end != text.end() || end - first > 31)) {
+        const std::string word(first, end);
         int magic = 0;
-        magic_first = net_value(std::string(first, end), magic) && magic == 7767517;
+        magic_first = net_value(word.substr(0, word.find('\0')), magic) && magic == 7767517;
         break;
       }
       if (!f) break;  // the end of the file: all of it is read
@@ -647,13 +656,41 @@ int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<Fused
       unreadable = true;
     }
   }
-  if (unreadable) {
+  return !unreadable;
+}
+}  // namespace
+
+int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<FusedPattern>* fused,
+                     std::vector<std::string>* blobs) {
+  if (!param_path) {
+    if (fused) fused->clear();
+    if (blobs) blobs->clear();
+    NCNN_LOGE("vknorm: load_param_fused: no path (null)");
+    return -1;
+  }
+  std::string text;
+  if (!read_param_file(param_path, text)) {
     if (fused) fused->clear();
     if (blobs) blobs->clear();
     NCNN_LOGE("vknorm: cannot read %s", param_path);
     return -1;
   }
   return load_fused_text(net, text, param_path, fused, blobs);
+}
+
+std::string first_fused_layer(const std::string& param_text) {
+  try {
+    for (const Line& l : parse(param_text))
+      if (l.type.rfind("vknorm.", 0) == 0)
+        return "line " + std::to_string(l.line_no) + ": layer " + printable(l.name) + " is " + printable(l.type);
+  } catch (const std::invalid_argument&) {  // not a .param ncnn reads
+  }
+  return "";
+}
+
+std::string first_fused_layer_in_file(const char* param_path) {
+  std::string text;
+  return param_path && read_param_file(param_path, text) ? first_fused_layer(text) : "";
 }
 
 int load_param_mem_fused(::ncnn::Net& net, const char* param_text, std::vector<FusedPattern>* fused,

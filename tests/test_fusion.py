@@ -579,6 +579,10 @@ def test_norm_output_with_two_readers_keeps_its_activation():
     # a layer's words over lines: the line of the word at fault
     ("7767517\n2 2\nInput in0 0 1 a\nConvolution conv_0\n-1 1 a b 0=8\n", "line 5: layer conv_0 names fewer blobs"),
     ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln 1 1\na y junk\n", "line 5: layer ln: param 'junk' is not id=value"),
+    ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm ln 1\n2147483647 a\n", "line 5: layer ln's top count 2147483647: ncnn "
+     "takes at most 1000000"),
+    # a NUL starting a word: an empty name to ncnn, which finds blobs not yet made by it
+    ("7767517\n2 2\nInput in0 0 1 a\nLayerNorm \0ln 1 1 a y\n", "line 4: a word starts with a NUL byte"),
 ])
 def test_malformed_param_names_the_line(text, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
@@ -1416,11 +1420,15 @@ def test_the_rewrites_messages_are_utf8_with_other_bytes_escaped(tmp_path):
     """ncnn takes any bytes in a .param; the rewrite's message about one quotes the word, a byte that is not UTF-8
     written as \\xNN, so a log read as UTF-8 (Python's stderr) decodes it; UTF-8 names stay as they are."""
     path = tmp_path / "latin1.param"
-    path.write_bytes(b"7767517\n2 2\nInput in0 0 1 a\nLayerNorm caf\xc3\xa9 1 x\xe9 a y 0=8\n")
     code = "import sys\nfrom vknorm import graph\nprint(graph.configure(graph.Net(), vulkan=False).load_param(sys.argv[1]))\n"
-    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
-    assert proc.stdout == "-1\n", proc.stdout + proc.stderr
-    assert "line 4: expected layer caf\u00e9's top count, got 'x\\xe9'" in proc.stderr, proc.stderr
+    # Latin-1, a UTF-16 surrogate, U+0085 and U+2028 (line breaks to Python's splitlines): each byte escaped
+    for name, said in ((b"x\xe9", "x\\xe9"), (b"x\xed\xa0\x80", "x\\xed\\xa0\\x80"), (b"x\xc2\x85", "x\\xc2\\x85"),
+                       ("x\u2028".encode(), "x\\xe2\\x80\\xa8")):
+        path.write_bytes(b"7767517\n2 2\nInput in0 0 1 a\nLayerNorm caf\xc3\xa9 1 " + name + b" a y 0=8\n")
+        proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+        assert proc.stdout == "-1\n", proc.stdout + proc.stderr
+        lines = [ln for ln in proc.stderr.splitlines() if "vknorm" in ln]
+        assert len(lines) == 1 and f"line 4: expected layer caf\u00e9's top count, got '{said}'" in lines[0], proc.stderr
 
 @needs_graph
 def test_a_stock_net_refuses_fused_layers_by_their_type_not_by_a_word_that_starts_a_line():
@@ -1434,11 +1442,29 @@ def test_a_stock_net_refuses_fused_layers_by_their_type_not_by_a_word_that_start
     for kw in ({"vknorm": False}, {"fuse": False}, {}):
         net = graph.configure(graph.Net(**kw), vulkan=False)
         assert net.load_param_mem(wrapped) == 0, kw
-    fused = "7767517 2 2 Input in0 0 1 a\nvknorm.LayerNorm ln 1 1 a out0 0=64 1=1e-5 2=0\n"
-    logs = []
-    with quiet_stderr(logs):
-        assert graph.configure(graph.Net(vknorm=False), vulkan=False).load_param_mem(fused) == -1
-    assert any("line 2: layer ln is vknorm.LayerNorm, a fused vknorm layer" in ln for ln in logs), logs
+    for fused in ("7767517 2 2 Input in0 0 1 a\nvknorm.LayerNorm ln 1 1 a out0 0=64 1=1e-5 2=0\n",
+                  "7767517\r2 2\rInput in0 0 1 a\r\rvknorm.LayerNorm ln 1 1 a out0 0=64 1=1e-5 2=0\r"):  # (CR ends lines)
+        logs = []
+        with quiet_stderr(logs):
+            assert graph.configure(graph.Net(vknorm=False), vulkan=False).load_param_mem(fused) == -1
+        line = fused.replace("\r", "\n").split("\n").index("vknorm.LayerNorm ln 1 1 a out0 0=64 1=1e-5 2=0") + 1
+        assert any(f"line {line}: layer ln is vknorm.LayerNorm, a fused vknorm layer" in ln for ln in logs), logs
+
+
+@needs_graph
+def test_a_blob_name_that_starts_with_a_nul_is_refused_at_load_not_a_crash(tmp_path):
+    """ncnn reads a bottom named by a word that starts with a NUL as an empty name, which finds the next blob it
+    makes: the layer then reads its own output, and ncnn's forward crashes (SIGSEGV, pyncnn too). vknorm.graph's
+    nets refuse such a model at load_param, fused (the rewrite refuses the word) or not (the graph is checked)."""
+    path = tmp_path / "nul.param"
+    path.write_bytes(b"7767517\n3 3\nInput in0 0 1 in0\nReLU r 1 1 \0in0 1\nLayerNorm ln 1 1 1 out0 0=8 1=1e-5 2=0\n")
+    code = ("import sys\nfrom vknorm import graph\n"
+            "for kw in ({}, {'fuse': False}, {'vknorm': False}):\n"
+            "    print(graph.configure(graph.Net(**kw), vulkan=False).load_param(sys.argv[1]), flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["-1"] * 3, proc.stdout + proc.stderr
+    assert "line 4: a word starts with a NUL byte" in proc.stderr, proc.stderr
+    assert proc.stderr.count("layer r reads blob 1, which it or a later layer makes") == 2, proc.stderr
 
 @needs_graph
 @pytest.mark.parametrize("form", TEXT_FORMS)

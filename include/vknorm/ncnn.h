@@ -94,6 +94,11 @@ int load_param_fused(::ncnn::Net& net, const char* param_path, std::vector<Fused
 // The same for .param text already in memory (ncnn's load_param_mem: an Android asset, an embedded model).
 int load_param_mem_fused(::ncnn::Net& net, const char* param_text, std::vector<FusedPattern>* fused = nullptr,
                          std::vector<std::string>* blobs = nullptr);
+// Why a net without vknorm's layers registered cannot load a model vknorm optimize wrote: its first layer of a
+// fused type (vknorm.*), read as ncnn reads the .param, as "line N: layer NAME is TYPE" (characters a log line
+// cannot hold written as \xNN); "" where it has none or does not read as a .param.
+std::string first_fused_layer(const std::string& param_text);
+std::string first_fused_layer_in_file(const char* param_path);
 
 // How vknorm layers ran. In a Vulkan net every forward is recorded on the GPU: cpu_forwards stays 0 (no
 // host round trip). pipelines counts ncnn::Pipeline objects created (a new one only for a new variant: kernel,
