@@ -210,9 +210,9 @@ std::vector<Line> parse(const std::string& text) {
                                                   std::to_string(kMaxNetCount) + " (ncnn refuses others), got " +
                                                   header[1] + " and " + header[2]);
   std::vector<Line> lines;
-  std::vector<std::string> t;
+  std::vector<std::string> t;  // a layer's words: type, name, counts, blob names
+  std::vector<int> at;         // the line of each
   // ncnn reads the header's count of layers and nothing after them
-  std::vector<int> at;  // the line of each word of t
   while (int(lines.size()) < layer_count && next_word(t = {})) {
     Line l;
     l.line_no = word_line;

@@ -82,9 +82,10 @@ struct FuseResult {
 // magic number and counts, each layer's type, name, counts and blob names; a word ends at a NUL), a layer's params
 // the rest of its last word's line, numbers as ncnn scans them (a sign, leading zeros, at most 31 characters), the
 // header's count of layers and nothing after them, and a bottom that no earlier layer produces is an input of its
-// own (ncnn makes it a blob that Extractor::input fills). Throws std::invalid_argument naming the line on a malformed .param, on header
-// counts ncnn refuses (outside 1..1000000), on fewer layer lines than the header declares, or on a header
-// declaring fewer blobs than the layers make (ncnn's count: one per top and one per such input).
+// own (ncnn makes it a blob that Extractor::input fills). Throws std::invalid_argument naming the line on a
+// malformed .param, on header counts ncnn refuses (outside 1..1000000), on fewer layers than the header declares,
+// on a header declaring fewer blobs than the layers make (ncnn's count: one per top and one per such input), or on
+// a word that starts with a NUL (an empty name to ncnn).
 FuseResult fuse_param(const std::string& param_text);
 // Reads `param_path`, fuses it and loads it into `net` (register_layers first). Returns ncnn's
 // load_param code, -1 when the file cannot be read or parsed (logged); `fused` receives what was fused and

@@ -226,6 +226,8 @@ class Model:
 _C_SPACE = " \t\n\v\f\r"
 _C_LINES = re.compile(r"\r\n|[\r\n]")
 _TOKEN = re.compile(r'[^\s=]+="[^"]*(?:"\S*|$)|\S+', re.ASCII)
+_PARAM = re.compile(r'([-+]?[0-9]+)=(.+)', re.S)  # ids as ncnn reads them (%d: "+0" and "00" are 0)
+_NAME_MAX = 255  # ncnn's longest layer type, layer name and blob name
 _MAX_NET_COUNT = 1000000  # ncnn's limit on the header's counts and a layer's bottom and top counts
 _NET_VALUE_MAX_CHARS = 31  # ncnn reads a number's word with %31s and refuses a longer one
 
@@ -273,8 +275,7 @@ class _Words:
         rest = self.lines[self.i][self.at:] if self.i < len(self.lines) else ""
         self.i, self.at = self.i + 1, 0
         return rest
-_PARAM = re.compile(r'([-+]?[0-9]+)=(.+)', re.S)  # ids as ncnn reads them (%d: "+0" and "00" are 0)
-_NAME_MAX = 255  # ncnn's longest layer type, layer name and blob name
+
 
 
 def _require_regular(path: str, mode: int, what: str) -> None:
