@@ -17,13 +17,11 @@
 #include <cstdlib>
 #include <condition_variable>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>  // std::shared_lock
-#include <sstream>
 #include <stdexcept>
 #include <unordered_map>
 

@@ -481,7 +481,8 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
                 raise bad(f"{type_} {name!r}: {e}", n) from None
         layers.append(Layer(type_, name, bottoms, tops, params, n, norm))
     if len(produced) > blob_count:
-        raise bad(f"garbled .param: the header says {blob_count} blobs, the layers produce {len(produced)}", header_line)
+        raise bad(f"garbled .param: the header says {blob_count} blobs, the layers produce {len(produced)}",
+                  header_line)
     return Model(path, text, layers)
 
 
@@ -1020,29 +1021,37 @@ def _graph_extract(graph, net, inputs: dict, blobs: List[str], label: str) -> di
     return out
 
 
+def stock_cpu_reference(graph, cpu, model: Model, bin_path: str, nbytes: int, inputs: dict, blobs: List[str]) -> dict:
+    """Stock ncnn's CPU run of the inputs on `cpu` (a vknorm.graph net, lightmode off), `blobs` extracted, judged as
+    check judges it: the same run in a net of its own, loaded beside `cpu` (fresh blob memory: a read past a blob
+    finds other bytes than the first run's) and gone after, must give every blob bit for bit again
+    (require_repeatable), and every norm's input must hold some finite value (_require_finite_norm_inputs). Either
+    failing means --input shapes the model does not take: UsageError."""
+    ref = _graph_extract(graph, cpu, inputs, blobs, "ncnn CPU")
+    again = _graph_load(graph, model, bin_path, nbytes, vknorm=False, vulkan=False, fp16=False, label="ncnn CPU, again")
+    try:
+        require_repeatable(ref, _graph_extract(graph, again, inputs, blobs, "ncnn CPU, again"), inputs)
+    finally:
+        with quiet_stderr():
+            again.clear()
+    _require_finite_norm_inputs(model, ref, inputs)
+    return ref
+
+
 def refuse_unrepeatable_stock_run(model: Model, bin_path: str, nbytes: int, inputs: dict) -> None:
-    """What check refuses to judge, bench --model refuses to time: stock ncnn's CPU layers run the inputs in two nets
-    at once (fresh blob memory: a read past a blob finds other bytes than the first run's) and must give every blob
-    a norm reads or writes, and every output, bit for bit again (require_repeatable), with some finite value in
-    every norm's input (_require_finite_norm_inputs). Either failing means --input shapes the model does not take:
-    UsageError."""
+    """What check refuses to judge, bench --model refuses to time: stock_cpu_reference of every blob a norm reads or
+    writes and every output (UsageError)."""
     from . import graph
     from ._fork import SHAPES, stage
 
     stage("stock ncnn's CPU runs", SHAPES)
-    nets = []
+    cpu = _graph_load(graph, model, bin_path, nbytes, vknorm=False, vulkan=False, fp16=False, label="ncnn CPU")
     try:
-        for label in ("ncnn CPU", "ncnn CPU, again"):
-            nets.append(_graph_load(graph, model, bin_path, nbytes, vknorm=False, vulkan=False, fp16=False,
-                                    label=label))
-        blobs = [b for layer in model.norms for b in (layer.bottoms[0], layer.tops[0])] + list(nets[0].output_names())
-        ref = _graph_extract(graph, nets[0], inputs, blobs, "ncnn CPU")
-        require_repeatable(ref, _graph_extract(graph, nets[1], inputs, blobs, "ncnn CPU, again"), inputs)
-        _require_finite_norm_inputs(model, ref, inputs)
+        blobs = [b for layer in model.norms for b in (layer.bottoms[0], layer.tops[0])] + list(cpu.output_names())
+        stock_cpu_reference(graph, cpu, model, bin_path, nbytes, inputs, blobs)
     finally:
         with quiet_stderr():
-            for net in nets:
-                net.clear()
+            cpu.clear()
 
 
 def refuse_norm_channel_mismatch(model: Model, bin_path: str, nbytes: int, inputs: dict) -> None:
@@ -1469,16 +1478,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
                                    + [layer.tops[0] for layer in model.norms]))
         refuse_norm_channel_mismatch(model, bin_path, len(data), inputs)
         stage("stock ncnn's CPU run")
-        ref = _graph_extract(graph, cpu, inputs, blobs, "ncnn CPU")
-        # again in a net of its own, as the check without --vulkan does, gone before the next net loads
-        again = _graph_load(graph, model, bin_path, len(data), vknorm=False, vulkan=False, fp16=False,
-                            label="ncnn CPU, again")
-        try:
-            require_repeatable(ref, _graph_extract(graph, again, inputs, blobs, "ncnn CPU, again"), inputs)
-        finally:
-            with quiet_stderr():
-                again.clear()
-        _require_finite_norm_inputs(model, ref, inputs)
+        ref = stock_cpu_reference(graph, cpu, model, bin_path, len(data), inputs, blobs)
         result["warnings"] += _nonfinite_warnings(ref, [layer.tops[0] for layer in model.norms] + outputs)
         stage("stock ncnn's Vulkan load", LOADING)
         stock = _graph_load(graph, model, bin_path, len(data), vknorm=False, vulkan=True, fp16=fp16,
