@@ -166,6 +166,11 @@ std::vector<int> ints(const nb::tuple& shape) {
 // A switch as pyncnn (pybind11) takes one: True/False, numpy's bool, or an integer 0 or 1 (nanobind's bool takes
 // the first only, so Option.use_vulkan_compute = 1 was an error that named no field). Anything else is refused,
 // naming what was set.
+// ncnn ignores a negative kv-cache hint; 0 is its default (no hint).
+void check_seqlen_hint(int hint, const char* what) {
+  if (hint < 0) throw std::invalid_argument(std::string(what) + ": expected 0 (no hint) or a token count, got " + std::to_string(hint));
+}
+
 bool as_switch(nb::handle v, const std::string& what) {
   if (v.ptr() == Py_True || v.ptr() == Py_False) return v.ptr() == Py_True;
   const nb::handle type = v.type();
@@ -1153,6 +1158,37 @@ struct Extractor {
   Extractor(Extractor&&) = default;
 };
 
+// ncnn's kv-cache form (SDPA or MultiHeadAttention with kv_cache on): three tops (the output, then the key and value
+// caches) and the past caches read as the last two bottoms. A decoder's first step gives those past caches empty.
+bool is_kv_cache_layer(const ::ncnn::Layer& layer) {
+  return (layer.type == "SDPA" || layer.type == "MultiHeadAttention") && layer.tops.size() == 3 &&
+         layer.bottoms.size() >= 3;
+}
+
+// Whether blob b is read, and only as a past cache: the one place ncnn's layers take an empty blob.
+bool read_as_past_cache_only(const ::ncnn::Net& net, int b) {
+  bool read = false;
+  for (const ::ncnn::Layer* layer : net.layers())
+    for (size_t i = 0; i < layer->bottoms.size(); ++i) {
+      if (layer->bottoms[i] != b) continue;
+      if (!is_kv_cache_layer(*layer) || i + 2 < layer->bottoms.size()) return false;
+      read = true;
+    }
+  return read;
+}
+
+// Whether the blob `name` finds is a cache a kv-cache layer made. On the CPU it is in ncnn's own layout (x86 packs
+// the keys in panels; its capacity past h is room for the next tokens, which ncnn appends in place): it goes back to
+// the caller as made, to be given to the next step's input() as it is.
+bool is_kv_cache_output(const ::ncnn::Net& net, const std::string& name) {
+  const int b = vknorm::ncnn::blob_index(net, name.c_str());
+  if (b < 0) return false;
+  const int p = net.blobs()[size_t(b)].producer;
+  if (p < 0 || p >= int(net.layers().size())) return false;
+  const ::ncnn::Layer& layer = *net.layers()[size_t(p)];
+  return is_kv_cache_layer(layer) && (layer.tops[1] == b || layer.tops[2] == b);
+}
+
 // The input blob (an Input's, or one no layer makes) that `name` depends on and that input() did not set, or "". ncnn's stock layers crash on the
 // empty blob an input left unset becomes (SIGFPE, SIGSEGV); ncnn's CPU net returns -100 there.
 std::string missing_input(const ::ncnn::Net& net, const HeldBlobs& held, const std::string& name) {
@@ -1232,8 +1268,10 @@ auto holding(Extractor& e, F&& f) {
 int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
   check_vulkan_process(e.opt);
   if (e.stale("input")) return -1;
-  if (in.empty()) {  // ncnn takes it, and its stock layers crash on the empty blob
-    NCNN_LOGE("vknorm.graph: Extractor.input %s: the Mat is empty", name.c_str());
+  // ncnn takes any empty Mat, and its stock layers crash on the empty blob; only its kv-cache layers read one
+  if (in.empty() && !read_as_past_cache_only(e.owner->net, vknorm::ncnn::blob_index(e.owner->net, name.c_str()))) {
+    NCNN_LOGE("vknorm.graph: Extractor.input %s: the Mat is empty (an empty Mat is taken only for a blob read as a "
+              "past kv cache alone, by an SDPA or MultiHeadAttention with kv_cache on)", name.c_str());
     return -1;
   }
   if (int r = reserve_upload(e, in)) return r;
@@ -1242,7 +1280,7 @@ int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
   // layer would write into the caller's Mat), or a Mat that counts no references.
   const bool view = dynamic_cast<const HeldMemory*>(in.allocator) != nullptr;
   const ::ncnn::Mat owned = in.refcount && !view ? in : in.clone();
-  if (owned.empty()) throw std::bad_alloc();
+  if (owned.empty() && !in.empty()) throw std::bad_alloc();
   const int r = e.ex->input(name.c_str(), owned);
   if (r != 0) return r;
   e.held.give(e.owner->net, name);
@@ -1283,7 +1321,7 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
     r = -1;
   } else {
     r = e.allocators ? extract_reserving_download(e, name, out) : e.ex->extract(name.c_str(), out);
-    if (r == 0 && out.empty()) {  // ncnn's success with nothing in it
+    if (r == 0 && out.empty() && !e.held.given(e.owner->net, name)) {  // ncnn's success with nothing in it (not given so)
       NCNN_LOGE("vknorm.graph: extract %s: ncnn produced an empty blob", name.c_str());
       r = -1;
     }
@@ -1297,8 +1335,10 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
   // An output in this extractor's own memory is copied out: it outlives the extractor. So is one shared with
   // anything else (an input blob is the caller's own Mat): the result is the caller's alone, as pyncnn's.
   // Inside the lock: freeing into this extractor's pool races with another thread's extract.
-  if (r == 0 && (out.allocator == e.host_blobs.get() || out.allocator == e.host_workspace.get() ||
-                 (out.refcount && *out.refcount > 1)))
+  // A kv cache a host layer made is the exception: not in this extractor's memory (ncnn's kvcache_allocator, unset,
+  // is malloc), nothing in the graph reads it, and a copy would lose ncnn's layout of it (is_kv_cache_output).
+  const bool ours = out.allocator == e.host_blobs.get() || out.allocator == e.host_workspace.get();
+  if (r == 0 && (ours || (out.refcount && *out.refcount > 1 && !is_kv_cache_output(e.owner->net, name))))
     out = out.clone();
   return std::make_tuple(r, out);
 }
@@ -1462,7 +1502,13 @@ NB_MODULE(_graph, m) {
   auto option = nb::class_<::ncnn::Option>(m, "Option");
   option.def(nb::init<>())
       .def_rw("num_threads", &::ncnn::Option::num_threads)
-      .def_rw("openmp_blocktime", &::ncnn::Option::openmp_blocktime);
+      .def_rw("openmp_blocktime", &::ncnn::Option::openmp_blocktime)
+      .def_prop_rw(
+          "kvcache_max_seqlen_hint", [](const ::ncnn::Option& o) { return o.kvcache_max_seqlen_hint; },
+          [](::ncnn::Option& o, int hint) {
+            check_seqlen_hint(hint, "Option.kvcache_max_seqlen_hint");
+            o.kvcache_max_seqlen_hint = hint;
+          });
   const std::pair<const char*, bool ::ncnn::Option::*> switches[] = {
       {"lightmode", &::ncnn::Option::lightmode},
       {"use_vulkan_compute", &::ncnn::Option::use_vulkan_compute},
@@ -1821,6 +1867,16 @@ NB_MODULE(_graph, m) {
              e.opt.lightmode = enable;
            },
            "enable"_a.none())
+      // ncnn's: room for this many tokens in a kv cache a host layer makes first (0: ncnn's own growth)
+      .def("set_kvcache_max_seqlen_hint",
+           [](Extractor& e, int hint) {
+             check_seqlen_hint(hint, "Extractor.set_kvcache_max_seqlen_hint");
+             ReleaseGil release;
+             std::lock_guard<std::mutex> lock(*e.mutex);
+             e.ex->set_kvcache_max_seqlen_hint(hint);
+             e.opt.kvcache_max_seqlen_hint = hint;
+           },
+           "max_seqlen_hint"_a)
       .def("__enter__", [](Extractor& e) -> Extractor& { return e; }, nb::rv_policy::reference)
       .def("__exit__", [](Extractor& e, nb::args) { extractor_clear(e); })
       .def("clear", &extractor_clear);

@@ -189,4 +189,6 @@ def crashed_running(model: str, specs: dict) -> Callable[..., str]:
 
 def input_flags(specs: dict) -> str:
     """--input NAME=DIMS ... as the user typed them (for messages)."""
-    return " ".join(f"--input {k}={'x'.join(map(str, v))}" for k, v in specs.items())
+    from .check import dims_text
+
+    return " ".join(f"--input {k}={dims_text(v)}" for k, v in specs.items())

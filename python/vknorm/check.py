@@ -74,7 +74,10 @@ ATOL_VULKAN_FP16 = ATOL_FP16  # the former name of the --vulkan default; one rul
 MAGIC = 7767517
 MAX_INPUT_ELEMENTS = 1 << 28  # 1 GiB of float32 per input: anything larger is a typo
 
-_DIMS_HELP = "DIMS in numpy/pnnx order without batch: 197x192 (h x w), 96x28x28 (c x h x w), 4x3x5x8 (c x d x h x w), 64 (w)"
+_DIMS_HELP = ("DIMS in numpy/pnnx order without batch: 197x192 (h x w), 96x28x28 (c x h x w), 4x3x5x8 (c x d x h x w), "
+              "64 (w); empty: an empty Mat, a decoder's past kv cache at its first step")
+# --input NAME=empty: an empty Mat, what a decoder's first step gives its past kv caches (dims ())
+EMPTY = "empty"
 
 
 RULE_HELP = (
@@ -145,8 +148,10 @@ class DimsTooLarge(ValueError):
 
 
 def parse_dims(text: str) -> Tuple[int, ...]:
-    """'197x192' -> (197, 192); '96x28x28' -> (96, 28, 28); '64' -> (64,). ValueError when malformed,
-    DimsTooLarge when well formed but past MAX_INPUT_ELEMENTS."""
+    """'197x192' -> (197, 192); '96x28x28' -> (96, 28, 28); '64' -> (64,); 'empty' -> () (an empty Mat).
+    ValueError when malformed, DimsTooLarge when well formed but past MAX_INPUT_ELEMENTS."""
+    if text.strip().lower() == EMPTY:
+        return ()
     parts = text.strip().lower().split("x")
     if not 1 <= len(parts) <= 4 or not all(re.fullmatch(r"[0-9]+", p) for p in parts):
         raise ValueError("expected 1 to 4 positive integers joined by 'x'")
@@ -156,6 +161,25 @@ def parse_dims(text: str) -> Tuple[int, ...]:
     if math.prod(dims) > MAX_INPUT_ELEMENTS:
         raise DimsTooLarge(f"{math.prod(dims)} elements is more than the {MAX_INPUT_ELEMENTS} allowed")
     return dims
+
+
+def dims_text(dims) -> str:
+    """DIMS as typed: 16x64, or empty."""
+    return "x".join(map(str, dims)) if len(dims) else EMPTY
+
+
+def random_inputs(rng, input_specs: Dict[str, Tuple[int, ...]], names: List[str]) -> dict:
+    """Seeded standard-normal float32 inputs of the --input shapes, in the model's input order; an empty input
+    is a float32 array of no elements (input_mat makes it ncnn's empty Mat)."""
+    import numpy as np
+
+    return {name: np.ascontiguousarray(rng.standard_normal(input_specs[name], dtype=np.float32))
+            if input_specs[name] else np.empty((0,), np.float32) for name in names}
+
+
+def input_mat(mat_type, arr):
+    """arr as a Mat of mat_type (pyncnn's or vknorm.graph's), no elements being the empty Mat."""
+    return mat_type(arr) if arr.size else mat_type()
 
 
 def parse_inputs(specs: List[str]) -> Dict[str, Tuple[int, ...]]:
@@ -608,7 +632,7 @@ def _extract(net, inputs: dict, blobs: List[str], label: str, reg=None) -> dict:
         mats = {}
         with quiet_stderr() as captured:
             for name, arr in inputs.items():
-                mats[name] = ncnn.Mat(arr).clone()
+                mats[name] = input_mat(ncnn.Mat, arr).clone()
                 ret = ex.input(name, mats[name])
                 if ret != 0:
                     raise UsageError(f"--input {name}: ncnn refused the input (returned {ret})")
@@ -662,7 +686,7 @@ def _input_shapes(inputs: dict) -> str:
     """The --input flags that made these arrays, as a crash in the forked child names them too."""
     from ._fork import input_flags
 
-    return input_flags({k: v.shape for k, v in inputs.items()})
+    return input_flags({k: v.shape if v.size else () for k, v in inputs.items()})
 
 
 def require_repeatable(ref: dict, again: dict, inputs: dict) -> None:
@@ -712,14 +736,62 @@ def parse_model_inputs(param_path: str, input_specs: Dict[str, Tuple[int, ...]])
     for name in input_specs:
         if name not in model.inputs:
             have = ", ".join(model.inputs) or "none"
-            raise UsageError(f"--input {name}={'x'.join(map(str, input_specs[name]))}: {param_path} has no input "
+            raise UsageError(f"--input {name}={dims_text(input_specs[name])}: {param_path} has no input "
                              f"named {name!r} (its inputs: {have})")
     missing = [name for name in model.inputs if name not in input_specs]
     if missing:
         raise UsageError(f"--input: no shape for the model's input {missing[0]!r}; give --input "
                          f"{missing[0]}=DIMS ({_DIMS_HELP})")
+    _check_past_kv_caches(model, input_specs)
     _check_layers_on_inputs(model, input_specs)
     return model
+
+
+def _is_kv_cache_layer(layer: Layer) -> bool:
+    """ncnn's kv-cache form of SDPA or MultiHeadAttention (kv_cache on): three tops, its output and the two caches
+    it grows, the past caches read as its last two bottoms."""
+    return layer.type in ("SDPA", "MultiHeadAttention") and len(layer.tops) == 3 and len(layer.bottoms) >= 3
+
+
+def kv_cache_outputs(model: Model) -> set:
+    """The kv caches the model's attention layers grow (their second and third tops): on the CPU in ncnn's own layout
+    (x86 packs the keys in panels, their unused slots never written), pyncnn's Vulkan MultiHeadAttention's still
+    packed by 4; a decoder gives them back to its next step as they came, never reads them as values."""
+    return {t for layer in model.layers if _is_kv_cache_layer(layer) for t in layer.tops[1:]}
+
+
+def judged_outputs(model: Model, net) -> List[str]:
+    """The net's outputs less the kv caches it grows (kv_cache_outputs): not values to compare."""
+    caches = kv_cache_outputs(model)
+    return [b for b in net.output_names() if b not in caches]
+
+
+def past_kv_caches(model: Model) -> Dict[str, Layer]:
+    """The blobs read only as a past kv cache (_is_kv_cache_layer), by the layer reading them."""
+    readers: Dict[str, List[Tuple[Layer, bool]]] = {}
+    for layer in model.layers:
+        kv = _is_kv_cache_layer(layer)
+        for i, b in enumerate(layer.bottoms):
+            readers.setdefault(b, []).append((layer, kv and i >= len(layer.bottoms) - 2))
+    return {b: r[0][0] for b, r in readers.items() if all(as_past for _, as_past in r)}
+
+
+def _check_past_kv_caches(model: Model, input_specs: Dict[str, Tuple[int, ...]]) -> None:
+    """An empty input only where ncnn's kv-cache layer reads it as its past (any other layer crashes on it), and
+    a past kv cache only empty: ncnn lays a cache out its own way (on x86 the keys in panels, read past the rows a
+    random array has), so the one a tool can give is a decoder's first step's (UsageError otherwise)."""
+    past = past_kv_caches(model)
+    for name, dims in input_specs.items():
+        if not dims and name not in past:
+            readers = [layer for layer in model.layers if name in layer.bottoms]
+            by = f"{readers[0].type} {readers[0].name!r} reads it" if readers else "no layer reads it"
+            raise UsageError(f"--input {name}=empty: only a past kv cache may be empty (read alone as one of the last "
+                             f"two inputs of an SDPA or MultiHeadAttention with kv_cache on); {by}")
+        if dims and name in past:
+            layer = past[name]
+            raise UsageError(f"--input {name}={dims_text(dims)}: {layer.type} {layer.name!r} ({model.path} line "
+                             f"{layer.line}) reads it as a past kv cache, which ncnn lays out its own way (an earlier "
+                             f"step's cache, given back as it came); run a decoder's first step: --input {name}=empty")
 
 
 # Layers whose one output has their one input's shape: a norm after them still reads the --input shape.
@@ -860,10 +932,9 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
             except (_core.VulkanUnavailableError, ValueError):
                 result["device"] = "none"
             return result
-        outputs = list(stock.output_names())
+        outputs = judged_outputs(model, stock)
         rng = np.random.default_rng(seed)
-        inputs = {name: np.ascontiguousarray(rng.standard_normal(input_specs[name], dtype=np.float32))
-                  for name in model.inputs}
+        inputs = random_inputs(rng, input_specs, model.inputs)
         norm_blobs = [layer.tops[0] for layer in model.norms]
         seen = list(dict.fromkeys([layer.bottoms[0] for layer in model.norms] + norm_blobs + outputs))
         refuse_norm_channel_mismatch(model, bin_path, len(data), inputs)
@@ -1000,7 +1071,7 @@ def _graph_extract(graph, net, inputs: dict, blobs: List[str], label: str) -> di
     try:
         with quiet_stderr() as captured:
             for name, arr in inputs.items():
-                ret = ex.input(name, graph.Mat(arr))
+                ret = ex.input(name, input_mat(graph.Mat, arr))
                 if ret != 0:
                     raise UsageError(f"--input {name}: ncnn refused the input (returned {ret}, {label} run)")
             for b in blobs:
@@ -1047,7 +1118,7 @@ def refuse_unrepeatable_stock_run(model: Model, bin_path: str, nbytes: int, inpu
     stage("stock ncnn's CPU runs", SHAPES)
     cpu = _graph_load(graph, model, bin_path, nbytes, vknorm=False, vulkan=False, fp16=False, label="ncnn CPU")
     try:
-        blobs = [b for layer in model.norms for b in (layer.bottoms[0], layer.tops[0])] + list(cpu.output_names())
+        blobs = [b for layer in model.norms for b in (layer.bottoms[0], layer.tops[0])] + judged_outputs(model, cpu)
         stock_cpu_reference(graph, cpu, model, bin_path, nbytes, inputs, blobs)
     finally:
         with quiet_stderr():
@@ -1072,7 +1143,7 @@ def refuse_norm_channel_mismatch(model: Model, bin_path: str, nbytes: int, input
     stage(label, SHAPES)
     net = _graph_load(graph, model, bin_path, nbytes, vknorm=True, vulkan=False, fp16=False, label=label)
     try:
-        _graph_extract(graph, net, inputs, list(net.output_names()), label)
+        _graph_extract(graph, net, inputs, judged_outputs(model, net), label)
     finally:
         with quiet_stderr():
             net.clear()
@@ -1093,7 +1164,7 @@ def _time_inferences(graph, nets: Dict[str, object], inputs: dict, outputs: List
         ex = net.create_extractor()
         try:
             for name, x in inputs.items():
-                if ex.input(name, graph.Mat(x)) != 0:
+                if ex.input(name, input_mat(graph.Mat, x)) != 0:
                     raise UsageError(f"--input {name}: ncnn refused the input ({label} timing run)")
             for name in outputs:
                 ret, m = ex.extract(name)
@@ -1458,10 +1529,9 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
         if not model.norms:
             result["note"] = f"{param_path}: no LayerNorm, RMSNorm, GroupNorm or InstanceNorm layers, nothing to check"
             return result
-        outputs = list(cpu.output_names())
+        outputs = judged_outputs(model, cpu)
         rng = np.random.default_rng(seed)  # the same inputs as the check without --vulkan
-        inputs = {name: np.ascontiguousarray(rng.standard_normal(input_specs[name], dtype=np.float32))
-                  for name in model.inputs}
+        inputs = random_inputs(rng, input_specs, model.inputs)
         stage("the load of the net with vknorm inside", LOADING)
         vk = _graph_load(graph, model, bin_path, len(data), vknorm=True, vulkan=True, fp16=fp16,
                          label="vknorm Vulkan", fuse=fuse)
@@ -1625,7 +1695,7 @@ def format_text(result: dict) -> str:
     if "note" in result:
         return result["note"]
     mode = "fp16 storage" if result["fp16"] else "fp32"
-    ins = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in result["inputs"].items())
+    ins = ", ".join(f"{k}={dims_text(v)}" for k, v in result["inputs"].items())
     lines = [f"vknorm check {result['model']} ({ins}; {mode}, seed {result['seed']}, atol {result['atol']:g})", ""]
     fp16 = result["fp16"]
     judged = ("f64_abs_err", "judged_err")
@@ -1665,7 +1735,7 @@ def format_text_vulkan(result: dict) -> str:
         return result["note"]
     fp16 = result["fp16"]
     mode = "fp16 storage" if fp16 else "fp32"
-    ins = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in result["inputs"].items())
+    ins = ", ".join(f"{k}={dims_text(v)}" for k, v in result["inputs"].items())
     lines = [f"vknorm check --vulkan {result['model']} ({ins}; {mode}, seed {result['seed']}, atol {result['atol']:g})",
              "runs: ncnn CPU fp32 (the reference), ncnn Vulkan, ncnn Vulkan with vknorm inside"
              + (" (float16 storage in both Vulkan runs)" if fp16 else "")

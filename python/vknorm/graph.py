@@ -23,8 +23,7 @@ fused), custom Python layers, allocator objects (``allocator=None`` is taken, as
 ``Mat.create`` / ``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1),
 ``Net.vulkan_device``, ``create_layer``, ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
 functions that make other element types or packings (``convert_packing``, ``cast_*``, ``quantize_to_int8``),
-``get_gpu_info`` / ``get_gpu_device`` (``gpu_name(i)``), ``Mat.refcount`` / ``addref``, Mat's batch API, kv-cache
-models (``Extractor.input`` refuses the empty Mats their first step takes, and the kv-cache hint with them), and the
+``get_gpu_info`` / ``get_gpu_device`` (``gpu_name(i)``), ``Mat.refcount`` / ``addref``, Mat's batch API, and the
 convolution tuning flags of ``Option``. A Mat's ``w``, ``h``, ``c``, ... are read-only; an option switch set to None is a
 TypeError (pyncnn takes it as False). ``Net.layers()`` gives ``(name, type, is_vknorm, on_vulkan)``
 tuples, not Layer objects. bfloat16 storage (``opt.use_bf16_storage`` / ``use_bf16_packed``), where the device takes
@@ -55,6 +54,12 @@ vknorm's fused activations follow ncnn's CPU formulas (GELU: erf, or tanh with f
 Vulkan GELU approximates: a fused net and ``Net(fuse=False)`` differ by that (up to ~5e-3 at outputs of ~20 in
 ln_residual_stack), the fused one nearer ncnn's CPU result. So with NaN: a fused ReLU passes it on, as ncnn's CPU
 ReLU does, where ncnn's Vulkan ReLU gives 0.
+
+Decoders with a kv cache run token by token as with pyncnn: an SDPA or MultiHeadAttention with ``7=1`` reads the past
+key and value caches as its last two inputs (empty Mats at the first step: the one place ``input()`` takes an empty
+Mat) and gives the grown caches as its second and third outputs; give them back to the next step's ``input()`` as
+``extract`` returned them (on the CPU they are in ncnn's own layout, not rows to read through numpy).
+``Extractor.set_kvcache_max_seqlen_hint`` and ``Option.kvcache_max_seqlen_hint`` are ncnn's hint.
 
 Light mode (``opt.lightmode``, on by default as in ncnn): each layer frees its inputs once it has run, so an
 extractor gives a blob only until something downstream of it was extracted; extracting it later returns -1 and

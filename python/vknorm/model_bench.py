@@ -76,8 +76,9 @@ def time_rounds(runs: Dict[str, Callable[[], object]], iters: int, warmup_ms: fl
 class ModelRunner:
     """One loaded net and how to run one inference on it."""
 
-    def __init__(self, impl: str, param: str, binp: str, inputs: Dict[str, np.ndarray], fp16: bool):
-        self.impl, self.inputs = impl, inputs
+    def __init__(self, impl: str, param: str, binp: str, inputs: Dict[str, np.ndarray], fp16: bool,
+                 kv_caches: frozenset = frozenset()):
+        self.impl, self.inputs, self.kv_caches = impl, inputs, kv_caches
         if impl == "vknorm-host":
             import ncnn
 
@@ -109,7 +110,7 @@ class ModelRunner:
     def __call__(self) -> Dict[str, np.ndarray]:
         ex = self.net.create_extractor()
         for name, x in self.inputs.items():
-            m = self.mod.Mat(x)
+            m = self.mod.Mat(x) if x.size else self.mod.Mat()  # no elements: a decoder's empty past kv cache
             if self.impl == "vknorm-host":
                 m = m.clone()  # pyncnn's Mat wraps numpy memory; ncnn must own what it consumes
             if ex.input(name, m) != 0:
@@ -119,7 +120,9 @@ class ModelRunner:
             r, m = ex.extract(name)
             if r != 0:
                 raise RuntimeError(f"{self.impl}: extracting {name!r} failed ({r}): check --input shapes")
-            out[name] = np.array(m)
+            # a kv cache is kept as the Mat a decoder gives back to its next step (pyncnn's numpy of a packed one
+            # crashes)
+            out[name] = m if name in self.kv_caches else np.array(m)
         return out
 
 
@@ -141,10 +144,11 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
     from vknorm import graph
 
     rng = np.random.default_rng(seed)
-    inputs = {k: rng.standard_normal(d).astype(np.float32) for k, d in input_dims.items()}
+    inputs = {k: rng.standard_normal(d).astype(np.float32) if d else np.empty((0,), np.float32)
+              for k, d in input_dims.items()}
     from ._stdio import quiet_stderr
-    from .check import (load_failure, parse_param, refuse_norm_channel_mismatch, refuse_unrepeatable_stock_run,
-                        trailing_bytes_warning)
+    from .check import (kv_cache_outputs, load_failure, parse_param, refuse_norm_channel_mismatch,
+                        refuse_unrepeatable_stock_run, trailing_bytes_warning)
 
     def ncnn_reason(step):  # ncnn's device banner and notes silenced; its last line joins a failure's message
         logs: list = []
@@ -165,7 +169,8 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
     for impl in impls:
         stage(f"the load of {impl}", LOADING)
         try:
-            runners.append(ncnn_reason(lambda: ModelRunner(impl, param, binp, inputs, fp16)))
+            runners.append(ncnn_reason(lambda: ModelRunner(impl, param, binp, inputs, fp16,
+                                                           frozenset(kv_cache_outputs(model)))))
         except ImportError as e:
             print(f"vknorm bench: {impl} skipped: {e}", file=sys.stderr)
     finished: List[str] = []
