@@ -163,14 +163,16 @@ std::vector<int> ints(const nb::tuple& shape) {
   return r;
 }
 
+// ncnn ignores a negative kv-cache hint; 0 is its default (no hint).
+void check_seqlen_hint(int hint, const char* what) {
+  if (hint < 0)
+    throw std::invalid_argument(std::string(what) + ": expected 0 (no hint) or a token count, got " +
+                                std::to_string(hint));
+}
+
 // A switch as pyncnn (pybind11) takes one: True/False, numpy's bool, or an integer 0 or 1 (nanobind's bool takes
 // the first only, so Option.use_vulkan_compute = 1 was an error that named no field). Anything else is refused,
 // naming what was set.
-// ncnn ignores a negative kv-cache hint; 0 is its default (no hint).
-void check_seqlen_hint(int hint, const char* what) {
-  if (hint < 0) throw std::invalid_argument(std::string(what) + ": expected 0 (no hint) or a token count, got " + std::to_string(hint));
-}
-
 bool as_switch(nb::handle v, const std::string& what) {
   if (v.ptr() == Py_True || v.ptr() == Py_False) return v.ptr() == Py_True;
   const nb::handle type = v.type();
@@ -1158,28 +1160,38 @@ struct Extractor {
   Extractor(Extractor&&) = default;
 };
 
-// ncnn's kv-cache form (SDPA or MultiHeadAttention with kv_cache on): three tops (the output, then the key and value
-// caches) and the past caches read as the last two bottoms. A decoder's first step gives those past caches empty.
+// ncnn's kv-cache form (SDPA or MultiHeadAttention with 7=1): three tops (the output, then the key and value caches)
+// and the past caches read as the last two bottoms. A decoder's first step gives those past caches empty. ncnn keeps
+// no params after load; these two layers' load_param sets support_batch exactly when kv_cache is on.
 bool is_kv_cache_layer(const ::ncnn::Layer& layer) {
-  return (layer.type == "SDPA" || layer.type == "MultiHeadAttention") && layer.tops.size() == 3 &&
-         layer.bottoms.size() >= 3;
+  return (layer.type == "SDPA" || layer.type == "MultiHeadAttention") && layer.support_batch &&
+         layer.tops.size() == 3 && layer.bottoms.size() >= 3;
 }
 
-// Whether blob b is read, and only as a past cache: the one place ncnn's layers take an empty blob.
-bool read_as_past_cache_only(const ::ncnn::Net& net, int b) {
-  bool read = false;
+// Where a layer runs in this net: ncnn's host layer in a CPU net, or for one it keeps off Vulkan (no Vulkan support,
+// or featmask bit 4), as computed_on_host judges a layer's output.
+bool runs_on_host(const ::ncnn::Layer& layer, bool vulkan_net) {
+  return !vulkan_net || !layer.support_vulkan || (layer.featmask & (1 << 4));
+}
+
+// Which layers read blob b as their past kv cache, when nothing else reads it: the one place ncnn's layers take an
+// empty blob.
+struct PastCacheReaders {
+  bool host = false, device = false;
+  bool any() const { return host || device; }
+};
+PastCacheReaders past_cache_readers(const ::ncnn::Net& net, int b, bool vulkan_net) {
+  PastCacheReaders readers;
   for (const ::ncnn::Layer* layer : net.layers())
     for (size_t i = 0; i < layer->bottoms.size(); ++i) {
       if (layer->bottoms[i] != b) continue;
-      if (!is_kv_cache_layer(*layer) || i + 2 < layer->bottoms.size()) return false;
-      read = true;
+      if (!is_kv_cache_layer(*layer) || i + 2 < layer->bottoms.size()) return {};
+      (runs_on_host(*layer, vulkan_net) ? readers.host : readers.device) = true;
     }
-  return read;
+  return readers;
 }
 
-// Whether the blob `name` finds is a cache a kv-cache layer made. On the CPU it is in ncnn's own layout (x86 packs
-// the keys in panels; its capacity past h is room for the next tokens, which ncnn appends in place): it goes back to
-// the caller as made, to be given to the next step's input() as it is.
+// Whether the blob `name` finds is a cache a kv-cache layer made.
 bool is_kv_cache_output(const ::ncnn::Net& net, const std::string& name) {
   const int b = vknorm::ncnn::blob_index(net, name.c_str());
   if (b < 0) return false;
@@ -1187,6 +1199,77 @@ bool is_kv_cache_output(const ::ncnn::Net& net, const std::string& name) {
   if (p < 0 || p >= int(net.layers().size())) return false;
   const ::ncnn::Layer& layer = *net.layers()[size_t(p)];
   return is_kv_cache_layer(layer) && (layer.tops[1] == b || layer.tops[2] == b);
+}
+
+// The element count from one channel to the next of a Mat of m's shape made plain (ncnn's create).
+size_t plain_cstep(const ::ncnn::Mat& m) {
+  if (m.dims <= 2) return size_t(m.w) * size_t(m.h);
+  return ::ncnn::alignSize(size_t(m.w) * m.h * m.d * m.elemsize, 16) / m.elemsize;
+}
+
+// The kv caches host layers made, as extract handed them out (process-wide: a cache may go on in another CPU net of
+// its model). ncnn keeps such a cache in its own layout (x86 packs the keys in panels; its capacity past h is room for
+// the next tokens) and an SDPA appends the next step's tokens in place: only the Mat extract gave reads right, and
+// only once. Each entry holds a reference; one nothing else holds any more is dropped at the next call.
+class HostKvCaches {
+ public:
+  // extract gave m, a cache a host layer made (a new one, or one grown in place from an earlier step's)
+  void made(const ::ncnn::Mat& m) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    prune();
+    entries_[m.data] = Entry{m, false};
+  }
+  bool known(const ::ncnn::Mat& m) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    prune();
+    return entries_.count(m.data) != 0;
+  }
+  // Why m cannot go on as the past cache a host layer reads ("" when it can; it is then marked as gone on).
+  std::string go_on(const ::ncnn::Mat& m) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    prune();
+    const auto it = entries_.find(m.data);
+    if (it == entries_.end() || it->second.mat.cstep != m.cstep || it->second.mat.w != m.w ||
+        it->second.mat.c != m.c || it->second.mat.elemsize != m.elemsize || m.h > it->second.mat.h)
+      return "a past kv cache read by a host layer must be the Mat an earlier step's extract gave, as it came: ncnn "
+             "keeps it in its own layout (one made from numpy, cloned, or downloaded from a Vulkan net reads as "
+             "garbage)";
+    if (m.h < it->second.mat.h || it->second.gone_on)
+      return "this cache went on to a step already: ncnn appends the next tokens to a CPU cache in place, so it goes "
+             "on once; give the latest step's cache (decode branches in a Vulkan net, whose caches are copies)";
+    it->second.gone_on = true;
+    return "";
+  }
+
+ private:
+  struct Entry {
+    ::ncnn::Mat mat;  // the latest step's header of this memory
+    bool gone_on;     // given to a step since
+  };
+  void prune() {
+    for (auto it = entries_.begin(); it != entries_.end();)
+      it = it->second.mat.refcount && *it->second.mat.refcount == 1 ? entries_.erase(it) : std::next(it);
+  }
+  std::mutex mutex_;
+  std::map<void*, Entry> entries_;
+};
+
+HostKvCaches& host_kv_caches() {
+  static HostKvCaches* caches = new HostKvCaches;  // never destroyed: Mats may be released after static destruction
+  return *caches;
+}
+
+// Why `in` cannot be given for a blob these layers read ("" when it can): an empty Mat anywhere but a past kv cache (stock layers crash
+// on an empty blob), and a past cache of the wrong kind for the layers reading it.
+std::string input_refusal(const ::ncnn::Mat& in, const PastCacheReaders& readers) {
+  if (in.empty())
+    return readers.any() ? "" : "the Mat is empty (an empty Mat is taken only for a blob read as a past kv cache "
+                                "alone, by an SDPA or MultiHeadAttention with kv_cache on)";
+  if (!readers.any()) return "";
+  if (readers.device && (in.cstep != plain_cstep(in) || host_kv_caches().known(in)))
+    return "a kv cache a host layer made (ncnn's own layout) cannot feed a Vulkan layer: a cache goes back to the "
+           "kind of net that made it";
+  return "";
 }
 
 // The input blob (an Input's, or one no layer makes) that `name` depends on and that input() did not set, or "". ncnn's stock layers crash on the
@@ -1268,10 +1351,12 @@ auto holding(Extractor& e, F&& f) {
 int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
   check_vulkan_process(e.opt);
   if (e.stale("input")) return -1;
-  // ncnn takes any empty Mat, and its stock layers crash on the empty blob; only its kv-cache layers read one
-  if (in.empty() && !read_as_past_cache_only(e.owner->net, vknorm::ncnn::blob_index(e.owner->net, name.c_str()))) {
-    NCNN_LOGE("vknorm.graph: Extractor.input %s: the Mat is empty (an empty Mat is taken only for a blob read as a "
-              "past kv cache alone, by an SDPA or MultiHeadAttention with kv_cache on)", name.c_str());
+  const int b = vknorm::ncnn::blob_index(e.owner->net, name.c_str());
+  const PastCacheReaders readers = past_cache_readers(e.owner->net, b, e.allocators != nullptr);
+  std::string why = input_refusal(in, readers);
+  if (why.empty() && readers.host && !in.empty()) why = host_kv_caches().go_on(in);
+  if (!why.empty()) {
+    NCNN_LOGE("vknorm.graph: Extractor.input %s: %s", name.c_str(), why.c_str());
     return -1;
   }
   if (int r = reserve_upload(e, in)) return r;
@@ -1279,7 +1364,10 @@ int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
   // writes it where another reference counts), and copies a view, whose count does not see its Mat's (an in-place
   // layer would write into the caller's Mat), or a Mat that counts no references.
   const bool view = dynamic_cast<const HeldMemory*>(in.allocator) != nullptr;
-  const ::ncnn::Mat owned = in.refcount && !view ? in : in.clone();
+  // ncnn's upload copies cstep x c elements into staging sized by w x h: a Mat padded further than its rows need is
+  // copied plain first, unless a host layer reads it as its past kv cache (ncnn's own layout: nothing uploads it).
+  const bool padded = e.allocators && !readers.host && in.cstep > plain_cstep(in);
+  const ::ncnn::Mat owned = in.refcount && !view && !padded ? in : in.clone();
   if (owned.empty() && !in.empty()) throw std::bad_alloc();
   const int r = e.ex->input(name.c_str(), owned);
   if (r != 0) return r;
@@ -1336,10 +1424,12 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
   // anything else (an input blob is the caller's own Mat): the result is the caller's alone, as pyncnn's.
   // Inside the lock: freeing into this extractor's pool races with another thread's extract.
   // A kv cache a host layer made is the exception: not in this extractor's memory (ncnn's kvcache_allocator, unset,
-  // is malloc), nothing in the graph reads it, and a copy would lose ncnn's layout of it (is_kv_cache_output).
+  // is malloc), nothing in the graph reads it, and a copy would lose ncnn's layout of it (HostKvCaches).
   const bool ours = out.allocator == e.host_blobs.get() || out.allocator == e.host_workspace.get();
-  if (r == 0 && (ours || (out.refcount && *out.refcount > 1 && !is_kv_cache_output(e.owner->net, name))))
-    out = out.clone();
+  const bool host_cache = r == 0 && !ours && !out.empty() && is_kv_cache_output(e.owner->net, name) &&
+                          (!e.allocators || vknorm::ncnn::computed_on_host(e.owner->net, name.c_str()));
+  if (host_cache) host_kv_caches().made(out);
+  if (r == 0 && !host_cache && (ours || (out.refcount && *out.refcount > 1))) out = out.clone();
   return std::make_tuple(r, out);
 }
 

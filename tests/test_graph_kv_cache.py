@@ -49,9 +49,10 @@ def load(tmp_path, attention: str, config: str, net_kind: str):
     return net, w
 
 
-def decode(net, x, steps=STEPS, hint=None) -> list:
-    """Token by token as an ncnn decoder runs: (out0, k_cache, v_cache) of each step, the caches given back."""
-    past_k = past_v = graph.Mat()
+def decode(net, x, steps=STEPS, hint=None, past=None) -> list:
+    """Token by token as an ncnn decoder runs: (out0, k_cache, v_cache) of each step, the caches given back (from
+    `past`, or empty)."""
+    past_k, past_v = past or (graph.Mat(), graph.Mat())
     runs = []
     for start, end in steps:
         ex = net.create_extractor()
@@ -244,3 +245,107 @@ def test_a_past_cache_with_a_shape_or_another_input_empty_is_one_line_and_exit_2
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, (r.returncode, r.stderr)
     line, = r.stderr.strip("\n").split("\n")
     assert line.startswith("vknorm check: error: ") and all(n in line for n in needles), line
+
+
+def first_step(net, x, n: int = 5):
+    """The prompt's step on empty caches: (out0, k_cache, v_cache) Mats."""
+    ex = net.create_extractor()
+    assert ex.input("in0", graph.Mat(x[:n])) == 0 and ex.input("mask", graph.Mat(kd.causal_mask(0, n))) == 0
+    assert ex.input("past_k", graph.Mat()) == 0 and ex.input("past_v", graph.Mat()) == 0
+    outs = [ex.extract(b) for b in ("out0", "k_cache", "v_cache")]
+    assert all(r == 0 for r, _ in outs)
+    return [m for _, m in outs]
+
+
+def refused_past(net, x, past_k, past_v, start: int = 5) -> list:
+    """The next step given these past caches: both refused (-1), the log lines returned."""
+    ex = net.create_extractor()
+    assert ex.input("in0", graph.Mat(x[start:start + 1])) == 0
+    log: list = []
+    with quiet_stderr(log):
+        assert ex.input("past_k", past_k) == -1 and ex.input("past_v", past_v) == -1
+    return log
+
+
+@pytest.mark.parametrize("attention", kd.ATTENTIONS)
+def test_a_cpu_cache_goes_on_once_and_only_as_extract_gave_it(tmp_path, attention):
+    """ncnn keeps a CPU cache in its own layout and appends to it in place: the Mat a step extracted goes to one
+    next step; given again (a branch), cloned, or remade from numpy it would read as garbage, and is refused."""
+    x = tokens()
+    net, _ = load(tmp_path, attention, "cpu", "fused")
+    _, k, v = first_step(net, x)
+    copies = {"cloned": (k.clone(), v.clone()), "from numpy": (graph.Mat(np.array(k)), graph.Mat(np.array(v)))}
+    for what, (ck, cv) in copies.items():
+        log = refused_past(net, x, ck, cv)
+        assert any("must be the Mat an earlier step's extract gave" in line for line in log), (what, log)
+    assert len(decode(net, x, steps=((5, 6),), past=(k, v))) == 1  # the cache goes on
+    log = refused_past(net, x, k, v)  # and not a second time
+    assert any("this cache went on to a step already" in line for line in log), log
+
+
+def test_vulkan_caches_are_copies_so_a_decoder_may_branch(tmp_path):
+    """A Vulkan net's caches are downloaded copies: two steps from one past cache both give the whole sequence's
+    rows for their tokens (within check --vulkan's float32 atol at the outputs' scale)."""
+    x = tokens()
+    y = x.copy()
+    y[5] = -x[5]  # the second branch's next token
+    net, w = load(tmp_path, "sdpa", "vulkan-fp32", "fused")
+    _, k, v = first_step(net, x)
+    for seq in (x, y):
+        want = kd.reference("sdpa", w, seq[:6])
+        (out, _, _), = decode(net, seq, steps=((5, 6),), past=(k, v))
+        assert float(np.abs(out - want[5:6]).max()) <= ATOL["vulkan-fp32"] * max(1.0, float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("attention", kd.ATTENTIONS)
+def test_a_cache_goes_back_to_the_kind_of_net_that_made_it(tmp_path, attention):
+    """A CPU net's cache (padded past its rows, in ncnn's layout) fed to a Vulkan net's attention is refused: ncnn's
+    upload copied the padding past its staging buffer (a heap overflow). A Vulkan net's cache (rows) fed to a CPU
+    net's is refused too: ncnn's CPU layer would read it in its own layout."""
+    x = tokens()
+    cpu, _ = load(tmp_path, attention, "cpu", "fused")
+    vk, _ = load(tmp_path, attention, "vulkan-fp32", "fused")
+    _, ck, cv = first_step(cpu, x)
+    _, vk_k, vk_v = first_step(vk, x)
+    log = refused_past(vk, x, ck, cv)
+    assert any("a kv cache a host layer made (ncnn's own layout) cannot feed a Vulkan layer" in line
+               for line in log), log
+    log = refused_past(cpu, x, vk_k, vk_v)
+    assert any("must be the Mat an earlier step's extract gave" in line for line in log), log
+
+
+def test_a_mat_padded_past_its_rows_is_uploaded_as_its_rows(tmp_path):
+    """A Mat whose channels lie further apart than its rows need (a CPU net's kv cache) given to a Vulkan layer that
+    reads values: uploaded as the rows numpy shows (ncnn's upload alone copied the padding past its staging
+    buffer)."""
+    x = tokens()
+    cpu, _ = load(tmp_path, "sdpa", "cpu", "fused")
+    _, k, _ = first_step(cpu, x)
+    assert k.cstep > k.w * k.h
+    p = tmp_path / "relu.param"
+    p.write_text("7767517\n2 2\nInput x 0 1 x\nReLU relu 1 1 x y\n")
+    net = graph.configure(graph.Net(), vulkan=True)
+    assert net.load_param(str(p)) == 0 and net.load_model(graph.DataReaderFromEmpty()) == 0
+    ex = net.create_extractor()
+    assert ex.input("x", k) == 0
+    r, y = ex.extract("y")
+    assert r == 0 and np.array_equal(np.array(y), np.maximum(np.array(k), 0))
+
+
+def test_an_attention_without_kv_cache_takes_no_empty_mat(tmp_path):
+    """An SDPA with three tops but 7=0 reads no past cache: its last two inputs given empty are refused (ncnn's
+    Vulkan layer divides by their size), by vknorm.graph and by check."""
+    p = tmp_path / "no_kv.param"
+    p.write_text("7767517\n4 6\nInput q 0 1 q\nInput k 0 1 k\nInput v 0 1 v\nSDPA attn 3 3 q k v a kc vc 7=0\n")
+    net = graph.configure(graph.Net(), vulkan=True)
+    assert net.load_param(str(p)) == 0 and net.load_model(graph.DataReaderFromEmpty()) == 0
+    ex = net.create_extractor()
+    log: list = []
+    with quiet_stderr(log):
+        assert ex.input("k", graph.Mat()) == -1 and ex.input("v", graph.Mat()) == -1
+    assert sum("the Mat is empty (an empty Mat is taken only for a blob read as a past kv cache" in line
+               for line in log) == 2, log
+    b = tmp_path / "no_kv.bin"
+    b.write_bytes(b"")
+    r = vknorm_cli("check", p, b, "--input", "q=2x3x16", "--input", "k=empty", "--input", "v=2x3x16")
+    assert r.returncode == 2 and "--input k=empty: only a past kv cache may be empty" in r.stderr, r.stderr

@@ -91,7 +91,8 @@ def add_parser(sub) -> None:
     m = p.add_argument_group("whole models (--model): wall time per inference, stock ncnn beside vknorm")
     m.add_argument("--model", nargs=2, metavar=("MODEL.param", "MODEL.bin"),
                    help="time a whole ncnn model: ncnn-cpu, ncnn-vulkan, vknorm-in-graph, vknorm-fused, vknorm-host")
-    m.add_argument("--input", action="append", metavar="NAME=DIMS", help="a model input, e.g. in0=197x768")
+    m.add_argument("--input", action="append", metavar="NAME=DIMS", help="a model input, e.g. in0=197x768 (as check's "
+                   "--input: numpy order; past_k=empty for a decoder's past kv cache at its first step)")
     m.add_argument("--fp16", action="store_true", help="float16 storage in every net (ncnn's CPU one too)")
     m.add_argument("--iters", type=int, help="timed inferences per implementation (median; default 30)")
     # None until run() fills in the defaults: a flag given at its default value is still a flag given

@@ -748,9 +748,10 @@ def parse_model_inputs(param_path: str, input_specs: Dict[str, Tuple[int, ...]])
 
 
 def _is_kv_cache_layer(layer: Layer) -> bool:
-    """ncnn's kv-cache form of SDPA or MultiHeadAttention (kv_cache on): three tops, its output and the two caches
-    it grows, the past caches read as its last two bottoms."""
-    return layer.type in ("SDPA", "MultiHeadAttention") and len(layer.tops) == 3 and len(layer.bottoms) >= 3
+    """ncnn's kv-cache form of SDPA or MultiHeadAttention (7=1, kv_cache on): three tops, its output and the two
+    caches it grows, the past caches read as its last two bottoms."""
+    return (layer.type in ("SDPA", "MultiHeadAttention") and _int_param(layer, 7, 0) not in (0, None)
+            and len(layer.tops) == 3 and len(layer.bottoms) >= 3)
 
 
 def kv_cache_outputs(model: Model) -> set:

@@ -58,8 +58,10 @@ ReLU does, where ncnn's Vulkan ReLU gives 0.
 Decoders with a kv cache run token by token as with pyncnn: an SDPA or MultiHeadAttention with ``7=1`` reads the past
 key and value caches as its last two inputs (empty Mats at the first step: the one place ``input()`` takes an empty
 Mat) and gives the grown caches as its second and third outputs; give them back to the next step's ``input()`` as
-``extract`` returned them (on the CPU they are in ncnn's own layout, not rows to read through numpy).
-``Extractor.set_kvcache_max_seqlen_hint`` and ``Option.kvcache_max_seqlen_hint`` are ncnn's hint.
+``extract`` returned them, in the kind of net that made them. On the CPU a cache is in ncnn's own layout, handed out
+as made (not a copy) and appended to in place, so it goes on once: given again, cloned, remade from numpy or fed to a
+Vulkan net, it is -1 with a message. A Vulkan net's caches are copies (a decoder may branch from one).
+``Extractor.set_kvcache_max_seqlen_hint`` and ``Option.kvcache_max_seqlen_hint`` are ncnn's hint (CPU caches).
 
 Light mode (``opt.lightmode``, on by default as in ncnn): each layer frees its inputs once it has run, so an
 extractor gives a blob only until something downstream of it was extracted; extracting it later returns -1 and
@@ -105,8 +107,8 @@ values ncnn would ignore are a ValueError), ``__version__``, pyncnn's keyword na
 (``load_param(protopath=)``, ``load_model(modelpath=)``, ``set_vulkan_device(device_index=)``),
 ``Extractor.input`` / ``extract`` by blob index (the model's own numbering, as its .param
 gives it: a fused net resolves an index through the model as written, and one whose blob the rewrite removed gives
--1, as does a blob whose name an earlier blob has: blobs are reached by name, and a name finds its first blob), ``Extractor.set_light_mode`` and ``with`` blocks (leaving one clears the Net or Extractor) work too; ``extract`` gives the blob as float32 (pyncnn's ``type=0``) and always as a
-copy of the caller's own.
+-1, as does a blob whose name an earlier blob has: blobs are reached by name, and a name finds its first blob), ``Extractor.set_light_mode`` and ``with`` blocks (leaving one clears the Net or Extractor) work too; ``extract`` gives the blob as float32 (pyncnn's ``type=0``) and as a
+copy of the caller's own (a CPU kv cache excepted: ncnn's own, above).
 
 Mat functions, as pyncnn's: ``copy_make_border`` / ``copy_make_border_3d`` (``BorderType``: constant, replicate,
 reflect), ``copy_cut_border`` / ``copy_cut_border_3d``, ``resize_nearest`` / ``resize_bilinear`` / ``resize_bicubic``,
