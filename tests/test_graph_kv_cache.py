@@ -317,11 +317,11 @@ def test_a_cache_goes_back_to_the_kind_of_net_that_made_it(tmp_path, attention):
 def test_a_mat_padded_past_its_rows_is_uploaded_as_its_rows(tmp_path):
     """A Mat whose channels lie further apart than its rows need (a CPU net's kv cache) given to a Vulkan layer that
     reads values: uploaded as the rows numpy shows (ncnn's upload alone copied the padding past its staging
-    buffer)."""
-    x = tokens()
+    buffer). 16 tokens fill whole panels of x86's layout, so every value numpy shows was written."""
+    x = tokens(16)
     cpu, _ = load(tmp_path, "sdpa", "cpu", "fused")
-    _, k, _ = first_step(cpu, x)
-    assert k.cstep > k.w * k.h
+    _, k, _ = first_step(cpu, x, 16)
+    assert k.cstep > k.w * k.h and np.isfinite(np.array(k)).all()
     p = tmp_path / "relu.param"
     p.write_text("7767517\n2 2\nInput x 0 1 x\nReLU relu 1 1 x y\n")
     net = graph.configure(graph.Net(), vulkan=True)
