@@ -1033,6 +1033,102 @@ struct Allocators {
   Allocators& operator=(const Allocators&) = delete;
 };
 
+// ncnn's kv-cache form (SDPA or MultiHeadAttention with 7=1): three tops (the output, then the key and value caches)
+// and the past caches read as the last two bottoms. A decoder's first step gives those past caches empty. ncnn keeps
+// no params after load; these two layers' load_param sets support_batch exactly when kv_cache is on.
+bool is_kv_cache_layer(const ::ncnn::Layer& layer) {
+  return (layer.type == "SDPA" || layer.type == "MultiHeadAttention") && layer.support_batch &&
+         layer.tops.size() == 3 && layer.bottoms.size() >= 3;
+}
+
+// Where a layer runs in this net: ncnn's host layer in a CPU net, or for one it keeps off Vulkan (no Vulkan support,
+// or featmask bit 4), as computed_on_host judges a layer's output.
+bool runs_on_host(const ::ncnn::Layer& layer, bool vulkan_net) {
+  return !vulkan_net || !layer.support_vulkan || (layer.featmask & (1 << 4));
+}
+
+// The element count from one channel to the next of a Mat of m's shape made plain (ncnn's create).
+size_t plain_cstep(const ::ncnn::Mat& m) {
+  if (m.dims <= 2) return size_t(m.w) * size_t(m.h);
+  return ::ncnn::alignSize(size_t(m.w) * m.h * m.d * m.elemsize, 16) / m.elemsize;
+}
+
+// The kv caches host layers make. Every extractor here gives ncnn this allocator as its kvcache_allocator, so ncnn
+// treats the caches as caches (no layout conversion; an SDPA appends the next tokens in place) and vknorm knows each
+// one's memory for as long as it lives (process-wide: a cache outlives its net, and may go on in another net of its
+// model). ncnn keeps such a cache in its own layout (x86 packs the keys in panels; its capacity past h is room for
+// the next tokens), so only the Mat extract gave reads right, in the layer that made it, and only once: a second
+// step from it would append over the first's tokens.
+class HostKvCaches final : public ::ncnn::Allocator {
+ public:
+  void* fastMalloc(size_t size) override { return ::ncnn::fastMalloc(size); }
+  void fastFree(void* ptr) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      entries_.erase(ptr);
+    }
+    ::ncnn::fastFree(ptr);
+  }
+  // Which layer of which model made a cache: its name and the model's weight bytes (two sizes of one model family
+  // share names; a cache of other head sizes would be appended to past its rows).
+  struct Maker {
+    std::string layer;
+    size_t model_bytes;
+    bool operator==(const Maker& o) const { return layer == o.layer && model_bytes == o.model_bytes; }
+  };
+  // extract gave m, a cache `maker` made: a new one, or one grown in place past what its memory held before (an
+  // extract of an earlier step's header of the same memory changes nothing).
+  void made(const ::ncnn::Mat& m, const Maker& maker) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = entries_.find(m.data);
+    if (it != entries_.end() && it->second.h >= m.h) return;
+    entries_[m.data] = Entry{m.w, m.h, m.c, m.cstep, m.elemsize, maker, false};
+  }
+  bool known(const ::ncnn::Mat& m) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return entries_.count(m.data) != 0;
+  }
+  // Why m cannot go on as the past cache `reader` reads ("" when it can).
+  std::string usable(const ::ncnn::Mat& m, const Maker& reader) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = entries_.find(m.data);
+    const Entry* e = it == entries_.end() ? nullptr : &it->second;
+    if (!e || e->w != m.w || e->c != m.c || e->cstep != m.cstep || e->elemsize != m.elemsize || m.h > e->h)
+      return "a past kv cache read by a host layer must be the Mat an earlier step's extract gave, as it came: ncnn "
+             "keeps it in its own layout (one made from numpy, cloned, or downloaded from a Vulkan net reads as "
+             "garbage)";
+    if (!(e->maker == reader))
+      return "this cache was made by layer " + e->maker.layer + " of a model of " +
+             std::to_string(e->maker.model_bytes) + " weight bytes; it goes back to that layer of that model (here " +
+             reader.layer + ", " + std::to_string(reader.model_bytes) + ")";
+    if (m.h < e->h || e->gone_on)
+      return "this cache went on to a step already: ncnn appends the next tokens to a CPU cache in place, so it goes "
+             "on once; give the latest step's cache (decode branches in a Vulkan net, whose caches are copies)";
+    return "";
+  }
+  // A step ran on m: its memory now holds that step's tokens too.
+  void went_on(const ::ncnn::Mat& m) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = entries_.find(m.data);
+    if (it != entries_.end() && it->second.h == m.h) it->second.gone_on = true;
+  }
+
+ private:
+  struct Entry {
+    int w, h, c;
+    size_t cstep, elemsize;
+    Maker maker;
+    bool gone_on;  // a step ran on this memory as it was at h
+  };
+  std::mutex mutex_;
+  std::unordered_map<void*, Entry> entries_;  // by the memory's address, while it lives
+};
+
+HostKvCaches& host_kv_caches() {
+  static HostKvCaches* caches = new HostKvCaches;  // never destroyed: caches may be freed after static destruction
+  return *caches;
+}
+
 // Which blobs an extractor holds, followed as ncnn's forward_layer changes them: extract(X) runs X's producer
 // after its inputs' producers, recursively, and in light mode (ncnn's default) each layer then frees its inputs.
 // An extract that would need a blob an earlier extract freed (a given input included) is refused here: ncnn
@@ -1046,19 +1142,24 @@ class HeldBlobs {
     const int i = vknorm::ncnn::blob_index(net, name.c_str());
     if (i >= 0) held_[size_t(i)] = given_[size_t(i)] = 1;
   }
-  // Why extracting `name` cannot run ("" when it can; the blobs held afterwards then go to `after`).
-  std::string plan(const ::ncnn::Net& net, const std::string& name, bool lightmode, std::vector<char>& after) {
+  // An extract's plan: the blobs held after it (per blob index) and the layers it runs (per layer index).
+  struct Plan {
+    std::vector<char> held, ran;
+  };
+  // Why extracting `name` cannot run ("" when it can; what it would do then goes to `after`).
+  std::string plan(const ::ncnn::Net& net, const std::string& name, bool lightmode, bool vulkan_net, Plan& after) {
     size_to(net);
-    after = held_;
-    for (int i = 0; i < int(after.size()); ++i)
-      if (net.blobs()[i].name == name) return compute(net, i, lightmode, after);
+    after.held = held_;
+    after.ran.assign(net.layers().size(), 0);
+    for (int i = 0; i < int(after.held.size()); ++i)
+      if (net.blobs()[i].name == name) return compute(net, i, lightmode, vulkan_net, after);
     return "";  // an unknown name: ncnn's own error
   }
-  void commit(std::vector<char>&& after) { held_ = std::move(after); }
+  void commit(Plan&& after) { held_ = std::move(after.held); }
   // After an extract that failed partway: the layers that ran had freed their inputs, a leading part of the
   // plan's order, so every blob freed is among the plan's. Held now only where held before and after the plan.
-  void commit_failed(const std::vector<char>& after) {
-    for (size_t i = 0; i < held_.size() && i < after.size(); ++i) held_[i] = held_[i] && after[i];
+  void commit_failed(const Plan& after) {
+    for (size_t i = 0; i < held_.size() && i < after.held.size(); ++i) held_[i] = held_[i] && after.held[i];
   }
   void clear() { held_.clear(), given_.clear(); }
   // Whether input() set blob b (by index), or the blob this name finds (its first).
@@ -1069,7 +1170,8 @@ class HeldBlobs {
 
  private:
   void size_to(const ::ncnn::Net& net) { held_.resize(net.blobs().size()), given_.resize(net.blobs().size()); }
-  std::string compute(const ::ncnn::Net& net, int b, bool lightmode, std::vector<char>& held) const {
+  std::string compute(const ::ncnn::Net& net, int b, bool lightmode, bool vulkan_net, Plan& plan) const {
+    std::vector<char>& held = plan.held;
     static const std::string freed =
         "a blob it needs was freed by a layer that ran before (light mode: each layer frees its inputs); extract it "
         "before the blobs that depend on it, from a new extractor, or with light mode off (net.opt.lightmode, "
@@ -1088,15 +1190,19 @@ class HeldBlobs {
                ", set with input(); give the blobs it needs instead, or use a new extractor";
     for (int bottom : layer->bottoms) {
       if (bottom < 0 || bottom >= int(held.size())) return freed;
-      if (std::string why = compute(net, bottom, lightmode, held); !why.empty()) return why;
+      if (std::string why = compute(net, bottom, lightmode, vulkan_net, plan); !why.empty()) return why;
     }
     // A blob read twice by one layer with no Split between: making the second input may have freed the first.
     for (int bottom : layer->bottoms)
       if (!held[bottom]) return freed;
     for (int top : layer->tops)
       if (top >= 0 && top < int(held.size())) held[top] = 1;
+    plan.ran[size_t(p)] = 1;
     if (lightmode)
       for (int bottom : layer->bottoms) held[bottom] = 0;
+    // ncnn frees a host kv layer's past caches (memory of its kvcache_allocator) whatever light mode says
+    if (!lightmode && is_kv_cache_layer(*layer) && runs_on_host(*layer, vulkan_net))
+      for (size_t i = layer->bottoms.size() - 2; i < layer->bottoms.size(); ++i) held[layer->bottoms[i]] = 0;
     return "";
   }
   std::vector<char> held_, given_;  // per blob index
@@ -1129,6 +1235,8 @@ struct Extractor {
   // extracted before comes back after light mode freed its device copy (pyncnn's behaviour).
   std::map<std::string, ::ncnn::Mat> downloaded;
   bool failed = false;  // a Vulkan extract failed (extractor_extract)
+  // Host kv caches given to input(), by blob index, until the layer reading them runs (HostKvCaches: once)
+  std::map<int, ::ncnn::Mat> given_caches;
   // clear() or the end of its with block: ncnn's extractor holds no blobs any more (atomic: blob_name reads it
   // under the net's lock alone)
   std::unique_ptr<std::atomic<bool>> cleared = std::make_unique<std::atomic<bool>>(false);
@@ -1160,115 +1268,52 @@ struct Extractor {
   Extractor(Extractor&&) = default;
 };
 
-// ncnn's kv-cache form (SDPA or MultiHeadAttention with 7=1): three tops (the output, then the key and value caches)
-// and the past caches read as the last two bottoms. A decoder's first step gives those past caches empty. ncnn keeps
-// no params after load; these two layers' load_param sets support_batch exactly when kv_cache is on.
-bool is_kv_cache_layer(const ::ncnn::Layer& layer) {
-  return (layer.type == "SDPA" || layer.type == "MultiHeadAttention") && layer.support_batch &&
-         layer.tops.size() == 3 && layer.bottoms.size() >= 3;
-}
-
-// Where a layer runs in this net: ncnn's host layer in a CPU net, or for one it keeps off Vulkan (no Vulkan support,
-// or featmask bit 4), as computed_on_host judges a layer's output.
-bool runs_on_host(const ::ncnn::Layer& layer, bool vulkan_net) {
-  return !vulkan_net || !layer.support_vulkan || (layer.featmask & (1 << 4));
-}
-
-// Which layers read blob b as their past kv cache, when nothing else reads it: the one place ncnn's layers take an
-// empty blob.
+// The layers that read blob b as their past kv cache, when nothing else reads it (the one place ncnn's layers take an
+// empty blob): those running on the host (the first of them named) and on Vulkan.
 struct PastCacheReaders {
-  bool host = false, device = false;
+  const ::ncnn::Layer* host = nullptr;
+  int host_index = -1;  // host's, in net.layers()
+  bool device = false;
   bool any() const { return host || device; }
 };
 PastCacheReaders past_cache_readers(const ::ncnn::Net& net, int b, bool vulkan_net) {
   PastCacheReaders readers;
-  for (const ::ncnn::Layer* layer : net.layers())
+  for (size_t l = 0; l < net.layers().size(); ++l) {
+    const ::ncnn::Layer* layer = net.layers()[l];
     for (size_t i = 0; i < layer->bottoms.size(); ++i) {
       if (layer->bottoms[i] != b) continue;
       if (!is_kv_cache_layer(*layer) || i + 2 < layer->bottoms.size()) return {};
-      (runs_on_host(*layer, vulkan_net) ? readers.host : readers.device) = true;
+      if (!runs_on_host(*layer, vulkan_net)) {
+        readers.device = true;
+      } else if (!readers.host) {
+        readers.host = layer;
+        readers.host_index = int(l);
+      }
     }
+  }
   return readers;
 }
 
-// Whether the blob `name` finds is a cache a kv-cache layer made.
-bool is_kv_cache_output(const ::ncnn::Net& net, const std::string& name) {
+// The layer that made the blob `name` finds, where that blob is one of its kv caches; null otherwise.
+const ::ncnn::Layer* kv_cache_maker(const ::ncnn::Net& net, const std::string& name) {
   const int b = vknorm::ncnn::blob_index(net, name.c_str());
-  if (b < 0) return false;
+  if (b < 0) return nullptr;
   const int p = net.blobs()[size_t(b)].producer;
-  if (p < 0 || p >= int(net.layers().size())) return false;
-  const ::ncnn::Layer& layer = *net.layers()[size_t(p)];
-  return is_kv_cache_layer(layer) && (layer.tops[1] == b || layer.tops[2] == b);
+  if (p < 0 || p >= int(net.layers().size())) return nullptr;
+  const ::ncnn::Layer* layer = net.layers()[size_t(p)];
+  return is_kv_cache_layer(*layer) && (layer->tops[1] == b || layer->tops[2] == b) ? layer : nullptr;
 }
 
-// The element count from one channel to the next of a Mat of m's shape made plain (ncnn's create).
-size_t plain_cstep(const ::ncnn::Mat& m) {
-  if (m.dims <= 2) return size_t(m.w) * size_t(m.h);
-  return ::ncnn::alignSize(size_t(m.w) * m.h * m.d * m.elemsize, 16) / m.elemsize;
-}
-
-// The kv caches host layers made, as extract handed them out (process-wide: a cache may go on in another CPU net of
-// its model). ncnn keeps such a cache in its own layout (x86 packs the keys in panels; its capacity past h is room for
-// the next tokens) and an SDPA appends the next step's tokens in place: only the Mat extract gave reads right, and
-// only once. Each entry holds a reference; one nothing else holds any more is dropped at the next call.
-class HostKvCaches {
- public:
-  // extract gave m, a cache a host layer made (a new one, or one grown in place from an earlier step's)
-  void made(const ::ncnn::Mat& m) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    prune();
-    entries_[m.data] = Entry{m, false};
-  }
-  bool known(const ::ncnn::Mat& m) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    prune();
-    return entries_.count(m.data) != 0;
-  }
-  // Why m cannot go on as the past cache a host layer reads ("" when it can; it is then marked as gone on).
-  std::string go_on(const ::ncnn::Mat& m) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    prune();
-    const auto it = entries_.find(m.data);
-    if (it == entries_.end() || it->second.mat.cstep != m.cstep || it->second.mat.w != m.w ||
-        it->second.mat.c != m.c || it->second.mat.elemsize != m.elemsize || m.h > it->second.mat.h)
-      return "a past kv cache read by a host layer must be the Mat an earlier step's extract gave, as it came: ncnn "
-             "keeps it in its own layout (one made from numpy, cloned, or downloaded from a Vulkan net reads as "
-             "garbage)";
-    if (m.h < it->second.mat.h || it->second.gone_on)
-      return "this cache went on to a step already: ncnn appends the next tokens to a CPU cache in place, so it goes "
-             "on once; give the latest step's cache (decode branches in a Vulkan net, whose caches are copies)";
-    it->second.gone_on = true;
-    return "";
-  }
-
- private:
-  struct Entry {
-    ::ncnn::Mat mat;  // the latest step's header of this memory
-    bool gone_on;     // given to a step since
-  };
-  void prune() {
-    for (auto it = entries_.begin(); it != entries_.end();)
-      it = it->second.mat.refcount && *it->second.mat.refcount == 1 ? entries_.erase(it) : std::next(it);
-  }
-  std::mutex mutex_;
-  std::map<void*, Entry> entries_;
-};
-
-HostKvCaches& host_kv_caches() {
-  static HostKvCaches* caches = new HostKvCaches;  // never destroyed: Mats may be released after static destruction
-  return *caches;
-}
-
-// Why `in` cannot be given for a blob these layers read ("" when it can): an empty Mat anywhere but a past kv cache (stock layers crash
-// on an empty blob), and a past cache of the wrong kind for the layers reading it.
-std::string input_refusal(const ::ncnn::Mat& in, const PastCacheReaders& readers) {
+// Why `in` cannot be given for a blob these layers read ("" when it can): an empty Mat anywhere but a past kv cache
+// (stock layers crash on an empty blob), and a past cache of the wrong kind or state for the layers reading it.
+std::string input_refusal(const ::ncnn::Mat& in, const PastCacheReaders& readers, size_t model_bytes) {
   if (in.empty())
     return readers.any() ? "" : "the Mat is empty (an empty Mat is taken only for a blob read as a past kv cache "
                                 "alone, by an SDPA or MultiHeadAttention with kv_cache on)";
-  if (!readers.any()) return "";
   if (readers.device && (in.cstep != plain_cstep(in) || host_kv_caches().known(in)))
     return "a kv cache a host layer made (ncnn's own layout) cannot feed a Vulkan layer: a cache goes back to the "
            "kind of net that made it";
+  if (readers.host) return host_kv_caches().usable(in, {readers.host->name, model_bytes});
   return "";
 }
 
@@ -1290,6 +1335,31 @@ std::string missing_input(const ::ncnn::Net& net, const HeldBlobs& held, const s
     todo.insert(todo.end(), layers[p]->bottoms.begin(), layers[p]->bottoms.end());
   }
   return "";
+}
+
+// Why an extract that runs `plan` cannot, for the host kv caches given to its extractor ("" when it can): one that
+// went on to another step since input() would be appended to over that step's tokens. The layers that ran on them
+// are marked (went_on) once the extract succeeded.
+std::string given_cache_refusal(const Extractor& e, const HeldBlobs::Plan& plan) {
+  for (const auto& [b, mat] : e.given_caches) {
+    const PastCacheReaders readers = past_cache_readers(e.owner->net, b, e.allocators != nullptr);
+    if (!readers.host || !plan.ran[size_t(readers.host_index)]) continue;
+    if (std::string why = host_kv_caches().usable(mat, {readers.host->name, e.owner->model_bytes_read}); !why.empty())
+      return "the past kv cache given for " + e.owner->net.blobs()[size_t(b)].name + ": " + why;
+  }
+  return "";
+}
+
+void given_caches_went_on(Extractor& e, const HeldBlobs::Plan& plan) {
+  for (auto it = e.given_caches.begin(); it != e.given_caches.end();) {
+    const PastCacheReaders readers = past_cache_readers(e.owner->net, it->first, e.allocators != nullptr);
+    if (readers.host && plan.ran[size_t(readers.host_index)]) {
+      host_kv_caches().went_on(it->second);
+      it = e.given_caches.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 // A Vulkan extractor uploads an input when extract() first needs it: a staging buffer, then the device
@@ -1353,9 +1423,7 @@ int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
   if (e.stale("input")) return -1;
   const int b = vknorm::ncnn::blob_index(e.owner->net, name.c_str());
   const PastCacheReaders readers = past_cache_readers(e.owner->net, b, e.allocators != nullptr);
-  std::string why = input_refusal(in, readers);
-  if (why.empty() && readers.host && !in.empty()) why = host_kv_caches().go_on(in);
-  if (!why.empty()) {
+  if (const std::string why = input_refusal(in, readers, e.owner->model_bytes_read); !why.empty()) {
     NCNN_LOGE("vknorm.graph: Extractor.input %s: %s", name.c_str(), why.c_str());
     return -1;
   }
@@ -1372,6 +1440,8 @@ int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
   const int r = e.ex->input(name.c_str(), owned);
   if (r != 0) return r;
   e.held.give(e.owner->net, name);
+  e.given_caches.erase(b);
+  if (readers.host && !in.empty()) e.given_caches[b] = in;
   if (e.allocators) {
     // A device copy made before this input() would feed the layers after it (ncnn reads the device copy
     // first): dropped, so they upload what was given.
@@ -1404,15 +1474,19 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
   } else if (auto kept = e.downloaded.find(name); kept != e.downloaded.end() && !e.held.given(e.owner->net, name)) {
     out = kept->second;
     r = 0;
-  } else if (std::vector<char> after; !(why = e.held.plan(e.owner->net, name, e.opt.lightmode, after)).empty()) {
+  } else if (HeldBlobs::Plan after;
+             !(why = e.held.plan(e.owner->net, name, e.opt.lightmode, e.allocators != nullptr, after)).empty() ||
+             !(why = given_cache_refusal(e, after)).empty()) {
     NCNN_LOGE("vknorm.graph: extract %s: %s", name.c_str(), why.c_str());
     r = -1;
   } else {
     r = e.allocators ? extract_reserving_download(e, name, out) : e.ex->extract(name.c_str(), out);
-    if (r == 0 && out.empty() && !e.held.given(e.owner->net, name)) {  // ncnn's success with nothing in it (not given so)
+    // ncnn's success with nothing in it (an empty past cache given comes back as given)
+    if (r == 0 && out.empty() && !e.held.given(e.owner->net, name)) {
       NCNN_LOGE("vknorm.graph: extract %s: ncnn produced an empty blob", name.c_str());
       r = -1;
     }
+    if (r == 0) given_caches_went_on(e, after);
     if (r == 0) e.held.commit(std::move(after));
     else e.held.commit_failed(after);
     // A Vulkan forward that failed dropped its command buffer: the device blobs ncnn now holds were never
@@ -1423,12 +1497,14 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
   // An output in this extractor's own memory is copied out: it outlives the extractor. So is one shared with
   // anything else (an input blob is the caller's own Mat): the result is the caller's alone, as pyncnn's.
   // Inside the lock: freeing into this extractor's pool races with another thread's extract.
-  // A kv cache a host layer made is the exception: not in this extractor's memory (ncnn's kvcache_allocator, unset,
-  // is malloc), nothing in the graph reads it, and a copy would lose ncnn's layout of it (HostKvCaches).
+  // A kv cache a host layer made is the exception: in HostKvCaches' memory, not this extractor's, nothing in the graph
+  // reads it, and a copy would lose ncnn's layout of it.
   const bool ours = out.allocator == e.host_blobs.get() || out.allocator == e.host_workspace.get();
-  const bool host_cache = r == 0 && !ours && !out.empty() && is_kv_cache_output(e.owner->net, name) &&
-                          (!e.allocators || vknorm::ncnn::computed_on_host(e.owner->net, name.c_str()));
-  if (host_cache) host_kv_caches().made(out);
+  const bool host_cache = r == 0 && out.allocator == &host_kv_caches();
+  if (host_cache) {
+    const ::ncnn::Layer* maker = kv_cache_maker(e.owner->net, name);
+    host_kv_caches().made(out, {maker ? maker->name : std::string(), e.owner->model_bytes_read});
+  }
   if (r == 0 && !host_cache && (ours || (out.refcount && *out.refcount > 1))) out = out.clone();
   return std::make_tuple(r, out);
 }
@@ -2165,6 +2241,7 @@ NB_MODULE(_graph, m) {
              Extractor e(n, std::move(ex), std::move(allocators));
              e.ex->set_blob_allocator(e.host_blobs.get());
              e.ex->set_workspace_allocator(e.host_workspace.get());
+             e.ex->set_kvcache_allocator(&host_kv_caches());
              e.generation = n->generation;
              e.opt = n->net.opt;
              return e;

@@ -141,7 +141,8 @@ def test_the_kvcache_hint_gives_a_cpu_cache_room_for_that_many_tokens_at_its_fir
 def test_a_negative_kvcache_hint_is_a_value_error():
     """ncnn ignores a negative hint without a word; here it is refused (0 is ncnn's default: no hint)."""
     net = graph.Net()
-    with pytest.raises(ValueError, match=r"Option.kvcache_max_seqlen_hint: expected 0 \(no hint\) or a token count, got -1"):
+    with pytest.raises(ValueError,
+                       match=r"Option.kvcache_max_seqlen_hint: expected 0 \(no hint\) or a token count, got -1"):
         net.opt.kvcache_max_seqlen_hint = -1
     assert net.opt.kvcache_max_seqlen_hint == 0
 
@@ -349,3 +350,59 @@ def test_an_attention_without_kv_cache_takes_no_empty_mat(tmp_path):
     b.write_bytes(b"")
     r = vknorm_cli("check", p, b, "--input", "q=2x3x16", "--input", "k=empty", "--input", "v=2x3x16")
     assert r.returncode == 2 and "--input k=empty: only a past kv cache may be empty" in r.stderr, r.stderr
+
+
+def test_a_step_that_did_not_run_leaves_its_cpu_caches_free_to_go_on(tmp_path):
+    """A cache goes on when the layer reading it runs, not when it is given: a step whose extract failed before
+    the attention ran (its mask left out) leaves the caches to the step tried again."""
+    x = tokens()
+    net, w = load(tmp_path, "sdpa", "cpu", "fused")
+    _, k, v = first_step(net, x)
+    ex = net.create_extractor()
+    assert ex.input("in0", graph.Mat(x[5:6])) == 0
+    assert ex.input("past_k", k) == 0 and ex.input("past_v", v) == 0
+    with quiet_stderr():
+        assert ex.extract("out0")[0] == -1  # no mask: nothing ran
+    (out, _, _), = decode(net, x, steps=((5, 6),), past=(k, v))
+    want = kd.reference("sdpa", w, x[:6])
+    assert float(np.abs(out - want[5:6]).max()) <= FP32_TOL * max(1.0, float(np.abs(want).max()))
+
+
+def test_an_earlier_steps_cache_extracted_again_still_does_not_go_on(tmp_path):
+    """Step 2 grew step 1's cache in place; extracting step 1's cache again from its extractor (still alive) gives
+    the old header of that memory, which is refused, and step 2's caches go on to step 3 exactly."""
+    x = tokens()
+    net, w = load(tmp_path, "sdpa", "cpu", "fused")
+    ex1 = net.create_extractor()
+    assert ex1.input("in0", graph.Mat(x[:5])) == 0 and ex1.input("mask", graph.Mat(kd.causal_mask(0, 5))) == 0
+    assert ex1.input("past_k", graph.Mat()) == 0 and ex1.input("past_v", graph.Mat()) == 0
+    k1, v1 = ex1.extract("k_cache")[1], ex1.extract("v_cache")[1]
+    (_, k2, v2), = decode(net, x, steps=((5, 6),), past=(k1, v1))
+    k1_again, v1_again = ex1.extract("k_cache")[1], ex1.extract("v_cache")[1]
+    assert k1_again.h == 5
+    log = refused_past(net, x, k1_again, v1_again)
+    assert any("this cache went on to a step already" in line for line in log), log
+    (out, _, _), = decode(net, x, steps=((6, 7),), past=(k2, v2))
+    want = kd.reference("sdpa", w, x[:7])
+    assert float(np.abs(out - want[6:7]).max()) <= FP32_TOL * max(1.0, float(np.abs(want).max()))
+
+
+def test_a_cpu_cache_goes_on_in_another_net_of_its_model_and_not_in_another_model(tmp_path):
+    """A cache outlives its net and goes on in a new net of the same model, fused or not (as ncnn's CPU layer made
+    it); a model of other weights refuses it, naming the layer and model that made it, though its layer has the
+    same name (a model of wider heads would append them past the cache's rows: a heap overrun in stock ncnn)."""
+    x = tokens()
+    net, w = load(tmp_path, "sdpa", "cpu", "fused")
+    _, k, v = first_step(net, x)
+    net.clear()
+    del net
+    (tmp_path / "again").mkdir()
+    again, _ = load(tmp_path / "again", "sdpa", "cpu", "unfused")
+    (out, _, _), = decode(again, x, steps=((5, 6),), past=(k, v))
+    want = kd.reference("sdpa", w, x[:6])
+    assert float(np.abs(out - want[5:6]).max()) <= FP32_TOL * max(1.0, float(np.abs(want).max()))
+    other, _ = load(tmp_path, "mha", "cpu", "fused")  # its attention is named attn too
+    _, k2, v2 = first_step(again, x)
+    log = refused_past(other, x, k2, v2)
+    assert any("this cache was made by layer attn of a model of" in line and "it goes back to that layer" in line
+               for line in log), log

@@ -749,7 +749,8 @@ def parse_model_inputs(param_path: str, input_specs: Dict[str, Tuple[int, ...]])
 
 def _is_kv_cache_layer(layer: Layer) -> bool:
     """ncnn's kv-cache form of SDPA or MultiHeadAttention (7=1, kv_cache on): three tops, its output and the two
-    caches it grows, the past caches read as its last two bottoms."""
+    caches it grows, the past caches read as its last two bottoms. (vknorm.graph, which has ncnn's loaded layers and
+    not their params, reads kv_cache from the flag it sets, support_batch.)"""
     return (layer.type in ("SDPA", "MultiHeadAttention") and _int_param(layer, 7, 0) not in (0, None)
             and len(layer.tops) == 3 and len(layer.bottoms) >= 3)
 
