@@ -1057,8 +1057,8 @@ size_t plain_cstep(const ::ncnn::Mat& m) {
 // treats the caches as caches (no layout conversion; an SDPA appends the next tokens in place) and vknorm knows each
 // one's memory for as long as it lives (process-wide: a cache outlives its net, and may go on in another net of its
 // model). ncnn keeps such a cache in its own layout (x86 packs the keys in panels; its capacity past h is room for
-// the next tokens), so only the Mat extract gave reads right, in the layer that made it, and only once: a second
-// step from it would append over the first's tokens.
+// the next tokens), so only the Mat extract gave reads right, in the layer that made it, and once where a step grows
+// it in place: a second step from it would append over the first's tokens.
 class HostKvCaches final : public ::ncnn::Allocator {
  public:
   void* fastMalloc(size_t size) override { return ::ncnn::fastMalloc(size); }
@@ -1082,7 +1082,7 @@ class HostKvCaches final : public ::ncnn::Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = entries_.find(m.data);
     if (it != entries_.end() && it->second.h >= m.h) return;
-    entries_[m.data] = Entry{m.w, m.h, m.c, m.cstep, m.elemsize, maker, false};
+    entries_[m.data] = Entry{m.w, m.h, m.c, m.cstep, m.elemsize, maker, false, nullptr};
   }
   bool known(const ::ncnn::Mat& m) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -1091,6 +1091,39 @@ class HostKvCaches final : public ::ncnn::Allocator {
   // Why m cannot go on as the past cache `reader` reads ("" when it can).
   std::string usable(const ::ncnn::Mat& m, const Maker& reader) {
     std::lock_guard<std::mutex> lock(mutex_);
+    return refusal(m, reader, nullptr);
+  }
+  // usable(), and then m is `step`'s until it ran (went_on) or did not (release): another step that would run on it
+  // meanwhile is refused, in whatever thread.
+  std::string claim(const ::ncnn::Mat& m, const Maker& reader, const void* step) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::string why = refusal(m, reader, step);
+    if (why.empty()) entries_.at(m.data).step = step;
+    return why;
+  }
+  void release(const ::ncnn::Mat& m, const void* step) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = entries_.find(m.data);
+    if (it != entries_.end() && it->second.step == step) it->second.step = nullptr;
+  }
+  // `step` ran on m and appended its tokens to m's memory in place: that memory as it was at m.h is gone.
+  void went_on(const ::ncnn::Mat& m, const void* step) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = entries_.find(m.data);
+    if (it == entries_.end() || it->second.step != step) return;
+    it->second.step = nullptr;
+    if (it->second.h == m.h) it->second.gone_on = true;
+  }
+
+ private:
+  struct Entry {
+    int w, h, c;
+    size_t cstep, elemsize;
+    Maker maker;
+    bool gone_on;                // a step appended to this memory as it was at h
+    const void* step = nullptr;  // the step running on it now (claim)
+  };
+  std::string refusal(const ::ncnn::Mat& m, const Maker& reader, const void* step) const {
     const auto it = entries_.find(m.data);
     const Entry* e = it == entries_.end() ? nullptr : &it->second;
     if (!e || e->w != m.w || e->c != m.c || e->cstep != m.cstep || e->elemsize != m.elemsize || m.h > e->h)
@@ -1101,25 +1134,11 @@ class HostKvCaches final : public ::ncnn::Allocator {
       return "this cache was made by layer " + e->maker.layer + " of a model of " +
              std::to_string(e->maker.model_bytes) + " weight bytes; it goes back to that layer of that model (here " +
              reader.layer + ", " + std::to_string(reader.model_bytes) + ")";
-    if (m.h < e->h || e->gone_on)
+    if (m.h < e->h || e->gone_on || (e->step && e->step != step))
       return "this cache went on to a step already: ncnn appends the next tokens to a CPU cache in place, so it goes "
              "on once; give the latest step's cache (decode branches in a Vulkan net, whose caches are copies)";
     return "";
   }
-  // A step ran on m: its memory now holds that step's tokens too.
-  void went_on(const ::ncnn::Mat& m) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = entries_.find(m.data);
-    if (it != entries_.end() && it->second.h == m.h) it->second.gone_on = true;
-  }
-
- private:
-  struct Entry {
-    int w, h, c;
-    size_t cstep, elemsize;
-    Maker maker;
-    bool gone_on;  // a step ran on this memory as it was at h
-  };
   std::mutex mutex_;
   std::unordered_map<void*, Entry> entries_;  // by the memory's address, while it lives
 };
@@ -1162,6 +1181,7 @@ class HeldBlobs {
     for (size_t i = 0; i < held_.size() && i < after.held.size(); ++i) held_[i] = held_[i] && after.held[i];
   }
   void clear() { held_.clear(), given_.clear(); }
+  bool holds(int b) const { return b >= 0 && b < int(held_.size()) && held_[b]; }
   // Whether input() set blob b (by index), or the blob this name finds (its first).
   bool given(int b) const { return b >= 0 && b < int(given_.size()) && given_[b]; }
   bool given(const ::ncnn::Net& net, const std::string& name) const {
@@ -1178,7 +1198,9 @@ class HeldBlobs {
         "Extractor.set_light_mode)";
     if (held[b]) return "";
     // A blob set with input() and freed since is not made again from upstream: that would be another value.
-    if (given_[b]) return freed;
+    if (given_[b])
+      return lightmode ? freed : "ncnn frees a kv-cache layer's past caches once it ran, whatever light mode says; "
+                                 "the Mat given is the caller's";
     const int p = net.blobs()[b].producer;
     if (p < 0 || p >= int(net.layers().size())) return freed;
     const ::ncnn::Layer* layer = net.layers()[p];
@@ -1294,14 +1316,37 @@ PastCacheReaders past_cache_readers(const ::ncnn::Net& net, int b, bool vulkan_n
   return readers;
 }
 
-// The layer that made the blob `name` finds, where that blob is one of its kv caches; null otherwise.
-const ::ncnn::Layer* kv_cache_maker(const ::ncnn::Net& net, const std::string& name) {
-  const int b = vknorm::ncnn::blob_index(net, name.c_str());
-  if (b < 0) return nullptr;
-  const int p = net.blobs()[size_t(b)].producer;
-  if (p < 0 || p >= int(net.layers().size())) return nullptr;
-  const ::ncnn::Layer* layer = net.layers()[size_t(p)];
-  return is_kv_cache_layer(*layer) && (layer->tops[1] == b || layer->tops[2] == b) ? layer : nullptr;
+// The kv-cache layer whose cache blob b is (directly, or through Splits, which share its memory); null otherwise.
+const ::ncnn::Layer* kv_cache_maker(const ::ncnn::Net& net, int b) {
+  while (b >= 0 && b < int(net.blobs().size())) {
+    const int p = net.blobs()[size_t(b)].producer;
+    if (p < 0 || p >= int(net.layers().size())) return nullptr;
+    const ::ncnn::Layer* layer = net.layers()[size_t(p)];
+    if (is_kv_cache_layer(*layer)) return layer->tops[1] == b || layer->tops[2] == b ? layer : nullptr;
+    if (layer->type != "Split" || layer->bottoms.size() != 1) return nullptr;
+    b = layer->bottoms[0];
+  }
+  return nullptr;
+}
+
+// Whether a host kv-cache layer's caches are read by another layer. With light mode off ncnn still frees every blob
+// of kv-cache memory a layer reads (its Splits' and what else shares that memory), which vknorm's account of the blobs
+// held (HeldBlobs) cannot follow through every layer: such a net runs in light mode only.
+bool kv_caches_read_by_layers(const ::ncnn::Net& net, bool vulkan_net) {
+  for (const ::ncnn::Layer* layer : net.layers())
+    for (int b : layer->bottoms) {
+      const ::ncnn::Layer* maker = kv_cache_maker(net, b);
+      if (maker && runs_on_host(*maker, vulkan_net)) return true;
+    }
+  return false;
+}
+
+// Whether the net has a kv-cache layer running on the host: its extractors get HostKvCaches as kvcache_allocator
+// (others none: ncnn's extract refuses blobs of a batch whenever one is set).
+bool has_host_kv_layer(const ::ncnn::Net& net, bool vulkan_net) {
+  for (const ::ncnn::Layer* layer : net.layers())
+    if (is_kv_cache_layer(*layer) && runs_on_host(*layer, vulkan_net)) return true;
+  return false;
 }
 
 // Why `in` cannot be given for a blob these layers read ("" when it can): an empty Mat anywhere but a past kv cache
@@ -1337,28 +1382,49 @@ std::string missing_input(const ::ncnn::Net& net, const HeldBlobs& held, const s
   return "";
 }
 
-// Why an extract that runs `plan` cannot, for the host kv caches given to its extractor ("" when it can): one that
-// went on to another step since input() would be appended to over that step's tokens. The layers that ran on them
-// are marked (went_on) once the extract succeeded.
-std::string given_cache_refusal(const Extractor& e, const HeldBlobs::Plan& plan) {
+// The host kv caches given to e that the layers `plan` runs read, with each one's reader.
+std::vector<std::tuple<int, ::ncnn::Mat, const ::ncnn::Layer*>> caches_run_on(const Extractor& e,
+                                                                               const HeldBlobs::Plan& plan) {
+  std::vector<std::tuple<int, ::ncnn::Mat, const ::ncnn::Layer*>> out;
   for (const auto& [b, mat] : e.given_caches) {
     const PastCacheReaders readers = past_cache_readers(e.owner->net, b, e.allocators != nullptr);
-    if (!readers.host || !plan.ran[size_t(readers.host_index)]) continue;
-    if (std::string why = host_kv_caches().usable(mat, {readers.host->name, e.owner->model_bytes_read}); !why.empty())
+    if (readers.host && plan.ran[size_t(readers.host_index)]) out.emplace_back(b, mat, readers.host);
+  }
+  return out;
+}
+
+// Why an extract that runs `plan` cannot, for the host kv caches given to its extractor ("" when it can): one that
+// went on to another step since input(), or is going on in one now, would be appended to over that step's tokens.
+// Those it can run on are claimed for it until it ended (caches_ran).
+std::string claim_given_caches(Extractor& e, const HeldBlobs::Plan& plan) {
+  const auto caches = caches_run_on(e, plan);
+  for (size_t i = 0; i < caches.size(); ++i) {
+    const auto& [b, mat, reader] = caches[i];
+    if (std::string why = host_kv_caches().claim(mat, {reader->name, e.owner->model_bytes_read}, &e); !why.empty()) {
+      for (size_t j = 0; j < i; ++j) host_kv_caches().release(std::get<1>(caches[j]), &e);
       return "the past kv cache given for " + e.owner->net.blobs()[size_t(b)].name + ": " + why;
+    }
   }
   return "";
 }
 
-void given_caches_went_on(Extractor& e, const HeldBlobs::Plan& plan) {
-  for (auto it = e.given_caches.begin(); it != e.given_caches.end();) {
-    const PastCacheReaders readers = past_cache_readers(e.owner->net, it->first, e.allocators != nullptr);
-    if (readers.host && plan.ran[size_t(readers.host_index)]) {
-      host_kv_caches().went_on(it->second);
-      it = e.given_caches.erase(it);
-    } else {
-      ++it;
+// After the extract that ran `plan`: a cache its layer grew in place (the layer's cache out in the same memory with
+// more rows: an SDPA's, not a cross-attention's, which reads its past as it is) has gone on; the others are free again.
+void caches_ran(Extractor& e, const HeldBlobs::Plan& plan, bool succeeded) {
+  for (const auto& [b, mat, reader] : caches_run_on(e, plan)) {
+    // Not grown only where the cache out is seen in HostKvCaches' memory, elsewhere than mat's or at mat's h; as grown
+    // where it cannot be (freed, or converted by ncnn's extract).
+    bool grown = succeeded;
+    const size_t slot = size_t(std::find(reader->bottoms.begin(), reader->bottoms.end(), b) - reader->bottoms.begin());
+    const int top = reader->tops[slot + 2 == reader->bottoms.size() ? 1 : 2];
+    if (succeeded && e.held.holds(top)) {
+      ::ncnn::Mat out;  // held: ncnn's extract hands it over without running anything
+      if (e.ex->extract(top, out) == 0 && out.allocator == &host_kv_caches())
+        grown = out.data == mat.data && out.h > mat.h;
     }
+    if (grown) host_kv_caches().went_on(mat, &e);
+    else host_kv_caches().release(mat, &e);
+    if (succeeded) e.given_caches.erase(b);
   }
 }
 
@@ -1474,9 +1540,14 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
   } else if (auto kept = e.downloaded.find(name); kept != e.downloaded.end() && !e.held.given(e.owner->net, name)) {
     out = kept->second;
     r = 0;
+  } else if (!e.opt.lightmode && kv_caches_read_by_layers(e.owner->net, e.allocators != nullptr)) {
+    NCNN_LOGE("vknorm.graph: extract %s: this model's kv caches feed other layers, and with light mode off ncnn frees "
+              "blobs of kv-cache memory as they are read, which vknorm cannot follow: turn light mode on "
+              "(net.opt.lightmode, Extractor.set_light_mode)", name.c_str());
+    r = -1;
   } else if (HeldBlobs::Plan after;
              !(why = e.held.plan(e.owner->net, name, e.opt.lightmode, e.allocators != nullptr, after)).empty() ||
-             !(why = given_cache_refusal(e, after)).empty()) {
+             !(why = claim_given_caches(e, after)).empty()) {
     NCNN_LOGE("vknorm.graph: extract %s: %s", name.c_str(), why.c_str());
     r = -1;
   } else {
@@ -1486,9 +1557,9 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
       NCNN_LOGE("vknorm.graph: extract %s: ncnn produced an empty blob", name.c_str());
       r = -1;
     }
-    if (r == 0) given_caches_went_on(e, after);
-    if (r == 0) e.held.commit(std::move(after));
+    if (r == 0) e.held.commit(HeldBlobs::Plan(after));
     else e.held.commit_failed(after);
+    caches_ran(e, after, r == 0);
     // A Vulkan forward that failed dropped its command buffer: the device blobs ncnn now holds were never
     // computed, so nothing more is extracted here.
     if (r != 0 && e.allocators) e.failed = true;
@@ -1502,8 +1573,9 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
   const bool ours = out.allocator == e.host_blobs.get() || out.allocator == e.host_workspace.get();
   const bool host_cache = r == 0 && out.allocator == &host_kv_caches();
   if (host_cache) {
-    const ::ncnn::Layer* maker = kv_cache_maker(e.owner->net, name);
-    host_kv_caches().made(out, {maker ? maker->name : std::string(), e.owner->model_bytes_read});
+    // (one a layer other than a Split made of a cache's memory is not a cache to give back: left unknown)
+    if (const ::ncnn::Layer* maker = kv_cache_maker(e.owner->net, vknorm::ncnn::blob_index(e.owner->net, name.c_str())))
+      host_kv_caches().made(out, {maker->name, e.owner->model_bytes_read});
   }
   if (r == 0 && !host_cache && (ours || (out.refcount && *out.refcount > 1))) out = out.clone();
   return std::make_tuple(r, out);
@@ -2241,7 +2313,7 @@ NB_MODULE(_graph, m) {
              Extractor e(n, std::move(ex), std::move(allocators));
              e.ex->set_blob_allocator(e.host_blobs.get());
              e.ex->set_workspace_allocator(e.host_workspace.get());
-             e.ex->set_kvcache_allocator(&host_kv_caches());
+             if (has_host_kv_layer(n->net, allocators != nullptr)) e.ex->set_kvcache_allocator(&host_kv_caches());
              e.generation = n->generation;
              e.opt = n->net.opt;
              return e;

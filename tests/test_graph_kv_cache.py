@@ -406,3 +406,71 @@ def test_a_cpu_cache_goes_on_in_another_net_of_its_model_and_not_in_another_mode
     log = refused_past(other, x, k2, v2)
     assert any("this cache was made by layer attn of a model of" in line and "it goes back to that layer" in line
                for line in log), log
+
+
+CROSS_ATTENTION = ("7767517\n5 7\nInput q 0 1 q\nInput enc 0 1 enc\nInput past_k 0 1 past_k\nInput past_v 0 1 past_v\n"
+                   f"MultiHeadAttention attn 4 3 q enc past_k past_v out0 k_cache v_cache 0={kd.E} 1={kd.H} "
+                   f"2={kd.E * kd.E} 7=1\n")
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_a_cross_attention_decoder_reads_its_cache_at_every_step(tmp_path, config):
+    """A Whisper-style cross-attention (queries from the decoder, keys and values from the encoder's output): ncnn
+    makes the cache at the first step and reads it as it is at every later one (on the CPU the same memory, not
+    grown). Every step's output is what the step computes from the encoder output itself (no past)."""
+    rng = np.random.default_rng(3)
+    p, b = tmp_path / "cross.param", tmp_path / "cross.bin"
+    p.write_text(CROSS_ATTENTION)
+    tag = np.zeros(1, np.uint32).tobytes()
+    b.write_bytes(b"".join(tag + (0.1 * rng.standard_normal(kd.E * kd.E)).astype(np.float32).tobytes()
+                           + (0.1 * rng.standard_normal(kd.E)).astype(np.float32).tobytes() for _ in range(4)))
+    net = graph.configure(graph.Net(), **CONFIGS[config])
+    assert net.load_param(str(p)) == 0 and net.load_model(str(b)) == 0
+    enc = rng.standard_normal((7, kd.E)).astype(np.float32)
+    queries = rng.standard_normal((5, kd.E)).astype(np.float32)
+
+    def step(t, past_k, past_v):
+        ex = net.create_extractor()
+        assert ex.input("q", graph.Mat(queries[t:t + 1])) == 0 and ex.input("enc", graph.Mat(enc)) == 0
+        assert ex.input("past_k", past_k) == 0 and ex.input("past_v", past_v) == 0
+        (r0, out), (r1, k), (r2, v) = (ex.extract(n) for n in ("out0", "k_cache", "v_cache"))
+        assert (r0, r1, r2) == (0, 0, 0), t
+        return np.array(out), k, v
+
+    past = (graph.Mat(), graph.Mat())
+    for t in range(5):
+        out, *past = step(t, *past)
+        assert past[0].h == 7, t
+        want, _, _ = step(t, graph.Mat(), graph.Mat())
+        assert np.array_equal(out, want), t
+
+
+def test_light_mode_off_is_refused_where_a_models_kv_caches_feed_other_layers(tmp_path):
+    """With light mode off ncnn still frees kv-cache memory a layer reads; where a cache feeds another layer (here
+    a Split to a Sigmoid beside the cache output) vknorm cannot follow which blobs that leaves, so such a net
+    extracts in light mode only (otherwise ncnn ran the attention again on its freed past: garbage caches)."""
+    p, b = kd.write(tmp_path, "sdpa", kd.weights("sdpa"))
+    text = open(p).read().replace("a0 k_cache v_cache", "a0 kc0 v_cache")
+    lines = text.splitlines()
+    layer_count, blob_count = map(int, lines[1].split())
+    lines[1] = f"{layer_count + 2} {blob_count + 3}"
+    lines.insert(lines.index(next(ln for ln in lines if ln.startswith("SDPA"))) + 1,
+                 "Split spk 1 2 kc0 k_cache kc1\nSigmoid k_stat 1 1 kc1 k_stat0")
+    p2 = tmp_path / "fed_cache.param"
+    p2.write_text("\n".join(lines) + "\n")
+    x = tokens()
+    for lightmode in (True, False):
+        net = graph.configure(graph.Net(), vulkan=False, lightmode=lightmode)
+        assert net.load_param(str(p2)) == 0 and net.load_model(b) == 0
+        if lightmode:
+            runs = decode(net, x)
+            assert [k.h for _, k, _ in runs] == [end for _, end in STEPS]
+            continue
+        ex = net.create_extractor()
+        assert ex.input("in0", graph.Mat(x[:5])) == 0 and ex.input("mask", graph.Mat(kd.causal_mask(0, 5))) == 0
+        assert ex.input("past_k", graph.Mat()) == 0 and ex.input("past_v", graph.Mat()) == 0
+        log: list = []
+        with quiet_stderr(log):
+            assert ex.extract("out0")[0] == -1
+        assert any("this model's kv caches feed other layers" in line and "turn light mode on" in line
+                   for line in log), log
