@@ -1659,6 +1659,7 @@ void extractor_clear(Extractor& e) {
     e.ex->clear();
     e.held.clear();
     e.downloaded.clear();
+    e.given_caches.clear();
     e.failed = false;
     *e.cleared = true;
   });
@@ -2313,7 +2314,7 @@ NB_MODULE(_graph, m) {
              Extractor e(n, std::move(ex), std::move(allocators));
              e.ex->set_blob_allocator(e.host_blobs.get());
              e.ex->set_workspace_allocator(e.host_workspace.get());
-             if (has_host_kv_layer(n->net, allocators != nullptr)) e.ex->set_kvcache_allocator(&host_kv_caches());
+             if (has_host_kv_layer(n->net, e.allocators != nullptr)) e.ex->set_kvcache_allocator(&host_kv_caches());
              e.generation = n->generation;
              e.opt = n->net.opt;
              return e;
