@@ -474,3 +474,20 @@ def test_light_mode_off_is_refused_where_a_models_kv_caches_feed_other_layers(tm
             assert ex.extract("out0")[0] == -1
         assert any("this model's kv caches feed other layers" in line and "turn light mode on" in line
                    for line in log), log
+
+
+def test_a_model_without_kv_cache_layers_runs_as_before_batches_inside_included(tmp_path):
+    """Only nets with a host kv-cache layer get vknorm's kv-cache allocator: ncnn's extract refuses any blob of a
+    batch while one is set ("kvcache does not support batch"), which a model batching inside (Reshape 13=0 ... 12=0)
+    meets at its second extract with light mode off."""
+    p = tmp_path / "batch.param"
+    p.write_text("7767517\n4 4\nInput in0 0 1 in0\nReshape split 1 1 in0 b1 0=8 1=2 2=2 13=0\n"
+                 "UnaryOp neg 1 1 b1 b2 0=1\nReshape join 1 1 b2 out0 0=8 1=4 12=0\n")
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    net = graph.configure(graph.Net(), vulkan=False, lightmode=False)
+    assert net.load_param(str(p)) == 0 and net.load_model(graph.DataReaderFromEmpty()) == 0
+    ex = net.create_extractor()
+    assert ex.input("in0", graph.Mat(x)) == 0
+    for _ in range(2):
+        r, out = ex.extract("out0")
+        assert r == 0 and np.array_equal(np.array(out), -x)
