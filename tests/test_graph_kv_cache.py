@@ -5,7 +5,9 @@ residual add, and not) in ncnn's Vulkan graph, float32 and float16 storage, and 
 The first step gives the past caches as empty Mats, the one place an empty input is taken: an SDPA or
 MultiHeadAttention with kv_cache on reads them (its last two bottoms). Each later step gives back the Mats the
 step before extracted, as they came: on the CPU they are in ncnn's own layout (x86 packs the keys in panels and
-keeps room for the next tokens, which ncnn appends in place), on Vulkan the keys and values row by row.
+keeps room for the next tokens, which ncnn appends in place), on Vulkan the keys and values row by row. So a CPU
+cache goes back only as extract gave it, to the layer and model that made it, and on once where its step grew it in
+place; anything else that would read as garbage (a branch, a copy, a cache of the other kind of net) is refused.
 
 Tolerances: every step's output against float64 of the whole sequence computed at once (kv_decoder.reference).
 Stock ncnn's CPU run within FP32_TOL at the outputs' scale; a vknorm net within `vknorm check --vulkan`'s rule
