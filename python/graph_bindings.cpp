@@ -1069,12 +1069,21 @@ class HostKvCaches final : public ::ncnn::Allocator {
     }
     ::ncnn::fastFree(ptr);
   }
-  // Which layer of which model made a cache: its name and the model's weight bytes (two sizes of one model family
-  // share names; a cache of other head sizes would be appended to past its rows).
+  // Which cache of which layer of which model: the layer by its place among the net's kv-cache layers (the same in
+  // every net of a model, fused or not; names may repeat), key (1) or value (2) as the layer's tops number them, and
+  // the model by its weight bytes (two sizes of one model family share names). A cache of other head sizes would be
+  // appended to past its rows; another's, read as garbage.
   struct Maker {
-    std::string layer;
+    int kv_layer, slot;
     size_t model_bytes;
-    bool operator==(const Maker& o) const { return layer == o.layer && model_bytes == o.model_bytes; }
+    std::string name;  // the layer's, for messages
+    bool operator==(const Maker& o) const {
+      return kv_layer == o.kv_layer && slot == o.slot && model_bytes == o.model_bytes;
+    }
+    std::string describe() const {
+      return std::string(slot == 1 ? "key" : "value") + " cache of layer " + name + " (kv-cache layer " +
+             std::to_string(kv_layer) + ") of a model of " + std::to_string(model_bytes) + " weight bytes";
+    }
   };
   // extract gave m, a cache `maker` made: a new one, or one grown in place past what its memory held before (an
   // extract of an earlier step's header of the same memory changes nothing).
@@ -1131,9 +1140,7 @@ class HostKvCaches final : public ::ncnn::Allocator {
              "keeps it in its own layout (one made from numpy, cloned, or downloaded from a Vulkan net reads as "
              "garbage)";
     if (!(e->maker == reader))
-      return "this cache was made by layer " + e->maker.layer + " of a model of " +
-             std::to_string(e->maker.model_bytes) + " weight bytes; it goes back to that layer of that model (here " +
-             reader.layer + ", " + std::to_string(reader.model_bytes) + ")";
+      return "this is the " + e->maker.describe() + "; it goes back there (here: the " + reader.describe() + ")";
     if (m.h < e->h || e->gone_on || (e->step && e->step != step))
       return "this cache went on to a step already: ncnn appends the next tokens to a CPU cache in place, so it goes "
              "on once; give the latest step's cache (decode branches in a Vulkan net, whose caches are copies)";
@@ -1316,17 +1323,39 @@ PastCacheReaders past_cache_readers(const ::ncnn::Net& net, int b, bool vulkan_n
   return readers;
 }
 
-// The kv-cache layer whose cache blob b is (directly, or through Splits, which share its memory); null otherwise.
-const ::ncnn::Layer* kv_cache_maker(const ::ncnn::Net& net, int b) {
+// The kv-cache layer whose cache blob b is (directly, or through Splits, which share its memory), and which of its
+// caches (1: key, 2: value, as its tops number them); null otherwise.
+const ::ncnn::Layer* kv_cache_maker(const ::ncnn::Net& net, int b, int* slot = nullptr) {
   while (b >= 0 && b < int(net.blobs().size())) {
     const int p = net.blobs()[size_t(b)].producer;
     if (p < 0 || p >= int(net.layers().size())) return nullptr;
     const ::ncnn::Layer* layer = net.layers()[size_t(p)];
-    if (is_kv_cache_layer(*layer)) return layer->tops[1] == b || layer->tops[2] == b ? layer : nullptr;
+    if (is_kv_cache_layer(*layer)) {
+      if (layer->tops[1] != b && layer->tops[2] != b) return nullptr;
+      if (slot) *slot = layer->tops[1] == b ? 1 : 2;
+      return layer;
+    }
     if (layer->type != "Split" || layer->bottoms.size() != 1) return nullptr;
     b = layer->bottoms[0];
   }
   return nullptr;
+}
+
+// A kv-cache layer's place among the net's kv-cache layers.
+int kv_layer_ordinal(const ::ncnn::Net& net, const ::ncnn::Layer* layer) {
+  int n = 0;
+  for (const ::ncnn::Layer* l : net.layers()) {
+    if (l == layer) return n;
+    n += is_kv_cache_layer(*l);
+  }
+  return -1;
+}
+
+// The cache a host layer reads from its bottom b (the second-to-last: key; the last: value), as HostKvCaches names
+// the one it must be.
+HostKvCaches::Maker past_cache_slot(const ::ncnn::Net& net, const ::ncnn::Layer* reader, int b, size_t model_bytes) {
+  const int slot = reader->bottoms[reader->bottoms.size() - 2] == b ? 1 : 2;
+  return {kv_layer_ordinal(net, reader), slot, model_bytes, reader->name};
 }
 
 // Whether a host kv-cache layer's caches are read by another layer. With light mode off ncnn still frees every blob
@@ -1351,14 +1380,15 @@ bool has_host_kv_layer(const ::ncnn::Net& net, bool vulkan_net) {
 
 // Why `in` cannot be given for a blob these layers read ("" when it can): an empty Mat anywhere but a past kv cache
 // (stock layers crash on an empty blob), and a past cache of the wrong kind or state for the layers reading it.
-std::string input_refusal(const ::ncnn::Mat& in, const PastCacheReaders& readers, size_t model_bytes) {
+std::string input_refusal(const ::ncnn::Net& net, int b, const ::ncnn::Mat& in, const PastCacheReaders& readers,
+                          size_t model_bytes) {
   if (in.empty())
     return readers.any() ? "" : "the Mat is empty (an empty Mat is taken only for a blob read as a past kv cache "
                                 "alone, by an SDPA or MultiHeadAttention with kv_cache on)";
   if (readers.device && (in.cstep != plain_cstep(in) || host_kv_caches().known(in)))
     return "a kv cache a host layer made (ncnn's own layout) cannot feed a Vulkan layer: a cache goes back to the "
            "kind of net that made it";
-  if (readers.host) return host_kv_caches().usable(in, {readers.host->name, model_bytes});
+  if (readers.host) return host_kv_caches().usable(in, past_cache_slot(net, readers.host, b, model_bytes));
   return "";
 }
 
@@ -1398,9 +1428,20 @@ std::vector<std::tuple<int, ::ncnn::Mat, const ::ncnn::Layer*>> caches_run_on(co
 // Those it can run on are claimed for it until it ended (caches_ran).
 std::string claim_given_caches(Extractor& e, const HeldBlobs::Plan& plan) {
   const auto caches = caches_run_on(e, plan);
+  // A layer's key and value caches grow together: a pair of other lengths (two sequences' caches) would be appended
+  // to at the key's length, inside the other's tokens.
+  for (const auto& [b, mat, reader] : caches) {
+    const int key = reader->bottoms[reader->bottoms.size() - 2], value = reader->bottoms.back();
+    const auto k = e.given_caches.find(key), v = e.given_caches.find(value);
+    const int k_rows = k == e.given_caches.end() ? 0 : k->second.h, v_rows = v == e.given_caches.end() ? 0 : v->second.h;
+    if (k_rows != v_rows)
+      return "the past key and value caches given to layer " + reader->name + " hold " + std::to_string(k_rows) +
+             " and " + std::to_string(v_rows) + " tokens: give the two one step extracted";
+  }
   for (size_t i = 0; i < caches.size(); ++i) {
     const auto& [b, mat, reader] = caches[i];
-    if (std::string why = host_kv_caches().claim(mat, {reader->name, e.owner->model_bytes_read}, &e); !why.empty()) {
+    const HostKvCaches::Maker slot = past_cache_slot(e.owner->net, reader, b, e.owner->model_bytes_read);
+    if (std::string why = host_kv_caches().claim(mat, slot, &e); !why.empty()) {
       for (size_t j = 0; j < i; ++j) host_kv_caches().release(std::get<1>(caches[j]), &e);
       return "the past kv cache given for " + e.owner->net.blobs()[size_t(b)].name + ": " + why;
     }
@@ -1413,14 +1454,14 @@ std::string claim_given_caches(Extractor& e, const HeldBlobs::Plan& plan) {
 void caches_ran(Extractor& e, const HeldBlobs::Plan& plan, bool succeeded) {
   for (const auto& [b, mat, reader] : caches_run_on(e, plan)) {
     // Not grown only where the cache out is seen in HostKvCaches' memory, elsewhere than mat's or at mat's h; as grown
-    // where it cannot be (freed, or converted by ncnn's extract).
+    // where it cannot be (freed, or converted by ncnn's extract), or where its rows changed at all.
     bool grown = succeeded;
     const size_t slot = size_t(std::find(reader->bottoms.begin(), reader->bottoms.end(), b) - reader->bottoms.begin());
     const int top = reader->tops[slot + 2 == reader->bottoms.size() ? 1 : 2];
     if (succeeded && e.held.holds(top)) {
       ::ncnn::Mat out;  // held: ncnn's extract hands it over without running anything
       if (e.ex->extract(top, out) == 0 && out.allocator == &host_kv_caches())
-        grown = out.data == mat.data && out.h > mat.h;
+        grown = out.data == mat.data && out.h != mat.h;
     }
     if (grown) host_kv_caches().went_on(mat, &e);
     else host_kv_caches().release(mat, &e);
@@ -1489,7 +1530,7 @@ int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
   if (e.stale("input")) return -1;
   const int b = vknorm::ncnn::blob_index(e.owner->net, name.c_str());
   const PastCacheReaders readers = past_cache_readers(e.owner->net, b, e.allocators != nullptr);
-  if (const std::string why = input_refusal(in, readers, e.owner->model_bytes_read); !why.empty()) {
+  if (const std::string why = input_refusal(e.owner->net, b, in, readers, e.owner->model_bytes_read); !why.empty()) {
     NCNN_LOGE("vknorm.graph: Extractor.input %s: %s", name.c_str(), why.c_str());
     return -1;
   }
@@ -1574,8 +1615,10 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
   const bool host_cache = r == 0 && out.allocator == &host_kv_caches();
   if (host_cache) {
     // (one a layer other than a Split made of a cache's memory is not a cache to give back: left unknown)
-    if (const ::ncnn::Layer* maker = kv_cache_maker(e.owner->net, vknorm::ncnn::blob_index(e.owner->net, name.c_str())))
-      host_kv_caches().made(out, {maker->name, e.owner->model_bytes_read});
+    int slot = 0;
+    const ::ncnn::Net& net = e.owner->net;
+    if (const ::ncnn::Layer* maker = kv_cache_maker(net, vknorm::ncnn::blob_index(net, name.c_str()), &slot))
+      host_kv_caches().made(out, {kv_layer_ordinal(net, maker), slot, e.owner->model_bytes_read, maker->name});
   }
   if (r == 0 && !host_cache && (ours || (out.refcount && *out.refcount > 1))) out = out.clone();
   return std::make_tuple(r, out);

@@ -406,7 +406,8 @@ def test_a_cpu_cache_goes_on_in_another_net_of_its_model_and_not_in_another_mode
     other, _ = load(tmp_path, "mha", "cpu", "fused")  # its attention is named attn too
     _, k2, v2 = first_step(again, x)
     log = refused_past(other, x, k2, v2)
-    assert any("this cache was made by layer attn of a model of" in line and "it goes back to that layer" in line
+    assert any("this is the key cache of layer attn (kv-cache layer 0) of a model of" in line and
+               "it goes back there (here: the key cache of layer attn (kv-cache layer 0) of a model of" in line
                for line in log), log
 
 
@@ -493,3 +494,100 @@ def test_a_model_without_kv_cache_layers_runs_as_before_batches_inside_included(
     for _ in range(2):
         r, out = ex.extract("out0")
         assert r == 0 and np.array_equal(np.array(out), -x)
+
+
+def two_layer_decoder(tmp_path, rename_second: bool = True):
+    """Two SDPA decoder layers, the second's blobs and layers suffixed _2 (its attention named attn too unless
+    rename_second), caches past_k/past_v and past_k_2/past_v_2."""
+    p, b = kd.write(tmp_path, "sdpa", kd.weights("sdpa"))
+    lines = open(p).read().splitlines()
+    body = lines[2:]
+    inputs = [ln for ln in body if ln.startswith("Input")]
+    layers = [ln for ln in body if not ln.startswith("Input")]
+    blobs = {w for ln in layers for w in ln.split()[4:4 + int(ln.split()[2]) + int(ln.split()[3])]}
+    second = []
+    for ln in layers:
+        words = ln.split()
+        nb, nt = int(words[2]), int(words[3])
+        names = [w if w == "mask" else ("out0" if w == "in0" else w + "_2") for w in words[4:4 + nb + nt]]
+        layer_name = words[1] if words[0] == "SDPA" and not rename_second else words[1] + "_2"
+        second.append(" ".join([words[0], layer_name, words[2], words[3], *names, *words[4 + nb + nt:]]))
+    second[-1] = second[-1].replace(" out0_2 ", " out1 ")
+    inputs += ["Input past_k_2 0 1 past_k_2", "Input past_v_2 0 1 past_v_2"]
+    all_layers = inputs + layers + second
+    blob_count = len(blobs | {w for ln in second for w in ln.split()[4:4 + int(ln.split()[2]) + int(ln.split()[3])]}
+                     | {"in0", "mask", "past_k", "past_v", "past_k_2", "past_v_2"})
+    p2 = tmp_path / "two_layers.param"
+    p2.write_text(f"7767517\n{len(all_layers)} {blob_count}\n" + "\n".join(all_layers) + "\n")
+    b2 = tmp_path / "two_layers.bin"
+    b2.write_bytes(open(b, "rb").read() * 2)
+    net = graph.configure(graph.Net(), vulkan=False, lightmode=False)  # both layers read the mask, with no Split
+    assert net.load_param(str(p2)) == 0 and net.load_model(str(b2)) == 0
+    return net
+
+
+@pytest.mark.parametrize("rename_second", [True, False], ids=["named-apart", "same-name"])
+def test_each_cache_goes_back_to_its_own_slot_of_its_own_layer(tmp_path, rename_second):
+    """A CPU cache is the key or the value cache of one kv-cache layer (by its place among them: names may repeat):
+    a key given as a value, or layer 1's cache given to layer 2, is refused (ncnn would append rows of its own widths
+    to it: garbage, or a heap overrun where the widths differ). The right ones decode."""
+    x = tokens()
+    net = two_layer_decoder(tmp_path, rename_second)
+    ex = net.create_extractor()
+    assert ex.input("in0", graph.Mat(x[:5])) == 0 and ex.input("mask", graph.Mat(kd.causal_mask(0, 5))) == 0
+    for blob in ("past_k", "past_v", "past_k_2", "past_v_2"):
+        assert ex.input(blob, graph.Mat()) == 0
+    caches = {blob: ex.extract(blob)[1] for blob in ("k_cache", "v_cache", "k_cache_2", "v_cache_2")}
+    assert ex.extract("out1")[0] == 0
+    for wrong in ({"past_k": "v_cache", "past_v": "k_cache"}, {"past_k": "k_cache_2", "past_v": "v_cache_2"}):
+        ex = net.create_extractor()
+        log: list = []
+        with quiet_stderr(log):
+            for blob, cache in wrong.items():
+                assert ex.input(blob, caches[cache]) == -1, (blob, cache)
+        assert all("it goes back there" in line for line in log) and len(log) == 2, log
+    ex = net.create_extractor()
+    assert ex.input("in0", graph.Mat(x[5:6])) == 0 and ex.input("mask", graph.Mat(kd.causal_mask(5, 1))) == 0
+    for blob, cache in (("past_k", "k_cache"), ("past_v", "v_cache"), ("past_k_2", "k_cache_2"),
+                        ("past_v_2", "v_cache_2")):
+        assert ex.input(blob, caches[cache]) == 0
+    assert ex.extract("out1")[0] == 0
+
+
+def test_a_key_and_value_cache_of_two_sequences_are_refused_together(tmp_path):
+    """A layer's key and value caches grow together: one sequence's key cache with another's value cache would be
+    appended to at the key's length, inside the other sequence's tokens. The extract is refused, and both caches
+    go on in their own sequences afterwards."""
+    x = tokens()
+    net, w = load(tmp_path, "sdpa", "cpu", "fused")
+    _, k5, v5 = first_step(net, x, 5)
+    _, k7, v7 = first_step(net, x, 7)
+    ex = net.create_extractor()
+    assert ex.input("in0", graph.Mat(x[5:6])) == 0 and ex.input("mask", graph.Mat(kd.causal_mask(5, 1))) == 0
+    assert ex.input("past_k", k5) == 0 and ex.input("past_v", v7) == 0
+    log: list = []
+    with quiet_stderr(log):
+        assert ex.extract("out0")[0] == -1
+    assert any("the past key and value caches given to layer attn hold 5 and 7 tokens" in line for line in log), log
+    del ex
+    for (k, v), n in (((k5, v5), 5), ((k7, v7), 7)):
+        (out, _, _), = decode(net, x, steps=((n, n + 1),), past=(k, v))
+        want = kd.reference("sdpa", w, x[:n + 1])
+        assert float(np.abs(out - want[n:n + 1]).max()) <= FP32_TOL * max(1.0, float(np.abs(want).max()))
+
+
+def test_check_refuses_a_model_whose_kv_caches_feed_other_layers(tmp_path):
+    """ncnn frees kv-cache memory as layers read it, so such a model's blobs cannot all be compared: one line, exit 2,
+    naming the layer that reads the cache."""
+    p, b = kd.write(tmp_path, "sdpa", kd.weights("sdpa"))
+    text = open(p).read().replace("a0 k_cache v_cache", "a0 kc0 v_cache")
+    lines = text.splitlines()
+    layer_count, blob_count = map(int, lines[1].split())
+    lines[1] = f"{layer_count + 1} {blob_count + 1}"
+    lines.insert(lines.index(next(ln for ln in lines if ln.startswith("SDPA"))) + 1, "Sigmoid k_stat 1 1 kc0 k_stat0")
+    p2 = tmp_path / "fed.param"
+    p2.write_text("\n".join(lines) + "\n")
+    r = vknorm_cli("check", p2, b, *FIRST_STEP)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    line, = r.stderr.strip("\n").split("\n")
+    assert "Sigmoid 'k_stat'" in line and "reads the kv cache 'kc0' of SDPA 'attn'" in line, line

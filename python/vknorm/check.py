@@ -782,6 +782,13 @@ def _check_past_kv_caches(model: Model, input_specs: Dict[str, Tuple[int, ...]])
     """An empty input only where ncnn's kv-cache layer reads it as its past (any other layer crashes on it), and
     a past kv cache only empty: ncnn lays a cache out its own way (on x86 the keys in panels, read past the rows a
     random array has), so the one a tool can give is a decoder's first step's (UsageError otherwise)."""
+    for layer in model.layers:  # ncnn frees kv-cache memory as layers read it: their blobs could not all be compared
+        for t in layer.tops[1:] if _is_kv_cache_layer(layer) else []:
+            reader = next((r for r in model.layers if t in r.bottoms), None)
+            if reader:
+                raise UsageError(f"{reader.type} {reader.name!r} ({model.path} line {reader.line}) reads the kv cache "
+                                 f"{t!r} of {layer.type} {layer.name!r}: check and bench --model do not run models "
+                                 "whose kv caches feed other layers (ncnn frees kv-cache memory as it is read)")
     past = past_kv_caches(model)
     for name, dims in input_specs.items():
         if not dims and name not in past:

@@ -59,7 +59,8 @@ Decoders with a kv cache run token by token as with pyncnn: an SDPA or MultiHead
 key and value caches as its last two inputs (empty Mats at the first step: the one place ``input()`` takes an empty
 Mat) and gives the grown caches as its second and third outputs; give them back to the next step's ``input()`` as
 ``extract`` returned them, in the kind of net that made them. On the CPU a cache is in ncnn's own layout, handed out
-as made (not a copy) and appended to in place, so it goes on once, in the layer and model that made it: given again
+as made (not a copy) and appended to in place, so it goes on once, as the key or value of the layer and model that
+made it, beside its step's other cache: given again
 after its step ran, cloned, remade from numpy, to another model, or fed to a Vulkan net, it is -1 with a message (a
 clone given to a Vulkan net excepted: it looks like a Vulkan cache). A Vulkan net's caches are copies (a decoder may
 branch from one).
