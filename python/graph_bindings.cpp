@@ -1053,7 +1053,7 @@ size_t plain_cstep(const ::ncnn::Mat& m) {
   return ::ncnn::alignSize(size_t(m.w) * m.h * m.d * m.elemsize, 16) / m.elemsize;
 }
 
-// The kv caches host layers make. Every extractor here gives ncnn this allocator as its kvcache_allocator, so ncnn
+// The kv caches host layers make. Extractors of nets with such a layer give ncnn this allocator as kvcache_allocator, so ncnn
 // treats the caches as caches (no layout conversion; an SDPA appends the next tokens in place) and vknorm knows each
 // one's memory for as long as it lives (process-wide: a cache outlives its net, and may go on in another net of its
 // model). ncnn keeps such a cache in its own layout (x86 packs the keys in panels; its capacity past h is room for
@@ -1085,13 +1085,19 @@ class HostKvCaches final : public ::ncnn::Allocator {
              std::to_string(kv_layer) + ") of a model of " + std::to_string(model_bytes) + " weight bytes";
     }
   };
-  // extract gave m, a cache `maker` made: a new one, or one grown in place past what its memory held before (an
-  // extract of an earlier step's header of the same memory changes nothing).
-  void made(const ::ncnn::Mat& m, const Maker& maker) {
+  // The extract of extractor `step` (a serial) gave m, a cache `maker` made: a new one, or one grown in place past
+  // what its memory held before (an extract of an earlier step's header of the same memory changes nothing).
+  void made(const ::ncnn::Mat& m, const Maker& maker, uint64_t step) {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = entries_.find(m.data);
     if (it != entries_.end() && it->second.h >= m.h) return;
-    entries_[m.data] = Entry{m.w, m.h, m.c, m.cstep, m.elemsize, maker, false, nullptr};
+    entries_[m.data] = Entry{m.w, m.h, m.c, m.cstep, m.elemsize, maker, step};
+  }
+  // The serial of the extractor whose step made m as it is (0: not a cache known here).
+  uint64_t made_in(const ::ncnn::Mat& m) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = entries_.find(m.data);
+    return it == entries_.end() ? 0 : it->second.made_in;
   }
   bool known(const ::ncnn::Mat& m) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -1129,7 +1135,8 @@ class HostKvCaches final : public ::ncnn::Allocator {
     int w, h, c;
     size_t cstep, elemsize;
     Maker maker;
-    bool gone_on;                // a step appended to this memory as it was at h
+    uint64_t made_in;            // the serial of the extractor whose step made it
+    bool gone_on = false;        // a step appended to this memory as it was at h
     const void* step = nullptr;  // the step running on it now (claim)
   };
   std::string refusal(const ::ncnn::Mat& m, const Maker& reader, const void* step) const {
@@ -1188,7 +1195,6 @@ class HeldBlobs {
     for (size_t i = 0; i < held_.size() && i < after.held.size(); ++i) held_[i] = held_[i] && after.held[i];
   }
   void clear() { held_.clear(), given_.clear(); }
-  bool holds(int b) const { return b >= 0 && b < int(held_.size()) && held_[b]; }
   // Whether input() set blob b (by index), or the blob this name finds (its first).
   bool given(int b) const { return b >= 0 && b < int(given_.size()) && given_[b]; }
   bool given(const ::ncnn::Net& net, const std::string& name) const {
@@ -1270,6 +1276,14 @@ struct Extractor {
   // under the net's lock alone)
   std::unique_ptr<std::atomic<bool>> cleared = std::make_unique<std::atomic<bool>>(false);
   uint64_t generation = 0;                                             // the net's, when this was made
+  // this extractor's among all made in the process: which step made a kv cache (HostKvCaches)
+  uint64_t serial = next_serial();
+  // whether a host kv-cache layer's caches feed other layers (kv_caches_read_by_layers), for light mode off
+  bool kv_caches_fed = false;
+  static uint64_t next_serial() {
+    static std::atomic<uint64_t> last{0};
+    return ++last;
+  }
 
   // Whether the net was loaded or cleared since this extractor was made (logged; the caller returns -1).
   bool stale(const char* call) const {
@@ -1412,6 +1426,21 @@ std::string missing_input(const ::ncnn::Net& net, const HeldBlobs& held, const s
   return "";
 }
 
+// A decoder's first step in pyncnn may leave its past caches unset: ncnn reads an unset Input as an empty Mat, which
+// a kv-cache layer takes as no past. Such Inputs (read only as past caches) are given empty here, as by input().
+void give_unset_past_caches(Extractor& e) {
+  const ::ncnn::Net& net = e.owner->net;
+  for (const ::ncnn::Layer* layer : net.layers()) {
+    if (layer->type != "Input") continue;
+    for (int t : layer->tops) {
+      if (e.held.given(t) || !past_cache_readers(net, t, e.allocators != nullptr).any()) continue;
+      const std::string& name = net.blobs()[size_t(t)].name;
+      if (vknorm::ncnn::blob_index(net, name.c_str()) != t || e.ex->input(name.c_str(), ::ncnn::Mat()) != 0) continue;
+      e.held.give(net, name);
+    }
+  }
+}
+
 // The host kv caches given to e that the layers `plan` runs read, with each one's reader.
 std::vector<std::tuple<int, ::ncnn::Mat, const ::ncnn::Layer*>> caches_run_on(const Extractor& e,
                                                                                const HeldBlobs::Plan& plan) {
@@ -1428,15 +1457,17 @@ std::vector<std::tuple<int, ::ncnn::Mat, const ::ncnn::Layer*>> caches_run_on(co
 // Those it can run on are claimed for it until it ended (caches_ran).
 std::string claim_given_caches(Extractor& e, const HeldBlobs::Plan& plan) {
   const auto caches = caches_run_on(e, plan);
-  // A layer's key and value caches grow together: a pair of other lengths (two sequences' caches) would be appended
-  // to at the key's length, inside the other's tokens.
+  // A layer's key and value caches grow together, so the two given must be one step's: two sequences' caches would
+  // be appended to at the key's length, inside the other's tokens, or read side by side.
   for (const auto& [b, mat, reader] : caches) {
     const int key = reader->bottoms[reader->bottoms.size() - 2], value = reader->bottoms.back();
+    if (b != key && e.given_caches.count(key)) continue;  // the pair is checked at its key
     const auto k = e.given_caches.find(key), v = e.given_caches.find(value);
-    const int k_rows = k == e.given_caches.end() ? 0 : k->second.h, v_rows = v == e.given_caches.end() ? 0 : v->second.h;
-    if (k_rows != v_rows)
-      return "the past key and value caches given to layer " + reader->name + " hold " + std::to_string(k_rows) +
-             " and " + std::to_string(v_rows) + " tokens: give the two one step extracted";
+    const bool has_k = k != e.given_caches.end(), has_v = v != e.given_caches.end();
+    if (has_k != has_v || (has_k && host_kv_caches().made_in(k->second) != host_kv_caches().made_in(v->second)))
+      return "the past key and value caches given to layer " + reader->name + " are not one step's (" +
+             std::to_string(has_k ? k->second.h : 0) + " and " + std::to_string(has_v ? v->second.h : 0) +
+             " tokens): give the two one extract made";
   }
   for (size_t i = 0; i < caches.size(); ++i) {
     const auto& [b, mat, reader] = caches[i];
@@ -1456,9 +1487,8 @@ void caches_ran(Extractor& e, const HeldBlobs::Plan& plan, bool succeeded) {
     // Not grown only where the cache out is seen in HostKvCaches' memory, elsewhere than mat's or at mat's h; as grown
     // where it cannot be (freed, or converted by ncnn's extract), or where its rows changed at all.
     bool grown = succeeded;
-    const size_t slot = size_t(std::find(reader->bottoms.begin(), reader->bottoms.end(), b) - reader->bottoms.begin());
-    const int top = reader->tops[slot + 2 == reader->bottoms.size() ? 1 : 2];
-    if (succeeded && e.held.holds(top)) {
+    const int top = reader->tops[size_t(past_cache_slot(e.owner->net, reader, b, 0).slot)];
+    if (succeeded && plan.held[size_t(top)]) {
       ::ncnn::Mat out;  // held: ncnn's extract hands it over without running anything
       if (e.ex->extract(top, out) == 0 && out.allocator == &host_kv_caches())
         grown = out.data == mat.data && out.h != mat.h;
@@ -1574,14 +1604,15 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
     NCNN_LOGE("vknorm.graph: extract %s: an earlier extract of this extractor failed, leaving ncnn's device "
               "blobs recorded but never computed; create a new extractor", name.c_str());
     r = -1;
-  } else if (const std::string missing = missing_input(e.owner->net, e.held, name); !missing.empty()) {
+  } else if (const std::string missing = (give_unset_past_caches(e), missing_input(e.owner->net, e.held, name));
+             !missing.empty()) {
     NCNN_LOGE("vknorm.graph: extract %s: the input %s it depends on was not given (Extractor.input)",
               name.c_str(), missing.c_str());
     r = -1;
   } else if (auto kept = e.downloaded.find(name); kept != e.downloaded.end() && !e.held.given(e.owner->net, name)) {
     out = kept->second;
     r = 0;
-  } else if (!e.opt.lightmode && kv_caches_read_by_layers(e.owner->net, e.allocators != nullptr)) {
+  } else if (!e.opt.lightmode && e.kv_caches_fed) {
     NCNN_LOGE("vknorm.graph: extract %s: this model's kv caches feed other layers, and with light mode off ncnn frees "
               "blobs of kv-cache memory as they are read, which vknorm cannot follow: turn light mode on "
               "(net.opt.lightmode, Extractor.set_light_mode)", name.c_str());
@@ -1598,9 +1629,9 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
       NCNN_LOGE("vknorm.graph: extract %s: ncnn produced an empty blob", name.c_str());
       r = -1;
     }
-    if (r == 0) e.held.commit(HeldBlobs::Plan(after));
-    else e.held.commit_failed(after);
     caches_ran(e, after, r == 0);
+    if (r == 0) e.held.commit(std::move(after));
+    else e.held.commit_failed(after);
     // A Vulkan forward that failed dropped its command buffer: the device blobs ncnn now holds were never
     // computed, so nothing more is extracted here.
     if (r != 0 && e.allocators) e.failed = true;
@@ -1609,8 +1640,8 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
   // An output in this extractor's own memory is copied out: it outlives the extractor. So is one shared with
   // anything else (an input blob is the caller's own Mat): the result is the caller's alone, as pyncnn's.
   // Inside the lock: freeing into this extractor's pool races with another thread's extract.
-  // A kv cache a host layer made is the exception: in HostKvCaches' memory, not this extractor's, nothing in the graph
-  // reads it, and a copy would lose ncnn's layout of it.
+  // A kv cache a host layer made is the exception: in HostKvCaches' memory, not this extractor's, and a copy would
+  // lose ncnn's layout of it (a net whose caches feed other layers runs in light mode only: nothing writes it after).
   const bool ours = out.allocator == e.host_blobs.get() || out.allocator == e.host_workspace.get();
   const bool host_cache = r == 0 && out.allocator == &host_kv_caches();
   if (host_cache) {
@@ -1618,7 +1649,7 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
     int slot = 0;
     const ::ncnn::Net& net = e.owner->net;
     if (const ::ncnn::Layer* maker = kv_cache_maker(net, vknorm::ncnn::blob_index(net, name.c_str()), &slot))
-      host_kv_caches().made(out, {kv_layer_ordinal(net, maker), slot, e.owner->model_bytes_read, maker->name});
+      host_kv_caches().made(out, {kv_layer_ordinal(net, maker), slot, e.owner->model_bytes_read, maker->name}, e.serial);
   }
   if (r == 0 && !host_cache && (ours || (out.refcount && *out.refcount > 1))) out = out.clone();
   return std::make_tuple(r, out);
@@ -2358,6 +2389,7 @@ NB_MODULE(_graph, m) {
              e.ex->set_blob_allocator(e.host_blobs.get());
              e.ex->set_workspace_allocator(e.host_workspace.get());
              if (has_host_kv_layer(n->net, e.allocators != nullptr)) e.ex->set_kvcache_allocator(&host_kv_caches());
+             e.kv_caches_fed = kv_caches_read_by_layers(n->net, e.allocators != nullptr);
              e.generation = n->generation;
              e.opt = n->net.opt;
              return e;

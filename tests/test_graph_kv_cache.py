@@ -224,6 +224,7 @@ def test_check_and_bench_run_a_decoders_first_step_on_empty_past_caches(tmp_path
         assert report["inputs"] == {"in0": [5, 64], "mask": [5, 5], "past_k": [], "past_v": []}, report["inputs"]
         assert [x["name"] for x in report["layers"]] == ["rms_attn", "rms_mlp"], report["layers"]
         assert set(report["outputs"]) == {"out0"}, report["outputs"]
+        assert report["kv_caches"] == ["k_cache", "v_cache"], report.get("kv_caches")
 
 
 def model_bench_impls():
@@ -554,26 +555,46 @@ def test_each_cache_goes_back_to_its_own_slot_of_its_own_layer(tmp_path, rename_
     assert ex.extract("out1")[0] == 0
 
 
-def test_a_key_and_value_cache_of_two_sequences_are_refused_together(tmp_path):
-    """A layer's key and value caches grow together: one sequence's key cache with another's value cache would be
-    appended to at the key's length, inside the other sequence's tokens. The extract is refused, and both caches
-    go on in their own sequences afterwards."""
+@pytest.mark.parametrize("lengths", [(5, 7), (5, 5)], ids=["other-lengths", "same-length"])
+def test_a_key_and_value_cache_of_two_sequences_are_refused_together(tmp_path, lengths):
+    """A layer's key and value caches grow together, so the two given must be one step's: one sequence's key cache
+    with another's value cache would be appended to at the key's length inside the other's tokens, or read side by
+    side. The extract is refused, and both sequences go on afterwards."""
     x = tokens()
+    y = -x  # the second sequence
     net, w = load(tmp_path, "sdpa", "cpu", "fused")
-    _, k5, v5 = first_step(net, x, 5)
-    _, k7, v7 = first_step(net, x, 7)
+    (_, ka, va), (_, kb, vb) = first_step(net, x, lengths[0]), first_step(net, y, lengths[1])
     ex = net.create_extractor()
-    assert ex.input("in0", graph.Mat(x[5:6])) == 0 and ex.input("mask", graph.Mat(kd.causal_mask(5, 1))) == 0
-    assert ex.input("past_k", k5) == 0 and ex.input("past_v", v7) == 0
+    n = lengths[0]
+    assert ex.input("in0", graph.Mat(x[n:n + 1])) == 0 and ex.input("mask", graph.Mat(kd.causal_mask(n, 1))) == 0
+    assert ex.input("past_k", ka) == 0 and ex.input("past_v", vb) == 0
     log: list = []
     with quiet_stderr(log):
         assert ex.extract("out0")[0] == -1
-    assert any("the past key and value caches given to layer attn hold 5 and 7 tokens" in line for line in log), log
+    assert any(f"the past key and value caches given to layer attn are not one step's ({lengths[0]} and {lengths[1]} "
+               "tokens)" in line for line in log), log
     del ex
-    for (k, v), n in (((k5, v5), 5), ((k7, v7), 7)):
-        (out, _, _), = decode(net, x, steps=((n, n + 1),), past=(k, v))
-        want = kd.reference("sdpa", w, x[:n + 1])
+    for (k, v), seq, n in (((ka, va), x, lengths[0]), ((kb, vb), y, lengths[1])):
+        (out, _, _), = decode(net, seq, steps=((n, n + 1),), past=(k, v))
+        want = kd.reference("sdpa", w, seq[:n + 1])
         assert float(np.abs(out - want[n:n + 1]).max()) <= FP32_TOL * max(1.0, float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("config", ["cpu", "vulkan-fp32"])
+def test_a_first_step_may_leave_its_past_caches_unset_as_in_pyncnn(tmp_path, config):
+    """ncnn reads an Input left unset as an empty Mat, which a kv-cache layer takes as no past: pyncnn's decoders
+    may skip the past inputs at the first step. Given only the tokens and the mask, the prompt's step is the same."""
+    x = tokens()
+    net, w = load(tmp_path, "sdpa", config, "fused")
+    ex = net.create_extractor()
+    assert ex.input("in0", graph.Mat(x[:5])) == 0 and ex.input("mask", graph.Mat(kd.causal_mask(0, 5))) == 0
+    (r0, out), (r1, k), (r2, v) = (ex.extract(b) for b in ("out0", "k_cache", "v_cache"))
+    assert (r0, r1, r2) == (0, 0, 0)
+    want = kd.reference("sdpa", w, x[:6])
+    scale = max(1.0, float(np.abs(want).max()))
+    assert float(np.abs(np.array(out) - want[:5]).max()) <= ATOL[config] * scale
+    (out, _, _), = decode(net, x, steps=((5, 6),), past=(k, v))
+    assert float(np.abs(out - want[5:6]).max()) <= ATOL[config] * scale
 
 
 def test_check_refuses_a_model_whose_kv_caches_feed_other_layers(tmp_path):

@@ -768,6 +768,19 @@ def judged_outputs(model: Model, net) -> List[str]:
     return [b for b in net.output_names() if b not in caches]
 
 
+def note_kv_caches(model: Model, net, result: dict) -> None:
+    """result["kv_caches"]: the model outputs that are kv caches, not judged (where there are any)."""
+    caches = [b for b in net.output_names() if b in kv_cache_outputs(model)]
+    if caches:
+        result["kv_caches"] = caches
+
+
+def kv_caches_line(result: dict) -> List[str]:
+    caches = result.get("kv_caches")
+    return [f"kv caches not judged (ncnn's own layout on the CPU; a decoder gives them back): {', '.join(caches)}"] \
+        if caches else []
+
+
 def past_kv_caches(model: Model) -> Dict[str, Layer]:
     """The blobs read only as a past kv cache (_is_kv_cache_layer), by the layer reading them."""
     readers: Dict[str, List[Tuple[Layer, bool]]] = {}
@@ -942,6 +955,7 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
                 result["device"] = "none"
             return result
         outputs = judged_outputs(model, stock)
+        note_kv_caches(model, stock, result)
         rng = np.random.default_rng(seed)
         inputs = random_inputs(rng, input_specs, model.inputs)
         norm_blobs = [layer.tops[0] for layer in model.norms]
@@ -1539,6 +1553,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
             result["note"] = f"{param_path}: no LayerNorm, RMSNorm, GroupNorm or InstanceNorm layers, nothing to check"
             return result
         outputs = judged_outputs(model, cpu)
+        note_kv_caches(model, cpu, result)
         rng = np.random.default_rng(seed)  # the same inputs as the check without --vulkan
         inputs = random_inputs(rng, input_specs, model.inputs)
         stage("the load of the net with vknorm inside", LOADING)
@@ -1649,8 +1664,9 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
             result["output_bounds"][o] = j["bound"]
             result["outputs_ok"] = result["outputs_ok"] and j["ok"]
 
+        # a whole inference: every output, a decoder's kv caches included (as bench --model times it)
         result["model_ms"], result["timing_rounds"] = _time_inferences(
-            graph, {"ncnn_vulkan": stock, "vknorm": vk}, inputs, outputs)
+            graph, {"ncnn_vulkan": stock, "vknorm": vk}, inputs, list(cpu.output_names()))
 
         infos = {i["name"]: i for i in vk.vknorm_layers()}  # the counters after every vknorm run
         # a layer the model keeps off Vulkan (featmask bit 4, param 31=16) runs on the CPU by design
@@ -1723,7 +1739,7 @@ def format_text(result: dict) -> str:
     lines.append("max_abs_err: max |vknorm run - stock run| on the same blob; "
                  + ("f64_err: max |error| against float64 of the float16-rounded input the layer saw; " if fp16 else
                     "f64_err: max |error| against float64 of the input the layer saw; ") + JUDGED_HELP[fp16])
-    lines += [f"device: {result['device']}"]
+    lines += [f"device: {result['device']}"] + kv_caches_line(result)
     if "rule" in result:
         lines.append(f"rule: {result['rule']}")
     for w in result["warnings"]:
@@ -1773,6 +1789,7 @@ def format_text_vulkan(result: dict) -> str:
               "" if _output_ok(result, k) else "FAIL"]
              for k, v in result["outputs"].items()]
     lines += _table(rows, {1, 2, 3})
+    lines += kv_caches_line(result)
     for k, j in result.get("output_judgements", {}).items():
         if j["unjudged"]:
             lines.append(f"{k}: {j['unjudged']} elements where stock ncnn Vulkan's output alone is not finite are not "

@@ -56,8 +56,8 @@ ln_residual_stack), the fused one nearer ncnn's CPU result. So with NaN: a fused
 ReLU does, where ncnn's Vulkan ReLU gives 0.
 
 Decoders with a kv cache run token by token as with pyncnn: an SDPA or MultiHeadAttention with ``7=1`` reads the past
-key and value caches as its last two inputs (empty Mats at the first step: the one place ``input()`` takes an empty
-Mat) and gives the grown caches as its second and third outputs; give them back to the next step's ``input()`` as
+key and value caches as its last two inputs (empty Mats at the first step, or left unset as pyncnn's decoders may:
+the one place ``input()`` takes an empty Mat) and gives the grown caches as its second and third outputs; give them back to the next step's ``input()`` as
 ``extract`` returned them, in the kind of net that made them. On the CPU a cache is in ncnn's own layout, handed out
 as made (not a copy) and appended to in place, so it goes on once, as the key or value of the layer and model that
 made it, beside its step's other cache: given again
