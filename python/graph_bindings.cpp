@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -1272,6 +1273,9 @@ struct Extractor {
   bool failed = false;  // a Vulkan extract failed (extractor_extract)
   // Host kv caches given to input(), by blob index, until the layer reading them runs (HostKvCaches: once)
   std::map<int, ::ncnn::Mat> given_caches;
+  // Blobs whose last input() was refused: never taken as left unset (give_unset_past_caches), so an extract that needs
+  // one is refused rather than run on an empty past beside the step's own mask (ncnn's SDPA overruns its heap there)
+  std::set<int> refused_inputs;
   // clear() or the end of its with block: ncnn's extractor holds no blobs any more (atomic: blob_name reads it
   // under the net's lock alone)
   std::unique_ptr<std::atomic<bool>> cleared = std::make_unique<std::atomic<bool>>(false);
@@ -1433,7 +1437,8 @@ void give_unset_past_caches(Extractor& e) {
   for (const ::ncnn::Layer* layer : net.layers()) {
     if (layer->type != "Input") continue;
     for (int t : layer->tops) {
-      if (e.held.given(t) || !past_cache_readers(net, t, e.allocators != nullptr).any()) continue;
+      if (e.held.given(t) || e.refused_inputs.count(t) || !past_cache_readers(net, t, e.allocators != nullptr).any())
+        continue;
       const std::string& name = net.blobs()[size_t(t)].name;
       if (vknorm::ncnn::blob_index(net, name.c_str()) != t || e.ex->input(name.c_str(), ::ncnn::Mat()) != 0) continue;
       e.held.give(net, name);
@@ -1562,6 +1567,7 @@ int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
   const PastCacheReaders readers = past_cache_readers(e.owner->net, b, e.allocators != nullptr);
   if (const std::string why = input_refusal(e.owner->net, b, in, readers, e.owner->model_bytes_read); !why.empty()) {
     NCNN_LOGE("vknorm.graph: Extractor.input %s: %s", name.c_str(), why.c_str());
+    if (b >= 0) e.refused_inputs.insert(b);
     return -1;
   }
   if (int r = reserve_upload(e, in)) return r;
@@ -1577,6 +1583,7 @@ int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
   const int r = e.ex->input(name.c_str(), owned);
   if (r != 0) return r;
   e.held.give(e.owner->net, name);
+  e.refused_inputs.erase(b);
   e.given_caches.erase(b);
   if (readers.host && !in.empty()) e.given_caches[b] = in;
   if (e.allocators) {
@@ -1606,8 +1613,9 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
     r = -1;
   } else if (const std::string missing = (give_unset_past_caches(e), missing_input(e.owner->net, e.held, name));
              !missing.empty()) {
-    NCNN_LOGE("vknorm.graph: extract %s: the input %s it depends on was not given (Extractor.input)",
-              name.c_str(), missing.c_str());
+    const bool refused = e.refused_inputs.count(vknorm::ncnn::blob_index(e.owner->net, missing.c_str())) != 0;
+    NCNN_LOGE("vknorm.graph: extract %s: the input %s it depends on was %s", name.c_str(), missing.c_str(),
+              refused ? "refused (Extractor.input said why)" : "not given (Extractor.input)");
     r = -1;
   } else if (auto kept = e.downloaded.find(name); kept != e.downloaded.end() && !e.held.given(e.owner->net, name)) {
     out = kept->second;
@@ -1734,6 +1742,7 @@ void extractor_clear(Extractor& e) {
     e.held.clear();
     e.downloaded.clear();
     e.given_caches.clear();
+    e.refused_inputs.clear();
     e.failed = false;
     *e.cleared = true;
   });

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -612,3 +613,20 @@ def test_check_refuses_a_model_whose_kv_caches_feed_other_layers(tmp_path):
     assert r.returncode == 2 and r.stdout == "", r.stderr
     line, = r.stderr.strip("\n").split("\n")
     assert "Sigmoid 'k_stat'" in line and "reads the kv cache 'kc0' of SDPA 'attn'" in line, line
+
+
+def test_an_extract_after_a_refused_past_cache_is_refused_not_run_on_no_past(tmp_path):
+    """A past cache input() refused is not taken as left unset (an empty past): the step's mask, made for its past
+    and new tokens, would be wider than what ncnn's SDPA then reads (its CPU layer overruns its heap there, stock
+    ncnn too). The extract is -1, saying the input was refused."""
+    x = tokens(17)
+    net, _ = load(tmp_path, "sdpa", "cpu", "fused")
+    _, k, v = first_step(net, x, 16)
+    for _ in range(3):
+        ex = net.create_extractor()
+        assert ex.input("in0", graph.Mat(x[16:17])) == 0 and ex.input("mask", graph.Mat(kd.causal_mask(16, 1))) == 0
+        log: list = []
+        with quiet_stderr(log):
+            assert ex.input("past_k", graph.Mat(np.array(k))) == -1 and ex.input("past_v", graph.Mat(np.array(v))) == -1
+            assert ex.extract("out0")[0] == -1
+        assert any(re.search(r"extract out0: the input past_[kv] it depends on was refused", line) for line in log), log
