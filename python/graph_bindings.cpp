@@ -1054,12 +1054,12 @@ size_t plain_cstep(const ::ncnn::Mat& m) {
   return ::ncnn::alignSize(size_t(m.w) * m.h * m.d * m.elemsize, 16) / m.elemsize;
 }
 
-// The kv caches host layers make. Extractors of nets with such a layer give ncnn this allocator as kvcache_allocator, so ncnn
-// treats the caches as caches (no layout conversion; an SDPA appends the next tokens in place) and vknorm knows each
-// one's memory for as long as it lives (process-wide: a cache outlives its net, and may go on in another net of its
-// model). ncnn keeps such a cache in its own layout (x86 packs the keys in panels; its capacity past h is room for
-// the next tokens), so only the Mat extract gave reads right, in the layer that made it, and once where a step grows
-// it in place: a second step from it would append over the first's tokens.
+// The kv caches host layers make. Extractors of nets with such a layer give ncnn this allocator as kvcache_allocator,
+// so ncnn treats the caches as caches (no layout conversion; an SDPA appends the next tokens in place) and vknorm
+// knows each one's memory for as long as it lives (process-wide: a cache outlives its net, and may go on in another
+// net of its model). ncnn keeps such a cache in its own layout (x86 packs the keys in panels; its capacity past h is
+// room for the next tokens), so only the Mat extract gave reads right, in the slot of the layer that made it, and once
+// where a step grows it in place: a second step from it would append over the first's tokens.
 class HostKvCaches final : public ::ncnn::Allocator {
  public:
   void* fastMalloc(size_t size) override { return ::ncnn::fastMalloc(size); }
@@ -1657,7 +1657,8 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
     int slot = 0;
     const ::ncnn::Net& net = e.owner->net;
     if (const ::ncnn::Layer* maker = kv_cache_maker(net, vknorm::ncnn::blob_index(net, name.c_str()), &slot))
-      host_kv_caches().made(out, {kv_layer_ordinal(net, maker), slot, e.owner->model_bytes_read, maker->name}, e.serial);
+      host_kv_caches().made(out, {kv_layer_ordinal(net, maker), slot, e.owner->model_bytes_read, maker->name},
+                            e.serial);
   }
   if (r == 0 && !host_cache && (ours || (out.refcount && *out.refcount > 1))) out = out.clone();
   return std::make_tuple(r, out);
