@@ -1100,10 +1100,6 @@ class HostKvCaches final : public ::ncnn::Allocator {
     const auto it = entries_.find(m.data);
     return it == entries_.end() ? 0 : it->second.made_in;
   }
-  bool known(const ::ncnn::Mat& m) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return entries_.count(m.data) != 0;
-  }
   // Why m cannot go on as the past cache `reader` reads ("" when it can).
   std::string usable(const ::ncnn::Mat& m, const Maker& reader) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -1403,7 +1399,7 @@ std::string input_refusal(const ::ncnn::Net& net, int b, const ::ncnn::Mat& in, 
   if (in.empty())
     return readers.any() ? "" : "the Mat is empty (an empty Mat is taken only for a blob read as a past kv cache "
                                 "alone, by an SDPA or MultiHeadAttention with kv_cache on)";
-  if (readers.device && (in.cstep != plain_cstep(in) || host_kv_caches().known(in)))
+  if (readers.device && (in.cstep != plain_cstep(in) || host_kv_caches().made_in(in) != 0))
     return "a kv cache a host layer made (ncnn's own layout) cannot feed a Vulkan layer: a cache goes back to the "
            "kind of net that made it";
   if (readers.host) return host_kv_caches().usable(in, past_cache_slot(net, readers.host, b, model_bytes));

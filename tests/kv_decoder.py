@@ -98,32 +98,37 @@ def causal_mask(past: int, new: int) -> np.ndarray:
     return m
 
 
+def _rms(t, g):
+    return t / np.sqrt((t * t).mean(-1, keepdims=True) + EPS) * g
+
+
+def _heads(attention: str, w: dict, x) -> tuple:
+    """float64 weights, and the queries, keys and values of the tokens x (L, E) by head: (heads, L, D)."""
+    w = {k: v.astype(np.float64) for k, v in w.items()}
+    n = len(x)
+    h = _rms(np.asarray(x, np.float64), w["rms_attn"])
+    kv_heads = G if attention == "sdpa" else H
+    project = lambda k, heads: (h @ w[k].T + w.get(k + "_bias", 0.0)).reshape(n, heads, D).transpose(1, 0, 2)
+    return w, project("q", H), project("k", kv_heads), project("v", kv_heads)
+
+
 def reference(attention: str, w: dict, x) -> np.ndarray:
     """float64 out0 for the whole sequence x (L, E) at once: every row as a token-by-token run gives it."""
-    w = {k: v.astype(np.float64) for k, v in w.items()}
+    w, q, k, v = _heads(attention, w, x)
     x = np.asarray(x, np.float64)
-    rms = lambda t, g: t / np.sqrt((t * t).mean(-1, keepdims=True) + EPS) * g
-    n = x.shape[0]
-    bias = lambda k: w.get(k + "_bias", 0.0)
-    h = rms(x, w["rms_attn"])
-    kv_heads = G if attention == "sdpa" else H
-    q = (h @ w["q"].T + bias("q")).reshape(n, H, D).transpose(1, 0, 2)
-    k = (h @ w["k"].T + bias("k")).reshape(n, kv_heads, D).transpose(1, 0, 2)
-    v = (h @ w["v"].T + bias("v")).reshape(n, kv_heads, D).transpose(1, 0, 2)
+    n, kv_heads = len(x), k.shape[0]
     a = np.empty((H, n, D))
     for i in range(H):
         j = i * kv_heads // H
         s = q[i] @ k[j].T / np.sqrt(D) + causal_mask(0, n)
         s = np.exp(s - s.max(-1, keepdims=True))
         a[i] = (s / s.sum(-1, keepdims=True)) @ v[j]
-    r = x + a.transpose(1, 0, 2).reshape(n, H * D) @ w["o"].T + bias("o")
-    m = rms(r, w["rms_mlp"])
+    r = x + a.transpose(1, 0, 2).reshape(n, H * D) @ w["o"].T + w.get("o_bias", 0.0)
+    m = _rms(r, w["rms_mlp"])
     g = m @ w["gate"].T
     return r + (g / (1 + np.exp(-g)) * (m @ w["up"].T)) @ w["down"].T
 
 
 def key_cache_reference(w: dict, x) -> np.ndarray:
     """float64 of the SDPA form's key cache after the tokens x (L, E): (G, L, D), as ncnn's Vulkan layer keeps it."""
-    x = np.asarray(x, np.float64)
-    h = x / np.sqrt((x * x).mean(-1, keepdims=True) + EPS) * w["rms_attn"].astype(np.float64)
-    return (h @ w["k"].astype(np.float64).T).reshape(len(x), G, D).transpose(1, 0, 2)
+    return _heads("sdpa", w, x)[2]

@@ -32,6 +32,8 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from .check import input_mat
+
 IMPLS = ("ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-fused", "vknorm-host")
 # Timed in rounds of their own, after the others (module docstring).
 HOST_BUSY = ("ncnn-cpu", "vknorm-host")
@@ -110,7 +112,7 @@ class ModelRunner:
     def __call__(self) -> Dict[str, np.ndarray]:
         ex = self.net.create_extractor()
         for name, x in self.inputs.items():
-            m = self.mod.Mat(x) if x.size else self.mod.Mat()  # no elements: a decoder's empty past kv cache
+            m = input_mat(self.mod.Mat, x)  # no elements: a decoder's empty past kv cache
             if self.impl == "vknorm-host":
                 m = m.clone()  # pyncnn's Mat wraps numpy memory; ncnn must own what it consumes
             if ex.input(name, m) != 0:
@@ -143,12 +145,11 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
                     iters: int = 30, warmup_ms: float = 300.0, impls=IMPLS, seed: int = 0, progress=None) -> dict:
     from vknorm import graph
 
-    rng = np.random.default_rng(seed)
-    inputs = {k: rng.standard_normal(d).astype(np.float32) if d else np.empty((0,), np.float32)
-              for k, d in input_dims.items()}
     from ._stdio import quiet_stderr
-    from .check import (kv_cache_outputs, load_failure, parse_param, refuse_norm_channel_mismatch,
+    from .check import (kv_cache_outputs, load_failure, parse_param, random_inputs, refuse_norm_channel_mismatch,
                         refuse_unrepeatable_stock_run, trailing_bytes_warning)
+
+    inputs = random_inputs(np.random.default_rng(seed), input_dims, list(input_dims))
 
     def ncnn_reason(step):  # ncnn's device banner and notes silenced; its last line joins a failure's message
         logs: list = []
