@@ -693,14 +693,67 @@ struct DeleteUnlessForked {
 // How this module owns ncnn's objects that hold device memory, pipelines or command buffers.
 template <class T>
 using ForkSafe = std::unique_ptr<T, DeleteUnlessForked>;
-void check_vulkan_process(const ::ncnn::Option& opt) {
-  if (!opt.use_vulkan_compute) return;
+// Refuses a fork()ed child's use of ncnn's devices (the instance made here first if need be).
+void refuse_forked_child() {
   ncnn_gpu_count();  // ncnn's instance made here, before a load makes it
   if (g_ncnn_instance_pid != long(getpid()))
     throw std::runtime_error(
         "vknorm.graph: this process was fork()ed from one that had already started ncnn's Vulkan instance (ran a "
         "Vulkan net, or asked for its GPUs), whose device does not survive fork(): start workers with "
         "multiprocessing's 'spawn' or 'forkserver' method, or load the net only after the fork");
+}
+void check_vulkan_process(const ::ncnn::Option& opt) {
+  if (opt.use_vulkan_compute) refuse_forked_child();
+}
+
+// A device index ncnn has, or the error pyncnn's calls skip (they read past ncnn's device table).
+int checked_gpu_index(int index, const std::string& where) {
+  const int count = ncnn_gpu_count();
+  if (index < 0 || index >= count)
+    throw std::invalid_argument(where + ": device index " + std::to_string(index) + " out of range (" +
+                                std::to_string(count) + " Vulkan devices)");
+  return index;
+}
+// ncnn's GpuInfo of a device as values taken now (pyncnn's GpuInfo refers to ncnn's own, freed with its instance):
+// pyncnn's getters and those of ncnn's that say what a norm kernel meets (storage types, subgroups, workgroups).
+nb::dict gpu_info_fields(int index) {
+  const ::ncnn::GpuInfo& g = ::ncnn::get_gpu_info(checked_gpu_index(index, "get_gpu_info"));
+  nb::dict d;
+  d["device_index"] = g.device_index();
+  d["device_name"] = std::string(g.device_name());
+  d["api_version"] = g.api_version();
+  d["driver_version"] = g.driver_version();
+  d["driver_id"] = g.driver_id();
+  d["driver_name"] = std::string(g.driver_name());
+  d["vendor_id"] = g.vendor_id();
+  d["device_id"] = g.device_id();
+  d["pipeline_cache_uuid"] = nb::bytes(reinterpret_cast<const char*>(g.pipeline_cache_uuid()), VK_UUID_SIZE);
+  d["type"] = g.type();
+  d["max_shared_memory_size"] = g.max_shared_memory_size();
+  d["max_workgroup_invocations"] = g.max_workgroup_invocations();
+  d["max_workgroup_size_x"] = g.max_workgroup_size_x();
+  d["max_workgroup_count_x"] = g.max_workgroup_count_x();
+  d["subgroup_size"] = g.subgroup_size();
+  d["timestamp_period"] = g.timestamp_period();
+  d["compute_queue_count"] = g.compute_queue_count();
+  d["support_fp16_packed"] = g.support_fp16_packed();
+  d["support_fp16_storage"] = g.support_fp16_storage();
+  d["support_fp16_arithmetic"] = g.support_fp16_arithmetic();
+  d["support_bf16_storage"] = g.support_bf16_storage();
+  d["support_int8_storage"] = g.support_int8_storage();
+  d["support_subgroup_ops"] = g.support_subgroup_ops();
+  d["support_cooperative_matrix"] = g.support_cooperative_matrix();
+  return d;
+}
+// ncnn's VulkanDevice::get_heap_budget (MB) of the device ncnn's nets of that index share, made if need be.
+uint32_t gpu_heap_budget(int index) {
+  checked_gpu_index(index, "VulkanDevice.get_heap_budget");
+  refuse_forked_child();  // the driver's call there may wait on threads the child does not have
+  const ::ncnn::VulkanDevice* device = ::ncnn::get_gpu_device(index);
+  if (!device || !device->is_valid())
+    throw std::runtime_error("VulkanDevice.get_heap_budget: ncnn could not create Vulkan device " +
+                             std::to_string(index));
+  return device->get_heap_budget();
 }
 
 // stderr sent to /dev/null for a scope: ncnn notes every layer registered over a built-in one
@@ -2240,10 +2293,7 @@ NB_MODULE(_graph, m) {
           nb::rv_policy::reference_internal)
       .def("set_vulkan_device",
            [](Net& n, int index) {
-             const int count = ncnn_gpu_count();
-             if (index < 0 || index >= count)
-               throw std::invalid_argument("set_vulkan_device: index " + std::to_string(index) + " out of range (" +
-                                           std::to_string(count) + " Vulkan devices)");
+             checked_gpu_index(index, "set_vulkan_device");
              writing(n, [&] {
                if (n.param_loaded)  // its layers were made for the device it had then
                  throw std::runtime_error("set_vulkan_device: call it before load_param, as in ncnn");
@@ -2251,6 +2301,14 @@ NB_MODULE(_graph, m) {
              });
            },
            "device_index"_a)
+      // pyncnn's: the device the net runs on (vknorm.graph.VulkanDevice), None until set_vulkan_device or a Vulkan
+      // net's load_param picks one
+      .def("vulkan_device",
+           [](Net& n) -> nb::object {
+             const ::ncnn::VulkanDevice* device = reading(n, [&] { return n.net.vulkan_device(); });
+             if (!device) return nb::none();
+             return nb::module_::import_("vknorm.graph").attr("VulkanDevice")(device->info.device_index());
+           })
       .def("load_param",
            [](Net& n, nb::handle file) {
              const std::string path = path_of(file);
@@ -2441,11 +2499,10 @@ NB_MODULE(_graph, m) {
     return std::make_tuple(r.param, fused_list(r.fused));
   });
   m.def("gpu_count", [] { return ncnn_gpu_count(); });
-  m.def("gpu_name", [](int i) {
-    const int n = ncnn_gpu_count();
-    if (i < 0 || i >= n) throw std::invalid_argument("gpu index out of range");
-    return std::string(::ncnn::get_gpu_info(i).device_name());
-  });
+  m.def("gpu_name",
+        [](int i) { return std::string(::ncnn::get_gpu_info(checked_gpu_index(i, "gpu_name")).device_name()); });
+  m.def("gpu_info", &gpu_info_fields, "device_index"_a);
+  m.def("gpu_heap_budget", &gpu_heap_budget, "device_index"_a);
   m.def("default_gpu_index", [] { return ::ncnn::get_default_gpu_index(); });
   // Every vknorm layer of the process, nets cleared or destroyed included (vknorm::ncnn::counters()).
   m.def("process_counters", [] { return counters_dict(vknorm::ncnn::counters()); });

@@ -1833,6 +1833,77 @@ def test_model_files_are_names_or_paths_as_python_s_open_takes_them(tmp_path):
     assert graph.get_gpu_count() >= 1 and 0 <= graph.get_default_gpu_index() < graph.get_gpu_count()
 
 
+GPU_INFO_SCRIPT = """
+import json, ncnn, vknorm
+from vknorm import graph
+ours, theirs = graph.get_gpu_info(0), ncnn.get_gpu_info(0)
+pyncnn_getters = ("device_name", "api_version", "driver_version", "vendor_id", "device_id", "type")
+own = {d["name"]: d for d in vknorm.devices()}[ours.device_name()]
+device = graph.get_gpu_device(0)
+print(json.dumps({
+    "pyncnn": [getattr(ours, g)() == getattr(theirs, g)() for g in pyncnn_getters],
+    "uuid": [ours.pipeline_cache_uuid()[:1] == bytes(theirs.pipeline_cache_uuid())[:1],
+             len(ours.pipeline_cache_uuid())],
+    "own": [ours.vendor_id() == own["vendor_id"], ours.device_id() == own["device_id"],
+            ours.driver_version() == own["driver_version"], ours.driver_name() == own["driver_name"],
+            ours.subgroup_size() == own["subgroup_size"], ours.max_shared_memory_size() == own["max_shared_memory"],
+            ours.max_workgroup_invocations() == own["max_workgroup_invocations"],
+            ours.support_fp16_storage() == own["storage_16bit"],
+            "%d.%d.%d" % (ours.api_version() >> 22, (ours.api_version() >> 12) & 1023, ours.api_version() & 4095)
+            == own["api_version"]],
+    "budget": [device.get_heap_budget(), ncnn.get_gpu_device(0).get_heap_budget()],
+    "device": [device == graph.VulkanDevice(0), device.info().as_dict() == ours.as_dict(), repr(device)],
+}))
+graph._graph.destroy_gpu_instance()  # the values were taken: they outlive ncnn's own GpuInfo
+print(json.dumps({"after_destroy": [ours.device_name(), graph.get_gpu_info(0).device_name()]}))
+"""
+
+
+def test_gpu_info_and_device_are_pyncnns_and_agree_with_vknorms_own_device():
+    """pyncnn's get_gpu_info / get_gpu_device: each getter pyncnn has gives pyncnn's value, and ncnn's others agree
+    with what vknorm's own Vulkan context reads from the same device. (pyncnn's pipeline_cache_uuid steps 16 bytes
+    per element, so past its first byte it reads beyond the uuid; here it is the uuid's 16 bytes.) The values are
+    taken at the call, so a GpuInfo outlives ncnn's instance, where pyncnn's would read freed memory."""
+    import_or_missing("ncnn")
+    proc = subprocess.run([sys.executable, "-c", GPU_INFO_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(ln) for ln in proc.stdout.splitlines()]
+    got = lines[0]
+    assert got["pyncnn"] == [True] * 6 and got["uuid"] == [True, 16], got
+    assert got["own"] == [True] * 9, got
+    ours_mb, pyncnn_mb = got["budget"]
+    assert ours_mb > 0 and abs(ours_mb - pyncnn_mb) <= 0.1 * pyncnn_mb, got  # the same heap, read moments apart
+    assert got["device"] == [True, True, "VulkanDevice(0)"], got
+    name = lines[1]["after_destroy"]
+    assert name[0] == name[1] and name[0], lines
+
+
+def test_a_nets_vulkan_device_is_none_until_it_has_one():
+    """pyncnn's Net.vulkan_device(): None before set_vulkan_device or a Vulkan net's load_param, and for a CPU
+    net; then the device the net runs on."""
+    param = os.path.join(graph_runs.DATA, "transformer_block.ncnn.param")
+    assert graph.Net().vulkan_device() is None
+    cpu = graph.configure(graph.Net(), vulkan=False)
+    assert cpu.load_param(param) == 0 and cpu.vulkan_device() is None
+    vk = graph.configure(graph.Net(), vulkan=True)
+    assert vk.load_param(param) == 0
+    assert vk.vulkan_device() == graph.get_gpu_device(graph.get_default_gpu_index())
+    picked = graph.Net()
+    picked.set_vulkan_device(0)
+    assert picked.vulkan_device() == graph.VulkanDevice(0)
+    assert picked.vulkan_device().info().device_name() == graph.gpu_name(0)
+
+
+@pytest.mark.parametrize("call", ["get_gpu_info", "get_gpu_device", "VulkanDevice", "gpu_name"])
+def test_a_gpu_index_outside_ncnns_devices_is_a_value_error(call):
+    """pyncnn reads past ncnn's device table there."""
+    for index in (-1, graph.get_gpu_count()):
+        with pytest.raises(ValueError, match=f"device index {index} out of range"):
+            getattr(graph, call)(index)
+    with pytest.raises(TypeError):
+        getattr(graph, call)(0.5)
+
+
 def test_an_extractor_used_after_clear_says_so():
     """ncnn's Extractor.clear() (and the end of a with block) drops its blobs: an input or extract after it is -1,
     with a message saying why (it was -1 alone, and the next extract blamed a missing input)."""

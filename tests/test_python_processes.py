@@ -78,6 +78,14 @@ print("parent: still runs", work().shape == used.shape)
 """
 
 
+HEAP_BUDGET_SETUP = """
+import numpy as np
+from vknorm import graph
+def work():
+    return np.array([graph.get_gpu_device(0).get_heap_budget()])
+"""
+
+
 VKMAT_SETUP = """
 import numpy as np, vknorm
 x = np.random.default_rng(0).standard_normal((64, 256, 64)).astype(np.float32)
@@ -88,12 +96,14 @@ def work():
 
 
 @needs_vulkan
-@pytest.mark.parametrize("setup", ["layer", "vkmat", pytest.param("graph", marks=needs_graph)])
+@pytest.mark.parametrize("setup", ["layer", "vkmat", pytest.param("graph", marks=needs_graph),
+                                   pytest.param("heap_budget", marks=needs_graph)])
 def test_a_forked_child_of_a_process_that_used_vulkan_gets_a_clear_error_not_a_hang(setup):
     """The child inherits the device's handles but not the driver's threads: its first wait never
     returned. It is refused at once, naming the start methods that work; the parent runs on. A VkMat's download
-    too, which on a device with host-visible memory reads the mapping without waiting on anything."""
-    setups = {"layer": LAYER_SETUP, "vkmat": VKMAT_SETUP, "graph": GRAPH_SETUP}
+    too, which on a device with host-visible memory reads the mapping without waiting on anything, and ncnn's
+    device's heap budget, a driver call on the inherited device."""
+    setups = {"layer": LAYER_SETUP, "vkmat": VKMAT_SETUP, "graph": GRAPH_SETUP, "heap_budget": HEAP_BUDGET_SETUP}
     proc = run_script(setups[setup] + FORK_CHILD, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()

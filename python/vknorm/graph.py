@@ -21,9 +21,9 @@ Not there (AttributeError): ``destroy_gpu_instance``, ``Net.input_indexes`` / ``
 (``input_names`` / ``output_names`` are), ``Net.load_param_bin`` (binary params name no blobs: nothing could be
 fused), custom Python layers, allocator objects (``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
 ``Mat.create`` / ``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1),
-``Net.vulkan_device``, ``create_layer``, ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
+``create_layer``, ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
 functions that make other element types or packings (``convert_packing``, ``cast_*``, ``quantize_to_int8``),
-``get_gpu_info`` / ``get_gpu_device`` (``gpu_name(i)``), ``Mat.refcount`` / ``addref``, Mat's batch API, and the
+``VulkanDevice``'s allocators, ``Mat.refcount`` / ``addref``, Mat's batch API, and the
 convolution tuning flags of ``Option``. A Mat's ``w``, ``h``, ``c``, ... are read-only; an option switch set to None is a
 TypeError (pyncnn takes it as False). ``Net.layers()`` gives ``(name, type, is_vknorm, on_vulkan)``
 tuples, not Layer objects. bfloat16 storage (``opt.use_bf16_storage`` / ``use_bf16_packed``), where the device takes
@@ -124,7 +124,9 @@ ncnn's int coefficient tables, resizing a dims 4 Mat, Mats and results past 2^31
 ``net.load_model(DataReaderFromEmpty())`` loads every weight as zero, as pyncnn's: a model from its .param alone.
 
 Device: a Vulkan net runs on ncnn's default GPU; ``net.set_vulkan_device(i)`` (ncnn's GPU index, before
-``load_param``) picks another, as in pyncnn. ``VKNORM_DEVICE`` picks the device of vknorm's own layers
+``load_param``) picks another, as in pyncnn. ``get_gpu_info(i)`` (a ``GpuInfo``: pyncnn's getters and ncnn's storage,
+subgroup and workgroup ones), ``get_gpu_device(i)`` and ``net.vulkan_device()`` (a ``VulkanDevice``: ``info()``,
+``get_heap_budget()``; None until the net has a device) are pyncnn's too. ``VKNORM_DEVICE`` picks the device of vknorm's own layers
 (``vknorm.LayerNorm`` ...), not an ncnn net's. ``net.model_bytes_read``: how many bytes of the .bin the last
 ``load_model`` or ``load_model_mem`` read (fewer than it holds: a .bin for another .param?).
 """
@@ -160,7 +162,8 @@ _NCNN_FUNCTIONS = (
 globals().update({name: getattr(_graph, name) for name in _NCNN_FUNCTIONS})
 
 __all__ = ["Net", "Mat", "Option", "Extractor", *_NCNN_FUNCTIONS, "gpu_count", "gpu_name", "get_gpu_count",
-           "get_default_gpu_index", "configure", "track_device_memory", "device_memory", "set_device_memory_limit"]
+           "get_default_gpu_index", "GpuInfo", "get_gpu_info", "VulkanDevice", "get_gpu_device", "configure",
+           "track_device_memory", "device_memory", "set_device_memory_limit"]
 
 
 def gpu_count() -> int:
@@ -179,6 +182,82 @@ def get_default_gpu_index() -> int:
 def gpu_name(index: int | None = None) -> str:
     """Name of ncnn's Vulkan device ``index`` (its default device when None)."""
     return _graph.gpu_name(_graph.default_gpu_index() if index is None else index)
+
+
+class GpuInfo:
+    """pyncnn's GpuInfo: what ncnn knows of one Vulkan device, read through ncnn's getter names
+    (``info.device_name()``, ``info.support_fp16_storage()``, ...), as it was when ``get_gpu_info`` was called.
+    ``pipeline_cache_uuid()`` is bytes (pyncnn: a memoryview of them); ``type()`` is ncnn's 0 discrete, 1 integrated,
+    2 virtual, 3 CPU. ``as_dict()`` gives every value at once."""
+
+    __slots__ = ("_fields",)
+
+    def __init__(self, fields: dict):
+        self._fields = dict(fields)
+
+    def as_dict(self) -> dict:
+        return dict(self._fields)
+
+    def __repr__(self) -> str:
+        return f"GpuInfo(device_index={self.device_index()}, device_name={self.device_name()!r})"
+
+
+def _gpu_info_getter(name: str):
+    def getter(self):
+        return self._fields[name]
+    getter.__name__ = getter.__qualname__ = name
+    getter.__doc__ = f"ncnn's GpuInfo::{name}()"
+    return getter
+
+
+_GPU_INFO_FIELDS = ("device_index", "device_name", "api_version", "driver_version", "driver_id", "driver_name",
+                    "vendor_id", "device_id", "pipeline_cache_uuid", "type", "max_shared_memory_size",
+                    "max_workgroup_invocations", "max_workgroup_size_x", "max_workgroup_count_x", "subgroup_size",
+                    "timestamp_period", "compute_queue_count", "support_fp16_packed", "support_fp16_storage",
+                    "support_fp16_arithmetic", "support_bf16_storage", "support_int8_storage",
+                    "support_subgroup_ops", "support_cooperative_matrix")
+for _name in _GPU_INFO_FIELDS:
+    setattr(GpuInfo, _name, _gpu_info_getter(_name))
+del _name
+
+
+def get_gpu_info(device_index: int = 0) -> GpuInfo:
+    """pyncnn's get_gpu_info: ncnn's facts about Vulkan device ``device_index`` (ValueError outside
+    0..get_gpu_count()-1, where pyncnn reads past ncnn's device table)."""
+    return GpuInfo(_graph.gpu_info(device_index))
+
+
+class VulkanDevice:
+    """pyncnn's VulkanDevice, as ``get_gpu_device(i)`` and ``Net.vulkan_device()`` give it: ncnn's device ``i``, the
+    one every net of that index runs on. ``info()`` is its GpuInfo, ``get_heap_budget()`` ncnn's estimate of the
+    device memory left to use, in MB. (pyncnn's ``VulkanDevice(i)`` makes another logical device; this one names
+    ncnn's shared one. Allocator objects are not bound here.)"""
+
+    __slots__ = ("_index",)
+
+    def __init__(self, device_index: int = 0):
+        _graph.gpu_info(device_index)  # the index checked now, not at first use
+        self._index = device_index
+
+    def info(self) -> GpuInfo:
+        return get_gpu_info(self._index)
+
+    def get_heap_budget(self) -> int:
+        return _graph.gpu_heap_budget(self._index)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, VulkanDevice) and other._index == self._index
+
+    def __hash__(self) -> int:
+        return hash(("VulkanDevice", self._index))
+
+    def __repr__(self) -> str:
+        return f"VulkanDevice({self._index})"
+
+
+def get_gpu_device(device_index: int = 0) -> VulkanDevice:
+    """pyncnn's get_gpu_device: ncnn's Vulkan device ``device_index`` (ValueError outside its range)."""
+    return VulkanDevice(device_index)
 
 
 def configure(net: Net, *, vulkan: bool = True, fp16: bool = False, packing: bool = True,
