@@ -975,7 +975,14 @@ struct Net {
                             {"use_fp16_storage", o.use_fp16_storage}, {"use_fp16_packed", o.use_fp16_packed},
                             {"use_fp16_arithmetic", o.use_fp16_arithmetic}, {"use_bf16_storage", o.use_bf16_storage},
                             {"use_bf16_packed", o.use_bf16_packed},
-                            {"use_packing_layout", o.use_packing_layout}, {"use_int8_inference", o.use_int8_inference}})
+                            {"use_packing_layout", o.use_packing_layout}, {"use_int8_inference", o.use_int8_inference},
+                            // the convolution's: its load_model builds weights and pipelines for them, and its
+                            // Vulkan forward reads them again (on after the load: pipelines never built)
+                            {"use_winograd_convolution", o.use_winograd_convolution},
+                            {"use_winograd23_convolution", o.use_winograd23_convolution},
+                            {"use_winograd43_convolution", o.use_winograd43_convolution},
+                            {"use_winograd63_convolution", o.use_winograd63_convolution},
+                            {"use_sgemm_convolution", o.use_sgemm_convolution}})
       s += std::string(s.empty() ? "" : " ") + name + "=" + (on ? "1" : "0");
     // ncnn turns these off at load_param where the device lacks them, and builds no pipelines for them: on again
     // after the load, an extract crashed (a CPU net ignores them)
@@ -1892,7 +1899,13 @@ NB_MODULE(_graph, m) {
       {"use_packing_layout", &::ncnn::Option::use_packing_layout},
       {"use_subgroup_ops", &::ncnn::Option::use_subgroup_ops},
       {"use_shader_local_memory", &::ncnn::Option::use_shader_local_memory},
-      {"use_cooperative_matrix", &::ncnn::Option::use_cooperative_matrix}};
+      {"use_cooperative_matrix", &::ncnn::Option::use_cooperative_matrix},
+      // how ncnn's own Convolution / Deconvolution layers compute, CPU and Vulkan
+      {"use_winograd_convolution", &::ncnn::Option::use_winograd_convolution},
+      {"use_winograd23_convolution", &::ncnn::Option::use_winograd23_convolution},
+      {"use_winograd43_convolution", &::ncnn::Option::use_winograd43_convolution},
+      {"use_winograd63_convolution", &::ncnn::Option::use_winograd63_convolution},
+      {"use_sgemm_convolution", &::ncnn::Option::use_sgemm_convolution}};
   for (const auto& [name, field] : switches)
     option.def_prop_rw(
         name, [field = field](const ::ncnn::Option& o) { return o.*field; },

@@ -559,6 +559,38 @@ def test_scratch_that_cannot_grow_leaves_the_scratch_held_before_usable(tmp_path
     assert lines == ["big under the limit: -100", "small after it: 0", "big without a limit: 0"], proc.stdout
 
 
+CONVOLUTION_SWITCHES = ("use_winograd_convolution", "use_winograd23_convolution", "use_winograd43_convolution",
+                        "use_winograd63_convolution", "use_sgemm_convolution")
+
+
+@pytest.mark.parametrize("vulkan", [False, True], ids=["cpu", "vulkan"])
+def test_the_convolution_switches_reach_ncnns_own_convolutions(vulkan):
+    """pyncnn's Option.use_winograd_convolution and its kin choose how ncnn's own Convolution layers compute: on
+    sd_resblock's 3x3 convolutions of 64 channels, winograd off gives other roundings than ncnn's default (on), within
+    float32's reach of each other, and a CPU net with vknorm's layers gives stock ncnn's result bit for bit either
+    way."""
+    x = graph.Mat(np.random.default_rng(0).standard_normal((64, 16, 16)).astype(np.float32))
+    assert graph.Option().use_winograd_convolution and graph.Option().use_sgemm_convolution  # ncnn's defaults
+
+    def run(vknorm_layers=True, **switches):
+        net = graph.configure(graph.Net(vknorm=vknorm_layers), vulkan=vulkan)
+        for name, on in switches.items():
+            setattr(net.opt, name, on)
+        prefix = os.path.join(graph_runs.DATA, "sd_resblock.ncnn.")
+        assert net.load_param(prefix + "param") == 0 and net.load_model(prefix + "bin") == 0
+        ex = net.create_extractor()
+        ex.input("in0", x)
+        r, out = ex.extract("out0")
+        assert r == 0
+        return np.array(out)
+
+    default, direct = run(), run(use_winograd_convolution=False)
+    assert not np.array_equal(default, direct)
+    np.testing.assert_allclose(direct, default, rtol=0, atol=1e-4 * max(1.0, float(np.abs(default).max())))
+    if not vulkan:
+        assert np.array_equal(direct, run(vknorm_layers=False, use_winograd_convolution=False))
+
+
 def test_an_extractor_needs_a_loaded_model_with_the_options_it_was_loaded_with(tmp_path):
     """ncnn builds every layer's pipelines in load_model, for the options it finds then; an extractor of a net
     whose model did not load, or whose format options changed after that, would run layers without pipelines
@@ -593,7 +625,9 @@ def test_an_extractor_needs_a_loaded_model_with_the_options_it_was_loaded_with(t
     net.opt.num_threads = threads
     # ncnn turns these off at load_param where the device lacks them (lavapipe prefers no shader local memory)
     # and builds no pipelines for them: on again, an extract crashed in its Convolution
-    for name in ("use_shader_local_memory", "use_subgroup_ops", "use_cooperative_matrix"):
+    # and the convolution's switches, whose weights and pipelines load_model builds and ncnn's Vulkan forward
+    # reads the switches again
+    for name in ("use_shader_local_memory", "use_subgroup_ops", "use_cooperative_matrix", *CONVOLUTION_SWITCHES):
         loaded = getattr(net.opt, name)
         setattr(net.opt, name, not loaded)
         refused(net, rf"net.opt changed after load_model \(.*{name}={int(loaded)}.* -> .*{name}={int(not loaded)}")

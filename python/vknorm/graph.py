@@ -23,8 +23,8 @@ fused), custom Python layers, allocator objects (``allocator=None`` is taken, as
 ``Mat.create`` / ``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1),
 ``create_layer``, ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
 functions that make other element types or packings (``convert_packing``, ``cast_*``, ``quantize_to_int8``),
-``VulkanDevice``'s allocators, ``Mat.refcount`` / ``addref``, Mat's batch API, and the
-convolution tuning flags of ``Option``. A Mat's ``w``, ``h``, ``c``, ... are read-only; an option switch set to None is a
+``VulkanDevice``'s allocators, ``Mat.refcount`` / ``addref``, Mat's batch API, and ``Option``'s int8 switches
+(this ncnn is built without int8) and ``use_tensor_storage``. A Mat's ``w``, ``h``, ``c``, ... are read-only; an option switch set to None is a
 TypeError (pyncnn takes it as False). ``Net.layers()`` gives ``(name, type, is_vknorm, on_vulkan)``
 tuples, not Layer objects. bfloat16 storage (``opt.use_bf16_storage`` / ``use_bf16_packed``), where the device takes
 it, is refused by vknorm's layers at load (``Net(vknorm=False)`` runs it).
