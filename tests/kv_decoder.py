@@ -15,17 +15,29 @@ pnnx does not emit this form (it traces one forward, with no caches), so the tex
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import numpy as np
 
-E, H, D, G, F = 64, 4, 16, 2, 128  # hidden, query heads, head dim, key/value heads (SDPA), MLP width
+
+class Dims(NamedTuple):
+    E: int  # hidden
+    H: int  # query heads
+    D: int  # head dim
+    G: int  # key/value heads (SDPA; MultiHeadAttention has H)
+    F: int  # MLP width
+
+
+SMALL = Dims(64, 4, 16, 2, 128)  # the tests' layer
+E, H, D, G, F = SMALL
 EPS = 1e-6
 ATTENTIONS = ("sdpa", "mha")
 MASKED = -1e4  # what the mask adds where a token may not look: exp() of it is 0 in float32 and float16
 
 
-def weights(attention: str, seed: int = 0) -> dict:
+def weights(attention: str, seed: int = 0, dims: Dims = SMALL) -> dict:
     """The layer's weights, float32, each projection as (out, in)."""
+    E, H, D, G, F = dims
     rng = np.random.default_rng(seed)
     w = lambda n, k: (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
     kv_heads = G if attention == "sdpa" else H
@@ -44,7 +56,8 @@ def _gemm(name: str, bottom: str, top: str, n: int, k: int) -> str:
     return f"Gemm {name} 1 1 {bottom} {top} 2=0 3=1 4=0 5=1 6=1 8={n} 9={k} 10=-1"
 
 
-def _attention_layers(attention: str) -> list:
+def _attention_layers(attention: str, dims: Dims) -> list:
+    E, H, D, G, _ = dims
     if attention == "mha":
         return ["MultiHeadAttention attn 4 3 h0 mask past_k past_v a2 k_cache v_cache "
                 f"0={E} 1={H} 2={E * H * D} 5=1 7=1"]
@@ -57,10 +70,11 @@ def _attention_layers(attention: str) -> list:
              _gemm("o_proj", "a2x", "a2", E, H * D)])
 
 
-def layers(attention: str) -> list:
+def layers(attention: str, dims: Dims = SMALL) -> list:
+    E, _, _, _, F = dims
     return ["Input in0 0 1 in0", "Input mask 0 1 mask", "Input past_k 0 1 past_k", "Input past_v 0 1 past_v",
             "Split sp0 1 2 in0 x0 x1", f"RMSNorm rms_attn 1 1 x1 h0 0={E} 1={EPS:e} 2=1",
-            *_attention_layers(attention),
+            *_attention_layers(attention, dims),
             "BinaryOp add0 2 1 x0 a2 r0 0=0", "Split sp2 1 2 r0 r1 r2",
             f"RMSNorm rms_mlp 1 1 r2 m0 0={E} 1={EPS:e} 2=1", "Split sp3 1 2 m0 m1 m2",
             _gemm("gate_proj", "m1", "g0", F, E), "Swish silu 1 1 g0 g1", _gemm("up_proj", "m2", "u0", F, E),
@@ -68,9 +82,9 @@ def layers(attention: str) -> list:
             "BinaryOp add1 2 1 r1 d0 out0 0=0"]
 
 
-def write(directory, attention: str, w: dict) -> tuple:
-    """decoder_<attention>.param / .bin in directory; returns their paths."""
-    lines = layers(attention)
+def write(directory, attention: str, w: dict, dims: Dims = SMALL) -> tuple:
+    """decoder_<attention>.param / .bin in directory (w: weights(attention, dims=dims)); returns their paths."""
+    lines = layers(attention, dims)
     blobs = set()
     for line in lines:
         words = line.split()
@@ -102,8 +116,9 @@ def _rms(t, g):
     return t / np.sqrt((t * t).mean(-1, keepdims=True) + EPS) * g
 
 
-def _heads(attention: str, w: dict, x) -> tuple:
+def _heads(attention: str, w: dict, x, dims: Dims) -> tuple:
     """float64 weights, and the queries, keys and values of the tokens x (L, E) by head: (heads, L, D)."""
+    _, H, D, G, _ = dims
     w = {k: v.astype(np.float64) for k, v in w.items()}
     n = len(x)
     h = _rms(np.asarray(x, np.float64), w["rms_attn"])
@@ -112,9 +127,10 @@ def _heads(attention: str, w: dict, x) -> tuple:
     return w, project("q", H), project("k", kv_heads), project("v", kv_heads)
 
 
-def reference(attention: str, w: dict, x) -> np.ndarray:
+def reference(attention: str, w: dict, x, dims: Dims = SMALL) -> np.ndarray:
     """float64 out0 for the whole sequence x (L, E) at once: every row as a token-by-token run gives it."""
-    w, q, k, v = _heads(attention, w, x)
+    _, H, D, _, _ = dims
+    w, q, k, v = _heads(attention, w, x, dims)
     x = np.asarray(x, np.float64)
     n, kv_heads = len(x), k.shape[0]
     a = np.empty((H, n, D))
@@ -129,6 +145,6 @@ def reference(attention: str, w: dict, x) -> np.ndarray:
     return r + (g / (1 + np.exp(-g)) * (m @ w["up"].T)) @ w["down"].T
 
 
-def key_cache_reference(w: dict, x) -> np.ndarray:
+def key_cache_reference(w: dict, x, dims: Dims = SMALL) -> np.ndarray:
     """float64 of the SDPA form's key cache after the tokens x (L, E): (G, L, D), as ncnn's Vulkan layer keeps it."""
-    return _heads("sdpa", w, x)[2]
+    return _heads("sdpa", w, x, dims)[2]
