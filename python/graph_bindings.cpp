@@ -716,8 +716,8 @@ int checked_gpu_index(int index, const std::string& where) {
 }
 // ncnn's GpuInfo of a device as values taken now (pyncnn's GpuInfo refers to ncnn's own, freed with its instance):
 // pyncnn's getters and those of ncnn's that say what a norm kernel meets (storage types, subgroups, workgroups).
-nb::dict gpu_info_fields(int index) {
-  const ::ncnn::GpuInfo& g = ::ncnn::get_gpu_info(checked_gpu_index(index, "get_gpu_info"));
+nb::dict gpu_info_fields(int index, const std::string& caller) {
+  const ::ncnn::GpuInfo& g = ::ncnn::get_gpu_info(checked_gpu_index(index, caller));
   nb::dict d;
   d["device_index"] = g.device_index();
   d["device_name"] = std::string(g.device_name());
@@ -1874,6 +1874,15 @@ void track_device_memory() {
 
 }  // namespace
 
+void set_vulkan_device(Net& n, int index) {
+  checked_gpu_index(index, "set_vulkan_device");
+  writing(n, [&] {
+    if (n.param_loaded)  // its layers were made for the device it had then
+      throw std::runtime_error("set_vulkan_device: call it before load_param, as in ncnn");
+    n.net.set_vulkan_device(index);
+  });
+}
+
 NB_MODULE(_graph, m) {
   vknorm_python::define_leak_warning_switch(m);
   m.doc() = "ncnn's Vulkan graph with vknorm's norm layers inside (ncnn compiled from source)";
@@ -2304,16 +2313,16 @@ NB_MODULE(_graph, m) {
             });
           },
           nb::rv_policy::reference_internal)
+      .def("set_vulkan_device", &set_vulkan_device, "device_index"_a)
+      // pyncnn's other form: a VulkanDevice (vknorm.graph's, as get_gpu_device gives it)
       .def("set_vulkan_device",
-           [](Net& n, int index) {
-             checked_gpu_index(index, "set_vulkan_device");
-             writing(n, [&] {
-               if (n.param_loaded)  // its layers were made for the device it had then
-                 throw std::runtime_error("set_vulkan_device: call it before load_param, as in ncnn");
-               n.net.set_vulkan_device(index);
-             });
+           [](Net& n, nb::handle device) {
+             if (!nb::isinstance(device, nb::module_::import_("vknorm.graph").attr("VulkanDevice")))
+               throw nb::type_error(("set_vulkan_device: expected a device index or a vknorm.graph.VulkanDevice, "
+                                     "got " + std::string(nb::type_name(device.type()).c_str())).c_str());
+             set_vulkan_device(n, nb::cast<int>(device.attr("info")().attr("device_index")()));
            },
-           "device_index"_a)
+           "vkdev"_a)
       // pyncnn's: the device the net runs on (vknorm.graph.VulkanDevice), None until set_vulkan_device or a Vulkan
       // net's load_param picks one
       .def("vulkan_device",
@@ -2514,7 +2523,7 @@ NB_MODULE(_graph, m) {
   m.def("gpu_count", [] { return ncnn_gpu_count(); });
   m.def("gpu_name",
         [](int i) { return std::string(::ncnn::get_gpu_info(checked_gpu_index(i, "gpu_name")).device_name()); });
-  m.def("gpu_info", &gpu_info_fields, "device_index"_a);
+  m.def("gpu_info", &gpu_info_fields, "device_index"_a, "caller"_a);
   m.def("gpu_heap_budget", &gpu_heap_budget, "device_index"_a);
   m.def("default_gpu_index", [] { return ::ncnn::get_default_gpu_index(); });
   // Every vknorm layer of the process, nets cleared or destroyed included (vknorm::ncnn::counters()).

@@ -1926,16 +1926,22 @@ def test_a_nets_vulkan_device_is_none_until_it_has_one():
     picked.set_vulkan_device(0)
     assert picked.vulkan_device() == graph.VulkanDevice(0)
     assert picked.vulkan_device().info().device_name() == graph.gpu_name(0)
+    given = graph.Net()  # pyncnn's other form: the device itself
+    given.set_vulkan_device(graph.get_gpu_device(0))
+    assert given.vulkan_device() == graph.VulkanDevice(0)
+    with pytest.raises(TypeError, match="expected a device index or a vknorm.graph.VulkanDevice"):
+        given.set_vulkan_device("0")
 
 
 @pytest.mark.parametrize("call", ["get_gpu_info", "get_gpu_device", "VulkanDevice", "gpu_name"])
-def test_a_gpu_index_outside_ncnns_devices_is_a_value_error(call):
-    """pyncnn reads past ncnn's device table there."""
+def test_a_gpu_index_outside_ncnns_devices_is_a_value_error_naming_the_call(call):
+    """pyncnn reads past ncnn's device table there (get_gpu_device: gives None, which fails later and elsewhere)."""
     for index in (-1, graph.get_gpu_count()):
-        with pytest.raises(ValueError, match=f"device index {index} out of range"):
+        with pytest.raises(ValueError, match=f"^{call}: device index {index} out of range"):
             getattr(graph, call)(index)
-    with pytest.raises(TypeError):
-        getattr(graph, call)(0.5)
+    for bad in (0.5, "0")[:1 if call == "gpu_name" else 2]:
+        with pytest.raises(TypeError):
+            getattr(graph, call)(bad)
 
 
 def test_an_extractor_used_after_clear_says_so():

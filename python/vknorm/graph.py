@@ -126,11 +126,15 @@ ncnn's int coefficient tables, resizing a dims 4 Mat, Mats and results past 2^31
 Device: a Vulkan net runs on ncnn's default GPU; ``net.set_vulkan_device(i)`` (ncnn's GPU index, before
 ``load_param``) picks another, as in pyncnn. ``get_gpu_info(i)`` (a ``GpuInfo``: pyncnn's getters and ncnn's storage,
 subgroup and workgroup ones), ``get_gpu_device(i)`` and ``net.vulkan_device()`` (a ``VulkanDevice``: ``info()``,
-``get_heap_budget()``; None until the net has a device) are pyncnn's too. ``VKNORM_DEVICE`` picks the device of vknorm's own layers
+``get_heap_budget()``; None until the net has a device; ``net.set_vulkan_device`` takes one too) are pyncnn's too.
+An index outside ncnn's devices is a ValueError (pyncnn: None from ``get_gpu_device``, a crash from ``get_gpu_info``
+and ``VulkanDevice(i)``). ``VKNORM_DEVICE`` picks the device of vknorm's own layers
 (``vknorm.LayerNorm`` ...), not an ncnn net's. ``net.model_bytes_read``: how many bytes of the .bin the last
 ``load_model`` or ``load_model_mem`` read (fewer than it holds: a .bin for another .param?).
 """
 from __future__ import annotations
+
+import operator
 
 try:
     from . import _graph
@@ -224,7 +228,7 @@ del _name
 def get_gpu_info(device_index: int = 0) -> GpuInfo:
     """pyncnn's get_gpu_info: ncnn's facts about Vulkan device ``device_index`` (ValueError outside
     0..get_gpu_count()-1, where pyncnn reads past ncnn's device table)."""
-    return GpuInfo(_graph.gpu_info(device_index))
+    return GpuInfo(_graph.gpu_info(operator.index(device_index), "get_gpu_info"))
 
 
 class VulkanDevice:
@@ -235,9 +239,10 @@ class VulkanDevice:
 
     __slots__ = ("_index",)
 
-    def __init__(self, device_index: int = 0):
-        _graph.gpu_info(device_index)  # the index checked now, not at first use
-        self._index = device_index
+    def __init__(self, device_index: int = 0, *, _caller: str = "VulkanDevice"):
+        index = operator.index(device_index)
+        _graph.gpu_info(index, _caller)  # the index checked now, not at first use
+        self._index = index
 
     def info(self) -> GpuInfo:
         return get_gpu_info(self._index)
@@ -256,8 +261,9 @@ class VulkanDevice:
 
 
 def get_gpu_device(device_index: int = 0) -> VulkanDevice:
-    """pyncnn's get_gpu_device: ncnn's Vulkan device ``device_index`` (ValueError outside its range)."""
-    return VulkanDevice(device_index)
+    """pyncnn's get_gpu_device: ncnn's Vulkan device ``device_index`` (ValueError outside its range, where
+    pyncnn's gives None)."""
+    return VulkanDevice(device_index, _caller="get_gpu_device")
 
 
 def configure(net: Net, *, vulkan: bool = True, fp16: bool = False, packing: bool = True,
