@@ -7,7 +7,7 @@ vknorm inside ncnn's graph, unfused and fused, in one process: wall ms per decod
                                  [--rounds 7] [--fp16] [--json OUT.json]
 
 --dims: hidden, query heads, head dim, key/value heads (SDPA), MLP width; the default is one layer of a 1.5B-class
-model (2048 hidden, 16 heads of 128, 4 key/value heads, 5632 MLP: 176 MB of float32 weights). MultiHeadAttention
+model (2048 hidden, 16 heads of 128, 4 key/value heads, 5632 MLP: 180 MB of float32 weights). MultiHeadAttention
 needs heads x head dim = hidden.
 
 A decode is what a decoder runs: the prompt as one step (its past caches empty Mats), then --tokens steps of one
