@@ -92,12 +92,17 @@ def measure(attention: str, dims: kd.Dims, prompt: int, tokens: int, rounds: int
     param, binp = kd.write(workdir, attention, w, dims)
     x = np.random.default_rng(seed + 1).standard_normal((prompt + tokens, dims.E)).astype(np.float32)
     want = kd.reference(attention, w, x, dims)
+    from vknorm.bench import _Progress
+
+    progress = _Progress(len(IMPLS) * (1 + rounds))  # on stderr where a person watches (a terminal)
     decoders = {impl: Decoder(impl, param, binp, fp16) for impl in IMPLS}
-    for d in decoders.values():  # pipelines, allocators, clocks
+    for impl, d in decoders.items():  # pipelines, allocators, clocks
+        progress.start(f"warm-up {impl}")
         end = time.perf_counter() + 0.5
         d.decode(x, prompt)
         while time.perf_counter() < end:
             d.decode(x, prompt)
+        progress.done()
     rng = random.Random(seed)
     prompt_ms = {impl: [] for impl in IMPLS}
     token_ms = {impl: [] for impl in IMPLS}
@@ -105,12 +110,14 @@ def measure(attention: str, dims: kd.Dims, prompt: int, tokens: int, rounds: int
     for r in range(rounds):
         outs = {}
         for impl in rng.sample(IMPLS, len(IMPLS)):
+            progress.start(f"round {r + 1}/{rounds} {impl}")
             p, t, outs[impl] = decoders[impl].decode(x, prompt)
             prompt_ms[impl].append(p)
             token_ms[impl].append(statistics.median(t))
+            progress.done()
         for impl, j in judge(outs, want, fp16).items():
             worst[impl] = {"max_err": max(worst[impl]["max_err"], j["max_err"]), "ok": worst[impl]["ok"] and j["ok"]}
-        print(f"  round {r + 1}/{rounds}", file=sys.stderr, flush=True)
+    progress.close()
     med = lambda v: round(statistics.median(v), 4)
     return {"attention": attention, "dims": dims._asdict(), "prompt": prompt, "tokens": tokens, "rounds": rounds,
             "fp16": fp16, "token_ms": {i: med(v) for i, v in token_ms.items()},
