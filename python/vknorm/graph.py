@@ -24,10 +24,10 @@ fused), custom Python layers, allocator objects (``allocator=None`` is taken, as
 ``create_layer``, ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
 functions that make other element types or packings (``convert_packing``, ``cast_*``, ``quantize_to_int8``),
 ``VulkanDevice``'s allocators, ``Mat.refcount`` / ``addref``, Mat's batch API, and ``Option``'s int8 switches
-(this ncnn is built without int8) and ``use_tensor_storage``. A Mat's ``w``, ``h``, ``c``, ... are read-only; an option switch set to None is a
-TypeError (pyncnn takes it as False). ``Net.layers()`` gives ``(name, type, is_vknorm, on_vulkan)``
-tuples, not Layer objects. bfloat16 storage (``opt.use_bf16_storage`` / ``use_bf16_packed``), where the device takes
-it, is refused by vknorm's layers at load (``Net(vknorm=False)`` runs it).
+(this ncnn is built without int8) and ``use_tensor_storage``. A Mat's ``w``, ``h``, ``c``, ... are read-only; an
+option switch set to None is a TypeError (pyncnn takes it as False). ``Net.layers()`` gives ``(name, type,
+is_vknorm, on_vulkan)`` tuples, not Layer objects. bfloat16 storage (``opt.use_bf16_storage`` / ``use_bf16_packed``),
+where the device takes it, is refused by vknorm's layers at load (``Net(vknorm=False)`` runs it).
 
 This is ncnn compiled from its pinned source (1.0.20261020, tools/build_ncnn.sh) into vknorm itself, so
 a stock run and a vknorm run in one process share one ncnn. It lives beside pyncnn: the two copies of ncnn
@@ -205,24 +205,31 @@ class GpuInfo:
     def __repr__(self) -> str:
         return f"GpuInfo(device_index={self.device_index()}, device_name={self.device_name()!r})"
 
-
-def _gpu_info_getter(name: str):
-    def getter(self):
-        return self._fields[name]
-    getter.__name__ = getter.__qualname__ = name
-    getter.__doc__ = f"ncnn's GpuInfo::{name}()"
-    return getter
-
-
-_GPU_INFO_FIELDS = ("device_index", "device_name", "api_version", "driver_version", "driver_id", "driver_name",
-                    "vendor_id", "device_id", "pipeline_cache_uuid", "type", "max_shared_memory_size",
-                    "max_workgroup_invocations", "max_workgroup_size_x", "max_workgroup_count_x", "subgroup_size",
-                    "timestamp_period", "compute_queue_count", "support_fp16_packed", "support_fp16_storage",
-                    "support_fp16_arithmetic", "support_bf16_storage", "support_int8_storage",
-                    "support_subgroup_ops", "support_cooperative_matrix")
-for _name in _GPU_INFO_FIELDS:
-    setattr(GpuInfo, _name, _gpu_info_getter(_name))
-del _name
+    # ncnn's GpuInfo getters, by name (support_subgroup_ops: ncnn's bit mask of subgroup operations)
+    def device_index(self) -> int: return self._fields["device_index"]
+    def device_name(self) -> str: return self._fields["device_name"]
+    def api_version(self) -> int: return self._fields["api_version"]
+    def driver_version(self) -> int: return self._fields["driver_version"]
+    def driver_id(self) -> int: return self._fields["driver_id"]
+    def driver_name(self) -> str: return self._fields["driver_name"]
+    def vendor_id(self) -> int: return self._fields["vendor_id"]
+    def device_id(self) -> int: return self._fields["device_id"]
+    def pipeline_cache_uuid(self) -> bytes: return self._fields["pipeline_cache_uuid"]
+    def type(self) -> int: return self._fields["type"]
+    def max_shared_memory_size(self) -> int: return self._fields["max_shared_memory_size"]
+    def max_workgroup_invocations(self) -> int: return self._fields["max_workgroup_invocations"]
+    def max_workgroup_size_x(self) -> int: return self._fields["max_workgroup_size_x"]
+    def max_workgroup_count_x(self) -> int: return self._fields["max_workgroup_count_x"]
+    def subgroup_size(self) -> int: return self._fields["subgroup_size"]
+    def timestamp_period(self) -> float: return self._fields["timestamp_period"]
+    def compute_queue_count(self) -> int: return self._fields["compute_queue_count"]
+    def support_fp16_packed(self) -> bool: return self._fields["support_fp16_packed"]
+    def support_fp16_storage(self) -> bool: return self._fields["support_fp16_storage"]
+    def support_fp16_arithmetic(self) -> bool: return self._fields["support_fp16_arithmetic"]
+    def support_bf16_storage(self) -> bool: return self._fields["support_bf16_storage"]
+    def support_int8_storage(self) -> bool: return self._fields["support_int8_storage"]
+    def support_subgroup_ops(self) -> int: return self._fields["support_subgroup_ops"]
+    def support_cooperative_matrix(self) -> bool: return self._fields["support_cooperative_matrix"]
 
 
 def get_gpu_info(device_index: int = 0) -> GpuInfo:
