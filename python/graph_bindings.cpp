@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <condition_variable>
+#include <deque>
 #include <cstring>
 #include <map>
 #include <set>
@@ -1915,13 +1916,18 @@ NB_MODULE(_graph, m) {
       {"use_winograd43_convolution", &::ncnn::Option::use_winograd43_convolution},
       {"use_winograd63_convolution", &::ncnn::Option::use_winograd63_convolution},
       {"use_sgemm_convolution", &::ncnn::Option::use_sgemm_convolution}};
-  for (const auto& [name, field] : switches)
+  // The setters' signatures for stubs (they take any object, to refuse None and the like with a message);
+  // nanobind keeps the pointers, so the strings live as long as the module.
+  static std::deque<std::string> setter_sigs;
+  for (const auto& [name, field] : switches) {
+    setter_sigs.push_back(std::string("def ") + name + "(self, value: bool, /) -> None");
     option.def_prop_rw(
         name, [field = field](const ::ncnn::Option& o) { return o.*field; },
         [field = field, what = std::string("Option.") + name](::ncnn::Option& o, nb::handle v) {
           o.*field = as_switch(v, what);
         },
-        nb::for_setter(nb::arg("value").none()));
+        nb::for_setter(nb::arg("value").none()), nb::for_setter(nb::sig(setter_sigs.back().c_str())));
+  }
 
   nb::class_<::ncnn::Mat>(m, "Mat", nb::type_slots(kMatSlots))
       .def(nb::init<>())
@@ -2314,22 +2320,13 @@ NB_MODULE(_graph, m) {
           },
           nb::rv_policy::reference_internal)
       .def("set_vulkan_device", &set_vulkan_device, "device_index"_a)
-      // pyncnn's other form: a VulkanDevice (vknorm.graph's, as get_gpu_device gives it)
-      .def("set_vulkan_device",
-           [](Net& n, nb::handle device) {
-             if (!nb::isinstance(device, nb::module_::import_("vknorm.graph").attr("VulkanDevice")))
-               throw nb::type_error(("set_vulkan_device: expected a device index or a vknorm.graph.VulkanDevice, "
-                                     "got " + std::string(nb::type_name(device.type()).c_str())).c_str());
-             set_vulkan_device(n, nb::cast<int>(device.attr("info")().attr("device_index")()));
-           },
-           "vkdev"_a)
-      // pyncnn's: the device the net runs on (vknorm.graph.VulkanDevice), None until set_vulkan_device or a Vulkan
-      // net's load_param picks one
-      .def("vulkan_device",
-           [](Net& n) -> nb::object {
+      // The index of the device the net runs on, None until set_vulkan_device or a Vulkan net's load_param picks
+      // one (vknorm.graph.Net.vulkan_device gives it as pyncnn's VulkanDevice)
+      .def("_vulkan_device_index",
+           [](Net& n) -> std::optional<int> {
              const ::ncnn::VulkanDevice* device = reading(n, [&] { return n.net.vulkan_device(); });
-             if (!device) return nb::none();
-             return nb::module_::import_("vknorm.graph").attr("VulkanDevice")(device->info.device_index());
+             if (!device) return std::nullopt;
+             return device->info.device_index();
            })
       .def("load_param",
            [](Net& n, nb::handle file) {

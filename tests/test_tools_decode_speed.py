@@ -35,6 +35,8 @@ def test_each_implementation_is_timed_and_its_outputs_judged(tmp_path, attention
     for key in ("token_ms", "prompt_ms", "outputs"):
         assert sorted(r[key]) == sorted(impls), r
     assert all(r["token_ms"][i] > 0 and r["prompt_ms"][i] > 0 for i in impls), r
+    assert all(len(r["token_ms_rounds"][i]) == 2 for i in impls), r
+    assert r["dims"]["G"] == (4 if attention == "mha" else 2), r  # MultiHeadAttention: every head
     assert all(r["outputs"][i]["ok"] and 0 < r["outputs"][i]["max_err"] < 1e-2 for i in impls), r
     table = proc.stdout.splitlines()
     assert [ln.split()[0] for ln in table[2:]] == impls and all(ln.endswith(" ok") for ln in table[2:]), proc.stdout
@@ -51,11 +53,17 @@ def test_a_spoiled_output_is_outside_the_rule():
         bad[3, 5] += spoil
         j = tool.judge({"ncnn-vulkan": stock, "vknorm-in-graph": stock.copy(), "vknorm-fused": bad}, want, storage_fp16)
         assert j["ncnn-vulkan"]["ok"] and j["vknorm-in-graph"]["ok"] and not j["vknorm-fused"]["ok"], j
+    # a decode of something else in every implementation (a harness's own mistake): stock's bound catches it
+    for storage_fp16, spoil in ((False, 5e-3), (True, 0.2)):
+        wrong = want + spoil
+        j = tool.judge({impl: wrong for impl in ("ncnn-vulkan", "vknorm-in-graph", "vknorm-fused")}, want, storage_fp16)
+        assert not j["ncnn-vulkan"]["ok"], j
 
 
 def test_bad_sizes_are_a_usage_error():
     for args in (["--dims", "1,2,3"], ["--dims", "64,4,16,3,128"], ["--dims", "64,4,16,0,128"],
-                 ["--attention", "mha", "--dims", "64,4,8,2,128"], ["--tokens", "0"]):
+                 ["--attention", "mha", "--dims", "64,4,8,2,128"], ["--tokens", "0"],
+                 ["--json", "/nonexistent/decode.json"]):
         proc = run_tool(*args, timeout=60)
         assert proc.returncode == 2 and "decode_speed.py: error:" in proc.stderr.strip().splitlines()[-1], (
             args, proc.stderr)

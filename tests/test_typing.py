@@ -1,8 +1,8 @@
 """The package's types, as IDEs and type checkers read them: each compiled module (vknorm._core, vknorm._graph) has a
 stub that nanobind's stubgen wrote from the module as built, installed beside it and naming everything the module
 binds; with the package's py.typed, mypy checks a pyncnn-style script against vknorm.graph's API and vknorm's layers
-(the script as the README writes it is clean; a misspelt method, a write to a read-only field and a Mat taken for an
-int are errors)."""
+(the script as the README writes it is clean; a misspelt method, a write to a read-only field, a Mat taken for an int,
+None for an option switch and a device that may be None are errors)."""
 from __future__ import annotations
 
 import ast
@@ -34,6 +34,13 @@ ret, out = ex.extract("out0")
 w: int = out.w
 name: str = ncnn.get_gpu_info(0).device_name()
 budget: int = ncnn.get_gpu_device(0).get_heap_budget()
+device = net.vulkan_device()
+if device is not None:
+    subgroup: int = device.info().subgroup_size()
+net.set_vulkan_device(vkdev=ncnn.get_gpu_device(0))
+zeros = net.load_model(ncnn.DataReaderFromEmpty())
+ncnn.set_omp_num_threads(2)
+small: ncnn.Mat = ncnn.resize_bilinear(out, 8, 8)
 ln = vknorm.LayerNorm(affine_size=768, eps=1e-5)
 ln.load_model(np.ones(768, np.float32), np.zeros(768, np.float32))
 y = ln(np.zeros((4, 768), np.float32))
@@ -48,6 +55,8 @@ ret, out = ex.extract("out0")
 out.w = 3
 index: int = ex.extract("out0")[1]
 net.load_parm("x")
+net.opt.lightmode = None
+net.vulkan_device().info()
 """
 
 
@@ -104,7 +113,10 @@ def test_mypy_checks_a_script_against_the_bound_api(tmp_path):
     assert clean.returncode == 0, clean.stdout + clean.stderr
     wrong = mypy("wrong.py")
     errors = [ln.split(" error: ")[1] for ln in wrong.stdout.splitlines() if " error: " in ln]
-    assert wrong.returncode == 1 and len(errors) == 3, wrong.stdout + wrong.stderr
+    assert wrong.returncode == 1 and len(errors) == 5, wrong.stdout + wrong.stderr
     assert errors[0].startswith('Property "w" defined in "Mat" is read-only'), errors
     assert errors[1].startswith('Incompatible types in assignment (expression has type "Mat", variable has type "int")')
     assert errors[2].startswith('"Net" has no attribute "load_parm"'), errors
+    assert errors[3].startswith('Incompatible types in assignment (expression has type "None", variable has type '
+                                '"bool")'), errors
+    assert errors[4].startswith('Item "None" of "VulkanDevice | None" has no attribute "info"'), errors

@@ -6,17 +6,19 @@ vknorm inside ncnn's graph, unfused and fused, in one process: wall ms per decod
     python tools/decode_speed.py [--attention sdpa|mha] [--dims E,H,D,G,F] [--prompt 128] [--tokens 32]
                                  [--rounds 7] [--fp16] [--json OUT.json]
 
---dims: hidden, query heads, head dim, key/value heads (SDPA), MLP width; the default is one layer of a 1.5B-class
-model (2048 hidden, 16 heads of 128, 4 key/value heads, 5632 MLP: 180 MB of float32 weights). MultiHeadAttention
-needs heads x head dim = hidden.
+--dims: hidden, query heads, head dim, key/value heads (SDPA; MultiHeadAttention's keys and values have every
+head, whatever G says), MLP width; the default is one layer of a 1.5B-class model (2048 hidden, 16 heads of 128, 4
+key/value heads, 5632 MLP: 180 MB of float32 weights). MultiHeadAttention needs heads x head dim = hidden.
 
 A decode is what a decoder runs: the prompt as one step (its past caches empty Mats), then --tokens steps of one
 token each, every step's caches given back to the next; each step a new extractor, its inputs from numpy and out0
 back to numpy (the caches stay Mats). Each round decodes once with every implementation, in a new random order,
 after a warm-up of at least 0.5 s each; reported: the median over rounds of each decode's median token time, and of
-its prompt step. Every decode's outputs are checked against float64 of the whole sequence (kv_decoder.reference) by
-`vknorm check --vulkan`'s rule: vknorm within twice stock ncnn's own error plus 1e-4 (float32 storage) or 1e-3
-(float16) at the outputs' scale; a decode outside it, or not finite, ends the run with exit 1.
+its prompt step (the JSON keeps each round's token time too). Every decode's outputs are checked against float64 of
+the whole sequence (kv_decoder.reference): stock ncnn within 1e-3 (float32 storage) or 5e-2 (float16) at the outputs'
+scale, a bound far above its storage's rounding that only a decode of something else breaks; vknorm by `vknorm check
+--vulkan`'s rule, within twice stock's own error plus 1e-4 or 1e-3 at that scale. A decode outside its bound, or not
+finite, ends the run with exit 1.
 """
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ import kv_decoder as kd  # noqa: E402
 
 IMPLS = ("ncnn-vulkan", "vknorm-in-graph", "vknorm-fused")
 ATOL = {False: 1e-4, True: 1e-3}  # check --vulkan's, by storage (fp16 or not)
+# What stock ncnn's own decode must keep against float64, at the outputs' scale: far above its storage's rounding
+# (float32 ~1e-5, float16 ~5e-3 measured), far below what a decode that is not this layer gives (errors of ~1)
+STOCK_BOUND = {False: 1e-3, True: 5e-2}
 DEFAULT_DIMS = kd.Dims(2048, 16, 128, 4, 5632)
 
 
@@ -78,12 +83,13 @@ class Decoder:
 
 
 def judge(outs: dict, want: np.ndarray, fp16: bool) -> dict:
-    """Each implementation's max |out0 - float64| and whether it keeps check --vulkan's rule."""
+    """Each implementation's max |out0 - float64| and whether it keeps its rule: stock ncnn within STOCK_BOUND of
+    float64, vknorm within check --vulkan's rule (twice stock's error plus ATOL), both at the outputs' scale."""
     scale = max(1.0, float(np.abs(want).max()))
     err = {impl: float(np.abs(o - want).max()) if np.isfinite(o).all() else float("inf") for impl, o in outs.items()}
-    bound = 2 * err["ncnn-vulkan"] + ATOL[fp16] * scale
-    return {impl: {"max_err": e, "ok": bool(np.isfinite(e) and (impl == "ncnn-vulkan" or e <= bound))}
-            for impl, e in err.items()}
+    bound = {impl: STOCK_BOUND[fp16] * scale if impl == "ncnn-vulkan" else 2 * err["ncnn-vulkan"] + ATOL[fp16] * scale
+             for impl in err}
+    return {impl: {"max_err": e, "ok": bool(e <= bound[impl])} for impl, e in err.items()}
 
 
 def measure(attention: str, dims: kd.Dims, prompt: int, tokens: int, rounds: int, fp16: bool, workdir: str,
@@ -121,7 +127,8 @@ def measure(attention: str, dims: kd.Dims, prompt: int, tokens: int, rounds: int
     med = lambda v: round(statistics.median(v), 4)
     return {"attention": attention, "dims": dims._asdict(), "prompt": prompt, "tokens": tokens, "rounds": rounds,
             "fp16": fp16, "token_ms": {i: med(v) for i, v in token_ms.items()},
-            "prompt_ms": {i: med(v) for i, v in prompt_ms.items()}, "outputs": worst}
+            "prompt_ms": {i: med(v) for i, v in prompt_ms.items()}, "outputs": worst,
+            "token_ms_rounds": {i: [round(t, 4) for t in v] for i, v in token_ms.items()}}
 
 
 def dims_arg(text: str) -> kd.Dims:
@@ -130,8 +137,8 @@ def dims_arg(text: str) -> kd.Dims:
         dims = kd.Dims(*values)
     except (ValueError, TypeError):
         raise argparse.ArgumentTypeError(f"--dims wants five integers E,H,D,G,F, got {text!r}") from None
-    if min(dims) < 1 or dims.H % dims.G:
-        raise argparse.ArgumentTypeError(f"--dims {text}: every size >= 1, and H a multiple of G")
+    if min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"--dims {text}: every size >= 1")
     return dims
 
 
@@ -145,10 +152,16 @@ def main(argv=None) -> int:
     ap.add_argument("--fp16", action="store_true", help="float16 storage")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
-    if args.attention == "mha" and args.dims.H * args.dims.D != args.dims.E:
-        ap.error("--attention mha needs H x D = E")
+    if args.attention == "mha":
+        if args.dims.H * args.dims.D != args.dims.E:
+            ap.error("--attention mha needs H x D = E")
+        args.dims = args.dims._replace(G=args.dims.H)  # MultiHeadAttention's keys and values have every head
+    if args.attention == "sdpa" and args.dims.H % args.dims.G:
+        ap.error(f"--dims: H ({args.dims.H}) must be a multiple of G ({args.dims.G})")
     if min(args.prompt, args.tokens, args.rounds) < 1:
         ap.error("--prompt, --tokens and --rounds must be >= 1")
+    if args.json and not os.access(os.path.dirname(os.path.abspath(args.json)), os.W_OK):
+        ap.error(f"--json {args.json}: cannot write there")
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -144,7 +144,6 @@ except ImportError as e:  # built without ncnn (CMake did not find it)
         "-C cmake.define.ncnn_DIR=<prefix>/lib/cmake/ncnn (make setup does both)"
     ) from e
 
-Net = _graph.Net
 Mat = _graph.Mat
 Option = _graph.Option
 Extractor = _graph.Extractor
@@ -163,7 +162,13 @@ _NCNN_FUNCTIONS = (
     "BorderType", "copy_make_border", "copy_make_border_3d", "copy_cut_border", "copy_cut_border_3d",
     "resize_nearest", "resize_bilinear", "resize_bicubic", "flatten",
 )
-globals().update({name: getattr(_graph, name) for name in _NCNN_FUNCTIONS})
+from ._graph import (  # written out, so that type checkers see them
+    BorderType, DataReaderFromEmpty, copy_cut_border, copy_cut_border_3d, copy_make_border, copy_make_border_3d,
+    flatten, get_big_cpu_count, get_cpu_count, get_cpu_powersave, get_kmp_blocktime, get_little_cpu_count,
+    get_omp_dynamic, get_omp_num_threads, get_omp_thread_num, get_physical_big_cpu_count, get_physical_cpu_count,
+    get_physical_little_cpu_count, resize_bicubic, resize_bilinear, resize_nearest, set_cpu_powersave,
+    set_kmp_blocktime, set_omp_dynamic, set_omp_num_threads,
+)
 
 __all__ = ["Net", "Mat", "Option", "Extractor", *_NCNN_FUNCTIONS, "gpu_count", "gpu_name", "get_gpu_count",
            "get_default_gpu_index", "GpuInfo", "get_gpu_info", "VulkanDevice", "get_gpu_device", "configure",
@@ -271,6 +276,31 @@ def get_gpu_device(device_index: int = 0) -> VulkanDevice:
     """pyncnn's get_gpu_device: ncnn's Vulkan device ``device_index`` (ValueError outside its range, where
     pyncnn's gives None)."""
     return VulkanDevice(device_index, _caller="get_gpu_device")
+
+
+class Net(_graph.Net):
+    """An ncnn Net with vknorm's layers inside (``Net(vknorm=False)``: stock ncnn; ``fuse``: the graph rewrite, on
+    by default with vknorm's layers), shaped like pyncnn's (module docstring)."""
+
+    def vulkan_device(self) -> VulkanDevice | None:
+        """pyncnn's: the device the net runs on, None until ``set_vulkan_device`` or a Vulkan net's ``load_param``
+        picks one."""
+        index = self._vulkan_device_index()
+        return None if index is None else VulkanDevice(index)
+
+    def set_vulkan_device(self, device_index: int | VulkanDevice | None = None, *,
+                          vkdev: VulkanDevice | None = None) -> None:
+        """pyncnn's two forms: ncnn's device index (``device_index=``) or a VulkanDevice (``vkdev=``); before
+        ``load_param``, as in ncnn."""
+        device = vkdev if vkdev is not None else device_index
+        if isinstance(device, VulkanDevice):
+            index = device._index
+        elif hasattr(device, "__index__"):
+            index = operator.index(device)
+        else:
+            raise TypeError(f"set_vulkan_device: expected a device index or a vknorm.graph.VulkanDevice, got "
+                            f"{type(device).__name__}")
+        super().set_vulkan_device(index)
 
 
 def configure(net: Net, *, vulkan: bool = True, fp16: bool = False, packing: bool = True,
