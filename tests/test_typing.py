@@ -2,7 +2,7 @@
 stub that nanobind's stubgen wrote from the module as built, installed beside it and naming everything the module
 binds; with the package's py.typed, mypy checks a pyncnn-style script against vknorm.graph's API and vknorm's layers
 (the script as the README writes it is clean; a misspelt method, a write to a read-only field, a Mat taken for an int,
-None for an option switch and a device that may be None are errors)."""
+None for an option switch, a device that may be None and a layer's numpy result taken for a VkMat are errors)."""
 from __future__ import annotations
 
 import ast
@@ -43,7 +43,10 @@ ncnn.set_omp_num_threads(2)
 small: ncnn.Mat = ncnn.resize_bilinear(out, 8, 8)
 ln = vknorm.LayerNorm(affine_size=768, eps=1e-5)
 ln.load_model(np.ones(768, np.float32), np.zeros(768, np.float32))
-y = ln(np.zeros((4, 768), np.float32))
+y: np.ndarray = ln(np.zeros((4, 768), np.float32))
+on_device: vknorm.VkMat = ln(vknorm.to_device(np.zeros((4, 768), np.float32)))
+normed, summed = ln.forward_add(y, y, return_sum=True)
+total: float = float(normed.sum() + summed.sum())
 """
 
 WRONG = """
@@ -57,6 +60,9 @@ index: int = ex.extract("out0")[1]
 net.load_parm("x")
 net.opt.lightmode = None
 net.vulkan_device().info()
+import numpy as np
+import vknorm
+kept: vknorm.VkMat = vknorm.LayerNorm(affine_size=8)(np.zeros((2, 8), np.float32))
 """
 
 
@@ -113,10 +119,11 @@ def test_mypy_checks_a_script_against_the_bound_api(tmp_path):
     assert clean.returncode == 0, clean.stdout + clean.stderr
     wrong = mypy("wrong.py")
     errors = [ln.split(" error: ")[1] for ln in wrong.stdout.splitlines() if " error: " in ln]
-    assert wrong.returncode == 1 and len(errors) == 5, wrong.stdout + wrong.stderr
+    assert wrong.returncode == 1 and len(errors) == 6, wrong.stdout + wrong.stderr
     assert errors[0].startswith('Property "w" defined in "Mat" is read-only'), errors
     assert errors[1].startswith('Incompatible types in assignment (expression has type "Mat", variable has type "int")')
     assert errors[2].startswith('"Net" has no attribute "load_parm"'), errors
     assert errors[3].startswith('Incompatible types in assignment (expression has type "None", variable has type '
                                 '"bool")'), errors
     assert errors[4].startswith('Item "None" of "VulkanDevice | None" has no attribute "info"'), errors
+    assert errors[5].startswith('Incompatible types in assignment (expression has type "ndarray'), errors

@@ -4,13 +4,14 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from typing import Mapping, Optional, Union
+from typing import Literal, Mapping, Optional, Tuple, TypeVar, Union, overload
 
 import numpy as np
 
 from . import _core
 
 _PATHS = ("auto", "subgroup", "workgroup", "split", "cooperative")
+_InPlace = TypeVar("_InPlace")  # forward_inplace gives back what it was given
 
 
 class Option:
@@ -490,10 +491,21 @@ class _Norm:
             raise TypeError(f"shape must be integers, got {shape!r}")
         return self._layer.group_layout([int(v) for v in dims])
 
+    # The types, for type checkers: a VkMat in, a VkMat out; anything else (numpy, an ncnn Mat) gives numpy.
+    @overload
+    def __call__(self, x: _core.VkMat, device=None, option: Optional[Option] = None) -> _core.VkMat: ...
+    @overload
+    def __call__(self, x: object, device=None, option: Optional[Option] = None) -> np.ndarray: ...
+
     def __call__(self, x, device=None, option: Optional[Option] = None):
         """Normalize x into a new array (x is only read); returns float32 (float16 for float16 input). A VkMat
         gives a new VkMat on its device, as ncnn's Layer::forward (device=, if given, must name that device)."""
         return self._forward(x, device, option, f"{type(self).__name__}()")
+
+    @overload
+    def forward(self, x: _core.VkMat, device=None, option: Optional[Option] = None) -> _core.VkMat: ...
+    @overload
+    def forward(self, x: object, device=None, option: Optional[Option] = None) -> np.ndarray: ...
 
     def forward(self, x, device=None, option: Optional[Option] = None):
         return self._forward(x, device, option, f"{type(self).__name__}.forward")
@@ -513,7 +525,7 @@ class _Norm:
             mat = self._layer.forward_numpy(_as_input(a), opt)
         return mat.numpy(copy=False).reshape(a.shape)  # the Mat is this call's own: no copy of it
 
-    def forward_inplace(self, x, device=None, option: Optional[Option] = None):
+    def forward_inplace(self, x: _InPlace, device=None, option: Optional[Option] = None) -> _InPlace:
         """In place on a writable numpy array, or on a VkMat (no host round trip). A VkMat runs on the device it
         lives on: device=, if given, must name that device (ValueError otherwise)."""
         where = f"{type(self).__name__}.forward_inplace"
@@ -557,6 +569,19 @@ class _Norm:
     @property
     def activation(self) -> str:
         return _core.activation_name(self._layer.activation_type)
+
+    @overload
+    def forward_add(self, x: _core.VkMat, residual: _core.VkMat, return_sum: Literal[False] = False, device=None,
+                    option: Optional[Option] = None) -> _core.VkMat: ...
+    @overload
+    def forward_add(self, x: _core.VkMat, residual: _core.VkMat, return_sum: Literal[True], device=None,
+                    option: Optional[Option] = None) -> Tuple[_core.VkMat, _core.VkMat]: ...
+    @overload
+    def forward_add(self, x: object, residual: object, return_sum: Literal[False] = False, device=None,
+                    option: Optional[Option] = None) -> np.ndarray: ...
+    @overload
+    def forward_add(self, x: object, residual: object, return_sum: Literal[True], device=None,
+                    option: Optional[Option] = None) -> Tuple[np.ndarray, np.ndarray]: ...
 
     def forward_add(self, x, residual, return_sum: bool = False, device=None, option: Optional[Option] = None):
         """A residual add and this layer in one kernel: returns the activated norm of x + residual (and
