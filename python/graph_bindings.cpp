@@ -708,16 +708,16 @@ void check_vulkan_process(const ::ncnn::Option& opt) {
 }
 
 // A device index ncnn has, or the error pyncnn's calls skip (they read past ncnn's device table).
-int checked_gpu_index(int index, const std::string& where) {
+int checked_gpu_index(long long index, const std::string& where) {
   const int count = ncnn_gpu_count();
   if (index < 0 || index >= count)
     throw std::invalid_argument(where + ": device index " + std::to_string(index) + " out of range (" +
                                 std::to_string(count) + " Vulkan devices)");
-  return index;
+  return int(index);
 }
 // ncnn's GpuInfo of a device as values taken now (pyncnn's GpuInfo refers to ncnn's own, freed with its instance):
 // pyncnn's getters and those of ncnn's that say what a norm kernel meets (storage types, subgroups, workgroups).
-nb::dict gpu_info_fields(int index, const std::string& caller) {
+nb::dict gpu_info_fields(long long index, const std::string& caller) {
   const ::ncnn::GpuInfo& g = ::ncnn::get_gpu_info(checked_gpu_index(index, caller));
   nb::dict d;
   d["device_index"] = g.device_index();
@@ -747,8 +747,8 @@ nb::dict gpu_info_fields(int index, const std::string& caller) {
   return d;
 }
 // ncnn's VulkanDevice::get_heap_budget (MB) of the device ncnn's nets of that index share, made if need be.
-uint32_t gpu_heap_budget(int index) {
-  checked_gpu_index(index, "VulkanDevice.get_heap_budget");
+uint32_t gpu_heap_budget(long long device_index) {
+  const int index = checked_gpu_index(device_index, "VulkanDevice.get_heap_budget");
   refuse_forked_child();  // the driver's call there may wait on threads the child does not have
   const ::ncnn::VulkanDevice* device = ::ncnn::get_gpu_device(index);
   if (!device || !device->is_valid())
@@ -1875,8 +1875,8 @@ void track_device_memory() {
 
 }  // namespace
 
-void set_vulkan_device(Net& n, int index) {
-  checked_gpu_index(index, "set_vulkan_device");
+void set_vulkan_device(Net& n, long long device_index) {
+  const int index = checked_gpu_index(device_index, "set_vulkan_device");
   writing(n, [&] {
     if (n.param_loaded)  // its layers were made for the device it had then
       throw std::runtime_error("set_vulkan_device: call it before load_param, as in ncnn");
@@ -2519,8 +2519,9 @@ NB_MODULE(_graph, m) {
   });
   m.def("gpu_count", [] { return ncnn_gpu_count(); });
   m.def("gpu_name",
-        [](int i) { return std::string(::ncnn::get_gpu_info(checked_gpu_index(i, "gpu_name")).device_name()); });
+        [](long long i) { return std::string(::ncnn::get_gpu_info(checked_gpu_index(i, "gpu_name")).device_name()); });
   m.def("gpu_info", &gpu_info_fields, "device_index"_a, "caller"_a);
+  m.def("check_gpu_index", &checked_gpu_index, "device_index"_a, "caller"_a);
   m.def("gpu_heap_budget", &gpu_heap_budget, "device_index"_a);
   m.def("default_gpu_index", [] { return ::ncnn::get_default_gpu_index(); });
   // Every vknorm layer of the process, nets cleared or destroyed included (vknorm::ncnn::counters()).

@@ -1926,17 +1926,24 @@ def test_a_nets_vulkan_device_is_none_until_it_has_one():
     picked.set_vulkan_device(0)
     assert picked.vulkan_device() == graph.VulkanDevice(0)
     assert picked.vulkan_device().info().device_name() == graph.gpu_name(0)
-    given = graph.Net()  # pyncnn's other form: the device itself
-    given.set_vulkan_device(graph.get_gpu_device(0))
-    assert given.vulkan_device() == graph.VulkanDevice(0)
-    with pytest.raises(TypeError, match="expected a device index or a vknorm.graph.VulkanDevice"):
-        given.set_vulkan_device("0")
+    for form in ((graph.get_gpu_device(0),), {"vkdev": graph.VulkanDevice(0)}, (np.int64(0),), {"device_index": 0}):
+        given = graph.Net()  # pyncnn's two forms: the index or the device itself, by position or keyword
+        given.set_vulkan_device(*form) if isinstance(form, tuple) else given.set_vulkan_device(**form)
+        assert given.vulkan_device() == graph.VulkanDevice(0)
+    for bad, needle in ((("0",), "device_index must be an integer"), ({"vkdev": 0}, "vkdev must be"),
+                        ({"device_index": graph.VulkanDevice(0)}, "device_index must be an integer"),
+                        ({"device_index": 0, "vkdev": graph.VulkanDevice(0)}, "takes one device"),
+                        ((), "takes one device")):
+        with pytest.raises(TypeError, match=needle):  # pyncnn: TypeError for each
+            graph.Net().set_vulkan_device(*bad) if isinstance(bad, tuple) else graph.Net().set_vulkan_device(**bad)
+    with pytest.raises(AttributeError):  # a misspelt option is no new field of the net, as with pyncnn
+        graph.Net().use_vulkan_compute = True
 
 
 @pytest.mark.parametrize("call", ["get_gpu_info", "get_gpu_device", "VulkanDevice", "gpu_name"])
 def test_a_gpu_index_outside_ncnns_devices_is_a_value_error_naming_the_call(call):
     """pyncnn reads past ncnn's device table there (get_gpu_device: gives None, which fails later and elsewhere)."""
-    for index in (-1, graph.get_gpu_count()):
+    for index in (-1, graph.get_gpu_count(), 2**40):
         with pytest.raises(ValueError, match=f"^{call}: device index {index} out of range"):
             getattr(graph, call)(index)
     for bad in (0.5, "0")[:1 if call == "gpu_name" else 2]:

@@ -63,7 +63,7 @@ def test_a_spoiled_output_is_outside_the_rule():
 def test_bad_sizes_are_a_usage_error():
     for args in (["--dims", "1,2,3"], ["--dims", "64,4,16,3,128"], ["--dims", "64,4,16,0,128"],
                  ["--attention", "mha", "--dims", "64,4,8,2,128"], ["--tokens", "0"],
-                 ["--json", "/nonexistent/decode.json"]):
+                 ["--json", "/nonexistent/decode.json"], ["--json", ROOT]):
         proc = run_tool(*args, timeout=60)
         assert proc.returncode == 2 and "decode_speed.py: error:" in proc.stderr.strip().splitlines()[-1], (
             args, proc.stderr)

@@ -46,6 +46,10 @@ ln.load_model(np.ones(768, np.float32), np.zeros(768, np.float32))
 y: np.ndarray = ln(np.zeros((4, 768), np.float32))
 on_device: vknorm.VkMat = ln(vknorm.to_device(np.zeros((4, 768), np.float32)))
 normed, summed = ln.forward_add(y, y, return_sum=True)
+either = ln.forward_add(y, y, return_sum=bool(len(y)))  # known only at run time
+with ncnn.Net() as scoped:
+    scoped.set_vulkan_device(vkdev=ncnn.get_gpu_device(0))
+    kind = scoped.vulkan_device()
 total: float = float(normed.sum() + summed.sum())
 """
 

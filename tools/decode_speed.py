@@ -28,6 +28,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -160,10 +161,9 @@ def main(argv=None) -> int:
         ap.error(f"--dims: H ({args.dims.H}) must be a multiple of G ({args.dims.G})")
     if min(args.prompt, args.tokens, args.rounds) < 1:
         ap.error("--prompt, --tokens and --rounds must be >= 1")
-    if args.json and not os.access(os.path.dirname(os.path.abspath(args.json)), os.W_OK):
-        ap.error(f"--json {args.json}: cannot write there")
-    import tempfile
-
+    folder = os.path.dirname(os.path.abspath(args.json or "."))
+    if args.json and (os.path.isdir(args.json) or not os.access(folder, os.W_OK)):
+        ap.error(f"--json {args.json}: cannot write a file there")
     with tempfile.TemporaryDirectory() as tmp:
         result = measure(args.attention, args.dims, args.prompt, args.tokens, args.rounds, args.fp16, tmp)
     from vknorm import graph

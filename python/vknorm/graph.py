@@ -153,16 +153,7 @@ __version__ = "1.0.20261020"
 
 # pyncnn's names for ncnn's own code, bound as they are: DataReaderFromEmpty, the CPU and OpenMP helpers, and ncnn's
 # Mat functions (each returns the new Mat, or writes it into a dst given second)
-_NCNN_FUNCTIONS = (
-    "DataReaderFromEmpty",
-    "get_cpu_count", "get_little_cpu_count", "get_big_cpu_count", "get_physical_cpu_count",
-    "get_physical_little_cpu_count", "get_physical_big_cpu_count", "get_cpu_powersave", "set_cpu_powersave",
-    "get_omp_num_threads", "set_omp_num_threads", "get_omp_dynamic", "set_omp_dynamic", "get_omp_thread_num",
-    "get_kmp_blocktime", "set_kmp_blocktime",
-    "BorderType", "copy_make_border", "copy_make_border_3d", "copy_cut_border", "copy_cut_border_3d",
-    "resize_nearest", "resize_bilinear", "resize_bicubic", "flatten",
-)
-from ._graph import (  # written out, so that type checkers see them
+from ._graph import (  # noqa: E402
     BorderType, DataReaderFromEmpty, copy_cut_border, copy_cut_border_3d, copy_make_border, copy_make_border_3d,
     flatten, get_big_cpu_count, get_cpu_count, get_cpu_powersave, get_kmp_blocktime, get_little_cpu_count,
     get_omp_dynamic, get_omp_num_threads, get_omp_thread_num, get_physical_big_cpu_count, get_physical_cpu_count,
@@ -170,9 +161,18 @@ from ._graph import (  # written out, so that type checkers see them
     set_kmp_blocktime, set_omp_dynamic, set_omp_num_threads,
 )
 
-__all__ = ["Net", "Mat", "Option", "Extractor", *_NCNN_FUNCTIONS, "gpu_count", "gpu_name", "get_gpu_count",
-           "get_default_gpu_index", "GpuInfo", "get_gpu_info", "VulkanDevice", "get_gpu_device", "configure",
-           "track_device_memory", "device_memory", "set_device_memory_limit"]
+__all__ = [
+    "Net", "Mat", "Option", "Extractor", "gpu_count", "gpu_name", "get_gpu_count", "get_default_gpu_index", "GpuInfo",
+    "get_gpu_info", "VulkanDevice", "get_gpu_device", "configure", "track_device_memory", "device_memory",
+    "set_device_memory_limit",
+    # ncnn's own code, as imported above
+    "BorderType", "DataReaderFromEmpty", "copy_cut_border", "copy_cut_border_3d", "copy_make_border",
+    "copy_make_border_3d", "flatten", "get_big_cpu_count", "get_cpu_count", "get_cpu_powersave", "get_kmp_blocktime",
+    "get_little_cpu_count", "get_omp_dynamic", "get_omp_num_threads", "get_omp_thread_num",
+    "get_physical_big_cpu_count", "get_physical_cpu_count", "get_physical_little_cpu_count", "resize_bicubic",
+    "resize_bilinear", "resize_nearest", "set_cpu_powersave", "set_kmp_blocktime", "set_omp_dynamic",
+    "set_omp_num_threads",
+]
 
 
 def gpu_count() -> int:
@@ -252,9 +252,7 @@ class VulkanDevice:
     __slots__ = ("_index",)
 
     def __init__(self, device_index: int = 0, *, _caller: str = "VulkanDevice"):
-        index = operator.index(device_index)
-        _graph.gpu_info(index, _caller)  # the index checked now, not at first use
-        self._index = index
+        self._index = _graph.check_gpu_index(operator.index(device_index), _caller)  # now, not at first use
 
     def info(self) -> GpuInfo:
         return get_gpu_info(self._index)
@@ -282,24 +280,37 @@ class Net(_graph.Net):
     """An ncnn Net with vknorm's layers inside (``Net(vknorm=False)``: stock ncnn; ``fuse``: the graph rewrite, on
     by default with vknorm's layers), shaped like pyncnn's (module docstring)."""
 
+    __slots__ = ()  # as the bound Net (and pyncnn's): a misspelt attribute is an error, not a new field
+
+    def __enter__(self) -> Net:
+        return super().__enter__()
+
     def vulkan_device(self) -> VulkanDevice | None:
         """pyncnn's: the device the net runs on, None until ``set_vulkan_device`` or a Vulkan net's ``load_param``
         picks one."""
         index = self._vulkan_device_index()
         return None if index is None else VulkanDevice(index)
 
-    def set_vulkan_device(self, device_index: int | VulkanDevice | None = None, *,
+    def set_vulkan_device(self, device: int | VulkanDevice | None = None, /, *, device_index: int | None = None,
                           vkdev: VulkanDevice | None = None) -> None:
-        """pyncnn's two forms: ncnn's device index (``device_index=``) or a VulkanDevice (``vkdev=``); before
-        ``load_param``, as in ncnn."""
-        device = vkdev if vkdev is not None else device_index
-        if isinstance(device, VulkanDevice):
-            index = device._index
-        elif hasattr(device, "__index__"):
-            index = operator.index(device)
+        """pyncnn's two forms, before ``load_param`` as in ncnn: ncnn's device index (by position or
+        ``device_index=``) or a VulkanDevice (by position or ``vkdev=``), one of them."""
+        given = [(name, v) for name, v in (("device", device), ("device_index", device_index), ("vkdev", vkdev))
+                 if v is not None]
+        if len(given) != 1:
+            raise TypeError("set_vulkan_device takes one device: an index (device_index=) or a VulkanDevice "
+                            f"(vkdev=), got {len(given)}")
+        form, value = given[0]
+        if form == "vkdev" and not isinstance(value, VulkanDevice):
+            raise TypeError(f"set_vulkan_device: vkdev must be a vknorm.graph.VulkanDevice, got {type(value).__name__}")
+        if isinstance(value, VulkanDevice) and form != "device_index":
+            index = value._index
         else:
-            raise TypeError(f"set_vulkan_device: expected a device index or a vknorm.graph.VulkanDevice, got "
-                            f"{type(device).__name__}")
+            try:
+                index = operator.index(value)
+            except TypeError:
+                raise TypeError(f"set_vulkan_device: device_index must be an integer, got "
+                                f"{type(value).__name__}") from None
         super().set_vulkan_device(index)
 
 

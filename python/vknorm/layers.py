@@ -582,6 +582,10 @@ class _Norm:
     @overload
     def forward_add(self, x: object, residual: object, return_sum: Literal[True], device=None,
                     option: Optional[Option] = None) -> Tuple[np.ndarray, np.ndarray]: ...
+    @overload  # return_sum known only at run time
+    def forward_add(self, x: object, residual: object, return_sum: bool, device=None,
+                    option: Optional[Option] = None) -> Union[np.ndarray, _core.VkMat, Tuple[np.ndarray, np.ndarray],
+                                                               Tuple[_core.VkMat, _core.VkMat]]: ...
 
     def forward_add(self, x, residual, return_sum: bool = False, device=None, option: Optional[Option] = None):
         """A residual add and this layer in one kernel: returns the activated norm of x + residual (and

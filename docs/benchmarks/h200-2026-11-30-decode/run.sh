@@ -1,8 +1,10 @@
 # tools/decode_speed.py on the H200: a decoder layer of two sizes, both attention forms, both storages, in one
-# call; the tables in $OUT/decode.txt, every run's JSON in $OUT/decode.json. The build made only where this host has none.
+# call; the tables in $OUT/decode.txt, every run's JSON in $OUT/decode.json. The build made only where this host
+# has none.
 source .gpu/setup.sh > /dev/null
 start=$(date +%s)
-[ -f /tmp/vknorm-site/vknorm/__init__.py ] || { bash tools/gpu_build.sh > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }; }
+[ -f /tmp/vknorm-site/vknorm/__init__.py ] ||
+  { bash tools/gpu_build.sh > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }; }
 export PYTHONPATH=/tmp/vknorm-site:$PYTHONPATH
 echo "build $(( $(date +%s) - start )) s"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -15,4 +17,6 @@ for dims in 2048,16,128,4,5632 4096,32,128,8,11008; do
     done
   done
 done
-python3 -c "import glob, json, sys; json.dump([json.load(open(f)) for f in sorted(glob.glob('/tmp/decode_*.json'))], sys.stdout, indent=1)" > $OUT/decode.json
+python3 -c "import glob, json, sys
+json.dump([json.load(open(f)) for f in sorted(glob.glob('/tmp/decode_*.json'))], sys.stdout, indent=1)" \
+  > $OUT/decode.json
