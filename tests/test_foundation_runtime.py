@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import vknorm
-from availability import has_graph, requirement
+from availability import has_graph, needs_graph, requirement
 from vknorm import _core
 
 REPO = Path(__file__).resolve().parent.parent
@@ -145,6 +145,22 @@ def test_vknorm_info_json_lists_every_enumerated_device():
         for key, typ in INFO_FIELDS.items():
             assert isinstance(d[key], typ if typ is not float else (int, float)), f"{key} in {d}"
     assert [d["name"] for d in data["devices"]] == [d["name"] for d in vknorm.devices()]
+
+
+@needs_graph
+def test_vknorm_info_names_the_device_ncnns_nets_run_on():
+    """vknorm's layers and ncnn's nets pick their default devices by their own rules: info shows both."""
+    from vknorm import graph
+
+    proc = run(vknorm_cli() + ["info", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    ncnn = json.loads(proc.stdout)["ncnn"]
+    assert ncnn["default"] == graph.get_default_gpu_index()
+    assert [d["device_name"] for d in ncnn["devices"]] == [graph.gpu_name(i) for i in range(graph.get_gpu_count())]
+    assert all(len(bytes.fromhex(d["pipeline_cache_uuid"])) == 16 for d in ncnn["devices"])
+    text = run(vknorm_cli() + ["info"])
+    assert text.returncode == 0 and not text.stderr.strip(), text.stderr  # ncnn's banner kept off the terminal
+    assert f"run on ncnn's [{ncnn['default']}] {graph.gpu_name(ncnn['default'])}" in text.stdout, text.stdout
 
 
 def test_vknorm_info_prints_one_block_per_device_with_every_capability():

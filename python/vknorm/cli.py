@@ -85,11 +85,13 @@ def _info(args) -> int:
             if str(e).startswith("VKNORM_SUBGROUP_SIZE="):
                 refused.append({"name": "VKNORM_SUBGROUP_SIZE", "error": str(e)})
     problems = [p["error"] for p in refused] + ([str(bad_choice)] if bad_choice else [])
+    ncnn_devices = _ncnn_devices()
     if args.json:
-        print(json.dumps({"default": default, "devices": devs, "settings": set_now, "unknown_settings": not_read,
-                          "refused_settings": refused}, indent=2))
+        print(json.dumps({"default": default, "devices": devs, "ncnn": ncnn_devices, "settings": set_now,
+                          "unknown_settings": not_read, "refused_settings": refused}, indent=2))
     else:
         _print_devices(devs, default)
+        _print_ncnn_devices(ncnn_devices)
         _print_settings(set_now, not_read, refused)
     if problems:
         more = f" (and {len(problems) - 1} more, listed above)" if len(problems) > 1 else ""
@@ -117,6 +119,33 @@ def _print_devices(devs, default) -> None:
             print(f"      {k:<27}{v}")
     if devs:
         print("  (* = default device; VKNORM_DEVICE=index|name picks another)")
+
+
+def _ncnn_devices():
+    """The devices as the ncnn inside vknorm.graph sees them, and the one its nets run on by default: on a machine of
+    several GPUs not always vknorm's own default (each picks by its own rules). None where vknorm was built without
+    ncnn."""
+    try:
+        from . import graph
+    except ImportError:
+        return None
+    from ._stdio import quiet_stderr
+
+    with quiet_stderr():  # ncnn prints its device banner when it creates its Vulkan instance
+        count = graph.get_gpu_count()
+        infos = [graph.get_gpu_info(i).as_dict() for i in range(count)]
+        default = graph.get_default_gpu_index() if count else None
+    for info in infos:
+        info["pipeline_cache_uuid"] = info["pipeline_cache_uuid"].hex()
+    return {"default": default, "devices": infos}
+
+
+def _print_ncnn_devices(ncnn_devices) -> None:
+    if not ncnn_devices or ncnn_devices["default"] is None:
+        return
+    d = ncnn_devices["devices"][ncnn_devices["default"]]
+    print(f"  ncnn's nets (vknorm.graph, check --vulkan, bench --model) run on ncnn's [{d['device_index']}] "
+          f"{d['device_name']}\n  (ncnn's default device; net.set_vulkan_device(i) picks another)")
 
 
 def _print_settings(set_now, not_read, refused) -> None:
