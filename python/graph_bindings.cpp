@@ -2494,8 +2494,15 @@ NB_MODULE(_graph, m) {
       {"get_omp_num_threads", ::ncnn::get_omp_num_threads},
       {"get_omp_dynamic", ::ncnn::get_omp_dynamic},
       {"get_omp_thread_num", ::ncnn::get_omp_thread_num},
-      {"get_kmp_blocktime", ::ncnn::get_kmp_blocktime}};
+      {"get_kmp_blocktime", ::ncnn::get_kmp_blocktime},
+      {"cpu_support_arm_neon", ::ncnn::cpu_support_arm_neon},
+      {"cpu_support_arm_vfpv4", ::ncnn::cpu_support_arm_vfpv4},
+      {"cpu_support_arm_asimdhp", ::ncnn::cpu_support_arm_asimdhp},
+      {"cpu_support_x86_avx", ::ncnn::cpu_support_x86_avx},
+      {"cpu_support_x86_avx2", ::ncnn::cpu_support_x86_avx2}};
   for (const auto& [name, query] : cpu_queries) m.def(name, query);
+  // pyncnn's: the index of a layer type in ncnn's own registry (-1 for a type ncnn does not have)
+  m.def("layer_to_index", [](const std::string& type) { return ::ncnn::layer_to_index(type.c_str()); }, "type"_a);
   m.def("set_cpu_powersave", [](int powersave) {
     if (powersave < 0 || powersave > 2)
       throw std::invalid_argument("set_cpu_powersave: 0 (all cores), 1 (little ones) or 2 (big ones), got " +

@@ -1546,8 +1546,12 @@ def test_pyncnns_keyword_names_cpu_helpers_and_version():
     assert net.load_model(modelpath=os.path.join(data, "layernorm_1d.ncnn.bin")) == 0
     for name in ("get_cpu_count", "get_little_cpu_count", "get_big_cpu_count", "get_physical_cpu_count",
                  "get_physical_little_cpu_count", "get_physical_big_cpu_count", "get_cpu_powersave",
-                 "get_kmp_blocktime"):
+                 "get_kmp_blocktime", "cpu_support_arm_neon", "cpu_support_arm_vfpv4", "cpu_support_arm_asimdhp",
+                 "cpu_support_x86_avx", "cpu_support_x86_avx2"):
         assert getattr(graph, name)() == getattr(pyncnn, name)(), name
+    for layer_type in ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm", "Convolution", "SDPA", "NoSuchLayer"):
+        assert graph.layer_to_index(layer_type) == pyncnn.layer_to_index(layer_type), layer_type
+    assert graph.layer_to_index("NoSuchLayer") == -1
     assert graph.Option().num_threads == graph.get_physical_big_cpu_count()  # pyncnn's test_option checks it so
     pinned = re.search(r"^VERSION=(\S+)$", open(os.path.join(data, "..", "..", "tools", "build_ncnn.sh")).read(), re.M)
     assert graph.__version__ == pinned.group(1) == pyncnn.__version__

@@ -105,8 +105,9 @@ channel, norms on a Mat of dims 1 or 2), and arrays that are not uint8, are a Va
 bytes; fused like ``load_param``), ``Net.load_model_mem`` (the .bin's bytes, a bytearray or a uint8 array: read no
 further than their end, and copied, so the caller may drop or reuse them; 0 or ncnn's error code, where pyncnn's
 gives None), ``load_param`` / ``load_model`` with a ``pathlib.Path`` or bytes (names need not be UTF-8), ``get_gpu_count`` /
-``get_default_gpu_index``, the CPU and OpenMP helpers (``get_physical_big_cpu_count``, ``set_cpu_powersave``, ...;
-values ncnn would ignore are a ValueError), ``__version__``, pyncnn's keyword names
+``get_default_gpu_index``, the CPU and OpenMP helpers (``get_physical_big_cpu_count``, ``set_cpu_powersave``,
+``cpu_support_x86_avx2``, ...; values ncnn would ignore are a ValueError), ``layer_to_index``, ``__version__``, pyncnn's
+keyword names
 (``load_param(protopath=)``, ``load_model(modelpath=)``, ``set_vulkan_device(device_index=)``),
 ``Extractor.input`` / ``extract`` by blob index (the model's own numbering, as its .param
 gives it: a fused net resolves an index through the model as written, and one whose blob the rewrite removed gives
@@ -155,10 +156,11 @@ __version__ = "1.0.20261020"
 # Mat functions (each returns the new Mat, or writes it into a dst given second)
 from ._graph import (  # noqa: E402
     BorderType, DataReaderFromEmpty, copy_cut_border, copy_cut_border_3d, copy_make_border, copy_make_border_3d,
+    cpu_support_arm_asimdhp, cpu_support_arm_neon, cpu_support_arm_vfpv4, cpu_support_x86_avx, cpu_support_x86_avx2,
     flatten, get_big_cpu_count, get_cpu_count, get_cpu_powersave, get_kmp_blocktime, get_little_cpu_count,
     get_omp_dynamic, get_omp_num_threads, get_omp_thread_num, get_physical_big_cpu_count, get_physical_cpu_count,
-    get_physical_little_cpu_count, resize_bicubic, resize_bilinear, resize_nearest, set_cpu_powersave,
-    set_kmp_blocktime, set_omp_dynamic, set_omp_num_threads,
+    get_physical_little_cpu_count, layer_to_index, resize_bicubic, resize_bilinear, resize_nearest,
+    set_cpu_powersave, set_kmp_blocktime, set_omp_dynamic, set_omp_num_threads,
 )
 
 __all__ = [
@@ -167,9 +169,11 @@ __all__ = [
     "set_device_memory_limit",
     # ncnn's own code, as imported above
     "BorderType", "DataReaderFromEmpty", "copy_cut_border", "copy_cut_border_3d", "copy_make_border",
-    "copy_make_border_3d", "flatten", "get_big_cpu_count", "get_cpu_count", "get_cpu_powersave", "get_kmp_blocktime",
+    "copy_make_border_3d", "cpu_support_arm_asimdhp", "cpu_support_arm_neon", "cpu_support_arm_vfpv4",
+    "cpu_support_x86_avx", "cpu_support_x86_avx2", "flatten", "get_big_cpu_count", "get_cpu_count", "get_cpu_powersave", "get_kmp_blocktime",
     "get_little_cpu_count", "get_omp_dynamic", "get_omp_num_threads", "get_omp_thread_num",
-    "get_physical_big_cpu_count", "get_physical_cpu_count", "get_physical_little_cpu_count", "resize_bicubic",
+    "get_physical_big_cpu_count", "get_physical_cpu_count", "get_physical_little_cpu_count", "layer_to_index",
+    "resize_bicubic",
     "resize_bilinear", "resize_nearest", "set_cpu_powersave", "set_kmp_blocktime", "set_omp_dynamic",
     "set_omp_num_threads",
 ]
