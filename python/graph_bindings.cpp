@@ -707,7 +707,7 @@ void check_vulkan_process(const ::ncnn::Option& opt) {
   if (opt.use_vulkan_compute) refuse_forked_child();
 }
 
-// A device index ncnn has, or the error pyncnn's calls skip (they read past ncnn's device table).
+// A device index ncnn has, or an error naming the call (pyncnn's get_gpu_info reads past ncnn's device table).
 int checked_gpu_index(long long index, const std::string& where) {
   const int count = ncnn_gpu_count();
   if (index < 0 || index >= count)
@@ -1873,8 +1873,7 @@ void track_device_memory() {
   ::ncnn::vkFreeMemory = counting_free;
 }
 
-}  // namespace
-
+// ncnn's device for the net's layers, before load_param as in ncnn.
 void set_vulkan_device(Net& n, long long device_index) {
   const int index = checked_gpu_index(device_index, "set_vulkan_device");
   writing(n, [&] {
@@ -1883,6 +1882,8 @@ void set_vulkan_device(Net& n, long long device_index) {
     n.net.set_vulkan_device(index);
   });
 }
+
+}  // namespace
 
 NB_MODULE(_graph, m) {
   vknorm_python::define_leak_warning_switch(m);
