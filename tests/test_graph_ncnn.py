@@ -1562,6 +1562,15 @@ def test_pyncnns_keyword_names_cpu_helpers_and_version():
             bad()
 
 
+def test_the_module_exports_what_it_names_and_every_pyncnn_name_it_binds():
+    """__all__ (what `from vknorm.graph import *` gives) names only what is there, and every name of pyncnn's that the
+    compiled module binds is exported, but destroy_gpu_instance: ncnn's instance is made and destroyed for you."""
+    pyncnn = import_or_missing("ncnn")
+    assert all(hasattr(graph, name) for name in graph.__all__)
+    bound = {n for n in dir(graph._graph) if not n.startswith("_")} & set(dir(pyncnn))
+    assert bound - set(graph.__all__) == {"destroy_gpu_instance"}
+
+
 def test_mat_shape_constructors_as_pyncnn_and_a_single_value_refused():
     """Mat(w), Mat(w, h), Mat(w, h, c), Mat(w, h, d, c) and Mat((w, ...)) make zeroed float32 Mats of that shape
     (pyncnn's; numpy order is the reverse); a lone number is not taken for a one-element array."""

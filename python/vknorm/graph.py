@@ -170,12 +170,11 @@ __all__ = [
     # ncnn's own code, as imported above
     "BorderType", "DataReaderFromEmpty", "copy_cut_border", "copy_cut_border_3d", "copy_make_border",
     "copy_make_border_3d", "cpu_support_arm_asimdhp", "cpu_support_arm_neon", "cpu_support_arm_vfpv4",
-    "cpu_support_x86_avx", "cpu_support_x86_avx2", "flatten", "get_big_cpu_count", "get_cpu_count", "get_cpu_powersave", "get_kmp_blocktime",
-    "get_little_cpu_count", "get_omp_dynamic", "get_omp_num_threads", "get_omp_thread_num",
-    "get_physical_big_cpu_count", "get_physical_cpu_count", "get_physical_little_cpu_count", "layer_to_index",
-    "resize_bicubic",
-    "resize_bilinear", "resize_nearest", "set_cpu_powersave", "set_kmp_blocktime", "set_omp_dynamic",
-    "set_omp_num_threads",
+    "cpu_support_x86_avx", "cpu_support_x86_avx2", "flatten", "get_big_cpu_count", "get_cpu_count",
+    "get_cpu_powersave", "get_kmp_blocktime", "get_little_cpu_count", "get_omp_dynamic", "get_omp_num_threads",
+    "get_omp_thread_num", "get_physical_big_cpu_count", "get_physical_cpu_count", "get_physical_little_cpu_count",
+    "layer_to_index", "resize_bicubic", "resize_bilinear", "resize_nearest", "set_cpu_powersave",
+    "set_kmp_blocktime", "set_omp_dynamic", "set_omp_num_threads",
 ]
 
 
@@ -306,7 +305,8 @@ class Net(_graph.Net):
                             f"(vkdev=), got {len(given)}")
         form, value = given[0]
         if form == "vkdev" and not isinstance(value, VulkanDevice):
-            raise TypeError(f"set_vulkan_device: vkdev must be a vknorm.graph.VulkanDevice, got {type(value).__name__}")
+            raise TypeError(f"set_vulkan_device: vkdev must be a vknorm.graph.VulkanDevice, got "
+                            f"{type(value).__name__}")
         if isinstance(value, VulkanDevice) and form != "device_index":
             index = value._index
         else:
