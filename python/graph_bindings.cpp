@@ -1873,6 +1873,21 @@ void track_device_memory() {
   ::ncnn::vkFreeMemory = counting_free;
 }
 
+// The index of each named blob as the model's own .param numbers it: its first blob of that name (a fused net's
+// through the unfused model's names).
+std::vector<int> model_indexes(const Net& n, const std::vector<const char*>& names) {
+  std::vector<int> r;
+  for (const char* name : names) {
+    if (n.unfused_blobs.empty()) {
+      r.push_back(vknorm::ncnn::blob_index(n.net, name));
+      continue;
+    }
+    const auto it = std::find(n.unfused_blobs.begin(), n.unfused_blobs.end(), name);
+    r.push_back(it == n.unfused_blobs.end() ? -1 : int(it - n.unfused_blobs.begin()));
+  }
+  return r;
+}
+
 // ncnn's device for the net's layers, before load_param as in ncnn.
 void set_vulkan_device(Net& n, long long device_index) {
   const int index = checked_gpu_index(device_index, "set_vulkan_device");
@@ -2379,6 +2394,11 @@ NB_MODULE(_graph, m) {
                return r;
              });
            })
+      // pyncnn's: the input and output blobs by index, as the model's own .param numbers them (what input and
+      // extract by index take; a fused net's blobs are renumbered, so its indexes go through the unfused names)
+      .def("input_indexes", [](Net& n) { return reading(n, [&] { return model_indexes(n, n.net.input_names()); }); })
+      .def("output_indexes",
+           [](Net& n) { return reading(n, [&] { return model_indexes(n, n.net.output_names()); }); })
       // (name, type, vknorm's layer?, runs on Vulkan?) per layer, in param order.
       .def("layers",
            [](Net& n) {

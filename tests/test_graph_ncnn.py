@@ -1562,6 +1562,30 @@ def test_pyncnns_keyword_names_cpu_helpers_and_version():
             bad()
 
 
+@pytest.mark.parametrize("fuse", [False, True], ids=["unfused", "fused"])
+def test_input_and_output_indexes_number_the_blobs_as_the_models_param_does(fuse):
+    """pyncnn's Net.input_indexes / output_indexes on every committed model; a fused net's blobs are renumbered by
+    the rewrite, and its indexes are still the model's own, the ones input and extract by index take."""
+    pyncnn = import_or_missing("ncnn")
+    with open(os.path.join(graph_runs.DATA, "models.json")) as f:
+        models = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+    for name in models:
+        param = os.path.join(graph_runs.DATA, f"{name}.ncnn.param")
+        ours, stock = graph.Net(fuse=fuse), pyncnn.Net()
+        assert ours.load_param(param) == 0 and stock.load_param(param) == 0
+        assert list(ours.input_indexes()) == list(stock.input_indexes()), name
+        assert list(ours.output_indexes()) == list(stock.output_indexes()), name
+    net = graph.configure(graph.Net(fuse=fuse), vulkan=True)
+    prefix = os.path.join(graph_runs.DATA, "transformer_block.ncnn.")
+    assert net.load_param(prefix + "param") == 0 and net.load_model(prefix + "bin") == 0
+    x = graph.Mat(np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32))
+    by_index, by_name = net.create_extractor(), net.create_extractor()
+    assert by_index.input(net.input_indexes()[0], x) == 0 and by_name.input("in0", x) == 0
+    (r1, a), (r2, b) = by_index.extract(net.output_indexes()[0]), by_name.extract("out0")
+    assert r1 == r2 == 0 and np.array_equal(np.array(a), np.array(b))
+    assert bool(net.fused()) == fuse  # the fused case renumbered something
+
+
 def test_the_module_exports_what_it_names_and_every_pyncnn_name_it_binds():
     """__all__ (what `from vknorm.graph import *` gives) names only what is there, and every name of pyncnn's that the
     compiled module binds is exported, but destroy_gpu_instance: ncnn's instance is made and destroyed for you."""

@@ -17,8 +17,8 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
     y = np.array(out)
     print(net.vknorm_counters())              # {'vulkan_forwards': 12, 'cpu_forwards': 0, 'pipelines': ...}
 
-Not there (AttributeError): ``destroy_gpu_instance``, ``Net.input_indexes`` / ``output_indexes`` / ``blobs``
-(``input_names`` / ``output_names`` are), ``Net.load_param_bin`` (binary params name no blobs: nothing could be
+Not there (AttributeError): ``destroy_gpu_instance``, ``Net.blobs`` (``input_names`` / ``output_names`` and
+``input_indexes`` / ``output_indexes``, as the model's .param numbers its blobs, are), ``Net.load_param_bin`` (binary params name no blobs: nothing could be
 fused), custom Python layers, allocator objects (``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
 ``Mat.create`` / ``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1),
 ``create_layer``, ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
