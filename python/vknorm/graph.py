@@ -286,12 +286,13 @@ class Net(_graph.Net):
     __slots__ = ()  # as the bound Net (and pyncnn's): a misspelt attribute is an error, not a new field
 
     def __enter__(self) -> Net:
-        return super().__enter__()
+        super().__enter__()
+        return self
 
     def vulkan_device(self) -> VulkanDevice | None:
         """pyncnn's: the device the net runs on, None until ``set_vulkan_device`` or a Vulkan net's ``load_param``
         picks one."""
-        index = self._vulkan_device_index()
+        index = self._vulkan_device_index()  # type: ignore[attr-defined]  # private: not in the stub
         return None if index is None else VulkanDevice(index)
 
     def set_vulkan_device(self, device: int | VulkanDevice | None = None, /, *, device_index: int | None = None,
@@ -307,7 +308,9 @@ class Net(_graph.Net):
         if form == "vkdev" and not isinstance(value, VulkanDevice):
             raise TypeError(f"set_vulkan_device: vkdev must be a vknorm.graph.VulkanDevice, got "
                             f"{type(value).__name__}")
-        if isinstance(value, VulkanDevice) and form != "device_index":
+        if isinstance(value, VulkanDevice):
+            if form == "device_index":
+                raise TypeError("set_vulkan_device: device_index must be an integer, got VulkanDevice")
             index = value._index
         else:
             try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from typing import Literal, Mapping, Optional, Tuple, TypeVar, Union, overload
+from typing import Any, Dict, Literal, Mapping, Optional, Tuple, TypeVar, Union, cast, overload
 
 import numpy as np
 
@@ -81,7 +81,7 @@ class Option:
             return NotImplemented
         return all(getattr(self, f) == getattr(other, f) for f in self._FIELDS)
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # a mutable value: not hashable
 
     def __repr__(self) -> str:
         return (f"Option(use_fp16_storage={self.use_fp16_storage}, use_packing_layout={self.use_packing_layout}, "
@@ -187,7 +187,7 @@ def _parse_device(device, where: str = ""):
     ValueError for anything else (where: "LayerNorm.forward_inplace: ", for the message)."""
     if isinstance(device, _core.Context):
         return device
-    if isinstance(device, numbers.Integral) and not isinstance(device, (bool, np.bool_)) and device >= 0:
+    if isinstance(device, numbers.Integral) and not isinstance(device, (bool, np.bool_)) and int(device) >= 0:
         return int(device)
     if isinstance(device, str):
         if device in ("cpu", "vulkan"):
@@ -298,10 +298,10 @@ def _as_input(a: np.ndarray, dtype=None) -> np.ndarray:
     if copied and need >= _COPY_CHECKED_BYTES:
         _require_host_memory(f"an input of shape {a.shape}", need, f"a contiguous {dtype} copy")
     if a.dtype.itemsize <= dtype.itemsize:
-        return np.require(a, dtype=dtype, requirements="CA")
+        return np.require(a, dtype=dtype, requirements=["C", "A"])
     with np.errstate(over="raise"):  # float64 past float32's range would be Inf, then the group's output NaN
         try:
-            return np.require(a, dtype=dtype, requirements="CA")
+            return np.require(a, dtype=dtype, requirements=["C", "A"])
         except FloatingPointError:
             at = tuple(int(i) for i in np.argwhere(np.isfinite(a) & (np.abs(a) > np.finfo(dtype).max))[0])
             raise ValueError(f"input element {at} = {a[at]!r} is past {dtype}'s range (the {dtype} the layer computes "
@@ -318,7 +318,7 @@ def _param_int(pid, v, where: str = "", name: str = "") -> int:
                          ("only affine takes one)" if name else "param ids are ints)"))
     if not isinstance(v, (numbers.Integral, np.bool_)):  # numpy's bool is no numbers.Integral
         hint = (" (a float: ncnn would read it as not given; write it without a decimal point)"
-                if isinstance(v, numbers.Real) and math.isfinite(v) and v == int(v) else "")
+                if isinstance(v, numbers.Real) and math.isfinite(v) and v == math.floor(v) else "")
         raise ValueError(f"{label}={v!r} is not an integer{hint}") from None
     i = int(v)
     if not -(1 << 31) <= i < (1 << 31):
@@ -363,7 +363,8 @@ def _param_float(pid, v, where: str, name: str) -> float:
 class _Norm:
     _op = ""
     # ncnn ParamDict ids: (id, name, default) in id order; eps and affine as ncnn numbers them per layer.
-    _params = ((0, "affine_size", 0), (1, "eps", 0.001), (2, "affine", 1))
+    _params: Tuple[Tuple[int, str, Union[int, float]], ...] = (
+        (0, "affine_size", 0), (1, "eps", 0.001), (2, "affine", 1))
 
     def __init__(self, affine_size: int = 0, eps: float = 0.001, affine: bool = True, *,
                  option: Optional[Option] = None, device=None):
@@ -396,7 +397,7 @@ class _Norm:
         if unknown:
             names = ", ".join(f"{pid} {name}" for pid, name, _ in cls._params)
             raise ValueError(f"unknown param ids {sorted(int(k) for k in unknown)}: {cls.__name__} takes {names}")
-        values = {name: params.get(pid, default) for pid, name, default in cls._params}
+        values: Dict[str, Any] = {name: params.get(pid, default) for pid, name, default in cls._params}
         for pid, name, _ in cls._params:
             if name != "eps":
                 values[name] = _param_int(pid, values[name], f"{cls.__name__}.from_param: ", name)
@@ -493,7 +494,8 @@ class _Norm:
 
     # The types, for type checkers: a VkMat in, a VkMat out; anything else (numpy, an ncnn Mat) gives numpy.
     @overload
-    def __call__(self, x: _core.VkMat, device=None, option: Optional[Option] = None) -> _core.VkMat: ...
+    def __call__(  # type: ignore[overload-overlap]  # a VkMat is an object too: the first that matches wins
+            self, x: _core.VkMat, device=None, option: Optional[Option] = None) -> _core.VkMat: ...
     @overload
     def __call__(self, x: object, device=None, option: Optional[Option] = None) -> np.ndarray: ...
 
@@ -503,7 +505,8 @@ class _Norm:
         return self._forward(x, device, option, f"{type(self).__name__}()")
 
     @overload
-    def forward(self, x: _core.VkMat, device=None, option: Optional[Option] = None) -> _core.VkMat: ...
+    def forward(  # type: ignore[overload-overlap]
+            self, x: _core.VkMat, device=None, option: Optional[Option] = None) -> _core.VkMat: ...
     @overload
     def forward(self, x: object, device=None, option: Optional[Option] = None) -> np.ndarray: ...
 
@@ -544,7 +547,7 @@ class _Norm:
             raise ValueError(f"{where} needs a writable array (this one is read-only: call the layer for a new one)")
         y = self._forward(a, device, option, where)
         np.copyto(a, y, casting="unsafe")
-        return a
+        return cast(_InPlace, a)  # x itself (a writable array passes through _check_array as it is)
 
     # Fusion: ncnn's activation layers applied as the output is stored (ncnn's CPU formulas).
     ACTIVATIONS = {"none": 0, "relu": 1, "leakyrelu": 2, "sigmoid": 4, "swish": 7, "gelu": 8, "gelu_fast": 9}
@@ -571,11 +574,13 @@ class _Norm:
         return _core.activation_name(self._layer.activation_type)
 
     @overload
-    def forward_add(self, x: _core.VkMat, residual: _core.VkMat, return_sum: Literal[False] = False, device=None,
-                    option: Optional[Option] = None) -> _core.VkMat: ...
+    def forward_add(  # type: ignore[overload-overlap]
+            self, x: _core.VkMat, residual: _core.VkMat, return_sum: Literal[False] = False, device=None,
+            option: Optional[Option] = None) -> _core.VkMat: ...
     @overload
-    def forward_add(self, x: _core.VkMat, residual: _core.VkMat, return_sum: Literal[True], device=None,
-                    option: Optional[Option] = None) -> Tuple[_core.VkMat, _core.VkMat]: ...
+    def forward_add(  # type: ignore[overload-overlap]
+            self, x: _core.VkMat, residual: _core.VkMat, return_sum: Literal[True], device=None,
+            option: Optional[Option] = None) -> Tuple[_core.VkMat, _core.VkMat]: ...
     @overload
     def forward_add(self, x: object, residual: object, return_sum: Literal[False] = False, device=None,
                     option: Optional[Option] = None) -> np.ndarray: ...
@@ -620,13 +625,13 @@ class _Norm:
         # as float32, the result in x's type).
         same = _is_float16(a) == _is_float16(r)
         xa, ra = (_as_input(a), _as_input(r)) if same else (_as_input(a, np.float32), _as_input(r, np.float32))
-        y, s = self._layer.forward_add_numpy(xa, ra, return_sum, opt)
+        normed, total = self._layer.forward_add_numpy(xa, ra, return_sum, opt)
         like = np.float16 if _is_float16(a) else np.float32
 
         def back(m):
             return m.numpy(copy=False).astype(like, copy=False).reshape(a.shape)
 
-        return (back(y), back(s)) if return_sum else back(y)
+        return (back(normed), back(total)) if return_sum else back(normed)
 
     def __copy__(self):
         # A shallow copy would share the native layer (its weights, activation and pipelines) with this one.
