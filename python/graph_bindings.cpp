@@ -717,8 +717,8 @@ int checked_gpu_index(long long index, const std::string& where) {
 }
 // ncnn's GpuInfo of a device as values taken now (pyncnn's GpuInfo refers to ncnn's own, freed with its instance):
 // pyncnn's getters and those of ncnn's that say what a norm kernel meets (storage types, subgroups, workgroups).
-nb::dict gpu_info_fields(long long index, const std::string& caller) {
-  const ::ncnn::GpuInfo& g = ::ncnn::get_gpu_info(checked_gpu_index(index, caller));
+nb::dict gpu_info_fields(long long index) {
+  const ::ncnn::GpuInfo& g = ::ncnn::get_gpu_info(checked_gpu_index(index, "get_gpu_info"));
   nb::dict d;
   d["device_index"] = g.device_index();
   d["device_name"] = std::string(g.device_name());
@@ -865,6 +865,40 @@ class RecycledCommands {
 
 // A Net that owns its ncnn::Net; vknorm=true registers vknorm's layers before anything is loaded, and
 // fuse=true (with vknorm) loads every .param through vknorm's graph rewrite (vknorm::ncnn::fuse_param).
+
+// ncnn's Option switches this module knows: bound on Option by name where settable, and those ncnn's load fixes:
+// load_param and load_model decide formats, weights and pipelines from them, so a change after load_param is refused.
+enum class FixedAtLoad { No, Always, InVulkanNet };
+struct OptionSwitch {
+  const char* name;
+  bool ::ncnn::Option::*field;
+  bool settable;
+  FixedAtLoad fixed;
+};
+constexpr OptionSwitch kOptionSwitches[] = {
+    {"use_vulkan_compute", &::ncnn::Option::use_vulkan_compute, true, FixedAtLoad::Always},
+    {"use_fp16_storage", &::ncnn::Option::use_fp16_storage, true, FixedAtLoad::Always},
+    {"use_fp16_packed", &::ncnn::Option::use_fp16_packed, true, FixedAtLoad::Always},
+    {"use_fp16_arithmetic", &::ncnn::Option::use_fp16_arithmetic, true, FixedAtLoad::Always},
+    {"use_bf16_storage", &::ncnn::Option::use_bf16_storage, true, FixedAtLoad::Always},
+    {"use_bf16_packed", &::ncnn::Option::use_bf16_packed, true, FixedAtLoad::Always},
+    {"use_packing_layout", &::ncnn::Option::use_packing_layout, true, FixedAtLoad::Always},
+    {"use_int8_inference", &::ncnn::Option::use_int8_inference, false, FixedAtLoad::Always},  // no int8 in this ncnn
+    // how ncnn's own Convolution / Deconvolution layers compute, CPU and Vulkan: load_model builds weights and
+    // pipelines for them, and the Vulkan forward reads them again (on after the load: pipelines never built)
+    {"use_winograd_convolution", &::ncnn::Option::use_winograd_convolution, true, FixedAtLoad::Always},
+    {"use_winograd23_convolution", &::ncnn::Option::use_winograd23_convolution, true, FixedAtLoad::Always},
+    {"use_winograd43_convolution", &::ncnn::Option::use_winograd43_convolution, true, FixedAtLoad::Always},
+    {"use_winograd63_convolution", &::ncnn::Option::use_winograd63_convolution, true, FixedAtLoad::Always},
+    {"use_sgemm_convolution", &::ncnn::Option::use_sgemm_convolution, true, FixedAtLoad::Always},
+    // ncnn turns these off at load_param where the device lacks them, and builds no pipelines for them: on again
+    // after the load, an extract crashed (a CPU net ignores them)
+    {"use_shader_local_memory", &::ncnn::Option::use_shader_local_memory, true, FixedAtLoad::InVulkanNet},
+    {"use_subgroup_ops", &::ncnn::Option::use_subgroup_ops, true, FixedAtLoad::InVulkanNet},
+    {"use_cooperative_matrix", &::ncnn::Option::use_cooperative_matrix, true, FixedAtLoad::InVulkanNet},
+    {"lightmode", &::ncnn::Option::lightmode, true, FixedAtLoad::No},
+};
+
 struct Net {
   Net(bool vknorm, bool fuse) : vknorm(vknorm), fuse(vknorm && fuse) {
     if (!vknorm) return;
@@ -972,25 +1006,9 @@ struct Net {
   }
   static std::string format_options(const ::ncnn::Option& o) {
     std::string s;
-    for (auto [name, on] : {std::pair<const char*, bool>{"use_vulkan_compute", o.use_vulkan_compute},
-                            {"use_fp16_storage", o.use_fp16_storage}, {"use_fp16_packed", o.use_fp16_packed},
-                            {"use_fp16_arithmetic", o.use_fp16_arithmetic}, {"use_bf16_storage", o.use_bf16_storage},
-                            {"use_bf16_packed", o.use_bf16_packed},
-                            {"use_packing_layout", o.use_packing_layout}, {"use_int8_inference", o.use_int8_inference},
-                            // the convolution's: its load_model builds weights and pipelines for them, and its
-                            // Vulkan forward reads them again (on after the load: pipelines never built)
-                            {"use_winograd_convolution", o.use_winograd_convolution},
-                            {"use_winograd23_convolution", o.use_winograd23_convolution},
-                            {"use_winograd43_convolution", o.use_winograd43_convolution},
-                            {"use_winograd63_convolution", o.use_winograd63_convolution},
-                            {"use_sgemm_convolution", o.use_sgemm_convolution}})
-      s += std::string(s.empty() ? "" : " ") + name + "=" + (on ? "1" : "0");
-    // ncnn turns these off at load_param where the device lacks them, and builds no pipelines for them: on again
-    // after the load, an extract crashed (a CPU net ignores them)
-    if (o.use_vulkan_compute)
-      for (auto [name, on] : {std::pair<const char*, bool>{"use_shader_local_memory", o.use_shader_local_memory},
-                              {"use_subgroup_ops", o.use_subgroup_ops}, {"use_cooperative_matrix", o.use_cooperative_matrix}})
-        s += std::string(" ") + name + "=" + (on ? "1" : "0");
+    for (const OptionSwitch& sw : kOptionSwitches)
+      if (sw.fixed == FixedAtLoad::Always || (sw.fixed == FixedAtLoad::InVulkanNet && o.use_vulkan_compute))
+        s += std::string(s.empty() ? "" : " ") + sw.name + "=" + (o.*sw.field ? "1" : "0");
     return s;
   }
   int read_param(const std::string& path, const std::string* text) {
@@ -1103,10 +1121,9 @@ bool is_kv_cache_layer(const ::ncnn::Layer& layer) {
          layer.tops.size() == 3 && layer.bottoms.size() >= 3;
 }
 
-// Where a layer runs in this net: ncnn's host layer in a CPU net, or for one it keeps off Vulkan (no Vulkan support,
-// or featmask bit 4), as computed_on_host judges a layer's output.
+// Where a layer runs in this net: ncnn's host layer in a CPU net, or one a Vulkan net keeps on the host.
 bool runs_on_host(const ::ncnn::Layer& layer, bool vulkan_net) {
-  return !vulkan_net || !layer.support_vulkan || (layer.featmask & (1 << 4));
+  return !vulkan_net || vknorm::ncnn::runs_on_host(layer);
 }
 
 // The element count from one channel to the next of a Mat of m's shape made plain (ncnn's create).
@@ -1426,11 +1443,13 @@ int kv_layer_ordinal(const ::ncnn::Net& net, const ::ncnn::Layer* layer) {
   return -1;
 }
 
-// The cache a host layer reads from its bottom b (the second-to-last: key; the last: value), as HostKvCaches names
-// the one it must be.
+// The slot of a kv-cache layer's past cache bottom b: 1 for the key (its second-to-last bottom), 2 for the value (its
+// last); also the top it grows that cache into.
+int past_slot(const ::ncnn::Layer& reader, int b) { return reader.bottoms[reader.bottoms.size() - 2] == b ? 1 : 2; }
+
+// The cache a host layer reads from its bottom b, as HostKvCaches names the one it must be.
 HostKvCaches::Maker past_cache_slot(const ::ncnn::Net& net, const ::ncnn::Layer* reader, int b, size_t model_bytes) {
-  const int slot = reader->bottoms[reader->bottoms.size() - 2] == b ? 1 : 2;
-  return {kv_layer_ordinal(net, reader), slot, model_bytes, reader->name};
+  return {kv_layer_ordinal(net, reader), past_slot(*reader, b), model_bytes, reader->name};
 }
 
 // Whether a host kv-cache layer's caches are read by another layer. With light mode off ncnn still frees every blob
@@ -1503,10 +1522,19 @@ void give_unset_past_caches(Extractor& e) {
   }
 }
 
+// The input the blob `name` depends on that was not given ("" when none), once the unset Inputs read only as past
+// caches are given empty (give_unset_past_caches).
+std::string input_not_given(Extractor& e, const std::string& name) {
+  give_unset_past_caches(e);
+  return missing_input(e.owner->net, e.held, name);
+}
+
+// Given past caches and the host kv-cache layer that reads each: (blob, Mat, layer).
+using CachesRun = std::vector<std::tuple<int, ::ncnn::Mat, const ::ncnn::Layer*>>;
+
 // The host kv caches given to e that the layers `plan` runs read, with each one's reader.
-std::vector<std::tuple<int, ::ncnn::Mat, const ::ncnn::Layer*>> caches_run_on(const Extractor& e,
-                                                                               const HeldBlobs::Plan& plan) {
-  std::vector<std::tuple<int, ::ncnn::Mat, const ::ncnn::Layer*>> out;
+CachesRun caches_run_on(const Extractor& e, const HeldBlobs::Plan& plan) {
+  CachesRun out;
   for (const auto& [b, mat] : e.given_caches) {
     const PastCacheReaders readers = past_cache_readers(e.owner->net, b, e.allocators != nullptr);
     if (readers.host && plan.ran[size_t(readers.host_index)]) out.emplace_back(b, mat, readers.host);
@@ -1517,8 +1545,8 @@ std::vector<std::tuple<int, ::ncnn::Mat, const ::ncnn::Layer*>> caches_run_on(co
 // Why an extract that runs `plan` cannot, for the host kv caches given to its extractor ("" when it can): one that
 // went on to another step since input(), or is going on in one now, would be appended to over that step's tokens.
 // Those it can run on are claimed for it until it ended (caches_ran).
-std::string claim_given_caches(Extractor& e, const HeldBlobs::Plan& plan) {
-  const auto caches = caches_run_on(e, plan);
+std::string claim_given_caches(Extractor& e, const HeldBlobs::Plan& plan, CachesRun& caches) {
+  caches = caches_run_on(e, plan);
   // A layer's key and value caches grow together, so the two given must be one step's: two sequences' caches would
   // be appended to at the key's length, inside the other's tokens, or read side by side.
   for (const auto& [b, mat, reader] : caches) {
@@ -1536,6 +1564,7 @@ std::string claim_given_caches(Extractor& e, const HeldBlobs::Plan& plan) {
     const HostKvCaches::Maker slot = past_cache_slot(e.owner->net, reader, b, e.owner->model_bytes_read);
     if (std::string why = host_kv_caches().claim(mat, slot, &e); !why.empty()) {
       for (size_t j = 0; j < i; ++j) host_kv_caches().release(std::get<1>(caches[j]), &e);
+      caches.clear();
       return "the past kv cache given for " + e.owner->net.blobs()[size_t(b)].name + ": " + why;
     }
   }
@@ -1544,12 +1573,12 @@ std::string claim_given_caches(Extractor& e, const HeldBlobs::Plan& plan) {
 
 // After the extract that ran `plan`: a cache its layer grew in place (the layer's cache out in the same memory with
 // more rows: an SDPA's, not a cross-attention's, which reads its past as it is) has gone on; the others are free again.
-void caches_ran(Extractor& e, const HeldBlobs::Plan& plan, bool succeeded) {
-  for (const auto& [b, mat, reader] : caches_run_on(e, plan)) {
+void caches_ran(Extractor& e, const HeldBlobs::Plan& plan, const CachesRun& claimed, bool succeeded) {
+  for (const auto& [b, mat, reader] : claimed) {
     // Not grown only where the cache out is seen in HostKvCaches' memory, elsewhere than mat's or at mat's h; as grown
     // where it cannot be (freed, or converted by ncnn's extract), or where its rows changed at all.
     bool grown = succeeded;
-    const int top = reader->tops[size_t(past_cache_slot(e.owner->net, reader, b, 0).slot)];
+    const int top = reader->tops[size_t(past_slot(*reader, b))];
     if (succeeded && plan.held[size_t(top)]) {
       ::ncnn::Mat out;  // held: ncnn's extract hands it over without running anything
       if (e.ex->extract(top, out) == 0 && out.allocator == &host_kv_caches())
@@ -1657,6 +1686,7 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
   ::ncnn::Mat out;
   int r;
   std::string why;  // a refused plan's reason
+  CachesRun claimed;  // the given past caches this extract runs, claimed until it ends
   check_vulkan_process(e.opt);
   if (e.stale("extract")) {
     r = -1;
@@ -1668,8 +1698,7 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
     NCNN_LOGE("vknorm.graph: extract %s: an earlier extract of this extractor failed, leaving ncnn's device "
               "blobs recorded but never computed; create a new extractor", name.c_str());
     r = -1;
-  } else if (const std::string missing = (give_unset_past_caches(e), missing_input(e.owner->net, e.held, name));
-             !missing.empty()) {
+  } else if (const std::string missing = input_not_given(e, name); !missing.empty()) {
     const bool refused = e.refused_inputs.count(vknorm::ncnn::blob_index(e.owner->net, missing.c_str())) != 0;
     NCNN_LOGE("vknorm.graph: extract %s: the input %s it depends on was %s", name.c_str(), missing.c_str(),
               refused ? "refused (Extractor.input said why)" : "not given (Extractor.input)");
@@ -1684,7 +1713,7 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
     r = -1;
   } else if (HeldBlobs::Plan after;
              !(why = e.held.plan(e.owner->net, name, e.opt.lightmode, e.allocators != nullptr, after)).empty() ||
-             !(why = claim_given_caches(e, after)).empty()) {
+             !(why = claim_given_caches(e, after, claimed)).empty()) {
     NCNN_LOGE("vknorm.graph: extract %s: %s", name.c_str(), why.c_str());
     r = -1;
   } else {
@@ -1694,7 +1723,7 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
       NCNN_LOGE("vknorm.graph: extract %s: ncnn produced an empty blob", name.c_str());
       r = -1;
     }
-    caches_ran(e, after, r == 0);
+    caches_ran(e, after, claimed, r == 0);
     if (r == 0) e.held.commit(std::move(after));
     else e.held.commit_failed(after);
     // A Vulkan forward that failed dropped its command buffer: the device blobs ncnn now holds were never
@@ -1914,32 +1943,15 @@ NB_MODULE(_graph, m) {
             check_seqlen_hint(hint, "Option.kvcache_max_seqlen_hint");
             o.kvcache_max_seqlen_hint = hint;
           });
-  const std::pair<const char*, bool ::ncnn::Option::*> switches[] = {
-      {"lightmode", &::ncnn::Option::lightmode},
-      {"use_vulkan_compute", &::ncnn::Option::use_vulkan_compute},
-      {"use_fp16_packed", &::ncnn::Option::use_fp16_packed},
-      {"use_fp16_storage", &::ncnn::Option::use_fp16_storage},
-      {"use_fp16_arithmetic", &::ncnn::Option::use_fp16_arithmetic},
-      {"use_bf16_storage", &::ncnn::Option::use_bf16_storage},
-      {"use_bf16_packed", &::ncnn::Option::use_bf16_packed},
-      {"use_packing_layout", &::ncnn::Option::use_packing_layout},
-      {"use_subgroup_ops", &::ncnn::Option::use_subgroup_ops},
-      {"use_shader_local_memory", &::ncnn::Option::use_shader_local_memory},
-      {"use_cooperative_matrix", &::ncnn::Option::use_cooperative_matrix},
-      // how ncnn's own Convolution / Deconvolution layers compute, CPU and Vulkan
-      {"use_winograd_convolution", &::ncnn::Option::use_winograd_convolution},
-      {"use_winograd23_convolution", &::ncnn::Option::use_winograd23_convolution},
-      {"use_winograd43_convolution", &::ncnn::Option::use_winograd43_convolution},
-      {"use_winograd63_convolution", &::ncnn::Option::use_winograd63_convolution},
-      {"use_sgemm_convolution", &::ncnn::Option::use_sgemm_convolution}};
   // The setters' signatures for stubs (they take any object, to refuse None and the like with a message);
   // nanobind keeps the pointers, so the strings live as long as the module.
   static std::deque<std::string> setter_sigs;
-  for (const auto& [name, field] : switches) {
-    setter_sigs.push_back(std::string("def ") + name + "(self, value: bool, /) -> None");
+  for (const OptionSwitch& sw : kOptionSwitches) {
+    if (!sw.settable) continue;
+    setter_sigs.push_back(std::string("def ") + sw.name + "(self, value: bool, /) -> None");
     option.def_prop_rw(
-        name, [field = field](const ::ncnn::Option& o) { return o.*field; },
-        [field = field, what = std::string("Option.") + name](::ncnn::Option& o, nb::handle v) {
+        sw.name, [field = sw.field](const ::ncnn::Option& o) { return o.*field; },
+        [field = sw.field, what = std::string("Option.") + sw.name](::ncnn::Option& o, nb::handle v) {
           o.*field = as_switch(v, what);
         },
         nb::for_setter(nb::arg("value").none()), nb::for_setter(nb::sig(setter_sigs.back().c_str())));
@@ -2548,7 +2560,7 @@ NB_MODULE(_graph, m) {
   m.def("gpu_count", [] { return ncnn_gpu_count(); });
   m.def("gpu_name",
         [](long long i) { return std::string(::ncnn::get_gpu_info(checked_gpu_index(i, "gpu_name")).device_name()); });
-  m.def("gpu_info", &gpu_info_fields, "device_index"_a, "caller"_a);
+  m.def("gpu_info", &gpu_info_fields, "device_index"_a);
   m.def("check_gpu_index", &checked_gpu_index, "device_index"_a, "caller"_a);
   m.def("gpu_heap_budget", &gpu_heap_budget, "device_index"_a);
   m.def("default_gpu_index", [] { return ::ncnn::get_default_gpu_index(); });

@@ -113,10 +113,10 @@ bool computed_on_host(const ::ncnn::Net& net, const char* name) {
   const int producer = net.blobs()[size_t(index)].producer;
   if (producer < 0 || producer >= int(net.layers().size())) return false;
   const ::ncnn::Layer* layer = net.layers()[size_t(producer)];
-  // After load_model a layer that runs on the host in this net is ncnn's CPU layer (ncnn recreates one for
-  // featmask bit 4 or params its Vulkan layer cannot take): no Vulkan support.
-  return layer->type == "Input" || !layer->support_vulkan || (layer->featmask & (1 << 4));
+  return layer->type == "Input" || runs_on_host(*layer);
 }
+
+bool runs_on_host(const ::ncnn::Layer& layer) { return !layer.support_vulkan || (layer.featmask & (1 << 4)); }
 
 Runner::Runner(const ::ncnn::Net& net) : net_(net) { attach(); }
 

@@ -213,5 +213,10 @@ int blob_index(const ::ncnn::Net& net, const char* name);
 // stores float16. False for an unknown name.
 bool computed_on_host(const ::ncnn::Net& net, const char* name);
 
+// Whether a loaded Vulkan net runs this layer on the host: ncnn keeps it off Vulkan (featmask bit 4), or it has no
+// Vulkan support (after load_model such a layer is ncnn's CPU layer: ncnn recreates one for featmask bit 4 or params
+// its Vulkan layer cannot take).
+bool runs_on_host(const ::ncnn::Layer& layer);
+
 }  // namespace ncnn
 }  // namespace vknorm

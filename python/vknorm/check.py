@@ -762,17 +762,16 @@ def kv_cache_outputs(model: Model) -> set:
     return {t for layer in model.layers if _is_kv_cache_layer(layer) for t in layer.tops[1:]}
 
 
-def judged_outputs(model: Model, net) -> List[str]:
-    """The net's outputs less the kv caches it grows (kv_cache_outputs): not values to compare."""
+def split_outputs(model: Model, net) -> Tuple[List[str], List[str]]:
+    """The net's outputs to judge, and those that are the kv caches it grows (kv_cache_outputs): not values to
+    compare (a result lists them as "kv_caches")."""
     caches = kv_cache_outputs(model)
-    return [b for b in net.output_names() if b not in caches]
+    outputs = list(net.output_names())
+    return [b for b in outputs if b not in caches], [b for b in outputs if b in caches]
 
 
-def note_kv_caches(model: Model, net, result: dict) -> None:
-    """result["kv_caches"]: the model outputs that are kv caches, not judged (where there are any)."""
-    caches = [b for b in net.output_names() if b in kv_cache_outputs(model)]
-    if caches:
-        result["kv_caches"] = caches
+def judged_outputs(model: Model, net) -> List[str]:
+    return split_outputs(model, net)[0]
 
 
 def kv_caches_line(result: dict) -> List[str]:
@@ -781,32 +780,42 @@ def kv_caches_line(result: dict) -> List[str]:
         if caches else []
 
 
+def _readers(model: Model) -> Dict[str, List[Layer]]:
+    """The layers reading each blob, in model order."""
+    readers: Dict[str, List[Layer]] = {}
+    for layer in model.layers:
+        for b in layer.bottoms:
+            readers.setdefault(b, []).append(layer)
+    return readers
+
+
+def _reads_as_past(layer: Layer, blob: str) -> bool:
+    """Whether the layer reads blob (one of its bottoms) only as a past kv cache: among its last two bottoms alone."""
+    return _is_kv_cache_layer(layer) and blob not in layer.bottoms[:-2]
+
+
 def past_kv_caches(model: Model) -> Dict[str, Layer]:
     """The blobs read only as a past kv cache (_is_kv_cache_layer), by the layer reading them."""
-    readers: Dict[str, List[Tuple[Layer, bool]]] = {}
-    for layer in model.layers:
-        kv = _is_kv_cache_layer(layer)
-        for i, b in enumerate(layer.bottoms):
-            readers.setdefault(b, []).append((layer, kv and i >= len(layer.bottoms) - 2))
-    return {b: r[0][0] for b, r in readers.items() if all(as_past for _, as_past in r)}
+    return {b: r[0] for b, r in _readers(model).items() if all(_reads_as_past(layer, b) for layer in r)}
 
 
 def _check_past_kv_caches(model: Model, input_specs: Dict[str, Tuple[int, ...]]) -> None:
     """An empty input only where ncnn's kv-cache layer reads it as its past (any other layer crashes on it), and
     a past kv cache only empty: ncnn lays a cache out its own way (on x86 the keys in panels, read past the rows a
     random array has), so the one a tool can give is a decoder's first step's (UsageError otherwise)."""
+    readers = _readers(model)
     for layer in model.layers:  # ncnn frees kv-cache memory as layers read it: their blobs could not all be compared
         for t in layer.tops[1:] if _is_kv_cache_layer(layer) else []:
-            reader = next((r for r in model.layers if t in r.bottoms), None)
-            if reader:
+            if t in readers:
+                reader = readers[t][0]
                 raise UsageError(f"{reader.type} {reader.name!r} ({model.path} line {reader.line}) reads the kv cache "
                                  f"{t!r} of {layer.type} {layer.name!r}: check and bench --model do not run models "
                                  "whose kv caches feed other layers (ncnn frees kv-cache memory as it is read)")
     past = past_kv_caches(model)
     for name, dims in input_specs.items():
         if not dims and name not in past:
-            readers = [layer for layer in model.layers if name in layer.bottoms]
-            by = f"{readers[0].type} {readers[0].name!r} reads it" if readers else "no layer reads it"
+            first = readers.get(name, [None])[0]
+            by = f"{first.type} {first.name!r} reads it" if first else "no layer reads it"
             raise UsageError(f"--input {name}=empty: only a past kv cache may be empty (read alone as one of the last "
                              f"two inputs of an SDPA or MultiHeadAttention with kv_cache on); {by}")
         if dims and name in past:
@@ -954,8 +963,9 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
             except (_core.VulkanUnavailableError, ValueError):
                 result["device"] = "none"
             return result
-        outputs = judged_outputs(model, stock)
-        note_kv_caches(model, stock, result)
+        outputs, caches = split_outputs(model, stock)
+        if caches:
+            result["kv_caches"] = caches
         rng = np.random.default_rng(seed)
         inputs = random_inputs(rng, input_specs, model.inputs)
         norm_blobs = [layer.tops[0] for layer in model.norms]
@@ -1552,8 +1562,9 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
         if not model.norms:
             result["note"] = f"{param_path}: no LayerNorm, RMSNorm, GroupNorm or InstanceNorm layers, nothing to check"
             return result
-        outputs = judged_outputs(model, cpu)
-        note_kv_caches(model, cpu, result)
+        outputs, caches = split_outputs(model, cpu)
+        if caches:
+            result["kv_caches"] = caches
         rng = np.random.default_rng(seed)  # the same inputs as the check without --vulkan
         inputs = random_inputs(rng, input_specs, model.inputs)
         stage("the load of the net with vknorm inside", LOADING)

@@ -243,7 +243,7 @@ class GpuInfo:
 def get_gpu_info(device_index: int = 0) -> GpuInfo:
     """pyncnn's get_gpu_info: ncnn's facts about Vulkan device ``device_index`` (ValueError outside
     0..get_gpu_count()-1, where pyncnn reads past ncnn's device table)."""
-    return GpuInfo(_graph.gpu_info(operator.index(device_index), "get_gpu_info"))
+    return GpuInfo(_graph.gpu_info(operator.index(device_index)))
 
 
 class VulkanDevice:

@@ -166,12 +166,12 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
     model = parse_param(param)
     refuse_norm_channel_mismatch(model, binp, os.path.getsize(binp), inputs)
     refuse_unrepeatable_stock_run(model, binp, os.path.getsize(binp), inputs)
+    kv_caches = frozenset(kv_cache_outputs(model))
     runners = []
     for impl in impls:
         stage(f"the load of {impl}", LOADING)
         try:
-            runners.append(ncnn_reason(lambda: ModelRunner(impl, param, binp, inputs, fp16,
-                                                           frozenset(kv_cache_outputs(model)))))
+            runners.append(ncnn_reason(lambda: ModelRunner(impl, param, binp, inputs, fp16, kv_caches)))
         except ImportError as e:
             print(f"vknorm bench: {impl} skipped: {e}", file=sys.stderr)
     finished: List[str] = []
