@@ -38,12 +38,14 @@
 
 #include "vknorm/context.h"
 #include "vknorm/ncnn.h"
+#include "graph_custom_layers.h"
 #include "graph_mat_functions.h"
 #include "mat_layout.h"
 #include "numpy_shape.h"
 #include "release_gil.h"
 
 namespace nb = nanobind;
+using vknorm_python::PythonLayerTypes;
 using vknorm_python::ReleaseGil;
 using vknorm_python::element_strides;
 using vknorm_python::kMaxThreads;
@@ -780,31 +782,59 @@ class QuietStderr {
 
 // A shared lock whose writers go first: loads and clears wait only for the extracts already running.
 // (std::shared_mutex on glibc prefers readers: two threads extracting in turn kept a load waiting forever.)
+// A Python layer's code runs while the net that called it is held (loading, clearing or extracting): a net's lock
+// taken from there is refused, where waiting could never end.
 class NetLock {
  public:
   void lock() {
+    refuse_inside_python_layer();
     std::unique_lock<std::mutex> l(m_);
     ++writers_waiting_;
     cv_.wait(l, [&] { return !writing_ && readers_ == 0; });
     --writers_waiting_;
     writing_ = true;
+    held().push_back(this);
   }
   void unlock() {
+    forget();
     std::lock_guard<std::mutex> l(m_);
     writing_ = false;
     cv_.notify_all();
   }
   void lock_shared() {
+    refuse_inside_python_layer();
+    lock_shared_to_clean_up();
+  }
+  // lock_shared for an extractor going, from a Python layer's code too (where the lock is the running net's,
+  // held_by_this_thread says so, and the extractor goes without it)
+  void lock_shared_to_clean_up() {
     std::unique_lock<std::mutex> l(m_);
     cv_.wait(l, [&] { return !writing_ && writers_waiting_ == 0; });
     ++readers_;
+    held().push_back(this);
   }
   void unlock_shared() {
+    forget();
     std::lock_guard<std::mutex> l(m_);
     if (--readers_ == 0) cv_.notify_all();
   }
+  bool held_by_this_thread() const { return std::find(held().begin(), held().end(), this) != held().end(); }
 
  private:
+  static std::vector<const NetLock*>& held() {
+    thread_local std::vector<const NetLock*> locks;
+    return locks;
+  }
+  void forget() {
+    auto& h = held();
+    h.erase(std::find(h.begin(), h.end(), this));
+  }
+  static void refuse_inside_python_layer() {
+    if (vknorm_python::inside_python_layer())
+      throw std::runtime_error("vknorm.graph: a Python layer's code (creator, destroyer, load_param, load_model, "
+                               "forward, ...) cannot use a Net or Extractor: it runs while the net that called it is "
+                               "held, loading, clearing or extracting");
+  }
   std::mutex m_;
   std::condition_variable cv_;
   int readers_ = 0, writers_waiting_ = 0;
@@ -900,6 +930,8 @@ constexpr OptionSwitch kOptionSwitches[] = {
 };
 
 struct Net {
+  // first: it outlives the layers made from it (owned_net's)
+  PythonLayerTypes python_layers;
   Net(bool vknorm, bool fuse) : vknorm(vknorm), fuse(vknorm && fuse) {
     if (!vknorm) return;
     int r;
@@ -1070,12 +1102,15 @@ auto writing(Net& n, F&& f) {
 }
 
 // load_param / load_param_mem / load_model: in the process that first ran a Vulkan net (check_vulkan_process).
+// What a Python layer raised as it was made, loaded or destroyed is raised after.
 template <class F>
 int loading(Net& n, F&& f) {
-  return writing(n, [&] {
+  const int r = writing(n, [&] {
     check_vulkan_process(n.net.opt);
     return f();
   });
+  vknorm_python::raise_python_layer_error();
+  return r;
 }
 
 // A FusedPattern copied under the net's lock, as a type of this module's own (a std::vector of vknorm's type
@@ -1379,10 +1414,15 @@ struct Extractor {
   // ncnn's extractor gives its blobs back to the net's allocators: not while the net loads or clears.
   ~Extractor() {
     if (!ex || in_forked_child()) return;  // moved from; or left alone (ForkSafe), the net's lock not waited for
+    if (owner->lock.held_by_this_thread()) {  // let go by a Python layer of this net: the lock is this thread's
+      ex.reset();
+      return;
+    }
     std::optional<ReleaseGil> release;
     if (PyGILState_Check()) release.emplace();  // never wait for the net's lock holding the GIL
-    std::shared_lock<NetLock> lock(owner->lock);
+    owner->lock.lock_shared_to_clean_up();
     ex.reset();
+    owner->lock.unlock_shared();
   }
   Extractor(std::shared_ptr<Net> n, ForkSafe<::ncnn::Extractor> e, std::shared_ptr<Allocators> a)
       : owner(std::move(n)), ex(std::move(e)), allocators(std::move(a)) {}
@@ -1758,7 +1798,9 @@ int extractor_input(Extractor& e, const std::string& name, const ::ncnn::Mat& in
 
 std::tuple<int, ::ncnn::Mat> extractor_extract(Extractor& e, const std::string& name) {
   refuse_nul(name, "the blob name", "Extractor.extract: ");
-  return holding(e, [&] { return extract_held(e, name); });
+  auto result = holding(e, [&] { return extract_held(e, name); });
+  vknorm_python::raise_python_layer_error();  // what a Python layer's forward raised: the extract fails with it
+  return result;
 }
 
 // pyncnn's extract(blob, feat): the blob into feat (left as it was on failure), ncnn's code back.
@@ -1835,8 +1877,36 @@ void extractor_clear(Extractor& e) {
   });
 }
 
+// The Python objects a net holds for its Python layers (their creators, destroyers and layers), for Python's
+// garbage collector: a creator defined in a module holds the module's globals, which hold the net.
+int net_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  return nb::inst_ptr<Net>(self)->python_layers.traverse(visit, arg);
+}
+int net_clear_references(PyObject* self) {
+  if (nb::inst_ready(self)) nb::inst_ptr<Net>(self)->python_layers.clear();
+  return 0;
+}
+// An extractor holds its net's Python object (the shared_ptr nanobind made of it): said to the collector, so a net
+// and its extractors that only a cycle through a Python layer's creator keeps are collected.
+int extractor_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  if (const Extractor* e = nb::inst_ptr<Extractor>(self); e->owner) {
+    nb::object net = nb::find(e->owner.get());
+    Py_VISIT(net.ptr());
+  }
+  return 0;
+}
+PyType_Slot kExtractorSlots[] = {{Py_tp_traverse, reinterpret_cast<void*>(extractor_traverse)}, {0, nullptr}};
+PyType_Slot kNetSlots[] = {{Py_tp_traverse, reinterpret_cast<void*>(net_traverse)},
+                           {Py_tp_clear, reinterpret_cast<void*>(net_clear_references)},
+                           {0, nullptr}};
+
 void net_clear(Net& n) {
   writing(n, [&] { n.clear(); });
+  vknorm_python::raise_python_layer_error();  // a Python layer's destroy_pipeline or destroyer
 }
 
 // Device memory ncnn holds. Every allocation ncnn makes (its blob, workspace, staging and weight
@@ -1943,6 +2013,13 @@ NB_MODULE(_graph, m) {
             check_seqlen_hint(hint, "Option.kvcache_max_seqlen_hint");
             o.kvcache_max_seqlen_hint = hint;
           });
+  // pyncnn's allocator fields, which its Python layers pass on (top_blob.clone_from(x, opt.blob_allocator)): this
+  // module's Mats take None only, ncnn's own memory
+  for (const char* name : {"blob_allocator", "workspace_allocator"})
+    option.def_prop_rw(
+        name, [](const ::ncnn::Option&) { return nb::none(); },
+        [what = std::string("Option.") + name](::ncnn::Option&, nb::handle v) { check_no_allocator(what.c_str(), v); },
+        nb::for_setter(nb::arg("value").none()));
   // The setters' signatures for stubs (they take any object, to refuse None and the like with a message);
   // nanobind keeps the pointers, so the strings live as long as the module.
   static std::deque<std::string> setter_sigs;
@@ -2227,7 +2304,7 @@ NB_MODULE(_graph, m) {
 
   // Each call holds the net shared, then the extractor, with the GIL released (so no thread waits for
   // either while holding the GIL another needs).
-  nb::class_<Extractor>(m, "Extractor")
+  nb::class_<Extractor>(m, "Extractor", nb::type_slots(kExtractorSlots))
       .def("input", &extractor_input, "blob_name"_a, "mat"_a)
       .def("input",
            [](Extractor& e, int index, const ::ncnn::Mat& in) {
@@ -2309,7 +2386,7 @@ NB_MODULE(_graph, m) {
       .def("__exit__", [](Extractor& e, nb::args) { extractor_clear(e); })
       .def("clear", &extractor_clear);
 
-  nb::class_<Net>(m, "Net")
+  nb::class_<Net>(m, "Net", nb::type_slots(kNetSlots))
       .def("__init__",
            [](Net* self, nb::handle vknorm_on, nb::handle fuse_on) {
              const bool vknorm = as_switch(vknorm_on, "Net(vknorm=)");
@@ -2348,6 +2425,15 @@ NB_MODULE(_graph, m) {
           },
           nb::rv_policy::reference_internal)
       .def("set_vulkan_device", &set_vulkan_device, "device_index"_a)
+      // pyncnn's: loads from then on make `type`'s layers with creator() (a vknorm.graph.Layer), and hand each to
+      // destroyer (None: nothing) as the net lets it go
+      .def(
+          "register_custom_layer",
+          [](Net& n, const std::string& type, nb::handle creator, nb::handle destroyer) {
+            const vknorm_python::PythonLayerType& t = n.python_layers.add(type, creator, destroyer, n.vknorm, n.fuse);
+            return writing(n, [&] { return PythonLayerTypes::register_with(n.net, t); });
+          },
+          "type"_a, "creator"_a, "destroyer"_a.none() = nb::none())
       // The index of the device the net runs on, None until set_vulkan_device or a Vulkan net's load_param picks
       // one (vknorm.graph.Net.vulkan_device gives it as pyncnn's VulkanDevice)
       .def("_vulkan_device_index",
@@ -2551,6 +2637,7 @@ NB_MODULE(_graph, m) {
   m.def("set_omp_dynamic", &::ncnn::set_omp_dynamic, "dynamic"_a);
   m.def("set_kmp_blocktime", &::ncnn::set_kmp_blocktime, "time_ms"_a);
   vknorm_python::define_mat_functions(m);
+  vknorm_python::define_custom_layers(m);
 
   // The graph rewrite on .param text: (fused text, [{"pattern", "layers"}]); ValueError on a malformed file.
   m.def("fuse_param", [](const std::string& text) {

@@ -688,6 +688,11 @@ std::string first_fused_layer(const std::string& param_text) {
   return "";
 }
 
+bool fusion_folds(const std::string& type) {
+  return type == "BinaryOp" || type == "Split" || type == "ReLU" || type == "Sigmoid" || type == "Swish" ||
+         type == "GELU";
+}
+
 std::string first_fused_layer_in_file(const char* param_path) {
   std::string text;
   return param_path && read_param_file(param_path, text) ? first_fused_layer(text) : "";

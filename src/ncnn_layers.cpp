@@ -732,25 +732,33 @@ const char* fused_name(NormOp op) {
   }
 }
 
+// The types register_layers makes vknorm's, with their creators.
+const std::pair<const char*, ::ncnn::layer_creator_func> kVknormTypes[] = {
+    {"LayerNorm", create_layer<NormOp::LayerNorm, false>},
+    {"RMSNorm", create_layer<NormOp::RMSNorm, false>},
+    {"GroupNorm", create_layer<NormOp::GroupNorm, false>},
+    {"InstanceNorm", create_layer<NormOp::InstanceNorm, false>},
+    {fused_name(NormOp::LayerNorm), create_layer<NormOp::LayerNorm, true>},
+    {fused_name(NormOp::RMSNorm), create_layer<NormOp::RMSNorm, true>},
+    {fused_name(NormOp::GroupNorm), create_layer<NormOp::GroupNorm, true>},
+    {fused_name(NormOp::InstanceNorm), create_layer<NormOp::InstanceNorm, true>},
+};
+
 int register_layers(::ncnn::Net& net) {
   if (!net.layers().empty()) {  // made at load_param, stock: registering now would change none of them
     NCNN_LOGE("vknorm::ncnn::register_layers: the net's layers are made already (load_param ran): call it before "
               "load_param, or on a net that has been clear()ed");
     return -1;
   }
-  const std::pair<const char*, ::ncnn::layer_creator_func> types[] = {
-      {"LayerNorm", create_layer<NormOp::LayerNorm, false>},
-      {"RMSNorm", create_layer<NormOp::RMSNorm, false>},
-      {"GroupNorm", create_layer<NormOp::GroupNorm, false>},
-      {"InstanceNorm", create_layer<NormOp::InstanceNorm, false>},
-      {fused_name(NormOp::LayerNorm), create_layer<NormOp::LayerNorm, true>},
-      {fused_name(NormOp::RMSNorm), create_layer<NormOp::RMSNorm, true>},
-      {fused_name(NormOp::GroupNorm), create_layer<NormOp::GroupNorm, true>},
-      {fused_name(NormOp::InstanceNorm), create_layer<NormOp::InstanceNorm, true>},
-  };
-  for (const auto& [type, creator] : types)
+  for (const auto& [type, creator] : kVknormTypes)
     if (int r = net.register_custom_layer(type, creator, destroy_layer)) return r;
   return 0;
+}
+
+bool is_vknorm_type(const std::string& type) {
+  for (const auto& entry : kVknormTypes)
+    if (type == entry.first) return true;
+  return false;
 }
 
 bool is_vknorm_layer(const ::ncnn::Layer* layer) { return dynamic_cast<const NormLayer*>(layer) != nullptr; }

@@ -42,6 +42,8 @@ namespace ncnn {
 // (opt.use_bf16_storage / use_bf16_packed) is refused: create_pipeline and every forward fail with -1, naming
 // the option (vknorm's kernels read float32 or float16).
 int register_layers(::ncnn::Net& net);
+// Whether register_layers makes layers of ncnn type `type` vknorm's: the four norms and the fused types below.
+bool is_vknorm_type(const std::string& type);
 
 // ---- Fusion: a norm with the add before it and the activation after it, in one kernel -------------
 // Fused layers have types of their own, "vknorm.LayerNorm", "vknorm.RMSNorm", "vknorm.GroupNorm" and
@@ -100,6 +102,9 @@ int load_param_mem_fused(::ncnn::Net& net, const char* param_text, std::vector<F
 // cannot hold written as \xNN); "" where it has none or does not read as a .param.
 std::string first_fused_layer(const std::string& param_text);
 std::string first_fused_layer_in_file(const char* param_path);
+// Whether fuse_param may fold layers of ncnn type `type` into vknorm's fused layers (the add before a norm, a Split
+// between the two, the activation after it): a net that fuses runs no other implementation of that type there.
+bool fusion_folds(const std::string& type);
 
 // How vknorm layers ran. In a Vulkan net every forward is recorded on the GPU: cpu_forwards stays 0 (no
 // host round trip). pipelines counts ncnn::Pipeline objects created (a new one only for a new variant: kernel,

@@ -148,6 +148,10 @@ except ImportError as e:  # built without ncnn (CMake did not find it)
 Mat = _graph.Mat
 Option = _graph.Option
 Extractor = _graph.Extractor
+# pyncnn's custom Python layers: subclass Layer, register a creator with Net.register_custom_layer
+Layer = _graph.Layer
+ParamDict = _graph.ParamDict
+ModelBin = _graph.ModelBin
 # As pyncnn's: the version of the ncnn inside (tools/build_ncnn.sh's pin; ncnn's own version string there is the
 # date it was built)
 __version__ = "1.0.20261020"
@@ -164,7 +168,7 @@ from ._graph import (  # noqa: E402
 )
 
 __all__ = [
-    "Net", "Mat", "Option", "Extractor", "gpu_count", "gpu_name", "get_gpu_count", "get_default_gpu_index", "GpuInfo",
+    "Net", "Mat", "Option", "Extractor", "Layer", "ParamDict", "ModelBin", "gpu_count", "gpu_name", "get_gpu_count", "get_default_gpu_index", "GpuInfo",
     "get_gpu_info", "VulkanDevice", "get_gpu_device", "configure", "track_device_memory", "device_memory",
     "set_device_memory_limit",
     # ncnn's own code, as imported above
