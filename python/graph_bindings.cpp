@@ -47,6 +47,7 @@
 namespace nb = nanobind;
 using vknorm_python::PythonLayerTypes;
 using vknorm_python::ReleaseGil;
+using vknorm_python::type_of;
 using vknorm_python::element_strides;
 using vknorm_python::kMaxThreads;
 using vknorm_python::thread_count_ok;
@@ -1841,13 +1842,6 @@ std::string blob_name(Extractor& e, long long index, const char* call) {
   return name_of(index);
 }
 
-// A Python object's type for a message, module-qualified: numpy.ndarray, ncnn.ncnn.Mat.
-std::string type_of(nb::handle h) {
-  const nb::handle t = h.type();
-  const std::string module = nb::hasattr(t, "__module__") ? nb::str(t.attr("__module__")).c_str() : "";
-  const std::string name = nb::type_name(t).c_str();
-  return module.empty() || module == "builtins" || name.rfind(module, 0) == 0 ? name : module + "." + name;
-}
 
 // A blob given by anything the str and int overloads did not take: an index type (a numpy integer, one past
 // int) goes on as an index (out of range: "", named as given); anything else is one line naming its type.

@@ -59,8 +59,6 @@ bool finalizing_elsewhere() {
   throw nb::python_error();
 }
 
-std::string type_of(nb::handle h) { return nb::type_name(h.type()).c_str(); }
-
 // Kept for the binding that ran the layer, noted with where it was raised (Python 3.11's add_note).
 void keep(nb::python_error& e, const std::string& where) {
   (void)e.what();  // before Python 3.12 the error is held unnormalized until then (its value a str)
@@ -381,6 +379,13 @@ int weight_type(int type) {
 
 }  // namespace
 
+std::string type_of(nb::handle h) {
+  const nb::handle t = h.type();
+  const std::string module = nb::hasattr(t, "__module__") ? nb::str(t.attr("__module__")).c_str() : "";
+  const std::string name = nb::type_name(t).c_str();
+  return module.empty() || module == "builtins" || name.rfind(module, 0) == 0 ? name : module + "." + name;
+}
+
 bool inside_python_layer() { return t_python_layer_depth > 0; }
 
 void raise_python_layer_error() {
@@ -496,16 +501,17 @@ void define_custom_layers(nb::module_& m) {
             if (PyLong_Check(def.ptr())) {  // bool too, as an int
               int overflow = 0;
               const long long d = PyLong_AsLongLongAndOverflow(def.ptr(), &overflow);
-              if (overflow || d < INT_MIN || d > INT_MAX) raise(PyExc_OverflowError, "ParamDict.get: def past int");
+              if (overflow || d < INT_MIN || d > INT_MAX) raise(PyExc_OverflowError, "ParamDict.get: default past int");
               return nb::int_(pd.get(id, int(d)));
             }
             if (PyFloat_Check(def.ptr())) return nb::float_(pd.get(id, float(PyFloat_AsDouble(def.ptr()))));
             if (PyUnicode_Check(def.ptr())) return nb::str(pd.get(id, nb::cast<std::string>(def)).c_str());
             if (nb::isinstance<Mat>(def)) return nb::cast(param_array(pd, id, nb::cast<const Mat&>(def)));
-            raise(PyExc_TypeError, "ParamDict.get(id, def): def is an int, float, str or Mat (its type is the type "
-                                   "read), got " + type_of(def));
+            raise(PyExc_TypeError, "ParamDict.get(id, default): default is an int, float, str or Mat (its type is "
+                                   "the type read), got " + type_of(def));
           },
-          "id"_a, "def"_a, "Param id as def's type (def where the .param does not give it); an int array as float32.");
+          "id"_a, "default"_a,
+          "Param id as default's type (default where the .param does not give it); an int array as float32.");
 
   nb::class_<ModelBinView>(m, "ModelBin",
                            "ncnn's ModelBin as a Python layer's load_model gets it: the layer's weights from the "

@@ -19,7 +19,7 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
 
 Not there (AttributeError): ``destroy_gpu_instance``, ``Net.blobs`` (``input_names`` / ``output_names`` and
 ``input_indexes`` / ``output_indexes``, as the model's .param numbers its blobs, are), ``Net.load_param_bin`` (binary params name no blobs: nothing could be
-fused), custom Python layers, allocator objects (``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
+fused), allocator objects (``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
 ``Mat.create`` / ``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1),
 ``create_layer``, ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
 functions that make other element types or packings (``convert_packing``, ``cast_*``, ``quantize_to_int8``),
@@ -38,6 +38,34 @@ command buffer on ncnn's blobs, in whatever packing (1 or 4) and storage (``opt.
 ``use_fp16_packed``: float16; float32 otherwise) the graph chose. In a CPU net they run ncnn's own CPU
 layers (the norm, a fused activation, a fused add's BinaryOp): stock ncnn's results and speed. ``vknorm.ncnn.register`` (pyncnn custom layers) remains for pyncnn users, but it is the slow
 path: a pyncnn layer always runs on the host, so a Vulkan net downloads and re-uploads around it.
+
+Custom Python layers, as pyncnn's::
+
+    class Focus(ncnn.Layer):
+        def __init__(self):
+            ncnn.Layer.__init__(self)
+            self.one_blob_only = True              # forward(bottom_blob, top_blob, opt); else lists of Mats
+        def forward(self, bottom_blob, top_blob, opt):
+            x = np.array(bottom_blob)
+            top_blob.clone_from(ncnn.Mat(x[..., ::2, ::2]), opt.blob_allocator)
+            return 0                               # ncnn's code: 0 on success
+
+    net.register_custom_layer("Focus", Focus)      # before load_param; a destroyer(layer) may follow
+
+A layer may define ``forward`` or ``forward_inplace`` (with ``support_inplace = True``), for one blob or lists of them,
+``load_param(pd)`` (``pd.get(id, default)``: default's type is the type read; an int array comes as float32),
+``load_model(mb)`` (``mb.load(w, type)``, ``mb.load(w, h, type)``, ...; type 1: raw float32) and
+``create_pipeline(opt)`` / ``destroy_pipeline(opt)``. It runs on the host, in CPU and Vulkan nets (a Vulkan net
+downloads its inputs and uploads its outputs, as ncnn does for any layer without Vulkan), on copies of its inputs as
+float32 of elempack 1 (``support_vulkan``, ``support_packing``, ``support_fp16_storage``, ... stay False); a ParamDict
+or ModelBin is usable only during the call it was given to. The net holds each layer it made until its destroyer has
+been called (pyncnn's crash once a layer nothing else holds is collected); the Mats a multi-blob layer leaves in its
+lists reach the net (pyncnn's hands it copies). What a layer raises comes out of the ``load_param``, ``load_model``,
+``extract`` or ``clear`` that ran it, noted with the layer (the layer returns -1 to ncnn); a forward that returns 0
+without filling its tops is a ValueError. A layer's code cannot call a Net or Extractor (the net that runs it is held
+meanwhile): a RuntimeError. A type vknorm's layers run (``LayerNorm``, ...) or that fusion folds into them
+(``BinaryOp``, ``Split``, ``ReLU``, ``Sigmoid``, ``Swish``, ``GELU``) is refused: ``Net(vknorm=False)`` or
+``Net(fuse=False)`` takes it.
 
 Fusion (``Net(fuse=True)``, the default with vknorm's layers): ``load_param`` rewrites the model so every
 norm takes in the BinaryOp add that feeds it and the activation after it (vknorm::ncnn::fuse_param);
