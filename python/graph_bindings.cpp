@@ -2502,6 +2502,8 @@ NB_MODULE(_graph, m) {
                return r;
              });
            })
+      // pyncnn's: the blobs of the net as loaded (a fused net's own, as layers() lists its layers), copies
+      .def("blobs", [](Net& n) { return reading(n, [&] { return n.net.blobs(); }); })
       // vknorm's layers: name, type, params, weights (numpy copies) and counters.
       .def("vknorm_layers",
            [](Net& n) {
@@ -2594,6 +2596,19 @@ NB_MODULE(_graph, m) {
       .def("__enter__", [](Net& n) -> Net& { return n; }, nb::rv_policy::reference)
       .def("__exit__", [](Net& n, nb::args) { net_clear(n); });
 
+  nb::class_<::ncnn::Blob>(m, "Blob", "pyncnn's Blob: a blob of a net as loaded, as it was when Net.blobs() was called.")
+      .def_ro("name", &::ncnn::Blob::name)
+      .def_ro("producer", &::ncnn::Blob::producer, "The index in Net.layers() of the layer that makes it.")
+      .def_ro("consumer", &::ncnn::Blob::consumer, "The index in Net.layers() of a layer that reads it, -1 if none.")
+      // ncnn's shape hint is a Mat without memory (pyncnn's numpy of it reads address 0): its shape instead
+      .def_prop_ro(
+          "shape", [](const ::ncnn::Blob& b) { return b.shape.dims ? shape_of(b.shape) : std::vector<int>(); },
+          "The .param's shape hint as Mat's constructors take it, [w], [w, h], [w, h, c] or [w, h, d, c]; [] "
+          "when it gives none.")
+      .def("__repr__", [](const ::ncnn::Blob& b) {
+        return std::string("Blob(name=") + nb::repr(nb::str(b.name.c_str())).c_str() + ", producer=" +
+               std::to_string(b.producer) + ", consumer=" + std::to_string(b.consumer) + ")";
+      });
   nb::class_<DataReaderFromEmpty>(m, "DataReaderFromEmpty").def(nb::init<>());
   // pyncnn's CPU and OpenMP queries and settings, of the ncnn compiled in here
   const std::pair<const char*, int (*)()> cpu_queries[] = {

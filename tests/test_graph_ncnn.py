@@ -1586,6 +1586,30 @@ def test_input_and_output_indexes_number_the_blobs_as_the_models_param_does(fuse
     assert bool(net.fused()) == fuse  # the fused case renumbered something
 
 
+def test_blobs_as_pyncnns_and_a_fused_nets_own():
+    """Net.blobs(): the model's blobs as pyncnn gives them (name, producer, consumer; the shape hint as a list) on every
+    committed model; a fused net lists its own, fewer, each made by one of its layers."""
+    pyncnn = import_or_missing("ncnn")
+    with open(os.path.join(graph_runs.DATA, "models.json")) as f:
+        models = [k for k in json.load(f) if not k.startswith("_")]
+    for name in models:
+        param = os.path.join(graph_runs.DATA, f"{name}.ncnn.param")
+        ours, fused, stock = graph.Net(fuse=False), graph.Net(), pyncnn.Net()
+        assert ours.load_param(param) == 0 and fused.load_param(param) == 0 and stock.load_param(param) == 0
+        theirs = [(b.name, b.producer, b.consumer, [b.shape.w, b.shape.h, b.shape.d, b.shape.c][:b.shape.dims])
+                  for b in stock.blobs()]
+        mine = [(b.name, b.producer, b.consumer, b.shape) for b in ours.blobs()]
+        for m, t in zip(mine, theirs):  # pyncnn's shape of dims 3 is (w, h, d=1, c)
+            assert m[:3] == t[:3] and (m[3] == t[3] or m[3] == [t[3][0], t[3][1], t[3][3]]), (name, m, t)
+        assert len(mine) == len(theirs)
+        own = fused.blobs()
+        assert {b.name for b in own} <= {b.name for b in ours.blobs()}
+        assert len(own) < len(mine) or not fused.fused(), name
+        assert all(0 <= b.producer < len(fused.layers()) for b in own)
+    assert repr(ours.blobs()[0]).startswith("Blob(name='in0', producer=0, consumer=")
+    assert graph.Net().blobs() == []
+
+
 def test_the_module_exports_what_it_names_and_every_pyncnn_name_it_binds():
     """__all__ (what `from vknorm.graph import *` gives) names only what is there, and every name of pyncnn's that the
     compiled module binds is exported, but destroy_gpu_instance: ncnn's instance is made and destroyed for you."""

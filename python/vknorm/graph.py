@@ -17,8 +17,7 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
     y = np.array(out)
     print(net.vknorm_counters())              # {'vulkan_forwards': 12, 'cpu_forwards': 0, 'pipelines': ...}
 
-Not there (AttributeError): ``destroy_gpu_instance``, ``Net.blobs`` (``input_names`` / ``output_names`` and
-``input_indexes`` / ``output_indexes``, as the model's .param numbers its blobs, are), ``Net.load_param_bin`` (binary params name no blobs: nothing could be
+Not there (AttributeError): ``destroy_gpu_instance``, ``Net.load_param_bin`` (binary params name no blobs: nothing could be
 fused), allocator objects (``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
 ``Mat.create`` / ``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1),
 ``create_layer``, ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
@@ -26,7 +25,8 @@ functions that make other element types or packings (``convert_packing``, ``cast
 ``VulkanDevice``'s allocators, ``Mat.refcount`` / ``addref``, Mat's batch API, and ``Option``'s int8 switches
 (this ncnn is built without int8) and ``use_tensor_storage``. A Mat's ``w``, ``h``, ``c``, ... are read-only; an
 option switch set to None is a TypeError (pyncnn takes it as False). ``Net.layers()`` gives ``(name, type,
-is_vknorm, on_vulkan)`` tuples, not Layer objects. bfloat16 storage (``opt.use_bf16_storage`` / ``use_bf16_packed``),
+is_vknorm, on_vulkan)`` tuples, not Layer objects; it and ``Net.blobs()`` (pyncnn's ``Blob``: name, producer, consumer,
+and the .param's shape hint as a list) describe the net as loaded, a fused net's own. bfloat16 storage (``opt.use_bf16_storage`` / ``use_bf16_packed``),
 where the device takes it, is refused by vknorm's layers at load (``Net(vknorm=False)`` runs it).
 
 This is ncnn compiled from its pinned source (1.0.20261020, tools/build_ncnn.sh) into vknorm itself, so
@@ -178,6 +178,7 @@ Option = _graph.Option
 Extractor = _graph.Extractor
 # pyncnn's custom Python layers: subclass Layer, register a creator with Net.register_custom_layer
 Layer = _graph.Layer
+Blob = _graph.Blob
 ParamDict = _graph.ParamDict
 ModelBin = _graph.ModelBin
 # As pyncnn's: the version of the ncnn inside (tools/build_ncnn.sh's pin; ncnn's own version string there is the
@@ -196,7 +197,7 @@ from ._graph import (  # noqa: E402
 )
 
 __all__ = [
-    "Net", "Mat", "Option", "Extractor", "Layer", "ParamDict", "ModelBin", "gpu_count", "gpu_name", "get_gpu_count", "get_default_gpu_index", "GpuInfo",
+    "Net", "Mat", "Option", "Extractor", "Blob", "Layer", "ParamDict", "ModelBin", "gpu_count", "gpu_name", "get_gpu_count", "get_default_gpu_index", "GpuInfo",
     "get_gpu_info", "VulkanDevice", "get_gpu_device", "configure", "track_device_memory", "device_memory",
     "set_device_memory_limit",
     # ncnn's own code, as imported above
