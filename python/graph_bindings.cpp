@@ -781,10 +781,18 @@ class QuietStderr {
   int saved_;
 };
 
+// A Python layer's code runs while the net that called it is held (loading, clearing or extracting, an extractor's
+// lock held too): what waits for a net or an extractor is refused there, where waiting could never end.
+void refuse_inside_python_layer() {
+  if (vknorm_python::inside_python_layer())
+    throw std::runtime_error("vknorm.graph: a Python layer's code (creator, destroyer, load_param, load_model, "
+                             "forward, ...) cannot load, clear or extract from a Net, nor change an Extractor: it "
+                             "runs while the net that called it is held, loading, clearing or extracting");
+}
+
 // A shared lock whose writers go first: loads and clears wait only for the extracts already running.
 // (std::shared_mutex on glibc prefers readers: two threads extracting in turn kept a load waiting forever.)
-// A Python layer's code runs while the net that called it is held (loading, clearing or extracting): a net's lock
-// taken from there is refused, where waiting could never end.
+// Taken from a Python layer's code, it is refused (refuse_inside_python_layer).
 class NetLock {
  public:
   void lock() {
@@ -829,12 +837,6 @@ class NetLock {
   void forget() {
     auto& h = held();
     h.erase(std::find(h.begin(), h.end(), this));
-  }
-  static void refuse_inside_python_layer() {
-    if (vknorm_python::inside_python_layer())
-      throw std::runtime_error("vknorm.graph: a Python layer's code (creator, destroyer, load_param, load_model, "
-                               "forward, ...) cannot use a Net or Extractor: it runs while the net that called it is "
-                               "held, loading, clearing or extracting");
   }
   std::mutex m_;
   std::condition_variable cv_;
@@ -934,13 +936,27 @@ struct Net {
   // first: it outlives the layers made from it (owned_net's)
   PythonLayerTypes python_layers;
   Net(bool vknorm, bool fuse) : vknorm(vknorm), fuse(vknorm && fuse) {
-    if (!vknorm) return;
-    int r;
-    {
-      QuietStderr quiet;
-      r = vknorm::ncnn::register_layers(net);
+    if (vknorm) {
+      int r;
+      {
+        QuietStderr quiet;
+        r = vknorm::ncnn::register_layers(net);
+      }
+      if (r != 0) throw std::runtime_error("registering vknorm's layers failed");
     }
-    if (r != 0) throw std::runtime_error("registering vknorm's layers failed");
+    option_owners()[&net.opt] = this;
+  }
+  ~Net() {
+    option_owners().erase(&net.opt);
+    vknorm_python::NetGoing going;
+    owned_net.reset();  // its layers go now, Python's among them: what they raise is this net's
+  }
+  Net(const Net&) = delete;
+  Net& operator=(const Net&) = delete;
+  // The net whose ncnn::Net holds an Option (Net.opt gives it, keeping the net alive): for the garbage collector.
+  static std::unordered_map<const ::ncnn::Option*, const Net*>& option_owners() {
+    static auto* owners = new std::unordered_map<const ::ncnn::Option*, const Net*>;
+    return *owners;
   }
   // Loading and clearing take it whole; extractors share it while they run (ncnn's Net is not safe to
   // load or clear under a running extractor).
@@ -1894,6 +1910,19 @@ int extractor_traverse(PyObject* self, visitproc visit, void* arg) {
   return 0;
 }
 PyType_Slot kExtractorSlots[] = {{Py_tp_traverse, reinterpret_cast<void*>(extractor_traverse)}, {0, nullptr}};
+// Net.opt's Option keeps its net alive (nanobind's keep-alive, which the collector does not see): said to it, so a
+// net held only by a cycle through a Python layer's creator and by its own opt is collected.
+int option_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  const auto& owners = Net::option_owners();
+  if (auto it = owners.find(nb::inst_ptr<::ncnn::Option>(self)); it != owners.end()) {
+    nb::object net = nb::find(it->second);
+    Py_VISIT(net.ptr());
+  }
+  return 0;
+}
+PyType_Slot kOptionSlots[] = {{Py_tp_traverse, reinterpret_cast<void*>(option_traverse)}, {0, nullptr}};
 PyType_Slot kNetSlots[] = {{Py_tp_traverse, reinterpret_cast<void*>(net_traverse)},
                            {Py_tp_clear, reinterpret_cast<void*>(net_clear_references)},
                            {0, nullptr}};
@@ -1997,7 +2026,7 @@ NB_MODULE(_graph, m) {
   vknorm_python::define_leak_warning_switch(m);
   m.doc() = "ncnn's Vulkan graph with vknorm's norm layers inside (ncnn compiled from source)";
 
-  auto option = nb::class_<::ncnn::Option>(m, "Option");
+  auto option = nb::class_<::ncnn::Option>(m, "Option", nb::type_slots(kOptionSlots));
   option.def(nb::init<>())
       .def_rw("num_threads", &::ncnn::Option::num_threads)
       .def_rw("openmp_blocktime", &::ncnn::Option::openmp_blocktime)
@@ -2360,6 +2389,7 @@ NB_MODULE(_graph, m) {
       .def("set_light_mode",
            [](Extractor& e, nb::handle value) {
              const bool enable = as_switch(value, "Extractor.set_light_mode");
+             refuse_inside_python_layer();
              ReleaseGil release;
              std::lock_guard<std::mutex> lock(*e.mutex);
              e.ex->set_light_mode(enable);
@@ -2370,6 +2400,7 @@ NB_MODULE(_graph, m) {
       .def("set_kvcache_max_seqlen_hint",
            [](Extractor& e, int hint) {
              check_seqlen_hint(hint, "Extractor.set_kvcache_max_seqlen_hint");
+             refuse_inside_python_layer();
              ReleaseGil release;
              std::lock_guard<std::mutex> lock(*e.mutex);
              e.ex->set_kvcache_max_seqlen_hint(hint);
@@ -2424,8 +2455,8 @@ NB_MODULE(_graph, m) {
       .def(
           "register_custom_layer",
           [](Net& n, const std::string& type, nb::handle creator, nb::handle destroyer) {
-            const vknorm_python::PythonLayerType& t = n.python_layers.add(type, creator, destroyer, n.vknorm, n.fuse);
-            return writing(n, [&] { return PythonLayerTypes::register_with(n.net, t); });
+            const vknorm_python::PythonLayerType* t = n.python_layers.add(type, creator, destroyer, n.vknorm, n.fuse);
+            return t ? writing(n, [&] { return PythonLayerTypes::register_with(n.net, *t); }) : 0;
           },
           "type"_a, "creator"_a, "destroyer"_a.none() = nb::none())
       // The index of the device the net runs on, None until set_vulkan_device or a Vulkan net's load_param picks

@@ -43,16 +43,17 @@ struct InsidePythonLayer {
   InsidePythonLayer& operator=(const InsidePythonLayer&) = delete;
 };
 
+bool finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
 // Python is finalizing and this thread is not the one doing it (a daemon thread there never gets the GIL back):
 // Python objects are left to their end.
-bool finalizing_elsewhere() {
-#if PY_VERSION_HEX >= 0x030D0000
-  const bool finalizing = Py_IsFinalizing();
-#else
-  const bool finalizing = _Py_IsFinalizing();
-#endif
-  return finalizing && !PyGILState_Check();
-}
+bool finalizing_elsewhere() { return finalizing() && !PyGILState_Check(); }
 
 [[noreturn]] void raise(PyObject* type, const std::string& what) {
   PyErr_SetString(type, what.c_str());
@@ -60,8 +61,16 @@ bool finalizing_elsewhere() {
 }
 
 // Kept for the binding that ran the layer, noted with where it was raised (Python 3.11's add_note).
-void keep(nb::python_error& e, const std::string& where) {
-  (void)e.what();  // before Python 3.12 the error is held unnormalized until then (its value a str)
+void keep(nb::python_error& raised, const std::string& where) {
+  // Before Python 3.12 an error may be held unnormalized (its value a str): normalized here, not by what(), which
+  // runs str() on it and ends the process where that raises.
+  raised.restore();
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (traceback) PyException_SetTraceback(value, traceback);
+  PyErr_Restore(type, value, traceback);
+  nb::python_error e;
   if (nb::hasattr(e.value(), "add_note")) {
     try {
       e.value().attr("add_note")("raised in " + where);
@@ -147,10 +156,12 @@ nb::list given(const std::vector<Mat>& blobs, const std::string& what) {
 
 // ncnn's code from what a layer's method returned: an int (0: success).
 int code_of(nb::handle r, const std::string& where) {
-  if (!PyLong_Check(r.ptr()) || PyBool_Check(r.ptr()))
+  if (!PyIndex_Check(r.ptr()) || PyBool_Check(r.ptr()))  // an int, or what stands for one (numpy's)
     raise(PyExc_TypeError, where + " returned " + type_of(r) + ": ncnn's layer methods return an int, 0 on success");
+  const nb::object code = nb::steal(PyNumber_Index(r.ptr()));
+  if (!code.is_valid()) throw nb::python_error();
   int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(r.ptr(), &overflow);
+  const long long v = PyLong_AsLongLongAndOverflow(code.ptr(), &overflow);
   if (overflow || v < INT_MIN || v > INT_MAX) raise(PyExc_OverflowError, where + " returned a code past int");
   return int(v);
 }
@@ -247,21 +258,30 @@ class PythonLayer : public ::ncnn::Layer {
   }
 
  private:
-  static nb::object option(const ::ncnn::Option& opt) { return nb::cast(::ncnn::Option(opt)); }
+  // A copy of ncnn's option, without what points into the extractor or net (its allocators, the pipeline cache): the
+  // layer may keep it, or make Mats with it (ncnn's Mat functions allocate through its blob_allocator), past them.
+  static nb::object option(const ::ncnn::Option& opt) {
+    ::ncnn::Option own = opt;
+    own.blob_allocator = own.workspace_allocator = own.kvcache_allocator = nullptr;
+    own.blob_vkallocator = own.workspace_vkallocator = own.staging_vkallocator = own.kvcache_vkallocator = nullptr;
+    own.pipeline_cache = nullptr;
+    return nb::cast(own);
+  }
 
-  // The subclass's own method `name`, or none where it has none (Layer's no-op, or no method of that name).
+  // The layer's own method `name` (its class's, or set on the instance, as pybind11 finds one), or none where it
+  // has none (Layer's no-op, or nothing of that name).
   nb::object overriding(const char* name) const {
-    nb::handle self = nb_trampoline.base();
-    nb::object mine = nb::getattr(self.type(), name, nb::none());
+    nb::object mine = nb::getattr(nb_trampoline.base(), name, nb::none());
     nb::object stock = nb::getattr(nb::type<::ncnn::Layer>(), name, nb::none());
-    if (mine.is_none() || mine.is(stock)) return {};
-    return nb::getattr(self, name);
+    if (mine.is_none() || (!stock.is_none() && nb::getattr(mine, "__func__", nb::none()).is(stock))) return {};
+    return mine;
   }
 
   template <class Invoke, class Stock>
   int call(const char* name, Invoke&& invoke, Stock&& stock) const {
     nb::gil_scoped_acquire gil;
     const std::string where = label(*this) + "." + name;
+    if (finalizing()) return stock();  // a net going as Python ends (its globals gone): the layer's code is not run
     try {
       nb::object f = overriding(name);
       if (!f.is_valid()) return stock();
@@ -283,7 +303,8 @@ class PythonLayer : public ::ncnn::Layer {
   const std::string where = "the creator of Python layer type " + t.type;
   try {
     InsidePythonLayer inside;
-    nb::object obj = t.creator();
+    const nb::object creator = t.creator;  // held for the call: a registration meanwhile may replace t's
+    nb::object obj = creator();
     if (!nb::isinstance<::ncnn::Layer>(obj))
       raise(PyExc_TypeError, where + " returned " + type_of(obj) + ", not a vknorm.graph.Layer");
     if (!nb::inst_ready(obj))
@@ -311,11 +332,12 @@ void destroy_python_layer(::ncnn::Layer* layer, void* userdata) {
   nb::object obj = std::move(it->second);
   layers.erase(it);
   layers_held().erase(layer);
-  if (t.destroyer.is_none()) return;
+  if (t.destroyer.is_none() || finalizing()) return;  // as Python ends, the layer goes without its destroyer
   const std::string where = "the destroyer of Python layer type " + t.type;
   try {
     InsidePythonLayer inside;
-    t.destroyer(obj);
+    const nb::object destroyer = t.destroyer;
+    destroyer(obj);
   } catch (nb::python_error& e) {
     keep(e, where);
   } catch (const std::exception& e) {
@@ -399,17 +421,24 @@ PythonLayerTypes::~PythonLayerTypes() {
   if (finalizing_elsewhere()) {  // left to Python's end, as the objects are
     for (auto& [layer, obj] : layers) obj.release();
     for (PythonLayerType& t : types_) t.creator.release(), t.destroyer.release();
-    return;
-  }
-  if (t_layer_error) {
-    nb::gil_scoped_acquire gil;
-    nb::python_error e = std::move(*t_layer_error);
-    t_layer_error.reset();
-    e.discard_as_unraisable("a Python layer of a vknorm.graph.Net that went");
   }
 }
 
-const PythonLayerType& PythonLayerTypes::add(const std::string& type, nb::handle creator, nb::handle destroyer,
+NetGoing::NetGoing() : own_errors_(PyGILState_Check() != 0) {
+  if (own_errors_ && t_layer_error) outer_.emplace(std::move(*t_layer_error)), t_layer_error.reset();
+}
+
+NetGoing::~NetGoing() {
+  if (!own_errors_) return;
+  if (t_layer_error) {
+    nb::python_error e = std::move(*t_layer_error);
+    t_layer_error.reset();
+    if (!finalizing()) e.discard_as_unraisable("a Python layer of a vknorm.graph.Net that went");
+  }
+  if (outer_) t_layer_error.emplace(std::move(*outer_));
+}
+
+const PythonLayerType* PythonLayerTypes::add(const std::string& type, nb::handle creator, nb::handle destroyer,
                                              bool vknorm, bool fuse) {
   const std::string call = "Net.register_custom_layer(" + type + "): ";
   if (type.empty() || type.size() > 255 || type.find_first_of(" \t\r\n\v\f") != std::string::npos ||
@@ -426,8 +455,22 @@ const PythonLayerType& PythonLayerTypes::add(const std::string& type, nb::handle
   if (fuse && vknorm::ncnn::fusion_folds(type))
     throw nb::value_error((call + "this net fuses " + type + " layers into vknorm's norms as it loads: a Python " +
                            type + " needs Net(fuse=False)").c_str());
+  for (PythonLayerType& t : types_)
+    if (t.type == type) {  // registered again: ncnn's registry has t already; the superseded callables go
+      t.creator = nb::borrow(creator), t.destroyer = nb::borrow(destroyer);
+      return nullptr;
+    }
+  // ncnn numbers a net's types that are not built in below 256 (its CustomBit; past it they alias another's), and
+  // vknorm's fused types are 4 of them
+  if (::ncnn::layer_to_index(type.c_str()) == -1) {
+    size_t own = vknorm ? 4 : 0;
+    for (const PythonLayerType& t : types_) own += ::ncnn::layer_to_index(t.type.c_str()) == -1;
+    if (own >= 256)
+      throw nb::value_error((call + "ncnn takes at most 256 layer types of a net's own (vknorm's fused types are " +
+                             std::to_string(vknorm ? 4 : 0) + " of them)").c_str());
+  }
   types_.push_back({type, nb::borrow(creator), nb::borrow(destroyer), this});
-  return types_.back();
+  return &types_.back();
 }
 
 int PythonLayerTypes::traverse(visitproc visit, void* arg) const {
@@ -483,10 +526,10 @@ void define_custom_layers(nb::module_& m) {
       .def_prop_ro("bottom_shapes", [](const ::ncnn::Layer& l) { return l.bottom_shapes; })
       .def_prop_ro("top_shapes", [](const ::ncnn::Layer& l) { return l.top_shapes; })
       // ncnn's own: nothing to read, build or free
-      .def("load_param", [](::ncnn::Layer&, nb::handle) { return 0; }, "pd"_a)
-      .def("load_model", [](::ncnn::Layer&, nb::handle) { return 0; }, "mb"_a)
-      .def("create_pipeline", [](::ncnn::Layer&, nb::handle) { return 0; }, "opt"_a)
-      .def("destroy_pipeline", [](::ncnn::Layer&, nb::handle) { return 0; }, "opt"_a);
+      .def("load_param", [](::ncnn::Layer&, const ParamDictView&) { return 0; }, "pd"_a)
+      .def("load_model", [](::ncnn::Layer&, const ModelBinView&) { return 0; }, "mb"_a)
+      .def("create_pipeline", [](::ncnn::Layer&, const ::ncnn::Option&) { return 0; }, "opt"_a)
+      .def("destroy_pipeline", [](::ncnn::Layer&, const ::ncnn::Option&) { return 0; }, "opt"_a);
 
   nb::class_<ParamDictView>(m, "ParamDict",
                             "ncnn's ParamDict as a Python layer's load_param gets it: the layer's id=value params of "

@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 
 #include <deque>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -23,9 +24,8 @@ struct PythonLayerType {
 };
 
 // A net's Python layer types, and the Python objects of the layers its ncnn::Net holds. Declared in the net's owner
-// ahead of its ncnn::Net, so they outlive the layers made from them; at their end, an error a layer raised while the
-// net went is reported as unraisable. The net's Python type traverses them for the garbage collector (a creator
-// defined in a module holds the module's globals, which hold the net).
+// ahead of its ncnn::Net, so they outlive the layers made from them. The net's Python type traverses them for the
+// garbage collector (a creator defined in a module holds the module's globals, which hold the net).
 class PythonLayerTypes {
  public:
   PythonLayerTypes() = default;
@@ -33,9 +33,10 @@ class PythonLayerTypes {
   PythonLayerTypes& operator=(const PythonLayerTypes&) = delete;
   ~PythonLayerTypes();
   // A type to register (register_with), after the checks that raise: a name ncnn's .param cannot hold, a creator or
-  // destroyer that cannot be called, a type vknorm runs (vknorm) or folds into its norms as it loads (fuse).
-  // With the GIL held.
-  const PythonLayerType& add(const std::string& type, nanobind::handle creator, nanobind::handle destroyer,
+  // destroyer that cannot be called, a type vknorm runs (vknorm) or folds into its norms as it loads (fuse), more
+  // types than ncnn numbers. Null where the type was registered before: its creator and destroyer are replaced, and
+  // ncnn has it already. With the GIL held.
+  const PythonLayerType* add(const std::string& type, nanobind::handle creator, nanobind::handle destroyer,
                              bool vknorm, bool fuse);
   // ncnn's register_custom_layer of t on net (its code): loads from then on make t's layers.
   static int register_with(::ncnn::Net& net, const PythonLayerType& t);
@@ -49,6 +50,20 @@ class PythonLayerTypes {
 
  private:
   std::deque<PythonLayerType> types_;  // stable addresses: ncnn holds them as userdata
+};
+
+// Held while a net's ncnn::Net goes: what its layers raise meanwhile is reported as unraisable (nothing is there to
+// raise it), and an error another call on this thread is still to raise stays that call's.
+class NetGoing {
+ public:
+  NetGoing();
+  ~NetGoing();
+  NetGoing(const NetGoing&) = delete;
+  NetGoing& operator=(const NetGoing&) = delete;
+
+ private:
+  bool own_errors_;
+  std::optional<nanobind::python_error> outer_;
 };
 
 // True while a Python layer's creator, destroyer or method runs on this thread: the net that called it is held

@@ -17,8 +17,9 @@ the same Python code: stock pyncnn's results bit for bit there.
 from __future__ import annotations
 
 import gc
-import os
+import sys
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -362,6 +363,36 @@ def test_what_a_forward_returns_is_checked(vulkan):
     with pytest.raises(TypeError, match=r"top_blobs\[0\] holds numpy.ndarray, not a Mat"):
         extract_one(one_layer_net(NotAMat, vulkan))
 
+    class NumpyCode(OneBlob):  # a code that stands for an int (numpy's), as pyncnn takes it
+        def forward(self, bottom_blob, top_blob, opt):
+            top_blob.clone_from(bottom_blob)
+            return np.int32(0)
+
+    assert extract_one(one_layer_net(NumpyCode, vulkan))[0] == 0
+
+    class SetOnTheInstance(OneBlob):  # pybind11 finds a method set on the instance too
+        def __init__(self):
+            super().__init__()
+            self.forward = self.halve
+
+        def halve(self, bottom_blob, top_blob, opt):
+            top_blob.clone_from(graph.Mat(np.array(bottom_blob) / 2))
+            return 0
+
+    r, out = extract_one(one_layer_net(SetOnTheInstance, vulkan))
+    assert r == 0 and np.array_equal(np.array(out), np.full((2, 3, 4), 0.5, np.float32))
+
+    class Unprintable(Exception):
+        def __str__(self):
+            raise AttributeError("no message")
+
+    class RaisesUnprintable(OneBlob):
+        def forward(self, bottom_blob, top_blob, opt):
+            raise Unprintable()
+
+    with pytest.raises(Unprintable):
+        extract_one(one_layer_net(RaisesUnprintable, vulkan))
+
     class Assigned(graph.Layer):  # a list's item replaced, not filled: taken as well
         def forward(self, bottom_blobs, top_blobs, opt):
             top_blobs[0] = graph.Mat(np.array(bottom_blobs[0]) * 2)
@@ -382,8 +413,21 @@ def test_a_layer_cannot_use_a_net_while_it_runs():
             return 0
 
     nets.append(one_layer_net(Reentrant, vulkan=True))
-    with pytest.raises(RuntimeError, match="a Python layer's code .* cannot use a Net or Extractor"):
+    with pytest.raises(RuntimeError, match="a Python layer's code .* cannot load, clear or extract from a Net, nor "
+                                           "change an Extractor"):
         extract_one(nets[0])
+    extractors = [nets[0].create_extractor()]
+
+    class ChangesAnExtractor(OneBlob):
+        def forward(self, bottom_blob, top_blob, opt):
+            extractors[0].set_light_mode(False)
+            return 0
+
+    changing = one_layer_net(ChangesAnExtractor, vulkan=True)
+    extractors[0] = changing.create_extractor()
+    extractors[0].input("in0", graph.Mat(np.ones(4, np.float32)))
+    with pytest.raises(RuntimeError, match="nor change an Extractor"):
+        extractors[0].extract("out0")
     extractors = []
 
     def creator():
@@ -392,7 +436,7 @@ def test_a_layer_cannot_use_a_net_while_it_runs():
 
     net = graph.Net()
     net.register_custom_layer("Custom", creator)
-    with pytest.raises(RuntimeError, match="cannot use a Net or Extractor"):
+    with pytest.raises(RuntimeError, match="cannot load, clear or extract from a Net"):
         net.load_param_mem("7767517\n2 2\nInput in0 0 1 in0\nCustom c 1 1 in0 out0\n")
     assert extractors == []
 
@@ -405,6 +449,31 @@ def test_a_layer_cannot_use_a_net_while_it_runs():
     own = one_layer_net(DropsAnExtractor, vulkan=True)
     extractors.extend([own.create_extractor(), one_layer_net(OneBlob).create_extractor()])
     assert extract_one(own)[0] == 0 and extractors == []
+
+
+@pytest.mark.parametrize("vulkan", [False, True], ids=["cpu", "vulkan"])
+def test_a_layer_may_keep_what_its_forward_is_given(vulkan):
+    """The blobs and the option a forward gets are the layer's to keep: copies of the blobs, and an option without
+    the extractor's allocators (ncnn's Mat functions allocate through them), so what is made with it after the
+    extractor and the net went is made in memory of its own."""
+    kept = []
+
+    class Keeps(OneBlob):
+        def forward(self, bottom_blob, top_blob, opt):
+            kept.append((bottom_blob, opt, graph.copy_make_border(bottom_blob, 1, 1, 1, 1, opt=opt)))
+            top_blob.clone_from(bottom_blob)
+            return 0
+
+    net = one_layer_net(Keeps, vulkan)
+    for _ in range(2):
+        assert extract_one(net)[0] == 0
+    del net
+    gc.collect()
+    for bottom, opt, bordered in kept:
+        again = graph.copy_make_border(bottom, 2, 2, 2, 2, opt=opt)
+        assert np.array(again).shape == (2, 7, 8) and np.array(bordered).shape == (2, 5, 6)
+        assert np.array_equal(np.array(bottom), np.ones((2, 3, 4), np.float32))
+    assert kept[0][1].blob_allocator is None
 
 
 def test_paramdict_and_modelbin_are_ncnns_for_the_call():
@@ -494,6 +563,61 @@ def test_what_cannot_be_a_python_layer_is_refused():
         net.load_param_mem("7767517\n2 2\nInput in0 0 1 in0\nCustom c 1 1 in0 out0\n")
 
 
+def test_registering_a_type_again_replaces_its_creator_and_ncnns_type_count_is_kept():
+    net = graph.Net()
+
+    def first():
+        return OneBlob()
+
+    seen = weakref.ref(first)
+    net.register_custom_layer("Custom", first)
+    net.register_custom_layer("Custom", OneBlob)
+    del first
+    gc.collect()
+    assert seen() is None  # the superseded creator is let go
+    # ncnn numbers a net's own types below 256 (past that they alias another's); vknorm's fused types take 4
+    for own, make in ((252, graph.Net), (256, lambda: graph.Net(vknorm=False))):
+        net = make()
+        for i in range(own):
+            net.register_custom_layer(f"T{i}", OneBlob)
+        with pytest.raises(ValueError, match="ncnn takes at most 256 layer types of a net's own"):
+            net.register_custom_layer("OneMore", OneBlob)
+        assert net.register_custom_layer("T0", OneBlob) == 0  # one of them again: no new type
+
+
+def test_an_error_stays_with_the_call_that_ran_the_layer(monkeypatch):
+    """A net's creator fails while its destroyer lets another net with Python layers go: the load raises the
+    creator's error, and nothing is reported for the other net."""
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+    def other_net():
+        b = graph.Net()
+        box = [b]  # held by its own creator: collected only by the collector
+        b.register_custom_layer("Custom", lambda: (box, OneBlob())[1])
+        assert b.load_param_mem("7767517\n2 2\nInput in0 0 1 in0\nCustom c 1 1 in0 out0\n") == 0
+
+    made = []
+
+    def creator():
+        if made:
+            raise KeyError("the second layer cannot be made")
+        made.append(OneBlob())
+        return made[-1]
+
+    gc.collect()
+    gc.disable()
+    try:
+        other_net()
+        net = graph.Net()
+        net.register_custom_layer("Custom", creator, lambda layer: gc.collect())
+        with pytest.raises(KeyError, match="the second layer cannot be made"):
+            net.load_param_mem("7767517\n3 3\nInput in0 0 1 in0\nCustom a 1 1 in0 a0\nCustom b 1 1 a0 out0\n")
+    finally:
+        gc.enable()
+    assert unraisable == []
+
+
 def test_a_built_in_type_taken_over_where_nothing_fuses_it():
     """ncnn lets a registered layer replace a built-in type: a Python ReLU runs in a net that does not fuse."""
 
@@ -537,8 +661,9 @@ def test_extracts_on_several_threads_run_python_layers(model, vulkan):
 
 
 def test_a_net_with_python_layers_is_collected_and_quiet_at_exit(model):
-    """A creator defined in a script holds the script's globals, which hold the net and its extractors: a cycle
-    the garbage collector sees (nothing is reported leaked at exit), whether the net is cleared or still loaded."""
+    """A creator defined in a script holds the script's globals, which hold the net, its extractors and its opt: a
+    cycle the garbage collector sees (nothing is reported leaked at exit), whether the net is cleared or still
+    loaded; a destroyer is not run as Python ends (it would meet the script's globals gone)."""
     p, b, _ = model
     code = f"""
 import numpy as np
@@ -554,10 +679,13 @@ def creator():
     return Twice()
 gone = []
 nets = []
+def destroyer(layer):  # at exit this module's globals are gone: a destroyer is not run as Python ends
+    gone.append(layer)
 for vulkan in (False, True):
     net = ncnn.Net()
-    net.opt.use_vulkan_compute = vulkan
-    net.register_custom_layer("Twice", creator, gone.append)
+    o = net.opt  # held too (it keeps its net alive)
+    o.use_vulkan_compute = vulkan
+    net.register_custom_layer("Twice", creator, destroyer)
     net.load_param_mem("7767517\\n2 2\\nInput in0 0 1 in0\\nTwice t 1 1 in0 out0\\n")
     net.load_model(ncnn.DataReaderFromEmpty())
     ex = net.create_extractor()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Callable
+from typing import Any, Callable, Dict, Optional
 
 from .cli import UsageError
 
@@ -97,6 +97,7 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[..., str], what: str)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: "process is multi-threaded"
         pid = os.fork()
+    payload: Optional[Dict[str, Any]]  # the child's result (or error) it sends; what the parent reads of it
     if pid == 0:  # child
         global _stage_fd
         code = 0

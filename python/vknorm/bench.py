@@ -28,7 +28,7 @@ import sys
 import shutil
 import tempfile
 import time
-from typing import Optional
+from typing import Any, Dict, List, Optional, Tuple, Union, cast
 
 import numpy as np
 
@@ -192,7 +192,7 @@ class _Progress:
     def __init__(self, total: int):
         self._n, self._total, self._shown = 0, total, sys.stderr.isatty()
         try:
-            from tqdm import tqdm
+            from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no types (types-tqdm has them)
 
             self._bar = tqdm(total=total, unit="run", file=sys.stderr, disable=not self._shown, **bar_width())
         except ImportError:
@@ -335,11 +335,11 @@ def _ncnn_channel_param(op: str, c: int, h: int, w: int, groups: int, layers: in
     return "\n".join(lines) + "\n"
 
 
-def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine: bool = True, shape=None,
-                packing: bool = True):
+def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine: bool = True,
+                shape: Optional[Tuple[int, int, int, int]] = None, packing: bool = True):
     """ncnn's Vulkan layer: (chain of k layers - chain of 1) / (k - 1), wall clock, each chain the least of 3 runs.
     shape: (channels, h, w, groups) for groupnorm/instancenorm; packing: ncnn's use_packing_layout, as vknorm's."""
-    import ncnn
+    import ncnn  # type: ignore[import-untyped]  # pyncnn ships no types
 
     from ._stdio import quiet_stderr
 
@@ -397,7 +397,7 @@ def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine
 def _torch_unavailable() -> Optional[str]:
     """Why torch cannot be compared here (None: it can)."""
     try:
-        import torch
+        import torch  # type: ignore[import-not-found]  # optional, and not installed where mypy runs
     except ImportError:
         return "torch not installed"
     if not torch.cuda.is_available():
@@ -411,7 +411,7 @@ def _bench_torch(op: str, rows: int, cols: int, fp16: bool, reps: int, affine: b
 
     Returns (us per forward, how it was timed)."""
     import torch
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # type: ignore[import-not-found]  # optional, as torch above
 
     dt = torch.float16 if fp16 else torch.float32
     if shape is not None:  # (channels, h, w, groups), batch 1 as ncnn runs it
@@ -597,6 +597,7 @@ def run(args) -> int:
     dtypes = ["fp32", "fp16"] if args.dtype == "both" else [args.dtype]
     channel_op = args.op in CHANNEL_OPS
     # (rows, cols, kind, channel shape or None): a channel shape is benchmarked as a (c, h, w) blob.
+    shapes: List[Tuple[int, int, str, Optional[Tuple[int, int, int, int]]]]
     if channel_op:
         shapes = [(c, h * w, "sweep", (c, h, w, g)) for c, h, w, g in _channel_shapes(args)]
     else:
@@ -652,6 +653,7 @@ def run(args) -> int:
                     progress.start(f"{op} {dtype} {label}")
                     affine = not args.no_affine
                     option = Option(use_fp16_storage=fp16, use_packing_layout=not args.no_packing, path=args.path)
+                    layer: Union[LayerNorm, RMSNorm, GroupNorm, InstanceNorm]
                     if cshape is None:
                         x = rng.standard_normal((rows, cols), dtype=np.float32)
                         layer = (LayerNorm if op == "layernorm" else RMSNorm)(affine_size=cols, eps=1e-5, affine=affine)
@@ -665,8 +667,9 @@ def run(args) -> int:
                         pass  # nothing to load
                     elif op == "rmsnorm":
                         layer.load_model(np.ones(n_weights, np.float32))
-                    else:
-                        layer.load_model(np.ones(n_weights, np.float32), np.zeros(n_weights, np.float32))
+                    else:  # not RMSNorm: gamma and beta
+                        cast("Union[LayerNorm, GroupNorm, InstanceNorm]", layer).load_model(
+                            np.ones(n_weights, np.float32), np.zeros(n_weights, np.float32))
                     if args.activation:
                         layer.set_activation(args.activation, LEAKY_SLOPE if args.activation == "leakyrelu" else 0.0)
                     vkmat = to_device(x, option)
@@ -734,7 +737,7 @@ def _gbps_text(gbps: float) -> str:
 
 
 def print_table(report: dict) -> None:
-    rows = {}
+    rows: Dict[Tuple[str, str, str], Dict[str, Any]] = {}  # (op, dtype, shape) -> impl -> its result
     for r in report["results"]:  # one row per measurement: a latency shape may also be a sweep's
         shape = r.get("shape") or f"{r['rows']}x{r['cols']}"
         if r.get("kind", "sweep") != "sweep":

@@ -49,10 +49,13 @@ import re
 import stat
 import struct
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union, cast
 
 from ._stdio import quiet_stderr
 from .cli import UsageError, require_settings
+
+if TYPE_CHECKING:  # for annotations only
+    from .layers import _GammaBetaNorm
 
 NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm")
 
@@ -345,7 +348,7 @@ def _starts_as_text_param(head: bytes) -> Optional[bool]:
     """Whether a .param's first bytes begin with ncnn's magic number as a word of its own (7767517, or as ncnn
     reads that number: +7767517, 007767517); None while they hold too little of the first word to tell."""
     text = head.lstrip()
-    word = re.match(rb"[^ \t\n\v\f\r]*", text).group()
+    word = cast("re.Match[bytes]", re.match(rb"[^ \t\n\v\f\r]*", text)).group()  # a * pattern always matches
     if len(word) == len(text) and len(word) <= _NET_VALUE_MAX_CHARS:  # the word may go on past these bytes
         digits = re.fullmatch(rb"[+-]?0*([0-9]*)", word)
         return None if digits and b"7767517".startswith(digits.group(1)) else False
@@ -424,9 +427,12 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
         where = next((n for n, w in read if _net_value(w) is None), read[-1][0])
         raise bad(f"garbled .param: expected 'layer_count blob_count', got {' '.join(w for _, w in read)[:40]!r}",
                   where)
+    assert header[0] is not None and header[1] is not None  # both read: len(read) is 2
     header_line = header[1][0]
     layer_count, blob_count = _net_value(header[0][1]), _net_value(header[1][1])
-    out_of_range = [n for (n, _), v in zip(header, (layer_count, blob_count)) if not 1 <= v <= _MAX_NET_COUNT]
+    assert layer_count is not None and blob_count is not None  # both numbers: checked above
+    out_of_range = [n for (n, _), v in zip(cast("List[Tuple[int, str]]", header), (layer_count, blob_count))
+                    if not 1 <= v <= _MAX_NET_COUNT]
     if out_of_range:
         raise bad(f"garbled .param: the header's layer and blob counts must be 1 to {_MAX_NET_COUNT} (ncnn refuses "
                   f"others), got {layer_count} and {blob_count}", out_of_range[0])
@@ -446,6 +452,7 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
             raise bad(f"garbled layer line (expected 'type name bottom_count top_count ...'): {line_text[:60]!r}",
                       wrong or n)
         nb, nt = _count(head[2]), _count(head[3])
+        assert nb is not None and nt is not None  # counts: checked (wrong) above
         blobs: List[str] = []
         params_line = n  # where the params are: the line of the layer's last word
         while len(blobs) < nb + nt and (w := words.next()) is not None:
@@ -522,7 +529,7 @@ _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 def _bin_reader(data):
     """An ncnn.DataReader over the .bin bytes that counts what ncnn asks for (truncation = a short read)."""
-    import ncnn
+    import ncnn  # type: ignore[import-untyped]  # pyncnn ships no types
     import numpy as np
 
     class BinReader(ncnn.DataReader):
@@ -869,8 +876,12 @@ def _weights_read(layer: Layer, shape: Tuple[int, ...]) -> Optional[Tuple[int, i
         kernel_h = _int_param(layer, 11, kernel_w or 0)
         size = _int_param(layer, 6, 0)
         group = _int_param(layer, 7, 1) if layer.type == "ConvolutionDepthWise" else 1
-        if None in (num_output, kernel_w, kernel_h, size, group) or min(num_output, kernel_w, kernel_h, size, group) <= 0:
+        # min sees no None (the `None in` test comes first; mypy cannot narrow through it, hence the asserts)
+        if (None in (num_output, kernel_w, kernel_h, size, group)
+                or min(num_output, kernel_w, kernel_h, size, group) <= 0):  # type: ignore[type-var, operator, misc]
             return None
+        assert num_output is not None and kernel_w is not None and kernel_h is not None
+        assert size is not None and group is not None
         per_channel = kernel_w * kernel_h * num_output
         if (size * group) % per_channel:
             return None
@@ -943,6 +954,7 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
     from . import ncnn as vkncnn
     from .layers import Option, device_info
 
+    result: Dict[str, Any]  # the JSON report
     result = {"ok": True, "device": None, "layers": [], "outputs": {}, "model": param_path, "weights": bin_path,
               "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
               "atol": atol, "warnings": [], "rule": _rule(fp16, atol, vulkan=False)}
@@ -1003,9 +1015,9 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
         finally:
             bad = reg.errors()
             if bad:  # our layer refused its params / weights / pipeline: say which and why
-                e = bad[0][1]
-                raise UsageError(f"vknorm layer {bad[0][0]!r} could not load: {type(e).__name__}: "
-                                 f"{(str(e).splitlines() or [''])[0]}") from None
+                error = bad[0][1]  # (not e: the name of an except clause above)
+                raise UsageError(f"vknorm layer {bad[0][0]!r} could not load: {type(error).__name__}: "
+                                 f"{(str(error).splitlines() or [''])[0]}") from None
         # The bottoms too: the input each vknorm layer saw, which the pass rule judges it on (judge_layer).
         vk_blobs = [layer.bottoms[0] for layer in model.norms] + norm_blobs + outputs
         _extract(net, inputs, vk_blobs, "vknorm warm-up", reg)  # pipelines, driver caches
@@ -1023,10 +1035,11 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
             if norm is None:
                 result["warnings"].append(f"layer {layer.name!r}: ncnn did not create vknorm's {layer.type} for it")
             else:
-                has_beta = layer.type != "RMSNorm"
+                has_beta = layer.type != "RMSNorm"  # then norm is one with a beta (the cast below)
                 f64, judged, rec["ok"] = judge_layer(
                     got[blob], got[layer.bottoms[0]], layer.type, float(norm.eps), int(norm.affine_size),
-                    norm.gamma if norm.affine else None, norm.beta if norm.affine and has_beta else None, fp16, atol,
+                    norm.gamma if norm.affine else None,
+                    cast("_GammaBetaNorm", norm).beta if norm.affine and has_beta else None, fp16, atol,
                     group=int(getattr(norm, "group", 1)))
                 rec["f64_abs_err"], rec["judged_err"] = _finite_or_none(f64), _finite_or_none(judged)
             result["layers"].append({k: rec.get(k) for k in ("name", "type", "shape", "group_size", "groups",
@@ -1183,7 +1196,7 @@ def refuse_norm_channel_mismatch(model: Model, bin_path: str, nbytes: int, input
         del net
 
 
-def _time_inferences(graph, nets: Dict[str, object], inputs: dict, outputs: List[str], min_rounds: int = 3,
+def _time_inferences(graph, nets: Dict[str, Any], inputs: dict, outputs: List[str], min_rounds: int = 3,
                      max_rounds: int = 15, budget_s: float = 1.0) -> Tuple[Dict[str, float], int]:
     """Wall ms per inference of each net (lightmode on): a new extractor, the inputs from numpy, every
     output back to numpy; one warm-up each, then interleaved rounds (at least min_rounds, more while
@@ -1245,6 +1258,7 @@ def _norm_of(info: dict, opt, ctx):
     from .layers import GroupNorm, InstanceNorm, LayerNorm, RMSNorm
 
     common = dict(eps=float(info["eps"]), affine=bool(info["affine"]), option=opt, device=ctx)
+    norm: Union[GroupNorm, InstanceNorm, LayerNorm, RMSNorm]
     if info["type"] == "GroupNorm":
         norm = GroupNorm(group=int(info["group"]), channels=int(info["channels"]), **common)
     elif info["type"] == "InstanceNorm":
@@ -1254,8 +1268,8 @@ def _norm_of(info: dict, opt, ctx):
     if norm.affine:
         if info["type"] == "RMSNorm":
             norm.load_model(info["gamma"])
-        else:
-            norm.load_model(info["gamma"], info["beta"])
+        else:  # not RMSNorm: gamma and beta
+            cast("Union[GroupNorm, InstanceNorm, LayerNorm]", norm).load_model(info["gamma"], info["beta"])
     if int(info.get("activation_type", 0)):  # a fused layer's activation, in the same kernel
         names = {v: k for k, v in norm.ACTIVATIONS.items()}
         norm.set_activation(names[int(info["activation_type"])], float(info.get("activation_alpha", 0.0)))
@@ -1537,6 +1551,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
     # them: a ValueError naming the variable, not a create_pipeline failure blamed on the model's weights
     _core.devices()
     require_settings()
+    result: Dict[str, Any]  # the JSON report
     result = {"ok": True, "device": None, "layers": [], "outputs": {}, "model": param_path, "weights": bin_path,
               "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
               "atol": atol, "warnings": [], "engine": "vulkan", "rule": _rule(fp16, atol), "host_round_trips": 0,

@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Dict
 
 
 class UsageError(Exception):
@@ -18,6 +19,8 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse's own errors (an invalid choice, a value that is not a number, a missing argument) as one line,
     exit 2, as the commands' other errors are; --help still prints the whole usage. Subcommands' parsers are
     made of this class too (argparse gives them the parent's)."""
+
+    commands: Dict[str, OneLineParser]  # build_parser sets it: name -> its subcommand's parser
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
@@ -189,7 +192,7 @@ def _demo(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> OneLineParser:
     p = OneLineParser(prog="vknorm", description="Fast, exact LayerNorm, RMSNorm, GroupNorm and InstanceNorm on Vulkan")
     sub = p.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="list Vulkan devices and their capabilities")

@@ -57,15 +57,19 @@ A layer may define ``forward`` or ``forward_inplace`` (with ``support_inplace = 
 ``load_model(mb)`` (``mb.load(w, type)``, ``mb.load(w, h, type)``, ...; type 1: raw float32) and
 ``create_pipeline(opt)`` / ``destroy_pipeline(opt)``. It runs on the host, in CPU and Vulkan nets (a Vulkan net
 downloads its inputs and uploads its outputs, as ncnn does for any layer without Vulkan), on copies of its inputs as
-float32 of elempack 1 (``support_vulkan``, ``support_packing``, ``support_fp16_storage``, ... stay False); a ParamDict
-or ModelBin is usable only during the call it was given to. The net holds each layer it made until its destroyer has
-been called (pyncnn's crash once a layer nothing else holds is collected); the Mats a multi-blob layer leaves in its
-lists reach the net (pyncnn's hands it copies). What a layer raises comes out of the ``load_param``, ``load_model``,
-``extract`` or ``clear`` that ran it, noted with the layer (the layer returns -1 to ncnn); a forward that returns 0
-without filling its tops is a ValueError. A layer's code cannot call a Net or Extractor (the net that runs it is held
-meanwhile): a RuntimeError. A type vknorm's layers run (``LayerNorm``, ...) or that fusion folds into them
-(``BinaryOp``, ``Split``, ``ReLU``, ``Sigmoid``, ``Swish``, ``GELU``) is refused: ``Net(vknorm=False)`` or
-``Net(fuse=False)`` takes it.
+float32 of elempack 1 (``support_vulkan``, ``support_packing``, ``support_fp16_storage``, ... stay False), and the
+option without ncnn's allocators: the layer may keep them. A ParamDict or ModelBin is usable only during the call it
+was given to. The net holds each layer it made until it lets it go (``clear``, another ``load_param``, the net's end),
+calling the destroyer then, but not as Python ends or for a net the garbage collector reclaims from a reference cycle
+(pyncnn's net holds no layer: one nothing else holds is collected, and it crashes); the Mats a multi-blob layer leaves
+in its lists reach the net (pyncnn's hands it copies). What a layer raises comes out of the ``load_param``,
+``load_model``, ``extract`` or ``clear`` that ran it, noted with the layer (the layer returns -1 to ncnn); a forward
+that returns 0 without filling its tops is a ValueError. A layer's code cannot load, clear or extract from a Net, nor
+change an Extractor (the net that runs it is held meanwhile): a RuntimeError. Registering a type again replaces its
+creator and destroyer; a net takes at most 256 types that are not ncnn's own (vknorm's fused types are 4 of them),
+registered by name (pyncnn's registration by type index is not there). A type vknorm's layers run (``LayerNorm``, ...)
+or that fusion folds into them (``BinaryOp``, ``Split``, ``ReLU``, ``Sigmoid``, ``Swish``, ``GELU``) is refused:
+``Net(vknorm=False)`` or ``Net(fuse=False)`` takes it.
 
 Fusion (``Net(fuse=True)``, the default with vknorm's layers): ``load_param`` rewrites the model so every
 norm takes in the BinaryOp add that feeds it and the activation after it (vknorm::ncnn::fuse_param);

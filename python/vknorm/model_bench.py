@@ -28,7 +28,7 @@ import random
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -82,7 +82,7 @@ class ModelRunner:
                  kv_caches: frozenset = frozenset()):
         self.impl, self.inputs, self.kv_caches = impl, inputs, kv_caches
         if impl == "vknorm-host":
-            import ncnn
+            import ncnn  # type: ignore[import-untyped]  # pyncnn ships no types
 
             import vknorm.ncnn as vkn
             from vknorm import Option
@@ -151,7 +151,8 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
 
     inputs = random_inputs(np.random.default_rng(seed), input_dims, list(input_dims))
 
-    def ncnn_reason(step):  # ncnn's device banner and notes silenced; its last line joins a failure's message
+    # ncnn's device banner and notes silenced; its last line joins a failure's message
+    def ncnn_reason(step: Callable[[], Any]) -> Any:
         logs: list = []
         try:
             with quiet_stderr(logs):

@@ -33,16 +33,22 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Type, Union, cast
 
-import ncnn as _ncnn  # pyncnn (absolute import; this module is vknorm.ncnn)
+import ncnn as _ncnn  # type: ignore[import-untyped]  # pyncnn (absolute import; this module is vknorm.ncnn): no stubs
 import numpy as np
 
 from .layers import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, _context_for
 
+if TYPE_CHECKING:  # for annotations only
+    from .layers import _Norm
+
+    _AnyNorm = Union[LayerNorm, RMSNorm, GroupNorm, InstanceNorm]  # a layer's norm: one of TYPES
+
 __all__ = ["register", "layers", "Registration", "VknormLayer", "FactoryLimitError", "TYPES"]
 
-TYPES = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm, "GroupNorm": GroupNorm, "InstanceNorm": InstanceNorm}
+TYPES: Dict[str, Type[_Norm]] = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm, "GroupNorm": GroupNorm,
+                                 "InstanceNorm": InstanceNorm}
 
 
 class FactoryLimitError(RuntimeError):
@@ -69,7 +75,7 @@ class VknormLayer(_ncnn.Layer):
         self.op = op
         self.option = option
         self.device = device
-        self.norm = None
+        self.norm: Optional[_AnyNorm] = None  # load_param makes it
         self.error: Optional[BaseException] = None
         self.last_shape: Optional[tuple] = None
         self.last_gpu_us: Optional[float] = None
@@ -81,6 +87,7 @@ class VknormLayer(_ncnn.Layer):
         only reports the failing return code. The exception is kept without its traceback: the traceback's frames
         hold this layer, which pyncnn holds from C++, and the cycle would outlive the interpreter (nanobind then
         reports leaked instances at exit)."""
+        todo: List[Optional[BaseException]]  # a cause or context may be None
         seen, todo = set(), [e]
         while todo:  # the chained ones too (raise ... from, raised while handling another)
             x = todo.pop()
@@ -104,7 +111,7 @@ class VknormLayer(_ncnn.Layer):
 
     def load_model(self, mb) -> int:
         try:
-            n = self.norm
+            n = cast("_AnyNorm", self.norm)  # ncnn keeps only layers whose load_param succeeded: set
             if not n.affine:
                 return 0
             weights = []
@@ -125,7 +132,7 @@ class VknormLayer(_ncnn.Layer):
 
     def create_pipeline(self, opt) -> int:
         try:
-            self.norm.create_pipeline(self.option, self.device)
+            cast("_AnyNorm", self.norm).create_pipeline(self.option, self.device)  # set (see load_model)
             return 0
         except BaseException as e:  # noqa: BLE001
             return self._fail(e)
@@ -136,10 +143,10 @@ class VknormLayer(_ncnn.Layer):
     def forward_inplace(self, bottom_top_blob, opt) -> int:
         try:
             a = np.asarray(bottom_top_blob)  # a writable view of the blob (unpacked, float32)
-            self.norm.forward_inplace(a, device="vulkan" if self.device is None else self.device,
-                                      option=self.option)
+            norm = cast("_AnyNorm", self.norm)  # set (see load_model)
+            norm.forward_inplace(a, device="vulkan" if self.device is None else self.device, option=self.option)
             self.last_shape = tuple(int(s) for s in a.shape)
-            self.last_dispatch = dict(self.norm.last_dispatch)
+            self.last_dispatch = dict(norm.last_dispatch)
             self.last_gpu_us = float(self.last_dispatch.get("gpu_us", 0.0))
             self.calls += 1
             return 0
