@@ -14,6 +14,7 @@
 #include <nanobind/trampoline.h>
 
 #include <climits>
+#include <memory>
 #include <initializer_list>
 #include <optional>
 #include <unordered_map>
@@ -100,6 +101,7 @@ std::string label(const ::ncnn::Layer& layer) {
 // ncnn's ParamDict and ModelBin, lent to a layer's load_param / load_model for the call (of: null after it).
 struct ParamDictView {
   const ::ncnn::ParamDict* of = nullptr;
+  std::shared_ptr<::ncnn::ParamDict> own;  // one made in Python (pyncnn's ParamDict(), to try a layer): set() fills it
 };
 struct ModelBinView {
   const ::ncnn::ModelBin* of = nullptr;
@@ -533,7 +535,38 @@ void define_custom_layers(nb::module_& m) {
 
   nb::class_<ParamDictView>(m, "ParamDict",
                             "ncnn's ParamDict as a Python layer's load_param gets it: the layer's id=value params of "
-                            "the .param, for that call only.")
+                            "the .param, for that call only (read-only). ParamDict() makes one to fill with set(), "
+                            "to call a layer's load_param with by hand.")
+      .def("__init__",
+           [](ParamDictView* self) {
+             new (self) ParamDictView();
+             self->own = std::make_shared<::ncnn::ParamDict>();
+             self->of = self->own.get();
+           })
+      .def(
+          "set",
+          [](ParamDictView& v, int id, nb::handle value) {
+            if (!v.own)
+              raise(PyExc_RuntimeError, "ParamDict.set: the ParamDict ncnn gives load_param is read-only (const in "
+                                        "ncnn); ParamDict() makes one to fill");
+            param_id(id);
+            if (PyLong_Check(value.ptr())) {
+              int overflow = 0;
+              const long long i = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+              if (overflow || i < INT_MIN || i > INT_MAX) raise(PyExc_OverflowError, "ParamDict.set: value past int");
+              v.own->set(id, int(i));
+            } else if (PyFloat_Check(value.ptr())) {
+              v.own->set(id, float(PyFloat_AsDouble(value.ptr())));
+            } else if (PyUnicode_Check(value.ptr())) {
+              v.own->set(id, nb::cast<std::string>(value));
+            } else if (nb::isinstance<Mat>(value)) {
+              v.own->set(id, nb::cast<const Mat&>(value).clone());
+            } else {
+              raise(PyExc_TypeError, "ParamDict.set(id, value): value is an int, float, str or Mat, got " +
+                                         type_of(value));
+            }
+          },
+          "id"_a, "value"_a.none(), "Sets param id (a ParamDict made with ParamDict() only).")
       .def("type", [](const ParamDictView& v, int id) { return lent(v, "ParamDict").type(param_id(id)); }, "id"_a,
            "ncnn's type of param id: 0 not given, 2 int, 3 float, 5 int array, 6 float array, 7 string.")
       .def(
@@ -553,7 +586,7 @@ void define_custom_layers(nb::module_& m) {
             raise(PyExc_TypeError, "ParamDict.get(id, default): default is an int, float, str or Mat (its type is "
                                    "the type read), got " + type_of(def));
           },
-          "id"_a, "default"_a,
+          "id"_a, "default"_a.none(),
           "Param id as default's type (default where the .param does not give it); an int array as float32.");
 
   nb::class_<ModelBinView>(m, "ModelBin",

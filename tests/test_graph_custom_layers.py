@@ -520,6 +520,17 @@ def test_paramdict_and_modelbin_are_ncnns_for_the_call():
         kept["pd"].get(0, 0)
     with pytest.raises(RuntimeError, match="ModelBin is ncnn's for the one call it was given to"):
         kept["mb"].load(1, 1)
+    with pytest.raises(RuntimeError, match="the ParamDict ncnn gives load_param is read-only"):
+        kept["pd"].set(0, 1)
+    # pyncnn's ParamDict(), filled by hand, to call a layer's load_param outside a net
+    pd = graph.ParamDict()
+    for i, value in enumerate((7, 0.25, 3)):
+        pd.set(i, value)
+    pd.set(3, graph.Mat(np.array([4, 5], np.float32)))
+    pd.set(4, "text")
+    with pytest.raises(TypeError, match="value is an int, float, str or Mat"):
+        pd.set(5, None)
+    assert Keeps().load_param(pd) == 0 and kept["values"] == (7, 0.25, 3, 1.5, 2, 3, 0, [4.0, 5.0], "text")
 
 
 def test_what_cannot_be_a_python_layer_is_refused():

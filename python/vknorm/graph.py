@@ -59,7 +59,7 @@ A layer may define ``forward`` or ``forward_inplace`` (with ``support_inplace = 
 downloads its inputs and uploads its outputs, as ncnn does for any layer without Vulkan), on copies of its inputs as
 float32 of elempack 1 (``support_vulkan``, ``support_packing``, ``support_fp16_storage``, ... stay False), and the
 option without ncnn's allocators: the layer may keep them. A ParamDict or ModelBin is usable only during the call it
-was given to. The net holds each layer it made until it lets it go (``clear``, another ``load_param``, the net's end),
+was given to (``ParamDict()`` makes one to fill with ``set(id, value)``, to call a layer's ``load_param`` by hand). The net holds each layer it made until it lets it go (``clear``, another ``load_param``, the net's end),
 calling the destroyer then, but not as Python ends or for a net the garbage collector reclaims from a reference cycle
 (pyncnn's net holds no layer: one nothing else holds is collected, and it crashes); the Mats a multi-blob layer leaves
 in its lists reach the net (pyncnn's hands it copies). What a layer raises comes out of the ``load_param``,
