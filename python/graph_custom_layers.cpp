@@ -191,20 +191,10 @@ class PythonLayer : public ::ncnn::Layer {
   NB_TRAMPOLINE(::ncnn::Layer, 1);
 
   int load_param(const ::ncnn::ParamDict& pd) override {
-    return call(
-        "load_param", [&](nb::handle f, const std::string& where) {
-          Lent<ParamDictView, ::ncnn::ParamDict> view(&pd);
-          return code_of(f(view.obj()), where);
-        },
-        [&] { return ::ncnn::Layer::load_param(pd); });
+    return call_lending<ParamDictView>("load_param", pd, [&] { return ::ncnn::Layer::load_param(pd); });
   }
   int load_model(const ::ncnn::ModelBin& mb) override {
-    return call(
-        "load_model", [&](nb::handle f, const std::string& where) {
-          Lent<ModelBinView, ::ncnn::ModelBin> view(&mb);
-          return code_of(f(view.obj()), where);
-        },
-        [&] { return ::ncnn::Layer::load_model(mb); });
+    return call_lending<ModelBinView>("load_model", mb, [&] { return ::ncnn::Layer::load_model(mb); });
   }
   int create_pipeline(const ::ncnn::Option& opt) override {
     return call(
@@ -277,6 +267,17 @@ class PythonLayer : public ::ncnn::Layer {
     nb::object stock = nb::getattr(nb::type<::ncnn::Layer>(), name, nb::none());
     if (mine.is_none() || (!stock.is_none() && nb::getattr(mine, "__func__", nb::none()).is(stock))) return {};
     return mine;
+  }
+
+  // call() for a method given ncnn's ParamDict or ModelBin, lent for the call (View).
+  template <class View, class T, class Stock>
+  int call_lending(const char* name, const T& lent, Stock&& stock) {
+    return call(
+        name, [&](nb::handle f, const std::string& where) {
+          Lent<View, T> view(&lent);
+          return code_of(f(view.obj()), where);
+        },
+        stock);
   }
 
   template <class Invoke, class Stock>
