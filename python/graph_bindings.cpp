@@ -786,7 +786,7 @@ class QuietStderr {
 void refuse_inside_python_layer() {
   if (vknorm_python::inside_python_layer())
     throw std::runtime_error("vknorm.graph: a Python layer's code (creator, destroyer, load_param, load_model, "
-                             "forward, ...) cannot load, clear or extract from a Net, nor change an Extractor: it "
+                             "forward, ...) cannot call a Net's or an Extractor's methods, which wait for a net: it "
                              "runs while the net that called it is held, loading, clearing or extracting");
 }
 
@@ -812,15 +812,18 @@ class NetLock {
   }
   void lock_shared() {
     refuse_inside_python_layer();
-    lock_shared_to_clean_up();
-  }
-  // lock_shared for an extractor going, from a Python layer's code too (where the lock is the running net's,
-  // held_by_this_thread says so, and the extractor goes without it)
-  void lock_shared_to_clean_up() {
     std::unique_lock<std::mutex> l(m_);
     cv_.wait(l, [&] { return !writing_ && writers_waiting_ == 0; });
     ++readers_;
     held().push_back(this);
+  }
+  // lock_shared where it is free now, without waiting (an extractor let go by a Python layer's code)
+  bool try_lock_shared() {
+    std::lock_guard<std::mutex> l(m_);
+    if (writing_ || writers_waiting_ != 0) return false;
+    ++readers_;
+    held().push_back(this);
+    return true;
   }
   void unlock_shared() {
     forget();
@@ -948,9 +951,30 @@ struct Net {
   }
   ~Net() {
     option_owners().erase(&net.opt);
+    free_orphans();
     vknorm_python::NetGoing going;
     owned_net.reset();  // its layers go now, Python's among them: what they raise is this net's
   }
+  // An extractor of this net that a Python layer's code let go while the net was busy, with the allocators its blobs
+  // came from: freed where the net is held whole, or at its end.
+  struct Orphan {
+    ForkSafe<::ncnn::Extractor> ex;
+    std::shared_ptr<void> allocators, host_blobs, host_workspace;
+  };
+  void orphan(Orphan o) {
+    std::lock_guard<std::mutex> l(orphans_mutex);
+    orphans.push_back(std::move(o));
+  }
+  void free_orphans() {
+    std::vector<Orphan> gone;
+    {
+      std::lock_guard<std::mutex> l(orphans_mutex);
+      gone.swap(orphans);
+    }
+    for (Orphan& o : gone) o.ex.reset();  // before its allocators (the members after it)
+  }
+  std::mutex orphans_mutex;
+  std::vector<Orphan> orphans;
   Net(const Net&) = delete;
   Net& operator=(const Net&) = delete;
   // The net whose ncnn::Net holds an Option (Net.opt gives it, keeping the net alive): for the garbage collector.
@@ -1087,7 +1111,7 @@ struct Net {
   }
   ForkSafe<::ncnn::Net> owned_net{new ::ncnn::Net};
   ::ncnn::Net& net = *owned_net;
-  RecycledCommands commands;  // declared after net: destroyed first (its devices outlive both)
+  RecycledCommands commands;  // ncnn's devices outlive it and the net, whichever goes first
   bool vknorm, fuse;
   std::vector<vknorm::ncnn::FusedPattern> fused;  // what the last load_param fused
   // A fused net's blobs by the unfused model's index (what an index from the model's own .param means; the
@@ -1115,6 +1139,7 @@ template <class F>
 auto writing(Net& n, F&& f) {
   ReleaseGil release;
   std::unique_lock<NetLock> lock(n.lock);
+  n.free_orphans();
   return f();
 }
 
@@ -1435,11 +1460,22 @@ struct Extractor {
       ex.reset();
       return;
     }
+    if (vknorm_python::inside_python_layer()) {
+      // Let go by a Python layer's code, whose own net this thread holds: another thread may hold this one's net
+      // and wait for the first (its layer letting an extractor of it go). Never waited for: where the net is busy,
+      // it frees this one at its next load or clear, or at its end.
+      if (!owner->lock.try_lock_shared()) {
+        owner->orphan({std::move(ex), allocators, host_blobs, host_workspace});
+        return;
+      }
+      ex.reset();
+      owner->lock.unlock_shared();
+      return;
+    }
     std::optional<ReleaseGil> release;
     if (PyGILState_Check()) release.emplace();  // never wait for the net's lock holding the GIL
-    owner->lock.lock_shared_to_clean_up();
+    std::shared_lock<NetLock> lock(owner->lock);
     ex.reset();
-    owner->lock.unlock_shared();
   }
   Extractor(std::shared_ptr<Net> n, ForkSafe<::ncnn::Extractor> e, std::shared_ptr<Allocators> a)
       : owner(std::move(n)), ex(std::move(e)), allocators(std::move(a)) {}
@@ -2455,6 +2491,7 @@ NB_MODULE(_graph, m) {
       .def(
           "register_custom_layer",
           [](Net& n, const std::string& type, nb::handle creator, nb::handle destroyer) {
+            refuse_inside_python_layer();  // before the type is recorded: ncnn would not get it
             const vknorm_python::PythonLayerType* t = n.python_layers.add(type, creator, destroyer, n.vknorm, n.fuse);
             return t ? writing(n, [&] { return PythonLayerTypes::register_with(n.net, *t); }) : 0;
           },
@@ -2627,11 +2664,12 @@ NB_MODULE(_graph, m) {
       .def("__enter__", [](Net& n) -> Net& { return n; }, nb::rv_policy::reference)
       .def("__exit__", [](Net& n, nb::args) { net_clear(n); });
 
-  nb::class_<::ncnn::Blob>(m, "Blob", "pyncnn's Blob: a blob of a net as loaded, as it was when Net.blobs() was called.")
+  nb::class_<::ncnn::Blob>(m, "Blob",
+                           "pyncnn's Blob: a blob of a net as loaded, as it was when Net.blobs() was called.")
       .def_ro("name", &::ncnn::Blob::name)
       .def_ro("producer", &::ncnn::Blob::producer, "The index in Net.layers() of the layer that makes it.")
       .def_ro("consumer", &::ncnn::Blob::consumer, "The index in Net.layers() of a layer that reads it, -1 if none.")
-      // ncnn's shape hint is a Mat without memory (pyncnn's numpy of it reads address 0): its shape instead
+      // ncnn's shape hint is a Mat without memory (numpy reads garbage from pyncnn's): its shape instead
       .def_prop_ro(
           "shape", [](const ::ncnn::Blob& b) { return b.shape.dims ? shape_of(b.shape) : std::vector<int>(); },
           "The .param's shape hint as Mat's constructors take it, [w], [w, h], [w, h, c] or [w, h, d, c]; [] "

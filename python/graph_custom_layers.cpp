@@ -569,7 +569,8 @@ void define_custom_layers(nb::module_& m) {
           },
           "id"_a, "value"_a.none(), "Sets param id (a ParamDict made with ParamDict() only).")
       .def("type", [](const ParamDictView& v, int id) { return lent(v, "ParamDict").type(param_id(id)); }, "id"_a,
-           "ncnn's type of param id: 0 not given, 2 int, 3 float, 5 int array, 6 float array, 7 string.")
+           "ncnn's type of param id: 0 not given, 2 int, 3 float, 4 array (set from a Mat), 5 int array, 6 float "
+           "array, 7 string.")
       .def(
           "get",
           [](const ParamDictView& v, int id, nb::handle def) -> nb::object {

@@ -258,7 +258,7 @@ def _check_output_path(flag: str, path) -> None:
     if flag == "--plot":
         ext = os.path.splitext(path)[1].lstrip(".").lower()
         try:
-            from matplotlib.backend_bases import FigureCanvasBase
+            from matplotlib.backend_bases import FigureCanvasBase  # type: ignore[import-not-found, unused-ignore]
 
             formats = FigureCanvasBase.get_supported_filetypes()
         except ImportError:  # before the sweep: not a run of minutes that ends without its plot
@@ -339,7 +339,7 @@ def _bench_ncnn(op: str, rows: int, cols: int, fp16: bool, x: np.ndarray, affine
                 shape: Optional[Tuple[int, int, int, int]] = None, packing: bool = True):
     """ncnn's Vulkan layer: (chain of k layers - chain of 1) / (k - 1), wall clock, each chain the least of 3 runs.
     shape: (channels, h, w, groups) for groupnorm/instancenorm; packing: ncnn's use_packing_layout, as vknorm's."""
-    import ncnn  # type: ignore[import-untyped]  # pyncnn ships no types
+    import ncnn  # type: ignore[import-untyped, import-not-found]  # pyncnn: no types, optional
 
     from ._stdio import quiet_stderr
 
@@ -766,10 +766,10 @@ def print_table(report: dict) -> None:
 def plot(report: dict, path: str) -> None:
     """GB/s against cols per implementation, one panel per (op, dtype), the copy roof dashed (matplotlib: checked
     with the flags, before the sweep)."""
-    import matplotlib
+    import matplotlib  # type: ignore[import-not-found, unused-ignore]  # an optional extra
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
     sweep = [r for r in report["results"] if r.get("kind", "sweep") == "sweep"]
     ops = sorted({r["op"] for r in sweep})
     dtypes = sorted({r["dtype"] for r in sweep}, reverse=True)  # fp32 first

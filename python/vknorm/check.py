@@ -529,7 +529,7 @@ _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 def _bin_reader(data):
     """An ncnn.DataReader over the .bin bytes that counts what ncnn asks for (truncation = a short read)."""
-    import ncnn  # type: ignore[import-untyped]  # pyncnn ships no types
+    import ncnn  # type: ignore[import-untyped, import-not-found]  # pyncnn: no types, optional
     import numpy as np
 
     class BinReader(ncnn.DataReader):
@@ -876,7 +876,7 @@ def _weights_read(layer: Layer, shape: Tuple[int, ...]) -> Optional[Tuple[int, i
         kernel_h = _int_param(layer, 11, kernel_w or 0)
         size = _int_param(layer, 6, 0)
         group = _int_param(layer, 7, 1) if layer.type == "ConvolutionDepthWise" else 1
-        # min sees no None (the `None in` test comes first; mypy cannot narrow through it, hence the asserts)
+        # min sees no None (the `None in` test comes first), which mypy cannot narrow: ignored there, asserted below
         if (None in (num_output, kernel_w, kernel_h, size, group)
                 or min(num_output, kernel_w, kernel_h, size, group) <= 0):  # type: ignore[type-var, operator, misc]
             return None
@@ -1015,7 +1015,7 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
         finally:
             bad = reg.errors()
             if bad:  # our layer refused its params / weights / pipeline: say which and why
-                error = bad[0][1]  # (not e: the name of an except clause above)
+                error = bad[0][1]
                 raise UsageError(f"vknorm layer {bad[0][0]!r} could not load: {type(error).__name__}: "
                                  f"{(str(error).splitlines() or [''])[0]}") from None
         # The bottoms too: the input each vknorm layer saw, which the pass rule judges it on (judge_layer).

@@ -17,17 +17,18 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
     y = np.array(out)
     print(net.vknorm_counters())              # {'vulkan_forwards': 12, 'cpu_forwards': 0, 'pipelines': ...}
 
-Not there (AttributeError): ``destroy_gpu_instance``, ``Net.load_param_bin`` (binary params name no blobs: nothing could be
-fused), allocator objects (``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
+Not there (AttributeError): ``destroy_gpu_instance``, ``Net.load_param_bin`` (binary params name no blobs: nothing
+could be fused), allocator objects (``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
 ``Mat.create`` / ``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1),
 ``create_layer``, ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
 functions that make other element types or packings (``convert_packing``, ``cast_*``, ``quantize_to_int8``),
 ``VulkanDevice``'s allocators, ``Mat.refcount`` / ``addref``, Mat's batch API, and ``Option``'s int8 switches
 (this ncnn is built without int8) and ``use_tensor_storage``. A Mat's ``w``, ``h``, ``c``, ... are read-only; an
 option switch set to None is a TypeError (pyncnn takes it as False). ``Net.layers()`` gives ``(name, type,
-is_vknorm, on_vulkan)`` tuples, not Layer objects; it and ``Net.blobs()`` (pyncnn's ``Blob``: name, producer, consumer,
-and the .param's shape hint as a list) describe the net as loaded, a fused net's own. bfloat16 storage (``opt.use_bf16_storage`` / ``use_bf16_packed``),
-where the device takes it, is refused by vknorm's layers at load (``Net(vknorm=False)`` runs it).
+is_vknorm, on_vulkan)`` tuples, not Layer objects; it and ``Net.blobs()`` (pyncnn's ``Blob``: name, producer,
+consumer, and the .param's shape hint as a list) describe the net as loaded, a fused net's own (whose blobs an index of
+``output_indexes()``, the model's numbering, does not address). bfloat16 storage (``opt.use_bf16_storage`` /
+``use_bf16_packed``), where the device takes it, is refused by vknorm's layers at load (``Net(vknorm=False)`` runs it).
 
 This is ncnn compiled from its pinned source (1.0.20261020, tools/build_ncnn.sh) into vknorm itself, so
 a stock run and a vknorm run in one process share one ncnn. It lives beside pyncnn: the two copies of ncnn
@@ -59,13 +60,15 @@ A layer may define ``forward`` or ``forward_inplace`` (with ``support_inplace = 
 downloads its inputs and uploads its outputs, as ncnn does for any layer without Vulkan), on copies of its inputs as
 float32 of elempack 1 (``support_vulkan``, ``support_packing``, ``support_fp16_storage``, ... stay False), and the
 option without ncnn's allocators: the layer may keep them. A ParamDict or ModelBin is usable only during the call it
-was given to (``ParamDict()`` makes one to fill with ``set(id, value)``, to call a layer's ``load_param`` by hand). The net holds each layer it made until it lets it go (``clear``, another ``load_param``, the net's end),
-calling the destroyer then, but not as Python ends or for a net the garbage collector reclaims from a reference cycle
-(pyncnn's net holds no layer: one nothing else holds is collected, and it crashes); the Mats a multi-blob layer leaves
+was given to (``ParamDict()`` makes one to fill with ``set(id, value)``, to call a layer's ``load_param`` by
+hand). The net holds each layer it made until it lets it go (``clear``, another ``load_param``, the net's end),
+calling the destroyer then; not as Python ends, and not always for a net the garbage collector reclaims from a
+reference cycle (pyncnn's net holds no layer: one nothing else holds is collected, and it crashes); the Mats a multi-blob layer leaves
 in its lists reach the net (pyncnn's hands it copies). What a layer raises comes out of the ``load_param``,
 ``load_model``, ``extract`` or ``clear`` that ran it, noted with the layer (the layer returns -1 to ncnn); a forward
-that returns 0 without filling its tops is a ValueError. A layer's code cannot load, clear or extract from a Net, nor
-change an Extractor (the net that runs it is held meanwhile): a RuntimeError. Registering a type again replaces its
+that returns 0 without filling its tops is a ValueError. A layer's code cannot call a Net's or an Extractor's methods,
+which wait for a net (the one that runs it is held meanwhile): a RuntimeError (``net.opt``, Mats and this module's
+functions are usable there). ``Layer`` has no ``forward`` of its own to call through ``super()``. Registering a type again replaces its
 creator and destroyer; a net takes at most 256 types that are not ncnn's own (vknorm's fused types are 4 of them),
 registered by name (pyncnn's registration by type index is not there). A type vknorm's layers run (``LayerNorm``, ...)
 or that fusion folds into them (``BinaryOp``, ``Split``, ``ReLU``, ``Sigmoid``, ``Swish``, ``GELU``) is refused:

@@ -82,7 +82,7 @@ class ModelRunner:
                  kv_caches: frozenset = frozenset()):
         self.impl, self.inputs, self.kv_caches = impl, inputs, kv_caches
         if impl == "vknorm-host":
-            import ncnn  # type: ignore[import-untyped]  # pyncnn ships no types
+            import ncnn  # type: ignore[import-untyped, import-not-found]  # pyncnn: no types, optional
 
             import vknorm.ncnn as vkn
             from vknorm import Option

@@ -35,7 +35,7 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Dict, List, Optional, Type, Union, cast
 
-import ncnn as _ncnn  # type: ignore[import-untyped]  # pyncnn (absolute import; this module is vknorm.ncnn): no stubs
+import ncnn as _ncnn  # type: ignore[import-untyped, import-not-found]  # pyncnn (absolute import): no stubs
 import numpy as np
 
 from .layers import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, _context_for
