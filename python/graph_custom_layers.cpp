@@ -380,6 +380,27 @@ Mat loaded(Mat m) {
   return m;
 }
 
+// A ParamDict value that is an int (a bool, or what stands for one: numpy's integers), as ncnn's int; none otherwise.
+std::optional<int> param_int(nb::handle v, const std::string& what) {
+  if (!PyIndex_Check(v.ptr()) || PyFloat_Check(v.ptr())) return std::nullopt;
+  const nb::object i = nb::steal(PyNumber_Index(v.ptr()));
+  if (!i.is_valid()) throw nb::python_error();
+  int overflow = 0;
+  const long long n = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (overflow || n < INT_MIN || n > INT_MAX) raise(PyExc_OverflowError, what + " past int");
+  return int(n);
+}
+
+// A ParamDict value that is a float (Python's, numpy's), as ncnn's float; none otherwise.
+std::optional<float> param_float(nb::handle v) {
+  if (!PyFloat_Check(v.ptr()) && !(nb::hasattr(v, "__float__") && !PyUnicode_Check(v.ptr()) &&
+                                   !nb::isinstance<Mat>(v)))
+    return std::nullopt;
+  const double d = PyFloat_AsDouble(v.ptr());
+  if (d == -1.0 && PyErr_Occurred()) throw nb::python_error();
+  return float(d);
+}
+
 // ModelBin.load's extents (each 1..INT_MAX, in all no more than INT_MAX weights), as ncnn's int.
 std::vector<int> extents(std::initializer_list<std::pair<long long, const char*>> given) {
   std::vector<int> out;
@@ -551,13 +572,10 @@ void define_custom_layers(nb::module_& m) {
               raise(PyExc_RuntimeError, "ParamDict.set: the ParamDict ncnn gives load_param is read-only (const in "
                                         "ncnn); ParamDict() makes one to fill");
             param_id(id);
-            if (PyLong_Check(value.ptr())) {
-              int overflow = 0;
-              const long long i = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-              if (overflow || i < INT_MIN || i > INT_MAX) raise(PyExc_OverflowError, "ParamDict.set: value past int");
-              v.own->set(id, int(i));
-            } else if (PyFloat_Check(value.ptr())) {
-              v.own->set(id, float(PyFloat_AsDouble(value.ptr())));
+            if (std::optional<int> i = param_int(value, "ParamDict.set: value")) {
+              v.own->set(id, *i);
+            } else if (std::optional<float> f = param_float(value)) {
+              v.own->set(id, *f);
             } else if (PyUnicode_Check(value.ptr())) {
               v.own->set(id, nb::cast<std::string>(value));
             } else if (nb::isinstance<Mat>(value)) {
@@ -576,13 +594,8 @@ void define_custom_layers(nb::module_& m) {
           [](const ParamDictView& v, int id, nb::handle def) -> nb::object {
             const ::ncnn::ParamDict& pd = lent(v, "ParamDict");
             param_id(id);
-            if (PyLong_Check(def.ptr())) {  // bool too, as an int
-              int overflow = 0;
-              const long long d = PyLong_AsLongLongAndOverflow(def.ptr(), &overflow);
-              if (overflow || d < INT_MIN || d > INT_MAX) raise(PyExc_OverflowError, "ParamDict.get: default past int");
-              return nb::int_(pd.get(id, int(d)));
-            }
-            if (PyFloat_Check(def.ptr())) return nb::float_(pd.get(id, float(PyFloat_AsDouble(def.ptr()))));
+            if (std::optional<int> i = param_int(def, "ParamDict.get: default")) return nb::int_(pd.get(id, *i));
+            if (std::optional<float> f = param_float(def)) return nb::float_(pd.get(id, *f));
             if (PyUnicode_Check(def.ptr())) return nb::str(pd.get(id, nb::cast<std::string>(def)).c_str());
             if (nb::isinstance<Mat>(def)) return nb::cast(param_array(pd, id, nb::cast<const Mat&>(def)));
             raise(PyExc_TypeError, "ParamDict.get(id, default): default is an int, float, str or Mat (its type is "

@@ -586,13 +586,14 @@ def test_paramdict_and_modelbin_are_ncnns_for_the_call():
         kept["pd"].set(0, 1)
     # pyncnn's ParamDict(), filled by hand, to call a layer's load_param outside a net
     pd = graph.ParamDict()
-    for i, value in enumerate((7, 0.25, 3)):
+    for i, value in enumerate((np.int64(7), np.float32(0.25), 3)):  # numpy's scalars as Python's
         pd.set(i, value)
     pd.set(3, graph.Mat(np.array([4, 5], np.float32)))
     pd.set(4, "text")
     with pytest.raises(TypeError, match="value is an int, float, str or Mat"):
         pd.set(5, None)
     assert Keeps().load_param(pd) == 0 and kept["values"] == (7, 0.25, 3, 1.5, 2, 3, 0, [4.0, 5.0], "text")
+    assert (pd.get(0, np.int32(0)), pd.get(1, np.float64(0))) == (7, 0.25)
 
 
 def test_what_cannot_be_a_python_layer_is_refused():
