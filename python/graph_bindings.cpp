@@ -831,6 +831,7 @@ class NetLock {
     if (--readers_ == 0) cv_.notify_all();
   }
   bool held_by_this_thread() const { return std::find(held().begin(), held().end(), this) != held().end(); }
+  static bool this_thread_holds_one() { return !held().empty(); }
 
  private:
   static std::vector<const NetLock*>& held() {
@@ -1460,10 +1461,11 @@ struct Extractor {
       ex.reset();
       return;
     }
-    if (vknorm_python::inside_python_layer()) {
-      // Let go by a Python layer's code, whose own net this thread holds: another thread may hold this one's net
-      // and wait for the first (its layer letting an extractor of it go). Never waited for: where the net is busy,
-      // it frees this one at its next load or clear, or at its end.
+    if (NetLock::this_thread_holds_one()) {
+      // Let go while this thread holds another net (by a Python layer's code, or with a layer or its error as the
+      // net lets them go): another thread may hold this one's net and wait for the first (its layer letting an
+      // extractor of it go). Never waited for: where the net is busy, it frees this one at its next load or clear,
+      // or at its end.
       if (!owner->lock.try_lock_shared()) {
         owner->orphan({std::move(ex), allocators, host_blobs, host_workspace});
         return;

@@ -380,25 +380,28 @@ Mat loaded(Mat m) {
   return m;
 }
 
-// A ParamDict value that is an int (a bool, or what stands for one: numpy's integers), as ncnn's int; none otherwise.
-std::optional<int> param_int(nb::handle v, const std::string& what) {
-  if (!PyIndex_Check(v.ptr()) || PyFloat_Check(v.ptr())) return std::nullopt;
-  const nb::object i = nb::steal(PyNumber_Index(v.ptr()));
-  if (!i.is_valid()) throw nb::python_error();
+// numpy's scalars and 0-d arrays as the Python scalar they hold (np.True_ a bool, so an int, as pyncnn takes it).
+nb::object scalar_of(nb::handle v) {
+  if (nb::hasattr(v, "dtype") && nb::hasattr(v, "ndim") && nb::cast<long long>(v.attr("ndim")) == 0)
+    return v.attr("item")();
+  return nb::borrow(v);
+}
+
+// A ParamDict value that is an int (a bool too), as ncnn's int; none otherwise.
+std::optional<int> param_int(nb::handle given, const std::string& what) {
+  const nb::object v = scalar_of(given);
+  if (!PyLong_Check(v.ptr())) return std::nullopt;
   int overflow = 0;
-  const long long n = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  const long long n = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
   if (overflow || n < INT_MIN || n > INT_MAX) raise(PyExc_OverflowError, what + " past int");
   return int(n);
 }
 
-// A ParamDict value that is a float (Python's, numpy's), as ncnn's float; none otherwise.
-std::optional<float> param_float(nb::handle v) {
-  if (!PyFloat_Check(v.ptr()) && !(nb::hasattr(v, "__float__") && !PyUnicode_Check(v.ptr()) &&
-                                   !nb::isinstance<Mat>(v)))
-    return std::nullopt;
-  const double d = PyFloat_AsDouble(v.ptr());
-  if (d == -1.0 && PyErr_Occurred()) throw nb::python_error();
-  return float(d);
+// A ParamDict value that is a float, as ncnn's float; none otherwise.
+std::optional<float> param_float(nb::handle given) {
+  const nb::object v = scalar_of(given);
+  if (!PyFloat_Check(v.ptr())) return std::nullopt;
+  return float(PyFloat_AsDouble(v.ptr()));
 }
 
 // ModelBin.load's extents (each 1..INT_MAX, in all no more than INT_MAX weights), as ncnn's int.

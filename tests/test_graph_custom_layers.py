@@ -538,6 +538,39 @@ def test_layers_on_two_threads_letting_each_others_extractors_go_never_wait():
         assert net.load_model(graph.DataReaderFromEmpty()) == 0 and extract_one(net)[0] == 0
 
 
+def test_layers_that_hold_each_others_extractors_let_go_on_two_threads_never_wait():
+    """Two threads clear two nets at once, each net's layer holding the last extractor of the other net: the layer goes
+    (after its destroy_pipeline, without a destroyer) while its thread holds its net, and so does that extractor,
+    which is then never waited for."""
+    both = threading.Barrier(2)
+    made = {}
+
+    class Holder(Copy):
+        def destroy_pipeline(self, opt):
+            both.wait(timeout=30)  # both threads inside a clear, each holding its own net
+            return 0
+
+    def net_named(name):
+        def creator():
+            made[name] = Holder()
+            return made[name]
+        net = graph.Net()
+        net.register_custom_layer("Custom", creator)
+        assert net.load_param_mem("7767517\n2 2\nInput in0 0 1 in0\nCustom c 1 1 in0 out0\n") == 0
+        assert net.load_model(graph.DataReaderFromEmpty()) == 0
+        return net
+
+    nets = {"a": net_named("a"), "b": net_named("b")}
+    made["a"].keep, made["b"].keep = nets["b"].create_extractor(), nets["a"].create_extractor()
+    made.clear()
+    threads = [threading.Thread(target=net.clear, daemon=True) for net in nets.values()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+
+
 def test_paramdict_and_modelbin_are_ncnns_for_the_call():
     kept = {}
 
@@ -594,6 +627,10 @@ def test_paramdict_and_modelbin_are_ncnns_for_the_call():
         pd.set(5, None)
     assert Keeps().load_param(pd) == 0 and kept["values"] == (7, 0.25, 3, 1.5, 2, 3, 0, [4.0, 5.0], "text")
     assert (pd.get(0, np.int32(0)), pd.get(1, np.float64(0))) == (7, 0.25)
+    pd.set(5, np.True_)  # a switch, as pyncnn stores it: an int
+    assert (pd.type(5), pd.get(5, 0)) == (2, 1)
+    with pytest.raises(TypeError, match="value is an int, float, str or Mat, got numpy.ndarray"):
+        pd.set(5, np.ones(2))
 
 
 def test_what_cannot_be_a_python_layer_is_refused():
