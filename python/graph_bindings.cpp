@@ -956,8 +956,8 @@ struct Net {
     vknorm_python::NetGoing going;
     owned_net.reset();  // its layers go now, Python's among them: what they raise is this net's
   }
-  // An extractor of this net that a Python layer's code let go while the net was busy, with the allocators its blobs
-  // came from: freed where the net is held whole, or at its end.
+  // An extractor of this net let go while its thread held another net and this one was busy (~Extractor), with the
+  // allocators its blobs came from: freed where the net is held whole, or at its end.
   struct Orphan {
     ForkSafe<::ncnn::Extractor> ex;
     std::shared_ptr<void> allocators, host_blobs, host_workspace;
@@ -1895,7 +1895,6 @@ std::string blob_name(Extractor& e, long long index, const char* call) {
     }
   return name_of(index);
 }
-
 
 // A blob given by anything the str and int overloads did not take: an index type (a numpy integer, one past
 // int) goes on as an index (out of range: "", named as given); anything else is one line naming its type.

@@ -1,7 +1,7 @@
 // pyncnn's custom Python layers (Layer, ParamDict, ModelBin, Net.register_custom_layer) on vknorm._graph's nets.
 //
-// ncnn owns nothing of a Python layer: the creator's object lives in Python, a global table holds it while a net
-// holds its layer, and the destroyer lets it go. Every call from ncnn into Python takes the GIL (ncnn runs with it
+// ncnn owns nothing of a Python layer: the creator's object lives in Python, the net's PythonLayerTypes holds it while
+// its ncnn::Net holds the layer, and lets it go when ncnn destroys the layer (after the destroyer, if any). Every call from ncnn into Python takes the GIL (ncnn runs with it
 // released) and catches what Python raises: ncnn's C++ is never unwound by a Python exception; the layer returns -1
 // and the binding that ran it (load, extract, clear) raises the exception afterwards. Blobs are given to Python as
 // copies (a layer may keep them; the extractor's memory goes with the extractor) and taken back as the Mats Python
