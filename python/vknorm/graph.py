@@ -59,16 +59,16 @@ A layer may define ``forward`` or ``forward_inplace`` (with ``support_inplace = 
 ``create_pipeline(opt)`` / ``destroy_pipeline(opt)``. It runs on the host, in CPU and Vulkan nets (a Vulkan net
 downloads its inputs and uploads its outputs, as ncnn does for any layer without Vulkan), on copies of its inputs as
 float32 of elempack 1 (``support_vulkan``, ``support_packing``, ``support_fp16_storage``, ... stay False), and the
-option without ncnn's allocators: the layer may keep them. A ParamDict or ModelBin is usable only during the call it
-was given to (``ParamDict()`` makes one to fill with ``set(id, value)``, to call a layer's ``load_param`` by
-hand). The net holds each layer it made until it lets it go (``clear``, another ``load_param``, the net's end),
-calling the destroyer then; not as Python ends, and not always for a net the garbage collector reclaims from a
-reference cycle (pyncnn's net holds no layer: one nothing else holds is collected, and it crashes); the Mats a multi-blob layer leaves
-in its lists reach the net (pyncnn's hands it copies). What a layer raises comes out of the ``load_param``,
-``load_model``, ``extract`` or ``clear`` that ran it, noted with the layer (the layer returns -1 to ncnn); a forward
-that returns 0 without filling its tops is a ValueError. A layer's code cannot call a Net's or an Extractor's methods,
-which wait for a net (the one that runs it is held meanwhile): a RuntimeError (``net.opt``, Mats and this module's
-functions are usable there). ``Layer`` has no ``forward`` of its own to call through ``super()``. Registering a type again replaces its
+option without ncnn's allocators: the layer may keep them. A ParamDict or ModelBin is usable only during the call it was
+given to (``ParamDict()`` makes one to fill with ``set(id, value)``, to call a layer's ``load_param`` by hand). The net
+holds each layer it made until it lets it go (``clear``, another ``load_param``, the net's end), calling the destroyer
+then; not as Python ends, and not always for a net the garbage collector reclaims from a reference cycle (pyncnn's net
+holds no layer: one nothing else holds is collected, and it crashes); the Mats a multi-blob layer leaves in its lists
+reach the net (pyncnn's hands it copies). What a layer raises comes out of the ``load_param``, ``load_model``,
+``extract`` or ``clear`` that ran it, noted with the layer (the layer returns -1 to ncnn); a forward that returns 0
+without filling its tops is a ValueError. A layer's code cannot call a Net's or an Extractor's methods, which wait for a
+net (the one that runs it is held meanwhile): a RuntimeError (``net.opt``, Mats and this module's functions are usable
+there). ``Layer`` has no ``forward`` of its own to call through ``super()``. Registering a type again replaces its
 creator and destroyer; a net takes at most 256 types that are not ncnn's own (vknorm's fused types are 4 of them),
 registered by name (pyncnn's registration by type index is not there). A type vknorm's layers run (``LayerNorm``, ...)
 or that fusion folds into them (``BinaryOp``, ``Split``, ``ReLU``, ``Sigmoid``, ``Swish``, ``GELU``) is refused:
@@ -183,9 +183,9 @@ except ImportError as e:  # built without ncnn (CMake did not find it)
 Mat = _graph.Mat
 Option = _graph.Option
 Extractor = _graph.Extractor
+Blob = _graph.Blob
 # pyncnn's custom Python layers: subclass Layer, register a creator with Net.register_custom_layer
 Layer = _graph.Layer
-Blob = _graph.Blob
 ParamDict = _graph.ParamDict
 ModelBin = _graph.ModelBin
 # As pyncnn's: the version of the ncnn inside (tools/build_ncnn.sh's pin; ncnn's own version string there is the
@@ -204,7 +204,8 @@ from ._graph import (  # noqa: E402
 )
 
 __all__ = [
-    "Net", "Mat", "Option", "Extractor", "Blob", "Layer", "ParamDict", "ModelBin", "gpu_count", "gpu_name", "get_gpu_count", "get_default_gpu_index", "GpuInfo",
+    "Net", "Mat", "Option", "Extractor", "Blob", "Layer", "ParamDict", "ModelBin", "gpu_count", "gpu_name",
+    "get_gpu_count", "get_default_gpu_index", "GpuInfo",
     "get_gpu_info", "VulkanDevice", "get_gpu_device", "configure", "track_device_memory", "device_memory",
     "set_device_memory_limit",
     # ncnn's own code, as imported above
