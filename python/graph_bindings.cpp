@@ -1965,7 +1965,10 @@ PyType_Slot kNetSlots[] = {{Py_tp_traverse, reinterpret_cast<void*>(net_traverse
                            {0, nullptr}};
 
 void net_clear(Net& n) {
-  writing(n, [&] { n.clear(); });
+  writing(n, [&] {
+    check_vulkan_process(n.net.opt);  // a fork()ed child's clear would free its parent's device memory
+    n.clear();
+  });
   vknorm_python::raise_python_layer_error();  // a Python layer's destroy_pipeline or destroyer
 }
 

@@ -78,6 +78,19 @@ print("parent: still runs", work().shape == used.shape)
 """
 
 
+# The child clears the net the parent loaded: ncnn's clear would free the parent's device memory (on NVIDIA the
+# parent's next extract never returned).
+GRAPH_CLEAR_SETUP = GRAPH_SETUP + """
+import os
+parent, extract = os.getpid(), work
+def work():
+    if os.getpid() != parent:
+        net.clear()
+        print("child: cleared")
+    return extract()
+"""
+
+
 HEAP_BUDGET_SETUP = """
 import numpy as np
 from vknorm import graph
@@ -97,13 +110,15 @@ def work():
 
 @needs_vulkan
 @pytest.mark.parametrize("setup", ["layer", "vkmat", pytest.param("graph", marks=needs_graph),
+                                   pytest.param("graph_clear", marks=needs_graph),
                                    pytest.param("heap_budget", marks=needs_graph)])
 def test_a_forked_child_of_a_process_that_used_vulkan_gets_a_clear_error_not_a_hang(setup):
     """The child inherits the device's handles but not the driver's threads: its first wait never
     returned. It is refused at once, naming the start methods that work; the parent runs on. A VkMat's download
-    too, which on a device with host-visible memory reads the mapping without waiting on anything, and ncnn's
-    device's heap budget, a driver call on the inherited device."""
-    setups = {"layer": LAYER_SETUP, "vkmat": VKMAT_SETUP, "graph": GRAPH_SETUP, "heap_budget": HEAP_BUDGET_SETUP}
+    too, which on a device with host-visible memory reads the mapping without waiting on anything, a Vulkan net's
+    clear (the parent's device memory), and ncnn's device's heap budget, a driver call on the inherited device."""
+    setups = {"layer": LAYER_SETUP, "vkmat": VKMAT_SETUP, "graph": GRAPH_SETUP, "graph_clear": GRAPH_CLEAR_SETUP,
+              "heap_budget": HEAP_BUDGET_SETUP}
     proc = run_script(setups[setup] + FORK_CHILD, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
