@@ -42,11 +42,13 @@
 #include "graph_mat_functions.h"
 #include "mat_layout.h"
 #include "numpy_shape.h"
+#include "py_values.h"
 #include "release_gil.h"
 
 namespace nb = nanobind;
 using vknorm_python::PythonLayerTypes;
 using vknorm_python::ReleaseGil;
+using vknorm_python::as_index;
 using vknorm_python::type_of;
 using vknorm_python::element_strides;
 using vknorm_python::kMaxThreads;
@@ -132,29 +134,12 @@ nb::ndarray<nb::numpy, float> mat_to_numpy(const ::ncnn::Mat& m) {
   return nb::ndarray<nb::numpy, float>(out, shape.size(), shape.data(), owner);
 }
 
-// A shape given as a tuple: 1 to 4 ints (TypeError otherwise, as for any other argument of the wrong type).
-// An integer as operator.index takes it (Python's, numpy's: Mat(arr.size)), never a bool; none otherwise.
-std::optional<long long> as_index(nb::handle v) {
-  if (PyBool_Check(v.ptr())) return std::nullopt;
-  PyObject* index = PyNumber_Index(v.ptr());
-  if (!index) {
-    PyErr_Clear();
-    return std::nullopt;
-  }
-  long long n = PyLong_AsLongLong(index);
-  Py_DECREF(index);
-  if (n == -1 && PyErr_Occurred()) {  // past long long: out of any range below
-    PyErr_Clear();
-    n = LLONG_MAX;
-  }
-  return n;
-}
-
 int dimension(long long n) {
   if (n < 1 || n > 0x7fffffff) throw std::invalid_argument("Mat: every dimension must be 1..2^31-1");
   return int(n);
 }
 
+// A shape given as a tuple: 1 to 4 ints (TypeError otherwise, as for any other argument of the wrong type).
 std::vector<int> ints(const nb::tuple& shape) {
   if (shape.size() < 1 || shape.size() > 4)
     throw nb::type_error(("Mat: a shape has 1 to 4 dimensions (w, h, d, c order), got " +

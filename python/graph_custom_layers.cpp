@@ -25,6 +25,7 @@
 #include <ncnn/option.h>
 #include <ncnn/paramdict.h>
 
+#include "py_values.h"
 #include "vknorm/ncnn.h"
 
 namespace nb = nanobind;
@@ -156,16 +157,18 @@ nb::list given(const std::vector<Mat>& blobs, const std::string& what) {
   return out;
 }
 
-// ncnn's code from what a layer's method returned: an int (0: success).
+// n as ncnn's int, or an OverflowError naming `what`.
+int within_int(long long n, const std::string& what) {
+  if (n < INT_MIN || n > INT_MAX) raise(PyExc_OverflowError, what + " past int");
+  return int(n);
+}
+
+// ncnn's code from what a layer's method returned: an int, or what stands for one (numpy's); 0: success.
 int code_of(nb::handle r, const std::string& where) {
-  if (!PyIndex_Check(r.ptr()) || PyBool_Check(r.ptr()))  // an int, or what stands for one (numpy's)
+  const std::optional<long long> code = as_index(r);
+  if (!code)
     raise(PyExc_TypeError, where + " returned " + type_of(r) + ": ncnn's layer methods return an int, 0 on success");
-  const nb::object code = nb::steal(PyNumber_Index(r.ptr()));
-  if (!code.is_valid()) throw nb::python_error();
-  int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(code.ptr(), &overflow);
-  if (overflow || v < INT_MIN || v > INT_MAX) raise(PyExc_OverflowError, where + " returned a code past int");
-  return int(v);
+  return within_int(*code, where + " returned a code");
 }
 
 // The Mats a forward left in top_blob(s) that returned 0, into ncnn's blobs: each one made (an empty blob would
@@ -391,10 +394,7 @@ nb::object scalar_of(nb::handle v) {
 std::optional<int> param_int(nb::handle given, const std::string& what) {
   const nb::object v = scalar_of(given);
   if (!PyLong_Check(v.ptr())) return std::nullopt;
-  int overflow = 0;
-  const long long n = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
-  if (overflow || n < INT_MIN || n > INT_MAX) raise(PyExc_OverflowError, what + " past int");
-  return int(n);
+  return within_int(PyBool_Check(v.ptr()) ? v.ptr() == Py_True : *as_index(v), what);
 }
 
 // A ParamDict value that is a float, as ncnn's float; none otherwise.
@@ -427,13 +427,6 @@ int weight_type(int type) {
 }
 
 }  // namespace
-
-std::string type_of(nb::handle h) {
-  const nb::handle t = h.type();
-  const std::string module = nb::hasattr(t, "__module__") ? nb::str(t.attr("__module__")).c_str() : "";
-  const std::string name = nb::type_name(t).c_str();
-  return module.empty() || module == "builtins" || name.rfind(module, 0) == 0 ? name : module + "." + name;
-}
 
 bool inside_python_layer() { return t_python_layer_depth > 0; }
 

@@ -74,9 +74,6 @@ bool inside_python_layer();
 // the load, extract or clear that ran the layer fails with it, as in pyncnn.
 void raise_python_layer_error();
 
-// A Python object's type for a message, module-qualified: numpy.ndarray, vknorm._graph.Mat (int for builtins).
-std::string type_of(nanobind::handle h);
-
 // Layer, ParamDict and ModelBin on the module.
 void define_custom_layers(nanobind::module_& m);
 
