@@ -1,4 +1,5 @@
-// pyncnn's custom Python layers (Layer, ParamDict, ModelBin, Net.register_custom_layer) on vknorm._graph's nets.
+// pyncnn's custom Python layers (Layer, ParamDict, ModelBin, Net.register_custom_layer) on vknorm._graph's nets, and
+// pyncnn's create_layer: ncnn's own layers run from Python (StockLayer below).
 //
 // ncnn owns nothing of a Python layer: the creator's object lives in Python, the net's PythonLayerTypes holds it while
 // its ncnn::Net holds the layer, and lets it go when ncnn destroys the layer (after the destroyer, if any). Every call from ncnn into Python takes the GIL (ncnn runs with it
@@ -19,6 +20,8 @@
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include <ncnn/layer.h>
 #include <ncnn/modelbin.h>
@@ -106,6 +109,10 @@ struct ParamDictView {
 };
 struct ModelBinView {
   const ::ncnn::ModelBin* of = nullptr;
+};
+// pyncnn's ModelBinFromMatArray(weights): a ModelBin made in Python, to call a layer's load_model with by hand.
+struct ModelBinFromMatArrayView : ModelBinView {
+  std::shared_ptr<const ::ncnn::ModelBin> own;
 };
 
 template <class View, class T>
@@ -302,6 +309,145 @@ class PythonLayer : public ::ncnn::Layer {
   }
 };
 
+// ncnn's weights from a list of Mats (pyncnn's ModelBinFromMatArray), each read once, in order, as a copy (the layer
+// keeps its weights; the Mats may be views of numpy memory). ncnn's own reads past the array's end and takes any size;
+// this one gives an empty Mat there (ncnn's layers return -100 on it) and notes why, which its caller raises.
+class MatArrayModelBin : public ::ncnn::ModelBin {
+ public:
+  explicit MatArrayModelBin(std::vector<Mat> weights) : weights_(std::move(weights)) {}
+  Mat load(int w, int /*type: the Mats are float32 already*/) const override {
+    const size_t i = next_++;
+    if (i >= weights_.size()) {
+      note("ModelBinFromMatArray: the layer reads weight " + std::to_string(i) + " (" + std::to_string(w) +
+           " values), the list holds " + std::to_string(weights_.size()));
+      return Mat();
+    }
+    const Mat& m = weights_[i];
+    const size_t values = size_t(m.w) * m.h * m.d * m.c;  // not total(): that counts each plane's padding
+    if (m.empty() || values != size_t(w)) {
+      note("ModelBinFromMatArray: weight " + std::to_string(i) + " holds " + std::to_string(values) +
+           " values, the layer reads " + std::to_string(w));
+      return Mat();
+    }
+    Mat copy = m.reshape(w).clone();  // reshape: the values alone, in order
+    if (copy.empty()) throw std::bad_alloc();
+    return copy;
+  }
+  // What went wrong in the reads so far (the first), once.
+  std::optional<std::string> take_error() const { return std::exchange(error_, std::nullopt); }
+
+ private:
+  void note(std::string what) const {
+    if (!error_) error_ = std::move(what);
+  }
+  std::vector<Mat> weights_;
+  mutable size_t next_ = 0;
+  mutable std::optional<std::string> error_;
+};
+
+// What ncnn's net reads for a layer whose .bin has nothing: empty Mats.
+struct NoWeights : ::ncnn::ModelBin {
+  Mat load(int, int) const override { return Mat(); }
+};
+
+// One of ncnn's own layers, made by create_layer and run from Python, as pyncnn's model zoo does (create_layer,
+// load_param, forward), in ncnn's order. A step the forward needs and Python skipped is taken as ncnn's Net takes it
+// (an empty ModelBin, a pipeline with the forward's option); steps out of order are refused: ncnn's layers crash on
+// them.
+// It runs on float32 Mats of elempack 1, this module's: its option's storage and packing switches are turned off.
+class StockLayer : public ::ncnn::Layer {
+ public:
+  explicit StockLayer(::ncnn::Layer* inner, std::string type_name) : inner_(inner) {
+    type = std::move(type_name);
+    typeindex = inner->typeindex;
+    take_flags();
+  }
+  ~StockLayer() override {
+    if (stage_ == Stage::kPipeline) inner_->destroy_pipeline(pipeline_opt_);
+  }
+
+  int load_param(const ::ncnn::ParamDict& pd) override {
+    if (stage_ == Stage::kPipeline) refuse("load_param", "its pipeline is made: destroy_pipeline(opt) first");
+    const int code = inner_->load_param(pd);
+    take_flags();
+    stage_ = code == 0 ? Stage::kParam : Stage::kMade;
+    return code;
+  }
+  int load_model(const ::ncnn::ModelBin& mb) override {
+    if (stage_ == Stage::kMade) refuse("load_model", "load_param(pd) first (ParamDict() for the defaults)");
+    if (stage_ == Stage::kPipeline) refuse("load_model", "its pipeline is made: destroy_pipeline(opt) first");
+    const int code = inner_->load_model(mb);
+    take_flags();
+    if (const auto* array = dynamic_cast<const MatArrayModelBin*>(&mb))
+      if (std::optional<std::string> error = array->take_error()) raise(PyExc_ValueError, type + ": " + *error);
+    stage_ = code == 0 ? Stage::kModel : Stage::kParam;
+    return code;
+  }
+  int create_pipeline(const ::ncnn::Option& opt) override {
+    if (stage_ == Stage::kMade) refuse("create_pipeline", "load_param(pd) first (ParamDict() for the defaults)");
+    if (stage_ == Stage::kPipeline) return 0;  // made already, as ncnn's net makes it once
+    if (stage_ == Stage::kParam) {  // as ncnn's net: every layer reads its weights, none for a layer without
+      const NoWeights none;
+      const int code = load_model(none);
+      if (code != 0)
+        raise(PyExc_RuntimeError, type + ".load_model with no weights returned " + std::to_string(code) +
+                                      ": this layer has weights; load_model(ModelBinFromMatArray([...])) first");
+    }
+    pipeline_opt_ = on_host(opt);
+    const int code = inner_->create_pipeline(pipeline_opt_);
+    take_flags();
+    if (code == 0) stage_ = Stage::kPipeline;
+    return code;
+  }
+  int destroy_pipeline(const ::ncnn::Option&) override {
+    if (stage_ != Stage::kPipeline) return 0;
+    stage_ = Stage::kModel;
+    return inner_->destroy_pipeline(pipeline_opt_);  // with the option it was made with, as ncnn's layers assume
+  }
+
+  // The forwards, after the steps before them (create_pipeline with the forward's option where Python made none),
+  // with the pipeline's option (ncnn's layers assume the one they were made with) and the forward's threads.
+  template <class Run>
+  int forward_with(const ::ncnn::Option& opt, Run&& run) {
+    if (stage_ != Stage::kPipeline) {
+      const int code = create_pipeline(opt);
+      if (code != 0)
+        raise(PyExc_RuntimeError, type + ".create_pipeline returned " + std::to_string(code) + " before the forward");
+    }
+    ::ncnn::Option o = pipeline_opt_;
+    o.num_threads = opt.num_threads;
+    return run(*inner_, o);
+  }
+
+ private:
+  enum class Stage { kMade, kParam, kModel, kPipeline };
+
+  [[noreturn]] void refuse(const char* step, const std::string& why) const {
+    raise(PyExc_RuntimeError, type + "." + step + ": " + why + " (ncnn's order: load_param, load_model, "
+                                                               "create_pipeline, forward)");
+  }
+  // A copy of the option for a layer on the host, on float32 Mats of elempack 1, owning nothing of a net's.
+  static ::ncnn::Option on_host(const ::ncnn::Option& given) {
+    ::ncnn::Option o = given;
+    o.blob_allocator = o.workspace_allocator = o.kvcache_allocator = nullptr;
+    o.blob_vkallocator = o.workspace_vkallocator = o.staging_vkallocator = o.kvcache_vkallocator = nullptr;
+    o.pipeline_cache = nullptr;
+    o.use_vulkan_compute = o.use_packing_layout = false;
+    o.use_fp16_packed = o.use_fp16_storage = o.use_fp16_arithmetic = false;
+    o.use_bf16_packed = o.use_bf16_storage = false;
+    return o;
+  }
+  // What ncnn's layer says of itself that a caller reads (the form of its forward); the rest stays False here.
+  void take_flags() {
+    one_blob_only = inner_->one_blob_only;
+    support_inplace = inner_->support_inplace;
+  }
+
+  std::unique_ptr<::ncnn::Layer> inner_;
+  Stage stage_ = Stage::kMade;
+  ::ncnn::Option pipeline_opt_;
+};
+
 // ncnn's layer_creator_func and layer_destroyer_func for a PythonLayerType (the userdata).
 ::ncnn::Layer* create_python_layer(void* userdata) {
   const auto& t = *static_cast<const PythonLayerType*>(userdata);
@@ -316,6 +462,9 @@ class PythonLayer : public ::ncnn::Layer {
     if (!nb::inst_ready(obj))
       raise(PyExc_TypeError, where + " returned a " + type_of(obj) + " whose __init__ did not call Layer.__init__");
     ::ncnn::Layer* layer = nb::inst_ptr<::ncnn::Layer>(obj);
+    if (dynamic_cast<const StockLayer*>(layer))
+      raise(PyExc_TypeError, where + " returned a layer create_layer made: ncnn's own layers come from the .param "
+                                     "by their type; a creator returns a new Layer subclass");
     if (!layers_held().insert(layer).second)
       raise(PyExc_ValueError, where + " returned a layer a net holds already: make a new Layer in each call");
     t.owner->layers.emplace(layer, std::move(obj));
@@ -512,6 +661,234 @@ int PythonLayerTypes::register_with(::ncnn::Net& net, const PythonLayerType& t) 
                                    const_cast<PythonLayerType*>(&t));
 }
 
+namespace {
+
+// A Layer method called from Python: ncnn's own layer's where create_layer made it; ncnn's base Layer's otherwise (a
+// Python subclass calling it through super(): a qualified call, as its own would call it again). What the subclass's
+// other methods raised meanwhile (ncnn's forward calls its forward_inplace) is raised here.
+template <class Stock, class Base>
+int own_method(::ncnn::Layer& l, Stock&& stock, Base&& base) {
+  if (auto* s = dynamic_cast<StockLayer*>(&l)) return stock(*s);
+  const int code = base();
+  raise_python_layer_error();
+  return code;
+}
+
+// The Mats of a list given for a multi-blob form (shared: a forward_inplace writes into their memory).
+std::vector<Mat> mats_in(const nb::list& list, const char* what) {
+  std::vector<Mat> out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!nb::isinstance<Mat>(list[i]))
+      raise(PyExc_TypeError, std::string(what) + "[" + std::to_string(i) + "] is " + type_of(list[i]) + ", not a Mat");
+    out.push_back(nb::cast<const Mat&>(list[i]));
+  }
+  return out;
+}
+
+// A multi-blob form's Mats back into the list given: into its Mats (a caller holding them sees the result), the
+// list grown or cut to what the layer made.
+void mats_out(const std::vector<Mat>& mats, nb::list list) {
+  for (size_t i = 0; i < mats.size(); ++i) {
+    if (i < list.size())
+      nb::cast<Mat&>(list[i]) = mats[i];
+    else
+      list.append(nb::cast(mats[i]));
+  }
+  if (list.size() > mats.size()) PySequence_DelSlice(list.ptr(), Py_ssize_t(mats.size()), PY_SSIZE_T_MAX);
+}
+
+std::string stock_label(const StockLayer& s) {
+  return s.type.empty() ? "layer of type index " + std::to_string(s.typeindex) : s.type;
+}
+
+// An input of ncnn's own layer: a Mat with data (ncnn's layers do not check).
+const Mat& blob_for_stock(const Mat& m, const StockLayer& s, const char* what) {
+  if (m.empty()) raise(PyExc_ValueError, stock_label(s) + " forward: " + what + " is empty");
+  return m;
+}
+
+// An output of ncnn's own layer, as this module's Mats are (its option asked for that).
+Mat blob_from_stock(const Mat& m, const StockLayer& s, const char* what) {
+  if (!m.empty() && (m.elempack != 1 || m.elemsize != 4))
+    raise(PyExc_RuntimeError, stock_label(s) + " forward: " + what + " came out as elempack " +
+                                  std::to_string(m.elempack) + ", " + std::to_string(m.elemsize) +
+                                  "-byte elements, not float32 of elempack 1");
+  return m;
+}
+
+// Layer's forward and forward_inplace, one blob or lists of them (pyncnn's two overloads of each).
+int forward_one(::ncnn::Layer& l, const Mat& bottom_blob, Mat& top_blob, const ::ncnn::Option& opt) {
+  return own_method(
+      l,
+      [&](StockLayer& s) {
+        const Mat bottom = blob_for_stock(bottom_blob, s, "bottom_blob");
+        return s.forward_with(opt, [&](const ::ncnn::Layer& in, const ::ncnn::Option& o) {
+          Mat top;
+          const int code = in.forward(bottom, top, o);
+          if (code == 0) top_blob = blob_from_stock(top, s, "top_blob");
+          return code;
+        });
+      },
+      [&] { return l.::ncnn::Layer::forward(bottom_blob, top_blob, opt); });
+}
+
+int forward_many(::ncnn::Layer& l, const nb::list& bottom_blobs, const nb::list& top_blobs,
+                 const ::ncnn::Option& opt) {
+  const std::vector<Mat> bottoms = mats_in(bottom_blobs, "bottom_blobs");
+  std::vector<Mat> tops = mats_in(top_blobs, "top_blobs");
+  const int code = own_method(
+      l,
+      [&](StockLayer& s) {
+        for (const Mat& m : bottoms) blob_for_stock(m, s, "bottom_blobs");
+        return s.forward_with(opt, [&](const ::ncnn::Layer& in, const ::ncnn::Option& o) {
+          for (Mat& m : tops) m.release();
+          const int code = in.forward(bottoms, tops, o);
+          if (code == 0)
+            for (Mat& m : tops) m = blob_from_stock(m, s, "top_blobs");
+          return code;
+        });
+      },
+      [&] { return l.::ncnn::Layer::forward(bottoms, tops, opt); });
+  if (code == 0) mats_out(tops, top_blobs);
+  return code;
+}
+
+int forward_inplace_one(::ncnn::Layer& l, Mat& bottom_top_blob, const ::ncnn::Option& opt) {
+  return own_method(
+      l,
+      [&](StockLayer& s) {
+        Mat blob = blob_for_stock(bottom_top_blob, s, "bottom_top_blob");
+        return s.forward_with(opt, [&](const ::ncnn::Layer& in, const ::ncnn::Option& o) {
+          const int code = in.forward_inplace(blob, o);
+          if (code == 0) bottom_top_blob = blob_from_stock(blob, s, "bottom_top_blob");
+          return code;
+        });
+      },
+      [&] { return l.::ncnn::Layer::forward_inplace(bottom_top_blob, opt); });
+}
+
+int forward_inplace_many(::ncnn::Layer& l, const nb::list& bottom_top_blobs, const ::ncnn::Option& opt) {
+  std::vector<Mat> blobs = mats_in(bottom_top_blobs, "bottom_top_blobs");
+  const int code = own_method(
+      l,
+      [&](StockLayer& s) {
+        for (const Mat& m : blobs) blob_for_stock(m, s, "bottom_top_blobs");
+        return s.forward_with(opt, [&](const ::ncnn::Layer& in, const ::ncnn::Option& o) {
+          const int code = in.forward_inplace(blobs, o);
+          if (code == 0)
+            for (Mat& m : blobs) m = blob_from_stock(m, s, "bottom_top_blobs");
+          return code;
+        });
+      },
+      [&] { return l.::ncnn::Layer::forward_inplace(blobs, opt); });
+  if (code == 0) mats_out(blobs, bottom_top_blobs);
+  return code;
+}
+
+// A forward's arguments, by position or by pyncnn's names: the one-blob form's, or the list form's where the first
+// is a list. Bound as one signature (*args, **kwargs), so a subclass may define either form (a type checker takes
+// any override of such a method).
+struct FormArgs {
+  bool lists = false;
+  std::vector<nb::handle> values;  // in the order of the form's names
+};
+
+FormArgs form_args(const char* method, const nb::args& args, const nb::kwargs& kwargs,
+                   const std::vector<const char*>& one, const std::vector<const char*>& many) {
+  FormArgs f;
+  const nb::handle first = args.size() > 0 ? args[0] : nb::handle();
+  f.lists = first ? PyList_Check(first.ptr()) != 0 : PyDict_Contains(kwargs.ptr(), nb::str(many[0]).ptr()) == 1;
+  const std::vector<const char*>& names = f.lists ? many : one;
+  const std::string call = std::string("Layer.") + method + "(" + [&] {
+    std::string list;
+    for (const char* n : names) list += (list.empty() ? "" : ", ") + std::string(n);
+    return list;
+  }() + ")";
+  if (args.size() > names.size())
+    raise(PyExc_TypeError, call + " takes " + std::to_string(names.size()) + " arguments, got " +
+                               std::to_string(args.size()));
+  f.values.assign(names.size(), nb::handle());
+  for (size_t i = 0; i < args.size(); ++i) f.values[i] = args[i];
+  for (auto [key, value] : kwargs) {
+    const std::string k = nb::cast<std::string>(key);
+    size_t i = 0;
+    while (i < names.size() && k != names[i]) ++i;
+    if (i == names.size() || f.values[i]) raise(PyExc_TypeError, call + ": unexpected or repeated argument " + k);
+    f.values[i] = value;
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!f.values[i]) raise(PyExc_TypeError, call + ": missing " + names[i]);
+    const bool want_list = f.lists && i + 1 < names.size();
+    const bool is_option = i + 1 == names.size();
+    const bool ok = is_option ? nb::isinstance<::ncnn::Option>(f.values[i])
+                    : want_list ? PyList_Check(f.values[i].ptr()) != 0
+                                : nb::isinstance<Mat>(f.values[i]);
+    if (!ok)
+      raise(PyExc_TypeError, call + ": " + names[i] + " is " + type_of(f.values[i]) + ", not " +
+                                 (is_option ? "an Option" : want_list ? "a list of Mats" : "a Mat"));
+  }
+  return f;
+}
+
+int forward_form(::ncnn::Layer& l, nb::args args, nb::kwargs kwargs) {
+  const FormArgs f = form_args("forward", args, kwargs, {"bottom_blob", "top_blob", "opt"},
+                               {"bottom_blobs", "top_blobs", "opt"});
+  const auto& opt = nb::cast<const ::ncnn::Option&>(f.values[2]);
+  if (f.lists) return forward_many(l, nb::borrow<nb::list>(f.values[0]), nb::borrow<nb::list>(f.values[1]), opt);
+  return forward_one(l, nb::cast<const Mat&>(f.values[0]), nb::cast<Mat&>(f.values[1]), opt);
+}
+
+int forward_inplace_form(::ncnn::Layer& l, nb::args args, nb::kwargs kwargs) {
+  const FormArgs f = form_args("forward_inplace", args, kwargs, {"bottom_top_blob", "opt"},
+                               {"bottom_top_blobs", "opt"});
+  const auto& opt = nb::cast<const ::ncnn::Option&>(f.values[1]);
+  if (f.lists) return forward_inplace_many(l, nb::borrow<nb::list>(f.values[0]), opt);
+  return forward_inplace_one(l, nb::cast<Mat&>(f.values[0]), opt);
+}
+
+// ModelBin.load's read (of ncnn's .bin, or a ModelBinFromMatArray's list, which notes what it could not give).
+template <class Load>
+Mat read(const ModelBinView& v, Load&& load) {
+  const ::ncnn::ModelBin& b = lent(v, "ModelBin");
+  Mat m = load(b);
+  if (const auto* array = dynamic_cast<const MatArrayModelBin*>(&b))
+    if (std::optional<std::string> error = array->take_error()) raise(PyExc_ValueError, *error);
+  return loaded(std::move(m));
+}
+
+// ParamDict.set (a ParamDict made in Python) and get.
+void param_set(ParamDictView& v, int id, nb::handle value) {
+  if (!v.own)
+    raise(PyExc_RuntimeError, "ParamDict.set: the ParamDict ncnn gives load_param is read-only (const in "
+                              "ncnn); ParamDict() makes one to fill");
+  param_id(id);
+  if (std::optional<int> i = param_int(value, "ParamDict.set: value")) {
+    v.own->set(id, *i);
+  } else if (std::optional<float> f = param_float(value)) {
+    v.own->set(id, *f);
+  } else if (PyUnicode_Check(value.ptr())) {
+    v.own->set(id, nb::cast<std::string>(value));
+  } else if (nb::isinstance<Mat>(value)) {
+    v.own->set(id, nb::cast<const Mat&>(value).clone());
+  } else {
+    raise(PyExc_TypeError, "ParamDict.set(id, value): value is an int, float, str or Mat, got " +
+                               type_of(value));
+  }
+}
+
+nb::object param_get(const ParamDictView& v, int id, nb::handle def) {
+  const ::ncnn::ParamDict& pd = lent(v, "ParamDict");
+  param_id(id);
+  if (std::optional<int> i = param_int(def, "ParamDict.get: default")) return nb::int_(pd.get(id, *i));
+  if (std::optional<float> f = param_float(def)) return nb::float_(pd.get(id, *f));
+  if (PyUnicode_Check(def.ptr())) return nb::str(pd.get(id, nb::cast<std::string>(def)).c_str());
+  if (nb::isinstance<Mat>(def)) return nb::cast(param_array(pd, id, nb::cast<const Mat&>(def)));
+  raise(PyExc_TypeError, "ParamDict.get(id, default): default is an int, float, str or Mat (its type is "
+                         "the type read), got " + type_of(def));
+}
+
+}  // namespace
+
 void define_custom_layers(nb::module_& m) {
   auto layer = nb::class_<::ncnn::Layer, PythonLayer>(
       m, "Layer",
@@ -545,11 +922,66 @@ void define_custom_layers(nb::module_& m) {
       .def_prop_ro("tops", [](const ::ncnn::Layer& l) { return l.tops; })
       .def_prop_ro("bottom_shapes", [](const ::ncnn::Layer& l) { return l.bottom_shapes; })
       .def_prop_ro("top_shapes", [](const ::ncnn::Layer& l) { return l.top_shapes; })
-      // ncnn's own: nothing to read, build or free
-      .def("load_param", [](::ncnn::Layer&, const ParamDictView&) { return 0; }, "pd"_a)
-      .def("load_model", [](::ncnn::Layer&, const ModelBinView&) { return 0; }, "mb"_a)
-      .def("create_pipeline", [](::ncnn::Layer&, const ::ncnn::Option&) { return 0; }, "opt"_a)
-      .def("destroy_pipeline", [](::ncnn::Layer&, const ::ncnn::Option&) { return 0; }, "opt"_a);
+      .def(
+          "load_param",
+          [](::ncnn::Layer& l, const ParamDictView& pd) {
+            const ::ncnn::ParamDict& d = lent(pd, "ParamDict");
+            return own_method(l, [&](StockLayer& s) { return s.load_param(d); },
+                              [&] { return l.::ncnn::Layer::load_param(d); });
+          },
+          "pd"_a)
+      .def(
+          "load_model",
+          [](::ncnn::Layer& l, const ModelBinView& mb) {
+            const ::ncnn::ModelBin& b = lent(mb, "ModelBin");
+            return own_method(l, [&](StockLayer& s) { return s.load_model(b); },
+                              [&] { return l.::ncnn::Layer::load_model(b); });
+          },
+          "mb"_a)
+      .def(
+          "create_pipeline",
+          [](::ncnn::Layer& l, const ::ncnn::Option& opt) {
+            return own_method(l, [&](StockLayer& s) { return s.create_pipeline(opt); },
+                              [&] { return l.::ncnn::Layer::create_pipeline(opt); });
+          },
+          "opt"_a)
+      .def(
+          "destroy_pipeline",
+          [](::ncnn::Layer& l, const ::ncnn::Option& opt) {
+            return own_method(l, [&](StockLayer& s) { return s.destroy_pipeline(opt); },
+                              [&] { return l.::ncnn::Layer::destroy_pipeline(opt); });
+          },
+          "opt"_a)
+      .def("forward", forward_form, "pyncnn's forward(bottom_blob, top_blob, opt) or forward(bottom_blobs, "
+           "top_blobs, opt): ncnn's layer's where create_layer made it; ncnn's base Layer's through super() (where "
+           "support_inplace, the tops cloned from the bottoms and forward_inplace run on them; -1 otherwise). Returns "
+           "ncnn's code, 0 on success, the tops filled.")
+      .def("forward_inplace", forward_inplace_form,
+           "pyncnn's forward_inplace(bottom_top_blob, opt) or forward_inplace(bottom_top_blobs, opt): ncnn's "
+           "layer's where create_layer made it; ncnn's base Layer's (-1) through super().");
+
+  m.def(
+      "create_layer",
+      [](const std::string& type) -> ::ncnn::Layer* {
+        const int index = ::ncnn::layer_to_index(type.c_str());
+        if (index < 0)
+          raise(PyExc_ValueError, "create_layer: ncnn has no layer type '" + type + "' (a net's own types, Python "
+                                  "layers and vknorm's among them, are not made here)");
+        return new StockLayer(::ncnn::create_layer(index), type);
+      },
+      "type"_a, nb::rv_policy::take_ownership,
+      "pyncnn's create_layer: ncnn's own CPU layer of that type (ncnn's LayerNorm ... too, not vknorm's), to run "
+      "from Python in ncnn's order: load_param(pd), load_model(mb) where it has weights (ModelBinFromMatArray), "
+      "create_pipeline(opt), forward / forward_inplace. Steps before a forward that were skipped are taken as a net "
+      "takes them; it runs on float32 Mats of elempack 1 (the option's storage and packing switches are off).");
+  m.def(
+      "create_layer",
+      [](int index) -> ::ncnn::Layer* {
+        ::ncnn::Layer* inner = ::ncnn::create_layer(index);
+        if (!inner) raise(PyExc_ValueError, "create_layer: ncnn has no layer of type index " + std::to_string(index));
+        return new StockLayer(inner, "");
+      },
+      "index"_a, nb::rv_policy::take_ownership, "create_layer(type) by ncnn's type index (layer_to_index).");
 
   nb::class_<ParamDictView>(m, "ParamDict",
                             "ncnn's ParamDict as a Python layer's load_param gets it: the layer's id=value params of "
@@ -561,44 +993,16 @@ void define_custom_layers(nb::module_& m) {
              self->own = std::make_shared<::ncnn::ParamDict>();
              self->of = self->own.get();
            })
-      .def(
-          "set",
-          [](ParamDictView& v, int id, nb::handle value) {
-            if (!v.own)
-              raise(PyExc_RuntimeError, "ParamDict.set: the ParamDict ncnn gives load_param is read-only (const in "
-                                        "ncnn); ParamDict() makes one to fill");
-            param_id(id);
-            if (std::optional<int> i = param_int(value, "ParamDict.set: value")) {
-              v.own->set(id, *i);
-            } else if (std::optional<float> f = param_float(value)) {
-              v.own->set(id, *f);
-            } else if (PyUnicode_Check(value.ptr())) {
-              v.own->set(id, nb::cast<std::string>(value));
-            } else if (nb::isinstance<Mat>(value)) {
-              v.own->set(id, nb::cast<const Mat&>(value).clone());
-            } else {
-              raise(PyExc_TypeError, "ParamDict.set(id, value): value is an int, float, str or Mat, got " +
-                                         type_of(value));
-            }
-          },
-          "id"_a, "value"_a.none(), "Sets param id (a ParamDict made with ParamDict() only).")
+      .def("set", param_set, "id"_a, "value"_a.none(), "Sets param id (a ParamDict made with ParamDict() only).")
+      // pyncnn's keywords for the same (its get's, `def`, is a Python keyword: not taken)
+      .def("set", param_set, "id"_a, "i"_a.none())
+      .def("set", param_set, "id"_a, "f"_a.none())
+      .def("set", param_set, "id"_a, "v"_a.none())
       .def("type", [](const ParamDictView& v, int id) { return lent(v, "ParamDict").type(param_id(id)); }, "id"_a,
            "ncnn's type of param id: 0 not given, 2 int, 3 float, 4 array (set from a Mat), 5 int array, 6 float "
            "array, 7 string.")
-      .def(
-          "get",
-          [](const ParamDictView& v, int id, nb::handle def) -> nb::object {
-            const ::ncnn::ParamDict& pd = lent(v, "ParamDict");
-            param_id(id);
-            if (std::optional<int> i = param_int(def, "ParamDict.get: default")) return nb::int_(pd.get(id, *i));
-            if (std::optional<float> f = param_float(def)) return nb::float_(pd.get(id, *f));
-            if (PyUnicode_Check(def.ptr())) return nb::str(pd.get(id, nb::cast<std::string>(def)).c_str());
-            if (nb::isinstance<Mat>(def)) return nb::cast(param_array(pd, id, nb::cast<const Mat&>(def)));
-            raise(PyExc_TypeError, "ParamDict.get(id, default): default is an int, float, str or Mat (its type is "
-                                   "the type read), got " + type_of(def));
-          },
-          "id"_a, "default"_a.none(),
-          "Param id as default's type (default where the .param does not give it); an int array as float32.");
+      .def("get", param_get, "id"_a, "default"_a.none(),
+           "Param id as default's type (default where the .param does not give it); an int array as float32.");
 
   nb::class_<ModelBinView>(m, "ModelBin",
                            "ncnn's ModelBin as a Python layer's load_model gets it: the layer's weights from the "
@@ -607,30 +1011,60 @@ void define_custom_layers(nb::module_& m) {
           "load",
           [](const ModelBinView& v, long long w, int type) {
             const std::vector<int> e = extents({{w, "w"}});
-            return loaded(lent(v, "ModelBin").load(e[0], weight_type(type)));
+            return read(v, [&](const ::ncnn::ModelBin& b) { return b.load(e[0], weight_type(type)); });
           },
           "w"_a, "type"_a)
       .def(
           "load",
           [](const ModelBinView& v, long long w, long long h, int type) {
             const std::vector<int> e = extents({{w, "w"}, {h, "h"}});
-            return loaded(lent(v, "ModelBin").load(e[0], e[1], weight_type(type)));
+            return read(v, [&](const ::ncnn::ModelBin& b) { return b.load(e[0], e[1], weight_type(type)); });
           },
           "w"_a, "h"_a, "type"_a)
       .def(
           "load",
           [](const ModelBinView& v, long long w, long long h, long long c, int type) {
             const std::vector<int> e = extents({{w, "w"}, {h, "h"}, {c, "c"}});
-            return loaded(lent(v, "ModelBin").load(e[0], e[1], e[2], weight_type(type)));
+            return read(v, [&](const ::ncnn::ModelBin& b) { return b.load(e[0], e[1], e[2], weight_type(type)); });
           },
           "w"_a, "h"_a, "c"_a, "type"_a)
       .def(
           "load",
           [](const ModelBinView& v, long long w, long long h, long long d, long long c, int type) {
             const std::vector<int> e = extents({{w, "w"}, {h, "h"}, {d, "d"}, {c, "c"}});
-            return loaded(lent(v, "ModelBin").load(e[0], e[1], e[2], e[3], weight_type(type)));
+            return read(v,
+                        [&](const ::ncnn::ModelBin& b) { return b.load(e[0], e[1], e[2], e[3], weight_type(type)); });
           },
           "w"_a, "h"_a, "d"_a, "c"_a, "type"_a);
+
+  nb::class_<ModelBinFromMatArrayView, ModelBinView>(
+      m, "ModelBinFromMatArray",
+      "pyncnn's ModelBinFromMatArray(weights): a ModelBin over a list of Mats (or one Mat), each load taking the next "
+      "(a copy), to "
+      "call a layer's load_model with by hand (a layer create_layer made, or a Python one). A load past the list's "
+      "end or of another size than the next Mat's is a ValueError.")
+      .def(
+          "__init__",
+          [](ModelBinFromMatArrayView* self, nb::handle weights) {
+            // pyncnn's takes one Mat (a pointer to it: a second read runs past it); a list holds them all
+            std::vector<Mat> copies;
+            if (nb::isinstance<Mat>(weights))
+              copies.push_back(nb::cast<const Mat&>(weights));
+            else if (PyList_Check(weights.ptr()) || PyTuple_Check(weights.ptr()))
+              copies = mats_in(nb::steal<nb::list>(PySequence_List(weights.ptr())), "ModelBinFromMatArray: weights");
+            else
+              raise(PyExc_TypeError, "ModelBinFromMatArray(weights): a list of Mats or one Mat, got " +
+                                         type_of(weights));
+            for (Mat& w : copies) {  // the list's Mats may be views of memory the caller lets go
+              w = w.clone();
+              if (w.empty()) raise(PyExc_ValueError, "ModelBinFromMatArray: weights holds an empty Mat");
+            }
+            new (self) ModelBinFromMatArrayView();
+            auto own = std::make_shared<const MatArrayModelBin>(std::move(copies));
+            self->of = own.get();
+            self->own = std::move(own);
+          },
+          "weights"_a);
 }
 
 }  // namespace vknorm_python

@@ -74,7 +74,7 @@ bool inside_python_layer();
 // the load, extract or clear that ran the layer fails with it, as in pyncnn.
 void raise_python_layer_error();
 
-// Layer, ParamDict and ModelBin on the module.
+// Layer, ParamDict, ModelBin, ModelBinFromMatArray and create_layer on the module.
 void define_custom_layers(nanobind::module_& m);
 
 }  // namespace vknorm_python

@@ -67,8 +67,17 @@ class Focus(ncnn.Layer):  # pyncnn's custom layer, as its model zoo writes one
         return 0
 
 
+class Doubled(ncnn.Layer):  # the list form, ncnn's base forward through super()
+    def forward(self, bottom_blobs: list[ncnn.Mat], top_blobs: list[ncnn.Mat], opt: ncnn.Option) -> int:
+        return super().forward(bottom_blobs, top_blobs, opt)
+
+
 net.register_custom_layer("Focus", Focus)
 hints = [b.shape for b in net.blobs() if b.producer >= 0]
+softmax = ncnn.create_layer("Softmax")  # pyncnn's model zoo runs ncnn's own layers so
+code: int = softmax.load_param(ncnn.ParamDict()) + softmax.forward_inplace(out, net.opt)
+conv = ncnn.create_layer(ncnn.layer_to_index("Convolution"))
+conv.load_model(ncnn.ModelBinFromMatArray([ncnn.Mat(np.ones(27, np.float32))]))
 """
 
 WRONG = """

@@ -20,7 +20,7 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
 Not there (AttributeError): ``destroy_gpu_instance``, ``Net.load_param_bin`` (binary params name no blobs: nothing
 could be fused), allocator objects (``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
 ``Mat.create`` / ``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1),
-``create_layer``, ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
+``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
 functions that make other element types or packings (``convert_packing``, ``cast_*``, ``quantize_to_int8``),
 ``VulkanDevice``'s allocators, ``Mat.refcount`` / ``addref``, Mat's batch API, and ``Option``'s int8 switches
 (this ncnn is built without int8) and ``use_tensor_storage``. A Mat's ``w``, ``h``, ``c``, ... are read-only; an
@@ -68,11 +68,28 @@ reach the net (pyncnn's hands it copies). What a layer raises comes out of the `
 ``extract`` or ``clear`` that ran it, noted with the layer (the layer returns -1 to ncnn); a forward that returns 0
 without filling its tops is a ValueError. A layer's code cannot call a Net's or an Extractor's methods, which wait for a
 net (the one that runs it is held meanwhile): a RuntimeError (``net.opt``, Mats and this module's functions are usable
-there). ``Layer`` has no ``forward`` of its own to call through ``super()``. Registering a type again replaces its
+there). ``super().forward(...)`` (and the other methods) run ncnn's base Layer's: where ``support_inplace``, the tops
+cloned from the bottoms and ``forward_inplace`` run on them; -1 otherwise. Registering a type again replaces its
 creator and destroyer; a net takes at most 256 types that are not ncnn's own (vknorm's fused types are 4 of them),
 registered by name (pyncnn's registration by type index is not there). A type vknorm's layers run (``LayerNorm``, ...)
 or that fusion folds into them (``BinaryOp``, ``Split``, ``ReLU``, ``Sigmoid``, ``Swish``, ``GELU``) is refused:
 ``Net(vknorm=False)`` or ``Net(fuse=False)`` takes it.
+
+ncnn's own layers from Python, as pyncnn's model zoo runs a Softmax after an extract::
+
+    softmax = ncnn.create_layer("Softmax")         # or a type index (layer_to_index)
+    softmax.load_param(ncnn.ParamDict())
+    softmax.forward_inplace(mat_out, net.opt)
+
+``create_layer`` makes ncnn's CPU layer (ncnn's ``LayerNorm``, ... too, not vknorm's). It takes ncnn's order:
+``load_param(pd)``, ``load_model(mb)`` where it has weights (``ModelBinFromMatArray(weights)``: a list of Mats, each
+load taking the next, or one Mat as pyncnn takes it), ``create_pipeline(opt)``, then ``forward`` /
+``forward_inplace``, on float32 Mats of elempack 1: the option's storage and packing switches are off for it, and its
+forwards run with the option its pipeline was made with (and the forward's ``num_threads``). A forward after
+``load_param`` takes the steps between as a net would (no weights, a pipeline with the forward's option). Steps out of
+that order, weights too few or of another size than the layer reads, and empty inputs are refused (ncnn's layers
+would crash); the lists of a multi-blob form hold as many Mats as the layer takes and makes, which ncnn does not
+check. A creator registered with ``register_custom_layer`` returns a ``Layer`` subclass, not such a layer.
 
 Fusion (``Net(fuse=True)``, the default with vknorm's layers): ``load_param`` rewrites the model so every
 norm takes in the BinaryOp add that feeds it and the activation after it (vknorm::ncnn::fuse_param);
@@ -188,6 +205,9 @@ Blob = _graph.Blob
 Layer = _graph.Layer
 ParamDict = _graph.ParamDict
 ModelBin = _graph.ModelBin
+ModelBinFromMatArray = _graph.ModelBinFromMatArray
+# pyncnn's create_layer: ncnn's own CPU layers, run from Python on this module's Mats
+create_layer = _graph.create_layer
 # As pyncnn's: the version of the ncnn inside (tools/build_ncnn.sh's pin; ncnn's own version string there is the
 # date it was built)
 __version__ = "1.0.20261020"
@@ -204,7 +224,8 @@ from ._graph import (  # noqa: E402
 )
 
 __all__ = [
-    "Net", "Mat", "Option", "Extractor", "Blob", "Layer", "ParamDict", "ModelBin", "gpu_count", "gpu_name",
+    "Net", "Mat", "Option", "Extractor", "Blob", "Layer", "ParamDict", "ModelBin", "ModelBinFromMatArray",
+    "create_layer", "gpu_count", "gpu_name",
     "get_gpu_count", "get_default_gpu_index", "GpuInfo",
     "get_gpu_info", "VulkanDevice", "get_gpu_device", "configure", "track_device_memory", "device_memory",
     "set_device_memory_limit",

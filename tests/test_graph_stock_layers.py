@@ -1,0 +1,296 @@
+"""ncnn's own layers run from Python, as pyncnn runs them: ``create_layer(type)`` makes ncnn's CPU layer of that type,
+which takes ``load_param(pd)``, ``load_model(mb)`` (weights from ``ModelBinFromMatArray``, a list of Mats),
+``create_pipeline(opt)`` and ``forward`` / ``forward_inplace`` on this module's Mats (float32, elempack 1). pyncnn's
+model zoo runs a Softmax so after an extract (shufflenetv2), and that code runs unchanged here. A Python layer's
+``super().forward(...)`` (and the other methods) run ncnn's base Layer's, as in pyncnn.
+
+Where pyncnn crashes, this refuses: steps out of ncnn's order (load_param, load_model, create_pipeline, forward; a
+forward after load_param takes the two between as a net would), weights of the wrong size or too few, empty inputs.
+
+Tolerances: the same build's net runs the same CPU code on the same float32 data: bit for bit. Against float64 numpy:
+FP32_TOL at the outputs' scale (a softmax: a handful of float32 roundings; a 3x3x3 convolution: 27 products summed).
+pyncnn is another build of ncnn (its CPU dispatch may differ): within FP32_TOL too, where pyncnn runs the layer (its
+one-blob ``forward`` of a layer create_layer made crashes: compared on ``forward_inplace``).
+"""
+from __future__ import annotations
+
+import gc
+import struct
+
+import numpy as np
+import pytest
+
+from availability import import_graph, import_or_missing
+from reference import FP32_TOL
+
+pytestmark = pytest.mark.timeout(300)
+
+ncnn = import_graph()
+
+
+def softmax_rows(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x.astype(np.float64) - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def conv3x3(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """float64 valid 3x3 convolution of (c, h, w) by (o, c, 3, 3) plus bias."""
+    c, h, wd = x.shape
+    out = np.zeros((w.shape[0], h - 2, wd - 2))
+    for i in range(h - 2):
+        for j in range(wd - 2):
+            out[:, i, j] = np.tensordot(w.astype(np.float64), x[:, i:i + 3, j:j + 3].astype(np.float64), 3)
+    return out + b.astype(np.float64)[:, None, None]
+
+
+def conv_param(module, outputs: int, inputs: int):
+    pd = module.ParamDict()
+    pd.set(0, outputs)  # num_output
+    pd.set(1, 3)  # kernel
+    pd.set(5, 1)  # bias
+    pd.set(6, outputs * inputs * 9)  # weight_data_size
+    return pd
+
+
+def test_softmax_after_an_extract_as_pyncnns_model_zoo_runs_it():
+    """shufflenetv2's code: extract, then ncnn's Softmax in place with the net's option. The net here is one
+    InnerProduct-free identity (a Noop) on a 1-D blob, as the zoo's fc output is."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(1000) * 4).astype(np.float32)
+    net = ncnn.Net()
+    net.load_param_mem("7767517\n2 2\nInput in0 0 1 in0\nNoop fc 1 1 in0 fc\n")
+    net.load_model(ncnn.DataReaderFromEmpty())
+    ex = net.create_extractor()
+    ex.input("in0", ncnn.Mat(x))
+    ret, mat_out = ex.extract("fc")
+    assert ret == 0
+
+    softmax = ncnn.create_layer("Softmax")
+    pd = ncnn.ParamDict()
+    assert softmax.load_param(pd) == 0
+    assert softmax.forward_inplace(mat_out, net.opt) == 0
+    mat_out = mat_out.reshape(mat_out.w * mat_out.h * mat_out.c)
+    got = np.array(mat_out)
+    assert np.abs(got - softmax_rows(x)).max() <= FP32_TOL * np.abs(softmax_rows(x)).max()
+
+    pyncnn = import_or_missing("ncnn")
+    theirs = pyncnn.create_layer("Softmax")
+    theirs.load_param(pyncnn.ParamDict())
+    held = x.copy()  # pyncnn's Mat wraps the array's memory: held while it is used
+    m = pyncnn.Mat(held)
+    assert theirs.forward_inplace(m, pyncnn.Option()) == 0
+    assert np.abs(np.array(m) - got).max() <= FP32_TOL * np.abs(got).max()
+
+
+def test_a_convolution_given_its_weights_matches_the_same_layer_in_a_net_bit_for_bit(tmp_path):
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    x = rng.standard_normal((3, 9, 11)).astype(np.float32)
+
+    conv = ncnn.create_layer("Convolution")
+    assert (conv.type, conv.one_blob_only) == ("Convolution", True)
+    assert conv.load_param(conv_param(ncnn, 4, 3)) == 0
+    assert conv.load_model(ncnn.ModelBinFromMatArray([ncnn.Mat(w.reshape(-1)), ncnn.Mat(b)])) == 0
+    opt = ncnn.Option()
+    assert conv.create_pipeline(opt) == 0
+    top = ncnn.Mat()
+    assert conv.forward(ncnn.Mat(x), top, opt) == 0
+    got = np.array(top)
+    want = conv3x3(x, w, b)
+    assert got.shape == want.shape == (4, 7, 9)
+    assert np.abs(got - want).max() <= FP32_TOL * max(1.0, np.abs(want).max())
+
+    # the same layer in a CPU net of this build, float32 elempack 1 throughout: the same code, bit for bit
+    (tmp_path / "c.param").write_text("7767517\n2 2\nInput in0 0 1 in0\n"
+                                      "Convolution conv 1 1 in0 out0 0=4 1=3 5=1 6=108\n")
+    (tmp_path / "c.bin").write_bytes(struct.pack("<I", 0) + w.tobytes() + b.tobytes())
+    net = ncnn.Net()
+    net.opt.use_packing_layout = False
+    net.opt.use_fp16_storage = net.opt.use_fp16_packed = net.opt.use_fp16_arithmetic = False
+    assert net.load_param(str(tmp_path / "c.param")) == 0
+    assert net.load_model(str(tmp_path / "c.bin")) == 0
+    ex = net.create_extractor()
+    ex.input("in0", ncnn.Mat(x))
+    ret, out = ex.extract("out0")
+    assert ret == 0
+    np.testing.assert_array_equal(got, np.array(out))
+
+    # pyncnn's ModelBinFromMatArray takes one Mat (a second read runs past it): taken here too
+    nobias = ncnn.create_layer("Convolution")
+    pd = conv_param(ncnn, 4, 3)
+    pd.set(5, 0)
+    assert nobias.load_param(pd) == 0
+    assert nobias.load_model(ncnn.ModelBinFromMatArray(ncnn.Mat(w.reshape(-1)))) == 0
+    assert nobias.forward(ncnn.Mat(x), top, opt) == 0
+    want = conv3x3(x, w, np.zeros(4, np.float32))
+    assert np.abs(np.array(top) - want).max() <= FP32_TOL * max(1.0, np.abs(want).max())
+
+
+def test_multi_blob_forms_fill_the_lists_given():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    c = rng.standard_normal((5, 3, 4)).astype(np.float32)
+    opt = ncnn.Option()
+
+    concat = ncnn.create_layer("Concat")
+    assert concat.load_param(ncnn.ParamDict()) == 0
+    kept = ncnn.Mat()
+    tops = [kept]
+    assert concat.forward([ncnn.Mat(a), ncnn.Mat(c)], tops, opt) == 0
+    np.testing.assert_array_equal(np.array(tops[0]), np.concatenate([a, c]))
+    assert tops[0] is kept  # written into the Mat given, as a caller holding it expects
+
+    split = ncnn.create_layer("Split")
+    assert split.load_param(ncnn.ParamDict()) == 0
+    tops = [ncnn.Mat(), ncnn.Mat(), ncnn.Mat()]
+    assert split.forward([ncnn.Mat(a)], tops, opt) == 0
+    for t in tops:
+        np.testing.assert_array_equal(np.array(t), a)
+
+    relu = ncnn.create_layer("ReLU")  # one blob only: ncnn's base runs the list form as nothing
+    assert relu.load_param(ncnn.ParamDict()) == 0
+    assert relu.forward_inplace([ncnn.Mat(a)], opt) != 0
+    m = ncnn.Mat(a)
+    assert relu.forward_inplace(m, opt) == 0
+    np.testing.assert_array_equal(np.array(m), np.maximum(a, 0))
+
+
+def test_steps_out_of_ncnns_order_and_bad_weights_are_refused():
+    opt = ncnn.Option()
+    x = ncnn.Mat(np.ones((3, 5, 5), np.float32))
+
+    with pytest.raises(ValueError, match="no layer type 'NoSuchLayer'"):
+        ncnn.create_layer("NoSuchLayer")
+    with pytest.raises(ValueError, match="type index -1"):
+        ncnn.create_layer(-1)
+    assert ncnn.create_layer(ncnn.layer_to_index("ReLU")).typeindex == ncnn.layer_to_index("ReLU")
+
+    conv = ncnn.create_layer("Convolution")
+    with pytest.raises(RuntimeError, match=r"load_param\(pd\) first"):
+        conv.forward(x, ncnn.Mat(), opt)
+    with pytest.raises(RuntimeError, match=r"load_param\(pd\) first"):
+        conv.load_model(ncnn.ModelBinFromMatArray([]))
+    assert conv.load_param(conv_param(ncnn, 2, 3)) == 0
+    with pytest.raises(RuntimeError, match="this layer has weights"):
+        conv.forward(x, ncnn.Mat(), opt)  # no load_model: the net's empty read fails, as ncnn's would
+    with pytest.raises(ValueError, match="weight 0 holds 53 values, the layer reads 54"):
+        conv.load_model(ncnn.ModelBinFromMatArray([ncnn.Mat(np.ones(53, np.float32)), ncnn.Mat(np.ones(2))]))
+    with pytest.raises(ValueError, match="reads weight 1 .* the list holds 1"):
+        conv.load_model(ncnn.ModelBinFromMatArray([ncnn.Mat(np.ones(54, np.float32))]))
+    with pytest.raises(ValueError, match="empty Mat"):
+        ncnn.ModelBinFromMatArray([ncnn.Mat()])
+    with pytest.raises(TypeError, match=r"weights\[1\] is .*int.*, not a Mat"):
+        ncnn.ModelBinFromMatArray([ncnn.Mat(np.ones(54, np.float32)), 3])
+    with pytest.raises(TypeError, match="a list of Mats or one Mat, got .*ndarray"):
+        ncnn.ModelBinFromMatArray(np.ones(54, np.float32))
+    # weights as (o, c, kh, kw) and (o,): only their count is read, as ncnn's own ModelBin reads them
+    assert conv.load_model(ncnn.ModelBinFromMatArray([ncnn.Mat(np.ones((2, 3, 9), np.float32)),
+                                                      ncnn.Mat(np.zeros(2, np.float32))])) == 0
+    with pytest.raises(ValueError, match="bottom_blob is empty"):
+        conv.forward(ncnn.Mat(), ncnn.Mat(), opt)
+    top = ncnn.Mat()
+    assert conv.forward(x, top, opt) == 0  # its pipeline made here, with this option
+    np.testing.assert_array_equal(np.array(top), np.full((2, 3, 3), 27.0, np.float32))
+    with pytest.raises(RuntimeError, match=r"destroy_pipeline\(opt\) first"):
+        conv.load_param(conv_param(ncnn, 2, 3))
+    assert conv.destroy_pipeline(opt) == 0
+    assert conv.load_param(conv_param(ncnn, 2, 3)) == 0  # and the steps after it again
+    with pytest.raises(TypeError, match=r"bottom_blobs\[0\] is .*, not a Mat"):
+        conv.forward([np.ones(3)], [ncnn.Mat()], opt)
+    del conv, top
+    gc.collect()
+
+
+def test_a_creator_returns_a_layer_subclass_not_one_create_layer_made():
+    net = ncnn.Net()
+    net.register_custom_layer("Mine", lambda: ncnn.create_layer("ReLU"))
+    with pytest.raises(TypeError, match="a layer create_layer made"):
+        net.load_param_mem("7767517\n2 2\nInput in0 0 1 in0\nMine m 1 1 in0 out0\n")
+
+
+def test_a_python_layer_calls_ncnns_base_layer_through_super():
+    """ncnn's base forward of a layer that supports in-place clones the input and runs forward_inplace; without
+    in-place support it returns -1, as do the base forward_inplace. load_param ... create_pipeline return 0."""
+    opt = ncnn.Option()
+
+    class Double(ncnn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.one_blob_only = True
+            self.support_inplace = True
+
+        def load_param(self, pd):
+            return super().load_param(pd)
+
+        def forward(self, bottom_blob, top_blob, opt):
+            return super().forward(bottom_blob, top_blob, opt)
+
+        def forward_inplace(self, bottom_top_blob, opt):
+            bottom_top_blob.clone_from(ncnn.Mat(np.array(bottom_top_blob) * 2))
+            return 0
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    layer = Double()
+    assert layer.load_param(ncnn.ParamDict()) == 0
+    assert layer.create_pipeline(opt) == 0 and layer.destroy_pipeline(opt) == 0
+    top = ncnn.Mat()
+    assert layer.forward(ncnn.Mat(x), top, opt) == 0
+    np.testing.assert_array_equal(np.array(top), x * 2)
+
+    layer.support_inplace = False
+    assert layer.forward(ncnn.Mat(x), ncnn.Mat(), opt) == -1
+    assert ncnn.Layer.forward_inplace(layer, ncnn.Mat(x), opt) == -1
+
+    class Pair(ncnn.Layer):  # the list forms: tops cloned from bottoms, then forward_inplace on them
+        def __init__(self):
+            super().__init__()
+            self.support_inplace = True
+
+        def forward(self, bottom_blobs, top_blobs, opt):
+            return super().forward(bottom_blobs, top_blobs, opt)
+
+        def forward_inplace(self, bottom_top_blobs, opt):
+            a, b = (np.array(m) for m in bottom_top_blobs)
+            bottom_top_blobs[0].clone_from(ncnn.Mat(a + b))
+            bottom_top_blobs[1].clone_from(ncnn.Mat(a - b))
+            return 0
+
+        def load_model(self, mb):
+            raise KeyError("from load_model")
+
+    tops = [ncnn.Mat()]  # ncnn's base makes as many tops as bottoms
+    assert Pair().forward([ncnn.Mat(x), ncnn.Mat(x + 1)], tops, opt) == 0
+    assert len(tops) == 2
+    np.testing.assert_array_equal(np.array(tops[0]), 2 * x + 1)
+    np.testing.assert_array_equal(np.array(tops[1]), -np.ones_like(x))
+
+    # in a net, ncnn calls forward, whose super() runs forward_inplace
+    net = ncnn.Net()
+    net.register_custom_layer("Double", Double)
+    assert net.load_param_mem("7767517\n2 2\nInput in0 0 1 in0\nDouble d 1 1 in0 out0\n") == 0
+    net.load_model(ncnn.DataReaderFromEmpty())
+    ex = net.create_extractor()
+    ex.input("in0", ncnn.Mat(x))
+    ret, out = ex.extract("out0")
+    assert ret == 0
+    np.testing.assert_array_equal(np.array(out), x * 2)
+
+    class Raises(Double):
+        def forward_inplace(self, bottom_top_blob, opt):
+            raise ArithmeticError("from forward_inplace")
+
+    with pytest.raises(ArithmeticError, match="from forward_inplace"):
+        Raises().forward(ncnn.Mat(x), ncnn.Mat(), opt)  # raised by the super() call that ran it
+
+
+def test_paramdict_takes_pyncnns_keywords():
+    pd = ncnn.ParamDict()
+    pd.set(0, i=3)
+    pd.set(1, f=0.5)
+    pd.set(2, v=ncnn.Mat(np.array([1.0, 2.0], np.float32)))
+    pd.set(3, value=7)
+    assert [pd.type(i) for i in range(4)] == [2, 3, 4, 2]
+    assert pd.get(0, 0) == 3 and pd.get(1, 0.0) == 0.5
+    assert pd.get(3, default=0) == 7
+    np.testing.assert_array_equal(np.array(pd.get(2, ncnn.Mat())), [1.0, 2.0])
