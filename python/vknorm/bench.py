@@ -49,7 +49,12 @@ SWEEP_ONLY = {"op": "layernorm", "rows": None, "cols": None, "channels": None, "
               "dtype": "both", "compare": "ncnn,copy,torch", "plot": None, "elements": 1 << 25, "no_latency": False,
               "reps": 100, "batches": 5, "path": "auto", "no_packing": False, "no_affine": False, "residual": None,
               "activation": None}
-MODEL_ONLY = {"input": [], "fp16": False, "iters": 30}
+MODEL_ONLY = {"input": [], "fp16": False, "iters": 30, "custom_layers": None}
+
+
+CUSTOM_LAYERS_HELP = ("a model with layer types of its own (pyncnn's custom Python layers): FILE.py defines "
+                      "register(ncnn, net), called for each net before the model loads with that net's module, "
+                      "pyncnn or vknorm.graph (the same layer code serves both), to register them")
 
 
 def add_parser(sub) -> None:
@@ -95,6 +100,7 @@ def add_parser(sub) -> None:
                    "--input: numpy order; past_k=empty for a decoder's past kv cache at its first step)")
     m.add_argument("--fp16", action="store_true", help="float16 storage in every net (ncnn's CPU one too)")
     m.add_argument("--iters", type=int, help="timed inferences per implementation (median; default 30)")
+    m.add_argument("--custom-layers", metavar="FILE.py", help=CUSTOM_LAYERS_HELP)
     # None until run() fills in the defaults: a flag given at its default value is still a flag given
     p.set_defaults(func=run, **{dest: False if default is False else None
                                 for dest, default in {**SWEEP_ONLY, **MODEL_ONLY}.items()})
@@ -491,6 +497,9 @@ def run_model(args) -> int:
         raise UsageError("--iters must be 1..100000")
     dims = parse_inputs(args.input or [])
     parse_model_inputs(param, dims)  # every input of the model named (none where it has no Input layer), and only those
+    from . import custom_layers
+
+    custom_layers.use(args.custom_layers)
     try:
         from . import graph  # noqa: F401
     except ImportError as e:
@@ -515,10 +524,11 @@ def run_model(args) -> int:
         _core.devices()
         require_settings()
         try:
-            return run_model_bench(param, binp, dims, fp16=args.fp16, iters=args.iters,
-                                   warmup_ms=args.warmup_ms,
-                                   progress=(lambda i, n: (setattr(bar, "total", n), bar.update(1)))
-                                   if bar is not None else None)
+            with custom_layers.layer_errors():
+                return run_model_bench(param, binp, dims, fp16=args.fp16, iters=args.iters,
+                                       warmup_ms=args.warmup_ms,
+                                       progress=(lambda i, n: (setattr(bar, "total", n), bar.update(1)))
+                                       if bar is not None else None)
         except RuntimeError as e:  # ncnn could not load or run the model
             raise UsageError(str(e)) from None
         finally:

@@ -51,6 +51,7 @@ import struct
 import sys
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union, cast
 
+from . import custom_layers
 from ._stdio import quiet_stderr
 from .cli import UsageError, require_settings
 
@@ -139,6 +140,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-fuse", action="store_true",
                    help="--vulkan: run the model as it is, without vknorm's add -> norm -> activation fusion "
                         "(vknorm.graph.Net(fuse=False))")
+    p.add_argument("--custom-layers", metavar="FILE.py",
+                   help="a model with layer types of its own (pyncnn's custom Python layers): FILE.py defines "
+                        "register(ncnn, net), called for each net before the model loads with that net's module, "
+                        "pyncnn or vknorm.graph (the same layer code serves both), to register them")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=run_check)
     return p
@@ -573,6 +578,7 @@ def _new_net(ncnn):
     o.use_fp16_storage = False
     o.use_fp16_arithmetic = False
     o.use_bf16_storage = False
+    custom_layers.apply(ncnn, net)  # the model's own layer types (--custom-layers)
     return net
 
 
@@ -612,8 +618,9 @@ def load_failure(model: Model, log: List[str]) -> str:
     layer = next((layer for layer in model.layers if m and layer.type == m.group(1)), None)
     if layer is None:
         return f": {log[-1]}"
+    hint = "" if custom_layers.used() else " (--custom-layers FILE.py registers a model's own types)"
     return (f": line {layer.line}: layer {layer.name!r} is of type {layer.type!r}, which this ncnn does not have "
-            "(nor vknorm's layers)")
+            f"(nor vknorm's layers){hint}")
 
 
 def trailing_bytes_warning(bin_path: str, extra: int, param_path: str) -> str:
@@ -957,7 +964,8 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
     result: Dict[str, Any]  # the JSON report
     result = {"ok": True, "device": None, "layers": [], "outputs": {}, "model": param_path, "weights": bin_path,
               "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
-              "atol": atol, "warnings": [], "rule": _rule(fp16, atol, vulkan=False)}
+              "atol": atol, "warnings": [], "rule": _rule(fp16, atol, vulkan=False),
+              "custom_layers": custom_layers.used()}
 
     if fp16 and model.norms:
         device = device_info()
@@ -1089,6 +1097,7 @@ def _graph_load(graph, model: Model, bin_path: str, nbytes: int, *, vknorm: bool
     """A vknorm.graph net (lightmode off: every blob stays extractable) with the model loaded."""
     with quiet_stderr():  # registering vknorm's layers: ncnn says "overwrite built-in layer type ..."
         net = graph.configure(graph.Net(vknorm=vknorm, fuse=fuse), vulkan=vulkan, fp16=fp16, lightmode=False)
+    custom_layers.apply(graph, net)  # the model's own layer types (--custom-layers)
     log: List[str] = []
     with quiet_stderr(log):
         ret = net.load_param(model.path)
@@ -1555,6 +1564,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
     result = {"ok": True, "device": None, "layers": [], "outputs": {}, "model": param_path, "weights": bin_path,
               "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
               "atol": atol, "warnings": [], "engine": "vulkan", "rule": _rule(fp16, atol), "host_round_trips": 0,
+              "custom_layers": custom_layers.used(),
               "ncnn_outputs": {}, "output_bounds": {}, "output_judgements": {}, "outputs_ok": True, "model_ms": {}, "timing_rounds": 0,
               "fuse": bool(fuse), "fused": []}
     with quiet_stderr():  # ncnn prints its device banner when it creates its Vulkan instance
@@ -1876,12 +1886,16 @@ def _check_in_child(param_path, bin_path, specs, fp16, seed, atol, vulkan=False,
     has touched neither Vulkan nor ncnn yet, so the child starts clean."""
     from ._fork import crashed_running, run_in_child
 
-    def fn():
+    return run_in_child(lambda: _check(param_path, bin_path, specs, fp16, seed, atol, vulkan, fuse),
+                        crashed_running(param_path, specs), "vknorm check")
+
+
+def _check(param_path, bin_path, specs, fp16, seed, atol, vulkan, fuse) -> dict:
+    """check_model or check_model_vulkan; what the model's custom layers raise, as a UsageError naming their line."""
+    with custom_layers.layer_errors():
         if vulkan:
             return check_model_vulkan(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol, fuse=fuse)
         return check_model(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol)
-
-    return run_in_child(fn, crashed_running(param_path, specs), "vknorm check")
 
 
 def _fork_is_safe() -> bool:
@@ -1899,12 +1913,11 @@ def run_check(args) -> int:
     fuse = not getattr(args, "no_fuse", False)
     if not vulkan and not fuse:
         raise UsageError("--no-fuse goes with --vulkan (the pyncnn engine runs no fused layers)")
+    custom_layers.use(getattr(args, "custom_layers", None))
     if _fork_is_safe():
         result = _check_in_child(args.param, args.bin, specs, args.fp16, seed, atol, vulkan, fuse)
-    elif vulkan:
-        result = check_model_vulkan(args.param, args.bin, specs, fp16=args.fp16, seed=seed, atol=atol, fuse=fuse)
     else:
-        result = check_model(args.param, args.bin, specs, fp16=args.fp16, seed=seed, atol=atol)
+        result = _check(args.param, args.bin, specs, args.fp16, seed, atol, vulkan, fuse)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from . import custom_layers
 from .check import input_mat
 
 IMPLS = ("ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-fused", "vknorm-host")
@@ -93,6 +94,7 @@ class ModelRunner:
             self.net.opt.use_fp16_storage = self.net.opt.use_fp16_packed = fp16
             self.net.opt.use_fp16_arithmetic = False
             self.registration = vkn.register(self.net, Option(use_fp16_storage=fp16))
+            custom_layers.apply(ncnn, self.net)
         else:
             from vknorm import graph
 
@@ -100,6 +102,7 @@ class ModelRunner:
             vk = impl.startswith("vknorm-")
             self.net = graph.configure(graph.Net(vknorm=vk, fuse=impl == "vknorm-fused"), vulkan=impl != "ncnn-cpu",
                                        fp16=fp16)
+            custom_layers.apply(graph, self.net)
         if self.net.load_param(param) != 0 or self.net.load_model(binp) != 0:
             bad = self.registration.errors() if impl == "vknorm-host" else []
             if bad:  # a vknorm layer refused its params, weights or device (out of memory): its own reason
@@ -200,7 +203,8 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
             "method": "median wall ms per inference; rounds in a random order each, GPU implementations first, "
                       "then " + ", ".join(HOST_BUSY) + " in rounds of their own",
             "results": [{"impl": k, "ms": round(statistics.median(v), 4),
-                         "min_ms": round(min(v), 4)} for k, v in samples.items()], "warnings": warnings}
+                         "min_ms": round(min(v), 4)} for k, v in samples.items()], "warnings": warnings,
+            "custom_layers": custom_layers.used()}
 
 
 def format_table(report: dict) -> str:
