@@ -964,8 +964,7 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
     result: Dict[str, Any]  # the JSON report
     result = {"ok": True, "device": None, "layers": [], "outputs": {}, "model": param_path, "weights": bin_path,
               "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
-              "atol": atol, "warnings": [], "rule": _rule(fp16, atol, vulkan=False),
-              "custom_layers": custom_layers.used()}
+              "atol": atol, "warnings": [], "rule": _rule(fp16, atol, vulkan=False)}
 
     if fp16 and model.norms:
         device = device_info()
@@ -1564,7 +1563,6 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
     result = {"ok": True, "device": None, "layers": [], "outputs": {}, "model": param_path, "weights": bin_path,
               "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
               "atol": atol, "warnings": [], "engine": "vulkan", "rule": _rule(fp16, atol), "host_round_trips": 0,
-              "custom_layers": custom_layers.used(),
               "ncnn_outputs": {}, "output_bounds": {}, "output_judgements": {}, "outputs_ok": True, "model_ms": {}, "timing_rounds": 0,
               "fuse": bool(fuse), "fused": []}
     with quiet_stderr():  # ncnn prints its device banner when it creates its Vulkan instance
@@ -1894,8 +1892,12 @@ def _check(param_path, bin_path, specs, fp16, seed, atol, vulkan, fuse) -> dict:
     """check_model or check_model_vulkan; what the model's custom layers raise, as a UsageError naming their line."""
     with custom_layers.layer_errors():
         if vulkan:
-            return check_model_vulkan(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol, fuse=fuse)
-        return check_model(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol)
+            result = check_model_vulkan(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol, fuse=fuse)
+        else:
+            result = check_model(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol)
+    if custom_layers.used():  # the key only where the flag was given: the report is otherwise as it was
+        result["custom_layers"] = custom_layers.used()
+    return result
 
 
 def _fork_is_safe() -> bool:

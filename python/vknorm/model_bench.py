@@ -199,12 +199,15 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
                        if d["name"] == device), "")
     except Exception:  # noqa: BLE001 - the driver string is informative only
         pass
-    return {"device": device, "driver": driver, "model": param, "fp16": fp16, "iters": iters, "warmup_ms": warmup_ms,
-            "method": "median wall ms per inference; rounds in a random order each, GPU implementations first, "
-                      "then " + ", ".join(HOST_BUSY) + " in rounds of their own",
-            "results": [{"impl": k, "ms": round(statistics.median(v), 4),
-                         "min_ms": round(min(v), 4)} for k, v in samples.items()], "warnings": warnings,
-            "custom_layers": custom_layers.used()}
+    report = {"device": device, "driver": driver, "model": param, "fp16": fp16, "iters": iters,
+              "warmup_ms": warmup_ms,
+              "method": "median wall ms per inference; rounds in a random order each, GPU implementations first, "
+                        "then " + ", ".join(HOST_BUSY) + " in rounds of their own",
+              "results": [{"impl": k, "ms": round(statistics.median(v), 4),
+                           "min_ms": round(min(v), 4)} for k, v in samples.items()], "warnings": warnings}
+    if custom_layers.used():  # the key only where the flag was given: the report is otherwise as it was
+        report["custom_layers"] = custom_layers.used()
+    return report
 
 
 def format_table(report: dict) -> str:
