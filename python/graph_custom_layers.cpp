@@ -15,6 +15,8 @@
 #include <nanobind/trampoline.h>
 
 #include <climits>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <initializer_list>
 #include <optional>
@@ -28,6 +30,7 @@
 #include <ncnn/option.h>
 #include <ncnn/paramdict.h>
 
+#include "mat_layout.h"
 #include "py_values.h"
 #include "vknorm/ncnn.h"
 
@@ -106,6 +109,13 @@ std::string label(const ::ncnn::Layer& layer) {
 struct ParamDictView {
   const ::ncnn::ParamDict* of = nullptr;
   std::shared_ptr<::ncnn::ParamDict> own;  // one made in Python (pyncnn's ParamDict(), to try a layer): set() fills it
+  // ids set() filled from a list or numpy array, with the type a .param gives them (5 int array, 6 float array): ncnn
+  // stores any array set() gives as type 4 and its bits as they are, which its layers read as the .param's type
+  std::unordered_map<int, int> array_types;
+  int type(int id) const {
+    auto it = array_types.find(id);
+    return it != array_types.end() ? it->second : of->type(id);
+  }
 };
 struct ModelBinView {
   const ::ncnn::ModelBin* of = nullptr;
@@ -371,10 +381,11 @@ class StockLayer : public ::ncnn::Layer {
     const int code = inner_->load_param(pd);
     take_flags();
     stage_ = code == 0 ? Stage::kParam : Stage::kMade;
+    if (code == 0) arity_ = arity_of(typeindex, pd, one_blob_only);
     return code;
   }
   int load_model(const ::ncnn::ModelBin& mb) override {
-    if (stage_ == Stage::kMade) refuse("load_model", "load_param(pd) first (ParamDict() for the defaults)");
+    if (stage_ == Stage::kMade) refuse("load_model", kParamFirst);
     if (stage_ == Stage::kPipeline) refuse("load_model", "its pipeline is made: destroy_pipeline(opt) first");
     const int code = inner_->load_model(mb);
     take_flags();
@@ -384,8 +395,9 @@ class StockLayer : public ::ncnn::Layer {
     return code;
   }
   int create_pipeline(const ::ncnn::Option& opt) override {
-    if (stage_ == Stage::kMade) refuse("create_pipeline", "load_param(pd) first (ParamDict() for the defaults)");
+    if (stage_ == Stage::kMade) refuse("create_pipeline", kParamFirst);
     if (stage_ == Stage::kPipeline) return 0;  // made already, as ncnn's net makes it once
+    threads(opt);
     if (stage_ == Stage::kParam) {  // as ncnn's net: every layer reads its weights, none for a layer without
       const NoWeights none;
       const int code = load_model(none);
@@ -396,19 +408,45 @@ class StockLayer : public ::ncnn::Layer {
     pipeline_opt_ = on_host(opt);
     const int code = inner_->create_pipeline(pipeline_opt_);
     take_flags();
-    if (code == 0) stage_ = Stage::kPipeline;
+    // ncnn's layers may free their weights as they make the pipeline (opt.lightmode): read again for another
+    stage_ = code == 0 ? Stage::kPipeline : Stage::kParam;
     return code;
   }
   int destroy_pipeline(const ::ncnn::Option&) override {
     if (stage_ != Stage::kPipeline) return 0;
-    stage_ = Stage::kModel;
+    stage_ = Stage::kParam;  // the weights again before another pipeline: it may have freed them (above)
     return inner_->destroy_pipeline(pipeline_opt_);  // with the option it was made with, as ncnn's layers assume
+  }
+
+  // The list forms' lengths this layer's type and params take (ncnn reads past the lists otherwise).
+  void check_lists(const char* bottoms_what, size_t bottoms, const char* tops_what, size_t tops) const {
+    if (bottoms < arity_.min_bottoms)
+      raise(PyExc_ValueError, label() + " with its params takes at least " + std::to_string(arity_.min_bottoms) +
+                                  " Mat(s) in " + bottoms_what + ", got " + std::to_string(bottoms));
+    if (tops_what && (tops < 1 || tops > arity_.max_tops))
+      raise(PyExc_ValueError, label() + " with its params makes " +
+                                  (arity_.max_tops == SIZE_MAX ? std::string("at least 1")
+                                                               : "1.." + std::to_string(arity_.max_tops)) +
+                                  " Mat(s): " + tops_what + " holds " + std::to_string(tops));
+  }
+  std::string label() const { return type.empty() ? "layer of type index " + std::to_string(typeindex) : type; }
+  // The forms ncnn's net calls this layer by (its one_blob_only: one blob, or lists): the other form reads past its
+  // blobs in some of ncnn's layers (a BinaryOp with a scalar given a list).
+  void check_form(bool lists, const char* method) const {
+    if (lists == !one_blob_only) return;
+    const bool forward = std::string(method) == "forward";
+    const std::string args = one_blob_only ? (forward ? "(bottom_blob, top_blob, opt)" : "(bottom_top_blob, opt)")
+                                           : (forward ? "(bottom_blobs, top_blobs, opt)" : "(bottom_top_blobs, opt)");
+    raise(PyExc_TypeError, label() + (one_blob_only ? " takes one blob (one_blob_only): " : " takes lists of blobs: ") +
+                               method + args);
   }
 
   // The forwards, after the steps before them (create_pipeline with the forward's option where Python made none),
   // with the pipeline's option (ncnn's layers assume the one they were made with) and the forward's threads.
   template <class Run>
   int forward_with(const ::ncnn::Option& opt, Run&& run) {
+    if (stage_ == Stage::kMade) refuse("forward", kParamFirst);
+    threads(opt);
     if (stage_ != Stage::kPipeline) {
       const int code = create_pipeline(opt);
       if (code != 0)
@@ -421,10 +459,54 @@ class StockLayer : public ::ncnn::Layer {
 
  private:
   enum class Stage { kMade, kParam, kModel, kPipeline };
+  static constexpr const char* kParamFirst = "load_param(pd) has not succeeded (ParamDict() for the defaults)";
+
+  // The least bottoms and the most tops of the list forms, where ncnn's layer indexes past its lists otherwise.
+  struct Arity {
+    size_t min_bottoms = 1;
+    size_t max_tops = SIZE_MAX;
+  };
+  // From ncnn's layers' sources (1.0.20261020): the inputs each indexes without looking at the count.
+  static Arity arity_of(int typeindex, const ::ncnn::ParamDict& pd, bool one_blob) {
+    const auto is = [typeindex](const char* t) { return typeindex == ::ncnn::layer_to_index(t); };
+    const auto any_of = [&](std::initializer_list<const char*> types) {
+      for (const char* t : types)
+        if (is(t)) return true;
+      return false;
+    };
+    Arity a;
+    if (is("BinaryOp")) a.min_bottoms = pd.get(1, 0) ? 1 : 2;  // with_scalar: one input
+    if (any_of({"Eltwise", "CopyTo", "MatMul", "GridSample", "PSROIPooling", "ROIAlign", "ROIPooling",
+                "DeformableConv2D"}))
+      a.min_bottoms = 2;
+    if (any_of({"Crop", "Interp"}) && !one_blob) a.min_bottoms = 2;  // the second: the shape to take
+    if (any_of({"Convolution", "Convolution1D", "ConvolutionDepthWise", "ConvolutionDepthWise1D", "Deconvolution",
+                "Deconvolution1D", "DeconvolutionDepthWise", "DeconvolutionDepthWise1D"}) &&
+        !one_blob)  // dynamic weights: the weights, and the bias where it has one, as inputs
+      a.min_bottoms = 2 + (pd.get(5, 0) ? 1 : 0);
+    if (is("PriorBox")) {  // the image's size from a second input where its params leave it -233, but mxnet's style
+      const bool from_input = pd.get(9, 0) == -233 || pd.get(10, 0) == -233;
+      const bool mxnet = pd.get(9, 0) == -233 && pd.get(10, 0) == -233 && pd.get(1, Mat()).empty();
+      a.min_bottoms = from_input && !mxnet ? 2 : 1;
+    }
+    if (any_of({"RotaryEmbed", "Proposal", "DetectionOutput"})) a.min_bottoms = 3;
+    if (is("SDPA")) a.min_bottoms = 3 + (pd.get(5, 0) ? 1 : 0) + (pd.get(7, 0) ? 2 : 0);  // attn_mask, kv_cache
+    if (is("Gemm")) a.min_bottoms = (pd.get(4, 0) ? 0 : 1) + (pd.get(5, 0) ? 0 : 1);  // constantA, constantB
+    if (is("Slice")) {  // a top per slice, or per index and one past the last
+      const int slices = pd.get(0, Mat()).w, indices = pd.get(2, Mat()).w;
+      a.max_tops = size_t(indices > 0 ? indices + 1 : slices);
+    }
+    return a;
+  }
+  void threads(const ::ncnn::Option& opt) const {
+    if (!thread_count_ok(opt.num_threads))
+      raise(PyExc_ValueError, label() + ": opt.num_threads must be 1.." + std::to_string(kMaxThreads) + ", got " +
+                                  std::to_string(opt.num_threads));
+  }
 
   [[noreturn]] void refuse(const char* step, const std::string& why) const {
-    raise(PyExc_RuntimeError, type + "." + step + ": " + why + " (ncnn's order: load_param, load_model, "
-                                                               "create_pipeline, forward)");
+    raise(PyExc_RuntimeError, label() + "." + step + ": " + why + " (ncnn's order: load_param, load_model, "
+                                                                  "create_pipeline, forward)");
   }
   // A copy of the option for a layer on the host, on float32 Mats of elempack 1, owning nothing of a net's.
   static ::ncnn::Option on_host(const ::ncnn::Option& given) {
@@ -445,6 +527,7 @@ class StockLayer : public ::ncnn::Layer {
 
   std::unique_ptr<::ncnn::Layer> inner_;
   Stage stage_ = Stage::kMade;
+  Arity arity_;
   ::ncnn::Option pipeline_opt_;
 };
 
@@ -516,9 +599,9 @@ constexpr std::pair<const char*, Flag> kHostOnlyFlags[] = {
 };
 
 // A ParamDict array as float32 (ncnn keeps an int array's items as int32, which a Mat here never holds).
-Mat param_array(const ::ncnn::ParamDict& pd, int id, const Mat& def) {
+Mat param_array(const ::ncnn::ParamDict& pd, int type, int id, const Mat& def) {
   Mat v = pd.get(id, def);
-  if (pd.type(id) != 5 || v.empty()) return v;
+  if (type != 5 || v.empty()) return v;
   Mat out(v.w, size_t(4));
   if (out.empty()) throw std::bad_alloc();
   for (int i = 0; i < v.w; ++i) static_cast<float*>(out.data)[i] = float(static_cast<const int*>(v.data)[i]);
@@ -674,46 +757,68 @@ int own_method(::ncnn::Layer& l, Stock&& stock, Base&& base) {
   return code;
 }
 
-// The Mats of a list given for a multi-blob form (shared: a forward_inplace writes into their memory).
-std::vector<Mat> mats_in(const nb::list& list, const char* what) {
+bool is_sequence(nb::handle h) { return PyList_Check(h.ptr()) || PyTuple_Check(h.ptr()); }
+
+// The Mats of a list (or tuple) given for a multi-blob form (shared: a forward_inplace writes into their memory).
+std::vector<Mat> mats_in(nb::handle seq, const char* what) {
+  if (!is_sequence(seq)) raise(PyExc_TypeError, std::string(what) + " is " + type_of(seq) + ", not a list of Mats");
   std::vector<Mat> out;
-  for (size_t i = 0; i < list.size(); ++i) {
-    if (!nb::isinstance<Mat>(list[i]))
-      raise(PyExc_TypeError, std::string(what) + "[" + std::to_string(i) + "] is " + type_of(list[i]) + ", not a Mat");
-    out.push_back(nb::cast<const Mat&>(list[i]));
+  const size_t n = size_t(PySequence_Size(seq.ptr()));
+  for (size_t i = 0; i < n; ++i) {
+    nb::object item = nb::steal(PySequence_GetItem(seq.ptr(), Py_ssize_t(i)));
+    if (!nb::isinstance<Mat>(item))
+      raise(PyExc_TypeError, std::string(what) + "[" + std::to_string(i) + "] is " + type_of(item) + ", not a Mat");
+    out.push_back(nb::cast<const Mat&>(item));
   }
   return out;
 }
 
-// A multi-blob form's Mats back into the list given: into its Mats (a caller holding them sees the result), the
-// list grown or cut to what the layer made.
-void mats_out(const std::vector<Mat>& mats, nb::list list) {
-  for (size_t i = 0; i < mats.size(); ++i) {
-    if (i < list.size())
-      nb::cast<Mat&>(list[i]) = mats[i];
-    else
-      list.append(nb::cast(mats[i]));
-  }
-  if (list.size() > mats.size()) PySequence_DelSlice(list.ptr(), Py_ssize_t(mats.size()), PY_SSIZE_T_MAX);
+// A multi-blob form's Mats back into the list (or tuple) given: into its Mats (a caller holding them sees the
+// result), a list grown or cut to what the layer made.
+void mats_out(const std::vector<Mat>& mats, nb::handle seq) {
+  const size_t n = size_t(PySequence_Size(seq.ptr()));
+  for (size_t i = 0; i < mats.size() && i < n; ++i)
+    nb::cast<Mat&>(nb::steal(PySequence_GetItem(seq.ptr(), Py_ssize_t(i)))) = mats[i];
+  if (!PyList_Check(seq.ptr())) return;
+  nb::list list = nb::borrow<nb::list>(seq);
+  for (size_t i = n; i < mats.size(); ++i) list.append(nb::cast(mats[i]));
+  if (n > mats.size()) PySequence_DelSlice(list.ptr(), Py_ssize_t(mats.size()), PY_SSIZE_T_MAX);
 }
 
-std::string stock_label(const StockLayer& s) {
-  return s.type.empty() ? "layer of type index " + std::to_string(s.typeindex) : s.type;
-}
-
-// An input of ncnn's own layer: a Mat with data (ncnn's layers do not check).
-const Mat& blob_for_stock(const Mat& m, const StockLayer& s, const char* what) {
-  if (m.empty()) raise(PyExc_ValueError, stock_label(s) + " forward: " + what + " is empty");
-  return m;
+// An input of ncnn's own layer: a Mat with data (ncnn's layers do not check), in memory as ncnn allocates it (its
+// x86 kernels load and store aligned vectors): a view at another offset (Mat.range, row_range, ...) as a copy.
+Mat blob_for_stock(const Mat& m, const StockLayer& s, const std::string& what) {
+  if (m.empty()) raise(PyExc_ValueError, s.label() + " forward: " + what + " is empty");
+  const bool aligned = reinterpret_cast<uintptr_t>(m.data) % NCNN_MALLOC_ALIGN == 0 &&
+                       (m.c <= 1 || (m.cstep * m.elemsize) % 16 == 0);
+  if (aligned) return m;
+  Mat copy = m.clone();
+  if (copy.empty()) throw std::bad_alloc();
+  return copy;
 }
 
 // An output of ncnn's own layer, as this module's Mats are (its option asked for that).
-Mat blob_from_stock(const Mat& m, const StockLayer& s, const char* what) {
+Mat blob_from_stock(const Mat& m, const StockLayer& s, const std::string& what) {
   if (!m.empty() && (m.elempack != 1 || m.elemsize != 4))
-    raise(PyExc_RuntimeError, stock_label(s) + " forward: " + what + " came out as elempack " +
+    raise(PyExc_RuntimeError, s.label() + " forward: " + what + " came out as elempack " +
                                   std::to_string(m.elempack) + ", " + std::to_string(m.elemsize) +
                                   "-byte elements, not float32 of elempack 1");
   return m;
+}
+
+// An in-place forward's result into the Mat given: into its memory where the layer ran on it, else copied there
+// (the layer ran on an aligned copy of a view: the view's Mat sees the result, as with any other in-place write).
+void put_in_place(const Mat& result, Mat& given, const StockLayer& s, const std::string& what) {
+  const Mat out = blob_from_stock(result, s, what);
+  if (out.data == given.data) return;
+  if (out.dims != given.dims || out.w != given.w || out.h != given.h || out.d != given.d || out.c != given.c) {
+    given = out;  // a layer that made another shape in place: the Mat given is that result
+    return;
+  }
+  const size_t bytes = size_t(out.w) * out.h * out.d * out.elemsize;
+  for (int q = 0; q < out.c; ++q)
+    std::memcpy(static_cast<unsigned char*>(given.data) + q * given.cstep * given.elemsize,
+                static_cast<const unsigned char*>(out.data) + q * out.cstep * out.elemsize, bytes);
 }
 
 // Layer's forward and forward_inplace, one blob or lists of them (pyncnn's two overloads of each).
@@ -721,6 +826,7 @@ int forward_one(::ncnn::Layer& l, const Mat& bottom_blob, Mat& top_blob, const :
   return own_method(
       l,
       [&](StockLayer& s) {
+        s.check_form(false, "forward");
         const Mat bottom = blob_for_stock(bottom_blob, s, "bottom_blob");
         return s.forward_with(opt, [&](const ::ncnn::Layer& in, const ::ncnn::Option& o) {
           Mat top;
@@ -732,14 +838,17 @@ int forward_one(::ncnn::Layer& l, const Mat& bottom_blob, Mat& top_blob, const :
       [&] { return l.::ncnn::Layer::forward(bottom_blob, top_blob, opt); });
 }
 
-int forward_many(::ncnn::Layer& l, const nb::list& bottom_blobs, const nb::list& top_blobs,
+int forward_many(::ncnn::Layer& l, const nb::handle bottom_blobs, const nb::list& top_blobs,
                  const ::ncnn::Option& opt) {
-  const std::vector<Mat> bottoms = mats_in(bottom_blobs, "bottom_blobs");
+  std::vector<Mat> bottoms = mats_in(bottom_blobs, "bottom_blobs");
   std::vector<Mat> tops = mats_in(top_blobs, "top_blobs");
   const int code = own_method(
       l,
       [&](StockLayer& s) {
-        for (const Mat& m : bottoms) blob_for_stock(m, s, "bottom_blobs");
+        s.check_form(true, "forward");
+        s.check_lists("bottom_blobs", bottoms.size(), "top_blobs", tops.size());
+        for (size_t i = 0; i < bottoms.size(); ++i)
+          bottoms[i] = blob_for_stock(bottoms[i], s, "bottom_blobs[" + std::to_string(i) + "]");
         return s.forward_with(opt, [&](const ::ncnn::Layer& in, const ::ncnn::Option& o) {
           for (Mat& m : tops) m.release();
           const int code = in.forward(bottoms, tops, o);
@@ -757,26 +866,32 @@ int forward_inplace_one(::ncnn::Layer& l, Mat& bottom_top_blob, const ::ncnn::Op
   return own_method(
       l,
       [&](StockLayer& s) {
+        s.check_form(false, "forward_inplace");
         Mat blob = blob_for_stock(bottom_top_blob, s, "bottom_top_blob");
         return s.forward_with(opt, [&](const ::ncnn::Layer& in, const ::ncnn::Option& o) {
           const int code = in.forward_inplace(blob, o);
-          if (code == 0) bottom_top_blob = blob_from_stock(blob, s, "bottom_top_blob");
+          if (code == 0) put_in_place(blob, bottom_top_blob, s, "bottom_top_blob");
           return code;
         });
       },
       [&] { return l.::ncnn::Layer::forward_inplace(bottom_top_blob, opt); });
 }
 
-int forward_inplace_many(::ncnn::Layer& l, const nb::list& bottom_top_blobs, const ::ncnn::Option& opt) {
+int forward_inplace_many(::ncnn::Layer& l, const nb::handle bottom_top_blobs, const ::ncnn::Option& opt) {
   std::vector<Mat> blobs = mats_in(bottom_top_blobs, "bottom_top_blobs");
   const int code = own_method(
       l,
       [&](StockLayer& s) {
-        for (const Mat& m : blobs) blob_for_stock(m, s, "bottom_top_blobs");
+        s.check_form(true, "forward_inplace");
+        s.check_lists("bottom_top_blobs", blobs.size(), nullptr, 0);
+        std::vector<Mat> work(blobs.size());
+        for (size_t i = 0; i < blobs.size(); ++i)
+          work[i] = blob_for_stock(blobs[i], s, "bottom_top_blobs[" + std::to_string(i) + "]");
         return s.forward_with(opt, [&](const ::ncnn::Layer& in, const ::ncnn::Option& o) {
-          const int code = in.forward_inplace(blobs, o);
+          const int code = in.forward_inplace(work, o);
           if (code == 0)
-            for (Mat& m : blobs) m = blob_from_stock(m, s, "bottom_top_blobs");
+            for (size_t i = 0; i < blobs.size(); ++i)
+              put_in_place(work[i], blobs[i], s, "bottom_top_blobs[" + std::to_string(i) + "]");
           return code;
         });
       },
@@ -797,7 +912,7 @@ FormArgs form_args(const char* method, const nb::args& args, const nb::kwargs& k
                    const std::vector<const char*>& one, const std::vector<const char*>& many) {
   FormArgs f;
   const nb::handle first = args.size() > 0 ? args[0] : nb::handle();
-  f.lists = first ? PyList_Check(first.ptr()) != 0 : PyDict_Contains(kwargs.ptr(), nb::str(many[0]).ptr()) == 1;
+  f.lists = first ? is_sequence(first) : PyDict_Contains(kwargs.ptr(), nb::str(many[0]).ptr()) == 1;
   const std::vector<const char*>& names = f.lists ? many : one;
   const std::string call = std::string("Layer.") + method + "(" + [&] {
     std::string list;
@@ -820,12 +935,16 @@ FormArgs form_args(const char* method, const nb::args& args, const nb::kwargs& k
     if (!f.values[i]) raise(PyExc_TypeError, call + ": missing " + names[i]);
     const bool want_list = f.lists && i + 1 < names.size();
     const bool is_option = i + 1 == names.size();
+    const bool filled = want_list && std::string(names[i]) == "top_blobs";  // written: a list, grown or cut
     const bool ok = is_option ? nb::isinstance<::ncnn::Option>(f.values[i])
-                    : want_list ? PyList_Check(f.values[i].ptr()) != 0
+                    : filled  ? PyList_Check(f.values[i].ptr()) != 0
+                    : want_list ? is_sequence(f.values[i])
                                 : nb::isinstance<Mat>(f.values[i]);
-    if (!ok)
-      raise(PyExc_TypeError, call + ": " + names[i] + " is " + type_of(f.values[i]) + ", not " +
-                                 (is_option ? "an Option" : want_list ? "a list of Mats" : "a Mat"));
+    const char* wanted = is_option ? "an Option"
+                         : filled  ? "a list of Mats"
+                         : want_list ? "a list (or tuple) of Mats"
+                                     : "a Mat";
+    if (!ok) raise(PyExc_TypeError, call + ": " + names[i] + " is " + type_of(f.values[i]) + ", not " + wanted);
   }
   return f;
 }
@@ -834,7 +953,7 @@ int forward_form(::ncnn::Layer& l, nb::args args, nb::kwargs kwargs) {
   const FormArgs f = form_args("forward", args, kwargs, {"bottom_blob", "top_blob", "opt"},
                                {"bottom_blobs", "top_blobs", "opt"});
   const auto& opt = nb::cast<const ::ncnn::Option&>(f.values[2]);
-  if (f.lists) return forward_many(l, nb::borrow<nb::list>(f.values[0]), nb::borrow<nb::list>(f.values[1]), opt);
+  if (f.lists) return forward_many(l, f.values[0], nb::borrow<nb::list>(f.values[1]), opt);
   return forward_one(l, nb::cast<const Mat&>(f.values[0]), nb::cast<Mat&>(f.values[1]), opt);
 }
 
@@ -842,7 +961,7 @@ int forward_inplace_form(::ncnn::Layer& l, nb::args args, nb::kwargs kwargs) {
   const FormArgs f = form_args("forward_inplace", args, kwargs, {"bottom_top_blob", "opt"},
                                {"bottom_top_blobs", "opt"});
   const auto& opt = nb::cast<const ::ncnn::Option&>(f.values[1]);
-  if (f.lists) return forward_inplace_many(l, nb::borrow<nb::list>(f.values[0]), opt);
+  if (f.lists) return forward_inplace_many(l, f.values[0], opt);
   return forward_inplace_one(l, nb::cast<Mat&>(f.values[0]), opt);
 }
 
@@ -857,24 +976,80 @@ Mat read(const ModelBinView& v, Load&& load) {
 }
 
 // ParamDict.set (a ParamDict made in Python) and get.
-void param_set(ParamDictView& v, int id, nb::handle value) {
+// A list, tuple or 1-d numpy array of numbers as ncnn's int array (every item an int; type 5) or float array (type
+// 6), or none where value is none of those.
+std::optional<std::pair<Mat, int>> param_list(nb::handle value) {
+  nb::object items = nb::borrow(value);
+  if (nb::hasattr(value, "dtype") && nb::hasattr(value, "tolist")) {
+    if (nb::cast<long long>(value.attr("ndim")) != 1)
+      raise(PyExc_ValueError, "ParamDict.set: an array param is 1-d, got " +
+                                  std::to_string(nb::cast<long long>(value.attr("ndim"))) + " dims");
+    items = value.attr("tolist")();
+  }
+  if (!is_sequence(items)) return std::nullopt;
+  const size_t n = size_t(PySequence_Size(items.ptr()));
+  if (n == 0 || n > size_t(INT_MAX)) raise(PyExc_ValueError, "ParamDict.set: an array param holds 1..2^31-1 values");
+  std::vector<nb::object> values;
+  bool ints = true;
+  for (size_t i = 0; i < n; ++i) {
+    values.push_back(scalar_of(nb::steal(PySequence_GetItem(items.ptr(), Py_ssize_t(i)))));
+    if (PyFloat_Check(values.back().ptr())) {
+      ints = false;
+    } else if (!PyLong_Check(values.back().ptr())) {
+      raise(PyExc_TypeError, "ParamDict.set: an array param holds ints or floats, item " + std::to_string(i) +
+                                 " is " + type_of(values.back()));
+    }
+  }
+  Mat m(int(n), size_t(4));
+  if (m.empty()) throw std::bad_alloc();
+  for (size_t i = 0; i < n; ++i) {
+    if (ints)
+      static_cast<int*>(m.data)[i] = *param_int(values[i], "ParamDict.set: item " + std::to_string(i));
+    else
+      static_cast<float*>(m.data)[i] = float(PyFloat_AsDouble(nb::float_(values[i]).ptr()));
+  }
+  return std::make_pair(m, ints ? 5 : 6);
+}
+
+// What ParamDict.set takes: any value (`value`), or pyncnn's keywords' kinds (`i` an int, `f` a float, `v` an
+// array: a Mat, a list or a numpy array).
+enum class ParamKind { kAny, kInt, kFloat, kArray };
+
+void param_set_kind(ParamDictView& v, int id, nb::handle value, ParamKind kind) {
   if (!v.own)
     raise(PyExc_RuntimeError, "ParamDict.set: the ParamDict ncnn gives load_param is read-only (const in "
                               "ncnn); ParamDict() makes one to fill");
   param_id(id);
-  if (std::optional<int> i = param_int(value, "ParamDict.set: value")) {
+  v.array_types.erase(id);
+  const std::optional<int> i = kind == ParamKind::kAny || kind == ParamKind::kInt
+                                   ? param_int(value, "ParamDict.set: value") : std::nullopt;
+  const std::optional<float> f = kind == ParamKind::kAny || kind == ParamKind::kFloat
+                                     ? param_float(value)
+                                     : std::nullopt;
+  if (i) {
     v.own->set(id, *i);
-  } else if (std::optional<float> f = param_float(value)) {
+  } else if (f) {
     v.own->set(id, *f);
-  } else if (PyUnicode_Check(value.ptr())) {
+  } else if (kind == ParamKind::kFloat && param_int(value, "ParamDict.set: f")) {
+    v.own->set(id, float(*param_int(value, "ParamDict.set: f")));
+  } else if (kind == ParamKind::kAny && PyUnicode_Check(value.ptr())) {
     v.own->set(id, nb::cast<std::string>(value));
-  } else if (nb::isinstance<Mat>(value)) {
+  } else if ((kind == ParamKind::kAny || kind == ParamKind::kArray) && nb::isinstance<Mat>(value)) {
     v.own->set(id, nb::cast<const Mat&>(value).clone());
+  } else if (kind == ParamKind::kAny || kind == ParamKind::kArray) {
+    std::optional<std::pair<Mat, int>> array = param_list(value);
+    if (!array)
+      raise(PyExc_TypeError, "ParamDict.set(id, value): value is an int, float, str, Mat, or a list or 1-d numpy "
+                             "array of ints (an int array) or floats, got " + type_of(value));
+    v.own->set(id, array->first);
+    v.array_types[id] = array->second;
   } else {
-    raise(PyExc_TypeError, "ParamDict.set(id, value): value is an int, float, str or Mat, got " +
-                               type_of(value));
+    raise(PyExc_TypeError, std::string("ParamDict.set(id, ") + (kind == ParamKind::kInt ? "i" : "f") + "=...): " +
+                               (kind == ParamKind::kInt ? "an int" : "a float") + ", got " + type_of(value));
   }
 }
+
+void param_set(ParamDictView& v, int id, nb::handle value) { param_set_kind(v, id, value, ParamKind::kAny); }
 
 nb::object param_get(const ParamDictView& v, int id, nb::handle def) {
   const ::ncnn::ParamDict& pd = lent(v, "ParamDict");
@@ -882,7 +1057,7 @@ nb::object param_get(const ParamDictView& v, int id, nb::handle def) {
   if (std::optional<int> i = param_int(def, "ParamDict.get: default")) return nb::int_(pd.get(id, *i));
   if (std::optional<float> f = param_float(def)) return nb::float_(pd.get(id, *f));
   if (PyUnicode_Check(def.ptr())) return nb::str(pd.get(id, nb::cast<std::string>(def)).c_str());
-  if (nb::isinstance<Mat>(def)) return nb::cast(param_array(pd, id, nb::cast<const Mat&>(def)));
+  if (nb::isinstance<Mat>(def)) return nb::cast(param_array(pd, v.type(id), id, nb::cast<const Mat&>(def)));
   raise(PyExc_TypeError, "ParamDict.get(id, default): default is an int, float, str or Mat (its type is "
                          "the type read), got " + type_of(def));
 }
@@ -963,11 +1138,14 @@ void define_custom_layers(nb::module_& m) {
   m.def(
       "create_layer",
       [](const std::string& type) -> ::ncnn::Layer* {
-        const int index = ::ncnn::layer_to_index(type.c_str());
+        const int index = type.find('\0') == std::string::npos ? ::ncnn::layer_to_index(type.c_str()) : -1;
         if (index < 0)
           raise(PyExc_ValueError, "create_layer: ncnn has no layer type '" + type + "' (a net's own types, Python "
                                   "layers and vknorm's among them, are not made here)");
-        return new StockLayer(::ncnn::create_layer(index), type);
+        ::ncnn::Layer* inner = ::ncnn::create_layer(index);
+        if (!inner)
+          raise(PyExc_ValueError, "create_layer: this ncnn is built without layer type '" + type + "'");
+        return new StockLayer(inner, type);
       },
       "type"_a, nb::rv_policy::take_ownership,
       "pyncnn's create_layer: ncnn's own CPU layer of that type (ncnn's LayerNorm ... too, not vknorm's), to run "
@@ -978,7 +1156,9 @@ void define_custom_layers(nb::module_& m) {
       "create_layer",
       [](int index) -> ::ncnn::Layer* {
         ::ncnn::Layer* inner = ::ncnn::create_layer(index);
-        if (!inner) raise(PyExc_ValueError, "create_layer: ncnn has no layer of type index " + std::to_string(index));
+        if (!inner)
+          raise(PyExc_ValueError, "create_layer: ncnn has no layer of type index " + std::to_string(index) +
+                                      " (or is built without it)");
         return new StockLayer(inner, "");
       },
       "index"_a, nb::rv_policy::take_ownership, "create_layer(type) by ncnn's type index (layer_to_index).");
@@ -993,12 +1173,23 @@ void define_custom_layers(nb::module_& m) {
              self->own = std::make_shared<::ncnn::ParamDict>();
              self->of = self->own.get();
            })
-      .def("set", param_set, "id"_a, "value"_a.none(), "Sets param id (a ParamDict made with ParamDict() only).")
+      .def("set", param_set, "id"_a, "value"_a.none(),
+           "Sets param id (a ParamDict made with ParamDict() only): an int, a float, a str, a Mat (an array as its "
+           "bits), or a list or 1-d numpy array of ints (ncnn's int array) or of floats (its float array).")
       // pyncnn's keywords for the same (its get's, `def`, is a Python keyword: not taken)
-      .def("set", param_set, "id"_a, "i"_a.none())
-      .def("set", param_set, "id"_a, "f"_a.none())
-      .def("set", param_set, "id"_a, "v"_a.none())
-      .def("type", [](const ParamDictView& v, int id) { return lent(v, "ParamDict").type(param_id(id)); }, "id"_a,
+      .def("set", [](ParamDictView& v, int id, nb::handle i) { param_set_kind(v, id, i, ParamKind::kInt); }, "id"_a,
+           "i"_a.none())
+      .def("set", [](ParamDictView& v, int id, nb::handle f) { param_set_kind(v, id, f, ParamKind::kFloat); },
+           "id"_a, "f"_a.none())
+      .def("set", [](ParamDictView& v, int id, nb::handle a) { param_set_kind(v, id, a, ParamKind::kArray); },
+           "id"_a, "v"_a.none())
+      .def(
+          "type",
+          [](const ParamDictView& v, int id) {
+            lent(v, "ParamDict");
+            return v.type(param_id(id));
+          },
+          "id"_a,
            "ncnn's type of param id: 0 not given, 2 int, 3 float, 4 array (set from a Mat), 5 int array, 6 float "
            "array, 7 string.")
       .def("get", param_get, "id"_a, "default"_a.none(),

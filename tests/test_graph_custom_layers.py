@@ -623,14 +623,16 @@ def test_paramdict_and_modelbin_are_ncnns_for_the_call():
         pd.set(i, value)
     pd.set(3, graph.Mat(np.array([4, 5], np.float32)))
     pd.set(4, "text")
-    with pytest.raises(TypeError, match="value is an int, float, str or Mat"):
+    with pytest.raises(TypeError, match="value is an int, float, str, Mat, or a list"):
         pd.set(5, None)
     assert Keeps().load_param(pd) == 0 and kept["values"] == (7, 0.25, 3, 1.5, 2, 3, 0, [4.0, 5.0], "text")
     assert (pd.get(0, np.int32(0)), pd.get(1, np.float64(0))) == (7, 0.25)
     pd.set(5, np.True_)  # a switch, as pyncnn stores it: an int
     assert (pd.type(5), pd.get(5, 0)) == (2, 1)
-    with pytest.raises(TypeError, match="value is an int, float, str or Mat, got numpy.ndarray"):
-        pd.set(5, np.ones(2))
+    pd.set(5, np.ones(2))  # a float array, as a .param's -23306= list
+    assert pd.type(5) == 6 and np.array(pd.get(5, graph.Mat())).tolist() == [1.0, 1.0]
+    with pytest.raises(TypeError, match="value is an int, float, str, Mat, or a list .*, got dict"):
+        pd.set(5, {})
 
 
 def test_what_cannot_be_a_python_layer_is_refused():

@@ -5,7 +5,10 @@ model zoo runs a Softmax so after an extract (shufflenetv2), and that code runs 
 ``super().forward(...)`` (and the other methods) run ncnn's base Layer's, as in pyncnn.
 
 Where pyncnn crashes, this refuses: steps out of ncnn's order (load_param, load_model, create_pipeline, forward; a
-forward after load_param takes the two between as a net would), weights of the wrong size or too few, empty inputs.
+forward after load_param takes the two between as a net would; a pipeline made again reads its weights again, which
+ncnn's layers may free as they make one), weights of the wrong size or too few, empty inputs, lists shorter than the
+layer's type and params index, threads outside 1..1024, types this ncnn is built without. Views at offsets ncnn's
+aligned vector loads cannot take run on a copy, the result written back through the view.
 
 Tolerances: the same build's net runs the same CPU code on the same float32 data: bit for bit. Against float64 numpy:
 FP32_TOL at the outputs' scale (a softmax: a handful of float32 roundings; a 3x3x3 convolution: 27 products summed).
@@ -148,9 +151,12 @@ def test_multi_blob_forms_fill_the_lists_given():
     for t in tops:
         np.testing.assert_array_equal(np.array(t), a)
 
-    relu = ncnn.create_layer("ReLU")  # one blob only: ncnn's base runs the list form as nothing
+    relu = ncnn.create_layer("ReLU")  # one blob only: the form ncnn's net calls it by, as for every layer
     assert relu.load_param(ncnn.ParamDict()) == 0
-    assert relu.forward_inplace([ncnn.Mat(a)], opt) != 0
+    with pytest.raises(TypeError, match=r"ReLU takes one blob \(one_blob_only\): forward_inplace\(bottom_top_blob"):
+        relu.forward_inplace([ncnn.Mat(a)], opt)
+    with pytest.raises(TypeError, match=r"Concat takes lists of blobs: forward\(bottom_blobs, top_blobs, opt\)"):
+        concat.forward(ncnn.Mat(a), ncnn.Mat(), opt)
     m = ncnn.Mat(a)
     assert relu.forward_inplace(m, opt) == 0
     np.testing.assert_array_equal(np.array(m), np.maximum(a, 0))
@@ -167,9 +173,9 @@ def test_steps_out_of_ncnns_order_and_bad_weights_are_refused():
     assert ncnn.create_layer(ncnn.layer_to_index("ReLU")).typeindex == ncnn.layer_to_index("ReLU")
 
     conv = ncnn.create_layer("Convolution")
-    with pytest.raises(RuntimeError, match=r"load_param\(pd\) first"):
+    with pytest.raises(RuntimeError, match=r"load_param\(pd\) has not succeeded"):
         conv.forward(x, ncnn.Mat(), opt)
-    with pytest.raises(RuntimeError, match=r"load_param\(pd\) first"):
+    with pytest.raises(RuntimeError, match=r"load_param\(pd\) has not succeeded"):
         conv.load_model(ncnn.ModelBinFromMatArray([]))
     assert conv.load_param(conv_param(ncnn, 2, 3)) == 0
     with pytest.raises(RuntimeError, match="this layer has weights"):
@@ -290,7 +296,129 @@ def test_paramdict_takes_pyncnns_keywords():
     pd.set(1, f=0.5)
     pd.set(2, v=ncnn.Mat(np.array([1.0, 2.0], np.float32)))
     pd.set(3, value=7)
-    assert [pd.type(i) for i in range(4)] == [2, 3, 4, 2]
+    pd.set(4, f=2)  # an int taken as a float, as pyncnn's overload takes it
+    assert [pd.type(i) for i in range(5)] == [2, 3, 4, 2, 3]
+    with pytest.raises(TypeError, match=r"set\(id, i=...\): an int, got float"):
+        pd.set(0, i=1.5)
     assert pd.get(0, 0) == 3 and pd.get(1, 0.0) == 0.5
     assert pd.get(3, default=0) == 7
     np.testing.assert_array_equal(np.array(pd.get(2, ncnn.Mat())), [1.0, 2.0])
+
+
+def test_a_pipeline_made_again_reads_its_weights_again():
+    """ncnn's x86 InnerProduct frees its weights as it makes its pipeline (opt.lightmode, the default): after
+    destroy_pipeline the weights are loaded again before another pipeline (the forward refuses, naming the step)."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((5, 12)).astype(np.float32)
+    x = rng.standard_normal(12).astype(np.float32)
+    ip = ncnn.create_layer("InnerProduct")
+    pd = ncnn.ParamDict()
+    pd.set(0, 5)
+    pd.set(2, 60)
+    assert ip.load_param(pd) == 0
+    assert ip.load_model(ncnn.ModelBinFromMatArray(ncnn.Mat(w.reshape(-1)))) == 0
+    opt = ncnn.Option()
+    assert opt.lightmode
+    first = ncnn.Mat()
+    assert ip.forward(ncnn.Mat(x), first, opt) == 0
+    assert np.abs(np.array(first) - w.astype(np.float64) @ x).max() <= FP32_TOL * max(1.0, np.abs(w @ x).max())
+    assert ip.destroy_pipeline(opt) == 0
+    with pytest.raises(RuntimeError, match="this layer has weights"):
+        ip.forward(ncnn.Mat(x), ncnn.Mat(), opt)
+    assert ip.load_model(ncnn.ModelBinFromMatArray(ncnn.Mat(w.reshape(-1)))) == 0
+    again = ncnn.Mat()
+    assert ip.forward(ncnn.Mat(x), again, opt) == 0
+    np.testing.assert_array_equal(np.array(again), np.array(first))
+
+
+def test_views_off_ncnns_alignment_run_on_a_copy_written_back():
+    values = np.linspace(-3, 3, 64).astype(np.float32)
+    base = ncnn.Mat(values)
+    view = base.range(1, 45)  # one float past the allocation's alignment
+    relu = ncnn.create_layer("ReLU")
+    assert relu.load_param(ncnn.ParamDict()) == 0
+    assert relu.forward_inplace(view, ncnn.Option()) == 0
+    want = values.copy()
+    want[1:46] = np.maximum(want[1:46], 0)
+    np.testing.assert_array_equal(np.array(base), want)  # written through the view, the rest untouched
+
+    rows = np.arange(5 * 7, dtype=np.float32).reshape(5, 7)
+    m = ncnn.Mat(rows)
+    eltwise = ncnn.create_layer("Eltwise")
+    pd = ncnn.ParamDict()
+    pd.set(0, 1)  # sum
+    assert eltwise.load_param(pd) == 0
+    tops = [ncnn.Mat()]
+    assert eltwise.forward((m.row_range(1, 3), m.row_range(2, 3)), tops, ncnn.Option()) == 0
+    np.testing.assert_array_equal(np.array(tops[0]), rows[1:4] + rows[2:5])
+
+
+def test_lists_threads_and_types_ncnn_would_crash_on_are_refused():
+    opt = ncnn.Option()
+    x = ncnn.Mat(np.ones((2, 3, 4), np.float32))
+
+    def made(type_: str, **params):
+        layer = ncnn.create_layer(type_)
+        pd = ncnn.ParamDict()
+        for k, v in params.items():
+            pd.set(int(k[1:]), v)
+        assert layer.load_param(pd) == 0
+        return layer
+
+    with pytest.raises(ValueError, match="BinaryOp with its params takes at least 2 Mat"):
+        made("BinaryOp").forward([x], [ncnn.Mat()], opt)
+    scalar = made("BinaryOp", p0=2, p1=1, p2=3.0)  # with_scalar: one blob, times 3 (ncnn's x86 list form would
+    top = ncnn.Mat()  # read a second)
+    assert scalar.one_blob_only and scalar.forward(x, top, opt) == 0
+    np.testing.assert_array_equal(np.array(top), np.full((2, 3, 4), 3.0, np.float32))
+    with pytest.raises(TypeError, match="BinaryOp takes one blob"):
+        scalar.forward([x], [ncnn.Mat()], opt)
+    with pytest.raises(ValueError, match="Eltwise with its params takes at least 2"):
+        made("Eltwise").forward([x], [ncnn.Mat()], opt)
+    with pytest.raises(ValueError, match="SDPA with its params takes at least 3"):
+        made("SDPA").forward([x, x], [ncnn.Mat()], opt)
+    with pytest.raises(ValueError, match="takes at least 1 Mat.* got 0"):
+        made("Concat").forward([], [ncnn.Mat()], opt)
+    with pytest.raises(ValueError, match="makes at least 1 Mat.*top_blobs holds 0"):
+        made("Concat").forward([x], [], opt)
+    with pytest.raises(ValueError, match="Slice with its params makes 1..2 Mat.*holds 3"):
+        made("Slice", p0=[1, -233]).forward([x], [ncnn.Mat(), ncnn.Mat(), ncnn.Mat()], opt)
+    with pytest.raises(ValueError, match="makes 1..0"):  # no slices given: ncnn's Slice reads a null array
+        made("Slice").forward([x], [ncnn.Mat()], opt)
+    for threads in (0, -1, 1025):
+        bad = ncnn.Option()
+        bad.num_threads = threads
+        with pytest.raises(ValueError, match=f"num_threads must be 1..1024, got {threads}"):
+            made("ReLU").forward_inplace(x, bad)
+    with pytest.raises(ValueError, match="built without layer type 'ArgMax'"):
+        ncnn.create_layer("ArgMax")  # named in ncnn's registry, compiled out of this build
+    with pytest.raises(ValueError, match="no layer type"):
+        ncnn.create_layer("ReLU\0x")
+    with pytest.raises(RuntimeError, match="load_param.* has not succeeded"):
+        ncnn.create_layer("ReLU").forward_inplace(x, opt)
+    with pytest.raises(TypeError, match=r"top_blobs is tuple, not a list of Mats"):
+        made("Concat").forward([x], (ncnn.Mat(),), opt)
+
+
+def test_array_params_from_lists_and_numpy_as_a_param_file_gives_them():
+    """ncnn reads an int array's bits as int32 (a .param's -23300 lists): a list or numpy array of ints is one, a
+    Mat's float32 values are not (pyncnn's Mat of int32 keeps the bits; this module's Mats are float32)."""
+    x = np.arange(2 * 6 * 4, dtype=np.float32).reshape(2, 6, 4)
+    pd = ncnn.ParamDict()
+    pd.set(0, np.array([2, -233], np.int32))  # slices: 2 rows, then the rest
+    pd.set(1, 1)  # axis: rows
+    assert pd.type(0) == 5 and np.array(pd.get(0, ncnn.Mat())).tolist() == [2.0, -233.0]
+    pd.set(5, [0.5, 1.5])
+    assert pd.type(5) == 6
+    pd.set(5, 7)
+    assert pd.type(5) == 2  # set again: the new value's type
+    sl = ncnn.create_layer("Slice")
+    assert sl.load_param(pd) == 0
+    tops = [ncnn.Mat(), ncnn.Mat()]
+    assert sl.forward([ncnn.Mat(x)], tops, ncnn.Option()) == 0
+    np.testing.assert_array_equal(np.array(tops[0]), x[:, :2])
+    np.testing.assert_array_equal(np.array(tops[1]), x[:, 2:])
+    with pytest.raises(TypeError, match="holds ints or floats, item 1 is str"):
+        pd.set(0, [1, "2"])
+    with pytest.raises(ValueError, match="1-d"):
+        pd.set(0, np.ones((2, 2), np.int32))

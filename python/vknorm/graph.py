@@ -86,10 +86,17 @@ ncnn's own layers from Python, as pyncnn's model zoo runs a Softmax after an ext
 load taking the next, or one Mat as pyncnn takes it), ``create_pipeline(opt)``, then ``forward`` /
 ``forward_inplace``, on float32 Mats of elempack 1: the option's storage and packing switches are off for it, and its
 forwards run with the option its pipeline was made with (and the forward's ``num_threads``). A forward after
-``load_param`` takes the steps between as a net would (no weights, a pipeline with the forward's option). Steps out of
-that order, weights too few or of another size than the layer reads, and empty inputs are refused (ncnn's layers
-would crash); the lists of a multi-blob form hold as many Mats as the layer takes and makes, which ncnn does not
-check. A creator registered with ``register_custom_layer`` returns a ``Layer`` subclass, not such a layer.
+``load_param`` takes the steps between as a net would (no weights, a pipeline with the forward's option); a pipeline
+made again (after ``destroy_pipeline``) reads its weights again, as ncnn's layers may free them as they make one.
+Refused, where ncnn's layers would crash: steps out of that order, weights too few or of another size than the layer
+reads, empty inputs, the form ncnn's net does not call the layer by (one blob where ``one_blob_only``, lists
+otherwise), lists shorter than the layer's type and params index (a BinaryOp's two inputs, an SDPA's three, a
+Slice's tops past its slices, ...), ``num_threads`` outside 1..1024, types this ncnn is built without. A view off
+ncnn's alignment (``Mat.range``, ``row_range``, ...) runs on a copy, the result written back through it. Shapes
+are the layer's own to check, as in a net (ncnn's layers read past blobs of shapes they do not take). An int array
+param (a .param's ``-23300=`` list) is set from a list or numpy array of ints (``pd.set(0, [2, -233])``); a Mat's
+values are float32. A creator registered with ``register_custom_layer`` returns a ``Layer`` subclass, not such a
+layer.
 
 Fusion (``Net(fuse=True)``, the default with vknorm's layers): ``load_param`` rewrites the model so every
 norm takes in the BinaryOp add that feeds it and the activation after it (vknorm::ncnn::fuse_param);
