@@ -123,33 +123,67 @@ def test_without_the_flag_the_type_is_named_with_the_flag_to_give(model):
     assert_one_line_error(r, "line 4: layer 's' is of type 'TimesK'", "--custom-layers FILE.py")
 
 
-def test_bad_layer_files_and_a_layers_exception_are_one_line_errors(model, tmp_path):
+def test_bad_layer_files_and_what_their_layers_do_wrong_are_one_line_errors(model, tmp_path):
+    broken_forward = "1 / 0\n            bottom_top_blob.clone_from("
     files = {
         "missing.py": None,
         "imports.py": "import no_such_module_here\n",
         "nothing.py": "register = 3\n",
         "refuses.py": "def register(ncnn, net):\n    raise KeyError('not this net')\n",
-        "raises.py": LAYERS.replace("bottom_top_blob.clone_from(", "1 / 0\n            bottom_top_blob.clone_from("),
+        "registers_nothing.py": "def register(ncnn, net):\n    pass\n",
+        "raises.py": LAYERS.replace("bottom_top_blob.clone_from(", broken_forward),
+        "exits.py": LAYERS.replace("bottom_top_blob.clone_from(", "raise SystemExit(3)\n            ("),
+        "returns_none.py": LAYERS.replace("            return 0\n\n    def make", "\n    def make"),
     }
     for name, text in files.items():
         if text is not None:
             (tmp_path / name).write_text(text)
+    line = LAYERS.split("\n").index("            bottom_top_blob.clone_from(ncnn.Mat(np.array(bottom_top_blob) * self.k))")
     want = {
         "missing.py": "no such file",
-        "imports.py": "importing it raised ModuleNotFoundError: No module named 'no_such_module_here'",
+        "imports.py": "importing it raised ModuleNotFoundError: No module named 'no_such_module_here' at line 1",
         "nothing.py": "defines no register(ncnn, net)",
-        "refuses.py": "register(vknorm.graph, net) raised KeyError: 'not this net'",
-        "raises.py": "(forward_inplace) raised ZeroDivisionError: division by zero",
+        "refuses.py": "register(vknorm.graph, net) raised KeyError: 'not this net' at line 2 (register)",
+        "registers_nothing.py": "of type 'TimesK', which this ncnn does not have (nor vknorm's layers; "
+                                f"--custom-layers {tmp_path / 'registers_nothing.py'} did not register it)",
+        "raises.py": f"a layer raised ZeroDivisionError: division by zero at line {line + 1} (forward_inplace)",
+        "exits.py": f"a layer raised SystemExit: 3 at line {line + 1} (forward_inplace)",
+        "returns_none.py": "a layer raised TypeError: Python layer s (TimesK).forward_inplace returned NoneType",
     }
     for name, needle in want.items():
         r = vknorm("check", "--vulkan", model["param"], model["bin"], "--input", f"in0=8x{W}", "--custom-layers",
                    tmp_path / name, log=tmp_path / "log")
-        assert_one_line_error(r, f"--custom-layers {tmp_path / name}: ", needle)
+        assert_one_line_error(r, str(tmp_path / name), needle)
     assert_one_line_error(vknorm("check", model["param"], model["bin"], "--custom-layers", model["param"]),
                           "a Python file (FILE.py)")
+    for name, needle in (("raises.py", "ZeroDivisionError"), ("returns_none.py", "pyncnn cannot take")):
+        r = vknorm("check", model["param"], model["bin"], "--input", f"in0=8x{W}", "--custom-layers", tmp_path / name,
+                   log=tmp_path / "log")  # pyncnn's engine
+        assert_one_line_error(r, str(tmp_path / name), needle)
     r = vknorm("bench", "--model", model["param"], model["bin"], "--input", f"in0=8x{W}", "--iters", "2",
                "--custom-layers", tmp_path / "raises.py", log=tmp_path / "log")
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, (r.stdout, r.stderr)
     assert r.stderr.strip().startswith("vknorm bench: error: --custom-layers") and "ZeroDivisionError" in r.stderr
     r = vknorm("bench", "--custom-layers", model["layers"])
     assert r.returncode == 2 and "--custom-layers goes with --model" in r.stderr
+    # optimize takes no custom layers: its message suggests no flag it does not have
+    r = vknorm("optimize", model["param"], model["bin"], tmp_path / "o.param", tmp_path / "o.bin")
+    assert r.returncode == 2 and "does not have (nor vknorm's layers)" in r.stderr and "--custom-layers" not in r.stderr
+
+
+def test_the_files_prints_stay_out_of_the_json_report_and_it_loads_in_the_worker(model, tmp_path):
+    """FILE.py imported in the worker (pyncnn's examples import ncnn at the top: that must not keep the command in the
+    process that judges a crash), its prints sent to stderr, not into a report on stdout."""
+    import_or_missing("ncnn")
+    noisy = tmp_path / "noisy.py"
+    noisy.write_text("import ncnn  # noqa: F401\nprint('imported')\n"
+                     + LAYERS.replace("    log(\"register \" + ncnn.__name__)", "    print('registering')"))
+    for flags in ((), ("--vulkan",)):
+        r = vknorm("check", *flags, model["param"], model["bin"], "--input", f"in0=8x{W}", "--custom-layers", noisy,
+                   "--json", log=tmp_path / "log")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert json.loads(r.stdout)["ok"]
+    r = vknorm("bench", "--model", model["param"], model["bin"], "--input", f"in0=8x{W}", "--iters", "2",
+               "--custom-layers", noisy, "--json", "-", log=tmp_path / "log")
+    assert r.returncode == 0 and "imported" in r.stderr and "registering" in r.stderr, (r.stdout, r.stderr)
+    assert len(json.loads(r.stdout)["results"]) == 5

@@ -184,7 +184,9 @@ def crashed_running(model: str, specs: dict) -> Callable[..., str]:
             advice = "" if cause == LOADING else " try smaller --input shapes"
             return (f"the worker {run} with {input_flags(specs)} was killed "
                     f"(SIGKILL: out of host memory?{advice})")
-        return f"ncnn crashed ({signame}) {run} with {input_flags(specs)}: {cause}"
+        from . import custom_layers
+
+        return f"ncnn crashed ({signame}) {run} with {input_flags(specs)}: {cause}{custom_layers.suspect(crashed=True)}"
     return message
 
 

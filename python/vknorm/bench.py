@@ -32,6 +32,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union, cast
 
 import numpy as np
 
+from . import custom_layers
+
 TORCH_GRAPH_CALLS = 200  # forwards captured in one CUDA graph (a --reps batch replays it)
 LEAKY_SLOPE = 0.1  # --activation leakyrelu's slope, vknorm's and torch's
 DEFAULT_COLS = [32, 64, 128, 256, 512, 768, 1024, 2048, 4096, 8192, 16384, 32768]
@@ -50,11 +52,6 @@ SWEEP_ONLY = {"op": "layernorm", "rows": None, "cols": None, "channels": None, "
               "reps": 100, "batches": 5, "path": "auto", "no_packing": False, "no_affine": False, "residual": None,
               "activation": None}
 MODEL_ONLY = {"input": [], "fp16": False, "iters": 30, "custom_layers": None}
-
-
-CUSTOM_LAYERS_HELP = ("a model with layer types of its own (pyncnn's custom Python layers): FILE.py defines "
-                      "register(ncnn, net), called for each net before the model loads with that net's module, "
-                      "pyncnn or vknorm.graph (the same layer code serves both), to register them")
 
 
 def add_parser(sub) -> None:
@@ -100,7 +97,7 @@ def add_parser(sub) -> None:
                    "--input: numpy order; past_k=empty for a decoder's past kv cache at its first step)")
     m.add_argument("--fp16", action="store_true", help="float16 storage in every net (ncnn's CPU one too)")
     m.add_argument("--iters", type=int, help="timed inferences per implementation (median; default 30)")
-    m.add_argument("--custom-layers", metavar="FILE.py", help=CUSTOM_LAYERS_HELP)
+    m.add_argument("--custom-layers", metavar="FILE.py", help=custom_layers.HELP)
     # None until run() fills in the defaults: a flag given at its default value is still a flag given
     p.set_defaults(func=run, **{dest: False if default is False else None
                                 for dest, default in {**SWEEP_ONLY, **MODEL_ONLY}.items()})
@@ -497,8 +494,6 @@ def run_model(args) -> int:
         raise UsageError("--iters must be 1..100000")
     dims = parse_inputs(args.input or [])
     parse_model_inputs(param, dims)  # every input of the model named (none where it has no Input layer), and only those
-    from . import custom_layers
-
     custom_layers.use(args.custom_layers)
     try:
         from . import graph  # noqa: F401
@@ -524,7 +519,7 @@ def run_model(args) -> int:
         _core.devices()
         require_settings()
         try:
-            with custom_layers.layer_errors():
+            with custom_layers.running():
                 return run_model_bench(param, binp, dims, fp16=args.fp16, iters=args.iters,
                                        warmup_ms=args.warmup_ms,
                                        progress=(lambda i, n: (setattr(bar, "total", n), bar.update(1)))

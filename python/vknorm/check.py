@@ -140,10 +140,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-fuse", action="store_true",
                    help="--vulkan: run the model as it is, without vknorm's add -> norm -> activation fusion "
                         "(vknorm.graph.Net(fuse=False))")
-    p.add_argument("--custom-layers", metavar="FILE.py",
-                   help="a model with layer types of its own (pyncnn's custom Python layers): FILE.py defines "
-                        "register(ncnn, net), called for each net before the model loads with that net's module, "
-                        "pyncnn or vknorm.graph (the same layer code serves both), to register them")
+    p.add_argument("--custom-layers", metavar="FILE.py", help=custom_layers.HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=run_check)
     return p
@@ -618,9 +615,13 @@ def load_failure(model: Model, log: List[str]) -> str:
     layer = next((layer for layer in model.layers if m and layer.type == m.group(1)), None)
     if layer is None:
         return f": {log[-1]}"
-    hint = "" if custom_layers.used() else " (--custom-layers FILE.py registers a model's own types)"
-    return (f": line {layer.line}: layer {layer.name!r} is of type {layer.type!r}, which this ncnn does not have "
-            f"(nor vknorm's layers){hint}")
+    if custom_layers.used():
+        hint = f" (nor vknorm's layers; --custom-layers {custom_layers.used()} did not register it)"
+    elif custom_layers.offered():  # check, bench --model: the flag that registers it
+        hint = " (nor vknorm's layers) (--custom-layers FILE.py registers a model's own types)"
+    else:
+        hint = " (nor vknorm's layers)"
+    return f": line {layer.line}: layer {layer.name!r} is of type {layer.type!r}, which this ncnn does not have{hint}"
 
 
 def trailing_bytes_warning(bin_path: str, extra: int, param_path: str) -> str:
@@ -661,7 +662,7 @@ def _extract(net, inputs: dict, blobs: List[str], label: str, reg=None) -> dict:
                         raise UsageError(f"vknorm layer {lname!r} failed ({label} run, {_input_shapes(inputs)}): "
                                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                     raise UsageError(f"ncnn could not run the model on the given --input shapes "
-                                     f"({label} run, extracting blob {b!r} returned {ret}){_last_line(captured)}")
+                                     f"({label} run, extracting blob {b!r} returned {ret}){_last_line(captured)}{custom_layers.suspect()}")
                 out[b] = np.array(mat, dtype=np.float32, copy=True)
                 del mat
     finally:
@@ -1138,7 +1139,7 @@ def _graph_extract(graph, net, inputs: dict, blobs: List[str], label: str) -> di
                         raise UsageError(f"a vknorm layer refused the model ({label} run, extracting blob {b!r} "
                                          f"returned {ret}){said}")
                     raise UsageError(f"ncnn could not run the model on the given --input shapes "
-                                     f"({label} run, extracting blob {b!r} returned {ret}){said}")
+                                     f"({label} run, extracting blob {b!r} returned {ret}){said}{custom_layers.suspect()}")
                 out[b] = np.array(mat).astype(np.float32, copy=True)
                 del mat
     finally:
@@ -1543,6 +1544,22 @@ def _ncnn_add(graph, a, b, fp16: bool):
         return s
 
 
+def _clear_all(nets: list) -> None:
+    """Clears every net (ncnn's notes quiet), then raises the first error a clear raised (a custom layer's
+    destroy_pipeline), unless one is on its way already: the others are cleared still, not left to the garbage
+    collector, whose errors nothing would raise."""
+    first: Optional[Exception] = None
+    with quiet_stderr():
+        for net in nets:
+            try:
+                net.clear()
+            except Exception as e:  # noqa: BLE001 - raised below, after the other nets
+                first = first or e
+    del nets[:]
+    if first is not None and sys.exc_info()[1] is None:
+        raise first
+
+
 def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int, ...]],
                        fp16: bool = False, seed: int = 0, atol: Optional[float] = None, fuse: bool = True) -> dict:
     """`vknorm check --vulkan`: stock ncnn CPU fp32, stock ncnn Vulkan and ncnn Vulkan with vknorm inside,
@@ -1718,10 +1735,7 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
             result["warnings"].append("kept off Vulkan by the model (featmask 31=16), run on the CPU: "
                                       + ", ".join(sorted(off_vulkan)))
     finally:
-        with quiet_stderr():
-            for net in nets:
-                net.clear()
-        del nets[:]
+        _clear_all(nets)
     result["ok"] = (all(rec["ok"] for rec in result["layers"]) and result["host_round_trips"] == 0
                     and result["outputs_ok"])
     if _core.validation_enabled():
@@ -1890,7 +1904,7 @@ def _check_in_child(param_path, bin_path, specs, fp16, seed, atol, vulkan=False,
 
 def _check(param_path, bin_path, specs, fp16, seed, atol, vulkan, fuse) -> dict:
     """check_model or check_model_vulkan; what the model's custom layers raise, as a UsageError naming their line."""
-    with custom_layers.layer_errors():
+    with custom_layers.running():
         if vulkan:
             result = check_model_vulkan(param_path, bin_path, specs, fp16=fp16, seed=seed, atol=atol, fuse=fuse)
         else:
