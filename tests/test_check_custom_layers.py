@@ -166,9 +166,20 @@ def test_bad_layer_files_and_what_their_layers_do_wrong_are_one_line_errors(mode
     assert r.stderr.strip().startswith("vknorm bench: error: --custom-layers") and "ZeroDivisionError" in r.stderr
     r = vknorm("bench", "--custom-layers", model["layers"])
     assert r.returncode == 2 and "--custom-layers goes with --model" in r.stderr
-    # optimize takes no custom layers: its message suggests no flag it does not have
-    r = vknorm("optimize", model["param"], model["bin"], tmp_path / "o.param", tmp_path / "o.bin")
-    assert r.returncode == 2 and "does not have (nor vknorm's layers)" in r.stderr and "--custom-layers" not in r.stderr
+
+
+def test_optimize_fuses_around_the_models_own_layer(model, tmp_path):
+    """optimize loads the fused model to check it: with the file's layers registered there."""
+    out = tmp_path / "o.param", tmp_path / "o.bin"
+    r = vknorm("optimize", model["param"], model["bin"], *out)
+    assert r.returncode == 2 and "(--custom-layers FILE.py registers a model's own types)" in r.stderr
+    r = vknorm("optimize", model["param"], model["bin"], *out, "--custom-layers", model["layers"], "--json",
+               log=tmp_path / "log")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert [f["layers"] for f in json.loads(r.stdout)["fused"]] == [["ln", "act"]]
+    types = [line.split()[0] for line in out[0].read_text().splitlines()[2:]]
+    assert "TimesK" in types and "Swish" not in types and "LayerNorm" not in types
+    assert "register vknorm.graph" in logged(tmp_path / "log")
 
 
 def test_the_files_prints_stay_out_of_the_json_report_and_it_loads_in_the_worker(model, tmp_path):

@@ -1,5 +1,6 @@
-"""``--custom-layers FILE.py`` of ``vknorm check`` and ``vknorm bench --model``: a model with layer types of its own
-(pyncnn's custom Python layers, such as YOLOv5's Focus) runs in every net the command makes.
+"""``--custom-layers FILE.py`` of ``vknorm check``, ``vknorm bench --model`` and ``vknorm optimize``: a model with layer
+types of its own (pyncnn's custom Python layers, such as YOLOv5's Focus) runs in every net the command makes (optimize:
+the one that loads the fused model to check it).
 
 FILE.py defines ``register(ncnn, net)``, called for each net before the model loads, with that net's module: pyncnn
 (check's default engine, bench's vknorm-host) or vknorm.graph (every other run, and check's look at a GroupNorm's or
@@ -15,7 +16,7 @@ InstanceNorm's channels first). The two take the same layer code, written agains
             return KEPT[-1]
         net.register_custom_layer("YoloV5Focus", make)
 
-FILE.py is imported in the command's worker process, as the model runs there. What it or its layers raise, a layer's
+FILE.py is imported where the model runs (check's and bench's worker process). What it or its layers raise, a layer's
 return value pyncnn or vknorm.graph cannot take, and anything the commands' own code would blame on the model are
 said in one line naming FILE.py (and the line of the layer code that raised). Its prints go to stderr, not into a
 report on stdout.
@@ -35,8 +36,8 @@ from .cli import UsageError, one_line
 HELP = ("a model with layer types of its own (pyncnn's custom Python layers): FILE.py defines register(ncnn, net), "
         "called for each net the command makes before the model loads, with that net's module, pyncnn or "
         "vknorm.graph (write the layers against the ncnn given: the same code serves both); pyncnn's nets hold no "
-        "layer they made: keep them (a list FILE.py holds). Imported in the command's worker; its prints go to "
-        "stderr; what it and its layers raise is one error line naming it")
+        "layer they made: keep them (a list FILE.py holds). Imported where the model runs (check's and bench's "
+        "worker); its prints go to stderr; what it and its layers raise is one error line naming it")
 
 # The command's FILE.py and its register (one command per process: the CLI sets them, its forked worker inherits
 # them); _offered: the command takes the flag (check, bench --model), so its messages may suggest it.

@@ -25,6 +25,7 @@ import sys
 import tempfile
 from typing import List, Tuple
 
+from . import custom_layers
 from ._stdio import quiet_stderr
 
 
@@ -35,6 +36,8 @@ def add_parser(sub) -> None:
     p.add_argument("bin", metavar="IN.bin")
     p.add_argument("out_param", metavar="OUT.param")
     p.add_argument("out_bin", metavar="OUT.bin")
+    p.add_argument("--custom-layers", metavar="FILE.py",
+                   help=custom_layers.HELP + " (here: vknorm.graph's net that loads the fused model to check it)")
     p.add_argument("--json", action="store_true", help="print what was fused as JSON")
     p.set_defaults(func=run)
 
@@ -104,9 +107,11 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
         with quiet_stderr():  # registering vknorm's layers: ncnn says "overwrite built-in layer type ..."
             net = graph.configure(graph.Net(vknorm=True, fuse=False), vulkan=False)
         log: List[str] = []
-        with quiet_stderr(log):
-            param_ret = net.load_param(staged[0][0])
-            bin_ret = net.load_model(staged[1][0]) if param_ret == 0 else 0
+        with custom_layers.running():  # the model's own layer types (--custom-layers) load their params and weights
+            custom_layers.apply(graph, net)
+            with quiet_stderr(log):
+                param_ret = net.load_param(staged[0][0])
+                bin_ret = net.load_model(staged[1][0]) if param_ret == 0 else 0
         read = net.model_bytes_read
         net.clear()
         if param_ret != 0 or bin_ret != 0:
@@ -224,6 +229,7 @@ def _copy_into(src: str, f) -> None:
 def run(args) -> int:
     from .cli import UsageError
 
+    custom_layers.use(args.custom_layers)
     fused, warnings = fuse_files(args.param, args.bin, args.out_param, args.out_bin)
     try:
         _report(args, fused, warnings)
