@@ -138,7 +138,8 @@ def test_bad_layer_files_and_what_their_layers_do_wrong_are_one_line_errors(mode
     for name, text in files.items():
         if text is not None:
             (tmp_path / name).write_text(text)
-    line = LAYERS.split("\n").index("            bottom_top_blob.clone_from(ncnn.Mat(np.array(bottom_top_blob) * self.k))")
+    forward_line = "            bottom_top_blob.clone_from(ncnn.Mat(np.array(bottom_top_blob) * self.k))"
+    line = LAYERS.split("\n").index(forward_line)
     want = {
         "missing.py": "no such file",
         "imports.py": "importing it raised ModuleNotFoundError: No module named 'no_such_module_here' at line 1",

@@ -186,7 +186,8 @@ def crashed_running(model: str, specs: dict) -> Callable[..., str]:
                     f"(SIGKILL: out of host memory?{advice})")
         from . import custom_layers
 
-        return f"ncnn crashed ({signame}) {run} with {input_flags(specs)}: {cause}{custom_layers.suspect(crashed=True)}"
+        also = custom_layers.suspect(crashed=True)
+        return f"ncnn crashed ({signame}) {run} with {input_flags(specs)}: {cause}{also}"
     return message
 
 

@@ -662,7 +662,8 @@ def _extract(net, inputs: dict, blobs: List[str], label: str, reg=None) -> dict:
                         raise UsageError(f"vknorm layer {lname!r} failed ({label} run, {_input_shapes(inputs)}): "
                                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                     raise UsageError(f"ncnn could not run the model on the given --input shapes "
-                                     f"({label} run, extracting blob {b!r} returned {ret}){_last_line(captured)}{custom_layers.suspect()}")
+                                     f"({label} run, extracting blob {b!r} returned {ret}){_last_line(captured)}"
+                                     f"{custom_layers.suspect()}")
                 out[b] = np.array(mat, dtype=np.float32, copy=True)
                 del mat
     finally:
@@ -1139,7 +1140,8 @@ def _graph_extract(graph, net, inputs: dict, blobs: List[str], label: str) -> di
                         raise UsageError(f"a vknorm layer refused the model ({label} run, extracting blob {b!r} "
                                          f"returned {ret}){said}")
                     raise UsageError(f"ncnn could not run the model on the given --input shapes "
-                                     f"({label} run, extracting blob {b!r} returned {ret}){said}{custom_layers.suspect()}")
+                                     f"({label} run, extracting blob {b!r} returned {ret}){said}"
+                                     f"{custom_layers.suspect()}")
                 out[b] = np.array(mat).astype(np.float32, copy=True)
                 del mat
     finally:

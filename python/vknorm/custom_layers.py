@@ -16,10 +16,10 @@ InstanceNorm's channels first). The two take the same layer code, written agains
             return KEPT[-1]
         net.register_custom_layer("YoloV5Focus", make)
 
-FILE.py is imported where the model runs (check's and bench's worker process). What it or its layers raise, a layer's
-return value pyncnn or vknorm.graph cannot take, and anything the commands' own code would blame on the model are
-said in one line naming FILE.py (and the line of the layer code that raised). Its prints go to stderr, not into a
-report on stdout.
+FILE.py is imported where the model runs (check's and bench's worker process, optimize's own). What it or its
+layers raise, a layer's return value pyncnn or vknorm.graph cannot take, and anything the commands' own code would
+blame on the model are said in one line naming FILE.py (and the line of the layer code that raised). Its prints go
+to stderr, not into a report on stdout.
 """
 from __future__ import annotations
 
