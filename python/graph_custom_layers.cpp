@@ -390,7 +390,7 @@ class StockLayer : public ::ncnn::Layer {
     const int code = inner_->load_model(mb);
     take_flags();
     if (const auto* array = dynamic_cast<const MatArrayModelBin*>(&mb))
-      if (std::optional<std::string> error = array->take_error()) raise(PyExc_ValueError, type + ": " + *error);
+      if (std::optional<std::string> error = array->take_error()) raise(PyExc_ValueError, label() + ": " + *error);
     stage_ = code == 0 ? Stage::kModel : Stage::kParam;
     return code;
   }
@@ -402,7 +402,7 @@ class StockLayer : public ::ncnn::Layer {
       const NoWeights none;
       const int code = load_model(none);
       if (code != 0)
-        raise(PyExc_RuntimeError, type + ".load_model with no weights returned " + std::to_string(code) +
+        raise(PyExc_RuntimeError, label() + ".load_model with no weights returned " + std::to_string(code) +
                                       ": this layer has weights; load_model(ModelBinFromMatArray([...])) first");
     }
     pipeline_opt_ = on_host(opt);
@@ -450,7 +450,8 @@ class StockLayer : public ::ncnn::Layer {
     if (stage_ != Stage::kPipeline) {
       const int code = create_pipeline(opt);
       if (code != 0)
-        raise(PyExc_RuntimeError, type + ".create_pipeline returned " + std::to_string(code) + " before the forward");
+        raise(PyExc_RuntimeError, label() + ".create_pipeline returned " + std::to_string(code) +
+                                      " before the forward");
     }
     ::ncnn::Option o = pipeline_opt_;
     o.num_threads = opt.num_threads;
@@ -975,7 +976,6 @@ Mat read(const ModelBinView& v, Load&& load) {
   return loaded(std::move(m));
 }
 
-// ParamDict.set (a ParamDict made in Python) and get.
 // A list, tuple or 1-d numpy array of numbers as ncnn's int array (every item an int; type 5) or float array (type
 // 6), or none where value is none of those.
 std::optional<std::pair<Mat, int>> param_list(nb::handle value) {
@@ -1051,6 +1051,7 @@ void param_set_kind(ParamDictView& v, int id, nb::handle value, ParamKind kind) 
 
 void param_set(ParamDictView& v, int id, nb::handle value) { param_set_kind(v, id, value, ParamKind::kAny); }
 
+// ParamDict.get: param id as default's type.
 nb::object param_get(const ParamDictView& v, int id, nb::handle def) {
   const ::ncnn::ParamDict& pd = lent(v, "ParamDict");
   param_id(id);
