@@ -381,7 +381,7 @@ class StockLayer : public ::ncnn::Layer {
     const int code = inner_->load_param(pd);
     take_flags();
     stage_ = code == 0 ? Stage::kParam : Stage::kMade;
-    if (code == 0) arity_ = arity_of(typeindex, pd, one_blob_only);
+    if (code == 0) arity_ = arity_of(typeindex, pd, inner_->one_blob_only);
     return code;
   }
   int load_model(const ::ncnn::ModelBin& mb) override {
@@ -423,16 +423,22 @@ class StockLayer : public ::ncnn::Layer {
     if (bottoms < arity_.min_bottoms)
       raise(PyExc_ValueError, label() + " with its params takes at least " + std::to_string(arity_.min_bottoms) +
                                   " Mat(s) in " + bottoms_what + ", got " + std::to_string(bottoms));
+    if (tops_what && arity_.max_tops == 0)
+      raise(PyExc_ValueError, label() + " with its params makes no Mat: it takes its slices (param 0) or indices "
+                                        "(param 2)");
     if (tops_what && (tops < 1 || tops > arity_.max_tops))
       raise(PyExc_ValueError, label() + " with its params makes " +
                                   (arity_.max_tops == SIZE_MAX ? std::string("at least 1")
                                                                : "1.." + std::to_string(arity_.max_tops)) +
                                   " Mat(s): " + tops_what + " holds " + std::to_string(tops));
   }
-  std::string label() const { return type.empty() ? "layer of type index " + std::to_string(typeindex) : type; }
+  std::string label() const {
+    return type.empty() ? "(layer of type index " + std::to_string(typeindex) + ")" : type;
+  }
   // The forms ncnn's net calls this layer by (its one_blob_only: one blob, or lists): the other form reads past its
   // blobs in some of ncnn's layers (a BinaryOp with a scalar given a list).
   void check_form(bool lists, const char* method) const {
+    const bool one_blob_only = inner_->one_blob_only;  // ncnn's layer's, not what Python may have set on this one
     if (lists == !one_blob_only) return;
     const bool forward = std::string(method) == "forward";
     const std::string args = one_blob_only ? (forward ? "(bottom_blob, top_blob, opt)" : "(bottom_top_blob, opt)")
@@ -1020,27 +1026,35 @@ void param_set_kind(ParamDictView& v, int id, nb::handle value, ParamKind kind) 
     raise(PyExc_RuntimeError, "ParamDict.set: the ParamDict ncnn gives load_param is read-only (const in "
                               "ncnn); ParamDict() makes one to fill");
   param_id(id);
-  v.array_types.erase(id);
   const std::optional<int> i = kind == ParamKind::kAny || kind == ParamKind::kInt
                                    ? param_int(value, "ParamDict.set: value") : std::nullopt;
   const std::optional<float> f = kind == ParamKind::kAny || kind == ParamKind::kFloat
                                      ? param_float(value)
                                      : std::nullopt;
+  // each branch sets the value, then its type (an array's tracked; any other's ncnn's own), after every check
   if (i) {
     v.own->set(id, *i);
+    v.array_types.erase(id);
   } else if (f) {
     v.own->set(id, *f);
+    v.array_types.erase(id);
   } else if (kind == ParamKind::kFloat && param_int(value, "ParamDict.set: f")) {
     v.own->set(id, float(*param_int(value, "ParamDict.set: f")));
+    v.array_types.erase(id);
   } else if (kind == ParamKind::kAny && PyUnicode_Check(value.ptr())) {
     v.own->set(id, nb::cast<std::string>(value));
+    v.array_types.erase(id);
   } else if ((kind == ParamKind::kAny || kind == ParamKind::kArray) && nb::isinstance<Mat>(value)) {
     v.own->set(id, nb::cast<const Mat&>(value).clone());
+    v.array_types.erase(id);
   } else if (kind == ParamKind::kAny || kind == ParamKind::kArray) {
     std::optional<std::pair<Mat, int>> array = param_list(value);
     if (!array)
-      raise(PyExc_TypeError, "ParamDict.set(id, value): value is an int, float, str, Mat, or a list or 1-d numpy "
-                             "array of ints (an int array) or floats, got " + type_of(value));
+      raise(PyExc_TypeError, kind == ParamKind::kArray
+                                 ? "ParamDict.set(id, v=...): a Mat, or a list or 1-d numpy array of ints or floats, "
+                                   "got " + type_of(value)
+                                 : "ParamDict.set(id, value): value is an int, float, str, Mat, or a list or 1-d "
+                                   "numpy array of ints (an int array) or floats, got " + type_of(value));
     v.own->set(id, array->first);
     v.array_types[id] = array->second;
   } else {

@@ -181,6 +181,22 @@ def test_optimize_fuses_around_the_models_own_layer(model, tmp_path):
     types = [line.split()[0] for line in out[0].read_text().splitlines()[2:]]
     assert "TimesK" in types and "Swish" not in types and "LayerNorm" not in types
     assert "register vknorm.graph" in logged(tmp_path / "log")
+    # the layers let go as the check's net goes: what their destroy_pipeline raises is one line, its prints on stderr
+    let_go = LAYERS.replace("        def forward_inplace(", "        def destroy_pipeline(self, opt):\n"
+                            "            print('destroying')\n            return 0\n\n        def forward_inplace(")
+    (tmp_path / "prints.py").write_text(let_go)
+    (tmp_path / "raises.py").write_text(let_go.replace("            return 0\n\n        def forward_inplace(",
+                                                      "            raise KeyError('let go')\n\n"
+                                                      "        def forward_inplace("))
+    r = vknorm("optimize", model["param"], model["bin"], *out, "--custom-layers", tmp_path / "prints.py", "--json",
+               log=tmp_path / "log")
+    assert r.returncode == 0 and "destroying" in r.stderr, (r.stdout, r.stderr)
+    json.loads(r.stdout)
+    r = vknorm("optimize", model["param"], model["bin"], *out, "--custom-layers", tmp_path / "raises.py",
+               log=tmp_path / "log")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines() == ["destroying", r.stderr.splitlines()[-1]], r.stderr  # its print, then one line
+    assert r.stderr.splitlines()[-1].startswith("vknorm optimize: error: --custom-layers") and "'let go'" in r.stderr
 
 
 def test_the_files_prints_stay_out_of_the_json_report_and_it_loads_in_the_worker(model, tmp_path):
@@ -188,13 +204,18 @@ def test_the_files_prints_stay_out_of_the_json_report_and_it_loads_in_the_worker
     process that judges a crash), its prints sent to stderr, not into a report on stdout."""
     import_or_missing("ncnn")
     noisy = tmp_path / "noisy.py"
-    noisy.write_text("import ncnn  # noqa: F401\nprint('imported')\n"
-                     + LAYERS.replace("    log(\"register \" + ncnn.__name__)", "    print('registering')"))
+    noisy.write_text("import ncnn  # noqa: F401\n"
+                     + LAYERS.replace("    log(\"register \" + ncnn.__name__)", "    print('registering')")
+                     + "\nprint('imported')\nlog(f'importer {os.getppid()}')  # the parent of the importing process\n")
     for flags in ((), ("--vulkan",)):
+        log = tmp_path / f"log{len(flags)}"
         r = vknorm("check", *flags, model["param"], model["bin"], "--input", f"in0=8x{W}", "--custom-layers", noisy,
-                   "--json", log=tmp_path / "log")
+                   "--json", log=log)
         assert r.returncode == 0, (r.stdout, r.stderr)
         assert json.loads(r.stdout)["ok"]
+        # imported by a process whose parent is the command's (its worker), not by the command itself
+        importers = {int(line.split()[1]) for line in logged(log) if line.startswith("importer ")}
+        assert importers and os.getpid() not in importers, importers
     r = vknorm("bench", "--model", model["param"], model["bin"], "--input", f"in0=8x{W}", "--iters", "2",
                "--custom-layers", noisy, "--json", "-", log=tmp_path / "log")
     assert r.returncode == 0 and "imported" in r.stderr and "registering" in r.stderr, (r.stdout, r.stderr)

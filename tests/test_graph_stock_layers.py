@@ -202,6 +202,8 @@ def test_steps_out_of_ncnns_order_and_bad_weights_are_refused():
         conv.load_param(conv_param(ncnn, 2, 3))
     assert conv.destroy_pipeline(opt) == 0
     assert conv.load_param(conv_param(ncnn, 2, 3)) == 0  # and the steps after it again
+    with pytest.raises(RuntimeError, match="this layer has weights"):
+        conv.forward(x, ncnn.Mat(), opt)  # the weights read again first
     with pytest.raises(TypeError, match=r"bottom_blobs\[0\] is .*, not a Mat"):
         conv.forward([np.ones(3)], [ncnn.Mat()], opt)
     del conv, top
@@ -220,6 +222,8 @@ def test_a_python_layer_calls_ncnns_base_layer_through_super():
     in-place support it returns -1, as do the base forward_inplace. load_param ... create_pipeline return 0."""
     opt = ncnn.Option()
 
+    calls: list = []
+
     class Double(ncnn.Layer):
         def __init__(self):
             super().__init__()
@@ -230,9 +234,11 @@ def test_a_python_layer_calls_ncnns_base_layer_through_super():
             return super().load_param(pd)
 
         def forward(self, bottom_blob, top_blob, opt):
+            calls.append("forward")
             return super().forward(bottom_blob, top_blob, opt)
 
         def forward_inplace(self, bottom_top_blob, opt):
+            calls.append("forward_inplace")
             bottom_top_blob.clone_from(ncnn.Mat(np.array(bottom_top_blob) * 2))
             return 0
 
@@ -262,8 +268,6 @@ def test_a_python_layer_calls_ncnns_base_layer_through_super():
             bottom_top_blobs[1].clone_from(ncnn.Mat(a - b))
             return 0
 
-        def load_model(self, mb):
-            raise KeyError("from load_model")
 
     tops = [ncnn.Mat()]  # ncnn's base makes as many tops as bottoms
     assert Pair().forward([ncnn.Mat(x), ncnn.Mat(x + 1)], tops, opt) == 0
@@ -271,15 +275,17 @@ def test_a_python_layer_calls_ncnns_base_layer_through_super():
     np.testing.assert_array_equal(np.array(tops[0]), 2 * x + 1)
     np.testing.assert_array_equal(np.array(tops[1]), -np.ones_like(x))
 
-    # in a net, ncnn calls forward, whose super() runs forward_inplace
+    # in a net without light mode ncnn calls forward, whose super() runs forward_inplace (light mode: the latter)
     net = ncnn.Net()
+    net.opt.lightmode = False
     net.register_custom_layer("Double", Double)
     assert net.load_param_mem("7767517\n2 2\nInput in0 0 1 in0\nDouble d 1 1 in0 out0\n") == 0
     net.load_model(ncnn.DataReaderFromEmpty())
     ex = net.create_extractor()
     ex.input("in0", ncnn.Mat(x))
+    calls.clear()
     ret, out = ex.extract("out0")
-    assert ret == 0
+    assert ret == 0 and calls == ["forward", "forward_inplace"]
     np.testing.assert_array_equal(np.array(out), x * 2)
 
     class Raises(Double):
@@ -298,6 +304,8 @@ def test_paramdict_takes_pyncnns_keywords():
     pd.set(3, value=7)
     pd.set(4, f=2)  # an int taken as a float, as pyncnn's overload takes it
     assert [pd.type(i) for i in range(5)] == [2, 3, 4, 2, 3]
+    with pytest.raises(TypeError, match=r"set\(id, v=...\): a Mat, or a list .*, got int"):
+        pd.set(2, v=5)
     with pytest.raises(TypeError, match=r"set\(id, i=...\): an int, got float"):
         pd.set(0, i=1.5)
     assert pd.get(0, 0) == 3 and pd.get(1, 0.0) == 0.5
@@ -383,7 +391,8 @@ def test_lists_threads_and_types_ncnn_would_crash_on_are_refused():
         made("Concat").forward([x], [], opt)
     with pytest.raises(ValueError, match="Slice with its params makes 1..2 Mat.*holds 3"):
         made("Slice", p0=[1, -233]).forward([x], [ncnn.Mat(), ncnn.Mat(), ncnn.Mat()], opt)
-    with pytest.raises(ValueError, match="makes 1..0"):  # no slices given: ncnn's Slice reads a null array
+    with pytest.raises(ValueError, match=r"makes no Mat: it takes its slices \(param 0\) or indices"):  # ncnn's reads
+    # a null array without them
         made("Slice").forward([x], [ncnn.Mat()], opt)
     for threads in (0, -1, 1025):
         bad = ncnn.Option()
@@ -422,3 +431,22 @@ def test_array_params_from_lists_and_numpy_as_a_param_file_gives_them():
         pd.set(0, [1, "2"])
     with pytest.raises(ValueError, match="1-d"):
         pd.set(0, np.ones((2, 2), np.int32))
+
+
+def test_a_refused_set_leaves_the_param_and_ncnns_form_flag_its_own():
+    pd = ncnn.ParamDict()
+    pd.set(0, [2, -233])
+    with pytest.raises(TypeError):
+        pd.set(0, {})
+    assert pd.type(0) == 5 and np.array(pd.get(0, ncnn.Mat())).tolist() == [2.0, -233.0]
+    scalar = ncnn.create_layer("BinaryOp")
+    pd = ncnn.ParamDict()
+    pd.set(1, 1)  # with_scalar: one blob
+    assert scalar.load_param(pd) == 0
+    scalar.one_blob_only = False  # Python's copy of the flag: ncnn's layer still takes one blob
+    x = ncnn.Mat(np.ones((2, 3), np.float32))
+    with pytest.raises(TypeError, match="BinaryOp takes one blob"):
+        scalar.forward([x], [ncnn.Mat()], ncnn.Option())
+    assert ncnn.create_layer(ncnn.layer_to_index("Slice")).forward.__self__ is not None
+    with pytest.raises(RuntimeError, match=r"^\(layer of type index \d+\)\.forward: load_param"):
+        ncnn.create_layer(ncnn.layer_to_index("Slice")).forward([x], [ncnn.Mat()], ncnn.Option())

@@ -97,7 +97,7 @@ def add_parser(sub) -> None:
                    "--input: numpy order; past_k=empty for a decoder's past kv cache at its first step)")
     m.add_argument("--fp16", action="store_true", help="float16 storage in every net (ncnn's CPU one too)")
     m.add_argument("--iters", type=int, help="timed inferences per implementation (median; default 30)")
-    m.add_argument("--custom-layers", metavar="FILE.py", help=custom_layers.HELP)
+    m.add_argument("--custom-layers", metavar="FILE.py", help=custom_layers.help_for("each net the command makes"))
     # None until run() fills in the defaults: a flag given at its default value is still a flag given
     p.set_defaults(func=run, **{dest: False if default is False else None
                                 for dest, default in {**SWEEP_ONLY, **MODEL_ONLY}.items()})

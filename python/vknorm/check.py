@@ -2,7 +2,7 @@
 RMSNorm, GroupNorm, InstanceNorm).
 
     vknorm check MODEL.param MODEL.bin --input NAME=DIMS [--input NAME=DIMS ...] [--fp16] [--seed N]
-                 [--atol X] [--json]
+                 [--atol X] [--custom-layers FILE.py] [--json]
 
 Both runs are ncnn's CPU path in float32 (pyncnn, lightmode off so any blob can be extracted) on the same
 seeded standard-normal inputs; the second has vknorm registered (vknorm.ncnn.register), so its
@@ -22,7 +22,8 @@ by what ran upstream, which is not that layer's doing), each element's error ove
 within --atol (1e-4); fp16, the input rounded to float16 first and half the float16 spacing at the output's
 value allowed for the output rounding, the rest within --atol (1e-3). --vulkan also fails a vknorm layer that ran on the host.
 
-    vknorm check MODEL.param MODEL.bin --input NAME=DIMS [...] --vulkan [--no-fuse] [--fp16] [--seed N] [--atol X] [--json]
+    vknorm check MODEL.param MODEL.bin --input NAME=DIMS [...] --vulkan [--no-fuse] [--fp16] [--seed N] [--atol X]
+                 [--custom-layers FILE.py] [--json]
 
 --vulkan checks vknorm inside ncnn's Vulkan graph instead (vknorm.graph: one ncnn, compiled from source,
 for all three runs): stock ncnn CPU fp32 (the reference, run twice in nets of its own as above), stock ncnn
@@ -140,7 +141,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-fuse", action="store_true",
                    help="--vulkan: run the model as it is, without vknorm's add -> norm -> activation fusion "
                         "(vknorm.graph.Net(fuse=False))")
-    p.add_argument("--custom-layers", metavar="FILE.py", help=custom_layers.HELP)
+    p.add_argument("--custom-layers", metavar="FILE.py", help=custom_layers.help_for("each net the command makes"))
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=run_check)
     return p
@@ -617,7 +618,7 @@ def load_failure(model: Model, log: List[str]) -> str:
         return f": {log[-1]}"
     if custom_layers.used():
         hint = f" (nor vknorm's layers; --custom-layers {custom_layers.used()} did not register it)"
-    elif custom_layers.offered():  # check, bench --model: the flag that registers it
+    elif custom_layers.offered():  # check, bench --model, optimize: the flag that registers it
         hint = " (nor vknorm's layers) (--custom-layers FILE.py registers a model's own types)"
     else:
         hint = " (nor vknorm's layers)"

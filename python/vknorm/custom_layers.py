@@ -33,14 +33,16 @@ from typing import Any, Callable, Iterator, Optional
 
 from .cli import UsageError, one_line
 
-HELP = ("a model with layer types of its own (pyncnn's custom Python layers): FILE.py defines register(ncnn, net), "
-        "called for each net the command makes before the model loads, with that net's module, pyncnn or "
-        "vknorm.graph (write the layers against the ncnn given: the same code serves both); pyncnn's nets hold no "
-        "layer they made: keep them (a list FILE.py holds). Imported where the model runs (check's and bench's "
-        "worker); its prints go to stderr; what it and its layers raise is one error line naming it")
+def help_for(nets: str) -> str:
+    """The flag's --help, for the nets a command registers the layers in."""
+    return ("a model with layer types of its own (pyncnn's custom Python layers): FILE.py defines register(ncnn, "
+            f"net), called for {nets} before the model loads, with that net's module, pyncnn or vknorm.graph (write "
+            "the layers against the ncnn given: the same code serves both); pyncnn's nets hold no layer they made: "
+            "keep them (a list FILE.py holds). Imported where the model runs; its prints go to stderr; what it and "
+            "its layers raise is one error line naming it")
 
 # The command's FILE.py and its register (one command per process: the CLI sets them, its forked worker inherits
-# them); _offered: the command takes the flag (check, bench --model), so its messages may suggest it.
+# them); _offered: the command takes the flag (check, bench --model, optimize), so its messages may suggest it.
 _offered = False
 _path: Optional[str] = None
 _register: Optional[Callable[[Any, Any], Any]] = None
@@ -138,8 +140,8 @@ def suspect(crashed: bool = False) -> str:
     if _path is None:
         return ""
     if crashed:
-        return (f"; or a layer of --custom-layers {_path}: pyncnn holds no layer it made (one nothing else holds is "
-                "collected, and pyncnn crashes), and a layer's exception in its destroy_pipeline ends pyncnn")
+        return (f"; or a layer of --custom-layers {_path} (in pyncnn's runs: a layer nothing else holds is collected "
+                "and pyncnn crashes, and an exception in a layer's destroy_pipeline ends pyncnn)")
     return f"; or a layer of --custom-layers {_path} returned it"
 
 

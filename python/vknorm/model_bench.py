@@ -1,6 +1,7 @@
 """`vknorm bench --model`: whole-model wall time per inference, stock ncnn beside vknorm in one run.
 
-    vknorm bench --model MODEL.param MODEL.bin --input NAME=DIMS [...] [--fp16] [--iters N] [--json FILE]
+    vknorm bench --model MODEL.param MODEL.bin --input NAME=DIMS [...] [--fp16] [--iters N] [--custom-layers FILE.py]
+                 [--json FILE]
 
 Implementations (one process, one device):
   ncnn-cpu         stock ncnn, CPU (ncnn compiled from its pinned source, as below)

@@ -1,6 +1,6 @@
 """`vknorm optimize`: fuse an ncnn model offline, in the spirit of ncnnoptimize.
 
-    vknorm optimize IN.param IN.bin OUT.param OUT.bin [--json]
+    vknorm optimize IN.param IN.bin OUT.param OUT.bin [--custom-layers FILE.py] [--json]
 
 Every norm vknorm runs (LayerNorm, RMSNorm, GroupNorm, InstanceNorm) takes in the two-input BinaryOp add
 that feeds it (directly, or through a Split output only the norm reads, whose other outputs are read after
@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
     p.add_argument("out_param", metavar="OUT.param")
     p.add_argument("out_bin", metavar="OUT.bin")
     p.add_argument("--custom-layers", metavar="FILE.py",
-                   help=custom_layers.HELP + " (here: vknorm.graph's net that loads the fused model to check it)")
+                   help=custom_layers.help_for("the net that loads the fused model to check it"))
     p.add_argument("--json", action="store_true", help="print what was fused as JSON")
     p.set_defaults(func=run)
 
@@ -107,13 +107,20 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
         with quiet_stderr():  # registering vknorm's layers: ncnn says "overwrite built-in layer type ..."
             net = graph.configure(graph.Net(vknorm=True, fuse=False), vulkan=False)
         log: List[str] = []
-        with custom_layers.running():  # the model's own layer types (--custom-layers) load their params and weights
+        with custom_layers.running():  # the model's own layer types (--custom-layers): loaded, then let go
             custom_layers.apply(graph, net)
             with quiet_stderr(log):
                 param_ret = net.load_param(staged[0][0])
                 bin_ret = net.load_model(staged[1][0]) if param_ret == 0 else 0
-        read = net.model_bytes_read
-        net.clear()
+            read = net.model_bytes_read
+            said: List[str] = []
+            try:
+                with quiet_stderr(said):  # ncnn's note on a layer's failed destroy_pipeline: the error says it
+                    net.clear()
+            finally:  # what the layers printed as they went
+                for line in said:
+                    if line != "layer destroy_pipeline failed":
+                        print(line, file=sys.stderr)
         if param_ret != 0 or bin_ret != 0:
             what = "the fused model" if fused else "the model"
             if param_ret != 0:
