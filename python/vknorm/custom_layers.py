@@ -33,13 +33,13 @@ from typing import Any, Callable, Iterator, Optional
 
 from .cli import UsageError, one_line
 
-def help_for(nets: str) -> str:
-    """The flag's --help, for the nets a command registers the layers in."""
+def help_for(nets: str, modules: str = "pyncnn or vknorm.graph") -> str:
+    """The flag's --help, for the nets a command registers the layers in and the modules those nets are of."""
+    both = " (write the layers against the ncnn given: the same code serves both)" if " or " in modules else ""
     return ("a model with layer types of its own (pyncnn's custom Python layers): FILE.py defines register(ncnn, "
-            f"net), called for {nets} before the model loads, with that net's module, pyncnn or vknorm.graph (write "
-            "the layers against the ncnn given: the same code serves both); pyncnn's nets hold no layer they made: "
-            "keep them (a list FILE.py holds). Imported where the model runs; its prints go to stderr; what it and "
-            "its layers raise is one error line naming it")
+            f"net), called for {nets} before the model loads, with that net's module, {modules}{both}; pyncnn's "
+            "nets hold no layer they made: keep them (a list FILE.py holds). Imported where the model runs; its "
+            "prints go to stderr; what it and its layers raise is one error line naming it")
 
 # The command's FILE.py and its register (one command per process: the CLI sets them, its forked worker inherits
 # them); _offered: the command takes the flag (check, bench --model, optimize), so its messages may suggest it.

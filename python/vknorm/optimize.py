@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
     p.add_argument("out_param", metavar="OUT.param")
     p.add_argument("out_bin", metavar="OUT.bin")
     p.add_argument("--custom-layers", metavar="FILE.py",
-                   help=custom_layers.help_for("the net that loads the fused model to check it"))
+                   help=custom_layers.help_for("the net that loads the fused model to check it", "vknorm.graph"))
     p.add_argument("--json", action="store_true", help="print what was fused as JSON")
     p.set_defaults(func=run)
 
