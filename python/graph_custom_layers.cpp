@@ -204,6 +204,16 @@ void take_back(const nb::list& objs, std::vector<Mat>& blobs, const std::string&
   for (size_t i = 0; i < blobs.size(); ++i) take_back(objs[i], blobs[i], what + "[" + std::to_string(i) + "]");
 }
 
+// A copy of ncnn's option without what points into the extractor or net (its allocators, the pipeline cache): whoever
+// holds it may keep it, or make Mats with it (ncnn's Mat functions allocate through its blob_allocator), past them.
+::ncnn::Option detached(const ::ncnn::Option& opt) {
+  ::ncnn::Option own = opt;
+  own.blob_allocator = own.workspace_allocator = own.kvcache_allocator = nullptr;
+  own.blob_vkallocator = own.workspace_vkallocator = own.staging_vkallocator = own.kvcache_vkallocator = nullptr;
+  own.pipeline_cache = nullptr;
+  return own;
+}
+
 // The layer ncnn holds for a Layer subclass defined in Python: each virtual calls the Python method of that name
 // where the subclass defines one, else ncnn's own.
 class PythonLayer : public ::ncnn::Layer {
@@ -270,15 +280,8 @@ class PythonLayer : public ::ncnn::Layer {
   }
 
  private:
-  // A copy of ncnn's option, without what points into the extractor or net (its allocators, the pipeline cache): the
-  // layer may keep it, or make Mats with it (ncnn's Mat functions allocate through its blob_allocator), past them.
-  static nb::object option(const ::ncnn::Option& opt) {
-    ::ncnn::Option own = opt;
-    own.blob_allocator = own.workspace_allocator = own.kvcache_allocator = nullptr;
-    own.blob_vkallocator = own.workspace_vkallocator = own.staging_vkallocator = own.kvcache_vkallocator = nullptr;
-    own.pipeline_cache = nullptr;
-    return nb::cast(own);
-  }
+  // The option a Python layer gets: detached, so the layer may keep it.
+  static nb::object option(const ::ncnn::Option& opt) { return nb::cast(detached(opt)); }
 
   // The layer's own method `name` (its class's, or set on the instance, as pybind11 finds one), or none where it
   // has none (Layer's no-op, or nothing of that name).
@@ -319,8 +322,9 @@ class PythonLayer : public ::ncnn::Layer {
   }
 };
 
-// ncnn's weights from a list of Mats (pyncnn's ModelBinFromMatArray), each read once, in order, as a copy (the layer
-// keeps its weights; the Mats may be views of numpy memory). ncnn's own reads past the array's end and takes any size;
+// ncnn's weights from a list of Mats (pyncnn's ModelBinFromMatArray): copies its caller made (the layer keeps its
+// weights; the Mats may be views of numpy memory), each read once, in order, so handed to the layer as they are.
+// ncnn's own reads past the array's end and takes any size;
 // this one gives an empty Mat there (ncnn's layers return -100 on it) and notes why, which its caller raises.
 class MatArrayModelBin : public ::ncnn::ModelBin {
  public:
@@ -339,9 +343,9 @@ class MatArrayModelBin : public ::ncnn::ModelBin {
            " values, the layer reads " + std::to_string(w));
       return Mat();
     }
-    Mat copy = m.reshape(w).clone();  // reshape: the values alone, in order
-    if (copy.empty()) throw std::bad_alloc();
-    return copy;
+    Mat values_only = m.reshape(w);  // the values alone, in order (a copy where planes are padded)
+    if (values_only.empty()) throw std::bad_alloc();
+    return values_only;
   }
   // What went wrong in the reads so far (the first), once.
   std::optional<std::string> take_error() const { return std::exchange(error_, std::nullopt); }
@@ -515,12 +519,9 @@ class StockLayer : public ::ncnn::Layer {
     raise(PyExc_RuntimeError, label() + "." + step + ": " + why + " (ncnn's order: load_param, load_model, "
                                                                   "create_pipeline, forward)");
   }
-  // A copy of the option for a layer on the host, on float32 Mats of elempack 1, owning nothing of a net's.
+  // The option detached, for a layer on the host, on float32 Mats of elempack 1.
   static ::ncnn::Option on_host(const ::ncnn::Option& given) {
-    ::ncnn::Option o = given;
-    o.blob_allocator = o.workspace_allocator = o.kvcache_allocator = nullptr;
-    o.blob_vkallocator = o.workspace_vkallocator = o.staging_vkallocator = o.kvcache_vkallocator = nullptr;
-    o.pipeline_cache = nullptr;
+    ::ncnn::Option o = detached(given);
     o.use_vulkan_compute = o.use_packing_layout = false;
     o.use_fp16_packed = o.use_fp16_storage = o.use_fp16_arithmetic = false;
     o.use_bf16_packed = o.use_bf16_storage = false;
@@ -1026,28 +1027,34 @@ void param_set_kind(ParamDictView& v, int id, nb::handle value, ParamKind kind) 
     raise(PyExc_RuntimeError, "ParamDict.set: the ParamDict ncnn gives load_param is read-only (const in "
                               "ncnn); ParamDict() makes one to fill");
   param_id(id);
-  const std::optional<int> i = kind == ParamKind::kAny || kind == ParamKind::kInt
-                                   ? param_int(value, "ParamDict.set: value") : std::nullopt;
-  const std::optional<float> f = kind == ParamKind::kAny || kind == ParamKind::kFloat
-                                     ? param_float(value)
-                                     : std::nullopt;
-  // each branch sets the value, then its type (an array's tracked; any other's ncnn's own), after every check
-  if (i) {
-    v.own->set(id, *i);
-    v.array_types.erase(id);
-  } else if (f) {
-    v.own->set(id, *f);
-    v.array_types.erase(id);
-  } else if (kind == ParamKind::kFloat && param_int(value, "ParamDict.set: f")) {
-    v.own->set(id, float(*param_int(value, "ParamDict.set: f")));
-    v.array_types.erase(id);
-  } else if (kind == ParamKind::kAny && PyUnicode_Check(value.ptr())) {
+  // every check before the value is set: a refused set leaves the param as it was
+  if (kind == ParamKind::kAny || kind == ParamKind::kInt)
+    if (std::optional<int> i = param_int(value, "ParamDict.set: value")) {
+      v.own->set(id, *i);
+      v.array_types.erase(id);
+      return;
+    }
+  if (kind == ParamKind::kAny || kind == ParamKind::kFloat) {
+    std::optional<float> f = param_float(value);
+    if (!f && kind == ParamKind::kFloat)
+      if (std::optional<int> i = param_int(value, "ParamDict.set: f")) f = float(*i);  // as pyncnn's overload takes
+    if (f) {
+      v.own->set(id, *f);
+      v.array_types.erase(id);
+      return;
+    }
+  }
+  if (kind == ParamKind::kAny && PyUnicode_Check(value.ptr())) {
     v.own->set(id, nb::cast<std::string>(value));
     v.array_types.erase(id);
-  } else if ((kind == ParamKind::kAny || kind == ParamKind::kArray) && nb::isinstance<Mat>(value)) {
+    return;
+  }
+  if ((kind == ParamKind::kAny || kind == ParamKind::kArray) && nb::isinstance<Mat>(value)) {
     v.own->set(id, nb::cast<const Mat&>(value).clone());
-    v.array_types.erase(id);
-  } else if (kind == ParamKind::kAny || kind == ParamKind::kArray) {
+    v.array_types.erase(id);  // ncnn's type 4: the Mat's bits as they are
+    return;
+  }
+  if (kind == ParamKind::kAny || kind == ParamKind::kArray) {
     std::optional<std::pair<Mat, int>> array = param_list(value);
     if (!array)
       raise(PyExc_TypeError, kind == ParamKind::kArray
@@ -1057,10 +1064,10 @@ void param_set_kind(ParamDictView& v, int id, nb::handle value, ParamKind kind) 
                                    "numpy array of ints (an int array) or floats, got " + type_of(value));
     v.own->set(id, array->first);
     v.array_types[id] = array->second;
-  } else {
-    raise(PyExc_TypeError, std::string("ParamDict.set(id, ") + (kind == ParamKind::kInt ? "i" : "f") + "=...): " +
-                               (kind == ParamKind::kInt ? "an int" : "a float") + ", got " + type_of(value));
+    return;
   }
+  raise(PyExc_TypeError, std::string("ParamDict.set(id, ") + (kind == ParamKind::kInt ? "i" : "f") + "=...): " +
+                             (kind == ParamKind::kInt ? "an int" : "a float") + ", got " + type_of(value));
 }
 
 void param_set(ParamDictView& v, int id, nb::handle value) { param_set_kind(v, id, value, ParamKind::kAny); }
@@ -1256,8 +1263,8 @@ void define_custom_layers(nb::module_& m) {
             std::vector<Mat> copies;
             if (nb::isinstance<Mat>(weights))
               copies.push_back(nb::cast<const Mat&>(weights));
-            else if (PyList_Check(weights.ptr()) || PyTuple_Check(weights.ptr()))
-              copies = mats_in(nb::steal<nb::list>(PySequence_List(weights.ptr())), "ModelBinFromMatArray: weights");
+            else if (is_sequence(weights))
+              copies = mats_in(weights, "ModelBinFromMatArray: weights");
             else
               raise(PyExc_TypeError, "ModelBinFromMatArray(weights): a list of Mats or one Mat, got " +
                                          type_of(weights));

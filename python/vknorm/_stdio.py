@@ -61,3 +61,17 @@ def _quiet_stderr(sink: Optional[list]):
             os.close(saved)
             if sink is not None:
                 sink.extend(_lines(tmp))
+
+
+@contextlib.contextmanager
+def without_ncnn_notes(*notes: str):
+    """C-level stderr for the block as it is, less ncnn's lines that start with one of ``notes`` (said better by the
+    caller): the rest (a custom Python layer's prints among them) written out when the block ends."""
+    said: list = []
+    try:
+        with quiet_stderr(said):
+            yield
+    finally:
+        for line in said:
+            if not line.startswith(notes):
+                print(line, file=sys.stderr)

@@ -117,21 +117,17 @@ def apply(ncnn: Any, net: Any) -> None:
         return
     load()
     assert _register is not None
-    from ._stdio import quiet_stderr
+    from ._stdio import without_ncnn_notes
 
-    said: list = []
     try:
-        with quiet_stderr(said), contextlib.redirect_stdout(sys.stderr):
+        # ncnn's "overwrite built-in layer type ..." where a type takes over one of its own: not news here
+        with without_ncnn_notes("overwrite built-in layer type"), contextlib.redirect_stdout(sys.stderr):
             _register(ncnn, net)
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - the user's code: whatever it raises, one line
         module = getattr(ncnn, "__name__", "ncnn")
         raise UsageError(f"--custom-layers {_path}: register({module}, net) raised {_said(e)}{_where(e)}") from None
-    finally:  # what register printed, but ncnn's "overwrite built-in layer type ..." where a type takes one over
-        for line in said:
-            if not line.startswith("overwrite built-in layer type"):
-                print(line, file=sys.stderr)
 
 
 def suspect(crashed: bool = False) -> str:

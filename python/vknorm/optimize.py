@@ -26,7 +26,7 @@ import tempfile
 from typing import List, Tuple
 
 from . import custom_layers
-from ._stdio import quiet_stderr
+from ._stdio import quiet_stderr, without_ncnn_notes
 
 
 def add_parser(sub) -> None:
@@ -113,14 +113,8 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
                 param_ret = net.load_param(staged[0][0])
                 bin_ret = net.load_model(staged[1][0]) if param_ret == 0 else 0
             read = net.model_bytes_read
-            said: List[str] = []
-            try:
-                with quiet_stderr(said):  # ncnn's note on a layer's failed destroy_pipeline: the error says it
-                    net.clear()
-            finally:  # what the layers printed as they went
-                for line in said:
-                    if line != "layer destroy_pipeline failed":
-                        print(line, file=sys.stderr)
+            with without_ncnn_notes("layer destroy_pipeline failed"):  # the error a layer raised says it
+                net.clear()
         if param_ret != 0 or bin_ret != 0:
             what = "the fused model" if fused else "the model"
             if param_ret != 0:
