@@ -5,7 +5,7 @@
 //
 // Usage:
 //   ncnn_example MODEL.param MODEL.bin DIMS [--stock] [--fp16] [--cpu] [--fuse] [--runner] [--repeat N]
-//                [--out FILE] [--dump-input FILE]
+//                [--out FILE] [--dump-input FILE] [--param-bin IN,OUT [--custom-type INDEX=TYPE]...]
 //
 //   DIMS          the shape of the input blob "in0" in numpy order, batch dropped: W, HxW, CxHxW or
 //                 CxDxHxW (e.g. 197x768 -> h=197 w=768; 32x14x14 -> c=32 h=14 w=14)
@@ -21,6 +21,12 @@
 //                 Prints the median wall time per inference (and with --runner the command buffers it made).
 //   --out FILE    write the output blob "out0" as raw little-endian float32 in numpy order
 //   --dump-input FILE  write the input as raw float32 in numpy order (to check the pattern below)
+//   --param-bin IN,OUT  MODEL.param is ncnn's binary params (ncnn2mem's .param.bin, net.load_param_bin), which name
+//                 no blob: the input is blob IN and the output blob OUT (the .id.h's BLOB_ constants). Not with
+//                 --fuse (fusion reads text params: vknorm optimize first, then ncnn2mem).
+//   --custom-type INDEX=TYPE  register vknorm's layer TYPE (vknorm.LayerNorm, ...) under ncnn2mem's custom type
+//                 index INDEX (its TYPEINDEX_ constants; vknorm::ncnn::register_layer): a fused model's types in
+//                 binary params. Repeatable; with --param-bin, not with --stock.
 //
 // The input is a deterministic pattern over the flat numpy (C) order, i = 0 .. N-1:
 //
@@ -66,16 +72,28 @@ struct Args {
   std::vector<int> dims;  // numpy order
   bool stock = false, fp16 = false, cpu = false, fuse = false, runner = false;
   int repeat = 1;
+  bool param_bin = false;
+  int in_index = -1, out_index = -1;                    // --param-bin's blobs
+  std::vector<std::pair<int, std::string>> custom_types;  // --custom-type INDEX=TYPE
 };
 
 const char* const kUsage =
     "usage: ncnn_example MODEL.param MODEL.bin DIMS [--stock] [--fuse] [--fp16] [--cpu] [--runner]"
-    " [--repeat N] [--out FILE] [--dump-input FILE]\n"
+    " [--repeat N] [--out FILE] [--dump-input FILE] [--param-bin IN,OUT [--custom-type INDEX=TYPE]...]\n"
     "  DIMS: numpy order, batch dropped, e.g. 197x768 (h, w) or 32x14x14 (c, h, w)\n";
 
 [[noreturn]] void usage_error(const std::string& why) {
   std::cerr << "ncnn_example: " << why << "\n" << kUsage;
   std::exit(2);
+}
+
+// A non-negative int of a flag's value, all of `s`.
+bool parse_index(const std::string& s, int& v) {
+  char* end = nullptr;
+  const long n = std::strtol(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || n < 0 || n > INT32_MAX) return false;
+  v = int(n);
+  return true;
 }
 
 std::vector<int> parse_dims(const std::string& s) {
@@ -115,12 +133,30 @@ Args parse_args(int argc, char** argv) {
     }
     else if (s == "--out") a.out_path = value();
     else if (s == "--dump-input") a.input_path = value();
+    else if (s == "--param-bin") {
+      const std::string v = value();
+      const size_t comma = v.find(',');
+      a.param_bin = true;
+      if (comma == std::string::npos || !parse_index(v.substr(0, comma), a.in_index) ||
+          !parse_index(v.substr(comma + 1), a.out_index))
+        usage_error("--param-bin needs the input's and output's blob indexes IN,OUT, got '" + v + "'");
+    } else if (s == "--custom-type") {
+      const std::string v = value();
+      const size_t eq = v.find('=');
+      int index = -1;
+      if (eq == std::string::npos || !parse_index(v.substr(0, eq), index) || eq + 1 == v.size())
+        usage_error("--custom-type needs INDEX=TYPE (e.g. 256=vknorm.LayerNorm), got '" + v + "'");
+      a.custom_types.emplace_back(index, v.substr(eq + 1));
+    }
     else if (s == "-h" || s == "--help") { std::cout << kUsage; std::exit(0); }
     else if (s.size() > 1 && s[0] == '-') usage_error("unknown option " + s);
     else positional.push_back(s);
   }
   if (positional.size() != 3) usage_error("expected MODEL.param MODEL.bin DIMS");
   if (a.fuse && a.stock) usage_error("--fuse needs vknorm's layers (not --stock)");
+  if (a.fuse && a.param_bin) usage_error("--fuse reads text params (fuse with vknorm optimize, then convert)");
+  if (!a.custom_types.empty() && (!a.param_bin || a.stock))
+    usage_error("--custom-type registers vknorm's layers for --param-bin (not with --stock)");
   a.param_path = positional[0];
   a.bin_path = positional[1];
   a.dims = parse_dims(positional[2]);
@@ -201,11 +237,17 @@ int run(const Args& a) {
       std::cerr << "ncnn_example: registering vknorm's layers failed (" << r << ")\n";
       return 1;
     }
+    for (const auto& [index, type] : a.custom_types)
+      if (int r = vknorm::ncnn::register_layer(net, index, type)) {
+        std::cerr << "ncnn_example: registering " << type << " as type index " << index << " failed (" << r << ")\n";
+        return 1;
+      }
   }
   // --fuse: vknorm's graph rewrite (add -> norm -> activation as one vknorm layer) as the model loads.
   std::vector<vknorm::ncnn::FusedPattern> fused;
-  if (int r = a.fuse ? vknorm::ncnn::load_param_fused(net, a.param_path.c_str(), &fused)
-                     : net.load_param(a.param_path.c_str())) {
+  if (int r = a.fuse        ? vknorm::ncnn::load_param_fused(net, a.param_path.c_str(), &fused)
+              : a.param_bin ? net.load_param_bin(a.param_path.c_str())
+                            : net.load_param(a.param_path.c_str())) {
     std::cerr << "ncnn_example: load_param " << a.param_path << " failed (" << r << ")\n";
     return 1;
   }
@@ -262,7 +304,10 @@ int run(const Args& a) {
     std::cerr << "ncnn_example: cannot allocate the input " << join_dims(a.dims) << "\n";
     return 1;
   }
-  std::cout << "input in0: " << join_dims(a.dims) << "\n";
+  // Blobs by name in text params, by index in binary ones.
+  const std::string in_label = a.param_bin ? "blob " + std::to_string(a.in_index) : "in0";
+  const std::string out_label = a.param_bin ? "blob " + std::to_string(a.out_index) : "out0";
+  std::cout << "input " << in_label << ": " << join_dims(a.dims) << "\n";
 
   std::vector<int> shape;
   std::vector<float> y;
@@ -272,24 +317,26 @@ int run(const Args& a) {
   for (int i = 0; i < a.repeat; ++i) {
     const auto start = std::chrono::steady_clock::now();
     ncnn::Extractor ex = runner ? runner->create_extractor() : net.create_extractor();
-    if (int r = ex.input("in0", in)) {
-      std::cerr << "ncnn_example: input in0 failed (" << r << ")\n";
+    if (int r = a.param_bin ? ex.input(a.in_index, in) : ex.input("in0", in)) {
+      std::cerr << "ncnn_example: input " << in_label << " failed (" << r << ")\n";
       return 1;
     }
     ncnn::Mat out;
-    if (int r = runner ? runner->extract(ex, "out0", out) : ex.extract("out0", out)) {
-      std::cerr << "ncnn_example: extract out0 failed (" << r << ")\n";
+    const int r = a.param_bin ? (runner ? runner->extract(ex, a.out_index, out) : ex.extract(a.out_index, out))
+                              : (runner ? runner->extract(ex, "out0", out) : ex.extract("out0", out));
+    if (r != 0) {
+      std::cerr << "ncnn_example: extract " << out_label << " failed (" << r << ")\n";
       return 1;
     }
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
     if (out.empty() || out.elempack != 1 || out.elemsize != 4) {
-      std::cerr << "ncnn_example: out0 is not an elempack-1 float32 blob (elempack " << out.elempack << ", elemsize "
-                << out.elemsize << ")\n";
+      std::cerr << "ncnn_example: " << out_label << " is not an elempack-1 float32 blob (elempack " << out.elempack
+                << ", elemsize " << out.elemsize << ")\n";
       return 1;
     }
     std::vector<float> yi = from_mat(out, shape);
     if (i > 0 && (yi.size() != y.size() || std::memcmp(yi.data(), y.data(), y.size() * sizeof(float)) != 0)) {
-      std::cerr << "ncnn_example: inference " << i + 1 << " gave another out0 than the first\n";
+      std::cerr << "ncnn_example: inference " << i + 1 << " gave another " << out_label << " than the first\n";
       return 1;
     }
     y = std::move(yi);
@@ -304,10 +351,13 @@ int run(const Args& a) {
   }
 
   // Per layer: how it ran and the pipelines (shader variant / specialization constants) it made.
-  for (const ncnn::Layer* l : net.layers()) {
+  // (binary params name no layer: "#" and its index)
+  for (size_t i = 0; i < net.layers().size(); ++i) {
+    const ncnn::Layer* l = net.layers()[i];
     vknorm::ncnn::LayerInfo info;
     if (!vknorm::ncnn::describe_layer(l, info)) continue;
-    std::cout << "vknorm layer " << l->name << " " << l->type << ": vulkan_forwards " << info.counters.vulkan_forwards
+    const std::string name = l->name.empty() ? "#" + std::to_string(i) : l->name;
+    std::cout << "vknorm layer " << name << " " << info.layer_type << ": vulkan_forwards " << info.counters.vulkan_forwards
               << ", cpu_forwards " << info.counters.cpu_forwards << ", pipelines";
     for (const std::string& p : info.pipelines) std::cout << " " << p;
     std::cout << "\n";
@@ -324,7 +374,7 @@ int run(const Args& a) {
   }
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.9g", max_abs);
-  std::cout << "output out0: " << join_dims(shape) << ", max |out| " << buf << (finite ? "" : " (NOT FINITE)") << "\n";
+  std::cout << "output " << out_label << ": " << join_dims(shape) << ", max |out| " << buf << (finite ? "" : " (NOT FINITE)") << "\n";
   if (!a.out_path.empty()) {
     if (!write_raw(a.out_path, y)) {
       std::cerr << "ncnn_example: cannot write " << a.out_path << "\n";

@@ -2,7 +2,10 @@
 // extract_recorded).
 #include <ncnn/command.h>
 #include <ncnn/gpu.h>
+#include <ncnn/layer_type.h>
 #include <ncnn/net.h>
+
+#include <string>
 
 #include "vknorm/ncnn.h"
 
@@ -11,24 +14,29 @@ namespace ncnn {
 
 namespace {
 
+// A blob as a log line names it: by name, or by index (binary params name no blob).
+std::string label(const char* blob) { return blob ? blob : "null"; }
+std::string label(int blob) { return "blob " + std::to_string(blob); }
+
 // Where record_download puts a download (blobs host-visible and cached: the blob allocator, else staging); null
 // where opt lacks it, logged. A net's own Option has no VkAllocators (an extractor takes its own from the device).
-::ncnn::VkAllocator* download_allocator(const ::ncnn::Option& opt, const char* blob) {
+::ncnn::VkAllocator* download_allocator(const ::ncnn::Option& opt, const std::string& blob) {
   const ::ncnn::VkAllocator* b = opt.blob_vkallocator;
   ::ncnn::VkAllocator* dst = b && b->mappable && b->cached ? opt.blob_vkallocator : opt.staging_vkallocator;
   if (!b || !dst)
     NCNN_LOGE("vknorm: extract_recorded(%s): opt.%s is null: pass the net's options with the VkAllocators the "
               "extractor was given (ex.set_blob_vkallocator / set_staging_vkallocator), as vknorm::ncnn::Runner does",
-              blob ? blob : "null", b ? "staging_vkallocator" : "blob_vkallocator");
+              blob.c_str(), b ? "staging_vkallocator" : "blob_vkallocator");
   return b ? dst : nullptr;
 }
 
-// extract_recorded, and with `keep` the download kept in ex (extract_recorded_kept).
-int extract_recorded_keeping(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
+// extract_recorded, and with `keep` the download kept in ex (extract_recorded_kept); the blob by name or index.
+template <class Blob>
+int extract_recorded_keeping(::ncnn::Extractor& ex, Blob blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
                              const ::ncnn::Option& opt, bool keep) {
   // Refused before the extract, which would record the forward into cmd and leave the extractor holding blobs
   // that never ran; whatever opt.use_vulkan_compute says, as the extractor records on its net's device either way.
-  if (!download_allocator(opt, blob)) return -1;
+  if (!download_allocator(opt, label(blob))) return -1;
   // The extractor records with opt's allocators too: ncnn's recorded extract dereferences an extractor's own,
   // which one of net.create_extractor() does not have (a crash in its upload), nor one given others.
   ex.set_blob_vkallocator(opt.blob_vkallocator);
@@ -37,7 +45,7 @@ int extract_recorded_keeping(::ncnn::Extractor& ex, const char* blob, ::ncnn::Ma
   ::ncnn::VkMat gpu;
   if (int r = ex.extract(blob, gpu, cmd)) return r;
   if (gpu.empty()) return ex.extract(blob, out);  // not a Vulkan blob: ncnn's own path
-  ::ncnn::VkAllocator* dst_allocator = download_allocator(opt, blob);
+  ::ncnn::VkAllocator* dst_allocator = download_allocator(opt, label(blob));
   if (!dst_allocator) return -1;
   // record_download's destination: elempack 4 where the packing option allows, cast to float32 on all but
   // discrete GPUs, int8 kept as int8; from the staging allocator unless blobs are host-visible and cached.
@@ -57,7 +65,8 @@ int extract_recorded_keeping(::ncnn::Extractor& ex, const char* blob, ::ncnn::Ma
     if (gpu.dims == 3) reserve.create(gpu.w, gpu.h, n, elemsize, pack, dst_allocator);
     if (gpu.dims == 4) reserve.create(gpu.w, gpu.h, gpu.d, n, elemsize, pack, dst_allocator);
     if (reserve.empty()) {
-      NCNN_LOGE("vknorm: out of device memory downloading %s (%zu bytes)", blob, gpu.total() * gpu.elemsize);
+      NCNN_LOGE("vknorm: out of device memory downloading %s (%zu bytes)", label(blob).c_str(),
+                gpu.total() * gpu.elemsize);
       return -100;
     }
   }
@@ -94,9 +103,19 @@ int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, 
   return extract_recorded_keeping(ex, blob, out, cmd, opt, false);
 }
 
+int extract_recorded(::ncnn::Extractor& ex, int blob_index, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
+                     const ::ncnn::Option& opt) {
+  return extract_recorded_keeping(ex, blob_index, out, cmd, opt, false);
+}
+
 int extract_recorded_kept(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
                           const ::ncnn::Option& opt) {
   return extract_recorded_keeping(ex, blob, out, cmd, opt, true);
+}
+
+int extract_recorded_kept(::ncnn::Extractor& ex, int blob_index, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
+                          const ::ncnn::Option& opt) {
+  return extract_recorded_keeping(ex, blob_index, out, cmd, opt, true);
 }
 
 int blob_index(const ::ncnn::Net& net, const char* name) {
@@ -107,13 +126,15 @@ int blob_index(const ::ncnn::Net& net, const char* name) {
   return -1;
 }
 
-bool computed_on_host(const ::ncnn::Net& net, const char* name) {
-  const int index = blob_index(net, name);
-  if (index < 0) return false;
-  const int producer = net.blobs()[size_t(index)].producer;
+bool computed_on_host(const ::ncnn::Net& net, const char* name) { return computed_on_host(net, blob_index(net, name)); }
+
+bool computed_on_host(const ::ncnn::Net& net, int blob_index) {
+  if (blob_index < 0 || blob_index >= int(net.blobs().size())) return false;
+  const int producer = net.blobs()[size_t(blob_index)].producer;
   if (producer < 0 || producer >= int(net.layers().size())) return false;
   const ::ncnn::Layer* layer = net.layers()[size_t(producer)];
-  return layer->type == "Input" || runs_on_host(*layer);
+  // by index: binary params leave a layer's type name empty
+  return layer->typeindex == ::ncnn::LayerType::Input || runs_on_host(*layer);
 }
 
 bool runs_on_host(const ::ncnn::Layer& layer) { return !layer.support_vulkan || (layer.featmask & (1 << 4)); }
@@ -154,9 +175,19 @@ int Runner::extract(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out) {
     NCNN_LOGE("vknorm: Runner::extract: the blob name is null");
     return -1;
   }
+  return extract_blob(ex, blob, blob_index(net_, blob), out);
+}
+
+int Runner::extract(::ncnn::Extractor& ex, int blob_index, ::ncnn::Mat& out) {
+  return extract_blob(ex, blob_index, blob_index, out);
+}
+
+template <class Blob>
+int Runner::extract_blob(::ncnn::Extractor& ex, Blob blob, int index, ::ncnn::Mat& out) {
   attach();
-  // ncnn's own: no recording (or its error for an unknown name)
-  if (!vkdev_ || blob_index(net_, blob) < 0 || computed_on_host(net_, blob)) return ex.extract(blob, out);
+  // ncnn's own: no recording (or its error for an unknown name or index)
+  if (!vkdev_ || index < 0 || index >= int(net_.blobs().size()) || computed_on_host(net_, index))
+    return ex.extract(blob, out);
   if (!cmd_) {
     cmd_ = std::make_unique<::ncnn::VkCompute>(vkdev_);
     ++made_;

@@ -20,6 +20,7 @@
 #include <ncnn/command.h>
 #include <ncnn/gpu.h>
 #include <ncnn/layer.h>
+#include <ncnn/layer_type.h>
 #include <ncnn/modelbin.h>
 #include <ncnn/net.h>
 #include <ncnn/pipeline.h>
@@ -77,7 +78,7 @@ DeviceInfo device_info(const ::ncnn::VulkanDevice& dev) {
 class NormLayer : public ::ncnn::Layer {
  public:
   // fused: vknorm's own type ("vknorm.LayerNorm", ...), which also takes the fusion params (ncnn.h).
-  NormLayer(NormOp op, bool fused) : fused_type_(fused) {
+  NormLayer(NormOp op, bool fused, bool by_index) : fused_type_(fused), by_index_(by_index) {
     p_.op = op;
     one_blob_only = true;
     // Out of place: in place, ncnn would first copy a shared input (Split -> norm, as in every pre-norm
@@ -110,6 +111,14 @@ class NormLayer : public ::ncnn::Layer {
   // ncnn's param ids and validation (NormParams, shared with vknorm's own layer).
   int load_param(const ::ncnn::ParamDict& pd) override {
     try {
+      // Binary params name a fused type by its custom index alone, and ncnn gives that index whatever the net
+      // registered at it: register_layers' fused types sit there by name (text params name them), in its order,
+      // not in the order ncnn2mem numbered the model's. Only register_layer says which type an index is.
+      if (fused_type_ && type.empty() && !by_index_)
+        throw std::invalid_argument(std::string("binary params name this layer by type index ") +
+                                    std::to_string(typeindex) + " alone: register vknorm's type for it first, "
+                                    "vknorm::ncnn::register_layer(net, " + std::to_string(typeindex) +
+                                    ", \"vknorm.<type>\") (ncnn2mem's TYPEINDEX_)");
       p_ = NormParams::read(p_.op, pd);
       fusion_ = Fusion{};
       if (fused_type_) {
@@ -699,6 +708,7 @@ class NormLayer : public ::ncnn::Layer {
 
   NormParams p_;
   bool fused_type_ = false;
+  bool by_index_ = false;  // made by register_layer's creator (a binary params' custom type index)
   Fusion fusion_;
   std::unique_ptr<::ncnn::Layer> add_cpu_, add_vk_;  // the unfused fallback's BinaryOp (create_pipeline)
   mutable std::atomic<uint64_t> unfused_adds_{0};
@@ -717,8 +727,11 @@ class NormLayer : public ::ncnn::Layer {
   std::unique_ptr<::ncnn::Layer> cpu_activation_;  // and of the fused activation
 };
 
+// userdata: kByIndex from register_layer, null from register_layers
+char by_index_marker;
+void* const kByIndex = &by_index_marker;
 template <NormOp op, bool fused>
-::ncnn::Layer* create_layer(void*) { return new NormLayer(op, fused); }
+::ncnn::Layer* create_layer(void* userdata) { return new NormLayer(op, fused, userdata == kByIndex); }
 void destroy_layer(::ncnn::Layer* layer, void*) { delete layer; }
 
 }  // namespace
@@ -753,6 +766,24 @@ int register_layers(::ncnn::Net& net) {
   for (const auto& [type, creator] : kVknormTypes)
     if (int r = net.register_custom_layer(type, creator, destroy_layer)) return r;
   return 0;
+}
+
+int register_layer(::ncnn::Net& net, int typeindex, const std::string& type) {
+  if (!net.layers().empty()) {
+    NCNN_LOGE("vknorm::ncnn::register_layer: the net's layers are made already (load_param ran): call it before "
+              "load_param_bin, or on a net that has been clear()ed");
+    return -1;
+  }
+  // Built-in indexes are register_layers' (by name); a custom one is what ncnn2mem numbers a model's own types by.
+  if (typeindex < 0 || !(typeindex & ::ncnn::LayerType::CustomBit)) {
+    NCNN_LOGE("vknorm::ncnn::register_layer: type index %d is not a custom one (LayerType::CustomBit | j, as "
+              "ncnn2mem's TYPEINDEX_ constants); ncnn's own types are register_layers'", typeindex);
+    return -1;
+  }
+  for (const auto& [name, creator] : kVknormTypes)
+    if (type == name) return net.register_custom_layer(typeindex, creator, destroy_layer, kByIndex);
+  NCNN_LOGE("vknorm::ncnn::register_layer: %s is not one of vknorm's layer types", type.c_str());
+  return -1;
 }
 
 bool is_vknorm_type(const std::string& type) {

@@ -21,7 +21,11 @@ and sd_resblock_c320 (320x8x8, 2 GroupNorms of 10 channels per group):
 * every Vulkan run of the program under the Khronos validation layer loaded into ncnn's own instance
   (graph_runs.validated_env, synchronization validation on): the layer wrote its log file (so it was
   loaded) and the log is empty;
-* ncnn errors and bad arguments give non-zero exit codes (1 and 2).
+* ncnn errors and bad arguments give non-zero exit codes (1 and 2);
+* ncnn's binary params (as ncnn2mem writes them, tests/param_bin.py) through load_param_bin: the norms by ncnn's
+  type index, a fused model's vknorm types under the custom indexes ncnn2mem numbers them by
+  (vknorm::ncnn::register_layer), blobs by index, a Runner's extract too: the text params' run bit for bit; a
+  fused type in binary params that register_layer did not name is refused at load, not guessed.
 
 Skipped (whole module) only where the ncnn prefix does not exist, outside `make test` (under it, a failure). The
 prefix: NCNN_PREFIX in the environment, else the Makefile's. Build directories persist under build/
@@ -41,6 +45,7 @@ import numpy as np
 import pytest
 
 import graph_runs
+import param_bin
 from availability import missing
 from test_deploy_cpp import ROOT, cmake_env, configure_consumer, generator_args, run
 
@@ -138,7 +143,9 @@ def test_ncnn_layer_contracts_hold(installed):
     extract_recorded given an opt without VkAllocators (use_vulkan_compute on or off) is -1, not a crash, and
     records an extractor not given opt's allocators with them; a bfloat16 net's every extract is -1, said as such;
     load_param_fused with a null path is -1; register_layers after load_param is -1 (the layers made stock already)
-    and registers after clear(); a Runner made before load_param keeps one command buffer too."""
+    and registers after clear(); a Runner made before load_param keeps one command buffer too; register_layer takes
+    custom type indexes only, before load_param; by blob index, computed_on_host names the Input's blob alone and
+    a Runner gives it back as given, ncnn's result for a layer's blob, -1 outside the blobs."""
     env = cmake_env()
     run(["cmake", "-S", os.path.join(ROOT, "tests", "cpp"), "-B", CONTRACTS_BUILD, *generator_args(CONTRACTS_BUILD),
          f"-DCMAKE_PREFIX_PATH={installed}", f"-Dncnn_DIR={NCNN_DIR}", "-DVKNORM_CPP_TESTS_NCNN=ON"],
@@ -149,7 +156,7 @@ def test_ncnn_layer_contracts_hold(installed):
     # the bfloat16 check runs on CPU devices only (on an H200 stock ncnn cannot run a bfloat16 net itself)
     import vknorm
 
-    want = 28 if vknorm.device_info()["type"] == "cpu" else 27
+    want = 33 if vknorm.device_info()["type"] == "cpu" else 32
     assert proc.returncode == 0 and len(lines) == want and all(l.startswith("ok: ") for l in lines), \
         proc.stdout + proc.stderr[-2000:]
     if "bfloat16 storage: every extract is -1" in proc.stdout:  # said at the forward too, not a plan never made
@@ -313,13 +320,18 @@ def test_validation_layer_loaded_into_ncnns_instance_and_silent(cxx_runs):
             continue
         assert r["log_exists"], (f"{model} {run_name}: the validation layer wrote no log: not loaded "
                                  "(make setup installs vulkan-validationlayers)")
-        if run_name.startswith("stock"):
-            ncnn_own = [(name, text) for name, text in validation_messages(r["log"])
-                        if not (name == "SYNC-HAZARD-WRITE-AFTER-WRITE" and "vkCmdCopyBuffer writes" in text
-                                and "another vkCmdCopyBuffer" in text)]
-            assert not ncnn_own, f"{model} {run_name}:\n{r['log'][:4000]}"
-        else:
-            assert r["log"].strip() == "", f"{model} {run_name}:\n{r['log'][:4000]}"
+        stock = run_name.startswith("stock")
+        assert not unexpected_messages(r["log"], stock), f"{model} {run_name}:\n{r['log'][:4000]}"
+
+
+def unexpected_messages(log: str, stock: bool) -> list:
+    """What fails a run's validation log: anything in it, but in a stock run ncnn's own copy hazard (the test
+    above)."""
+    if not stock:
+        return [log] if log.strip() else []
+    return [(name, text) for name, text in validation_messages(log)
+            if not (name == "SYNC-HAZARD-WRITE-AFTER-WRITE" and "vkCmdCopyBuffer writes" in text
+                    and "another vkCmdCopyBuffer" in text)]
 
 
 @pytest.mark.parametrize("model", list(MODELS))
@@ -450,6 +462,100 @@ def test_errors_give_nonzero_exit_codes(example, tmp_path):
         proc = launch(example, [param, binp, dims, "--cpu"], timeout=60)
         assert proc.returncode == 1, (dims, proc.returncode, proc.stderr)
         assert proc.stderr.strip().splitlines()[-1] == f"ncnn_example: cannot allocate the input {dims}", proc.stderr
+
+
+# ------------------------------------------------------------------------------ binary params (ncnn2mem)
+
+# run -> (its flags besides --param-bin and --custom-type, the text params' run it must equal, inferences)
+BINARY_RUNS = {
+    "vknorm_fp32": ([], "vknorm_fp32", 1),
+    "vknorm_fp16": (["--fp16"], "vknorm_fp16", 1),
+    "fused_fp32": ([], "fused_fp32", 1),
+    "fused_fp16": (["--fp16", "--runner", "--repeat", "2"], "fused_fp16", 2),
+    "stock_fp32": (["--stock"], "stock_fp32", 1),
+    "vknorm_cpu": (["--cpu"], "vknorm_cpu", 1),
+}
+
+
+def binary_model(model: str, fused: bool, tmp_path) -> tuple[str, int, int, list[str]]:
+    """The model's binary params (of vknorm's fused rewrite where `fused`, as vknorm optimize writes it), the blob
+    indexes of in0 and out0, and its custom types by j (ncnn2mem's TYPEINDEX_ is 256 | j)."""
+    from vknorm import graph
+    with open(model_files(model)[0]) as f:
+        text = f.read()
+    if fused:
+        text = graph._graph.fuse_param(text)[0]
+    data, blobs, custom = param_bin.to_param_bin(text, graph.layer_to_index)
+    path = tmp_path / f"{model}{'-fused' if fused else ''}.param.bin"
+    path.write_bytes(data)
+    return str(path), blobs.index("in0"), blobs.index("out0"), custom
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("run_name", list(BINARY_RUNS))
+def test_binary_params_run_as_their_text_params(example, cxx_runs, tmp_path, model, run_name):
+    """load_param_bin on the model's binary params: vknorm's layers replace the norms by ncnn's type index; a fused
+    model's vknorm type goes under the custom index ncnn2mem gives it (--custom-type: vknorm::ncnn::register_layer);
+    blobs by index (through a Runner too). The text params' run bit for bit, the same vknorm layers run as often;
+    the validation layer silent."""
+    flags, text_run, inferences = BINARY_RUNS[run_name]
+    path, in0, out0, custom = binary_model(model, run_name.startswith("fused"), tmp_path)
+    assert len(custom) == run_name.startswith("fused"), custom  # each model's norms are of one type
+    registered = [arg for j, t in enumerate(custom) for arg in ("--custom-type", f"{256 | j}={t}")]
+    log, out = tmp_path / "validation.log", tmp_path / "out.bin"
+    env = graph_runs.validated_env(str(log), str(tmp_path))
+    env.pop("VKNORM_VALIDATION", None)
+    proc = launch(example, [path, model_files(model)[1], "x".join(map(str, MODELS[model])),
+                            "--param-bin", f"{in0},{out0}", *registered, *flags, "--out", str(out)], env=env)
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("OK"), proc.stdout + proc.stderr[-3000:]
+    got, want = parse(proc.stdout), cxx_runs[(model, text_run)]
+    assert np.fromfile(out, np.float32).tobytes() == want["out"].tobytes(), max_err(np.fromfile(out, np.float32),
+                                                                                    want["out"])
+    assert (got["vknorm_layers"], got["vulkan_forwards"], got["cpu_forwards"]) == (
+        want["vknorm_layers"], want["vulkan_forwards"] * inferences, want["cpu_forwards"] * inferences), proc.stdout
+    assert sorted(layer["type"] for layer in got["layers"].values()) == \
+        sorted(layer["type"] for layer in want["layers"].values()), proc.stdout
+    if got["vulkan"]:
+        assert log.exists() and not unexpected_messages(log.read_text(), "--stock" in flags), log.read_text()[:4000]
+
+
+def test_binary_params_errors(example, tmp_path):
+    """A fused type in binary params that register_layer did not name is refused at load (even where the index
+    happens to be the one register_layers holds that type at by name), not guessed; register_layer's refusals and
+    blob indexes outside the net are ncnn errors (exit 1); malformed flags are usage errors (exit 2). The Input's
+    blob by index comes back as given through a Runner."""
+    dims = {m: "x".join(map(str, d)) for m, d in MODELS.items()}
+    fused = {m: binary_model(m, True, tmp_path) for m in ("transformer_block", "sd_resblock_c320")}
+    for model, (path, in0, out0, custom) in fused.items():
+        proc = launch(example, [path, model_files(model)[1], dims[model], "--param-bin", f"{in0},{out0}"], timeout=60)
+        assert proc.returncode == 1 and "load_param" in proc.stderr, (model, proc.returncode, proc.stderr)
+        assert f'vknorm::ncnn::register_layer(net, 256, "vknorm.<type>")' in proc.stderr, proc.stderr
+    path, in0, out0, _ = fused["sd_resblock_c320"]
+    base = [path, model_files("sd_resblock_c320")[1], dims["sd_resblock_c320"]]
+    for extra, message in ((["--custom-type", "256=vknorm.Nope"], "is not one of vknorm's layer types"),
+                           (["--custom-type", "5=vknorm.GroupNorm"], "is not a custom one"),
+                           (["--custom-type", "256=vknorm.GroupNorm", "--param-bin", f"{in0},999"],
+                            "extract blob 999 failed"),
+                           (["--custom-type", "256=vknorm.GroupNorm", "--param-bin", f"999,{out0}"],
+                            "input blob 999 failed")):
+        proc = launch(example, [*base, "--param-bin", f"{in0},{out0}", *extra], timeout=60)
+        assert proc.returncode == 1 and message in proc.stderr, (extra, proc.returncode, proc.stderr)
+    text_params = [model_files("sd_resblock_c320")[0], *base[1:], "--param-bin", "0,9"]
+    proc = launch(example, text_params, timeout=60)  # text params given as binary ones: ncnn refuses them
+    assert proc.returncode == 1 and "load_param" in proc.stderr, (proc.returncode, proc.stderr)
+    for flags in (["--param-bin", "0"], ["--param-bin", "a,b"], ["--param-bin", "-1,9"], ["--param-bin", "0,9,1"],
+                  ["--param-bin", "0,9", "--fuse"], ["--custom-type", "256=vknorm.GroupNorm"],
+                  ["--param-bin", "0,9", "--custom-type", "256"], ["--param-bin", "0,9", "--custom-type", "x=y"],
+                  ["--param-bin", "0,9", "--custom-type", "256="],
+                  ["--param-bin", "0,9", "--stock", "--custom-type", "256=vknorm.GroupNorm"]):
+        proc = launch(example, [*base, *flags], timeout=60)
+        assert proc.returncode == 2 and proc.stderr.startswith("ncnn_example: "), (flags, proc.returncode,
+                                                                                   proc.stderr)
+    out = tmp_path / "in0.bin"
+    proc = launch(example, [*base, "--param-bin", f"{in0},{in0}", "--custom-type", "256=vknorm.GroupNorm",
+                            "--runner", "--out", str(out)], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert np.fromfile(out, np.float32).tobytes() == pattern(MODELS["sd_resblock_c320"]).tobytes()
 
 
 if __name__ == "__main__":

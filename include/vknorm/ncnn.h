@@ -45,6 +45,21 @@ int register_layers(::ncnn::Net& net);
 // Whether register_layers makes layers of ncnn type `type` vknorm's: the four norms and the fused types below.
 bool is_vknorm_type(const std::string& type);
 
+// ---- Binary params (load_param_bin; ncnn2mem's .param.bin and .mem.h) -----------------------------------------
+// Binary params name each layer's type by ncnn's index: register_layers makes the four norms vknorm's there too
+// (ncnn replaces the built-in types by index). A model's types that are not ncnn's own, as vknorm's fused types of a
+// model vknorm optimize wrote, are numbered by ncnn2mem LayerType::CustomBit | j, j counting the types in the order
+// they first appear in the .param (its TYPEINDEX_ lines and the register_custom_layer lines it prints):
+//
+//   vknorm::ncnn::register_layers(net);
+//   vknorm::ncnn::register_layer(net, 256, "vknorm.LayerNorm");   // ncnn2mem: TYPEINDEX_vknorm.LayerNorm = 256
+//   net.load_param_bin("model-opt.param.bin");                   // or load_param(const unsigned char*) of .mem.h
+//
+// register_layer registers vknorm's layer of `type` (is_vknorm_type) under that custom index. Returns 0, or -1 after
+// load_param, for an index that is not a custom one or a type that is not vknorm's (logged), or ncnn's error.
+// Fusion itself reads text params (fuse_param): fuse first, then convert.
+int register_layer(::ncnn::Net& net, int typeindex, const std::string& type);
+
 // ---- Fusion: a norm with the add before it and the activation after it, in one kernel -------------
 // Fused layers have types of their own, "vknorm.LayerNorm", "vknorm.RMSNorm", "vknorm.GroupNorm" and
 // "vknorm.InstanceNorm", so a fused model never loads as a stock one: they take the norm's params and
@@ -177,11 +192,15 @@ class Runner {
   // for a null or unknown name); after a failure the command buffer is dropped and the next extract makes
   // another. ex gets this Runner's device allocators (an extractor of net.create_extractor() works too).
   int extract(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out);
+  // The same by blob index (ex.extract(int, Mat&)): for binary params, which name no blob (ncnn2mem's BLOB_ constants).
+  int extract(::ncnn::Extractor& ex, int blob_index, ::ncnn::Mat& out);
   // Command buffers made so far: 1 after any number of Vulkan extracts that succeeded.
   uint64_t command_buffers_made() const { return made_; }
 
  private:
   void give_allocators(::ncnn::Extractor& ex) const;  // this Runner's device allocators (a Vulkan net's)
+  template <class Blob>
+  int extract_blob(::ncnn::Extractor& ex, Blob blob, int index, ::ncnn::Mat& out);  // by name or index
   void attach() const;  // the net's device and allocators, once the net has a device
   const ::ncnn::Net& net_;
   mutable const ::ncnn::VulkanDevice* vkdev_ = nullptr;  // null in a CPU net, and until load_param
@@ -202,11 +221,15 @@ class Runner {
 // Device memory running out for the download is ncnn's -100 (ncnn's own extract crashes there).
 int extract_recorded(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
                      const ::ncnn::Option& opt);
+int extract_recorded(::ncnn::Extractor& ex, int blob_index, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
+                     const ::ncnn::Option& opt);  // by blob index
 // The same, and the download kept in ex as ncnn's extract keeps it (Extractor::input), so that a later extract
 // recomputing blobs that light mode released starts from it. Only for a blob a Vulkan layer made that ex does not
 // hold on the host (not computed_on_host, nor given with input()): the kept copy replaces any the extractor held.
 int extract_recorded_kept(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
                           const ::ncnn::Option& opt);
+int extract_recorded_kept(::ncnn::Extractor& ex, int blob_index, ::ncnn::Mat& out, ::ncnn::VkCompute& cmd,
+                          const ::ncnn::Option& opt);  // by blob index
 
 // The index of the net's blob named `name`, as ncnn's own lookup (protected in ncnn::Net) finds it: the first of
 // that name, or -1 (a null name too).
@@ -217,6 +240,7 @@ int blob_index(const ::ncnn::Net& net, const char* name);
 // (extract_recorded) would read the copy ncnn uploaded for the layers after it instead: float16 where the net
 // stores float16. False for an unknown name.
 bool computed_on_host(const ::ncnn::Net& net, const char* name);
+bool computed_on_host(const ::ncnn::Net& net, int blob_index);  // by blob index: false outside the net's blobs
 
 // Whether a loaded Vulkan net runs this layer on the host: ncnn keeps it off Vulkan (featmask bit 4), or it has no
 // Vulkan support (after load_model such a layer is ncnn's CPU layer: ncnn recreates one for featmask bit 4 or params

@@ -14,6 +14,10 @@
 //   - a bfloat16 Vulkan net that ncnn's load_model from memory left loaded: every extract is -1 (CPU devices).
 //   - register_layers after load_param is -1 (the layers are made, stock), and registers after clear().
 //   - a Runner made before load_param records its extracts into one command buffer, as one made after.
+//   - register_layer takes vknorm's types under custom type indexes only (LayerType::CustomBit | j), before
+//     load_param; an index or a type it cannot take is -1. By blob index, computed_on_host and a Runner's extract:
+//     an Input's blob is computed on the host (given back as given), an index outside the net's blobs is false /
+//     ncnn's -1 with no command buffer made.
 #include <gpu.h>
 #include <mat.h>
 #include <net.h>
@@ -391,8 +395,57 @@ void runner_made_before_load_param() {
              std::to_string(runner.command_buffers_made()) + ")");
 }
 
+// vknorm::ncnn::register_layer's refusals, and the by-index forms of computed_on_host and Runner::extract.
+void register_layer_and_blob_indexes() {
+  ::ncnn::Net net;
+  net.opt.use_vulkan_compute = true;
+  vknorm::ncnn::register_layers(net);
+  const int custom = vknorm::ncnn::register_layer(net, 256 | 3, "vknorm.GroupNorm");
+  const int builtin = vknorm::ncnn::register_layer(net, 5, "vknorm.GroupNorm");
+  const int negative = vknorm::ncnn::register_layer(net, -1, "vknorm.GroupNorm");
+  const int unknown = vknorm::ncnn::register_layer(net, 256, "Convolution");
+  report(custom == 0 && builtin == -1 && negative == -1 && unknown == -1,
+         "register_layer: a custom index 0, a built-in or negative index or a type not vknorm's -1 (returns " +
+             std::to_string(custom) + " " + std::to_string(builtin) + " " + std::to_string(negative) + " " +
+             std::to_string(unknown) + ")");
+  const char* param = "7767517\n2 2\nInput in 0 1 x\nLayerNorm n 1 1 x y 0=4 1=0.001 2=0\n";
+  if (net.load_param_mem(param) != 0 || net.load_model(reinterpret_cast<const unsigned char*>("")) < 0)
+    return report(false, "register_layer and blob indexes: the net did not load");
+  const int late = vknorm::ncnn::register_layer(net, 256, "vknorm.LayerNorm");
+  report(late == -1, "register_layer after load_param: -1 (returns " + std::to_string(late) + ")");
+  const bool host = vknorm::ncnn::computed_on_host(net, 0) && !vknorm::ncnn::computed_on_host(net, 1) &&
+                    !vknorm::ncnn::computed_on_host(net, 2) && !vknorm::ncnn::computed_on_host(net, -1);
+  report(host, "computed_on_host by index: the Input's blob only (an index outside the blobs: false)");
+  vknorm::ncnn::Runner runner(net);
+  const ::ncnn::Mat x = wave(4, 5, 6, 0.1f);
+  ::ncnn::Mat given, outside;
+  int r_given = -1, r_outside = 0;
+  {
+    ::ncnn::Extractor ex = runner.create_extractor();
+    ex.input(0, x);
+    r_given = runner.extract(ex, 0, given);
+    r_outside = runner.extract(ex, 2, outside);
+  }
+  report(r_given == 0 && same_bits(given, x) && r_outside == -1 && runner.command_buffers_made() == 0,
+         "Runner::extract by index: the Input's blob as given, an index outside the blobs -1, no command buffer made "
+         "(returns " + std::to_string(r_given) + " " + std::to_string(r_outside) + ", made " +
+             std::to_string(runner.command_buffers_made()) + ")");
+  const RunnerRound by_name = runner_matches_ncnn(net, runner, x, "y", 1);
+  ::ncnn::Mat by_index;
+  int r_index = -1;
+  {
+    ::ncnn::Extractor ex = runner.create_extractor();
+    ex.input(0, x);
+    r_index = runner.extract(ex, 1, by_index);
+  }
+  report(by_name.returns == 0 && r_index == 0 && same_bits(by_index, by_name.want) &&
+             runner.command_buffers_made() == 1,
+         "Runner::extract by index: ncnn's result by name, from the one command buffer");
+}
+
 int main() {
   fused_loaders_refuse_null();
+  register_layer_and_blob_indexes();
   runner_made_before_load_param();
   register_layers_only_before_load_param();
   float16_input_like_float32("LayerNorm", "LayerNorm n 1 1 x0 y 0=4 1=0.001 2=1", 1, 1, 4);
