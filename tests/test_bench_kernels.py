@@ -205,6 +205,41 @@ def test_a_report_that_cannot_be_written_is_one_error_line(tmp_path):
         assert str(target) in errors[0], errors  # the file named
 
 
+class FakeGpu:
+    """Forwards of `cost` seconds each on a clock of its own (the bench's clock is replaced by it): what the
+    warm-up ran, without timing anything real."""
+
+    def __init__(self, cost: float):
+        self.now, self.cost, self.calls = 0.0, cost, []
+
+    def clock(self) -> float:
+        return self.now
+
+    def run(self, warmup: int, reps: int = 100) -> str:
+        self.calls.append((warmup, reps))
+        self.now += (warmup + reps) * self.cost + 50e-6  # and a submission's fixed cost
+        return "timed"
+
+
+@pytest.mark.parametrize("cost, probe", [(3e-6, 6e-6), (20e-6, 40e-6), (1e-3, 2e-3), (3e-6, 1e-6)],
+                         ids=["3us-latency", "20us", "1ms", "probe-understated"])
+@pytest.mark.parametrize("warmup_ms", [0.0, 1.0, 150.0, 2000.0])
+def test_the_warmup_runs_the_time_asked_for_whatever_a_forward_costs(monkeypatch, cost, probe, warmup_ms):
+    """--warmup-ms is the GPU's time at the work before a timed batch, not a count of forwards from a cold probe:
+    submissions of at most WARMUP_CHUNK forwards, the last part in the timed submission itself (which times its
+    reps after it). Within 5 ms (or one forward) of what was asked, never a fraction of it."""
+    from vknorm import bench
+
+    gpu = FakeGpu(cost)
+    monkeypatch.setattr(bench.time, "perf_counter", gpu.clock)
+    assert bench._after_warmup(gpu.run, warmup_ms, probe) == "timed"
+    *warm_chunks, (last_warm, last_reps) = gpu.calls
+    assert last_reps == 100 and all(reps == 1 for _, reps in warm_chunks), gpu.calls
+    assert all(w <= bench.WARMUP_CHUNK for w, _ in gpu.calls), gpu.calls
+    warmed = sum(w + r for w, r in warm_chunks) * cost + last_warm * cost
+    assert warmup_ms / 1000 - max(0.005, cost) <= warmed <= warmup_ms / 1000 + max(0.005, cost), (warmed, gpu.calls)
+
+
 def test_bench_a_shape_too_large_for_memory_is_one_error_line_before_any_input_is_made():
     """Every shape's input is checked against the host memory available before the first is made (numpy
     once filled 12 GB for a shape refused afterwards): within a 4 GiB address space, the one line still says so."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -167,6 +168,31 @@ def test_bench_model_bad_input_is_one_line_and_exit_2(args, message):
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("vknorm bench")]
     assert len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+
+
+def test_a_report_over_the_commands_own_files_is_refused_under_any_name(tmp_path):
+    """--json naming the model's .param, its .bin or the --custom-layers file, by a hard link too (a write through it
+    changes the file), or a directory path (trailing /): one line before anything runs, the files intact."""
+    param, binp, layers = tmp_path / "m.param", tmp_path / "m.bin", tmp_path / "layers.py"
+    shutil.copy(PARAM, param)
+    shutil.copy(BIN, binp)
+    layers.write_text("def register(ncnn, net):\n    pass\n")
+    before = {p: p.read_bytes() for p in (param, binp, layers)}
+    for target, what in ((param, "the model's .param"), (binp, "its .bin"), (layers, "the --custom-layers file")):
+        link = tmp_path / f"link-{target.name}.json"
+        os.link(target, link)
+        for path in (target, link):
+            proc = vknorm("bench", "--model", str(param), str(binp), "--input", "in0=16x64", "--iters", "1",
+                          "--warmup-ms", "0", "--custom-layers", str(layers), "--json", str(path))
+            lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("vknorm bench")]
+            assert proc.returncode == 2 and len(lines) == 1 and f"is {what}: the report would overwrite it" in lines[0], \
+                (path, proc.returncode, proc.stderr[-2000:])
+    (tmp_path / "out").mkdir()
+    for flag, path in (("--json", "missing.json/"), ("--json", str(tmp_path / "out") + "/r.json/")):
+        proc = vknorm("bench", "--model", str(param), str(binp), "--input", "in0=16x64", "--iters", "1", flag, path)
+        assert proc.returncode == 2 and "a directory path (trailing /)" in proc.stderr and "ncnn-cpu" not in \
+            proc.stdout, (path, proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert {p: p.read_bytes() for p in before} == before
 
 
 def test_bench_model_names_the_line_and_layer_of_a_type_ncnn_does_not_have(tmp_path):

@@ -174,6 +174,11 @@ def test_optimize_fuses_around_the_models_own_layer(model, tmp_path):
     out = tmp_path / "o.param", tmp_path / "o.bin"
     r = vknorm("optimize", model["param"], model["bin"], *out)
     assert r.returncode == 2 and "(--custom-layers FILE.py registers a model's own types)" in r.stderr
+    code = open(model["layers"]).read()
+    for outputs in ((model["layers"], out[1]), (out[0], model["layers"])):  # the file's code is not replaced
+        r = vknorm("optimize", model["param"], model["bin"], *outputs, "--custom-layers", model["layers"])
+        assert r.returncode == 2 and "is the --custom-layers file: the model would replace its code" in r.stderr
+    assert open(model["layers"]).read() == code
     r = vknorm("optimize", model["param"], model["bin"], *out, "--custom-layers", model["layers"], "--json",
                log=tmp_path / "log")
     assert r.returncode == 0, (r.stdout, r.stderr)

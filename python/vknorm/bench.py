@@ -257,6 +257,8 @@ def _check_output_path(flag: str, path) -> None:
         raise UsageError(f"{flag}: empty file name; name a file")
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path}: a directory; name a file")
+    if path.endswith(("/", os.sep)):  # realpath drops the slash: the name would pass here and fail at the write
+        raise UsageError(f"{flag} {path}: a directory path (trailing /); name a file")
     # The format from the name, whatever the file is (matplotlib would write NAME.png beside a FIFO or device).
     if flag == "--plot":
         ext = os.path.splitext(path)[1].lstrip(".").lower()
@@ -291,8 +293,25 @@ def _check_output_path(flag: str, path) -> None:
         os.unlink(real)
 
 
-def _warmup_count(seconds_per_run: float, warmup_ms: float) -> int:
-    return int(min(20000, math.ceil(warmup_ms / 1000.0 / max(seconds_per_run, 1e-7))))
+WARMUP_CHUNK = 20000  # forwards recorded into one warm-up submission at most
+
+
+def _after_warmup(run, warmup_ms: float, probe_s: float):
+    """run(warmup, reps=...) after warmup_ms of the same work on the GPU by the host's clock: submissions of at most
+    WARMUP_CHUNK forwards, each waited for, sized from the time the last one took (a cold probe overstates a warm
+    forward, and at a few microseconds a forward 20000 of them fall short of the default); the last part of the
+    warm-up goes into the timed submission itself, right before the timed forwards. Returns what that run returns."""
+    deadline = time.perf_counter() + warmup_ms / 1000.0
+    per_forward, measured = max(probe_s, 1e-7), False
+    while True:
+        left = deadline - time.perf_counter()
+        count = math.ceil(max(left, 0.0) / per_forward)
+        if left < 0.005 or (measured and count <= WARMUP_CHUNK):  # the rest fits the timed submission
+            return run(min(count, WARMUP_CHUNK))
+        chunk = min(WARMUP_CHUNK, max(1, count // 2))  # half of what seems left: the rest sized from its time
+        start = time.perf_counter()
+        run(chunk, reps=1)
+        per_forward, measured = max((time.perf_counter() - start) / chunk, 1e-7), True
 
 
 def _bench_vknorm_and_copy(layer, vkmat, option, args, with_copy: bool, residual=None):
@@ -308,16 +327,15 @@ def _bench_vknorm_and_copy(layer, vkmat, option, args, with_copy: bool, residual
         def repeated(warmup, reps):
             return layer._layer.forward_add_repeated(vkmat, residual, args.residual == "add+sum", opt, warmup, reps)
     probe = repeated(0, 10)
-    warm = _warmup_count(probe["gpu_us"] * 1e-6, args.warmup_ms)
     copy_probe = _core.copy_repeated(vkmat, 0, 10, True) if with_copy else 0.0
-    copy_warm = _warmup_count(copy_probe * 1e-6, args.warmup_ms)
     times, copies, buffer_copies, info = [], [], [], probe
     for _ in range(args.batches):
-        info = repeated(warm, args.reps)
+        info = _after_warmup(lambda warm, reps=args.reps: repeated(warm, reps), args.warmup_ms, probe["gpu_us"] * 1e-6)
         times.append(info["gpu_us"])
         if with_copy:
-            copies.append(_core.copy_repeated(vkmat, copy_warm, args.reps, True))
-            buffer_copies.append(_core.copy_repeated(vkmat, copy_warm, args.reps, False))
+            for shader, into in ((True, copies), (False, buffer_copies)):
+                into.append(_after_warmup(lambda warm, reps=args.reps, shader=shader: _core.copy_repeated(
+                    vkmat, warm, reps, shader), args.warmup_ms, copy_probe * 1e-6))
     med = statistics.median
     return med(times), info, (med(copies) if copies else None), (med(buffer_copies) if buffer_copies else None)
 
@@ -546,7 +564,7 @@ def run_model(args) -> int:
 
 def run(args) -> int:
     from . import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, device_info, to_device
-    from .cli import UsageError
+    from .cli import UsageError, same_file
     from .layers import _require_host_memory
 
     def given(dest: str) -> bool:  # flags are None (store_true ones False) until filled in below; 0 is given
@@ -576,12 +594,15 @@ def run(args) -> int:
         raise UsageError("--warmup-ms must be 0..60000")
     if args.json and args.json != "-" and _is_standard_output(args.json):
         args.json = "-"  # --json /dev/stdout: the JSON instead of the table, as for '-' (not after it)
+    inputs = [*zip(("the model's .param", "its .bin"), args.model or [])]
+    if args.custom_layers:
+        inputs.append(("the --custom-layers file", args.custom_layers))
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        for what, model_file in zip(("the model's .param", "its .bin"), args.model or []):
-            if path and os.path.realpath(path) == os.path.realpath(model_file):
-                raise UsageError(f"{flag} {path} is {what}: the report would overwrite the model; name another file")
+        for what, given in inputs:
+            if path and same_file(path, given):
+                raise UsageError(f"{flag} {path} is {what}: the report would overwrite it; name another file")
         _check_output_path(flag, path)
-    if args.json and args.plot and os.path.realpath(args.json) == os.path.realpath(args.plot):
+    if args.json and args.plot and same_file(args.json, args.plot):
         raise UsageError(f"--json and --plot name the same file {args.plot!r}: the plot would overwrite the JSON")
     if args.model:
         return run_model(args)

@@ -15,6 +15,17 @@ class UsageError(Exception):
     """A problem with the command line or its files: one line, exit 2."""
 
 
+def same_file(a: str, b: str) -> bool:
+    """Whether paths a and b name one file: one path once symbolic links are followed, or (both existing) one file
+    under two names (a hard link), which a write through either changes."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # either missing (or a name the system refuses): not one existing file
+        return False
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse's own errors (an invalid choice, a value that is not a number, a missing argument) as one line,
     exit 2, as the commands' other errors are; --help still prints the whole usage. Subcommands' parsers are

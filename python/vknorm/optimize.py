@@ -231,6 +231,9 @@ def run(args) -> int:
     from .cli import UsageError
 
     custom_layers.use(args.custom_layers)
+    for flag, target in (("OUT.param", args.out_param), ("OUT.bin", args.out_bin)):
+        if args.custom_layers and target and os.path.realpath(target) == os.path.realpath(args.custom_layers):
+            raise UsageError(f"{flag} {target} is the --custom-layers file: the model would replace its code")
     fused, warnings = fuse_files(args.param, args.bin, args.out_param, args.out_bin)
     try:
         _report(args, fused, warnings)
