@@ -63,9 +63,24 @@ const char* const kUsage =
   std::exit(2);
 }
 
+// A flag's number, the whole of its text (std::stoi alone takes "5x" as 5).
+int whole_int(const std::string& flag, const std::string& v) {
+  size_t used = 0;
+  const int n = std::stoi(v, &used);
+  if (used != v.size()) usage_error("bad value for " + flag + ": '" + v + "'");
+  return n;
+}
+double whole_double(const std::string& flag, const std::string& v) {
+  size_t used = 0;
+  const double x = std::stod(v, &used);
+  if (used != v.size()) usage_error("bad value for " + flag + ": '" + v + "'");
+  return x;
+}
+
 Args parse_args(int argc, char** argv) {
   Args a;
   std::vector<std::string> files;
+  bool tol_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     auto value = [&]() -> std::string {
@@ -73,11 +88,11 @@ Args parse_args(int argc, char** argv) {
       return argv[++i];
     };
     try {
-      if (s == "--h") a.h = std::stoi(value());
-      else if (s == "--c") a.c = std::stoi(value());
-      else if (s == "--w") a.w = std::stoi(value());
-      else if (s == "--device") a.device = std::stoi(value());
-      else if (s == "--tol") a.tol = std::stod(value());
+      if (s == "--h") a.h = whole_int(s, value());
+      else if (s == "--c") a.c = whole_int(s, value());
+      else if (s == "--w") a.w = whole_int(s, value());
+      else if (s == "--device") a.device = whole_int(s, value());
+      else if (s == "--tol") a.tol = whole_double(s, value()), tol_given = true;
       else if (s == "--path") a.path = value();
       else if (s == "--fp16") a.fp16 = true;
       else if (s == "--no-packing") a.packing = false;
@@ -91,7 +106,9 @@ Args parse_args(int argc, char** argv) {
   if (files.size() == 2) a.param_path = files[0], a.bin_path = files[1];
   else if (!files.empty()) usage_error("give both MODEL.param and MODEL.bin, or neither");
   if (a.h < 1 || a.c < 1 || a.w < 1) usage_error("--h, --c and --w must be >= 1");
-  if (a.tol < 0) a.tol = a.fp16 ? 4e-3 : 1e-5;
+  if (a.device < -1) usage_error("--device must be a device index >= 0");
+  if (tol_given && !(a.tol > 0 && a.tol < 1e300)) usage_error("--tol must be a positive number");
+  if (!tol_given) a.tol = a.fp16 ? 4e-3 : 1e-5;
   return a;
 }
 

@@ -92,6 +92,12 @@ DeviceCaps device_caps(const Context& ctx, const Option& opt) {
 }
 
 DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Option& opt) {
+  // Every plan starts here: an Option whose fields were set to what they cannot mean is refused, not read as Auto
+  if (int(opt.path) < int(Path::Auto) || int(opt.path) > int(Path::Cooperative))
+    throw std::invalid_argument("Option.path " + std::to_string(int(opt.path)) + " is not one of Path's values");
+  if (opt.max_workgroup_size < 0)
+    throw std::invalid_argument("Option.max_workgroup_size must be >= 0 (0: the device's limit), got " +
+                                std::to_string(opt.max_workgroup_size));
   DeviceCaps caps;
   // Some 40 tuning knobs, read per plan: one pass over the environment tells whether any is set, where a getenv
   // each is a pass each (microseconds a forward; more in a large environment).

@@ -387,8 +387,11 @@ void Norm::destroy_pipeline() {
 
 std::shared_ptr<Norm::Gpu> Norm::gpu_for(const std::shared_ptr<Context>& ctx) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!gpu_) gpu_ = make_gpu(*this, ctx ? ctx : Context::default_context());
-  else if (ctx && gpu_->ctx != ctx)
+  if (!gpu_) {
+    auto gpu = make_gpu(*this, ctx ? ctx : Context::default_context());
+    gpu->check_weights(gpu->gamma_data.size(), gpu->beta_data.size());  // a forward that cannot run binds no device
+    gpu_ = std::move(gpu);
+  } else if (ctx && gpu_->ctx != ctx)
     throw std::invalid_argument("VkMat lives on another Vulkan context than this layer's (another device, or the same device "
                                 "opened again): upload it to the layer's device, or call create_pipeline with the VkMat's");
   else if (!mirrors(*gpu_, *this)) gpu_ = make_gpu(*this, gpu_->ctx);  // fields written directly since

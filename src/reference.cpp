@@ -224,6 +224,8 @@ std::string NormParams::describe() const {
 }
 
 void NormParams::check() const {
+  if (int(op) < int(NormOp::LayerNorm) || int(op) > int(NormOp::InstanceNorm))  // op written directly
+    throw std::invalid_argument("op " + std::to_string(int(op)) + " is not one of NormOp's values");
   const std::string layer = op_name(op);
   auto bad = [&](const std::string& why) { return std::invalid_argument(layer + ": " + why + " (" + describe() + ")"); };
   if (affine_size < 0) throw bad("affine_size must be >= 0, got " + std::to_string(affine_size));

@@ -223,6 +223,12 @@ def test_example_defaults_and_exit_codes(example, tmp_path):
         assert bad.returncode == 2, (kv, bad.returncode, bad.stderr)
         assert f"{param}: bad " in bad.stderr and f"in '{kv}'" in bad.stderr and "on the line: LayerNorm ln" in bad.stderr, \
             bad.stderr
+    # a flag's value that is not wholly a number, or not one the flag takes: exit 2, not run as its leading digits
+    for flag, value in (("--h", "5x"), ("--c", "3abc"), ("--w", "7.9"), ("--device", "0junk"), ("--device", "-2"),
+                        ("--tol", "-3"), ("--tol", "nan"), ("--tol", "1e-5x"), ("--tol", "0")):
+        bad = subprocess.run([example, flag, value], capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and bad.stderr.startswith("layernorm_example: ") and flag in bad.stderr, \
+            (flag, value, bad.returncode, bad.stderr)
     # --help: the usage on stdout, exit 0 (2 is for bad arguments)
     helped = subprocess.run([example, "--help"], capture_output=True, text=True, timeout=60)
     assert helped.returncode == 0 and helped.stdout.startswith("usage: layernorm_example") and not helped.stderr
@@ -265,7 +271,9 @@ def test_cpp_api_promises_no_example_shows(cpp_tests):
     not its context's, is refused; Mat::create and blob_span_bytes refuse
     sizes that are negative or wrap 64 bits; layout_as, converted and ncnn_cstep refuse packings and element sizes
     they would divide by (0, 3; 6 channels by 4; elemsize 0); moved-from Mats and VkMats are empty; create_pipeline
-    uploads complete weights; forward_add refuses an empty VkMat before binding the layer to a device; ParamDict reads a float set for an int param as not given, as ncnn's does (a .param's
+    uploads complete weights; forward_add refuses an empty VkMat, and a forward a layer without its weights, before
+    binding the layer to a device; an op, Option.path or Option.max_workgroup_size that names no value is refused; a
+    Mat's extents edited past its cstep are named as such; ParamDict reads a float set for an int param as not given, as ncnn's does (a .param's
     0=16.0 is affine_size 0). Each check prints ok or FAIL. It makes a
     context of its own beside the default one and exits cleanly under the validation layer (the default
     context, released after the layer's own teardown, crashed it at exit: SIGSEGV)."""
@@ -273,7 +281,7 @@ def test_cpp_api_promises_no_example_shows(cpp_tests):
                           env=dict(os.environ, VKNORM_VALIDATION="1"))
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and not any(ln.startswith("FAIL") for ln in lines), proc.stdout + proc.stderr
-    assert sum(ln.startswith("ok: ") for ln in lines) == 70, proc.stdout
+    assert sum(ln.startswith("ok: ") for ln in lines) == 73, proc.stdout
 
 
 def test_the_static_library_defines_nothing_in_vulkan_hpps_own_namespace(installed):

@@ -36,7 +36,10 @@
 //     an element size of 0;
 //   - a moved-from Mat or VkMat is empty (dims 0, no memory), not a shape whose memory went elsewhere;
 //   - create_pipeline uploads the weights load_model gave (and leaves weights not yet given to the first forward);
-//   - forward_add refuses an empty VkMat before taking any device: the layer then runs on a context of its caller's.
+//   - forward_add refuses an empty VkMat before taking any device: the layer then runs on a context of its caller's;
+//     so does a forward refused for missing weights;
+//   - an op, Option.path or Option.max_workgroup_size set to what names no value is refused (device and CPU);
+//   - a Mat whose extents were edited past its cstep is told so.
 #include <vknorm/norm.h>
 #include <vknorm/recorder.h>
 
@@ -764,6 +767,74 @@ int main() {
       }
       report(refused && error.empty(), "forward_add refuses an empty VkMat without binding the layer to a device" +
                                            (error.empty() ? std::string() : " (then: " + error + ")"));
+    }
+
+    // ---- fields that name no value (an op or path cast from an int, a negative workgroup cap) are refused on the
+    // device and the CPU alike, not run as another op or as the defaults
+    {
+      auto refused = [](auto&& run, const char* what) {
+        try {
+          run();
+        } catch (const std::invalid_argument& e) {
+          return std::string(e.what()).find(what) != std::string::npos;
+        }
+        return false;
+      };
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      load_layernorm(l, 16);
+      l.op = vknorm::NormOp(7);
+      vknorm::Mat m = ramp(1, 2, 16);
+      const bool op = refused([&] { l.forward_inplace(m); }, "op 7 is not one of NormOp's values") &&
+                      refused([&] { l.forward_inplace_cpu(m); }, "op 7 is not one of NormOp's values");
+      l.op = vknorm::NormOp::LayerNorm;
+      vknorm::Option bad_path, bad_cap;
+      bad_path.path = vknorm::Path(17);
+      bad_cap.max_workgroup_size = -5;
+      const bool options = refused([&] { l.forward_inplace(m, bad_path); }, "Option.path 17") &&
+                           refused([&] { l.forward_inplace(m, bad_cap); }, "Option.max_workgroup_size must be >= 0");
+      report(op && options, "an op, a path or a workgroup cap that names no value is refused, on the device and CPU");
+    }
+
+    // ---- a forward refused for missing weights leaves the layer on no device: the next error is that one again
+    {
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      vknorm::ParamDict p;
+      p.set(0, 16);
+      p.set(2, 1);  // weights expected, none loaded
+      l.load_param(p);
+      std::string first, second;
+      vknorm::Mat m = ramp(1, 2, 16);
+      try {
+        l.forward_inplace(m);
+      } catch (const std::exception& e) {
+        first = e.what();
+      }
+      auto own = vknorm::Context::create();
+      try {
+        vknorm::VkMat v = vknorm::VkMat::upload(m, own);
+        l.forward_inplace(v);
+      } catch (const std::exception& e) {
+        second = e.what();
+      }
+      report(first.find("no weights loaded") != std::string::npos && second == first && !l.context(),
+             "a forward without its weights binds no device: a VkMat of another context is told the same (" + second +
+                 ")");
+    }
+
+    // ---- a Mat whose extents were edited past its cstep is told so
+    {
+      vknorm::Norm l(vknorm::NormOp::LayerNorm);
+      load_layernorm(l, 4);
+      vknorm::Mat m = vknorm::Mat::create(2, 4, 3, 1, 1);  // dims 2: 3 rows of 4, cstep 12
+      m.h = 100;
+      std::string error;
+      try {
+        l.forward_inplace(m);
+      } catch (const std::invalid_argument& e) {
+        error = e.what();
+      }
+      report(error.find("cstep 12 is less than a plane of its shape (400 elements)") != std::string::npos,
+             "a Mat's extents edited past its cstep are named as such (" + error + ")");
     }
   } catch (const vknorm::VulkanUnavailable& e) {
     std::printf("no Vulkan device: %s\n", e.what());
