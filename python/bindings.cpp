@@ -226,7 +226,15 @@ NB_MODULE(_core, m) {
   }, "name"_a);
 
   nb::class_<Context>(m, "Context")
-      .def_static("create", &Context::create, "index"_a = -1)
+      .def_static(
+          "create",
+          [](nb::handle index) {  // an int: True is not device 1
+            if (PyBool_Check(index.ptr()) || !PyLong_Check(index.ptr()))
+              throw nb::type_error(("Context.create: index must be an int (a device index, or -1 for the default), "
+                                    "got " + std::string(Py_TYPE(index.ptr())->tp_name)).c_str());
+            return Context::create(nb::cast<int>(index));
+          },
+          "index"_a = -1, nb::sig("def create(index: int = -1) -> Context"))
       .def_static("default", &Context::default_context)
       .def_static("release_default", &Context::release_default)
       .def_prop_ro("info", [](const Context& c) { return device_dict(c.info()); })

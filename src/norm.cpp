@@ -640,7 +640,8 @@ void check_fused_add_fits(const Context::Impl& impl, uint64_t bytes) {
   if (bytes > limit.bytes)
     throw std::invalid_argument("forward_add: " + std::to_string(bytes) + " bytes exceed one storage buffer (" +
                                 std::to_string(limit.bytes) + " bytes, " + limit.why +
-                                "); the fused add takes no pieces");
+                                "); the fused add takes no pieces: add first (x + residual), then run the "
+                                "layer, which takes a tensor in pieces");
 }
 
 // The checks every fused add makes on its inputs, before the layer takes their device (an empty x would otherwise

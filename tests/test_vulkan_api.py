@@ -310,6 +310,15 @@ def test_repeated_forwards_do_not_grow_device_memory():
     assert (ctx.live_buffers, ctx.device_bytes_in_use) == (buffers, in_use)
 
 
+def test_a_context_is_made_on_a_device_index_or_the_default_and_nothing_else():
+    """Context.create(i): device i; -1 (the default) the default device; a bool (True is not device 1), another
+    type or another negative index is refused, as the layers' device= refuses them."""
+    assert vknorm.Context.create(-1).info["name"] == vknorm.Context.create().info["name"] == vknorm.device_info()["name"]
+    for bad, error in ((True, TypeError), ("0", TypeError), (0.0, TypeError), (-2, ValueError), (-2**31, ValueError)):
+        with pytest.raises(error, match="index"):
+            vknorm.Context.create(bad)
+
+
 def test_repeated_forwards_of_one_shape_reuse_their_buffers():
     """A buffer vknorm no longer holds stays in its context's cache for the next request of the same kind and
     size: after one round, numpy forwards, uploads, resident forwards and downloads of the same shapes, on

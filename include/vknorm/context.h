@@ -55,7 +55,7 @@ int default_device_index();
 // destroy_pipeline(), before main returns to have the device destroyed (and checked) in order.
 class Context {
  public:
-  // index < 0: default_device_index().
+  // index -1: default_device_index(); other negative indexes are refused (std::invalid_argument).
   static std::shared_ptr<Context> create(int index = -1);
   // One process-wide context on the default device, created on first use.
   static std::shared_ptr<Context> default_context();

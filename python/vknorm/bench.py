@@ -328,7 +328,10 @@ def _bench_vknorm_and_copy(layer, vkmat, option, args, with_copy: bool, residual
             return layer._layer.forward_add_repeated(vkmat, residual, args.residual == "add+sum", opt, warmup, reps)
     probe = repeated(0, 10)
     copy_probe = _core.copy_repeated(vkmat, 0, 10, True) if with_copy else 0.0
-    times, copies, buffer_copies, info = [], [], [], probe
+    times: list = []
+    copies: list = []
+    buffer_copies: list = []
+    info = probe
     for _ in range(args.batches):
         info = _after_warmup(lambda warm, reps=args.reps: repeated(warm, reps), args.warmup_ms, probe["gpu_us"] * 1e-6)
         times.append(info["gpu_us"])
@@ -594,12 +597,12 @@ def run(args) -> int:
         raise UsageError("--warmup-ms must be 0..60000")
     if args.json and args.json != "-" and _is_standard_output(args.json):
         args.json = "-"  # --json /dev/stdout: the JSON instead of the table, as for '-' (not after it)
-    inputs = [*zip(("the model's .param", "its .bin"), args.model or [])]
+    own_files = [*zip(("the model's .param", "its .bin"), args.model or [])]
     if args.custom_layers:
-        inputs.append(("the --custom-layers file", args.custom_layers))
+        own_files.append(("the --custom-layers file", args.custom_layers))
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        for what, given in inputs:
-            if path and same_file(path, given):
+        for what, own in own_files:
+            if path and same_file(path, own):
                 raise UsageError(f"{flag} {path} is {what}: the report would overwrite it; name another file")
         _check_output_path(flag, path)
     if args.json and args.plot and same_file(args.json, args.plot):

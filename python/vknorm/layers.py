@@ -17,7 +17,8 @@ _InPlace = TypeVar("_InPlace")  # forward_inplace gives back what it was given
 class Option:
     """Per-call choices, as ncnn's Option.
 
-    use_fp16_storage: float16 blob on the device (float32 arithmetic). Default False.
+    use_fp16_storage: float16 blob on the device (float32 arithmetic). Default False. As in ncnn, a value past
+        float16's range (|x| > 65504) is stored as +-Inf, and its group's outputs are NaN.
     use_packing_layout: ncnn's pack4 layout when channels (dims 3/4) or rows (dims 2) divide by 4.
     path: "auto" (the dispatcher decides; VKNORM_PATH overrides), "subgroup", "workgroup", "split" or
         "cooperative". The paths are the kernel's shape: one dispatch whose team of invocations fits one
@@ -596,8 +597,10 @@ class _Norm:
         """A residual add and this layer in one kernel: returns the activated norm of x + residual (and
         x + residual itself with return_sum=True) without writing x or residual. numpy arrays (read where
         they lie, one submission, results as float32, or float16 for float16 x) or VkMats (results stay on the
-        device). x and residual must have one shape (a broadcasting add is not fused). VkMats run on the device
-        they live on: device=, if given, must name that device (ValueError otherwise)."""
+        device). x and residual must have one shape (a broadcasting add is not fused), each within one storage
+        buffer binding of the device (the fused add runs in one piece, where the layer alone takes larger tensors
+        in pieces: a ValueError says so). VkMats run on the device they live on: device=, if given, must name that
+        device (ValueError otherwise)."""
         where = f"{type(self).__name__}.forward_add"
         if not isinstance(return_sum, (bool, np.bool_)):
             raise TypeError(f"{where}: return_sum must be True or False, got {return_sum!r}")
