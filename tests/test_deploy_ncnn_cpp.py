@@ -481,11 +481,14 @@ def binary_model(model: str, fused: bool, tmp_path) -> tuple[str, int, int, list
     """The model's binary params (of vknorm's fused rewrite where `fused`, as vknorm optimize writes it), the blob
     indexes of in0 and out0, and its custom types by j (ncnn2mem's TYPEINDEX_ is 256 | j)."""
     from vknorm import graph
+    from vknorm.optimize import custom_type_indexes
     with open(model_files(model)[0]) as f:
         text = f.read()
     if fused:
         text = graph._graph.fuse_param(text)[0]
     data, blobs, custom = param_bin.to_param_bin(text, graph.layer_to_index)
+    # the indexes `vknorm optimize` reports for binary params are those ncnn2mem gives
+    assert custom_type_indexes(text) == {t: 256 | j for j, t in enumerate(custom)}
     path = tmp_path / f"{model}{'-fused' if fused else ''}.param.bin"
     path.write_bytes(data)
     return str(path), blobs.index("in0"), blobs.index("out0"), custom

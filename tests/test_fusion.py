@@ -995,6 +995,7 @@ def test_optimize_writes_a_model_that_runs_like_the_load_time_rewrite(tmp_path):
     rep = json.loads(r.stdout)
     assert [f["pattern"] for f in rep["fused"]] == EXPECTED_FUSED["ln_residual_stack"]
     assert rep["fused"][1]["layers"] == ["add_0", "splitncnn_1", "ln_13", "gelu_1"]
+    assert rep["custom_type_indexes"] == {"vknorm.LayerNorm": 256}  # ncnn2mem's index for binary params
     assert ob.read_bytes() == b.read_bytes()
     x = np.random.default_rng(1).standard_normal((197, 768)).astype(np.float32)
     offline = run_graph(op, ob, {"in0": x}, fuse_=False)[0]["out0"]

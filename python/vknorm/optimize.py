@@ -23,7 +23,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 from . import custom_layers
 from ._stdio import quiet_stderr, without_ncnn_notes
@@ -246,12 +246,28 @@ def run(args) -> int:
     return 0
 
 
+def custom_type_indexes(param_text: str) -> Dict[str, int]:
+    """The type indexes ncnn2mem gives a .param's types that are not ncnn's own (vknorm's fused types among them),
+    which binary params name them by: LayerType::CustomBit | j (256 | j), j counting them in the order they first
+    appear. For a .param of one layer per line, as fuse_param writes it."""
+    from . import graph
+
+    indexes: Dict[str, int] = {}
+    for line in param_text.splitlines()[2:]:
+        words = line.split()
+        if words and words[0] not in indexes and graph.layer_to_index(words[0]) == -1:
+            indexes[words[0]] = 256 | len(indexes)
+    return indexes
+
+
 def _report(args, fused, warnings) -> None:
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
+    with open(args.out_param, encoding="utf-8", errors="replace") as f:
+        indexes = custom_type_indexes(f.read())
     if args.json:
-        print(json.dumps({"param": args.out_param, "bin": args.out_bin, "fused": fused, "warnings": warnings},
-                         indent=1))
+        print(json.dumps({"param": args.out_param, "bin": args.out_bin, "fused": fused, "warnings": warnings,
+                          "custom_type_indexes": indexes}, indent=1))
         return
     if not fused:
         print(f"{args.param}: nothing to fuse; wrote the model unchanged to {args.out_param}, {args.out_bin}")
@@ -260,3 +276,7 @@ def _report(args, fused, warnings) -> None:
     for f in fused:
         print(f"  {f['pattern']:<30} {', '.join(f['layers'])}")
     print("load it with vknorm's layers registered: vknorm.graph.Net() or vknorm::ncnn::register_layers")
+    vknorm_types = {t: i for t, i in indexes.items() if t.startswith("vknorm.")}
+    if vknorm_types:  # ncnn2mem's binary params name types by index alone
+        print("converted to binary params by ncnn2mem, also: " + "; ".join(
+            f'vknorm::ncnn::register_layer(net, {i}, "{t}")' for t, i in vknorm_types.items()))
