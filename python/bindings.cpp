@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -228,11 +229,17 @@ NB_MODULE(_core, m) {
   nb::class_<Context>(m, "Context")
       .def_static(
           "create",
-          [](nb::handle index) {  // an int: True is not device 1
-            if (PyBool_Check(index.ptr()) || !PyLong_Check(index.ptr()))
+          [](nb::handle index) {  // an integer (numpy's too): True is not device 1
+            if (PyBool_Check(index.ptr()) || !PyIndex_Check(index.ptr()))
               throw nb::type_error(("Context.create: index must be an int (a device index, or -1 for the default), "
                                     "got " + std::string(Py_TYPE(index.ptr())->tp_name)).c_str());
-            return Context::create(nb::cast<int>(index));
+            nb::object value = nb::steal(PyNumber_Index(index.ptr()));
+            if (!value.is_valid()) throw nb::python_error();
+            int overflow = 0;
+            const long long i = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+            if (overflow || i < INT_MIN || i > INT_MAX)  // past any device count: said as Context::create says it
+              throw nb::value_error((std::string("device index ") + nb::str(value).c_str() + " out of range").c_str());
+            return Context::create(int(i));
           },
           "index"_a = -1, nb::sig("def create(index: int = -1) -> Context"))
       .def_static("default", &Context::default_context)

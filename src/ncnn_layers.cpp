@@ -110,15 +110,22 @@ class NormLayer : public ::ncnn::Layer {
 
   // ncnn's param ids and validation (NormParams, shared with vknorm's own layer).
   int load_param(const ::ncnn::ParamDict& pd) override {
+    // ncnn keeps a custom type's name and index in one slot: register_layers' fused types hold slots by name, in its
+    // order, and register_layer replaces a slot's layer, not its name. So binary params (the index alone) may reach
+    // a slot register_layer did not name, and text params (the name) one it gave another type: refused, not run as
+    // the type that happens to be there.
+    if (fused_type_ && type.empty() && !by_index_) {
+      NCNN_LOGE("vknorm: binary params name a layer's type by index %d alone: register vknorm's type for it first, "
+                "vknorm::ncnn::register_layer(net, %d, \"vknorm.<type>\") (ncnn2mem's TYPEINDEX_)", typeindex,
+                typeindex);
+      return -1;
+    }
+    if (!type.empty() && type != type_name()) {
+      NCNN_LOGE("vknorm %s %s: this net made a %s for it: register_layer gave that custom type index another type; "
+                "load text params on a net without register_layer", type.c_str(), name.c_str(), type_name());
+      return -1;
+    }
     try {
-      // Binary params name a fused type by its custom index alone, and ncnn gives that index whatever the net
-      // registered at it: register_layers' fused types sit there by name (text params name them), in its order,
-      // not in the order ncnn2mem numbered the model's. Only register_layer says which type an index is.
-      if (fused_type_ && type.empty() && !by_index_)
-        throw std::invalid_argument(std::string("binary params name this layer by type index ") +
-                                    std::to_string(typeindex) + " alone: register vknorm's type for it first, "
-                                    "vknorm::ncnn::register_layer(net, " + std::to_string(typeindex) +
-                                    ", \"vknorm.<type>\") (ncnn2mem's TYPEINDEX_)");
       p_ = NormParams::read(p_.op, pd);
       fusion_ = Fusion{};
       if (fused_type_) {

@@ -228,12 +228,14 @@ void NormParams::check() const {
     throw std::invalid_argument("op " + std::to_string(int(op)) + " is not one of NormOp's values");
   const std::string layer = op_name(op);
   auto bad = [&](const std::string& why) { return std::invalid_argument(layer + ": " + why + " (" + describe() + ")"); };
-  if (affine_size < 0) throw bad("affine_size must be >= 0, got " + std::to_string(affine_size));
+  // Each type's own fields, as ncnn's layer of that type has them: the others are not read (InstanceNorm's groups
+  // are its channels), whatever they hold.
+  if (!per_channel() && affine_size < 0) throw bad("affine_size must be >= 0, got " + std::to_string(affine_size));
   if (!std::isfinite(eps) || eps < 0) throw bad("eps must be finite and >= 0");
   if (affine != 0 && affine != 1) throw bad("affine must be 0 or 1, got " + std::to_string(affine));
-  if (group <= 0) throw bad("group must be > 0, got " + std::to_string(group));
-  if (channels < 0) throw bad("channels must be >= 0, got " + std::to_string(channels));
-  if (channels % group)
+  if (op == NormOp::GroupNorm && group <= 0) throw bad("group must be > 0, got " + std::to_string(group));
+  if (per_channel() && channels < 0) throw bad("channels must be >= 0, got " + std::to_string(channels));
+  if (op == NormOp::GroupNorm && channels % group)
     throw bad("channels=" + std::to_string(channels) + " do not divide into group=" + std::to_string(group) + " groups");
   if (per_channel() && affine && channels == 0) throw bad("affine=1 needs channels > 0 (one gamma and beta per channel)");
 }

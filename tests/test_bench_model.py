@@ -172,7 +172,7 @@ def test_bench_model_bad_input_is_one_line_and_exit_2(args, message):
 
 def test_a_report_over_the_commands_own_files_is_refused_under_any_name(tmp_path):
     """--json naming the model's .param, its .bin or the --custom-layers file, by a hard link too (a write through it
-    changes the file), or a directory path (trailing /): one line before anything runs, the files intact."""
+    changes the file), or a directory path (trailing /, . or ..): one line before anything runs, the files intact."""
     param, binp, layers = tmp_path / "m.param", tmp_path / "m.bin", tmp_path / "layers.py"
     shutil.copy(PARAM, param)
     shutil.copy(BIN, binp)
@@ -188,9 +188,10 @@ def test_a_report_over_the_commands_own_files_is_refused_under_any_name(tmp_path
             assert proc.returncode == 2 and len(lines) == 1 and f"is {what}: the report would overwrite it" in lines[0], \
                 (path, proc.returncode, proc.stderr[-2000:])
     (tmp_path / "out").mkdir()
-    for flag, path in (("--json", "missing.json/"), ("--json", str(tmp_path / "out") + "/r.json/")):
+    for flag, path in (("--json", "missing.json/"), ("--json", str(tmp_path / "out") + "/r.json/"),
+                       ("--json", str(tmp_path / "r.json") + "/.")):
         proc = vknorm("bench", "--model", str(param), str(binp), "--input", "in0=16x64", "--iters", "1", flag, path)
-        assert proc.returncode == 2 and "a directory path (trailing /)" in proc.stderr and "ncnn-cpu" not in \
+        assert proc.returncode == 2 and "a directory path (trailing /, . or ..)" in proc.stderr and "ncnn-cpu" not in \
             proc.stdout, (path, proc.returncode, proc.stdout, proc.stderr[-2000:])
     assert {p: p.read_bytes() for p in before} == before
 

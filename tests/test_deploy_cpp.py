@@ -272,16 +272,17 @@ def test_cpp_api_promises_no_example_shows(cpp_tests):
     sizes that are negative or wrap 64 bits; layout_as, converted and ncnn_cstep refuse packings and element sizes
     they would divide by (0, 3; 6 channels by 4; elemsize 0); moved-from Mats and VkMats are empty; create_pipeline
     uploads complete weights; forward_add refuses an empty VkMat, and a forward a layer without its weights, before
-    binding the layer to a device; an op, Option.path or Option.max_workgroup_size that names no value is refused; a
-    Mat's extents edited past its cstep are named as such; ParamDict reads a float set for an int param as not given, as ncnn's does (a .param's
-    0=16.0 is affine_size 0). Each check prints ok or FAIL. It makes a
+    binding the layer to a device; an op, Option.path or Option.max_workgroup_size that names no value is refused;
+    NormParams::check reads each type's own fields; a Mat's extents edited past its cstep are named as such;
+    ParamDict reads a float set for an int param as not given, as ncnn's does (a .param's 0=16.0 is affine_size 0).
+    Each check prints ok or FAIL. It makes a
     context of its own beside the default one and exits cleanly under the validation layer (the default
     context, released after the layer's own teardown, crashed it at exit: SIGSEGV)."""
     proc = subprocess.run([os.path.join(cpp_tests, "api_contracts")], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, VKNORM_VALIDATION="1"))
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and not any(ln.startswith("FAIL") for ln in lines), proc.stdout + proc.stderr
-    assert sum(ln.startswith("ok: ") for ln in lines) == 73, proc.stdout
+    assert sum(ln.startswith("ok: ") for ln in lines) == 74, proc.stdout
 
 
 def test_the_static_library_defines_nothing_in_vulkan_hpps_own_namespace(installed):

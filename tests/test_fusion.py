@@ -1143,7 +1143,8 @@ def test_optimize_refuses_outputs_it_would_clobber_and_writes_files_as_open_woul
                          ((Path("/dev/stdout"), tmp_path / "o.bin"), "/dev/stdout: not a regular file"),
                          ((ok, Path("/proc/vknorm.bin")), "/proc/vknorm.bin: not a regular file"),
                          # a trailing slash names a directory to be: never a file of that name
-                         ((str(tmp_path / "newdir") + "/", tmp_path / "o.bin"), "a directory path (trailing /)")]:
+                         ((str(tmp_path / "newdir") + "/", tmp_path / "o.bin"), "a directory path (trailing /"),
+                         ((ok, str(tmp_path / "o.bin") + "/."), "a directory path (trailing /")]:
         r = optimize(p, b, *outs)
         assert r.returncode == 2, (outs, r.stdout, r.stderr)
         lines = r.stderr.strip().splitlines()

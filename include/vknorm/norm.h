@@ -120,7 +120,8 @@ struct NormParams {
     return p;
   }
   // Throws std::invalid_argument, naming the layer and its params, on what ncnn's validation refuses
-  // (and eps that is not finite and >= 0).
+  // (and eps that is not finite and >= 0) in the fields of the op's type: affine_size (LayerNorm, RMSNorm), group
+  // (GroupNorm), channels (GroupNorm, InstanceNorm); the others are not read.
   void check() const;
   bool per_channel() const { return op == NormOp::GroupNorm || op == NormOp::InstanceNorm; }
   // Floats in gamma (and beta): affine_size, or channels.

@@ -42,9 +42,10 @@
 //   channel on: that channel times 4 bytes must be a multiple of 16 and of minStorageBufferOffsetAlignment.
 // - float16 blobs need a Vulkan 1.1 device. Elempack-1 float16 blobs need storageBuffer16BitAccess
 //   enabled on the device (VulkanHandles::fp16_storage_enabled); pack4 float16 blobs, and elempack-1 ones
-//   read as vec4s, do not, except dims-1 pack4 blobs read unpacked as single float16 values: one too large for
-//   the fused kernel (its one group, on the split path), and any GroupNorm (its channels are single elements);
-//   record those as float32. Refused inputs throw std::invalid_argument before anything is recorded.
+//   read as vec4s, do not, except dims-1 pack4 blobs read unpacked as single float16 values: one on the split or
+//   cooperative path (forced by Option::path, or planned: a group too large for the fused kernel, or the
+//   cooperative kernel on a GPU that reports its multiprocessors), and any GroupNorm (its channels are single
+//   elements); record those as float32. Refused inputs throw std::invalid_argument before anything is recorded.
 //
 // Barriers
 // vknorm records no barrier on the blob before its first dispatch and none after its last (the barriers below
@@ -179,7 +180,8 @@ uint64_t blob_span_bytes(int dims, int w, int h, int d, int c, size_t cstep, int
 // One norm layer (ncnn's parameters, as NormParams) on the caller's device.
 class Recorder {
  public:
-  // Any of the four norms. Throws std::invalid_argument for parameters ncnn refuses (NormParams::check) or
+  // Any of the four norms. Throws std::invalid_argument for parameters ncnn refuses (NormParams::check: each type's
+  // own fields; group and channels of a LayerNorm, say, are not read) or
   // missing handles, VulkanUnavailable when no loader can be opened (get_instance_proc_addr null and no
   // libvulkan).
   Recorder(const VulkanHandles& handles, const NormParams& params);

@@ -249,7 +249,7 @@ def _is_standard_output(path) -> bool:
 
 def _check_output_path(flag: str, path) -> None:
     """Before the run, not after it: a report that cannot be written is a one-line error up front."""
-    from .cli import UsageError
+    from .cli import UsageError, names_a_directory
 
     if path is None or (flag == "--json" and path == "-"):
         return
@@ -257,8 +257,8 @@ def _check_output_path(flag: str, path) -> None:
         raise UsageError(f"{flag}: empty file name; name a file")
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path}: a directory; name a file")
-    if path.endswith(("/", os.sep)):  # realpath drops the slash: the name would pass here and fail at the write
-        raise UsageError(f"{flag} {path}: a directory path (trailing /); name a file")
+    if names_a_directory(path):  # realpath drops a trailing / or /.: the name would pass here and fail at the write
+        raise UsageError(f"{flag} {path}: a directory path (trailing /, . or ..); name a file")
     # The format from the name, whatever the file is (matplotlib would write NAME.png beside a FIFO or device).
     if flag == "--plot":
         ext = os.path.splitext(path)[1].lstrip(".").lower()

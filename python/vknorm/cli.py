@@ -15,6 +15,12 @@ class UsageError(Exception):
     """A problem with the command line or its files: one line, exit 2."""
 
 
+def names_a_directory(path: str) -> bool:
+    """Whether `path` can only name a directory: a trailing separator, or a last component . or .. (realpath drops
+    them, so a check of the resolved name would pass a path the write then fails on)."""
+    return path.endswith(("/", os.sep)) or os.path.basename(path) in (".", "..")
+
+
 def same_file(a: str, b: str) -> bool:
     """Whether paths a and b name one file: one path once symbolic links are followed, or (both existing) one file
     under two names (a hard link), which a write through either changes."""

@@ -185,14 +185,14 @@ def _check_targets(out_param: str, out_bin: str, in_param: str, in_bin: str) -> 
     end, so a directory, a device (/dev/null) or one file named twice is refused before anything is written.
     An output may replace its own input (IN.param by OUT.param, in place), never the other one. Returns the
     paths to write: each output's real path (a symbolic link is written through)."""
-    from .cli import UsageError
+    from .cli import UsageError, names_a_directory
 
     same = lambda a, b: os.path.realpath(a) == os.path.realpath(b)  # noqa: E731
     for flag, target in (("OUT.param", out_param), ("OUT.bin", out_bin)):
         if not target:
             raise UsageError(f"{flag}: empty file name; name a file")
-        if target.endswith(("/", os.sep)):  # realpath drops the slash: it would write a file of the directory's name
-            raise UsageError(f"{target}: a directory path (trailing /); name a file to write")
+        if names_a_directory(target):  # realpath drops a trailing / or /.: it would write a file of that name
+            raise UsageError(f"{target}: a directory path (trailing /, . or ..); name a file to write")
     if same(out_param, out_bin):
         raise UsageError(f"OUT.param and OUT.bin are the same file ({out_param}): name two files")
     if same(out_param, in_bin):

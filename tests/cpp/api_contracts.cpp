@@ -39,6 +39,7 @@
 //   - forward_add refuses an empty VkMat before taking any device: the layer then runs on a context of its caller's;
 //     so does a forward refused for missing weights;
 //   - an op, Option.path or Option.max_workgroup_size set to what names no value is refused (device and CPU);
+//   - NormParams::check reads each type's own fields, not the others';
 //   - a Mat whose extents were edited past its cstep is told so.
 #include <vknorm/norm.h>
 #include <vknorm/recorder.h>
@@ -793,6 +794,35 @@ int main() {
       const bool options = refused([&] { l.forward_inplace(m, bad_path); }, "Option.path 17") &&
                            refused([&] { l.forward_inplace(m, bad_cap); }, "Option.max_workgroup_size must be >= 0");
       report(op && options, "an op, a path or a workgroup cap that names no value is refused, on the device and CPU");
+    }
+
+    // ---- a type's check reads its own fields: an InstanceNorm's group, a LayerNorm's group and channels, are not
+    // its, whatever they hold
+    {
+      vknorm::NormParams in;
+      in.op = vknorm::NormOp::InstanceNorm, in.channels = 8, in.affine = 0, in.group = 0;
+      vknorm::NormParams ln;
+      ln.op = vknorm::NormOp::LayerNorm, ln.affine_size = 16, ln.affine = 0, ln.group = 3, ln.channels = -1;
+      vknorm::NormParams gn;
+      gn.op = vknorm::NormOp::GroupNorm, gn.group = 2, gn.channels = 8, gn.affine = 0, gn.affine_size = -1;
+      bool ok = true;
+      for (const vknorm::NormParams* p : {&in, &ln, &gn}) {
+        try {
+          p->check();
+        } catch (const std::exception& e) {
+          ok = false;
+          std::printf("  %s\n", e.what());
+        }
+      }
+      vknorm::NormParams bad = gn;
+      bad.group = 0;
+      bool refused = false;
+      try {
+        bad.check();
+      } catch (const std::invalid_argument&) {
+        refused = true;
+      }
+      report(ok && refused, "NormParams::check reads each type's own fields (a GroupNorm's group 0 refused)");
     }
 
     // ---- a forward refused for missing weights leaves the layer on no device: the next error is that one again

@@ -15,7 +15,8 @@
 //   - register_layers after load_param is -1 (the layers are made, stock), and registers after clear().
 //   - a Runner made before load_param records its extracts into one command buffer, as one made after.
 //   - register_layer takes vknorm's types under custom type indexes only (LayerType::CustomBit | j), before
-//     load_param; an index or a type it cannot take is -1. By blob index, computed_on_host and a Runner's extract:
+//     load_param; an index or a type it cannot take is -1; text params naming a type whose index it gave another
+//     are refused at load_param. By blob index, computed_on_host and a Runner's extract:
 //     an Input's blob is computed on the host (given back as given), an index outside the net's blobs is false /
 //     ncnn's -1 with no command buffer made.
 #include <gpu.h>
@@ -408,6 +409,15 @@ void register_layer_and_blob_indexes() {
          "register_layer: a custom index 0, a built-in or negative index or a type not vknorm's -1 (returns " +
              std::to_string(custom) + " " + std::to_string(builtin) + " " + std::to_string(negative) + " " +
              std::to_string(unknown) + ")");
+  // ncnn's slot 3 holds vknorm.InstanceNorm by name (register_layers' order): now a GroupNorm's, which text params
+  // naming vknorm.InstanceNorm must not get
+  const bool misnamed = net.load_param_mem("7767517\n2 2\nInput in 0 1 x\n"
+                                           "vknorm.InstanceNorm n 1 1 x y 0=6 1=0.001 2=0\n") == -1;
+  const bool kept = net.load_param_mem("7767517\n2 2\nInput in 0 1 x\n"
+                                       "vknorm.GroupNorm n 1 1 x y 0=3 1=6 2=0.001 3=0\n") == 0;
+  net.clear();
+  report(misnamed && kept, "text params naming a type whose custom index register_layer gave another: refused at "
+                           "load_param; the other types load");
   const char* param = "7767517\n2 2\nInput in 0 1 x\nLayerNorm n 1 1 x y 0=4 1=0.001 2=0\n";
   if (net.load_param_mem(param) != 0 || net.load_model(reinterpret_cast<const unsigned char*>("")) < 0)
     return report(false, "register_layer and blob indexes: the net did not load");
