@@ -23,6 +23,16 @@ float ParamDict::get(int id, float def) const {
   return def;
 }
 
+namespace {
+// Products of extents that may pass 64 bits (four of 2^31 - 1): held at UINT64_MAX, which no check passes, and
+// said as such in messages.
+uint64_t times(uint64_t a, uint64_t b) {
+  uint64_t out;
+  return __builtin_mul_overflow(a, b, &out) ? UINT64_MAX : out;
+}
+std::string count(uint64_t n) { return n == UINT64_MAX ? "over 2^64" : std::to_string(n); }
+}  // namespace
+
 GroupLayout group_layout(int dims, int w, int h, int d, int c, size_t cstep, int elempack, int affine_size,
                          bool affine) {
   GroupLayout g;
@@ -46,7 +56,7 @@ GroupLayout group_layout(int dims, int w, int h, int d, int c, size_t cstep, int
       channels = c, step = cstep;
       if (affine_size == w) size = w, gpc = uint64_t(h) * d;
       else if (int64_t(affine_size) == int64_t(w) * h) size = uint64_t(w) * h, gpc = d;
-      else size = uint64_t(w) * h * d;
+      else size = times(uint64_t(w) * h, uint64_t(d));
       trailing = "d=" + std::to_string(d) + ", h=" + std::to_string(h) + ", w=" + std::to_string(w);
       break;
     default:
@@ -58,18 +68,18 @@ GroupLayout group_layout(int dims, int w, int h, int d, int c, size_t cstep, int
                                        "each row where affine_size is w, each depth slice where w*h, else each channel"};
     std::string why = "affine_size " + std::to_string(affine_size) + " does not match the input's trailing dims (" +
                       trailing + "): ncnn's LayerNorm and RMSNorm normalize " + rule[dims] + " here, groups of " +
-                      std::to_string(size) + " elements";
-    const uint64_t whole = uint64_t(w) * h * d * c * elempack;
+                      count(size) + " elements";
+    const uint64_t whole = times(times(uint64_t(w) * h, uint64_t(d) * c), uint64_t(elempack));
     if (dims >= 2 && uint64_t(affine_size) == whole && whole != size)
       why += "; " + std::to_string(affine_size) + " is the whole " + std::to_string(dims) +
              "-d blob, which they cannot normalize as one group (stock ncnn would use the first " + std::to_string(size) +
              " weights on each of its groups: not what the model was exported for)";
     throw std::invalid_argument(why);
   }
-  const uint64_t n_groups = channels * gpc;
+  const uint64_t n_groups = times(channels, gpc);
   if (size > 0xffffffffull || n_groups > 0xffffffffull || step > 0xffffffffull)
-    throw std::invalid_argument("tensor too large for 32-bit group indexing: groups of " + std::to_string(size) +
-                                " elements, " + std::to_string(n_groups) + " groups, channel step " + std::to_string(step) +
+    throw std::invalid_argument("tensor too large for 32-bit group indexing: groups of " + count(size) +
+                                " elements, " + count(n_groups) + " groups, channel step " + count(step) +
                                 " (each at most 2^32 - 1)");
   g.group_size = uint32_t(size);
   g.gpc = uint32_t(gpc);
@@ -165,7 +175,7 @@ GroupLayout channel_group_layout(int dims, int w, int h, int d, int c, size_t cs
   } else if (dims == 2) {  // rows are channels
     in_channels = uint64_t(h) * elempack, plane = uint64_t(w), step = uint64_t(w), what = "channels (rows)";
   } else {
-    in_channels = uint64_t(c) * elempack, plane = uint64_t(w) * h * d, step = cstep;
+    in_channels = uint64_t(c) * elempack, plane = times(uint64_t(w) * h, uint64_t(d)), step = cstep;
   }
   if (channels > 0 && in_channels != uint64_t(channels))
     throw std::invalid_argument(layer + ": the input has " + std::to_string(in_channels) + " " + what + ", the layer " +
@@ -191,10 +201,10 @@ GroupLayout channel_group_layout(int dims, int w, int h, int d, int c, size_t cs
   // whole packed planes); cpg / 4 planes when cpg divides by 4.
   const uint64_t planes = elempack == 1 ? cpg : uint64_t(cpg) / gcd(cpg, 4);  // lcm(cpg, 4) / 4
   const uint64_t items = in_channels / elempack / planes;
-  if (plane * planes > 0xffffffffull || step > 0xffffffffull || items > 0xffffffffull)
+  if (times(plane, planes) > 0xffffffffull || step > 0xffffffffull || items > 0xffffffffull)
     throw std::invalid_argument(layer + ": tensor too large for 32-bit group indexing: items of " +
-                                std::to_string(plane * planes) + " elements, " + std::to_string(items) +
-                                " items, channel step " + std::to_string(step) + " (each at most 2^32 - 1)");
+                                count(times(plane, planes)) + " elements, " + count(items) + " items, channel step " +
+                                count(step) + " (each at most 2^32 - 1)");
   g.planes = uint32_t(planes);
   g.group_size = uint32_t(plane * planes);
   g.cstep = uint32_t(step);

@@ -254,6 +254,15 @@ def test_float64_input_past_float32_is_refused_as_given_not_as_the_nan_it_become
     assert np.isfinite(y[0]).all() and np.isnan(y[1]).all()
 
 
+def test_a_group_past_64_bits_of_elements_is_said_as_such_not_as_a_wrapped_count():
+    """Four extents of 2^31 - 1 multiply past 2^64: the message says so, where it gave the product modulo 2^64."""
+    huge = (2 ** 31 - 1,) * 4
+    with pytest.raises(ValueError, match=r"groups of over 2\^64 elements"):
+        vknorm.LayerNorm(affine_size=0, affine=False).groups(huge)
+    with pytest.raises(ValueError, match=r"items of over 2\^64 elements"):
+        vknorm.GroupNorm(group=2, channels=4, affine=False).groups((4,) + huge[1:])
+
+
 def test_int_params_take_exactly_ncnns_32_bit_range():
     """ncnn holds int params as 32-bit ints: -2^31 and 2^31 - 1 reach the layer's own checks as given; one past
     either end is refused as not fitting (never wrapped, nor left to the binding's conversion)."""
