@@ -357,8 +357,8 @@ int run(const Args& a) {
     vknorm::ncnn::LayerInfo info;
     if (!vknorm::ncnn::describe_layer(l, info)) continue;
     const std::string name = l->name.empty() ? "#" + std::to_string(i) : l->name;
-    std::cout << "vknorm layer " << name << " " << info.layer_type << ": vulkan_forwards " << info.counters.vulkan_forwards
-              << ", cpu_forwards " << info.counters.cpu_forwards << ", pipelines";
+    std::cout << "vknorm layer " << name << " " << info.layer_type << ": vulkan_forwards "
+              << info.counters.vulkan_forwards << ", cpu_forwards " << info.counters.cpu_forwards << ", pipelines";
     for (const std::string& p : info.pipelines) std::cout << " " << p;
     std::cout << "\n";
   }
@@ -374,7 +374,8 @@ int run(const Args& a) {
   }
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.9g", max_abs);
-  std::cout << "output " << out_label << ": " << join_dims(shape) << ", max |out| " << buf << (finite ? "" : " (NOT FINITE)") << "\n";
+  std::cout << "output " << out_label << ": " << join_dims(shape) << ", max |out| " << buf
+            << (finite ? "" : " (NOT FINITE)") << "\n";
   if (!a.out_path.empty()) {
     if (!write_raw(a.out_path, y)) {
       std::cerr << "ncnn_example: cannot write " << a.out_path << "\n";

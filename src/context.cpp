@@ -284,7 +284,8 @@ std::shared_ptr<Context> Context::create(int index) {
   auto physical = impl->instance->instance.enumeratePhysicalDevices();
   if (physical.empty()) throw VulkanUnavailable(kInstallHint);
   if (index < -1)  // -1 alone means the default device
-    throw std::invalid_argument("device index " + std::to_string(index) + ": a device index >= 0, or -1 for the default");
+    throw std::invalid_argument("device index " + std::to_string(index) +
+                                ": a device index >= 0, or -1 for the default");
   if (index < 0) index = default_device_index();
   if (index >= int(physical.size()))
     throw std::invalid_argument("device index " + std::to_string(index) + " out of range (" +

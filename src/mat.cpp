@@ -365,9 +365,9 @@ void check_host_mat(const Mat& m, const char* what) {
   if (!holds_shape(m, m)) {
     const size_t plane = m.dims >= 3 ? m.outer_elems() : size_t(m.w) * m.h;
     if (m.capacity() && m.cstep < plane)  // the fault is the stride, not the memory: say so
-      throw std::invalid_argument(std::string(what) + ": the Mat's cstep " + std::to_string(m.cstep) + " is less than " +
-                                  "a plane of its shape (" + std::to_string(plane) + " elements): its fields were "
-                                  "changed past its memory");
+      throw std::invalid_argument(std::string(what) + ": the Mat's cstep " + std::to_string(m.cstep) +
+                                  " is less than a plane of its shape (" + std::to_string(plane) +
+                                  " elements): its fields were changed past its memory");
     throw std::invalid_argument(std::string(what) + ": the Mat has no memory (a Mat::layout), or its fields (elemsize " +
                                 std::to_string(m.elemsize) + ", elempack " + std::to_string(m.elempack) + ", cstep " +
                                 std::to_string(m.cstep) + ") describe " + std::to_string(m.bytes()) +

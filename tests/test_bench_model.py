@@ -185,8 +185,8 @@ def test_a_report_over_the_commands_own_files_is_refused_under_any_name(tmp_path
             proc = vknorm("bench", "--model", str(param), str(binp), "--input", "in0=16x64", "--iters", "1",
                           "--warmup-ms", "0", "--custom-layers", str(layers), "--json", str(path))
             lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("vknorm bench")]
-            assert proc.returncode == 2 and len(lines) == 1 and f"is {what}: the report would overwrite it" in lines[0], \
-                (path, proc.returncode, proc.stderr[-2000:])
+            assert proc.returncode == 2 and len(lines) == 1, (path, proc.returncode, proc.stderr[-2000:])
+            assert f"is {what}: the report would overwrite it" in lines[0], lines
     (tmp_path / "out").mkdir()
     for flag, path in (("--json", "missing.json/"), ("--json", str(tmp_path / "out") + "/r.json/"),
                        ("--json", str(tmp_path / "r.json") + "/.")):

@@ -57,7 +57,10 @@ bool is_vknorm_type(const std::string& type);
 //
 // register_layer registers vknorm's layer of `type` (is_vknorm_type) under that custom index. Returns 0, or -1 after
 // load_param, for an index that is not a custom one or a type that is not vknorm's (logged), or ncnn's error.
-// Fusion itself reads text params (fuse_param): fuse first, then convert.
+// A fused type in binary params that register_layer did not name fails load_param (the index alone cannot say which
+// it is). ncnn keeps one slot per custom index, named by the first registration by name (register_layers' fused
+// types hold the first four): a slot register_layer gave another type refuses text params naming it, so load text
+// params on a net without register_layer. Fusion itself reads text params (fuse_param): fuse first, then convert.
 int register_layer(::ncnn::Net& net, int typeindex, const std::string& type);
 
 // ---- Fusion: a norm with the add before it and the activation after it, in one kernel -------------

@@ -18,7 +18,8 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
     print(net.vknorm_counters())              # {'vulkan_forwards': 12, 'cpu_forwards': 0, 'pipelines': ...}
 
 Not there (AttributeError): ``destroy_gpu_instance``, ``Net.load_param_bin`` (binary params name no blob or type,
-which this module goes by; vknorm's C++ layers take them: ``vknorm::ncnn::register_layer``), allocator objects (``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
+which this module goes by; vknorm's C++ layers take them: ``vknorm::ncnn::register_layer``), allocator objects
+(``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
 ``Mat.create`` / ``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1),
 ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
 functions that make other element types or packings (``convert_packing``, ``cast_*``, ``quantize_to_int8``),
