@@ -106,7 +106,14 @@ std::string describe_blob(int dims, int w, int h, int d, int c, size_t elemsize,
   if (dims >= 2) s += " h=" + std::to_string(h);
   if (dims == 4) s += " d=" + std::to_string(d);
   if (dims >= 3) s += " c=" + std::to_string(c);
-  return s + " elempack=" + std::to_string(elempack) + " (" + std::to_string(elemsize / elempack) + "-byte scalars)";
+  s += " elempack=" + std::to_string(elempack) + " (" + std::to_string(elemsize / elempack) + "-byte scalars)";
+  if (elempack == 1 || dims < 2 || dims > 4) return s;
+  // packed: the shape as numpy (VkMat.shape) gives it, the outer extent unpacked
+  const std::string outer = std::to_string(int64_t(dims == 2 ? h : c) * elempack);
+  const std::string rest = dims == 2   ? std::to_string(w)
+                           : dims == 3 ? std::to_string(h) + ", " + std::to_string(w)
+                                       : std::to_string(d) + ", " + std::to_string(h) + ", " + std::to_string(w);
+  return s + ", shape (" + outer + ", " + rest + ")";
 }
 
 // Two VkMats of one layout: the same extents, packing, storage and channel step.

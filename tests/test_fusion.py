@@ -271,8 +271,9 @@ def test_forward_add_refuses_what_it_cannot_fuse():
         layer.forward_add(np.zeros((4, 16), np.float32), np.zeros((16,), np.float32))
     a = vknorm.to_device(np.zeros((4, 16), np.float32))
     b = vknorm.to_device(np.zeros((8, 16), np.float32))
-    with pytest.raises(ValueError, match=r"x \(dims=2 w=16 h=1 .*\) and residual \(dims=2 w=16 h=2 .*\) differ in shape, "
-                                         r"packing or storage"):
+    # ncnn's packed extents, and the shapes as numpy gives them (VkMat.shape)
+    with pytest.raises(ValueError, match=r"x \(dims=2 w=16 h=1 .*, shape \(4, 16\)\) and residual \(dims=2 w=16 h=2 "
+                                         r".*, shape \(8, 16\)\) differ in shape, packing or storage"):
         layer.forward_add(a, b)
     with pytest.raises(ValueError, match="activation 'tanh'"):
         layer.set_activation("tanh")
