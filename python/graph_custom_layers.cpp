@@ -359,6 +359,13 @@ class MatArrayModelBin : public ::ncnn::ModelBin {
   mutable std::optional<std::string> error_;
 };
 
+// What a ModelBinFromMatArray could not give in the reads so far, raised as a ValueError (after `prefix`); nothing for
+// any other ModelBin.
+void raise_array_error(const ::ncnn::ModelBin& mb, const std::string& prefix = "") {
+  if (const auto* array = dynamic_cast<const MatArrayModelBin*>(&mb))
+    if (std::optional<std::string> error = array->take_error()) raise(PyExc_ValueError, prefix + *error);
+}
+
 // What ncnn's net reads for a layer whose .bin has nothing: empty Mats.
 struct NoWeights : ::ncnn::ModelBin {
   Mat load(int, int) const override { return Mat(); }
@@ -393,8 +400,7 @@ class StockLayer : public ::ncnn::Layer {
     if (stage_ == Stage::kPipeline) refuse("load_model", "its pipeline is made: destroy_pipeline(opt) first");
     const int code = inner_->load_model(mb);
     take_flags();
-    if (const auto* array = dynamic_cast<const MatArrayModelBin*>(&mb))
-      if (std::optional<std::string> error = array->take_error()) raise(PyExc_ValueError, label() + ": " + *error);
+    raise_array_error(mb, label() + ": ");
     stage_ = code == 0 ? Stage::kModel : Stage::kParam;
     return code;
   }
@@ -978,8 +984,7 @@ template <class Load>
 Mat read(const ModelBinView& v, Load&& load) {
   const ::ncnn::ModelBin& b = lent(v, "ModelBin");
   Mat m = load(b);
-  if (const auto* array = dynamic_cast<const MatArrayModelBin*>(&b))
-    if (std::optional<std::string> error = array->take_error()) raise(PyExc_ValueError, *error);
+  raise_array_error(b);
   return loaded(std::move(m));
 }
 
@@ -1027,33 +1032,24 @@ void param_set_kind(ParamDictView& v, int id, nb::handle value, ParamKind kind) 
     raise(PyExc_RuntimeError, "ParamDict.set: the ParamDict ncnn gives load_param is read-only (const in "
                               "ncnn); ParamDict() makes one to fill");
   param_id(id);
-  // every check before the value is set: a refused set leaves the param as it was
+  // every check before the value is set: a refused set leaves the param as it was. The type a .param gives an array
+  // of set()'s (5, 6) is kept beside it; any other value's is ncnn's own (a Mat's: 4, its bits as they are).
+  const auto put = [&](const auto& x, std::optional<int> array_type = std::nullopt) {
+    v.own->set(id, x);
+    if (array_type) v.array_types[id] = *array_type;
+    else v.array_types.erase(id);
+  };
   if (kind == ParamKind::kAny || kind == ParamKind::kInt)
-    if (std::optional<int> i = param_int(value, "ParamDict.set: value")) {
-      v.own->set(id, *i);
-      v.array_types.erase(id);
-      return;
-    }
+    if (std::optional<int> i = param_int(value, "ParamDict.set: value")) return put(*i);
   if (kind == ParamKind::kAny || kind == ParamKind::kFloat) {
     std::optional<float> f = param_float(value);
     if (!f && kind == ParamKind::kFloat)
       if (std::optional<int> i = param_int(value, "ParamDict.set: f")) f = float(*i);  // as pyncnn's overload takes
-    if (f) {
-      v.own->set(id, *f);
-      v.array_types.erase(id);
-      return;
-    }
+    if (f) return put(*f);
   }
-  if (kind == ParamKind::kAny && PyUnicode_Check(value.ptr())) {
-    v.own->set(id, nb::cast<std::string>(value));
-    v.array_types.erase(id);
-    return;
-  }
-  if ((kind == ParamKind::kAny || kind == ParamKind::kArray) && nb::isinstance<Mat>(value)) {
-    v.own->set(id, nb::cast<const Mat&>(value).clone());
-    v.array_types.erase(id);  // ncnn's type 4: the Mat's bits as they are
-    return;
-  }
+  if (kind == ParamKind::kAny && PyUnicode_Check(value.ptr())) return put(nb::cast<std::string>(value));
+  if ((kind == ParamKind::kAny || kind == ParamKind::kArray) && nb::isinstance<Mat>(value))
+    return put(nb::cast<const Mat&>(value).clone());
   if (kind == ParamKind::kAny || kind == ParamKind::kArray) {
     std::optional<std::pair<Mat, int>> array = param_list(value);
     if (!array)
@@ -1062,9 +1058,7 @@ void param_set_kind(ParamDictView& v, int id, nb::handle value, ParamKind kind) 
                                    "got " + type_of(value)
                                  : "ParamDict.set(id, value): value is an int, float, str, Mat, or a list or 1-d "
                                    "numpy array of ints (an int array) or floats, got " + type_of(value));
-    v.own->set(id, array->first);
-    v.array_types[id] = array->second;
-    return;
+    return put(array->first, array->second);
   }
   raise(PyExc_TypeError, std::string("ParamDict.set(id, ") + (kind == ParamKind::kInt ? "i" : "f") + "=...): " +
                              (kind == ParamKind::kInt ? "an int" : "a float") + ", got " + type_of(value));

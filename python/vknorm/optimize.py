@@ -183,7 +183,8 @@ def _replace_both(staged: List[Tuple[str, str]], names: Tuple[str, str]) -> None
 def _check_targets(out_param: str, out_bin: str, in_param: str, in_bin: str) -> Tuple[str, str]:
     """Both outputs are new or regular files, and two different ones: what is there is replaced whole at the
     end, so a directory, a device (/dev/null) or one file named twice is refused before anything is written.
-    An output may replace its own input (IN.param by OUT.param, in place), never the other one. Returns the
+    An output may replace its own input (IN.param by OUT.param, in place), never the other one, nor the
+    --custom-layers file. Returns the
     paths to write: each output's real path (a symbolic link is written through)."""
     from .cli import UsageError, names_a_directory
 
@@ -199,6 +200,10 @@ def _check_targets(out_param: str, out_bin: str, in_param: str, in_bin: str) -> 
         raise UsageError(f"OUT.param {out_param} is the input IN.bin: it would replace the weights with the param text")
     if same(out_bin, in_param):
         raise UsageError(f"OUT.bin {out_bin} is the input IN.param: it would replace the param text with the weights")
+    code = custom_layers.used()
+    for flag, target in (("OUT.param", out_param), ("OUT.bin", out_bin)):
+        if code and same(target, code):
+            raise UsageError(f"{flag} {target} is the --custom-layers file: the model would replace its code")
     reals = (os.path.realpath(out_param), os.path.realpath(out_bin))  # what is written: a symbolic link's target
     for target, real in zip((out_param, out_bin), reals):
         # device and process files (/dev/stdout too, wherever it leads; /dev/shm holds files like any directory)
@@ -231,9 +236,6 @@ def run(args) -> int:
     from .cli import UsageError
 
     custom_layers.use(args.custom_layers)
-    for flag, target in (("OUT.param", args.out_param), ("OUT.bin", args.out_bin)):
-        if args.custom_layers and target and os.path.realpath(target) == os.path.realpath(args.custom_layers):
-            raise UsageError(f"{flag} {target} is the --custom-layers file: the model would replace its code")
     fused, warnings = fuse_files(args.param, args.bin, args.out_param, args.out_bin)
     try:
         _report(args, fused, warnings)
