@@ -34,6 +34,7 @@
 #include <ncnn/cpu.h>
 #include <ncnn/datareader.h>
 #include <ncnn/gpu.h>
+#include <ncnn/layer_type.h>
 #include <ncnn/net.h>
 
 #include "vknorm/context.h"
@@ -980,9 +981,15 @@ struct Net {
     return load_param_from("load_param_mem", &text);
   }
   int load_param_from(const std::string& path, const std::string* text) {
+    return load_param_by([&] { return read_param(path, text); });
+  }
+  // ncnn2mem's .param.bin: read by ncnn's own load_param_bin, then named by index (blobs and layers "0", "1", ...)
+  int load_param_bin(const std::string& path) { return load_param_by([&] { return read_param_bin(path); }); }
+  template <class Read>
+  int load_param_by(Read&& read) {
     ++generation;
     model_loaded = false;
-    const int r = read_param(path, text);
+    const int r = read();
     param_loaded = r == 0;
     param_options = param_loaded ? format_options(net.opt) : "";
     return r;
@@ -1076,16 +1083,8 @@ struct Net {
       return text ? vknorm::ncnn::load_param_mem_fused(net, text->c_str(), &fused, &unfused_blobs)
                   : vknorm::ncnn::load_param_fused(net, path.c_str(), &fused, &unfused_blobs);
     const int ret = text ? net.load_param_mem(text->c_str()) : net.load_param(path.c_str());
-    // A bottom named by an empty word (a NUL at its start) finds the next blob ncnn makes: a layer reading its own
-    // output or a later layer's, on which ncnn's forward crashes.
-    for (size_t i = 0; ret == 0 && i < net.layers().size(); ++i)
-      for (const int b : net.layers()[i]->bottoms)
-        if (net.blobs()[b].producer >= int(i)) {
-          NCNN_LOGE("%s: layer %s reads blob %s, which it or a later layer makes (a blob name that starts with a NUL "
-                    "byte?)", path.c_str(), net.layers()[i]->name.c_str(), net.blobs()[b].name.c_str());
-          net.clear();
-          return -1;
-        }
+    // A bottom named by an empty word (a NUL at its start) finds the next blob ncnn makes
+    if (ret == 0 && !blobs_in_order(path, " (a blob name that starts with a NUL byte?)")) return -1;
     if (ret != 0 && !vknorm) {  // a fused model in a stock net: say what it needs ("not exists or registered")
       const std::string layer = text ? vknorm::ncnn::first_fused_layer(*text)
                                      : vknorm::ncnn::first_fused_layer_in_file(path.c_str());
@@ -1094,6 +1093,37 @@ struct Net {
                   "vknorm::ncnn::register_layers)", path.c_str(), layer.c_str());
     }
     return ret;
+  }
+  int read_param_bin(const std::string& path) {
+    fused.clear(), unfused_blobs.clear();
+    const int ret = net.load_param_bin(path.c_str());  // (ncnn logs why it fails)
+    if (ret != 0) return ret;
+    vknorm::ncnn::name_by_index(net);
+    return blobs_in_order(path, "") ? 0 : -1;
+  }
+  // Each blob made by one layer, before any layer reads it, as text params say: ncnn's forward crashes on a layer that
+  // reads its own output (a cycle), a later layer's is out of the order text params give, and a blob two layers make
+  // (binary params) holds whichever ran last. Refused (the net cleared).
+  bool blobs_in_order(const std::string& path, const char* hint) {
+    const std::vector<::ncnn::Layer*>& layers = net.layers();
+    const std::vector<::ncnn::Blob>& blobs = net.blobs();
+    for (size_t i = 0; i < layers.size(); ++i) {
+      for (const int b : layers[i]->bottoms)
+        if (blobs[size_t(b)].producer >= int(i)) {
+          NCNN_LOGE("%s: layer %s reads blob %s, which it or a later layer makes%s", path.c_str(),
+                    layers[i]->name.c_str(), blobs[size_t(b)].name.c_str(), hint);
+          net.clear();
+          return false;
+        }
+      for (const int t : layers[i]->tops)
+        if (blobs[size_t(t)].producer != int(i)) {
+          NCNN_LOGE("%s: layers %s and %s both make blob %s", path.c_str(), layers[i]->name.c_str(),
+                    layers[size_t(blobs[size_t(t)].producer)]->name.c_str(), blobs[size_t(t)].name.c_str());
+          net.clear();
+          return false;
+        }
+    }
+    return true;
   }
   ForkSafe<::ncnn::Net> owned_net{new ::ncnn::Net};
   ::ncnn::Net& net = *owned_net;
@@ -1859,16 +1889,17 @@ std::string blob_name(Extractor& e, long long index, const char* call) {
   if (e.stale(call)) return "";
   const std::vector<std::string>& unfused = e.owner->unfused_blobs;
   const std::vector<::ncnn::Blob>& blobs = e.owner->net.blobs();
-  // ncnn keeps the header's count of blobs; those past the ones the layers make have no name (a fused net's list
-  // holds only the made ones)
-  int made = 0;
-  while (made < int(blobs.size()) && !blobs[size_t(made)].name.empty()) ++made;
+  // ncnn keeps the header's count of blobs; those no layer makes have no name (text params: the last ones; a fused
+  // net's list holds only the made ones)
+  int made = int(blobs.size());
+  while (made > 0 && blobs[size_t(made - 1)].name.empty()) --made;
   const int count = unfused.empty() ? made : int(unfused.size());
-  if (index < 0 || index >= count) {
-    NCNN_LOGE("vknorm.graph: Extractor.%s: blob index %lld out of range (%d blobs)", call, index, count);
+  auto name_of = [&](long long i) -> const std::string& { return unfused.empty() ? blobs[size_t(i)].name : unfused[size_t(i)]; };
+  if (index < 0 || index >= count || name_of(index).empty()) {
+    NCNN_LOGE("vknorm.graph: Extractor.%s: blob index %lld out of range (%d blobs%s)", call, index, count,
+              index >= 0 && index < count ? "; no layer makes that one" : "");
     return "";
   }
-  auto name_of = [&](long long i) -> const std::string& { return unfused.empty() ? blobs[size_t(i)].name : unfused[size_t(i)]; };
   // Blobs are reached by name here, and a name finds its first blob (ncnn's lookup): a later top given the same
   // name cannot be named.
   for (long long first = 0; first < index; ++first)
@@ -2020,19 +2051,49 @@ void track_device_memory() {
   ::ncnn::vkFreeMemory = counting_free;
 }
 
+// The names of these blobs of the net (ncnn's input_names() and output_names() are its text loader's: empty for
+// binary params).
+std::vector<std::string> blob_names(const ::ncnn::Net& net, const std::vector<int>& indexes) {
+  std::vector<std::string> r;
+  for (const int i : indexes) r.push_back(net.blobs()[size_t(i)].name);
+  return r;
+}
+
 // The index of each named blob as the model's own .param numbers it: its first blob of that name (a fused net's
 // through the unfused model's names).
-std::vector<int> model_indexes(const Net& n, const std::vector<const char*>& names) {
+std::vector<int> model_indexes(const Net& n, const std::vector<std::string>& names) {
   std::vector<int> r;
-  for (const char* name : names) {
+  for (const std::string& name : names) {
     if (n.unfused_blobs.empty()) {
-      r.push_back(vknorm::ncnn::blob_index(n.net, name));
+      r.push_back(vknorm::ncnn::blob_index(n.net, name.c_str()));
       continue;
     }
     const auto it = std::find(n.unfused_blobs.begin(), n.unfused_blobs.end(), name);
     r.push_back(it == n.unfused_blobs.end() ? -1 : int(it - n.unfused_blobs.begin()));
   }
   return r;
+}
+
+// vknorm::ncnn::register_layer: vknorm's layer `type` under the custom type index ncnn2mem gave it in binary params.
+int register_layer(Net& n, long long index, const std::string& type) {
+  const std::string call = "Net.register_layer(" + std::to_string(index) + ", " + type + "): ";
+  refuse_inside_python_layer();
+  if (!n.vknorm) throw nb::value_error((call + "a stock net (Net(vknorm=False)) has no vknorm layers").c_str());
+  if (index < ::ncnn::LayerType::CustomBit || index >= 2 * ::ncnn::LayerType::CustomBit)
+    throw nb::value_error((call + "the index is a custom type's, 256 + j (ncnn2mem's TYPEINDEX_ of a type ncnn "
+                                  "does not know); ncnn's own types are vknorm's in this net already").c_str());
+  if (!vknorm::ncnn::is_vknorm_type(type) || ::ncnn::layer_to_index(type.c_str()) != -1)
+    throw nb::value_error((call + "the type is one of vknorm's fused types (vknorm.LayerNorm, vknorm.RMSNorm, "
+                                  "vknorm.GroupNorm, vknorm.InstanceNorm)").c_str());
+  const std::optional<int> r = writing(n, [&]() -> std::optional<int> {
+    if (!n.net.layers().empty()) return std::nullopt;
+    QuietStderr quiet;  // ncnn's note that the index had a type (register_layers' by name) before
+    return vknorm::ncnn::register_layer(n.net, int(index), type);
+  });
+  if (!r)
+    throw std::runtime_error(call + "the net's layers are made already: call it before load_param_bin, or after "
+                                    "clear()");
+  return *r;
 }
 
 // ncnn's device for the net's layers, before load_param as in ncnn.
@@ -2475,6 +2536,7 @@ NB_MODULE(_graph, m) {
           },
           nb::rv_policy::reference_internal)
       .def("set_vulkan_device", &set_vulkan_device, "device_index"_a)
+      .def("register_layer", &register_layer, "index"_a, "type"_a)
       // pyncnn's: loads from then on make `type`'s layers with creator() (a vknorm.graph.Layer), and hand each to
       // destroyer (None: nothing) as the net lets it go
       .def(
@@ -2502,6 +2564,14 @@ NB_MODULE(_graph, m) {
       .def("load_param_mem",
            [](Net& n, const std::string& text) { return loading(n, [&] { return n.load_param_mem(text); }); },
            "mem"_a)
+      // pyncnn's: ncnn2mem's binary params, loaded as they are (fusion reads text params: vknorm optimize fuses a
+      // model before ncnn2mem converts it); blobs and layers are named by their indexes, "0", "1", ...
+      .def("load_param_bin",
+           [](Net& n, nb::handle file) {
+             const std::string path = path_of(file);
+             return loading(n, [&] { return n.load_param_bin(path); });
+           },
+           "protopath"_a.none())
       .def("load_param_mem",  // the text as bytes (a file read in binary mode), as pyncnn's const char* takes
            [](Net& n, const nb::bytes& text) {
              const std::string t(text.c_str(), text.size());
@@ -2527,27 +2597,15 @@ NB_MODULE(_graph, m) {
            "mem"_a)
       .def_prop_ro("model_bytes_read",
                    [](Net& n) { return reading(n, [&] { return n.model_bytes_read; }); })
-      .def("input_names",
-           [](Net& n) {
-             return reading(n, [&] {
-               std::vector<std::string> r;
-               for (const char* s : n.net.input_names()) r.push_back(s);
-               return r;
-             });
-           })
+      .def("input_names", [](Net& n) { return reading(n, [&] { return blob_names(n.net, n.net.input_indexes()); }); })
       .def("output_names",
-           [](Net& n) {
-             return reading(n, [&] {
-               std::vector<std::string> r;
-               for (const char* s : n.net.output_names()) r.push_back(s);
-               return r;
-             });
-           })
+           [](Net& n) { return reading(n, [&] { return blob_names(n.net, n.net.output_indexes()); }); })
       // pyncnn's: the input and output blobs by index, as the model's own .param numbers them (what input and
       // extract by index take; a fused net's blobs are renumbered, so its indexes go through the unfused names)
-      .def("input_indexes", [](Net& n) { return reading(n, [&] { return model_indexes(n, n.net.input_names()); }); })
+      .def("input_indexes",
+           [](Net& n) { return reading(n, [&] { return model_indexes(n, blob_names(n.net, n.net.input_indexes())); }); })
       .def("output_indexes",
-           [](Net& n) { return reading(n, [&] { return model_indexes(n, n.net.output_names()); }); })
+           [](Net& n) { return reading(n, [&] { return model_indexes(n, blob_names(n.net, n.net.output_indexes())); }); })
       // (name, type, vknorm's layer?, runs on Vulkan?) per layer, in param order.
       .def("layers",
            [](Net& n) {

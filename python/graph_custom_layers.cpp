@@ -565,6 +565,7 @@ class StockLayer : public ::ncnn::Layer {
     if (!layers_held().insert(layer).second)
       raise(PyExc_ValueError, where + " returned a layer a net holds already: make a new Layer in each call");
     t.owner->layers.emplace(layer, std::move(obj));
+    if (layer->type.empty()) layer->type = t.type;  // binary params give none (a text .param's replaces it)
     return layer;
   } catch (nb::python_error& e) {
     keep(e, where);

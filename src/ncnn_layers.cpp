@@ -116,8 +116,8 @@ class NormLayer : public ::ncnn::Layer {
     // the type that happens to be there.
     if (fused_type_ && type.empty() && !by_index_) {
       NCNN_LOGE("vknorm: binary params name a layer's type by index %d alone: register vknorm's type for it first, "
-                "vknorm::ncnn::register_layer(net, %d, \"vknorm.<type>\") (ncnn2mem's TYPEINDEX_)", typeindex,
-                typeindex);
+                "vknorm::ncnn::register_layer(net, %d, \"vknorm.<type>\") (Python: Net.register_layer) with "
+                "ncnn2mem's TYPEINDEX_", typeindex, typeindex);
       return -1;
     }
     if (!type.empty() && type != type_name()) {
@@ -806,6 +806,38 @@ bool describe_layer(const ::ncnn::Layer* layer, LayerInfo& out) {
   if (!n) return false;
   out = n->describe();
   return true;
+}
+
+namespace {
+struct BuiltinType {
+  int index;
+  const char* name;
+};
+const BuiltinType kBuiltinTypes[] = {
+#include "ncnn_type_names.inc"
+};
+}  // namespace
+
+std::string builtin_type_name(int typeindex) {
+  for (const BuiltinType& t : kBuiltinTypes)
+    if (t.index == typeindex) return t.name;
+  return "";
+}
+
+void name_by_index(::ncnn::Net& net) {
+  const std::vector<::ncnn::Layer*>& layers = net.layers();
+  std::vector<::ncnn::Blob>& blobs = net.mutable_blobs();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    ::ncnn::Layer* layer = layers[i];
+    if (layer->name.empty()) layer->name = std::to_string(i);
+    if (layer->type.empty()) {
+      LayerInfo info;
+      layer->type = describe_layer(layer, info) ? info.layer_type : builtin_type_name(layer->typeindex);
+    }
+    for (const int top : layer->tops)
+      if (top >= 0 && size_t(top) < blobs.size() && blobs[size_t(top)].name.empty())
+        blobs[size_t(top)].name = std::to_string(top);
+  }
 }
 
 Counters counters(const ::ncnn::Net& net) {

@@ -1005,6 +1005,16 @@ def test_optimize_writes_a_model_that_runs_like_the_load_time_rewrite(tmp_path):
 
 
 @needs_graph
+def test_optimize_prints_how_to_register_the_fused_types_of_binary_params(tmp_path):
+    """ncnn2mem numbers the fused types custom (256 + j): the report gives the registrations, C++ and Python."""
+    p, b = DATA / "ln_residual_stack.ncnn.param", DATA / "ln_residual_stack.ncnn.bin"
+    r = optimize(p, b, tmp_path / "f.param", tmp_path / "f.bin")
+    assert r.returncode == 0, r.stderr
+    assert 'vknorm::ncnn::register_layer(net, 256, "vknorm.LayerNorm")' in r.stdout, r.stdout
+    assert 'net.register_layer(256, "vknorm.LayerNorm")' in r.stdout, r.stdout
+
+
+@needs_graph
 def test_optimize_errors_are_one_line_and_write_nothing(tmp_path):
     p, b = DATA / "transformer_block.ncnn.param", DATA / "transformer_block.ncnn.bin"
     short = tmp_path / "short.bin"

@@ -17,8 +17,13 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
     y = np.array(out)
     print(net.vknorm_counters())              # {'vulkan_forwards': 12, 'cpu_forwards': 0, 'pipelines': ...}
 
-Not there (AttributeError): ``destroy_gpu_instance``, ``Net.load_param_bin`` (binary params name no blob or type,
-which this module goes by; vknorm's C++ layers take them: ``vknorm::ncnn::register_layer``), allocator objects
+``Net.load_param_bin(path)`` loads ncnn2mem's binary params as they are, not fused (fusion reads text params: run
+``vknorm optimize`` on the text before ncnn2mem). They name no blob, layer or type: blobs and layers are named by their
+indexes, "0", "1", ... (ncnn2mem's .id.h numbers), types by ncnn's names. A fused model's types need
+``net.register_layer(256 + j, "vknorm.GroupNorm")`` (ncnn2mem's ``TYPEINDEX_``) before the load; a Python layer type
+is the custom index ncnn gives the net's own types in the order registered (256 first in a ``Net(vknorm=False)``).
+
+Not there (AttributeError): ``destroy_gpu_instance``, ``load_param_bin(DataReader)``, allocator objects
 (``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
 ``Mat.create`` / ``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1),
 ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat

@@ -281,4 +281,5 @@ def _report(args, fused, warnings) -> None:
     vknorm_types = {t: i for t, i in indexes.items() if t.startswith("vknorm.")}
     if vknorm_types:  # ncnn2mem's binary params name types by index alone
         print("converted to binary params by ncnn2mem, also: " + "; ".join(
-            f'vknorm::ncnn::register_layer(net, {i}, "{t}")' for t, i in vknorm_types.items()))
+            f'vknorm::ncnn::register_layer(net, {i}, "{t}")' for t, i in vknorm_types.items()) +
+              " (Python: " + "; ".join(f'net.register_layer({i}, "{t}")' for t, i in vknorm_types.items()) + ")")

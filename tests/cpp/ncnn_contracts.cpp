@@ -19,7 +19,11 @@
 //     are refused at load_param. By blob index, computed_on_host and a Runner's extract:
 //     an Input's blob is computed on the host (given back as given), an index outside the net's blobs is false /
 //     ncnn's -1 with no command buffer made.
+//   - name_by_index names binary params' blobs and layers by their indexes and their types as ncnn's (vknorm's for
+//     a custom index register_layer named); a Runner then extracts by those names what it extracts by index;
+//     builtin_type_name is ncnn's name for a built-in index alone.
 #include <gpu.h>
+#include <layer_type.h>
 #include <mat.h>
 #include <net.h>
 #include <vknorm/ncnn.h>
@@ -453,7 +457,53 @@ void register_layer_and_blob_indexes() {
          "Runner::extract by index: ncnn's result by name, from the one command buffer");
 }
 
+// Binary params as ncnn2mem writes them (int32 words): an Input, ncnn's LayerNorm, and vknorm's fused LayerNorm
+// under custom index 256.
+void binary_params_named_by_index() {
+  ::ncnn::Net net;
+  net.opt.use_vulkan_compute = true;
+  vknorm::ncnn::register_layers(net);
+  vknorm::ncnn::register_layer(net, 256, "vknorm.LayerNorm");
+  float eps = 0.001f;
+  int eps_bits;
+  std::memcpy(&eps_bits, &eps, sizeof eps_bits);
+  const int words[] = {7767517, 3, 3,
+                       ::ncnn::LayerType::Input, 0, 1, 0, -233,
+                       ::ncnn::LayerType::LayerNorm, 1, 1, 0, 1, 0, 4, 1, eps_bits, 2, 0, -233,
+                       256, 1, 1, 1, 2, 0, 4, 1, eps_bits, 2, 0, -233};
+  if (net.load_param(reinterpret_cast<const unsigned char*>(words)) != int(sizeof words) ||
+      net.load_model(reinterpret_cast<const unsigned char*>("")) < 0)
+    return report(false, "binary params named by index: the net did not load");
+  vknorm::ncnn::name_by_index(net);
+  std::string names;
+  for (const ::ncnn::Layer* l : net.layers()) names += l->name + ":" + l->type + " ";
+  for (const ::ncnn::Blob& b : net.blobs()) names += b.name + " ";
+  report(names == "0:Input 1:LayerNorm 2:vknorm.LayerNorm 0 1 2 ",
+         "name_by_index: layers and blobs by index, types ncnn's and vknorm's (" + names + ")");
+  vknorm::ncnn::Runner runner(net);
+  const ::ncnn::Mat x = wave(4, 5, 6, 0.2f);
+  ::ncnn::Mat by_name, by_index;
+  int r_name = -1, r_index = -1;
+  {
+    ::ncnn::Extractor ex = runner.create_extractor();
+    ex.input("0", x);
+    r_name = runner.extract(ex, "2", by_name);
+  }
+  {
+    ::ncnn::Extractor ex = runner.create_extractor();
+    ex.input(0, x);
+    r_index = runner.extract(ex, 2, by_index);
+  }
+  report(r_name == 0 && r_index == 0 && same_bits(by_name, by_index),
+         "binary params named by index: a Runner's extract by those names gives what it gives by index");
+  const bool builtin = vknorm::ncnn::builtin_type_name(::ncnn::LayerType::GroupNorm) == "GroupNorm" &&
+                       vknorm::ncnn::builtin_type_name(::ncnn::LayerType::Input) == "Input" &&
+                       vknorm::ncnn::builtin_type_name(-1).empty() && vknorm::ncnn::builtin_type_name(256).empty();
+  report(builtin, "builtin_type_name: ncnn's names of its built-in indexes, \"\" for others");
+}
+
 int main() {
+  binary_params_named_by_index();
   fused_loaders_refuse_null();
   register_layer_and_blob_indexes();
   runner_made_before_load_param();

@@ -1,0 +1,291 @@
+"""ncnn's binary params (ncnn2mem's ``.param.bin``) in vknorm.graph: ``Net.load_param_bin`` and ``Net.register_layer``.
+
+* Every committed model's binary params (written as ncnn2mem writes them, tests/param_bin.py) run as its text params
+  in the same process, under the Khronos validation layer: the same outputs bit for bit, the same layers (vknorm's
+  replacing the norms by ncnn's type index) run as often. Six ways: vknorm in float32 and float16 storage, stock
+  ncnn, vknorm's CPU path, and a fused model (vknorm's fuse_param, as ``vknorm optimize`` writes it) whose fused
+  types ``register_layer`` puts under the custom indexes ncnn2mem gives them, in both storages.
+* Binary params name no blob, layer or type: blobs and layers are named by their indexes ("0", "1", ...; the numbers
+  of ncnn2mem's .id.h), types by ncnn's names, so inputs, outputs and extracts go by either.
+* Binary params that are malformed, that ncnn's forward would crash on, or whose fused types were not registered
+  are refused at load with the reason; so are registrations that cannot work.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import graph_runs
+import param_bin
+import validation_layer
+from availability import import_graph
+
+pytestmark = pytest.mark.timeout(900)
+
+graph = import_graph()
+MODELS = graph_runs.models()
+INPUT, LAYER_NORM, ABS_VAL = (graph.layer_to_index(t) for t in ("Input", "LayerNorm", "AbsVal"))
+
+# run -> (vknorm's layers, fused, Vulkan, float16 storage)
+RUNS = {
+    "vknorm_fp32": (True, False, True, False),
+    "vknorm_fp16": (True, False, True, True),
+    "fused_fp32": (True, True, True, False),
+    "fused_fp16": (True, True, True, True),
+    "stock_fp32": (False, False, True, False),
+    "vknorm_cpu": (True, False, False, False),
+}
+
+RUNS_SCRIPT = r"""
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import graph_runs, param_bin, test_graph_param_bin as t
+from vknorm import graph
+
+out_json, tmp = sys.argv[2], sys.argv[3]
+results = []
+for model, dims in graph_runs.models().items():
+    for run, (vknorm, fused, vulkan, fp16) in t.RUNS.items():
+        results.append(t.compare(graph, model, dims, run, vknorm, fused, vulkan, fp16, tmp))
+with open(out_json, "w") as f:
+    json.dump(results, f)
+"""
+
+
+def model_text(model: str, fused: bool) -> str:
+    with open(os.path.join(graph_runs.DATA, model + ".ncnn.param")) as f:
+        text = f.read()
+    return graph._graph.fuse_param(text)[0] if fused else text
+
+
+def load(g, param: str, binary: bool, vknorm: bool, fuse: bool, vulkan: bool, fp16: bool, custom=()):
+    """A net of `param` (text, or binary params at that path), its model loaded; `custom`: the fused types by j."""
+    net = g.configure(g.Net(vknorm=vknorm, fuse=fuse), vulkan=vulkan, fp16=fp16, lightmode=False)
+    for j, t in enumerate(custom):
+        assert net.register_layer(256 | j, t) == 0
+    assert (net.load_param_bin(param) if binary else net.load_param(param)) == 0, param
+    return net
+
+
+def compare(g, model: str, dims, run: str, vknorm: bool, fused: bool, vulkan: bool, fp16: bool, tmp: str) -> dict:
+    """The model's text params (fused by the net as it loads, where `fused`) and the binary params of the same
+    text (fuse_param's rewrite, where `fused`), one input: what each gave."""
+    text = model_text(model, fused)
+    data, blob_names, custom = param_bin.to_param_bin(text, g.layer_to_index)
+    path = os.path.join(tmp, f"{model}-{run}.param.bin")
+    with open(path, "wb") as f:
+        f.write(data)
+    weights = os.path.join(graph_runs.DATA, model + ".ncnn.bin")
+    x = np.random.default_rng(0).standard_normal(dims).astype(np.float32)
+    nets = {"text": load(g, os.path.join(graph_runs.DATA, model + ".ncnn.param"), False, vknorm, fused, vulkan, fp16),
+            "binary": load(g, path, True, vknorm, False, vulkan, fp16, custom)}
+    found = {}
+    for kind, net in nets.items():
+        assert net.load_model(weights) == 0, (model, kind)
+        ex = net.create_extractor()
+        outputs = {}
+        if kind == "text":
+            assert ex.input("in0", g.Mat(x)) == 0
+            names = [blob_names[i] for i in nets["binary"].output_indexes()]  # the binary net's outputs
+            for name in names:
+                r, m = ex.extract(name)
+                outputs[name] = (r, np.array(m).tobytes().hex())
+        else:
+            assert ex.input(blob_names.index("in0"), g.Mat(x)) == 0
+            for i in net.output_indexes():
+                r, m = ex.extract(i)
+                outputs[blob_names[i]] = (r, np.array(m).tobytes().hex())
+        del ex
+        counters = net.vknorm_counters()
+        found[kind] = {"outputs": outputs, "layers": [list(layer) for layer in net.layers()],
+                       "blobs": [b.name for b in net.blobs()], "inputs": net.input_names(),
+                       "input_indexes": net.input_indexes(), "output_names": net.output_names(),
+                       "forwards": [counters["vulkan_forwards"], counters["cpu_forwards"]]}
+    return {"model": model, "run": run, "custom": custom, "blob_names": blob_names, **found}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every model x run in one child process with the validation layer loaded into ncnn's Vulkan instance."""
+    tmp = tmp_path_factory.mktemp("param_bin")
+    out = tmp / "runs.json"
+    proc, log = graph_runs.run_validated(tmp, RUNS_SCRIPT, os.path.dirname(__file__), out, tmp, timeout=800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(out) as f:
+        results = {(r["model"], r["run"]): r for r in json.load(f)}
+    return results, log
+
+
+def test_validation_layer_silent(runs):
+    """Nothing in the log but, on some drivers, stock ncnn's own clone hazard (tests/validation_layer.py)."""
+    _, log = runs
+    assert log.strip() == "" or validation_layer.only_ncnn_clone_hazards(log), log[:4000]
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("run", list(RUNS))
+def test_binary_params_run_as_their_text_params(runs, model, run):
+    """The same outputs bit for bit, the same layers of the same types (vknorm's where the text net has them, on
+    Vulkan where it has them there) run as often. A fused model's only custom types are vknorm's fused types."""
+    r = runs[0][(model, run)]
+    text, binary = r["text"], r["binary"]
+    assert all(t.startswith("vknorm.") for t in r["custom"]) and (RUNS[run][1] or not r["custom"]), r["custom"]
+    assert binary["outputs"] == text["outputs"] and all(code == 0 for code, _ in binary["outputs"].values())
+    assert [layer[1:] for layer in binary["layers"]] == [layer[1:] for layer in text["layers"]]
+    assert binary["forwards"] == text["forwards"]
+    if RUNS[run][0]:
+        assert sum(layer[2] for layer in binary["layers"]) > 0  # vknorm's layers ran: every model has a norm
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_binary_params_are_named_by_index(runs, model):
+    """Layers and blobs by index, as ncnn2mem's .id.h numbers them; inputs and outputs named and numbered so."""
+    r = runs[0][(model, "vknorm_fp32")]
+    binary, names = r["binary"], r["blob_names"]
+    assert [layer[0] for layer in binary["layers"]] == [str(i) for i in range(len(binary["layers"]))]
+    assert binary["blobs"] == [str(i) for i in range(len(names))]
+    assert binary["inputs"] == [str(names.index("in0"))] and binary["input_indexes"] == [names.index("in0")]
+    assert [names[int(b)] for b in binary["output_names"]] == r["text"]["output_names"]
+
+
+def words_bytes(words) -> bytes:
+    return struct.pack(f"<{len(words)}i", *words)
+
+
+def abs_net(tops=(0, 1), bottom=0, blob_count=2, second=None) -> bytes:
+    """Binary params: an Input making blob tops[0], an AbsVal reading `bottom` making tops[1]; `second`: one more
+    AbsVal's (bottom, top)."""
+    layers = [[INPUT, 0, 1, tops[0], -233], [ABS_VAL, 1, 1, bottom, tops[1], -233]]
+    if second:
+        layers.append([ABS_VAL, 1, 1, *second, -233])
+    return words_bytes([7767517, len(layers), blob_count, *(w for layer in layers for w in layer)])
+
+
+def cpu_net(vknorm=True):
+    return graph.configure(graph.Net(vknorm=vknorm), vulkan=False)
+
+
+def test_blob_indexes_no_layer_makes(tmp_path, capfd):
+    """Blobs the header counts but no layer makes have no name and no extract; the others go by index and name."""
+    path = tmp_path / "gap.param.bin"
+    path.write_bytes(abs_net(tops=(0, 2), blob_count=3))
+    net = cpu_net()
+    assert net.load_param_bin(str(path)) == 0 and net.load_model(graph.DataReaderFromEmpty()) == 0
+    assert [b.name for b in net.blobs()] == ["0", "", "2"] and net.output_indexes() == [2]
+    x = np.array([-1.5, 2.0, -0.25], np.float32)
+    ex = net.create_extractor()
+    assert ex.input(0, graph.Mat(x)) == 0
+    r, out = ex.extract(2)
+    assert r == 0 and np.array_equal(np.array(out), np.abs(x))
+    r, out = ex.extract("2")
+    assert r == 0 and np.array_equal(np.array(out), np.abs(x))
+    capfd.readouterr()
+    assert ex.extract(1)[0] == -1 and ex.extract(3)[0] == -1
+    err = capfd.readouterr().err
+    assert "blob index 1 out of range (3 blobs; no layer makes that one)" in err and "blob index 3 out of range" in err
+
+
+@pytest.mark.parametrize("words, message", [
+    (abs_net(bottom=1), "cyclic dependency at layer 1"),
+    (abs_net(blob_count=3, tops=(0, 1), bottom=2, second=(0, 2)), "layer 1 reads blob 2, which it or a later layer makes"),
+    (abs_net(blob_count=3, tops=(0, 2), second=(0, 2)), "layers 1 and 2 both make blob 2"),
+    (words_bytes([7767518, 1, 1, INPUT, 0, 1, 0, -233]), "param is too old"),
+    (abs_net()[:-8], "read"),
+    (b"7767517\n1 1\nInput in0 0 1 in0\n", ""),
+], ids=["reads-own-output", "reads-later-blob", "made-twice", "magic", "truncated", "text-params"])
+def test_malformed_binary_params_are_refused(tmp_path, capfd, words, message):
+    """ncnn's reader refuses what it cannot read and a layer reading its own output; a layer reading a later layer's
+    output (text params cannot say that: a name not made yet is an input of its own) and a blob two layers make (it
+    would hold whichever ran last) are refused too. The net is left without a model: create_extractor says so."""
+    path = tmp_path / "bad.param.bin"
+    path.write_bytes(words)
+    net = cpu_net()
+    capfd.readouterr()
+    assert net.load_param_bin(str(path)) == -1
+    assert message in capfd.readouterr().err
+    assert net.layers() == []
+    with pytest.raises(RuntimeError, match="load_param has not succeeded"):
+        net.create_extractor()
+
+
+def test_missing_file(tmp_path, capfd):
+    assert cpu_net().load_param_bin(str(tmp_path / "none.param.bin")) == -1
+    assert "none.param.bin" in capfd.readouterr().err
+
+
+def fused_bin(tmp_path, model="sd_resblock_c320"):
+    data, names, custom = param_bin.to_param_bin(model_text(model, True), graph.layer_to_index)
+    path = tmp_path / f"{model}-fused.param.bin"
+    path.write_bytes(data)
+    return str(path), custom
+
+
+@pytest.mark.parametrize("vknorm", [True, False])
+def test_fused_types_need_register_layer(tmp_path, capfd, vknorm):
+    """A fused type in binary params is refused without register_layer, never run as whatever type holds its custom
+    index (register_layers' vknorm.LayerNorm holds 256 by name; a stock net has nothing there)."""
+    path, custom = fused_bin(tmp_path)
+    assert custom == ["vknorm.GroupNorm"]
+    net = cpu_net(vknorm)
+    assert net.load_param_bin(path) == -1
+    err = capfd.readouterr().err
+    assert ("Net.register_layer" in err) if vknorm else ("layer 256 not exists or registered" in err), err
+    if vknorm:
+        net = cpu_net()
+        assert net.register_layer(256, "vknorm.GroupNorm") == 0
+        assert net.load_param_bin(path) == 0
+        assert [t for _, t, *_ in net.layers()].count("vknorm.GroupNorm") == 2
+
+
+def test_register_layer_refusals(tmp_path):
+    path, _ = fused_bin(tmp_path)
+    net = cpu_net()
+    for index in (5, 255, 512, -1):
+        with pytest.raises(ValueError, match="the index is a custom type's, 256"):
+            net.register_layer(index, "vknorm.GroupNorm")
+    for type_ in ("GroupNorm", "vknorm.Nope", "Convolution"):
+        with pytest.raises(ValueError, match="one of vknorm's fused types"):
+            net.register_layer(256, type_)
+    with pytest.raises(ValueError, match=r"a stock net \(Net\(vknorm=False\)\)"):
+        cpu_net(False).register_layer(256, "vknorm.GroupNorm")
+    assert net.register_layer(256, "vknorm.GroupNorm") == 0 and net.load_param_bin(path) == 0
+    with pytest.raises(RuntimeError, match="call it before load_param_bin, or after clear"):
+        net.register_layer(257, "vknorm.LayerNorm")
+    net.clear()
+    assert net.register_layer(257, "vknorm.LayerNorm") == 0
+
+
+def test_python_layer_in_binary_params(tmp_path):
+    """A Python layer type is a custom index as ncnn numbers it (the net's types in the order registered: a stock
+    net's first is 256); the layer gets its type's name."""
+
+    class Twice(graph.Layer):
+        def __init__(self):
+            graph.Layer.__init__(self)
+            self.one_blob_only = True
+
+        def forward(self, bottom, top, opt):
+            top.clone_from(graph.Mat(2 * np.array(bottom)), opt.blob_allocator)
+            return 0
+
+    text = "7767517\n2 2\nInput in0 0 1 in0\nTwice t 1 1 in0 out0\n"
+    data, _, custom = param_bin.to_param_bin(text, graph.layer_to_index)
+    assert custom == ["Twice"]
+    path = tmp_path / "twice.param.bin"
+    path.write_bytes(data)
+    net = cpu_net(False)
+    net.register_custom_layer("Twice", Twice)
+    assert net.load_param_bin(str(path)) == 0 and net.load_model(graph.DataReaderFromEmpty()) == 0
+    assert [layer[:2] for layer in net.layers()] == [("0", "Input"), ("1", "Twice")]
+    ex = net.create_extractor()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert ex.input(0, graph.Mat(x)) == 0
+    r, out = ex.extract(1)
+    assert r == 0 and np.array_equal(np.array(out), 2 * x)
