@@ -933,6 +933,9 @@ struct Net {
         r = vknorm::ncnn::register_layers(net);
       }
       if (r != 0) throw std::runtime_error("registering vknorm's layers failed");
+      using vknorm::NormOp;
+      for (const NormOp op : {NormOp::LayerNorm, NormOp::RMSNorm, NormOp::GroupNorm, NormOp::InstanceNorm})
+        custom_slots = std::max(custom_slots, net.custom_layer_to_index(vknorm::ncnn::fused_name(op)) + 1);
     }
     option_owners()[&net.opt] = this;
   }
@@ -1129,6 +1132,9 @@ struct Net {
   ::ncnn::Net& net = *owned_net;
   RecycledCommands commands;  // ncnn's devices outlive it and the net, whichever goes first
   bool vknorm, fuse;
+  // ncnn's count of the net's own (custom) types: a type registered by name takes the next index (256 + that
+  // count), and register_layer's index raises the count to past its own. ncnn numbers at most 256 of them.
+  int custom_slots = 0;
   std::vector<vknorm::ncnn::FusedPattern> fused;  // what the last load_param fused
   // A fused net's blobs by the unfused model's index (what an index from the model's own .param means; the
   // rewrite renumbers blobs): extract/input by index go through it. Empty when not fused.
@@ -2085,10 +2091,16 @@ int register_layer(Net& n, long long index, const std::string& type) {
   if (!vknorm::ncnn::is_vknorm_type(type) || ::ncnn::layer_to_index(type.c_str()) != -1)
     throw nb::value_error((call + "the type is one of vknorm's fused types (vknorm.LayerNorm, vknorm.RMSNorm, "
                                   "vknorm.GroupNorm, vknorm.InstanceNorm)").c_str());
+  const int slot = int(index) - ::ncnn::LayerType::CustomBit;
+  if (const vknorm_python::PythonLayerType* t = n.python_layers.registered_at(n.net, slot))
+    throw nb::value_error((call + "the index is Python layer type " + t->type + "'s (register_custom_layer gave it "
+                                  "that one)").c_str());
   const std::optional<int> r = writing(n, [&]() -> std::optional<int> {
     if (!n.net.layers().empty()) return std::nullopt;
     QuietStderr quiet;  // ncnn's note that the index had a type (register_layers' by name) before
-    return vknorm::ncnn::register_layer(n.net, int(index), type);
+    const int ret = vknorm::ncnn::register_layer(n.net, int(index), type);
+    if (ret == 0) n.custom_slots = std::max(n.custom_slots, slot + 1);
+    return ret;
   });
   if (!r)
     throw std::runtime_error(call + "the net's layers are made already: call it before load_param_bin, or after "
@@ -2543,8 +2555,14 @@ NB_MODULE(_graph, m) {
           "register_custom_layer",
           [](Net& n, const std::string& type, nb::handle creator, nb::handle destroyer) {
             refuse_inside_python_layer();  // before the type is recorded: ncnn would not get it
-            const vknorm_python::PythonLayerType* t = n.python_layers.add(type, creator, destroyer, n.vknorm, n.fuse);
-            return t ? writing(n, [&] { return PythonLayerTypes::register_with(n.net, *t); }) : 0;
+            const vknorm_python::PythonLayerType* t =
+                n.python_layers.add(type, creator, destroyer, n.vknorm, n.fuse, n.custom_slots);
+            if (!t) return 0;
+            return writing(n, [&] {
+              const int r = PythonLayerTypes::register_with(n.net, *t);
+              if (r == 0 && ::ncnn::layer_to_index(type.c_str()) == -1) ++n.custom_slots;
+              return r;
+            });
           },
           "type"_a, "creator"_a, "destroyer"_a.none() = nb::none())
       // The index of the device the net runs on, None until set_vulkan_device or a Vulkan net's load_param picks

@@ -706,7 +706,7 @@ NetGoing::~NetGoing() {
 }
 
 const PythonLayerType* PythonLayerTypes::add(const std::string& type, nb::handle creator, nb::handle destroyer,
-                                             bool vknorm, bool fuse) {
+                                             bool vknorm, bool fuse, int custom_slots) {
   const std::string call = "Net.register_custom_layer(" + type + "): ";
   if (type.empty() || type.size() > 255 || type.find_first_of(" \t\r\n\v\f") != std::string::npos ||
       type.find('\0') != std::string::npos)
@@ -727,17 +727,19 @@ const PythonLayerType* PythonLayerTypes::add(const std::string& type, nb::handle
       t.creator = nb::borrow(creator), t.destroyer = nb::borrow(destroyer);
       return nullptr;
     }
-  // ncnn numbers a net's types that are not built in below 256 (its CustomBit; past it they alias another's), and
-  // vknorm's fused types are 4 of them
-  if (::ncnn::layer_to_index(type.c_str()) == -1) {
-    size_t own = vknorm ? 4 : 0;
-    for (const PythonLayerType& t : types_) own += ::ncnn::layer_to_index(t.type.c_str()) == -1;
-    if (own >= 256)
-      throw nb::value_error((call + "ncnn takes at most 256 layer types of a net's own (vknorm's fused types are " +
-                             std::to_string(vknorm ? 4 : 0) + " of them)").c_str());
-  }
+  // ncnn numbers a net's types that are not built in below 256 (its CustomBit; past it they alias another's)
+  if (::ncnn::layer_to_index(type.c_str()) == -1 && custom_slots >= 256)
+    throw nb::value_error((call + "ncnn takes at most 256 layer types of a net's own, counted up to the highest "
+                                  "index Net.register_layer gave (vknorm's fused types are " +
+                           std::to_string(vknorm ? 4 : 0) + " of them)").c_str());
   types_.push_back({type, nb::borrow(creator), nb::borrow(destroyer), this});
   return &types_.back();
+}
+
+const PythonLayerType* PythonLayerTypes::registered_at(::ncnn::Net& net, int slot) const {
+  for (const PythonLayerType& t : types_)
+    if (::ncnn::layer_to_index(t.type.c_str()) == -1 && net.custom_layer_to_index(t.type.c_str()) == slot) return &t;
+  return nullptr;
 }
 
 int PythonLayerTypes::traverse(visitproc visit, void* arg) const {

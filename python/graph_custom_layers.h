@@ -34,10 +34,13 @@ class PythonLayerTypes {
   ~PythonLayerTypes();
   // A type to register (register_with), after the checks that raise: a name ncnn's .param cannot hold, a creator or
   // destroyer that cannot be called, a type vknorm runs (vknorm) or folds into its norms as it loads (fuse), more
-  // types than ncnn numbers. Null where the type was registered before: its creator and destroyer are replaced, and
+  // types than ncnn numbers (past 256 an index would alias another's). Null where the type was registered before: its creator and destroyer are replaced, and
   // ncnn has it already. With the GIL held.
+  // custom_slots: the net's count of its own types so far (the next new one's index is 256 + it).
   const PythonLayerType* add(const std::string& type, nanobind::handle creator, nanobind::handle destroyer,
-                             bool vknorm, bool fuse);
+                             bool vknorm, bool fuse, int custom_slots);
+  // The type registered by name whose custom index (256 + slot) is this one in `net`; null for none.
+  const PythonLayerType* registered_at(::ncnn::Net& net, int slot) const;
   // ncnn's register_custom_layer of t on net (its code): loads from then on make t's layers.
   static int register_with(::ncnn::Net& net, const PythonLayerType& t);
   // tp_traverse / tp_clear of the net's Python object: clear drops the creators and destroyers (an unreachable net

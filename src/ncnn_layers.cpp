@@ -115,9 +115,11 @@ class NormLayer : public ::ncnn::Layer {
     // a slot register_layer did not name, and text params (the name) one it gave another type: refused, not run as
     // the type that happens to be there.
     if (fused_type_ && type.empty() && !by_index_) {
-      NCNN_LOGE("vknorm: binary params name a layer's type by index %d alone: register vknorm's type for it first, "
-                "vknorm::ncnn::register_layer(net, %d, \"vknorm.<type>\") (Python: Net.register_layer) with "
-                "ncnn2mem's TYPEINDEX_", typeindex, typeindex);
+      NCNN_LOGE("vknorm: binary params name a layer's type by index %d alone, which this net gives a fused type of "
+                "vknorm's by name: for a model vknorm optimize fused, register its type there first, "
+                "vknorm::ncnn::register_layer(net, %d, \"vknorm.<type>\") (Python: Net.register_layer) as ncnn2mem's "
+                "TYPEINDEX_ says; a type of your own needs a net without vknorm's fused types (Python: "
+                "Net(vknorm=False)), or registering by that index", typeindex, typeindex);
       return -1;
     }
     if (!type.empty() && type != type_name()) {
@@ -834,9 +836,9 @@ void name_by_index(::ncnn::Net& net) {
       LayerInfo info;
       layer->type = describe_layer(layer, info) ? info.layer_type : builtin_type_name(layer->typeindex);
     }
-    for (const int top : layer->tops)
-      if (top >= 0 && size_t(top) < blobs.size() && blobs[size_t(top)].name.empty())
-        blobs[size_t(top)].name = std::to_string(top);
+    for (const std::vector<int>* list : {&layer->bottoms, &layer->tops})
+      for (const int b : *list)
+        if (b >= 0 && size_t(b) < blobs.size() && blobs[size_t(b)].name.empty()) blobs[size_t(b)].name = std::to_string(b);
   }
 }
 

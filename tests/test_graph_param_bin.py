@@ -30,7 +30,7 @@ pytestmark = pytest.mark.timeout(900)
 
 graph = import_graph()
 MODELS = graph_runs.models()
-INPUT, LAYER_NORM, ABS_VAL = (graph.layer_to_index(t) for t in ("Input", "LayerNorm", "AbsVal"))
+INPUT, BINARY_OP, ABS_VAL = (graph.layer_to_index(t) for t in ("Input", "BinaryOp", "AbsVal"))
 
 # run -> (vknorm's layers, fused, Vulkan, float16 storage)
 RUNS = {
@@ -192,6 +192,27 @@ def test_blob_indexes_no_layer_makes(tmp_path, capfd):
     assert "blob index 1 out of range (3 blobs; no layer makes that one)" in err and "blob index 3 out of range" in err
 
 
+def test_a_blob_no_layer_makes_is_an_input_of_its_own(tmp_path, capfd):
+    """A blob a layer reads that no layer makes is an input, as a bottom no earlier line makes is in text params:
+    named by its index, given by index or name, and an extract that needs it says so while it is not given."""
+    path = tmp_path / "other.param.bin"
+    path.write_bytes(words_bytes([7767517, 2, 3, INPUT, 0, 1, 0, -233, BINARY_OP, 2, 1, 0, 2, 1, -233]))
+    net = cpu_net()
+    assert net.load_param_bin(str(path)) == 0 and net.load_model(graph.DataReaderFromEmpty()) == 0
+    assert [b.name for b in net.blobs()] == ["0", "1", "2"]
+    a, b = np.array([1.0, 2.0], np.float32), np.array([0.5, -4.0], np.float32)
+    ex = net.create_extractor()
+    assert ex.input(0, graph.Mat(a)) == 0
+    capfd.readouterr()
+    assert ex.extract(1)[0] == -1
+    assert "the input 2 it depends on was not given" in capfd.readouterr().err
+    for other in (2, "2"):
+        ex = net.create_extractor()
+        assert ex.input(0, graph.Mat(a)) == 0 and ex.input(other, graph.Mat(b)) == 0
+        r, out = ex.extract(1)
+        assert r == 0 and np.array_equal(np.array(out), a + b)
+
+
 @pytest.mark.parametrize("words, message", [
     (abs_net(bottom=1), "cyclic dependency at layer 1"),
     (abs_net(blob_count=3, tops=(0, 1), bottom=2, second=(0, 2)), "layer 1 reads blob 2, which it or a later layer makes"),
@@ -244,6 +265,25 @@ def test_fused_types_need_register_layer(tmp_path, capfd, vknorm):
         assert [t for _, t, *_ in net.layers()].count("vknorm.GroupNorm") == 2
 
 
+def test_custom_indexes_stay_one_types_each(tmp_path):
+    """ncnn numbers a net's own types 256 + j, j counting them as registered, up to 256 of them; register_layer's index
+    counts too. An index a Python type holds is not register_layer's to take, and a Python type that would number
+    past 256 (its index aliasing another's) is refused."""
+
+    class Twice(graph.Layer):
+        pass
+
+    net = cpu_net()
+    assert net.register_custom_layer("Twice", Twice) == 0  # after vknorm's 4 fused types: 260
+    with pytest.raises(ValueError, match="the index is Python layer type Twice's"):
+        net.register_layer(260, "vknorm.GroupNorm")
+    assert net.register_layer(261, "vknorm.GroupNorm") == 0
+    net = cpu_net()
+    assert net.register_layer(511, "vknorm.GroupNorm") == 0
+    with pytest.raises(ValueError, match="at most 256 layer types of a net's own"):
+        net.register_custom_layer("Twice", Twice)
+
+
 def test_register_layer_refusals(tmp_path):
     path, _ = fused_bin(tmp_path)
     net = cpu_net()
@@ -262,9 +302,9 @@ def test_register_layer_refusals(tmp_path):
     assert net.register_layer(257, "vknorm.LayerNorm") == 0
 
 
-def test_python_layer_in_binary_params(tmp_path):
+def test_python_layer_in_binary_params(tmp_path, capfd):
     """A Python layer type is a custom index as ncnn numbers it (the net's types in the order registered: a stock
-    net's first is 256); the layer gets its type's name."""
+    net's first is 256, a vknorm net's 260, after its fused types); the layer gets its type's name."""
 
     class Twice(graph.Layer):
         def __init__(self):
@@ -280,6 +320,12 @@ def test_python_layer_in_binary_params(tmp_path):
     assert custom == ["Twice"]
     path = tmp_path / "twice.param.bin"
     path.write_bytes(data)
+    vknorm_net = cpu_net()  # 256 is a fused type's there: refused, saying where a type of one's own loads
+    vknorm_net.register_custom_layer("Twice", Twice)
+    capfd.readouterr()
+    assert vknorm_net.load_param_bin(str(path)) == -1
+    assert "a type of your own needs a net without vknorm's fused types (Python: Net(vknorm=False))" in \
+        capfd.readouterr().err
     net = cpu_net(False)
     net.register_custom_layer("Twice", Twice)
     assert net.load_param_bin(str(path)) == 0 and net.load_model(graph.DataReaderFromEmpty()) == 0

@@ -64,11 +64,11 @@ bool is_vknorm_type(const std::string& type);
 int register_layer(::ncnn::Net& net, int typeindex, const std::string& type);
 // ncnn's name of its built-in type `typeindex` ("LayerNorm" for LayerType::LayerNorm); "" for any other index.
 std::string builtin_type_name(int typeindex);
-// After load_param_bin, which leaves every name empty: names each blob a layer makes and each layer by its index
-// ("0", "1", ...: the numbers of ncnn2mem's .id.h) and gives each layer its type's name, ncnn's or vknorm's (a
+// After load_param_bin, which leaves every name empty: names each blob a layer makes or reads and each layer by its
+// index ("0", "1", ...: the numbers of ncnn2mem's .id.h) and gives each layer its type's name, ncnn's or vknorm's (a
 // custom index register_layer named). Code that goes by names then works on binary params (Extractor::input("0",
-// in), Runner::extract("5", out), ncnn's logs). Names a layer or blob has already are kept, so is the type a custom
-// layer's creator gave it; a custom layer of no known type stays unnamed.
+// in), Runner::extract("5", out)). Names a layer or blob has already are kept, so is the type a custom layer's
+// creator gave it; a custom layer of no known type stays unnamed.
 void name_by_index(::ncnn::Net& net);
 
 // ---- Fusion: a norm with the add before it and the activation after it, in one kernel -------------

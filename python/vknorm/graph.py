@@ -20,10 +20,13 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
 ``Net.load_param_bin(path)`` loads ncnn2mem's binary params as they are, not fused (fusion reads text params: run
 ``vknorm optimize`` on the text before ncnn2mem). They name no blob, layer or type: blobs and layers are named by their
 indexes, "0", "1", ... (ncnn2mem's .id.h numbers), types by ncnn's names. A fused model's types need
-``net.register_layer(256 + j, "vknorm.GroupNorm")`` (ncnn2mem's ``TYPEINDEX_``) before the load; a Python layer type
-is the custom index ncnn gives the net's own types in the order registered (256 first in a ``Net(vknorm=False)``).
+``net.register_layer(256 + j, "vknorm.GroupNorm")`` (ncnn2mem's ``TYPEINDEX_``) before the load, and the index stays
+that type's for the net's life (text params naming the type that held it before are refused there). A Python layer
+type is the custom index ncnn gives the net's own types in the order registered: ncnn2mem's numbering (256 first) in
+a ``Net(vknorm=False)``; a ``Net()`` gives 256-259 to vknorm's fused types. ``load_param_bin`` takes a path, not a
+``DataReader`` (a TypeError).
 
-Not there (AttributeError): ``destroy_gpu_instance``, ``load_param_bin(DataReader)``, allocator objects
+Not there (AttributeError): ``destroy_gpu_instance``, allocator objects
 (``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
 ``Mat.create`` / ``create_like`` / ``clone_from`` / ``release`` / ``shape`` are there, float32 of elempack 1),
 ``DataReader`` subclasses (``DataReaderFromEmpty`` is there), the Mat
