@@ -1900,7 +1900,9 @@ std::string blob_name(Extractor& e, long long index, const char* call) {
   int made = int(blobs.size());
   while (made > 0 && blobs[size_t(made - 1)].name.empty()) --made;
   const int count = unfused.empty() ? made : int(unfused.size());
-  auto name_of = [&](long long i) -> const std::string& { return unfused.empty() ? blobs[size_t(i)].name : unfused[size_t(i)]; };
+  auto name_of = [&](long long i) -> const std::string& {
+    return unfused.empty() ? blobs[size_t(i)].name : unfused[size_t(i)];
+  };
   if (index < 0 || index >= count || name_of(index).empty()) {
     NCNN_LOGE("vknorm.graph: Extractor.%s: blob index %lld out of range (%d blobs%s)", call, index, count,
               index >= 0 && index < count ? "; no layer makes that one" : "");
@@ -2621,9 +2623,13 @@ NB_MODULE(_graph, m) {
       // pyncnn's: the input and output blobs by index, as the model's own .param numbers them (what input and
       // extract by index take; a fused net's blobs are renumbered, so its indexes go through the unfused names)
       .def("input_indexes",
-           [](Net& n) { return reading(n, [&] { return model_indexes(n, blob_names(n.net, n.net.input_indexes())); }); })
+           [](Net& n) {
+             return reading(n, [&] { return model_indexes(n, blob_names(n.net, n.net.input_indexes())); });
+           })
       .def("output_indexes",
-           [](Net& n) { return reading(n, [&] { return model_indexes(n, blob_names(n.net, n.net.output_indexes())); }); })
+           [](Net& n) {
+             return reading(n, [&] { return model_indexes(n, blob_names(n.net, n.net.output_indexes())); });
+           })
       // (name, type, vknorm's layer?, runs on Vulkan?) per layer, in param order.
       .def("layers",
            [](Net& n) {

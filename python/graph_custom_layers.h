@@ -34,9 +34,9 @@ class PythonLayerTypes {
   ~PythonLayerTypes();
   // A type to register (register_with), after the checks that raise: a name ncnn's .param cannot hold, a creator or
   // destroyer that cannot be called, a type vknorm runs (vknorm) or folds into its norms as it loads (fuse), more
-  // types than ncnn numbers (past 256 an index would alias another's). Null where the type was registered before: its creator and destroyer are replaced, and
-  // ncnn has it already. With the GIL held.
-  // custom_slots: the net's count of its own types so far (the next new one's index is 256 + it).
+  // types than ncnn numbers (past 256 an index would alias another's; custom_slots: the net's count of its own types
+  // so far, the next new one's index 256 + it). Null where the type was registered before: its creator and
+  // destroyer are replaced, and ncnn has it already. With the GIL held.
   const PythonLayerType* add(const std::string& type, nanobind::handle creator, nanobind::handle destroyer,
                              bool vknorm, bool fuse, int custom_slots);
   // The type registered by name whose custom index (256 + slot) is this one in `net`; null for none.

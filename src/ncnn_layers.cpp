@@ -838,7 +838,8 @@ void name_by_index(::ncnn::Net& net) {
     }
     for (const std::vector<int>* list : {&layer->bottoms, &layer->tops})
       for (const int b : *list)
-        if (b >= 0 && size_t(b) < blobs.size() && blobs[size_t(b)].name.empty()) blobs[size_t(b)].name = std::to_string(b);
+        if (b >= 0 && size_t(b) < blobs.size() && blobs[size_t(b)].name.empty())
+          blobs[size_t(b)].name = std::to_string(b);
   }
 }
 

@@ -215,7 +215,8 @@ def test_a_blob_no_layer_makes_is_an_input_of_its_own(tmp_path, capfd):
 
 @pytest.mark.parametrize("words, message", [
     (abs_net(bottom=1), "cyclic dependency at layer 1"),
-    (abs_net(blob_count=3, tops=(0, 1), bottom=2, second=(0, 2)), "layer 1 reads blob 2, which it or a later layer makes"),
+    (abs_net(blob_count=3, tops=(0, 1), bottom=2, second=(0, 2)),
+     "layer 1 reads blob 2, which it or a later layer makes"),
     (abs_net(blob_count=3, tops=(0, 2), second=(0, 2)), "layers 1 and 2 both make blob 2"),
     (words_bytes([7767518, 1, 1, INPUT, 0, 1, 0, -233]), "param is too old"),
     (abs_net()[:-8], "read"),
