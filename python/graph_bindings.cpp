@@ -1081,6 +1081,22 @@ struct Net {
     return s;
   }
   int read_param(const std::string& path, const std::string* text) {
+    const int ret = read_param_text(path, text);
+    // A type registered by a custom index alone is binary params' numbering: text params reach its index only by
+    // the name of the type that held it before (one of vknorm's fused types), which it does not run.
+    for (size_t i = 0; ret == 0 && i < net.layers().size(); ++i)
+      if (python_layers.made_by_index(net.layers()[i])) {
+        const ::ncnn::Layer* layer = net.layers()[i];
+        NCNN_LOGE("%s: layer %s of type %s: its index %d runs a Python layer type registered by that index "
+                  "(Net.register_custom_layer): load text params on a net without that registration", path.c_str(),
+                  layer->name.c_str(), layer->type.c_str(), layer->typeindex);
+        net.clear();
+        fused.clear(), unfused_blobs.clear();
+        return -1;
+      }
+    return ret;
+  }
+  int read_param_text(const std::string& path, const std::string* text) {
     fused.clear(), unfused_blobs.clear();
     if (fuse)
       return text ? vknorm::ncnn::load_param_mem_fused(net, text->c_str(), &fused, &unfused_blobs)
@@ -2082,6 +2098,49 @@ std::vector<int> model_indexes(const Net& n, const std::vector<std::string>& nam
   return r;
 }
 
+// pyncnn's register_custom_layer(type, ...): loads from then on make `type`'s layers with creator() (a
+// vknorm.graph.Layer), and hand each to destroyer (None: nothing) as the net lets it go.
+int register_python_type(Net& n, const std::string& type, nb::handle creator, nb::handle destroyer) {
+  refuse_inside_python_layer();  // before the type is recorded: ncnn would not get it
+  const vknorm_python::PythonLayerType* t =
+      n.python_layers.add(type, creator, destroyer, n.vknorm, n.fuse, n.custom_slots);
+  if (!t) return 0;
+  return writing(n, [&] {
+    const int r = PythonLayerTypes::register_with(n.net, *t);
+    if (r == 0 && ::ncnn::layer_to_index(type.c_str()) == -1) ++n.custom_slots;
+    return r;
+  });
+}
+
+// pyncnn's register_custom_layer(index, ...): a built-in type's index is that type's name; a custom one (256 + j, as
+// binary params number a model's own types) that a type registered by name holds is that type's; another is the
+// index's alone (taking it from vknorm's fused type there, if any: text params naming that type are refused then).
+int register_python_index(Net& n, long long index, nb::handle creator, nb::handle destroyer) {
+  const std::string call = "Net.register_custom_layer(" + std::to_string(index) + "): ";
+  constexpr int kCustom = ::ncnn::LayerType::CustomBit;
+  if (index >= 0 && index < kCustom) {
+    const std::string type = vknorm::ncnn::builtin_type_name(int(index));
+    if (type.empty())
+      throw nb::value_error((call + "ncnn has no built-in type of that index (layer_to_index)").c_str());
+    return register_python_type(n, type, creator, destroyer);
+  }
+  if (index < 0 || index >= 2 * kCustom)
+    throw nb::value_error((call + "an index is a built-in type's (layer_to_index) or a custom one, 256 + j (as "
+                                  "ncnn2mem numbers a model's own types)").c_str());
+  refuse_inside_python_layer();
+  const int slot = int(index) - kCustom;
+  if (const vknorm_python::PythonLayerType* held = n.python_layers.registered_at(n.net, slot); held && held->index < 0)
+    return register_python_type(n, held->type, creator, destroyer);
+  const vknorm_python::PythonLayerType* t = n.python_layers.add_at(int(index), creator, destroyer);
+  if (!t) return 0;
+  return writing(n, [&] {
+    QuietStderr quiet;  // ncnn's note that the index had a type (one of vknorm's fused types) before
+    const int r = PythonLayerTypes::register_with(n.net, *t);
+    if (r == 0) n.custom_slots = std::max(n.custom_slots, slot + 1);
+    return r;
+  });
+}
+
 // vknorm::ncnn::register_layer: vknorm's layer `type` under the custom type index ncnn2mem gave it in binary params.
 int register_layer(Net& n, long long index, const std::string& type) {
   const std::string call = "Net.register_layer(" + std::to_string(index) + ", " + type + "): ";
@@ -2095,8 +2154,8 @@ int register_layer(Net& n, long long index, const std::string& type) {
                                   "vknorm.GroupNorm, vknorm.InstanceNorm)").c_str());
   const int slot = int(index) - ::ncnn::LayerType::CustomBit;
   if (const vknorm_python::PythonLayerType* t = n.python_layers.registered_at(n.net, slot))
-    throw nb::value_error((call + "the index is Python layer type " + t->type + "'s (register_custom_layer gave it "
-                                  "that one)").c_str());
+    throw nb::value_error((call + "the index is held by a Python layer type (" + t->label() +
+                                  ", Net.register_custom_layer)").c_str());
   const std::optional<int> r = writing(n, [&]() -> std::optional<int> {
     if (!n.net.layers().empty()) return std::nullopt;
     QuietStderr quiet;  // ncnn's note that the index had a type (register_layers' by name) before
@@ -2553,20 +2612,8 @@ NB_MODULE(_graph, m) {
       .def("register_layer", &register_layer, "index"_a, "type"_a)
       // pyncnn's: loads from then on make `type`'s layers with creator() (a vknorm.graph.Layer), and hand each to
       // destroyer (None: nothing) as the net lets it go
-      .def(
-          "register_custom_layer",
-          [](Net& n, const std::string& type, nb::handle creator, nb::handle destroyer) {
-            refuse_inside_python_layer();  // before the type is recorded: ncnn would not get it
-            const vknorm_python::PythonLayerType* t =
-                n.python_layers.add(type, creator, destroyer, n.vknorm, n.fuse, n.custom_slots);
-            if (!t) return 0;
-            return writing(n, [&] {
-              const int r = PythonLayerTypes::register_with(n.net, *t);
-              if (r == 0 && ::ncnn::layer_to_index(type.c_str()) == -1) ++n.custom_slots;
-              return r;
-            });
-          },
-          "type"_a, "creator"_a, "destroyer"_a.none() = nb::none())
+      .def("register_custom_layer", &register_python_type, "type"_a, "creator"_a, "destroyer"_a.none() = nb::none())
+      .def("register_custom_layer", &register_python_index, "index"_a, "creator"_a, "destroyer"_a.none() = nb::none())
       // The index of the device the net runs on, None until set_vulkan_device or a Vulkan net's load_param picks
       // one (vknorm.graph.Net.vulkan_device gives it as pyncnn's VulkanDevice)
       .def("_vulkan_device_index",

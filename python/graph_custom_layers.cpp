@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <ncnn/layer.h>
+#include <ncnn/layer_type.h>
 #include <ncnn/modelbin.h>
 #include <ncnn/option.h>
 #include <ncnn/paramdict.h>
@@ -549,7 +550,7 @@ class StockLayer : public ::ncnn::Layer {
 ::ncnn::Layer* create_python_layer(void* userdata) {
   const auto& t = *static_cast<const PythonLayerType*>(userdata);
   nb::gil_scoped_acquire gil;
-  const std::string where = "the creator of Python layer type " + t.type;
+  const std::string where = "the creator of Python layer type " + t.label();
   try {
     InsidePythonLayer inside;
     const nb::object creator = t.creator;  // held for the call: a registration meanwhile may replace t's
@@ -565,6 +566,7 @@ class StockLayer : public ::ncnn::Layer {
     if (!layers_held().insert(layer).second)
       raise(PyExc_ValueError, where + " returned a layer a net holds already: make a new Layer in each call");
     t.owner->layers.emplace(layer, std::move(obj));
+    if (t.index >= 0) t.owner->by_index_layers.insert(layer);
     if (layer->type.empty()) layer->type = t.type;  // binary params give none (a text .param's replaces it)
     return layer;
   } catch (nb::python_error& e) {
@@ -584,9 +586,10 @@ void destroy_python_layer(::ncnn::Layer* layer, void* userdata) {
   if (it == layers.end()) return;  // not one of ours (cannot happen: ncnn destroys what the creator made)
   nb::object obj = std::move(it->second);
   layers.erase(it);
+  t.owner->by_index_layers.erase(layer);
   layers_held().erase(layer);
   if (t.destroyer.is_none() || finalizing()) return;  // as Python ends, the layer goes without its destroyer
-  const std::string where = "the destroyer of Python layer type " + t.type;
+  const std::string where = "the destroyer of Python layer type " + t.label();
   try {
     InsidePythonLayer inside;
     const nb::object destroyer = t.destroyer;
@@ -705,17 +708,23 @@ NetGoing::~NetGoing() {
   if (outer_) t_layer_error.emplace(std::move(*outer_));
 }
 
+namespace {
+void check_callables(const std::string& call, nb::handle creator, nb::handle destroyer) {
+  if (!PyCallable_Check(creator.ptr()))
+    throw nb::type_error((call + "the creator must be callable (it returns a new Layer), got " +
+                          type_of(creator)).c_str());
+  if (!destroyer.is_none() && !PyCallable_Check(destroyer.ptr()))
+    throw nb::type_error((call + "the destroyer must be callable or None, got " + type_of(destroyer)).c_str());
+}
+}  // namespace
+
 const PythonLayerType* PythonLayerTypes::add(const std::string& type, nb::handle creator, nb::handle destroyer,
                                              bool vknorm, bool fuse, int custom_slots) {
   const std::string call = "Net.register_custom_layer(" + type + "): ";
   if (type.empty() || type.size() > 255 || type.find_first_of(" \t\r\n\v\f") != std::string::npos ||
       type.find('\0') != std::string::npos)
     throw nb::value_error((call + "a layer type is one word of 1..255 characters, as a .param names it").c_str());
-  if (!PyCallable_Check(creator.ptr()))
-    throw nb::type_error((call + "the creator must be callable (it returns a new Layer), got " +
-                          type_of(creator)).c_str());
-  if (!destroyer.is_none() && !PyCallable_Check(destroyer.ptr()))
-    throw nb::type_error((call + "the destroyer must be callable or None, got " + type_of(destroyer)).c_str());
+  check_callables(call, creator, destroyer);
   if (vknorm && vknorm::ncnn::is_vknorm_type(type))
     throw nb::value_error((call + "vknorm's layers run " + type + " in this net: a Python " + type +
                            " needs Net(vknorm=False)").c_str());
@@ -723,7 +732,7 @@ const PythonLayerType* PythonLayerTypes::add(const std::string& type, nb::handle
     throw nb::value_error((call + "this net fuses " + type + " layers into vknorm's norms as it loads: a Python " +
                            type + " needs Net(fuse=False)").c_str());
   for (PythonLayerType& t : types_)
-    if (t.type == type) {  // registered again: ncnn's registry has t already; the superseded callables go
+    if (t.index < 0 && t.type == type) {  // registered again: ncnn's registry has t already; the old callables go
       t.creator = nb::borrow(creator), t.destroyer = nb::borrow(destroyer);
       return nullptr;
     }
@@ -736,9 +745,24 @@ const PythonLayerType* PythonLayerTypes::add(const std::string& type, nb::handle
   return &types_.back();
 }
 
+const PythonLayerType* PythonLayerTypes::add_at(int index, nb::handle creator, nb::handle destroyer) {
+  check_callables("Net.register_custom_layer(" + std::to_string(index) + "): ", creator, destroyer);
+  for (PythonLayerType& t : types_)
+    if (t.index == index) {
+      t.creator = nb::borrow(creator), t.destroyer = nb::borrow(destroyer);
+      return nullptr;
+    }
+  types_.push_back({"", nb::borrow(creator), nb::borrow(destroyer), this, index});
+  return &types_.back();
+}
+
 const PythonLayerType* PythonLayerTypes::registered_at(::ncnn::Net& net, int slot) const {
-  for (const PythonLayerType& t : types_)
-    if (::ncnn::layer_to_index(t.type.c_str()) == -1 && net.custom_layer_to_index(t.type.c_str()) == slot) return &t;
+  // the last registration of a slot is what ncnn holds there
+  for (auto t = types_.rbegin(); t != types_.rend(); ++t)
+    if (t->index >= 0 ? t->index == ::ncnn::LayerType::CustomBit + slot
+                      : ::ncnn::layer_to_index(t->type.c_str()) == -1 &&
+                            net.custom_layer_to_index(t->type.c_str()) == slot)
+      return &*t;
   return nullptr;
 }
 
@@ -756,9 +780,10 @@ void PythonLayerTypes::clear() {
 }
 
 int PythonLayerTypes::register_with(::ncnn::Net& net, const PythonLayerType& t) {
+  void* userdata = const_cast<PythonLayerType*>(&t);
+  if (t.index >= 0) return net.register_custom_layer(t.index, create_python_layer, destroy_python_layer, userdata);
   // ncnn keeps the type's name by pointer: t's, which lives as long as this net's owner
-  return net.register_custom_layer(t.type.c_str(), create_python_layer, destroy_python_layer,
-                                   const_cast<PythonLayerType*>(&t));
+  return net.register_custom_layer(t.type.c_str(), create_python_layer, destroy_python_layer, userdata);
 }
 
 namespace {

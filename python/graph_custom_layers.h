@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <ncnn/net.h>
 
@@ -18,9 +19,11 @@ class PythonLayerTypes;
 // One Python layer type registered with a net: what ncnn's registry calls (its userdata) to make and destroy
 // layers of it.
 struct PythonLayerType {
-  std::string type;
+  std::string type;                     // "" for one registered by a custom index alone
   nanobind::object creator, destroyer;  // destroyer: None, or called with each layer before the net lets it go
   PythonLayerTypes* owner;
+  int index = -1;  // the custom index (256 + j) it was registered by; -1: by its name
+  std::string label() const { return index < 0 ? type : "registered by index " + std::to_string(index); }
 };
 
 // A net's Python layer types, and the Python objects of the layers its ncnn::Net holds. Declared in the net's owner
@@ -39,8 +42,13 @@ class PythonLayerTypes {
   // destroyer are replaced, and ncnn has it already. With the GIL held.
   const PythonLayerType* add(const std::string& type, nanobind::handle creator, nanobind::handle destroyer,
                              bool vknorm, bool fuse, int custom_slots);
-  // The type registered by name whose custom index (256 + slot) is this one in `net`; null for none.
+  // A type registered by a custom index alone (256 + j: pyncnn's register_custom_layer(index, ...), as binary params
+  // number a model's own types), after the checks on the callables. Null where that index was registered so before.
+  const PythonLayerType* add_at(int index, nanobind::handle creator, nanobind::handle destroyer);
+  // The type whose custom index (256 + slot) is this one in `net`, registered by name or by index; null for none.
   const PythonLayerType* registered_at(::ncnn::Net& net, int slot) const;
+  // Whether a type registered by index made this layer.
+  bool made_by_index(const ::ncnn::Layer* layer) const { return by_index_layers.count(layer) != 0; }
   // ncnn's register_custom_layer of t on net (its code): loads from then on make t's layers.
   static int register_with(::ncnn::Net& net, const PythonLayerType& t);
   // tp_traverse / tp_clear of the net's Python object: clear drops the creators and destroyers (an unreachable net
@@ -50,6 +58,7 @@ class PythonLayerTypes {
 
   // The layers' Python objects, by ncnn's pointer to them (made by the creators, let go by the destroyer).
   std::unordered_map<const ::ncnn::Layer*, nanobind::object> layers;
+  std::unordered_set<const ::ncnn::Layer*> by_index_layers;  // those of them a type registered by index made
 
  private:
   std::deque<PythonLayerType> types_;  // stable addresses: ncnn holds them as userdata

@@ -276,7 +276,7 @@ def test_custom_indexes_stay_one_types_each(tmp_path):
 
     net = cpu_net()
     assert net.register_custom_layer("Twice", Twice) == 0  # after vknorm's 4 fused types: 260
-    with pytest.raises(ValueError, match="the index is Python layer type Twice's"):
+    with pytest.raises(ValueError, match=r"the index is held by a Python layer type \(Twice, "):
         net.register_layer(260, "vknorm.GroupNorm")
     assert net.register_layer(261, "vknorm.GroupNorm") == 0
     net = cpu_net()
@@ -336,3 +336,77 @@ def test_python_layer_in_binary_params(tmp_path, capfd):
     assert ex.input(0, graph.Mat(x)) == 0
     r, out = ex.extract(1)
     assert r == 0 and np.array_equal(np.array(out), 2 * x)
+
+
+class Twice(graph.Layer):
+    def __init__(self):
+        graph.Layer.__init__(self)
+        self.one_blob_only = True
+
+    def forward(self, bottom, top, opt):
+        top.clone_from(graph.Mat(2 * np.array(bottom)), opt.blob_allocator)
+        return 0
+
+
+class Thrice(Twice):
+    def forward(self, bottom, top, opt):
+        top.clone_from(graph.Mat(3 * np.array(bottom)), opt.blob_allocator)
+        return 0
+
+
+def run_one(net, blob_in, blob_out, x):
+    assert net.load_model(graph.DataReaderFromEmpty()) == 0
+    ex = net.create_extractor()
+    assert ex.input(blob_in, graph.Mat(x)) == 0
+    r, out = ex.extract(blob_out)
+    assert r == 0
+    return np.array(out)
+
+
+def test_python_layer_registered_by_index_in_binary_params(tmp_path, capfd):
+    """pyncnn's register_custom_layer(index, ...): a Python type under the custom index ncnn2mem gave a model's own
+    type (256 here, which a Net() gives vknorm's fused LayerNorm by name) runs binary params as its text params run
+    with the type registered by name. The index is the Python type's from then on: register_layer refuses it, and text
+    params that reach it by the fused type's name are refused at load."""
+    text = "7767517\n3 3\nInput in0 0 1 in0\nTwice t 1 1 in0 a\nLayerNorm n 1 1 a out0 0=3 1=0.001 2=0\n"
+    data, names, custom = param_bin.to_param_bin(text, graph.layer_to_index)
+    assert custom == ["Twice"]
+    path = tmp_path / "twice.param.bin"
+    path.write_bytes(data)
+    x = np.array([[1.0, 2.0, 4.0], [0.5, -1.0, 3.0]], np.float32)
+    by_name = cpu_net()
+    by_name.register_custom_layer("Twice", Twice)
+    assert by_name.load_param_mem(text) == 0
+    want = run_one(by_name, "in0", "out0", x)
+    net = cpu_net()
+    assert net.register_custom_layer(256, Twice) == 0
+    assert net.load_param_bin(str(path)) == 0
+    assert [layer[1:3] for layer in net.layers()] == [("Input", False), ("", False), ("LayerNorm", True)]
+    assert run_one(net, 0, 2, x).tobytes() == want.tobytes()
+    with pytest.raises(ValueError, match=r"held by a Python layer type \(registered by index 256, "):
+        net.register_layer(256, "vknorm.LayerNorm")
+    capfd.readouterr()
+    assert net.load_param_mem("7767517\n3 3\nInput in0 0 1 in0\nLayerNorm n 1 1 in0 a 0=3 1=0.001 2=0\n"
+                              "GELU g 1 1 a out0\n") == -1  # fused: a vknorm.LayerNorm
+    assert "of type vknorm.LayerNorm: its index 256 runs a Python layer type registered by that index" in \
+        capfd.readouterr().err
+    assert net.layers() == []
+
+
+def test_register_custom_layer_by_index_as_pyncnn(capfd):
+    """A built-in type's index registers that type by name; an index a type registered by name holds registers that
+    type again (its new creator runs); indexes ncnn has no type for, or types vknorm runs, are refused."""
+    net = cpu_net()
+    assert net.register_custom_layer(ABS_VAL, Thrice) == 0  # AbsVal, by its index
+    assert net.register_custom_layer("Twice", Twice) == 0  # after vknorm's 4 fused types: 260
+    assert net.register_custom_layer(260, Thrice) == 0
+    assert net.load_param_mem("7767517\n3 3\nInput in0 0 1 in0\nAbsVal a 1 1 in0 b\nTwice t 1 1 b out0\n") == 0
+    x = np.array([1.0, -2.0], np.float32)
+    assert np.array_equal(run_one(net, "in0", "out0", x), 9 * x)
+    for index, message in ((250, "ncnn has no built-in type of that index"), (-1, "a custom one, 256 \\+ j"),
+                           (512, "a custom one, 256 \\+ j"), (graph.layer_to_index("LayerNorm"),
+                                                             "vknorm's layers run LayerNorm in this net")):
+        with pytest.raises(ValueError, match=message):
+            net.register_custom_layer(index, Twice)
+    with pytest.raises(TypeError, match="the creator must be callable"):
+        net.register_custom_layer(300, 5)

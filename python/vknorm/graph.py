@@ -22,9 +22,9 @@ Shaped like pyncnn where the two overlap, so code written for pyncnn moves over 
 indexes, "0", "1", ... (ncnn2mem's .id.h numbers), types by ncnn's names. A fused model's types need
 ``net.register_layer(256 + j, "vknorm.GroupNorm")`` (ncnn2mem's ``TYPEINDEX_``) before the load, and the index stays
 that type's for the net's life (text params naming the type that held it before are refused there). A Python layer
-type is the custom index ncnn gives the net's own types in the order registered: ncnn2mem's numbering (256 first) in
-a ``Net(vknorm=False)``; a ``Net()`` gives 256-259 to vknorm's fused types. ``load_param_bin`` takes a path, not a
-``DataReader`` (a TypeError).
+type registered by name is the custom index ncnn gives the net's own types in the order registered (256 first in a
+``Net(vknorm=False)``; a ``Net()`` gives 256-259 to vknorm's fused types); ``net.register_custom_layer(256 + j,
+creator)`` puts it where ncnn2mem numbered it. ``load_param_bin`` takes a path, not a ``DataReader`` (a TypeError).
 
 Not there (AttributeError): ``destroy_gpu_instance``, allocator objects
 (``allocator=None`` is taken, as are ``elemsize=4`` and ``elempack=1``;
@@ -79,10 +79,11 @@ without filling its tops is a ValueError. A layer's code cannot call a Net's or 
 net (the one that runs it is held meanwhile): a RuntimeError (``net.opt``, Mats and this module's functions are usable
 there). ``super().forward(...)`` (and the other methods) run ncnn's base Layer's: where ``support_inplace``, the tops
 cloned from the bottoms and ``forward_inplace`` run on them; -1 otherwise. Registering a type again replaces its
-creator and destroyer; a net takes at most 256 types that are not ncnn's own (vknorm's fused types are 4 of them),
-registered by name (pyncnn's registration by type index is not there). A type vknorm's layers run (``LayerNorm``, ...)
-or that fusion folds into them (``BinaryOp``, ``Split``, ``ReLU``, ``Sigmoid``, ``Swish``, ``GELU``) is refused:
-``Net(vknorm=False)`` or ``Net(fuse=False)`` takes it.
+creator and destroyer; a net takes at most 256 types that are not ncnn's own (vknorm's fused types are 4 of them).
+``register_custom_layer(index, creator, destroyer=None)`` registers by index, as pyncnn's: a built-in type's index is
+that type; a custom one (256 + j) is where binary params number a model's own types. A type vknorm's layers run
+(``LayerNorm``, ...) or that fusion folds into them (``BinaryOp``, ``Split``, ``ReLU``, ``Sigmoid``, ``Swish``,
+``GELU``) is refused: ``Net(vknorm=False)`` or ``Net(fuse=False)`` takes it.
 
 ncnn's own layers from Python, as pyncnn's model zoo runs a Softmax after an extract::
 
