@@ -2098,18 +2098,30 @@ std::vector<int> model_indexes(const Net& n, const std::vector<std::string>& nam
   return r;
 }
 
-// pyncnn's register_custom_layer(type, ...): loads from then on make `type`'s layers with creator() (a
-// vknorm.graph.Layer), and hand each to destroyer (None: nothing) as the net lets it go.
-int register_python_type(Net& n, const std::string& type, nb::handle creator, nb::handle destroyer) {
-  refuse_inside_python_layer();  // before the type is recorded: ncnn would not get it
+// Registrations change the net's types (ncnn's registry and its Python types) with the net held whole (no load,
+// extract or other registration meanwhile) and the GIL held inside (the creators and the types' list are Python's).
+template <class F>
+auto registering(Net& n, F&& f) {
+  refuse_inside_python_layer();  // the net is held by the code that runs the layer
+  return writing(n, [&] {
+    nb::gil_scoped_acquire gil;
+    return f();
+  });
+}
+
+// pyncnn's register_custom_layer(type, ...), with the net held (registering): loads from then on make `type`'s
+// layers with creator() (a vknorm.graph.Layer), and hand each to destroyer (None: nothing) as the net lets it go.
+int register_type_held(Net& n, const std::string& type, nb::handle creator, nb::handle destroyer) {
   const vknorm_python::PythonLayerType* t =
       n.python_layers.add(type, creator, destroyer, n.vknorm, n.fuse, n.custom_slots);
   if (!t) return 0;
-  return writing(n, [&] {
-    const int r = PythonLayerTypes::register_with(n.net, *t);
-    if (r == 0 && ::ncnn::layer_to_index(type.c_str()) == -1) ++n.custom_slots;
-    return r;
-  });
+  const int r = PythonLayerTypes::register_with(n.net, *t);
+  if (r == 0 && ::ncnn::layer_to_index(type.c_str()) == -1) ++n.custom_slots;
+  return r;
+}
+
+int register_python_type(Net& n, const std::string& type, nb::handle creator, nb::handle destroyer) {
+  return registering(n, [&] { return register_type_held(n, type, creator, destroyer); });
 }
 
 // pyncnn's register_custom_layer(index, ...): a built-in type's index is that type's name; a custom one (256 + j, as
@@ -2127,13 +2139,12 @@ int register_python_index(Net& n, long long index, nb::handle creator, nb::handl
   if (index < 0 || index >= 2 * kCustom)
     throw nb::value_error((call + "an index is a built-in type's (layer_to_index) or a custom one, 256 + j (as "
                                   "ncnn2mem numbers a model's own types)").c_str());
-  refuse_inside_python_layer();
   const int slot = int(index) - kCustom;
-  if (const vknorm_python::PythonLayerType* held = n.python_layers.registered_at(n.net, slot); held && held->index < 0)
-    return register_python_type(n, held->type, creator, destroyer);
-  const vknorm_python::PythonLayerType* t = n.python_layers.add_at(int(index), creator, destroyer);
-  if (!t) return 0;
-  return writing(n, [&] {
+  return registering(n, [&] {
+    const vknorm_python::PythonLayerType* held = n.python_layers.registered_at(n.net, slot);
+    if (held && held->index < 0) return register_type_held(n, held->type, creator, destroyer);
+    const vknorm_python::PythonLayerType* t = n.python_layers.add_at(int(index), creator, destroyer);
+    if (!t) return 0;
     QuietStderr quiet;  // ncnn's note that the index had a type (one of vknorm's fused types) before
     const int r = PythonLayerTypes::register_with(n.net, *t);
     if (r == 0) n.custom_slots = std::max(n.custom_slots, slot + 1);
@@ -2144,7 +2155,6 @@ int register_python_index(Net& n, long long index, nb::handle creator, nb::handl
 // vknorm::ncnn::register_layer: vknorm's layer `type` under the custom type index ncnn2mem gave it in binary params.
 int register_layer(Net& n, long long index, const std::string& type) {
   const std::string call = "Net.register_layer(" + std::to_string(index) + ", " + type + "): ";
-  refuse_inside_python_layer();
   if (!n.vknorm) throw nb::value_error((call + "a stock net (Net(vknorm=False)) has no vknorm layers").c_str());
   if (index < ::ncnn::LayerType::CustomBit || index >= 2 * ::ncnn::LayerType::CustomBit)
     throw nb::value_error((call + "the index is a custom type's, 256 + j (ncnn2mem's TYPEINDEX_ of a type ncnn "
@@ -2153,20 +2163,18 @@ int register_layer(Net& n, long long index, const std::string& type) {
     throw nb::value_error((call + "the type is one of vknorm's fused types (vknorm.LayerNorm, vknorm.RMSNorm, "
                                   "vknorm.GroupNorm, vknorm.InstanceNorm)").c_str());
   const int slot = int(index) - ::ncnn::LayerType::CustomBit;
-  if (const vknorm_python::PythonLayerType* t = n.python_layers.registered_at(n.net, slot))
-    throw nb::value_error((call + "the index is held by a Python layer type (" + t->label() +
-                                  ", Net.register_custom_layer)").c_str());
-  const std::optional<int> r = writing(n, [&]() -> std::optional<int> {
-    if (!n.net.layers().empty()) return std::nullopt;
+  return registering(n, [&] {
+    if (const vknorm_python::PythonLayerType* t = n.python_layers.registered_at(n.net, slot))
+      throw nb::value_error((call + "the index is held by a Python layer type (" + t->label() +
+                                    ", Net.register_custom_layer)").c_str());
+    if (!n.net.layers().empty())
+      throw std::runtime_error(call + "the net's layers are made already: call it before load_param_bin, or after "
+                                      "clear()");
     QuietStderr quiet;  // ncnn's note that the index had a type (register_layers' by name) before
     const int ret = vknorm::ncnn::register_layer(n.net, int(index), type);
     if (ret == 0) n.custom_slots = std::max(n.custom_slots, slot + 1);
     return ret;
   });
-  if (!r)
-    throw std::runtime_error(call + "the net's layers are made already: call it before load_param_bin, or after "
-                                    "clear()");
-  return *r;
 }
 
 // ncnn's device for the net's layers, before load_param as in ncnn.

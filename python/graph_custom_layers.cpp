@@ -583,7 +583,12 @@ void destroy_python_layer(::ncnn::Layer* layer, void* userdata) {
   nb::gil_scoped_acquire gil;
   auto& layers = t.owner->layers;
   auto it = layers.find(layer);
-  if (it == layers.end()) return;  // not one of ours (cannot happen: ncnn destroys what the creator made)
+  if (it == layers.end()) {
+    // Not made by a Python type: one made before this type was registered where its maker was (ncnn destroys a
+    // layer with the destroyer its index has when it goes). ncnn's own layers and vknorm's go with delete.
+    if (!layers_held().count(layer)) delete layer;
+    return;
+  }
   nb::object obj = std::move(it->second);
   layers.erase(it);
   t.owner->by_index_layers.erase(layer);
@@ -739,7 +744,8 @@ const PythonLayerType* PythonLayerTypes::add(const std::string& type, nb::handle
   // ncnn numbers a net's types that are not built in below 256 (its CustomBit; past it they alias another's)
   if (::ncnn::layer_to_index(type.c_str()) == -1 && custom_slots >= 256)
     throw nb::value_error((call + "ncnn takes at most 256 layer types of a net's own, counted up to the highest "
-                                  "index Net.register_layer gave (vknorm's fused types are " +
+                                  "index Net.register_layer or register_custom_layer(index) gave (vknorm's fused "
+                                  "types are " +
                            std::to_string(vknorm ? 4 : 0) + " of them)").c_str());
   types_.push_back({type, nb::borrow(creator), nb::borrow(destroyer), this});
   return &types_.back();
