@@ -423,12 +423,14 @@ def test_layers_made_before_their_index_is_registered_again_are_freed(register):
     index whose layers are loaded (vknorm's fused LayerNorm at 256, ncnn's own InnerProduct) gets them, and deletes
     what it did not make (they were kept, 8 MiB of weights a net)."""
     c = 1 << 20
-    text = {"by_index": f"7767517\n3 3\nInput in0 0 1 in0\nLayerNorm n 1 1 in0 a 0={c} 1=0.001 2=1\nGELU g 1 1 a out0\n",
-            "builtin_by_name": f"7767517\n2 2\nInput in0 0 1 in0\nInnerProduct f 1 1 in0 out0 0={c // 2} 1=1 2={c}\n"}
+    lines = {"by_index": [f"LayerNorm n 1 1 in0 a 0={c} 1=0.001 2=1", "GELU g 1 1 a out0"],
+             "builtin_by_name": [f"InnerProduct f 1 1 in0 out0 0={c // 2} 1=1 2={c}"]}[register]
+    count = 1 + len(lines)
+    text = f"7767517\n{count} {count}\nInput in0 0 1 in0\n" + "".join(line + "\n" for line in lines)
     before = None
     for i in range(21):
         net = cpu_net(register == "by_index")
-        assert net.load_param_mem(text[register]) == 0 and net.load_model(graph.DataReaderFromEmpty()) == 0
+        assert net.load_param_mem(text) == 0 and net.load_model(graph.DataReaderFromEmpty()) == 0
         if register == "by_index":
             assert net.register_custom_layer(256, Twice) == 0
         else:
