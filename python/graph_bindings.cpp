@@ -2618,8 +2618,7 @@ NB_MODULE(_graph, m) {
           nb::rv_policy::reference_internal)
       .def("set_vulkan_device", &set_vulkan_device, "device_index"_a)
       .def("register_layer", &register_layer, "index"_a, "type"_a)
-      // pyncnn's: loads from then on make `type`'s layers with creator() (a vknorm.graph.Layer), and hand each to
-      // destroyer (None: nothing) as the net lets it go
+      // pyncnn's two forms: by a type's name, and by its index (binary params')
       .def("register_custom_layer", &register_python_type, "type"_a, "creator"_a, "destroyer"_a.none() = nb::none())
       .def("register_custom_layer", &register_python_index, "index"_a, "creator"_a, "destroyer"_a.none() = nb::none())
       // The index of the device the net runs on, None until set_vulkan_device or a Vulkan net's load_param picks
