@@ -172,6 +172,31 @@ def cpu_net(vknorm=True):
     return graph.configure(graph.Net(vknorm=vknorm), vulkan=False)
 
 
+class Twice(graph.Layer):
+    def __init__(self):
+        graph.Layer.__init__(self)
+        self.one_blob_only = True
+
+    def forward(self, bottom, top, opt):
+        top.clone_from(graph.Mat(2 * np.array(bottom)), opt.blob_allocator)
+        return 0
+
+
+class Thrice(Twice):
+    def forward(self, bottom, top, opt):
+        top.clone_from(graph.Mat(3 * np.array(bottom)), opt.blob_allocator)
+        return 0
+
+
+def run_one(net, blob_in, blob_out, x):
+    assert net.load_model(graph.DataReaderFromEmpty()) == 0
+    ex = net.create_extractor()
+    assert ex.input(blob_in, graph.Mat(x)) == 0
+    r, out = ex.extract(blob_out)
+    assert r == 0
+    return np.array(out)
+
+
 def test_blob_indexes_no_layer_makes(tmp_path, capfd):
     """Blobs the header counts but no layer makes have no name and no extract; the others go by index and name."""
     path = tmp_path / "gap.param.bin"
@@ -271,9 +296,6 @@ def test_custom_indexes_stay_one_types_each(tmp_path):
     counts too. An index a Python type holds is not register_layer's to take, and a Python type that would number
     past 256 (its index aliasing another's) is refused."""
 
-    class Twice(graph.Layer):
-        pass
-
     net = cpu_net()
     assert net.register_custom_layer("Twice", Twice) == 0  # after vknorm's 4 fused types: 260
     with pytest.raises(ValueError, match=r"the index is held by a Python layer type \(Twice, "):
@@ -307,15 +329,6 @@ def test_python_layer_in_binary_params(tmp_path, capfd):
     """A Python layer type is a custom index as ncnn numbers it (the net's types in the order registered: a stock
     net's first is 256, a vknorm net's 260, after its fused types); the layer gets its type's name."""
 
-    class Twice(graph.Layer):
-        def __init__(self):
-            graph.Layer.__init__(self)
-            self.one_blob_only = True
-
-        def forward(self, bottom, top, opt):
-            top.clone_from(graph.Mat(2 * np.array(bottom)), opt.blob_allocator)
-            return 0
-
     text = "7767517\n2 2\nInput in0 0 1 in0\nTwice t 1 1 in0 out0\n"
     data, _, custom = param_bin.to_param_bin(text, graph.layer_to_index)
     assert custom == ["Twice"]
@@ -329,38 +342,10 @@ def test_python_layer_in_binary_params(tmp_path, capfd):
         capfd.readouterr().err
     net = cpu_net(False)
     net.register_custom_layer("Twice", Twice)
-    assert net.load_param_bin(str(path)) == 0 and net.load_model(graph.DataReaderFromEmpty()) == 0
+    assert net.load_param_bin(str(path)) == 0
     assert [layer[:2] for layer in net.layers()] == [("0", "Input"), ("1", "Twice")]
-    ex = net.create_extractor()
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
-    assert ex.input(0, graph.Mat(x)) == 0
-    r, out = ex.extract(1)
-    assert r == 0 and np.array_equal(np.array(out), 2 * x)
-
-
-class Twice(graph.Layer):
-    def __init__(self):
-        graph.Layer.__init__(self)
-        self.one_blob_only = True
-
-    def forward(self, bottom, top, opt):
-        top.clone_from(graph.Mat(2 * np.array(bottom)), opt.blob_allocator)
-        return 0
-
-
-class Thrice(Twice):
-    def forward(self, bottom, top, opt):
-        top.clone_from(graph.Mat(3 * np.array(bottom)), opt.blob_allocator)
-        return 0
-
-
-def run_one(net, blob_in, blob_out, x):
-    assert net.load_model(graph.DataReaderFromEmpty()) == 0
-    ex = net.create_extractor()
-    assert ex.input(blob_in, graph.Mat(x)) == 0
-    r, out = ex.extract(blob_out)
-    assert r == 0
-    return np.array(out)
+    assert np.array_equal(run_one(net, 0, 1, x), 2 * x)
 
 
 def test_python_layer_registered_by_index_in_binary_params(tmp_path, capfd):
