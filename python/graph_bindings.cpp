@@ -2156,12 +2156,9 @@ int register_python_index(Net& n, long long index, nb::handle creator, nb::handl
 int register_layer(Net& n, long long index, const std::string& type) {
   const std::string call = "Net.register_layer(" + std::to_string(index) + ", " + type + "): ";
   if (!n.vknorm) throw nb::value_error((call + "a stock net (Net(vknorm=False)) has no vknorm layers").c_str());
-  if (index < ::ncnn::LayerType::CustomBit || index >= 2 * ::ncnn::LayerType::CustomBit)
-    throw nb::value_error((call + "the index is a custom type's, 256 + j (ncnn2mem's TYPEINDEX_ of a type ncnn "
-                                  "does not know); ncnn's own types are vknorm's in this net already").c_str());
-  if (!vknorm::ncnn::is_vknorm_type(type) || ::ncnn::layer_to_index(type.c_str()) != -1)
-    throw nb::value_error((call + "the type is one of vknorm's fused types (vknorm.LayerNorm, vknorm.RMSNorm, "
-                                  "vknorm.GroupNorm, vknorm.InstanceNorm)").c_str());
+  const int typeindex = index < INT_MIN || index > INT_MAX ? -1 : int(index);
+  if (const std::string why = vknorm::ncnn::register_layer_refusal(typeindex, type); !why.empty())
+    throw nb::value_error((call + why).c_str());
   const int slot = int(index) - ::ncnn::LayerType::CustomBit;
   return registering(n, [&] {
     if (const vknorm_python::PythonLayerType* t = n.python_layers.registered_at(n.net, slot))

@@ -565,8 +565,7 @@ class StockLayer : public ::ncnn::Layer {
                                      "by their type; a creator returns a new Layer subclass");
     if (!layers_held().insert(layer).second)
       raise(PyExc_ValueError, where + " returned a layer a net holds already: make a new Layer in each call");
-    t.owner->layers.emplace(layer, std::move(obj));
-    if (t.index >= 0) t.owner->by_index_layers.insert(layer);
+    t.owner->layers.emplace(layer, PythonLayerTypes::Made{std::move(obj), &t});
     if (layer->type.empty()) layer->type = t.type;  // binary params give none (a text .param's replaces it)
     return layer;
   } catch (nb::python_error& e) {
@@ -589,9 +588,8 @@ void destroy_python_layer(::ncnn::Layer* layer, void* userdata) {
     if (!layers_held().count(layer)) delete layer;
     return;
   }
-  nb::object obj = std::move(it->second);
+  nb::object obj = std::move(it->second.obj);
   layers.erase(it);
-  t.owner->by_index_layers.erase(layer);
   layers_held().erase(layer);
   if (t.destroyer.is_none() || finalizing()) return;  // as Python ends, the layer goes without its destroyer
   const std::string where = "the destroyer of Python layer type " + t.label();
@@ -694,7 +692,7 @@ void raise_python_layer_error() {
 
 PythonLayerTypes::~PythonLayerTypes() {
   if (finalizing_elsewhere()) {  // left to Python's end, as the objects are
-    for (auto& [layer, obj] : layers) obj.release();
+    for (auto& [layer, made] : layers) made.obj.release();
     for (PythonLayerType& t : types_) t.creator.release(), t.destroyer.release();
   }
 }
@@ -777,7 +775,7 @@ int PythonLayerTypes::traverse(visitproc visit, void* arg) const {
     Py_VISIT(t.creator.ptr());
     Py_VISIT(t.destroyer.ptr());
   }
-  for (const auto& [layer, obj] : layers) Py_VISIT(obj.ptr());
+  for (const auto& [layer, made] : layers) Py_VISIT(made.obj.ptr());
   return 0;
 }
 

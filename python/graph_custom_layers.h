@@ -8,7 +8,6 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 
 #include <ncnn/net.h>
 
@@ -48,7 +47,10 @@ class PythonLayerTypes {
   // The type whose custom index (256 + slot) is this one in `net`, registered by name or by index; null for none.
   const PythonLayerType* registered_at(::ncnn::Net& net, int slot) const;
   // Whether a type registered by index made this layer.
-  bool made_by_index(const ::ncnn::Layer* layer) const { return by_index_layers.count(layer) != 0; }
+  bool made_by_index(const ::ncnn::Layer* layer) const {
+    const auto it = layers.find(layer);
+    return it != layers.end() && it->second.type->index >= 0;
+  }
   // ncnn's register_custom_layer of t on net (its code): loads from then on make t's layers.
   static int register_with(::ncnn::Net& net, const PythonLayerType& t);
   // tp_traverse / tp_clear of the net's Python object: clear drops the creators and destroyers (an unreachable net
@@ -56,9 +58,13 @@ class PythonLayerTypes {
   int traverse(visitproc visit, void* arg) const;
   void clear();
 
-  // The layers' Python objects, by ncnn's pointer to them (made by the creators, let go by the destroyer).
-  std::unordered_map<const ::ncnn::Layer*, nanobind::object> layers;
-  std::unordered_set<const ::ncnn::Layer*> by_index_layers;  // those of them a type registered by index made
+  // The layers' Python objects and the types that made them, by ncnn's pointer to them (made by the creators, let go
+  // by the destroyer).
+  struct Made {
+    nanobind::object obj;
+    const PythonLayerType* type;
+  };
+  std::unordered_map<const ::ncnn::Layer*, Made> layers;
 
  private:
   std::deque<PythonLayerType> types_;  // stable addresses: ncnn holds them as userdata

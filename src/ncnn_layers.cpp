@@ -108,6 +108,9 @@ class NormLayer : public ::ncnn::Layer {
     return i;
   }
 
+  // The ncnn type it was made as: a built-in norm's name, or vknorm's fused type's.
+  const char* type_name() const { return fused_type_ ? fused_name(p_.op) : op_name(p_.op); }
+
   // ncnn's param ids and validation (NormParams, shared with vknorm's own layer).
   int load_param(const ::ncnn::ParamDict& pd) override {
     // ncnn keeps a custom type's name and index in one slot: register_layers' fused types hold slots by name, in its
@@ -665,7 +668,6 @@ class NormLayer : public ::ncnn::Layer {
     return fit(s.partials, fp.partials_bytes) && fit(s.coefs, fp.coefs_bytes) ? &s : nullptr;
   }
 
-  const char* type_name() const { return fused_type_ ? fused_name(p_.op) : op_name(p_.op); }
   // "vknorm <type> <name>: <what>", without the type a message may already start with.
   void log_error(const std::exception& e) const {
     std::string what = e.what();
@@ -777,22 +779,33 @@ int register_layers(::ncnn::Net& net) {
   return 0;
 }
 
+std::string register_layer_refusal(int typeindex, const std::string& type) {
+  // Built-in indexes are register_layers' (by name); a custom one is what ncnn2mem numbers a model's own types by,
+  // j below 256 (past it an index aliases another's).
+  constexpr int kCustom = ::ncnn::LayerType::CustomBit;
+  if (typeindex < kCustom || typeindex >= 2 * kCustom)
+    return "type index " + std::to_string(typeindex) + " is not a custom one: the index is a custom type's, 256 + j "
+           "(LayerType::CustomBit | j, j < 256: ncnn2mem's TYPEINDEX_ of a type ncnn does not know); ncnn's own types "
+           "are register_layers'";
+  for (const NormOp op : {NormOp::LayerNorm, NormOp::RMSNorm, NormOp::GroupNorm, NormOp::InstanceNorm})
+    if (type == fused_name(op)) return "";
+  return type + " is not one of vknorm's layer types a custom index takes: the type is one of vknorm's fused types "
+         "(vknorm.LayerNorm, vknorm.RMSNorm, vknorm.GroupNorm, vknorm.InstanceNorm)";
+}
+
 int register_layer(::ncnn::Net& net, int typeindex, const std::string& type) {
   if (!net.layers().empty()) {
     NCNN_LOGE("vknorm::ncnn::register_layer: the net's layers are made already (load_param ran): call it before "
               "load_param_bin, or on a net that has been clear()ed");
     return -1;
   }
-  // Built-in indexes are register_layers' (by name); a custom one is what ncnn2mem numbers a model's own types by.
-  if (typeindex < 0 || !(typeindex & ::ncnn::LayerType::CustomBit)) {
-    NCNN_LOGE("vknorm::ncnn::register_layer: type index %d is not a custom one (LayerType::CustomBit | j, as "
-              "ncnn2mem's TYPEINDEX_ constants); ncnn's own types are register_layers'", typeindex);
+  if (const std::string why = register_layer_refusal(typeindex, type); !why.empty()) {
+    NCNN_LOGE("vknorm::ncnn::register_layer: %s", why.c_str());
     return -1;
   }
   for (const auto& [name, creator] : kVknormTypes)
     if (type == name) return net.register_custom_layer(typeindex, creator, destroy_layer, kByIndex);
-  NCNN_LOGE("vknorm::ncnn::register_layer: %s is not one of vknorm's layer types", type.c_str());
-  return -1;
+  return -1;  // (register_layer_refusal names every type kVknormTypes has)
 }
 
 bool is_vknorm_type(const std::string& type) {
@@ -833,8 +846,8 @@ void name_by_index(::ncnn::Net& net) {
     ::ncnn::Layer* layer = layers[i];
     if (layer->name.empty()) layer->name = std::to_string(i);
     if (layer->type.empty()) {
-      LayerInfo info;
-      layer->type = describe_layer(layer, info) ? info.layer_type : builtin_type_name(layer->typeindex);
+      const auto* norm = dynamic_cast<const NormLayer*>(layer);
+      layer->type = norm ? norm->type_name() : builtin_type_name(layer->typeindex);
     }
     for (const std::vector<int>* list : {&layer->bottoms, &layer->tops})
       for (const int b : *list)

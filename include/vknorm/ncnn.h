@@ -62,6 +62,9 @@ bool is_vknorm_type(const std::string& type);
 // types hold the first four): a slot register_layer gave another type refuses text params naming it, so load text
 // params on a net without register_layer. Fusion itself reads text params (fuse_param): fuse first, then convert.
 int register_layer(::ncnn::Net& net, int typeindex, const std::string& type);
+// Why register_layer refuses this index and type (a custom index, 256 + j with j < 256, and a fused type, else
+// "vknorm.<type>" could not mean it); "" where it takes them.
+std::string register_layer_refusal(int typeindex, const std::string& type);
 // ncnn's name of its built-in type `typeindex` ("LayerNorm" for LayerType::LayerNorm); "" for any other index.
 std::string builtin_type_name(int typeindex);
 // After load_param_bin, which leaves every name empty: names each blob a layer makes or reads and each layer by its
