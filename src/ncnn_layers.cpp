@@ -34,6 +34,47 @@ namespace {
 
 std::atomic<uint64_t> g_vulkan_forwards{0}, g_cpu_forwards{0}, g_pipelines{0}, g_unfused_adds{0};
 
+// A dispatch's bindings as ncnn's record_pipeline should see them. It records a pipeline barrier for each binding
+// whose buffer was last written (or never used), then marks that buffer written: a buffer bound to several slots
+// of one dispatch gets a barrier per slot, and ncnn's shared dummy buffer (what it binds for an empty slot) one
+// every time. Each costs the GPU time between layers (about 3 us a layer on an H200 for the four redundant ones a
+// LayerNorm's dispatch had: docs/benchmarks). So an empty slot binds `stand_in` (a buffer bound elsewhere in the
+// dispatch; only read-only slots may be empty) and a buffer's every slot after its first binds a view of it that
+// ncnn takes as read by compute already: no barrier of its own (the first slot's covers the dispatch), no mark.
+// The views' memory records live here; ncnn keeps no pointer to them past its recording calls.
+class DispatchBindings {
+ public:
+  DispatchBindings(const std::vector<::ncnn::VkMat>& slots, const ::ncnn::VkMat& stand_in,
+                   std::initializer_list<size_t> writable)
+      : mats_(slots), views_(slots.size()) {
+    std::vector<::ncnn::VkBufferMemory*> buffers;  // each slot's own
+    for (size_t i = 0; i < mats_.size(); ++i) {
+      ::ncnn::VkMat& m = mats_[i];
+      if (m.empty()) m = stand_in;
+      buffers.push_back(m.data);
+      if (std::find(buffers.begin(), buffers.end() - 1, m.data) == buffers.end() - 1) continue;
+      views_[i] = *m.data;
+      views_[i].access_flags = VK_ACCESS_SHADER_READ_BIT;
+      views_[i].stage_flags = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT;
+      m.data = &views_[i];  // the same buffer range, shape and reference count
+      m.allocator = nullptr;  // which frees nothing: the slot's owner keeps the buffer
+    }
+    // ncnn records no barrier for a buffer only read by compute since its last one (nor marks it), which a
+    // writable slot may write now: its first slot gets one, and the buffer the mark.
+    for (size_t i : writable) {
+      ::ncnn::VkBufferMemory& b = *buffers[i];
+      if (b.stage_flags == VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT) b.access_flags |= VK_ACCESS_SHADER_WRITE_BIT;
+    }
+  }
+  DispatchBindings(const DispatchBindings&) = delete;
+  DispatchBindings& operator=(const DispatchBindings&) = delete;
+  const std::vector<::ncnn::VkMat>& mats() const { return mats_; }
+
+ private:
+  std::vector<::ncnn::VkMat> mats_;
+  std::vector<::ncnn::VkBufferMemory> views_;
+};
+
 bool subgroup_reduce(const ::ncnn::VulkanDevice& dev) {
   const uint32_t need = VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT | VK_SUBGROUP_FEATURE_SHUFFLE_BIT;
   const uint32_t size = dev.info.subgroup_size();
@@ -623,19 +664,16 @@ class NormLayer : public ::ncnn::Layer {
     // Unused writable slots hold the blob this forward writes (in place: the blob; else the output), not
     // ncnn's dummy buffer, which every layer shares: the kernels declare slots 3, 4, 6 and 7 writable, and
     // synchronization validation takes that for a write of whatever is bound there. Unused read-only slots
-    // (the weights, the residual) stay empty.
+    // (the weights, the residual) bind the blob read (DispatchBindings).
     const ::ncnn::VkMat& written = add ? add->out : blob;
     auto or_written = [&](const ::ncnn::VkMat& m) -> const ::ncnn::VkMat& { return m.empty() ? written : m; };
-    const std::vector<::ncnn::VkMat> bindings{blob,
-                                              gamma_gpu_,
-                                              beta_gpu_,
-                                              or_written(partials),
-                                              or_written(coefs),
-                                              add ? add->residual : ::ncnn::VkMat(),
-                                              written,
-                                              add ? or_written(add->sum) : written};
+    const ::ncnn::VkMat residual = add ? add->residual : ::ncnn::VkMat();
+    const ::ncnn::VkMat& sum = add ? or_written(add->sum) : written;
+    const DispatchBindings bindings(
+        {blob, gamma_gpu_, beta_gpu_, or_written(partials), or_written(coefs), residual, written, sum}, blob,
+        {3, 4, 6, 7});
     for (size_t i = 0; i < fp.passes.size(); ++i)
-      cmd.record_pipeline(prep.pipelines[i], bindings, prep.constants[i], prep.dispatchers[i]);
+      cmd.record_pipeline(prep.pipelines[i], bindings.mats(), prep.constants[i], prep.dispatchers[i]);
     ++vulkan_forwards_;
     ++g_vulkan_forwards;
     return 0;

@@ -22,6 +22,8 @@
 //   - name_by_index names binary params' blobs and layers by their indexes and their types as ncnn's (vknorm's for
 //     a custom index register_layer named); a Runner then extracts by those names what it extracts by index;
 //     builtin_type_name is ncnn's name for a built-in index alone.
+//   - a Vulkan forward records at most one pipeline barrier per buffer it binds, and an in-place one on a blob only
+//     read since its last barrier barriers it and marks it written.
 #include <gpu.h>
 #include <layer_type.h>
 #include <mat.h>
@@ -81,23 +83,99 @@ RunnerRound runner_matches_ncnn(const ::ncnn::Net& net, vknorm::ncnn::Runner& ru
   return round;
 }
 
-// One layer (with `bottoms` inputs) from a .param line, its weights 2 x `weights` floats (gamma, beta).
+// One layer (with `bottoms` inputs) from a .param line, its weights 2 x `weights` floats (gamma, beta); on the
+// CPU, or on ncnn's default GPU in float32 storage.
 struct OneLayer {
   ::ncnn::Net net;
   bool loaded = false;
-  OneLayer(const std::string& line, int bottoms, int tops, int weights) {
-    net.opt.use_vulkan_compute = false;
+  OneLayer(const std::string& line, int bottoms, int tops, int weights, bool vulkan = false) {
+    net.opt.use_vulkan_compute = vulkan;
+    if (vulkan) net.opt.use_fp16_storage = net.opt.use_fp16_packed = net.opt.use_fp16_arithmetic = false;
     vknorm::ncnn::register_layers(net);
     std::string param = "7767517\n" + std::to_string(bottoms + 1) + " " + std::to_string(bottoms + tops) + "\n";
     for (int i = 0; i < bottoms; ++i) param += "Input in" + std::to_string(i) + " 0 1 x" + std::to_string(i) + "\n";
     param += line + "\n";
     std::vector<float> w(size_t(2) * weights);
     for (size_t i = 0; i < w.size(); ++i) w[i] = i < size_t(weights) ? 0.5f + 0.1f * float(i) : 0.05f * float(i);
-    loaded = net.load_param_mem(param.c_str()) == 0 &&
-             net.load_model(reinterpret_cast<const unsigned char*>(w.data())) > 0;
+    const int read = net.load_param_mem(param.c_str()) == 0
+                         ? net.load_model(reinterpret_cast<const unsigned char*>(w.data())) : -1;
+    loaded = weights ? read > 0 : read == 0;
   }
   const ::ncnn::Layer* layer() const { return net.layers().back(); }
 };
+
+// ncnn's vkCmdPipelineBarrier, counting the buffer barriers recorded through it.
+PFN_vkCmdPipelineBarrier g_pipeline_barrier = nullptr;
+int g_buffer_barriers = 0;
+void VKAPI_PTR counted_pipeline_barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkPipelineStageFlags dst,
+                                        VkDependencyFlags flags, uint32_t memory_count, const VkMemoryBarrier* memory,
+                                        uint32_t buffer_count, const VkBufferMemoryBarrier* buffers,
+                                        uint32_t image_count, const VkImageMemoryBarrier* images) {
+  g_buffer_barriers += int(buffer_count);
+  g_pipeline_barrier(cb, src, dst, flags, memory_count, memory, buffer_count, buffers, image_count, images);
+}
+
+// The buffer barriers `record` records into a new command buffer, submitted (ncnn records them at submission where
+// the device lacks push descriptors); -1 where recording or submitting failed.
+template <typename Record>
+int buffer_barriers_of(const ::ncnn::VulkanDevice* vkdev, Record record) {
+  ::ncnn::VkCompute cmd(vkdev);
+  g_buffer_barriers = 0;
+  g_pipeline_barrier = ::ncnn::vkCmdPipelineBarrier;
+  ::ncnn::vkCmdPipelineBarrier = counted_pipeline_barrier;
+  const int r = record(cmd) | cmd.submit_and_wait();
+  ::ncnn::vkCmdPipelineBarrier = g_pipeline_barrier;
+  return r == 0 ? g_buffer_barriers : -1;
+}
+
+// A Vulkan forward records at most one barrier per buffer it binds: ncnn's record_pipeline records one per binding
+// whose buffer was last written, so a buffer bound to several slots, or ncnn's dummy buffer in each empty one,
+// cost one per slot. `buffers`: how many buffers the forward binds (its blobs and weights). An in-place forward on
+// a blob only read since its last barrier barriers it first (its write must wait for those reads) and marks it
+// written, so that the next reader barriers too.
+void barriers_once_per_buffer(const std::string& what, const std::string& line, int bottoms, int tops, int weights,
+                              int buffers) {
+  OneLayer one(line, bottoms, tops, weights, true);
+  if (!one.loaded) return report(false, what + ": the layer did not load");
+  const ::ncnn::VulkanDevice* vkdev = one.net.vulkan_device();
+  ::ncnn::VkAllocator* blob_allocator = vkdev->acquire_blob_allocator();
+  ::ncnn::VkAllocator* staging_allocator = vkdev->acquire_staging_allocator();
+  ::ncnn::Option opt = one.net.opt;
+  opt.blob_vkallocator = opt.workspace_vkallocator = blob_allocator;
+  opt.staging_vkallocator = staging_allocator;
+  int out_of_place = -1, in_place = -1;
+  bool marked = false;
+  {
+    std::vector<::ncnn::VkMat> x(bottoms), y(tops);
+    ::ncnn::VkCompute upload(vkdev);
+    for (int i = 0; i < bottoms; ++i) upload.record_upload(wave(4, 5, 6, 0.7f * float(i)), x[i], opt);
+    const bool uploaded = upload.submit_and_wait() == 0;
+    const ::ncnn::Layer* layer = one.layer();
+    if (uploaded)
+      out_of_place = buffer_barriers_of(vkdev, [&](::ncnn::VkCompute& cmd) {
+        return bottoms == 1 ? layer->forward(x[0], y[0], cmd, opt) : layer->forward(x, y, cmd, opt);
+      });
+    if (uploaded && bottoms == 1) {
+      // only read since its last barrier, as ncnn's upload leaves a blob it copies without a conversion shader
+      x[0].data->access_flags = VK_ACCESS_SHADER_READ_BIT;
+      x[0].data->stage_flags = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT;
+      in_place = buffer_barriers_of(vkdev,
+                                    [&](::ncnn::VkCompute& cmd) { return layer->forward_inplace(x[0], cmd, opt); });
+      marked = (x[0].data->access_flags & VK_ACCESS_SHADER_WRITE_BIT) != 0;
+    }
+  }
+  vkdev->reclaim_blob_allocator(blob_allocator);
+  vkdev->reclaim_staging_allocator(staging_allocator);
+  std::string said = what + ": an out-of-place forward records " + std::to_string(out_of_place) +
+                     " buffer barriers for its " + std::to_string(buffers) + " buffers";
+  bool ok = out_of_place >= 1 && out_of_place <= buffers;
+  if (bottoms == 1) {
+    said += "; in place on a blob only read since its last barrier " + std::to_string(in_place) +
+            ", the blob then marked written: " + (marked ? "yes" : "no");
+    ok = ok && in_place >= 1 && in_place < buffers && marked;
+  }
+  report(ok, said);
+}
 
 void float16_input_like_float32(const std::string& what, const std::string& line, int bottoms, int tops,
                                 int weights) {
@@ -514,6 +592,10 @@ int main() {
   float16_input_like_float32("InstanceNorm", "InstanceNorm n 1 1 x0 y 0=6 1=0.001 2=1", 1, 1, 6);
   float16_input_like_float32("fused add + LayerNorm + GELU, sum written",
                              "vknorm.LayerNorm n 2 2 x0 x1 y s 0=4 1=0.001 2=1 9=8 20=2", 2, 2, 4);
+  barriers_once_per_buffer("LayerNorm", "LayerNorm n 1 1 x0 y 0=4 1=0.001 2=1", 1, 1, 4, 4);
+  barriers_once_per_buffer("RMSNorm without weights", "RMSNorm n 1 1 x0 y 0=4 1=0.001 2=0", 1, 1, 0, 2);
+  barriers_once_per_buffer("fused add + LayerNorm + GELU, sum written",
+                           "vknorm.LayerNorm n 2 2 x0 x1 y s 0=4 1=0.001 2=1 9=8 20=2", 2, 2, 4, 6);
   runner_like_ncnns_extract(true, false);
   runner_like_ncnns_extract(true, true);
   runner_like_ncnns_extract(false, false);
