@@ -59,11 +59,14 @@ class DispatchBindings {
       m.data = &views_[i];  // the same buffer range, shape and reference count
       m.allocator = nullptr;  // which frees nothing: the slot's owner keeps the buffer
     }
-    // ncnn records no barrier for a buffer only read by compute since its last one (nor marks it), which a
-    // writable slot may write now: its first slot gets one, and the buffer the mark.
+    // A buffer the dispatch writes gets its barrier from every compute and transfer access before it: ncnn's
+    // would wait for nothing on a block its pool just handed out (marked unused, though a dispatch recorded before
+    // may still read it: a write-after-read race once no other binding's barrier waits for compute), and none at
+    // all for a buffer only read by compute since its last barrier (nor mark it written).
     for (size_t i : writable) {
       ::ncnn::VkBufferMemory& b = *buffers[i];
-      if (b.stage_flags == VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT) b.access_flags |= VK_ACCESS_SHADER_WRITE_BIT;
+      b.stage_flags |= VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+      b.access_flags |= VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
     }
   }
   DispatchBindings(const DispatchBindings&) = delete;

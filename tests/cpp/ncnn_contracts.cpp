@@ -22,8 +22,8 @@
 //   - name_by_index names binary params' blobs and layers by their indexes and their types as ncnn's (vknorm's for
 //     a custom index register_layer named); a Runner then extracts by those names what it extracts by index;
 //     builtin_type_name is ncnn's name for a built-in index alone.
-//   - a Vulkan forward records at most one pipeline barrier per buffer it binds, and an in-place one on a blob only
-//     read since its last barrier barriers it and marks it written.
+//   - a Vulkan forward records at most one pipeline barrier per buffer it binds, each waiting for the compute work
+//     before it, and an in-place one on a blob only read since its last barrier barriers it and marks it written.
 #include <gpu.h>
 #include <layer_type.h>
 #include <mat.h>
@@ -104,14 +104,16 @@ struct OneLayer {
   const ::ncnn::Layer* layer() const { return net.layers().back(); }
 };
 
-// ncnn's vkCmdPipelineBarrier, counting the buffer barriers recorded through it.
+// ncnn's vkCmdPipelineBarrier, counting the buffer barriers recorded through it, and those of them that wait for
+// no compute shader work before them.
 PFN_vkCmdPipelineBarrier g_pipeline_barrier = nullptr;
-int g_buffer_barriers = 0;
+int g_buffer_barriers = 0, g_not_after_compute = 0;
 void VKAPI_PTR counted_pipeline_barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkPipelineStageFlags dst,
                                         VkDependencyFlags flags, uint32_t memory_count, const VkMemoryBarrier* memory,
                                         uint32_t buffer_count, const VkBufferMemoryBarrier* buffers,
                                         uint32_t image_count, const VkImageMemoryBarrier* images) {
   g_buffer_barriers += int(buffer_count);
+  if (!(src & VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT)) g_not_after_compute += int(buffer_count);
   g_pipeline_barrier(cb, src, dst, flags, memory_count, memory, buffer_count, buffers, image_count, images);
 }
 
@@ -120,7 +122,7 @@ void VKAPI_PTR counted_pipeline_barrier(VkCommandBuffer cb, VkPipelineStageFlags
 template <typename Record>
 int buffer_barriers_of(const ::ncnn::VulkanDevice* vkdev, Record record) {
   ::ncnn::VkCompute cmd(vkdev);
-  g_buffer_barriers = 0;
+  g_buffer_barriers = g_not_after_compute = 0;
   g_pipeline_barrier = ::ncnn::vkCmdPipelineBarrier;
   ::ncnn::vkCmdPipelineBarrier = counted_pipeline_barrier;
   const int r = record(cmd) | cmd.submit_and_wait();
@@ -128,11 +130,13 @@ int buffer_barriers_of(const ::ncnn::VulkanDevice* vkdev, Record record) {
   return r == 0 ? g_buffer_barriers : -1;
 }
 
-// A Vulkan forward records at most one barrier per buffer it binds: ncnn's record_pipeline records one per binding
-// whose buffer was last written, so a buffer bound to several slots, or ncnn's dummy buffer in each empty one,
-// cost one per slot. `buffers`: how many buffers the forward binds (its blobs and weights). An in-place forward on
-// a blob only read since its last barrier barriers it first (its write must wait for those reads) and marks it
-// written, so that the next reader barriers too.
+// A Vulkan forward (of a one-pass plan) records at most one barrier per buffer it binds: ncnn's record_pipeline
+// records one per binding whose buffer was last written, so a buffer bound to several slots, or ncnn's dummy buffer
+// in each empty one, cost one per slot. `buffers`: how many buffers the forward binds (its blobs and weights).
+// Each of those barriers waits for the compute work before it: ncnn's for a block its pool just handed out waits
+// for nothing, though a dispatch recorded before may still read that block. An in-place forward on a blob only
+// read since its last barrier barriers it first (its write must wait for those reads) and marks it written, so
+// that the next reader barriers too.
 void barriers_once_per_buffer(const std::string& what, const std::string& line, int bottoms, int tops, int weights,
                               int buffers) {
   OneLayer one(line, bottoms, tops, weights, true);
@@ -143,7 +147,7 @@ void barriers_once_per_buffer(const std::string& what, const std::string& line, 
   ::ncnn::Option opt = one.net.opt;
   opt.blob_vkallocator = opt.workspace_vkallocator = blob_allocator;
   opt.staging_vkallocator = staging_allocator;
-  int out_of_place = -1, in_place = -1;
+  int out_of_place = -1, in_place = -1, not_after_compute = 0;
   bool marked = false;
   {
     std::vector<::ncnn::VkMat> x(bottoms), y(tops);
@@ -151,16 +155,19 @@ void barriers_once_per_buffer(const std::string& what, const std::string& line, 
     for (int i = 0; i < bottoms; ++i) upload.record_upload(wave(4, 5, 6, 0.7f * float(i)), x[i], opt);
     const bool uploaded = upload.submit_and_wait() == 0;
     const ::ncnn::Layer* layer = one.layer();
-    if (uploaded)
+    if (uploaded) {
       out_of_place = buffer_barriers_of(vkdev, [&](::ncnn::VkCompute& cmd) {
         return bottoms == 1 ? layer->forward(x[0], y[0], cmd, opt) : layer->forward(x, y, cmd, opt);
       });
+      not_after_compute += g_not_after_compute;
+    }
     if (uploaded && bottoms == 1) {
-      // only read since its last barrier, as ncnn's upload leaves a blob it copies without a conversion shader
+      // only read by shaders since its last barrier
       x[0].data->access_flags = VK_ACCESS_SHADER_READ_BIT;
       x[0].data->stage_flags = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT;
       in_place = buffer_barriers_of(vkdev,
                                     [&](::ncnn::VkCompute& cmd) { return layer->forward_inplace(x[0], cmd, opt); });
+      not_after_compute += g_not_after_compute;
       marked = (x[0].data->access_flags & VK_ACCESS_SHADER_WRITE_BIT) != 0;
     }
   }
@@ -168,13 +175,13 @@ void barriers_once_per_buffer(const std::string& what, const std::string& line, 
   vkdev->reclaim_staging_allocator(staging_allocator);
   std::string said = what + ": an out-of-place forward records " + std::to_string(out_of_place) +
                      " buffer barriers for its " + std::to_string(buffers) + " buffers";
-  bool ok = out_of_place >= 1 && out_of_place <= buffers;
+  bool ok = out_of_place >= 1 && out_of_place <= buffers && not_after_compute == 0;
   if (bottoms == 1) {
     said += "; in place on a blob only read since its last barrier " + std::to_string(in_place) +
             ", the blob then marked written: " + (marked ? "yes" : "no");
     ok = ok && in_place >= 1 && in_place < buffers && marked;
   }
-  report(ok, said);
+  report(ok, said + "; barriers waiting for no compute work: " + std::to_string(not_after_compute));
 }
 
 void float16_input_like_float32(const std::string& what, const std::string& line, int bottoms, int tops,
