@@ -501,7 +501,8 @@ def test_a_norms_output_in_a_block_a_layer_just_read_waits_for_that_read(tmp_pat
     vknorm's nets (fused and unfused) run with an empty log."""
     param = tmp_path / "m.param"
     param.write_text("7767517\n7 8\nInput in1 0 1 in1\nInput in0 0 1 in0\nSplit sp 1 2 in0 a1 a2\nReLU r1 1 1 a1 b\n"
-                     "BinaryOp m1 2 1 in1 b c 0=0\nLayerNorm ln 1 1 a2 r 0=32 1=1e-5 2=0\nBinaryOp add 2 1 c r out0 0=0\n")
+                     "BinaryOp m1 2 1 in1 b c 0=0\nLayerNorm ln 1 1 a2 r 0=32 1=1e-5 2=0\n"
+                     "BinaryOp add 2 1 c r out0 0=0\n")
     (tmp_path / "m.bin").write_bytes(b"")
     proc, log = graph_runs.run_validated(tmp_path, RECYCLED_BLOCKS_SCRIPT, param, tmp_path / "m.bin", 8, 32, "auto")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
