@@ -1,7 +1,8 @@
 # The per-layer cost inside ncnn's Vulkan graph on the H200, at one build (the tree this runs in):
 #   bash run.sh chain   chain.py at 16x64 and 197x768, float32 and float16 storage
 #   bash run.sh floor   tools/norm_floor.py --iters 80, float32 and float16 (the README's whole-model table)
-# (MODES="0 1 2" ran chain.py under an experimental switch of the first build measured: the section's table.)
+# (modes/ came from an earlier form of this script, which ran chain.py under each value of a switch that an
+# uncommitted experimental build read from VKNORM_EXP_BARRIERS.)
 source .gpu/setup.sh > /dev/null
 start=$(date +%s)
 [ -n "$REBUILD" ] && rm -f /tmp/vknorm-site/vknorm/__init__.py
