@@ -149,9 +149,9 @@ def test_ncnn_layer_contracts_hold(installed):
     a Runner gives it back as given, ncnn's result for a layer's blob, -1 outside the blobs; name_by_index names
     binary params' blobs and layers by index and their types as ncnn and vknorm name them, and a Runner extracts by
     those names what it extracts by index; builtin_type_name is ncnn's name of a built-in index alone; a Vulkan
-    forward records at most one pipeline barrier per buffer it binds (not one per slot), each waiting for the compute
-    work before it, and an in-place one on a blob only read since its last barrier barriers it and marks it
-    written."""
+    forward records at most one pipeline barrier per buffer (not one per slot), the barrier of each blob it writes
+    waiting for the compute work before it, and an in-place one on a blob only read since its last barrier barriers
+    it and marks it written."""
     env = cmake_env()
     run(["cmake", "-S", os.path.join(ROOT, "tests", "cpp"), "-B", CONTRACTS_BUILD, *generator_args(CONTRACTS_BUILD),
          f"-DCMAKE_PREFIX_PATH={installed}", f"-Dncnn_DIR={NCNN_DIR}", "-DVKNORM_CPP_TESTS_NCNN=ON"],

@@ -14,17 +14,18 @@ for round in ${ROUNDS:-1 2}; do
   for build in before after; do
     site=/tmp/vknorm-site; [ $build = before ] && site=/tmp/site-before
     echo "== round $round, $build"
-    if [ -n "${CHAIN:-1}" ]; then
+    if [ -n "${CHAIN-1}" ]; then
       for fp in "" "--fp16"; do
         PYTHONPATH=$site:$PYTHONPATH python3 $d/chain.py --rows 16 --cols 64 $fp --calls 60 --rounds 2 \
           --json $OUT/chain_${build}_r${round}${fp:+_fp16}.json 2>&1 | grep "vknorm\|fp"
       done
     fi
     mkdir -p $OUT/models_${build}_r$round
-    PYTHONPATH=$site:$PYTHONPATH bash tools/gpu_models.sh $OUT/models_${build}_r$round ${ITERS:-40} $MODELS \
-      | grep -v "^\[" | grep "^model\|^ *ncnn-vulkan\|^ *vknorm-\|ms/inference" | head -60
+    PYTHONPATH=$site:$PYTHONPATH bash tools/gpu_models.sh $OUT/models_${build}_r$round ${ITERS:-40} $MODELS |
+      grep -v "^\[" | grep "^model\|^ *ncnn-vulkan\|^ *vknorm-\|ms/inference" | head -60
     echo "at $(( $(date +%s) - start )) s"
   done
 done
-tar -czf $OUT/results.tar.gz -C $OUT $(cd $OUT && ls -d chain_* models_* 2>/dev/null) && rm -rf $OUT/chain_* $OUT/models_*
+tar -czf $OUT/results.tar.gz -C $OUT $(cd $OUT && ls -d chain_* models_* 2>/dev/null) &&
+  rm -rf $OUT/chain_* $OUT/models_*
 echo "total $(( $(date +%s) - start )) s"

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-LAYERS = {  # name -> (impl, layer line after type and name, given blobs a, b)
+LAYERS = {  # name -> (impl, layer type, its params)
     "unary-abs (stock)": ("ncnn-vulkan", "UnaryOp", "0=0"),
     "add-scalar (stock)": ("ncnn-vulkan", "BinaryOp", "0=0 1=1 2=1.0"),
     "layernorm (stock)": ("ncnn-vulkan", "LayerNorm", "0={w} 1=1e-5 2=0"),
@@ -25,10 +25,11 @@ LAYERS = {  # name -> (impl, layer line after type and name, given blobs a, b)
 
 
 def chain_param(layer_type, params, n, rows, cols):
+    """A model of n layers of one type in a chain, from in0 (rows x cols) to its output."""
     lines = ["7767517", f"{n + 1} {n + 1}", f"Input in0 0 1 in0 0={cols} 1={rows}"]
     for i in range(n):
         lines.append(f"{layer_type} l{i} 1 1 {'in0' if i == 0 else f'b{i}'} b{i + 1} {params.format(w=cols)}")
-    return "\n".join(lines) + "\n", f"b{n}"
+    return "\n".join(lines) + "\n"
 
 
 def main():
@@ -49,7 +50,7 @@ def main():
     runners = {}
     for name, (impl, t, p) in LAYERS.items():
         for n in (1, 9, 33):
-            text, _ = chain_param(t, p, n, a.rows, a.cols)
+            text = chain_param(t, p, n, a.rows, a.cols)
             path = os.path.join(tmp, f"{t}_{impl}_{n}.param")
             with open(path, "w") as f:
                 f.write(text)
@@ -64,7 +65,8 @@ def main():
                 r()
                 times[k].append((time.perf_counter() - t0) * 1e3)
     out = {}
-    print(f"{a.rows}x{a.cols} {'fp16' if a.fp16 else 'fp32'}: median ms per inference; per layer: (N=33 - N=9) / 24 in us")
+    storage = "fp16" if a.fp16 else "fp32"
+    print(f"{a.rows}x{a.cols} {storage}: median ms per inference; per layer: (N=33 - N=9) / 24 in us")
     for name in LAYERS:
         med = {n: statistics.median(times[(name, n)]) for n in (1, 9, 33)}
         per = (med[33] - med[9]) / 24 * 1e3

@@ -6,7 +6,8 @@
 source .gpu/setup.sh > /dev/null
 start=$(date +%s)
 [ -n "$REBUILD" ] && rm -f /tmp/vknorm-site/vknorm/__init__.py
-[ -f /tmp/vknorm-site/vknorm/__init__.py ] || { bash tools/gpu_build.sh > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }; }
+[ -f /tmp/vknorm-site/vknorm/__init__.py ] ||
+  { bash tools/gpu_build.sh > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }; }
 export PYTHONPATH=/tmp/vknorm-site:$PYTHONPATH
 echo "build $(( $(date +%s) - start )) s"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -16,11 +17,13 @@ for step in "$@"; do
     chain) for shape in "16 64" "197 768"; do
              set -- $shape
              for fp in "" "--fp16"; do
-               python3 $d/chain.py --rows $1 --cols $2 $fp --json $OUT/chain_$1x$2${fp:+_fp16}.json 2>&1 | grep -v "^\["
+               python3 $d/chain.py --rows $1 --cols $2 $fp --json $OUT/chain_$1x$2${fp:+_fp16}.json 2>&1 |
+                 grep -v "^\["
              done
            done ;;
     floor) for fp in "" "--fp16"; do
-             python3 tools/norm_floor.py --iters 80 $fp --json $OUT/floor${fp:+_fp16}.json 2>&1 | grep -v "^\[" | tail -12
+             python3 tools/norm_floor.py --iters 80 $fp --json $OUT/floor${fp:+_fp16}.json 2>&1 |
+               grep -v "^\[" | tail -12
            done ;;
   esac
   echo "$step done at $(( $(date +%s) - start )) s"
