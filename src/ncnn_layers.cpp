@@ -35,14 +35,14 @@ namespace {
 std::atomic<uint64_t> g_vulkan_forwards{0}, g_cpu_forwards{0}, g_pipelines{0}, g_unfused_adds{0};
 
 // A dispatch's bindings as ncnn's record_pipeline should see them. It records a pipeline barrier for each binding
-// whose buffer was last written or last touched outside a compute shader (by a copy, the host, or nothing yet), then
-// marks that buffer written: a buffer bound to several slots
-// of one dispatch gets a barrier per slot, and ncnn's shared dummy buffer (what it binds for an empty slot) one
-// every time. Each costs the GPU time between layers (about 3 us a layer on an H200 for the four redundant ones a
-// LayerNorm's dispatch had: docs/benchmarks). So an empty slot binds `stand_in` (a buffer bound elsewhere in the
-// dispatch; only read-only slots may be empty) and a buffer's every slot after its first binds a view of it that
-// ncnn takes as read by compute already: no barrier of its own (the first slot's covers the dispatch), no mark.
-// The views' memory records live here; ncnn keeps no pointer to them past its recording calls.
+// whose buffer was last written or last touched outside a compute shader (by a copy, the host, or nothing yet),
+// then marks that buffer written: a buffer bound to several slots of one dispatch gets a barrier per slot, and
+// ncnn's shared dummy buffer (what it binds for an empty slot) one every time. Each costs the GPU time between
+// layers (about 3 us a layer on an H200 for the four redundant ones a LayerNorm's dispatch had: docs/benchmarks).
+// So an empty slot binds `stand_in` (a buffer bound elsewhere in the dispatch; only read-only slots may be empty)
+// and a buffer's every slot after its first binds a view of it that ncnn takes as read by compute already: no
+// barrier of its own (the first slot's covers the dispatch), no mark. The views' memory records live here; ncnn
+// keeps no pointer to them past its recording calls.
 class DispatchBindings {
  public:
   DispatchBindings(const std::vector<::ncnn::VkMat>& slots, const ::ncnn::VkMat& stand_in,
