@@ -1151,6 +1151,9 @@ struct Net {
   // ncnn's count of the net's own (custom) types: a type registered by name takes the next index (256 + that
   // count), and register_layer's index raises the count to past its own. ncnn numbers at most 256 of them.
   int custom_slots = 0;
+  void count_custom_index(int typeindex) {  // a type registered by that index (256 + j) counts up to j
+    custom_slots = std::max(custom_slots, typeindex - ::ncnn::LayerType::CustomBit + 1);
+  }
   std::vector<vknorm::ncnn::FusedPattern> fused;  // what the last load_param fused
   // A fused net's blobs by the unfused model's index (what an index from the model's own .param means; the
   // rewrite renumbers blobs): extract/input by index go through it. Empty when not fused.
@@ -2147,7 +2150,7 @@ int register_python_index(Net& n, long long index, nb::handle creator, nb::handl
     if (!t) return 0;
     QuietStderr quiet;  // ncnn's note that the index had a type (one of vknorm's fused types) before
     const int r = PythonLayerTypes::register_with(n.net, *t);
-    if (r == 0) n.custom_slots = std::max(n.custom_slots, slot + 1);
+    if (r == 0) n.count_custom_index(int(index));
     return r;
   });
 }
@@ -2169,7 +2172,7 @@ int register_layer(Net& n, long long index, const std::string& type) {
                                       "clear()");
     QuietStderr quiet;  // ncnn's note that the index had a type (register_layers' by name) before
     const int ret = vknorm::ncnn::register_layer(n.net, int(index), type);
-    if (ret == 0) n.custom_slots = std::max(n.custom_slots, slot + 1);
+    if (ret == 0) n.count_custom_index(int(index));
     return ret;
   });
 }

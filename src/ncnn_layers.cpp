@@ -39,19 +39,18 @@ std::atomic<uint64_t> g_vulkan_forwards{0}, g_cpu_forwards{0}, g_pipelines{0}, g
 // then marks that buffer written: a buffer bound to several slots of one dispatch gets a barrier per slot, and
 // ncnn's shared dummy buffer (what it binds for an empty slot) one every time. Each costs the GPU time between
 // layers (about 3 us a layer on an H200 for the four redundant ones a LayerNorm's dispatch had: docs/benchmarks).
-// So an empty slot binds `stand_in` (a buffer bound elsewhere in the dispatch; only read-only slots may be empty)
-// and a buffer's every slot after its first binds a view of it that ncnn takes as read by compute already: no
+// So an empty slot binds slot 0's buffer (the blob read; only read-only slots may be empty) and a buffer's every
+// slot after its first binds a view of it that ncnn takes as read by compute already: no
 // barrier of its own (the first slot's covers the dispatch), no mark. The views' memory records live here; ncnn
 // keeps no pointer to them past its recording calls.
 class DispatchBindings {
  public:
-  DispatchBindings(const std::vector<::ncnn::VkMat>& slots, const ::ncnn::VkMat& stand_in,
-                   std::initializer_list<size_t> writable)
+  DispatchBindings(const std::vector<::ncnn::VkMat>& slots, std::initializer_list<size_t> writable)
       : mats_(slots), views_(slots.size()) {
     std::vector<::ncnn::VkBufferMemory*> buffers;  // each slot's own
     for (size_t i = 0; i < mats_.size(); ++i) {
       ::ncnn::VkMat& m = mats_[i];
-      if (m.empty()) m = stand_in;
+      if (m.empty()) m = slots[0];
       buffers.push_back(m.data);
       if (std::find(buffers.begin(), buffers.end() - 1, m.data) == buffers.end() - 1) continue;
       views_[i] = *m.data;
@@ -674,8 +673,7 @@ class NormLayer : public ::ncnn::Layer {
     const ::ncnn::VkMat residual = add ? add->residual : ::ncnn::VkMat();
     const ::ncnn::VkMat& sum = add ? or_written(add->sum) : written;
     const DispatchBindings bindings(
-        {blob, gamma_gpu_, beta_gpu_, or_written(partials), or_written(coefs), residual, written, sum}, blob,
-        {3, 4, 6, 7});
+        {blob, gamma_gpu_, beta_gpu_, or_written(partials), or_written(coefs), residual, written, sum}, {3, 4, 6, 7});
     for (size_t i = 0; i < fp.passes.size(); ++i)
       cmd.record_pipeline(prep.pipelines[i], bindings.mats(), prep.constants[i], prep.dispatchers[i]);
     ++vulkan_forwards_;
@@ -829,8 +827,7 @@ std::string register_layer_refusal(int typeindex, const std::string& type) {
     return "type index " + std::to_string(typeindex) + " is not a custom one: the index is a custom type's, 256 + j "
            "(LayerType::CustomBit | j, j < 256: ncnn2mem's TYPEINDEX_ of a type ncnn does not know); ncnn's own types "
            "are register_layers'";
-  for (const NormOp op : {NormOp::LayerNorm, NormOp::RMSNorm, NormOp::GroupNorm, NormOp::InstanceNorm})
-    if (type == fused_name(op)) return "";
+  if (is_vknorm_type(type) && ::ncnn::layer_to_index(type.c_str()) == -1) return "";  // a fused type
   return type + " is not one of vknorm's layer types a custom index takes: the type is one of vknorm's fused types "
          "(vknorm.LayerNorm, vknorm.RMSNorm, vknorm.GroupNorm, vknorm.InstanceNorm)";
 }
@@ -847,7 +844,7 @@ int register_layer(::ncnn::Net& net, int typeindex, const std::string& type) {
   }
   for (const auto& [name, creator] : kVknormTypes)
     if (type == name) return net.register_custom_layer(typeindex, creator, destroy_layer, kByIndex);
-  return -1;  // (register_layer_refusal names every type kVknormTypes has)
+  return -1;  // (not reached: register_layer_refusal takes kVknormTypes' types alone)
 }
 
 bool is_vknorm_type(const std::string& type) {

@@ -25,6 +25,11 @@ def _bits(word: str) -> int:
     return int(word)
 
 
+def words_bytes(words) -> bytes:
+    """32-bit words as binary params hold them (little-endian ints)."""
+    return struct.pack(f"<{len(words)}i", *words)
+
+
 def to_param_bin(text: str, layer_to_index: Callable[[str], int]) -> tuple[bytes, list[str], list[str]]:
     """The binary params of the text .param `text` (one layer per line, as pnnx and vknorm optimize write them),
     with ncnn's type indexes from `layer_to_index` (ncnn's, -1 for a type it does not know). Returns the bytes, the
@@ -69,4 +74,4 @@ def to_param_bin(text: str, layer_to_index: Callable[[str], int]) -> tuple[bytes
         words.append(END_OF_PARAMS)
     if len(blobs) != blob_count:
         raise ValueError(f"the header declares {blob_count} blobs, the layers make {len(blobs)}")
-    return struct.pack(f"<{len(words)}i", *words), blobs, custom
+    return words_bytes(words), blobs, custom

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import subprocess
 import sys
 
@@ -155,17 +154,13 @@ def test_binary_params_are_named_by_index(runs, model):
     assert [names[int(b)] for b in binary["output_names"]] == r["text"]["output_names"]
 
 
-def words_bytes(words) -> bytes:
-    return struct.pack(f"<{len(words)}i", *words)
-
-
 def abs_net(tops=(0, 1), bottom=0, blob_count=2, second=None) -> bytes:
     """Binary params: an Input making blob tops[0], an AbsVal reading `bottom` making tops[1]; `second`: one more
     AbsVal's (bottom, top)."""
     layers = [[INPUT, 0, 1, tops[0], -233], [ABS_VAL, 1, 1, bottom, tops[1], -233]]
     if second:
         layers.append([ABS_VAL, 1, 1, *second, -233])
-    return words_bytes([7767517, len(layers), blob_count, *(w for layer in layers for w in layer)])
+    return param_bin.words_bytes([7767517, len(layers), blob_count, *(w for layer in layers for w in layer)])
 
 
 def cpu_net(vknorm=True):
@@ -221,7 +216,7 @@ def test_a_blob_no_layer_makes_is_an_input_of_its_own(tmp_path, capfd):
     """A blob a layer reads that no layer makes is an input, as a bottom no earlier line makes is in text params:
     named by its index, given by index or name, and an extract that needs it says so while it is not given."""
     path = tmp_path / "other.param.bin"
-    path.write_bytes(words_bytes([7767517, 2, 3, INPUT, 0, 1, 0, -233, BINARY_OP, 2, 1, 0, 2, 1, -233]))
+    path.write_bytes(param_bin.words_bytes([7767517, 2, 3, INPUT, 0, 1, 0, -233, BINARY_OP, 2, 1, 0, 2, 1, -233]))
     net = cpu_net()
     assert net.load_param_bin(str(path)) == 0 and net.load_model(graph.DataReaderFromEmpty()) == 0
     assert [b.name for b in net.blobs()] == ["0", "1", "2"]
@@ -243,7 +238,7 @@ def test_a_blob_no_layer_makes_is_an_input_of_its_own(tmp_path, capfd):
     (abs_net(blob_count=3, tops=(0, 1), bottom=2, second=(0, 2)),
      "layer 1 reads blob 2, which it or a later layer makes"),
     (abs_net(blob_count=3, tops=(0, 2), second=(0, 2)), "layers 1 and 2 both make blob 2"),
-    (words_bytes([7767518, 1, 1, INPUT, 0, 1, 0, -233]), "param is too old"),
+    (param_bin.words_bytes([7767518, 1, 1, INPUT, 0, 1, 0, -233]), "param is too old"),
     (abs_net()[:-8], "read"),
     (b"7767517\n1 1\nInput in0 0 1 in0\n", ""),
 ], ids=["reads-own-output", "reads-later-blob", "made-twice", "magic", "truncated", "text-params"])
