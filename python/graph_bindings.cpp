@@ -1412,8 +1412,11 @@ class HeldBlobs {
     const ::ncnn::Layer* layer = net.layers()[p];
     if (layer->type == "Input") return freed;  // given by input(), or freed since
     // A layer with several outputs writes them all: one set with input() would silently become the layer's value.
+    // A fused layer's later outputs are the sum its norm is computed from: one given there, even if freed since,
+    // stood for the norm's input in the model, which running the layer would replace with the sum of upstream.
     for (int top : layer->tops)
-      if (top >= 0 && top < int(held.size()) && given_[top] && held[top])
+      if (top >= 0 && top < int(held.size()) && given_[top] &&
+          (held[top] || (vknorm::ncnn::is_vknorm_layer(layer) && top != layer->tops[0])))
         return "layer " + layer->name + " (" + layer->type + ") would overwrite blob " + net.blobs()[top].name +
                ", set with input(); give the blobs it needs instead, or use a new extractor";
     for (int bottom : layer->bottoms) {
@@ -1609,6 +1612,12 @@ bool has_host_kv_layer(const ::ncnn::Net& net, bool vulkan_net) {
 
 // Why `in` cannot be given for a blob these layers read ("" when it can): an empty Mat anywhere but a past kv cache
 // (stock layers crash on an empty blob), and a past cache of the wrong kind or state for the layers reading it.
+// Whether `name` is a blob of the model that fusion took out of the net (the norm's input, an activation's).
+bool fused_away(const Net& n, const std::string& name) {
+  return n.fuse && vknorm::ncnn::blob_index(n.net, name.c_str()) < 0 &&
+         std::find(n.unfused_blobs.begin(), n.unfused_blobs.end(), name) != n.unfused_blobs.end();
+}
+
 std::string input_refusal(const ::ncnn::Net& net, int b, const ::ncnn::Mat& in, const PastCacheReaders& readers,
                           size_t model_bytes) {
   if (in.empty())
@@ -1785,6 +1794,11 @@ int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
   check_vulkan_process(e.opt);
   if (e.stale("input")) return -1;
   const int b = vknorm::ncnn::blob_index(e.owner->net, name.c_str());
+  if (b < 0 && fused_away(*e.owner, name)) {  // (an unknown name: ncnn's own message, which lists the inputs)
+    NCNN_LOGE("vknorm.graph: Extractor.input %s: the model's blob, inside a fused pattern, is not in the fused net "
+              "(its fused layer reads the add's inputs); load with Net(fuse=False) to set it", name.c_str());
+    return -1;
+  }
   const PastCacheReaders readers = past_cache_readers(e.owner->net, b, e.allocators != nullptr);
   if (const std::string why = input_refusal(e.owner->net, b, in, readers, e.owner->model_bytes_read); !why.empty()) {
     NCNN_LOGE("vknorm.graph: Extractor.input %s: %s", name.c_str(), why.c_str());
@@ -1827,7 +1841,7 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
     r = -1;
   } else if (vknorm::ncnn::blob_index(e.owner->net, name.c_str()) < 0) {  // ncnn's -1, before anything is recorded: the extractor stays usable
     NCNN_LOGE("vknorm.graph: extract %s: the net has no blob of that name%s", name.c_str(),
-              e.owner->fuse ? " (a fused net keeps none inside its fused patterns: Net(fuse=False) does)" : "");
+              fused_away(*e.owner, name) ? " (the model's, inside a fused pattern: Net(fuse=False) keeps it)" : "");
     r = -1;
   } else if (e.failed) {
     NCNN_LOGE("vknorm.graph: extract %s: an earlier extract of this extractor failed, leaving ncnn's device "
@@ -2098,6 +2112,20 @@ std::vector<int> model_indexes(const Net& n, const std::vector<std::string>& nam
     const auto it = std::find(n.unfused_blobs.begin(), n.unfused_blobs.end(), name);
     r.push_back(it == n.unfused_blobs.end() ? -1 : int(it - n.unfused_blobs.begin()));
   }
+  return r;
+}
+
+// The names of these blobs in the model's own order: a fused net numbers its blobs otherwise (the fused layer's outputs
+// come norm first, then the sum), and pyncnn code may take outputs by position.
+std::vector<std::string> model_ordered_names(const Net& n, const std::vector<int>& indexes) {
+  std::vector<std::string> names = blob_names(n.net, indexes);
+  if (n.unfused_blobs.empty()) return names;
+  const std::vector<int> order = model_indexes(n, names);
+  std::vector<size_t> by(names.size());
+  for (size_t i = 0; i < by.size(); ++i) by[i] = i;
+  std::stable_sort(by.begin(), by.end(), [&](size_t a, size_t b) { return unsigned(order[a]) < unsigned(order[b]); });
+  std::vector<std::string> r;
+  for (size_t i : by) r.push_back(names[i]);
   return r;
 }
 
@@ -2671,18 +2699,19 @@ NB_MODULE(_graph, m) {
            "mem"_a)
       .def_prop_ro("model_bytes_read",
                    [](Net& n) { return reading(n, [&] { return n.model_bytes_read; }); })
-      .def("input_names", [](Net& n) { return reading(n, [&] { return blob_names(n.net, n.net.input_indexes()); }); })
+      .def("input_names",
+           [](Net& n) { return reading(n, [&] { return model_ordered_names(n, n.net.input_indexes()); }); })
       .def("output_names",
-           [](Net& n) { return reading(n, [&] { return blob_names(n.net, n.net.output_indexes()); }); })
+           [](Net& n) { return reading(n, [&] { return model_ordered_names(n, n.net.output_indexes()); }); })
       // pyncnn's: the input and output blobs by index, as the model's own .param numbers them (what input and
       // extract by index take; a fused net's blobs are renumbered, so its indexes go through the unfused names)
       .def("input_indexes",
            [](Net& n) {
-             return reading(n, [&] { return model_indexes(n, blob_names(n.net, n.net.input_indexes())); });
+             return reading(n, [&] { return model_indexes(n, model_ordered_names(n, n.net.input_indexes())); });
            })
       .def("output_indexes",
            [](Net& n) {
-             return reading(n, [&] { return model_indexes(n, blob_names(n.net, n.net.output_indexes())); });
+             return reading(n, [&] { return model_indexes(n, model_ordered_names(n, n.net.output_indexes())); });
            })
       // (name, type, vknorm's layer?, runs on Vulkan?) per layer, in param order.
       .def("layers",

@@ -711,8 +711,9 @@ class NormLayer : public ::ncnn::Layer {
   // "vknorm <type> <name>: <what>", without the type a message may already start with.
   void log_error(const std::exception& e) const {
     std::string what = e.what();
-    const std::string prefix = std::string(type_name()) + ": ";
-    if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
+    // (a fused type's messages from the norm's checks start with the norm's name: "InstanceNorm: ...")
+    for (const std::string prefix : {std::string(type_name()) + ": ", std::string(op_name(p_.op)) + ": "})
+      if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
     NCNN_LOGE("vknorm %s %s: %s", type_name(), name.c_str(), what.c_str());
   }
   int weight_count() const { return int(p_.weight_count()); }

@@ -155,7 +155,7 @@ GroupLayout channel_group_layout(int dims, int w, int h, int d, int c, size_t cs
     // ncnn's InstanceNorm: the whole blob is one channel and one group (pack4 rows: every lane in it).
     if (dims == 1 && elempack != 1) throw std::invalid_argument(layer + ": a dims-1 blob must be unpacked");
     if (channels > 1)
-      throw std::invalid_argument(layer + ": a dims-" + std::to_string(dims) + " input is one channel, the layer " +
+      throw std::invalid_argument(layer + ": a dims-" + std::to_string(dims) + " input is one channel, the layer has " +
                                   std::to_string(channels) + " (ncnn's InstanceNorm normalizes a dims 1-2 blob as one "
                                   "instance; rows are not channels there)");
     GroupLayout g;

@@ -452,6 +452,85 @@ def test_a_model_output_beside_the_norm_keeps_its_name(tmp_path, fp16):
 
 
 @needs_graph
+def test_a_fused_net_lists_its_outputs_in_the_models_order(tmp_path):
+    """The fused layer's tops come norm first, then the sum; output_names() and output_indexes() still give the
+    model's order, as Net(fuse=False) and stock ncnn do, so code taking outputs by position gets the same blobs."""
+    text = ("7767517\n5 6\nInput in0 0 1 in0\nInput in1 0 1 in1\nBinaryOp add 2 1 in0 in1 s 0=0\n"
+            "Split sp 1 2 s t1 out1\nLayerNorm ln 1 1 t1 out0 0=64 1=1e-05 2=0\n")
+    p, b = write_model(tmp_path, text)
+    nets = {}
+    for label, kw in (("stock", dict(vknorm=False)), ("unfused", dict(fuse=False)), ("fused", {})):
+        nets[label] = graph.Net(**kw)
+        assert nets[label].load_param(str(p)) == 0
+    assert len(nets["fused"].fused()) == 1
+    for label, net in nets.items():
+        assert (net.input_names(), net.output_names()) == (["in0", "in1"], ["out1", "out0"]), label
+        assert (list(net.input_indexes()), list(net.output_indexes())) == ([0, 1], [4, 5]), label
+
+
+@needs_graph
+def test_a_blob_inside_a_fused_pattern_can_be_neither_set_nor_extracted_and_the_log_says_why(tmp_path):
+    """The add's output and the norm's output before its activation are gone from a fused net: input() and
+    extract() of them are -1 with the reason, where a name the model never had gets no word about fusion."""
+    from vknorm._stdio import quiet_stderr
+
+    p, b = write_model(tmp_path, "7767517\n5 5\nInput in0 0 1 a\nInput in1 0 1 r\nBinaryOp add 2 1 a r s 0=0\n"
+                       "LayerNorm ln 1 1 s n 0=64 1=1e-05 2=0\nSwish act 1 1 n out0\n")
+    net = graph.Net()
+    assert net.load_param(str(p)) == 0 and net.load_model(str(b)) == 0
+    assert [f["pattern"] for f in net.fused()] == ["BinaryOp+LayerNorm+Swish"]
+    x = graph.Mat(np.ones((4, 64), np.float32))
+    for name in ("s", "n"):
+        ex = net.create_extractor()
+        log: list = []
+        with quiet_stderr(log):
+            assert ex.input(name, x) == -1
+            assert ex.extract(name)[0] == -1
+        assert any(f"Extractor.input {name}: the model's blob, inside a fused pattern, is not in the fused net" in ln
+                   for ln in log), log
+        assert any(f"extract {name}: the net has no blob of that name (the model's, inside a fused pattern" in ln
+                   for ln in log), log
+    ex = net.create_extractor()
+    log = []
+    with quiet_stderr(log):
+        assert ex.extract("out_0")[0] == -1
+    assert any("extract out_0: the net has no blob of that name" in ln for ln in log), log
+    assert not any("fused" in ln for ln in log), log
+
+
+@needs_graph
+@pytest.mark.parametrize("vulkan", [True, False], ids=["vulkan", "cpu"])
+def test_a_sum_given_with_input_and_freed_is_not_made_again_by_the_fused_layer(tmp_path, vulkan):
+    """The add's output s, read by the norm through a Split, set with input(): once light mode freed it, the
+    fused layer (which writes s) would normalize the upstream sum instead of the value given. An extract that
+    needs it is -1 with the reason, as in an extractor where s is still held; before that, the other readers of
+    s get the value given."""
+    from vknorm._stdio import quiet_stderr
+
+    p, b = write_model(tmp_path, "7767517\n7 9\nInput in0 0 1 a\nInput in1 0 1 r\nBinaryOp add 2 1 a r s 0=0\n"
+                       "Split sp 1 3 s s1 s2 s3\nLayerNorm ln 1 1 s1 out0 0=64 1=1e-05 2=0\n"
+                       "Sigmoid sg 1 1 s2 out1\nTanH th 1 1 s3 out2\n")
+    rng = np.random.default_rng(7)
+    a, r = (rng.standard_normal((16, 64)).astype(np.float32) for _ in range(2))
+    given = (3 + 2 * rng.standard_normal((16, 64))).astype(np.float32)
+    net = graph.configure(graph.Net(), vulkan=vulkan)
+    assert net.load_param(str(p)) == 0 and net.load_model(str(b)) == 0
+    assert [f["pattern"] for f in net.fused()] == ["BinaryOp+LayerNorm"]  # the Split stays, for sg and th
+    ex = net.create_extractor()
+    for name, m in (("a", a), ("r", r), ("s", given)):
+        assert ex.input(name, graph.Mat(m)) == 0
+    ret, out1 = ex.extract("out1")
+    assert ret == 0
+    want = 1 / (1 + np.exp(-given.astype(np.float64)))
+    assert float(np.abs(np.array(out1) - want).max()) <= 1e-3  # (ncnn's Vulkan sigmoid's own accuracy)
+    log: list = []
+    with quiet_stderr(log):
+        assert ex.extract("out0")[0] == -1
+        assert ex.extract("s")[0] == -1
+    assert any("would overwrite blob s, set with input()" in ln for ln in log), log
+
+
+@needs_graph
 def test_shape_hints_follow_the_tops_they_describe(tmp_path):
     """ncnnoptimize and pnnx write shape hints (-23330=n,...: one run of values per top); ncnn refuses a model
     whose hints do not divide among a layer's tops. The fused layer gets the norm's run for each of its tops

@@ -483,14 +483,17 @@ def test_instancenorm_takes_a_dims_1_or_2_blob_as_one_channel_and_a_layer_of_mor
     inorm = vknorm.InstanceNorm(channels=12, eps=1e-5, affine=False)
     for device in ("cpu", "vulkan"):
         for shape in ((12, 24), (24,)):
-            with pytest.raises(ValueError, match=f"InstanceNorm: a dims-{len(shape)} input is one channel, the layer 12"):
+            with pytest.raises(ValueError, match=f"InstanceNorm: a dims-{len(shape)} input is one channel, the layer has 12"):
                 inorm(np.zeros(shape, np.float32), device=device)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["alone", "fused-relu"])
 @pytest.mark.parametrize("vulkan", [False, True], ids=["cpu-net", "vulkan-net"])
-def test_in_graph_instancenorm_of_several_channels_refuses_a_dims_2_blob(tmp_path, vulkan):
-    graph, net, rp, rm, _ = graph_net(tmp_path, "InstanceNorm in_0 1 1 in0 out0 0=12 1=1e-05 2=0", b"", vulkan=vulkan)
-    assert rp == 0 and rm == 0
+def test_in_graph_instancenorm_of_several_channels_refuses_a_dims_2_blob(tmp_path, vulkan, fused):
+    line = ("InstanceNorm in_0 1 1 in0 n 0=12 1=1e-05 2=0\nReLU relu 1 1 n out0" if fused else
+            "InstanceNorm in_0 1 1 in0 out0 0=12 1=1e-05 2=0")
+    graph, net, rp, rm, _ = graph_net(tmp_path, line, b"", vulkan=vulkan)
+    assert rp == 0 and rm == 0 and len(net.fused()) == int(fused)
     from vknorm._stdio import quiet_stderr
 
     log = []
@@ -498,7 +501,10 @@ def test_in_graph_instancenorm_of_several_channels_refuses_a_dims_2_blob(tmp_pat
         ex = net.create_extractor()
         ex.input("in0", graph.Mat(np.ones((12, 24), np.float32)))
         ret, _ = ex.extract("out0")
-    assert ret != 0 and any("in_0: a dims-2 input is one channel, the layer 12" in ln for ln in log), log
+    # the layer's type once: "vknorm vknorm.InstanceNorm in_0: a dims-2 ...", fused or not
+    kind = "vknorm.InstanceNorm" if fused else "InstanceNorm"
+    assert ret != 0 and any(f"vknorm {kind} in_0: a dims-2 input is one channel, the layer has 12" in ln
+                            for ln in log), log
 
 
 def test_weights_of_the_wrong_length_or_missing_raise():
@@ -581,13 +587,14 @@ def test_weights_that_are_not_one_dimensional_raise_value_error_naming_the_lengt
 # ------------------------------------------------------------------------------ bad input inside an ncnn Net
 
 def graph_net(tmp_path, line: str, weights: bytes, fp16: bool = False, vulkan: bool = True):
-    """A vknorm.graph net (Vulkan unless told) of Input -> one layer; (net, load_param return, load_model return,
-    log)."""
+    """A vknorm.graph net (Vulkan unless told) of Input -> one layer (or a chain of one-top layers, a line each);
+    (net, load_param return, load_model return, log)."""
     graph = import_graph()
     from vknorm._stdio import quiet_stderr
 
     param, binp = tmp_path / "m.param", tmp_path / "m.bin"
-    param.write_text(f"7767517\n2 2\nInput in0 0 1 in0\n{line}\n")
+    n = 1 + len(line.splitlines())
+    param.write_text(f"7767517\n{n} {n}\nInput in0 0 1 in0\n{line}\n")
     binp.write_bytes(weights)
     log: list = []
     with quiet_stderr(log):

@@ -113,7 +113,7 @@ norm takes in the BinaryOp add that feeds it and the activation after it (vknorm
 ``net.fused()`` lists what was fused ({"pattern", "layers"}), ``vknorm_counters()["unfused_adds"]`` counts
 adds ncnn's BinaryOp ran instead (inputs that differed in shape at run time, or float16 blobs the device's kernels
 cannot read as they are). ``vknorm optimize`` writes the same rewrite to disk. The blobs inside a fused pattern (the add's output, the norm's output before its
-activation) are gone from the rewritten net: ``extract`` them from a ``Net(fuse=False)``.
+activation) are gone from the rewritten net: ``extract`` or ``input`` them in a ``Net(fuse=False)``.
 
 As in ncnn, an extractor computes each blob once: an input given again after an extract does not recompute what
 was extracted (make a new extractor per inference). Input shapes a model was not made for may crash inside stock
