@@ -210,7 +210,8 @@ def test_the_files_prints_stay_out_of_the_json_report_and_it_loads_in_the_worker
     import_or_missing("ncnn")
     noisy = tmp_path / "noisy.py"
     noisy.write_text("import ncnn  # noqa: F401\n"
-                     + LAYERS.replace("    log(\"register \" + ncnn.__name__)", "    print('registering')")
+                     + LAYERS.replace("    log(\"register \" + ncnn.__name__)",
+                                      "    print('registering')\n    log(\"register \" + ncnn.__name__)")
                      + "\nprint('imported')\nlog(f'importer {os.getppid()}')  # the parent of the importing process\n")
     for flags in ((), ("--vulkan",)):
         log = tmp_path / f"log{len(flags)}"
@@ -225,3 +226,6 @@ def test_the_files_prints_stay_out_of_the_json_report_and_it_loads_in_the_worker
                "--custom-layers", noisy, "--json", "-", log=tmp_path / "log")
     assert r.returncode == 0 and "imported" in r.stderr and "registering" in r.stderr, (r.stdout, r.stderr)
     assert len(json.loads(r.stdout)["results"]) == 5
+    # every call's print, also those made while the command captures ncnn's log around a net's load
+    calls = [line for line in (tmp_path / "log").read_text().splitlines() if line.startswith("register ")]
+    assert len(calls) >= 5 and r.stderr.splitlines().count("registering") == len(calls), (calls, r.stderr)

@@ -30,6 +30,9 @@ INFO_FIELDS = {
     "max_workgroup_invocations": int, "timestamp_period_ns": float,
 }
 
+# what a switch (VKNORM_VALIDATION, VKNORM_NO_SUBGROUP, ...) set to another word is refused with
+SWITCH_WORDS = "expected 1, true, on or yes (on), or 0, false, off, no or nothing (off)"
+
 
 def vknorm_cli() -> list:
     """The installed console script (next to this interpreter), else `python -m vknorm`."""
@@ -222,8 +225,8 @@ BAD_SETTINGS = [("VKNORM_PATH", "bogus", "unknown path 'bogus'"),
                 ("VKNORM_MAX_SHARED_MEMORY", "12", "at least 256 bytes"),
                 ("VKNORM_VULKAN_API", "2.0", "expected 1.0, 1.1, 1.2 or 1.3"),
                 ("VKNORM_TUNE_CONVERSION_THREADS", "abc", "a whole number of threads"),
-                ("VKNORM_NO_SUBGROUP", "maybe", "expected 1 (on) or 0 (off)"),  # switches: no word guessed at
-                ("VKNORM_NO_FP16_STORAGE", "enabled", "expected 1 (on) or 0 (off)")]
+                ("VKNORM_NO_SUBGROUP", "maybe", SWITCH_WORDS),  # switches: no word guessed at
+                ("VKNORM_NO_FP16_STORAGE", "enabled", SWITCH_WORDS)]
 
 
 @pytest.mark.parametrize("name,value,words", BAD_SETTINGS, ids=[f"{b[0]}={b[1]}" for b in BAD_SETTINGS])
@@ -267,12 +270,11 @@ def test_the_package_switches_are_refused_as_the_runtimes_are():
     marked by info and refused by the command that reads it, one line and exit 2."""
     proc = run(vknorm_cli() + ["info", "--json"], {"VKNORM_CHECK_INPROCESS": "sometimes"})
     refused = json.loads(proc.stdout)["refused_settings"]
-    assert proc.returncode == 2 and refused == [{"name": "VKNORM_CHECK_INPROCESS", "error":
-                                                 "VKNORM_CHECK_INPROCESS=sometimes: expected 1 (on) or 0 (off)"}]
+    refused_switch = f"VKNORM_CHECK_INPROCESS=sometimes: {SWITCH_WORDS}"
+    assert proc.returncode == 2 and refused == [{"name": "VKNORM_CHECK_INPROCESS", "error": refused_switch}]
     proc = run(vknorm_cli() + ["check", "tests/data/layernorm_2d.ncnn.param", "tests/data/layernorm_2d.ncnn.bin",
                                "--input", "in0=8x6x10"], {"VKNORM_CHECK_INPROCESS": "sometimes"})
-    assert proc.returncode == 2 and proc.stderr.strip() == ("vknorm check: error: VKNORM_CHECK_INPROCESS=sometimes: "
-                                                            "expected 1 (on) or 0 (off)"), proc.stderr
+    assert proc.returncode == 2 and proc.stderr.strip() == f"vknorm check: error: {refused_switch}", proc.stderr
 
 
 def test_vknorm_info_names_every_refused_setting_at_once():

@@ -484,6 +484,57 @@ def test_model_without_norm_layers(tmp_path):
     assert res["ok"] is True and res["layers"] == [] and "note" in res
 
 
+def test_text_past_the_headers_layer_count_is_a_warning_in_every_command(tmp_path):
+    """ncnn reads the header's count of layers and nothing after: a header one short drops the model's last layer
+    (here its LayerNorm) without a word from ncnn. Every command warns, naming the line, with or without norms left
+    to check; optimize writes the layers ncnn reads and does not call that the model unchanged."""
+    p, b = model_files("layernorm_2d")
+    lines = Path(p).read_text().splitlines()
+    assert lines[1] == "3 3" and lines[-1].startswith("LayerNorm")
+    short = tmp_path / "short.param"
+    short.write_text("\n".join([lines[0], "2 3"] + lines[2:]) + "\n")
+    warning = f"{short}: line {len(lines)}: text after the header's 2 layers, which ncnn does not read"
+    env = dict(os.environ, VKNORM_VALIDATION="1")
+    runs = {
+        "check": ["check", short, b, "--input", "in0=8x6x10"],
+        "check --vulkan": ["check", short, b, "--input", "in0=8x6x10", "--vulkan"],
+        "bench --model": ["bench", "--model", short, b, "--input", "in0=8x6x10", "--iters", "2", "--warmup-ms", "1"],
+        "optimize": ["optimize", short, b, tmp_path / "o.param", tmp_path / "o.bin"],
+    }
+    for what, args in runs.items():
+        r = subprocess.run([sys.executable, "-m", "vknorm", *map(str, args)], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, (what, r.stdout, r.stderr)
+        assert warning in r.stdout + r.stderr, (what, r.stdout, r.stderr)
+        if what == "optimize":
+            assert "OUT.param leaves it out" in r.stderr and "unchanged" not in r.stdout, (r.stdout, r.stderr)
+            assert "LayerNorm" not in (tmp_path / "o.param").read_text()
+
+
+def test_binary_params_are_refused_by_every_command_in_one_line(tmp_path):
+    """ncnn2mem's .param.bin (its magic number as a binary int) names no layer or blob: check, bench --model and
+    optimize say so in one line, exit 2, pointing at the text .param."""
+    import struct
+
+    p, b = model_files("layernorm_2d")
+    binary = tmp_path / "m.param.bin"
+    binary.write_bytes(struct.pack("<iii", 7767517, 3, 3) + bytes(64))
+    runs = {
+        "check": ["check", binary, b, "--input", "in0=8x6x10"],
+        "check --vulkan": ["check", binary, b, "--input", "in0=8x6x10", "--vulkan"],
+        "bench": ["bench", "--model", binary, b, "--input", "in0=8x6x10", "--iters", "2"],
+        "optimize": ["optimize", binary, b, tmp_path / "o.param", tmp_path / "o.bin"],
+    }
+    for what, args in runs.items():
+        r = subprocess.run([sys.executable, "-m", "vknorm", *map(str, args)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300, env=dict(os.environ, VKNORM_VALIDATION="1"))
+        lines = r.stderr.strip("\n").split("\n")
+        assert r.returncode == 2 and len(lines) == 1, (what, r.stdout, r.stderr)
+        assert lines[0].startswith(f"vknorm {what.split()[0]}: error: {binary}: a binary .param.bin (ncnn2mem's); "
+                                   "vknorm check, bench --model and optimize read ncnn's text .param"), lines[0]
+    assert not (tmp_path / "o.param").exists()
+
+
 def test_parse_dims():
     assert vkcheck.parse_dims("197x192") == (197, 192)
     assert vkcheck.parse_dims("96x28x28") == (96, 28, 28)

@@ -10,6 +10,8 @@ from typing import Optional
 
 # fd 2 is the process's: two threads swapping it at once could leave it on one's deleted temporary file for good.
 _swap_lock = threading.RLock()
+# The fd 2 each open quiet_stderr block saved, outermost first (blocks nest on one thread, under _swap_lock).
+_saved: list = []
 
 
 def _lines(tmp) -> list:
@@ -38,6 +40,7 @@ def _quiet_stderr(sink: Optional[list]):
     except OSError:  # pragma: no cover - no fd 2
         yield lambda: []
         return
+    _saved.append(saved)
     with tempfile.TemporaryFile() as tmp:
         os.dup2(tmp.fileno(), 2)
 
@@ -58,9 +61,35 @@ def _quiet_stderr(sink: Optional[list]):
             except Exception:  # pragma: no cover
                 pass
             os.dup2(saved, 2)
+            _saved.remove(saved)
             os.close(saved)
             if sink is not None:
                 sink.extend(_lines(tmp))
+
+
+@contextlib.contextmanager
+def process_stderr():
+    """C-level stderr for the block as the process had it before any quiet_stderr block around it: a user's own
+    code (--custom-layers' register) prints there, not into a capture of ncnn's log."""
+    with _swap_lock:
+        if not _saved:
+            yield
+            return
+        try:
+            sys.stderr.flush()
+        except Exception:  # pragma: no cover - closed stderr
+            pass
+        quiet = os.dup(2)
+        os.dup2(_saved[0], 2)
+        try:
+            yield
+        finally:
+            try:
+                sys.stderr.flush()
+            except Exception:  # pragma: no cover
+                pass
+            os.dup2(quiet, 2)
+            os.close(quiet)
 
 
 @contextlib.contextmanager

@@ -240,10 +240,11 @@ class Layer:
 
 
 class Model:
-    def __init__(self, path: str, text: str, layers: List[Layer]):
+    def __init__(self, path: str, text: str, layers: List[Layer], unread_line: Optional[int] = None):
         self.path = path
         self.text = text
         self.layers = layers
+        self.unread_line = unread_line  # where text past the header's count of layers starts (ncnn reads none of it)
         self.inputs = [t for layer in layers if layer.type == "Input" for t in layer.tops]
         self.norms = [layer for layer in layers if layer.type in NORM_TYPES]
 
@@ -393,6 +394,14 @@ def read_param_bytes(path: str) -> bytes:
     return _read_file(path, "model .param", head_check=_starts_as_text_param)
 
 
+def refuse_binary_params(path: str, raw: bytes) -> None:
+    """UsageError for ncnn2mem's binary params (its magic number as a binary int), which name no layer or blob."""
+    if raw[:4] == struct.pack("<i", MAGIC):
+        raise UsageError(f"{path}: a binary .param.bin (ncnn2mem's); vknorm check, bench --model and optimize read "
+                         "ncnn's text .param: give the one it was made from (vknorm.graph's Net.load_param_bin loads "
+                         "binary params)")
+
+
 def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = None) -> Model:
     """Read and validate an ncnn text .param (UsageError naming the file and line when it is garbled).
     allow_fused: take vknorm's fused layer types (vknorm optimize's output) as any other layer. raw: the
@@ -404,8 +413,7 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
         where = f"{path}: line {line}: " if line else f"{path}: "
         return UsageError(f"{where}{msg}")
 
-    if raw[:4] == struct.pack("<i", MAGIC):
-        raise bad("a binary .param.bin; vknorm check reads ncnn's text .param")
+    refuse_binary_params(path, raw)
     if not raw.strip():
         raise bad("empty file, not an ncnn .param")
     try:
@@ -517,7 +525,16 @@ def parse_param(path: str, allow_fused: bool = False, raw: Optional[bytes] = Non
     if len(produced) > blob_count:
         raise bad(f"garbled .param: the header says {blob_count} blobs, the layers produce {len(produced)}",
                   header_line)
-    return Model(path, text, layers)
+    unread = words.next()
+    return Model(path, text, layers, unread[0] if unread else None)
+
+
+def unread_text_warnings(model: Model) -> List[str]:
+    """A warning for text past the header's count of layers: ncnn loads the model without it, silently."""
+    if model.unread_line is None:
+        return []
+    return [f"{model.path}: line {model.unread_line}: text after the header's {len(model.layers)} layers, which ncnn "
+            "does not read (the header's layer count too small?)"]
 
 
 # ---------------------------------------------------------------------------------------------- .bin
@@ -967,7 +984,7 @@ def check_model(param_path: str, bin_path: str, input_specs: Dict[str, Tuple[int
     result: Dict[str, Any]  # the JSON report
     result = {"ok": True, "device": None, "layers": [], "outputs": {}, "model": param_path, "weights": bin_path,
               "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
-              "atol": atol, "warnings": [], "rule": _rule(fp16, atol, vulkan=False)}
+              "atol": atol, "warnings": unread_text_warnings(model), "rule": _rule(fp16, atol, vulkan=False)}
 
     if fp16 and model.norms:
         device = device_info()
@@ -1582,7 +1599,8 @@ def check_model_vulkan(param_path: str, bin_path: str, input_specs: Dict[str, Tu
     result: Dict[str, Any]  # the JSON report
     result = {"ok": True, "device": None, "layers": [], "outputs": {}, "model": param_path, "weights": bin_path,
               "inputs": {k: list(v) for k, v in input_specs.items()}, "fp16": bool(fp16), "seed": seed,
-              "atol": atol, "warnings": [], "engine": "vulkan", "rule": _rule(fp16, atol), "host_round_trips": 0,
+              "atol": atol, "warnings": unread_text_warnings(model), "engine": "vulkan", "rule": _rule(fp16, atol),
+              "host_round_trips": 0,
               "ncnn_outputs": {}, "output_bounds": {}, "output_judgements": {}, "outputs_ok": True, "model_ms": {}, "timing_rounds": 0,
               "fuse": bool(fuse), "fused": []}
     with quiet_stderr():  # ncnn prints its device banner when it creates its Vulkan instance
@@ -1767,9 +1785,14 @@ JUDGED_HELP = {False: "judged: the same, each element's over max(1, |its float64
                      "(what the rule judges)"}
 
 
+def _note_text(result: dict) -> str:
+    """A run with nothing to check: its note, and the warnings about the files."""
+    return "\n".join([result["note"]] + [f"warning: {w}" for w in result["warnings"]])
+
+
 def format_text(result: dict) -> str:
     if "note" in result:
-        return result["note"]
+        return _note_text(result)
     mode = "fp16 storage" if result["fp16"] else "fp32"
     ins = ", ".join(f"{k}={dims_text(v)}" for k, v in result["inputs"].items())
     lines = [f"vknorm check {result['model']} ({ins}; {mode}, seed {result['seed']}, atol {result['atol']:g})", ""]
@@ -1808,7 +1831,7 @@ def format_text(result: dict) -> str:
 
 def format_text_vulkan(result: dict) -> str:
     if "note" in result:
-        return result["note"]
+        return _note_text(result)
     fp16 = result["fp16"]
     mode = "fp16 storage" if fp16 else "fp32"
     ins = ", ".join(f"{k}={dims_text(v)}" for k, v in result["inputs"].items())

@@ -117,11 +117,13 @@ def apply(ncnn: Any, net: Any) -> None:
         return
     load()
     assert _register is not None
-    from ._stdio import without_ncnn_notes
+    from ._stdio import process_stderr, without_ncnn_notes
 
     try:
-        # ncnn's "overwrite built-in layer type ..." where a type takes over one of its own: not news here
-        with without_ncnn_notes("overwrite built-in layer type"), contextlib.redirect_stdout(sys.stderr):
+        # ncnn's "overwrite built-in layer type ..." where a type takes over one of its own: not news here. The
+        # prints reach the process's stderr, also where the command captures ncnn's log around the net's load.
+        with process_stderr(), without_ncnn_notes("overwrite built-in layer type"), \
+                contextlib.redirect_stdout(sys.stderr):
             _register(ncnn, net)
     except KeyboardInterrupt:
         raise

@@ -151,7 +151,7 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
 
     from ._stdio import quiet_stderr
     from .check import (kv_cache_outputs, load_failure, parse_param, random_inputs, refuse_norm_channel_mismatch,
-                        refuse_unrepeatable_stock_run, trailing_bytes_warning)
+                        refuse_unrepeatable_stock_run, trailing_bytes_warning, unread_text_warnings)
 
     inputs = random_inputs(np.random.default_rng(seed), input_dims, list(input_dims))
 
@@ -188,7 +188,8 @@ def run_model_bench(param: str, binp: str, input_dims: Dict[str, Tuple[int, ...]
     # a .bin longer than the model reads: another model's? (as check and optimize warn; a vknorm.graph net counts)
     read = next((r.net.model_bytes_read for r in runners if hasattr(r.net, "model_bytes_read")), None)
     size = os.path.getsize(binp)
-    warnings = [trailing_bytes_warning(binp, size - read, param)] if read is not None and read < size else []
+    warnings = unread_text_warnings(model)
+    warnings += [trailing_bytes_warning(binp, size - read, param)] if read is not None and read < size else []
     samples = time_rounds({r.impl: r for r in runners}, iters, warmup_ms, seed, progress)
     device = graph.gpu_name()
     driver = ""

@@ -44,15 +44,15 @@ def add_parser(sub) -> None:
 
 def _read_param(path: str) -> Tuple[bytes, str]:
     """The .param's bytes and its text."""
-    from .check import read_param_bytes
+    from .check import read_param_bytes, refuse_binary_params
     from .cli import UsageError
 
     data = read_param_bytes(path)
+    refuse_binary_params(path, data)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UsageError(f"{path}: not an ncnn text .param (binary data: byte {e.start} is not UTF-8; a binary "
-                         ".param.bin is not supported)") from None
+        raise UsageError(f"{path}: not an ncnn text .param (binary data: byte {e.start} is not UTF-8)") from None
     if "\0" in text:  # the rewrite reads C strings: its message would end at the NUL
         raise UsageError(f"{path}: not an ncnn text .param (binary data: a NUL byte at byte {data.index(0)})")
     return data, text
@@ -62,7 +62,8 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
     """Fuse param/bin into out_param/out_bin (atomically, both or neither). Returns what was fused and
     warnings (a .bin longer than the model reads: one for another model?); UsageError on a missing, garbled
     or inconsistent input (a .bin shorter than the model reads among them)."""
-    from .check import load_failure, parse_param, require_distinct, require_file, trailing_bytes_warning
+    from .check import (load_failure, parse_param, require_distinct, require_file, trailing_bytes_warning,
+                        unread_text_warnings)
     from .cli import UsageError
 
     data, text = _read_param(param)
@@ -123,7 +124,9 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
             why = f": {log[-1]}" if log else ""
             hint = "a .bin for another .param?" if read < size else "too few for the model?"
             raise UsageError(f"{bin_path}: {what} of {param} does not load (the weights, {size} bytes; {hint}){why}")
-        warnings = [trailing_bytes_warning(bin_path, size - read, param) + "; OUT.bin is IN.bin as it is"] \
+        # (the rewrite writes the layers ncnn reads: text past them is not in OUT.param)
+        warnings = [w + "; OUT.param leaves it out" for w in unread_text_warnings(model)]
+        warnings += [trailing_bytes_warning(bin_path, size - read, param) + "; OUT.bin is IN.bin as it is"] \
             if read < size else []
         _replace_both(staged, (out_param, out_bin))
         staged = []
@@ -272,7 +275,9 @@ def _report(args, fused, warnings) -> None:
                           "custom_type_indexes": indexes}, indent=1))
         return
     if not fused:
-        print(f"{args.param}: nothing to fuse; wrote the model unchanged to {args.out_param}, {args.out_bin}")
+        print(f"{args.param}: nothing to fuse; wrote the model unchanged to {args.out_param}, {args.out_bin}"
+              if not warnings else f"{args.param}: nothing to fuse; wrote the model's layers to {args.out_param}, "
+              f"{args.out_bin}")
         return
     print(f"fused {len(fused)} pattern(s) into vknorm's layers -> {args.out_param}, {args.out_bin}")
     for f in fused:
