@@ -308,6 +308,28 @@ def test_a_layers_device_is_checked_when_the_layer_is_made(device):
         vknorm.LayerNorm(4, affine=False, device=device)
 
 
+def test_a_layers_device_index_past_the_devices_is_refused_when_the_layer_is_made():
+    count = len(vknorm.devices())
+    for device in (count, f"vulkan:{count}"):
+        with pytest.raises(ValueError, match=rf"^LayerNorm: device index {count} out of range \({count} devices\)"):
+            vknorm.LayerNorm(4, affine=False, device=device)
+    assert vknorm.LayerNorm(4, affine=False, device=count - 1).device == count - 1
+
+
+@pytest.mark.parametrize("call", ["__call__", "forward", "forward_inplace"])
+@pytest.mark.parametrize("top", ["numpy", "vkmat"])
+def test_a_top_blob_given_in_ncnns_forward_order_is_named_not_printed(call, top):
+    """ncnn's forward(bottom, top, opt): here the argument after x is device=, and forward returns its output."""
+    ln = ln_with_weights(4)
+    x = np.ones((2, 4), np.float32)
+    out = np.zeros((2, 4), np.float32) if top == "numpy" else vknorm.to_device(x)
+    where = "LayerNorm()" if call == "__call__" else f"LayerNorm.{call}"
+    kind = "ndarray" if top == "numpy" else "VkMat"
+    with pytest.raises(TypeError, match=rf"^{re.escape(where)}: got a {kind} where a device goes: forward returns its "
+                                        r"output \(no top argument"):
+        (ln if call == "__call__" else getattr(ln, call))(x, out, vknorm.Option())
+
+
 def test_a_layer_made_for_the_cpu_refuses_a_vkmat_rather_than_running_it_on_the_gpu():
     """The layer's device= holds for VkMats as a call's does: a VkMat runs where it lives, so a layer made for the
     CPU says it cannot run one (not a silent GPU run), and one made for the VkMat's device runs it."""

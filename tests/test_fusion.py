@@ -341,6 +341,31 @@ def test_forward_add_on_numpy_of_two_float_types_returns_x_s_type():
     assert float(np.abs(y.astype(np.float64) - ref).max()) <= 2 ** -11 * float(np.abs(ref).max()) + 1e-5
 
 
+@pytest.mark.parametrize("device", ["cpu", "vulkan"])
+def test_forward_add_of_float16_arrays_rounds_the_float32_sum_and_norm_as_its_storage_says(device):
+    """float32 storage (the default): the add and the norm in float32, both results rounded to float16 after, a sum
+    past float16's range +-Inf beside the finite norm of the float32 sum (no numpy overflow warning); float16
+    storage normalizes the float16 sum, as ncnn's graph stores it: NaN for that group."""
+    import warnings
+
+    x = np.array([[40000, 40000, 40000, 1000], [1, 2, 3, 4]], np.float16)
+    ln = vknorm.LayerNorm(4, eps=1e-5, affine=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y, s = ln.forward_add(x, x, return_sum=True, device=device)
+    seen = x.astype(np.float32) * 2
+    with np.errstate(over="ignore"):
+        assert np.array_equal(s, seen.astype(np.float16)) and np.isinf(s[0, :3]).all()
+    ref = norm64(seen, "layernorm", 1.0, 0.0)
+    assert float(np.abs(y.astype(np.float64) - ref).max()) <= 2 ** -11 * 2 + 1e-5
+    if device == "vulkan":
+        fp16 = vknorm.Option()
+        fp16.use_fp16_storage = True
+        y16, s16 = ln.forward_add(x, x, return_sum=True, option=fp16)
+        assert np.array_equal(s16, s) and np.isnan(y16[0]).all()
+        assert float(np.abs(y16[1].astype(np.float64) - ref[1]).max()) <= 2 ** -11 * 2 + 1e-5
+
+
 # -------------------------------------------------------------------------------------- the graph rewrite
 
 if has_graph():  # the rewrite's tests need it; the module's others do not

@@ -18,7 +18,8 @@ class Option:
     """Per-call choices, as ncnn's Option.
 
     use_fp16_storage: float16 blob on the device (float32 arithmetic). Default False. As in ncnn, a value past
-        float16's range (|x| > 65504) is stored as +-Inf, and its group's outputs are NaN.
+        float16's range (|x| >= 65520, which rounds past 65504, the largest float16) is stored as +-Inf, and its
+        group's outputs are NaN.
     use_packing_layout: ncnn's pack4 layout when channels (dims 3/4) or rows (dims 2) divide by 4.
     path: "auto" (the dispatcher decides; VKNORM_PATH overrides), "subgroup", "workgroup", "split" or
         "cooperative". The paths are the kernel's shape: one dispatch whose team of invocations fits one
@@ -198,6 +199,9 @@ def _parse_device(device, where: str = ""):
     if type(device).__name__ == "Option":  # ncnn's argument order (vknorm's, its native one, pyncnn's)
         raise TypeError(f"{where}got an Option where a device goes: pass it as option=... (in a call, the "
                         "argument after x is device=)")
+    if isinstance(device, np.ndarray) or type(device).__name__ in ("VkMat", "Mat"):  # ncnn's forward(bottom, top, opt)
+        raise TypeError(f"{where}got a {type(device).__name__} where a device goes: forward returns its output "
+                        "(no top argument, unlike ncnn's forward(bottom, top, opt)); forward_inplace(x) writes x")
     raise ValueError(f"{where}device must be 'cpu', 'vulkan', 'vulkan:N', an index N >= 0 or a Context, "
                      f"got {device!r}")
 
@@ -378,7 +382,9 @@ class _Norm:
         self.option = Option() if option is None else option
         where = f"{type(self).__name__}: "
         if device is not None:
-            _parse_device(device, where)  # ValueError now, not at the first forward
+            d = _parse_device(device, where)  # ValueError now, not at the first forward
+            if isinstance(d, int) and _vulkan_available() and d >= len(_core.devices()):
+                raise ValueError(f"{where}device index {d} out of range ({len(_core.devices())} devices)")
         self.device = device
         params = {}
         for pid, name, _ in self._params:
@@ -621,7 +627,8 @@ class _Norm:
             s = _as_input(a, np.float32) + _as_input(r, np.float32)
             y = self(s, device="cpu")
             if _is_float16(a):
-                y, s = y.astype(np.float16), s.astype(np.float16)
+                with np.errstate(over="ignore"):  # a sum past float16's range is +-Inf, as the Vulkan path gives it
+                    y, s = y.astype(np.float16), s.astype(np.float16)
             return (y, s) if return_sum else y
         self._layer.create_pipeline(ctx, opt)
         # One submission; both arrays read where they lie (x of one float type and residual of another: both
