@@ -217,6 +217,11 @@ def test_none_as_input_is_named():
 def test_an_eps_past_float32_is_refused_as_given_not_as_the_inf_it_becomes():
     with pytest.raises(ValueError, match=r"param 1 \(eps\)=1e\+40 does not fit ncnn's float32"):
         vknorm.LayerNorm(8, eps=1e40)
+    with pytest.raises(ValueError, match=rf"param 1 \(eps\)={10 ** 39} does not fit ncnn's float32"):
+        vknorm.LayerNorm(8, eps=10 ** 39)  # ints of up to 40 digits as given
+    # an int of hundreds of digits in a few characters
+    with pytest.raises(ValueError, match=r"^LayerNorm: param 1 \(eps\)=-1\.000e\+400 does not fit ncnn's float32$"):
+        vknorm.LayerNorm(8, eps=-10 ** 400)
 
 
 def test_an_eps_below_float32_is_refused_not_made_zero():

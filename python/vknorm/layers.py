@@ -25,8 +25,9 @@ class Option:
         "cooperative". The paths are the kernel's shape: one dispatch whose team of invocations fits one
         subgroup or spans a workgroup, two or three passes (reduce, [finalize,] apply: on GPUs apply merges the
         partials itself), or one dispatch in which
-        workgroups share groups. A forced path that cannot hold the group falls to the next larger one;
-        the layer's ``last_dispatch["path"]`` says what ran.
+        workgroups share groups. A forced path that cannot hold the group falls to the next larger one
+        (cooperative, whose chunks of a group must all be resident at once: split); the layer's
+        ``last_dispatch["path"]`` says what ran.
     use_subgroup_ops: allow subgroup reductions where the device has them (``last_dispatch["subgroup"]``
         says whether a forward used them; a "subgroup" team without them reduces through shared memory).
     max_workgroup_size: cap on invocations per workgroup, rounded down to a power of two (0: the device's choice).
@@ -356,8 +357,10 @@ def _param_float(pid, v, where: str, name: str) -> float:
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise ValueError(f"{where}param {pid} ({name}) must be a number, got {v!r}")
     finite = isinstance(v, numbers.Integral) or math.isfinite(v)  # NaN and inf are the core's to refuse
-    if finite and not _fits_float32(v):  # said as given, not as the inf it would become
-        raise ValueError(f"{where}param {pid} ({name})={v!r} does not fit ncnn's float32")
+    if finite and not _fits_float32(v):  # said as given, not as the inf it would become (a huge int: its magnitude)
+        digits = str(abs(int(v))) if isinstance(v, numbers.Integral) else ""
+        said = f"{'-' if v < 0 else ''}{digits[0]}.{digits[1:4]}e+{len(digits) - 1}" if len(digits) > 40 else repr(v)
+        raise ValueError(f"{where}param {pid} ({name})={said} does not fit ncnn's float32")
     with np.errstate(under="ignore"):
         if v != 0 and np.float32(v) == 0:  # eps=1e-50 would be eps 0: NaN for constant groups
             raise ValueError(f"{where}param {pid} ({name})={v!r} is below float32's smallest value (1.4e-45): it "
