@@ -731,7 +731,12 @@ int run(const Args& args) {
                          ? try_refusals(cmd, handles, storage_buffer, align, e.props.limits.maxStorageBufferRange, norm_a, a)
                      : args.refusals ? try_channel_refusals(cmd, handles, storage_buffer, norm_a, a)
                                      : 0;
-    if (args.timing) norm_a.set_timing(true), norm_b.set_timing(true);
+    if (args.timing) {
+      const vknorm::DeviceInfo& d = norm_a.device_info();
+      std::printf("recorder's device: %s, driver %s, timestamps %s\n", d.name.c_str(), d.driver_name.c_str(),
+                  d.timestamps ? "yes" : "no");
+      norm_a.set_timing(true), norm_b.set_timing(true);
+    }
     vknorm::Option split, cooperative;
     split.path = vknorm::Path::Split;
     cooperative.path = vknorm::Path::Cooperative;

@@ -130,7 +130,11 @@ bool computed_on_host(const ::ncnn::Net& net, const char* name) { return compute
 
 bool computed_on_host(const ::ncnn::Net& net, int blob_index) {
   if (blob_index < 0 || blob_index >= int(net.blobs().size())) return false;
-  const int producer = net.blobs()[size_t(blob_index)].producer;
+  const ::ncnn::Blob& blob = net.blobs()[size_t(blob_index)];
+  const int producer = blob.producer;
+  // a model input with no Input layer (a bottom no layer makes): only input() gives it, on the host. (A blob no
+  // layer makes or reads is a header's count past the layers' blobs.)
+  if (producer == -1 && blob.consumer >= 0) return true;
   if (producer < 0 || producer >= int(net.layers().size())) return false;
   const ::ncnn::Layer* layer = net.layers()[size_t(producer)];
   // by index: binary params leave a layer's type name empty

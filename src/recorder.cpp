@@ -228,10 +228,20 @@ struct Recorder::Impl {
       info.compute_units =
           multiprocessor_count<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV>(caller.physical);
     }
+    // The driver and float16 arithmetic, as vknorm's own context reports them (Vulkan 1.2 structures).
+    const auto* d = caller.instance.getDispatcher();
+    if (api >= version_of(1, 2) && d->vkGetPhysicalDeviceProperties2 && d->vkGetPhysicalDeviceFeatures2) {
+      const auto chain = caller.physical.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceDriverProperties>();
+      info.driver_name = chain.get<vk::PhysicalDeviceDriverProperties>().driverName.data();
+      info.driver_info = chain.get<vk::PhysicalDeviceDriverProperties>().driverInfo.data();
+      const auto feats = caller.physical.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceShaderFloat16Int8Features>();
+      info.float16_arithmetic = feats.get<vk::PhysicalDeviceShaderFloat16Int8Features>().shaderFloat16;
+    }
     // Timestamps on whichever compute queue the caller records for: every compute family must have them.
     timestamp_bits = props.limits.timestampPeriod > 0 ? 64u : 0u;
     for (const auto& f : caller.physical.getQueueFamilyProperties())
       if (f.queueFlags & vk::QueueFlagBits::eCompute) timestamp_bits = std::min(timestamp_bits, f.timestampValidBits);
+    info.timestamps = timestamp_bits > 0;  // what set_timing(true) takes
     // 16-bit storage only as the caller enabled it, and only where the SPIR-V 1.3 variants can run.
     const bool enabled = h.fp16_storage_enabled && api >= version_of(1, 1);
     info.storage_16bit = enabled;

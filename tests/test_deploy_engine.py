@@ -410,6 +410,11 @@ def test_gpu_time_of_each_recorded_forward_is_read_after_the_submission(engine_e
     the query pair the read freed: exactly one time, above zero."""
     proc = launch(engine_example, "--timing", "--repeat", "3")
     assert_clean_run(proc)
+    import vknorm  # the Recorder describes the engine's device as vknorm's own context does
+
+    own = vknorm.device_info()
+    assert f"recorder's device: {own['name']}, driver {own['driver_name']}, timestamps yes" in proc.stdout, \
+        (own, proc.stdout)
     times = {k: [float(v) for v in vals.split()] for k, vals in re.findall(r"^gpu time (A|B|A again) \(us\):(.*)$",
                                                                             proc.stdout, re.M)}
     wall = float(re.search(r"^submission wall time \(us\): (\S+)$", proc.stdout, re.M).group(1))

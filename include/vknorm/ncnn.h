@@ -201,8 +201,10 @@ class Runner {
   // takes a pair of its device's for each extractor).
   ::ncnn::Extractor create_extractor() const;
   // ex.extract(blob, out) recorded into the kept command buffer: out is float32, elempack 1, as ncnn's. A blob
-  // computed on the host (computed_on_host: an Input's, given with input(), comes back as given; a host layer's,
-  // as that layer wrote it) goes through ncnn's own extract. ncnn's return codes (-1
+  // computed on the host (computed_on_host: an Input's, or one no layer makes, given with input(), comes back as
+  // given; a host layer's, as that layer wrote it) goes through ncnn's own extract. A blob a layer makes that the
+  // caller set with ex.input() comes back as the device holds it (float16 where the net stores float16; the value
+  // of an earlier extract, if one made it on the device): extract that one with ex.extract. ncnn's return codes (-1
   // for a null or unknown name); after a failure the command buffer is dropped and the next extract makes
   // another. ex gets this Runner's device allocators (an extractor of net.create_extractor() works too).
   int extract(::ncnn::Extractor& ex, const char* blob, ::ncnn::Mat& out);
@@ -249,8 +251,9 @@ int extract_recorded_kept(::ncnn::Extractor& ex, int blob_index, ::ncnn::Mat& ou
 // that name, or -1 (a null name too).
 int blob_index(const ::ncnn::Net& net, const char* name);
 
-// Whether ncnn's own extract gives the blob named `name` from the host: an Input's blob, or the output of a layer
-// the loaded net runs on the host (featmask bit 4, or a layer without Vulkan support). A recorded extract
+// Whether ncnn's own extract gives the blob named `name` from the host: an Input's blob, one no layer makes (a model
+// input without an Input layer), or the output of a layer the loaded net runs on the host (featmask bit 4, or a
+// layer without Vulkan support). A recorded extract
 // (extract_recorded) would read the copy ncnn uploaded for the layers after it instead: float16 where the net
 // stores float16. False for an unknown name.
 bool computed_on_host(const ::ncnn::Net& net, const char* name);

@@ -18,7 +18,7 @@ struct Option {
   int max_workgroup_size = 0;      // 0: device limit; otherwise a cap, rounded down to a power of two
 };
 
-// "auto" | "subgroup" | "workgroup" | "split" | "cooperative"; throws std::invalid_argument otherwise.
+// "auto" (or "") | "subgroup" | "workgroup" | "split" | "cooperative"; throws std::invalid_argument otherwise.
 Path parse_path(const std::string& name);
 const char* path_name(Path p);
 

@@ -621,6 +621,31 @@ void binary_params_named_by_index() {
   report(builtin, "builtin_type_name: ncnn's names of its built-in indexes, \"\" for others");
 }
 
+// A model input no Input layer declares (a bottom no layer makes: ncnn's input to fill) is the host's, as an Input's
+// blob is: the Runner gives it back as given, not as the float16 copy a float16 net uploaded for its layers.
+void runner_gives_an_input_without_an_input_layer_as_given() {
+  const std::string what = "Runner, Vulkan float16: an input without an Input layer";
+  ::ncnn::Net net;
+  net.opt.use_vulkan_compute = true;
+  net.opt.use_fp16_storage = net.opt.use_fp16_packed = true;
+  net.opt.use_fp16_arithmetic = false;
+  vknorm::ncnn::register_layers(net);
+  if (net.load_param_mem("7767517\n2 3\nLayerNorm n 1 1 x y 0=4 1=0.001 2=0\nReLU r 1 1 y z\n") != 0 ||
+      net.load_model(reinterpret_cast<const unsigned char*>("")) < 0)
+    return report(false, what + ": the net did not load");
+  if (!net.vulkan_device()) return report(false, what + ": no Vulkan device");
+  const ::ncnn::Mat x = wave(4, 5, 6, 0.3f);
+  vknorm::ncnn::Runner runner(net);
+  ::ncnn::Extractor ex = runner.create_extractor();
+  ex.input("x", x);
+  ::ncnn::Mat z, given;
+  const int r_x = runner.extract(ex, "x", given);
+  const int r_z = runner.extract(ex, "z", z);
+  report(r_x == 0 && r_z == 0 && same_bits(given, x) && vknorm::ncnn::computed_on_host(net, "x"),
+         what + " comes back as given, and the forward runs from it (returns " + std::to_string(r_x) + ", " +
+             std::to_string(r_z) + ")");
+}
+
 int main() {
   binary_params_named_by_index();
   fused_loaders_refuse_null();
@@ -640,6 +665,7 @@ int main() {
   runner_like_ncnns_extract(true, false);
   runner_like_ncnns_extract(true, true);
   runner_like_ncnns_extract(false, false);
+  runner_gives_an_input_without_an_input_layer_as_given();
   runner_casts_int8_blobs_like_ncnns_extract();
   runner_host_blobs_and_light_mode_like_ncnns_extract();
   bfloat16_nets_are_refused_at_every_forward();
