@@ -269,7 +269,7 @@ def test_install_exports_the_ncnn_layers(installed):
     assert "vknorm::vknorm_ncnn" in targets, targets[:2000]
     with open(os.path.join(cfg, "vknormConfig.cmake")) as f:
         config = f.read()
-    assert re.search(r"if\((TRUE|ON|1)\)\s*find_dependency\(ncnn\)", config), config
+    assert re.search(r"set\(_vknorm_has_ncnn (TRUE|ON|1)\)", config), config
 
 
 @pytest.mark.parametrize("component", ["ncnn", "vknorm_ncnn"])
@@ -280,6 +280,42 @@ def test_package_with_ncnn_layers_has_its_ncnn_component(installed, tmp_path, co
                               f"-DCMAKE_PREFIX_PATH={installed}", f"-Dncnn_DIR={NCNN_DIR}")
     assert proc.returncode == 0, proc.stderr
     assert "vknorm_FOUND=1 vknorm_ncnn_FOUND=TRUE" in proc.stdout, proc.stdout
+
+
+def test_package_with_ncnn_layers_needs_no_ncnn_unless_its_component_is_asked_for(installed, tmp_path):
+    """An install with the layers, no ncnn to be found: vknorm::vknorm alone is found; OPTIONAL_COMPONENTS ncnn is
+    found without it (vknorm_ncnn_FOUND false); COMPONENTS ncnn fails, naming ncnn."""
+    for args, ok, said in (("0.1 CONFIG REQUIRED", True, "vknorm_FOUND=1 vknorm_ncnn_FOUND=FALSE"),
+                           ("0.1 CONFIG REQUIRED OPTIONAL_COMPONENTS ncnn", True, "vknorm_FOUND=1 vknorm_ncnn_FOUND=0"),
+                           ("0.1 CONFIG REQUIRED COMPONENTS ncnn", False, "ncnn")):
+        proc = configure_consumer(tmp_path / str(len(args)), args, f"-DCMAKE_PREFIX_PATH={installed}",
+                                  "-DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF")
+        assert (proc.returncode == 0) == ok and said in proc.stdout + proc.stderr, (args, proc.stdout, proc.stderr)
+
+
+@pytest.mark.parametrize("flag", ["", "-fno-rtti", "-fno-exceptions"], ids=["rtti-and-exceptions", "no-rtti",
+                                                                           "no-exceptions"])
+def test_an_ncnn_without_rtti_or_exceptions_stops_the_configure_step_saying_so(tmp_path, flag):
+    """ncnn's Android and iOS builds hand -fno-rtti / -fno-exceptions to what links it, which vknorm's layers cannot
+    compile under: configuring against such an ncnn (a package config of this ncnn's headers, with the flag) stops
+    with the ncnn options to build it with; without the flag it configures."""
+    fake = tmp_path / "ncnn"
+    fake.mkdir()
+    options = f'INTERFACE_COMPILE_OPTIONS "$<$<COMPILE_LANGUAGE:CXX>:{flag}>"' if flag else ""
+    (fake / "ncnnConfig.cmake").write_text(
+        "set(NCNN_VULKAN ON)\nadd_library(ncnn STATIC IMPORTED)\n"
+        f'set_target_properties(ncnn PROPERTIES IMPORTED_LOCATION "{NCNN_PREFIX}/lib/libncnn.a"\n'
+        f'  INTERFACE_INCLUDE_DIRECTORIES "{NCNN_PREFIX}/include/ncnn" {options})\n')
+    build = tmp_path / "build"
+    proc = subprocess.run(["cmake", "-S", ROOT, "-B", str(build), *generator_args(str(build)), "-DVKNORM_PYTHON=OFF",
+                           "-DVKNORM_NCNN=ON", f"-Dncnn_DIR={fake}"], capture_output=True, text=True, env=cmake_env())
+    if not flag:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    said = " ".join(proc.stderr.split())
+    assert (f"vknorm's ncnn layers need an ncnn built with RTTI and exceptions, but {fake} hands {flag} to what links "
+            "it: build ncnn with -DNCNN_DISABLE_RTTI=OFF -DNCNN_DISABLE_EXCEPTION=OFF") in said, proc.stderr[-3000:]
 
 
 def test_example_found_this_install_and_this_ncnn(example):
