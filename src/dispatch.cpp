@@ -795,7 +795,8 @@ bool env_flag(const char* name) {
   if (word == "1" || word == "true" || word == "on" || word == "yes") return true;
   if (word == "0" || word == "false" || word == "off" || word == "no") return false;
   // "false" had read as on: a switch set to a word it does not know is refused, not guessed at
-  throw std::invalid_argument(std::string(name) + "=" + v + ": expected 1, true, on or yes (on), or 0, false, off, no or nothing (off)");
+  throw std::invalid_argument(std::string(name) + "=" + v +
+                              ": expected 1, true, on or yes (on), or 0, false, off, no or nothing (off)");
 }
 
 uint32_t env_api_cap() {

@@ -280,7 +280,8 @@ bool env_has_prefix(const char* prefix);  // any environment variable whose name
 // std::invalid_argument ("NAME=value: expected a positive integer") for anything else.
 uint64_t env_positive(const char* name);
 // A switch: on for 1, true, on, yes; off for 0, false, off, no (any case), unset or empty;
-// std::invalid_argument ("NAME=value: expected 1, true, on or yes (on), or 0, false, off, no or nothing (off)") for anything else.
+// std::invalid_argument ("NAME=value: expected 1, true, on or yes (on), or 0, false, off, no or nothing (off)") for
+// anything else.
 bool env_flag(const char* name);
 // VKNORM_VULKAN_API=1.0|1.1|1.2|1.3 as VK_API_VERSION_1_x (unset: 1.3); std::invalid_argument otherwise.
 uint32_t env_api_cap();

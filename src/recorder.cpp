@@ -231,11 +231,13 @@ struct Recorder::Impl {
     // The driver and float16 arithmetic, as vknorm's own context reports them (Vulkan 1.2 structures).
     const auto* d = caller.instance.getDispatcher();
     if (api >= version_of(1, 2) && d->vkGetPhysicalDeviceProperties2 && d->vkGetPhysicalDeviceFeatures2) {
-      const auto chain = caller.physical.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceDriverProperties>();
-      info.driver_name = chain.get<vk::PhysicalDeviceDriverProperties>().driverName.data();
-      info.driver_info = chain.get<vk::PhysicalDeviceDriverProperties>().driverInfo.data();
-      const auto feats = caller.physical.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceShaderFloat16Int8Features>();
-      info.float16_arithmetic = feats.get<vk::PhysicalDeviceShaderFloat16Int8Features>().shaderFloat16;
+      using Driver = vk::PhysicalDeviceDriverProperties;
+      using Float16 = vk::PhysicalDeviceShaderFloat16Int8Features;
+      const auto chain = caller.physical.getProperties2<vk::PhysicalDeviceProperties2, Driver>();
+      info.driver_name = chain.get<Driver>().driverName.data();
+      info.driver_info = chain.get<Driver>().driverInfo.data();
+      const auto feats = caller.physical.getFeatures2<vk::PhysicalDeviceFeatures2, Float16>();
+      info.float16_arithmetic = feats.get<Float16>().shaderFloat16;
     }
     // Timestamps on whichever compute queue the caller records for: every compute family must have them.
     timestamp_bits = props.limits.timestampPeriod > 0 ? 64u : 0u;

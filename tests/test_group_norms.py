@@ -483,7 +483,8 @@ def test_instancenorm_takes_a_dims_1_or_2_blob_as_one_channel_and_a_layer_of_mor
     inorm = vknorm.InstanceNorm(channels=12, eps=1e-5, affine=False)
     for device in ("cpu", "vulkan"):
         for shape in ((12, 24), (24,)):
-            with pytest.raises(ValueError, match=f"InstanceNorm: a dims-{len(shape)} input is one channel, the layer has 12"):
+            with pytest.raises(ValueError,
+                               match=f"InstanceNorm: a dims-{len(shape)} input is one channel, the layer has 12"):
                 inorm(np.zeros(shape, np.float32), device=device)
 
 

@@ -29,12 +29,17 @@ def quiet_stderr(sink: Optional[list] = None):
             yield captured
 
 
-@contextlib.contextmanager
-def _quiet_stderr(sink: Optional[list]):
+def _flush_stderr() -> None:
+    """Python's buffered stderr out before fd 2 moves (a closed one: nothing to flush)."""
     try:
         sys.stderr.flush()
     except Exception:  # pragma: no cover - closed stderr
         pass
+
+
+@contextlib.contextmanager
+def _quiet_stderr(sink: Optional[list]):
+    _flush_stderr()
     try:
         saved = os.dup(2)
     except OSError:  # pragma: no cover - no fd 2
@@ -45,10 +50,7 @@ def _quiet_stderr(sink: Optional[list]):
         os.dup2(tmp.fileno(), 2)
 
         def captured() -> list:
-            try:
-                sys.stderr.flush()
-            except Exception:  # pragma: no cover
-                pass
+            _flush_stderr()
             lines = _lines(tmp)
             tmp.seek(0, os.SEEK_END)  # the fd shares this offset: later writes must append
             return lines
@@ -56,10 +58,7 @@ def _quiet_stderr(sink: Optional[list]):
         try:
             yield captured
         finally:
-            try:
-                sys.stderr.flush()
-            except Exception:  # pragma: no cover
-                pass
+            _flush_stderr()
             os.dup2(saved, 2)
             _saved.remove(saved)
             os.close(saved)
@@ -75,19 +74,13 @@ def process_stderr():
         if not _saved:
             yield
             return
-        try:
-            sys.stderr.flush()
-        except Exception:  # pragma: no cover - closed stderr
-            pass
+        _flush_stderr()
         quiet = os.dup(2)
         os.dup2(_saved[0], 2)
         try:
             yield
         finally:
-            try:
-                sys.stderr.flush()
-            except Exception:  # pragma: no cover
-                pass
+            _flush_stderr()
             os.dup2(quiet, 2)
             os.close(quiet)
 
