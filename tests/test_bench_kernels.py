@@ -130,12 +130,70 @@ def test_bench_groupnorm_takes_one_groups_value_per_channels(tmp_path):
     (["--rows", "x"], "vknorm bench: error: argument --rows: invalid int value: 'x'"),
     (["--model", "only.param"], "vknorm bench: error: argument --model: expected 2 arguments"),
     (["--rows", "8", "--cols", "8", "stray"], "vknorm bench: error: unrecognized arguments: stray"),
+    # a shape twice would be timed twice and tabled once
+    (["--rows", "4", "--cols", "64", "--rows", "4", "--cols", "64"], "shape 4x64 is given twice"),
+    (["--op", "groupnorm", "--channels", "8", "--size", "4x4", "--channels", "8", "--size", "4x4", "--groups", "2"],
+     "shape 8x4x4/2 is given twice"),
 ])
 def test_bench_bad_input_is_one_line_and_exit_2(args, message):
     proc = vknorm("bench", *args)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_a_shape_past_one_storage_buffer_is_refused_before_any_is_timed(tmp_path):
+    """The kernels are timed on one buffer: a shape that needs more (here the binding limit made 64 KiB) is named in
+    one line before the first shape is timed, so nothing is measured to be thrown away."""
+    proc = subprocess.run([sys.executable, "-m", "vknorm", "bench", "--rows", "4", "--cols", "64", "--rows", "64",
+                           "--cols", "1024", "--compare", "", *QUICK, "--json", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, VKNORM_MAX_BUFFER_BYTES="65536"))
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert ("shape 64x1024: its blob of 262144 bytes is larger than VKNORM_MAX_BUFFER_BYTES (65536 bytes)"
+            in lines[0]), lines
+    assert proc.stdout == "" and not (tmp_path / "r.json").exists()
+
+
+def test_a_blob_under_16_bytes_has_no_copy_roof(tmp_path):
+    """The copy shader moves vec4s: under 16 bytes it would time an empty dispatch as the roof. Such a shape is
+    reported without one ("% copy" "-"), the others with it."""
+    out = tmp_path / "r.json"
+    proc = vknorm("bench", "--rows", "1", "--cols", "3", "--rows", "2", "--cols", "8", "--dtype", "fp32",
+                  "--compare", "copy", *QUICK, "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    impls = {}
+    for r in json.loads(out.read_text())["results"]:
+        impls.setdefault(r["shape"], set()).add(r["impl"])
+    assert impls == {"1x3": {"vknorm"}, "2x8": {"vknorm", "copy", "copy_buffer"}}, impls
+    row = next(line for line in proc.stdout.splitlines() if " 1x3 " in line)
+    assert row.split()[5] == "-", row  # op, dtype, shape, vknorm us, GB/s, % copy
+
+
+def test_the_plot_labels_shapes_whose_cols_repeat_by_shape(tmp_path, monkeypatch):
+    """GB/s against cols draws one line through a sweep of cols; shapes that share cols with other rows are points of
+    their own, labelled rows x cols, not a vertical jump on one cols."""
+    pytest.importorskip("matplotlib")
+    from vknorm import bench
+
+    def result(rows, cols, impl, gbps):
+        return {"op": "layernorm", "dtype": "fp32", "rows": rows, "cols": cols, "shape": f"{rows}x{cols}",
+                "kind": "sweep", "impl": impl, "gbps": gbps, "streams": 2}
+
+    report = {"device": "d", "date": "today", "results": [result(2, 64, "vknorm", 1.0), result(512, 64, "vknorm", 3.0),
+                                                          result(8, 256, "vknorm", 2.0)]}
+    import matplotlib.figure
+
+    seen = {}
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, path, **kw: seen.update(
+                            ticks=[t.get_text() for t in fig.axes[0].get_xticklabels()],
+                            xlabel=fig.axes[0].get_xlabel(),
+                            x=list(fig.axes[0].lines[0].get_xdata())))
+    bench.plot(report, str(tmp_path / "p.png"))
+    assert seen["ticks"] == ["2x64", "512x64", "8x256"] and seen["xlabel"] == "rows x cols", seen
+    assert seen["x"] == [0, 1, 2], seen
 
 
 def test_the_table_has_a_row_per_measurement_where_a_latency_shape_is_also_a_sweeps(tmp_path):

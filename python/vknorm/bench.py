@@ -82,7 +82,8 @@ def add_parser(sub) -> None:
                    help="GPU work right before each timed batch (default 150); with --model, warm-up per "
                         "implementation (default 300)")
     p.add_argument("--path", help="force a vknorm path: auto (default)|subgroup|workgroup|split|cooperative "
-                   "(one that cannot hold a group falls to the next larger; the report's path says what ran)")
+                   "(one that cannot hold a group falls to the next larger, cooperative to split; the report's path "
+                   "says what ran)")
     p.add_argument("--no-packing", action="store_true", help="elempack 1 blobs (default: ncnn's pack4)")
     p.add_argument("--no-affine", action="store_true", help="layers without gamma/beta (ncnn's affine=0: param 2, GroupNorm's param 3)")
     p.add_argument("--residual", choices=["add", "add+sum"],
@@ -631,6 +632,13 @@ def run(args) -> int:
         shapes = [(c, h * w, "sweep", (c, h, w, g)) for c, h, w, g in _channel_shapes(args)]
     else:
         shapes = [(r, c, kind, None) for r, c, kind in _shapes(args)]
+    seen = set()
+    for rows, cols, kind, cshape in shapes:  # a shape twice would be timed twice and tabled once
+        key = (rows, cols, kind, cshape)  # (the default sweep's latency shapes may be sweep shapes too)
+        if key in seen:
+            raise UsageError(f"shape {f'{rows}x{cols}' if cshape is None else _shape_label(args.op, cshape)} is "
+                             "given twice")
+        seen.add(key)
     info = device_info()
     if not info["timestamps"]:  # every time would read 0, and every row be dropped: an empty table that exits 0
         raise UsageError(f"{info['name']} has no timestamps on its compute queue: vknorm bench measures GPU time "
@@ -647,6 +655,19 @@ def run(args) -> int:
         peak = 3 * arrays + (rows * cols * 4 if "copy" in compare else 0) if on_host else 2 * arrays
         _require_host_memory(f"{rows}x{cols}" if cshape is None else _shape_label(args.op, cshape), peak,
                              "its input and weights, on the host and on the way to the device")
+    # and each blob within one storage buffer (the kernels are timed whole, not in pieces), before the first is timed
+    limit = info["max_storage_buffer_range"]
+    knob = os.environ.get("VKNORM_MAX_BUFFER_BYTES", "").strip()
+    what = "the device's storage buffers"
+    if knob.isdigit() and 0 < int(knob) < limit:
+        limit, what = int(knob), "VKNORM_MAX_BUFFER_BYTES"
+    widest = 4 if "fp32" in dtypes else 2
+    for rows, cols, _, cshape in shapes:
+        plane = cols * widest if cshape is None else -(-cshape[1] * cshape[2] * widest // 16) * 16  # cstep: 16 bytes
+        if rows * plane > limit:
+            label = f"{rows}x{cols}" if cshape is None else _shape_label(args.op, cshape)
+            raise UsageError(f"shape {label}: its blob of {rows * plane} bytes is larger than {what} ({limit} "
+                             "bytes): vknorm bench times a kernel on one buffer; give a smaller shape")
     if "fp16" in dtypes and not info["storage_16bit"]:  # float16 would run as float32 storage: not what is asked
         if args.dtype == "fp16":
             raise UsageError(f"--dtype fp16: {info['name']} has no 16-bit storage (float16 would run as float32 "
@@ -706,8 +727,9 @@ def run(args) -> int:
                     nbytes = x.size * (2 if fp16 else 4)
                     # Tensor streams the kernel moves: x in and y out, + the residual in, + the sum out.
                     streams = 2 + (1 if args.residual else 0) + (1 if args.residual == "add+sum" else 0)
-                    us, disp, copy_us, copybuf_us = _bench_vknorm_and_copy(layer, vkmat, option, args, "copy" in compare,
-                                                                           residual)
+                    # the copy shader moves vec4s: a blob under 16 bytes has no copy roof
+                    us, disp, copy_us, copybuf_us = _bench_vknorm_and_copy(
+                        layer, vkmat, option, args, "copy" in compare and nbytes >= 16, residual)
                     base = {"op": op, "dtype": dtype, "rows": rows, "cols": cols, "kind": kind, "affine": affine,
                             "packing": not args.no_packing, "shape": label}
                     if args.residual or args.activation:
@@ -809,8 +831,9 @@ def plot(report: dict, path: str) -> None:
     styles = {"vknorm": ("C0", "-", "o"), "ncnn": ("C1", "-", "s"), "torch": ("C2", "-", "^"),
               "copy": ("k", "--", None), "copy_buffer": ("0.6", ":", None)}
     for ax, (op, dtype) in zip(axes.flat, panels):
-        by_shape = op in CHANNEL_OPS  # one point per (channels, plane, groups) shape, in run order
-        shapes = list(dict.fromkeys(r["shape"] for r in sweep if r["op"] == op and r["dtype"] == dtype)) if by_shape else []
+        shapes = list(dict.fromkeys(r["shape"] for r in sweep if r["op"] == op and r["dtype"] == dtype))
+        # one point per shape, in run order, for channel shapes, and where one cols comes with several rows
+        by_shape = op in CHANNEL_OPS or len({s.split("x")[1] for s in shapes}) < len(shapes)
         for impl, (color, ls, marker) in styles.items():
             mine = [r for r in sweep if r["op"] == op and r["dtype"] == dtype and r["impl"] == impl]
             pts = sorted((shapes.index(r["shape"]), r["gbps"]) for r in mine) if by_shape else sorted(
@@ -820,7 +843,7 @@ def plot(report: dict, path: str) -> None:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, linestyle=ls, marker=marker, label=label)
         if by_shape:
             ax.set_xticks(range(len(shapes)), shapes, rotation=20, fontsize=8)
-            ax.set_xlabel("channels x h x w (/groups)")
+            ax.set_xlabel("channels x h x w (/groups)" if op in CHANNEL_OPS else "rows x cols")
         else:
             ax.set_xscale("log", base=2)
             ax.set_xlabel("cols (group size)")
