@@ -161,22 +161,22 @@ void check_seqlen_hint(int hint, const char* what) {
                                 std::to_string(hint));
 }
 
-// A switch as pyncnn (pybind11) takes one: True/False, numpy's bool, or an integer 0 or 1 (nanobind's bool takes
-// the first only, so Option.use_vulkan_compute = 1 was an error that named no field). Anything else is refused,
-// naming what was set.
+// A switch as pyncnn (pybind11) takes one: True/False, numpy's bool, or a number by its truth value (an integer of
+// numpy's too; opt.use_vulkan_compute = ncnn.get_gpu_count()). nanobind's bool takes the first only, so
+// Option.use_vulkan_compute = 1 was an error that named no field. None (pyncnn's False) and anything else are
+// refused, naming what was set.
 bool as_switch(nb::handle v, const std::string& what) {
   if (v.ptr() == Py_True || v.ptr() == Py_False) return v.ptr() == Py_True;
   const nb::handle type = v.type();
   if (nb::hasattr(type, "__module__") && nb::str(type.attr("__module__")).equal(nb::str("numpy")) &&
       (nb::str(type.attr("__name__")).equal(nb::str("bool")) || nb::str(type.attr("__name__")).equal(nb::str("bool_"))))
     return PyObject_IsTrue(v.ptr()) == 1;
-  if (PyIndex_Check(v.ptr())) {
-    const nb::object i = nb::steal(PyNumber_Index(v.ptr()));
-    if (!i.is_valid()) throw nb::python_error();
-    const long x = PyLong_AsLong(i.ptr());
-    if (x == 0 || x == 1) return x == 1;
+  if (PyIndex_Check(v.ptr()) || PyFloat_Check(v.ptr())) {
+    const int truth = PyObject_IsTrue(v.ptr());
+    if (truth < 0) throw nb::python_error();
+    return truth == 1;
   }
-  throw nb::type_error((what + ": expected True or False (or 0 or 1), got " + nb::repr(v).c_str()).c_str());
+  throw nb::type_error((what + ": expected True or False (or a number), got " + nb::repr(v).c_str()).c_str());
 }
 
 // pyncnn's allocator argument: vknorm.graph has no allocator objects, so None only (ncnn's own).

@@ -39,6 +39,17 @@ consumer, and the .param's shape hint as a list) describe the net as loaded, a f
 ``output_indexes()``, the model's numbering, does not address). bfloat16 storage (``opt.use_bf16_storage`` /
 ``use_bf16_packed``), where the device takes it, is refused by vknorm's layers at load (``Net(vknorm=False)`` runs it).
 
+Where pyncnn code behaves otherwise here: ``Mat(array)`` is a copy (pyncnn's Mat of a float32 array shares the
+array's memory: code that refills one array for each frame makes a new Mat each time, or writes through
+``mat.numpy()``), and a Mat made from a 3-D or 4-D array has ncnn's channel padding (cstep a multiple of 16 bytes;
+pyncnn's of an array has none: ``m[i]``, ``total()`` and ``memoryview`` count it); an int array param
+(``pd.get(id, Mat())`` of a -23300 list) holds the ints' values as float32 (pyncnn's holds their bits:
+``.view(np.int32)`` there, ``astype(np.int32)`` here); ``create_extractor()`` raises before ``load_param`` and
+``load_model`` have succeeded, after ``clear()``, and once a format option (packing, float16 storage, the convolution
+switches, subgroup ops on Vulkan) changed after ``load_model`` (pyncnn's runs layers without pipelines, or crashes);
+an input left out is -1 with its name (ncnn's CPU net: -100); ``create_layer`` of an unknown type is a ValueError
+(pyncnn: None).
+
 This is ncnn compiled from its pinned source (1.0.20261020, tools/build_ncnn.sh) into vknorm itself, so
 a stock run and a vknorm run in one process share one ncnn. It lives beside pyncnn: the two copies of ncnn
 keep their symbols to themselves, so both can be imported in one process.
@@ -157,7 +168,7 @@ arrays too, as pyncnn's Mat); ``mat.numpy()`` is a view of the Mat's memory, as 
 view holds the memory), and so are ``np.asarray(mat)``, ``memoryview(mat)`` and numpy's functions given a Mat, through
 pyncnn's buffer protocol (a padded Mat, channels cstep apart, has no contiguous export: ``struct`` of it needs
 ``np.array(mat)``); ``np.array(mat)`` is a copy; iterating a Mat gives the elements ``np.array(mat)`` holds (``m[i]``
-counts ncnn's cstep padding, as pyncnn's); ``fill``, ``clone`` and ``reshape``
+counts ncnn's cstep padding, as pyncnn's of a Mat ncnn made); ``fill``, ``clone`` and ``reshape``
 as pyncnn's, and pyncnn's shape constructors ``Mat(w)``, ``Mat(w, h)``, ``Mat(w, h, c)``, ``Mat(w, h, d, c)``
 (zeroed float32), ``elemsize``, ``cstep`` and ``total()`` as ncnn's. pyncnn's views ``channel``, ``channel_range``,
 ``depth``, ``depth_range``, ``row`` (a numpy array), ``row_range``, ``range`` and ``m[i]`` (ncnn's memory, cstep
