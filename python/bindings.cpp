@@ -389,6 +389,14 @@ NB_MODULE(_core, m) {
 
   m.def("copy_repeated", &copy_repeated, "mat"_a, "warmup"_a, "reps"_a, "shader"_a,
         nb::call_guard<ReleaseGil>());
+  // The bytes one storage-buffer binding may hold on a device of this maxStorageBufferRange, as the planner takes
+  // it (VKNORM_MAX_BUFFER_BYTES lowers it), and which of the two applies.
+  m.def("binding_limit", [](uint64_t max_storage_buffer_range) {
+    const BindingLimit l = binding_limit(max_storage_buffer_range);
+    return std::make_tuple(l.bytes, std::string(l.why));
+  }, "max_storage_buffer_range"_a);
+  // ncnn's cstep (elements between channels) of a blob of this shape and element size.
+  m.def("ncnn_cstep", &ncnn_cstep, "dims"_a, "w"_a, "h"_a, "d"_a, "elemsize"_a);
   // How a blob of this shape (ncnn order, packed counts) splits into pieces of at most max_bytes; no
   // memory is touched, so the 32-bit limits can be tested on shapes far larger than any device.
   m.def("plan_pieces", [](int dims, int w, int h, int d, int c, int elempack, int scalar_bytes, int affine_size,

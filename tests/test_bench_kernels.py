@@ -151,8 +151,8 @@ def test_a_shape_past_one_storage_buffer_is_refused_before_any_is_timed(tmp_path
                           env=dict(os.environ, VKNORM_MAX_BUFFER_BYTES="65536"))
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert ("shape 64x1024: its blob of 262144 bytes is larger than VKNORM_MAX_BUFFER_BYTES (65536 bytes)"
-            in lines[0]), lines
+    assert ("shape 64x1024: its blob of 262144 bytes is larger than one storage buffer (VKNORM_MAX_BUFFER_BYTES: "
+            "65536 bytes)" in lines[0]), lines
     assert proc.stdout == "" and not (tmp_path / "r.json").exists()
 
 

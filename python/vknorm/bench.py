@@ -567,7 +567,7 @@ def run_model(args) -> int:
 
 
 def run(args) -> int:
-    from . import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, device_info, to_device
+    from . import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, _core, device_info, to_device
     from .cli import UsageError, same_file
     from .layers import _require_host_memory
 
@@ -655,19 +655,17 @@ def run(args) -> int:
         peak = 3 * arrays + (rows * cols * 4 if "copy" in compare else 0) if on_host else 2 * arrays
         _require_host_memory(f"{rows}x{cols}" if cshape is None else _shape_label(args.op, cshape), peak,
                              "its input and weights, on the host and on the way to the device")
-    # and each blob within one storage buffer (the kernels are timed whole, not in pieces), before the first is timed
-    limit = info["max_storage_buffer_range"]
-    knob = os.environ.get("VKNORM_MAX_BUFFER_BYTES", "").strip()
-    what = "the device's storage buffers"
-    if knob.isdigit() and 0 < int(knob) < limit:
-        limit, what = int(knob), "VKNORM_MAX_BUFFER_BYTES"
+    # and each blob within one storage-buffer binding as the planner takes it (the kernels are timed whole, not in
+    # pieces), before the first is timed
+    limit, limited_by = _core.binding_limit(info["max_storage_buffer_range"])
     widest = 4 if "fp32" in dtypes else 2
     for rows, cols, _, cshape in shapes:
-        plane = cols * widest if cshape is None else -(-cshape[1] * cshape[2] * widest // 16) * 16  # cstep: 16 bytes
-        if rows * plane > limit:
+        blob = rows * cols * widest if cshape is None else \
+            cshape[0] * _core.ncnn_cstep(3, cshape[2], cshape[1], 1, widest) * widest
+        if blob > limit:
             label = f"{rows}x{cols}" if cshape is None else _shape_label(args.op, cshape)
-            raise UsageError(f"shape {label}: its blob of {rows * plane} bytes is larger than {what} ({limit} "
-                             "bytes): vknorm bench times a kernel on one buffer; give a smaller shape")
+            raise UsageError(f"shape {label}: its blob of {blob} bytes is larger than one storage buffer ({limited_by}: "
+                             f"{limit} bytes): vknorm bench times a kernel on one buffer; give a smaller shape")
     if "fp16" in dtypes and not info["storage_16bit"]:  # float16 would run as float32 storage: not what is asked
         if args.dtype == "fp16":
             raise UsageError(f"--dtype fp16: {info['name']} has no 16-bit storage (float16 would run as float32 "

@@ -386,8 +386,8 @@ class _Norm:
         where = f"{type(self).__name__}: "
         if device is not None:
             d = _parse_device(device, where)  # ValueError now, not at the first forward
-            if isinstance(d, int) and _vulkan_available() and d >= len(_core.devices()):
-                raise ValueError(f"{where}device index {d} out of range ({len(_core.devices())} devices)")
+            if isinstance(d, int) and _vulkan_available() and d >= (count := len(_core.devices())):
+                raise ValueError(f"{where}device index {d} out of range ({count} devices)")
         self.device = device
         params = {}
         for pid, name, _ in self._params:
