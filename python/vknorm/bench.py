@@ -664,8 +664,9 @@ def run(args) -> int:
             cshape[0] * _core.ncnn_cstep(3, cshape[2], cshape[1], 1, widest) * widest
         if blob > limit:
             label = f"{rows}x{cols}" if cshape is None else _shape_label(args.op, cshape)
-            raise UsageError(f"shape {label}: its blob of {blob} bytes is larger than one storage buffer ({limited_by}: "
-                             f"{limit} bytes): vknorm bench times a kernel on one buffer; give a smaller shape")
+            raise UsageError(f"shape {label}: its blob of {blob} bytes is larger than one storage buffer "
+                             f"({limited_by}: {limit} bytes): vknorm bench times a kernel on one buffer; give a "
+                             "smaller shape")
     if "fp16" in dtypes and not info["storage_16bit"]:  # float16 would run as float32 storage: not what is asked
         if args.dtype == "fp16":
             raise UsageError(f"--dtype fp16: {info['name']} has no 16-bit storage (float16 would run as float32 "
