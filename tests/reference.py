@@ -31,11 +31,12 @@ PATH_RANK = {"subgroup": 0, "workgroup": 1, "split": 2, "cooperative": 2}  # aut
 # - FP16_TOL, 4e-3: one float16 output rounding plus the float16 input's (2^-11 each, scaled by |x| / std), for
 #   a reference that rounding does not fit: one that saw the float32 input before float16 storage rounded it
 #   (ncnn's CPU float32 run of float32 data in the graph tests, the CPU reference or float64 of a float32 input:
-#   test_fusion, test_cooperative, test_vulkan_api's in-place read); one whose own output is float16 too (the CPU
-#   reference of float16 input: test_vulkan_ncnn_cases, test_capabilities; test_vulkan_shapes and
-#   test_group_norms hold it to ncnn_rule, its own float32 error and both roundings); ncnn's own float16 Vulkan
+#   test_fusion, test_cooperative, test_vulkan_api's in-place read); ncnn's own float16 Vulkan
 #   layers (test_group_norms), which store their intermediates in float16; and test_vulkan_precision's
-#   float16-accumulation control, which passes FP16_TOL and fails storage_rule.
+#   float16-accumulation control, which passes FP16_TOL and fails storage_rule. A reference whose own output is
+#   float16 too (the CPU reference of float16 input) is no FP16_TOL case: test_vulkan_ncnn_cases,
+#   test_capabilities, test_vulkan_shapes and test_group_norms hold vknorm to it by ncnn_rule (its float32
+#   algorithm's own error and both roundings).
 FP32_TOL = 1e-5
 FP16_TOL = 4e-3
 

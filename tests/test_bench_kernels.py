@@ -25,7 +25,8 @@ def test_bench_sweep_reports_vknorm_and_the_copy_roof_per_shape_as_json(tmp_path
                   *([] if affine else ["--no-affine"]))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert {"device", "driver", "date", "method", "results"} <= set(report)
+    assert {"device", "driver", "date", "method", "warmup_ms", "skipped", "results"} <= set(report)
+    assert report["skipped"] == [], report["skipped"]  # copy and both storages (lavapipe has 16-bit storage)
     seen = {}
     for r in report["results"]:
         assert r["affine"] is affine, r
@@ -67,14 +68,18 @@ def test_one_groups_value_for_the_default_shapes_names_those_it_skips(capsys):
     from vknorm import bench
 
     args = argparse.Namespace(rows=None, cols=None, op="groupnorm", groups=[3], channels=None, size=None)
-    shapes = bench._channel_shapes(args)
+    skipped: list = []
+    shapes = bench._channel_shapes(args, skipped)
     assert shapes == [(c, h, w, 3) for c, h, w, _ in bench.GROUPNORM_SHAPES if c % 3 == 0] and shapes
     err = capsys.readouterr().err
-    skipped = [f"{c}x{h}x{w}" for c, h, w, _ in bench.GROUPNORM_SHAPES if c % 3]
-    assert err == (f"vknorm bench: --groups 3 divides the channels of {len(shapes)} of the "
-                   f"{len(bench.GROUPNORM_SHAPES)} default shapes; skipped: {', '.join(skipped)}\n")
+    left_out = ", ".join(f"{c}x{h}x{w}" for c, h, w, _ in bench.GROUPNORM_SHAPES if c % 3)
+    why = f"--groups 3 divides the channels of {len(shapes)} of the {len(bench.GROUPNORM_SHAPES)} default shapes"
+    assert err == f"vknorm bench: {why}: skipping {left_out}\n"
+    assert skipped == [{"what": left_out, "why": why}]  # the JSON's "skipped" says it too
     args.groups = [32]  # divides them all: nothing to say
-    assert len(bench._channel_shapes(args)) == len(bench.GROUPNORM_SHAPES) and capsys.readouterr().err == ""
+    skipped.clear()
+    assert len(bench._channel_shapes(args, skipped)) == len(bench.GROUPNORM_SHAPES) and capsys.readouterr().err == ""
+    assert skipped == []
 
 
 def test_bench_groupnorm_takes_one_groups_value_per_channels(tmp_path):
@@ -234,7 +239,9 @@ def test_float16_on_a_device_without_16_bit_storage_is_refused_or_skipped_not_mi
     proc = subprocess.run([*run, "--json", str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.count("no 16-bit storage: skipping fp16") == 1, proc.stderr
-    assert {r["dtype"] for r in json.loads(out.read_text())["results"]} == {"fp32"}
+    report = json.loads(out.read_text())
+    assert {r["dtype"] for r in report["results"]} == {"fp32"}
+    assert [s["what"] for s in report["skipped"]] == ["fp16"] and "no 16-bit storage" in report["skipped"][0]["why"]
 
 
 @pytest.mark.parametrize("target", ["-", "/dev/stdout"])
@@ -330,17 +337,22 @@ def test_bench_counts_device_copies_in_a_shapes_memory_before_making_it():
     assert "its input and weights" in lines[0], lines
 
 
-def test_bench_says_which_comparisons_it_skips_and_keeps_ncnns_banner_quiet():
-    """--compare torch without torch is one note, like ncnn's; ncnn's device banner stays off stderr."""
+def test_bench_says_which_comparisons_it_skips_and_keeps_ncnns_banner_quiet(tmp_path):
+    """--compare torch without torch is one note, like ncnn's, and an entry in the JSON's "skipped" (a row left out
+    is told from one never asked for); ncnn's device banner stays off stderr."""
     script = ("import sys\nsys.modules['torch'] = None  # as without torch\n"
               "from vknorm.cli import main\nraise SystemExit(main(sys.argv[1:]))\n")
+    out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-c", script, "bench", "--rows", "4", "--cols", "64", *QUICK,
-                           "--dtype", "fp32", "--compare", "copy,ncnn,torch"], capture_output=True, text=True,
-                          timeout=600)
+                           "--dtype", "fp32", "--compare", "copy,ncnn,torch", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     notes = [ln for ln in proc.stderr.splitlines() if ln.startswith("vknorm bench:")]
     assert notes == ["vknorm bench: torch not installed: skipping the torch comparison"], proc.stderr[-2000:]
     assert not any(ln.lstrip().startswith("[0 ") for ln in proc.stderr.splitlines()), proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["skipped"] == [{"what": "the torch comparison", "why": "torch not installed"}], report["skipped"]
+    assert {r["impl"] for r in report["results"]} >= {"vknorm", "copy", "ncnn"}
 
 
 def test_bench_plot_without_matplotlib_is_refused_before_the_sweep(tmp_path):
@@ -476,7 +488,10 @@ def test_the_ncnn_comparison_is_skipped_with_a_reason_where_the_kernel_fuses_mor
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["rc"] == 0 and seen["ncnn_packing"] == [], seen  # no ncnn net was even loaded
     assert "ncnn has no layer that fuses --residual/--activation: skipping the ncnn comparison" in proc.stderr
-    assert {r["impl"] for r in json.loads(out.read_text())["results"]} == {"vknorm"}
+    report = json.loads(out.read_text())
+    assert {r["impl"] for r in report["results"]} == {"vknorm"}
+    assert report["skipped"] == [{"what": "the ncnn comparison",
+                                  "why": "ncnn has no layer that fuses --residual/--activation"}], report["skipped"]
 
 
 def test_the_table_says_what_a_fused_run_fused():

@@ -32,7 +32,8 @@ vulkan_1_0                  VKNORM_VULKAN_API=1.0                            ins
 The parity set is tests/test_vulkan_ncnn_cases.py's, in full: every ncnn LayerNorm/RMSNorm case (124) x
 {fp32, fp16 storage requested} x {packing off, on} x {auto, subgroup, workgroup, split}, against float64 of the
 input as fed (float16 input: the rounded values) by the storage rule, against the CPU reference (its float16 output
-rounded too) with the fp32 / fp16 tolerances (tests/reference.py), and check_dispatch's path rules, plus fp16 requested on float32
+rounded too) by ncnn's rule (its float32 algorithm's a-priori error and both roundings; tests/reference.py), and
+check_dispatch's path rules, plus fp16 requested on float32
 input (bit-identical to fp32 storage where the device stores no float16). Every profile must leave zero
 validation messages. The profiles run two at a time (about 5 s each on lavapipe, run alone).
 """

@@ -88,6 +88,7 @@ def test_both_engines_state_and_apply_the_same_rule(tmp_path):
     assert vulkan["rule"] == (plain["rule"] + "; no host round trips; each model output within 2x stock ncnn "
                               "Vulkan's max |error| against the CPU run + atol x max(1, max |CPU output|)")
     assert vulkan["outputs_ok"] is True and "outputs_ok" not in plain
+    assert [x["name"] for x in plain["layers"]] == [x["name"] for x in vulkan["layers"]] == ["ln0", "ln1"]
     assert all(x["ok"] and x["judged_err"] <= 1e-3 for res in (plain, vulkan) for x in res["layers"])
 
 

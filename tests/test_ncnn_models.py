@@ -606,7 +606,7 @@ def test_register_matches_stock_ncnn(name):
     """Each registered layer, in the graph, gives exactly what its vknorm operator gives on the blob it received;
     that operator on the blob stock ncnn's layer received matches stock's output within reference.ncnn_rule
     (ncnn's derived float32 error + vknorm's float32 rule; the bound first checked to hold for stock's output
-    against float64); the model output is within `vknorm check`'s output
+    against float64) and float64 within the float32 storage rule; the model output is within `vknorm check`'s output
     rule: twice stock ncnn Vulkan's difference from the CPU run + its atol at the output's scale."""
     dims = tuple(int(d) for d in MODELS[name].split("x"))
     x = np.random.default_rng(1).standard_normal(dims, dtype=np.float32)
@@ -622,8 +622,11 @@ def test_register_matches_stock_ncnn(name):
         assert np.array_equal(mine[top], in_graph), (lname, "the graph's output is not the operator's")
         ref, their_error = ncnn_bound(op, norm, stock[bottom])
         assert ncnn_rule(ref, stock[top], their_error)[0] == 0.0, (lname, "ncnn's own error passes its bound")
-        err, bound = ncnn_rule(norm(stock[bottom], device="vulkan"), stock[top], their_error)
+        ours = norm(stock[bottom], device="vulkan")
+        err, bound = ncnn_rule(ours, stock[top], their_error)
         assert err <= bound, (lname, err, bound)
+        err, bound = storage_rule(ours, ref, False)  # and within its own, tighter rule of float64
+        assert err <= bound, (lname, "against float64", err, bound)
     judged = vkcheck.judge_output(stock["out0"], mine["out0"], stock_vulkan["out0"], vkcheck.ATOL_FP32)
     assert judged["ok"] and judged["unjudged"] == 0, judged
     assert [(r["type"], r["name"]) for r in records] == [(t, n) for t, n, _, _ in norms]

@@ -21,7 +21,7 @@ import ncnn_cases
 import vknorm
 from pyncnn_layer import run_ncnn_layer, vulkan_available
 from reference import (PATHS, all_cases, case_data, case_name, layernorm_from_stats, make_layer,
-                       ncnn_float32_error, ncnn_rule, norm64, stats_raw_sums_f32)
+                       ncnn_float32_error, ncnn_rule, norm64, stats_raw_sums_f32, storage_rule)
 
 CASES = all_cases()
 
@@ -118,7 +118,7 @@ MODEL_BLOBS = [
 
 
 @pytest.mark.parametrize("op,shape,affine_size", MODEL_BLOBS, ids=[f"{o}-{'x'.join(map(str, s))}" for o, s, _ in MODEL_BLOBS])
-def test_model_sized_blobs_match_ncnn_vulkan_and_cpu(op, shape, affine_size):
+def test_model_sized_blobs_match_float64_and_ncnn_vulkan_and_cpu(op, shape, affine_size):
     rng = np.random.default_rng(affine_size)
     x = (rng.standard_normal(shape) * 1.5 + 0.7).astype(np.float32)
     gamma = (1 + 0.2 * rng.standard_normal(affine_size)).astype(np.float32)
@@ -140,6 +140,11 @@ def test_model_sized_blobs_match_ncnn_vulkan_and_cpu(op, shape, affine_size):
                 failures.append(f"fp16={fp16}: {name}'s own error passes its derived bound")
         for packing in (False, True):
             ours = layer(xin, device="vulkan", option=vknorm.Option(use_fp16_storage=fp16, use_packing_layout=packing))
+            # ncnn's error bound grows with the group (8-12x the storage rule at 768 and 4096): float64 holds
+            # vknorm to its own rule, ncnn to the looser one
+            err, bound = storage_rule(ours, f64, fp16)
+            if not err <= bound:
+                failures.append(f"fp16={fp16} packing={packing} vs float64: {err:.3e} > {bound:.3e}")
             for name, (theirs, theirs_fp16, their_error) in refs.items():
                 err, bound = ncnn_rule(ours, theirs, their_error, ours_fp16=fp16, theirs_fp16=theirs_fp16)
                 if not err <= bound:

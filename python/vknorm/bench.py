@@ -104,6 +104,12 @@ def add_parser(sub) -> None:
                                 for dest, default in {**SWEEP_ONLY, **MODEL_ONLY}.items()})
 
 
+def _skip(skipped: list, what: str, why: str) -> None:
+    """Leaves `what` out of the run: a line on stderr, and an entry in the JSON's "skipped"."""
+    print(f"vknorm bench: {why}: skipping {what}", file=sys.stderr)
+    skipped.append({"what": what, "why": why})
+
+
 def _check_extents(flags: str, *extents: int) -> None:
     """ncnn's Mat extents are int: each must fit 32 bits (checked before any input is made)."""
     from .cli import UsageError
@@ -113,7 +119,7 @@ def _check_extents(flags: str, *extents: int) -> None:
                          "(ncnn's Mat extents are int)")
 
 
-def _channel_shapes(args):
+def _channel_shapes(args, skipped: list):
     """(channels, h, w, groups) of each groupnorm/instancenorm shape (UsageError when malformed)."""
     from .cli import UsageError
 
@@ -130,10 +136,10 @@ def _channel_shapes(args):
                 raise UsageError(f"--groups {args.groups[0]} divides none of the default shapes' channels "
                                  f"({', '.join(str(c) for c, _, _, _ in GROUPNORM_SHAPES)}): "
                                  "give --channels and --size too")
-            skipped = [f"{c}x{h}x{w}" for c, h, w, _ in GROUPNORM_SHAPES if c % args.groups[0]]
-            if skipped:
-                print(f"vknorm bench: --groups {args.groups[0]} divides the channels of {len(shapes)} of the "
-                      f"{len(GROUPNORM_SHAPES)} default shapes; skipped: {', '.join(skipped)}", file=sys.stderr)
+            undivided = [f"{c}x{h}x{w}" for c, h, w, _ in GROUPNORM_SHAPES if c % args.groups[0]]
+            if undivided:
+                _skip(skipped, ", ".join(undivided), f"--groups {args.groups[0]} divides the channels of {len(shapes)} "
+                      f"of the {len(GROUPNORM_SHAPES)} default shapes")
             return shapes
         return GROUPNORM_SHAPES if args.op == "groupnorm" else INSTANCENORM_SHAPES
     channels, sizes = args.channels or [], args.size or []
@@ -626,10 +632,11 @@ def run(args) -> int:
     ops = ["layernorm", "rmsnorm"] if args.op == "both" else [args.op]
     dtypes = ["fp32", "fp16"] if args.dtype == "both" else [args.dtype]
     channel_op = args.op in CHANNEL_OPS
+    skipped: List[dict] = []  # what the run leaves out, and why: the JSON's "skipped"
     # (rows, cols, kind, channel shape or None): a channel shape is benchmarked as a (c, h, w) blob.
     shapes: List[Tuple[int, int, str, Optional[Tuple[int, int, int, int]]]]
     if channel_op:
-        shapes = [(c, h * w, "sweep", (c, h, w, g)) for c, h, w, g in _channel_shapes(args)]
+        shapes = [(c, h * w, "sweep", (c, h, w, g)) for c, h, w, g in _channel_shapes(args, skipped)]
     else:
         shapes = [(r, c, kind, None) for r, c, kind in _shapes(args)]
     seen = set()
@@ -671,23 +678,22 @@ def run(args) -> int:
         if args.dtype == "fp16":
             raise UsageError(f"--dtype fp16: {info['name']} has no 16-bit storage (float16 would run as float32 "
                              "storage)")
-        print(f"vknorm bench: {info['name']} has no 16-bit storage: skipping fp16", file=sys.stderr)
+        _skip(skipped, "fp16", f"{info['name']} has no 16-bit storage")
         dtypes = ["fp32"]
     if "torch" in compare:
         why = _torch_unavailable()
         if why:
-            print(f"vknorm bench: {why}: skipping the torch comparison", file=sys.stderr)
+            _skip(skipped, "the torch comparison", why)
             compare.discard("torch")
     if "ncnn" in compare and (args.residual or args.activation):
         # ncnn's layer alone is not the fused kernel's counterpart
-        print("vknorm bench: ncnn has no layer that fuses --residual/--activation: skipping the ncnn comparison",
-              file=sys.stderr)
+        _skip(skipped, "the ncnn comparison", "ncnn has no layer that fuses --residual/--activation")
         compare.discard("ncnn")
     if "ncnn" in compare:
         try:
             import ncnn  # noqa: F401
         except ImportError:
-            print("vknorm bench: ncnn (pip ncnn) not installed: skipping the ncnn comparison", file=sys.stderr)
+            _skip(skipped, "the ncnn comparison", "ncnn (pip ncnn) not installed")
             compare.discard("ncnn")
 
     results = []
@@ -766,6 +772,7 @@ def run(args) -> int:
         "method": f"Vulkan timestamps, batches of {args.reps} back-to-back forwards after {args.warmup_ms:g} ms "
                   "warm-up, median",
         "warmup_ms": args.warmup_ms,
+        "skipped": skipped,
         "results": results,
     }
     if args.json != "-":
