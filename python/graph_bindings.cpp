@@ -1468,6 +1468,9 @@ struct Extractor {
   bool failed = false;  // a Vulkan extract failed (extractor_extract)
   // Host kv caches given to input(), by blob index, until the layer reading them runs (HostKvCaches: once)
   std::map<int, ::ncnn::Mat> given_caches;
+  // Past caches given to a Vulkan net's attention (input(), or left unset and given empty), by blob index: their
+  // token counts (0: empty)
+  std::map<int, int> given_device_caches;
   // Blobs whose last input() was refused: never taken as left unset (give_unset_past_caches), so an extract that needs
   // one is refused rather than run on an empty past beside the step's own mask (ncnn's SDPA overruns its heap there)
   std::set<int> refused_inputs;
@@ -1662,6 +1665,7 @@ void give_unset_past_caches(Extractor& e) {
       const std::string& name = net.blobs()[size_t(t)].name;
       if (vknorm::ncnn::blob_index(net, name.c_str()) != t || e.ex->input(name.c_str(), ::ncnn::Mat()) != 0) continue;
       e.held.give(net, name);
+      e.given_device_caches[t] = 0;
     }
   }
 }
@@ -1711,6 +1715,26 @@ std::string claim_given_caches(Extractor& e, const HeldBlobs::Plan& plan, Caches
       caches.clear();
       return "the past kv cache given for " + e.owner->net.blobs()[size_t(b)].name + ": " + why;
     }
+  }
+  return "";
+}
+
+// Why an extract that runs `plan` cannot, for the past caches given to a Vulkan net's attention ("" when it can).
+// ncnn's Vulkan layers read the two as given, checking neither: a key of some tokens beside an empty value (one left
+// unset) or one of other tokens reads past what was given, with no error. The two must hold one token count. (Which
+// step made them is not known there: a Vulkan net's caches are downloaded copies, which carry nothing of it.)
+std::string device_cache_pair_refusal(const Extractor& e, const HeldBlobs::Plan& plan) {
+  if (!e.allocators) return "";
+  const ::ncnn::Net& net = e.owner->net;
+  for (size_t l = 0; l < net.layers().size(); ++l) {
+    const ::ncnn::Layer& layer = *net.layers()[l];
+    if (!plan.ran[l] || !is_kv_cache_layer(layer) || runs_on_host(layer, true)) continue;
+    const auto k = e.given_device_caches.find(layer.bottoms[layer.bottoms.size() - 2]);
+    const auto v = e.given_device_caches.find(layer.bottoms.back());
+    if (k == e.given_device_caches.end() || v == e.given_device_caches.end()) continue;  // not inputs: the graph's
+    if (k->second != v->second)
+      return "the past key and value caches given to layer " + layer.name + " are not one step's (" +
+             std::to_string(k->second) + " and " + std::to_string(v->second) + " tokens): give the two one extract made";
   }
   return "";
 }
@@ -1821,6 +1845,8 @@ int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
   e.refused_inputs.erase(b);
   e.given_caches.erase(b);
   if (readers.host && !in.empty()) e.given_caches[b] = in;
+  e.given_device_caches.erase(b);
+  if (readers.device) e.given_device_caches[b] = in.empty() ? 0 : in.h;
   if (e.allocators) {
     // A device copy made before this input() would feed the layers after it (ncnn reads the device copy
     // first): dropped, so they upload what was given.
@@ -1862,6 +1888,7 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
     r = -1;
   } else if (HeldBlobs::Plan after;
              !(why = e.held.plan(e.owner->net, name, e.opt.lightmode, e.allocators != nullptr, after)).empty() ||
+             !(why = device_cache_pair_refusal(e, after)).empty() ||
              !(why = claim_given_caches(e, after, claimed)).empty()) {
     NCNN_LOGE("vknorm.graph: extract %s: %s", name.c_str(), why.c_str());
     r = -1;
@@ -1975,6 +2002,7 @@ void extractor_clear(Extractor& e) {
     e.held.clear();
     e.downloaded.clear();
     e.given_caches.clear();
+    e.given_device_caches.clear();
     e.refused_inputs.clear();
     e.failed = false;
     *e.cleared = true;

@@ -279,13 +279,13 @@ Context::~Context() {
 }
 
 std::shared_ptr<Context> Context::create(int index) {
+  if (index < -1)  // -1 alone means the default device; a bad argument is one wherever Vulkan is
+    throw std::invalid_argument("device index " + std::to_string(index) +
+                                ": a device index >= 0, or -1 for the default");
   auto impl = std::make_unique<Impl>();
   impl->instance = Instance::get();
   auto physical = impl->instance->instance.enumeratePhysicalDevices();
   if (physical.empty()) throw VulkanUnavailable(kInstallHint);
-  if (index < -1)  // -1 alone means the default device
-    throw std::invalid_argument("device index " + std::to_string(index) +
-                                ": a device index >= 0, or -1 for the default");
   if (index < 0) index = default_device_index();
   if (index >= int(physical.size()))
     throw std::invalid_argument("device index " + std::to_string(index) + " out of range (" +

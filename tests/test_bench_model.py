@@ -50,6 +50,23 @@ def test_bench_model_reports_every_implementation_as_json(tmp_path, fp16):
     assert "vs ncnn-vulkan" in proc.stdout
 
 
+def test_a_model_whose_file_names_are_not_utf8_runs_every_implementation(tmp_path):
+    """File names are bytes: one that is not UTF-8 (Python carries it as surrogates) reaches pyncnn, which takes
+    names as UTF-8 text only (vknorm-host's run), through a link of a plain name; every row is timed."""
+    base = os.path.join(os.fsencode(str(tmp_path)), b"model\xff")
+    param, binp = base + b".param", base + b".bin"
+    shutil.copy(PARAM, param)
+    shutil.copy(BIN, binp)
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "vknorm", "bench", "--model", param, binp, "--input", "in0=16x64",
+                           "--iters", "2", "--warmup-ms", "0", "--json", str(out)], capture_output=True, text=True,
+                          errors="replace", timeout=300)  # (the table names the file, bytes as they are)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["impl"] for r in json.loads(out.read_text())["results"]] == [
+        "ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-fused", "vknorm-host"]
+    assert sorted(os.listdir(tmp_path)) == ["bench.json", "model\udcff.bin", "model\udcff.param"]  # no links left
+
+
 def test_a_bin_longer_than_the_model_reads_is_a_warning_in_check_vulkan_and_bench_model(tmp_path):
     """Bytes after the weights the .param reads (another model's .bin?): check (both engines) and bench --model say
     so in their JSON (bench on stderr too, beside its table) and go on, as optimize does (check --vulkan and bench
@@ -352,9 +369,9 @@ def _children(pid: int) -> list:
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_a_bench_killed_or_interrupted_leaves_no_worker_running(sig):
-    """The model runs in a forked worker (so an ncnn crash is one line): a CLI killed by a signal (SIGTERM: the
-    kernel kills the worker with it) or interrupted (SIGINT to the CLI alone: exit 130 once the worker is
-    killed) leaves no worker benchmarking on."""
+    """The model runs in a forked worker (so an ncnn crash is one line): a CLI told to stop (SIGTERM: exit 143, 128 +
+    the signal, once the worker is killed) or interrupted (SIGINT to the CLI alone: exit 130 likewise) leaves no
+    worker benchmarking on."""
     import signal
     import time
 
@@ -373,7 +390,7 @@ def test_a_bench_killed_or_interrupted_leaves_no_worker_running(sig):
         time.sleep(1)  # the worker past its start, into the model runs
         os.kill(proc.pid, getattr(signal, sig))
         rc = proc.wait(timeout=60)
-        assert rc == (130 if sig == "SIGINT" else -signal.SIGTERM), rc
+        assert rc == (130 if sig == "SIGINT" else 128 + signal.SIGTERM), rc
         deadline = time.monotonic() + 30
         while any(_alive(w) for w in workers) and time.monotonic() < deadline:
             time.sleep(0.2)

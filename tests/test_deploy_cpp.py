@@ -36,14 +36,19 @@ def run(cmd, what, **kw):
     return proc
 
 
-def configure_consumer(directory, find_package_args, *cmake_args):
+def configure_consumer(directory, find_package_args, *cmake_args, links=None):
     """Configures a consumer whose CMakeLists calls find_package(vknorm <find_package_args>) and prints
-    vknorm_ncnn_FOUND; returns the CompletedProcess (not asserted: some calls must fail)."""
+    vknorm_ncnn_FOUND (with `links`, a target: an executable linking it too); returns the CompletedProcess (not
+    asserted: some calls must fail)."""
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "CMakeLists.txt"), "w") as f:
         f.write("cmake_minimum_required(VERSION 3.18)\nproject(consumer LANGUAGES CXX)\n"
                 f"find_package(vknorm {find_package_args})\n"
                 'message(STATUS "vknorm_FOUND=${vknorm_FOUND} vknorm_ncnn_FOUND=${vknorm_ncnn_FOUND}")\n')
+        if links:
+            f.write(f"add_executable(app main.cpp)\ntarget_link_libraries(app PRIVATE {links})\n")
+    with open(os.path.join(directory, "main.cpp"), "w") as f:
+        f.write("int main() { return 0; }\n")
     build = os.path.join(directory, "build")
     shutil.rmtree(build, ignore_errors=True)
     return subprocess.run(["cmake", "-S", directory, "-B", build, *generator_args(build), *cmake_args],
@@ -116,6 +121,7 @@ def test_package_without_ncnn_layers_lacks_its_ncnn_component(installed, tmp_pat
     prefix = f"-DCMAKE_PREFIX_PATH={PREFIX}"
     required = configure_consumer(tmp_path / "required", "0.1 CONFIG REQUIRED COMPONENTS ncnn", prefix)
     assert required.returncode != 0 and "vknorm_FOUND to FALSE" in required.stderr, required.stderr
+    assert "built without its ncnn layers" in required.stderr and "-DVKNORM_NCNN=ON" in required.stderr, required.stderr
     optional = configure_consumer(tmp_path / "optional", "0.1 CONFIG REQUIRED OPTIONAL_COMPONENTS ncnn", prefix)
     assert optional.returncode == 0, optional.stderr
     assert "vknorm_FOUND=1 vknorm_ncnn_FOUND=FALSE" in optional.stdout, optional.stdout
@@ -274,15 +280,15 @@ def test_cpp_api_promises_no_example_shows(cpp_tests):
     uploads complete weights; forward_add refuses an empty VkMat, and a forward a layer without its weights, before
     binding the layer to a device; an op, Option.path or Option.max_workgroup_size that names no value is refused;
     NormParams::check reads each type's own fields; a Mat's extents edited past its cstep are named as such;
-    ParamDict reads a float set for an int param as not given, as ncnn's does (a .param's 0=16.0 is affine_size 0).
-    Each check prints ok or FAIL. It makes a
+    ParamDict reads a float set for an int param as not given, as ncnn's does (a .param's 0=16.0 is affine_size 0);
+    the headers compile after X11's None macro. Each check prints ok or FAIL. It makes a
     context of its own beside the default one and exits cleanly under the validation layer (the default
     context, released after the layer's own teardown, crashed it at exit: SIGSEGV)."""
     proc = subprocess.run([os.path.join(cpp_tests, "api_contracts")], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, VKNORM_VALIDATION="1"))
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and not any(ln.startswith("FAIL") for ln in lines), proc.stdout + proc.stderr
-    assert sum(ln.startswith("ok: ") for ln in lines) == 74, proc.stdout
+    assert sum(ln.startswith("ok: ") for ln in lines) == 75, proc.stdout
 
 
 def test_the_static_library_defines_nothing_in_vulkan_hpps_own_namespace(installed):

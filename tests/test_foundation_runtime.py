@@ -213,6 +213,20 @@ def test_vknorm_info_lists_the_vknorm_variables_set_and_names_a_misspelled_one()
     assert "VKNORM_ variables set" not in proc.stdout  # nothing set, nothing said
 
 
+def test_vknorm_info_says_a_switch_set_to_off_is_off():
+    """VKNORM_NO_SUBGROUP=0 is set but off: listed as off, not as the profile it would turn on (the device table
+    above it still shows the subgroup operations)."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("VKNORM_")}
+    env.update(VKNORM_NO_SUBGROUP="0", VKNORM_NO_FP16_STORAGE="", VKNORM_VALIDATION="yes")
+    proc = subprocess.run(vknorm_cli() + ["info"], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("VKNORM_ variables set:\n")[1].splitlines() == [
+        "  VKNORM_NO_FP16_STORAGE=  off (capability profile: no 16-bit storage, when on)",
+        "  VKNORM_NO_SUBGROUP=0  off (capability profile: no subgroup operations, when on)",
+        "  VKNORM_VALIDATION=yes  Khronos validation layer on (1)",
+    ], proc.stdout
+
+
 BAD_SETTINGS = [("VKNORM_PATH", "bogus", "unknown path 'bogus'"),
                 ("VKNORM_FENCE_SPIN_US", "abc", "a whole number of microseconds"),
                 ("VKNORM_BUFFER_CACHE_BYTES", "x", "a whole number of bytes"),
@@ -312,6 +326,58 @@ def test_vknorm_info_into_a_pipe_its_reader_closed_stops_quietly():
     finally:
         os.close(w)
     assert proc.returncode == 141 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args", [["info"], ["info", "--json"], ["demo"], ["--help"]],
+                         ids=["info", "info-json", "demo", "help"])
+def test_standard_output_held_in_pythons_buffer_fails_inside_main_not_at_exit(args):
+    """As users run it (PYTHONUNBUFFERED unset), a report small enough for Python's buffer is written when the
+    process exits, after main() returned: a reader that left or a full disk then printed "Exception ignored ...
+    BrokenPipeError" and exit 120. main() flushes it itself: 141 and nothing said for a reader that left; one
+    line naming standard output and exit 2 for a full disk."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = subprocess.run(vknorm_cli() + args, stdout=w, stderr=subprocess.PIPE, text=True, timeout=120, env=env)
+    finally:
+        os.close(w)
+    assert proc.returncode == 141, (proc.returncode, proc.stderr[-2000:])
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    if args == ["--help"]:
+        return  # (argparse drops a help text it cannot write: nothing is said there)
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(vknorm_cli() + args, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+                              env=env)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.splitlines() == [f"vknorm {args[0]}: error: writing standard output: No space left on device"]
+
+
+def test_sigterm_runs_the_commands_clean_up_then_exits_as_the_signal_would(monkeypatch):
+    """SIGTERM or SIGHUP (a terminal closed, a service stopped) raise inside the command, so that what it cleans up in
+    `finally` (optimize's temporary files, bench's, a worker process) is cleaned up; the exit status is then 128 +
+    the signal's number, and main() leaves the handlers as it found them."""
+    import signal
+    import time
+
+    from vknorm import cli
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        assert signal.getsignal(sig) == signal.SIG_DFL, "the test process must not handle the signal itself"
+        cleaned = []
+
+        def work(args, sig=sig):
+            try:
+                os.kill(os.getpid(), sig)
+                time.sleep(30)  # the handler raises here
+            finally:
+                cleaned.append(sig)
+
+        monkeypatch.setattr(cli, "_demo", work)  # build_parser takes _demo as the demo command's func
+        with pytest.raises(SystemExit) as e:
+            cli.main(["demo"])
+        assert e.value.code == 128 + sig and cleaned == [sig], (e.value.code, cleaned)
+        assert signal.getsignal(sig) == signal.SIG_DFL
 
 
 @pytest.mark.parametrize("args", [["info"], ["info", "--json"]], ids=["text", "json"])
@@ -484,7 +550,8 @@ NO_DRIVER_SCRIPT = """
     for what, call in (("devices", vknorm.devices),
                        ("device_info", vknorm.device_info),
                        ("forward_vulkan", lambda: ln(x, device="vulkan")),
-                       ("to_device", lambda: vknorm.to_device(x))):
+                       ("to_device", lambda: vknorm.to_device(x)),
+                       ("bad_index", lambda: vknorm._core.Context.create(-2))):
         try:
             r = call()
             out[what] = ["returned", repr(r)]
@@ -510,6 +577,8 @@ def test_no_vulkan_driver_raises_vulkan_unavailable_naming_what_to_install():
     kind, msg = res["devices"]
     assert (kind == "VulkanUnavailableError" and "mesa-vulkan-drivers" in msg) or (kind == "returned" and msg == "[]")
     assert res["default_forward_is_cpu"]
+    # a device index that is no index is the caller's error with or without Vulkan
+    assert res["bad_index"] == ["ValueError", "device index -2: a device index >= 0, or -1 for the default"], res
 
 
 @pytest.mark.parametrize("args", [["info"], ["info", "--json"]], ids=["table", "json"])

@@ -576,6 +576,30 @@ def test_a_key_and_value_cache_of_two_sequences_are_refused_together(tmp_path, l
         assert float(np.abs(out - want[n:n + 1]).max()) <= FP32_TOL * max(1.0, float(np.abs(want).max()))
 
 
+@pytest.mark.parametrize("value", ["unset", "empty", "other-length"])
+def test_a_vulkan_nets_key_and_value_caches_of_other_token_counts_are_refused(tmp_path, value):
+    """ncnn's Vulkan attention reads the past caches as given, checking neither: a later step whose value cache is
+    left unset (given empty), given empty, or of another token count than its key cache read past what it was given
+    (errors of 2.5, no error). The extract is refused, naming both counts; the step given both caches runs."""
+    x = tokens()
+    net, w = load(tmp_path, "sdpa", "vulkan-fp32", "fused")
+    (_, k5, v5), (_, _, v4) = first_step(net, x, 5), first_step(net, x, 4)
+    ex = net.create_extractor()
+    assert ex.input("in0", graph.Mat(x[5:6])) == 0 and ex.input("mask", graph.Mat(kd.causal_mask(5, 1))) == 0
+    assert ex.input("past_k", k5) == 0
+    if value != "unset":
+        assert ex.input("past_v", graph.Mat() if value == "empty" else v4) == 0
+    log: list = []
+    with quiet_stderr(log):
+        assert ex.extract("out0")[0] == -1
+    tokens_v = 4 if value == "other-length" else 0
+    assert any(f"the past key and value caches given to layer attn are not one step's (5 and {tokens_v} tokens)"
+               in line for line in log), log
+    (out, _, _), = decode(net, x, steps=((5, 6),), past=(k5, v5))
+    want = kd.reference("sdpa", w, x[:6])
+    assert float(np.abs(out - want[5:6]).max()) <= ATOL["vulkan-fp32"] * max(1.0, float(np.abs(want).max()))
+
+
 @pytest.mark.parametrize("config", ["cpu", "vulkan-fp32"])
 def test_a_first_step_may_leave_its_past_caches_unset_as_in_pyncnn(tmp_path, config):
     """ncnn reads an Input left unset as an empty Mat, which a kv-cache layer takes as no past: pyncnn's decoders

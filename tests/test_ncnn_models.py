@@ -457,6 +457,36 @@ def test_a_crash_names_the_run_the_worker_was_in_and_its_likely_cause():
     stage("outside a worker: nothing")  # no pipe, no error
 
 
+def test_a_worker_stopped_interrupted_or_gone_without_a_result_is_said_as_such():
+    """Not every end of the worker is ncnn crashing: one stopped from outside (SIGTERM) is said to be stopped; one
+    interrupted itself (Ctrl-C reached it first) interrupts the parent (exit 130 there); one that left without a
+    result gives its exit status (not the raw wait status); an OSError keeps its number and file name."""
+    import errno
+
+    from vknorm._fork import crashed_running, run_in_child
+
+    say = crashed_running("m.param", {"in0": (16, 64)})
+    with pytest.raises(vkcheck.UsageError, match=r"^vknorm check: the worker process was stopped by SIGTERM$"):
+        run_in_child(lambda: os.kill(os.getpid(), signal.SIGTERM), say, "vknorm check")
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_in_child(interrupted, say, "vknorm check")
+    with pytest.raises(vkcheck.UsageError, match=r"^vknorm check: the worker process exited with status 3 and no "
+                                                  r"result$"):
+        run_in_child(lambda: os._exit(3), say, "vknorm check")
+
+    def unwritable():
+        raise OSError(errno.ENOSPC, "No space left on device", "/some/report.json")
+
+    with pytest.raises(OSError) as e:
+        run_in_child(unwritable, say, "vknorm check")
+    assert (e.value.errno, e.value.strerror, e.value.filename) == (errno.ENOSPC, "No space left on device",
+                                                                   "/some/report.json")
+
+
 def test_check_vulkan_names_stock_ncnns_own_vulkan_crash_as_stocks(tmp_path):
     """Stock ncnn's Vulkan InstanceNorm faults on a dims-2 blob whose h divides by 4 (lavapipe: SIGSEGV) where its
     CPU layer and vknorm's run it: check --vulkan says that run crashed, not that the shapes do not fit. Where

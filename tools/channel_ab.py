@@ -9,7 +9,11 @@ the largest difference of any setting's output from the first's.
 
 A layer is gn:CxHxW/GROUPS (GroupNorm) or in:CxHxW (InstanceNorm), affine, ncnn's pack4; a setting is
 NAME:VAR=VALUE,VAR=VALUE (nothing after the colon: the defaults). Every variable a setting names is unset for
-the others.
+the others. Only what the dispatcher reads per plan is taken (VKNORM_TUNE_* but UNCACHED_MAPPING and
+FRESH_COMMAND_BUFFERS, VKNORM_PATH, VKNORM_COOPERATIVE_WORKGROUPS): a variable read when the context is made
+(VKNORM_NO_SUBGROUP, VKNORM_MAX_SHARED_MEMORY, ...) would time the defaults under another name; run one process
+per value of those. Each setting is tried on the first layer before anything is timed: a value the runtime
+refuses is a one-line error.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ import types
 import numpy as np
 
 LAYER = re.compile(r"^(gn|in):(\d+)x(\d+)x(\d+)(?:/(\d+))?$")
+# What a context reads once, when it is made, rather than per plan: not measurable within one process.
+READ_AT_CONTEXT = {"VKNORM_TUNE_UNCACHED_MAPPING", "VKNORM_TUNE_FRESH_COMMAND_BUFFERS"}
 
 
 def parse_layer(text: str) -> tuple[str, int, int, int, int]:
@@ -45,6 +51,11 @@ def parse_setting(text: str) -> tuple[str, dict[str, str]]:
         var, eq, value = item.partition("=")
         if not eq or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", var):
             raise argparse.ArgumentTypeError(f"{text!r}: {item!r} is not VAR=VALUE")
+        from vknorm.settings import TUNING_KNOBS
+
+        if var not in (TUNING_KNOBS - READ_AT_CONTEXT) | {"VKNORM_PATH", "VKNORM_COOPERATIVE_WORKGROUPS"}:
+            raise argparse.ArgumentTypeError(f"{text!r}: {var} is not a knob the dispatcher reads per plan (see "
+                                             "--help); run one process per value of it")
         env[var] = value
     return name, env
 
@@ -57,6 +68,16 @@ def positive(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1")
     return n
+
+
+def warmup_ms(text: str) -> float:
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = -1.0
+    if not 0 <= ms <= 60000:  # as vknorm bench: NaN and inf are refused too
+        raise argparse.ArgumentTypeError(f"{text!r}: expected milliseconds from 0 to 60000")
+    return ms
 
 
 def label(op: str, c: int, h: int, w: int, g: int) -> str:
@@ -72,7 +93,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=["fp32", "fp16", "both"], default="both")
     ap.add_argument("--reps", type=positive, default=100, help="timed forwards per batch")
     ap.add_argument("--batches", type=positive, default=3, help="batches per measurement (median)")
-    ap.add_argument("--warmup-ms", type=float, default=150.0)
+    ap.add_argument("--warmup-ms", type=warmup_ms, default=150.0)
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     names = [n for n, _ in a.setting]
@@ -80,7 +101,16 @@ def main(argv=None) -> int:
         ap.error("setting names must differ")
 
     import vknorm
-    from vknorm.bench import _bench_vknorm_and_copy
+    from vknorm.bench import _bench_vknorm_and_copy, _check_output_path
+    from vknorm.cli import UsageError
+
+    try:  # before anything is timed, as vknorm bench checks its --json
+        _check_output_path("--json", a.json)
+    except UsageError as e:
+        ap.error(str(e))
+    if a.dtype != "fp32" and not vknorm.device_info()["storage_16bit"]:
+        ap.error(f"--dtype {a.dtype}: {vknorm.device_info()['name']} has no 16-bit storage (float16 would run as "
+                 "float32 storage); give --dtype fp32")
 
     knobs = sorted({var for _, env in a.setting for var in env})
     saved = {var: os.environ.get(var) for var in knobs}
@@ -95,6 +125,14 @@ def main(argv=None) -> int:
     storages = {"fp32": [False], "fp16": [True], "both": [False, True]}[a.dtype]
     rows = []
     try:
+        op, c, h, w, g = a.layers[0]  # each setting planned once, small: a value the runtime refuses stops here
+        probe = vknorm.GroupNorm(group=g, channels=c, affine=False) if op == "gn" else vknorm.InstanceNorm(c, affine=False)
+        for name, env in a.setting:
+            apply(env)
+            try:
+                probe(np.zeros((c, 1, 1), np.float32), option=vknorm.Option())
+            except ValueError as e:
+                ap.error(f"setting {name}: {e}")
         for op, c, h, w, g in a.layers:
             for fp16 in storages:
                 layer = vknorm.GroupNorm(group=g, channels=c, eps=1e-5) if op == "gn" else vknorm.InstanceNorm(

@@ -60,10 +60,20 @@ def measure(name: str, dims, fp16: bool, iters: int, seed: int = 0) -> dict:
     return {k: round(statistics.median(v), 4) for k, v in samples.items()}
 
 
+def positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1")
+    return n
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="*", default=["ln_residual_stack", "transformer_block", "llama_block", "sd_resblock"])
-    ap.add_argument("--iters", type=int, default=80)
+    ap.add_argument("--iters", type=positive, default=80, help="timed inferences per net")
     ap.add_argument("--fp16", action="store_true", help="float16 storage")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
@@ -73,6 +83,13 @@ def main(argv=None) -> int:
     if unknown:
         print(f"norm_floor: unknown model {', '.join(unknown)} (tests/data/models.json)", file=sys.stderr)
         return 2
+    from vknorm.bench import _check_output_path
+    from vknorm.cli import UsageError
+
+    try:  # before the models run, not after
+        _check_output_path("--json", args.json)
+    except UsageError as e:
+        ap.error(str(e))
     report = {"fp16": args.fp16, "iters": args.iters, "results": []}
     print(f"{'model':<20} {'storage':<7} " + " ".join(f"{k:>22}" for k in NETS))
     for name in args.models:

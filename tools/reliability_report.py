@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The figures in docs/reliability.md, from real runs.
 
-    .venv/bin/python tools/reliability_report.py [--fuzz-scale N] [--quick] [--write]
+    .venv/bin/python tools/reliability_report.py [--fuzz-scale N] [--quick] [--bitflip-stride N]
+        [--no-graph | --only-graph] [--write]
 
 Runs every scenario of tests/reliability_lib.py (vknorm's own runtime, `vknorm check`) in a process of
 its own, under VKNORM_VALIDATION=1 (the per-forward overhead also without), every in-graph scenario of
@@ -314,14 +315,25 @@ def graph_scenarios(G) -> dict:
     return g
 
 
+def positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1")
+    return n
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fuzz-scale", type=int, default=10)
+    ap.add_argument("--fuzz-scale", type=positive, default=10, help="the fuzz budget, N times the CI's")
     ap.add_argument("--quick", action="store_true", help="skip the multi-GiB runs")
-    ap.add_argument("--bitflip-stride", type=int, default=5, help="run one in N accepted .param bit flips")
+    ap.add_argument("--bitflip-stride", type=positive, default=5, help="run one in N accepted .param bit flips")
     ap.add_argument("--write", action="store_true", help="update docs/reliability.md and docs/reliability.json")
-    ap.add_argument("--no-graph", action="store_true", help="skip the in-graph scenarios (vknorm.graph)")
-    ap.add_argument("--only-graph", action="store_true",
+    graph = ap.add_mutually_exclusive_group()  # both would leave the in-graph figures out of what --write writes
+    graph.add_argument("--no-graph", action="store_true", help="skip the in-graph scenarios (vknorm.graph)")
+    graph.add_argument("--only-graph", action="store_true",
                     help="re-run the in-graph scenarios, the bit flips through check --vulkan and the fuzz file; "
                          "the own-runtime figures are kept from docs/reliability.json (and its date)")
     args = ap.parse_args(argv)

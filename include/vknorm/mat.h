@@ -116,7 +116,9 @@ Mat layout_as(const Mat& m, size_t scalar_bytes, int elempack);
 // m converted to that layout in one pass, into memory of its own (convert_packing and the casts are this).
 Mat converted(const Mat& m, size_t scalar_bytes, int elempack);
 
-// The conversions below throw std::invalid_argument for a source check_host_mat refuses.
+// The conversions below throw std::invalid_argument for a source check_host_mat refuses. Each returns src
+// itself, sharing its memory (and keeping its cstep), where src already has the packing or storage asked for, as
+// ncnn's convert_packing does; converted() always gives memory of its own.
 // Repack to elempack 1 or 4 (4 only when the outer extent divides by 4), as ncnn's convert_packing.
 Mat convert_packing(const Mat& src, int elempack);
 // float32 <-> float16 storage (round to nearest even), layout unchanged.

@@ -32,6 +32,8 @@ class VulkanDevice;
 }  // namespace ncnn
 
 namespace vknorm {
+// vknorm's ncnn layers, under the name the engine has: code that writes `using namespace vknorm;` names ncnn's own
+// namespace ::ncnn (a plain `ncnn::` is ambiguous there).
 namespace ncnn {
 
 // Makes the net's LayerNorm, RMSNorm, GroupNorm and InstanceNorm layers vknorm's (ncnn's register_custom_layer, which replaces

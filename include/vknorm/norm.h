@@ -12,6 +12,12 @@
 #include "vknorm/mat.h"
 #include "vknorm/option.h"
 
+// X11's <X11/Xlib.h> (which <vulkan/vulkan.h> includes under VK_USE_PLATFORM_XLIB_KHR) defines None as a
+// macro: it is set aside while this header is read, so either may be included first. Code that sees that macro
+// names the enumerators below Activation::Identity and Fusion::InPlace.
+#pragma push_macro("None")
+#undef None
+
 namespace vknorm {
 
 // ncnn's ParamDict: id -> int or float.
@@ -66,7 +72,16 @@ const char* op_name(NormOp op);
 // An activation applied to the norm's output as it is stored, with ncnn's CPU formulas. The values are
 // ncnn's fused activation_type where ncnn has one (ReLU 1, leaky ReLU 2, Sigmoid 4), then vknorm's:
 // Swish x * sigmoid(x), GELU 0.5 x erfc(-x / sqrt 2), and GELU's tanh form (ncnn's GELU fast_gelu=1).
-enum class Activation : int { None = 0, ReLU = 1, LeakyReLU = 2, Sigmoid = 4, Swish = 7, GELU = 8, FastGELU = 9 };
+enum class Activation : int {
+  None = 0,
+  Identity = None,  // None's other name, for code that includes Xlib
+  ReLU = 1,
+  LeakyReLU = 2,
+  Sigmoid = 4,
+  Swish = 7,
+  GELU = 8,
+  FastGELU = 9
+};
 const char* activation_name(Activation a);  // "none", "relu", "leakyrelu", "sigmoid", "swish", "gelu", "gelu_fast"
 // Throws std::invalid_argument for a value that is not one of the above.
 Activation activation_from_int(int v);
@@ -76,6 +91,7 @@ Activation activation_from_int(int v);
 struct Fusion {
   enum Residual : int {
     None = 0,         // in place: y = act(norm(x)) over x
+    InPlace = None,   // None's other name, for code that includes Xlib
     Add = 1,          // y = act(norm(x + r)) into a blob of its own; x and r stay as they are
     AddWriteSum = 2,  // the same, and x + r is written too (the add's output has other consumers)
     OutOfPlace = 3,   // y = act(norm(x)) into a blob of its own; x stays as it is (no add)
@@ -217,7 +233,9 @@ class Norm : public NormParams {
   void forward_inplace(Mat& m, const Option& opt = {});
   void forward_inplace(VkMat& m, const Option& opt = {});
   // As ncnn's Layer::forward: bottom is only read; top is written where it already has bottom's shape,
-  // storage and packing (any cstep that holds its planes: a Mat::external over an array works), else
+  // storage and packing (any cstep that holds its planes: a Mat::external over an array works; a top that
+  // lies over bottom's own memory, as a shallow copy `Mat top = bottom` does, is written there too, as ncnn's
+  // Mat::create keeps such a top: bottom then holds the result), else
   // allocated so (given to top only once written: a forward that throws leaves such a top as it was). The host
   // copies are the least there can be where the tensor runs whole: bottom converted straight into the memory
   // the device reads and the result straight out of it into top (in pieces, through a device-format copy).
@@ -321,3 +339,5 @@ class VkMat {
 double copy_repeated(const VkMat& src, int warmup, int reps, bool shader);
 
 }  // namespace vknorm
+
+#pragma pop_macro("None")

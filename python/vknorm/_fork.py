@@ -85,7 +85,9 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[..., str], what: str)
     becomes UsageError(crashed(signal name, stage)), stage the last (what, cause) fn gave stage() or None;
     anything else a RuntimeError with the child's message (its
     traceback goes to stderr). The child leaves with os._exit; it dies with the parent, and an interrupt
-    (KeyboardInterrupt) or any other exception in the parent while it waits kills it first."""
+    (KeyboardInterrupt) or any other exception in the parent while it waits kills it first. A worker interrupted
+    itself (Ctrl-C) interrupts the parent; one stopped by SIGTERM, SIGHUP or SIGQUIT, or gone with no result, is a
+    UsageError saying so."""
     import signal
     import traceback
     import warnings
@@ -103,10 +105,14 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[..., str], what: str)
         code = 0
         try:
             _die_with_parent(parent)
+            for sig in (signal.SIGTERM, signal.SIGHUP):  # the CLI's handlers are the parent's: a worker told to
+                signal.signal(sig, signal.SIG_DFL)       # stop by a signal dies of it, and the parent says so
             os.close(rfd)
             _stage_fd = wfd
             try:
                 payload = {"result": fn()}
+            except KeyboardInterrupt:  # Ctrl-C reached the worker (alone, or before the parent)
+                payload = {"interrupted": True}
             except UsageError as e:
                 payload = {"usage_error": str(e)}
             except Exception as e:
@@ -114,6 +120,8 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[..., str], what: str)
 
                 if isinstance(e, _core.VulkanUnavailableError):
                     payload = {"usage_error": str(e)}
+                elif isinstance(e, OSError) and e.errno is not None:  # its number and file name, for the message
+                    payload = {"os_error": [e.errno, e.strerror, e.filename]}
                 elif isinstance(e, _REPORTED):
                     payload = {"reported_error": [next(k.__name__ for k in _REPORTED if isinstance(e, k)), str(e)]}
                 else:
@@ -160,9 +168,16 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[..., str], what: str)
             signame = signal.Signals(sig).name
         except ValueError:
             signame = f"signal {sig}"
+        if sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):  # told to stop: no crash
+            raise UsageError(f"{what}: the worker process was stopped by {signame}")
         raise UsageError(crashed(signame, last_stage))
     if not isinstance(payload, dict):
-        raise RuntimeError(f"{what}: the worker process exited with status {status} and no result") from None
+        raise UsageError(f"{what}: the worker process exited with status {os.waitstatus_to_exitcode(status)} and no "
+                         "result")
+    if payload.get("interrupted"):
+        raise KeyboardInterrupt
+    if "os_error" in payload:
+        raise OSError(*payload["os_error"])
     if "usage_error" in payload:
         raise UsageError(payload["usage_error"])
     if "reported_error" in payload:

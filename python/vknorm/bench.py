@@ -232,18 +232,40 @@ class _Progress:
 
 def write_json(report: dict, path) -> None:
     """The report as JSON to the --json file, or to stdout for '-'; a write that fails names the file."""
-    from .cli import UsageError
+    from .cli import UsageError, replaced_file_mode
 
     if not path:
         return
     if path == "-":
         print(json.dumps(report, indent=1))
         return
+    text = json.dumps(report, indent=1)
+    real = os.path.realpath(path)  # a symbolic link stays one: its target is replaced
+    if os.path.exists(real) and not os.path.isfile(real):  # a FIFO or a device: written as it is
+        try:
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise UsageError(f"--json {path}: {e.strerror or e}") from None
+        return
+    # Into a temporary file beside it, renamed over it once whole: a write that fails (disk full, a file size
+    # limit, a signal) leaves the file as it was, not a truncated report.
+    tmp = None
     try:
-        with open(path, "w") as f:
-            json.dump(report, f, indent=1)
+        fd, tmp = tempfile.mkstemp(prefix=".vknorm-bench-", suffix=".json", dir=os.path.dirname(real))
+        os.fchmod(fd, replaced_file_mode(real))
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, real)
+        tmp = None
     except OSError as e:
         raise UsageError(f"--json {path}: {e.strerror or e}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def _is_standard_output(path) -> bool:
@@ -279,6 +301,17 @@ def _check_output_path(flag: str, path) -> None:
             raise UsageError(f"--plot {path}: no file extension (name a .png, .svg or .pdf file)")
         if ext not in formats:
             raise UsageError(f"--plot {path}: matplotlib cannot write .{ext} files (name a .png, .svg or .pdf file)")
+        try:  # a format listed may still need more than matplotlib (.pgf: a TeX installation for its text): tried
+            import io
+
+            from matplotlib.figure import Figure  # type: ignore[import-not-found, unused-ignore]
+
+            probe = Figure(figsize=(1, 1))
+            probe.text(0.5, 0.5, "x")
+            probe.savefig(io.BytesIO(), format=ext)
+        except Exception as e:  # noqa: BLE001 - whatever the backend raises, before the sweep rather than after
+            raise UsageError(f"--plot {path}: matplotlib cannot write .{ext} files here ({e}); name a .png, .svg "
+                             "or .pdf file") from None
     if os.path.exists(path) and not os.path.isfile(path):
         return  # a FIFO, a device, /dev/stdout onto a pipe (whose link names no path): left to the write itself
     parent = os.path.dirname(os.path.realpath(path))  # where a symbolic link's target would be written
@@ -864,4 +897,7 @@ def plot(report: dict, path: str) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"{report['device']} — {report.get('date', '')}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    try:
+        fig.savefig(path, dpi=110)
+    except (OSError, RuntimeError) as e:  # the file (not standard output), or what its format needs
+        raise UsageError(f"--plot {path}: {getattr(e, 'strerror', None) or e}") from None

@@ -5,6 +5,7 @@ Errors the user can fix (bad files, flags, no driver) print one line and exit 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -45,6 +46,17 @@ class OneLineParser(argparse.ArgumentParser):
 
 # What ends a line for str.splitlines (and so for a reader of stderr in Python), each written as its escape
 _LINE_BREAKS = {ord(c): c.encode("unicode_escape").decode() for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def replaced_file_mode(path: str) -> int:
+    """The permissions a file written over `path` through a temporary one gets: those of the file it replaces (a
+    0600 model stays so), else what open() would give a new file (mkstemp makes 0600)."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return 0o666 & ~mask
 
 
 def one_line(message) -> str:
@@ -183,6 +195,8 @@ def _print_settings(set_now, not_read, refused) -> None:
             print(f"  {name}={value}  refused: {errors[name].split(': ', 1)[-1]}")
         elif name not in ignored:
             what = settings.RUNTIME_SETTINGS.get(name, "a tuning knob (docs/benchmarks)")
+            if name in settings.SWITCHES and not settings.switch(name):  # set, but to off: it does nothing
+                what = f"off ({what}, when on)"
             print(f"  {name}={value}  {what}")
         else:
             meant = f" (meant {ignored[name]}?)" if ignored[name] else ""
@@ -227,7 +241,75 @@ def build_parser() -> OneLineParser:
     return p
 
 
+def _terminated(signum, frame):
+    """SIGTERM or SIGHUP: leave as an exception, so that what a command cleans up in `finally` (temporary files,
+    a worker process) is cleaned up, then exit as the signal would (128 + its number)."""
+    raise SystemExit(128 + signum)
+
+
+def _drop_standard_output() -> None:
+    """Point fd 1 at /dev/null: what Python still holds for it then goes nowhere at exit, not into a second error
+    ('Exception ignored ... BrokenPipeError')."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # (no stdout at all: nothing held for it)
+        pass
+
+
+def _flush_standard_output() -> None:
+    """The report's last buffered bytes out now, inside main's handlers (Python's own flush at exit can only print
+    'Exception ignored'); a failure names standard output."""
+    try:
+        if sys.stdout is not None:  # (closed at start-up: `>&-`)
+            sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, "standard output") from None
+
+
+def _standard_output_failing() -> bool:
+    """Whether standard output cannot take what it holds (a write that failed keeps its bytes buffered)."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+        return False
+    except OSError:
+        return True
+
+
 def main(argv=None) -> int:
+    """The CLI: one line on stderr and exit 2 for what the user can fix, 130 on Ctrl-C, 141 when the reader of
+    standard output left, 128 + the signal for SIGTERM and SIGHUP (after the command's clean-up)."""
+    import signal
+    import threading
+
+    restore = {}
+    if threading.current_thread() is threading.main_thread():  # (signal handlers are the main thread's to set)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                restore[sig] = signal.signal(sig, _terminated)
+    try:
+        try:
+            return _main(argv)
+        except SystemExit:  # argparse's --help and usage errors, a signal: what they printed goes out now
+            _flush_standard_output()
+            raise
+    except KeyboardInterrupt:  # while parsing or importing, before the command's own handlers
+        return 130
+    except BrokenPipeError:
+        _drop_standard_output()
+        return 141
+    except OSError as e:  # (only standard output's flush after --help gets here)
+        _drop_standard_output()
+        print(f"vknorm: error: {one_line(f'writing {e.filename}: {e.strerror or e}')}", file=sys.stderr)
+        return 2
+    finally:
+        for sig, handler in restore.items():
+            signal.signal(sig, handler)
+
+
+def _main(argv) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     # flags alone, no command (argparse would say only that the command is missing); -h, --help and their
@@ -249,7 +331,9 @@ def main(argv=None) -> int:
             print(f"vknorm {args.command}: error: {closed[0]} is closed: nowhere to write the report", file=sys.stderr)
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        _flush_standard_output()
+        return code
     except UsageError as e:
         print(f"vknorm {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 2
@@ -263,13 +347,17 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `vknorm info | head -3`: the reader left; stop quietly, as other tools do
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
-        except OSError:
-            pass
+        _drop_standard_output()
         return 141
     except OSError as e:  # a file the command writes (--json, --plot) cannot be written: disk full, a dangling link
-        # without a file name: the report on standard output (`--json > /dev/full`)
-        where = e.filename if e.filename is not None else "standard output"
-        print(f"vknorm {args.command}: error: {one_line(f'writing {where}: {e.strerror or e}')}", file=sys.stderr)
+        # without a file name: standard output, where a write's error says so (the files the commands write are
+        # named in theirs) or it cannot take what it holds (`--json - > /dev/full`); else what the system said (no
+        # usable temporary directory, ...)
+        full = e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO)
+        where = e.filename if e.filename is not None else "standard output" if full or _standard_output_failing() \
+            else None
+        if where == "standard output":
+            _drop_standard_output()
+        said = f"writing {where}: {e.strerror or e}" if where else str(e.strerror or e)
+        print(f"vknorm {args.command}: error: {one_line(said)}", file=sys.stderr)
         return 2

@@ -77,6 +77,30 @@ def time_rounds(runs: Dict[str, Callable[[], object]], iters: int, warmup_ms: fl
     return samples
 
 
+def _load_with_utf8_names(net, param: str, binp: str) -> bool:
+    """net.load_param(param) and load_model(binp) for pyncnn, which takes file names as UTF-8 text only: a name that
+    is not (bytes Python carries as surrogates) is reached through a link of a plain name, there while it loads."""
+    import shutil
+    import tempfile
+
+    links = None
+    try:
+        names = []
+        for path, name in ((param, "model.param"), (binp, "model.bin")):
+            try:
+                path.encode("utf-8")
+            except UnicodeEncodeError:
+                links = links or tempfile.mkdtemp(prefix="vknorm-bench-")
+                path_link = os.path.join(links, name)
+                os.symlink(os.path.abspath(path), path_link)
+                path = path_link
+            names.append(path)
+        return net.load_param(names[0]) == 0 and net.load_model(names[1]) == 0
+    finally:
+        if links:
+            shutil.rmtree(links, ignore_errors=True)
+
+
 class ModelRunner:
     """One loaded net and how to run one inference on it."""
 
@@ -104,7 +128,11 @@ class ModelRunner:
             self.net = graph.configure(graph.Net(vknorm=vk, fuse=impl == "vknorm-fused"), vulkan=impl != "ncnn-cpu",
                                        fp16=fp16)
             custom_layers.apply(graph, self.net)
-        if self.net.load_param(param) != 0 or self.net.load_model(binp) != 0:
+        if impl == "vknorm-host":
+            loaded = _load_with_utf8_names(self.net, param, binp)
+        else:
+            loaded = self.net.load_param(param) == 0 and self.net.load_model(binp) == 0
+        if not loaded:
             bad = self.registration.errors() if impl == "vknorm-host" else []
             if bad:  # a vknorm layer refused its params, weights or device (out of memory): its own reason
                 name, e = bad[0]

@@ -64,7 +64,7 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
     or inconsistent input (a .bin shorter than the model reads among them)."""
     from .check import (load_failure, parse_param, require_distinct, require_file, trailing_bytes_warning,
                         unread_text_warnings)
-    from .cli import UsageError
+    from .cli import UsageError, replaced_file_mode
 
     data, text = _read_param(param)
     require_file(bin_path, "weights .bin")
@@ -97,13 +97,12 @@ def fuse_files(param: str, bin_path: str, out_param: str, out_bin: str) -> Tuple
             staged.append((tmp, real))
             # a file replaced keeps its permissions (an in-place run must not make a 0600 model world-readable);
             # a new one gets what open() would give it (mkstemp makes 0600)
+            os.fchmod(fd, replaced_file_mode(real))
             try:
-                mode = os.stat(real).st_mode & 0o7777
-            except OSError:
-                mode = 0o666 & ~_umask()
-            os.fchmod(fd, mode)
-            with os.fdopen(fd, "wb") as f:
-                write(f)
+                with os.fdopen(fd, "wb") as f:
+                    write(f)
+            except OSError as e:  # (a full disk, a file size limit: the file, not standard output)
+                raise UsageError(f"{target}: cannot be written ({e.strerror or e})") from None
         # The fused model must load where vknorm's layers are registered (a CPU net: no device needed).
         with quiet_stderr():  # registering vknorm's layers: ncnn says "overwrite built-in layer type ..."
             net = graph.configure(graph.Net(vknorm=True, fuse=False), vulkan=False)
@@ -216,12 +215,6 @@ def _check_targets(out_param: str, out_bin: str, in_param: str, in_bin: str) -> 
             kind = "a directory" if os.path.isdir(real) else "not a regular file"
             raise UsageError(f"{target}: {kind}; name a file to write (it is replaced whole)")
     return reals
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _copy_into(src: str, f) -> None:

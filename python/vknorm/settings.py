@@ -31,6 +31,10 @@ RUNTIME_SETTINGS: Dict[str, str] = {
     "VKNORM_BENCH_INPROCESS": "vknorm bench --model without its forked child (1)",
     "VKNORM_DEBUG_LEAK_BUFFER": "leak one buffer on purpose (the leak tests' negative control)",
 }
+# Those read as switches (switch(), the runtime's env_flag): on for 1/true/on/yes, off for 0/false/off/no or empty.
+SWITCHES = frozenset({"VKNORM_VALIDATION", "VKNORM_VALIDATION_PRINT", "VKNORM_NO_FP16_STORAGE", "VKNORM_NO_SUBGROUP",
+                      "VKNORM_PIPELINE_STATS", "VKNORM_CHECK_INPROCESS", "VKNORM_BENCH_INPROCESS",
+                      "VKNORM_TUNE_UNCACHED_MAPPING"})
 TUNING_PREFIX = "VKNORM_TUNE_"
 # The dispatcher's and the converters' measurement knobs (docs/benchmarks, "Tuning knobs").
 TUNING_KNOBS = frozenset(TUNING_PREFIX + n for n in (

@@ -40,7 +40,8 @@
 //     so does a forward refused for missing weights;
 //   - an op, Option.path or Option.max_workgroup_size set to what names no value is refused (device and CPU);
 //   - NormParams::check reads each type's own fields, not the others';
-//   - a Mat whose extents were edited past its cstep is told so.
+//   - a Mat whose extents were edited past its cstep is told so;
+//   - the headers compile where X11's None macro is defined first (xlib_first.cpp).
 #include <vknorm/norm.h>
 #include <vknorm/recorder.h>
 
@@ -53,6 +54,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+bool xlib_none_macro_leaves_the_headers_whole();  // xlib_first.cpp
 
 namespace {
 
@@ -105,6 +108,8 @@ bool normalized(const vknorm::Mat& m, int w) {
 }  // namespace
 
 int main() {
+  report(xlib_none_macro_leaves_the_headers_whole(),
+         "the headers compile after X11's None macro; Fusion::InPlace and Activation::Identity name None's values");
   // ---- ParamDict reads as ncnn's: a float where an int is read counts as not given (.param "0=16.0"), an int
   // where a float is read is that number
   {
