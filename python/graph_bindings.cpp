@@ -1734,7 +1734,8 @@ std::string device_cache_pair_refusal(const Extractor& e, const HeldBlobs::Plan&
     if (k == e.given_device_caches.end() || v == e.given_device_caches.end()) continue;  // not inputs: the graph's
     if (k->second != v->second)
       return "the past key and value caches given to layer " + layer.name + " are not one step's (" +
-             std::to_string(k->second) + " and " + std::to_string(v->second) + " tokens): give the two one extract made";
+             std::to_string(k->second) + " and " + std::to_string(v->second) +
+             " tokens): give the two one extract made";
   }
   return "";
 }

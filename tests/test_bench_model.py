@@ -52,16 +52,23 @@ def test_bench_model_reports_every_implementation_as_json(tmp_path, fp16):
 
 def test_a_model_whose_file_names_are_not_utf8_runs_every_implementation(tmp_path):
     """File names are bytes: one that is not UTF-8 (Python carries it as surrogates) reaches pyncnn, which takes
-    names as UTF-8 text only (vknorm-host's run), through a link of a plain name; every row is timed."""
+    names as UTF-8 text only (vknorm-host's run), through a link of a plain name; every row is timed. The table
+    names the file as the bytes it is, also where the locale's standard output is strict UTF-8 (en_US.UTF-8: it
+    refused the surrogates, exit 2), as does check's."""
     base = os.path.join(os.fsencode(str(tmp_path)), b"model\xff")
     param, binp = base + b".param", base + b".bin"
     shutil.copy(PARAM, param)
     shutil.copy(BIN, binp)
     out = tmp_path / "bench.json"
+    env = dict(os.environ, PYTHONIOENCODING="utf-8:strict")  # a UTF-8 locale other than C.UTF-8
     proc = subprocess.run([sys.executable, "-m", "vknorm", "bench", "--model", param, binp, "--input", "in0=16x64",
-                           "--iters", "2", "--warmup-ms", "0", "--json", str(out)], capture_output=True, text=True,
-                          errors="replace", timeout=300)  # (the table names the file, bytes as they are)
+                           "--iters", "2", "--warmup-ms", "0", "--json", str(out)], capture_output=True, timeout=300,
+                          env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert base + b".param (fp32 storage" in proc.stdout, proc.stdout[:500]
+    check = subprocess.run([sys.executable, "-m", "vknorm", "check", param, binp, "--input", "in0=16x64"],
+                           capture_output=True, timeout=300, env=env)
+    assert check.returncode == 0 and b"ok: all 3 norm outputs" in check.stdout, check.stderr[-3000:]
     assert [r["impl"] for r in json.loads(out.read_text())["results"]] == [
         "ncnn-cpu", "ncnn-vulkan", "vknorm-in-graph", "vknorm-fused", "vknorm-host"]
     assert sorted(os.listdir(tmp_path)) == ["bench.json", "model\udcff.bin", "model\udcff.param"]  # no links left

@@ -43,3 +43,23 @@ def test_bad_arguments_are_a_usage_error():
                  ["--setting", "a:", "--reps", "-1", "in:8x4x4"]):
         proc = run_tool(*args, timeout=60)
         assert proc.returncode == 2 and "error:" in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+
+
+@needs_vulkan
+def test_what_the_tool_cannot_measure_as_asked_is_refused_before_any_timing(tmp_path):
+    """A variable read when a context is made (VKNORM_NO_SUBGROUP) would be timed as the defaults under its name;
+    float16 on a device without 16-bit storage would run as float32 labelled fp16; a value the runtime refuses, a
+    warm-up that is no time and a --json that cannot be written would fail after the runs (a traceback): each is
+    one usage error up front, exit 2."""
+    cases = [
+        (["--setting", "a:VKNORM_NO_SUBGROUP=1"], {}, "VKNORM_NO_SUBGROUP is not a knob the dispatcher reads per plan"),
+        (["--setting", "a:VKNORM_PATH=bogus"], {}, "setting a: VKNORM_PATH=bogus: unknown path 'bogus'"),
+        (["--setting", "a:", "--warmup-ms", "nan"], {}, "expected milliseconds from 0 to 60000"),
+        (["--setting", "a:", "--json", str(tmp_path / "missing" / "ab.json")], {}, "no such directory"),
+        (["--setting", "a:", "--dtype", "fp16"], {"VKNORM_NO_FP16_STORAGE": "1"}, "has no 16-bit storage"),
+    ]
+    for args, env, message in cases:
+        proc = subprocess.run([sys.executable, TOOL, *args, "in:4x4x4", *QUICK[:-2]], capture_output=True, text=True,
+                              timeout=120, env=dict(os.environ, **env))
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+        assert proc.stdout == "", (args, proc.stdout)  # nothing was timed

@@ -27,6 +27,8 @@ import types
 
 import numpy as np
 
+from vknorm.cli import positive_int
+
 LAYER = re.compile(r"^(gn|in):(\d+)x(\d+)x(\d+)(?:/(\d+))?$")
 # What a context reads once, when it is made, rather than per plan: not measurable within one process.
 READ_AT_CONTEXT = {"VKNORM_TUNE_UNCACHED_MAPPING", "VKNORM_TUNE_FRESH_COMMAND_BUFFERS"}
@@ -60,16 +62,6 @@ def parse_setting(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
-def positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1")
-    return n
-
-
 def warmup_ms(text: str) -> float:
     try:
         ms = float(text)
@@ -89,10 +81,10 @@ def main(argv=None) -> int:
     ap.add_argument("layers", nargs="+", type=parse_layer, metavar="LAYER")
     ap.add_argument("--setting", action="append", type=parse_setting, required=True,
                     help="NAME:VAR=VALUE,... (repeat; the first is the baseline)")
-    ap.add_argument("--rounds", type=positive, default=3)
+    ap.add_argument("--rounds", type=positive_int, default=3)
     ap.add_argument("--dtype", choices=["fp32", "fp16", "both"], default="both")
-    ap.add_argument("--reps", type=positive, default=100, help="timed forwards per batch")
-    ap.add_argument("--batches", type=positive, default=3, help="batches per measurement (median)")
+    ap.add_argument("--reps", type=positive_int, default=100, help="timed forwards per batch")
+    ap.add_argument("--batches", type=positive_int, default=3, help="batches per measurement (median)")
     ap.add_argument("--warmup-ms", type=warmup_ms, default=150.0)
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -126,7 +118,8 @@ def main(argv=None) -> int:
     rows = []
     try:
         op, c, h, w, g = a.layers[0]  # each setting planned once, small: a value the runtime refuses stops here
-        probe = vknorm.GroupNorm(group=g, channels=c, affine=False) if op == "gn" else vknorm.InstanceNorm(c, affine=False)
+        probe = (vknorm.GroupNorm(group=g, channels=c, affine=False) if op == "gn" else
+                 vknorm.InstanceNorm(channels=c, affine=False))
         for name, env in a.setting:
             apply(env)
             try:

@@ -23,6 +23,8 @@ import tempfile
 
 import numpy as np
 
+from vknorm.cli import positive_int
+
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
 NORMS = {"LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm"}
 NETS = ("ncnn-vulkan", "no-norms", "vknorm-in-graph", "vknorm-fused")
@@ -60,20 +62,10 @@ def measure(name: str, dims, fp16: bool, iters: int, seed: int = 0) -> dict:
     return {k: round(statistics.median(v), 4) for k, v in samples.items()}
 
 
-def positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1")
-    return n
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="*", default=["ln_residual_stack", "transformer_block", "llama_block", "sd_resblock"])
-    ap.add_argument("--iters", type=positive, default=80, help="timed inferences per net")
+    ap.add_argument("--iters", type=positive_int, default=80, help="timed inferences per net")
     ap.add_argument("--fp16", action="store_true", help="float16 storage")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)

@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from vknorm.cli import positive_int
+
 REPO = Path(__file__).resolve().parent.parent
 LIB = REPO / "tests" / "reliability_lib.py"
 DOC = REPO / "docs" / "reliability.md"
@@ -315,21 +317,11 @@ def graph_scenarios(G) -> dict:
     return g
 
 
-def positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1")
-    return n
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fuzz-scale", type=positive, default=10, help="the fuzz budget, N times the CI's")
+    ap.add_argument("--fuzz-scale", type=positive_int, default=10, help="the fuzz budget, N times the CI's")
     ap.add_argument("--quick", action="store_true", help="skip the multi-GiB runs")
-    ap.add_argument("--bitflip-stride", type=positive, default=5, help="run one in N accepted .param bit flips")
+    ap.add_argument("--bitflip-stride", type=positive_int, default=5, help="run one in N accepted .param bit flips")
     ap.add_argument("--write", action="store_true", help="update docs/reliability.md and docs/reliability.json")
     graph = ap.add_mutually_exclusive_group()  # both would leave the in-graph figures out of what --write writes
     graph.add_argument("--no-graph", action="store_true", help="skip the in-graph scenarios (vknorm.graph)")

@@ -48,6 +48,18 @@ class OneLineParser(argparse.ArgumentParser):
 _LINE_BREAKS = {ord(c): c.encode("unicode_escape").decode() for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
 
 
+def positive_int(text: str) -> int:
+    """An argparse type for counts (the tools' --iters, --rounds, ...): a whole number >= 1, else argparse's one-line
+    error naming the flag."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1")
+    return n
+
+
 def replaced_file_mode(path: str) -> int:
     """The permissions a file written over `path` through a temporary one gets: those of the file it replaces (a
     0600 model stays so), else what open() would give a new file (mkstemp makes 0600)."""
@@ -289,6 +301,11 @@ def main(argv=None) -> int:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(sig) == signal.SIG_DFL:
                 restore[sig] = signal.signal(sig, _terminated)
+    # A file name is bytes: one that is not UTF-8 reaches Python as surrogates, which a UTF-8 locale's standard
+    # output refuses (every report names its model). Written back as the bytes they were, as ls writes them.
+    stdout_errors = getattr(sys.stdout, "errors", None)
+    if stdout_errors == "strict" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="surrogateescape")
     try:
         try:
             return _main(argv)
@@ -307,6 +324,11 @@ def main(argv=None) -> int:
     finally:
         for sig, handler in restore.items():
             signal.signal(sig, handler)
+        if stdout_errors == "strict" and hasattr(sys.stdout, "reconfigure"):
+            try:
+                sys.stdout.reconfigure(errors=stdout_errors)
+            except (OSError, ValueError):  # (what it held could not be written: said above)
+                pass
 
 
 def _main(argv) -> int:
