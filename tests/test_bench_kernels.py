@@ -256,6 +256,34 @@ def test_json_to_stdout_replaces_the_table(tmp_path, target):
     assert list(tmp_path.iterdir()) == []  # no file named "-"
 
 
+def test_an_ncnn_without_a_vulkan_device_is_a_skipped_comparison_not_a_missing_row(tmp_path):
+    """pyncnn seeing no GPU has no Vulkan layer to time: said once, up front, and in the JSON's "skipped" (its rows
+    went missing without a word)."""
+    script = ("import sys\nimport ncnn\nncnn.get_gpu_count = lambda: 0  # as on a machine where pyncnn sees no GPU\n"
+              "from vknorm.cli import main\nraise SystemExit(main(sys.argv[1:]))\n")
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-c", script, "bench", "--rows", "4", "--cols", "64", "--dtype", "fp32",
+                           *QUICK, "--compare", "ncnn", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["skipped"] == [{"what": "the ncnn comparison", "why": "ncnn (pip ncnn) sees no Vulkan device"}]
+    assert {r["impl"] for r in report["results"]} == {"vknorm"}
+    assert "sees no Vulkan device: skipping the ncnn comparison" in proc.stderr
+
+
+def test_a_plot_that_cannot_be_written_is_one_error_line_naming_it(tmp_path):
+    """The plot is written after the sweep: a file size limit (or a full disk) there is one line naming the plot's
+    file, exit 2, not a traceback and not "standard output"."""
+    import resource
+
+    out = tmp_path / "bench.png"
+    proc = subprocess.run([sys.executable, "-m", "vknorm", "bench", "--rows", "4", "--cols", "64", "--dtype", "fp32",
+                           *QUICK, "--compare", "", "--plot", str(out)], capture_output=True, text=True, timeout=600,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192)))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [f"vknorm bench: error: --plot {out}: File too large"], proc.stderr[-2000:]
+
+
 def test_a_report_that_cannot_be_written_is_one_error_line(tmp_path):
     """Where the --json file's directory is checked before the run (a link to a missing one), and where the
     write itself fails after it (a full disk: /dev/full; after the progress bar)."""

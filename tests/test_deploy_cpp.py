@@ -36,15 +36,15 @@ def run(cmd, what, **kw):
     return proc
 
 
-def configure_consumer(directory, find_package_args, *cmake_args, links=None):
+def configure_consumer(directory, find_package_args, *cmake_args, links=None, then=""):
     """Configures a consumer whose CMakeLists calls find_package(vknorm <find_package_args>) and prints
-    vknorm_ncnn_FOUND (with `links`, a target: an executable linking it too); returns the CompletedProcess (not
-    asserted: some calls must fail)."""
+    vknorm_ncnn_FOUND (then the CMake text `then`; with `links`, a target: an executable linking it too); returns
+    the CompletedProcess (not asserted: some calls must fail)."""
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "CMakeLists.txt"), "w") as f:
         f.write("cmake_minimum_required(VERSION 3.18)\nproject(consumer LANGUAGES CXX)\n"
                 f"find_package(vknorm {find_package_args})\n"
-                'message(STATUS "vknorm_FOUND=${vknorm_FOUND} vknorm_ncnn_FOUND=${vknorm_ncnn_FOUND}")\n')
+                'message(STATUS "vknorm_FOUND=${vknorm_FOUND} vknorm_ncnn_FOUND=${vknorm_ncnn_FOUND}")\n' + then)
         if links:
             f.write(f"add_executable(app main.cpp)\ntarget_link_libraries(app PRIVATE {links})\n")
     with open(os.path.join(directory, "main.cpp"), "w") as f:

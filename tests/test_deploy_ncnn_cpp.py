@@ -293,15 +293,20 @@ def test_package_with_ncnn_layers_needs_no_ncnn_unless_its_component_is_asked_fo
         assert (proc.returncode == 0) == ok and said in proc.stdout + proc.stderr, (args, proc.stdout, proc.stderr)
 
 
-def test_the_ncnn_layers_target_without_its_component_stops_the_configure_step(installed, tmp_path):
-    """vknorm::vknorm_ncnn linked where the component was not asked for (and no ncnn target is known) would link a
-    bare -lncnn, perhaps another ncnn: the generate step stops, naming what to ask for."""
+def test_the_ncnn_layers_target_without_any_ncnn_stops_the_configure_step(installed, tmp_path):
+    """vknorm::vknorm_ncnn linked where no ncnn target exists (neither the component nor the consumer found ncnn)
+    would link a bare -lncnn, perhaps another ncnn: the generate step stops, naming what to ask for. With the
+    component, or with ncnn found by the consumer after vknorm, it links."""
     proc = configure_consumer(tmp_path, "0.1 CONFIG REQUIRED", f"-DCMAKE_PREFIX_PATH={installed}",
                               "-DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF", links="vknorm::vknorm_ncnn")
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "vknorm::vknorm_ncnn_needs_find_package_COMPONENTS_ncnn" in proc.stderr, proc.stderr
     proc = configure_consumer(tmp_path / "with", "0.1 CONFIG REQUIRED COMPONENTS ncnn",
                               f"-DCMAKE_PREFIX_PATH={installed}", f"-Dncnn_DIR={NCNN_DIR}", links="vknorm::vknorm_ncnn")
+    assert proc.returncode == 0, proc.stderr
+    proc = configure_consumer(tmp_path / "after", "0.1 CONFIG REQUIRED", f"-DCMAKE_PREFIX_PATH={installed}",
+                              f"-Dncnn_DIR={NCNN_DIR}", links="vknorm::vknorm_ncnn",
+                              then="find_package(ncnn CONFIG REQUIRED)\n")
     assert proc.returncode == 0, proc.stderr
 
 

@@ -353,6 +353,24 @@ def test_standard_output_held_in_pythons_buffer_fails_inside_main_not_at_exit(ar
     assert proc.stderr.splitlines() == [f"vknorm {args[0]}: error: writing standard output: No space left on device"]
 
 
+def test_an_error_exit_with_a_report_half_printed_keeps_its_one_line_and_its_status():
+    """bench prints its table, then fails to write its --json (a full disk): the error line and exit 2 stand, and
+    the table still in Python's buffer, for a reader that has left, goes nowhere rather than into "Exception
+    ignored" and exit 120 at exit."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = subprocess.run(vknorm_cli() + ["bench", "--rows", "4", "--cols", "64", "--dtype", "fp32", "--compare", "",
+                                              "--reps", "100", "--batches", "1", "--warmup-ms", "0", "--json",
+                                              "/dev/full"], stdout=w, stderr=subprocess.PIPE, text=True, timeout=120,
+                              env=env)
+    finally:
+        os.close(w)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.splitlines() == ["vknorm bench: error: --json /dev/full: No space left on device"], proc.stderr
+
+
 def test_sigterm_runs_the_commands_clean_up_then_exits_as_the_signal_would(monkeypatch):
     """SIGTERM or SIGHUP (a terminal closed, a service stopped) raise inside the command, so that what it cleans up in
     `finally` (optimize's temporary files, bench's, a worker process) is cleaned up; the exit status is then 128 +

@@ -384,7 +384,7 @@ def test_a_worker_killed_outright_is_named_as_likely_out_of_memory_not_as_a_shap
     assert say("SIGSEGV") == ("ncnn crashed (SIGSEGV) running m.param with --input in0=16x64: do the --input shapes "
                               "match what the model takes?")
     with pytest.raises(vkcheck.UsageError, match=r"was killed \(SIGKILL: out of host memory\?"):
-        run_in_child(lambda: os.kill(os.getpid(), signal.SIGKILL), say, "vknorm check")
+        run_in_child(lambda: os.kill(os.getpid(), signal.SIGKILL), say)
 
 
 
@@ -442,13 +442,13 @@ def test_a_crash_names_the_run_the_worker_was_in_and_its_likely_cause():
         os.kill(os.getpid(), signal.SIGSEGV)
 
     with pytest.raises(vkcheck.UsageError) as e:
-        run_in_child(crash_in_the_second_run, say, "vknorm check")
+        run_in_child(crash_in_the_second_run, say)
     assert str(e.value) == ("ncnn crashed (SIGSEGV) in stock ncnn's Vulkan run of m.param with --input in0=16x64: "
                             "stock ncnn's own Vulkan layers fail at these shapes")
     with pytest.raises(vkcheck.UsageError, match=r"^ncnn crashed \(SIGFPE\) in stock ncnn's CPU run of m.param with "
                                                   r"--input in0=16x64: do the --input shapes match"):
-        run_in_child(lambda: (stage("stock ncnn's CPU run"), os.kill(os.getpid(), signal.SIGFPE)), say, "vknorm check")
-    assert run_in_child(lambda: (stage("a run"), {"ok": 1})[1], say, "vknorm check") == {"ok": 1}
+        run_in_child(lambda: (stage("stock ncnn's CPU run"), os.kill(os.getpid(), signal.SIGFPE)), say)
+    assert run_in_child(lambda: (stage("a run"), {"ok": 1})[1], say) == {"ok": 1}
     # a load has seen no input: out of memory there is not the shapes' doing
     loading = ("the load of the net", LOADING)
     assert say("SIGKILL", loading) == ("the worker in the load of the net of m.param with --input in0=16x64 was killed "
@@ -460,29 +460,34 @@ def test_a_crash_names_the_run_the_worker_was_in_and_its_likely_cause():
 def test_a_worker_stopped_interrupted_or_gone_without_a_result_is_said_as_such():
     """Not every end of the worker is ncnn crashing: one stopped from outside (SIGTERM) is said to be stopped; one
     interrupted itself (Ctrl-C reached it first) interrupts the parent (exit 130 there); one that left without a
-    result gives its exit status (not the raw wait status); an OSError keeps its number and file name."""
+    result gives its exit status (not the raw wait status); a signal the parent ignores (SIGHUP under nohup) the
+    worker ignores too; an OSError keeps its number and file name."""
     import errno
 
     from vknorm._fork import crashed_running, run_in_child
 
     say = crashed_running("m.param", {"in0": (16, 64)})
-    with pytest.raises(vkcheck.UsageError, match=r"^vknorm check: the worker process was stopped by SIGTERM$"):
-        run_in_child(lambda: os.kill(os.getpid(), signal.SIGTERM), say, "vknorm check")
+    with pytest.raises(vkcheck.UsageError, match=r"^the worker process was stopped by SIGTERM$"):
+        run_in_child(lambda: os.kill(os.getpid(), signal.SIGTERM), say)
 
     def interrupted():
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_in_child(interrupted, say, "vknorm check")
-    with pytest.raises(vkcheck.UsageError, match=r"^vknorm check: the worker process exited with status 3 and no "
-                                                  r"result$"):
-        run_in_child(lambda: os._exit(3), say, "vknorm check")
+        run_in_child(interrupted, say)
+    with pytest.raises(vkcheck.UsageError, match=r"^the worker process exited with status 3 and no result$"):
+        run_in_child(lambda: os._exit(3), say)
 
     def unwritable():
         raise OSError(errno.ENOSPC, "No space left on device", "/some/report.json")
 
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup: a hang-up is ignored, the worker's too
+    try:
+        assert run_in_child(lambda: (os.kill(os.getpid(), signal.SIGHUP), {"ok": 1})[1], say) == {"ok": 1}
+    finally:
+        signal.signal(signal.SIGHUP, previous)
     with pytest.raises(OSError) as e:
-        run_in_child(unwritable, say, "vknorm check")
+        run_in_child(unwritable, say)
     assert (e.value.errno, e.value.strerror, e.value.filename) == (errno.ENOSPC, "No space left on device",
                                                                    "/some/report.json")
 

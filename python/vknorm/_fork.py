@@ -77,7 +77,7 @@ def _die_with_parent(parent: int) -> None:
         os._exit(70)
 
 
-def run_in_child(fn: Callable[[], dict], crashed: Callable[..., str], what: str) -> dict:
+def run_in_child(fn: Callable[[], dict], crashed: Callable[..., str]) -> dict:
     """fn() in a forked child; its JSON-able result comes back through a pipe. UsageError (and
     VulkanUnavailableError, and the RuntimeError of a model ncnn cannot load or run) come back as
     UsageError; the errors the CLI reports in one line when raised in its own process (ValueError,
@@ -105,8 +105,11 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[..., str], what: str)
         code = 0
         try:
             _die_with_parent(parent)
-            for sig in (signal.SIGTERM, signal.SIGHUP):  # the CLI's handlers are the parent's: a worker told to
-                signal.signal(sig, signal.SIG_DFL)       # stop by a signal dies of it, and the parent says so
+            from .cli import _terminated
+
+            for sig in (signal.SIGTERM, signal.SIGHUP):  # the CLI's handlers are the parent's: a worker told to stop
+                if signal.getsignal(sig) is _terminated:  # by a signal dies of it, and the parent says so (one that
+                    signal.signal(sig, signal.SIG_DFL)    # was ignored, as under nohup, stays ignored)
             os.close(rfd)
             _stage_fd = wfd
             try:
@@ -169,11 +172,10 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[..., str], what: str)
         except ValueError:
             signame = f"signal {sig}"
         if sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):  # told to stop: no crash
-            raise UsageError(f"{what}: the worker process was stopped by {signame}")
+            raise UsageError(f"the worker process was stopped by {signame}")
         raise UsageError(crashed(signame, last_stage))
     if not isinstance(payload, dict):
-        raise UsageError(f"{what}: the worker process exited with status {os.waitstatus_to_exitcode(status)} and no "
-                         "result")
+        raise UsageError(f"the worker process exited with status {os.waitstatus_to_exitcode(status)} and no result")
     if payload.get("interrupted"):
         raise KeyboardInterrupt
     if "os_error" in payload:

@@ -1925,7 +1925,7 @@ def _check_in_child(param_path, bin_path, specs, fp16, seed, atol, vulkan=False,
     from ._fork import crashed_running, run_in_child
 
     return run_in_child(lambda: _check(param_path, bin_path, specs, fp16, seed, atol, vulkan, fuse),
-                        crashed_running(param_path, specs), "vknorm check")
+                        crashed_running(param_path, specs))
 
 
 def _check(param_path, bin_path, specs, fp16, seed, atol, vulkan, fuse) -> dict:

@@ -308,16 +308,23 @@ def main(argv=None) -> int:
         sys.stdout.reconfigure(errors="surrogateescape")
     try:
         try:
-            return _main(argv)
+            code = _main(argv)
         except SystemExit:  # argparse's --help and usage errors, a signal: what they printed goes out now
             _flush_standard_output()
             raise
+        try:  # an error's exit (a report half printed, then the error line): its rest goes out now too
+            _flush_standard_output()
+        except OSError:
+            if not code:
+                raise
+            _drop_standard_output()  # the error line said what went wrong first
+        return code
     except KeyboardInterrupt:  # while parsing or importing, before the command's own handlers
         return 130
     except BrokenPipeError:
         _drop_standard_output()
         return 141
-    except OSError as e:  # (only standard output's flush after --help gets here)
+    except OSError as e:  # (only standard output's flush after --help or a command's end gets here)
         _drop_standard_output()
         print(f"vknorm: error: {one_line(f'writing {e.filename}: {e.strerror or e}')}", file=sys.stderr)
         return 2
