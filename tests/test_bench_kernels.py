@@ -263,7 +263,8 @@ def test_an_ncnn_without_a_vulkan_device_is_a_skipped_comparison_not_a_missing_r
               "from vknorm.cli import main\nraise SystemExit(main(sys.argv[1:]))\n")
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-c", script, "bench", "--rows", "4", "--cols", "64", "--dtype", "fp32",
-                           *QUICK, "--compare", "ncnn", "--json", str(out)], capture_output=True, text=True, timeout=600)
+                           *QUICK, "--compare", "ncnn", "--json", str(out)], capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["skipped"] == [{"what": "the ncnn comparison", "why": "ncnn (pip ncnn) sees no Vulkan device"}]

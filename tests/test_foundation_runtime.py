@@ -361,10 +361,9 @@ def test_an_error_exit_with_a_report_half_printed_keeps_its_one_line_and_its_sta
     r, w = os.pipe()
     os.close(r)
     try:
-        proc = subprocess.run(vknorm_cli() + ["bench", "--rows", "4", "--cols", "64", "--dtype", "fp32", "--compare", "",
-                                              "--reps", "100", "--batches", "1", "--warmup-ms", "0", "--json",
-                                              "/dev/full"], stdout=w, stderr=subprocess.PIPE, text=True, timeout=120,
-                              env=env)
+        args = ["bench", "--rows", "4", "--cols", "64", "--dtype", "fp32", "--compare", "", "--reps", "100",
+                "--batches", "1", "--warmup-ms", "0", "--json", "/dev/full"]
+        proc = subprocess.run(vknorm_cli() + args, stdout=w, stderr=subprocess.PIPE, text=True, timeout=120, env=env)
     finally:
         os.close(w)
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
