@@ -376,12 +376,18 @@ def test_bench_says_which_comparisons_it_skips_and_keeps_ncnns_banner_quiet(tmp_
                            "--dtype", "fp32", "--compare", "copy,ncnn,torch", "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    notes = [ln for ln in proc.stderr.splitlines() if ln.startswith("vknorm bench:")]
+    # (ncnn's wall-clock chain difference at a shape this small may come out 0 or less on a fast GPU: an H200's
+    # 4x64; that row is then skipped, and said so too)
+    noise = "vknorm bench: its time came out 0 or less: skipping ncnn at 4x64 fp32"
+    notes = [ln for ln in proc.stderr.splitlines() if ln.startswith("vknorm bench:") and ln != noise]
     assert notes == ["vknorm bench: torch not installed: skipping the torch comparison"], proc.stderr[-2000:]
     assert not any(ln.lstrip().startswith("[0 ") for ln in proc.stderr.splitlines()), proc.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert report["skipped"] == [{"what": "the torch comparison", "why": "torch not installed"}], report["skipped"]
-    assert {r["impl"] for r in report["results"]} >= {"vknorm", "copy", "ncnn"}
+    torch = {"what": "the torch comparison", "why": "torch not installed"}
+    ncnn_noise = {"what": "ncnn at 4x64 fp32", "why": "its time came out 0 or less"}
+    assert report["skipped"] in ([torch], [torch, ncnn_noise]), report["skipped"]
+    impls = {r["impl"] for r in report["results"]}
+    assert {"vknorm", "copy"} <= impls and ("ncnn" in impls) == (len(report["skipped"]) == 1), impls
 
 
 def test_bench_plot_without_matplotlib_is_refused_before_the_sweep(tmp_path):

@@ -107,9 +107,9 @@ def run_in_child(fn: Callable[[], dict], crashed: Callable[..., str]) -> dict:
             _die_with_parent(parent)
             from .cli import _terminated
 
-            for sig in (signal.SIGTERM, signal.SIGHUP):  # the CLI's handlers are the parent's: a worker told to stop
-                if signal.getsignal(sig) is _terminated:  # by a signal dies of it, and the parent says so (one that
-                    signal.signal(sig, signal.SIG_DFL)    # was ignored, as under nohup, stays ignored)
+            for stop in (signal.SIGTERM, signal.SIGHUP):  # the CLI's handlers are the parent's: a worker told to
+                if signal.getsignal(stop) is _terminated:  # stop by a signal dies of it, and the parent says so (one
+                    signal.signal(stop, signal.SIG_DFL)    # that was ignored, as under nohup, stays ignored)
             os.close(rfd)
             _stage_fd = wfd
             try:
