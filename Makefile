@@ -27,8 +27,11 @@ demo: setup
 	@$(VENV)/bin/vknorm bench --model tests/data/ln_residual_stack.ncnn.param tests/data/ln_residual_stack.ncnn.bin \
 	  --input in0=197x768 --iters 20
 
+# The suite runs in one worker per core (pytest-xdist; most of its time is lavapipe making pipelines, one core each);
+# loadfile keeps each file's module fixtures, which build C++ examples in fixed directories, in one worker.
+TEST_WORKERS ?= $(shell nproc)
 test: setup
-	@VKNORM_VALIDATION=1 VKNORM_TEST_REQUIRE_ALL=1 $(PY) -m pytest -q tests
+	@VKNORM_VALIDATION=1 VKNORM_TEST_REQUIRE_ALL=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 setup: $(STAMPS)/apt $(STAMPS)/venv $(NCNN_PREFIX)/.complete $(STAMPS)/install
 
