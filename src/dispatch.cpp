@@ -87,6 +87,60 @@ uint32_t pow2_floor(uint32_t v) {
   return p;
 }
 
+// The planner's tuning knobs, each read by device_caps (docs/benchmarks); setting_problems checks them all.
+constexpr const char* kPlanKnobs[] = {
+    "VKNORM_TUNE_POLL_LOADS",
+    "VKNORM_TUNE_WAIT_ROUNDS",
+    "VKNORM_TUNE_COOPERATIVE_MIN_GROUP",
+    "VKNORM_TUNE_COOPERATIVE_MAX_PER_UNIT",
+    "VKNORM_TUNE_COOPERATIVE_MIN_WORKGROUP",
+    "VKNORM_TUNE_FULL_TEAM_MAX_ITEMS",
+    "VKNORM_TUNE_COOPERATIVE_MAX_PER_UNIT_FULL_TEAMS",
+    "VKNORM_TUNE_FULL_TEAM_SPILL_ITEMS",
+    "VKNORM_TUNE_MANY_PLANES",
+    "VKNORM_TUNE_FULL_TEAM_SPILL_ITEMS_HELD",
+    "VKNORM_TUNE_FEW_GROUP_ITEMS",
+    "VKNORM_TUNE_FEW_GROUP_ANY_SIZE",
+    "VKNORM_TUNE_FEW_GROUP_MIN_TEAM",
+    "VKNORM_TUNE_FEW_WIDE_TEAM_GROUPS",
+    "VKNORM_TUNE_FEW_WIDE_TEAM_ITEMS",
+    "VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE",
+    "VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE_CHANNELS",
+    "VKNORM_TUNE_ITEMS_TARGET",
+    "VKNORM_TUNE_ITEMS_TARGET_FP16",
+    "VKNORM_TUNE_ITEMS_TARGET_CHANNELS",
+    "VKNORM_TUNE_LATENCY_THREADS",
+    "VKNORM_TUNE_LATENCY_ITEMS",
+    "VKNORM_TUNE_LATENCY_TEAM",
+    "VKNORM_TUNE_MAX_ITEMS",
+    "VKNORM_TUNE_MAX_ITEMS_HELD",
+    "VKNORM_TUNE_MAX_TEAM_HELD",
+    "VKNORM_TUNE_MAX_TEAM_HELD_LAYERNORM",
+    "VKNORM_TUNE_HOLD_REDUCE",
+    "VKNORM_TUNE_APPLY_LAST_FIRST",
+    "VKNORM_TUNE_ITEMS_TARGET_REDUCE",
+    "VKNORM_TUNE_SMALL_GROUP",
+    "VKNORM_TUNE_ITEMS_TARGET_SMALL",
+    "VKNORM_TUNE_SPECIALIZE",
+    "VKNORM_TUNE_ONE_REDUCTION",
+    "VKNORM_TUNE_APPLY_MERGES",
+    "VKNORM_TUNE_HOLD_STORAGE",
+    "VKNORM_TUNE_PLANE_WEIGHTS",
+    "VKNORM_TUNE_COUNTER_STRIDE",
+    "VKNORM_TUNE_LANE_GROUPS",
+    "VKNORM_TUNE_WORKGROUP",
+};
+
+std::optional<uint32_t> env_knob(const char* name) {
+  // atoi read "abc" as 0 and "8x" as 8 without a word: a knob is a whole number (switches: 0 off) or refused
+  const bool listed = std::any_of(std::begin(kPlanKnobs), std::end(kPlanKnobs),
+                                  [name](const char* k) { return std::strcmp(k, name) == 0; });
+  if (!listed) throw std::logic_error(std::string(name) + " is read as a tuning knob but not listed in kPlanKnobs");
+  const std::optional<uint64_t> n = env_count(name, "a whole number (a tuning knob, docs/benchmarks)");
+  if (!n) return std::nullopt;
+  return uint32_t(std::min<uint64_t>(*n, UINT32_MAX));
+}
+
 DeviceCaps device_caps(const Context& ctx, const Option& opt) {
   return device_caps(ctx.info(), const_cast<Context&>(ctx).impl().subgroup_reduce, opt);
 }
@@ -102,7 +156,7 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   // Some 40 tuning knobs, read per plan: one pass over the environment tells whether any is set, where a getenv
   // each is a pass each (microseconds a forward; more in a large environment).
   const bool tuned = env_has_prefix("VKNORM_TUNE_");
-  auto tune = [tuned](const char* name) -> const char* { return tuned ? std::getenv(name) : nullptr; };
+  auto tune = [tuned](const char* name) -> std::optional<uint32_t> { return tuned ? env_knob(name) : std::nullopt; };
   caps.cpu = info.type == "cpu";
   // CPU drivers run a workgroup's invocations as loops on one core: small workgroups, and registers
   // are memory there anyway. GPUs: 256 by default, up to 1024 for one large group per workgroup,
@@ -144,59 +198,59 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   // A CPU driver's threads share the cores with the rest of the machine: one preempted for tens of milliseconds
   // mid-chunk would outlast 2^22 polls. 2^26 there (seconds; llvmpipe ends loops after 65535 rounds).
   caps.wait_rounds = caps.cpu ? 16384 : 1024;
-  if (const char* v = tune("VKNORM_TUNE_POLL_LOADS")) caps.poll_loads = std::atoi(v) != 0;
+  if (const auto v = tune("VKNORM_TUNE_POLL_LOADS")) caps.poll_loads = *v != 0;
   // 0: every wait gives up at once (its item NaN): how tests reach the path that otherwise needs a stalled device.
-  if (const char* v = tune("VKNORM_TUNE_WAIT_ROUNDS")) caps.wait_rounds = uint32_t(std::max(0, std::atoi(v)));
-  if (const char* v = tune("VKNORM_TUNE_COOPERATIVE_MIN_GROUP")) caps.cooperative_min_group = uint32_t(std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_COOPERATIVE_MAX_PER_UNIT")) caps.cooperative_max_per_unit = uint32_t(std::atoi(v));
+  if (const auto v = tune("VKNORM_TUNE_WAIT_ROUNDS")) caps.wait_rounds = *v;
+  if (const auto v = tune("VKNORM_TUNE_COOPERATIVE_MIN_GROUP")) caps.cooperative_min_group = *v;
+  if (const auto v = tune("VKNORM_TUNE_COOPERATIVE_MAX_PER_UNIT")) caps.cooperative_max_per_unit = *v;
   if (caps.cpu) caps.cooperative_min_workgroup = caps.preferred_workgroup;
-  if (const char* v = tune("VKNORM_TUNE_COOPERATIVE_MIN_WORKGROUP"))
-    caps.cooperative_min_workgroup = pow2_floor(std::max(1, std::atoi(v)));
-  if (const char* v = tune("VKNORM_TUNE_FULL_TEAM_MAX_ITEMS")) caps.full_team_max_items = uint32_t(std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_COOPERATIVE_MAX_PER_UNIT_FULL_TEAMS"))
-    caps.cooperative_max_per_unit_full_teams = uint32_t(std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_FULL_TEAM_SPILL_ITEMS")) caps.full_team_spill_items = uint32_t(std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_MANY_PLANES")) caps.many_planes = uint32_t(std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_FULL_TEAM_SPILL_ITEMS_HELD"))
-    caps.full_team_spill_items_held = uint32_t(std::atoi(v));
+  if (const auto v = tune("VKNORM_TUNE_COOPERATIVE_MIN_WORKGROUP"))
+    caps.cooperative_min_workgroup = pow2_floor(std::max<uint32_t>(1, *v));
+  if (const auto v = tune("VKNORM_TUNE_FULL_TEAM_MAX_ITEMS")) caps.full_team_max_items = *v;
+  if (const auto v = tune("VKNORM_TUNE_COOPERATIVE_MAX_PER_UNIT_FULL_TEAMS"))
+    caps.cooperative_max_per_unit_full_teams = *v;
+  if (const auto v = tune("VKNORM_TUNE_FULL_TEAM_SPILL_ITEMS")) caps.full_team_spill_items = *v;
+  if (const auto v = tune("VKNORM_TUNE_MANY_PLANES")) caps.many_planes = *v;
+  if (const auto v = tune("VKNORM_TUNE_FULL_TEAM_SPILL_ITEMS_HELD"))
+    caps.full_team_spill_items_held = *v;
   if (caps.cpu) caps.few_group_items = 0;  // measured on the H200 only
-  if (const char* v = tune("VKNORM_TUNE_FEW_GROUP_ITEMS")) caps.few_group_items = uint32_t(std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_FEW_GROUP_ANY_SIZE")) caps.few_group_any_size = std::atoi(v) != 0;
-  if (const char* v = tune("VKNORM_TUNE_FEW_GROUP_MIN_TEAM"))
-    caps.few_group_min_team = pow2_floor(std::max(1, std::atoi(v)));
-  if (const char* v = tune("VKNORM_TUNE_FEW_WIDE_TEAM_GROUPS")) caps.few_wide_team_groups = uint32_t(std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_FEW_WIDE_TEAM_ITEMS")) caps.few_wide_team_items = uint32_t(std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE"))
-    caps.items_target_cooperative = std::max(1, std::atoi(v));
+  if (const auto v = tune("VKNORM_TUNE_FEW_GROUP_ITEMS")) caps.few_group_items = *v;
+  if (const auto v = tune("VKNORM_TUNE_FEW_GROUP_ANY_SIZE")) caps.few_group_any_size = *v != 0;
+  if (const auto v = tune("VKNORM_TUNE_FEW_GROUP_MIN_TEAM"))
+    caps.few_group_min_team = pow2_floor(std::max<uint32_t>(1, *v));
+  if (const auto v = tune("VKNORM_TUNE_FEW_WIDE_TEAM_GROUPS")) caps.few_wide_team_groups = *v;
+  if (const auto v = tune("VKNORM_TUNE_FEW_WIDE_TEAM_ITEMS")) caps.few_wide_team_items = *v;
+  if (const auto v = tune("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE"))
+    caps.items_target_cooperative = std::max<uint32_t>(1, *v);
   // Groups spanning channels, in many chunks: up to 16 on GPUs (plan_dispatch says why); CPU drivers, no more.
   if (caps.cpu) caps.items_target_cooperative_channels = caps.items_target_cooperative;
-  if (const char* v = tune("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE_CHANNELS"))
-    caps.items_target_cooperative_channels = std::max(1, std::atoi(v));
+  if (const auto v = tune("VKNORM_TUNE_ITEMS_TARGET_COOPERATIVE_CHANNELS"))
+    caps.items_target_cooperative_channels = std::max<uint32_t>(1, *v);
   // Tuning knobs for measuring other choices on a device (vknorm bench); not needed in normal use.
-  if (const char* v = tune("VKNORM_TUNE_ITEMS_TARGET")) caps.items_target = std::max(1, std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_ITEMS_TARGET_FP16")) caps.items_target_fp16 = std::max(1, std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_ITEMS_TARGET_CHANNELS"))
-    caps.items_target_channels = std::max(1, std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_LATENCY_THREADS")) caps.latency_threads = std::strtoull(v, nullptr, 10);
-  if (const char* v = tune("VKNORM_TUNE_LATENCY_ITEMS")) caps.latency_items = std::max(1, std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_LATENCY_TEAM")) caps.latency_team = std::max(1, std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_MAX_ITEMS")) caps.max_items = std::max(1, std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_MAX_ITEMS_HELD")) caps.max_items_held = std::max(1, std::atoi(v));
+  if (const auto v = tune("VKNORM_TUNE_ITEMS_TARGET")) caps.items_target = std::max<uint32_t>(1, *v);
+  if (const auto v = tune("VKNORM_TUNE_ITEMS_TARGET_FP16")) caps.items_target_fp16 = std::max<uint32_t>(1, *v);
+  if (const auto v = tune("VKNORM_TUNE_ITEMS_TARGET_CHANNELS"))
+    caps.items_target_channels = std::max<uint32_t>(1, *v);
+  if (const auto v = tune("VKNORM_TUNE_LATENCY_THREADS")) caps.latency_threads = *v;
+  if (const auto v = tune("VKNORM_TUNE_LATENCY_ITEMS")) caps.latency_items = std::max<uint32_t>(1, *v);
+  if (const auto v = tune("VKNORM_TUNE_LATENCY_TEAM")) caps.latency_team = std::max<uint32_t>(1, *v);
+  if (const auto v = tune("VKNORM_TUNE_MAX_ITEMS")) caps.max_items = std::max<uint32_t>(1, *v);
+  if (const auto v = tune("VKNORM_TUNE_MAX_ITEMS_HELD")) caps.max_items_held = std::max<uint32_t>(1, *v);
   // Team widths halve in the reductions: caps on them round down to a power of two, as the team knobs above.
-  if (const char* v = tune("VKNORM_TUNE_MAX_TEAM_HELD")) caps.max_team_held = pow2_floor(std::max(1, std::atoi(v)));
-  if (const char* v = tune("VKNORM_TUNE_MAX_TEAM_HELD_LAYERNORM"))
-    caps.max_team_held_layernorm = pow2_floor(std::max(1, std::atoi(v)));
-  if (const char* v = tune("VKNORM_TUNE_HOLD_REDUCE")) caps.hold_reduce = std::atoi(v) != 0;
-  if (const char* v = tune("VKNORM_TUNE_APPLY_LAST_FIRST")) caps.apply_last_first = std::atoi(v) != 0;
-  if (const char* v = tune("VKNORM_TUNE_ITEMS_TARGET_REDUCE"))
-    caps.items_target_reduce = std::max(1, std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_SMALL_GROUP")) caps.small_group = uint32_t(std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_ITEMS_TARGET_SMALL")) caps.items_target_small = std::max(1, std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_SPECIALIZE")) caps.specialize_shape = std::atoi(v) != 0;
-  if (const char* v = tune("VKNORM_TUNE_ONE_REDUCTION")) caps.one_reduction = std::atoi(v) != 0;
-  if (const char* v = tune("VKNORM_TUNE_APPLY_MERGES")) caps.apply_merges = std::atoi(v) != 0;
-  if (const char* v = tune("VKNORM_TUNE_HOLD_STORAGE")) caps.hold_storage = std::atoi(v) != 0;
-  if (const char* v = tune("VKNORM_TUNE_PLANE_WEIGHTS")) caps.plane_weights = std::atoi(v) != 0;
+  if (const auto v = tune("VKNORM_TUNE_MAX_TEAM_HELD")) caps.max_team_held = pow2_floor(std::max<uint32_t>(1, *v));
+  if (const auto v = tune("VKNORM_TUNE_MAX_TEAM_HELD_LAYERNORM"))
+    caps.max_team_held_layernorm = pow2_floor(std::max<uint32_t>(1, *v));
+  if (const auto v = tune("VKNORM_TUNE_HOLD_REDUCE")) caps.hold_reduce = *v != 0;
+  if (const auto v = tune("VKNORM_TUNE_APPLY_LAST_FIRST")) caps.apply_last_first = *v != 0;
+  if (const auto v = tune("VKNORM_TUNE_ITEMS_TARGET_REDUCE"))
+    caps.items_target_reduce = std::max<uint32_t>(1, *v);
+  if (const auto v = tune("VKNORM_TUNE_SMALL_GROUP")) caps.small_group = *v;
+  if (const auto v = tune("VKNORM_TUNE_ITEMS_TARGET_SMALL")) caps.items_target_small = std::max<uint32_t>(1, *v);
+  if (const auto v = tune("VKNORM_TUNE_SPECIALIZE")) caps.specialize_shape = *v != 0;
+  if (const auto v = tune("VKNORM_TUNE_ONE_REDUCTION")) caps.one_reduction = *v != 0;
+  if (const auto v = tune("VKNORM_TUNE_APPLY_MERGES")) caps.apply_merges = *v != 0;
+  if (const auto v = tune("VKNORM_TUNE_HOLD_STORAGE")) caps.hold_storage = *v != 0;
+  if (const auto v = tune("VKNORM_TUNE_PLANE_WEIGHTS")) caps.plane_weights = *v != 0;
   // lavapipe loses with it: GroupNorm 320x32x32/32 fp32 1.5-1.6 -> 2.8-3.6 ms (an invocation's lanes are SIMD
   // lanes there, and it masks and stores per lane), 960x16x16/32 level within its noise.
   caps.lane_groups_min_channels = caps.cpu ? 0 : 6;
@@ -204,10 +258,10 @@ DeviceCaps device_caps(const DeviceInfo& info, bool subgroup_reduce, const Optio
   // two interleaved A/Bs, packed -> a line apart, fp32: GroupNorm 1920x32x32/32 10.37 -> 9.82 and 10.33 -> 9.81 us,
   // 320x64x64/32 9.30 -> 9.21 and 9.53 -> 9.19; 960x64x64/32, InstanceNorm 64x128x128 and 32x224x224, 640x16x16/2
   // and float16 level (within 0.1 us).
-  if (const char* v = tune("VKNORM_TUNE_COUNTER_STRIDE")) caps.counter_stride = uint32_t(std::max(2, std::atoi(v)));
-  if (const char* v = tune("VKNORM_TUNE_LANE_GROUPS")) caps.lane_groups_min_channels = uint32_t(std::atoi(v));
-  if (const char* v = tune("VKNORM_TUNE_WORKGROUP"))
-    caps.preferred_workgroup = std::min(caps.max_workgroup, pow2_floor(std::max(1, std::atoi(v))));
+  if (const auto v = tune("VKNORM_TUNE_COUNTER_STRIDE")) caps.counter_stride = std::max<uint32_t>(2, *v);
+  if (const auto v = tune("VKNORM_TUNE_LANE_GROUPS")) caps.lane_groups_min_channels = *v;
+  if (const auto v = tune("VKNORM_TUNE_WORKGROUP"))
+    caps.preferred_workgroup = std::min(caps.max_workgroup, pow2_floor(std::max<uint32_t>(1, *v)));
   // Shared memory (maxComputeSharedMemorySize, VKNORM_MAX_SHARED_MEMORY caps it): per invocation the
   // fused kernel and norm_reduce hold one stat (vec4 at most: 16 B, common.glsl team_scratch), the fused kernel
   // also one weight slot of each kind (kFusedSharedFixed; with plane_weights a slot per plane, budgeted by that
@@ -884,6 +938,7 @@ std::vector<std::pair<std::string, std::string>> setting_problems() {
   check("VKNORM_PATH", [] { env_path(); });
   check("VKNORM_TUNE_CONVERSION_BYTES_PER_THREAD", [] { env_conversion_bytes_per_thread(); });
   check("VKNORM_TUNE_CONVERSION_THREADS", [] { env_conversion_threads(); });
+  for (const char* name : kPlanKnobs) check(name, [name] { env_knob(name); });
   return problems;
 }
 

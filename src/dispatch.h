@@ -276,6 +276,9 @@ bool needs_16bit_storage(const ForwardPlan& plan);
 // std::invalid_argument ("NAME=value: expected <expected>") for anything else.
 std::optional<uint64_t> env_count(const char* name, const char* expected);
 bool env_has_prefix(const char* prefix);  // any environment variable whose name starts so
+// One of the planner's tuning knobs (VKNORM_TUNE_*, docs/benchmarks): a whole number, at most UINT32_MAX (more is
+// read as that); unset or empty: nullopt; anything else throws std::invalid_argument naming the knob.
+std::optional<uint32_t> env_knob(const char* name);
 // The positive integer the environment variable `name` holds; 0 when it is unset or empty.
 // std::invalid_argument ("NAME=value: expected a positive integer") for anything else.
 uint64_t env_positive(const char* name);
@@ -311,8 +314,8 @@ uint64_t env_conversion_bytes_per_thread();
 std::optional<uint64_t> env_conversion_threads();
 // Every setting above, VKNORM_VULKAN_API and VKNORM_MAX_BUFFER_BYTES, each read on its own: {variable, message} for
 // each value a context, plan or forward would refuse now (empty: none). vknorm info names them all at once, where
-// the runtime meets them one at a time. VKNORM_DEVICE is default_device_index's to judge (it needs the devices);
-// the other tuning knobs are read leniently (atoi), and flags take any value.
+// the runtime meets them one at a time, and the planner's tuning knobs (env_knob). VKNORM_DEVICE is
+// default_device_index's to judge (it needs the devices).
 std::vector<std::pair<std::string, std::string>> setting_problems();
 // The bytes one storage-buffer binding may hold: the device's maxStorageBufferRange (0: no limit), lowered by
 // VKNORM_MAX_BUFFER_BYTES=N (plan as if the device bound at most N bytes: tests run the pieces path with small

@@ -415,9 +415,9 @@ ODD_KNOB_CHANNELS = (("GroupNorm", 320, 64, 64, 32), ("GroupNorm", 1280, 8, 8, 3
 
 
 def test_odd_values_of_every_tuning_knob_still_plan_teams_that_halve(monkeypatch):
-    """The knobs are for measuring other choices, so any value may be tried: whatever it is, the team reductions
-    halve a power-of-two team inside a power-of-two workgroup of at most 1024, and each invocation holds at least one
-    element (a team of 3 held float16 rows of 64 wrong by ~1, since rounded down to a power of two)."""
+    """The knobs are for measuring other choices, so any whole number may be tried: whatever it is, the team
+    reductions halve a power-of-two team inside a power-of-two workgroup of at most 1024, and each invocation holds at
+    least one element (a team of 3 held float16 rows of 64 wrong by ~1, since rounded down to a power of two)."""
     from vknorm import settings
 
     def pow2(v):
@@ -425,7 +425,7 @@ def test_odd_values_of_every_tuning_knob_still_plan_teams_that_halve(monkeypatch
 
     wrong = []
     for knob in sorted(settings.TUNING_KNOBS):
-        for value in ("0", "1", "3", "7", "100", "100000", "-5", "x"):
+        for value in ("0", "1", "3", "7", "100", "100000"):
             monkeypatch.setenv(knob, value)
             for device in (H200_KNOWN_RESIDENCY, LAVAPIPE):
                 for fp16 in (False, True):
@@ -438,6 +438,33 @@ def test_odd_values_of_every_tuning_knob_still_plan_teams_that_halve(monkeypatch
                                       and p["items"] >= 1)]
         monkeypatch.delenv(knob)
     assert not wrong, wrong[:10]
+
+
+# The knobs read outside the planner: the host conversions' (positive, whole), and two switches read by a context.
+KNOBS_OUTSIDE_THE_PLANNER = {"VKNORM_TUNE_CONVERSION_BYTES_PER_THREAD", "VKNORM_TUNE_CONVERSION_THREADS",
+                             "VKNORM_TUNE_UNCACHED_MAPPING", "VKNORM_TUNE_FRESH_COMMAND_BUFFERS"}
+
+
+@pytest.mark.parametrize("value", ["x", "-5", "8x", "1.5", " 3"])
+def test_a_planner_knob_that_is_not_a_whole_number_is_refused_by_name(monkeypatch, value):
+    """A knob read as atoi reads it took "x" for 0 and "8x" for 8 without a word, planning something else than what
+    was meant to be measured: each planner knob is a whole number, or the next plan is refused naming it, and the
+    runtime's list of refused settings (what `vknorm info` shows) has it."""
+    from vknorm import settings
+
+    unlisted, unrefused = [], []
+    for knob in sorted(settings.TUNING_KNOBS - KNOBS_OUTSIDE_THE_PLANNER):
+        monkeypatch.setenv(knob, value)
+        if {"name": knob, "error": f"{knob}={value}: expected a whole number (a tuning knob, docs/benchmarks)"} \
+                not in _core.setting_problems():
+            unlisted.append(knob)
+        with pytest.raises(ValueError) as e:
+            rows_plan("LayerNorm", 16, 64, False)
+        if f"{knob}={value}: expected a whole number" not in str(e.value):
+            unrefused.append((knob, str(e.value)))
+        monkeypatch.delenv(knob)
+    assert not unlisted and not unrefused, (unlisted, unrefused)
+    assert rows_plan("LayerNorm", 16, 64, False)["team"] >= 1  # unset again: planned
 
 
 def test_the_hold_knob_turns_holding_off(monkeypatch):

@@ -239,6 +239,8 @@ BAD_SETTINGS = [("VKNORM_PATH", "bogus", "unknown path 'bogus'"),
                 ("VKNORM_MAX_SHARED_MEMORY", "12", "at least 256 bytes"),
                 ("VKNORM_VULKAN_API", "2.0", "expected 1.0, 1.1, 1.2 or 1.3"),
                 ("VKNORM_TUNE_CONVERSION_THREADS", "abc", "a whole number of threads"),
+                ("VKNORM_TUNE_WORKGROUP", "8x", "a whole number (a tuning knob"),  # atoi had read 8
+                ("VKNORM_TUNE_HOLD_STORAGE", "off", "a whole number (a tuning knob"),  # ... and 0 (knobs take numbers)
                 ("VKNORM_NO_SUBGROUP", "maybe", SWITCH_WORDS),  # switches: no word guessed at
                 ("VKNORM_NO_FP16_STORAGE", "enabled", SWITCH_WORDS)]
 

@@ -77,7 +77,7 @@ EOF
   mv "$tarball.part" "$tarball"
 fi
 rm -rf "$work/src" && mkdir -p "$work/src" && tar xzf "$tarball" -C "$work/src" --strip-components=1
-echo "building ncnn $VERSION with Vulkan (once per machine, ~3 min on 2 cores) -> $PREFIX" >&2
+echo "building ncnn $VERSION with Vulkan (once per machine, 3-8 min on 2 cores) -> $PREFIX" >&2
 
 # Copies the build output into $1 (the full log) and shows progress on stderr from its "[ NN%]" (make)
 # or "[N/M]" (ninja) lines: one updating line on a terminal, else a line every 10%.
