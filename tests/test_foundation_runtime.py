@@ -346,13 +346,24 @@ def test_standard_output_held_in_pythons_buffer_fails_inside_main_not_at_exit(ar
         os.close(w)
     assert proc.returncode == 141, (proc.returncode, proc.stderr[-2000:])
     assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    if args == ["--help"]:
-        return  # (argparse drops a help text it cannot write: nothing is said there)
     with open("/dev/full", "w") as full:
         proc = subprocess.run(vknorm_cli() + args, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
                               env=env)
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
-    assert proc.stderr.splitlines() == [f"vknorm {args[0]}: error: writing standard output: No space left on device"]
+    prog = "vknorm" if args == ["--help"] else f"vknorm {args[0]}"
+    assert proc.stderr.splitlines() == [f"{prog}: error: writing standard output: No space left on device"]
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["unbuffered", "buffered"])
+@pytest.mark.parametrize("args", [["--help"], ["check", "--help"], ["bench", "-h"]], ids=["vknorm", "check", "bench"])
+def test_help_onto_a_full_disk_is_one_line_and_exit_2(args, unbuffered):
+    """argparse drops a help text it fails to write: with standard output unbuffered (PYTHONUNBUFFERED=1, as in
+    many containers), --help onto a full disk exited 0 having written nothing."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(vknorm_cli() + args, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+                              env=dict(os.environ, PYTHONUNBUFFERED=unbuffered))
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.splitlines() == ["vknorm: error: writing standard output: No space left on device"]
 
 
 def test_an_error_exit_with_a_report_half_printed_keeps_its_one_line_and_its_status():

@@ -43,6 +43,16 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
+    def print_help(self, file=None):
+        # argparse drops a failed write (its _print_message): with standard output unbuffered (PYTHONUNBUFFERED),
+        # --help onto a full disk exited 0 having written nothing. Raised here, main says so in one line, exit 2.
+        try:
+            (file or sys.stdout).write(self.format_help())
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, "standard output") from None
+
 
 # What ends a line for str.splitlines (and so for a reader of stderr in Python), each written as its escape
 _LINE_BREAKS = {ord(c): c.encode("unicode_escape").decode() for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
