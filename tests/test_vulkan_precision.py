@@ -424,3 +424,34 @@ def test_channel_norms_whose_squares_overflow_float32_give_the_cpu_reference_s_z
                     failures.append(f"{pattern} path={path} ({d['path']}, one_reduction={d.get('one_reduction')}) "
                                     f"packing={packing}: {int(np.isnan(y).sum())} NaN, max error {err:.3e}")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("gamma0", [np.inf, -np.inf, 1e38], ids=["inf", "-inf", "1e38"])
+def test_an_instance_norm_gamma_past_float32s_range_after_normalizing_gives_float64s_answer(gamma0):
+    """ncnn's InstanceNorm folds gamma into one coefficient, a = gamma / sqrt(var + eps), and computes x * a + (beta -
+    mean * a): where a overflows (an infinite gamma, or 1e38 over a std of 1e-3), inf - inf makes every output of
+    the channel NaN, and the CPU reference follows it. The kernels normalize first and scale by gamma after, as
+    for the other three norms (whose ncnn layers do the same): the channel is float64's answer, +-inf or finite
+    (README). The channel beside it, with an ordinary gamma, is unaffected either way."""
+    x = np.stack([1e-3 * np.array([[1, 2], [3, 4]], np.float32),
+                  np.array([[0.5, -1.0], [2.0, 0.25]], np.float32)])
+    gamma = np.array([gamma0, 1.5], np.float32)
+    beta = np.array([0.25, -0.5], np.float32)
+    layer = make_channel_norm("InstanceNorm", 2, 1e-9, True, gamma, beta)
+    ref = channel_norm64("InstanceNorm", x, 1e-9, gamma=gamma, beta=beta).astype(np.float32)
+    assert np.isinf(ref[0]).all() if np.isinf(gamma0) else np.isfinite(ref[0]).all()
+    cpu = layer(x, device="cpu")
+    assert np.isnan(cpu[0]).all() and np.isfinite(cpu[1]).all()
+    failures = []
+    for path in PATHS:
+        for packing in (False, True):
+            y = layer(x, device="vulkan", option=vknorm.Option(path=path, use_packing_layout=packing))
+            infinite_as_float64 = (np.isinf(y[0]) == np.isinf(ref[0])).all() and (y[0][np.isinf(y[0])] ==
+                                                                                    ref[0][np.isinf(ref[0])]).all()
+            finite = np.isfinite(ref)
+            err = max_abs_err(y[finite], ref[finite])
+            bound = FP32_TOL * scale(ref[finite])
+            if not (infinite_as_float64 and err <= bound and np.isfinite(y[1]).all()):
+                failures.append(f"path={path} packing={packing}: {y.ravel().tolist()} against float64 "
+                                f"{ref.ravel().tolist()}")
+    assert not failures, "\n".join(failures)
