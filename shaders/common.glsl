@@ -476,11 +476,14 @@ float at_least_one(float n) { return n > 0.0 ? n : 1.0; }
 wfp gamma_for(uint g, uint i) { WEIGHT_AT(gamma) }
 wfp beta_for(uint g, uint i) { WEIGHT_AT(beta) }
 
-// y = (x - mean) * a, then * gamma (+ beta for LayerNorm) when affine.
+// y = (x - mean) * a, then * gamma (+ beta for LayerNorm) when affine. `precise`: (x - mean) * a first, never
+// reassociated into (x - mean) * (a * gamma), which a driver may hoist out of a loop (NVIDIA did, in the split
+// apply pass) and which overflows where gamma is past float32's range only after normalizing (1e38 over a std
+// of 1e-3: +-inf, not float64's values). The rest may still contract into an fma.
 afp normalize_one(afp centred, afp a, wfp g, wfp b) {
-  afp y = centred * a;
-  if (AFFINE != 0u) y = OP == OP_LAYERNORM ? y * g + b : y * g;
-  return y;
+  precise afp normalized = centred * a;
+  if (AFFINE == 0u) return normalized;
+  return OP == OP_LAYERNORM ? normalized * g + b : normalized * g;
 }
 
 shared stat team_scratch[gl_WorkGroupSize.x];
