@@ -657,3 +657,52 @@ print("opt changed:", late.load_model(B))
     assert out.count("set_vulkan_device refused: True") == 2 and "after load_param refused: True" in out, out
     assert "opt changed: -1" in out, out
     assert "load_model: net.opt changed after load_param" in proc.stderr, proc.stderr[-2000:]
+
+
+@needs_vulkan
+def test_ctrl_c_during_a_pyncnn_extract_loop_stops_it_and_the_net_runs_on():
+    """pyncnn runs vknorm's layers as Python callbacks inside its C++ extract, where Ctrl-C mostly lands: the
+    callback caught the KeyboardInterrupt (it must not cross into ncnn's C++) and returned -1, so the user's loop
+    went on as if nothing had been pressed. The interrupt is now given to the main thread again once the
+    callback is back in C++: the loop stops with KeyboardInterrupt, and the net then gives the same output."""
+    code = f"""
+import signal, time
+import numpy as np, ncnn, vknorm.ncnn
+net = ncnn.Net()
+reg = vknorm.ncnn.register(net)
+net.load_param({os.path.join(DATA, "transformer_block.ncnn.param")!r})
+net.load_model({os.path.join(DATA, "transformer_block.ncnn.bin")!r})
+x = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
+def run():
+    ex = net.create_extractor()
+    ex.input("in0", ncnn.Mat(x))
+    ret, out = ex.extract("out0")
+    return ret, np.array(out) if ret == 0 else None  # (pyncnn's empty Mat crashes numpy's conversion)
+ret, before = run()
+assert ret == 0
+# Ctrl-C pressed while the first norm's forward runs (where it mostly lands), on its 5th call: the same each run
+layer = reg.layers[0]
+forward, calls = layer.norm.forward_inplace, []
+def pressed_during(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 5:
+        signal.raise_signal(signal.SIGINT)
+    return forward(*args, **kwargs)
+layer.norm.forward_inplace = pressed_during
+start, extracts = time.monotonic(), 0
+try:
+    while time.monotonic() - start < 10:
+        run()
+        extracts += 1
+    print("not interrupted after", extracts, "extracts")
+except KeyboardInterrupt:
+    print("interrupted after", round(time.monotonic() - start, 1), "s")
+layer.norm.forward_inplace = forward
+ret, after = run()
+print("afterwards", ret, np.array_equal(after, before))
+"""
+    proc = run_script(code, timeout=120)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert lines[0].startswith("interrupted after") and float(lines[0].split()[2]) < 5, proc.stdout
+    assert lines[1] == "afterwards 0 True", proc.stdout

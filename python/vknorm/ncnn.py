@@ -58,6 +58,18 @@ class FactoryLimitError(RuntimeError):
 from ._stdio import quiet_stderr  # noqa: E402  (re-exported: check.py uses it from here)
 
 
+def _redeliver_interrupt() -> None:
+    """SIGINT for the main thread again, 50 ms from now on another thread: raised at once, it would surface before
+    this callback is back in ncnn's C++ (the few bytecodes to its return take microseconds). Landing in another
+    callback first, it is caught and handed on the same way."""
+    import _thread
+    import threading
+
+    timer = threading.Timer(0.05, _thread.interrupt_main)
+    timer.daemon = True
+    timer.start()
+
+
 class VknormLayer(_ncnn.Layer):
     """An ncnn layer (LayerNorm, RMSNorm, GroupNorm or InstanceNorm) whose forward runs vknorm's Vulkan
     operator.
@@ -96,6 +108,13 @@ class VknormLayer(_ncnn.Layer):
                 x.__traceback__ = None
                 todo += [x.__cause__, x.__context__]
         self.error = e
+        if isinstance(e, KeyboardInterrupt):
+            # Ctrl-C landed in this callback (the usual place: the Python code ncnn runs during an extract). It
+            # must not cross into ncnn's C++, and the -1 alone would leave the user's extract loop running:
+            # given again to the main thread once this callback is back in C++, it stops the loop as Ctrl-C does.
+            _redeliver_interrupt()
+            print(f"vknorm {self.type or self.op} {self.name}: interrupted", file=sys.stderr)
+            return code
         print(f"vknorm {self.type or self.op} {self.name}: {e}", file=sys.stderr)
         return code
 
