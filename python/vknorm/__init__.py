@@ -28,15 +28,35 @@ __all__ = [
 __version__ = "0.1.0"
 
 import atexit as _atexit
+import os as _os
 import sys as _sys
+
+
+# Whether this process was forked while other threads ran: their frames, and what they hold, are copied into
+# the child, where those threads never run again.
+_forked_beside_threads = False
+_threads_at_fork = 1
+
+
+def _count_threads_before_fork() -> None:
+    global _threads_at_fork
+    import threading
+
+    _threads_at_fork = threading.active_count()
+
+
+def _note_fork_in_child() -> None:
+    global _forked_beside_threads
+    _forked_beside_threads = _forked_beside_threads or _threads_at_fork > 1
 
 
 def _quiet_leak_warnings_for_parked_threads() -> None:
     """A daemon thread still inside vknorm when the interpreter finalizes parks there until the process ends
-    (python/release_gil.h); the objects it holds are not leaks, which nanobind would list one by one."""
+    (python/release_gil.h); the objects it holds are not leaks, which nanobind would list one by one. Nor are
+    those a forked child keeps of the threads its parent had running at the fork."""
     import threading
 
-    if threading.active_count() > 1:
+    if threading.active_count() > 1 or _forked_beside_threads:
         for m in [_core] + [m for m in (_sys.modules.get("vknorm._graph"),) if m is not None]:
             m._quiet_leak_warnings()
 
@@ -46,3 +66,5 @@ def _quiet_leak_warnings_for_parked_threads() -> None:
 _atexit.register(Context.release_default)
 _atexit.register(layers.release_indexed_contexts)
 _atexit.register(_quiet_leak_warnings_for_parked_threads)
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(before=_count_threads_before_fork, after_in_child=_note_fork_in_child)
