@@ -738,8 +738,10 @@ class GroupNorm(_ChannelNorm):
 
 
 class InstanceNorm(_ChannelNorm):
-    """ncnn's InstanceNorm: each channel plane normalized on its own, y = x * a + b with
-    a = gamma[c] / sqrt(var + eps), b = beta[c] - mean * a.
+    """ncnn's InstanceNorm: each channel plane normalized on its own, y = (x - mean) / sqrt(var + eps) * gamma[c]
+    + beta[c]. ncnn's CPU layer (and ``device="cpu"``, which follows it) computes x * a + b with a = gamma[c] /
+    sqrt(var + eps), b = beta[c] - mean * a; the Vulkan kernels scale by gamma after normalizing, so a gamma past
+    float32's range after it gives float64's values where ncnn's a overflows and gives NaN (README).
 
     ncnn params: 0 channels (0), 1 eps (0.001), 2 affine (1). A (w) or (h, w) input is one channel, as
     in ncnn's CPU layer: a layer of more channels refuses it (ValueError), where ncnn would normalize the whole
