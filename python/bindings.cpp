@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -264,6 +265,23 @@ NB_MODULE(_core, m) {
       .value("split", Path::Split)
       .value("cooperative", Path::Cooperative);
   m.def("parse_path", &parse_path);
+  // pyncnn calls a Python layer's methods from ncnn's C++, where no exception may go: not even the KeyboardInterrupt
+  // Python raises on entering a method (Ctrl-C pressed while ncnn's own layers ran), before any try inside it. What
+  // fn raises is dropped for ncnn's -1; an interrupt is given back to the main thread, where it surfaces in the next
+  // Python code run outside such a call (the user's, once the extract is back).
+  m.def("call_from_cpp", [](nb::callable fn, nb::args args) -> int {
+    try {
+      return nb::cast<int>(fn(*args));
+    } catch (nb::python_error& e) {
+      if (e.matches(PyExc_KeyboardInterrupt))
+        PyErr_SetInterruptEx(SIGINT);
+      else
+        e.discard_as_unraisable("a vknorm layer called from ncnn");
+    } catch (const std::exception& e) {  // (fn's result not an int)
+      PySys_WriteStderr("vknorm: a layer called from ncnn: %s\n", e.what());
+    }
+    return -1;
+  });
   m.def("env_flag", &env_flag, "name"_a);  // a switch as the runtime reads it (ValueError for a word it does not take)
   m.def("setting_problems", [] {  // what the runtime would refuse of the VKNORM_ settings set now
     nb::list out;

@@ -710,3 +710,20 @@ def test_a_host_path_layer_that_refused_its_input_keeps_the_error_and_leaks_noth
     ret, name, kind, message = r.stdout.split(" ", 3)
     assert (ret, name, kind) == ("-1", "ln_1", "ValueError") and "affine_size 60" in message, r.stdout
     assert "leaked" not in r.stderr, r.stderr[-3000:]
+
+
+def test_a_host_path_layer_that_refused_its_params_keeps_the_error_after_ncnn_destroyed_it(tmp_path):
+    """A load_param that fails makes ncnn destroy every layer of the net, the failing one too: its exception, kept on
+    the layer, went with it, and only the stderr line said why. The Registration keeps it until the next load."""
+    ncnn = import_or_missing("ncnn")
+    import vknorm.ncnn
+
+    bad = tmp_path / "bad.param"
+    bad.write_text("7767517\n2 2\nInput in0 0 1 in0\nLayerNorm ln 1 1 in0 out0 0=-10 1=1e-5 2=0\n")
+    good = Path(__file__).parent / "data" / "layernorm_2d.ncnn.param"
+    net = ncnn.Net()
+    reg = vknorm.ncnn.register(net)
+    assert net.load_param(str(bad)) != 0 and reg.layers == []
+    (name, e), = reg.errors()
+    assert name == "ln" and isinstance(e, ValueError) and "affine_size must be >= 0, got -10" in str(e), (name, e)
+    assert net.load_param(str(good)) == 0 and reg.errors() == [], reg.errors()  # the next load starts afresh

@@ -27,17 +27,24 @@ one registration per type per net, whose callables (bound methods of the returne
 hold no reference to the net — no cycle, so nets are freed normally — and, should a pyncnn with the
 old fixed table run out, raises ``FactoryLimitError`` (a RuntimeError with an explanation), never a
 crash. Python exceptions must not cross into ncnn's C++ (it is built without them), so every callback
-catches everything, records it on the layer (``layer.error``) and returns an ncnn error code.
+catches everything, records it on the layer (``layer.error``; ``Registration.errors()`` keeps it after ncnn
+destroys the layer, as a failed load_param does) and returns an ncnn error code; and ncnn calls each through
+vknorm's C++ (``_core.call_from_cpp``), which drops what Python raises before the callback's own ``try`` (a
+KeyboardInterrupt on entering it). Ctrl-C caught so is given back to the main thread: the extract returns -1 and
+the interrupt surfaces in the caller's code.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
+import weakref
 from typing import TYPE_CHECKING, Dict, List, Optional, Type, Union, cast
 
 import ncnn as _ncnn  # type: ignore[import-untyped, import-not-found]  # pyncnn (absolute import): no stubs
 import numpy as np
 
+from . import _core
 from .layers import GroupNorm, InstanceNorm, LayerNorm, Option, RMSNorm, _context_for
 
 if TYPE_CHECKING:  # for annotations only
@@ -58,16 +65,13 @@ class FactoryLimitError(RuntimeError):
 from ._stdio import quiet_stderr  # noqa: E402  (re-exported: check.py uses it from here)
 
 
-def _redeliver_interrupt() -> None:
-    """SIGINT for the main thread again, 50 ms from now on another thread: raised at once, it would surface before
-    this callback is back in ncnn's C++ (the few bytecodes to its return take microseconds). Landing in another
-    callback first, it is caught and handed on the same way."""
-    import _thread
-    import threading
+def _call_weakly(method: weakref.WeakMethod, *args) -> int:
+    bound = method()
+    return -1 if bound is None else bound(*args)
 
-    timer = threading.Timer(0.05, _thread.interrupt_main)
-    timer.daemon = True
-    timer.start()
+
+# The methods pyncnn calls from ncnn's C++
+_CALLED_FROM_CPP = ("load_param", "load_model", "create_pipeline", "destroy_pipeline", "forward_inplace")
 
 
 class VknormLayer(_ncnn.Layer):
@@ -93,6 +97,11 @@ class VknormLayer(_ncnn.Layer):
         self.last_gpu_us: Optional[float] = None
         self.last_dispatch: Optional[dict] = None
         self.calls = 0
+        # Each through _core.call_from_cpp, which lets no exception reach ncnn's C++ (a KeyboardInterrupt raised on
+        # entering the method, before its try); weakly, so that the layer holds no cycle through itself.
+        for name in _CALLED_FROM_CPP:
+            method = weakref.WeakMethod(getattr(self, name))
+            setattr(self, name, functools.partial(_core.call_from_cpp, _call_weakly, method))
 
     def _fail(self, e: BaseException, code: int = -1) -> int:
         """Keep the exception and say it on stderr in one line, as ncnn's own layers log theirs: ncnn itself
@@ -109,12 +118,10 @@ class VknormLayer(_ncnn.Layer):
                 todo += [x.__cause__, x.__context__]
         self.error = e
         if isinstance(e, KeyboardInterrupt):
-            # Ctrl-C landed in this callback (the usual place: the Python code ncnn runs during an extract). It
-            # must not cross into ncnn's C++, and the -1 alone would leave the user's extract loop running:
-            # given again to the main thread once this callback is back in C++, it stops the loop as Ctrl-C does.
-            _redeliver_interrupt()
+            # Ctrl-C, landed in this callback: the -1 alone would leave the user's extract loop running.
+            # _core.call_from_cpp gives it back to the main thread, where it stops the loop as Ctrl-C does.
             print(f"vknorm {self.type or self.op} {self.name}: interrupted", file=sys.stderr)
-            return code
+            raise KeyboardInterrupt from None  # not e: raised again, it would take a traceback holding this layer
         print(f"vknorm {self.type or self.op} {self.name}: {e}", file=sys.stderr)
         return code
 
@@ -197,9 +204,14 @@ class Registration:
         self.device = device
         self.types = tuple(types)
         self.layers: List[VknormLayer] = []
+        # (name, exception) of layers ncnn destroyed with an error on them: a load_param that fails destroys every
+        # layer it made, the failing one too. Kept until the next load makes layers again.
+        self._destroyed_errors: List[tuple] = []
 
     # pyncnn calls these from ncnn's load_param / clear; they must not raise.
     def _create(self, op: str):
+        if not self.layers:  # a load starts
+            self._destroyed_errors.clear()
         layer = VknormLayer(op, self.option, self.device)
         self.layers.append(layer)  # keeps the Python object (and its C++ layer) alive until destroyed
         return layer
@@ -219,6 +231,8 @@ class Registration:
     def _destroy(self, layer) -> None:
         for i, mine in enumerate(self.layers):
             if mine is layer:
+                if mine.error is not None:
+                    self._destroyed_errors.append((mine.name, mine.error))
                 del self.layers[i]
                 break
 
@@ -229,7 +243,9 @@ class Registration:
         return [layer.record() for layer in self.layers]
 
     def errors(self) -> list:
-        return [(layer.name, layer.error) for layer in self.layers if layer.error is not None]
+        """(name, exception) of each vknorm layer whose callback failed, those ncnn has since destroyed included (a
+        failed load_param destroys every layer: its error stays here until the next load)."""
+        return self._destroyed_errors + [(layer.name, layer.error) for layer in self.layers if layer.error is not None]
 
     def __repr__(self) -> str:
         return f"Registration({len(self.layers)} vknorm layers, {self.option!r})"
