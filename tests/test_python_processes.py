@@ -734,5 +734,5 @@ stop.set()
 t.join()
 """
     proc = run_script(code, timeout=120)
-    assert "child exit 0" in proc.stdout, proc.stdout + proc.stderr[-3000:]
-    assert_clean(proc)
+    assert proc.returncode == 0 and "child exit 0" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert "leaked" not in proc.stderr, proc.stderr[-3000:]  # (Python 3.12 warns of the fork itself: not asserted)
