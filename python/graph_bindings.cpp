@@ -922,6 +922,17 @@ constexpr OptionSwitch kOptionSwitches[] = {
     {"lightmode", &::ncnn::Option::lightmode, true, FixedAtLoad::No},
 };
 
+// A kv cache's shape as a Mat gives it: tokens (h; 0: empty), and its heads and head size (dims, w, c).
+struct CacheShape {
+  int tokens = 0, dims = 0, w = 0, c = 0;
+  bool same_heads(const CacheShape& o) const { return dims == o.dims && w == o.w && c == o.c; }
+  std::string describe() const {
+    return dims == 3 ? std::to_string(c) + " heads of " + std::to_string(w) + " (dims 3, w " + std::to_string(w) +
+                           ", c " + std::to_string(c) + ")"
+                     : "of dims " + std::to_string(dims) + ", w " + std::to_string(w) + ", c " + std::to_string(c);
+  }
+};
+
 struct Net {
   // first: it outlives the layers made from it (owned_net's)
   PythonLayerTypes python_layers;
@@ -965,6 +976,23 @@ struct Net {
   }
   std::mutex orphans_mutex;
   std::vector<Orphan> orphans;
+  // The caches a Vulkan net's attention layers hand out, by (layer index, slot: 1 key, 2 value), in this generation
+  // of the net: ncnn's Vulkan attention reads a past cache as its own whatever its heads and head size, so one of
+  // another shape than the layer makes is refused once that is known (a first step from such a cache is not).
+  void made_device_cache(int layer, int slot, const CacheShape& shape) {
+    std::lock_guard<std::mutex> l(device_caches_mutex);
+    if (device_caches_generation != generation) device_caches.clear(), device_caches_generation = generation;
+    device_caches[{layer, slot}] = shape;
+  }
+  std::optional<CacheShape> device_cache_shape(int layer, int slot) {
+    std::lock_guard<std::mutex> l(device_caches_mutex);
+    if (device_caches_generation != generation) return std::nullopt;
+    const auto it = device_caches.find({layer, slot});
+    return it == device_caches.end() ? std::nullopt : std::optional<CacheShape>(it->second);
+  }
+  std::mutex device_caches_mutex;
+  uint64_t device_caches_generation = 0;
+  std::map<std::pair<int, int>, CacheShape> device_caches;
   Net(const Net&) = delete;
   Net& operator=(const Net&) = delete;
   // The net whose ncnn::Net holds an Option (Net.opt gives it, keeping the net alive): for the garbage collector.
@@ -1469,8 +1497,8 @@ struct Extractor {
   // Host kv caches given to input(), by blob index, until the layer reading them runs (HostKvCaches: once)
   std::map<int, ::ncnn::Mat> given_caches;
   // Past caches given to a Vulkan net's attention (input(), or left unset and given empty), by blob index: their
-  // token counts (0: empty)
-  std::map<int, int> given_device_caches;
+  // shapes (tokens 0: empty)
+  std::map<int, CacheShape> given_device_caches;
   // Blobs whose last input() was refused: never taken as left unset (give_unset_past_caches), so an extract that needs
   // one is refused rather than run on an empty past beside the step's own mask (ncnn's SDPA overruns its heap there)
   std::set<int> refused_inputs;
@@ -1665,7 +1693,7 @@ void give_unset_past_caches(Extractor& e) {
       const std::string& name = net.blobs()[size_t(t)].name;
       if (vknorm::ncnn::blob_index(net, name.c_str()) != t || e.ex->input(name.c_str(), ::ncnn::Mat()) != 0) continue;
       e.held.give(net, name);
-      e.given_device_caches[t] = 0;
+      e.given_device_caches[t] = CacheShape{};
     }
   }
 }
@@ -1732,10 +1760,17 @@ std::string device_cache_pair_refusal(const Extractor& e, const HeldBlobs::Plan&
     const auto k = e.given_device_caches.find(layer.bottoms[layer.bottoms.size() - 2]);
     const auto v = e.given_device_caches.find(layer.bottoms.back());
     if (k == e.given_device_caches.end() || v == e.given_device_caches.end()) continue;  // not inputs: the graph's
-    if (k->second != v->second)
+    if (k->second.tokens != v->second.tokens)
       return "the past key and value caches given to layer " + layer.name + " are not one step's (" +
-             std::to_string(k->second) + " and " + std::to_string(v->second) +
+             std::to_string(k->second.tokens) + " and " + std::to_string(v->second.tokens) +
              " tokens): give the two one extract made";
+    for (const auto& [slot, given] : {std::make_pair(1, k->second), std::make_pair(2, v->second)}) {
+      const std::optional<CacheShape> made = e.owner->device_cache_shape(int(l), slot);
+      if (given.tokens == 0 || !made || given.same_heads(*made)) continue;
+      return "the past " + std::string(slot == 1 ? "key" : "value") + " cache given to layer " + layer.name + " is " +
+             given.describe() + ", where the caches this layer makes are " + made->describe() +
+             ": a cache of another model or layer (ncnn's Vulkan attention would read it as its own)";
+    }
   }
   return "";
 }
@@ -1847,7 +1882,7 @@ int input_held(Extractor& e, const std::string& name, const ::ncnn::Mat& in) {
   e.given_caches.erase(b);
   if (readers.host && !in.empty()) e.given_caches[b] = in;
   e.given_device_caches.erase(b);
-  if (readers.device) e.given_device_caches[b] = in.empty() ? 0 : in.h;
+  if (readers.device) e.given_device_caches[b] = in.empty() ? CacheShape{} : CacheShape{in.h, in.dims, in.w, in.c};
   if (e.allocators) {
     // A device copy made before this input() would feed the layers after it (ncnn reads the device copy
     // first): dropped, so they upload what was given.
@@ -1922,6 +1957,16 @@ std::tuple<int, ::ncnn::Mat> extract_held(Extractor& e, const std::string& name)
     if (const ::ncnn::Layer* maker = kv_cache_maker(net, vknorm::ncnn::blob_index(net, name.c_str()), &slot))
       host_kv_caches().made(out, {kv_layer_ordinal(net, maker), slot, e.owner->model_bytes_read, maker->name},
                             e.serial);
+  }
+  if (r == 0 && e.allocators && !host_cache && !out.empty()) {
+    // a Vulkan attention's cache, downloaded: the shape of the past caches that layer reads (device_cache_pair_refusal)
+    int slot = 0;
+    const ::ncnn::Net& net = e.owner->net;
+    if (const ::ncnn::Layer* maker = kv_cache_maker(net, vknorm::ncnn::blob_index(net, name.c_str()), &slot);
+        maker && !runs_on_host(*maker, true)) {
+      const auto at = std::find(net.layers().begin(), net.layers().end(), maker) - net.layers().begin();
+      e.owner->made_device_cache(int(at), slot, CacheShape{out.h, out.dims, out.w, out.c});
+    }
   }
   if (r == 0 && !host_cache && (ours || (out.refcount && *out.refcount > 1))) out = out.clone();
   return std::make_tuple(r, out);

@@ -649,3 +649,28 @@ def test_an_extract_after_a_refused_past_cache_is_refused_not_run_on_no_past(tmp
             assert ex.input("past_k", graph.Mat(np.array(k))) == -1 and ex.input("past_v", graph.Mat(np.array(v))) == -1
             assert ex.extract("out0")[0] == -1
         assert any(re.search(r"extract out0: the input past_[kv] it depends on was refused", line) for line in log), log
+
+
+def test_a_vulkan_nets_attention_refuses_a_past_cache_of_other_heads_than_it_makes(tmp_path):
+    """ncnn's Vulkan attention reads a past cache as its own whatever its heads and head size: the SDPA model's
+    caches (2 heads) given to the MultiHeadAttention model's layer (4 heads) ran, ret 0, its missing heads read from
+    past the upload (garbage one run, zeros the next). Once the layer has made a cache in this net, one of another
+    shape is refused at extract, naming both; the first step from such a cache, before that, is not told apart."""
+    x = tokens()
+    sdpa, _ = load(tmp_path, "sdpa", "vulkan-fp32", "fused")  # (decoder_sdpa.*, decoder_mha.*: one directory)
+    mha, w = load(tmp_path, "mha", "vulkan-fp32", "fused")
+    _, k_other, v_other = first_step(sdpa, x)
+    (_, k_own, v_own), = decode(mha, x, steps=((0, 5),))
+    assert (k_other.c, k_other.w) != (k_own.c, k_own.w), "the two models' caches should differ in shape"
+    ex = mha.create_extractor()
+    assert ex.input("in0", graph.Mat(x[5:6])) == 0 and ex.input("mask", graph.Mat(kd.causal_mask(5, 1))) == 0
+    assert ex.input("past_k", k_other) == 0 and ex.input("past_v", v_other) == 0
+    log: list = []
+    with quiet_stderr(log):
+        assert ex.extract("out0")[0] == -1
+    shape = f"{k_other.c} heads of {k_other.w} (dims 3, w {k_other.w}, c {k_other.c})"
+    assert any(f"the past key cache given to layer attn is {shape}, where the caches this layer makes are "
+               f"{k_own.c} heads of {k_own.w}" in line for line in log), log
+    (out, _, _), = decode(mha, x, steps=((5, 6),), past=(k_own, v_own))  # its own go on
+    want = kd.reference("mha", w, x[:6])
+    assert float(np.abs(out - want[5:6]).max()) <= ATOL["vulkan-fp32"] * max(1.0, float(np.abs(want).max()))
